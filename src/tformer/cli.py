@@ -1,0 +1,68 @@
+"""The `tformer` command line: a thin dispatcher over `tformer.commands.*`.
+
+Each sub-command lives in its own module exposing `HELP`, `add_arguments(parser)`
+and `run(args) -> int`, so commands import their heavy dependencies only when used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# (command name, module under tformer.commands)
+COMMANDS = [
+    ("info", "info"),
+    ("train", "train"),
+    ("eval", "eval"),
+    ("generate", "generate"),
+    ("embed", "embed"),
+    ("similarity", "similarity"),
+    ("search", "search"),
+    ("attention", "attention"),
+    ("plot-positions", "plot_positions"),
+    ("bench", "bench"),
+]
+
+# Mistakes a user can make (bad file, bad option value): one line, no traceback.
+USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, KeyError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tformer",
+        description="Transformer encoder and encoder-decoder: train, run, inspect, benchmark.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module_name in COMMANDS:
+        try:
+            module = importlib.import_module(f"tformer.commands.{module_name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"tformer.commands.{module_name}":
+                continue  # command not part of this build
+            raise
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except USER_ERRORS as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"tformer {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"tformer {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

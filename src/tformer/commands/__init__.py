@@ -1,0 +1,1 @@
+"""Sub-commands of the `tformer` CLI, one module each (see tformer.cli)."""

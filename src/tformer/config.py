@@ -1,0 +1,140 @@
+"""The model configuration: a frozen dataclass that is saved as ``config.json``.
+
+One flat config describes every model tformer builds (encoder, encoder-decoder,
+classifier, BERT-style encoder); each field says which part reads it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+POSITIONALS = ("sinusoidal", "learned", "none")
+POOLINGS = ("cls", "mean")
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    # Sizes (Vaswani et al. 2017, Table 3 "base": 512, 8, 2048, 6).
+    d_model: int = 512
+    n_heads: int = 8
+    d_ff: int = 2048
+    n_layers: int = 6
+    # Regularisation: `dropout` is the paper's P_drop (embeddings and every sub-layer
+    # output, §5.4); `attention_dropout` drops attention weights (BERT uses 0.1).
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    # Layer shape.
+    activation: str = "relu"
+    norm_first: bool = False  # False: post-norm as in the paper; True: pre-norm
+    final_norm: bool = False  # LayerNorm after the last layer (wanted with pre-norm)
+    layer_norm_eps: float = 1e-5
+    bias: bool = True
+    # Inputs.
+    positional: str = "sinusoidal"
+    max_len: int = 512
+    vocab_size: int | None = None  # None: the encoder takes embeddings (B, S, D)
+    scale_embeddings: bool = True  # token embeddings times sqrt(d_model) (§3.4); BERT: False
+    type_vocab_size: int = 0  # BERT segment (token type) embeddings; 0 = none
+    embedding_norm: bool = False  # BERT: LayerNorm over the summed embeddings
+    pooler: bool = False  # BERT pooler: tanh(Linear(h[:, 0]))
+    # Encoder-decoder.
+    n_decoder_layers: int | None = None  # None: as many as n_layers
+    tgt_vocab_size: int | None = None  # None: source and target share one vocabulary
+    tie_output: bool = True  # output projection shares the target embedding (§3.4)
+    # Sequence classification head.
+    n_classes: int | None = None
+    pooling: str = "cls"
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_heads", "d_ff", "n_layers", "max_len"):
+            _check_positive(name, getattr(self, name))
+        for name in ("vocab_size", "n_decoder_layers", "tgt_vocab_size", "n_classes"):
+            if getattr(self, name) is not None:
+                _check_positive(name, getattr(self, name))
+        if isinstance(self.type_vocab_size, bool) or not isinstance(self.type_vocab_size, int):
+            raise TypeError(f"type_vocab_size: expected an int, got {self.type_vocab_size!r}")
+        if self.type_vocab_size < 0:
+            raise ValueError(f"type_vocab_size: expected >= 0, got {self.type_vocab_size}")
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"d_model: expected a multiple of n_heads ({self.n_heads}), got {self.d_model}"
+            )
+        for name in ("dropout", "attention_dropout"):
+            p = getattr(self, name)
+            if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0.0 <= p < 1.0:
+                raise ValueError(f"{name}: expected a probability in [0, 1), got {p!r}")
+        if not (isinstance(self.layer_norm_eps, (int, float)) and self.layer_norm_eps > 0):
+            raise ValueError(f"layer_norm_eps: expected a positive number, got {self.layer_norm_eps!r}")
+        _check_choice("activation", self.activation, ACTIVATIONS)
+        _check_choice("positional", self.positional, POSITIONALS)
+        _check_choice("pooling", self.pooling, POOLINGS)
+        if self.type_vocab_size and self.vocab_size is None:
+            raise ValueError("type_vocab_size: token types need token ids, so set vocab_size too")
+
+    # Derived sizes -------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def decoder_layers(self) -> int:
+        return self.n_layers if self.n_decoder_layers is None else self.n_decoder_layers
+
+    @property
+    def target_vocab_size(self) -> int | None:
+        return self.vocab_size if self.tgt_vocab_size is None else self.tgt_vocab_size
+
+    @property
+    def embedding_scale(self) -> float:
+        return math.sqrt(self.d_model) if self.scale_embeddings else 1.0
+
+    # JSON round trip -------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(
+                f"config: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
+            )
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> TransformerConfig:
+        return dataclasses.replace(self, **changes)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> TransformerConfig:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path}: no such config file") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+        return cls.from_dict(data)
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected a positive int, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name}: expected a positive int, got {value}")
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {', '.join(choices)}; got {value!r}")

@@ -1,0 +1,412 @@
+"""Encoder, Decoder, the full encoder-decoder, and a sequence classifier (Vaswani et al. 2017).
+
+Shape legend: B batch, S source length, T target length, D model dim, H heads, V vocab,
+C classes. Masks are boolean, True = may attend / real token (see tformer.masks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tformer.config import TransformerConfig
+from tformer.layers import DecoderLayer, EncoderLayer, LayerCache
+from tformer.masks import as_bool, build_attention_mask
+from tformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+
+
+@dataclass
+class EncoderOutput:
+    last_hidden_state: Tensor  # (B, S, D)
+    hidden_states: tuple[Tensor, ...] | None = None  # n_layers + 1, embeddings first
+    attentions: tuple[Tensor, ...] | None = None  # n_layers x (B, H, S, S)
+    pooler_output: Tensor | None = None  # (B, D), BERT-style pooler only
+
+
+@dataclass
+class DecoderOutput:
+    last_hidden_state: Tensor  # (B, T, D)
+    past_key_values: tuple[LayerCache, ...] | None = None
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None  # (B, H, T, T_past + T)
+    cross_attentions: tuple[Tensor, ...] | None = None  # (B, H, T, S)
+
+
+@dataclass
+class Seq2SeqOutput:
+    logits: Tensor  # (B, T, V)
+    past_key_values: tuple[LayerCache, ...] | None = None
+    encoder_last_hidden_state: Tensor | None = None  # (B, S, D)
+    decoder_attentions: tuple[Tensor, ...] | None = None
+    cross_attentions: tuple[Tensor, ...] | None = None
+
+
+@dataclass
+class ClassifierOutput:
+    logits: Tensor  # (B, C)
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None
+
+
+# Input checks: name the argument, the expected and the actual value ---------------------
+def check_token_ids(x: Tensor, vocab_size: int, name: str = "x") -> None:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor of token ids, got {type(x).__name__}")
+    if x.dtype == torch.bool or x.is_floating_point() or x.is_complex():
+        raise TypeError(f"{name}: expected integer token ids of shape (B, S), got dtype {x.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"{name}: expected token ids of shape (B, S), got shape {tuple(x.shape)}")
+    if x.numel() and (int(x.min()) < 0 or int(x.max()) >= vocab_size):
+        raise ValueError(
+            f"{name}: expected token ids in [0, {vocab_size}), "
+            f"got values in [{int(x.min())}, {int(x.max())}]"
+        )
+
+
+def check_embeddings(x: Tensor, d_model: int, name: str = "x") -> None:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor of shape (B, S, D), got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(
+            f"{name}: expected float embeddings of shape (B, S, D={d_model}), got dtype {x.dtype} "
+            "(token ids need a config with vocab_size)"
+        )
+    if x.dim() != 3 or x.size(-1) != d_model:
+        raise ValueError(
+            f"{name}: expected shape (B, S, D) with D = {d_model}, got {tuple(x.shape)}"
+        )
+
+
+def _positional(config: TransformerConfig) -> nn.Module | None:
+    if config.positional == "sinusoidal":
+        return SinusoidalPositionalEncoding(config.d_model, config.max_len)
+    if config.positional == "learned":
+        return LearnedPositionalEmbedding(config.max_len, config.d_model)
+    return None
+
+
+def _token_embedding(vocab_size: int, config: TransformerConfig) -> nn.Embedding:
+    emb = nn.Embedding(vocab_size, config.d_model)
+    # With the sqrt(D) scale, std D^-1/2 gives unit-variance inputs; BERT uses 0.02.
+    nn.init.normal_(emb.weight, std=config.d_model**-0.5 if config.scale_embeddings else 0.02)
+    return emb
+
+
+class Encoder(nn.Module):
+    """Embeddings (+ positions, + token types) -> dropout -> N encoder layers -> final norm."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        c = self.config = config
+        self.tok_emb = _token_embedding(c.vocab_size, c) if c.vocab_size else None
+        self.pos_emb = _positional(c)
+        self.type_emb = nn.Embedding(c.type_vocab_size, c.d_model) if c.type_vocab_size else None
+        self.emb_norm = (
+            nn.LayerNorm(c.d_model, eps=c.layer_norm_eps, bias=c.bias) if c.embedding_norm else None
+        )
+        self.dropout = nn.Dropout(c.dropout)
+        self.layers = nn.ModuleList(EncoderLayer(c) for _ in range(c.n_layers))
+        self.final_norm = (
+            nn.LayerNorm(c.d_model, eps=c.layer_norm_eps, bias=c.bias) if c.final_norm else None
+        )
+        self.pooler = nn.Linear(c.d_model, c.d_model, bias=c.bias) if c.pooler else None
+
+    def embed(self, x: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        """Token ids (B, S) or embeddings (B, S, D) -> layer input (B, S, D)."""
+        c = self.config
+        if self.tok_emb is not None:
+            check_token_ids(x, c.vocab_size)
+            h = self.tok_emb(x)  # (B, S, D)
+            if c.scale_embeddings:
+                h = h * c.embedding_scale  # §3.4
+        else:
+            check_embeddings(x, c.d_model)
+            h = x
+        if self.pos_emb is not None:
+            h = h + self.pos_emb(h.size(1), dtype=h.dtype, device=h.device)  # (S, D) broadcast
+        if self.type_emb is not None:
+            if token_type_ids is None:
+                token_type_ids = torch.zeros_like(x)
+            check_token_ids(token_type_ids, c.type_vocab_size, "token_type_ids")
+            if token_type_ids.shape != x.shape:
+                raise ValueError(
+                    f"token_type_ids: expected shape (B, S) = {tuple(x.shape)}, "
+                    f"got {tuple(token_type_ids.shape)}"
+                )
+            h = h + self.type_emb(token_type_ids)
+        elif token_type_ids is not None:
+            raise ValueError("token_type_ids: this model has no token types (type_vocab_size=0)")
+        if self.emb_norm is not None:
+            h = self.emb_norm(h)
+        return self.dropout(h)
+
+    def forward(
+        self,
+        x: Tensor,
+        attention_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+        token_type_ids: Tensor | None = None,
+    ) -> EncoderOutput:
+        """Encode a batch.
+
+        Shape:
+            x: (B, S) token ids when config.vocab_size is set, else (B, S, D) embeddings
+            attention_mask: (B, S), True/1 = real token
+            attn_mask: broadcastable to (B, S, S), True = may attend
+            token_type_ids: (B, S), only with config.type_vocab_size
+            returns EncoderOutput with last_hidden_state (B, S, D)
+        """
+        h = self.embed(x, token_type_ids)  # (B, S, D)
+        b, s, _ = h.shape
+        mask = build_attention_mask(attention_mask, attn_mask, b, s, s)
+        if mask is not None:
+            mask = mask.to(h.device)
+        hidden = [h] if output_hidden_states else None
+        attentions = [] if output_attentions else None
+        for layer in self.layers:
+            h, weights = layer(h, mask, need_weights=output_attentions)
+            if hidden is not None:
+                hidden.append(h)
+            if attentions is not None:
+                attentions.append(weights)
+        if self.final_norm is not None:
+            h = self.final_norm(h)
+        pooled = torch.tanh(self.pooler(h[:, 0])) if self.pooler is not None else None
+        return EncoderOutput(
+            h,
+            tuple(hidden) if hidden is not None else None,
+            tuple(attentions) if attentions is not None else None,
+            pooled,
+        )
+
+    # Real checkpoints (BERT format and tformer's own) live in tformer.pretrained.
+    @classmethod
+    def from_pretrained(cls, path: str | Path, **kwargs) -> Encoder:
+        from tformer.pretrained import from_pretrained
+
+        return from_pretrained(path, **kwargs)
+
+    def save_pretrained(self, path: str | Path) -> None:
+        from tformer.pretrained import save_pretrained
+
+        save_pretrained(self, path)
+
+
+class Decoder(nn.Module):
+    """Embeddings + positions -> dropout -> N decoder layers -> final norm (§3.1)."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        c = self.config = config
+        vocab = c.target_vocab_size
+        self.tok_emb = _token_embedding(vocab, c) if vocab else None
+        self.pos_emb = _positional(c)
+        self.dropout = nn.Dropout(c.dropout)
+        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.decoder_layers))
+        self.final_norm = (
+            nn.LayerNorm(c.d_model, eps=c.layer_norm_eps, bias=c.bias) if c.final_norm else None
+        )
+
+    def embed(self, x: Tensor, offset: int = 0) -> Tensor:
+        c = self.config
+        if self.tok_emb is not None:
+            check_token_ids(x, c.target_vocab_size)
+            h = self.tok_emb(x) * c.embedding_scale  # (B, T, D)
+        else:
+            check_embeddings(x, c.d_model)
+            h = x
+        if self.pos_emb is not None:
+            h = h + self.pos_emb(h.size(1), offset, dtype=h.dtype, device=h.device)
+        return self.dropout(h)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None,
+        attention_mask: Tensor | None = None,
+        memory_attention_mask: Tensor | None = None,
+        past_key_values: tuple[LayerCache, ...] | None = None,
+        use_cache: bool = False,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+    ) -> DecoderOutput:
+        """Decode T new positions, attending causally to themselves (and to a cached past).
+
+        Shape:
+            x: (B, T) token ids when the config has a vocabulary, else (B, T, D)
+            memory: (B, S, D) encoder output (may be None when past_key_values hold it)
+            attention_mask: (B, T_past + T) real target tokens
+            memory_attention_mask: (B, S) real source tokens
+            past_key_values: per layer (self k, self v, cross k, cross v), each (B, H, *, Dh)
+        """
+        if past_key_values is not None and len(past_key_values) != len(self.layers):
+            raise ValueError(
+                f"past_key_values: expected {len(self.layers)} layers, got {len(past_key_values)}"
+            )
+        past = past_key_values[0][0].size(2) if past_key_values else 0
+        h = self.embed(x, offset=past)  # (B, T, D)
+        b, t, _ = h.shape
+        if memory is not None:
+            check_embeddings(memory, self.config.d_model, "memory")
+            s = memory.size(1)
+        elif past_key_values:
+            s = past_key_values[0][2].size(2)
+        else:
+            raise ValueError("memory: expected the encoder output (B, S, D), got None")
+        self_mask = build_attention_mask(attention_mask, None, b, t, past + t, causal=True)
+        memory_mask = build_attention_mask(memory_attention_mask, None, b, t, s)
+        self_mask = self_mask.to(h.device)
+        if memory_mask is not None:
+            memory_mask = memory_mask.to(h.device)
+
+        hidden = [h] if output_hidden_states else None
+        self_attns = [] if output_attentions else None
+        cross_attns = [] if output_attentions else None
+        presents = [] if use_cache else None
+        for i, layer in enumerate(self.layers):
+            layer_past = past_key_values[i] if past_key_values else None
+            out = layer(h, memory, self_mask, memory_mask, layer_past, use_cache, output_attentions)
+            h = out.hidden
+            if hidden is not None:
+                hidden.append(h)
+            if output_attentions:
+                self_attns.append(out.self_weights)
+                cross_attns.append(out.cross_weights)
+            if presents is not None:
+                presents.append(out.present)
+        if self.final_norm is not None:
+            h = self.final_norm(h)
+        return DecoderOutput(
+            h,
+            tuple(presents) if presents is not None else None,
+            tuple(hidden) if hidden is not None else None,
+            tuple(self_attns) if self_attns is not None else None,
+            tuple(cross_attns) if cross_attns is not None else None,
+        )
+
+
+class Seq2SeqTransformer(nn.Module):
+    """The encoder-decoder of "Attention Is All You Need".
+
+    Token embeddings live here, not in the stacks, so that a shared source/target
+    vocabulary and the tied output projection (§3.4) are one tensor each in the checkpoint.
+    """
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        if config.vocab_size is None:
+            raise ValueError("vocab_size: Seq2SeqTransformer needs a vocabulary, got None")
+        self.config = c = config
+        stack = c.replace(vocab_size=None, tgt_vocab_size=None, type_vocab_size=0, pooler=False)
+        self.src_emb = _token_embedding(c.vocab_size, c)
+        self.tgt_emb = _token_embedding(c.tgt_vocab_size, c) if c.tgt_vocab_size else None
+        self.encoder = Encoder(stack)
+        self.decoder = Decoder(stack)
+        self.lm_head = (
+            None if c.tie_output else nn.Linear(c.d_model, c.target_vocab_size, bias=False)
+        )
+
+    @property
+    def target_embedding(self) -> nn.Embedding:
+        return self.tgt_emb if self.tgt_emb is not None else self.src_emb
+
+    def encode(
+        self, src_ids: Tensor, src_attention_mask: Tensor | None = None, **kwargs
+    ) -> EncoderOutput:
+        """(B, S) source ids -> EncoderOutput with last_hidden_state (B, S, D)."""
+        check_token_ids(src_ids, self.config.vocab_size, "src_ids")
+        x = self.src_emb(src_ids) * self.config.embedding_scale  # (B, S, D)
+        return self.encoder(x, attention_mask=src_attention_mask, **kwargs)
+
+    def decode(
+        self,
+        tgt_ids: Tensor,
+        memory: Tensor | None,
+        memory_attention_mask: Tensor | None = None,
+        tgt_attention_mask: Tensor | None = None,
+        past_key_values: tuple[LayerCache, ...] | None = None,
+        use_cache: bool = False,
+        output_attentions: bool = False,
+    ) -> Seq2SeqOutput:
+        """(B, T) target ids (the new ones when a cache is given) -> logits (B, T, V)."""
+        check_token_ids(tgt_ids, self.config.target_vocab_size, "tgt_ids")
+        y = self.target_embedding(tgt_ids) * self.config.embedding_scale  # (B, T, D)
+        out = self.decoder(
+            y, memory, tgt_attention_mask, memory_attention_mask, past_key_values, use_cache,
+            output_attentions,
+        )
+        h = out.last_hidden_state
+        logits = self.lm_head(h) if self.lm_head is not None else F.linear(
+            h, self.target_embedding.weight
+        )  # (B, T, V)
+        return Seq2SeqOutput(
+            logits, out.past_key_values, None, out.attentions, out.cross_attentions
+        )
+
+    def forward(
+        self,
+        src_ids: Tensor,
+        tgt_ids: Tensor,
+        src_attention_mask: Tensor | None = None,
+        tgt_attention_mask: Tensor | None = None,
+        output_attentions: bool = False,
+    ) -> Seq2SeqOutput:
+        """Teacher-forced forward pass.
+
+        Shape:
+            src_ids: (B, S); tgt_ids: (B, T) (the decoder input, starting with BOS)
+            src_attention_mask: (B, S); tgt_attention_mask: (B, T); True/1 = real token
+            returns Seq2SeqOutput with logits (B, T, V)
+        """
+        memory = self.encode(src_ids, src_attention_mask).last_hidden_state  # (B, S, D)
+        out = self.decode(
+            tgt_ids, memory, src_attention_mask, tgt_attention_mask,
+            output_attentions=output_attentions,
+        )
+        out.encoder_last_hidden_state = memory
+        return out
+
+
+class EncoderClassifier(nn.Module):
+    """Encoder + pooling ("cls": first position, "mean": over real tokens) + linear head."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        if config.n_classes is None:
+            raise ValueError("n_classes: EncoderClassifier needs the number of classes, got None")
+        self.config = config
+        self.encoder = Encoder(config)
+        self.head = nn.Linear(config.d_model, config.n_classes)
+
+    def forward(
+        self,
+        x: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+    ) -> ClassifierOutput:
+        """
+        Shape:
+            x: (B, S) ids or (B, S, D); attention_mask: (B, S)
+            returns ClassifierOutput with logits (B, C)
+        """
+        out = self.encoder(
+            x, attention_mask, output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states, token_type_ids=token_type_ids,
+        )
+        h = out.last_hidden_state  # (B, S, D)
+        if self.config.pooling == "cls":
+            pooled = h[:, 0]  # (B, D)
+        elif attention_mask is None:
+            pooled = h.mean(dim=1)
+        else:
+            w = as_bool(attention_mask, "attention_mask").to(h.dtype).unsqueeze(-1)  # (B, S, 1)
+            pooled = (h * w).sum(dim=1) / w.sum(dim=1).clamp(min=1.0)  # (B, D)
+        return ClassifierOutput(self.head(pooled), out.hidden_states, out.attentions)
