@@ -1,0 +1,41 @@
+"""The NumPy reference: a forward-only mirror of tformer's PyTorch modules.
+
+Same file names, class names, attribute names and state-dict keys; imports without torch.
+
+    from tformer.reference import Encoder
+    ref = Encoder(config, dtype=np.float64)
+    ref.load_state_dict({k: v.numpy() for k, v in torch_encoder.state_dict().items()})
+    ref.load_safetensors("model.safetensors")  # or straight from a file
+"""
+
+from tformer.reference.attention import MultiHeadAttention, scaled_dot_product_attention
+from tformer.reference.feedforward import FeedForward
+from tformer.reference.layers import DecoderLayer, EncoderLayer
+from tformer.reference.model import (
+    ClassifierOutput,
+    Decoder,
+    DecoderOutput,
+    Encoder,
+    EncoderClassifier,
+    EncoderOutput,
+    Seq2SeqOutput,
+    Seq2SeqTransformer,
+)
+from tformer.reference.module import Module
+from tformer.reference.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+
+__all__ = [
+    "ClassifierOutput", "Decoder", "DecoderLayer", "DecoderOutput", "Encoder",
+    "EncoderClassifier", "EncoderLayer", "EncoderOutput", "FeedForward",
+    "LearnedPositionalEmbedding", "Module", "MultiHeadAttention", "Seq2SeqOutput",
+    "Seq2SeqTransformer", "SinusoidalPositionalEncoding", "scaled_dot_product_attention",
+    "from_pretrained",
+]
+
+
+def __getattr__(name: str):
+    if name == "from_pretrained":  # BERT-format directories, without torch
+        from tformer.reference.pretrained import from_pretrained
+
+        return from_pretrained
+    raise AttributeError(f"module 'tformer.reference' has no attribute {name!r}")

@@ -1,0 +1,77 @@
+"""NumPy mirror of tformer.feedforward (Vaswani et al. 2017, §3.3): down(act(up(x)))."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tformer.reference.module import Linear, Module
+
+# NumPy has no erf. These are the rational approximations of Hart et al., "Computer
+# Approximations" (1968), as used by 4.3BSD libm: erf(x) = x P(x^2)/Q(x^2) for |x| < 0.5,
+# erfc(x) = exp(-x^2) P(x)/Q(x) above. Max abs error vs math.erf: 3.3e-16 on [-12, 12]
+# (tests/reference/test_feedforward.py). Coefficients are listed lowest power first.
+_ERF_P = (8.04373630960840172832162e4, 7.40407142710151470082064e3, 3.01782788536507577809226e3,
+          3.80140318123903008244444e1, 1.43383842191748205576712e1, -2.88805137207594084924010e-1,
+          7.547728033418631287834e-3)
+_ERF_Q = (8.04373630960840172826266e4, 3.42165257924628539769006e4, 6.37960017324428279487120e3,
+          6.58070155459240506326937e2, 3.80190713951939403753468e1, 1.0)
+_ERFC_P = (1.8263348842295112592168999e3, 2.8980293292167655611275846e3,
+           2.320439590251635247384768711e3, 1.143262070703886173606073338e3,
+           3.685196154710010637133875746e2, 7.708161730368428609781633646e1,
+           9.675807882987265400604202961, 5.641877825507397413087057563e-1)
+_ERFC_Q = (1.8263348842295112595576438e3, 4.95882756472114071495438422e3,
+           6.0895424232724435504633068e3, 4.429612803883682726711528526e3,
+           2.094384367789539593790281779e3, 6.617361207107653469211984771e2,
+           1.371255960500622202878443578e2, 1.714980943627607849376131193e1, 1.0)
+
+
+def _polynomial(coefficients: tuple[float, ...], x: np.ndarray) -> np.ndarray:
+    """Horner's rule; Python-float coefficients keep x's dtype."""
+    y = np.full_like(x, coefficients[-1])
+    for c in coefficients[-2::-1]:
+        y = y * x + c
+    return y
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    a = np.abs(x)
+    a2 = a * a
+    near = (2.0 / math.sqrt(math.pi)) * a * _polynomial(_ERF_P, a2) / _polynomial(_ERF_Q, a2)
+    capped = np.minimum(a, 10.0)  # erfc(10) < 1e-43: erf is 1 to double precision
+    far = 1.0 - np.exp(-capped * capped) * _polynomial(_ERFC_P, capped) / _polynomial(_ERFC_Q, capped)
+    return np.sign(x) * np.where(a < 0.5, near, far)
+
+
+def relu(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0)
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """Exact GELU: x * Phi(x) = x/2 (1 + erf(x / sqrt 2)) (Hendrycks & Gimpel 2016)."""
+    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """The tanh approximation of GELU, as torch's gelu(approximate="tanh")."""
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
+
+
+ACTIVATIONS = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh}
+
+
+class FeedForward(Module):
+    """Shape: x (B, S, D) -> (B, S, D), through (B, S, F) inside."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", bias: bool = True):
+        if activation not in ACTIVATIONS:
+            raise ValueError(
+                f"activation: expected one of {', '.join(ACTIVATIONS)}; got {activation!r}"
+            )
+        self.activation = activation
+        self.up = Linear(d_model, d_ff, bias=bias)
+        self.down = Linear(d_ff, d_model, bias=bias)
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        return self.down(ACTIVATIONS[self.activation](self.up(x)))  # (B, S, F) -> (B, S, D)

@@ -1,0 +1,47 @@
+"""NumPy mirror of tformer.positional: fixed sinusoids (§3.5) or a learned table."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tformer.reference.module import Module
+
+
+def sinusoidal_table(n_positions: int, d_model: int) -> np.ndarray:
+    """(N, D) float64: PE[pos, 2i] = sin(pos / 10000^(2i/D)), PE[pos, 2i+1] = cos(same)."""
+    pos = np.arange(n_positions, dtype=np.float64)[:, None]  # (N, 1)
+    inv_freq = np.exp(np.arange(0, d_model, 2, dtype=np.float64) * (-math.log(10000.0) / d_model))
+    angles = pos * inv_freq  # (N, ceil(D/2))
+    table = np.zeros((n_positions, d_model), dtype=np.float64)
+    table[:, 0::2] = np.sin(angles)
+    table[:, 1::2] = np.cos(angles[:, : d_model // 2])
+    return table
+
+
+class SinusoidalPositionalEncoding(Module):
+    def __init__(self, d_model: int, max_len: int):
+        self.d_model, self.max_len = d_model, max_len
+        self._table = sinusoidal_table(max_len, d_model)
+
+    def forward(self, seq_len: int, offset: int = 0, dtype=np.float32) -> np.ndarray:
+        """Returns (S, D) in ``dtype``."""
+        end = offset + seq_len
+        table = self._table if end <= len(self._table) else sinusoidal_table(end, self.d_model)
+        return table[offset:end].astype(dtype)
+
+
+class LearnedPositionalEmbedding(Module):
+    def __init__(self, max_len: int, d_model: int):
+        self.max_len = max_len
+        self.weight = np.zeros((max_len, d_model), np.float32)
+
+    def forward(self, seq_len: int, offset: int = 0, dtype=None) -> np.ndarray:
+        """Returns (S, D) in the table's dtype."""
+        if offset + seq_len > self.max_len:
+            raise ValueError(
+                f"x: sequence length {offset + seq_len} exceeds max_len {self.max_len} "
+                "of the learned positional embedding"
+            )
+        return self.weight[offset : offset + seq_len]

@@ -1,0 +1,21 @@
+import subprocess
+import sys
+
+from tformer import TransformerConfig
+from tformer.cli import main
+
+
+def test_info_prints_sizes(tmp_path, capsys):
+    TransformerConfig(d_model=512, n_heads=8, d_ff=2048, n_layers=6).save(tmp_path / "c.json")
+    assert main(["info", str(tmp_path / "c.json"), "--seq-len", "128"]) == 0
+    out = capsys.readouterr().out
+    assert "18,914,304" in out and "FLOPs per token" in out and "activation memory" in out
+
+
+def test_bad_config_is_one_line_error(tmp_path):
+    (tmp_path / "c.json").write_text('{"d_model": 30, "n_heads": 4}')
+    proc = subprocess.run([sys.executable, "-m", "tformer.cli", "info", str(tmp_path / "c.json")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
+    assert "d_model: expected a multiple of n_heads (4), got 30" in proc.stderr
