@@ -33,6 +33,7 @@ _LAZY = {
     "LearnedPositionalEmbedding": "tformer.positional",
     "from_pretrained": "tformer.pretrained",
     "save_pretrained": "tformer.pretrained",
+    "export_hf": "tformer.pretrained",
     "load_tokenizer": "tformer.tokenizer",
     "SentenceEncoder": "tformer.sentence",
 }

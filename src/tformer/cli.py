@@ -28,12 +28,13 @@ COMMANDS = [
 USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, KeyError)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(
         prog="tformer",
         description="Transformer encoder and encoder-decoder: train, run, inspect, benchmark.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands: dict[str, argparse.ArgumentParser] = {}
     for name, module_name in COMMANDS:
         try:
             module = importlib.import_module(f"tformer.commands.{module_name}")
@@ -43,13 +44,19 @@ def build_parser() -> argparse.ArgumentParser:
             raise
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
-        p.set_defaults(_run=module.run)
-    return parser
+        p.set_defaults(_run=module.run, command=name)
+        commands[name] = p
+    return parser, commands
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    parser, commands = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in commands:
+        # Intermixed: options may sit between positional texts (`embed DIR a --k 3 b`).
+        args = commands[argv[0]].parse_intermixed_args(argv[1:])
+    else:
+        args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2

@@ -81,6 +81,14 @@ def check_embeddings(x: Tensor, d_model: int, name: str = "x") -> None:
         )
 
 
+def _one_input(x, input_ids):
+    if x is not None and input_ids is not None:
+        raise ValueError("input_ids: got both x and input_ids; pass the token ids once")
+    if x is None and input_ids is None:
+        raise ValueError("x: expected token ids (B, S) or embeddings (B, S, D), got None")
+    return x if x is not None else input_ids
+
+
 def _positional(config: TransformerConfig) -> nn.Module | None:
     if config.positional == "sinusoidal":
         return SinusoidalPositionalEncoding(config.d_model, config.max_len)
@@ -146,22 +154,26 @@ class Encoder(nn.Module):
 
     def forward(
         self,
-        x: Tensor,
+        x: Tensor | None = None,
         attention_mask: Tensor | None = None,
         attn_mask: Tensor | None = None,
         output_attentions: bool = False,
         output_hidden_states: bool = False,
         token_type_ids: Tensor | None = None,
+        *,
+        input_ids: Tensor | None = None,
     ) -> EncoderOutput:
         """Encode a batch.
 
         Shape:
             x: (B, S) token ids when config.vocab_size is set, else (B, S, D) embeddings
+               (``input_ids=`` is accepted too, so ``model(**tokenizer(texts))`` works)
             attention_mask: (B, S), True/1 = real token
             attn_mask: broadcastable to (B, S, S), True = may attend
             token_type_ids: (B, S), only with config.type_vocab_size
             returns EncoderOutput with last_hidden_state (B, S, D)
         """
+        x = _one_input(x, input_ids)
         h = self.embed(x, token_type_ids)  # (B, S, D)
         b, s, _ = h.shape
         mask = build_attention_mask(attention_mask, attn_mask, b, s, s)
@@ -192,10 +204,10 @@ class Encoder(nn.Module):
 
         return from_pretrained(path, **kwargs)
 
-    def save_pretrained(self, path: str | Path) -> None:
+    def save_pretrained(self, path: str | Path, **kwargs) -> None:
         from tformer.pretrained import save_pretrained
 
-        save_pretrained(self, path)
+        save_pretrained(self, path, **kwargs)
 
 
 class Decoder(nn.Module):

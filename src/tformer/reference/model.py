@@ -70,6 +70,14 @@ def check_embeddings(x: np.ndarray, d_model: int, name: str = "x") -> None:
         raise ValueError(f"{name}: expected shape (B, S, D) with D = {d_model}, got {x.shape}")
 
 
+def _one_input(x, input_ids):
+    if x is not None and input_ids is not None:
+        raise ValueError("input_ids: got both x and input_ids; pass the token ids once")
+    if x is None and input_ids is None:
+        raise ValueError("x: expected token ids (B, S) or embeddings (B, S, D), got None")
+    return x if x is not None else input_ids
+
+
 def _positional(config: TransformerConfig) -> Module | None:
     if config.positional == "sinusoidal":
         return SinusoidalPositionalEncoding(config.d_model, config.max_len)
@@ -130,14 +138,17 @@ class Encoder(Module):
 
     def forward(
         self,
-        x: np.ndarray,
+        x: np.ndarray | None = None,
         attention_mask: np.ndarray | None = None,
         attn_mask: np.ndarray | None = None,
         output_attentions: bool = False,
         output_hidden_states: bool = False,
         token_type_ids: np.ndarray | None = None,
+        *,
+        input_ids: np.ndarray | None = None,
     ) -> EncoderOutput:
         """Shape: x (B, S) ids or (B, S, D); attention_mask (B, S) -> last_hidden_state (B, S, D)."""
+        x = _one_input(x, input_ids)
         h = self.embed(x, token_type_ids)  # (B, S, D)
         b, s, _ = h.shape
         mask = build_attention_mask(attention_mask, attn_mask, b, s, s)

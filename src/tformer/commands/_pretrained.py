@@ -1,0 +1,83 @@
+"""What the pretrained-model commands (embed, similarity, search, attention) share:
+the MODEL_DIR options, reading texts, and warnings printed as one line."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, batch: bool = True) -> None:
+    parser.add_argument(
+        "model_dir",
+        metavar="MODEL_DIR",
+        help="a BERT-format or sentence-transformers directory "
+        "(config.json, model.safetensors, tokenizer.json or vocab.txt)",
+    )
+    parser.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="also load pytorch_model.bin (torch.load with weights_only=True); "
+        "by default only safetensors are read",
+    )
+    parser.add_argument(
+        "--no-truncate",
+        action="store_true",
+        help="fail on a text longer than the model's maximum length instead of truncating it with a warning",
+    )
+    parser.add_argument(
+        "--max-length", type=int, default=None, help="truncate to fewer tokens than the model allows"
+    )
+    if batch:
+        parser.add_argument("--batch-size", type=int, default=32, help="texts per batch (32)")
+
+
+def load_sentence_encoder(args: argparse.Namespace):
+    from tformer.sentence import SentenceEncoder
+
+    return SentenceEncoder.from_pretrained(
+        args.model_dir, allow_pickle=args.allow_pickle, max_length=args.max_length
+    )
+
+
+def read_lines(path: str | Path, option: str) -> list[str]:
+    """The non-empty lines of a UTF-8 text file (trailing whitespace stripped)."""
+    return [text for _, text in read_numbered_lines(path, option)]
+
+
+def read_numbered_lines(path: str | Path, option: str) -> list[tuple[int, str]]:
+    """(line number from 1, text) for each non-empty line of a UTF-8 text file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{option} {path}: no such file")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{option} {path}: not UTF-8 text ({e})") from None
+    return [(i, line.rstrip()) for i, line in enumerate(lines, start=1) if line.strip()]
+
+
+@contextlib.contextmanager
+def one_line_warnings(command: str) -> Iterator[None]:
+    """Print warnings (e.g. truncation) as ``tformer CMD: warning: ...``, not as source lines."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        try:
+            yield
+        finally:
+            seen = set()
+            for w in caught:
+                message = str(w.message)
+                if not issubclass(w.category, UserWarning):  # not ours: shown as usual
+                    warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+                elif message not in seen:
+                    seen.add(message)
+                    print(f"tformer {command}: warning: {message}", file=sys.stderr)
+
+
+def short(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."

@@ -1,0 +1,57 @@
+"""`tformer attention MODEL_DIR "text" --out attn.png`: the model's attention maps as a picture.
+
+A grid of heatmaps, one row per layer and one column per head, with the text's tokens
+on both axes (queries down, keys across); ``--layer``/``--head`` keep one row/column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tformer.commands._pretrained import add_model_arguments, one_line_warnings
+
+HELP = "draw a model's attention weights for a text (layers x heads heatmaps) to a PNG"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser, batch=False)
+    parser.add_argument("text", metavar="TEXT", help="the text to look at")
+    parser.add_argument("--out", required=True, help="the PNG file to write")
+    parser.add_argument("--layer", type=int, default=None, help="only this layer (from 0)")
+    parser.add_argument("--head", type=int, default=None, help="only this head (from 0)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from tformer.pretrained import from_pretrained
+    from tformer.tokenizer import load_tokenizer
+    from tformer.viz import plot_attention, save_figure
+
+    if not args.out.lower().endswith(".png"):
+        raise ValueError(f"--out: expected a .png file name, got {args.out!r}")
+    with one_line_warnings("attention"):
+        model = from_pretrained(args.model_dir, allow_pickle=args.allow_pickle)
+        n_layers, n_heads = model.config.n_layers, model.config.n_heads
+        for option, value, n in (("--layer", args.layer, n_layers), ("--head", args.head, n_heads)):
+            if value is not None and not 0 <= value < n:
+                raise ValueError(f"{option}: expected 0..{n - 1}, got {value}")
+        tok = load_tokenizer(args.model_dir, max_length=args.max_length)
+        batch = tok([args.text], truncation=not args.no_truncate)
+    with torch.inference_mode():
+        out = model(
+            batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            token_type_ids=batch["token_type_ids"],
+            output_attentions=True,
+        )
+    tokens = tok.convert_ids_to_tokens(batch["input_ids"][0].tolist())
+    fig = plot_attention(
+        out.attentions, tokens, layer=args.layer, head=args.head, title=f"{args.model_dir}: {args.text[:60]}"
+    )
+    path = save_figure(fig, args.out)
+    rows = 1 if args.layer is not None else n_layers
+    cols = 1 if args.head is not None else n_heads
+    print(f"wrote {path} ({rows} x {cols} maps, {len(tokens)} tokens)", file=sys.stderr)
+    return 0

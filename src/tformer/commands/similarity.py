@@ -1,0 +1,46 @@
+"""`tformer similarity MODEL_DIR "a" "b" ...`: the cosine-similarity matrix of the texts."""
+
+from __future__ import annotations
+
+import argparse
+
+from tformer.commands._pretrained import (
+    add_model_arguments,
+    load_sentence_encoder,
+    one_line_warnings,
+    short,
+)
+from tformer.commands.embed import gather_texts
+
+HELP = "cosine similarity between texts, with a BERT-format / sentence-transformers model"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    parser.add_argument("texts", nargs="*", metavar="TEXT", help="two or more texts")
+    parser.add_argument("--file", default=None, help="a text file, one text per line")
+
+
+def cosine_matrix(emb):
+    """(N, D) embeddings -> (N, N) cosine similarities."""
+    import numpy as np
+
+    norms = np.linalg.norm(emb, axis=1, keepdims=True)  # (N, 1)
+    unit = emb / np.maximum(norms, 1e-12)
+    return unit @ unit.T  # (N, N)
+
+
+def run(args: argparse.Namespace) -> int:
+    texts = gather_texts(args, minimum=2)
+    with one_line_warnings("similarity"):
+        st = load_sentence_encoder(args)
+        emb = st.encode(texts, batch_size=args.batch_size, truncation=not args.no_truncate)
+    sims = cosine_matrix(emb)
+    for i, text in enumerate(texts):
+        print(f"[{i}] {short(text)}")
+    labels = [f"[{i}]" for i in range(len(texts))]
+    width = max(6, max(len(label) for label in labels))
+    print(" " * width + "".join(f"{label:>{width + 2}}" for label in labels))
+    for label, row in zip(labels, sims, strict=True):
+        print(f"{label:<{width}}" + "".join(f"{v:>{width + 2}.3f}" for v in row))
+    return 0

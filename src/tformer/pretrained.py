@@ -1,0 +1,152 @@
+"""Load and save pretrained encoders: BERT-format directories and tformer's own format.
+
+    model = from_pretrained(DIR)     # a BERT checkpoint, a sentence-transformers folder,
+                                     # or a directory written by save_pretrained
+    save_pretrained(model, OUT)      # tformer format: config.json + model.safetensors
+    export_hf(model, HF_OUT)         # a directory transformers' BertModel.from_pretrained reads
+
+The two formats are told apart by config.json: BERT's has ``model_type: bert``, tformer's
+is a TransformerConfig (``d_model``, ``n_heads``...). Weights are read from safetensors
+only, unless ``allow_pickle=True`` lets a ``pytorch_model.bin`` through, and then with
+``torch.load(weights_only=True)``. The key table and its checks live in
+``tformer.convert.hf_bert``; this module does the file and torch side.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from tformer.config import TransformerConfig
+from tformer.convert import hf_bert
+from tformer.convert.st_layout import read_layout
+from tformer.model import Encoder
+
+
+def from_pretrained(
+    directory: str | Path, allow_pickle: bool = False, dtype: torch.dtype | None = None
+) -> Encoder:
+    """An Encoder (in eval mode) with the weights of a BERT-format or tformer directory.
+
+    BertForMaskedLM checkpoints load their encoder ("bert.*"); the masked-LM head ("cls.*")
+    is left out, since the Encoder has nothing to put it in. A pooler is built only when
+    the checkpoint holds one (BertModel does, BertForMaskedLM does not).
+
+    ``dtype``: the parameter dtype; None keeps float32 (half-precision checkpoints are
+    widened, since CPU kernels are float32).
+    """
+    model_dir = read_layout(directory).model_dir
+    raw = hf_bert.read_config(model_dir)
+    if "model_type" in raw:
+        config, state = _load_hf(model_dir, raw, allow_pickle)
+    elif "d_model" in raw:
+        config, state = _load_tformer(model_dir, allow_pickle)
+    else:
+        raise ValueError(
+            f"{model_dir / 'config.json'}: expected a BERT config (model_type: bert) or a "
+            "tformer config (d_model, n_heads, ...), got neither"
+        )
+    model = Encoder(config)
+    _load_state(model, state, model_dir / hf_bert.WEIGHTS_FILE)
+    model = model.to(dtype or torch.float32)
+    return model.eval()
+
+
+def save_pretrained(model: Encoder, directory: str | Path, tokenizer_dir: str | Path | None = None) -> None:
+    """Write ``config.json`` (the TransformerConfig) and ``model.safetensors`` (our keys).
+
+    ``tokenizer_dir``: also copy its tokenizer files, so the directory is self-contained.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.config.save(directory / "config.json")
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(state, str(directory / hf_bert.WEIGHTS_FILE), metadata={"format": "pt"})
+    if tokenizer_dir is not None:
+        _copy_tokenizer(Path(tokenizer_dir), directory)
+
+
+def export_hf(model: Encoder, directory: str | Path, tokenizer_dir: str | Path | None = None) -> None:
+    """Write a BERT directory (config.json + model.safetensors with HF keys).
+
+    ``transformers.BertModel.from_pretrained(directory)`` loads it. A model without a pooler
+    exports none; transformers then initialises its pooler randomly (and says so).
+    ``tokenizer_dir``: also copy its tokenizer files.
+    """
+    hf_config = hf_bert.config_to_hf(model.config)
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    hf_state = {k: v.contiguous().clone() for k, v in hf_bert.to_hf(state, model.config).items()}
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    save_file(hf_state, str(directory / hf_bert.WEIGHTS_FILE), metadata={"format": "pt"})
+    if tokenizer_dir is not None:
+        _copy_tokenizer(Path(tokenizer_dir), directory)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def _copy_tokenizer(source: Path, directory: Path) -> None:
+    model_dir = read_layout(source).model_dir  # a sentence-transformers folder works too
+    found = [model_dir / name for name in TOKENIZER_FILES if (model_dir / name).is_file()]
+    if not any(p.name in ("tokenizer.json", "vocab.txt") for p in found):
+        raise FileNotFoundError(f"tokenizer_dir {model_dir}: no tokenizer.json or vocab.txt")
+    for path in found:
+        shutil.copyfile(path, directory / path.name)
+
+
+# Reading --------------------------------------------------------------------------------
+def _load_hf(model_dir: Path, raw: dict, allow_pickle: bool):
+    files = hf_bert.weight_files(model_dir, allow_pickle)
+    state = _read_weights(files)
+    source = str(files[0] if len(files) == 1 else model_dir / hf_bert.WEIGHTS_INDEX_FILE)
+    cleaned = hf_bert.clean_state_dict(state, source)
+    has_pooler = "pooler.dense.weight" in cleaned
+    config = hf_bert.config_from_hf(raw, has_pooler, str(model_dir / "config.json"))
+    return config, hf_bert.from_hf(cleaned, config, torch.cat, source)
+
+
+def _load_tformer(model_dir: Path, allow_pickle: bool):
+    config = TransformerConfig.load(model_dir / "config.json")
+    return config, _read_weights(hf_bert.weight_files(model_dir, allow_pickle))
+
+
+def _read_weights(files: list[Path]) -> dict[str, torch.Tensor]:
+    state: dict[str, torch.Tensor] = {}
+    for path in files:
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such file (listed in the safetensors index)")
+        if path.suffix == ".bin":
+            # weights_only: tensors and plain containers only, no arbitrary unpickling.
+            part = torch.load(path, map_location="cpu", weights_only=True)
+            if not isinstance(part, dict):
+                raise ValueError(f"{path}: expected a state dict, got {type(part).__name__}")
+        else:
+            try:
+                part = load_file(str(path))
+            except Exception as e:  # safetensors raises its own error types
+                raise ValueError(f"{path}: not a readable safetensors file ({e})") from None
+        state.update(part)
+    return state
+
+
+def _load_state(model: Encoder, state: dict[str, torch.Tensor], source: Path) -> None:
+    """Strict load: missing/extra/wrong-shape tensors -> ValueError naming file and tensor."""
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    if missing:
+        raise ValueError(f"{source}: missing tensor {missing[0]!r} for this config")
+    extra = sorted(k for k in state if k not in expected)
+    if extra:
+        raise ValueError(f"{source}: unexpected tensor {extra[0]!r} for this config")
+    for key, ref in expected.items():
+        if tuple(state[key].shape) != tuple(ref.shape):
+            raise ValueError(
+                f"{source}: tensor {key!r}: expected shape {tuple(ref.shape)}, got {tuple(state[key].shape)}"
+            )
+    model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=True)

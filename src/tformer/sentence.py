@@ -1,0 +1,143 @@
+"""Sentence embeddings: encoder + pooling (+ L2 normalisation), as sentence-transformers does.
+
+    st = SentenceEncoder.from_pretrained(DIR)
+    emb = st.encode(["a sentence", "another"])   # np.ndarray (N, D), float32
+
+The pooling comes from the directory (``1_Pooling/config.json``; mean for a plain BERT
+directory): ``mean`` and ``mean_sqrt_len`` average over real tokens only, ``max`` takes the
+maximum over real tokens, ``cls`` the first position; several modes are concatenated in
+sentence-transformers' order. A ``Normalize`` module in ``modules.json`` L2-normalises.
+Reimers & Gurevych 2019 (Sentence-BERT) found mean pooling the best default.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from tformer.convert.st_layout import POOLING_MODES, read_layout
+from tformer.model import Encoder
+from tformer.pretrained import from_pretrained
+from tformer.tokenizer import Tokenizer, load_tokenizer
+
+# Encode this many batches or more and a progress bar is shown (unless show_progress says).
+PROGRESS_MIN_BATCHES = 8
+
+
+def pool(h: Tensor, attention_mask: Tensor, modes: Sequence[str]) -> Tensor:
+    """Pool token vectors into one vector per text; modes are concatenated in order.
+
+    Shape:
+        h: (B, S, D); attention_mask: (B, S), 1/True = real token
+        returns (B, len(modes) * D)
+    """
+    real = attention_mask.to(torch.bool).unsqueeze(-1)  # (B, S, 1)
+    count = real.sum(dim=1).to(h.dtype).clamp(min=1e-9)  # (B, 1) real tokens per text
+    out = []
+    for mode in modes:
+        if mode == "cls":
+            out.append(h[:, 0])  # (B, D)
+        elif mode == "max":
+            # Padding must never win the max: fill it with a very negative number.
+            out.append(h.masked_fill(~real, -1e9).max(dim=1).values)  # (B, D)
+        elif mode == "mean":
+            out.append((h * real).sum(dim=1) / count)  # (B, D)
+        elif mode == "mean_sqrt_len":
+            out.append((h * real).sum(dim=1) / count.sqrt())  # (B, D)
+        else:
+            raise ValueError(f"pooling: expected one of {', '.join(POOLING_MODES)}, got {mode!r}")
+    return torch.cat(out, dim=-1)
+
+
+class SentenceEncoder:
+    """An Encoder, its tokenizer and the directory's pooling, with a batched ``encode``."""
+
+    def __init__(
+        self,
+        model: Encoder,
+        tokenizer: Tokenizer,
+        pooling: Sequence[str] = ("mean",),
+        normalize: bool = False,
+    ) -> None:
+        for mode in pooling:
+            if mode not in POOLING_MODES:
+                raise ValueError(f"pooling: expected modes from {', '.join(POOLING_MODES)}, got {mode!r}")
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.pooling, self.normalize = tuple(pooling), normalize
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        directory: str | Path,
+        allow_pickle: bool = False,
+        max_length: int | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> SentenceEncoder:
+        """Model, tokenizer, pooling and normalisation as the directory describes them."""
+        layout = read_layout(directory)
+        model = from_pretrained(directory, allow_pickle=allow_pickle, dtype=dtype)
+        tokenizer = load_tokenizer(directory, max_length=max_length)
+        return cls(model, tokenizer, layout.pooling, layout.normalize)
+
+    @property
+    def dim(self) -> int:
+        return self.model.config.d_model * len(self.pooling)
+
+    @torch.inference_mode()
+    def encode(
+        self,
+        texts: str | Sequence[str],
+        batch_size: int = 32,
+        normalize: bool | None = None,
+        show_progress: bool | None = None,
+        truncation: bool = True,
+    ) -> np.ndarray:
+        """Embed texts in batches (similar lengths together), in the input order.
+
+        ``normalize``: None follows the directory; ``show_progress``: None shows a bar from
+        ``PROGRESS_MIN_BATCHES`` batches on. Texts longer than the model's maximum length
+        are truncated with one warning, or raise ValueError with ``truncation=False``.
+
+        Shape:
+            returns (N, dim) float32, N = len(texts)
+        """
+        from tqdm.auto import tqdm
+
+        if isinstance(texts, str):
+            texts = [texts]
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+        if len(texts) == 0:
+            return np.empty((0, self.dim), dtype=np.float32)
+        lengths = self.tokenizer.lengths(texts)  # also checks texts
+        self.tokenizer.check_lengths(lengths, truncation)  # one warning for all batches
+        order = np.argsort([-n for n in lengths], kind="stable")  # longest first
+        n_batches = -(-len(texts) // batch_size)
+        if show_progress is None:
+            show_progress = n_batches >= PROGRESS_MIN_BATCHES
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        device = next(self.model.parameters()).device
+        with tqdm(total=len(texts), unit="text", disable=not show_progress, file=sys.stderr) as bar:
+            for start in range(0, len(texts), batch_size):
+                idx = order[start : start + batch_size]
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # warned once, above
+                    batch = self.tokenizer([texts[i] for i in idx], truncation=truncation)
+                batch = {k: v.to(device) for k, v in batch.items()}
+                h = self.model(
+                    batch["input_ids"],
+                    attention_mask=batch["attention_mask"],
+                    token_type_ids=batch["token_type_ids"],
+                ).last_hidden_state  # (b, S, D)
+                emb = pool(h, batch["attention_mask"], self.pooling)  # (b, dim)
+                if self.normalize if normalize is None else normalize:
+                    emb = torch.nn.functional.normalize(emb, p=2.0, dim=-1)
+                out[idx] = emb.float().cpu().numpy()
+                bar.update(len(idx))
+        return out

@@ -1,0 +1,188 @@
+"""The pretrained-model commands: embed, similarity, search, attention, plot-positions."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import matplotlib.image
+import numpy as np
+import torch
+from helpers import assert_close
+from hf_bert_fixtures import SENTENCES, bert_dir, copy_dir, st_dir
+from safetensors.torch import load_file, save_file
+
+from tformer.cli import main
+from tformer.sentence import SentenceEncoder
+from tformer.viz import DPI, PANEL_INCHES
+
+LONG = " ".join(["cat"] * 100)  # 102 tokens: past the 64 positions (and the ST's 16)
+
+
+def _run(capsys, *argv):
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _one_line_error(rc, err, command, pattern):
+    assert rc == 2
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"tformer {command}: error: ")
+    assert re.search(pattern, err), err
+
+
+# embed ----------------------------------------------------------------------------------------
+def test_embed_prints_json_lines(capsys):
+    rc, out, _ = _run(capsys, "embed", st_dir(), *SENTENCES[:2])
+    assert rc == 0
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r["text"] for r in rows] == SENTENCES[:2]
+    expected = SentenceEncoder.from_pretrained(st_dir()).encode(SENTENCES[:2])
+    assert_close(np.array([r["embedding"] for r in rows]), expected)
+
+
+def test_embed_file_to_npy_and_jsonl(capsys, tmp_path):
+    lines = tmp_path / "lines.txt"
+    lines.write_text("\n".join(SENTENCES[2:]) + "\n\n")  # the blank line is skipped
+    rc, _, err = _run(
+        capsys,
+        "embed",
+        st_dir(),
+        *SENTENCES[:2],
+        "--file",
+        lines,
+        "--out",
+        tmp_path / "e.npy",
+        "--batch-size",
+        2,
+    )
+    assert rc == 0 and "wrote 5 embeddings of dimension 32" in err
+    emb = np.load(tmp_path / "e.npy")
+    assert_close(emb, SentenceEncoder.from_pretrained(st_dir()).encode(SENTENCES))
+    rc, _, _ = _run(
+        capsys, "embed", st_dir(), "--file", lines, "--out", tmp_path / "e.jsonl", "--no-normalize"
+    )
+    rows = [json.loads(line) for line in (tmp_path / "e.jsonl").read_text().splitlines()]
+    assert [r["text"] for r in rows] == SENTENCES[2:]
+    assert not np.isclose(np.linalg.norm(rows[0]["embedding"]), 1.0)
+
+
+def test_embed_bad_arguments(capsys, tmp_path):
+    rc, _, err = _run(capsys, "embed", st_dir())
+    _one_line_error(rc, err, "embed", r"TEXT: expected at least 1 text\(s\)")
+    rc, _, err = _run(capsys, "embed", st_dir(), "a", "--out", tmp_path / "x.csv")
+    _one_line_error(rc, err, "embed", r"--out: expected a \.npy or \.jsonl file name")
+    rc, _, err = _run(capsys, "embed", st_dir(), "--file", tmp_path / "none.txt")
+    _one_line_error(rc, err, "embed", r"--file .*none\.txt: no such file")
+
+
+def test_long_text_truncates_with_a_warning_or_fails_with_no_truncate(capsys):
+    rc, out, err = _run(capsys, "embed", st_dir(), LONG, "a dog")
+    assert rc == 0 and len(out.splitlines()) == 2
+    assert err.startswith(
+        "tformer embed: warning: 1 of 2 texts are longer than the model's "
+        "maximum length (16 tokens; the longest has 102)"
+    )
+    rc, _, err = _run(capsys, "embed", st_dir(), "a dog", LONG, "--no-truncate")
+    _one_line_error(rc, err, "embed", r"texts\[1\]: expected at most 16 tokens .* got 102")
+
+
+# similarity and search --------------------------------------------------------------------------
+def test_similarity_prints_the_cosine_matrix(capsys):
+    rc, out, _ = _run(capsys, "similarity", st_dir(), *SENTENCES[:3])
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[:3] == [f"[{i}] {t}" for i, t in enumerate(SENTENCES[:3])]
+    matrix = np.array([[float(v) for v in line.split()[1:]] for line in lines[4:]])
+    emb = SentenceEncoder.from_pretrained(st_dir()).encode(SENTENCES[:3])
+    np.testing.assert_allclose(matrix, emb @ emb.T, atol=1e-3)  # printed with 3 decimals
+    np.testing.assert_allclose(np.diag(matrix), 1.0)
+    rc, _, err = _run(capsys, "similarity", st_dir(), "only one")
+    _one_line_error(rc, err, "similarity", r"TEXT: expected at least 2 text\(s\)")
+
+
+def test_search_finds_the_line_itself_first(capsys, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(SENTENCES[:2]) + "\n\n" + "\n".join(SENTENCES[2:]) + "\n")
+    rc, out, _ = _run(capsys, "search", bert_dir(), "--corpus", corpus, SENTENCES[3], "-k", 2)
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[0] == f"query: {SENTENCES[3]}"
+    assert lines[1] == f"  1. 1.0000  line 5: {SENTENCES[3]}"  # line 3 of the file is blank
+    assert len(lines) == 3
+    rc, _, err = _run(capsys, "search", bert_dir(), "--corpus", corpus, "q", "-k", 0)
+    _one_line_error(rc, err, "search", r"--top-k: expected a positive int, got 0")
+
+
+# attention ---------------------------------------------------------------------------------------
+def test_attention_png_has_one_panel_per_layer_and_head(capsys, tmp_path):
+    out = tmp_path / "attn.png"
+    rc, _, err = _run(capsys, "attention", bert_dir(), "the cat sat on the mat", "--out", out)
+    assert rc == 0 and "2 x 4 maps, 8 tokens" in err
+    assert out.is_file() and out.stat().st_size > 10_000
+    height, width = matplotlib.image.imread(out).shape[:2]
+    side = PANEL_INCHES * DPI  # 8 tokens: panels keep their base size
+    assert (height, width) == (round(2 * side), round(4 * side))  # 2 layers x 4 heads
+
+    rc, _, err = _run(capsys, "attention", bert_dir(), "the cat", "--out", out, "--layer", 1, "--head", 3)
+    assert rc == 0 and "1 x 1 maps" in err
+    assert matplotlib.image.imread(out).shape[:2] == (round(side), round(side))
+
+
+def test_attention_bad_arguments(capsys, tmp_path):
+    out = tmp_path / "attn.png"
+    rc, _, err = _run(capsys, "attention", bert_dir(), "a", "--out", out, "--layer", 2)
+    _one_line_error(rc, err, "attention", r"--layer: expected 0\.\.1, got 2")
+    rc, _, err = _run(capsys, "attention", bert_dir(), "a", "--out", tmp_path / "a.svg")
+    _one_line_error(rc, err, "attention", r"--out: expected a \.png file name")
+    rc, _, err = _run(capsys, "attention", bert_dir(), LONG, "--out", out, "--no-truncate")
+    _one_line_error(rc, err, "attention", r"texts\[0\]: expected at most 64 tokens .* got 102")
+
+
+def test_plot_positions(capsys, tmp_path):
+    rc, _, err = _run(
+        capsys, "plot-positions", "--out", tmp_path / "pe.png", "--d-model", 64, "--max-len", 50
+    )
+    assert rc == 0 and "50 positions x 64 dimensions" in err
+    assert (tmp_path / "pe.png").stat().st_size > 1000
+    rc, _, err = _run(capsys, "plot-positions", "--out", tmp_path / "pe.png", "--d-model", 0)
+    _one_line_error(rc, err, "plot-positions", r"--d-model: expected a positive int, got 0")
+
+
+# bad model directories: one line naming the file (and tensor) ------------------------------------
+def test_bad_model_directories(capsys, tmp_path):
+    rc, _, err = _run(capsys, "embed", tmp_path / "missing", "a")
+    _one_line_error(rc, err, "embed", r"missing: no such model directory")
+    (tmp_path / "empty").mkdir()
+    rc, _, err = _run(capsys, "embed", tmp_path / "empty", "a")
+    _one_line_error(rc, err, "embed", r"empty/config\.json: no such file")
+
+    d = copy_dir(bert_dir(), tmp_path / "arch")
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "architectures": ["BertForNextSentence"]}))
+    rc, _, err = _run(capsys, "similarity", d, "a", "b")
+    _one_line_error(rc, err, "similarity", r"architectures: expected one of .* 'BertForNext")
+
+    d = copy_dir(bert_dir(), tmp_path / "shape")
+    state = load_file(str(d / "model.safetensors"))
+    state["encoder.layer.0.intermediate.dense.weight"] = torch.zeros(63, 32)
+    save_file(state, str(d / "model.safetensors"), metadata={"format": "pt"})
+    rc, _, err = _run(capsys, "attention", d, "a", "--out", tmp_path / "a.png")
+    _one_line_error(
+        rc,
+        err,
+        "attention",
+        r"shape/model\.safetensors: tensor 'encoder\.layer\.0\."
+        r"intermediate\.dense\.weight': expected shape \(64, 32\)",
+    )
+
+
+def test_pickle_needs_allow_pickle(capsys, tmp_path):
+    d = copy_dir(bert_dir(), tmp_path / "m")
+    torch.save(load_file(str(d / "model.safetensors")), d / "pytorch_model.bin")
+    (d / "model.safetensors").unlink()
+    rc, _, err = _run(capsys, "embed", d, "a dog")
+    _one_line_error(rc, err, "embed", r"pytorch_model\.bin: refusing to load a pickle checkpoint")
+    rc, out, _ = _run(capsys, "embed", d, "a dog", "--allow-pickle")
+    assert rc == 0 and json.loads(out)["text"] == "a dog"

@@ -1,0 +1,84 @@
+"""tformer.reference.from_pretrained: the NumPy mirror gives transformers' numbers on BERT dirs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from helpers import assert_close
+from hf_bert_fixtures import SENTENCES, bert_dir, copy_dir, load_hf, mlm_dir, st_dir
+
+from tformer.pretrained import from_pretrained as torch_from_pretrained
+from tformer.pretrained import save_pretrained
+from tformer.reference import from_pretrained
+from tformer.tokenizer import load_tokenizer
+
+
+def _batches(directory):
+    np_batch = load_tokenizer(directory)(SENTENCES, return_tensors="np")
+    return np_batch, {k: torch.from_numpy(v) for k, v in np_batch.items()}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_matches_transformers_everywhere(dtype):
+    batch, pt = _batches(bert_dir())
+    real = batch["attention_mask"].astype(bool)  # (B, S)
+    ref = from_pretrained(bert_dir(), dtype=dtype)
+    ours = ref(
+        batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        token_type_ids=batch["token_type_ids"],
+        output_attentions=True,
+        output_hidden_states=True,
+    )
+    hf = load_hf(bert_dir()).to(torch.float64 if dtype == np.float64 else torch.float32)
+    with torch.no_grad():
+        theirs = hf(**pt, output_attentions=True, output_hidden_states=True)
+    assert ours.last_hidden_state.dtype == dtype
+    assert_close(ours.last_hidden_state, theirs.last_hidden_state, dtype, real, "last_hidden_state")
+    for i, (a, b) in enumerate(zip(ours.hidden_states, theirs.hidden_states, strict=True)):
+        assert_close(a, b, dtype, real, f"hidden_states[{i}]")
+    for i, (a, b) in enumerate(zip(ours.attentions, theirs.attentions, strict=True)):
+        # (B, H, S, S) -> (B, S, H, S): compare the real query rows
+        assert_close(a.transpose(0, 2, 1, 3), b.transpose(1, 2), dtype, real, f"attentions[{i}]")
+    assert_close(ours.pooler_output, theirs.pooler_output, dtype, what="pooler_output")
+
+
+def test_same_as_the_torch_loader_on_every_format(tmp_path):
+    save_pretrained(torch_from_pretrained(bert_dir()), tmp_path / "ours")
+    for directory in (bert_dir(), mlm_dir(), st_dir(), tmp_path / "ours"):
+        ref = from_pretrained(directory).state_dict()
+        pt = torch_from_pretrained(directory).state_dict()
+        assert set(ref) == set(pt), directory
+        for k, v in pt.items():
+            np.testing.assert_array_equal(ref[k], v.numpy(), err_msg=f"{directory}: {k}")
+
+
+def test_refuses_pickle_and_names_bad_tensors(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    d = copy_dir(bert_dir(), tmp_path / "m")
+    state = load_file(str(d / "model.safetensors"))
+    state["pooler.dense.bias"] = np.zeros(7, np.float32)
+    save_file(state, str(d / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"tensor 'pooler\.dense\.bias': expected shape \(32,\)"):
+        from_pretrained(d)
+    (d / "model.safetensors").rename(d / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"pytorch_model\.bin: refusing to load a pickle"):
+        from_pretrained(d)
+
+
+def test_loads_and_runs_without_torch():
+    code = (
+        "import sys; sys.modules['torch'] = None\n"  # any `import torch` now fails
+        "from tformer.reference import from_pretrained\n"
+        "from tformer.tokenizer import load_tokenizer\n"
+        f"d = {str(bert_dir())!r}\n"
+        "batch = load_tokenizer(d)(['the cat sat', 'a dog'], return_tensors='np')\n"
+        "out = from_pretrained(d)(batch['input_ids'], attention_mask=batch['attention_mask'])\n"
+        "assert out.last_hidden_state.shape == (2, 5, 32), out.last_hidden_state.shape\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

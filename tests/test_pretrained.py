@@ -1,0 +1,271 @@
+"""tformer.pretrained: BERT checkpoints give transformers' numbers; save / export round trips.
+
+Compared on real (non-padding) tokens with tests.helpers' tolerance (float32: 1e-5).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers import assert_close
+from hf_bert_fixtures import (
+    SENTENCES,
+    bert_dir,
+    copy_dir,
+    load_hf,
+    make_bert_dir,
+    mlm_dir,
+    st_dir,
+)
+from safetensors.torch import load_file, save_file
+
+import tformer
+from tformer.config import TransformerConfig
+from tformer.model import Encoder
+from tformer.pretrained import export_hf, from_pretrained, save_pretrained
+from tformer.tokenizer import load_tokenizer
+
+
+def _run_both(directory, model=None, **kwargs):
+    """tformer's and transformers' outputs on the padded batch of SENTENCES."""
+    batch = load_tokenizer(directory)(SENTENCES)
+    model = model if model is not None else from_pretrained(directory)
+    with torch.no_grad():
+        ours = model(
+            batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            token_type_ids=batch["token_type_ids"],
+            **kwargs,
+        )
+        theirs = load_hf(directory)(**batch, **kwargs)
+    return batch, ours, theirs
+
+
+def test_bert_matches_transformers_everywhere():
+    batch, ours, theirs = _run_both(bert_dir(), output_attentions=True, output_hidden_states=True)
+    real = batch["attention_mask"].bool()  # (B, S)
+    assert not real.all(), "the batch must hold padding"
+    assert_close(ours.last_hidden_state, theirs.last_hidden_state, where=real, what="last_hidden_state")
+    assert len(ours.hidden_states) == len(theirs.hidden_states) == 3
+    for i, (a, b) in enumerate(zip(ours.hidden_states, theirs.hidden_states, strict=True)):
+        assert_close(a, b, where=real, what=f"hidden_states[{i}]")
+    assert len(ours.attentions) == 2
+    for i, (a, b) in enumerate(zip(ours.attentions, theirs.attentions, strict=True)):
+        s = real.shape[1]
+        assert a.shape == b.shape == (len(SENTENCES), 4, s, s)
+        # (B, H, S, S): real query rows, all keys (padding keys get weight 0 in both)
+        assert_close(a.transpose(1, 2), b.transpose(1, 2), where=real, what=f"attentions[{i}]")
+    assert_close(ours.pooler_output, theirs.pooler_output, what="pooler_output")
+
+
+def test_masked_lm_checkpoint_loads_without_its_head():
+    keys = load_file(str(mlm_dir() / "model.safetensors")).keys()
+    assert any(k.startswith("cls.") for k in keys) and all(k.startswith(("bert.", "cls.")) for k in keys)
+    model = from_pretrained(mlm_dir())
+    assert model.pooler is None  # BertForMaskedLM has none
+    batch, ours, theirs = _run_both(mlm_dir(), model=model)
+    real = batch["attention_mask"].bool()
+    assert_close(ours.last_hidden_state, theirs.last_hidden_state, where=real)
+    assert ours.pooler_output is None
+
+
+@pytest.mark.parametrize("act", ["gelu_new", "relu"])
+def test_other_activations_match(tmp_path, act):
+    d = make_bert_dir(tmp_path / act, hidden_act=act, layer_norm_eps=1e-6)
+    model = from_pretrained(d)
+    assert model.config.activation == {"gelu_new": "gelu_tanh", "relu": "relu"}[act]
+    assert model.config.layer_norm_eps == 1e-6
+    batch, ours, theirs = _run_both(d, model=model)
+    real = batch["attention_mask"].bool()
+    assert_close(ours.last_hidden_state, theirs.last_hidden_state, where=real)
+
+
+def test_public_names_forward_here():
+    a = tformer.from_pretrained(bert_dir())
+    b = Encoder.from_pretrained(bert_dir())
+    assert isinstance(a, Encoder) and not a.training
+    for (ka, va), (kb, vb) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert ka == kb and torch.equal(va, vb)
+
+
+def test_sentence_transformers_layout_loads_the_root_model():
+    model = from_pretrained(st_dir())
+    assert model.config.d_model == 32 and model.pooler is not None
+
+
+def test_dtype():
+    model = from_pretrained(bert_dir(), dtype=torch.float64)
+    assert all(p.dtype == torch.float64 for p in model.parameters())
+
+
+# Round trips ----------------------------------------------------------------------------------
+def test_save_pretrained_round_trip(tmp_path):
+    model = from_pretrained(bert_dir())
+    save_pretrained(model, tmp_path / "ours")
+    saved = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert TransformerConfig.from_dict(saved) == model.config
+    assert set(load_file(str(tmp_path / "ours" / "model.safetensors"))) == set(model.state_dict())
+    again = from_pretrained(tmp_path / "ours")
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, again.state_dict()[k]), k
+    model.save_pretrained(tmp_path / "method")  # the Encoder method forwards here
+    assert (tmp_path / "method" / "model.safetensors").is_file()
+
+
+def test_export_hf_round_trip(tmp_path):
+    """tformer -> HF directory -> transformers loads it -> same outputs."""
+    torch.manual_seed(3)
+    config = TransformerConfig(
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        n_layers=2,
+        vocab_size=100,
+        max_len=64,
+        positional="learned",
+        scale_embeddings=False,
+        type_vocab_size=2,
+        embedding_norm=True,
+        pooler=True,
+        activation="gelu_tanh",
+        layer_norm_eps=1e-6,
+    )
+    model = Encoder(config).eval()
+    export_hf(model, tmp_path / "hf")
+    hf = load_hf(tmp_path / "hf")
+    assert sum(p.numel() for p in hf.parameters()) == sum(p.numel() for p in model.parameters())
+    ids = torch.randint(0, 100, (3, 9))
+    mask = torch.ones(3, 9, dtype=torch.long)
+    mask[1, 5:] = 0
+    types = torch.zeros(3, 9, dtype=torch.long)
+    types[:, 4:] = 1
+    with torch.no_grad():
+        ours = model(ids, attention_mask=mask, token_type_ids=types)
+        theirs = hf(input_ids=ids, attention_mask=mask, token_type_ids=types)
+    assert_close(ours.last_hidden_state, theirs.last_hidden_state, where=mask.bool())
+    assert_close(ours.pooler_output, theirs.pooler_output)
+    # ...and tformer reads its own export back, bit for bit.
+    again = from_pretrained(tmp_path / "hf")
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, again.state_dict()[k]), k
+
+
+def test_export_refuses_a_non_bert_config(tmp_path):
+    model = Encoder(TransformerConfig(d_model=32, n_heads=4, d_ff=64, n_layers=1, vocab_size=10))
+    with pytest.raises(ValueError, match=r"config\.positional: a BERT export needs 'learned'"):
+        export_hf(model, tmp_path)
+
+
+def test_pickle_checkpoint_needs_allow_pickle(tmp_path):
+    d = copy_dir(bert_dir(), tmp_path / "m")
+    state = load_file(str(d / "model.safetensors"))
+    (d / "model.safetensors").unlink()
+    torch.save(state, d / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"pytorch_model\.bin: refusing to load a pickle"):
+        from_pretrained(d)
+    model = from_pretrained(d, allow_pickle=True)
+    ref = from_pretrained(bert_dir())
+    for k, v in ref.state_dict().items():
+        assert torch.equal(v, model.state_dict()[k]), k
+
+
+def test_sharded_safetensors(tmp_path):
+    d = copy_dir(bert_dir(), tmp_path / "m")
+    state = load_file(str(d / "model.safetensors"))
+    (d / "model.safetensors").unlink()
+    keys = sorted(state)
+    shards = {"model-00001-of-00002.safetensors": keys[:10], "model-00002-of-00002.safetensors": keys[10:]}
+    for name, part in shards.items():
+        save_file({k: state[k] for k in part}, str(d / name), metadata={"format": "pt"})
+    weight_map = {k: name for name, part in shards.items() for k in part}
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    model = from_pretrained(d)
+    assert torch.equal(model.tok_emb.weight, state["embeddings.word_embeddings.weight"])
+
+
+# Bad directories: one-line errors naming the file and the tensor -------------------------------
+def _rewrite(directory, change):
+    path = directory / "model.safetensors"
+    state = load_file(str(path))
+    change(state)
+    save_file(state, str(path), metadata={"format": "pt"})
+
+
+def test_missing_directory_and_config(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"nope: no such model directory"):
+        from_pretrained(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match=r"config\.json: no such file"):
+        from_pretrained(tmp_path)
+
+
+def test_unsupported_architecture(tmp_path):
+    d = copy_dir(bert_dir(), tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["architectures"] = ["BertForQuestionAnswering"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"config\.json: architectures: expected one of BertModel"):
+        from_pretrained(d)
+
+
+def test_config_that_is_neither_format(tmp_path):
+    d = copy_dir(bert_dir(), tmp_path / "m")
+    (d / "config.json").write_text(json.dumps({"hidden_size": 32}))
+    with pytest.raises(ValueError, match=r"expected a BERT config .* or a tformer config"):
+        from_pretrained(d)
+
+
+def test_missing_tensor(tmp_path):
+    d = copy_dir(bert_dir(), tmp_path / "m")
+    _rewrite(d, lambda s: s.pop("encoder.layer.1.attention.self.key.bias"))
+    with pytest.raises(
+        ValueError,
+        match=r"model\.safetensors: missing tensor 'encoder\.layer\.1\."
+        r"attention\.self\.key\.bias'",
+    ):
+        from_pretrained(d)
+
+
+def test_extra_tensor(tmp_path):
+    d = copy_dir(bert_dir(), tmp_path / "m")
+    _rewrite(d, lambda s: s.update({"encoder.layer.7.output.dense.bias": torch.zeros(32)}))
+    with pytest.raises(ValueError, match=r"model\.safetensors: unexpected tensor 'encoder\.layer\.7"):
+        from_pretrained(d)
+
+
+def test_wrong_shape(tmp_path):
+    d = copy_dir(bert_dir(), tmp_path / "m")
+    _rewrite(d, lambda s: s.update({"embeddings.position_embeddings.weight": torch.zeros(60, 32)}))
+    with pytest.raises(
+        ValueError,
+        match=r"model\.safetensors: tensor 'embeddings\.position_embeddings\.weight': "
+        r"expected shape \(64, 32\), got \(60, 32\)",
+    ):
+        from_pretrained(d)
+
+
+def test_wrong_shape_in_tformer_format(tmp_path):
+    save_pretrained(from_pretrained(bert_dir()), tmp_path / "ours")
+    _rewrite(tmp_path / "ours", lambda s: s.update({"pooler.bias": torch.zeros(31)}))
+    with pytest.raises(ValueError, match=r"tensor 'pooler\.bias': expected shape \(32,\), got \(31,"):
+        from_pretrained(tmp_path / "ours")
+
+
+def test_corrupt_safetensors(tmp_path):
+    d = copy_dir(bert_dir(), tmp_path / "m")
+    (d / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match=r"model\.safetensors: not a readable safetensors file"):
+        from_pretrained(d)
+
+
+def test_saved_directories_carry_the_tokenizer(tmp_path):
+    model = from_pretrained(bert_dir())
+    save_pretrained(model, tmp_path / "ours", tokenizer_dir=bert_dir())
+    export_hf(model, tmp_path / "hf", tokenizer_dir=bert_dir())
+    expected = tformer.SentenceEncoder.from_pretrained(bert_dir()).encode(SENTENCES)
+    for d in (tmp_path / "ours", tmp_path / "hf"):
+        assert (d / "tokenizer.json").is_file() and (d / "vocab.txt").is_file()
+        assert_close(tformer.SentenceEncoder.from_pretrained(d).encode(SENTENCES), expected, what=str(d))
+    with pytest.raises(FileNotFoundError, match=r"tokenizer_dir .*x: no tokenizer\.json or vocab\.txt"):
+        save_pretrained(model, tmp_path / "x", tokenizer_dir=tmp_path / "x")
