@@ -112,7 +112,10 @@ class TransformerConfig:
         return dataclasses.replace(self, **changes)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        """Write JSON atomically: a failed save leaves any previous file whole."""
+        from tformer.files import write_json_atomic
+
+        write_json_atomic(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | Path) -> TransformerConfig:

@@ -14,16 +14,17 @@ only, unless ``allow_pickle=True`` lets a ``pytorch_model.bin`` through, and the
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as st_save
 
 from tformer.config import TransformerConfig
 from tformer.convert import hf_bert
 from tformer.convert.st_layout import read_layout
+from tformer.files import write_atomic, write_json_atomic
 from tformer.model import Encoder
 
 
@@ -65,7 +66,8 @@ def save_pretrained(model: Encoder, directory: str | Path, tokenizer_dir: str | 
     directory.mkdir(parents=True, exist_ok=True)
     model.config.save(directory / "config.json")
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(state, str(directory / hf_bert.WEIGHTS_FILE), metadata={"format": "pt"})
+    # Atomic: a failed save never leaves a half-written checkpoint over a good one.
+    write_atomic(directory / hf_bert.WEIGHTS_FILE, st_save(state, metadata={"format": "pt"}))
     if tokenizer_dir is not None:
         _copy_tokenizer(Path(tokenizer_dir), directory)
 
@@ -82,8 +84,8 @@ def export_hf(model: Encoder, directory: str | Path, tokenizer_dir: str | Path |
     hf_state = {k: v.contiguous().clone() for k, v in hf_bert.to_hf(state, model.config).items()}
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-    save_file(hf_state, str(directory / hf_bert.WEIGHTS_FILE), metadata={"format": "pt"})
+    write_json_atomic(directory / "config.json", hf_config)
+    write_atomic(directory / hf_bert.WEIGHTS_FILE, st_save(hf_state, metadata={"format": "pt"}))
     if tokenizer_dir is not None:
         _copy_tokenizer(Path(tokenizer_dir), directory)
 

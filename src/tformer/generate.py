@@ -1,0 +1,183 @@
+"""Greedy and beam-search decoding for `Seq2SeqTransformer`, batched, with a KV cache.
+
+The source is encoded once; each step feeds only the newest target token to
+`model.decode` together with the cached keys/values of the earlier ones (cross-
+attention caches the memory's projections at step 0), so a step costs O(T), not O(T^2).
+
+Shape legend: B batch, K beams, S source length, L generated length, D model dim, V vocab.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tformer.tasks.tokenizer import BOS, EOS, PAD
+
+
+@dataclass
+class GenerationOutput:
+    """sequences (B, L): generated ids after BOS, the EOS included when produced, PAD after it.
+    scores (B,): sum of token log-probabilities (beam search: before the length penalty)."""
+
+    sequences: Tensor
+    scores: Tensor
+
+    def tolist(self) -> list[list[int]]:
+        """Per row, the ids up to and including the first EOS (PAD stripped)."""
+        rows = []
+        for row in self.sequences.tolist():
+            rows.append(row[: row.index(EOS) + 1] if EOS in row else [i for i in row if i != PAD])
+        return rows
+
+
+def _check(src_ids: Tensor, src_attention_mask: Tensor | None, max_len: int) -> None:
+    if src_ids.dim() != 2:
+        raise ValueError(f"src_ids: expected shape (B, S), got {tuple(src_ids.shape)}")
+    if src_attention_mask is not None and src_attention_mask.shape != src_ids.shape:
+        raise ValueError(
+            f"src_attention_mask: expected shape (B, S) = {tuple(src_ids.shape)}, "
+            f"got {tuple(src_attention_mask.shape)}"
+        )
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+        raise ValueError(f"max_len: expected a positive int, got {max_len!r}")
+
+
+def _reorder_cache(cache: Any, index: Tensor) -> Any:
+    """Select batch rows `index` of every tensor in a nested cache (layers x (k, v, ...)),
+    each with the batch on dim 0: beam search keeps the caches of the surviving beams."""
+    if isinstance(cache, Tensor):
+        return cache.index_select(0, index)
+    if isinstance(cache, (tuple, list)):
+        return type(cache)(_reorder_cache(c, index) for c in cache)
+    return cache  # None
+
+
+@torch.no_grad()
+def greedy_search(
+    model,
+    src_ids: Tensor,
+    src_attention_mask: Tensor | None = None,
+    max_len: int = 64,
+    bos_id: int = BOS,
+    eos_id: int = EOS,
+    pad_id: int = PAD,
+    use_cache: bool = True,
+) -> GenerationOutput:
+    """Pick the most likely token at every step until each row has produced EOS.
+
+    ``use_cache=False`` re-runs the decoder over the whole prefix each step (slow; it
+    exists to check the cached path).
+
+    Shape:
+        src_ids, src_attention_mask: (B, S) -> sequences (B, L <= max_len), scores (B,)
+    """
+    _check(src_ids, src_attention_mask, max_len)
+    was_training = model.training
+    model.eval()
+    b = src_ids.size(0)
+    memory = model.encode(src_ids, src_attention_mask=src_attention_mask).last_hidden_state
+    tokens = torch.full((b, 1), bos_id, dtype=torch.long, device=src_ids.device)  # (B, 1)
+    scores = torch.zeros(b, device=src_ids.device)
+    done = torch.zeros(b, dtype=torch.bool, device=src_ids.device)
+    past = None
+    for _ in range(max_len):
+        step_in = tokens[:, -1:] if use_cache else tokens  # (B, 1) or (B, L)
+        out = model.decode(step_in, memory, memory_attention_mask=src_attention_mask,
+                           past_key_values=past, use_cache=use_cache)
+        past = out.past_key_values if use_cache else None
+        logp = out.logits[:, -1].float().log_softmax(dim=-1)  # (B, V)
+        best = logp.argmax(dim=-1)  # (B,)
+        scores += torch.where(done, 0.0, logp.gather(1, best[:, None])[:, 0])
+        best = best.masked_fill(done, pad_id)  # finished rows only pad
+        tokens = torch.cat([tokens, best[:, None]], dim=1)
+        done |= best == eos_id
+        if bool(done.all()):
+            break
+    model.train(was_training)
+    return GenerationOutput(tokens[:, 1:], scores)
+
+
+@torch.no_grad()
+def beam_search(
+    model,
+    src_ids: Tensor,
+    src_attention_mask: Tensor | None = None,
+    beam_size: int = 4,
+    max_len: int = 64,
+    length_penalty: float = 1.0,
+    bos_id: int = BOS,
+    eos_id: int = EOS,
+    pad_id: int = PAD,
+) -> GenerationOutput:
+    """Keep the `beam_size` most likely prefixes per source; return the best finished one.
+
+    A finished beam (it produced EOS) stays in the beam with its score frozen, so it
+    competes with the unfinished ones until the search ends. The final pick divides
+    each score by len ** length_penalty (len counts EOS): 0 ranks by total
+    log-probability, which favours short outputs; 1 by the per-token average.
+    The search stops when every beam of every row has finished, or at max_len.
+
+    Shape:
+        src_ids, src_attention_mask: (B, S) -> sequences (B, L <= max_len), scores (B,)
+    """
+    _check(src_ids, src_attention_mask, max_len)
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"beam_size: expected a positive int, got {beam_size!r}")
+    was_training = model.training
+    model.eval()
+    b, k, device = src_ids.size(0), beam_size, src_ids.device
+    memory = model.encode(src_ids, src_attention_mask=src_attention_mask).last_hidden_state
+    memory = memory.repeat_interleave(k, dim=0)  # (B*K, S, D): beams of a row are adjacent
+    mask = None if src_attention_mask is None else src_attention_mask.repeat_interleave(k, dim=0)
+    tokens = torch.full((b * k, 1), bos_id, dtype=torch.long, device=device)  # (B*K, 1)
+    # Only beam 0 is live at the start; the others are copies that must not be picked twice.
+    scores = torch.full((b, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0
+    scores = scores.view(-1)  # (B*K,)
+    done = torch.zeros(b * k, dtype=torch.bool, device=device)
+    lengths = torch.zeros(b * k, device=device)  # generated tokens, EOS included
+    past = None
+    for _ in range(max_len):
+        out = model.decode(tokens[:, -1:], memory, memory_attention_mask=mask,
+                           past_key_values=past, use_cache=True)
+        logp = out.logits[:, -1].float().log_softmax(dim=-1)  # (B*K, V)
+        v = logp.size(-1)
+        # A finished beam can only be extended by PAD, at no cost.
+        frozen = torch.full_like(logp, float("-inf"))
+        frozen[:, pad_id] = 0.0
+        logp = torch.where(done[:, None], frozen, logp)
+        cand = (scores[:, None] + logp).view(b, k * v)  # (B, K*V)
+        top_scores, top = cand.topk(k, dim=-1)  # (B, K)
+        beam = (top // v + torch.arange(b, device=device)[:, None] * k).view(-1)  # (B*K,) rows
+        token = (top % v).view(-1)  # (B*K,)
+        scores = top_scores.view(-1)
+        tokens = torch.cat([tokens.index_select(0, beam), token[:, None]], dim=1)
+        past = _reorder_cache(out.past_key_values, beam)
+        was_done = done.index_select(0, beam)
+        lengths = lengths.index_select(0, beam) + (~was_done).float()
+        done = was_done | (token == eos_id)
+        if bool(done.all()):
+            break
+    final = scores / lengths.clamp(min=1) ** length_penalty  # (B*K,)
+    best = final.view(b, k).argmax(dim=-1) + torch.arange(b, device=device) * k  # (B,)
+    model.train(was_training)
+    return GenerationOutput(tokens[best, 1:], scores[best])
+
+
+def generate(
+    model,
+    src_ids: Tensor,
+    src_attention_mask: Tensor | None = None,
+    beam_size: int = 1,
+    max_len: int = 64,
+    length_penalty: float = 1.0,
+) -> GenerationOutput:
+    """Greedy search for beam_size 1, beam search otherwise."""
+    if beam_size == 1:
+        return greedy_search(model, src_ids, src_attention_mask, max_len=max_len)
+    return beam_search(model, src_ids, src_attention_mask, beam_size=beam_size,
+                       max_len=max_len, length_penalty=length_penalty)

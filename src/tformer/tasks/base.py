@@ -1,0 +1,215 @@
+"""What every synthetic task shares: examples, splits, batching and metrics.
+
+Splits are generated, not downloaded. The test and validation sets are fixed lists
+drawn from ``seed``; the training split is an unbounded stream whose batch for step k
+depends only on (seed, k), so a resumed run sees exactly the batches it would have
+seen without stopping. An input that is in the test or validation set is never drawn
+for training, so the three splits are disjoint by their inputs.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from tformer.tasks.tokenizer import BOS, EOS, PAD, Tokenizer
+
+SPLITS = ("train", "validation", "test")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One example: `source` text, and a `target` text (seq2seq) or a `label` (classification)."""
+
+    source: str
+    target: str = ""
+    label: int = -1
+
+
+@dataclass
+class Seq2SeqBatch:
+    """Padded tensors for teacher-forced training (masks: True = real token).
+
+    src        (B, S) source ids + EOS
+    src_mask   (B, S)
+    tgt_in     (B, T) BOS + target ids: what the decoder reads
+    tgt_mask   (B, T)
+    labels     (B, T) target ids + EOS: what it must predict; PAD where padding
+    """
+
+    src: Tensor
+    src_mask: Tensor
+    tgt_in: Tensor
+    tgt_mask: Tensor
+    labels: Tensor
+
+    def n_tokens(self) -> int:
+        return int(self.src_mask.sum() + self.tgt_mask.sum())
+
+
+@dataclass
+class ClassificationBatch:
+    """input_ids (B, S) = BOS (read as [CLS]) + tokens; attention_mask (B, S); labels (B,)."""
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    labels: Tensor
+
+    def n_tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+
+def pad(rows: list[list[int]]) -> tuple[Tensor, Tensor]:
+    """Right-pad id lists with PAD -> (ids (B, L) long, mask (B, L) bool, True = real)."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), PAD, dtype=torch.long)  # (B, L)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        mask[i, : len(r)] = True
+    return ids, mask
+
+
+class Task:
+    """Base class. Subclasses set the class attributes and implement `sample`.
+
+    Args:
+        seed: chooses every split.
+        valid_size, test_size: number of distinct inputs in the held-out splits.
+    """
+
+    name: str = ""
+    kind: str = ""  # "seq2seq" or "classification"
+    description: str = ""
+    n_classes: int | None = None
+    tokenizer: Tokenizer
+    max_source_tokens: int = 0  # upper bound on len(tokenizer.encode(source))
+    max_target_tokens: int = 0
+
+    def __init__(self, seed: int = 0, valid_size: int = 500, test_size: int = 1000) -> None:
+        for arg, value in (("valid_size", valid_size), ("test_size", test_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{arg}: expected a positive int, got {value!r}")
+        self.seed = seed
+        self.valid_size = valid_size
+        self.test_size = test_size
+        self._held_out: dict[str, list[Example]] = {}
+        self._held_out_inputs: set[str] | None = None
+
+    # Subclasses -----------------------------------------------------------------
+    def sample(self, rng: random.Random) -> Example:
+        """Draw one example (any split); must use only `rng` for randomness."""
+        raise NotImplementedError
+
+    # Splits -----------------------------------------------------------------------
+    def _rng(self, *parts: object) -> random.Random:
+        # String seeds are hashed with SHA-512 by `random`, so they are stable across
+        # processes (unlike hash()) and never collide between splits or steps.
+        return random.Random("/".join(str(p) for p in (self.name, self.seed, *parts)))
+
+    def split(self, name: str) -> list[Example]:
+        """The fixed "validation" or "test" list. Training data comes from `train_batch`."""
+        if name not in ("validation", "test"):
+            raise ValueError(
+                f"split: expected 'validation' or 'test' (train is a stream: use train_batch), "
+                f"got {name!r}"
+            )
+        if name not in self._held_out:
+            # Test first, then validation without the test inputs.
+            taken = set() if name == "test" else self._sources("test")
+            size = self.test_size if name == "test" else self.valid_size
+            rng, out = self._rng(name), []
+            for _ in range(200 * size):  # bounded: a task too small to fill the split fails loudly
+                ex = self.sample(rng)
+                if ex.source not in taken:
+                    taken.add(ex.source)
+                    out.append(ex)
+                    if len(out) == size:
+                        break
+            else:
+                raise ValueError(f"{name}_size: task {self.name} cannot produce {size} distinct inputs")
+            self._held_out[name] = out
+        return self._held_out[name]
+
+    def _sources(self, *names: str) -> set[str]:
+        return {ex.source for n in names for ex in self.split(n)}
+
+    def train_batch(self, step: int, batch_size: int) -> list[Example]:
+        """The training examples for `step`: a function of (seed, step) only."""
+        if self._held_out_inputs is None:
+            self._held_out_inputs = self._sources("test", "validation")
+        held_out = self._held_out_inputs
+        rng, out = self._rng("train", step), []
+        while len(out) < batch_size:
+            ex = self.sample(rng)
+            if ex.source not in held_out:
+                out.append(ex)
+        return out
+
+    # Batching ---------------------------------------------------------------------
+    def collate(self, examples: list[Example]) -> Seq2SeqBatch | ClassificationBatch:
+        enc = self.tokenizer.encode
+        if self.kind == "seq2seq":
+            src, src_mask = pad([enc(ex.source) + [EOS] for ex in examples])
+            targets = [enc(ex.target) for ex in examples]
+            tgt_in, tgt_mask = pad([[BOS] + t for t in targets])
+            labels, _ = pad([t + [EOS] for t in targets])
+            return Seq2SeqBatch(src, src_mask, tgt_in, tgt_mask, labels)
+        ids, mask = pad([[BOS] + enc(ex.source) for ex in examples])
+        labels = torch.tensor([ex.label for ex in examples], dtype=torch.long)  # (B,)
+        return ClassificationBatch(ids, mask, labels)
+
+    @property
+    def max_len(self) -> int:
+        """Longest id sequence a model sees, specials included (for positional tables)."""
+        return max(self.max_source_tokens, self.max_target_tokens) + 2
+
+    # Metrics ----------------------------------------------------------------------
+    def score(self, predictions: list, examples: list[Example]) -> dict[str, float]:
+        """Seq2seq: predictions are generated id lists -> exact_match and token accuracy.
+        Classification: predictions are class ids -> accuracy."""
+        if len(predictions) != len(examples):
+            raise ValueError(
+                f"predictions: expected {len(examples)} (one per example), got {len(predictions)}"
+            )
+        if self.kind == "classification":
+            right = sum(int(p) == ex.label for p, ex in zip(predictions, examples, strict=True))
+            return {"accuracy": right / max(len(examples), 1)}
+        return sequence_metrics(
+            [list(p) for p in predictions],
+            [self.tokenizer.encode(ex.target) for ex in examples],
+        )
+
+    def majority_baseline(self) -> dict[str, float]:
+        """Classification: accuracy on the test split of always predicting the most
+        frequent label of a large training sample."""
+        if self.kind != "classification":
+            raise ValueError(f"task {self.name}: a majority baseline needs a classification task")
+        counts: dict[int, int] = {}
+        for ex in self.train_batch(-1, 10_000):  # step -1: never used by training
+            counts[ex.label] = counts.get(ex.label, 0) + 1
+        majority = max(counts, key=lambda k: counts[k])
+        test = self.split("test")
+        return {"label": majority, "accuracy": sum(ex.label == majority for ex in test) / len(test)}
+
+
+def sequence_metrics(predictions: list[list[int]], targets: list[list[int]]) -> dict[str, float]:
+    """Exact match and token accuracy of generated ids against target ids.
+
+    Both are compared with the EOS included (a prediction that never stops is wrong),
+    position by position; generated ids after the first EOS are ignored.
+    """
+    exact = right = total = 0
+    for pred, tgt in zip(predictions, targets, strict=True):
+        if EOS in pred:
+            pred = pred[: pred.index(EOS) + 1]
+        tgt = tgt + [EOS]
+        exact += pred == tgt
+        right += sum(p == t for p, t in zip(pred, tgt, strict=False))
+        total += len(tgt)
+    n = max(len(targets), 1)
+    return {"exact_match": exact / n, "accuracy": right / max(total, 1)}

@@ -1,0 +1,96 @@
+"""`tformer train`, `eval` and `generate` end to end, and their one-line errors."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tformer.cli import main
+
+TINY = ["--d-model", "16", "--n-heads", "2", "--d-ff", "32", "--n-layers", "1",
+        "--batch-size", "8", "--valid-size", "16", "--test-size", "16", "--eval-every", "2",
+        "--threads", "1", "--quiet"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _restore_threads():
+    threads = torch.get_num_threads()  # --threads 1 sets it for the process
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "reverse"
+    assert main(["train", "--task", "reverse", "--steps", "4", "--out", str(out), *TINY]) == 0
+    return out
+
+
+def test_train_writes_a_run(run_dir):
+    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["split"] == "test" and last["step"] == 4 and "exact_match" in last
+
+
+def test_train_resume_continues(run_dir, tmp_path):
+    out = tmp_path / "r"
+    assert main(["train", "--steps", "2", "--out", str(out), *TINY]) == 0
+    assert main(["train", "--resume", str(out), "--steps", "4", "--quiet"]) == 0
+    assert json.loads((out / "trainer_state.json").read_text())["step"] == 4
+    assert main(["train", "--out", str(out), "--resume", "--steps", "5", "--quiet"]) == 0
+    assert json.loads((out / "trainer_state.json").read_text())["step"] == 5
+
+
+def test_train_options_from_a_yaml_file(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("task: brackets\nsteps: 2\nd_model: 16\nn_heads: 2\nd_ff: 16\nlr: 1e-3\n"
+                   "valid_size: 8\ntest_size: 8\n")
+    out = tmp_path / "run"
+    # the command line wins over the file
+    assert main(["train", "--config", str(cfg), "--steps", "3", "--out", str(out), "--quiet",
+                 "--threads", "1"]) == 0
+    saved = json.loads((out / "train_config.json").read_text())
+    assert saved["task"] == "brackets" and saved["steps"] == 3 and saved["d_model"] == 16
+    assert saved["lr"] == 0.001  # YAML reads 1e-3 as a string; it is still a float here
+
+
+def test_eval_prints_metrics(run_dir, capsys):
+    assert main(["eval", str(run_dir), "--samples", "2"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["split"] == "test" and record["examples"] == 16
+
+
+def test_generate_prints_one_line_per_input(run_dir, capsys):
+    assert main(["generate", str(run_dir), "3 1 4 1 5", "271", "--beam-size", "2"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and all(set(line) <= set("0123456789 ") for line in lines)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--task", "nope"], "task: expected one of copy, reverse"),
+    (["train", "--config", "{cfg}"], "config: unknown key(s) bogus"),
+    (["eval", "{tmp}"], "is not a checkpoint (missing config.json"),
+    (["generate", "{tmp}", "1 2"], "is not a checkpoint"),
+    (["generate", "{run}", "3 x 4"], "'x' in '3 x 4' is not in the vocabulary"),
+    (["generate", "{run}", "1" * 40], "this model takes at most"),
+    (["train", "--resume", "{run}", "--lr", "0.5"], "lr: cannot change when resuming"),
+    (["eval", "{bad}"], "does not fit its config.json"),
+])
+def test_bad_input_is_one_line_error(argv, message, run_dir, tmp_path, capsys):
+    (tmp_path / "c.json").write_text('{"bogus": 1}')
+    bad = tmp_path / "bad"  # a run whose weights file is corrupt
+    shutil.copytree(run_dir, bad)
+    (bad / "model.safetensors").write_bytes(b"not safetensors")
+    argv = [a.format(cfg=tmp_path / "c.json", tmp=tmp_path, run=run_dir, bad=bad) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and message in err
+
+
+def test_bad_input_from_a_real_process(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "tformer.cli", "eval", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "not a checkpoint" in proc.stderr

@@ -1,0 +1,108 @@
+"""Greedy and beam search over the KV cache."""
+
+import pytest
+import torch
+
+from tformer import TransformerConfig
+from tformer.generate import beam_search, generate, greedy_search
+from tformer.model import Seq2SeqTransformer
+from tformer.tasks import EOS, PAD, get_task
+from tformer.train import forward_loss
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    # Small tensors: one thread is as fast, and polite to a shared machine.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model_and_batch(_one_thread):
+    """A briefly trained reverse model: it stops (EOS) at different steps per row but
+    is still unsure, so beam search and greedy can disagree."""
+    task = get_task("reverse", valid_size=10, test_size=10)
+    torch.manual_seed(0)
+    config = TransformerConfig(d_model=32, n_heads=4, d_ff=64, n_layers=1, dropout=0.0,
+                               vocab_size=len(task.tokenizer), max_len=task.max_len)
+    model = Seq2SeqTransformer(config)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for step in range(120):
+        loss, _ = forward_loss(model, task.collate(task.train_batch(step, 32)))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    batch = task.collate(task.split("test")[:6])  # varied lengths -> padded sources
+    return model, batch
+
+
+def test_beam_size_one_equals_greedy(model_and_batch):
+    model, b = model_and_batch
+    greedy = greedy_search(model, b.src, b.src_mask, max_len=12)
+    beam = beam_search(model, b.src, b.src_mask, beam_size=1, max_len=12)
+    assert torch.equal(greedy.sequences, beam.sequences)
+    torch.testing.assert_close(greedy.scores, beam.scores)
+
+
+def test_greedy_with_cache_equals_without(model_and_batch):
+    model, b = model_and_batch
+    cached = greedy_search(model, b.src, b.src_mask, max_len=12)
+    full = greedy_search(model, b.src, b.src_mask, max_len=12, use_cache=False)
+    assert torch.equal(cached.sequences, full.sequences)
+    torch.testing.assert_close(cached.scores, full.scores)
+
+
+def test_greedy_score_is_the_sequence_log_probability(model_and_batch):
+    model, b = model_and_batch
+    out = greedy_search(model, b.src[:1], b.src_mask[:1], max_len=8)
+    seq = out.sequences[:, : len(out.tolist()[0])]  # (1, L) up to EOS
+    tgt_in = torch.cat([torch.ones(1, 1, dtype=torch.long), seq[:, :-1]], dim=1)  # BOS + prefix
+    logp = model(b.src[:1], tgt_in, src_attention_mask=b.src_mask[:1]).logits.log_softmax(-1)
+    torch.testing.assert_close(out.scores, logp.gather(2, seq[..., None]).sum().reshape(1))
+
+
+def test_beam_search_is_batch_independent(model_and_batch):
+    model, b = model_and_batch
+    batched = beam_search(model, b.src, b.src_mask, beam_size=3, max_len=10)
+    for i in range(b.src.size(0)):
+        n = int(b.src_mask[i].sum())  # unpadded source
+        alone = beam_search(model, b.src[i : i + 1, :n], b.src_mask[i : i + 1, :n],
+                            beam_size=3, max_len=10)
+        assert batched.tolist()[i] == alone.tolist()[0]
+        torch.testing.assert_close(batched.scores[i : i + 1], alone.scores)
+
+
+def test_beam_search_finds_at_least_the_greedy_score_without_length_penalty(model_and_batch):
+    model, b = model_and_batch
+    greedy = greedy_search(model, b.src, b.src_mask, max_len=10)
+    beam = beam_search(model, b.src, b.src_mask, beam_size=4, max_len=10, length_penalty=0.0)
+    finished = [EOS in row for row in greedy.tolist()]
+    assert sum(finished) >= 3
+    for i, done in enumerate(finished):
+        if done:  # a finished greedy path is one of the candidates beam search ranks
+            assert beam.scores[i] >= greedy.scores[i] - 1e-5
+
+
+def test_eos_ends_a_row_and_pads_after(model_and_batch):
+    model, b = model_and_batch
+    for out in (greedy_search(model, b.src, b.src_mask, max_len=12),
+                beam_search(model, b.src, b.src_mask, beam_size=2, max_len=12)):
+        lengths = {len(row) for row in out.tolist()}
+        assert len(lengths) >= 3  # rows stopped at different steps
+        for row in out.sequences.tolist():
+            if EOS in row:
+                assert all(t == PAD for t in row[row.index(EOS) + 1 :])
+
+
+def test_generate_dispatches_and_checks_arguments(model_and_batch):
+    model, b = model_and_batch
+    assert torch.equal(generate(model, b.src, b.src_mask, max_len=5).sequences,
+                       greedy_search(model, b.src, b.src_mask, max_len=5).sequences)
+    with pytest.raises(ValueError, match="beam_size: expected a positive int, got 0"):
+        beam_search(model, b.src, b.src_mask, beam_size=0)
+    with pytest.raises(ValueError, match=r"src_attention_mask: expected shape \(B, S\)"):
+        greedy_search(model, b.src, b.src_mask[:, :2])
+    assert model.training is False
