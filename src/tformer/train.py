@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,8 +146,9 @@ PRESETS: dict[str, dict[str, Any]] = {
             "max_minutes": 14.0},
     "listops": {"steps": 4000, "n_layers": 4, "dropout": 0.0, "norm_first": True,
                 "eval_every": 500},
-    "brackets": {"steps": 10000, "n_layers": 4, "dropout": 0.0, "norm_first": True,
-                 "pooling": "mean", "eval_every": 500},
+    # 10k steps gave 0.948 test accuracy, 20k 0.988 (validation still rising at 10k).
+    "brackets": {"steps": 20000, "n_layers": 4, "dropout": 0.0, "norm_first": True,
+                 "pooling": "mean", "eval_every": 1000},
 }
 
 
@@ -405,8 +407,9 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
     key = main_metric(task)
     previous_wall = float(state["wall_seconds"])
     deadline = started + config.max_minutes * 60 if config.max_minutes else math.inf
+    # Redraw a few times a second on a terminal; in a log file, every 30 s is plenty.
     bar = tqdm(total=config.steps, initial=state["step"], disable=not progress,
-               dynamic_ncols=True, leave=False)
+               dynamic_ncols=True, leave=False, mininterval=0.1 if sys.stderr.isatty() else 30)
     meter = _Meter()
     stop_reason = "steps"
 
