@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tformer import fastpath
 from tformer.config import TransformerConfig
 from tformer.layers import DecoderLayer, EncoderLayer, LayerCache
 from tformer.masks import as_bool, build_attention_mask
@@ -162,8 +163,14 @@ class Encoder(nn.Module):
         token_type_ids: Tensor | None = None,
         *,
         input_ids: Tensor | None = None,
+        skip_padding: bool = False,
     ) -> EncoderOutput:
         """Encode a batch.
+
+        In float32/bfloat16 on CPU the layers run through ``tformer.fastpath`` (faster kernels,
+        the same values). ``skip_padding=True`` makes it compute the real tokens only: padded
+        batches run faster, and outputs at padded positions are zeros instead of values nobody
+        should read.
 
         Shape:
             x: (B, S) token ids when config.vocab_size is set, else (B, S, D) embeddings
@@ -181,12 +188,15 @@ class Encoder(nn.Module):
             mask = mask.to(h.device)
         hidden = [h] if output_hidden_states else None
         attentions = [] if output_attentions else None
-        for layer in self.layers:
-            h, weights = layer(h, mask, need_weights=output_attentions)
-            if hidden is not None:
-                hidden.append(h)
-            if attentions is not None:
-                attentions.append(weights)
+        if fastpath.why_not(h, attn_mask, output_attentions, output_hidden_states) is None:
+            h = fastpath.encoder_layers(self.layers, h, attention_mask, mask, skip_padding)
+        else:
+            for layer in self.layers:
+                h, weights = layer(h, mask, need_weights=output_attentions)
+                if hidden is not None:
+                    hidden.append(h)
+                if attentions is not None:
+                    attentions.append(weights)
         if self.final_norm is not None:
             h = self.final_norm(h)
         pooled = torch.tanh(self.pooler(h[:, 0])) if self.pooler is not None else None

@@ -134,6 +134,7 @@ class SentenceEncoder:
                     batch["input_ids"],
                     attention_mask=batch["attention_mask"],
                     token_type_ids=batch["token_type_ids"],
+                    skip_padding=True,  # pooling reads real tokens only, so skip the pads' work
                 ).last_hidden_state  # (b, S, D)
                 emb = pool(h, batch["attention_mask"], self.pooling)  # (b, dim)
                 if self.normalize if normalize is None else normalize:

@@ -258,7 +258,8 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
     groups = [{"params": decay, "weight_decay": config.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     # Adam betas and eps of Vaswani et al. 2017, §5.3.
-    return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.98), eps=1e-9)
+    # fused: one kernel for all parameters (several times faster on CPU than the loop).
+    return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.98), eps=1e-9, fused=True)
 
 
 def forward_loss(model: nn.Module, batch, label_smoothing: float = 0.0):

@@ -17,7 +17,8 @@ KeyValue = tuple[np.ndarray, np.ndarray]  # cached (k, v), each (B, H, S, Dh)
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     e = np.exp(x - x.max(axis=axis, keepdims=True))
-    return e / e.sum(axis=axis, keepdims=True)
+    e /= e.sum(axis=axis, keepdims=True)
+    return e
 
 
 def scaled_dot_product_attention(

@@ -28,14 +28,37 @@ _ERFC_Q = (1.8263348842295112595576438e3, 4.95882756472114071495438422e3,
 
 
 def _polynomial(coefficients: tuple[float, ...], x: np.ndarray) -> np.ndarray:
-    """Horner's rule; Python-float coefficients keep x's dtype."""
-    y = np.full_like(x, coefficients[-1])
-    for c in coefficients[-2::-1]:
-        y = y * x + c
+    """Horner's rule, in place after the first step; Python-float coefficients keep x's dtype."""
+    y = coefficients[-1] * x
+    y += coefficients[-2]
+    for c in coefficients[-3::-1]:
+        y *= x
+        y += c
     return y
 
 
+# float32 needs 7 significant digits, not 16: the rational function Eigen and XLA use for float
+# erf, x P(x^2) / Q(x^2) on [-4, 4] (beyond, erf is +-1 in float32), max error ~1e-7: one
+# polynomial pair over every element instead of two, ~4x cheaper than the double version.
+_ERF32_P = (-1.60960333262415e-02, -2.95459980854025e-03, -7.34990630326855e-04,
+            -5.69250639462346e-05, -2.10102402082508e-06, 2.77068142495902e-08,
+            -2.72614225801306e-10)
+_ERF32_Q = (-1.42647390514189e-02, -7.37332916720468e-03, -1.68282697438203e-03,
+            -2.13374055278905e-04, -1.45660718464996e-05)
+
+
+def _erf_float32(x: np.ndarray) -> np.ndarray:
+    x = np.clip(x, -4.0, 4.0)
+    x2 = x * x
+    p = _polynomial(_ERF32_P, x2)
+    p *= x
+    p /= _polynomial(_ERF32_Q, x2)
+    return p
+
+
 def erf(x: np.ndarray) -> np.ndarray:
+    if x.dtype == np.float32:  # float32 needs 7 digits: a cheaper rational function suffices
+        return _erf_float32(x)
     a = np.abs(x)
     a2 = a * a
     near = (2.0 / math.sqrt(math.pi)) * a * _polynomial(_ERF_P, a2) / _polynomial(_ERF_Q, a2)
@@ -50,7 +73,11 @@ def relu(x: np.ndarray) -> np.ndarray:
 
 def gelu(x: np.ndarray) -> np.ndarray:
     """Exact GELU: x * Phi(x) = x/2 (1 + erf(x / sqrt 2)) (Hendrycks & Gimpel 2016)."""
-    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+    y = erf(x * (1.0 / math.sqrt(2.0)))
+    y += 1.0  # in place: the (B, S, F) activation is the largest array of the layer
+    y *= x
+    y *= 0.5
+    return y
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:

@@ -74,8 +74,11 @@ class Linear(Module):
             self.bias = np.zeros(d_out, np.float32)
 
     def forward(self, x: np.ndarray) -> np.ndarray:
-        y = x @ self.weight.T  # (..., out)
-        return y + self.bias if hasattr(self, "bias") else y
+        # One (N, in) @ (in, out) product: on a 3-D x, NumPy would make one BLAS call per row.
+        y = x.reshape(-1, x.shape[-1]) @ self.weight.T  # (N, out)
+        if hasattr(self, "bias"):
+            y += self.bias  # in place: y is ours
+        return y.reshape(*x.shape[:-1], y.shape[-1])  # (..., out)
 
 
 class LayerNorm(Module):
@@ -89,10 +92,13 @@ class LayerNorm(Module):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         mean = x.mean(axis=-1, keepdims=True)
-        centred = x - mean
-        var = (centred * centred).mean(axis=-1, keepdims=True)
-        y = centred / np.sqrt(var + self.eps) * self.weight
-        return y + self.bias if hasattr(self, "bias") else y
+        y = x - mean  # centred; the steps below reuse this one array
+        var = np.einsum("...d,...d->...", y, y)[..., None] / y.shape[-1]  # mean of squares
+        y *= 1.0 / np.sqrt(var + self.eps)
+        y *= self.weight
+        if hasattr(self, "bias"):
+            y += self.bias
+        return y
 
 
 class Embedding(Module):

@@ -1,0 +1,67 @@
+"""`tformer bench`: tformer against torch.nn and HuggingFace BERT on the same work (issue 5).
+
+Every contender is built with the same weights and checked equal before timing; each workload
+times its contenders interleaved in rounds and reports medians, spreads, paired ratios and the
+cores used. See benchmarks/README.md for the workloads and how to read the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+HELP = "benchmark tformer against torch.nn.TransformerEncoder and HF BertModel (markdown table)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true",
+                   help="tiny sizes and 2 rounds: checks the plumbing in under a minute (CI)")
+    p.add_argument("--only", nargs="+", metavar="WORKLOAD",
+                   help="run only these workloads (see --list)")
+    p.add_argument("--list", action="store_true", help="list the workloads and exit")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="timed rounds per workload (default: 7 inference, 5 training, 3 NumPy and decoding)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads (default 2, as in issue 5)")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.rounds is not None and args.rounds < 1:
+        raise ValueError(f"--rounds: expected a positive int, got {args.rounds}")
+    if args.threads < 1:
+        raise ValueError(f"--threads: expected a positive int, got {args.threads}")
+    import warnings
+
+    import torch
+
+    from tformer.bench import workloads
+    from tformer.bench.harness import machine_info
+
+    if args.list:
+        print("\n".join(workloads.names()))
+        return 0
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore", message=".*nested tensors is in prototype.*")
+    warnings.filterwarnings("ignore", message=".*enable_nested_tensor is True.*")
+    settings = workloads.Settings(quick=args.quick, rounds=args.rounds, threads=args.threads)
+    start = time.perf_counter()
+
+    def progress(name: str) -> None:
+        print(f"[{time.perf_counter() - start:5.0f}s] {name}", file=sys.stderr, flush=True)
+
+    report = workloads.run(settings, args.only, progress)
+    report.machine = machine_info(args.threads)
+    report.machine["mode"] = "quick (tiny sizes: timings mean nothing)" if args.quick else "full"
+    report.machine["seconds"] = round(time.perf_counter() - start)
+    report.notes.append(
+        f"paired t / t_tformer: median over rounds of each contender's time over the workload's first "
+        f"row's time in the same round (> 1: the first row is faster). Outputs checked before timing: "
+        f"fp32 max abs diff <= {workloads.TOLERANCE:.0e} at real tokens; bf16 min cosine >= "
+        f"{workloads.BF16_COSINE}. cores = process CPU time / wall time (below the thread count: the "
+        f"machine was busy, and the ratios are noisy).")
+    print(report.to_markdown())
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(report.to_json() + "\n")
+    return 0

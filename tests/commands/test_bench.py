@@ -1,0 +1,51 @@
+"""`tformer bench --quick`: the CI smoke test. Checks the table and the JSON, never the timings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tformer.cli import main
+
+SUBSET = ["dense-small", "padded-small-pre", "train-small", "decode"]
+
+
+def _run(tmp_path, capsys, *extra):
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--quick", "--rounds", "1", "--json", str(out), *extra]) == 0
+    return capsys.readouterr().out, json.loads(out.read_text())
+
+
+def test_quick_subset_prints_the_table_and_json(tmp_path, capsys):
+    table, data = _run(tmp_path, capsys, "--only", *SUBSET)
+    assert set(data) == {"machine", "rows", "targets", "notes"}
+    assert {"cpu", "torch", "threads", "onednn_linear"} <= set(data["machine"])
+    row_keys = {"workload", "contender", "median_ms", "spread", "tokens_per_s", "vs_tformer", "cores",
+                "roofline", "peak_mib", "note"}
+    assert all(set(r) == row_keys for r in data["rows"])
+    workloads = {r["workload"] for r in data["rows"]}
+    assert {"dense-small", "padded-small-pre", "train-small", "decode-small"} <= workloads
+    contenders = {r["contender"] for r in data["rows"] if r["workload"] == "dense-small"}
+    assert {"tformer", "torch.nn fast path"} <= contenders
+    # Every timed contender passed its output check (untimed ones carry a "not timed" note).
+    assert not [r for r in data["rows"] if "not timed" in r["note"]]
+    # Quick sizes say nothing about speed: no target is judged.
+    assert data["targets"] and all(t["met"] is None for t in data["targets"])
+    header = "| workload | contender | median ms | spread | tokens/s |"
+    assert header in table and "| dense-small | tformer |" in table
+    assert "| workload | target | measured | met |" in table
+
+
+def test_list_and_bad_workload(capsys):
+    assert main(["bench", "--list"]) == 0
+    names = capsys.readouterr().out.split()
+    assert names[0] == "gemm" and "memory" in names and "bf16" in names
+    assert main(["bench", "--only", "nope"]) == 2
+    assert "--only: unknown workload(s) nope" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_full_quick_run(tmp_path, capsys):
+    _, data = _run(tmp_path, capsys)
+    assert {r["workload"] for r in data["rows"]} >= {"dense-base", "bf16-base", "train-base", "memory-512"}
