@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from tformer.cli import main
 
 SUBSET = ["dense-small", "padded-small-pre", "train-small", "decode"]
@@ -45,7 +43,7 @@ def test_list_and_bad_workload(capsys):
     assert "--only: unknown workload(s) nope" in capsys.readouterr().err
 
 
-@pytest.mark.slow
 def test_full_quick_run(tmp_path, capsys):
+    """The whole `--quick` suite (about 11 s): the CI smoke test the issue asks for."""
     _, data = _run(tmp_path, capsys)
     assert {r["workload"] for r in data["rows"]} >= {"dense-base", "bf16-base", "train-base", "memory-512"}
