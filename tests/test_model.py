@@ -192,3 +192,13 @@ def test_parameter_count_of_paper_base_encoder():
     assert expected == 18_914_304
     enc = Encoder(TransformerConfig(d_model=d, n_heads=8, d_ff=f, n_layers=n))
     assert sum(p.numel() for p in enc.parameters()) == expected
+
+
+def test_token_types_cannot_be_passed_positionally_as_a_mask(tiny_config):
+    """Issue 4's call order (ids, mask, token_type_ids) must fail loudly, not mask silently."""
+    enc = Encoder(tiny_config.replace(type_vocab_size=2))
+    ids = torch.randint(0, 50, (2, 2))
+    with pytest.raises(TypeError):
+        enc(ids, torch.ones(2, 2, dtype=torch.bool), torch.zeros(2, 2, dtype=torch.long))
+    assert enc(ids, torch.ones(2, 2, dtype=torch.bool),
+               token_type_ids=torch.zeros(2, 2, dtype=torch.long)).last_hidden_state.shape == (2, 2, 32)

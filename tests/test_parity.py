@@ -59,8 +59,8 @@ def test_encoder_matches_reference(tiny_config, dtype, norm_first, activation, p
     attention_mask, attn_mask = _masks(mask_kind, rng)
     kwargs = dict(output_attentions=True, output_hidden_states=True)
     with torch.no_grad():
-        ours = model(torch.from_numpy(ids), _t(attention_mask), _t(attn_mask), **kwargs)
-    theirs = mirror(ids, attention_mask, attn_mask, **kwargs)
+        ours = model(torch.from_numpy(ids), _t(attention_mask), attn_mask=_t(attn_mask), **kwargs)
+    theirs = mirror(ids, attention_mask, attn_mask=attn_mask, **kwargs)
     assert_close(ours.last_hidden_state, theirs.last_hidden_state, dtype, what="last_hidden_state")
     assert len(ours.hidden_states) == len(theirs.hidden_states) == config.n_layers + 1
     for i, (a, b) in enumerate(zip(ours.hidden_states, theirs.hidden_states, strict=True)):

@@ -157,11 +157,11 @@ class Encoder(nn.Module):
         self,
         x: Tensor | None = None,
         attention_mask: Tensor | None = None,
+        *,  # the rest by name: a positional token_type_ids must not pass for a mask
         attn_mask: Tensor | None = None,
         output_attentions: bool = False,
         output_hidden_states: bool = False,
         token_type_ids: Tensor | None = None,
-        *,
         input_ids: Tensor | None = None,
         skip_padding: bool = False,
     ) -> EncoderOutput:

@@ -140,11 +140,11 @@ class Encoder(Module):
         self,
         x: np.ndarray | None = None,
         attention_mask: np.ndarray | None = None,
+        *,  # the rest by name: a positional token_type_ids must not pass for a mask
         attn_mask: np.ndarray | None = None,
         output_attentions: bool = False,
         output_hidden_states: bool = False,
         token_type_ids: np.ndarray | None = None,
-        *,
         input_ids: np.ndarray | None = None,
     ) -> EncoderOutput:
         """Shape: x (B, S) ids or (B, S, D); attention_mask (B, S) -> last_hidden_state (B, S, D)."""
