@@ -142,7 +142,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "copy": {"steps": 1500, "early_stop": 1.0},
     "reverse": {"steps": 1500, "early_stop": 1.0},
     "sort": {"steps": 3000, "early_stop": 1.0},
-    "add": {"steps": 6000, "batch_size": 128, "d_model": 128, "d_ff": 512, "eval_every": 500,
+    # 6k steps: 0.965 test exact match in 5.7 min; 10k: 0.985 in 9.3 min (2 quiet cores).
+    "add": {"steps": 10000, "batch_size": 128, "d_model": 128, "d_ff": 512, "eval_every": 500,
             "max_minutes": 14.0},
     "listops": {"steps": 4000, "n_layers": 4, "dropout": 0.0, "norm_first": True,
                 "eval_every": 500},
