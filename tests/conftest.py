@@ -15,3 +15,12 @@ def tiny_config() -> TransformerConfig:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """torch on one thread for a module of small-tensor tests (as fast, and polite to the machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -9,18 +9,12 @@ from tformer.model import Seq2SeqTransformer
 from tformer.tasks import EOS, PAD, get_task
 from tformer.train import forward_loss
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Small tensors: one thread is as fast, and polite to a shared machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# Small tensors: one thread is as fast, and polite to a shared machine.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def model_and_batch(_one_thread):
+def model_and_batch(one_thread):
     """A briefly trained reverse model: it stops (EOS) at different steps per row but
     is still unsure, so beam search and greedy can disagree."""
     task = get_task("reverse", valid_size=10, test_size=10)
@@ -62,6 +56,20 @@ def test_greedy_score_is_the_sequence_log_probability(model_and_batch):
     tgt_in = torch.cat([torch.ones(1, 1, dtype=torch.long), seq[:, :-1]], dim=1)  # BOS + prefix
     logp = model(b.src[:1], tgt_in, src_attention_mask=b.src_mask[:1]).logits.log_softmax(-1)
     torch.testing.assert_close(out.scores, logp.gather(2, seq[..., None]).sum().reshape(1))
+
+
+def test_beam_scores_are_the_log_probabilities_of_the_returned_sequences(model_and_batch):
+    """Re-score each returned beam with a plain teacher-forced pass (no cache): a beam whose
+    cache was reordered wrongly would have been scored on another beam's prefix."""
+    model, b = model_and_batch
+    out = beam_search(model, b.src, b.src_mask, beam_size=3, max_len=12)
+    for i, ids in enumerate(out.tolist()):
+        seq = torch.tensor([ids])  # (1, L) up to and including EOS
+        tgt_in = torch.cat([torch.ones(1, 1, dtype=torch.long), seq[:, :-1]], dim=1)  # BOS + prefix
+        with torch.no_grad():
+            logits = model(b.src[i : i + 1], tgt_in, src_attention_mask=b.src_mask[i : i + 1]).logits
+        expected = logits.log_softmax(-1).gather(2, seq[..., None]).sum()
+        torch.testing.assert_close(out.scores[i], expected, atol=1e-4, rtol=0)
 
 
 def test_beam_search_is_batch_independent(model_and_batch):

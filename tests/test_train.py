@@ -26,12 +26,8 @@ TINY = dict(d_model=16, n_heads=2, d_ff=32, n_layers=1, batch_size=8, valid_size
             test_size=16, eval_every=3, log_every=2, threads=1, warmup=4)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# Small tensors: one thread is as fast, and polite to a shared machine.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _tiny_model(task, cls=Seq2SeqTransformer, **kw):

@@ -100,12 +100,7 @@ class TransformerConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(
-                f"config: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
-            )
+        check_known_keys(data, cls)
         return cls(**data)
 
     def replace(self, **changes: Any) -> TransformerConfig:
@@ -129,6 +124,16 @@ class TransformerConfig:
         if not isinstance(data, dict):
             raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
         return cls.from_dict(data)
+
+
+def check_known_keys(data: dict[str, Any], config_class: type) -> None:
+    """Refuse keys that are not fields of the (dataclass) config, naming them and the known ones."""
+    known = {f.name for f in dataclasses.fields(config_class)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(
+            f"config: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
+        )
 
 
 def _check_positive(name: str, value: Any) -> None:

@@ -10,11 +10,11 @@ Shape legend: B batch, K beams, S source length, L generated length, D model dim
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
 
+from tformer.layers import LayerCache
 from tformer.tasks.tokenizer import BOS, EOS, PAD
 
 
@@ -46,14 +46,17 @@ def _check(src_ids: Tensor, src_attention_mask: Tensor | None, max_len: int) -> 
         raise ValueError(f"max_len: expected a positive int, got {max_len!r}")
 
 
-def _reorder_cache(cache: Any, index: Tensor) -> Any:
-    """Select batch rows `index` of every tensor in a nested cache (layers x (k, v, ...)),
-    each with the batch on dim 0: beam search keeps the caches of the surviving beams."""
-    if isinstance(cache, Tensor):
-        return cache.index_select(0, index)
-    if isinstance(cache, (tuple, list)):
-        return type(cache)(_reorder_cache(c, index) for c in cache)
-    return cache  # None
+def _reorder_cache(cache: tuple[LayerCache, ...], index: Tensor) -> tuple[LayerCache, ...]:
+    """Keep the self-attention caches of the surviving beams (rows `index`, batch on dim 0).
+
+    The cross-attention keys/values are left as they are: they depend on the source only,
+    and a beam is always replaced by a beam of the same source row, so selecting them
+    would copy identical rows every step.
+    """
+    return tuple(
+        (self_k.index_select(0, index), self_v.index_select(0, index), cross_k, cross_v)
+        for self_k, self_v, cross_k, cross_v in cache
+    )
 
 
 @torch.no_grad()

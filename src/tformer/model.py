@@ -61,11 +61,10 @@ def check_token_ids(x: Tensor, vocab_size: int, name: str = "x") -> None:
         raise TypeError(f"{name}: expected integer token ids of shape (B, S), got dtype {x.dtype}")
     if x.dim() != 2:
         raise ValueError(f"{name}: expected token ids of shape (B, S), got shape {tuple(x.shape)}")
-    if x.numel() and (int(x.min()) < 0 or int(x.max()) >= vocab_size):
-        raise ValueError(
-            f"{name}: expected token ids in [0, {vocab_size}), "
-            f"got values in [{int(x.min())}, {int(x.max())}]"
-        )
+    if x.numel():
+        lo, hi = (int(v) for v in torch.aminmax(x))  # one pass over the ids
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"{name}: expected token ids in [0, {vocab_size}), got values in [{lo}, {hi}]")
 
 
 def check_embeddings(x: Tensor, d_model: int, name: str = "x") -> None:

@@ -38,7 +38,7 @@ from tformer.checkpoint import (
     load_weights,
     save_checkpoint,
 )
-from tformer.config import POOLINGS, TransformerConfig
+from tformer.config import POOLINGS, TransformerConfig, check_known_keys
 from tformer.generate import generate
 from tformer.model import EncoderClassifier, Seq2SeqTransformer
 from tformer.tasks import TASKS, Example, Task, get_task
@@ -156,14 +156,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
     """TrainConfig defaults < PRESETS[task] < each of `layers` in turn (a config file's
     dict, then the options given on the command line). Unknown keys are an error."""
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
     merged: dict[str, Any] = {}
     for layer in layers:
-        unknown = sorted(set(layer) - known)
-        if unknown:
-            raise ValueError(
-                f"config: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
-            )
+        check_known_keys(layer, TrainConfig)
         merged.update(layer)
     for f in dataclasses.fields(TrainConfig):
         value = merged.get(f.name)
@@ -188,12 +183,7 @@ def resume_config(run_dir: str | Path, *layers: dict[str, Any]) -> TrainConfig:
     for layer in layers:
         changes.update(layer)
     changes["out"] = str(run_dir)
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(changes) - known)
-    if unknown:
-        raise ValueError(
-            f"config: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
-        )
+    check_known_keys(changes, TrainConfig)
     for name, value in changes.items():
         if name not in RESUMABLE and value != getattr(saved, name):
             raise ValueError(
@@ -403,8 +393,9 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
         state = load_training_state(run_dir, model, optimizer)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"task {task.name}: {task.description}; {n_params:,} parameters; run dir {run_dir}")
-    if task.kind == "classification":
-        log(f"majority-class baseline (test accuracy): {task.majority_baseline()['accuracy']:.3f}")
+    baseline = task.majority_baseline()["accuracy"] if task.kind == "classification" else None
+    if baseline is not None:
+        log(f"majority-class baseline (test accuracy): {baseline:.3f}")
 
     key = main_metric(task)
     previous_wall = float(state["wall_seconds"])
@@ -454,8 +445,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
     record = {"split": "test", "task": task.name, "step": state["step"], **test,
               "wall_seconds": round(wall(), 2), "stopped_by": stop_reason,
               "parameters": n_params}
-    if task.kind == "classification":
-        record["majority_baseline"] = task.majority_baseline()["accuracy"]
+    if baseline is not None:
+        record["majority_baseline"] = baseline
     log(sample_table(task, task.split("test"), preds))
     log(_summary(record, key))
     _append_jsonl(metrics_path, record)

@@ -55,10 +55,10 @@ def check_token_ids(x: np.ndarray, vocab_size: int, name: str = "x") -> None:
         raise TypeError(f"{name}: expected integer token ids of shape (B, S), got dtype {x.dtype}")
     if x.ndim != 2:
         raise ValueError(f"{name}: expected token ids of shape (B, S), got shape {x.shape}")
-    if x.size and (x.min() < 0 or x.max() >= vocab_size):
-        raise ValueError(
-            f"{name}: expected token ids in [0, {vocab_size}), got values in [{x.min()}, {x.max()}]"
-        )
+    if x.size:
+        lo, hi = int(x.min()), int(x.max())
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"{name}: expected token ids in [0, {vocab_size}), got values in [{lo}, {hi}]")
 
 
 def check_embeddings(x: np.ndarray, d_model: int, name: str = "x") -> None:
