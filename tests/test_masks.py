@@ -37,18 +37,18 @@ def test_combined_mask_matches_pytorch_conventions():
     b, t, s = 2, 4, 4
     kpm = torch.tensor([[False, False, True, True], [False, False, False, False]])
     torch_attn_mask = torch.triu(torch.ones(t, s, dtype=torch.bool), 1)  # torch: True = blocked
-    ours = masks.build_attention_mask(masks.from_key_padding_mask(kpm), ~torch_attn_mask, b, t, s)
+    ours = masks.make_mask(masks.from_key_padding_mask(kpm), ~torch_attn_mask, b, t, s)
     blocked = kpm[:, None, None, :] | torch_attn_mask[None, None]
-    assert torch.equal(ours.expand(b, 1, t, s), ~blocked)
-    causal = masks.build_attention_mask(None, None, b, t, s, causal=True)
-    assert torch.equal(causal[0, 0], ~torch_attn_mask)
+    assert torch.equal(ours.allowed.expand(b, 1, t, s), ~blocked)
+    causal = masks.make_mask(None, None, b, t, s, causal=True)
+    assert torch.equal(causal.allowed[0, 0], ~torch_attn_mask)
 
 
 def test_numpy_masks_mirror_torch():
     rng = np.random.default_rng(0)
     am = rng.random((2, 5)) < 0.7
     gm = rng.random((2, 3, 5)) < 0.5
-    t = masks.build_attention_mask(torch.from_numpy(am), torch.from_numpy(gm), 2, 3, 5, causal=True)
-    n = np_masks.build_attention_mask(am, gm, 2, 3, 5, causal=True)
-    assert np.array_equal(t.numpy(), n)
+    t = masks.make_mask(torch.from_numpy(am), torch.from_numpy(gm), 2, 3, 5, causal=True)
+    n = np_masks.make_mask(am, gm, 2, 3, 5, causal=True)
+    assert np.array_equal(t.allowed.numpy(), n.allowed)
     assert np.array_equal(np_masks.causal_mask(2, 5), masks.causal_mask(2, 5).numpy())

@@ -23,8 +23,8 @@ from safetensors.torch import load_file, save_file
 
 import tformer
 from tformer.config import TransformerConfig
-from tformer.model import Encoder
-from tformer.pretrained import export_hf, from_pretrained, save_pretrained
+from tformer.model import Encoder, from_pretrained
+from tformer.pretrained import export_hf, save_pretrained
 from tformer.tokenizer import load_tokenizer
 
 

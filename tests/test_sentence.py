@@ -12,6 +12,7 @@ from helpers import assert_close
 from hf_bert_fixtures import SENTENCES, bert_dir, copy_dir, load_hf, st_dir
 
 import tformer
+from tformer.masks import make_mask
 from tformer.sentence import SentenceEncoder, pool
 from tformer.tokenizer import load_tokenizer
 
@@ -109,8 +110,8 @@ def test_edge_cases():
 
 
 def test_pool_ignores_padding():
-    h = torch.tensor([[[1.0, 5.0], [3.0, -1.0], [100.0, 100.0]]])  # (1, 3, 2), last is padding
-    mask = torch.tensor([[1, 1, 0]])
+    h = torch.tensor([[[1.0, 5.0], [3.0, -1.0], [0.0, 0.0]]])  # (1, 3, 2), last is padding (zeros)
+    mask = make_mask(torch.tensor([[1, 1, 0]]), None, 1, 3, 3)
     assert pool(h, mask, ["mean"]).tolist() == [[2.0, 2.0]]
     assert pool(h, mask, ["max"]).tolist() == [[3.0, 5.0]]
     assert pool(h, mask, ["cls"]).tolist() == [[1.0, 5.0]]

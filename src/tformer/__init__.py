@@ -31,7 +31,7 @@ _LAZY = {
     "DecoderLayer": "tformer.layers",
     "SinusoidalPositionalEncoding": "tformer.positional",
     "LearnedPositionalEmbedding": "tformer.positional",
-    "from_pretrained": "tformer.pretrained",
+    "from_pretrained": "tformer.model",
     "save_pretrained": "tformer.pretrained",
     "export_hf": "tformer.pretrained",
     "load_tokenizer": "tformer.tokenizer",

@@ -1,7 +1,8 @@
 """Scaled dot-product attention and multi-head attention (Vaswani et al. 2017, §3.2).
 
-Shape legend: B batch, T query length, S key length, D model dim, H heads, Dh head dim.
-Masks are boolean, True = may attend, broadcastable to (B, H, T, S) (see tformer.masks).
+Shape legend: B batch, T query length, S key length, N packed tokens, D model dim, H heads,
+Dh head dim. Masks are a ``tformer.masks.Mask`` (or, for these leaf functions, a bool tensor
+broadcastable to (B, H, T, S)); True = may attend.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ import math
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from tformer import kernels
+from tformer.masks import Mask, Packing, as_mask
 
 KeyValue = tuple[Tensor, Tensor]  # cached (k, v), each (B, H, S, Dh)
 
@@ -20,39 +23,36 @@ def scaled_dot_product_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    mask: Tensor | None = None,
+    mask: Mask | Tensor | None = None,
     dropout_p: float = 0.0,
     need_weights: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """softmax(q k^T / sqrt(Dh)) v  (§3.2.1).
 
     A query row whose mask allows no key returns zeros (and zero weights), never NaN.
+    Without ``need_weights`` a fused kernel computes the same numbers (see tformer.kernels).
 
     Shape:
         q: (B, H, T, Dh); k, v: (B, H, S, Dh); mask: broadcastable to (B, H, T, S)
         returns: output (B, H, T, Dh) and weights (B, H, T, S) or None
     """
-    if not need_weights:
-        return _sdpa_fused(q, k, v, mask, dropout_p), None
+    mask = as_mask(mask)
+    allowed = None if mask is None else mask.allowed
+    if kernels.why_not_fused_attention(need_weights) is None:
+        out = kernels.attention(q, k, v, allowed, dropout_p)
+        if mask is not None and (kernels.tracing() or mask.has_empty_rows):
+            out = out.masked_fill(mask.attends_nothing, 0.0)  # whatever the kernel gave there
+        return out, None
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, S)
-    if mask is not None:
+    if allowed is not None:
         # finfo.min, not -inf: an all-blocked row then softmaxes to finite values that
         # are zeroed below, so no NaN reaches the forward or the backward pass.
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
     weights = scores.softmax(dim=-1)
-    if mask is not None:
-        weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
-    out = F.dropout(weights, dropout_p) @ v  # (B, H, T, Dh)
+    if allowed is not None:
+        weights = weights.masked_fill(mask.attends_nothing, 0.0)
+    out = torch.nn.functional.dropout(weights, dropout_p) @ v  # (B, H, T, Dh)
     return out, weights
-
-
-def _sdpa_fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float) -> Tensor:
-    """The same computation through PyTorch's fused kernel (no (T, S) matrix kept)."""
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-    if mask is not None:
-        # Our contract, whatever the backend: rows that may attend nothing are zero.
-        out = out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
-    return out
 
 
 class AttentionOutput(NamedTuple):
@@ -90,45 +90,67 @@ class MultiHeadAttention(nn.Module):
             self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
-    def _split_heads(self, x: Tensor) -> Tensor:
+    def _split_heads(self, x: Tensor, parts: int = 1) -> tuple[Tensor, ...]:
+        """(B, N, parts * D) -> parts x (B, H, N, Dh), views of x."""
         b, n, _ = x.shape
-        return x.view(b, n, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, N, Dh)
+        return x.view(b, n, parts, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
 
     def forward(
         self,
         x: Tensor,
         memory: Tensor | None = None,
-        mask: Tensor | None = None,
+        mask: Mask | Tensor | None = None,
         past_key_value: KeyValue | None = None,
         use_cache: bool = False,
         need_weights: bool = False,
+        residual: Tensor | None = None,
     ) -> AttentionOutput:
         """Attend from ``x`` to itself, or to ``memory`` when ``cross``.
 
         With a cache, self-attention appends the new keys/values to ``past_key_value``;
-        cross-attention reuses it instead of projecting ``memory`` again.
+        cross-attention reuses it instead of projecting ``memory`` again. ``residual`` is
+        added to the output (so the add can fuse into the output projection). ``x`` of shape
+        (N, D) is a packed batch of real tokens (see ``Encoder.forward``): attention then runs
+        within each sequence, as ``mask.packing`` describes them.
 
         Shape:
-            x: (B, T, D); memory: (B, S, D); mask: broadcastable to (B, H, T, S)
-            returns output (B, T, D), weights (B, H, T, S) or None, present (k, v) or None
+            x: (B, T, D) or packed (N, D); memory: (B, S, D); mask: broadcastable to (B, H, T, S)
+            returns output like x, weights (B, H, T, S) or None, present (k, v) or None
         """
+        mask = as_mask(mask)
+        p = self.dropout if self.training else 0.0
+        if x.dim() == 2:
+            out = self._packed_self_attention(kernels.linear(x, self.qkv_proj), mask.packing, p)
+            return AttentionOutput(kernels.linear(out, self.out_proj, residual=residual), None, None)
         if self.cross:
-            q = self._split_heads(self.q_proj(x))  # (B, H, T, Dh)
+            (q,) = self._split_heads(kernels.linear(x, self.q_proj))  # (B, H, T, Dh)
             if past_key_value is not None:
                 k, v = past_key_value  # memory's keys/values, computed at step 0
             else:
                 if memory is None:
                     raise ValueError("memory: cross-attention needs the encoder output")
-                k, v = self.kv_proj(memory).chunk(2, dim=-1)  # 2 x (B, S, D)
-                k, v = self._split_heads(k), self._split_heads(v)  # (B, H, S, Dh)
+                k, v = self._split_heads(kernels.linear(memory, self.kv_proj), 2)  # (B, H, S, Dh)
         else:
-            q, k, v = self.qkv_proj(x).chunk(3, dim=-1)  # 3 x (B, T, D)
-            q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)
+            q, k, v = self._split_heads(kernels.linear(x, self.qkv_proj), 3)  # 3 x (B, H, T, Dh)
             if past_key_value is not None:
                 k = torch.cat([past_key_value[0], k], dim=2)  # (B, H, S_past + T, Dh)
                 v = torch.cat([past_key_value[1], v], dim=2)
-        p = self.dropout if self.training else 0.0
         out, weights = scaled_dot_product_attention(q, k, v, mask, p, need_weights)
         b, _, t, _ = out.shape
         out = out.transpose(1, 2).reshape(b, t, self.d_model)  # (B, T, D)
-        return AttentionOutput(self.out_proj(out), weights, (k, v) if use_cache else None)
+        out = kernels.linear(out, self.out_proj, residual=residual)
+        return AttentionOutput(out, weights, (k, v) if use_cache else None)
+
+    def _packed_self_attention(self, qkv: Tensor, packing: Packing, dropout_p: float) -> Tensor:
+        """Attention within each sequence of a packed batch, one call per group of equal lengths.
+
+        Shape: qkv (N, 3D) -> (N, D)
+        """
+        outputs, start = [], 0
+        for length, count in packing.groups:
+            block = qkv[start : start + count * length].view(count, length, 3 * self.d_model)
+            q, k, v = self._split_heads(block, 3)  # 3 x (count, H, L, Dh)
+            out, _ = scaled_dot_product_attention(q, k, v, None, dropout_p)  # (count, H, L, Dh)
+            outputs.append(out.transpose(1, 2).reshape(count * length, self.d_model))
+            start += count * length
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs)  # (N, D)

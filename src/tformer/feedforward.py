@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-ACTIVATIONS = {
-    "relu": F.relu,
-    "gelu": F.gelu,  # exact: x * Phi(x), with the erf (Hendrycks & Gimpel 2016)
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-}
+from tformer import kernels
+
+ACTIVATIONS = tuple(kernels.ACTIVATIONS)  # relu, gelu (exact, with the erf), gelu_tanh
 
 
 class FeedForward(nn.Module):
     """Two linear maps with an activation between, applied to each position alike.
 
     Shape:
-        x: (B, S, D) -> (B, S, D), through (B, S, F) inside
+        x: (..., D) -> (..., D), through (..., F) inside
     """
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", bias: bool = True):
@@ -29,5 +26,7 @@ class FeedForward(nn.Module):
         self.up = nn.Linear(d_model, d_ff, bias=bias)
         self.down = nn.Linear(d_ff, d_model, bias=bias)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down(ACTIVATIONS[self.activation](self.up(x)))  # (B, S, F) -> (B, S, D)
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """``residual`` is added to the output (so the add can fuse into the last matmul)."""
+        h = kernels.linear(x, self.up, self.activation)  # (..., F), the activation fused
+        return kernels.linear(h, self.down, residual=residual)  # (..., D)

@@ -16,20 +16,26 @@ from torch import Tensor, nn
 from tformer.attention import KeyValue, MultiHeadAttention
 from tformer.config import TransformerConfig
 from tformer.feedforward import FeedForward
+from tformer.masks import Mask
 
 # A decoder layer's cache: self-attention (k, v) then cross-attention (k, v).
 LayerCache = tuple[Tensor, Tensor, Tensor, Tensor]
 
 
-def _residual(
-    x: Tensor, sublayer, norm: nn.LayerNorm, dropout: nn.Dropout, norm_first: bool
-) -> tuple[Tensor, object]:
-    """Apply one residual sub-layer; `sublayer` returns (output, extra)."""
-    if norm_first:
-        out, extra = sublayer(norm(x))
-        return x + dropout(out), extra
-    out, extra = sublayer(x)
-    return norm(x + dropout(out)), extra
+def _residual(x: Tensor, sublayer, norm: nn.LayerNorm, dropout: nn.Dropout, norm_first: bool
+              ) -> tuple[Tensor, object]:
+    """x + Dropout(Sublayer(x)), normalised before (pre-norm) or after (post-norm) (§5.4).
+
+    ``sublayer(h, residual)`` returns (output [+ residual], extra). When dropout is inactive
+    the residual goes in, so the add can fuse into the sub-layer's last matmul.
+    """
+    h = norm(x) if norm_first else x
+    if dropout.training and dropout.p > 0:
+        out, extra = sublayer(h, None)
+        out = x + dropout(out)
+    else:
+        out, extra = sublayer(h, x)
+    return (out if norm_first else norm(out)), extra
 
 
 class EncoderLayer(nn.Module):
@@ -46,21 +52,23 @@ class EncoderLayer(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
 
     def forward(
-        self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False
+        self, x: Tensor, mask: Mask | None = None, need_weights: bool = False
     ) -> tuple[Tensor, Tensor | None]:
         """
         Shape:
-            x: (B, S, D); mask: broadcastable to (B, H, S, S)
-            returns (B, S, D) and attention weights (B, H, S, S) or None
+            x: (B, S, D), or packed real tokens (N, D); mask: a Mask over (B, H, S, S)
+            returns x's shape and attention weights (B, H, S, S) or None
         """
 
-        def attend(h: Tensor):
-            out = self.self_attn(h, mask=mask, need_weights=need_weights)
+        def attend(h: Tensor, residual: Tensor | None):
+            out = self.self_attn(h, mask=mask, need_weights=need_weights, residual=residual)
             return out.output, out.weights
 
+        def feed_forward(h: Tensor, residual: Tensor | None):
+            return self.ffn(h, residual), None
+
         x, weights = _residual(x, attend, self.attn_norm, self.dropout, self.norm_first)
-        x, _ = _residual(x, lambda h: (self.ffn(h), None), self.ffn_norm, self.dropout,
-                         self.norm_first)
+        x, _ = _residual(x, feed_forward, self.ffn_norm, self.dropout, self.norm_first)
         return x, weights
 
 
@@ -92,8 +100,8 @@ class DecoderLayer(nn.Module):
         self,
         x: Tensor,
         memory: Tensor | None,
-        self_mask: Tensor | None = None,
-        memory_mask: Tensor | None = None,
+        self_mask: Mask | None = None,
+        memory_mask: Mask | None = None,
         past_key_value: LayerCache | None = None,
         use_cache: bool = False,
         need_weights: bool = False,
@@ -109,19 +117,22 @@ class DecoderLayer(nn.Module):
         if past_key_value is not None:
             self_past, cross_past = past_key_value[:2], past_key_value[2:]
 
-        def self_attend(h: Tensor):
+        def self_attend(h: Tensor, residual: Tensor | None):
             out = self.self_attn(h, mask=self_mask, past_key_value=self_past,
-                                 use_cache=use_cache, need_weights=need_weights)
+                                 use_cache=use_cache, need_weights=need_weights, residual=residual)
             return out.output, (out.weights, out.present)
 
-        def cross_attend(h: Tensor):
+        def cross_attend(h: Tensor, residual: Tensor | None):
             out = self.cross_attn(h, memory, mask=memory_mask, past_key_value=cross_past,
-                                  use_cache=use_cache, need_weights=need_weights)
+                                  use_cache=use_cache, need_weights=need_weights, residual=residual)
             return out.output, (out.weights, out.present)
+
+        def feed_forward(h: Tensor, residual: Tensor | None):
+            return self.ffn(h, residual), None
 
         nf = self.norm_first
         x, (self_w, self_kv) = _residual(x, self_attend, self.self_attn_norm, self.dropout, nf)
         x, (cross_w, cross_kv) = _residual(x, cross_attend, self.cross_attn_norm, self.dropout, nf)
-        x, _ = _residual(x, lambda h: (self.ffn(h), None), self.ffn_norm, self.dropout, nf)
+        x, _ = _residual(x, feed_forward, self.ffn_norm, self.dropout, nf)
         present = (*self_kv, *cross_kv) if use_cache else None
         return DecoderOutputs(x, self_w, cross_w, present)

@@ -6,10 +6,16 @@ Inputs users bring:
 Converters take the other conventions at the boundary: PyTorch's ``key_padding_mask``
 (True = pad) and additive float masks (0 = attend, -inf = blocked).
 
-Layers receive one combined mask broadcastable to (B, H, T, S), or None.
+``make_mask`` turns them, once, into a ``Mask``: the one object layers, pooling and the
+classifier consume. It holds what attention needs (``allowed``, and lazily the rows that may
+attend nothing) and what unpadded execution needs (lazily, the real tokens' index and the
+groups of equal lengths). Nothing downstream converts a mask again.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -74,32 +80,120 @@ def as_bool(mask: Tensor, name: str) -> Tensor:
     return mask != 0
 
 
-def build_attention_mask(
+@dataclass(frozen=True)
+class Packing:
+    """Where the real tokens of a padded batch are, for running the layers on them only.
+
+    Sequences are sorted by length, so each group of equal lengths is one contiguous
+    (count * length, D) block of the packed tokens that attention processes as a batch.
+
+    Shape: index (N,) into the flattened (B * S) positions, in sorted-sequence order
+    """
+
+    index: Tensor
+    groups: tuple[tuple[int, int], ...]  # (length, count), lengths > 0, in packed order
+    batch: int
+    seq: int
+
+    def pack(self, h: Tensor) -> Tensor:
+        """(B, S, D) -> (N, D): the real tokens only."""
+        return h.reshape(self.batch * self.seq, h.size(-1))[self.index]
+
+    def unpack(self, x: Tensor) -> Tensor:
+        """(N, D) -> (B, S, D), zeros at padded positions."""
+        out = x.new_zeros(self.batch * self.seq, x.size(-1))
+        out[self.index] = x
+        return out.view(self.batch, self.seq, x.size(-1))
+
+
+@dataclass(frozen=True, eq=False)
+class Mask:
+    """An attention mask, made once by ``make_mask`` and consumed by every layer.
+
+    ``allowed`` (B|1, 1, T|1, S) bool, True = query t may attend key s; None = no restriction.
+    ``padding`` (B, S) bool, True = real token, when the mask came from an ``attention_mask``
+    over the queries' own sequence (encoder self-attention); it is what pooling and
+    unpadded execution read. Derived facts are computed on first use and kept.
+    """
+
+    allowed: Tensor | None
+    padding: Tensor | None = None
+
+    @cached_property
+    def attends_nothing(self) -> Tensor | None:
+        """(B|1, 1, T|1, 1) True for query rows that may attend no key (they output zeros)."""
+        return None if self.allowed is None else ~self.allowed.any(dim=-1, keepdim=True)
+
+    @cached_property
+    def has_empty_rows(self) -> bool:
+        """Whether any query may attend nothing (one device sync, once per mask)."""
+        return self.allowed is not None and bool(self.attends_nothing.any())
+
+    @cached_property
+    def has_padding(self) -> bool:
+        """Whether any position is padding (one device sync, once per mask)."""
+        return self.padding is not None and not bool(self.padding.all())
+
+    @cached_property
+    def lengths(self) -> Tensor:
+        """(B,) real tokens per sequence."""
+        return self.padding.sum(dim=1)
+
+    @cached_property
+    def packing(self) -> Packing:
+        """The real tokens' index and the groups of equal lengths (needs ``padding``)."""
+        b, s = self.padding.shape
+        order = torch.argsort(self.lengths, stable=True)  # (B,) shortest first
+        flat = order[:, None] * s + torch.arange(s, device=order.device)  # (B, S) in sorted order
+        index = flat[self.padding[order]]  # (N,)
+        sizes, counts = torch.unique_consecutive(self.lengths[order], return_counts=True)
+        pairs = zip(sizes.tolist(), counts.tolist(), strict=True)
+        groups = tuple((size, count) for size, count in pairs if size > 0)  # empty rows: no work
+        return Packing(index, groups, b, s)
+
+    def zero_padding(self, h: Tensor) -> Tensor:
+        """(B, S, D) with padded positions set to zero (a no-op without padding)."""
+        if self.padding is None:
+            return h
+        return h.masked_fill(~self.padding[..., None], 0.0)
+
+
+def as_mask(mask: Mask | Tensor | None) -> Mask | None:
+    """Accept a ready ``Mask`` or a bool tensor broadcastable to (B, H, T, S) (leaf modules)."""
+    if mask is None or isinstance(mask, Mask):
+        return mask
+    return Mask(as_bool(mask, "mask"))
+
+
+def make_mask(
     attention_mask: Tensor | None,
     attn_mask: Tensor | None,
     batch: int,
     t: int,
     s: int,
     causal: bool = False,
-) -> Tensor | None:
-    """Combine padding, general and causal masks into one bool mask (B|1, 1, T|1, S), or None.
+    device: torch.device | None = None,
+) -> Mask | None:
+    """Combine padding, general and causal masks into one ``Mask``, or None for no mask.
 
     Args:
         attention_mask: (B, S) keys that are real tokens.
         attn_mask: broadcastable to (B, T, S); True = query t may attend key s.
         causal: also forbid attending to later positions (decoder self-attention).
+        device: where the mask should live (the activations' device).
     """
-    mask: Tensor | None = None
+    allowed: Tensor | None = None
+    padding: Tensor | None = None
     if attention_mask is not None:
-        attention_mask = as_bool(attention_mask, "attention_mask")
-        if attention_mask.shape != (batch, s):
+        padding = as_bool(attention_mask, "attention_mask").to(device)
+        if padding.shape != (batch, s):
             raise ValueError(
                 f"attention_mask: expected shape (B, S) = ({batch}, {s}), "
-                f"got {tuple(attention_mask.shape)}"
+                f"got {tuple(padding.shape)}"
             )
-        mask = attention_mask[:, None, None, :]  # (B, 1, 1, S)
+        allowed = padding[:, None, None, :]  # (B, 1, 1, S)
     if attn_mask is not None:
-        attn_mask = as_bool(attn_mask, "attn_mask")
+        attn_mask = as_bool(attn_mask, "attn_mask").to(device)
         if attn_mask.dim() == 2:
             attn_mask = attn_mask[None]  # (1, T, S)
         ok = attn_mask.dim() == 3 and all(
@@ -111,9 +205,11 @@ def build_attention_mask(
                 f"got {tuple(attn_mask.shape)}"
             )
         general = attn_mask[:, None]  # (B|1, 1, T|1, S|1)
-        mask = general if mask is None else mask & general
+        allowed = general if allowed is None else allowed & general
     if causal:
-        device = mask.device if mask is not None else None
         future = causal_mask(t, s, device=device)[None, None]  # (1, 1, T, S)
-        mask = future if mask is None else mask & future
-    return mask
+        allowed = future if allowed is None else allowed & future
+    if allowed is None:
+        return None
+    # Padding describes the queries too only when they are the keys' own positions.
+    return Mask(allowed, padding if t == s and not causal else None)

@@ -13,11 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tformer import fastpath
+from tformer import kernels
 from tformer.config import TransformerConfig
 from tformer.layers import DecoderLayer, EncoderLayer, LayerCache
-from tformer.masks import as_bool, build_attention_mask
+from tformer.masks import Mask, make_mask
 from tformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from tformer.pretrained import load_state, read_pretrained, save_pretrained
 
 
 @dataclass
@@ -26,6 +27,7 @@ class EncoderOutput:
     hidden_states: tuple[Tensor, ...] | None = None  # n_layers + 1, embeddings first
     attentions: tuple[Tensor, ...] | None = None  # n_layers x (B, H, S, S)
     pooler_output: Tensor | None = None  # (B, D), BERT-style pooler only
+    mask: Mask | None = None  # the mask the layers used: pooling reads its padding from here
 
 
 @dataclass
@@ -61,7 +63,10 @@ def check_token_ids(x: Tensor, vocab_size: int, name: str = "x") -> None:
         raise TypeError(f"{name}: expected integer token ids of shape (B, S), got dtype {x.dtype}")
     if x.dim() != 2:
         raise ValueError(f"{name}: expected token ids of shape (B, S), got shape {tuple(x.shape)}")
-    if x.numel():
+    # The range check reads the data: eager only. While tracing (compile, export) the ids are
+    # symbolic, and on the meta device there are none; an out-of-range id then fails in the
+    # embedding lookup instead.
+    if x.numel() and x.device.type != "meta" and not kernels.tracing():
         lo, hi = (int(v) for v in torch.aminmax(x))  # one pass over the ids
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"{name}: expected token ids in [0, {vocab_size}), got values in [{lo}, {hi}]")
@@ -162,14 +167,15 @@ class Encoder(nn.Module):
         output_hidden_states: bool = False,
         token_type_ids: Tensor | None = None,
         input_ids: Tensor | None = None,
-        skip_padding: bool = False,
+        skip_padding: bool | None = None,
     ) -> EncoderOutput:
         """Encode a batch.
 
-        In float32/bfloat16 on CPU the layers run through ``tformer.fastpath`` (faster kernels,
-        the same values). ``skip_padding=True`` makes it compute the real tokens only: padded
-        batches run faster, and outputs at padded positions are zeros instead of values nobody
-        should read.
+        Outputs at padded positions (``attention_mask`` 0) are zeros, in every hidden state.
+        With real padding the layers run on the real tokens only (faster, the same values);
+        ``skip_padding=False`` forces the padded computation, which ``tformer.kernels`` also
+        chooses when packing cannot apply (attention weights requested, a general
+        ``attn_mask``, tracing for compile/export).
 
         Shape:
             x: (B, S) token ids when config.vocab_size is set, else (B, S, D) embeddings
@@ -182,41 +188,57 @@ class Encoder(nn.Module):
         x = _one_input(x, input_ids)
         h = self.embed(x, token_type_ids)  # (B, S, D)
         b, s, _ = h.shape
-        mask = build_attention_mask(attention_mask, attn_mask, b, s, s)
-        if mask is not None:
-            mask = mask.to(h.device)
-        hidden = [h] if output_hidden_states else None
+        mask = make_mask(attention_mask, attn_mask, b, s, s, device=h.device)
+        packed = kernels.why_not_packed(mask, attn_mask is not None, output_attentions,
+                                        skip_padding) is None
+        # Packed: the layers see the real tokens only, (N, D); unpacking puts zeros at padding.
+        unpad = mask.packing.unpack if packed else (mask.zero_padding if mask else lambda t: t)
+        hidden = [mask.zero_padding(h) if mask else h] if output_hidden_states else None
         attentions = [] if output_attentions else None
-        if fastpath.why_not(h, attn_mask, output_attentions, output_hidden_states) is None:
-            h = fastpath.encoder_layers(self.layers, h, attention_mask, mask, skip_padding)
-        else:
-            for layer in self.layers:
-                h, weights = layer(h, mask, need_weights=output_attentions)
-                if hidden is not None:
-                    hidden.append(h)
-                if attentions is not None:
-                    attentions.append(weights)
+        if packed:
+            h = mask.packing.pack(h)  # (N, D)
+        for layer in self.layers:
+            h, weights = layer(h, mask, need_weights=output_attentions)
+            if hidden is not None:
+                hidden.append(unpad(h))
+            if attentions is not None:
+                attentions.append(weights)
         if self.final_norm is not None:
             h = self.final_norm(h)
+        h = unpad(h)  # (B, S, D)
         pooled = torch.tanh(self.pooler(h[:, 0])) if self.pooler is not None else None
         return EncoderOutput(
             h,
             tuple(hidden) if hidden is not None else None,
             tuple(attentions) if attentions is not None else None,
             pooled,
+            mask,
         )
 
-    # Real checkpoints (BERT format and tformer's own) live in tformer.pretrained.
+    # Real checkpoints (BERT format and tformer's own): files are read in tformer.pretrained.
     @classmethod
-    def from_pretrained(cls, path: str | Path, **kwargs) -> Encoder:
-        from tformer.pretrained import from_pretrained
+    def from_pretrained(
+        cls, path: str | Path, allow_pickle: bool = False, dtype: torch.dtype | None = None
+    ) -> Encoder:
+        """An Encoder (in eval mode) with the weights of a BERT-format or tformer directory.
 
-        return from_pretrained(path, **kwargs)
+        BertForMaskedLM checkpoints load their encoder ("bert.*"); the masked-LM head ("cls.*")
+        is left out. A pooler is built only when the checkpoint holds one. ``dtype``: the
+        parameter dtype; None keeps float32 (half-precision checkpoints are widened).
+        """
+        config, state, source = read_pretrained(path, allow_pickle=allow_pickle)
+        model = cls(config)
+        load_state(model, state, source)
+        return model.to(dtype or torch.float32).eval()
 
     def save_pretrained(self, path: str | Path, **kwargs) -> None:
-        from tformer.pretrained import save_pretrained
-
         save_pretrained(self, path, **kwargs)
+
+
+def from_pretrained(path: str | Path, allow_pickle: bool = False,
+                    dtype: torch.dtype | None = None) -> Encoder:
+    """``Encoder.from_pretrained`` as a function: ``tformer.from_pretrained(DIR)``."""
+    return Encoder.from_pretrained(path, allow_pickle=allow_pickle, dtype=dtype)
 
 
 class Decoder(nn.Module):
@@ -280,11 +302,8 @@ class Decoder(nn.Module):
             s = past_key_values[0][2].size(2)
         else:
             raise ValueError("memory: expected the encoder output (B, S, D), got None")
-        self_mask = build_attention_mask(attention_mask, None, b, t, past + t, causal=True)
-        memory_mask = build_attention_mask(memory_attention_mask, None, b, t, s)
-        self_mask = self_mask.to(h.device)
-        if memory_mask is not None:
-            memory_mask = memory_mask.to(h.device)
+        self_mask = make_mask(attention_mask, None, b, t, past + t, causal=True, device=h.device)
+        memory_mask = make_mask(memory_attention_mask, None, b, t, s, device=h.device)
 
         hidden = [h] if output_hidden_states else None
         self_attns = [] if output_attentions else None
@@ -422,12 +441,11 @@ class EncoderClassifier(nn.Module):
             x, attention_mask, output_attentions=output_attentions,
             output_hidden_states=output_hidden_states, token_type_ids=token_type_ids,
         )
-        h = out.last_hidden_state  # (B, S, D)
+        h = out.last_hidden_state  # (B, S, D), zeros at padding
         if self.config.pooling == "cls":
             pooled = h[:, 0]  # (B, D)
-        elif attention_mask is None:
+        elif out.mask is None or out.mask.padding is None:
             pooled = h.mean(dim=1)
-        else:
-            w = as_bool(attention_mask, "attention_mask").to(h.dtype).unsqueeze(-1)  # (B, S, 1)
-            pooled = (h * w).sum(dim=1) / w.sum(dim=1).clamp(min=1.0)  # (B, D)
+        else:  # mean over real tokens: padded positions are zeros, so a plain sum is theirs
+            pooled = h.sum(dim=1) / out.mask.lengths.clamp(min=1)[:, None].to(h.dtype)  # (B, D)
         return ClassifierOutput(self.head(pooled), out.hidden_states, out.attentions)

@@ -1,6 +1,6 @@
 """Load and save pretrained encoders: BERT-format directories and tformer's own format.
 
-    model = from_pretrained(DIR)     # a BERT checkpoint, a sentence-transformers folder,
+    model = Encoder.from_pretrained(DIR)  # a BERT checkpoint, a sentence-transformers folder,
                                      # or a directory written by save_pretrained
     save_pretrained(model, OUT)      # tformer format: config.json + model.safetensors
     export_hf(model, HF_OUT)         # a directory transformers' BertModel.from_pretrained reads
@@ -20,26 +20,19 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 from safetensors.torch import save as st_save
+from torch import nn
 
 from tformer.config import TransformerConfig
 from tformer.convert import hf_bert
 from tformer.convert.st_layout import read_layout
 from tformer.files import write_atomic, write_json_atomic
-from tformer.model import Encoder
 
 
-def from_pretrained(
-    directory: str | Path, allow_pickle: bool = False, dtype: torch.dtype | None = None
-) -> Encoder:
-    """An Encoder (in eval mode) with the weights of a BERT-format or tformer directory.
-
-    BertForMaskedLM checkpoints load their encoder ("bert.*"); the masked-LM head ("cls.*")
-    is left out, since the Encoder has nothing to put it in. A pooler is built only when
-    the checkpoint holds one (BertModel does, BertForMaskedLM does not).
-
-    ``dtype``: the parameter dtype; None keeps float32 (half-precision checkpoints are
-    widened, since CPU kernels are float32).
-    """
+def read_pretrained(
+    directory: str | Path, allow_pickle: bool = False
+) -> tuple[TransformerConfig, dict[str, torch.Tensor], Path]:
+    """The config, the state dict under our keys, and the weights' path, of a BERT-format or
+    tformer directory. ``Encoder.from_pretrained`` builds the model from them."""
     model_dir = read_layout(directory).model_dir
     raw = hf_bert.read_config(model_dir)
     if "model_type" in raw:
@@ -51,13 +44,10 @@ def from_pretrained(
             f"{model_dir / 'config.json'}: expected a BERT config (model_type: bert) or a "
             "tformer config (d_model, n_heads, ...), got neither"
         )
-    model = Encoder(config)
-    _load_state(model, state, model_dir / hf_bert.WEIGHTS_FILE)
-    model = model.to(dtype or torch.float32)
-    return model.eval()
+    return config, state, model_dir / hf_bert.WEIGHTS_FILE
 
 
-def save_pretrained(model: Encoder, directory: str | Path, tokenizer_dir: str | Path | None = None) -> None:
+def save_pretrained(model: nn.Module, directory: str | Path, tokenizer_dir: str | Path | None = None) -> None:
     """Write ``config.json`` (the TransformerConfig) and ``model.safetensors`` (our keys).
 
     ``tokenizer_dir``: also copy its tokenizer files, so the directory is self-contained.
@@ -72,7 +62,7 @@ def save_pretrained(model: Encoder, directory: str | Path, tokenizer_dir: str | 
         _copy_tokenizer(Path(tokenizer_dir), directory)
 
 
-def export_hf(model: Encoder, directory: str | Path, tokenizer_dir: str | Path | None = None) -> None:
+def export_hf(model: nn.Module, directory: str | Path, tokenizer_dir: str | Path | None = None) -> None:
     """Write a BERT directory (config.json + model.safetensors with HF keys).
 
     ``transformers.BertModel.from_pretrained(directory)`` loads it. A model without a pooler
@@ -137,7 +127,7 @@ def _read_weights(files: list[Path]) -> dict[str, torch.Tensor]:
     return state
 
 
-def _load_state(model: Encoder, state: dict[str, torch.Tensor], source: Path) -> None:
+def load_state(model: nn.Module, state: dict[str, torch.Tensor], source: Path) -> None:
     """Strict load: missing/extra/wrong-shape tensors -> ValueError naming file and tensor."""
     expected = model.state_dict()
     missing = [k for k in expected if k not in state]

@@ -22,34 +22,40 @@ import torch
 from torch import Tensor
 
 from tformer.convert.st_layout import POOLING_MODES, read_layout
-from tformer.model import Encoder
-from tformer.pretrained import from_pretrained
+from tformer.masks import Mask
+from tformer.model import Encoder, from_pretrained
 from tformer.tokenizer import Tokenizer, load_tokenizer
 
 # Encode this many batches or more and a progress bar is shown (unless show_progress says).
 PROGRESS_MIN_BATCHES = 8
 
 
-def pool(h: Tensor, attention_mask: Tensor, modes: Sequence[str]) -> Tensor:
+def pool(h: Tensor, mask: Mask | None, modes: Sequence[str]) -> Tensor:
     """Pool token vectors into one vector per text; modes are concatenated in order.
 
+    ``mask`` is the encoder's own (``EncoderOutput.mask``): its padding says which tokens are
+    real. The encoder leaves zeros at padded positions, so sums need no masking.
+
     Shape:
-        h: (B, S, D); attention_mask: (B, S), 1/True = real token
-        returns (B, len(modes) * D)
+        h: (B, S, D), zeros at padding; returns (B, len(modes) * D)
     """
-    real = attention_mask.to(torch.bool).unsqueeze(-1)  # (B, S, 1)
-    count = real.sum(dim=1).to(h.dtype).clamp(min=1e-9)  # (B, 1) real tokens per text
+    padding = None if mask is None else mask.padding  # (B, S) True = real token, or None
+    if padding is None:
+        count = torch.full((h.size(0), 1), h.size(1), dtype=h.dtype, device=h.device)
+    else:
+        count = mask.lengths[:, None].to(h.dtype).clamp(min=1e-9)  # (B, 1) real tokens per text
     out = []
     for mode in modes:
         if mode == "cls":
             out.append(h[:, 0])  # (B, D)
         elif mode == "max":
             # Padding must never win the max: fill it with a very negative number.
-            out.append(h.masked_fill(~real, -1e9).max(dim=1).values)  # (B, D)
+            hm = h if padding is None else h.masked_fill(~padding[..., None], -1e9)
+            out.append(hm.max(dim=1).values)  # (B, D)
         elif mode == "mean":
-            out.append((h * real).sum(dim=1) / count)  # (B, D)
+            out.append(h.sum(dim=1) / count)  # (B, D)
         elif mode == "mean_sqrt_len":
-            out.append((h * real).sum(dim=1) / count.sqrt())  # (B, D)
+            out.append(h.sum(dim=1) / count.sqrt())  # (B, D)
         else:
             raise ValueError(f"pooling: expected one of {', '.join(POOLING_MODES)}, got {mode!r}")
     return torch.cat(out, dim=-1)
@@ -130,13 +136,12 @@ class SentenceEncoder:
                     warnings.simplefilter("ignore")  # warned once, above
                     batch = self.tokenizer([texts[i] for i in idx], truncation=truncation)
                 batch = {k: v.to(device) for k, v in batch.items()}
-                h = self.model(
+                enc = self.model(
                     batch["input_ids"],
                     attention_mask=batch["attention_mask"],
                     token_type_ids=batch["token_type_ids"],
-                    skip_padding=True,  # pooling reads real tokens only, so skip the pads' work
-                ).last_hidden_state  # (b, S, D)
-                emb = pool(h, batch["attention_mask"], self.pooling)  # (b, dim)
+                )
+                emb = pool(enc.last_hidden_state, enc.mask, self.pooling)  # (b, dim)
                 if self.normalize if normalize is None else normalize:
                     emb = torch.nn.functional.normalize(emb, p=2.0, dim=-1)
                 out[idx] = emb.float().cpu().numpy()

@@ -11,7 +11,7 @@ import torch
 from helpers import assert_close
 from hf_bert_fixtures import SENTENCES, bert_dir, copy_dir, load_hf, mlm_dir, st_dir
 
-from tformer.pretrained import from_pretrained as torch_from_pretrained
+from tformer.model import from_pretrained as torch_from_pretrained
 from tformer.pretrained import save_pretrained
 from tformer.reference import from_pretrained
 from tformer.tokenizer import load_tokenizer

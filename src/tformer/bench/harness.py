@@ -152,7 +152,7 @@ def machine_info(threads: int) -> dict:
     import numpy as np
     import torch
 
-    from tformer import fastpath
+    from tformer import kernels
 
     cpu = platform.processor() or platform.machine()
     try:
@@ -164,7 +164,7 @@ def machine_info(threads: int) -> dict:
         pass
     return {
         "cpu": cpu, "torch": torch.__version__, "numpy": np.__version__, "threads": threads,
-        "onednn_linear": fastpath._ONEDNN, "python": platform.python_version(),
+        "onednn_linear": kernels._ONEDNN, "python": platform.python_version(),
     }
 
 

@@ -77,7 +77,7 @@ def gemm_throughput(d: int, f: int, tokens: int, threads: int,
     key = (d, f, tokens, threads, dtype)
     if key in _ROOFLINE:
         return _ROOFLINE[key]
-    from tformer import fastpath
+    from tformer import kernels
 
     shapes = [(d, 3 * d), (d, d), (d, f), (f, d)]  # (in, out)
     total = {"torch.mm": 0.0, "oneDNN linear": 0.0, "best": 0.0}
@@ -87,8 +87,8 @@ def gemm_throughput(d: int, f: int, tokens: int, threads: int,
             x = torch.randn(tokens, d_in, dtype=dtype)
             w = (torch.randn(d_out, d_in) * d_in**-0.5).to(dtype)
             fns = {"torch.mm": lambda x=x, w=w: torch.mm(x, w.t())}
-            if fastpath._ONEDNN:
-                fns["oneDNN linear"] = lambda x=x, w=w: fastpath._onednn_linear(x, w, None)
+            if kernels._ONEDNN and (dtype != torch.bfloat16 or kernels._ONEDNN_BF16):
+                fns["oneDNN linear"] = lambda x=x, w=w: kernels._onednn_linear(x, w, None)
             timings = measure(fns, rounds=7, warmup=2)
             fastest = {name: min(t.wall) for name, t in timings.items()}
             for name, secs in fastest.items():

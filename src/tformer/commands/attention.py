@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from tformer.pretrained import from_pretrained
+    from tformer.model import from_pretrained
     from tformer.tokenizer import load_tokenizer
     from tformer.viz import plot_attention, save_figure
 

@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tformer.reference.masks import Mask, as_mask
 from tformer.reference.module import Linear, Module
 
 KeyValue = tuple[np.ndarray, np.ndarray]  # cached (k, v), each (B, H, S, Dh)
@@ -25,7 +26,7 @@ def scaled_dot_product_attention(
     q: np.ndarray,
     k: np.ndarray,
     v: np.ndarray,
-    mask: np.ndarray | None = None,
+    mask: Mask | np.ndarray | None = None,
     dropout_p: float = 0.0,
     need_weights: bool = False,
 ) -> tuple[np.ndarray, np.ndarray | None]:
@@ -35,12 +36,13 @@ def scaled_dot_product_attention(
         q: (B, H, T, Dh); k, v: (B, H, S, Dh); mask: broadcastable to (B, H, T, S)
         returns output (B, H, T, Dh) and weights (B, H, T, S) or None
     """
+    mask = as_mask(mask)
     scores = q @ k.swapaxes(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, S)
     if mask is not None:
-        scores = np.where(mask, scores, np.finfo(scores.dtype).min)
+        scores = np.where(mask.allowed, scores, np.finfo(scores.dtype).min)
     weights = softmax(scores, axis=-1)
     if mask is not None:
-        weights = np.where(mask.any(axis=-1, keepdims=True), weights, 0.0).astype(q.dtype)
+        weights = np.where(mask.attends_nothing, 0.0, weights).astype(q.dtype)
     out = weights @ v  # (B, H, T, Dh)
     return out, (weights if need_weights else None)
 
@@ -83,7 +85,7 @@ class MultiHeadAttention(Module):
         self,
         x: np.ndarray,
         memory: np.ndarray | None = None,
-        mask: np.ndarray | None = None,
+        mask: Mask | np.ndarray | None = None,
         past_key_value: KeyValue | None = None,
         use_cache: bool = False,
         need_weights: bool = False,

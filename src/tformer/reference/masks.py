@@ -1,6 +1,13 @@
-"""NumPy mirror of tformer.masks. One convention: boolean, True = may attend."""
+"""NumPy mirror of tformer.masks. One convention: boolean, True = may attend.
+
+``make_mask`` builds the one ``Mask`` that layers, pooling and the classifier consume. The
+reference always runs the padded batch, so its Mask has no packing (tformer.masks has).
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -55,24 +62,59 @@ def as_bool(mask: np.ndarray, name: str) -> np.ndarray:
     return mask != 0
 
 
-def build_attention_mask(
+@dataclass(frozen=True, eq=False)
+class Mask:
+    """An attention mask, made once by ``make_mask`` and consumed by every layer.
+
+    ``allowed`` (B|1, 1, T|1, S) bool, True = query t may attend key s.
+    ``padding`` (B, S) bool, True = real token, when the queries are the keys' own positions.
+    """
+
+    allowed: np.ndarray | None
+    padding: np.ndarray | None = None
+
+    @cached_property
+    def attends_nothing(self) -> np.ndarray | None:
+        """(B|1, 1, T|1, 1) True for query rows that may attend no key (they output zeros)."""
+        return None if self.allowed is None else ~self.allowed.any(axis=-1, keepdims=True)
+
+    @cached_property
+    def lengths(self) -> np.ndarray:
+        """(B,) real tokens per sequence."""
+        return self.padding.sum(axis=1)
+
+    def zero_padding(self, h: np.ndarray) -> np.ndarray:
+        """(B, S, D) with padded positions set to zero (a no-op without padding)."""
+        if self.padding is None:
+            return h
+        return np.where(self.padding[..., None], h, 0.0).astype(h.dtype, copy=False)
+
+
+def as_mask(mask: Mask | np.ndarray | None) -> Mask | None:
+    """Accept a ready ``Mask`` or a bool array broadcastable to (B, H, T, S) (leaf modules)."""
+    if mask is None or isinstance(mask, Mask):
+        return mask
+    return Mask(as_bool(mask, "mask"))
+
+
+def make_mask(
     attention_mask: np.ndarray | None,
     attn_mask: np.ndarray | None,
     batch: int,
     t: int,
     s: int,
     causal: bool = False,
-) -> np.ndarray | None:
-    """Combine padding, general and causal masks into one bool mask (B|1, 1, T|1, S), or None."""
-    mask = None
+) -> Mask | None:
+    """Combine padding, general and causal masks into one ``Mask``, or None for no mask."""
+    allowed = padding = None
     if attention_mask is not None:
-        attention_mask = as_bool(attention_mask, "attention_mask")
-        if attention_mask.shape != (batch, s):
+        padding = as_bool(attention_mask, "attention_mask")
+        if padding.shape != (batch, s):
             raise ValueError(
                 f"attention_mask: expected shape (B, S) = ({batch}, {s}), "
-                f"got {tuple(attention_mask.shape)}"
+                f"got {tuple(padding.shape)}"
             )
-        mask = attention_mask[:, None, None, :]  # (B, 1, 1, S)
+        allowed = padding[:, None, None, :]  # (B, 1, 1, S)
     if attn_mask is not None:
         attn_mask = as_bool(attn_mask, "attn_mask")
         if attn_mask.ndim == 2:
@@ -86,8 +128,11 @@ def build_attention_mask(
                 f"got {tuple(attn_mask.shape)}"
             )
         general = attn_mask[:, None]  # (B|1, 1, T|1, S|1)
-        mask = general if mask is None else mask & general
+        allowed = general if allowed is None else allowed & general
     if causal:
         future = causal_mask(t, s)[None, None]  # (1, 1, T, S)
-        mask = future if mask is None else mask & future
-    return mask
+        allowed = future if allowed is None else allowed & future
+    if allowed is None:
+        return None
+    # Padding describes the queries too only when they are the keys' own positions.
+    return Mask(allowed, padding if t == s and not causal else None)

@@ -12,7 +12,7 @@ import numpy as np
 
 from tformer.config import TransformerConfig
 from tformer.reference.layers import DecoderLayer, EncoderLayer, LayerCache
-from tformer.reference.masks import as_bool, build_attention_mask
+from tformer.reference.masks import Mask, make_mask
 from tformer.reference.module import Dropout, Embedding, LayerNorm, Linear, Module
 from tformer.reference.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 
@@ -23,6 +23,7 @@ class EncoderOutput:
     hidden_states: tuple[np.ndarray, ...] | None = None
     attentions: tuple[np.ndarray, ...] | None = None
     pooler_output: np.ndarray | None = None
+    mask: Mask | None = None  # the mask the layers used: pooling reads its padding from here
 
 
 @dataclass
@@ -151,23 +152,27 @@ class Encoder(Module):
         x = _one_input(x, input_ids)
         h = self.embed(x, token_type_ids)  # (B, S, D)
         b, s, _ = h.shape
-        mask = build_attention_mask(attention_mask, attn_mask, b, s, s)
-        hidden = [h] if output_hidden_states else None
+        mask = make_mask(attention_mask, attn_mask, b, s, s)
+        # Padded positions hold zeros in every output (their values are nobody's business).
+        unpad = mask.zero_padding if mask else (lambda t: t)
+        hidden = [unpad(h)] if output_hidden_states else None
         attentions = [] if output_attentions else None
         for layer in self.layers:
             h, weights = layer(h, mask, need_weights=output_attentions)
             if hidden is not None:
-                hidden.append(h)
+                hidden.append(unpad(h))
             if attentions is not None:
                 attentions.append(weights)
         if self.final_norm is not None:
             h = self.final_norm(h)
+        h = unpad(h)  # (B, S, D)
         pooled = np.tanh(self.pooler(h[:, 0])) if self.pooler is not None else None
         return EncoderOutput(
             h,
             tuple(hidden) if hidden is not None else None,
             tuple(attentions) if attentions is not None else None,
             pooled,
+            mask,
         )
 
 
@@ -224,8 +229,8 @@ class Decoder(Module):
             s = past_key_values[0][2].shape[2]
         else:
             raise ValueError("memory: expected the encoder output (B, S, D), got None")
-        self_mask = build_attention_mask(attention_mask, None, b, t, past + t, causal=True)
-        memory_mask = build_attention_mask(memory_attention_mask, None, b, t, s)
+        self_mask = make_mask(attention_mask, None, b, t, past + t, causal=True)
+        memory_mask = make_mask(memory_attention_mask, None, b, t, s)
 
         hidden = [h] if output_hidden_states else None
         self_attns = [] if output_attentions else None
@@ -335,12 +340,11 @@ class EncoderClassifier(Module):
             x, attention_mask, output_attentions=output_attentions,
             output_hidden_states=output_hidden_states, token_type_ids=token_type_ids,
         )
-        h = out.last_hidden_state  # (B, S, D)
+        h = out.last_hidden_state  # (B, S, D), zeros at padding
         if self.config.pooling == "cls":
             pooled = h[:, 0]  # (B, D)
-        elif attention_mask is None:
+        elif out.mask is None or out.mask.padding is None:
             pooled = h.mean(axis=1)
-        else:
-            w = as_bool(attention_mask, "attention_mask").astype(h.dtype)[..., None]  # (B, S, 1)
-            pooled = (h * w).sum(axis=1) / np.maximum(w.sum(axis=1), 1.0)
+        else:  # mean over real tokens: padded positions are zeros, so a plain sum is theirs
+            pooled = h.sum(axis=1) / np.maximum(out.mask.lengths, 1)[:, None].astype(h.dtype)
         return ClassifierOutput(self.head(pooled), out.hidden_states, out.attentions)

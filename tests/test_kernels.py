@@ -1,7 +1,8 @@
-"""The fast paths (tformer.fastpath) against the readable path, on the same weights.
+"""The kernels (tformer.kernels) against the plain ones, on the same weights.
 
-Tolerance: helpers.TOLERANCE (float32: max abs diff <= 1e-5); bfloat16: cosine >= 0.999 vs float32.
-The readable path is forced with ``fastpath.disabled()``.
+Tolerance: helpers.TOLERANCE (float32: max abs diff <= 1e-5); bfloat16: cosine >= 0.999 vs float32,
+or <= 2e-2 max abs diff between two bf16 paths. The plain kernels are forced with
+``kernels.readable()``; packing is turned off with ``skip_padding=False``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from helpers import assert_close, padding_mask
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tformer import fastpath
+from tformer import kernels
+from tformer.masks import make_mask
 from tformer.model import Encoder, EncoderClassifier
 
 B, S = 4, 11
@@ -25,7 +27,7 @@ PROPERTY = settings(max_examples=20, deadline=None,
 
 
 def _readable(model, *args, **kwargs):
-    with fastpath.disabled():
+    with kernels.readable():
         return model(*args, **kwargs)
 
 
@@ -59,23 +61,23 @@ def test_inference_matches_readable(tiny_config, norm_first, activation, mask_ki
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_inference_without_onednn_matches_readable(tiny_config, norm_first, monkeypatch):
     """The fallback to F.linear (a torch build without MKL-DNN) gives the same numbers too."""
-    monkeypatch.setattr(fastpath, "_ONEDNN", False)
+    monkeypatch.setattr(kernels, "_ONEDNN", False)
     model = Encoder(tiny_config.replace(norm_first=norm_first)).eval()
     mask = torch.from_numpy(MASKS["padding"])
     with torch.inference_mode():
-        fast = model(_ids(tiny_config), mask).last_hidden_state
-        packed = model(_ids(tiny_config), mask, skip_padding=True).last_hidden_state
+        padded = model(_ids(tiny_config), mask, skip_padding=False).last_hidden_state
+        packed = model(_ids(tiny_config), mask).last_hidden_state
         readable = _readable(model, _ids(tiny_config), mask).last_hidden_state
-    assert_close(fast, readable, what="last_hidden_state")
-    assert_close(packed, readable, where=mask, what="real tokens, skip_padding")
+    assert_close(padded, readable, what="last_hidden_state, padded")
+    assert_close(packed, readable, what="last_hidden_state, packed")
 
 
 # Unpadded execution ---------------------------------------------------------------------------------
 @PROPERTY
 @given(seed=st.integers(0, 2**31 - 1), norm_first=st.booleans(),
        lengths=st.lists(st.integers(0, S), min_size=1, max_size=6))
-def test_skip_padding_matches_padded_computation(tiny_config, seed, norm_first, lengths):
-    """Real tokens get the padded computation's values; padded positions are zeros."""
+def test_packed_execution_matches_padded_computation(tiny_config, seed, norm_first, lengths):
+    """The default (packed) path gives the padded computation's values; padded positions are zeros."""
     config = tiny_config.replace(norm_first=norm_first, final_norm=norm_first)
     model = Encoder(config).eval()
     g = torch.Generator().manual_seed(seed)
@@ -83,24 +85,23 @@ def test_skip_padding_matches_padded_computation(tiny_config, seed, norm_first, 
     mask = mask[:, torch.randperm(S, generator=g)]  # real tokens anywhere, not just on the left
     ids = torch.randint(0, config.vocab_size, mask.shape, generator=g)
     with torch.no_grad():
-        packed = model(ids, mask, skip_padding=True).last_hidden_state
+        packed = model(ids, mask).last_hidden_state
         readable = _readable(model, ids, mask).last_hidden_state
-    assert_close(packed, readable, where=mask, what="real tokens")
-    zeros = torch.zeros(config.d_model)
-    pad_value = model.final_norm(zeros) if config.final_norm else zeros  # nothing computed there
-    assert_close(packed[~mask], pad_value.expand_as(packed[~mask]), what="padded positions")
+    assert_close(packed, readable, what="last_hidden_state")
+    assert not packed[~mask].any(), "padded positions must be exactly zero"
 
 
 def test_pack_groups_sequences_by_length():
     mask = torch.from_numpy(padding_mask([3, 1, 3, 0, 2], 4))
-    index, groups = fastpath.pack(mask)
-    assert groups == [(1, 1), (2, 1), (3, 2)]  # (length, count), the empty row dropped
+    packing = make_mask(mask, None, 5, 4, 4).packing
+    index, groups = packing.index, packing.groups
+    assert groups == ((1, 1), (2, 1), (3, 2))  # (length, count), the empty row dropped
     # Sequence order 1 (len 1), 4 (len 2), 0 and 2 (len 3); flat index = row * S + position.
     assert index.tolist() == [4, 16, 17, 0, 1, 2, 8, 9, 10]
 
 
 # Training --------------------------------------------------------------------------------------
-def _train_step(model, ids, mask, skip_padding=False):
+def _train_step(model, ids, mask, skip_padding=False):  # padded: the dropout draws line up
     torch.manual_seed(1)  # the same dropout draws for both paths
     model.zero_grad()
     out = model(ids, mask, skip_padding=skip_padding).last_hidden_state
@@ -111,13 +112,16 @@ def _train_step(model, ids, mask, skip_padding=False):
 
 @pytest.mark.parametrize("norm_first,dropout", list(itertools.product([False, True], [0.0, 0.1])))
 def test_training_matches_readable(tiny_config, norm_first, dropout):
-    """Same outputs and gradients, dropout included (the fast path draws in the same order)."""
+    """Same outputs and gradients, dropout included (the fused kernels draw in the same order).
+
+    Attention dropout stays off: SDPA and the explicit softmax draw their masks differently.
+    """
     config = tiny_config.replace(norm_first=norm_first, final_norm=norm_first, dropout=dropout,
-                                 attention_dropout=dropout)
+                                 attention_dropout=0.0)
     model = Encoder(config).train()
     ids, mask = _ids(config), torch.from_numpy(MASKS["padding"])
     out, grads = _train_step(model, ids, mask)
-    with fastpath.disabled():
+    with kernels.readable():
         out_r, grads_r = _train_step(model, ids, mask)
     assert_close(out, out_r, what="output")
     for name in grads_r:
@@ -125,15 +129,14 @@ def test_training_matches_readable(tiny_config, norm_first, dropout):
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_skip_padding_training_matches_readable(tiny_config, norm_first):
+def test_packed_training_matches_readable(tiny_config, norm_first):
     """Packed training (no dropout: packing changes the draws) gives the padded gradients."""
     config = tiny_config.replace(norm_first=norm_first, dropout=0.0)
     model = Encoder(config).train()
     ids, mask = _ids(config), torch.from_numpy(MASKS["padding"])
-    _, grads = _train_step(model, ids, mask, skip_padding=True)
+    _, grads = _train_step(model, ids, mask, skip_padding=None)
     model.zero_grad()
     out = _readable(model, ids, mask).last_hidden_state
-    out = out * mask[..., None]  # what the packed path returns: zeros at padded positions
     (out * torch.linspace(-1, 1, out.size(-1))).square().mean().backward()
     for name, p in model.named_parameters():
         assert_close(grads[name], p.grad, what=f"grad {name}")
@@ -142,7 +145,7 @@ def test_skip_padding_training_matches_readable(tiny_config, norm_first):
 def test_onednn_linear_backward_matches_f_linear():
     layer = torch.nn.Linear(16, 24)
     x = torch.randn(3, 5, 16, requires_grad=True)
-    y = fastpath.linear(x, layer, "gelu", residual=torch.ones(3, 5, 24))
+    y = kernels.linear(x, layer, "gelu", residual=torch.ones(3, 5, 24))
     expected = F.gelu(F.linear(x, layer.weight, layer.bias)) + 1
     assert_close(y, expected, what="forward")
     grads = torch.autograd.grad(y.square().sum(), [x, layer.weight, layer.bias])
@@ -150,23 +153,37 @@ def test_onednn_linear_backward_matches_f_linear():
     for name, a, b in zip(["x", "weight", "bias"], grads, grads_r, strict=True):
         assert_close(a, b, what=f"grad {name}")
     layer.weight.requires_grad_(False)  # only the bias trains: still the autograd kernel
-    (grad_b,) = torch.autograd.grad(fastpath.linear(x.detach(), layer).sum(), [layer.bias])
+    (grad_b,) = torch.autograd.grad(kernels.linear(x.detach(), layer).sum(), [layer.bias])
     assert_close(grad_b, torch.full((24,), 15.0), what="bias-only grad")
 
 
-# Choosing the path ------------------------------------------------------------------------------
-@pytest.mark.parametrize("case,reason", [
-    (dict(need_weights=True), "attention weights"),
-    (dict(attn_mask=torch.ones(S, S, dtype=torch.bool)), "attn_mask"),
-    (dict(dtype=torch.float64), "float32/bfloat16"),
-])
-def test_why_not_names_the_reason(case, reason):
-    h = torch.zeros(B, S, 8, dtype=case.get("dtype", torch.float32))
-    why = fastpath.why_not(h, case.get("attn_mask"), case.get("need_weights", False), False)
-    assert reason in why
-    assert fastpath.why_not(torch.zeros(B, S, 8), None, False, False) is None
-    with fastpath.disabled():
-        assert "disabled" in fastpath.why_not(torch.zeros(B, S, 8), None, False, False)
+# Choosing the kernel ------------------------------------------------------------------------------
+def test_why_not_onednn_names_the_reason():
+    w = torch.zeros(8, 8)
+    assert kernels.why_not_onednn(torch.zeros(2, 8), w) is None or not kernels._ONEDNN
+    assert "float32 and bfloat16" in kernels.why_not_onednn(torch.zeros(2, 8).double(), w.double())
+    assert "dtypes differ" in kernels.why_not_onednn(torch.zeros(2, 8).double(), w)
+    with kernels.readable():
+        assert "readable" in kernels.why_not_onednn(torch.zeros(2, 8), w)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert "autocast" in kernels.why_not_onednn(torch.zeros(2, 8), w)
+
+
+def test_why_not_packed_names_the_reason():
+    real = torch.from_numpy(MASKS["padding"])
+    mask = make_mask(real, None, B, S, S)
+    full = make_mask(torch.ones(B, S, dtype=torch.bool), None, B, S, S)
+    assert kernels.why_not_packed(mask, False, False, None) is None
+    assert kernels.why_not_packed(mask, False, False, True) is None
+    assert "skip_padding=False" in kernels.why_not_packed(mask, False, False, False)
+    assert "no padding mask" in kernels.why_not_packed(None, False, False, None)
+    assert "attn_mask" in kernels.why_not_packed(mask, True, False, None)
+    assert "weights" in kernels.why_not_packed(mask, False, True, None)
+    assert "nothing to skip" in kernels.why_not_packed(full, False, False, None)
+    with kernels.readable():
+        assert "readable" in kernels.why_not_packed(mask, False, False, None)
+    empty = make_mask(torch.zeros(B, S, dtype=torch.bool), None, B, S, S)
+    assert "no real token" in kernels.why_not_packed(empty, False, False, None)
 
 
 def test_classifier_uses_the_fast_encoder(tiny_config):
@@ -178,9 +195,9 @@ def test_classifier_uses_the_fast_encoder(tiny_config):
 
 
 # bfloat16 ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("skip_padding", [False, True])
+@pytest.mark.parametrize("skip_padding", [False, None])
 def test_bfloat16_inference_is_close_to_float32(tiny_config, skip_padding):
-    """The opt-in bf16 path (``model.to(torch.bfloat16)``): last hidden state cosine >= 0.999."""
+    """A bf16 model (``model.to(torch.bfloat16)``): last hidden state cosine >= 0.999 vs float32."""
     config = tiny_config.replace(d_model=64, n_heads=4, d_ff=256, n_layers=4, positional="learned",
                                  embedding_norm=True, scale_embeddings=False, activation="gelu")
     model = Encoder(config).eval()
@@ -192,6 +209,63 @@ def test_bfloat16_inference_is_close_to_float32(tiny_config, skip_padding):
     cos = F.cosine_similarity(bf16.float()[mask], fp32[mask], dim=-1)
     assert float(cos.min()) >= 0.999, f"min cosine {float(cos.min()):.5f} < 0.999"
     assert np.isfinite(bf16.float().numpy()).all()
+    assert not bf16[~mask].any()
+
+
+# Autocast ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mask_kind", ["none", "padding"])
+def test_autocast_bf16_inference_runs_and_matches_readable(tiny_config, mask_kind):
+    """Autocast bf16 around the default forward works and agrees with the readable path in bf16."""
+    model = Encoder(tiny_config.replace(norm_first=True, final_norm=True)).eval()
+    mask = None if MASKS[mask_kind] is None else torch.from_numpy(MASKS[mask_kind])
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        default = model(_ids(tiny_config), mask).last_hidden_state
+        readable = _readable(model, _ids(tiny_config), mask).last_hidden_state
+    fp32 = _readable(model, _ids(tiny_config), mask).last_hidden_state.detach()
+    diff = float((default.float() - readable.float()).abs().max())
+    assert diff <= 2e-2, f"autocast default vs readable: max abs diff {diff:.3e} > 2e-2"
+    real = torch.ones(B, S, dtype=torch.bool) if mask is None else mask
+    cos = F.cosine_similarity(default.float()[real], fp32[real], dim=-1)
+    assert float(cos.min()) >= 0.999
+
+
+def test_autocast_bf16_training_step_matches_readable(tiny_config):
+    """A training step under autocast: the default path's gradients agree with the readable path's."""
+    model = Encoder(tiny_config.replace(dropout=0.0)).train()
+    ids, mask = _ids(tiny_config), torch.from_numpy(MASKS["padding"])
+
+    def step():
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(ids, mask).last_hidden_state
+        out.float().square().mean().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    grads = step()
+    with kernels.readable():
+        grads_r = step()
+    for name, g in grads_r.items():
+        cos = F.cosine_similarity(grads[name].flatten(), g.flatten(), dim=0)
+        assert float(cos) >= 0.99, f"grad {name}: cosine {float(cos):.4f} < 0.99"
+
+
+# Zeros at padding ------------------------------------------------------------------------------
+@pytest.mark.parametrize("readable,outputs,dtype,train", list(itertools.product(
+    [False, True], [False, True], [torch.float32, torch.float64, torch.bfloat16], [False, True])))
+def test_padded_positions_are_zeros_everywhere(tiny_config, readable, outputs, dtype, train):
+    """Every path, every output: padded positions hold exactly zero."""
+    model = Encoder(tiny_config.replace(norm_first=True, final_norm=True)).to(dtype).train(train)
+    mask = torch.from_numpy(MASKS["all-padding row"])
+    kwargs = dict(output_hidden_states=outputs, output_attentions=outputs)
+    if readable:
+        out = _readable(model, _ids(tiny_config), mask, **kwargs)
+    else:
+        out = model(_ids(tiny_config), mask, **kwargs)
+    states = [out.last_hidden_state, *(out.hidden_states or ())]
+    for i, h in enumerate(states):
+        assert h.dtype == dtype
+        assert not h[~mask].any(), f"state {i}: non-zero at padded positions"
+        assert h[mask].abs().sum() > 0
 
 
 def test_bfloat16_matmul_attention_matches_sdpa():
@@ -199,7 +273,7 @@ def test_bfloat16_matmul_attention_matches_sdpa():
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 7, 8, generator=g) for _ in range(3))
     mask = torch.from_numpy(padding_mask([7, 4], 7))[:, None, None, :]  # (B, 1, 1, S)
-    out = fastpath.attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask, 0.0).float()
+    out = kernels.attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask, 0.0).float()
     expected = F.scaled_dot_product_attention(q, k, v, mask)
     cos = F.cosine_similarity(out.flatten(0, 2), expected.flatten(0, 2), dim=-1)
     assert float(cos.min()) >= 0.999

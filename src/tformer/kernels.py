@@ -1,0 +1,189 @@
+"""Which kernel computes a step: the choice, made here, with a one-line reason per condition.
+
+The modules (attention.py, feedforward.py, layers.py, model.py) say *what* is computed; they
+call this file for *how*. Every fast kernel computes the plain kernel's numbers, in the same
+order (dropout draws included), and tests/test_kernels.py proves each equal to the plain one
+(float32 <= 1e-5, float64 <= 1e-10). ``with kernels.readable():`` runs the plain kernels only:
+F.linear, an explicit softmax for attention, and padded execution.
+
+Where the time goes, and what the choices here do about it (profiles in benchmarks/README.md):
+- Matrix multiplies are ~80% of an encoder layer. oneDNN's ``_linear_pointwise`` runs them,
+  and without autograd fuses the bias, the activation and the residual add into the multiply
+  (no separate activation or residual buffer: fewer passes over memory).
+- Padded batches: the position-wise work (projections, FFN, norms) can run on the real tokens
+  only, packed as (N, D), with attention once per group of equal-length sequences
+  (``Encoder.forward`` chooses this through ``why_not_packed``).
+
+Shape legend: B batch, S length, N real tokens, D model dim, H heads, Dh head dim.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
+
+if TYPE_CHECKING:
+    from tformer.masks import Mask
+
+# name -> (the plain function, oneDNN's post-op name and algorithm for the same function)
+ACTIVATIONS = {
+    "relu": (F.relu, "relu", ""),
+    "gelu": (F.gelu, "gelu", "none"),  # exact: x * Phi(x), with the erf (Hendrycks & Gimpel 2016)
+    "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), "gelu", "tanh"),
+}
+
+# oneDNN's fused linear: in CPU builds with MKL-DNN. Its bf16 inner product needs CPU
+# instructions (avx512_bf16 or AMX) that not every machine has.
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+_ONEDNN_BF16 = _ONEDNN and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+# bf16 attention: below this many scores (B * H * T * S, 32 MiB of bf16) two matmuls beat
+# SDPA's flash kernel, which runs bf16 at about half their speed on CPU.
+_BF16_SCORES_MAX = 2**24
+
+_readable = False
+
+
+@contextlib.contextmanager
+def readable() -> Iterator[None]:
+    """Run the plain kernels only (to compare, to debug, to read): ``with kernels.readable():``."""
+    global _readable
+    previous, _readable = _readable, True
+    try:
+        yield
+    finally:
+        _readable = previous
+
+
+def tracing() -> bool:
+    """Whether torch.compile, torch.export, an ONNX exporter or an FX trace is recording us."""
+    return (torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting()
+            or torch.fx._symbolic_trace.is_fx_symbolic_tracing())
+
+
+# Linear ---------------------------------------------------------------------------------------
+def why_not_onednn(x: Tensor, weight: Tensor) -> str | None:
+    """Why a linear must run as F.linear, or None when oneDNN's fused linear applies."""
+    if _readable:
+        return "kernels.readable() asks for the plain kernels"
+    if not _ONEDNN:
+        return "this torch build has no oneDNN fused linear"
+    if tracing():
+        return "compilers and exporters know F.linear, not oneDNN's custom op"
+    if is_in_torch_dispatch_mode():
+        return "a dispatch mode (FLOP counter, fake tensors) is watching: it knows aten's linear"
+    if torch.is_autocast_enabled(x.device.type):
+        return "autocast casts F.linear's inputs itself; oneDNN would get mixed dtypes"
+    if x.device.type != "cpu":
+        return "oneDNN's linear is a CPU kernel"
+    if x.dtype != weight.dtype:
+        return "input and weight dtypes differ: F.linear raises the error users expect"
+    if x.dtype == torch.bfloat16 and not _ONEDNN_BF16:
+        return "this CPU lacks the bf16 instructions oneDNN's inner product needs"
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        return "oneDNN's linear takes float32 and bfloat16 only"
+    return None
+
+
+def _onednn_linear(x: Tensor, w: Tensor, b: Tensor | None, attr: str = "none",
+                   algorithm: str = "") -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, w, b, attr, [], algorithm)
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """F.linear with oneDNN forward and backward: y = x W^T + b, dx = dy W, dW = dy^T x."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = b is not None
+        return _onednn_linear(x, w, b)
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        x, w = ctx.saved_tensors
+        dy2 = dy.reshape(-1, dy.size(-1))  # (N, out)
+        dx = _onednn_linear(dy, w.t(), None) if ctx.needs_input_grad[0] else None  # (..., in)
+        dw = db = None
+        if ctx.needs_input_grad[1]:
+            dw = _onednn_linear(dy2.t(), x.reshape(-1, x.size(-1)).t(), None)  # (out, in)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy2.sum(dim=0)  # (out,)
+        return dx, dw, db
+
+
+def linear(x: Tensor, layer: nn.Linear, activation: str | None = None,
+           residual: Tensor | None = None) -> Tensor:
+    """activation(layer(x)), or layer(x) + residual, fused into one oneDNN call when it applies.
+
+    Shape: x (..., in) -> (..., out); residual (..., out)
+    """
+    w, b = layer.weight, layer.bias
+    if why_not_onednn(x, w) is None and x.numel():
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w, b)):
+            y = _OneDNNLinear.apply(x, w, b)  # autograd: the fused epilogues have no backward
+        elif residual is not None:
+            return torch.ops.mkldnn._linear_pointwise.binary(x, residual, w, b, "add")
+        else:
+            _, attr, algorithm = ACTIVATIONS[activation] if activation else (None, "none", "")
+            return _onednn_linear(x, w, b, attr, algorithm)
+    else:
+        y = F.linear(x, w, b)
+    if activation is not None:
+        y = ACTIVATIONS[activation][0](y)
+    return y if residual is None else y + residual
+
+
+# Attention ------------------------------------------------------------------------------------
+def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout_p: float) -> Tensor:
+    """softmax(q k^T / sqrt(Dh)) v without returning the weights: SDPA, or two bf16 matmuls.
+
+    Rows that may attend nothing are not fixed here (the caller zeroes them).
+
+    Shape: q (B, H, T, Dh); k, v (B, H, S, Dh); allowed broadcastable to (B, H, T, S) -> (B, H, T, Dh)
+    """
+    b, h, t, _ = q.shape
+    if q.dtype == torch.bfloat16 and dropout_p == 0.0 and b * h * t * k.size(2) <= _BF16_SCORES_MAX:
+        scores = q @ k.transpose(-2, -1)  # (B, H, T, S); bf16: SDPA's flash kernel is slower here
+        scores = scores * q.size(-1) ** -0.5
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        return scores.softmax(dim=-1) @ v  # (B, H, T, Dh)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
+
+
+def why_not_fused_attention(need_weights: bool) -> str | None:
+    """Why attention must form the (T, S) weights with an explicit softmax, or None to fuse."""
+    if need_weights:
+        return "attention weights requested: only the explicit softmax forms them"
+    if _readable:
+        return "kernels.readable() asks for the explicit softmax"
+    return None
+
+
+# Execution ------------------------------------------------------------------------------------
+def why_not_packed(mask: Mask | None, general_mask: bool, need_weights: bool,
+                   skip_padding: bool | None) -> str | None:
+    """Why the encoder must run on the padded batch, or None to run on real tokens only."""
+    if skip_padding is False:
+        return "skip_padding=False asks for padded execution"
+    if mask is None or mask.padding is None:
+        return "no padding mask: every position is a real token"
+    if general_mask:
+        return "a general attn_mask: packed attention knows padding only"
+    if need_weights:
+        return "attention weights requested: they are (B, H, S, S), a padded layout"
+    if _readable:
+        return "kernels.readable() runs the padded batch"
+    if tracing():
+        return "packing has data-dependent shapes; compilers and exporters need static ones"
+    if not mask.has_padding:
+        return "no padded position: nothing to skip"
+    if not mask.packing.groups:
+        return "no real token anywhere: nothing to compute"
+    return None
