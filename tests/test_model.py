@@ -18,7 +18,8 @@ PROPERTY = settings(max_examples=25, deadline=None,
 
 
 def _encoder(config: TransformerConfig, **changes) -> Encoder:
-    return Encoder(config.replace(**changes)).double().eval()
+    """float32, the DEFAULT path users run (fused linear, SDPA, packed execution)."""
+    return Encoder(config.replace(**changes)).eval()
 
 
 # Invariants ------------------------------------------------------------------------------
@@ -33,7 +34,7 @@ def test_permutation_equivariant_without_positions(tiny_config, seed, seq, norm_
     with torch.no_grad():
         out = enc(ids).last_hidden_state
         out_perm = enc(ids[:, perm]).last_hidden_state
-    assert_close(out[:, perm], out_perm, np.float64, what="permuted output")
+    assert_close(out[:, perm], out_perm, np.float32, what="permuted output")
 
 
 @PROPERTY
@@ -48,7 +49,7 @@ def test_padding_contents_do_not_matter(tiny_config, seed, lengths):
     with torch.no_grad():
         a = enc(ids, mask).last_hidden_state
         b = enc(other, mask).last_hidden_state
-    assert_close(a, b, np.float64, where=mask, what="real-token outputs")
+    assert_close(a, b, np.float32, what="outputs (zeros at padding)")
 
 
 @PROPERTY
@@ -63,7 +64,7 @@ def test_batch_rows_are_independent(tiny_config, seed, lengths):
         batched = enc(ids, mask).last_hidden_state
         for i in range(len(lengths)):
             alone = enc(ids[i : i + 1], mask[i : i + 1]).last_hidden_state
-            assert_close(batched[i : i + 1], alone, np.float64, what=f"row {i}")
+            assert_close(batched[i : i + 1], alone, np.float32, what=f"row {i}")
 
 
 @PROPERTY
