@@ -40,7 +40,7 @@ def scaled_dot_product_attention(
     allowed = None if mask is None else mask.allowed
     if kernels.why_not_fused_attention(need_weights) is None:
         out = kernels.attention(q, k, v, allowed, dropout_p)
-        if mask is not None and (kernels.tracing() or mask.has_empty_rows):
+        if mask is not None and mask.has_empty_rows:
             out = out.masked_fill(mask.attends_nothing, 0.0)  # whatever the kernel gave there
         return out, None
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, S)

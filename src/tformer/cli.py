@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from tformer.errors import USER_ERRORS  # mistakes a user can make: one line, no traceback
+
 # (command name, module under tformer.commands)
 COMMANDS = [
     ("info", "info"),
@@ -21,11 +23,10 @@ COMMANDS = [
     ("search", "search"),
     ("attention", "attention"),
     ("plot-positions", "plot_positions"),
+    ("export", "export"),
     ("bench", "bench"),
 ]
 
-# Mistakes a user can make (bad file, bad option value): one line, no traceback.
-USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, KeyError)
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -63,8 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except USER_ERRORS as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"tformer {args.command}: error: {msg}", file=sys.stderr)
+        print(f"tformer {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"tformer {args.command}: interrupted", file=sys.stderr)

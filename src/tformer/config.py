@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tformer.errors import BadType
+
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 POSITIONALS = ("sinusoidal", "learned", "none")
 POOLINGS = ("cls", "mean")
@@ -58,7 +60,7 @@ class TransformerConfig:
             if getattr(self, name) is not None:
                 _check_positive(name, getattr(self, name))
         if isinstance(self.type_vocab_size, bool) or not isinstance(self.type_vocab_size, int):
-            raise TypeError(f"type_vocab_size: expected an int, got {self.type_vocab_size!r}")
+            raise BadType(f"type_vocab_size: expected an int, got {self.type_vocab_size!r}")
         if self.type_vocab_size < 0:
             raise ValueError(f"type_vocab_size: expected >= 0, got {self.type_vocab_size}")
         if self.d_model % self.n_heads:
@@ -138,7 +140,7 @@ def check_known_keys(data: dict[str, Any], config_class: type) -> None:
 
 def _check_positive(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}: expected a positive int, got {value!r}")
+        raise BadType(f"{name}: expected a positive int, got {value!r}")
     if value <= 0:
         raise ValueError(f"{name}: expected a positive int, got {value}")
 

@@ -66,6 +66,29 @@ def tracing() -> bool:
             or torch.fx._symbolic_trace.is_fx_symbolic_tracing())
 
 
+def compile_model(module: nn.Module, **kwargs) -> nn.Module:
+    """``torch.compile(module, **kwargs)``, with a clear error up front when the machine has no
+    C++ compiler: inductor, torch.compile's CPU backend, builds C++ at run time."""
+    import shutil
+
+    from torch._inductor import config as inductor
+
+    cxx = inductor.cpp.cxx[-1] if isinstance(inductor.cpp.cxx, tuple) else inductor.cpp.cxx
+    found = [c for c in (cxx, "g++", "clang++") if c and shutil.which(c)]
+    if kwargs.get("backend", "inductor") == "inductor" and not found:
+        raise RuntimeError(
+            "torch.compile: inductor needs a C++ compiler at run time and found none "
+            f"({cxx or 'g++'} not on PATH); install one (apt-get install g++) or pass "
+            "backend='eager'"
+        )
+    return torch.compile(module, **kwargs)
+
+
+def values_readable(t: Tensor) -> bool:
+    """Whether Python may read t's values: not while tracing (they are symbolic), not on meta."""
+    return t.device.type != "meta" and not tracing()
+
+
 # Linear ---------------------------------------------------------------------------------------
 def why_not_onednn(x: Tensor, weight: Tensor) -> str | None:
     """Why a linear must run as F.linear, or None when oneDNN's fused linear applies."""
@@ -77,10 +100,10 @@ def why_not_onednn(x: Tensor, weight: Tensor) -> str | None:
         return "compilers and exporters know F.linear, not oneDNN's custom op"
     if is_in_torch_dispatch_mode():
         return "a dispatch mode (FLOP counter, fake tensors) is watching: it knows aten's linear"
-    if torch.is_autocast_enabled(x.device.type):
-        return "autocast casts F.linear's inputs itself; oneDNN would get mixed dtypes"
     if x.device.type != "cpu":
         return "oneDNN's linear is a CPU kernel"
+    if torch.is_autocast_enabled(x.device.type):
+        return "autocast casts F.linear's inputs itself; oneDNN would get mixed dtypes"
     if x.dtype != weight.dtype:
         return "input and weight dtypes differ: F.linear raises the error users expect"
     if x.dtype == torch.bfloat16 and not _ONEDNN_BF16:
@@ -180,8 +203,8 @@ def why_not_packed(mask: Mask | None, general_mask: bool, need_weights: bool,
         return "attention weights requested: they are (B, H, S, S), a padded layout"
     if _readable:
         return "kernels.readable() runs the padded batch"
-    if tracing():
-        return "packing has data-dependent shapes; compilers and exporters need static ones"
+    if not values_readable(mask.padding):
+        return "packing reads the mask's values: not while tracing (compile, export) or on meta"
     if not mask.has_padding:
         return "no padded position: nothing to skip"
     if not mask.packing.groups:

@@ -15,10 +15,11 @@ groups of equal lengths). Nothing downstream converts a mask again.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 import torch
 from torch import Tensor
+
+from tformer import kernels
 
 # Additive masks mark blocked entries with -inf or a very negative finite value
 # (HuggingFace uses finfo.min); anything at or below this counts as blocked.
@@ -106,42 +107,55 @@ class Packing:
         return out.view(self.batch, self.seq, x.size(-1))
 
 
-@dataclass(frozen=True, eq=False)
 class Mask:
     """An attention mask, made once by ``make_mask`` and consumed by every layer.
 
-    ``allowed`` (B|1, 1, T|1, S) bool, True = query t may attend key s; None = no restriction.
+    ``allowed`` (B|1, 1, T|1, S) bool, True = query t may attend key s.
     ``padding`` (B, S) bool, True = real token, when the mask came from an ``attention_mask``
     over the queries' own sequence (encoder self-attention); it is what pooling and
-    unpadded execution read. Derived facts are computed on first use and kept.
+    unpadded execution read. Derived facts are computed on first use and kept (by hand, not
+    functools.cached_property, whose lock torch.compile cannot trace).
     """
 
-    allowed: Tensor | None
-    padding: Tensor | None = None
+    def __init__(self, allowed: Tensor, padding: Tensor | None = None) -> None:
+        self.allowed, self.padding = allowed, padding
+        self._known: dict[str, object] = {}
 
-    @cached_property
-    def attends_nothing(self) -> Tensor | None:
+    def _once(self, name: str, compute):
+        if name not in self._known:
+            self._known[name] = compute()
+        return self._known[name]
+
+    @property
+    def attends_nothing(self) -> Tensor:
         """(B|1, 1, T|1, 1) True for query rows that may attend no key (they output zeros)."""
-        return None if self.allowed is None else ~self.allowed.any(dim=-1, keepdim=True)
+        return self._once("attends_nothing", lambda: ~self.allowed.any(dim=-1, keepdim=True))
 
-    @cached_property
+    @property
     def has_empty_rows(self) -> bool:
-        """Whether any query may attend nothing (one device sync, once per mask)."""
-        return self.allowed is not None and bool(self.attends_nothing.any())
+        """Whether any query may attend nothing: one device sync, once per mask. Where values
+        cannot be read (tracing, the meta device) the answer is "maybe", so True."""
+        if not kernels.values_readable(self.allowed):
+            return True
+        return self._once("has_empty_rows", lambda: bool(self.attends_nothing.any()))
 
-    @cached_property
+    @property
     def has_padding(self) -> bool:
-        """Whether any position is padding (one device sync, once per mask)."""
-        return self.padding is not None and not bool(self.padding.all())
+        """Whether any position is padding (one device sync, once per mask; eager only)."""
+        return self.padding is not None and self._once(
+            "has_padding", lambda: not bool(self.padding.all()))
 
-    @cached_property
+    @property
     def lengths(self) -> Tensor:
         """(B,) real tokens per sequence."""
-        return self.padding.sum(dim=1)
+        return self._once("lengths", lambda: self.padding.sum(dim=1))
 
-    @cached_property
+    @property
     def packing(self) -> Packing:
-        """The real tokens' index and the groups of equal lengths (needs ``padding``)."""
+        """The real tokens' index and the groups of equal lengths (needs ``padding``; eager only)."""
+        return self._once("packing", self._pack)
+
+    def _pack(self) -> Packing:
         b, s = self.padding.shape
         order = torch.argsort(self.lengths, stable=True)  # (B,) shortest first
         flat = order[:, None] * s + torch.arange(s, device=order.device)  # (B, S) in sorted order

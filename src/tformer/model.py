@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
 from torch import Tensor, nn
 
 from tformer import kernels
@@ -55,6 +56,18 @@ class ClassifierOutput:
     attentions: tuple[Tensor, ...] | None = None
 
 
+# torch.export and torch.compile return outputs as pytrees: these say how to flatten ours.
+# The mask is an input's view, not a result: exported programs drop it (it comes back None).
+for _output in (DecoderOutput, Seq2SeqOutput, ClassifierOutput):
+    pytree.register_dataclass(_output)
+pytree.register_pytree_node(
+    EncoderOutput,
+    lambda o: ([o.last_hidden_state, o.hidden_states, o.attentions, o.pooler_output], None),
+    lambda children, _: EncoderOutput(*children),
+    serialized_type_name="tformer.model.EncoderOutput",
+)
+
+
 # Input checks: name the argument, the expected and the actual value ---------------------
 def check_token_ids(x: Tensor, vocab_size: int, name: str = "x") -> None:
     if not isinstance(x, Tensor):
@@ -66,7 +79,7 @@ def check_token_ids(x: Tensor, vocab_size: int, name: str = "x") -> None:
     # The range check reads the data: eager only. While tracing (compile, export) the ids are
     # symbolic, and on the meta device there are none; an out-of-range id then fails in the
     # embedding lookup instead.
-    if x.numel() and x.device.type != "meta" and not kernels.tracing():
+    if x.numel() and kernels.values_readable(x):
         lo, hi = (int(v) for v in torch.aminmax(x))  # one pass over the ids
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"{name}: expected token ids in [0, {vocab_size}), got values in [{lo}, {hi}]")

@@ -1,0 +1,36 @@
+"""The errors tformer raises on purpose about what a user gave it.
+
+The CLI prints these as one line (``tformer CMD: error: ...``) and exits 2; anything else is
+a bug, and gets a traceback. ValueError is the library's error for a bad value, file content
+or option; the file-system errors name the path the user gave.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+
+class BadType(TypeError):
+    """A value of the wrong type in something the user wrote (a config file, an option)."""
+
+
+class MissingExtra(ImportError):
+    """An optional dependency is not installed; the message names the extra that installs it."""
+
+
+def require(module: str, extra: str, purpose: str) -> ModuleType:
+    """Import an optional dependency, or raise MissingExtra naming the extra."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingExtra(
+            f"{purpose} needs the optional package {module.split('.')[0]}: "
+            f"pip install 'tformer[{extra}]'"
+        ) from None
+
+
+USER_ERRORS = (
+    ValueError, BadType, MissingExtra, FileNotFoundError, FileExistsError, NotADirectoryError,
+    IsADirectoryError, PermissionError,
+)
