@@ -57,3 +57,21 @@ def assert_grads_match(grads: dict, torch_module, what: str = "") -> float:
             worst, worst_key = err, key
     assert worst <= GRAD_RTOL, f"{what}: max relative error {worst:.3e} at {worst_key}"
     return worst
+
+
+def copy_weights(torch_module, mirror) -> None:
+    """Load the torch module's weights into the NumPy mirror, asserting identical keys."""
+    state = {k: v.detach().numpy() for k, v in torch_module.state_dict().items()}
+    assert set(state) == set(mirror.state_dict()), "state-dict keys must be identical"
+    mirror.load_state_dict(state)
+
+
+def finite_difference(loss_fn, array: np.ndarray, index: tuple, h: float = 1e-6) -> float:
+    """Central difference (loss(a + h) - loss(a - h)) / 2h of loss_fn() in array[index]."""
+    saved = array[index]
+    array[index] = saved + h
+    up = loss_fn()
+    array[index] = saved - h
+    down = loss_fn()
+    array[index] = saved
+    return (up - down) / (2 * h)

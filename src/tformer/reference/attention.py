@@ -50,8 +50,8 @@ def scaled_dot_product_attention_train(q, k, v, mask=None, dropout_p: float = 0.
 
     Shape: as scaled_dot_product_attention; returns out (B, H, T, Dh), weights, cache.
     """
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    scores = q @ k.swapaxes(-2, -1) * scale  # (B, H, T, S)
+    root = math.sqrt(q.shape[-1])
+    scores = q @ k.swapaxes(-2, -1) / root  # (B, H, T, S)
     if mask is not None:
         scores = np.where(mask, scores, np.finfo(scores.dtype).min)
     weights = softmax(scores, axis=-1)  # (B, H, T, S)
@@ -63,11 +63,11 @@ def scaled_dot_product_attention_train(q, k, v, mask=None, dropout_p: float = 0.
         keep = ((rng.random(weights.shape) >= dropout_p) / (1.0 - dropout_p)).astype(q.dtype)
         dropped = weights * keep
     out = dropped @ v  # (B, H, T, S) @ (B, H, S, Dh) -> (B, H, T, Dh)
-    return out, weights, (q, k, v, weights, keep, dropped, scale)
+    return out, weights, (q, k, v, weights, keep, dropped, root)
 
 
 def scaled_dot_product_attention_backward(dout: np.ndarray, cache: tuple):
-    """Gradients of out = dropout(P) v with P = softmax(q k^T * scale), row by row.
+    """Gradients of out = dropout(P) v with P = softmax(q k^T / sqrt(Dh)), row by row.
 
     The product: dv = P^T dout and dP = dout v^T (then through the dropout mask).
     The softmax Jacobian: p = softmax(s) has dp_i/ds_j = p_i (delta_ij - p_j), so
@@ -77,18 +77,18 @@ def scaled_dot_product_attention_backward(dout: np.ndarray, cache: tuple):
     no gradient flows to a key a query may not see. A row that may attend to nothing has
     all its weights set to 0 in the forward (its output is the constant 0), so the same
     formula gives it ds = 0 and dv += 0: finite and correct, never NaN.
-    The scores: s = q k^T * scale, so dq = ds k * scale and dk = ds^T q * scale.
+    The scores: s = q k^T / sqrt(Dh), so dq = ds k / sqrt(Dh) and dk = ds^T q / sqrt(Dh).
 
     Shape: dout (B, H, T, Dh) -> dq (B, H, T, Dh), dk, dv (B, H, S, Dh)
     """
-    q, k, v, weights, keep, dropped, scale = cache
+    q, k, v, weights, keep, dropped, root = cache
     dv = dropped.swapaxes(-2, -1) @ dout  # (B, H, S, T) @ (B, H, T, Dh) -> (B, H, S, Dh)
     dweights = dout @ v.swapaxes(-2, -1)  # (B, H, T, Dh) @ (B, H, Dh, S) -> (B, H, T, S)
     if keep is not None:
         dweights = dweights * keep
     dscores = weights * (dweights - (dweights * weights).sum(axis=-1, keepdims=True))
-    dq = dscores @ k * scale  # (B, H, T, S) @ (B, H, S, Dh) -> (B, H, T, Dh)
-    dk = dscores.swapaxes(-2, -1) @ q * scale  # (B, H, S, T) @ (B, H, T, Dh) -> (B, H, S, Dh)
+    dq = dscores @ k / root  # (B, H, T, S) @ (B, H, S, Dh) -> (B, H, T, Dh)
+    dk = dscores.swapaxes(-2, -1) @ q / root  # (B, H, S, T) @ (B, H, T, Dh) -> (B, H, S, Dh)
     return dq, dk, dv
 
 
