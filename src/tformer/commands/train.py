@@ -48,7 +48,7 @@ def _optional(cast):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from tformer.train import TrainConfig
+    from tformer.train_config import TrainConfig
 
     parser.add_argument("--config", metavar="FILE",
                         help="JSON or YAML file of options (keys: the option names below, "
