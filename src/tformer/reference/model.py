@@ -473,7 +473,11 @@ class Seq2SeqTransformer(Module):
         y = self.target_embedding(tgt_ids) * scale  # (B, T, D)
         h, dec_cache = self.decoder.forward_train(y, memory, tgt_attention_mask,
                                                   src_attention_mask, rng)
-        logits = self.lm_head(h) if self.lm_head is not None else h @ self.target_embedding.weight.T
+        if self.lm_head is not None:
+            logits = self.lm_head(h)
+        else:  # tied (§3.4); one (B*T, D) @ (D, V) product
+            b, t, d = h.shape
+            logits = (h.reshape(b * t, d) @ self.target_embedding.weight.T).reshape(b, t, -1)
         return logits, (src_ids, tgt_ids, enc_cache, dec_cache, h)
 
     def backward(self, dlogits, cache, grads: dict, prefix: str = "") -> None:
@@ -486,8 +490,9 @@ class Seq2SeqTransformer(Module):
             dh = self.lm_head.backward(dlogits, h, grads, prefix + "lm_head.")
         else:  # logits = h E^T: dh = dlogits E, dE = dlogits^T h
             v, d = self.target_embedding.weight.shape
-            dh = dlogits @ self.target_embedding.weight  # (B, T, V) @ (V, D) -> (B, T, D)
-            grads[tgt_key] += dlogits.reshape(-1, v).T @ h.reshape(-1, d)  # (V, N) @ (N, D)
+            dlogits2 = dlogits.reshape(-1, v)  # (N = B*T, V)
+            dh = (dlogits2 @ self.target_embedding.weight).reshape(h.shape)  # (N, D) -> (B, T, D)
+            grads[tgt_key] += dlogits2.T @ h.reshape(-1, d)  # (V, N) @ (N, D)
         dy, dmemory = self.decoder.backward(dh, dec_cache, grads, prefix + "decoder.")
         self.target_embedding.backward(dy * scale, tgt_ids, grads, tgt_key[: -len("weight")])
         dx = self.encoder.backward(dmemory, enc_cache, grads, prefix + "encoder.")
