@@ -28,7 +28,7 @@ FIELD_HELP = {
     "test_size": "examples in the test split",
     "early_stop": "stop once the validation metric reaches this (none = never)",
     "seed": "seed for the data splits, initialisation and dropout",
-    "threads": "torch CPU threads (default: torch's choice)",
+    "threads": "torch CPU threads (default: torch's choice); --engine numpy: BLAS threads",
     "max_minutes": "stop training after this many minutes, then test",
     "out": "run directory (default: a new folder under runs/)",
     "d_model": "model width", "n_heads": "attention heads", "d_ff": "feed-forward width",

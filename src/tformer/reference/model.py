@@ -179,7 +179,6 @@ class Encoder(Module):
             pooled,
         )
 
-
     def embed_train(self, x, token_type_ids=None, rng=None):
         """embed, with dropout, and the cache for ``embed_backward``."""
         c = self.config
@@ -198,7 +197,13 @@ class Encoder(Module):
                 token_type_ids = np.zeros_like(x)
             token_type_ids = np.asarray(token_type_ids)
             check_token_ids(token_type_ids, c.type_vocab_size, "token_type_ids")
+            if token_type_ids.shape != x.shape:
+                raise ValueError(
+                    f"token_type_ids: expected shape (B, S) = {x.shape}, got {token_type_ids.shape}"
+                )
             h = h + self.type_emb(token_type_ids)
+        elif token_type_ids is not None:
+            raise ValueError("token_type_ids: this model has no token types (type_vocab_size=0)")
         norm_cache = None
         if self.emb_norm is not None:
             h, norm_cache = self.emb_norm.forward_train(h)
@@ -340,7 +345,6 @@ class Decoder(Module):
             tuple(self_attns) if self_attns is not None else None,
             tuple(cross_attns) if cross_attns is not None else None,
         )
-
 
     def forward_train(self, x, memory, attention_mask=None, memory_attention_mask=None, rng=None):
         """forward (no KV cache), with dropout from `rng`, and the cache for ``backward``.
