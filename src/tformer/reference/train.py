@@ -87,7 +87,7 @@ def make_optimizer(model: Module, config: TrainConfig) -> AdamW:
 # One step ------------------------------------------------------------------------------
 def forward_loss(model: Module, batch, label_smoothing: float = 0.0, rng=None):
     """Teacher-forced loss -> (loss, accuracy, cache for backward_loss)."""
-    if task_kind(batch) == "seq2seq":
+    if hasattr(batch, "src"):  # a Seq2SeqBatch; else a ClassificationBatch
         logits, cache = model.forward_train(batch.src, batch.tgt_in, batch.src_mask,
                                             batch.tgt_mask, rng)  # (B, T, V)
         loss, loss_cache = cross_entropy(logits, batch.labels, ignore_index=PAD,
@@ -99,10 +99,6 @@ def forward_loss(model: Module, batch, label_smoothing: float = 0.0, rng=None):
         loss, loss_cache = cross_entropy(logits, batch.labels, label_smoothing=label_smoothing)
         acc = float((logits.argmax(-1) == batch.labels).mean())
     return loss, acc, (cache, loss_cache)
-
-
-def task_kind(batch) -> str:
-    return "seq2seq" if hasattr(batch, "src") else "classification"
 
 
 def train_step(model: Module, optimizer: AdamW, batch, config: TrainConfig, lr: float,
