@@ -17,6 +17,9 @@ from tformer.reference.attention import (
     scaled_dot_product_attention_train,
 )
 
+# Small tensors: one torch thread is as fast, and polite to a shared machine.
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 B, H, T, S, DH = 2, 3, 4, 5, 6
 
 

@@ -1,6 +1,7 @@
 """NumPy greedy search against tformer.generate's, on the same weights (float64)."""
 
 import numpy as np
+import pytest
 import torch
 from helpers import copy_weights, padding_mask
 
@@ -9,6 +10,9 @@ from tformer.generate import greedy_search as torch_greedy
 from tformer.model import Seq2SeqTransformer as TorchSeq2Seq
 from tformer.reference.generate import greedy_search
 from tformer.reference.model import Seq2SeqTransformer
+
+# Small tensors: one torch thread is as fast, and polite to a shared machine.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_greedy_search_matches_torch():

@@ -16,6 +16,9 @@ from tformer.layers import EncoderLayer as TorchEncoderLayer
 from tformer.reference.layers import DecoderLayer, EncoderLayer
 from tformer.reference.masks import build_attention_mask
 
+# Small tensors: one torch thread is as fast, and polite to a shared machine.
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 B, S, T = 3, 6, 5
 
 

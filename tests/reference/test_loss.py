@@ -7,6 +7,9 @@ from helpers import GRAD_RTOL, relative_error
 
 from tformer.reference.loss import cross_entropy, cross_entropy_backward
 
+# Small tensors: one torch thread is as fast, and polite to a shared machine.
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("ignore", [False, True])

@@ -24,6 +24,9 @@ from tformer import TransformerConfig
 from tformer import model as torch_model
 from tformer import reference as ref
 
+# Small tensors: one torch thread is as fast, and polite to a shared machine.
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 B, S, T = 3, 7, 5
 
 

@@ -7,6 +7,9 @@ from helpers import relative_error
 
 from tformer.reference.optim import AdamW, clip_grad_norm_
 
+# Small tensors: one torch thread is as fast, and polite to a shared machine.
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 @pytest.mark.parametrize("fused", [False, True])  # tformer.train uses the fused kernel
 def test_adamw_matches_torch_step_for_step(fused):

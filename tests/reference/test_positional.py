@@ -1,11 +1,15 @@
 """Backward of the learned positional table (the sinusoids have no parameters)."""
 
 import numpy as np
+import pytest
 import torch
 from helpers import GRAD_RTOL, assert_grads_match, copy_weights
 
 from tformer.positional import LearnedPositionalEmbedding as TorchLearned
 from tformer.reference.positional import LearnedPositionalEmbedding
+
+# Small tensors: one torch thread is as fast, and polite to a shared machine.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_learned_positions_backward_matches_torch_at_an_offset():

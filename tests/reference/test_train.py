@@ -15,6 +15,9 @@ from tformer.reference import train as numpy_train
 from tformer.tasks import get_task
 from tformer.train_config import TrainConfig
 
+# Small tensors: one torch thread is as fast, and polite to a shared machine.
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 TINY = dict(d_model=16, n_heads=2, d_ff=32, n_layers=1, batch_size=8, valid_size=16,
             test_size=16, eval_every=3, log_every=2, warmup=4)
 
