@@ -57,8 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="continue the run in RUN_DIR (or in --out) from its checkpoint")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--engine", choices=("torch", "numpy"), default="torch",
-                        help="torch (default), or numpy: the NumPy reference's own backward "
-                             "and AdamW, torch never imported (slower; no --resume)")
+                        help="torch (default), or numpy: train with the NumPy reference (its own "
+                             "backward pass and AdamW; torch is never imported; no --resume)")
     casts = {"int": int, "float": float, "str": str}
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
