@@ -1,7 +1,7 @@
 """Train on a synthetic task with the NumPy reference only: torch is never imported.
 
     tformer train --task reverse --engine numpy
-    python -m tformer.reference.train --task reverse      # the same, without the CLI
+    train(resolve_config({"task": "reverse"}))     # the same from Python (tformer.train_config)
 
 The run is the one tformer.train makes, computed in NumPy: the same TrainConfig and
 presets, the same batches (batch k depends only on (seed, k)), the same schedule,
@@ -253,28 +253,3 @@ def _train(config: TrainConfig, progress: bool, log, dtype) -> dict[str, Any]:
     log(f"wrote {run_dir}/ (config.json, model.safetensors, train_config.json, metrics.jsonl)")
     return record
 
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m tformer.reference.train [--task T] [--steps N] ...`: TrainConfig fields."""
-    import argparse
-    import dataclasses
-
-    from tformer.train_config import resolve_config
-
-    parser = argparse.ArgumentParser(description="train with the NumPy reference (no torch)")
-    casts = {"int": int, "float": float, "str": str}
-    for f in dataclasses.fields(TrainConfig):
-        base = str(f.type).split(" |")[0]
-        flag = "--" + f.name.replace("_", "-")
-        if base == "bool":
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
-                                default=argparse.SUPPRESS)
-        else:
-            parser.add_argument(flag, dest=f.name, type=casts[base], default=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    train(resolve_config(vars(args)))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
