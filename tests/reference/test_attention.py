@@ -6,7 +6,13 @@ Metric: per tensor, max |ours - torch| / max |torch| <= 1e-9.
 import numpy as np
 import pytest
 import torch
-from helpers import GRAD_RTOL, assert_grads_match, copy_weights, relative_error
+from helpers import (
+    GRAD_RTOL,
+    assert_grads_match,
+    copy_weights,
+    finite_difference,
+    relative_error,
+)
 
 from tformer.attention import MultiHeadAttention as TorchMHA
 from tformer.attention import scaled_dot_product_attention as torch_sdpa
@@ -70,18 +76,9 @@ def test_sdpa_attention_dropout_backward_by_finite_differences():
     for array, grad in ((q, dq), (k, dk), (v, dv)):
         for index in [(0, 0, 0, 0), (1, 2, 3, 5), (1, 1, 2, 3)]:
             if index[2] < array.shape[2]:
-                fd = _fd(loss, array, index)
+                fd = finite_difference(loss, array, index)
                 assert abs(fd - grad[index]) <= 1e-6 * max(1.0, abs(fd))
 
-
-def _fd(loss, array, index, h=1e-6):
-    saved = array[index]
-    array[index] = saved + h
-    up = loss()
-    array[index] = saved - h
-    down = loss()
-    array[index] = saved
-    return (up - down) / (2 * h)
 
 
 @pytest.mark.parametrize("cross", [False, True])
