@@ -31,3 +31,47 @@ def padding_mask(lengths, max_len=None) -> np.ndarray:
     """(B, S) bool, True = real token, from per-row lengths."""
     max_len = max(lengths) if max_len is None else max_len
     return np.arange(max_len)[None, :] < np.asarray(lengths)[:, None]
+
+
+# Gradients: float64, per tensor, max |ours - torch| / max |torch| (1e-300 when torch's is
+# all zero, so two all-zero gradients agree and a spurious non-zero one fails).
+GRAD_RTOL = 1e-9
+
+
+def relative_error(actual, expected) -> float:
+    a, e = to_numpy(actual).astype(np.float64), to_numpy(expected).astype(np.float64)
+    assert a.shape == e.shape, f"shape {a.shape} != {e.shape}"
+    return float(np.abs(a - e).max() / max(np.abs(e).max(), 1e-300)) if e.size else 0.0
+
+
+def assert_grads_match(grads: dict, torch_module, what: str = "") -> float:
+    """Every parameter's gradient (keys as the state dict) within GRAD_RTOL of torch's."""
+    theirs = dict(torch_module.named_parameters())
+    assert set(grads) == set(theirs), f"{what}: gradient keys differ: {set(grads) ^ set(theirs)}"
+    worst, worst_key = 0.0, None
+    for key, p in theirs.items():
+        expected = p.grad if p.grad is not None else np.zeros(tuple(p.shape))
+        assert np.isfinite(grads[key]).all(), f"{what}: {key} has a non-finite gradient"
+        err = relative_error(grads[key], expected)
+        if err > worst:
+            worst, worst_key = err, key
+    assert worst <= GRAD_RTOL, f"{what}: max relative error {worst:.3e} at {worst_key}"
+    return worst
+
+
+def copy_weights(torch_module, mirror) -> None:
+    """Load the torch module's weights into the NumPy mirror, asserting identical keys."""
+    state = {k: v.detach().numpy() for k, v in torch_module.state_dict().items()}
+    assert set(state) == set(mirror.state_dict()), "state-dict keys must be identical"
+    mirror.load_state_dict(state)
+
+
+def finite_difference(loss_fn, array: np.ndarray, index: tuple, h: float = 1e-6) -> float:
+    """Central difference (loss(a + h) - loss(a - h)) / 2h of loss_fn() in array[index]."""
+    saved = array[index]
+    array[index] = saved + h
+    up = loss_fn()
+    array[index] = saved - h
+    down = loss_fn()
+    array[index] = saved
+    return (up - down) / (2 * h)

@@ -28,7 +28,7 @@ FIELD_HELP = {
     "test_size": "examples in the test split",
     "early_stop": "stop once the validation metric reaches this (none = never)",
     "seed": "seed for the data splits, initialisation and dropout",
-    "threads": "torch CPU threads (default: torch's choice)",
+    "threads": "torch CPU threads (default: torch's choice); --engine numpy: BLAS threads",
     "max_minutes": "stop training after this many minutes, then test",
     "out": "run directory (default: a new folder under runs/)",
     "d_model": "model width", "n_heads": "attention heads", "d_ff": "feed-forward width",
@@ -48,7 +48,7 @@ def _optional(cast):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from tformer.train import TrainConfig
+    from tformer.train_config import TrainConfig
 
     parser.add_argument("--config", metavar="FILE",
                         help="JSON or YAML file of options (keys: the option names below, "
@@ -56,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", nargs="?", const="", default=None, metavar="RUN_DIR",
                         help="continue the run in RUN_DIR (or in --out) from its checkpoint")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--engine", choices=("torch", "numpy"), default="torch",
+                        help="torch (default), or numpy: train with the NumPy reference (its own "
+                             "backward pass and AdamW; torch is never imported; no --resume)")
     casts = {"int": int, "float": float, "str": str}
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
@@ -71,17 +74,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.train import (
-        TrainConfig,
-        load_config_file,
-        resolve_config,
-        resume_config,
-        train,
-    )
+    from tformer.train_config import TrainConfig, load_config_file, resolve_config
 
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     given = {k: v for k, v in vars(args).items() if k in fields}  # only options on the command line
     from_file = load_config_file(args.config) if args.config else {}
+    if args.engine == "numpy":  # the NumPy reference trains; torch is never imported
+        from tformer.reference.train import train as train_numpy
+
+        if args.resume is not None:
+            raise ValueError("--resume: the numpy engine cannot resume a run (no optimizer "
+                             "state is saved); use --engine torch")
+        train_numpy(resolve_config(from_file, given), progress=not args.quiet)
+        return 0
+    from tformer.train import resume_config, train
+
     if args.resume is not None:
         run_dir = args.resume or given.get("out") or from_file.get("out")
         if not run_dir:

@@ -1,6 +1,8 @@
-"""The NumPy reference: a forward-only mirror of tformer's PyTorch modules.
+"""The NumPy reference: a mirror of tformer's PyTorch modules, with a backward pass.
 
 Same file names, class names, attribute names and state-dict keys; imports without torch.
+Each module's ``forward_train`` returns a cache and its ``backward`` the gradients (see
+reference/module.py); loss.py, optim.py and train.py train a model in NumPy alone.
 
     from tformer.reference import Encoder
     ref = Encoder(config, dtype=np.float64)

@@ -47,6 +47,53 @@ def scaled_dot_product_attention(
     return out, (weights if need_weights else None)
 
 
+def scaled_dot_product_attention_train(q, k, v, mask=None, dropout_p: float = 0.0, rng=None):
+    """scaled_dot_product_attention that also returns the cache its backward needs.
+
+    Shape: as scaled_dot_product_attention; returns out (B, H, T, Dh), weights, cache.
+    """
+    root = math.sqrt(q.shape[-1])
+    scores = q @ k.swapaxes(-2, -1) / root  # (B, H, T, S)
+    if mask is not None:
+        scores = np.where(mask, scores, np.finfo(scores.dtype).min)
+    weights = softmax(scores, axis=-1)  # (B, H, T, S)
+    if mask is not None:
+        weights = np.where(mask.any(axis=-1, keepdims=True), weights, 0.0).astype(q.dtype)
+    keep = None
+    dropped = weights
+    if rng is not None and dropout_p > 0:
+        keep = ((rng.random(weights.shape) >= dropout_p) / (1.0 - dropout_p)).astype(q.dtype)
+        dropped = weights * keep
+    out = dropped @ v  # (B, H, T, S) @ (B, H, S, Dh) -> (B, H, T, Dh)
+    return out, weights, (q, k, v, weights, keep, dropped, root)
+
+
+def scaled_dot_product_attention_backward(dout: np.ndarray, cache: tuple):
+    """Gradients of out = dropout(P) v with P = softmax(q k^T / sqrt(Dh)), row by row.
+
+    The product: dv = P^T dout and dP = dout v^T (then through the dropout mask).
+    The softmax Jacobian: p = softmax(s) has dp_i/ds_j = p_i (delta_ij - p_j), so
+        ds_j = sum_i dp_i p_i (delta_ij - p_j) = p_j (dp_j - sum_i dp_i p_i),
+    one row-wise dot product instead of a (S, S) matrix per row.
+    Masked keys have p_j = 0 exactly (exp(finfo.min - max) underflows to 0), so ds_j = 0:
+    no gradient flows to a key a query may not see. A row that may attend to nothing has
+    all its weights set to 0 in the forward (its output is the constant 0), so the same
+    formula gives it ds = 0 and dv += 0: finite and correct, never NaN.
+    The scores: s = q k^T / sqrt(Dh), so dq = ds k / sqrt(Dh) and dk = ds^T q / sqrt(Dh).
+
+    Shape: dout (B, H, T, Dh) -> dq (B, H, T, Dh), dk, dv (B, H, S, Dh)
+    """
+    q, k, v, weights, keep, dropped, root = cache
+    dv = dropped.swapaxes(-2, -1) @ dout  # (B, H, S, T) @ (B, H, T, Dh) -> (B, H, S, Dh)
+    dweights = dout @ v.swapaxes(-2, -1)  # (B, H, T, Dh) @ (B, H, Dh, S) -> (B, H, T, S)
+    if keep is not None:
+        dweights = dweights * keep
+    dscores = weights * (dweights - (dweights * weights).sum(axis=-1, keepdims=True))
+    dq = dscores @ k / root  # (B, H, T, S) @ (B, H, S, Dh) -> (B, H, T, Dh)
+    dk = dscores.swapaxes(-2, -1) @ q / root  # (B, H, S, T) @ (B, H, T, Dh) -> (B, H, S, Dh)
+    return dq, dk, dv
+
+
 class AttentionOutput(NamedTuple):
     output: np.ndarray  # (B, T, D)
     weights: np.ndarray | None  # (B, H, T, S)
@@ -114,3 +161,48 @@ class MultiHeadAttention(Module):
         b, _, t, _ = out.shape
         out = out.transpose(0, 2, 1, 3).reshape(b, t, self.d_model)  # (B, T, D)
         return AttentionOutput(self.out_proj(out), weights, (k, v) if use_cache else None)
+
+    def _merge_heads(self, x: np.ndarray) -> np.ndarray:
+        b, _, n, _ = x.shape
+        return x.transpose(0, 2, 1, 3).reshape(b, n, self.d_model)  # (B, H, N, Dh) -> (B, N, D)
+
+    def forward_train(self, x, memory=None, mask=None, rng=None):
+        """forward (no KV cache) that also returns the cache for ``backward``.
+
+        Shape: x (B, T, D); memory (B, S, D) when cross -> output (B, T, D), weights, cache
+        """
+        if self.cross:
+            q = self._split_heads(self.q_proj(x))  # (B, H, T, Dh)
+            kv = self.kv_proj(memory)  # (B, S, 2D)
+            k, v = np.split(kv, 2, axis=-1)  # 2 x (B, S, D)
+            k, v = self._split_heads(k), self._split_heads(v)  # (B, H, S, Dh)
+        else:
+            q, k, v = np.split(self.qkv_proj(x), 3, axis=-1)  # 3 x (B, T, D)
+            q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)
+        out, weights, attn_cache = scaled_dot_product_attention_train(
+            q, k, v, mask, self.dropout, rng
+        )
+        merged = self._merge_heads(out)  # (B, T, D)
+        return self.out_proj(merged), weights, (x, memory, attn_cache, merged)
+
+    def backward(self, dy, cache, grads: dict, prefix: str = ""):
+        """Back through out_proj, the heads and the projections.
+
+        Splitting into heads is a reshape and a transpose, so its backward is the inverse
+        reshape; the fused projection's gradient is the three (B, T, D) gradients side by
+        side, in the order q, k, v the forward split them.
+
+        Shape: dy (B, T, D) -> dx (B, T, D), dmemory (B, S, D) or None (self-attention)
+        """
+        x, memory, attn_cache, merged = cache
+        dmerged = self.out_proj.backward(dy, merged, grads, prefix + "out_proj.")  # (B, T, D)
+        dout = self._split_heads(dmerged)  # (B, H, T, Dh)
+        dq, dk, dv = scaled_dot_product_attention_backward(dout, attn_cache)
+        dq, dk, dv = self._merge_heads(dq), self._merge_heads(dk), self._merge_heads(dv)
+        if self.cross:
+            dx = self.q_proj.backward(dq, x, grads, prefix + "q_proj.")
+            dkv = np.concatenate([dk, dv], axis=-1)  # (B, S, 2D)
+            dmemory = self.kv_proj.backward(dkv, memory, grads, prefix + "kv_proj.")
+            return dx, dmemory
+        dqkv = np.concatenate([dq, dk, dv], axis=-1)  # (B, T, 3D)
+        return self.qkv_proj.backward(dqkv, x, grads, prefix + "qkv_proj."), None

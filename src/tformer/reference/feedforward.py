@@ -88,6 +88,29 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 ACTIVATIONS = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh}
 
 
+# Derivatives, for the backward pass: act'(x), elementwise.
+def relu_grad(x: np.ndarray) -> np.ndarray:
+    return (x > 0).astype(x.dtype)  # 0 at x = 0, as torch
+
+
+def gelu_grad(x: np.ndarray) -> np.ndarray:
+    """d/dx [x Phi(x)] = Phi(x) + x phi(x), with phi(x) = exp(-x^2/2) / sqrt(2 pi)."""
+    cdf = 0.5 * (1.0 + erf(x * (1.0 / math.sqrt(2.0))))
+    pdf = np.exp(-0.5 * x * x) * (1.0 / math.sqrt(2.0 * math.pi))
+    return cdf + x * pdf
+
+
+def gelu_tanh_grad(x: np.ndarray) -> np.ndarray:
+    """With u = c (x + a x^3), c = sqrt(2/pi), a = 0.044715, y = x/2 (1 + tanh u):
+    dy/dx = (1 + tanh u)/2 + x/2 (1 - tanh^2 u) c (1 + 3 a x^2)."""
+    c = math.sqrt(2.0 / math.pi)
+    t = np.tanh(c * (x + 0.044715 * x * x * x))
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * x * x)
+
+
+ACTIVATION_GRADS = {"relu": relu_grad, "gelu": gelu_grad, "gelu_tanh": gelu_tanh_grad}
+
+
 class FeedForward(Module):
     """Shape: x (B, S, D) -> (B, S, D), through (B, S, F) inside."""
 
@@ -102,3 +125,15 @@ class FeedForward(Module):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         return self.down(ACTIVATIONS[self.activation](self.up(x)))  # (B, S, F) -> (B, S, D)
+
+    def forward_train(self, x: np.ndarray, rng=None) -> tuple[np.ndarray, tuple]:
+        pre = self.up(x)  # (B, S, F)
+        hidden = ACTIVATIONS[self.activation](pre)  # (B, S, F)
+        return self.down(hidden), (x, pre, hidden)
+
+    def backward(self, dy: np.ndarray, cache: tuple, grads: dict, prefix: str = "") -> np.ndarray:
+        """Shape: dy (B, S, D) -> dx (B, S, D); the activation's derivative acts elementwise."""
+        x, pre, hidden = cache
+        dhidden = self.down.backward(dy, hidden, grads, prefix + "down.")  # (B, S, F)
+        dpre = dhidden * ACTIVATION_GRADS[self.activation](pre)  # (B, S, F)
+        return self.up.backward(dpre, x, grads, prefix + "up.")  # (B, S, D)

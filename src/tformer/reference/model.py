@@ -1,7 +1,16 @@
 """NumPy mirror of tformer.model: Encoder, Decoder, Seq2SeqTransformer, EncoderClassifier.
 
-Same class names, attribute names and state-dict keys as the PyTorch modules, forward only.
+Same class names, attribute names and state-dict keys as the PyTorch modules.
 Build with ``dtype=np.float32`` or ``np.float64``, then ``load_state_dict``.
+
+Training: each model's ``forward_train(..., rng)`` returns its output and a cache, and
+``backward(dout, cache, grads)`` fills ``grads`` (from ``model.zero_grads()``) with the
+gradient of every parameter, keyed as ``state_dict``:
+
+    grads = model.zero_grads()
+    logits, cache = model.forward_train(src, tgt_in, src_mask, tgt_mask, rng)
+    loss, loss_cache = cross_entropy(logits, labels, ignore_index=PAD)
+    model.backward(cross_entropy_backward(loss_cache), cache, grads)
 """
 
 from __future__ import annotations
@@ -175,6 +184,91 @@ class Encoder(Module):
             mask,
         )
 
+    def embed_train(self, x, token_type_ids=None, rng=None):
+        """embed, with dropout, and the cache for ``embed_backward``."""
+        c = self.config
+        x = np.asarray(x)
+        if self.tok_emb is not None:
+            check_token_ids(x, c.vocab_size)
+            scale = self.dtype.type(c.embedding_scale)
+            h = self.tok_emb(x) * scale  # (B, S, D)
+        else:
+            check_embeddings(x, c.d_model)
+            h = x.astype(self.dtype, copy=False)
+        if self.pos_emb is not None:
+            h = h + self.pos_emb(h.shape[1], dtype=self.dtype)  # (S, D) broadcast
+        if self.type_emb is not None:
+            if token_type_ids is None:
+                token_type_ids = np.zeros_like(x)
+            token_type_ids = np.asarray(token_type_ids)
+            check_token_ids(token_type_ids, c.type_vocab_size, "token_type_ids")
+            if token_type_ids.shape != x.shape:
+                raise ValueError(
+                    f"token_type_ids: expected shape (B, S) = {x.shape}, got {token_type_ids.shape}"
+                )
+            h = h + self.type_emb(token_type_ids)
+        elif token_type_ids is not None:
+            raise ValueError("token_type_ids: this model has no token types (type_vocab_size=0)")
+        norm_cache = None
+        if self.emb_norm is not None:
+            h, norm_cache = self.emb_norm.forward_train(h)
+        h, drop_cache = self.dropout.forward_train(h, rng)
+        return h, (x, token_type_ids, norm_cache, drop_cache)
+
+    def embed_backward(self, dh, cache, grads: dict, prefix: str = "") -> np.ndarray | None:
+        """Shape: dh (B, S, D) -> d(input embeddings) (B, S, D), or None for token ids.
+
+        The embeddings are summed, so each table receives dh itself (times the sqrt(D)
+        scale for the token table, §3.4).
+        """
+        x, token_type_ids, norm_cache, drop_cache = cache
+        dh = self.dropout.backward(dh, drop_cache)
+        if self.emb_norm is not None:
+            dh = self.emb_norm.backward(dh, norm_cache, grads, prefix + "emb_norm.")
+        if self.type_emb is not None:
+            self.type_emb.backward(dh, token_type_ids, grads, prefix + "type_emb.")
+        if isinstance(self.pos_emb, LearnedPositionalEmbedding):
+            self.pos_emb.backward(dh, 0, grads, prefix + "pos_emb.")
+        if self.tok_emb is None:
+            return dh
+        scale = self.config.embedding_scale  # 1.0 when scale_embeddings is off
+        self.tok_emb.backward(dh * self.dtype.type(scale), x, grads, prefix + "tok_emb.")
+        return None
+
+    def forward_train(self, x=None, attention_mask=None, *, attn_mask=None, token_type_ids=None,
+                      input_ids=None, rng=None) -> tuple[EncoderOutput, tuple]:
+        """forward, with dropout from `rng`, and the cache for ``backward``.
+
+        Shape: x (B, S) ids or (B, S, D) -> last_hidden_state (B, S, D) (+ pooler_output)
+        """
+        x = _one_input(x, input_ids)
+        h, embed_cache = self.embed_train(x, token_type_ids, rng)  # (B, S, D)
+        b, s, _ = h.shape
+        mask = build_attention_mask(attention_mask, attn_mask, b, s, s)
+        layer_caches = []
+        for layer in self.layers:
+            h, _, layer_cache = layer.forward_train(h, mask, rng)
+            layer_caches.append(layer_cache)
+        norm_cache = None
+        if self.final_norm is not None:
+            h, norm_cache = self.final_norm.forward_train(h)
+        pooled = np.tanh(self.pooler(h[:, 0])) if self.pooler is not None else None  # (B, D)
+        cache = (embed_cache, layer_caches, norm_cache, h, pooled)
+        return EncoderOutput(h, pooler_output=pooled), cache
+
+    def backward(self, dh, cache, grads: dict, prefix: str = "", dpooled=None):
+        """Shape: dh (B, S, D) [, dpooled (B, D)] -> d(input embeddings) or None (token ids)."""
+        embed_cache, layer_caches, norm_cache, h, pooled = cache
+        if dpooled is not None:
+            dpre = dpooled * (1.0 - pooled * pooled)  # tanh' = 1 - tanh^2
+            dh = dh.copy()
+            dh[:, 0] += self.pooler.backward(dpre, h[:, 0], grads, prefix + "pooler.")
+        if self.final_norm is not None:
+            dh = self.final_norm.backward(dh, norm_cache, grads, prefix + "final_norm.")
+        for i in reversed(range(len(self.layers))):
+            dh = self.layers[i].backward(dh, layer_caches[i], grads, f"{prefix}layers.{i}.")
+        return self.embed_backward(dh, embed_cache, grads, prefix)
+
 
 class Decoder(Module):
     """Embeddings + positions -> N decoder layers -> final norm (§3.1)."""
@@ -257,6 +351,57 @@ class Decoder(Module):
             tuple(cross_attns) if cross_attns is not None else None,
         )
 
+    def forward_train(self, x, memory, attention_mask=None, memory_attention_mask=None, rng=None):
+        """forward (no KV cache), with dropout from `rng`, and the cache for ``backward``.
+
+        Shape: x (B, T) ids or (B, T, D); memory (B, S, D) -> (B, T, D), cache
+        """
+        c = self.config
+        x = np.asarray(x)
+        if self.tok_emb is not None:
+            check_token_ids(x, c.target_vocab_size)
+            h = self.tok_emb(x) * self.dtype.type(c.embedding_scale)  # (B, T, D)
+        else:
+            check_embeddings(x, c.d_model)
+            h = x.astype(self.dtype, copy=False)
+        if self.pos_emb is not None:
+            h = h + self.pos_emb(h.shape[1], 0, dtype=self.dtype)
+        h, drop_cache = self.dropout.forward_train(h, rng)
+        memory = np.asarray(memory)
+        check_embeddings(memory, c.d_model, "memory")
+        b, t, _ = h.shape
+        self_mask = build_attention_mask(attention_mask, None, b, t, t, causal=True)
+        memory_mask = build_attention_mask(memory_attention_mask, None, b, t, memory.shape[1])
+        layer_caches = []
+        for layer in self.layers:
+            h, layer_cache = layer.forward_train(h, memory, self_mask, memory_mask, rng)
+            layer_caches.append(layer_cache)
+        norm_cache = None
+        if self.final_norm is not None:
+            h, norm_cache = self.final_norm.forward_train(h)
+        return h, (x, drop_cache, layer_caches, norm_cache)
+
+    def backward(self, dh, cache, grads: dict, prefix: str = ""):
+        """Shape: dh (B, T, D) -> dx (B, T, D) or None (token ids), dmemory (B, S, D).
+
+        Every layer reads the same memory, so its gradient is the sum over the layers.
+        """
+        x, drop_cache, layer_caches, norm_cache = cache
+        if self.final_norm is not None:
+            dh = self.final_norm.backward(dh, norm_cache, grads, prefix + "final_norm.")
+        dmemory = 0.0
+        for i in reversed(range(len(self.layers))):
+            dh, dmem = self.layers[i].backward(dh, layer_caches[i], grads, f"{prefix}layers.{i}.")
+            dmemory = dmemory + dmem
+        dh = self.dropout.backward(dh, drop_cache)
+        if isinstance(self.pos_emb, LearnedPositionalEmbedding):
+            self.pos_emb.backward(dh, 0, grads, prefix + "pos_emb.")
+        if self.tok_emb is None:
+            return dh, dmemory
+        scale = self.dtype.type(self.config.embedding_scale)
+        self.tok_emb.backward(dh * scale, x, grads, prefix + "tok_emb.")
+        return None, dmemory
+
 
 class Seq2SeqTransformer(Module):
     """The encoder-decoder; token embeddings live here, as in the PyTorch module."""
@@ -321,6 +466,48 @@ class Seq2SeqTransformer(Module):
         return out
 
 
+    def forward_train(self, src_ids, tgt_ids, src_attention_mask=None, tgt_attention_mask=None,
+                      rng=None):
+        """forward, with dropout from `rng`, and the cache for ``backward``.
+
+        Shape: src_ids (B, S), tgt_ids (B, T) -> logits (B, T, V), cache
+        """
+        scale = self.dtype.type(self.config.embedding_scale)
+        src_ids, tgt_ids = np.asarray(src_ids), np.asarray(tgt_ids)
+        check_token_ids(src_ids, self.config.vocab_size, "src_ids")
+        check_token_ids(tgt_ids, self.config.target_vocab_size, "tgt_ids")
+        x = self.src_emb(src_ids) * scale  # (B, S, D)
+        enc, enc_cache = self.encoder.forward_train(x, src_attention_mask, rng=rng)
+        memory = enc.last_hidden_state  # (B, S, D)
+        y = self.target_embedding(tgt_ids) * scale  # (B, T, D)
+        h, dec_cache = self.decoder.forward_train(y, memory, tgt_attention_mask,
+                                                  src_attention_mask, rng)
+        if self.lm_head is not None:
+            logits = self.lm_head(h)
+        else:  # tied (§3.4); one (B*T, D) @ (D, V) product
+            b, t, d = h.shape
+            logits = (h.reshape(b * t, d) @ self.target_embedding.weight.T).reshape(b, t, -1)
+        return logits, (src_ids, tgt_ids, enc_cache, dec_cache, h)
+
+    def backward(self, dlogits, cache, grads: dict, prefix: str = "") -> None:
+        """Shape: dlogits (B, T, V). The target table gets two gradients when the output
+        is tied to it (§3.4): one from the logits, one from the decoder's input."""
+        src_ids, tgt_ids, enc_cache, dec_cache, h = cache
+        scale = self.dtype.type(self.config.embedding_scale)
+        tgt_key = prefix + ("tgt_emb." if self.tgt_emb is not None else "src_emb.") + "weight"
+        if self.lm_head is not None:
+            dh = self.lm_head.backward(dlogits, h, grads, prefix + "lm_head.")
+        else:  # logits = h E^T: dh = dlogits E, dE = dlogits^T h
+            v, d = self.target_embedding.weight.shape
+            dlogits2 = dlogits.reshape(-1, v)  # (N = B*T, V)
+            dh = (dlogits2 @ self.target_embedding.weight).reshape(h.shape)  # (N, D) -> (B, T, D)
+            grads[tgt_key] += dlogits2.T @ h.reshape(-1, d)  # (V, N) @ (N, D)
+        dy, dmemory = self.decoder.backward(dh, dec_cache, grads, prefix + "decoder.")
+        self.target_embedding.backward(dy * scale, tgt_ids, grads, tgt_key[: -len("weight")])
+        dx = self.encoder.backward(dmemory, enc_cache, grads, prefix + "encoder.")
+        self.src_emb.backward(dx * scale, src_ids, grads, prefix + "src_emb.")
+
+
 class EncoderClassifier(Module):
     """Encoder + pooling ("cls" or "mean" over real tokens) + linear head."""
 
@@ -348,3 +535,34 @@ class EncoderClassifier(Module):
         else:  # mean over real tokens: padded positions are zeros, so a plain sum is theirs
             pooled = h.sum(axis=1) / np.maximum(out.mask.lengths, 1)[:, None].astype(h.dtype)
         return ClassifierOutput(self.head(pooled), out.hidden_states, out.attentions)
+
+    def forward_train(self, x, attention_mask=None, token_type_ids=None, rng=None):
+        """forward, with dropout from `rng`, and the cache for ``backward``.
+
+        Shape: x (B, S) ids or (B, S, D); attention_mask (B, S) -> logits (B, C), cache
+        """
+        out, enc_cache = self.encoder.forward_train(x, attention_mask,
+                                                    token_type_ids=token_type_ids, rng=rng)
+        h = out.last_hidden_state  # (B, S, D)
+        w = None
+        if self.config.pooling == "cls":
+            pooled = h[:, 0]  # (B, D)
+        elif attention_mask is None:
+            pooled = h.mean(axis=1)
+        else:
+            w = as_bool(attention_mask, "attention_mask").astype(h.dtype)[..., None]  # (B, S, 1)
+            pooled = (h * w).sum(axis=1) / np.maximum(w.sum(axis=1), 1.0)
+        return self.head(pooled), (enc_cache, h.shape, w, pooled)
+
+    def backward(self, dlogits, cache, grads: dict, prefix: str = ""):
+        """Shape: dlogits (B, C) -> d(input embeddings) or None (token ids)."""
+        enc_cache, shape, w, pooled = cache
+        dpooled = self.head.backward(dlogits, pooled, grads, prefix + "head.")  # (B, D)
+        dh = np.zeros(shape, dlogits.dtype)  # (B, S, D)
+        if self.config.pooling == "cls":
+            dh[:, 0] = dpooled
+        elif w is None:  # mean over S positions: each gets 1/S of the gradient
+            dh += dpooled[:, None, :] / shape[1]
+        else:  # mean over the real positions only
+            dh += dpooled[:, None, :] * w / np.maximum(w.sum(axis=1, keepdims=True), 1.0)
+        return self.encoder.backward(dh, enc_cache, grads, prefix + "encoder.")

@@ -2,7 +2,15 @@
 
 Parameters are the public ndarray attributes of a module; sub-modules are Module attributes
 or lists of them (``layers.0.…``), so state-dict keys come out exactly as in PyTorch.
-Forward only: dropout is the identity (evaluation mode).
+``forward`` is evaluation mode (dropout is the identity).
+
+Training, llm.c style: beside each ``forward``, a ``forward_train(..., rng) -> (out, cache)``
+that also returns what the backward pass needs (dropout draws from ``rng``; None = no
+dropout), and a ``backward(dout, cache, grads, prefix) -> dx`` that adds each parameter's
+gradient into ``grads`` under its state-dict key (``prefix`` + name, as ``state_dict``
+builds it). Nothing is stored on ``self``: the cache is a plain value the caller keeps.
+Adding (not assigning) lets a parameter used twice, such as a tied embedding, collect
+both contributions.
 """
 
 from __future__ import annotations
@@ -58,6 +66,10 @@ class Module:
                 )
             setattr(m, attr, theirs.astype(ours.dtype, copy=True))
 
+    def zero_grads(self) -> dict[str, np.ndarray]:
+        """A zero gradient for every parameter, keyed as ``state_dict``."""
+        return {key: np.zeros_like(value) for key, value in self.state_dict().items()}
+
     def load_safetensors(self, path) -> None:
         """Load a tformer ``model.safetensors`` through safetensors' NumPy API (no torch)."""
         from safetensors.numpy import load_file
@@ -80,6 +92,20 @@ class Linear(Module):
             y += self.bias  # in place: y is ours
         return y.reshape(*x.shape[:-1], y.shape[-1])  # (..., out)
 
+    def forward_train(self, x: np.ndarray, rng=None) -> tuple[np.ndarray, np.ndarray]:
+        return self.forward(x), x  # the cache is the input
+
+    def backward(self, dy: np.ndarray, x: np.ndarray, grads: dict, prefix: str = "") -> np.ndarray:
+        """y = x W^T + b  =>  dx = dy W,  dW = dy^T x,  db = sum of dy over all rows.
+
+        Shape: dy (..., out), x (..., in) -> dx (..., in)
+        """
+        dy2 = dy.reshape(-1, dy.shape[-1])  # (N, out)
+        grads[prefix + "weight"] += dy2.T @ x.reshape(-1, x.shape[-1])  # (out, N) @ (N, in)
+        if hasattr(self, "bias"):
+            grads[prefix + "bias"] += dy2.sum(axis=0)
+        return (dy2 @ self.weight).reshape(*dy.shape[:-1], self.weight.shape[1])  # (..., in)
+
 
 class LayerNorm(Module):
     """(x - mean) / sqrt(var + eps) * weight + bias over the last axis (biased variance)."""
@@ -100,6 +126,37 @@ class LayerNorm(Module):
             y += self.bias
         return y
 
+    def forward_train(self, x: np.ndarray, rng=None) -> tuple[np.ndarray, tuple]:
+        mean = x.mean(axis=-1, keepdims=True)
+        var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+        rstd = 1.0 / np.sqrt(var + self.eps)  # (..., 1)
+        xhat = (x - mean) * rstd  # (..., D)
+        y = xhat * self.weight
+        if hasattr(self, "bias"):
+            y = y + self.bias
+        return y, (xhat, rstd)
+
+    def backward(self, dy: np.ndarray, cache: tuple, grads: dict, prefix: str = "") -> np.ndarray:
+        """Ba, Kiros & Hinton 2016. With xhat = (x - mean) * rstd and y = xhat * g + b:
+
+        dg = sum dy * xhat, db = sum dy (over all rows), and for one row of D values,
+        with g_hat = dy * g (the gradient reaching xhat):
+            dx = rstd * (g_hat - mean(g_hat) - xhat * mean(g_hat * xhat)).
+        The two means are what the normalisation takes away: shifting x changes nothing
+        (so dx sums to 0), and neither does scaling it (so dx is orthogonal to xhat).
+        """
+        xhat, rstd = cache
+        d = dy.shape[-1]
+        grads[prefix + "weight"] += (dy * xhat).reshape(-1, d).sum(axis=0)
+        if hasattr(self, "bias"):
+            grads[prefix + "bias"] += dy.reshape(-1, d).sum(axis=0)
+        g_hat = dy * self.weight  # (..., D)
+        return rstd * (
+            g_hat
+            - g_hat.mean(axis=-1, keepdims=True)
+            - xhat * (g_hat * xhat).mean(axis=-1, keepdims=True)
+        )
+
 
 class Embedding(Module):
     def __init__(self, n: int, d: int):
@@ -108,12 +165,32 @@ class Embedding(Module):
     def forward(self, ids: np.ndarray) -> np.ndarray:
         return self.weight[ids]  # (..., D)
 
+    def forward_train(self, ids: np.ndarray, rng=None) -> tuple[np.ndarray, np.ndarray]:
+        return self.forward(ids), ids
+
+    def backward(self, dy: np.ndarray, ids: np.ndarray, grads: dict, prefix: str = "") -> None:
+        """A lookup copies row ids[i] to output i, so row v's gradient is the sum of dy over
+        every position that holds token v (np.add.at adds repeated ids; += would not)."""
+        np.add.at(grads[prefix + "weight"], ids.reshape(-1), dy.reshape(-1, dy.shape[-1]))
+
 
 class Dropout(Module):
-    """Identity: the reference runs in evaluation mode only."""
+    """Identity in ``forward`` (evaluation mode); ``forward_train`` drops (Srivastava et al. 2014)."""
 
     def __init__(self, p: float):
         self.p = p
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         return x
+
+    def forward_train(self, x: np.ndarray, rng=None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Zero each element with probability p and scale the rest by 1/(1-p) ("inverted"
+        dropout: the expectation is unchanged, so evaluation needs no rescaling)."""
+        if rng is None or self.p == 0:
+            return x, None
+        keep = (rng.random(x.shape) >= self.p) / (1.0 - self.p)  # (..., ) 0 or 1/(1-p)
+        keep = keep.astype(x.dtype)
+        return x * keep, keep
+
+    def backward(self, dy: np.ndarray, keep: np.ndarray | None, grads=None, prefix="") -> np.ndarray:
+        return dy if keep is None else dy * keep

@@ -45,3 +45,9 @@ class LearnedPositionalEmbedding(Module):
                 "of the learned positional embedding"
             )
         return self.weight[offset : offset + seq_len]
+
+    def backward(self, dpos: np.ndarray, offset: int, grads: dict, prefix: str = "") -> None:
+        """Rows offset..offset+S of the table were added to every sequence of the batch, so
+        each row's gradient is dpos summed over the batch. Shape: dpos (B, S, D)."""
+        s = dpos.shape[1]
+        grads[prefix + "weight"][offset : offset + s] += dpos.sum(axis=0)

@@ -5,17 +5,24 @@ drawn from ``seed``; the training split is an unbounded stream whose batch for s
 depends only on (seed, k), so a resumed run sees exactly the batches it would have
 seen without stopping. An input that is in the test or validation set is never drawn
 for training, so the three splits are disjoint by their inputs.
+
+Torch-free until a batch is made: ``collate_arrays`` gives NumPy batches (for the NumPy
+reference), ``collate`` the same values as torch tensors.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
+import numpy as np
 
 from tformer.tasks.tokenizer import BOS, EOS, PAD, Tokenizer
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 SPLITS = ("train", "validation", "test")
 
@@ -49,6 +56,9 @@ class Seq2SeqBatch:
     def n_tokens(self) -> int:
         return int(self.src_mask.sum() + self.tgt_mask.sum())
 
+    def to_torch(self) -> Seq2SeqBatch:
+        return _to_torch(self)
+
 
 @dataclass
 class ClassificationBatch:
@@ -61,17 +71,34 @@ class ClassificationBatch:
     def n_tokens(self) -> int:
         return int(self.attention_mask.sum())
 
+    def to_torch(self) -> ClassificationBatch:
+        return _to_torch(self)
+
+
+def _to_torch(batch):
+    """The same batch with every NumPy array as a tensor (sharing memory)."""
+    import torch
+
+    return type(batch)(**{f.name: torch.from_numpy(getattr(batch, f.name))
+                          for f in dataclasses.fields(batch)})
+
+
+def pad_arrays(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pad id lists with PAD -> (ids (B, L) int64, mask (B, L) bool, True = real)."""
+    width = max(len(r) for r in rows)
+    ids = np.full((len(rows), width), PAD, dtype=np.int64)  # (B, L)
+    mask = np.zeros((len(rows), width), dtype=bool)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = r
+        mask[i, : len(r)] = True
+    return ids, mask
+
 
 def pad(rows: list[list[int]]) -> tuple[Tensor, Tensor]:
     """Right-pad id lists with PAD -> (ids (B, L) long, mask (B, L) bool, True = real)."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), PAD, dtype=torch.long)  # (B, L)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-    mask = torch.zeros_like(ids, dtype=torch.bool)
-    for i, r in enumerate(rows):
-        mask[i, : len(r)] = True
-    return ids, mask
+    import torch
+
+    return tuple(torch.from_numpy(a) for a in pad_arrays(rows))
 
 
 class Task:
@@ -152,15 +179,20 @@ class Task:
 
     # Batching ---------------------------------------------------------------------
     def collate(self, examples: list[Example]) -> Seq2SeqBatch | ClassificationBatch:
+        """A padded batch of torch tensors."""
+        return self.collate_arrays(examples).to_torch()
+
+    def collate_arrays(self, examples: list[Example]) -> Seq2SeqBatch | ClassificationBatch:
+        """The same batch as `collate`, of NumPy arrays (no torch needed)."""
         enc = self.tokenizer.encode
         if self.kind == "seq2seq":
-            src, src_mask = pad([enc(ex.source) + [EOS] for ex in examples])
+            src, src_mask = pad_arrays([enc(ex.source) + [EOS] for ex in examples])
             targets = [enc(ex.target) for ex in examples]
-            tgt_in, tgt_mask = pad([[BOS] + t for t in targets])
-            labels, _ = pad([t + [EOS] for t in targets])
+            tgt_in, tgt_mask = pad_arrays([[BOS] + t for t in targets])
+            labels, _ = pad_arrays([t + [EOS] for t in targets])
             return Seq2SeqBatch(src, src_mask, tgt_in, tgt_mask, labels)
-        ids, mask = pad([[BOS] + enc(ex.source) for ex in examples])
-        labels = torch.tensor([ex.label for ex in examples], dtype=torch.long)  # (B,)
+        ids, mask = pad_arrays([[BOS] + enc(ex.source) for ex in examples])
+        labels = np.array([ex.label for ex in examples], dtype=np.int64)  # (B,)
         return ClassificationBatch(ids, mask, labels)
 
     @property

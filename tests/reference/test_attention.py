@@ -1,0 +1,112 @@
+"""Backward of the NumPy attention against torch autograd (float64, helpers.GRAD_RTOL).
+
+Metric: per tensor, max |ours - torch| / max |torch| <= 1e-9.
+"""
+
+import numpy as np
+import pytest
+import torch
+from helpers import (
+    GRAD_RTOL,
+    assert_grads_match,
+    copy_weights,
+    finite_difference,
+    relative_error,
+)
+
+from tformer.attention import MultiHeadAttention as TorchMHA
+from tformer.attention import scaled_dot_product_attention as torch_sdpa
+from tformer.reference.attention import (
+    MultiHeadAttention,
+    scaled_dot_product_attention,
+    scaled_dot_product_attention_backward,
+    scaled_dot_product_attention_train,
+)
+
+# Small tensors: one torch thread is as fast, and polite to a shared machine.
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+B, H, T, S, DH = 2, 3, 4, 5, 6
+
+
+def _mask(kind, rng):
+    if kind == "none":
+        return None
+    mask = rng.random((B, 1, T, S)) < 0.6
+    mask[0, 0, 1] = False  # a query that may attend to nothing
+    mask[1, 0, :, 2] = False  # a key nobody sees
+    return mask
+
+
+@pytest.mark.parametrize("kind", ["none", "masked"])
+def test_sdpa_backward_matches_torch(kind):
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal(shape) for shape in [(B, H, T, DH), (B, H, S, DH), (B, H, S, DH)])
+    mask = _mask(kind, rng)
+    tq, tk, tv = (torch.from_numpy(a).requires_grad_() for a in (q, k, v))
+    out, _ = torch_sdpa(tq, tk, tv, None if mask is None else torch.from_numpy(mask))
+    g = rng.standard_normal(out.shape)
+    (out * torch.from_numpy(g)).sum().backward()
+    ours, weights, cache = scaled_dot_product_attention_train(q, k, v, mask)
+    assert relative_error(ours, out) <= GRAD_RTOL
+    assert relative_error(ours, scaled_dot_product_attention(q, k, v, mask)[0]) == 0
+    dq, dk, dv = scaled_dot_product_attention_backward(g, cache)
+    for name, mine, theirs in (("dq", dq, tq.grad), ("dk", dk, tk.grad), ("dv", dv, tv.grad)):
+        assert np.isfinite(mine).all(), name
+        assert relative_error(mine, theirs) <= GRAD_RTOL, name
+    if mask is not None:  # the empty row: zero output, zero gradient to its query
+        assert (ours[0, :, 1] == 0).all() and (dq[0, :, 1] == 0).all()
+        assert (dk[1, :, 2] == 0).all()  # an unseen key gets no gradient
+
+
+def test_sdpa_attention_dropout_backward_by_finite_differences():
+    """Attention dropout (not in torch's reach with the same draws): the same rng seed
+    gives the same mask, so the loss is a smooth function of q we can difference."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal(shape) for shape in [(B, H, T, DH), (B, H, S, DH), (B, H, S, DH)])
+    g = rng.standard_normal((B, H, T, DH))
+
+    def loss():
+        out, _, _ = scaled_dot_product_attention_train(q, k, v, None, 0.3, np.random.default_rng(7))
+        return float((out * g).sum())
+
+    _, _, cache = scaled_dot_product_attention_train(q, k, v, None, 0.3, np.random.default_rng(7))
+    assert cache[4] is not None and (cache[4] == 0).any()  # some weights were dropped
+    dq, dk, dv = scaled_dot_product_attention_backward(g, cache)
+    for array, grad in ((q, dq), (k, dk), (v, dv)):
+        for index in [(0, 0, 0, 0), (1, 2, 3, 5), (1, 1, 2, 3)]:
+            if index[2] < array.shape[2]:
+                fd = finite_difference(loss, array, index)
+                assert abs(fd - grad[index]) <= 1e-6 * max(1.0, abs(fd))
+
+
+
+@pytest.mark.parametrize("cross", [False, True])
+@pytest.mark.parametrize("kind", ["none", "masked"])
+def test_multi_head_attention_backward_matches_torch(cross, kind):
+    rng = np.random.default_rng(0)
+    d, heads = 12, 3
+    torch_mha = TorchMHA(d, heads, cross=cross).double().eval()
+    ours = MultiHeadAttention(d, heads, cross=cross).astype(np.float64)
+    copy_weights(torch_mha, ours)
+    x = rng.standard_normal((B, T, d))
+    memory = rng.standard_normal((B, S, d)) if cross else None
+    mask = _mask(kind, rng)
+    if mask is not None and not cross:
+        mask = mask[..., :T]
+        mask[0, 0, 1] = False
+    tx = torch.from_numpy(x).requires_grad_()
+    tm = torch.from_numpy(memory).requires_grad_() if cross else None
+    out = torch_mha(tx, tm, mask=None if mask is None else torch.from_numpy(mask)).output
+    g = rng.standard_normal(out.shape)
+    (out * torch.from_numpy(g)).sum().backward()
+    y, _, cache = ours.forward_train(x, memory, mask)
+    assert relative_error(y, out) <= GRAD_RTOL
+    grads = ours.zero_grads()
+    dx, dmemory = ours.backward(g, cache, grads)
+    assert_grads_match(grads, torch_mha, "MultiHeadAttention")
+    assert relative_error(dx, tx.grad) <= GRAD_RTOL
+    if cross:
+        assert relative_error(dmemory, tm.grad) <= GRAD_RTOL
+    else:
+        assert dmemory is None

@@ -1,0 +1,31 @@
+"""NumPy greedy search against tformer.generate's, on the same weights (float64)."""
+
+import numpy as np
+import pytest
+import torch
+from helpers import copy_weights, padding_mask
+
+from tformer import TransformerConfig
+from tformer.generate import greedy_search as torch_greedy
+from tformer.model import Seq2SeqTransformer as TorchSeq2Seq
+from tformer.reference.generate import greedy_search
+from tformer.reference.model import Seq2SeqTransformer
+
+# Small tensors: one torch thread is as fast, and polite to a shared machine.
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_greedy_search_matches_torch():
+    config = TransformerConfig(d_model=16, n_heads=2, d_ff=32, n_layers=2, vocab_size=12,
+                               max_len=32)
+    torch.manual_seed(0)
+    theirs = TorchSeq2Seq(config).double().eval()
+    ours = Seq2SeqTransformer(config, np.float64)
+    copy_weights(theirs, ours)
+    rng = np.random.default_rng(0)
+    src, mask = rng.integers(3, 12, (4, 6)), padding_mask([6, 3, 5, 1], 6)
+    expected = torch_greedy(theirs, torch.from_numpy(src), torch.from_numpy(mask), max_len=10)
+    got = greedy_search(ours, src, mask, max_len=10)
+    np.testing.assert_array_equal(got.sequences, expected.sequences.numpy())
+    assert got.tolist() == expected.tolist()
+    np.testing.assert_allclose(got.scores, expected.scores.numpy(), rtol=1e-5)

@@ -1,0 +1,120 @@
+"""Training with the NumPy reference: one step equals PyTorch's, a run directory loads in
+PyTorch with the same logits, and the command runs with torch blocked."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from helpers import assert_close, copy_weights, relative_error
+
+from tformer import train as torch_train
+from tformer.reference import train as numpy_train
+from tformer.tasks import get_task
+from tformer.train_config import TrainConfig
+
+# Small tensors: one torch thread is as fast, and polite to a shared machine.
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = dict(d_model=16, n_heads=2, d_ff=32, n_layers=1, batch_size=8, valid_size=16,
+            test_size=16, eval_every=3, log_every=2, warmup=4)
+
+
+def test_collate_arrays_is_collate_without_torch():
+    task = get_task("reverse")
+    examples = task.train_batch(0, 5)
+    ours, theirs = task.collate_arrays(examples), task.collate(examples)
+    for name in ("src", "src_mask", "tgt_in", "tgt_mask", "labels"):
+        assert isinstance(getattr(ours, name), np.ndarray)
+        np.testing.assert_array_equal(getattr(ours, name), getattr(theirs, name).numpy())
+
+
+@pytest.mark.parametrize("task_name", ["reverse", "brackets"])
+def test_train_steps_equal_pytorch_train_steps(task_name):
+    """Loss, gradients, clipping, AdamW, weight decay groups, the schedule: three steps of
+    the NumPy loop leave the same weights as tformer.train's (float64, no dropout)."""
+    config = TrainConfig(task=task_name, dropout=0.0, lr=3e-3, warmup=2, clip_grad=0.5, **{
+        k: v for k, v in TINY.items() if k not in ("warmup",)})
+    task = get_task(task_name, 0, 16, 16)
+    torch.manual_seed(0)
+    theirs = torch_train.build_model(config, task).double()
+    ours = numpy_train.build_model(config, task, np.float64)
+    copy_weights(theirs, ours)
+    torch_opt = torch_train.make_optimizer(theirs, config)
+    our_opt = numpy_train.make_optimizer(ours, config)
+    for step in range(3):
+        examples = task.train_batch(step, config.batch_size)
+        lr = torch_train.learning_rate(config, step + 1)
+        loss_t, _ = torch_train.train_step(theirs, torch_opt, task.collate(examples), config, lr)
+        loss_n, _ = numpy_train.train_step(ours, our_opt, task.collate_arrays(examples), config,
+                                           lr, None)
+        assert abs(loss_n - loss_t) <= 1e-12 * abs(loss_t)
+    expected = theirs.state_dict()
+    for key, value in ours.state_dict().items():
+        assert relative_error(value, expected[key]) <= 1e-9, key
+
+
+def test_init_weights_follows_the_pytorch_distributions():
+    config = TrainConfig(task="reverse", d_model=64, d_ff=256)
+    task = get_task("reverse", 0, 16, 16)
+    model = numpy_train.build_model(config, task)
+    numpy_train.init_weights(model, np.random.default_rng(0))
+    torch.manual_seed(0)
+    reference = torch_train.build_model(config, task).state_dict()
+    for key, value in model.state_dict().items():
+        theirs = reference[key].numpy()
+        slack = 6 / np.sqrt(value.size)  # two samples' means and stds: ~4 sigma apart at most
+        assert abs(value.std() - theirs.std()) <= slack * theirs.std() + 1e-6, key
+        assert abs(value.mean() - theirs.mean()) <= slack * theirs.std() + 1e-6, key
+
+
+@pytest.mark.parametrize("task_name", ["reverse", "brackets"])
+def test_numpy_run_directory_loads_in_pytorch_with_the_same_logits(tmp_path, task_name):
+    record = numpy_train.train(TrainConfig(task=task_name, steps=4, out=str(tmp_path), **TINY),
+                               progress=False, log=lambda *a: None)
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines[-1] == record and record["split"] == "test" and record["step"] == 4
+    assert {r["split"] for r in lines} == {"train", "validation", "test"}
+    model, task, config = torch_train.load_run(tmp_path)  # the PyTorch side reads it
+    assert config.task == task_name
+    mirror = numpy_train.build_model(config, task)
+    mirror.load_safetensors(tmp_path / "model.safetensors")
+    batch = task.collate_arrays(task.split("test")[:8])
+    with torch.no_grad():
+        if task.kind == "seq2seq":
+            theirs = model(*(torch.from_numpy(a) for a in (batch.src, batch.tgt_in,
+                                                           batch.src_mask, batch.tgt_mask))).logits
+            ours = mirror(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask).logits
+        else:
+            theirs = model(torch.from_numpy(batch.input_ids),
+                           torch.from_numpy(batch.attention_mask)).logits
+            ours = mirror(batch.input_ids, batch.attention_mask).logits
+    assert_close(ours, theirs, np.float32, what="logits")
+    metrics, _ = torch_train.evaluate(model, task, "test")  # same test metric both sides
+    key = "exact_match" if task.kind == "seq2seq" else "accuracy"
+    assert metrics[key] == record[key]
+
+
+def test_cli_numpy_engine_runs_with_torch_blocked(tmp_path):
+    code = (
+        "import sys; sys.modules['torch'] = None\n"  # any `import torch` now fails
+        "from tformer.cli import main\n"
+        f"sys.exit(main(['train', '--task', 'copy', '--engine', 'numpy', '--steps', '3',"
+        f" '--d-model', '16', '--n-heads', '2', '--d-ff', '32', '--n-layers', '1',"
+        f" '--batch-size', '4', '--valid-size', '8', '--test-size', '8', '--eval-every', '2',"
+        f" '--quiet', '--out', {str(tmp_path)!r}]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "test exact_match" in out.stdout
+    for name in ("config.json", "model.safetensors", "train_config.json", "metrics.jsonl"):
+        assert (tmp_path / name).is_file(), name
+
+
+def test_cli_numpy_engine_refuses_resume(tmp_path, capsys):
+    from tformer.cli import main
+
+    assert main(["train", "--engine", "numpy", "--resume", str(tmp_path)]) == 2
+    assert "numpy engine cannot resume" in capsys.readouterr().err
