@@ -14,7 +14,7 @@ from tformer import TransformerConfig
 from tformer.layers import DecoderLayer as TorchDecoderLayer
 from tformer.layers import EncoderLayer as TorchEncoderLayer
 from tformer.reference.layers import DecoderLayer, EncoderLayer
-from tformer.reference.masks import build_attention_mask
+from tformer.reference.masks import make_mask
 
 # Small tensors: one torch thread is as fast, and polite to a shared machine.
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -35,9 +35,9 @@ def test_encoder_layer_backward_matches_torch(norm_first, activation):
     ours = EncoderLayer(config).astype(np.float64)
     copy_weights(torch_layer, ours)
     x = rng.standard_normal((B, S, 16))
-    mask = build_attention_mask(padding_mask([S, 3, 0], S), None, B, S, S)  # row 2: all padding
+    mask = make_mask(padding_mask([S, 3, 0], S), None, B, S, S)  # row 2: all padding
     tx = torch.from_numpy(x).requires_grad_()
-    out, _ = torch_layer(tx, torch.from_numpy(mask))
+    out, _ = torch_layer(tx, torch.from_numpy(mask.allowed))
     g = rng.standard_normal(out.shape)
     (out * torch.from_numpy(g)).sum().backward()
     y, _, cache = ours.forward_train(x, mask)
@@ -55,10 +55,10 @@ def test_decoder_layer_backward_matches_torch(norm_first):
     ours = DecoderLayer(config).astype(np.float64)
     copy_weights(torch_layer, ours)
     x, memory = rng.standard_normal((B, T, 16)), rng.standard_normal((B, S, 16))
-    self_mask = build_attention_mask(padding_mask([T, 2, 4], T), None, B, T, T, causal=True)
-    memory_mask = build_attention_mask(padding_mask([S, 3, 0], S), None, B, T, S)  # row 2: empty
+    self_mask = make_mask(padding_mask([T, 2, 4], T), None, B, T, T, causal=True)
+    memory_mask = make_mask(padding_mask([S, 3, 0], S), None, B, T, S)  # row 2: empty
     tx, tm = torch.from_numpy(x).requires_grad_(), torch.from_numpy(memory).requires_grad_()
-    out = torch_layer(tx, tm, torch.from_numpy(self_mask), torch.from_numpy(memory_mask)).hidden
+    out = torch_layer(tx, tm, torch.from_numpy(self_mask.allowed), torch.from_numpy(memory_mask.allowed)).hidden
     g = rng.standard_normal(out.shape)
     (out * torch.from_numpy(g)).sum().backward()
     y, cache = ours.forward_train(x, memory, self_mask, memory_mask)

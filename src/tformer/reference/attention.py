@@ -52,13 +52,14 @@ def scaled_dot_product_attention_train(q, k, v, mask=None, dropout_p: float = 0.
 
     Shape: as scaled_dot_product_attention; returns out (B, H, T, Dh), weights, cache.
     """
+    mask = as_mask(mask)
     root = math.sqrt(q.shape[-1])
     scores = q @ k.swapaxes(-2, -1) / root  # (B, H, T, S)
     if mask is not None:
-        scores = np.where(mask, scores, np.finfo(scores.dtype).min)
+        scores = np.where(mask.allowed, scores, np.finfo(scores.dtype).min)
     weights = softmax(scores, axis=-1)  # (B, H, T, S)
     if mask is not None:
-        weights = np.where(mask.any(axis=-1, keepdims=True), weights, 0.0).astype(q.dtype)
+        weights = np.where(mask.attends_nothing, 0.0, weights).astype(q.dtype)
     keep = None
     dropped = weights
     if rng is not None and dropout_p > 0:

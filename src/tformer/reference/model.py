@@ -244,7 +244,7 @@ class Encoder(Module):
         x = _one_input(x, input_ids)
         h, embed_cache = self.embed_train(x, token_type_ids, rng)  # (B, S, D)
         b, s, _ = h.shape
-        mask = build_attention_mask(attention_mask, attn_mask, b, s, s)
+        mask = make_mask(attention_mask, attn_mask, b, s, s)
         layer_caches = []
         for layer in self.layers:
             h, _, layer_cache = layer.forward_train(h, mask, rng)
@@ -252,17 +252,21 @@ class Encoder(Module):
         norm_cache = None
         if self.final_norm is not None:
             h, norm_cache = self.final_norm.forward_train(h)
+        if mask is not None:
+            h = mask.zero_padding(h)  # (B, S, D), zeros at padding as in forward
         pooled = np.tanh(self.pooler(h[:, 0])) if self.pooler is not None else None  # (B, D)
-        cache = (embed_cache, layer_caches, norm_cache, h, pooled)
-        return EncoderOutput(h, pooler_output=pooled), cache
+        cache = (embed_cache, layer_caches, norm_cache, h, pooled, mask)
+        return EncoderOutput(h, pooler_output=pooled, mask=mask), cache
 
     def backward(self, dh, cache, grads: dict, prefix: str = "", dpooled=None):
         """Shape: dh (B, S, D) [, dpooled (B, D)] -> d(input embeddings) or None (token ids)."""
-        embed_cache, layer_caches, norm_cache, h, pooled = cache
+        embed_cache, layer_caches, norm_cache, h, pooled, mask = cache
         if dpooled is not None:
             dpre = dpooled * (1.0 - pooled * pooled)  # tanh' = 1 - tanh^2
             dh = dh.copy()
             dh[:, 0] += self.pooler.backward(dpre, h[:, 0], grads, prefix + "pooler.")
+        if mask is not None:
+            dh = mask.zero_padding(dh)  # the zeros at padding are constants: no gradient there
         if self.final_norm is not None:
             dh = self.final_norm.backward(dh, norm_cache, grads, prefix + "final_norm.")
         for i in reversed(range(len(self.layers))):
@@ -370,8 +374,8 @@ class Decoder(Module):
         memory = np.asarray(memory)
         check_embeddings(memory, c.d_model, "memory")
         b, t, _ = h.shape
-        self_mask = build_attention_mask(attention_mask, None, b, t, t, causal=True)
-        memory_mask = build_attention_mask(memory_attention_mask, None, b, t, memory.shape[1])
+        self_mask = make_mask(attention_mask, None, b, t, t, causal=True)
+        memory_mask = make_mask(memory_attention_mask, None, b, t, memory.shape[1])
         layer_caches = []
         for layer in self.layers:
             h, layer_cache = layer.forward_train(h, memory, self_mask, memory_mask, rng)
@@ -543,15 +547,15 @@ class EncoderClassifier(Module):
         """
         out, enc_cache = self.encoder.forward_train(x, attention_mask,
                                                     token_type_ids=token_type_ids, rng=rng)
-        h = out.last_hidden_state  # (B, S, D)
+        h = out.last_hidden_state  # (B, S, D), zeros at padding
         w = None
         if self.config.pooling == "cls":
             pooled = h[:, 0]  # (B, D)
-        elif attention_mask is None:
+        elif out.mask is None or out.mask.padding is None:
             pooled = h.mean(axis=1)
-        else:
-            w = as_bool(attention_mask, "attention_mask").astype(h.dtype)[..., None]  # (B, S, 1)
-            pooled = (h * w).sum(axis=1) / np.maximum(w.sum(axis=1), 1.0)
+        else:  # mean over real tokens: padded positions are zeros, so a plain sum is theirs
+            w = out.mask.padding.astype(h.dtype)[..., None]  # (B, S, 1)
+            pooled = h.sum(axis=1) / np.maximum(w.sum(axis=1), 1.0)
         return self.head(pooled), (enc_cache, h.shape, w, pooled)
 
     def backward(self, dlogits, cache, grads: dict, prefix: str = ""):
