@@ -122,6 +122,19 @@ def test_seq2seq_run_page_has_encoder_decoder_and_cross_attention(capsys, tmp_pa
     assert (np.array(dec_self["weights"])[..., causal] == 0).all()  # nothing attends to the future
 
 
+def test_classification_run_page_has_the_encoders_attention(capsys, tmp_path):
+    run = tmp_path / "brackets"
+    assert main(["train", "--task", "brackets", "--steps", "2", "--out", str(run), *TINY]) == 0
+    rc, _, err = _run(capsys, "attention", run, "( [ ] )", "--html", tmp_path / "b.html")
+    assert rc == 0 and "1 kind of attention, 2 layers x 2 heads, 5 tokens" in err
+    (group,) = read_page_data(tmp_path / "b.html")["groups"]
+    assert group["queries"] == group["keys"] == ["<bos>", "(", "[", "]", ")"]
+    model, task, _ = load_run(run)
+    with torch.no_grad():
+        out = model(torch.tensor([[BOS] + task.tokenizer.encode("( [ ] )")]), output_attentions=True)
+    np.testing.assert_allclose(np.array(group["weights"]), _stack(out.attentions), rtol=0, atol=1e-6)
+
+
 def test_bad_arguments(capsys, tmp_path, reverse_run):
     def error(*argv):
         rc, _, err = _run(capsys, "attention", *argv)
