@@ -26,7 +26,7 @@ test-all: setup  ## everything, slow tests included (installs Chromium for the b
 		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 		$$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	fi
-	$(PY) -m pytest -m ""
+	TFORMER_REQUIRE_BROWSER=1 $(PY) -m pytest -m ""
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks

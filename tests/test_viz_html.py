@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -94,6 +95,8 @@ def browser_report(page, tmp_path, screenshot=None) -> dict:
     """Open `page` in headless Chromium: the report its script wrote (and a screenshot)."""
     browser = _browser()
     if browser is None:
+        if os.environ.get("TFORMER_REQUIRE_BROWSER"):  # `make test-all` installed one: it must run
+            pytest.fail(f"TFORMER_REQUIRE_BROWSER is set but none of {BROWSERS} is on PATH")
         pytest.skip("no Chromium installed (apt-get install chromium; `make test-all` does)")
     dom = _chromium(browser, tmp_path, "--dump-dom", page.as_uri()).stdout
     found = re.search(r'<pre id="report"[^>]*>(.*?)</pre>', dom, re.S)
