@@ -44,6 +44,7 @@ class AttentionMaps:
     queries: Sequence[str]
     keys: Sequence[str]
     weights: Any
+    note: str = ""  # shown under the pickers, e.g. what the rows of a decoder map are
 
     def __post_init__(self) -> None:
         w = self.weights
@@ -65,6 +66,7 @@ class AttentionMaps:
             "queries": [str(t) for t in self.queries],
             "keys": [str(t) for t in self.keys],
             "weights": np.round(self.weights, DECIMALS).tolist(),  # L x H x Tq x Tk
+            "note": self.note,
         }
 
 

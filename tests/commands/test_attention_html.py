@@ -102,6 +102,7 @@ def test_seq2seq_run_page_has_encoder_decoder_and_cross_attention(capsys, tmp_pa
     assert enc["queries"] == enc["keys"] == ["3", "1", "4", "1", "5", "<eos>"]
     assert cross["keys"] == enc["keys"] and cross["queries"] == dec_self["queries"] == dec_self["keys"]
     assert dec_self["queries"][0] == "<bos>"
+    assert enc["note"] == "" and "row t predicts token t + 1" in cross["note"]  # shown on the page
 
     # The same numbers, computed here directly from the run.
     model, task, _ = load_run(reverse_run)

@@ -72,10 +72,19 @@ def run_maps(run_dir: str | Path, text: str) -> list[AttentionMaps]:
         tgt_in = [BOS] + [i for i in generated if i != EOS]  # (T,): <bos> + the output
         dec = model.decode(torch.tensor([tgt_in]), enc.last_hidden_state, output_attentions=True)
     tgt_names = [vocab[i] for i in tgt_in]
+    rows = "Rows are the decoder's inputs: <bos>, then the greedy output; row t predicts token t + 1."
     return [
         AttentionMaps("encoder self-attention", names, names, _stack(enc.attentions)),
-        AttentionMaps("decoder self-attention", tgt_names, tgt_names, _stack(dec.decoder_attentions)),
-        AttentionMaps("decoder cross-attention", tgt_names, names, _stack(dec.cross_attentions)),
+        AttentionMaps(
+            "decoder self-attention", tgt_names, tgt_names, _stack(dec.decoder_attentions), rows + " Causal."
+        ),
+        AttentionMaps(
+            "decoder cross-attention",
+            tgt_names,
+            names,
+            _stack(dec.cross_attentions),
+            rows + " Keys: the source.",
+        ),
     ]
 
 
