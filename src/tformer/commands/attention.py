@@ -50,9 +50,14 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.out is not None and not args.out.lower().endswith(".png"):
         raise ValueError(f"--out: expected a .png file name, got {args.out!r}")
-    if args.html is not None:
-        from tformer.commands._attention_html import write_html
+    from tformer.commands._attention_html import is_run_dir, write_html
 
+    if args.out is not None and is_run_dir(args.model_dir):
+        raise ValueError(
+            f"--out: expected a BERT-format MODEL_DIR, got the run directory {args.model_dir}; "
+            "draw a run with --html"
+        )
+    if args.html is not None:
         print(write_html(args), file=sys.stderr)
         if args.out is None:
             return 0
