@@ -17,8 +17,16 @@ $(STAMP): pyproject.toml
 test: setup  ## the default suite (what CI runs)
 	$(PY) -m pytest
 
-test-all: setup  ## everything, slow tests included
-	$(PY) -m pytest -m ""
+# The attention page's browser test needs Chromium (Debian's package); it skips without one.
+CHROMIUM := $(firstword $(shell command -v chromium chromium-browser 2>/dev/null))
+
+test-all: setup  ## everything, slow tests included (installs Chromium for the browser test)
+	@if [ -z "$(CHROMIUM)" ]; then \
+		echo "installing chromium (apt-get) for the attention page's browser test"; \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	fi
+	TFORMER_REQUIRE_BROWSER=1 $(PY) -m pytest -m ""
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -2,6 +2,8 @@
 
 A grid of heatmaps, one row per layer and one column per head, with the text's tokens
 on both axes (queries down, keys across); ``--layer``/``--head`` keep one row/column.
+``--html attn.html`` writes the interactive page instead (or as well): see
+``tformer.commands._attention_html``, which also reads run directories of `tformer train`.
 """
 
 from __future__ import annotations
@@ -11,15 +13,28 @@ import sys
 
 from tformer.commands._pretrained import add_model_arguments, one_line_warnings
 
-HELP = "draw a model's attention weights for a text (layers x heads heatmaps) to a PNG"
+HELP = (
+    "draw a model's attention weights for a text: layers x heads heatmaps to a PNG (--out), "
+    "or an interactive HTML page (--html)"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser, batch=False)
     parser.add_argument("text", metavar="TEXT", help="the text to look at")
-    parser.add_argument("--out", required=True, help="the PNG file to write")
-    parser.add_argument("--layer", type=int, default=None, help="only this layer (from 0)")
-    parser.add_argument("--head", type=int, default=None, help="only this head (from 0)")
+    parser.add_argument("--out", default=None, help="the PNG file to write")
+    parser.add_argument(
+        "--html",
+        default=None,
+        help="the interactive page to write: one self-contained HTML file (layer and head pickers, "
+        "hover a token, all heads at a glance); MODEL_DIR may also be a run directory of `tformer train`",
+    )
+    parser.add_argument(
+        "--layer", type=int, default=None, help="only this layer (from 0); --html: the layer shown first"
+    )
+    parser.add_argument(
+        "--head", type=int, default=None, help="only this head (from 0); --html: the head shown first"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,8 +44,23 @@ def run(args: argparse.Namespace) -> int:
     from tformer.tokenizer import load_tokenizer
     from tformer.viz import plot_attention, save_figure
 
-    if not args.out.lower().endswith(".png"):
+    if args.out is None and args.html is None:
+        raise ValueError(
+            "--out/--html: expected a PNG file (--out), an HTML file (--html) or both, got neither"
+        )
+    if args.out is not None and not args.out.lower().endswith(".png"):
         raise ValueError(f"--out: expected a .png file name, got {args.out!r}")
+    from tformer.commands._attention_html import is_run_dir, write_html
+
+    if args.out is not None and is_run_dir(args.model_dir):
+        raise ValueError(
+            f"--out: expected a BERT-format MODEL_DIR, got the run directory {args.model_dir}; "
+            "draw a run with --html"
+        )
+    if args.html is not None:
+        print(write_html(args), file=sys.stderr)
+        if args.out is None:
+            return 0
     with one_line_warnings("attention"):
         model = from_pretrained(args.model_dir, allow_pickle=args.allow_pickle)
         n_layers, n_heads = model.config.n_layers, model.config.n_heads

@@ -1,0 +1,51 @@
+"""The tour (docs/tour*.md) runs: every python block executes, and prints what the doc shows."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+_spec = importlib.util.spec_from_file_location("tour_runner", DOCS / "tour_runner.py")
+tour_runner = importlib.util.module_from_spec(_spec)
+sys.modules["tour_runner"] = tour_runner  # its dataclass looks itself up there
+_spec.loader.exec_module(tour_runner)
+
+
+def test_there_is_a_tour():
+    assert tour_runner.tour_files(), f"no tour*.md in {DOCS}"
+
+
+@pytest.mark.parametrize("path", tour_runner.tour_files(), ids=lambda p: p.name)
+def test_tour_code_runs_and_prints_what_it_shows(path, tmp_path, monkeypatch, one_thread):
+    monkeypatch.chdir(tmp_path)  # a block that writes a file writes it here
+    checked = 0
+    for block, printed in tour_runner.run(path):
+        if block.output is not None:
+            assert tour_runner.same(block.output, printed), (
+                f"{path.name}:{block.line}: the block printed\n{printed}\nbut the doc shows\n{block.output}\n"
+                "(PYTHONPATH=src python docs/tour_runner.py --update rewrites the outputs)"
+            )
+            checked += 1
+    assert checked > 0
+
+
+def test_tour_pictures_and_links_exist():
+    for path in tour_runner.tour_files():
+        text = path.read_text()
+        for target in re.findall(r"\]\(([^)#\s]+)\)", text):
+            if not target.startswith(("http://", "https://")):
+                assert (path.parent / target).exists(), f"{path.name}: broken link {target}"
+    readme = (DOCS.parent / "README.md").read_text()
+    assert "docs/tour.md" in readme
+
+
+def test_blocks_pairs_code_with_the_output_right_after_it():
+    text = "a\n```python\nprint(1)\n```\n\n```text\n1\n```\n```python\nx = 2\n```\ntext\n```text\n2\n```\n"
+    first, second = tour_runner.blocks(text)
+    assert (first.code, first.line, first.output) == ("print(1)\n", 3, "1\n")
+    assert (second.code, second.output) == ("x = 2\n", None)  # prose between: not its output
