@@ -12,7 +12,7 @@ from test_viz_html import browser_report
 
 from tformer.cli import main
 from tformer.generate import generate
-from tformer.pretrained import from_pretrained
+from tformer.model import from_pretrained
 from tformer.tasks.tokenizer import BOS, EOS
 from tformer.tokenizer import load_tokenizer
 from tformer.train import load_run

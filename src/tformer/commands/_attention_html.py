@@ -24,7 +24,7 @@ def bert_maps(args: argparse.Namespace) -> list[AttentionMaps]:
     import torch
 
     from tformer.commands._pretrained import one_line_warnings
-    from tformer.pretrained import from_pretrained
+    from tformer.model import from_pretrained
     from tformer.tokenizer import load_tokenizer
 
     with one_line_warnings("attention"):
