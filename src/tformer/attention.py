@@ -144,7 +144,7 @@ class MultiHeadAttention(nn.Module):
     def _packed_self_attention(self, qkv: Tensor, packing: Packing, dropout_p: float) -> Tensor:
         """Attention within each sequence of a packed batch, one call per group of equal lengths.
 
-        Shape: qkv (N, 3D) -> (N, D)
+        Shape: qkv (rows, 3D) -> (rows, D): N real tokens, then zero rows (see Packing)
         """
         outputs, start = [], 0
         for length, count in packing.groups:
@@ -153,4 +153,5 @@ class MultiHeadAttention(nn.Module):
             out, _ = scaled_dot_product_attention(q, k, v, None, dropout_p)  # (count, H, L, Dh)
             outputs.append(out.transpose(1, 2).reshape(count * length, self.d_model))
             start += count * length
-        return outputs[0] if len(outputs) == 1 else torch.cat(outputs)  # (N, D)
+        out = outputs[0] if len(outputs) == 1 else torch.cat(outputs)  # (N, D)
+        return packing.pad_rows(out)  # (rows, D)

@@ -147,6 +147,9 @@ def linear(x: Tensor, layer: nn.Linear, activation: str | None = None,
     Shape: x (..., in) -> (..., out); residual (..., out)
     """
     w, b = layer.weight, layer.bias
+    if w.dtype == torch.bfloat16 and x.dtype == torch.float32:  # precision "bf16" (model.py)
+        y = _bf16_linear(x, layer, activation)  # fp32 result: the residual stream stays fp32
+        return y if residual is None else y + residual
     if why_not_onednn(x, w) is None and x.numel():
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w, b)):
             y = _OneDNNLinear.apply(x, w, b)  # autograd: the fused epilogues have no backward
@@ -160,6 +163,20 @@ def linear(x: Tensor, layer: nn.Linear, activation: str | None = None,
     if activation is not None:
         y = ACTIVATIONS[activation][0](y)
     return y if residual is None else y + residual
+
+
+def _bf16_linear(x: Tensor, layer: nn.Linear, activation: str | None) -> Tensor:
+    """bf16 weights, fp32 activations: multiply bf16 values, return fp32.
+
+    Shape: x (..., in) float32 -> (..., out) float32
+    """
+    xb = x.to(torch.bfloat16)
+    if _ONEDNN_BF16 or x.device.type != "cpu":
+        return linear(xb, layer, activation).float()  # bf16 units multiply, accumulating in fp32
+    # No bf16 instructions: the same bf16 values multiplied in fp32 beat emulated bf16 here.
+    b = None if layer.bias is None else layer.bias.float()
+    y = F.linear(xb.float(), layer.weight.float(), b)
+    return y if activation is None else ACTIVATIONS[activation][0](y)
 
 
 # Attention ------------------------------------------------------------------------------------

@@ -81,12 +81,19 @@ def as_bool(mask: Tensor, name: str) -> Tensor:
     return mask != 0
 
 
+# Packed row counts are rounded up to this: oneDNN keeps a primitive (with its reordered
+# weights) per distinct row count, so exact counts would grow memory with every new batch.
+PACK_ROWS_MULTIPLE = 64
+
+
 @dataclass(frozen=True)
 class Packing:
     """Where the real tokens of a padded batch are, for running the layers on them only.
 
     Sequences are sorted by length, so each group of equal lengths is one contiguous
     (count * length, D) block of the packed tokens that attention processes as a batch.
+    The packed tensor has ``rows`` >= N rows: the real tokens, then zero rows up to a
+    multiple of PACK_ROWS_MULTIPLE (they stay out of attention and are dropped on unpacking).
 
     Shape: index (N,) into the flattened (B * S) positions, in sorted-sequence order
     """
@@ -96,14 +103,24 @@ class Packing:
     batch: int
     seq: int
 
+    @property
+    def rows(self) -> int:
+        n = self.index.numel()
+        return -(-n // PACK_ROWS_MULTIPLE) * PACK_ROWS_MULTIPLE
+
+    def pad_rows(self, x: Tensor) -> Tensor:
+        """(N, D) -> (rows, D) with zero rows appended."""
+        extra = self.rows - x.size(0)
+        return x if extra == 0 else torch.cat([x, x.new_zeros(extra, x.size(-1))])
+
     def pack(self, h: Tensor) -> Tensor:
-        """(B, S, D) -> (N, D): the real tokens only."""
-        return h.reshape(self.batch * self.seq, h.size(-1))[self.index]
+        """(B, S, D) -> (rows, D): the real tokens, then zero rows."""
+        return self.pad_rows(h.reshape(self.batch * self.seq, h.size(-1))[self.index])
 
     def unpack(self, x: Tensor) -> Tensor:
-        """(N, D) -> (B, S, D), zeros at padded positions."""
+        """(rows, D) -> (B, S, D), zeros at padded positions."""
         out = x.new_zeros(self.batch * self.seq, x.size(-1))
-        out[self.index] = x
+        out[self.index] = x[: self.index.numel()]
         return out.view(self.batch, self.seq, x.size(-1))
 
 

@@ -83,9 +83,13 @@ class SentenceEncoder:
         directory: str | Path,
         allow_pickle: bool = False,
         max_length: int | None = None,
-        dtype: torch.dtype | None = None,
+        dtype: torch.dtype | str | None = None,
     ) -> SentenceEncoder:
-        """Model, tokenizer, pooling and normalisation as the directory describes them."""
+        """Model, tokenizer, pooling and normalisation as the directory describes them.
+
+        ``dtype``: "fp32" or "bf16" (bf16 matrix multiplies, fp32 everything else: see
+        ``tformer.model.to_precision``), or a torch dtype for every parameter.
+        """
         layout = read_layout(directory)
         model = from_pretrained(directory, allow_pickle=allow_pickle, dtype=dtype)
         tokenizer = load_tokenizer(directory, max_length=max_length)
@@ -144,6 +148,6 @@ class SentenceEncoder:
                 emb = pool(enc.last_hidden_state, enc.mask, self.pooling)  # (b, dim)
                 if self.normalize if normalize is None else normalize:
                     emb = torch.nn.functional.normalize(emb, p=2.0, dim=-1)
-                out[idx] = emb.float().cpu().numpy()
+                out[idx] = emb.float().cpu().numpy()  # pooled in the residual stream's dtype
                 bar.update(len(idx))
         return out

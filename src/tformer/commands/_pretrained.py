@@ -32,15 +32,23 @@ def add_model_arguments(parser: argparse.ArgumentParser, batch: bool = True) -> 
     parser.add_argument(
         "--max-length", type=int, default=None, help="truncate to fewer tokens than the model allows"
     )
-    if batch:
-        parser.add_argument("--batch-size", type=int, default=32, help="texts per batch (32)")
+    if not batch:  # attention maps: fp32 only
+        return
+    parser.add_argument(
+        "--dtype", choices=["fp32", "bf16"], default="fp32",
+        help="inference precision: fp32, or bf16 matrix multiplies with fp32 norms, softmax, "
+        "residual stream and pooling (cosine >= 0.9999 to fp32; faster only on CPUs with "
+        "avx512_bf16 or AMX)",
+    )
+    parser.add_argument("--batch-size", type=int, default=32, help="texts per batch (32)")
 
 
 def load_sentence_encoder(args: argparse.Namespace):
     from tformer.sentence import SentenceEncoder
 
     return SentenceEncoder.from_pretrained(
-        args.model_dir, allow_pickle=args.allow_pickle, max_length=args.max_length
+        args.model_dir, allow_pickle=args.allow_pickle, max_length=args.max_length,
+        dtype=args.dtype,
     )
 
 

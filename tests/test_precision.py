@@ -1,0 +1,70 @@
+"""Inference precisions (tformer.model.to_precision): bf16 matrix multiplies, fp32 elsewhere.
+
+Tolerances: bf16 vs fp32 sentence embeddings min cosine >= 0.9999 (the issue's bar; measured
+0.99996 on the real all-MiniLM-L6-v2, see README); the kernel without bf16 instructions equals
+a float64 product of the same bf16-rounded values to 1e-5.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hf_bert_fixtures import SENTENCES, st_dir
+
+from tformer import kernels
+from tformer.cli import main
+from tformer.model import Encoder, to_precision
+from tformer.sentence import SentenceEncoder
+
+
+def test_bf16_precision_keeps_norms_embeddings_and_outputs_in_fp32(tiny_config):
+    model = to_precision(Encoder(tiny_config.replace(norm_first=True, final_norm=True)), "bf16")
+    for name, p in model.named_parameters():
+        in_kernel_linear = (".self_attn." in name or ".ffn." in name)
+        assert p.dtype == (torch.bfloat16 if in_kernel_linear else torch.float32), name
+    ids = torch.randint(0, tiny_config.vocab_size, (3, 9))
+    mask = torch.ones(3, 9, dtype=torch.bool)
+    mask[1, 4:] = False
+    with torch.no_grad():
+        out = model(ids, mask).last_hidden_state
+    assert out.dtype == torch.float32 and not out[~mask].any()
+    assert to_precision(model, "fp32").layers[0].ffn.up.weight.dtype == torch.float32
+
+
+@pytest.mark.parametrize("has_bf16_units", [False, True])
+def test_bf16_linear_multiplies_the_rounded_values(monkeypatch, has_bf16_units):
+    """Either kernel computes x_bf16 @ W_bf16^T (+ b) with float accumulation, returned in fp32."""
+    monkeypatch.setattr(kernels, "_ONEDNN_BF16", has_bf16_units and kernels._ONEDNN_BF16)
+    layer = torch.nn.Linear(48, 40).to(torch.bfloat16)
+    x = torch.randn(5, 7, 48)
+    with torch.no_grad():
+        y = kernels.linear(x, layer, "gelu", residual=torch.ones(5, 7, 40))
+        layer.requires_grad_(False)
+    expected = torch.nn.functional.gelu(
+        x.bfloat16().double() @ layer.weight.double().t() + layer.bias.double()) + 1
+    assert y.dtype == torch.float32
+    tol = 1e-5 if not kernels._ONEDNN_BF16 else 2e-2  # bf16 units round their result to bf16
+    assert float((y.double() - expected).abs().max()) <= tol
+
+
+def test_sentence_encoder_bf16_is_close_to_fp32():
+    fp32 = SentenceEncoder.from_pretrained(st_dir("mean", True)).encode(SENTENCES)
+    bf16 = SentenceEncoder.from_pretrained(st_dir("mean", True), dtype="bf16").encode(SENTENCES)
+    cos = (fp32 * bf16).sum(axis=1)  # both L2-normalised
+    assert bf16.dtype == np.float32
+    assert cos.min() >= 0.9999, f"min cosine {cos.min():.6f} < 0.9999"
+
+
+def test_unknown_precision_is_refused(tiny_config):
+    with pytest.raises(ValueError, match="dtype: expected one of fp32, bf16, got 'int4'"):
+        to_precision(Encoder(tiny_config), "int4")
+
+
+def test_cli_embed_dtype_bf16(tmp_path):
+    base = ["embed", str(st_dir("mean", True)), *SENTENCES]
+    assert main([*base, "--out", str(tmp_path / "fp32.npy")]) == 0
+    assert main([*base, "--dtype", "bf16", "--out", str(tmp_path / "bf16.npy")]) == 0
+    fp32, bf16 = np.load(tmp_path / "fp32.npy"), np.load(tmp_path / "bf16.npy")
+    assert fp32.shape == bf16.shape == (len(SENTENCES), 32)
+    assert (fp32 * bf16).sum(axis=1).min() >= 0.9999
