@@ -26,6 +26,8 @@ COMMANDS = [
 
 # Mistakes a user can make (bad file, bad option value): one line, no traceback.
 USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, KeyError)
+# The machine refusing (full disk, read-only folder, permissions): one line too.
+OS_ERRORS = (OSError,)
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -66,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"tformer {args.command}: error: {msg}", file=sys.stderr)
         return 2
+    except OS_ERRORS as e:
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"tformer {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"tformer {args.command}: interrupted", file=sys.stderr)
         return 130

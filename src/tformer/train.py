@@ -3,13 +3,16 @@
     metrics = train(resolve_config({"task": "reverse"}))
 
 A run directory holds everything about one run:
-    config.json            the model's TransformerConfig
-    model.safetensors      weights
-    optimizer.safetensors  AdamW moments + the torch RNG state (tensors, no pickle)
-    trainer_state.json     step, schedule, wall time: everything else needed to resume
-    train_config.json      the TrainConfig
+    checkpoints/step-N/    one checkpoint, published whole (see tformer.checkpoint):
+        config.json            the model's TransformerConfig
+        model.safetensors      weights
+        optimizer.safetensors  AdamW moments + the torch RNG state (tensors, no pickle)
+        trainer_state.json     step, schedule, wall time: everything else needed to resume
+        train_config.json      the TrainConfig
+    checkpoints/latest     the name of the newest checkpoint
     metrics.jsonl          one JSON object per line; the last one is the test result
     curves.png             loss and accuracy against steps
+    .tformer-run.lock      held (flock) while a process trains here (see tformer.rundir)
 
 Resuming is bit-for-bit: the batch for step k depends only on (seed, k), dropout draws
 from the restored RNG, and the optimizer moments are restored exactly; so training
@@ -20,6 +23,7 @@ as the schedule does not depend on the total: cosine does, inverse_sqrt does not
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 import sys
@@ -39,15 +43,17 @@ from tformer.checkpoint import (
     save_checkpoint,
 )
 from tformer.config import POOLINGS, TransformerConfig, check_known_keys
+from tformer.files import write_atomic
 from tformer.generate import generate
 from tformer.model import EncoderClassifier, Seq2SeqTransformer
+from tformer.rundir import open_run_dir, resume_metrics
 from tformer.tasks import TASKS, Example, Task, get_task
 from tformer.tasks.tokenizer import PAD
 
 SCHEDULES = ("inverse_sqrt", "cosine")
 # Options that may differ when resuming; changing any other would make the resumed run
 # a different experiment than the one its checkpoint started.
-RESUMABLE = ("steps", "eval_every", "log_every", "threads", "max_minutes", "out")
+RESUMABLE = ("steps", "eval_every", "log_every", "threads", "max_minutes", "out", "keep")
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,7 @@ class TrainConfig:
     threads: int | None = None  # torch threads; None = torch's default
     max_minutes: float | None = None  # stop training after this long (then test)
     out: str | None = None  # run directory; None = a new folder under runs/
+    keep: int = 1  # checkpoints kept in the run directory (the newest ones)
     # Model size (the rest of TransformerConfig keeps its defaults).
     d_model: int = 64
     n_heads: int = 4
@@ -96,8 +103,13 @@ class TrainConfig:
             ]
             if isinstance(value, bool) != (want is bool) or not isinstance(value, want):
                 raise TypeError(f"{f.name}: expected {str(f.type)}, got {value!r}")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{f.name}: expected a finite number, got {value}")
         positive = ("steps", "batch_size", "eval_every", "log_every", "valid_size", "test_size",
-                    "d_model", "n_heads", "d_ff", "n_layers", "n_decoder_layers", "threads")
+                    "d_model", "n_heads", "d_ff", "n_layers", "n_decoder_layers", "threads",
+                    "keep")
         for name in positive:
             value = getattr(self, name)
             if value is not None and value <= 0:
@@ -177,12 +189,12 @@ def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
 def resume_config(run_dir: str | Path, *layers: dict[str, Any]) -> TrainConfig:
     """The saved TrainConfig of `run_dir` with `layers` applied; only RESUMABLE options may
     change (the others define the experiment being continued)."""
-    run_dir = check_run_dir(run_dir)
-    saved = TrainConfig(**json.loads((run_dir / "train_config.json").read_text()))
+    saved_dir = check_run_dir(run_dir)  # the newest checkpoint's files
+    saved = TrainConfig(**json.loads((saved_dir / "train_config.json").read_text()))
     changes: dict[str, Any] = {}
     for layer in layers:
         changes.update(layer)
-    changes["out"] = str(run_dir)
+    changes["out"] = str(Path(run_dir))
     check_known_keys(changes, TrainConfig)
     for name, value in changes.items():
         if name not in RESUMABLE and value != getattr(saved, name):
@@ -366,31 +378,34 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
 
     resume: continue the run in `config.out` from its checkpoint.
     """
-    from tqdm import tqdm
-
-    started = time.perf_counter()
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     run_dir = Path(config.out) if config.out else new_run_dir(config.task)
-    if resume:
-        check_run_dir(run_dir)
-    elif (run_dir / "model.safetensors").exists():
-        raise ValueError(
-            f"out: {run_dir} already holds a checkpoint; resume it with --resume {run_dir} "
-            "or choose another --out"
-        )
-    run_dir.mkdir(parents=True, exist_ok=True)
     config = config.replace(out=str(run_dir))
-    metrics_path = run_dir / "metrics.jsonl"
-    if not resume:
-        metrics_path.unlink(missing_ok=True)  # a fresh run starts a fresh log
     task = get_task(config.task, config.seed, config.valid_size, config.test_size)
     torch.manual_seed(config.seed)
     model = build_model(config, task)
     optimizer = make_optimizer(model, config)
+    # Only now, with a valid model, touch the disk: check, create and lock the run dir.
+    with open_run_dir(run_dir, resume):  # locked until training ends, however it ends
+        return _train(config, task, model, optimizer, resume, progress, log)
+
+
+def _train(config: TrainConfig, task: Task, model: nn.Module, optimizer: torch.optim.Optimizer,
+           resume: bool, progress: bool, log) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    started = time.perf_counter()
+    run_dir = Path(config.out)
+    metrics_path = run_dir / "metrics.jsonl"
     state: dict[str, Any] = {"step": 0, "wall_seconds": 0.0, "schedule": config.schedule}
     if resume:
         state = load_training_state(run_dir, model, optimizer)
+        finished = resume_metrics(metrics_path, state, config.steps)
+        if finished is not None:
+            log(f"{run_dir} already finished at step {state['step']}; its test result:")
+            log(_summary(finished, main_metric(task)))
+            return finished
     n_params = sum(p.numel() for p in model.parameters())
     log(f"task {task.name}: {task.description}; {n_params:,} parameters; run dir {run_dir}")
     baseline = task.majority_baseline()["accuracy"] if task.kind == "classification" else None
@@ -417,6 +432,12 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
         lr = learning_rate(config, state["step"] + 1)
         loss, acc = train_step(model, optimizer, batch, config, lr)
         state["step"] += 1
+        if not math.isfinite(loss):
+            bar.close()
+            raise ValueError(
+                f"loss: expected a finite number, got {loss} at step {state['step']} (lr {lr:.3g});"
+                f" stopped, keeping the last good checkpoint in {run_dir}; try a lower --lr"
+            )
         meter.add(loss, acc, batch.n_tokens())
         bar.update(1)
         if state["step"] % config.log_every == 0 or state["step"] == config.steps:
@@ -432,14 +453,14 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
             bar.write(f"step {state['step']}: validation {key} {valid[key]:.4f} "
                       f"loss {valid['loss']:.4f}")
             state["wall_seconds"] = wall()
-            save_checkpoint(run_dir, model, optimizer, config, state)
+            save_checkpoint(run_dir, model, optimizer, config, state, keep=config.keep)
             if config.early_stop is not None and valid[key] >= config.early_stop:
                 stop_reason = "early_stop"
                 break
     bar.close()
     state["wall_seconds"] = wall()
     state["stopped_by"] = stop_reason
-    save_checkpoint(run_dir, model, optimizer, config, state)
+    save_checkpoint(run_dir, model, optimizer, config, state, keep=config.keep)
 
     test, preds = evaluate(model, task, "test")
     record = {"split": "test", "task": task.name, "step": state["step"], **test,
@@ -526,5 +547,7 @@ def plot_curves(metrics_path: Path, png_path: Path, key: str) -> None:
     ax2.set(xlabel="step", ylabel="accuracy", ylim=(0, 1.02), title="accuracy")
     ax2.legend(loc="lower right")
     fig.tight_layout()
-    fig.savefig(png_path, dpi=100)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
     plt.close(fig)
+    write_atomic(png_path, buffer.getvalue())
