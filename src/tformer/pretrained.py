@@ -14,7 +14,6 @@ only, unless ``allow_pickle=True`` lets a ``pytorch_model.bin`` through, and the
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch
@@ -24,7 +23,7 @@ from safetensors.torch import save as st_save
 from tformer.config import TransformerConfig
 from tformer.convert import hf_bert
 from tformer.convert.st_layout import read_layout
-from tformer.files import write_atomic, write_json_atomic
+from tformer.files import json_bytes, write_dir_atomic
 from tformer.model import Encoder
 
 
@@ -61,15 +60,12 @@ def save_pretrained(model: Encoder, directory: str | Path, tokenizer_dir: str | 
     """Write ``config.json`` (the TransformerConfig) and ``model.safetensors`` (our keys).
 
     ``tokenizer_dir``: also copy its tokenizer files, so the directory is self-contained.
+    The directory is written as a whole (see ``_write_model_dir``).
     """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    model.config.save(directory / "config.json")
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    # Atomic: a failed save never leaves a half-written checkpoint over a good one.
-    write_atomic(directory / hf_bert.WEIGHTS_FILE, st_save(state, metadata={"format": "pt"}))
-    if tokenizer_dir is not None:
-        _copy_tokenizer(Path(tokenizer_dir), directory)
+    files = {"config.json": json_bytes(model.config.to_dict()),
+             hf_bert.WEIGHTS_FILE: st_save(state, metadata={"format": "pt"})}
+    _write_model_dir(Path(directory), files, tokenizer_dir)
 
 
 def export_hf(model: Encoder, directory: str | Path, tokenizer_dir: str | Path | None = None) -> None:
@@ -82,24 +78,41 @@ def export_hf(model: Encoder, directory: str | Path, tokenizer_dir: str | Path |
     hf_config = hf_bert.config_to_hf(model.config)
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     hf_state = {k: v.contiguous().clone() for k, v in hf_bert.to_hf(state, model.config).items()}
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(directory / "config.json", hf_config)
-    write_atomic(directory / hf_bert.WEIGHTS_FILE, st_save(hf_state, metadata={"format": "pt"}))
-    if tokenizer_dir is not None:
-        _copy_tokenizer(Path(tokenizer_dir), directory)
+    files = {"config.json": json_bytes(hf_config),
+             hf_bert.WEIGHTS_FILE: st_save(hf_state, metadata={"format": "pt"})}
+    _write_model_dir(Path(directory), files, tokenizer_dir)
 
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
 
 
-def _copy_tokenizer(source: Path, directory: Path) -> None:
+def _write_model_dir(directory: Path, files: dict[str, bytes], tokenizer_dir: str | Path | None
+                     ) -> None:
+    """Write a model directory as one unit: built beside it, then swapped in atomically, so a
+    crash leaves the old directory or the new one, never a config that does not match its
+    weights. A directory holding anything else than a saved model is refused, untouched."""
+    if tokenizer_dir is not None:
+        files = {**files, **_tokenizer_files(Path(tokenizer_dir))}
+    if directory.is_dir():
+        ours = set(files) | set(TOKENIZER_FILES) | {hf_bert.WEIGHTS_FILE, "config.json"}
+        other = sorted(p.name for p in directory.iterdir() if p.name not in ours)
+        if other:
+            raise ValueError(
+                f"directory: {directory} holds files a saved model does not "
+                f"({', '.join(other[:3])}); expected a new directory or a saved model's"
+            )
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    write_dir_atomic(directory, files)
+
+
+def _tokenizer_files(source: Path) -> dict[str, bytes]:
+    if not source.is_dir():
+        raise FileNotFoundError(f"tokenizer_dir {source}: no such directory")
     model_dir = read_layout(source).model_dir  # a sentence-transformers folder works too
     found = [model_dir / name for name in TOKENIZER_FILES if (model_dir / name).is_file()]
     if not any(p.name in ("tokenizer.json", "vocab.txt") for p in found):
         raise FileNotFoundError(f"tokenizer_dir {model_dir}: no tokenizer.json or vocab.txt")
-    for path in found:
-        shutil.copyfile(path, directory / path.name)
+    return {p.name: p.read_bytes() for p in found}
 
 
 # Reading --------------------------------------------------------------------------------
@@ -125,7 +138,13 @@ def _read_weights(files: list[Path]) -> dict[str, torch.Tensor]:
             raise FileNotFoundError(f"{path}: no such file (listed in the safetensors index)")
         if path.suffix == ".bin":
             # weights_only: tensors and plain containers only, no arbitrary unpickling.
-            part = torch.load(path, map_location="cpu", weights_only=True)
+            try:
+                part = torch.load(path, map_location="cpu", weights_only=True)
+            except Exception as e:  # UnpicklingError (blocked), EOFError, IndexError...
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise ValueError(
+                    f"{path}: not a loadable weights-only pickle ({type(e).__name__}: {first[:200]})"
+                ) from None
             if not isinstance(part, dict):
                 raise ValueError(f"{path}: expected a state dict, got {type(part).__name__}")
         else:
@@ -151,4 +170,7 @@ def _load_state(model: Encoder, state: dict[str, torch.Tensor], source: Path) ->
             raise ValueError(
                 f"{source}: tensor {key!r}: expected shape {tuple(ref.shape)}, got {tuple(state[key].shape)}"
             )
+        if state[key].is_floating_point() and not bool(torch.isfinite(state[key]).all()):
+            raise ValueError(f"{source}: tensor {key!r} holds NaN or infinite values; "
+                             "expected finite weights")
     model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=True)
