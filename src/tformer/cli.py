@@ -19,6 +19,7 @@ COMMANDS = [
     ("embed", "embed"),
     ("similarity", "similarity"),
     ("search", "search"),
+    ("index", "index"),
     ("attention", "attention"),
     ("plot-positions", "plot_positions"),
     ("bench", "bench"),
@@ -46,7 +47,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
             raise
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
-        p.set_defaults(_run=module.run, command=name)
+        # Sub-actions (`index build`) cannot be parsed intermixed; the rest are.
+        p.set_defaults(_run=module.run, command=name,
+                       _intermixed=getattr(module, "INTERMIXED", True))
         commands[name] = p
     return parser, commands
 
@@ -56,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in commands:
         # Intermixed: options may sit between positional texts (`embed DIR a --k 3 b`).
-        args = commands[argv[0]].parse_intermixed_args(argv[1:])
+        p = commands[argv[0]]
+        intermixed = p.get_default("_intermixed")
+        args = (p.parse_intermixed_args if intermixed else p.parse_args)(argv[1:])
     else:
         args = parser.parse_args(argv)
     if not getattr(args, "_run", None):

@@ -66,6 +66,11 @@ def file_mode() -> int:
     return 0o666 & ~_umask()
 
 
+def dir_mode() -> int:
+    """0777 minus the process umask: what mkdir would give a new directory."""
+    return 0o777 & ~_umask()
+
+
 def fsync_dir(path: str | Path) -> None:
     """Make a rename or a new entry in `path` durable."""
     fd = os.open(path, os.O_RDONLY)
@@ -106,7 +111,7 @@ def _fill_temp_dir(path: Path, files: Mapping[str, bytes]) -> Path:
     """A hidden temp directory beside `path` holding `files`, each fsynced."""
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     try:
-        os.chmod(tmp, 0o777 & ~_umask())  # what mkdir would give
+        os.chmod(tmp, dir_mode())  # mkdtemp's is 0700
         for name, data in files.items():
             durable_step(f"write {path / name}")
             with open(tmp / name, "wb") as f:  # open() follows the umask
@@ -143,7 +148,21 @@ def write_dir_atomic(path: str | Path, files: Mapping[str, bytes]) -> None:
     if not path.exists():
         write_new_dir(path, files)
         return
-    tmp = _fill_temp_dir(path, files)
+    publish_dir(_fill_temp_dir(path, files), path)
+
+
+def publish_dir(tmp: Path, path: Path) -> None:
+    """Put the complete (fsynced) directory `tmp` at `path` in one atomic step: a rename, or
+    an exchange with the directory already there, which is then removed."""
+    if not path.exists():
+        try:
+            durable_step(f"rename {path}")
+            os.rename(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        fsync_dir(path.parent)
+        return
     try:
         durable_step(f"rename {path}")
         if not _exchange(tmp, path):
