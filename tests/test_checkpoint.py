@@ -333,3 +333,11 @@ def test_corrupt_checkpoint_files_are_one_line_on_resume(tmp_path, capsys, corru
 def test_lock_file_marks_the_run(tmp_path):
     train(TrainConfig(steps=2, out=str(tmp_path / "run"), **TINY), **QUIET)
     assert (tmp_path / "run" / LOCK_FILE).is_file()
+
+
+def test_model_too_large_is_refused_before_allocating(tmp_path, capsys):
+    out = tmp_path / "never"
+    assert main(["train", "--out", str(out), "--d-model", "100000000", "--n-heads", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model: " in err and "GiB" in err and "available" in err
+    assert not out.exists()

@@ -341,3 +341,49 @@ def test_garbage_or_malicious_pickle_is_one_line(tmp_path, capsys, payload):
     assert main(["embed", str(d), "hi", "--allow-pickle"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pytorch_model.bin: not a loadable weights-only pickle" in err
+
+
+# Sizes are checked before anything is allocated -------------------------------------------
+def _edit_config(d, **changes):
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+def test_huge_bert_config_is_refused_before_allocating(tmp_path):
+    d = copy_dir(bert_dir(), tmp_path / "m")
+    _edit_config(d, num_hidden_layers=10**7)
+    with pytest.raises(ValueError, match=r"config\.json: num_hidden_layers: expected at most the 2 layers"):
+        from_pretrained(d)
+
+
+def test_huge_tformer_config_is_refused_from_the_header(tmp_path):
+    save_pretrained(_tiny_encoder(), tmp_path / "m")
+    _edit_config(tmp_path / "m", n_layers=10**6)
+    with pytest.raises(ValueError, match=r"n_layers: expected at most the 1 layers"):
+        from_pretrained(tmp_path / "m")
+    _edit_config(tmp_path / "m", n_layers=1, d_ff=48)  # same keys, other shapes
+    with pytest.raises(ValueError, match=r"'layers\.0\.ffn\.up\.weight': expected shape \(48, 16\), got \(32, 16\)"):
+        from_pretrained(tmp_path / "m")
+
+
+def test_model_too_large_for_memory_is_refused_with_the_number():
+    from tformer.stats import check_fits
+
+    config = TransformerConfig(d_model=65536, n_heads=8, d_ff=262144, n_layers=64, vocab_size=10)
+    with pytest.raises(ValueError, match=r"config: [\d,]+ parameters need [\d,.]+ GiB .* available"):
+        check_fits(config)
+
+
+def test_bert_config_errors_name_the_bert_key_and_file(tmp_path):
+    d = copy_dir(bert_dir(), tmp_path / "m")
+    _edit_config(d, max_position_embeddings=0)
+    with pytest.raises(ValueError, match=r"m/config\.json: max_position_embeddings: expected a positive int, got 0"):
+        from_pretrained(d)
+
+
+def test_empty_vocab_txt_is_a_clear_error(tmp_path):
+    d = copy_dir(bert_dir(), tmp_path / "m")
+    (d / "tokenizer.json").unlink(missing_ok=True)
+    (d / "vocab.txt").write_text("")
+    with pytest.raises(ValueError, match=r"vocab\.txt: expected a WordPiece vocabulary .* got an empty file"):
+        load_tokenizer(d)

@@ -25,6 +25,7 @@ from tformer.convert import hf_bert
 from tformer.convert.st_layout import read_layout
 from tformer.files import json_bytes, write_dir_atomic
 from tformer.model import Encoder
+from tformer.stats import check_fits
 
 
 def from_pretrained(
@@ -123,12 +124,55 @@ def _load_hf(model_dir: Path, raw: dict, allow_pickle: bool):
     cleaned = hf_bert.clean_state_dict(state, source)
     has_pooler = "pooler.dense.weight" in cleaned
     config = hf_bert.config_from_hf(raw, has_pooler, str(model_dir / "config.json"))
+    _check_sizes(config, cleaned, r"encoder\.layer\.(\d+)\.", "num_hidden_layers", model_dir, source)
     return config, hf_bert.from_hf(cleaned, config, torch.cat, source)
 
 
 def _load_tformer(model_dir: Path, allow_pickle: bool):
     config = TransformerConfig.load(model_dir / "config.json")
-    return config, _read_weights(hf_bert.weight_files(model_dir, allow_pickle))
+    files = hf_bert.weight_files(model_dir, allow_pickle)
+    if all(p.suffix == ".safetensors" for p in files):  # shapes from the headers, nothing loaded
+        shapes = {k: v for p in files for k, v in _header_shapes(p).items()}
+        _check_sizes(config, shapes, r"layers\.(\d+)\.", "n_layers", model_dir, str(files[0]))
+        _check_shapes(config, shapes, str(files[0]))
+    return config, _read_weights(files)
+
+
+def _header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """{tensor name: shape} from a safetensors file's header, without reading any tensor."""
+    from safetensors import safe_open
+
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (listed in the safetensors index)")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as e:  # safetensors raises its own error types
+        raise ValueError(f"{path}: not a readable safetensors file ({e})") from None
+
+
+def _check_sizes(config: TransformerConfig, tensors, layer_key: str, config_key: str,
+                 model_dir: Path, source: str) -> None:
+    """Before building anything: the config's layer count must be the file's, and the
+    model must fit in memory (a config.json typo must not allocate until the OOM killer)."""
+    import re
+
+    layers = {int(m.group(1)) for k in tensors if (m := re.match(layer_key, k))}
+    in_file = max(layers) + 1 if layers else 0
+    if config.n_layers > in_file:  # (fewer: the strict load names the unexpected tensor)
+        raise ValueError(f"{model_dir / 'config.json'}: {config_key}: expected at most the "
+                         f"{in_file} layers {source} holds weights for, got {config.n_layers}")
+    check_fits(config, "encoder", what=str(model_dir / "config.json"))
+
+
+def _check_shapes(config: TransformerConfig, shapes: dict[str, tuple[int, ...]], source: str) -> None:
+    """The file's tensor shapes against the config's, from a model built on the meta device."""
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in Encoder(config).state_dict().items()}
+    for key, shape in expected.items():
+        if key in shapes and shapes[key] != shape:
+            raise ValueError(f"{source}: tensor {key!r}: expected shape {shape}, got "
+                             f"{shapes[key]} (config.json and the weights disagree)")
 
 
 def _read_weights(files: list[Path]) -> dict[str, torch.Tensor]:

@@ -47,6 +47,7 @@ from tformer.files import write_atomic
 from tformer.generate import generate
 from tformer.model import EncoderClassifier, Seq2SeqTransformer
 from tformer.rundir import open_run_dir, resume_metrics
+from tformer.stats import check_fits
 from tformer.tasks import TASKS, Example, Task, get_task
 from tformer.tasks.tokenizer import PAD
 
@@ -352,6 +353,8 @@ def load_run(run_dir: str | Path) -> tuple[nn.Module, Task, TrainConfig]:
         ) from None
     task = get_task(config.task, config.seed, config.valid_size, config.test_size)
     model_config = TransformerConfig.load(run_dir / "config.json")
+    check_fits(model_config, "seq2seq" if task.kind == "seq2seq" else "classifier",
+               what=str(run_dir / "config.json"))
     model = (Seq2SeqTransformer if task.kind == "seq2seq" else EncoderClassifier)(model_config)
     load_weights(model, run_dir / "model.safetensors")
     return model.eval(), task, config
@@ -383,6 +386,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
     run_dir = Path(config.out) if config.out else new_run_dir(config.task)
     config = config.replace(out=str(run_dir))
     task = get_task(config.task, config.seed, config.valid_size, config.test_size)
+    check_fits(config.model_config(task), "seq2seq" if task.kind == "seq2seq" else "classifier",
+               training=True, batch=config.batch_size, seq_len=task.max_len, what="model")
     torch.manual_seed(config.seed)
     model = build_model(config, task)
     optimizer = make_optimizer(model, config)

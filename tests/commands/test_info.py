@@ -19,3 +19,13 @@ def test_bad_config_is_one_line_error(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
     assert "d_model: expected a multiple of n_heads (4), got 30" in proc.stderr
+
+
+def test_info_does_not_allocate_a_huge_model(tmp_path, capsys):
+    import time
+
+    TransformerConfig(d_model=64, n_heads=4, n_layers=10**9).save(tmp_path / "c.json")
+    start = time.process_time()
+    assert main(["info", str(tmp_path / "c.json")]) == 0
+    assert time.process_time() - start < 5  # not minutes: nothing is built per layer
+    assert "281,152,000,000,000" in capsys.readouterr().out
