@@ -251,3 +251,13 @@ def test_pickle_needs_allow_pickle(capsys, tmp_path):
     _one_line_error(rc, err, "embed", r"pytorch_model\.bin: refusing to load a pickle checkpoint")
     rc, out, _ = _run(capsys, "embed", d, "a dog", "--allow-pickle")
     assert rc == 0 and json.loads(out)["text"] == "a dog"
+
+
+def test_attention_refuses_a_text_too_long_to_read(capsys, tmp_path):
+    out = tmp_path / "a.png"
+    text = " ".join(["cat"] * 50)  # 52 tokens: within the model's 64, past a grid's 48
+    rc, _, err = _run(capsys, "attention", bert_dir(), text, "--out", out)
+    _one_line_error(rc, err, "attention", r"TEXT: expected at most 48 tokens .* got 52; .*--layer and --head")
+    assert not out.exists()
+    rc, _, _ = _run(capsys, "attention", bert_dir(), text, "--out", out, "--layer", 0, "--head", 0)
+    assert rc == 0 and out.is_file()
