@@ -51,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
         model_dir = args.model or index.meta["model_dir"]
         index.check_model(model_dir)
         args.model_dir = model_dir
+        if args.max_length is None:  # embed the queries as the corpus was
+            args.max_length = index.meta.get("max_length")
         with one_line_warnings("search"):
             st = load_sentence_encoder(args)
             queries = st.encode(args.queries, batch_size=args.batch_size, truncation=truncation)
