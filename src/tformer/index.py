@@ -203,7 +203,7 @@ class Index:
                 f"rebuild it with `tformer index build {model_dir} --corpus ... --out {self.path}`"
             )
 
-    def blocks(self, size: int = BLOCK) -> Iterator[tuple[int, np.ndarray]]:
+    def blocks(self, size: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
         """(first row, (b, D) vectors), read with plain reads (not a memory map), so memory
         stays flat however large the index is."""
         path = self.path / VECTORS_FILE
@@ -216,6 +216,7 @@ class Index:
                 raise ValueError(f"INDEX {path}: expected float32 {self.meta['n']} x "
                                  f"{self.meta['dim']}, got {dtype} {shape}")
             n, d = shape
+            size = size or BLOCK
             for first in range(0, n, size):
                 b = min(size, n - first)
                 yield first, np.fromfile(f, dtype=np.float32, count=b * d).reshape(b, d)

@@ -115,12 +115,19 @@ def test_search_finds_the_line_itself_first(capsys, tmp_path):
     _one_line_error(rc, err, "search", r"--top-k: expected a positive int, got 0")
 
 
-def test_index_build_then_search_gives_what_search_on_the_corpus_gives(capsys, tmp_path):
+def test_index_build_then_search_gives_what_search_on_the_corpus_gives(capsys, tmp_path,
+                                                                       monkeypatch):
+    import tformer.index
+
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(SENTENCES[:2]) + "\n\n" + "\n".join(SENTENCES[2:]) + "\n")
+    rc, whole, _ = _run(capsys, "search", bert_dir(), "--corpus", corpus, SENTENCES[3], "a cat",
+                        "-k", 3)
+    monkeypatch.setattr(tformer.index, "CHUNK", 2)  # the corpus in 3 chunks, blocks of 2
+    monkeypatch.setattr(tformer.index, "BLOCK", 2)
     rc, direct, _ = _run(capsys, "search", bert_dir(), "--corpus", corpus, SENTENCES[3], "a cat",
                          "-k", 3)
-    assert rc == 0
+    assert rc == 0 and direct == whole
     rc, _, err = _run(capsys, "index", "build", bert_dir(), "--corpus", corpus,
                       "--out", tmp_path / "idx")
     assert rc == 0 and "wrote" in err and "5 vectors" in err
