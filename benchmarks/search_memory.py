@@ -51,6 +51,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lines", type=int, nargs="+", default=[10_000, 40_000, 160_000])
     parser.add_argument("--dir", default="/tmp/search-memory")
+    parser.add_argument("--batch-size", type=int, default=256,
+                        help="texts per forward pass (fixed, so memory shows what grows with N)")
     args = parser.parse_args()
     root = Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -58,6 +60,8 @@ def main() -> None:
     if not (model / "config.json").is_file():
         make_model(model)
     tformer = [sys.executable, "-m", "tformer.cli"]
+    batch = ["--batch-size", str(args.batch_size)]
+    print(f"tiny random BERT (2 layers, d 32), batch size {args.batch_size}; peak RSS per command")
     print("| lines | embed --out .npy | search --corpus | index build | search INDEX |")
     print("|---:|---:|---:|---:|---:|")
     for n in args.lines:
@@ -71,11 +75,11 @@ def main() -> None:
             shutil.rmtree(index)
         rows = [
             peak_rss_mib([*tformer, "embed", str(model), "--file", str(corpus),
-                          "--out", str(root / f"emb-{n}.npy"), "--no-progress"]),
+                          "--out", str(root / f"emb-{n}.npy"), "--no-progress", *batch]),
             peak_rss_mib([*tformer, "search", str(model), "--corpus", str(corpus), "red car",
-                          "--no-progress"]),
+                          "--no-progress", *batch]),
             peak_rss_mib([*tformer, "index", "build", str(model), "--corpus", str(corpus),
-                          "--out", str(index), "--no-progress"]),
+                          "--out", str(index), "--no-progress", *batch]),
             peak_rss_mib([*tformer, "search", str(index), "red car"]),
         ]
         print(f"| {n:,} | " + " | ".join(f"{r:,.0f} MiB" for r in rows) + " |", flush=True)

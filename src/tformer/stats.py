@@ -32,11 +32,20 @@ def parameter_count(config: TransformerConfig, model: str = "encoder") -> int:
     def count(module: torch.nn.Module) -> int:
         return sum(p.numel() for p in module.parameters())
 
-    with torch.device("meta"):
-        one = config.replace(n_layers=1, n_decoder_layers=1)
-        total = count(build(one, model)) + (config.n_layers - 1) * count(EncoderLayer(one))
-        if model == "seq2seq":
-            total += (config.decoder_layers - 1) * count(DecoderLayer(one))
+    try:
+        with torch.device("meta"):
+            one = config.replace(n_layers=1, n_decoder_layers=1)
+            total = count(build(one, model)) + (config.n_layers - 1) * count(EncoderLayer(one))
+            if model == "seq2seq":
+                total += (config.decoder_layers - 1) * count(DecoderLayer(one))
+    except RuntimeError as e:  # "Storage size calculation overflowed"
+        if "overflow" not in str(e):
+            raise
+        raise ValueError(
+            f"config: a weight of this config (d_model {config.d_model}, d_ff {config.d_ff}, "
+            f"vocab_size {config.vocab_size}) would exceed 2**63 bytes; expected sizes a "
+            "machine can hold"
+        ) from None
     return total
 
 
