@@ -51,6 +51,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lines", type=int, nargs="+", default=[10_000, 40_000, 160_000])
     parser.add_argument("--dir", default="/tmp/search-memory")
+    parser.add_argument("--no-onednn", action="store_true",
+                        help="keep the fast path off oneDNN's linear, whose per-shape primitive "
+                             "cache grows with the number of distinct packed batch sizes")
     parser.add_argument("--batch-size", type=int, default=256,
                         help="texts per forward pass (fixed, so memory shows what grows with N)")
     args = parser.parse_args()
@@ -60,8 +63,12 @@ def main() -> None:
     if not (model / "config.json").is_file():
         make_model(model)
     tformer = [sys.executable, "-m", "tformer.cli"]
+    if args.no_onednn:
+        tformer = [sys.executable, "-c", "import sys; from tformer import fastpath; "
+                   "fastpath._ONEDNN = False; from tformer.cli import main; sys.exit(main())"]
     batch = ["--batch-size", str(args.batch_size)]
-    print(f"tiny random BERT (2 layers, d 32), batch size {args.batch_size}; peak RSS per command")
+    print(f"tiny random BERT (2 layers, d 32), batch size {args.batch_size}"
+          f"{', fast path without oneDNN linear' if args.no_onednn else ''}; peak RSS per command")
     print("| lines | embed --out .npy | search --corpus | index build | search INDEX |")
     print("|---:|---:|---:|---:|---:|")
     for n in args.lines:

@@ -79,3 +79,14 @@ def test_embed_output_resumes_and_publishes_atomically(tmp_path, suffix):
         assert [g["text"] for g in got] == texts
         np.testing.assert_array_equal([g["embedding"] for g in got], rows)
     assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+
+
+def test_index_build_refuses_a_path_that_is_not_an_index(tmp_path):
+    from tformer.index import build_index
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    (tmp_path / "c.txt").write_text("a\nb\n")
+    with pytest.raises(ValueError, match=r"exists and is not a tformer index"):
+        build_index(None, tmp_path, tmp_path / "c.txt", tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "mine"

@@ -143,23 +143,28 @@ def build_index(st, model_dir: str | Path, corpus: str | Path, out: str | Path,
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
     try:
         os.chmod(tmp, dir_mode())
-        vectors = np.lib.format.open_memmap(tmp / VECTORS_FILE, mode="w+", dtype=np.float32,
-                                            shape=(n, st.dim))
         start = 0
         bar = progress_bar(n, show_progress)
-        with (tmp / TEXTS_FILE).open("w", encoding="utf-8") as texts_out:
+        # Plain sequential writes after the .npy header (a memory map would keep every
+        # written page resident, so memory would grow with the corpus).
+        with (tmp / VECTORS_FILE).open("wb") as vectors, \
+                (tmp / TEXTS_FILE).open("w", encoding="utf-8") as texts_out:
+            header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
+                      "fortran_order": False, "shape": (n, st.dim)}
+            np.lib.format.write_array_header_1_0(vectors, header)
             for numbers, texts, emb in embed_chunks(
                 st, iter_lines(corpus, "--corpus"), batch_size=batch_size,
                 truncation=truncation, show_progress=False,
             ):
-                vectors[start : start + len(texts)] = unit(emb)
+                vectors.write(unit(emb).astype(np.float32).tobytes())  # (b, D) rows
                 start += len(texts)
                 bar.update(len(texts))
                 for number, text in zip(numbers, texts, strict=True):
                     texts_out.write(json.dumps({"line": number, "text": text}) + "\n")
         bar.close()
-        vectors.flush()
-        del vectors
+        if start != n:
+            raise ValueError(f"--corpus {corpus}: changed while it was read ({start} lines, "
+                             f"expected {n})")
         meta = {"format": INDEX_FORMAT, "model_dir": str(Path(model_dir).resolve()),
                 "model_id": model_identity(model_dir), "corpus": str(Path(corpus).resolve()),
                 "n": n, "dim": st.dim, "max_length": max_length, "truncation": truncation,
