@@ -38,17 +38,7 @@ class RunLock:
             self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         except OSError as e:
             raise ValueError(f"out: cannot write in {run_dir} ({e.strerror})") from None
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            holder = os.pread(self.fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(self.fd)
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise ValueError(
-                    f"out: {run_dir} is in use by another tformer process (pid {holder}); "
-                    "wait for it to finish or choose another --out"
-                ) from None
-            raise
+        _flock_or_explain(self.fd, run_dir)
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
 
@@ -62,6 +52,33 @@ class RunLock:
         if self.fd >= 0:
             os.close(self.fd)  # closing the descriptor releases the flock
             self.fd = -1
+
+
+def _flock_or_explain(fd: int, run_dir: Path) -> None:
+    """Take the lock on `fd`, or close it and say who holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise ValueError(
+                f"out: {run_dir} is in use by another tformer process (pid {holder}); "
+                "wait for it to finish or choose another --out"
+            ) from None
+        raise
+
+
+def check_unlocked(run_dir: str | Path) -> None:
+    """Refuse early (before reading its checkpoint, which the holder may be replacing) a run
+    directory another process trains in."""
+    path = Path(run_dir) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # no lock file: nobody trains there
+    _flock_or_explain(fd, Path(run_dir))
+    os.close(fd)
 
 
 def is_run_dir(path: Path) -> bool:

@@ -46,7 +46,7 @@ from tformer.config import POOLINGS, TransformerConfig, check_known_keys
 from tformer.files import write_atomic
 from tformer.generate import generate
 from tformer.model import EncoderClassifier, Seq2SeqTransformer
-from tformer.rundir import open_run_dir, resume_metrics
+from tformer.rundir import check_unlocked, open_run_dir, resume_metrics
 from tformer.stats import check_fits
 from tformer.tasks import TASKS, Example, Task, get_task
 from tformer.tasks.tokenizer import PAD
@@ -190,6 +190,7 @@ def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
 def resume_config(run_dir: str | Path, *layers: dict[str, Any]) -> TrainConfig:
     """The saved TrainConfig of `run_dir` with `layers` applied; only RESUMABLE options may
     change (the others define the experiment being continued)."""
+    check_unlocked(run_dir)  # a run in progress replaces its checkpoints while we read
     saved_dir = check_run_dir(run_dir)  # the newest checkpoint's files
     saved = TrainConfig(**json.loads((saved_dir / "train_config.json").read_text()))
     changes: dict[str, Any] = {}
