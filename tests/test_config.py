@@ -40,3 +40,8 @@ def test_unknown_keys_are_named(tmp_path):
         TransformerConfig.load(tmp_path / "bad.json")
     with pytest.raises(FileNotFoundError, match="no such config file"):
         TransformerConfig.load(tmp_path / "missing.json")
+
+
+def test_non_finite_layer_norm_eps_is_refused():
+    with pytest.raises(ValueError, match="layer_norm_eps: expected a positive number, got inf"):
+        TransformerConfig(layer_norm_eps=float("inf"))

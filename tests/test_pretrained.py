@@ -267,5 +267,123 @@ def test_saved_directories_carry_the_tokenizer(tmp_path):
     for d in (tmp_path / "ours", tmp_path / "hf"):
         assert (d / "tokenizer.json").is_file() and (d / "vocab.txt").is_file()
         assert_close(tformer.SentenceEncoder.from_pretrained(d).encode(SENTENCES), expected, what=str(d))
+    (tmp_path / "x").mkdir()
     with pytest.raises(FileNotFoundError, match=r"tokenizer_dir .*x: no tokenizer\.json or vocab\.txt"):
         save_pretrained(model, tmp_path / "x", tokenizer_dir=tmp_path / "x")
+
+
+# Crash safety: a saved directory is one unit, and bad weight files are one-line errors ----
+def _tiny_encoder(**kw):
+    torch.manual_seed(0)
+    return Encoder(TransformerConfig(d_model=16, n_heads=2, d_ff=32, n_layers=1, vocab_size=20, **kw))
+
+
+def test_save_pretrained_interrupted_keeps_the_old_directory_whole(tmp_path, monkeypatch):
+    from tformer import files
+
+    out = tmp_path / "model"
+    save_pretrained(_tiny_encoder(activation="relu"), out)
+    for k in (1, 2, 3):  # each file, then the swap
+        steps = []
+
+        def crash(what, k=k, steps=steps):
+            steps.append(what)
+            if len(steps) == k:
+                raise OSError(28, "No space left on device", what)
+
+        monkeypatch.setattr(files, "fault_hook", crash)
+        with pytest.raises(OSError):
+            save_pretrained(_tiny_encoder(activation="gelu"), out)
+        # Same shapes, different activation: a mixed directory would load silently wrong.
+        assert TransformerConfig.load(out / "config.json").activation == "relu", k
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["model"], k  # no temp dirs left
+    monkeypatch.setattr(files, "fault_hook", None)
+    save_pretrained(_tiny_encoder(activation="gelu"), out)
+    assert from_pretrained(out).config.activation == "gelu"
+
+
+def test_saved_files_follow_the_umask(tmp_path):
+    import os
+
+    old = os.umask(0o022)
+    try:
+        save_pretrained(_tiny_encoder(), tmp_path / "m")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "m").stat().st_mode & 0o777 == 0o755
+    for p in (tmp_path / "m").iterdir():
+        assert p.stat().st_mode & 0o777 == 0o644, p
+
+
+def test_save_pretrained_refuses_a_folder_of_other_files(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"holds files a saved model does not \(notes\.txt\)"):
+        save_pretrained(_tiny_encoder(), tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_nan_weights_are_refused(tmp_path):
+    save_pretrained(_tiny_encoder(), tmp_path / "m")
+    state = load_file(str(tmp_path / "m" / "model.safetensors"))
+    state["tok_emb.weight"][3, 1] = float("inf")
+    save_file(state, str(tmp_path / "m" / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"'tok_emb\.weight' holds NaN or infinite values"):
+        from_pretrained(tmp_path / "m")
+
+
+@pytest.mark.parametrize("payload", [b"garbage", b"\x80\x02cos\nsystem\nq\x00X\x02\x00\x00\x00idq\x01\x85q\x02Rq\x03."])
+def test_garbage_or_malicious_pickle_is_one_line(tmp_path, capsys, payload):
+    from tformer.cli import main
+
+    d = copy_dir(bert_dir(), tmp_path / "m")
+    (d / "model.safetensors").unlink()
+    (d / "pytorch_model.bin").write_bytes(payload)
+    assert main(["embed", str(d), "hi", "--allow-pickle"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pytorch_model.bin: not a loadable weights-only pickle" in err
+
+
+# Sizes are checked before anything is allocated -------------------------------------------
+def _edit_config(d, **changes):
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+def test_huge_bert_config_is_refused_before_allocating(tmp_path):
+    d = copy_dir(bert_dir(), tmp_path / "m")
+    _edit_config(d, num_hidden_layers=10**7)
+    with pytest.raises(ValueError, match=r"config\.json: num_hidden_layers: expected at most the 2 layers"):
+        from_pretrained(d)
+
+
+def test_huge_tformer_config_is_refused_from_the_header(tmp_path):
+    save_pretrained(_tiny_encoder(), tmp_path / "m")
+    _edit_config(tmp_path / "m", n_layers=10**6)
+    with pytest.raises(ValueError, match=r"n_layers: expected at most the 1 layers"):
+        from_pretrained(tmp_path / "m")
+    _edit_config(tmp_path / "m", n_layers=1, d_ff=48)  # same keys, other shapes
+    with pytest.raises(ValueError, match=r"'layers\.0\.ffn\.up\.weight': expected shape \(48, 16\), got \(32, 16\)"):
+        from_pretrained(tmp_path / "m")
+
+
+def test_model_too_large_for_memory_is_refused_with_the_number():
+    from tformer.stats import check_fits
+
+    config = TransformerConfig(d_model=65536, n_heads=8, d_ff=262144, n_layers=64, vocab_size=10)
+    with pytest.raises(ValueError, match=r"config: [\d,]+ parameters need [\d,.]+ GiB .* available"):
+        check_fits(config)
+
+
+def test_bert_config_errors_name_the_bert_key_and_file(tmp_path):
+    d = copy_dir(bert_dir(), tmp_path / "m")
+    _edit_config(d, max_position_embeddings=0)
+    with pytest.raises(ValueError, match=r"m/config\.json: max_position_embeddings: expected a positive int, got 0"):
+        from_pretrained(d)
+
+
+def test_empty_vocab_txt_is_a_clear_error(tmp_path):
+    d = copy_dir(bert_dir(), tmp_path / "m")
+    (d / "tokenizer.json").unlink(missing_ok=True)
+    (d / "vocab.txt").write_text("")
+    with pytest.raises(ValueError, match=r"vocab\.txt: expected a WordPiece vocabulary .* got an empty file"):
+        load_tokenizer(d)

@@ -23,3 +23,15 @@ def test_flops_match_torch_flop_counter(seq):
 
 def test_parameter_count_matches_module(tiny_config):
     assert parameter_count(tiny_config) == sum(p.numel() for p in Encoder(tiny_config).parameters())
+
+
+@pytest.mark.parametrize("model", ["encoder", "seq2seq", "classifier"])
+@pytest.mark.parametrize("changes", [{}, {"n_layers": 3, "n_decoder_layers": 2},
+                                     {"norm_first": True, "final_norm": True, "bias": False},
+                                     {"positional": "learned", "tie_output": False,
+                                      "tgt_vocab_size": 30, "n_classes": 3}])
+def test_parameter_count_matches_the_built_module(tiny_config, model, changes):
+    from tformer.stats import build
+
+    config = tiny_config.replace(**{"n_classes": 4, **changes})
+    assert parameter_count(config, model) == sum(p.numel() for p in build(config, model).parameters())

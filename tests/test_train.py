@@ -7,6 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from tformer import TransformerConfig
+from tformer.checkpoint import check_run_dir
 from tformer.model import EncoderClassifier, Seq2SeqTransformer
 from tformer.tasks import get_task
 from tformer.train import (
@@ -116,16 +117,21 @@ def test_run_writes_checkpoint_metrics_and_curves(tmp_path):
     out = tmp_path / "run"
     record = train(TrainConfig(task="reverse", steps=6, out=str(out), **TINY),
                    progress=False, log=lambda *a: None)
+    ckpt = check_run_dir(out)
+    assert ckpt == out / "checkpoints" / "step-000006.1"  # step 6 saved at the eval, then final
     for name in ("config.json", "model.safetensors", "optimizer.safetensors",
-                 "trainer_state.json", "train_config.json", "metrics.jsonl", "curves.png"):
+                 "trainer_state.json", "train_config.json"):
+        assert (ckpt / name).is_file(), name
+    for name in ("metrics.jsonl", "curves.png"):
         assert (out / name).is_file(), name
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step-000006.1"]
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert lines[-1] == record and record["split"] == "test" and record["step"] == 6
     assert {"exact_match", "accuracy", "wall_seconds"} <= set(record)
     assert [r["step"] for r in lines if r["split"] == "validation"] == [3, 6]
     model, task, config = load_run(out)
     assert config.steps == 6 and task.name == "reverse" and not model.training
-    assert not list(out.glob("*.tmp"))  # no temp files left behind
+    assert not list(out.rglob("*.tmp"))  # no temp files left behind
 
 
 def test_classification_run_reports_majority_baseline(tmp_path):
@@ -135,7 +141,7 @@ def test_classification_run_reports_majority_baseline(tmp_path):
 
 
 def _weights(run_dir):
-    return load_file(str(run_dir / "model.safetensors"))
+    return load_file(str(check_run_dir(run_dir) / "model.safetensors"))
 
 
 @pytest.mark.parametrize("task", ["reverse", "brackets"])
@@ -149,7 +155,7 @@ def test_resume_is_bit_for_bit(tmp_path, task):
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
-    state = json.loads((tmp_path / "resumed" / "trainer_state.json").read_text())
+    state = json.loads((check_run_dir(tmp_path / "resumed") / "trainer_state.json").read_text())
     assert state["step"] == 10
 
 
@@ -165,7 +171,8 @@ def test_resume_refuses_to_change_the_experiment(tmp_path):
 def test_resume_detects_files_from_different_steps(tmp_path):
     quiet = dict(progress=False, log=lambda *a: None)
     train(TrainConfig(task="reverse", steps=2, out=str(tmp_path), **TINY), **quiet)
-    state = json.loads((tmp_path / "trainer_state.json").read_text())
-    (tmp_path / "trainer_state.json").write_text(json.dumps({**state, "step": 1}))
+    path = check_run_dir(tmp_path) / "trainer_state.json"
+    state = json.loads(path.read_text())
+    path.write_text(json.dumps({**state, "step": 1}))
     with pytest.raises(ValueError, match="from different steps"):
         train(resume_config(tmp_path, {"steps": 4}), resume=True, **quiet)

@@ -72,3 +72,26 @@ def test_positions_plot_shows_the_table(tmp_path):
     assert save_figure(fig, tmp_path / "pe.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="d_model: expected a positive int, got 0"):
         plot_positions(d_model=0)
+
+
+def test_png_is_written_atomically_with_normal_permissions(tmp_path, monkeypatch):
+    import os
+
+    from tformer import files
+
+    path = tmp_path / "pe.png"
+    old = os.umask(0o022)
+    try:
+        save_figure(plot_positions(16, 10), path)
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o644
+    before = path.read_bytes()
+
+    def full_disk(what):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files, "fault_hook", full_disk)
+    with pytest.raises(OSError):
+        save_figure(plot_positions(32, 20), path)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["pe.png"]

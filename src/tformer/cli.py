@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from tformer.errors import USER_ERRORS  # mistakes a user can make: one line, no traceback
+from tformer.errors import OS_ERRORS, USER_ERRORS  # one line, no traceback
 
 # (command name, module under tformer.commands)
 COMMANDS = [
@@ -21,6 +21,7 @@ COMMANDS = [
     ("embed", "embed"),
     ("similarity", "similarity"),
     ("search", "search"),
+    ("index", "index"),
     ("attention", "attention"),
     ("plot-positions", "plot_positions"),
     ("export", "export"),
@@ -45,7 +46,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
             raise
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
-        p.set_defaults(_run=module.run, command=name)
+        # Sub-actions (`index build`) cannot be parsed intermixed; the rest are.
+        p.set_defaults(_run=module.run, command=name,
+                       _intermixed=getattr(module, "INTERMIXED", True))
         commands[name] = p
     return parser, commands
 
@@ -55,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in commands:
         # Intermixed: options may sit between positional texts (`embed DIR a --k 3 b`).
-        args = commands[argv[0]].parse_intermixed_args(argv[1:])
+        p = commands[argv[0]]
+        intermixed = p.get_default("_intermixed")
+        args = (p.parse_intermixed_args if intermixed else p.parse_args)(argv[1:])
     else:
         args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
@@ -66,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as e:
         print(f"tformer {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except OS_ERRORS as e:
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"tformer {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"tformer {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -71,7 +71,8 @@ class TransformerConfig:
             p = getattr(self, name)
             if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0.0 <= p < 1.0:
                 raise ValueError(f"{name}: expected a probability in [0, 1), got {p!r}")
-        if not (isinstance(self.layer_norm_eps, (int, float)) and self.layer_norm_eps > 0):
+        if not (isinstance(self.layer_norm_eps, (int, float))
+                and 0 < self.layer_norm_eps < math.inf):
             raise ValueError(f"layer_norm_eps: expected a positive number, got {self.layer_norm_eps!r}")
         _check_choice("activation", self.activation, ACTIVATIONS)
         _check_choice("positional", self.positional, POSITIONALS)

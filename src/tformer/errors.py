@@ -34,3 +34,5 @@ USER_ERRORS = (
     ValueError, BadType, MissingExtra, FileNotFoundError, FileExistsError, NotADirectoryError,
     IsADirectoryError, PermissionError,
 )
+# The machine refusing (a full disk, a read-only folder, permissions): one line too, exit 1.
+OS_ERRORS = (OSError,)

@@ -1,30 +1,102 @@
-"""Atomic file writes: a crash or a full disk leaves the old file or the new one, never half.
+"""Atomic writes: a crash or a full disk leaves the old file (or directory) or the new one,
+never half of one, never a mix of two.
 
+    write_atomic(path, data)          one file: temp file + fsync + rename
+    write_new_dir(path, files)        a directory that does not exist yet, published by one rename
+    write_dir_atomic(path, files)     a directory, replacing any previous one by one atomic swap
+
+Files get the permissions any other program's output gets (0666 minus the umask), not
+mkstemp's 0600, so a run directory or an exported model can be shared.
+
+Every durable step (a file written, a rename) first calls ``durable_step``; the crash tests
+hook it to kill the process, or to fail as a full disk would, at the k-th step.
 Torch-free, so the config (and the NumPy reference) can use it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import json
 import os
+import shutil
+import signal
 import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+# Fault injection for the crash tests (None in normal use): called with a description
+# before every durable step. TFORMER_KILL_AT_WRITE=k makes the process SIGKILL itself at
+# the k-th step, so a real `tformer train` can be killed at an exact point of a save.
+fault_hook: Callable[[str], None] | None = None
+
+
+def kill_at(k: int) -> Callable[[str], None]:
+    """A fault hook that SIGKILLs this process at its k-th durable step (1-based)."""
+    count = 0
+
+    def hook(what: str) -> None:
+        nonlocal count
+        count += 1
+        if count == k:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
+
+
+if os.environ.get("TFORMER_KILL_AT_WRITE"):
+    fault_hook = kill_at(int(os.environ["TFORMER_KILL_AT_WRITE"]))
+
+
+def durable_step(what: str) -> None:
+    if fault_hook is not None:
+        fault_hook(what)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """0666 minus the process umask: what open() would give a new file."""
+    return 0o666 & ~_umask()
+
+
+def dir_mode() -> int:
+    """0777 minus the process umask: what mkdir would give a new directory."""
+    return 0o777 & ~_umask()
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Make a rename or a new entry in `path` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_atomic(path: str | Path, data: bytes) -> None:
     """Write to a temp file in the same directory, fsync, then rename over `path`."""
     path = Path(path)
+    durable_step(f"write {path}")
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        durable_step(f"rename {path}")
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)
 
 
 def json_bytes(obj: Any) -> bytes:
@@ -33,3 +105,122 @@ def json_bytes(obj: Any) -> bytes:
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     write_atomic(path, json_bytes(obj))
+
+
+def _fill_temp_dir(path: Path, files: Mapping[str, bytes]) -> Path:
+    """A hidden temp directory beside `path` holding `files`, each fsynced."""
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    try:
+        os.chmod(tmp, dir_mode())  # mkdtemp's is 0700
+        for name, data in files.items():
+            durable_step(f"write {path / name}")
+            with open(tmp / name, "wb") as f:  # open() follows the umask
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        fsync_dir(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp
+
+
+def write_new_dir(path: str | Path, files: Mapping[str, bytes]) -> None:
+    """Create directory `path` (which must not exist) holding `files`, published by one
+    rename: before it, `path` does not exist; after it, it is complete."""
+    path = Path(path)
+    tmp = _fill_temp_dir(path, files)
+    try:
+        durable_step(f"rename {path}")
+        os.rename(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def write_dir_atomic(path: str | Path, files: Mapping[str, bytes]) -> None:
+    """Make directory `path` hold exactly `files`: built beside it, then swapped in by one
+    atomic exchange (Linux renameat2), so a crash leaves the old directory or the new one."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"{path}: expected a directory, got a file")
+    if not path.exists():
+        write_new_dir(path, files)
+        return
+    publish_dir(_fill_temp_dir(path, files), path)
+
+
+def publish_dir(tmp: Path, path: Path) -> None:
+    """Put the complete (fsynced) directory `tmp` at `path` in one atomic step: a rename, or
+    an exchange with the directory already there, which is then removed."""
+    if not path.exists():
+        try:
+            durable_step(f"rename {path}")
+            os.rename(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        fsync_dir(path.parent)
+        return
+    try:
+        durable_step(f"rename {path}")
+        if not _exchange(tmp, path):
+            # No atomic exchange here: move the old one aside, then the new one in.
+            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
+            os.rename(path, old / path.name)
+            os.rename(tmp, path)
+            tmp = old
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # the new one on failure, else the old one
+    fsync_dir(path.parent)
+
+
+def remove_temp_files(directory: str | Path) -> None:
+    """Remove what interrupted atomic writes left in `directory` (hidden ``*.tmp``/``*.old``)."""
+    for entry in Path(directory).glob(".*"):
+        if entry.name.endswith((".tmp", ".old")):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths with renameat2(RENAME_EXCHANGE); False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    rc = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+@contextlib.contextmanager
+def replaced_on_success(path: str | Path):
+    """Yield a temp path beside `path`; when the block succeeds it is renamed over `path`
+    (for writers that need a file name, such as numpy's memmap), else removed."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        os.chmod(tmp, file_mode())
+        yield Path(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        durable_step(f"rename {path}")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)

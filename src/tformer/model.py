@@ -242,7 +242,7 @@ class Encoder(nn.Module):
         precision, "fp32" or "bf16" (see ``to_precision``), or a torch dtype for every
         parameter; None keeps float32 (half-precision checkpoints are widened).
         """
-        config, state, source = read_pretrained(path, allow_pickle=allow_pickle)
+        config, state, source = read_pretrained(path, cls, allow_pickle=allow_pickle)
         model = cls(config)
         load_state(model, state, source)
         if isinstance(dtype, str):

@@ -14,7 +14,6 @@ only, unless ``allow_pickle=True`` lets a ``pytorch_model.bin`` through, and the
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch
@@ -25,20 +24,22 @@ from torch import nn
 from tformer.config import TransformerConfig
 from tformer.convert import hf_bert
 from tformer.convert.st_layout import read_layout
-from tformer.files import write_atomic, write_json_atomic
+from tformer.files import json_bytes, write_dir_atomic
+from tformer.stats import check_fits
 
 
 def read_pretrained(
-    directory: str | Path, allow_pickle: bool = False
+    directory: str | Path, model_cls: type[nn.Module], allow_pickle: bool = False
 ) -> tuple[TransformerConfig, dict[str, torch.Tensor], Path]:
     """The config, the state dict under our keys, and the weights' path, of a BERT-format or
-    tformer directory. ``Encoder.from_pretrained`` builds the model from them."""
+    tformer directory. ``Encoder.from_pretrained`` builds the model from them; it passes its
+    class, whose shapes (built on the meta device) the file's are checked against first."""
     model_dir = read_layout(directory).model_dir
     raw = hf_bert.read_config(model_dir)
     if "model_type" in raw:
         config, state = _load_hf(model_dir, raw, allow_pickle)
     elif "d_model" in raw:
-        config, state = _load_tformer(model_dir, allow_pickle)
+        config, state = _load_tformer(model_dir, allow_pickle, model_cls)
     else:
         raise ValueError(
             f"{model_dir / 'config.json'}: expected a BERT config (model_type: bert) or a "
@@ -51,15 +52,12 @@ def save_pretrained(model: nn.Module, directory: str | Path, tokenizer_dir: str 
     """Write ``config.json`` (the TransformerConfig) and ``model.safetensors`` (our keys).
 
     ``tokenizer_dir``: also copy its tokenizer files, so the directory is self-contained.
+    The directory is written as a whole (see ``_write_model_dir``).
     """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    model.config.save(directory / "config.json")
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    # Atomic: a failed save never leaves a half-written checkpoint over a good one.
-    write_atomic(directory / hf_bert.WEIGHTS_FILE, st_save(state, metadata={"format": "pt"}))
-    if tokenizer_dir is not None:
-        _copy_tokenizer(Path(tokenizer_dir), directory)
+    files = {"config.json": json_bytes(model.config.to_dict()),
+             hf_bert.WEIGHTS_FILE: st_save(state, metadata={"format": "pt"})}
+    _write_model_dir(Path(directory), files, tokenizer_dir)
 
 
 def export_hf(model: nn.Module, directory: str | Path, tokenizer_dir: str | Path | None = None) -> None:
@@ -72,24 +70,41 @@ def export_hf(model: nn.Module, directory: str | Path, tokenizer_dir: str | Path
     hf_config = hf_bert.config_to_hf(model.config)
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     hf_state = {k: v.contiguous().clone() for k, v in hf_bert.to_hf(state, model.config).items()}
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(directory / "config.json", hf_config)
-    write_atomic(directory / hf_bert.WEIGHTS_FILE, st_save(hf_state, metadata={"format": "pt"}))
-    if tokenizer_dir is not None:
-        _copy_tokenizer(Path(tokenizer_dir), directory)
+    files = {"config.json": json_bytes(hf_config),
+             hf_bert.WEIGHTS_FILE: st_save(hf_state, metadata={"format": "pt"})}
+    _write_model_dir(Path(directory), files, tokenizer_dir)
 
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
 
 
-def _copy_tokenizer(source: Path, directory: Path) -> None:
+def _write_model_dir(directory: Path, files: dict[str, bytes], tokenizer_dir: str | Path | None
+                     ) -> None:
+    """Write a model directory as one unit: built beside it, then swapped in atomically, so a
+    crash leaves the old directory or the new one, never a config that does not match its
+    weights. A directory holding anything else than a saved model is refused, untouched."""
+    if tokenizer_dir is not None:
+        files = {**files, **_tokenizer_files(Path(tokenizer_dir))}
+    if directory.is_dir():
+        ours = set(files) | set(TOKENIZER_FILES) | {hf_bert.WEIGHTS_FILE, "config.json"}
+        other = sorted(p.name for p in directory.iterdir() if p.name not in ours)
+        if other:
+            raise ValueError(
+                f"directory: {directory} holds files a saved model does not "
+                f"({', '.join(other[:3])}); expected a new directory or a saved model's"
+            )
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    write_dir_atomic(directory, files)
+
+
+def _tokenizer_files(source: Path) -> dict[str, bytes]:
+    if not source.is_dir():
+        raise FileNotFoundError(f"tokenizer_dir {source}: no such directory")
     model_dir = read_layout(source).model_dir  # a sentence-transformers folder works too
     found = [model_dir / name for name in TOKENIZER_FILES if (model_dir / name).is_file()]
     if not any(p.name in ("tokenizer.json", "vocab.txt") for p in found):
         raise FileNotFoundError(f"tokenizer_dir {model_dir}: no tokenizer.json or vocab.txt")
-    for path in found:
-        shutil.copyfile(path, directory / path.name)
+    return {p.name: p.read_bytes() for p in found}
 
 
 # Reading --------------------------------------------------------------------------------
@@ -100,12 +115,56 @@ def _load_hf(model_dir: Path, raw: dict, allow_pickle: bool):
     cleaned = hf_bert.clean_state_dict(state, source)
     has_pooler = "pooler.dense.weight" in cleaned
     config = hf_bert.config_from_hf(raw, has_pooler, str(model_dir / "config.json"))
+    _check_sizes(config, cleaned, r"encoder\.layer\.(\d+)\.", "num_hidden_layers", model_dir, source)
     return config, hf_bert.from_hf(cleaned, config, torch.cat, source)
 
 
-def _load_tformer(model_dir: Path, allow_pickle: bool):
+def _load_tformer(model_dir: Path, allow_pickle: bool, model_cls: type[nn.Module]):
     config = TransformerConfig.load(model_dir / "config.json")
-    return config, _read_weights(hf_bert.weight_files(model_dir, allow_pickle))
+    files = hf_bert.weight_files(model_dir, allow_pickle)
+    if all(p.suffix == ".safetensors" for p in files):  # shapes from the headers, nothing loaded
+        shapes = {k: v for p in files for k, v in _header_shapes(p).items()}
+        _check_sizes(config, shapes, r"layers\.(\d+)\.", "n_layers", model_dir, str(files[0]))
+        _check_shapes(model_cls, config, shapes, str(files[0]))
+    return config, _read_weights(files)
+
+
+def _header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """{tensor name: shape} from a safetensors file's header, without reading any tensor."""
+    from safetensors import safe_open
+
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (listed in the safetensors index)")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as e:  # safetensors raises its own error types
+        raise ValueError(f"{path}: not a readable safetensors file ({e})") from None
+
+
+def _check_sizes(config: TransformerConfig, tensors, layer_key: str, config_key: str,
+                 model_dir: Path, source: str) -> None:
+    """Before building anything: the config's layer count must be the file's, and the
+    model must fit in memory (a config.json typo must not allocate until the OOM killer)."""
+    import re
+
+    layers = {int(m.group(1)) for k in tensors if (m := re.match(layer_key, k))}
+    in_file = max(layers) + 1 if layers else 0
+    if config.n_layers > in_file:  # (fewer: the strict load names the unexpected tensor)
+        raise ValueError(f"{model_dir / 'config.json'}: {config_key}: expected at most the "
+                         f"{in_file} layers {source} holds weights for, got {config.n_layers}")
+    check_fits(config, "encoder", what=str(model_dir / "config.json"))
+
+
+def _check_shapes(model_cls: type[nn.Module], config: TransformerConfig,
+                  shapes: dict[str, tuple[int, ...]], source: str) -> None:
+    """The file's tensor shapes against the config's, from a model built on the meta device."""
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in model_cls(config).state_dict().items()}
+    for key, shape in expected.items():
+        if key in shapes and shapes[key] != shape:
+            raise ValueError(f"{source}: tensor {key!r}: expected shape {shape}, got "
+                             f"{shapes[key]} (config.json and the weights disagree)")
 
 
 def _read_weights(files: list[Path]) -> dict[str, torch.Tensor]:
@@ -115,7 +174,13 @@ def _read_weights(files: list[Path]) -> dict[str, torch.Tensor]:
             raise FileNotFoundError(f"{path}: no such file (listed in the safetensors index)")
         if path.suffix == ".bin":
             # weights_only: tensors and plain containers only, no arbitrary unpickling.
-            part = torch.load(path, map_location="cpu", weights_only=True)
+            try:
+                part = torch.load(path, map_location="cpu", weights_only=True)
+            except Exception as e:  # UnpicklingError (blocked), EOFError, IndexError...
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise ValueError(
+                    f"{path}: not a loadable weights-only pickle ({type(e).__name__}: {first[:200]})"
+                ) from None
             if not isinstance(part, dict):
                 raise ValueError(f"{path}: expected a state dict, got {type(part).__name__}")
         else:
@@ -141,4 +206,7 @@ def load_state(model: nn.Module, state: dict[str, torch.Tensor], source: Path) -
             raise ValueError(
                 f"{source}: tensor {key!r}: expected shape {tuple(ref.shape)}, got {tuple(state[key].shape)}"
             )
+        if state[key].is_floating_point() and not bool(torch.isfinite(state[key]).all()):
+            raise ValueError(f"{source}: tensor {key!r} holds NaN or infinite values; "
+                             "expected finite weights")
     model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=True)

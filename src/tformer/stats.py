@@ -24,10 +24,65 @@ def build(config: TransformerConfig, model: str = "encoder") -> torch.nn.Module:
 
 
 def parameter_count(config: TransformerConfig, model: str = "encoder") -> int:
-    """Exact count, from the real module built on the meta device (no memory used)."""
-    with torch.device("meta"):
-        module = build(config, model)
-    return sum(p.numel() for p in module.parameters())
+    """Exact count, from real modules built on the meta device (no memory used): the model
+    with one layer per stack, plus the remaining layers counted from one layer each, so
+    the time does not grow with n_layers either (10**9 layers answer at once)."""
+    from tformer.layers import DecoderLayer, EncoderLayer
+
+    def count(module: torch.nn.Module) -> int:
+        return sum(p.numel() for p in module.parameters())
+
+    try:
+        with torch.device("meta"):
+            one = config.replace(n_layers=1, n_decoder_layers=1)
+            total = count(build(one, model)) + (config.n_layers - 1) * count(EncoderLayer(one))
+            if model == "seq2seq":
+                total += (config.decoder_layers - 1) * count(DecoderLayer(one))
+    except RuntimeError as e:  # "Storage size calculation overflowed"
+        if "overflow" not in str(e):
+            raise
+        raise ValueError(
+            f"config: a weight of this config (d_model {config.d_model}, d_ff {config.d_ff}, "
+            f"vocab_size {config.vocab_size}) would exceed 2**63 bytes; expected sizes a "
+            "machine can hold"
+        ) from None
+    return total
+
+
+def available_memory() -> int:
+    """Bytes this process may still allocate: the smaller of MemAvailable and RLIMIT_AS."""
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    available = limit if limit != resource.RLIM_INFINITY else 1 << 62
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    available = min(available, int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    return available
+
+
+def check_fits(config: TransformerConfig, model: str = "encoder", training: bool = False,
+               batch: int = 0, seq_len: int | None = None, what: str = "config") -> int:
+    """Refuse, before allocating anything, a model whose parameters (and for training their
+    gradients, AdamW moments and a batch's activations) would not fit in memory.
+    Returns the estimated bytes."""
+    params = parameter_count(config, model)
+    copies = 4 if training else 1  # weights; + gradients and AdamW's two moments
+    need = params * 4 * copies
+    if batch:
+        need += activation_bytes(config, seq_len or config.max_len, batch)
+    have = available_memory()
+    if need > have:
+        parts = "weights, gradients, AdamW moments and activations" if training else "weights"
+        raise ValueError(
+            f"{what}: {params:,} parameters need {need / 2**30:,.1f} GiB ({parts}, float32); "
+            f"expected at most the {have / 2**30:,.1f} GiB available"
+        )
+    return need
 
 
 def encoder_layer_flops(config: TransformerConfig, seq_len: int) -> int:

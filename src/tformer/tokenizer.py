@@ -191,6 +191,13 @@ def load_tokenizer(directory: str | Path, max_length: int | None = None) -> Toke
         from tokenizers import BertWordPieceTokenizer
 
         lowercase = _tokenizer_config(model_dir).get("do_lower_case", True)
+        with vocab_txt.open(encoding="utf-8", errors="replace") as f:
+            tokens = {line.strip() for line in f}
+        missing = [t for t in ("[CLS]", "[SEP]") if t not in tokens]
+        if missing:  # (the tokenizers library would say only "sep_token not found")
+            raise ValueError(f"{vocab_txt}: expected a WordPiece vocabulary (one token per line, "
+                             f"with {', '.join(missing)}), got "
+                             + ("an empty file" if not tokens - {""} else "none of those"))
         backend = BertWordPieceTokenizer(str(vocab_txt), lowercase=bool(lowercase))._tokenizer
     else:
         raise FileNotFoundError(

@@ -3,13 +3,16 @@
     metrics = train(resolve_config({"task": "reverse"}))
 
 A run directory holds everything about one run:
-    config.json            the model's TransformerConfig
-    model.safetensors      weights
-    optimizer.safetensors  AdamW moments + the torch RNG state (tensors, no pickle)
-    trainer_state.json     step, schedule, wall time: everything else needed to resume
-    train_config.json      the TrainConfig
+    checkpoints/step-N/    one checkpoint, published whole (see tformer.checkpoint):
+        config.json            the model's TransformerConfig
+        model.safetensors      weights
+        optimizer.safetensors  AdamW moments + the torch RNG state (tensors, no pickle)
+        trainer_state.json     step, schedule, wall time: everything else needed to resume
+        train_config.json      the TrainConfig
+    checkpoints/latest     the name of the newest checkpoint
     metrics.jsonl          one JSON object per line; the last one is the test result
     curves.png             loss and accuracy against steps
+    .tformer-run.lock      held (flock) while a process trains here (see tformer.rundir)
 
 Resuming is bit-for-bit: the batch for step k depends only on (seed, k), dropout draws
 from the restored RNG, and the optimizer moments are restored exactly; so training
@@ -19,6 +22,7 @@ as the schedule does not depend on the total: cosine does, inverse_sqrt does not
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import sys
@@ -37,8 +41,11 @@ from tformer.checkpoint import (
     save_checkpoint,
 )
 from tformer.config import TransformerConfig, check_known_keys
+from tformer.files import write_atomic
 from tformer.generate import generate
 from tformer.model import EncoderClassifier, Seq2SeqTransformer
+from tformer.rundir import check_unlocked, open_run_dir, resume_metrics
+from tformer.stats import check_fits
 from tformer.tasks import Example, Task, get_task
 from tformer.tasks.tokenizer import PAD
 from tformer.train_config import (  # noqa: F401  (re-exported: tformer.train's public names)
@@ -55,12 +62,13 @@ from tformer.train_config import (  # noqa: F401  (re-exported: tformer.train's 
 def resume_config(run_dir: str | Path, *layers: dict[str, Any]) -> TrainConfig:
     """The saved TrainConfig of `run_dir` with `layers` applied; only RESUMABLE options may
     change (the others define the experiment being continued)."""
-    run_dir = check_run_dir(run_dir)
-    saved = TrainConfig(**json.loads((run_dir / "train_config.json").read_text()))
+    check_unlocked(run_dir)  # a run in progress replaces its checkpoints while we read
+    saved_dir = check_run_dir(run_dir)  # the newest checkpoint's files
+    saved = TrainConfig(**json.loads((saved_dir / "train_config.json").read_text()))
     changes: dict[str, Any] = {}
     for layer in layers:
         changes.update(layer)
-    changes["out"] = str(run_dir)
+    changes["out"] = str(Path(run_dir))
     check_known_keys(changes, TrainConfig)
     for name, value in changes.items():
         if name not in RESUMABLE and value != getattr(saved, name):
@@ -178,6 +186,8 @@ def load_run(run_dir: str | Path) -> tuple[nn.Module, Task, TrainConfig]:
         ) from None
     task = get_task(config.task, config.seed, config.valid_size, config.test_size)
     model_config = TransformerConfig.load(run_dir / "config.json")
+    check_fits(model_config, "seq2seq" if task.kind == "seq2seq" else "classifier",
+               what=str(run_dir / "config.json"))
     model = (Seq2SeqTransformer if task.kind == "seq2seq" else EncoderClassifier)(model_config)
     load_weights(model, run_dir / "model.safetensors")
     return model.eval(), task, config
@@ -204,31 +214,36 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
 
     resume: continue the run in `config.out` from its checkpoint.
     """
-    from tqdm import tqdm
-
-    started = time.perf_counter()
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     run_dir = Path(config.out) if config.out else new_run_dir(config.task)
-    if resume:
-        check_run_dir(run_dir)
-    elif (run_dir / "model.safetensors").exists():
-        raise ValueError(
-            f"out: {run_dir} already holds a checkpoint; resume it with --resume {run_dir} "
-            "or choose another --out"
-        )
-    run_dir.mkdir(parents=True, exist_ok=True)
     config = config.replace(out=str(run_dir))
-    metrics_path = run_dir / "metrics.jsonl"
-    if not resume:
-        metrics_path.unlink(missing_ok=True)  # a fresh run starts a fresh log
     task = get_task(config.task, config.seed, config.valid_size, config.test_size)
+    check_fits(config.model_config(task), "seq2seq" if task.kind == "seq2seq" else "classifier",
+               training=True, batch=config.batch_size, seq_len=task.max_len, what="model")
     torch.manual_seed(config.seed)
     model = build_model(config, task)
     optimizer = make_optimizer(model, config)
+    # Only now, with a valid model, touch the disk: check, create and lock the run dir.
+    with open_run_dir(run_dir, resume):  # locked until training ends, however it ends
+        return _train(config, task, model, optimizer, resume, progress, log)
+
+
+def _train(config: TrainConfig, task: Task, model: nn.Module, optimizer: torch.optim.Optimizer,
+           resume: bool, progress: bool, log) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    started = time.perf_counter()
+    run_dir = Path(config.out)
+    metrics_path = run_dir / "metrics.jsonl"
     state: dict[str, Any] = {"step": 0, "wall_seconds": 0.0, "schedule": config.schedule}
     if resume:
         state = load_training_state(run_dir, model, optimizer)
+        finished = resume_metrics(metrics_path, state, config.steps)
+        if finished is not None:
+            log(f"{run_dir} already finished at step {state['step']}; its test result:")
+            log(_summary(finished, main_metric(task)))
+            return finished
     n_params = sum(p.numel() for p in model.parameters())
     log(f"task {task.name}: {task.description}; {n_params:,} parameters; run dir {run_dir}")
     baseline = task.majority_baseline()["accuracy"] if task.kind == "classification" else None
@@ -255,6 +270,12 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
         lr = learning_rate(config, state["step"] + 1)
         loss, acc = train_step(model, optimizer, batch, config, lr)
         state["step"] += 1
+        if not math.isfinite(loss):
+            bar.close()
+            raise ValueError(
+                f"loss: expected a finite number, got {loss} at step {state['step']} (lr {lr:.3g});"
+                f" stopped, keeping the last good checkpoint in {run_dir}; try a lower --lr"
+            )
         meter.add(loss, acc, batch.n_tokens())
         bar.update(1)
         if state["step"] % config.log_every == 0 or state["step"] == config.steps:
@@ -270,14 +291,14 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
             bar.write(f"step {state['step']}: validation {key} {valid[key]:.4f} "
                       f"loss {valid['loss']:.4f}")
             state["wall_seconds"] = wall()
-            save_checkpoint(run_dir, model, optimizer, config, state)
+            save_checkpoint(run_dir, model, optimizer, config, state, keep=config.keep)
             if config.early_stop is not None and valid[key] >= config.early_stop:
                 stop_reason = "early_stop"
                 break
     bar.close()
     state["wall_seconds"] = wall()
     state["stopped_by"] = stop_reason
-    save_checkpoint(run_dir, model, optimizer, config, state)
+    save_checkpoint(run_dir, model, optimizer, config, state, keep=config.keep)
 
     test, preds = evaluate(model, task, "test")
     record = {"split": "test", "task": task.name, "step": state["step"], **test,
@@ -364,5 +385,7 @@ def plot_curves(metrics_path: Path, png_path: Path, key: str) -> None:
     ax2.set(xlabel="step", ylabel="accuracy", ylim=(0, 1.02), title="accuracy")
     ax2.legend(loc="lower right")
     fig.tight_layout()
-    fig.savefig(png_path, dpi=100)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
     plt.close(fig)
+    write_atomic(png_path, buffer.getvalue())

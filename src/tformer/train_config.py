@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from tformer.config import POOLINGS, TransformerConfig, check_known_keys
+from tformer.errors import BadType
 from tformer.tasks import TASKS, Task
 
 SCHEDULES = ("inverse_sqrt", "cosine")
 # Options that may differ when resuming; changing any other would make the resumed run
 # a different experiment than the one its checkpoint started.
-RESUMABLE = ("steps", "eval_every", "log_every", "threads", "max_minutes", "out")
+RESUMABLE = ("steps", "eval_every", "log_every", "threads", "max_minutes", "out", "keep")
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class TrainConfig:
     threads: int | None = None  # torch threads; None = torch's default
     max_minutes: float | None = None  # stop training after this long (then test)
     out: str | None = None  # run directory; None = a new folder under runs/
+    keep: int = 1  # checkpoints kept in the run directory (the newest ones)
     # Model size (the rest of TransformerConfig keeps its defaults).
     d_model: int = 64
     n_heads: int = 4
@@ -66,9 +68,14 @@ class TrainConfig:
                 str(f.type).split(" |")[0]
             ]
             if isinstance(value, bool) != (want is bool) or not isinstance(value, want):
-                raise TypeError(f"{f.name}: expected {str(f.type)}, got {value!r}")
+                raise BadType(f"{f.name}: expected {str(f.type)}, got {value!r}")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{f.name}: expected a finite number, got {value}")
         positive = ("steps", "batch_size", "eval_every", "log_every", "valid_size", "test_size",
-                    "d_model", "n_heads", "d_ff", "n_layers", "n_decoder_layers", "threads")
+                    "d_model", "n_heads", "d_ff", "n_layers", "n_decoder_layers", "threads",
+                    "keep")
         for name in positive:
             value = getattr(self, name)
             if value is not None and value <= 0:

@@ -122,13 +122,19 @@ def plot_positions(d_model: int = 128, max_len: int = 100):
 
 
 def save_figure(fig, path: str | Path) -> Path:
-    """Write a PNG (creating folders) and free the figure."""
+    """Write a PNG atomically (creating folders) and free the figure."""
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise ValueError(f"path: expected a .png file name, got {str(path)!r}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
+    import io
+
+    from tformer.files import write_atomic
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)
     _pyplot().close(fig)
+    write_atomic(path, buffer.getvalue())  # a crash or full disk keeps any previous file
     return path
 
 

@@ -115,6 +115,78 @@ def test_search_finds_the_line_itself_first(capsys, tmp_path):
     _one_line_error(rc, err, "search", r"--top-k: expected a positive int, got 0")
 
 
+def test_index_build_then_search_gives_what_search_on_the_corpus_gives(capsys, tmp_path,
+                                                                       monkeypatch):
+    import tformer.index
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(SENTENCES[:2]) + "\n\n" + "\n".join(SENTENCES[2:]) + "\n")
+    rc, whole, _ = _run(capsys, "search", bert_dir(), "--corpus", corpus, SENTENCES[3], "a cat",
+                        "-k", 3)
+    monkeypatch.setattr(tformer.index, "CHUNK", 2)  # the corpus in 3 chunks, blocks of 2
+    monkeypatch.setattr(tformer.index, "BLOCK", 2)
+    rc, direct, _ = _run(capsys, "search", bert_dir(), "--corpus", corpus, SENTENCES[3], "a cat",
+                         "-k", 3)
+    assert rc == 0 and direct == whole
+    rc, _, err = _run(capsys, "index", "build", bert_dir(), "--corpus", corpus,
+                      "--out", tmp_path / "idx")
+    assert rc == 0 and "wrote" in err and "5 vectors" in err
+    rc, indexed, _ = _run(capsys, "search", tmp_path / "idx", SENTENCES[3], "a cat", "-k", 3)
+    assert rc == 0 and indexed == direct
+    # Another model (same shapes, other weights) is refused.
+    other = copy_dir(bert_dir(), tmp_path / "other")
+    state = load_file(str(other / "model.safetensors"))
+    state[next(iter(state))] += 1
+    save_file(state, str(other / "model.safetensors"))
+    rc, _, err = _run(capsys, "search", tmp_path / "idx", "q", "--model", other)
+    _one_line_error(rc, err, "search", r"built with the model .* rebuild it")
+    # A changed model directory is refused too.
+    rc, _, err = _run(capsys, "index", "build", other, "--corpus", corpus, "--out", tmp_path / "i2")
+    (other / "vocab.txt").write_text((other / "vocab.txt").read_text() + "extra\n")
+    rc, _, err = _run(capsys, "search", tmp_path / "i2", "q")
+    _one_line_error(rc, err, "search", r"built with the model")
+
+
+def test_embed_out_errors_are_one_line(capsys, tmp_path):
+    (tmp_path / "d.npy").mkdir()
+    rc, _, err = _run(capsys, "embed", st_dir(), "a", "--out", tmp_path / "d.npy")
+    _one_line_error(rc, err, "embed", r"--out .*d\.npy: is a directory")
+
+
+def test_embed_streams_and_resumes_an_interrupted_file(capsys, tmp_path, monkeypatch):
+    import tformer.index
+    from tformer import files
+
+    monkeypatch.setattr(tformer.index, "CHUNK", 2)
+    lines = tmp_path / "lines.txt"
+    lines.write_text("\n".join(SENTENCES) + "\n")
+    out = tmp_path / "e.npy"
+    np.save(out, np.zeros(3))
+    calls = []
+
+    def full_disk(what):
+        calls.append(what)
+        if len(calls) == 4:  # the second chunk
+            raise OSError(28, "No space left on device", what.split(" ", 1)[1])
+
+    monkeypatch.setattr(files, "fault_hook", full_disk)
+    rc, _, err = _run(capsys, "embed", st_dir(), "--file", lines, "--out", out)
+    assert rc == 1 and err.count("\n") == 1 and "No space left on device" in err
+    np.testing.assert_array_equal(np.load(out), np.zeros(3))  # the old file, whole
+    monkeypatch.setattr(files, "fault_hook", None)
+    rc, _, err = _run(capsys, "embed", st_dir(), "--file", lines, "--out", out)
+    assert rc == 0 and "resuming" in err and "after 2 of 5" in err
+    assert_close(np.load(out), SentenceEncoder.from_pretrained(st_dir()).encode(SENTENCES))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.npy", "lines.txt"]
+
+
+def test_similarity_refuses_more_texts_than_it_can_print(capsys, tmp_path):
+    lines = tmp_path / "many.txt"
+    lines.write_text("\n".join(f"text {i}" for i in range(101)) + "\n")
+    rc, _, err = _run(capsys, "similarity", st_dir(), "--file", lines)
+    _one_line_error(rc, err, "similarity", r"expected at most 100 texts .* got 101")
+
+
 # attention ---------------------------------------------------------------------------------------
 def test_attention_png_has_one_panel_per_layer_and_head(capsys, tmp_path):
     out = tmp_path / "attn.png"
@@ -186,3 +258,13 @@ def test_pickle_needs_allow_pickle(capsys, tmp_path):
     _one_line_error(rc, err, "embed", r"pytorch_model\.bin: refusing to load a pickle checkpoint")
     rc, out, _ = _run(capsys, "embed", d, "a dog", "--allow-pickle")
     assert rc == 0 and json.loads(out)["text"] == "a dog"
+
+
+def test_attention_refuses_a_text_too_long_to_read(capsys, tmp_path):
+    out = tmp_path / "a.png"
+    text = " ".join(["cat"] * 50)  # 52 tokens: within the model's 64, past a grid's 48
+    rc, _, err = _run(capsys, "attention", bert_dir(), text, "--out", out)
+    _one_line_error(rc, err, "attention", r"TEXT: expected at most 48 tokens .* got 52; .*--layer and --head")
+    assert not out.exists()
+    rc, _, _ = _run(capsys, "attention", bert_dir(), text, "--out", out, "--layer", 0, "--head", 0)
+    assert rc == 0 and out.is_file()

@@ -19,3 +19,20 @@ def test_bad_config_is_one_line_error(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
     assert "d_model: expected a multiple of n_heads (4), got 30" in proc.stderr
+
+
+def test_info_does_not_allocate_a_huge_model(tmp_path, capsys):
+    import time
+
+    TransformerConfig(d_model=64, n_heads=4, n_layers=10**9).save(tmp_path / "c.json")
+    start = time.process_time()
+    assert main(["info", str(tmp_path / "c.json")]) == 0
+    assert time.process_time() - start < 5  # not minutes: nothing is built per layer
+    assert "281,152,000,000,000" in capsys.readouterr().out
+
+
+def test_sizes_past_what_torch_can_represent_are_one_line(tmp_path, capsys):
+    TransformerConfig(d_model=10**12, n_heads=4, d_ff=4, n_layers=2).save(tmp_path / "c.json")
+    assert main(["info", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "would exceed 2**63 bytes" in err

@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+from tformer.checkpoint import check_run_dir
 from tformer.cli import main
 
 TINY = ["--d-model", "16", "--n-heads", "2", "--d-ff", "32", "--n-layers", "1",
@@ -38,9 +39,9 @@ def test_train_resume_continues(run_dir, tmp_path):
     out = tmp_path / "r"
     assert main(["train", "--steps", "2", "--out", str(out), *TINY]) == 0
     assert main(["train", "--resume", str(out), "--steps", "4", "--quiet"]) == 0
-    assert json.loads((out / "trainer_state.json").read_text())["step"] == 4
+    assert json.loads((check_run_dir(out) / "trainer_state.json").read_text())["step"] == 4
     assert main(["train", "--out", str(out), "--resume", "--steps", "5", "--quiet"]) == 0
-    assert json.loads((out / "trainer_state.json").read_text())["step"] == 5
+    assert json.loads((check_run_dir(out) / "trainer_state.json").read_text())["step"] == 5
 
 
 def test_train_options_from_a_yaml_file(tmp_path):
@@ -51,7 +52,7 @@ def test_train_options_from_a_yaml_file(tmp_path):
     # the command line wins over the file
     assert main(["train", "--config", str(cfg), "--steps", "3", "--out", str(out), "--quiet",
                  "--threads", "1"]) == 0
-    saved = json.loads((out / "train_config.json").read_text())
+    saved = json.loads((check_run_dir(out) / "train_config.json").read_text())
     assert saved["task"] == "brackets" and saved["steps"] == 3 and saved["d_model"] == 16
     assert saved["lr"] == 0.001  # YAML reads 1e-3 as a string; it is still a float here
 
@@ -82,7 +83,7 @@ def test_bad_input_is_one_line_error(argv, message, run_dir, tmp_path, capsys):
     (tmp_path / "c.json").write_text('{"bogus": 1}')
     bad = tmp_path / "bad"  # a run whose weights file is corrupt
     shutil.copytree(run_dir, bad)
-    (bad / "model.safetensors").write_bytes(b"not safetensors")
+    (check_run_dir(bad) / "model.safetensors").write_bytes(b"not safetensors")
     argv = [a.format(cfg=tmp_path / "c.json", tmp=tmp_path, run=run_dir, bad=bad) for a in argv]
     assert main(argv) == 2
     err = capsys.readouterr().err

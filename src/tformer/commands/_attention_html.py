@@ -17,7 +17,11 @@ from tformer.viz_html import AttentionMaps
 
 
 def is_run_dir(model_dir: str | Path) -> bool:
-    return (Path(model_dir) / "train_config.json").is_file()
+    """A `tformer train` run: published checkpoints, or (older runs) train_config.json on top."""
+    from tformer.checkpoint import latest_checkpoint
+
+    model_dir = Path(model_dir)
+    return latest_checkpoint(model_dir) is not None or (model_dir / "train_config.json").is_file()
 
 
 def bert_maps(args: argparse.Namespace) -> list[AttentionMaps]:

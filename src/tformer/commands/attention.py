@@ -17,6 +17,10 @@ HELP = (
     "draw a model's attention weights for a text: layers x heads heatmaps to a PNG (--out), "
     "or an interactive HTML page (--html)"
 )
+# Past these, tick labels overlap and the figure is unreadable, and drawing it took minutes
+# and gigabytes (256 tokens x 144 maps: 9.6 GB). One map can hold more than a grid.
+MAX_TOKENS_GRID = 48
+MAX_TOKENS_ONE_MAP = 128
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"{option}: expected 0..{n - 1}, got {value}")
         tok = load_tokenizer(args.model_dir, max_length=args.max_length)
         batch = tok([args.text], truncation=not args.no_truncate)
+    check_readable(batch["input_ids"].shape[1], args.layer is not None and args.head is not None)
     with torch.inference_mode():
         out = model(
             batch["input_ids"],
@@ -85,3 +90,13 @@ def run(args: argparse.Namespace) -> int:
     cols = 1 if args.head is not None else n_heads
     print(f"wrote {path} ({rows} x {cols} maps, {len(tokens)} tokens)", file=sys.stderr)
     return 0
+
+
+def check_readable(n_tokens: int, one_map: bool) -> None:
+    """Refuse a text whose figure would be unreadable (and slow and huge to draw)."""
+    limit = MAX_TOKENS_ONE_MAP if one_map else MAX_TOKENS_GRID
+    if n_tokens > limit:
+        hint = ("" if one_map else
+                f"; pick one map with --layer and --head (up to {MAX_TOKENS_ONE_MAP} tokens)")
+        raise ValueError(f"TEXT: expected at most {limit} tokens for a readable figure, "
+                         f"got {n_tokens}; shorten the text or use --max-length{hint}")

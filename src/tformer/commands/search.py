@@ -1,7 +1,10 @@
 """`tformer search MODEL_DIR --corpus lines.txt "query" ...`: the corpus lines closest to a query.
+`tformer search INDEX "query" ...`: the same over an index built once by `tformer index build`.
 
 Ranks the corpus's non-empty lines by cosine similarity to each query's embedding and
-prints the top ``-k`` with their score and line number.
+prints the top ``-k`` with their score and line number. Without an index the corpus is
+embedded a chunk at a time and compared at once with a running top-k, so memory does not
+grow with its length; with an index nothing is embedded but the queries.
 """
 
 from __future__ import annotations
@@ -12,18 +15,20 @@ from tformer.commands._pretrained import (
     add_model_arguments,
     load_sentence_encoder,
     one_line_warnings,
-    read_numbered_lines,
     short,
 )
-from tformer.commands.similarity import cosine_matrix
 
-HELP = "semantic search: the lines of a corpus file closest to a query"
+HELP = "semantic search: the lines of a corpus file (or an index) closest to a query"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("queries", nargs="+", metavar="QUERY", help="one or more queries")
-    parser.add_argument("--corpus", required=True, help="a text file, one document per line")
+    parser.add_argument("--corpus", default=None,
+                        help="a text file, one document per line (not with an INDEX)")
+    parser.add_argument("--model", default=None,
+                        help="with an INDEX: the model directory to embed queries with "
+                             "(default: the one that built it; another model is refused)")
     parser.add_argument("-k", "--top-k", type=int, default=5, help="results per query (5)")
     parser.add_argument(
         "--progress",
@@ -34,27 +39,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
+    from tformer.index import Index, TopK, count_lines, embed_chunks, iter_lines, progress_bar
 
     if args.top_k < 1:
         raise ValueError(f"--top-k: expected a positive int, got {args.top_k}")
-    numbered = read_numbered_lines(args.corpus, "--corpus")
-    if not numbered:
-        raise ValueError(f"--corpus {args.corpus}: expected at least one non-empty line, got none")
-    numbers, corpus = [n for n, _ in numbered], [text for _, text in numbered]
-    with one_line_warnings("search"):
-        st = load_sentence_encoder(args)
-        truncation = not args.no_truncate
-        docs = st.encode(
-            corpus, batch_size=args.batch_size, show_progress=args.progress, truncation=truncation
-        )
-        queries = st.encode(args.queries, batch_size=args.batch_size, truncation=truncation)
-    sims = cosine_matrix(np.concatenate([queries, docs]))[: len(queries), len(queries) :]  # (Q, N)
-    k = min(args.top_k, len(corpus))
+    truncation = not args.no_truncate
+    if Index.is_index(args.model_dir):
+        if args.corpus is not None:
+            raise ValueError("--corpus: not with an INDEX (it holds its corpus); got both")
+        index = Index(args.model_dir)
+        model_dir = args.model or index.meta["model_dir"]
+        index.check_model(model_dir)
+        args.model_dir = model_dir
+        if args.max_length is None:  # embed the queries as the corpus was
+            args.max_length = index.meta.get("max_length")
+        with one_line_warnings("search"):
+            st = load_sentence_encoder(args)
+            queries = st.encode(args.queries, batch_size=args.batch_size, truncation=truncation)
+        scores, rows = index.search(queries, args.top_k)
+        found = index.texts(set(rows.ravel().tolist()))
+    else:
+        if args.corpus is None:
+            raise ValueError(f"--corpus: expected a corpus file with MODEL_DIR {args.model_dir} "
+                             "(or give an INDEX from `tformer index build`), got none")
+        n = count_lines(args.corpus, "--corpus")
+        if n == 0:
+            raise ValueError(f"--corpus {args.corpus}: expected at least one non-empty line, got none")
+        with one_line_warnings("search"):
+            st = load_sentence_encoder(args)
+            queries = st.encode(args.queries, batch_size=args.batch_size, truncation=truncation)
+            best, first = TopK(queries, args.top_k), 0
+            bar = progress_bar(n, args.progress)
+            for _, texts, docs in embed_chunks(st, iter_lines(args.corpus, "--corpus"),
+                                               batch_size=args.batch_size, show_progress=False,
+                                               truncation=truncation):
+                best.add(docs, first)  # (Q, b) similarities at a time, never (Q, N)
+                first += len(texts)
+                bar.update(len(texts))
+            bar.close()
+        scores, rows = best.result()
+        wanted = set(rows.ravel().tolist())
+        found = {row: item for row, item in enumerate(iter_lines(args.corpus, "--corpus"))
+                 if row in wanted}
     for q, query in enumerate(args.queries):
         if q:
             print()
         print(f"query: {short(query)}")
-        for rank, j in enumerate(np.argsort(-sims[q], kind="stable")[:k], start=1):
-            print(f"{rank:>3}. {sims[q, j]:.4f}  line {numbers[j]}: {short(corpus[j], 80)}")
+        for rank, (score, row) in enumerate(zip(scores[q], rows[q], strict=True), start=1):
+            number, text = found[int(row)]
+            print(f"{rank:>3}. {score:.4f}  line {number}: {short(text, 80)}")
     return 0

@@ -13,6 +13,9 @@ from tformer.commands._pretrained import (
 from tformer.commands.embed import gather_texts
 
 HELP = "cosine similarity between texts, with a BERT-format / sentence-transformers model"
+# A printed N x N matrix is read by a person: past this it is megabytes no one reads
+# (5,000 texts made 200 MB). Larger inputs belong to `search` or `embed`.
+MAX_TEXTS = 100
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +35,11 @@ def cosine_matrix(emb):
 
 def run(args: argparse.Namespace) -> int:
     texts = gather_texts(args, minimum=2)
+    if len(texts) > MAX_TEXTS:
+        raise ValueError(
+            f"TEXT: expected at most {MAX_TEXTS} texts (the matrix is printed), got {len(texts)}; "
+            "for more, use `tformer search` or `tformer embed --out`"
+        )
     with one_line_warnings("similarity"):
         st = load_sentence_encoder(args)
         emb = st.encode(texts, batch_size=args.batch_size, truncation=not args.no_truncate)

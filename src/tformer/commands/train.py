@@ -30,7 +30,9 @@ FIELD_HELP = {
     "seed": "seed for the data splits, initialisation and dropout",
     "threads": "torch CPU threads (default: torch's choice); --engine numpy: BLAS threads",
     "max_minutes": "stop training after this many minutes, then test",
-    "out": "run directory (default: a new folder under runs/)",
+    "out": "run directory (default: a new folder under runs/); a non-empty folder that is "
+           "not a tformer run is refused",
+    "keep": "checkpoints kept in RUN/checkpoints (the newest; older ones are pruned)",
     "d_model": "model width", "n_heads": "attention heads", "d_ff": "feed-forward width",
     "n_layers": "encoder layers (and decoder layers unless --n-decoder-layers)",
     "n_decoder_layers": "decoder layers (default: --n-layers)",

@@ -253,6 +253,26 @@ def config_from_hf(hf: Mapping[str, Any], has_pooler: bool, source: str = "confi
     for key in required:
         if key not in hf:
             raise ValueError(f"{source}: missing key {key!r}")
+    try:
+        return _tformer_config(hf, act, has_pooler)
+    except (ValueError, TypeError) as e:
+        # Name BERT's key, not ours: the user edits config.json, not a TransformerConfig.
+        field, _, rest = str(e).partition(": ")
+        key = CONFIG_KEYS.get(field)
+        raise type(e)(f"{source}: {key}: {rest}" if key else f"{source}: {e}") from None
+
+
+# tformer field -> the BERT config.json key it comes from (for error messages).
+CONFIG_KEYS = {
+    "d_model": "hidden_size", "n_heads": "num_attention_heads", "d_ff": "intermediate_size",
+    "n_layers": "num_hidden_layers", "dropout": "hidden_dropout_prob",
+    "attention_dropout": "attention_probs_dropout_prob", "layer_norm_eps": "layer_norm_eps",
+    "max_len": "max_position_embeddings", "vocab_size": "vocab_size",
+    "type_vocab_size": "type_vocab_size",
+}
+
+
+def _tformer_config(hf: Mapping[str, Any], act: str, has_pooler: bool) -> TransformerConfig:
     return TransformerConfig(
         d_model=hf["hidden_size"],
         n_heads=hf["num_attention_heads"],
