@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from tformer.bench.harness import NO_BF16, has_bf16
 from tformer.cli import main
 
 SUBSET = ["dense-small", "padded-small-pre", "train-small", "decode"]
@@ -18,7 +19,7 @@ def _run(tmp_path, capsys, *extra):
 def test_quick_subset_prints_the_table_and_json(tmp_path, capsys):
     table, data = _run(tmp_path, capsys, "--only", *SUBSET)
     assert set(data) == {"machine", "rows", "targets", "notes"}
-    assert {"cpu", "torch", "threads", "onednn_linear"} <= set(data["machine"])
+    assert {"cpu", "isa", "torch", "threads", "onednn_linear"} <= set(data["machine"])
     row_keys = {"workload", "contender", "median_ms", "spread", "tokens_per_s", "vs_tformer", "cores",
                 "roofline", "peak_mib", "note"}
     assert all(set(r) == row_keys for r in data["rows"])
@@ -47,3 +48,5 @@ def test_full_quick_run(tmp_path, capsys):
     """The whole `--quick` suite (about 11 s): the CI smoke test the issue asks for."""
     _, data = _run(tmp_path, capsys)
     assert {r["workload"] for r in data["rows"]} >= {"dense-base", "bf16-base", "train-base", "memory-512"}
+    if not has_bf16():  # skipped with a note, not a crash
+        assert [r["note"] for r in data["rows"] if r["workload"] == "bf16-base"] == [f"skipped: {NO_BF16}"]

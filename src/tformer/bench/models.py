@@ -51,9 +51,35 @@ def inputs(config: TransformerConfig, batch: int, seq: int, padded: bool,
 
 
 # torch -----------------------------------------------------------------------------------------
+# The bench's only references to tformer.fastpath are these two helpers.
+def onednn_linear() -> bool:
+    """Whether this torch build has oneDNN's fused linear (tformer's fp32/bf16 matmul kernel)."""
+    from tformer import fastpath
+
+    return fastpath._ONEDNN
+
+
+def onednn_matmul(x: Tensor, w: Tensor) -> Tensor:
+    """x @ w.T through oneDNN's linear, as tformer's layers run it."""
+    from tformer import fastpath
+
+    return fastpath._onednn_linear(x, w, None)
+
+
 def tformer(encoder: Encoder, skip_padding: bool = False) -> Run:
     def run(ids, mask):
         return encoder(ids, mask, skip_padding=skip_padding).last_hidden_state
+
+    return run
+
+
+def tformer_padded(encoder: Encoder, skip_padding: bool | None = None):
+    """(ids, mask, token types) -> last hidden state: the DEFAULT forward (no flag) when
+    ``skip_padding`` is None, else the explicit override."""
+    flag = {} if skip_padding is None else {"skip_padding": skip_padding}
+
+    def run(ids, mask, types):
+        return encoder(ids, mask, token_type_ids=types, **flag).last_hidden_state
 
     return run
 
