@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from tformer.bench import models as M
+from tformer.bench import runtimes
 from tformer.bench.harness import NO_BF16, Report, Row, Target, Timing, has_bf16, measure, paired_ratio
 from tformer.model import Encoder, Seq2SeqTransformer
 from tformer.stats import flops_per_token
@@ -31,6 +32,7 @@ class Settings:
     quick: bool = False
     rounds: int | None = None  # None: each workload's default
     threads: int = 2
+    contenders: list[str] | None = None  # peer workloads: only contenders whose name starts so
 
     def n_rounds(self, full: int) -> int:
         return self.rounds if self.rounds is not None else (2 if self.quick else full)
@@ -392,6 +394,8 @@ def suite(s: Settings) -> dict[str, Callable[[], Report]]:
                 s, key, width, *shape, padded=True, norm_first=norm == "pre",
                 targets=[("HF", 1.4), ("torch.nn", 1.15)]))
     work["bf16"] = lambda: bf16(s)
+    work["sentences-minilm"] = lambda: runtimes.sentences(s)  # against the deployment runtimes
+    work["mixed-base"] = lambda: runtimes.mixed_base(s)
     work["train-small"] = lambda: training(s, "train-small", "small", *small)
     work["train-base"] = lambda: training(s, "train-base", "base", *base)
     work["decode"] = lambda: decode(s)
