@@ -96,6 +96,7 @@ def write_bert(directory: Path, shape: str, vocab_dir: Path | None = None, seed:
     import torch
     from transformers import BertConfig, BertModel
 
+    quiet_transformers()
     layers, d, heads, ff = SHAPES[shape]
     config = BertConfig(vocab_size=VOCAB_SIZE, hidden_size=d, num_hidden_layers=layers,
                         num_attention_heads=heads, intermediate_size=ff, max_position_embeddings=512,
@@ -109,6 +110,14 @@ def write_bert(directory: Path, shape: str, vocab_dir: Path | None = None, seed:
         for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json"):
             shutil.copy(vocab_dir / name, directory / name)
     return directory
+
+
+def quiet_transformers() -> None:
+    """No progress bars or load reports from transformers in the benchmark's output."""
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
 
 
 def write_sentence_layout(directory: Path, max_seq_length: int = 256) -> Path:

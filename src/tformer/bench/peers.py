@@ -288,6 +288,9 @@ def onnx_export(model_dir: Path, out: Path) -> Path:
             return self.bert(input_ids=input_ids, attention_mask=attention_mask,
                              token_type_ids=token_type_ids).last_hidden_state
 
+    from tformer.bench.corpus import quiet_transformers
+
+    quiet_transformers()
     bert = BertModel.from_pretrained(str(model_dir), attn_implementation="eager").eval()
     ids = torch.ones(2, 8, dtype=torch.long)
     mask = torch.ones(2, 8, dtype=torch.long)
