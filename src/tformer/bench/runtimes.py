@@ -14,6 +14,7 @@ output is checked against tformer fp32's before timing; then all are timed in in
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -112,30 +113,13 @@ def _compare(s, name: str, task: str, model: Path, inputs: Path, tokens: int,
                 results[n] = w.ready()
             except RuntimeError as e:
                 results[n] = {"skip": f"not timed: {e}"}
-        reference = results.get(names[0], {}).get("output")
-        if reference is None:
+        if "output" not in results.get(names[0], {}):
             report.notes.append(f"{name}: tformer fp32 did not run: {results.get(names[0])}")
             return report, {}
-        timed = {}
-        for n in names:
-            if n in skipped:
-                continue
-            result = results[n]
-            if "skip" in result:
-                skipped[n] = result["skip"]
-                continue
-            diff, cos = _compare_outputs(result["output"], reference, mask)
-            low = peers.BY_NAME[n].precision != "fp32"
-            check = f"max abs diff {diff:.1e}, min cos {cos:.5f}"
-            check += f"; {result['note']}" if result["note"] else ""
-            ok = cos >= LOW_PRECISION_COSINE if low else diff <= FP32_TOLERANCE
-            if ok:
-                timed[n] = (workers[n], check)
-            else:
-                bound = f"min cos < {LOW_PRECISION_COSINE}" if low else f"> {FP32_TOLERANCE:.0e}"
-                skipped[n] = f"not timed: output differs ({check}; {bound})"
+        timed, failed = _check(results, [n for n in names if n not in skipped], mask)
+        skipped.update(failed)
         try:
-            timings = measure({n: w for n, (w, _) in timed.items()}, s.n_rounds(5), pause=pause)
+            timings = measure({n: workers[n] for n in timed}, s.n_rounds(5), pause=pause)
         except RuntimeError as e:  # a worker died mid-run: say which, keep the other workloads
             report.notes.append(f"{name}: timing stopped: {e}")
             return report, {}
@@ -147,7 +131,7 @@ def _compare(s, name: str, task: str, model: Path, inputs: Path, tokens: int,
         if n in timings:
             t = timings[n]
             report.rows.append(Row(name, n, t.median * 1e3, t.spread, tokens / t.median,
-                                   paired_ratio(t, first), t.cores, note=timed[n][1]))
+                                   paired_ratio(t, first), t.cores, note=timed[n]))
         else:
             report.rows.append(Row(name, n, note=skipped[n]))
     report.notes.append(
@@ -157,9 +141,32 @@ def _compare(s, name: str, task: str, model: Path, inputs: Path, tokens: int,
         f"tformer fp32 is the reference; fp32 rows timed when "
         f"max abs diff to tformer fp32 <= {FP32_TOLERANCE:.0e}, bf16/int8 rows when min cosine >= "
         f"{LOW_PRECISION_COSINE} (reported). CTranslate2 runs with "
-        + ", ".join(f"{k}={v}" for k, v in peers.CT2_ENV.items())
-        + " unless set by the caller (it uses MKL on Intel CPUs only otherwise).")
+        + ", ".join(f"{k}={os.environ.get(k, v)}" for k, v in peers.CT2_ENV.items())
+        + " (the benchmark's defaults unless the environment sets them: without CT2_USE_MKL=1 it "
+        "uses MKL on Intel CPUs only).")
     return report, timings
+
+
+def _check(results: dict[str, dict], names: list[str], mask: np.ndarray | None
+           ) -> tuple[dict[str, str], dict[str, str]]:
+    """Each output against the first's (tformer fp32): (timed: name -> note, untimed: name -> why)."""
+    reference = results[names[0]]["output"]
+    timed, untimed = {}, {}
+    for n in names:
+        result = results[n]
+        if "skip" in result:
+            untimed[n] = result["skip"]
+            continue
+        diff, cos = _compare_outputs(result["output"], reference, mask)
+        low = peers.BY_NAME[n].precision != "fp32"
+        check = f"max abs diff {diff:.1e}, min cos {cos:.5f}"
+        check += f"; {result['note']}" if result["note"] else ""
+        if (cos >= LOW_PRECISION_COSINE) if low else (diff <= FP32_TOLERANCE):
+            timed[n] = check
+        else:
+            bound = f"min cos < {LOW_PRECISION_COSINE}" if low else f"> {FP32_TOLERANCE:.0e}"
+            untimed[n] = f"not timed: output differs ({check}; {bound})"
+    return timed, untimed
 
 
 def _compare_outputs(out: np.ndarray, ref: np.ndarray, mask: np.ndarray | None) -> tuple[float, float]:
