@@ -42,7 +42,7 @@ def main(spec: dict) -> None:
     try:
         runner = contender.load(paths, spec["threads"])
     except peers.Unavailable as e:
-        reply(skip=str(e))
+        reply(skip=f"skipped: {e}")
         return
     if spec["task"] == "sentences":
         texts = json.loads(Path(spec["inputs"]).read_text())
