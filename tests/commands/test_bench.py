@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from tformer.bench import workloads
+from tformer.bench.harness import NO_BF16, cpu_info, has_bf16
 from tformer.cli import main
+
+PEER_WORKLOADS = ["sentences-minilm", "mixed-base"]
 
 SUBSET = ["dense-small", "padded-small-pre", "train-small", "decode"]
 
@@ -18,7 +24,7 @@ def _run(tmp_path, capsys, *extra):
 def test_quick_subset_prints_the_table_and_json(tmp_path, capsys):
     table, data = _run(tmp_path, capsys, "--only", *SUBSET)
     assert set(data) == {"machine", "rows", "targets", "notes"}
-    assert {"cpu", "torch", "threads", "onednn_linear"} <= set(data["machine"])
+    assert {"cpu", "isa", "torch", "threads", "onednn_linear"} <= set(data["machine"])
     row_keys = {"workload", "contender", "median_ms", "spread", "tokens_per_s", "vs_tformer", "cores",
                 "roofline", "peak_mib", "note"}
     assert all(set(r) == row_keys for r in data["rows"])
@@ -39,11 +45,29 @@ def test_list_and_bad_workload(capsys):
     assert main(["bench", "--list"]) == 0
     names = capsys.readouterr().out.split()
     assert names[0] == "gemm" and "memory" in names and "bf16" in names
+    assert {"sentences-minilm", "mixed-base"} <= set(names)
     assert main(["bench", "--only", "nope"]) == 2
     assert "--only: unknown workload(s) nope" in capsys.readouterr().err
 
 
 def test_full_quick_run(tmp_path, capsys):
-    """The whole `--quick` suite (about 11 s): the CI smoke test the issue asks for."""
-    _, data = _run(tmp_path, capsys)
+    """Every in-process workload at `--quick` sizes (about 11 s): the CI smoke test. The peer
+    workloads (a process per contender) have their own tests: tests/benchmarks/test_peers.py and
+    the slow test below."""
+    in_process = [w for w in workloads.names() if w not in PEER_WORKLOADS]
+    _, data = _run(tmp_path, capsys, "--only", *in_process)
     assert {r["workload"] for r in data["rows"]} >= {"dense-base", "bf16-base", "train-base", "memory-512"}
+    if not has_bf16():  # skipped with a note, not a crash
+        assert [r["note"] for r in data["rows"] if r["workload"] == "bf16-base"] == [f"skipped: {NO_BF16}"]
+
+
+@pytest.mark.slow
+def test_quick_peer_workloads(tmp_path, capsys):
+    """Both peer workloads with every contender this machine has (about a minute: a process each)."""
+    table, data = _run(tmp_path, capsys, "--only", *PEER_WORKLOADS)
+    rows = {(r["workload"], r["contender"]): r for r in data["rows"]}
+    assert ("sentences-minilm", "tformer fp32") in rows and ("mixed-base", "tformer fp32") in rows
+    for r in rows.values():
+        assert r["median_ms"] is not None or r["note"].startswith("skipped: "), r
+    assert "sentences/s" in rows[("sentences-minilm", "tformer fp32")]["note"]
+    assert data["machine"]["isa"] == cpu_info()[1] and "threads" in table

@@ -39,9 +39,19 @@ class Timing:
         return sum(self.cpu) / sum(self.wall)
 
 
+@dataclass(frozen=True)
+class Measured:
+    """A call timed elsewhere (a contender in its own process times itself): seconds."""
+
+    wall: float
+    cpu: float
+
+
 def measure(contenders: dict[str, Callable[[], object]], rounds: int, warmup: int = 1,
             pause: float = 0.0) -> dict[str, Timing]:
     """Warm each contender up, then time one call of each per round, order alternating.
+
+    A contender that returns a ``Measured`` is timed by its own numbers (its process's CPU time).
 
     ``pause`` seconds of sleep follow every call, untimed: OpenBLAS's worker threads (NumPy) spin
     for ~0.1 s after a call and would otherwise steal a core from whichever contender comes next.
@@ -57,8 +67,10 @@ def measure(contenders: dict[str, Callable[[], object]], rounds: int, warmup: in
         for r in range(rounds):
             for name in names if r % 2 == 0 else names[::-1]:
                 c0, t0 = time.process_time(), time.perf_counter()
-                contenders[name]()
+                result = contenders[name]()
                 t1, c1 = time.perf_counter(), time.process_time()
+                if isinstance(result, Measured):
+                    t0, t1, c0, c1 = 0.0, result.wall, 0.0, result.cpu
                 timings[name].wall.append(t1 - t0)
                 timings[name].cpu.append(c1 - c0)
                 time.sleep(pause)
@@ -148,30 +160,53 @@ class Report:
         return "\n".join(out)
 
 
+# The instruction sets that decide which kernels run: AVX-512 fp32 GEMMs, bf16 dot products
+# (avx512_bf16) or tiles (AMX), int8 dot products (VNNI).
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16",
+             "amx_int8")
+
+
+def cpu_info() -> tuple[str, list[str]]:
+    """(CPU model name, the ISA_FLAGS it has), from /proc/cpuinfo (Linux; else the platform)."""
+    cpu, flags = None, set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and cpu is None:
+                    cpu = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return cpu or platform.processor() or platform.machine(), [f for f in ISA_FLAGS if f in flags]
+
+
+NO_BF16 = "this CPU has no bf16 instructions (avx512_bf16 or amx_bf16)"
+
+
+def has_bf16() -> bool:
+    """bf16 instructions (avx512_bf16 or AMX): without them oneDNN's bf16 kernels fail or crawl."""
+    return bool({"avx512_bf16", "amx_bf16"} & set(cpu_info()[1]))
+
+
 def machine_info(threads: int) -> dict:
     import numpy as np
     import torch
 
-    from tformer import kernels
+    from tformer.bench.models import onednn_linear
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu, isa = cpu_info()
     return {
-        "cpu": cpu, "torch": torch.__version__, "numpy": np.__version__, "threads": threads,
-        "onednn_linear": kernels._ONEDNN, "python": platform.python_version(),
+        "cpu": cpu, "isa": isa, "torch": torch.__version__, "numpy": np.__version__, "threads": threads,
+        "onednn_linear": onednn_linear(), "python": platform.python_version(),
     }
 
 
 def _machine_line(m: dict) -> str:
     if not m:
         return ""
-    line = (f"CPU {m['cpu']}; torch {m['torch']}, numpy {m['numpy']}; {m['threads']} threads; "
+    isa = ", ".join(m.get("isa", [])) or "none of " + ", ".join(ISA_FLAGS)
+    line = (f"CPU {m['cpu']} ({isa}); torch {m['torch']}, numpy {m['numpy']}; {m['threads']} threads; "
             f"oneDNN linear {'on' if m['onednn_linear'] else 'off'}")
     if "mode" in m:
         line += f"; {m['mode']} run, {m['seconds']} s"

@@ -51,9 +51,35 @@ def inputs(config: TransformerConfig, batch: int, seq: int, padded: bool,
 
 
 # torch -----------------------------------------------------------------------------------------
-def tformer(encoder: Encoder, skip_padding: bool = False) -> Run:
+# The bench's only references to tformer.kernels' internals are these two helpers.
+def onednn_linear(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether oneDNN's fused linear runs this dtype here (bf16 needs CPU bf16 instructions)."""
+    from tformer import kernels
+
+    return kernels._ONEDNN and (dtype != torch.bfloat16 or kernels._ONEDNN_BF16)
+
+
+def onednn_matmul(x: Tensor, w: Tensor) -> Tensor:
+    """x @ w.T through oneDNN's linear, as tformer's kernels call it."""
+    from tformer import kernels
+
+    return kernels._onednn_linear(x, w, None)
+
+
+def tformer(encoder: Encoder, skip_padding: bool | None = None) -> Run:
     def run(ids, mask):
         return encoder(ids, mask, skip_padding=skip_padding).last_hidden_state
+
+    return run
+
+
+def tformer_padded(encoder: Encoder, skip_padding: bool | None = None):
+    """(ids, mask, token types) -> last hidden state: the DEFAULT forward (no flag) when
+    ``skip_padding`` is None, else the explicit override."""
+    flag = {} if skip_padding is None else {"skip_padding": skip_padding}
+
+    def run(ids, mask, types):
+        return encoder(ids, mask, token_type_ids=types, **flag).last_hidden_state
 
     return run
 

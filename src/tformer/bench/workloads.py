@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from tformer.bench import models as M
-from tformer.bench.harness import Report, Row, Target, Timing, measure, paired_ratio
+from tformer.bench import runtimes
+from tformer.bench.harness import NO_BF16, Report, Row, Target, Timing, has_bf16, measure, paired_ratio
 from tformer.model import Encoder, Seq2SeqTransformer
 from tformer.stats import flops_per_token
 
@@ -31,6 +32,7 @@ class Settings:
     quick: bool = False
     rounds: int | None = None  # None: each workload's default
     threads: int = 2
+    contenders: list[str] | None = None  # peer workloads: only contenders whose name starts so
 
     def n_rounds(self, full: int) -> int:
         return self.rounds if self.rounds is not None else (2 if self.quick else full)
@@ -77,8 +79,6 @@ def gemm_throughput(d: int, f: int, tokens: int, threads: int,
     key = (d, f, tokens, threads, dtype)
     if key in _ROOFLINE:
         return _ROOFLINE[key]
-    from tformer import kernels
-
     shapes = [(d, 3 * d), (d, d), (d, f), (f, d)]  # (in, out)
     total = {"torch.mm": 0.0, "oneDNN linear": 0.0, "best": 0.0}
     flops = 0.0
@@ -87,8 +87,8 @@ def gemm_throughput(d: int, f: int, tokens: int, threads: int,
             x = torch.randn(tokens, d_in, dtype=dtype)
             w = (torch.randn(d_out, d_in) * d_in**-0.5).to(dtype)
             fns = {"torch.mm": lambda x=x, w=w: torch.mm(x, w.t())}
-            if kernels._ONEDNN and (dtype != torch.bfloat16 or kernels._ONEDNN_BF16):
-                fns["oneDNN linear"] = lambda x=x, w=w: kernels._onednn_linear(x, w, None)
+            if M.onednn_linear(dtype):
+                fns["oneDNN linear"] = lambda x=x, w=w: M.onednn_matmul(x, w)
             timings = measure(fns, rounds=7, warmup=2)
             fastest = {name: min(t.wall) for name, t in timings.items()}
             for name, secs in fastest.items():
@@ -104,7 +104,7 @@ def gemm(s: Settings) -> Report:
     report = Report()
     for width, tokens in dict.fromkeys(_dense_shapes(s)):
         d, _, f = (M.QUICK_WIDTHS if s.quick else M.WIDTHS)[width]
-        for dtype, label in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        for dtype, label in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"))[: 2 if has_bf16() else 1]:
             for name, gflops in gemm_throughput(d, f, tokens, s.threads, dtype).items():
                 if name != "best":
                     report.rows.append(Row(f"gemm-{width}-{tokens}tok", f"{name} {label}",
@@ -114,6 +114,8 @@ def gemm(s: Settings) -> Report:
         "fastest of 7 rounds. Roofline = the faster of torch.mm (MKL) and oneDNN per shape, fp32; a "
         "contender's fraction = its matmul FLOPs (tformer.stats.flops_per_token, attention products "
         "included) / time / roofline.")
+    if not has_bf16():
+        report.notes.append(NO_BF16 + ": no bf16 GEMM rows")
     return report
 
 
@@ -132,7 +134,7 @@ def inference(s: Settings, name: str, width: str, batch: int, seq: int, padded: 
     ids, mask = M.inputs(config, batch, seq, padded)
     tokens = int(mask.sum()) if mask is not None else batch * seq
     runs: dict[str, Callable] = {
-        "tformer" + (" (skip_padding)" if padded else ""): M.tformer(enc, skip_padding=padded)}
+        "tformer": M.tformer(enc)}
     if not numpy:  # the NumPy workload compares with HF and the floor only
         nn_name = "torch.nn fast path" + (" (nested)" if padded and not norm_first else "")
         runs[nn_name] = M.torch_nn(enc, M.torch_nn_stack(enc))
@@ -188,6 +190,9 @@ def inference(s: Settings, name: str, width: str, batch: int, seq: int, padded: 
 # bf16 --------------------------------------------------------------------------------------------
 def bf16(s: Settings) -> Report:
     name, report = "bf16-base", Report()
+    if not has_bf16():  # oneDNN's bf16 linear fails (or emulates slowly) without them
+        report.rows.append(Row(name, "tformer bf16", note="skipped: " + NO_BF16))
+        return report
     batch, seq = (2, 32) if s.quick else (8, 128)
     config = M.bert_config("base", s.quick)
     torch.manual_seed(0)
@@ -389,6 +394,8 @@ def suite(s: Settings) -> dict[str, Callable[[], Report]]:
                 s, key, width, *shape, padded=True, norm_first=norm == "pre",
                 targets=[("HF", 1.4), ("torch.nn", 1.15)]))
     work["bf16"] = lambda: bf16(s)
+    work["sentences-minilm"] = lambda: runtimes.sentences(s)  # against the deployment runtimes
+    work["mixed-base"] = lambda: runtimes.mixed_base(s)
     work["train-small"] = lambda: training(s, "train-small", "small", *small)
     work["train-base"] = lambda: training(s, "train-base", "base", *base)
     work["decode"] = lambda: decode(s)

@@ -11,7 +11,8 @@ import argparse
 import sys
 import time
 
-HELP = "benchmark tformer against torch.nn.TransformerEncoder and HF BertModel (markdown table)"
+HELP = ("benchmark tformer against torch.nn, HF BertModel and the deployment runtimes (ONNX Runtime, "
+        "CTranslate2, OpenVINO, sentence-transformers): one markdown table")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,7 +23,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--list", action="store_true", help="list the workloads and exit")
     p.add_argument("--rounds", type=int, default=None,
                    help="timed rounds per workload (default: 7 inference, 5 training, 3 NumPy and decoding)")
-    p.add_argument("--threads", type=int, default=2, help="torch threads (default 2, as in issue 5)")
+    p.add_argument("--threads", type=int, default=2,
+                   help="threads per contender (default 2, as in issue 5); peers run each in its own process")
+    p.add_argument("--contenders", nargs="+", metavar="PREFIX",
+                   help="peer workloads (sentences-minilm, mixed-base): run only the contenders whose "
+                        "name starts with one of these, e.g. 'ONNX Runtime' CTranslate2 (tformer fp32 "
+                        "always runs: it is the reference)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
 
 
@@ -44,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", message=".*nested tensors is in prototype.*")
     warnings.filterwarnings("ignore", message=".*enable_nested_tensor is True.*")
-    settings = workloads.Settings(quick=args.quick, rounds=args.rounds, threads=args.threads)
+    settings = workloads.Settings(quick=args.quick, rounds=args.rounds, threads=args.threads,
+                                  contenders=args.contenders)
     start = time.perf_counter()
 
     def progress(name: str) -> None:

@@ -1,0 +1,141 @@
+"""One contender in its own process, timed call by call from the parent (interleaved rounds).
+
+Runtimes keep thread pools, allocators and CPU-dispatch state per process, so each contender of
+the peer workloads lives in a process of its own, with the same thread count. The parent starts
+them all, collects one output from each (to check it before timing), then asks for one timed
+call at a time, so ``harness.measure`` can interleave them in rounds as it does in-process ones.
+
+Protocol (one JSON line per reply on the process's original stdout; library chatter goes to
+stderr): start -> {"ready": true, "output": FILE, "note": ...} or {"skip": REASON};
+"run" -> {"wall": s, "cpu": s}; "quit" or end of input -> exit.
+
+    python -m tformer.bench.worker '{"name": ..., "task": "sentences"|"batch", ...}'
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tformer.bench.harness import Measured
+
+
+# The child ----------------------------------------------------------------------------------------
+def main(spec: dict) -> None:
+    proto = os.fdopen(os.dup(1), "w", buffering=1)  # replies; stdout proper -> stderr
+    os.dup2(2, 1)
+
+    def reply(**kw):
+        proto.write(json.dumps(kw) + "\n")
+
+    from tformer.bench import peers
+
+    contender = peers.BY_NAME[spec["name"]]
+    paths = peers.Paths(*(Path(spec[k]) for k in ("model", "onnx", "work")))
+    try:
+        runner = contender.load(paths, spec["threads"])
+    except peers.Unavailable as e:
+        reply(skip=f"skipped: {e}")
+        return
+    if spec["task"] == "sentences":
+        texts = json.loads(Path(spec["inputs"]).read_text())
+        if runner.encode is not None:
+            call = lambda: runner.encode(texts)  # noqa: E731
+        else:
+            from tformer.tokenizer import load_tokenizer
+
+            tokenizer = load_tokenizer(paths.model)
+            call = lambda: peers.encode_with(runner.forward, tokenizer, texts)  # noqa: E731
+    else:
+        data = np.load(spec["inputs"])
+        ids, mask, types = data["ids"], data["mask"], data["types"]
+        call = lambda: runner.forward(ids, mask, types)  # noqa: E731
+    output = Path(spec["work"]) / f"out-{spec['index']}.npy"
+    np.save(output, np.asarray(call(), dtype=np.float32))
+    reply(ready=True, output=str(output), note=runner.note)
+    for line in sys.stdin:
+        if line.strip() != "run":
+            break
+        c0, t0 = time.process_time(), time.perf_counter()
+        call()
+        t1, c1 = time.perf_counter(), time.process_time()
+        reply(wall=t1 - t0, cpu=c1 - c0)
+
+
+# The parent ---------------------------------------------------------------------------------------
+class Worker:
+    """A started contender process. ``start`` returns at once; ``ready`` waits for its output."""
+
+    def __init__(self, spec: dict, env: dict[str, str]):
+        self.name = spec["name"]
+        self.log = Path(spec["work"]) / f"log-{spec['index']}.txt"
+        self._log = open(self.log, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tformer.bench.worker", json.dumps(spec)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self._log, text=True, env=env, bufsize=1)
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            self._log.flush()
+            tail = [ln for ln in self.log.read_text().strip().splitlines() if ln.strip()][-1:]
+            raise RuntimeError(f"worker exited ({self.proc.returncode}): {' '.join(tail)[-200:]}")
+        return json.loads(line)
+
+    def ready(self) -> dict:
+        """{"output": np.ndarray, "note": str} or {"skip": reason}; RuntimeError if it died."""
+        msg = self._read()
+        if "skip" in msg:
+            self.close()
+            return msg
+        return {"output": np.load(msg["output"]), "note": msg["note"]}
+
+    def __call__(self) -> Measured:
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        msg = self._read()
+        return Measured(msg["wall"], msg["cpu"])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.close()
+            except (BrokenPipeError, OSError):
+                pass
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def start(names: list[str], task: str, inputs: Path, paths, threads: int) -> tuple[dict, dict]:
+    """Start a worker per contender that can run here; returns (workers, skipped: name -> reason)."""
+    from tformer.bench import peers
+
+    workers, skipped = {}, {}
+    for i, name in enumerate(names):
+        c = peers.BY_NAME[name]
+        if c.package and importlib.util.find_spec(c.package) is None:
+            skipped[name] = f"skipped: {c.package} is not installed (pip install tformer[bench])"
+            continue
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        env.update({k: os.environ.get(k, v) for k, v in c.env.items()})  # the caller's values win
+        spec = {"name": name, "task": task, "inputs": str(inputs), "threads": threads, "index": i,
+                "model": str(paths.model), "onnx": str(paths.onnx), "work": str(paths.work)}
+        workers[name] = Worker(spec, env)
+    return workers, skipped
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
