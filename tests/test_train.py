@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from tformer import TransformerConfig
 from tformer.model import EncoderClassifier, Seq2SeqTransformer
 from tformer.tasks import get_task
-from tformer.train import (
+from tformer.training import (
     PRESETS,
     TrainConfig,
     forward_loss,
@@ -92,7 +92,7 @@ def test_config_layers_presets_file_and_command_line():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"schedule": "linear"}, "schedule: expected one of inverse_sqrt, cosine; got 'linear'"),
+    ({"schedule": "step"}, "schedule: expected one of inverse_sqrt, cosine, linear; got 'step'"),
     ({"steps": 0}, "steps: expected a positive number, got 0"),
     ({"lr": "fast"}, "lr: expected float, got 'fast'"),
     ({"label_smoothing": 1.0}, r"label_smoothing: expected a value in \[0, 1\), got 1.0"),
@@ -123,8 +123,8 @@ def test_run_writes_checkpoint_metrics_and_curves(tmp_path):
     assert lines[-1] == record and record["split"] == "test" and record["step"] == 6
     assert {"exact_match", "accuracy", "wall_seconds"} <= set(record)
     assert [r["step"] for r in lines if r["split"] == "validation"] == [3, 6]
-    model, task, config = load_run(out)
-    assert config.steps == 6 and task.name == "reverse" and not model.training
+    model, source, config = load_run(out)
+    assert config.steps == 6 and source.task.name == "reverse" and not model.training
     assert not list(out.glob("*.tmp"))  # no temp files left behind
 
 

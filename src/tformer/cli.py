@@ -16,12 +16,14 @@ COMMANDS = [
     ("train", "train"),
     ("eval", "eval"),
     ("generate", "generate"),
+    ("predict", "predict"),
     ("embed", "embed"),
     ("similarity", "similarity"),
     ("search", "search"),
     ("attention", "attention"),
     ("plot-positions", "plot_positions"),
     ("bench", "bench"),
+    ("export", "export"),
 ]
 
 # Mistakes a user can make (bad file, bad option value): one line, no traceback.

@@ -1,7 +1,8 @@
-"""`tformer train`: train a model on a synthetic task, or resume a run.
+"""`tformer train`: train on a synthetic task or on your own files, or resume a run.
 
-One option per TrainConfig field, generated from the dataclass; values come from the
-field's default < the task's preset < --config FILE < the command line.
+One option per TrainConfig field, generated from the dataclass (help: the field's
+metadata); values come from the field's default < the preset (per task, or per objective
+of a data run) < --config FILE < the command line.
 """
 
 from __future__ import annotations
@@ -10,33 +11,8 @@ import argparse
 import dataclasses
 from typing import Any
 
-HELP = "train a model on a synthetic task (copy, reverse, sort, add, listops, brackets)"
-
-FIELD_HELP = {
-    "task": "which task: copy, reverse, sort, add (seq2seq); listops, brackets (classification)",
-    "steps": "optimizer updates in total (a resumed run continues up to this count)",
-    "batch_size": "examples per update",
-    "lr": "peak learning rate, reached at the end of warmup",
-    "warmup": "steps of linear warmup",
-    "schedule": "inverse_sqrt (Vaswani et al. 2017, §5.3) or cosine (decays to 0 at --steps)",
-    "weight_decay": "AdamW weight decay on matrices",
-    "label_smoothing": "label smoothing of the training loss (§5.4 uses 0.1)",
-    "clip_grad": "clip the gradient norm to this; 0 = off",
-    "eval_every": "validate and checkpoint every N steps",
-    "log_every": "append training loss to metrics.jsonl every N steps",
-    "valid_size": "examples in the validation split",
-    "test_size": "examples in the test split",
-    "early_stop": "stop once the validation metric reaches this (none = never)",
-    "seed": "seed for the data splits, initialisation and dropout",
-    "threads": "torch CPU threads (default: torch's choice)",
-    "max_minutes": "stop training after this many minutes, then test",
-    "out": "run directory (default: a new folder under runs/)",
-    "d_model": "model width", "n_heads": "attention heads", "d_ff": "feed-forward width",
-    "n_layers": "encoder layers (and decoder layers unless --n-decoder-layers)",
-    "n_decoder_layers": "decoder layers (default: --n-layers)",
-    "dropout": "dropout probability", "norm_first": "pre-norm layers (default: post-norm)",
-    "pooling": "classification: pool the first position (cls) or the mean of all (mean)",
-}
+HELP = ("train on your own data (--data FILE: JSONL/CSV/TSV) or a synthetic task "
+        "(--task copy|reverse|sort|add|listops|brackets)")
 
 
 def _optional(cast):
@@ -48,7 +24,7 @@ def _optional(cast):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from tformer.train import TrainConfig
+    from tformer.training.config import TrainConfig, field_help
 
     parser.add_argument("--config", metavar="FILE",
                         help="JSON or YAML file of options (keys: the option names below, "
@@ -62,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         base, optional = str(f.type).split(" |")[0], "None" in str(f.type)
         shown = "none" if f.default is None else f.default
         kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS,
-                              "help": f"{FIELD_HELP.get(f.name, '')} (default: {shown})"}
+                              "help": f"{field_help(f)} (default: {shown})"}
         if base == "bool":
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
         else:
@@ -71,13 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.train import (
-        TrainConfig,
-        load_config_file,
-        resolve_config,
-        resume_config,
-        train,
-    )
+    from tformer.training import TrainConfig, load_config_file, resolve_config, resume_config, train
 
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     given = {k: v for k, v in vars(args).items() if k in fields}  # only options on the command line
