@@ -159,6 +159,9 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
         log = lambda *a, **k: None  # noqa: E731
     if config.threads is not None:
         torch.set_num_threads(config.threads)
+    if config.bf16 and not bf16_supported():
+        raise ValueError("bf16: this CPU cannot run bfloat16 matrix products under autocast "
+                         "(oneDNN found no kernel); train without --bf16")
     run_dir = Path(config.out) if config.out else new_run_dir(config.name)
     if world > 1 and config.out is None:
         raise ValueError("out: data-parallel runs need --out (every rank must agree on it)")
@@ -283,6 +286,21 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, source, batch
         nn.utils.clip_grad_norm_(model.parameters(), config.clip_grad)
     optimizer.step()
     return total_loss / config.accumulate, total_acc / config.accumulate, tokens
+
+
+def bf16_supported() -> bool:
+    """Whether a tiny encoder trains under bfloat16 CPU autocast here (oneDNN has no bfloat16
+    kernels for some CPUs, e.g. AVX2-only ones)."""
+    from tformer.model import Encoder
+
+    try:
+        encoder = Encoder(TransformerConfig(d_model=8, n_heads=2, d_ff=16, n_layers=1, vocab_size=10))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = encoder(torch.ones(2, 3, dtype=torch.long)).last_hidden_state
+        h.float().sum().backward()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _stop_all(stop: bool, world: int) -> bool:
