@@ -282,10 +282,11 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, source, batch
         tokens += batch.n_tokens()
     if world > 1:
         _average_gradients(model, world)
+        total_loss, total_acc, tokens = _sum_over_ranks([total_loss / world, total_acc / world, tokens])
     if config.clip_grad > 0:
         nn.utils.clip_grad_norm_(model.parameters(), config.clip_grad)
     optimizer.step()
-    return total_loss / config.accumulate, total_acc / config.accumulate, tokens
+    return total_loss / config.accumulate, total_acc / config.accumulate, int(tokens)
 
 
 def bf16_supported() -> bool:
@@ -301,6 +302,15 @@ def bf16_supported() -> bool:
     except RuntimeError:
         return False
     return True
+
+
+def _sum_over_ranks(values: list[float]) -> list[float]:
+    """Logged numbers of all ranks together: the loss curve is the global batch's."""
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t)
+    return [float(v) for v in t]
 
 
 def _stop_all(stop: bool, world: int) -> bool:
