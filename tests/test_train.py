@@ -26,6 +26,11 @@ TINY = dict(d_model=16, n_heads=2, d_ff=32, n_layers=1, batch_size=8, valid_size
             test_size=16, eval_every=3, log_every=2, threads=1, warmup=4)
 
 
+def _config(**options):
+    """Training fields and model options side by side, as on the command line."""
+    return TrainConfig.from_flat(options)
+
+
 # Small tensors: one thread is as fast, and polite to a shared machine.
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -83,7 +88,7 @@ def test_cosine_schedule_ends_at_zero():
 
 def test_config_layers_presets_file_and_command_line():
     c = resolve_config({"task": "add"}, {"steps": 7})
-    assert c.steps == 7 and c.d_model == PRESETS["add"]["d_model"]
+    assert c.steps == 7 and c.model.d_model == PRESETS["add"]["d_model"]
     assert resolve_config({}).task == "reverse"
     with pytest.raises(ValueError, match="config: unknown key.*bogus"):
         resolve_config({"bogus": 1})
@@ -102,7 +107,7 @@ def test_config_layers_presets_file_and_command_line():
 ])
 def test_train_config_errors_name_the_field(change, message):
     with pytest.raises((ValueError, TypeError), match=message):
-        TrainConfig(**change)
+        TrainConfig.from_flat(change)
 
 
 def test_optimizer_does_not_decay_vectors():
@@ -114,7 +119,7 @@ def test_optimizer_does_not_decay_vectors():
 
 def test_run_writes_checkpoint_metrics_and_curves(tmp_path):
     out = tmp_path / "run"
-    record = train(TrainConfig(task="reverse", steps=6, out=str(out), **TINY),
+    record = train(_config(task="reverse", steps=6, out=str(out), **TINY),
                    progress=False, log=lambda *a: None)
     for name in ("config.json", "model.safetensors", "optimizer.safetensors",
                  "trainer_state.json", "train_config.json", "metrics.jsonl", "curves.png"):
@@ -129,7 +134,7 @@ def test_run_writes_checkpoint_metrics_and_curves(tmp_path):
 
 
 def test_classification_run_reports_majority_baseline(tmp_path):
-    record = train(TrainConfig(task="brackets", steps=3, out=str(tmp_path), **TINY),
+    record = train(_config(task="brackets", steps=3, out=str(tmp_path), **TINY),
                    progress=False, log=lambda *a: None)
     assert 0 <= record["accuracy"] <= 1 and 0 < record["majority_baseline"] < 1
 
@@ -140,7 +145,7 @@ def _weights(run_dir):
 
 @pytest.mark.parametrize("task", ["reverse", "brackets"])
 def test_resume_is_bit_for_bit(tmp_path, task):
-    base = TrainConfig(task=task, dropout=0.3, **{**TINY, "eval_every": 4})  # dropout: RNG matters
+    base = _config(task=task, dropout=0.3, **{**TINY, "eval_every": 4})  # dropout: RNG matters
     quiet = dict(progress=False, log=lambda *a: None)
     train(base.replace(steps=10, out=str(tmp_path / "straight")), **quiet)
     train(base.replace(steps=5, out=str(tmp_path / "resumed")), **quiet)
@@ -154,17 +159,17 @@ def test_resume_is_bit_for_bit(tmp_path, task):
 
 
 def test_resume_refuses_to_change_the_experiment(tmp_path):
-    train(TrainConfig(task="reverse", steps=2, out=str(tmp_path), **TINY), progress=False,
+    train(_config(task="reverse", steps=2, out=str(tmp_path), **TINY), progress=False,
           log=lambda *a: None)
     with pytest.raises(ValueError, match="lr: cannot change when resuming"):
         resume_config(tmp_path, {"lr": 0.5})
     with pytest.raises(ValueError, match="already holds a checkpoint"):
-        train(TrainConfig(task="reverse", steps=2, out=str(tmp_path), **TINY), progress=False)
+        train(_config(task="reverse", steps=2, out=str(tmp_path), **TINY), progress=False)
 
 
 def test_resume_detects_files_from_different_steps(tmp_path):
     quiet = dict(progress=False, log=lambda *a: None)
-    train(TrainConfig(task="reverse", steps=2, out=str(tmp_path), **TINY), **quiet)
+    train(_config(task="reverse", steps=2, out=str(tmp_path), **TINY), **quiet)
     state = json.loads((tmp_path / "trainer_state.json").read_text())
     (tmp_path / "trainer_state.json").write_text(json.dumps({**state, "step": 1}))
     with pytest.raises(ValueError, match="from different steps"):

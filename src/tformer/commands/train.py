@@ -24,7 +24,8 @@ def _optional(cast):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from tformer.training.config import TrainConfig, field_help
+    from tformer.config import TransformerConfig
+    from tformer.training.config import DEFAULT_MODEL, MODEL_OPTIONS, TrainConfig, field_help
 
     parser.add_argument("--config", metavar="FILE",
                         help="JSON or YAML file of options (keys: the option names below, "
@@ -33,12 +34,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="continue the run in RUN_DIR (or in --out) from its checkpoint")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     casts = {"int": int, "float": float, "str": str}
-    for f in dataclasses.fields(TrainConfig):
+    model_fields = [f for f in dataclasses.fields(TransformerConfig) if f.name in MODEL_OPTIONS]
+    for f in [f for f in dataclasses.fields(TrainConfig) if f.name != "model"] + model_fields:
         flag = "--" + f.name.replace("_", "-")
         base, optional = str(f.type).split(" |")[0], "None" in str(f.type)
-        shown = "none" if f.default is None else f.default
+        if f.name in MODEL_OPTIONS:  # a nested model option: its help and default live here
+            default, text = getattr(DEFAULT_MODEL, f.name), MODEL_OPTIONS[f.name]
+        else:
+            default, text = f.default, field_help(f)
+        shown = "none" if default is None else default
         kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS,
-                              "help": f"{field_help(f)} (default: {shown})"}
+                              "help": f"{text} (default: {shown})"}
         if base == "bool":
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
         else:
@@ -48,8 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tformer.training import TrainConfig, load_config_file, resolve_config, resume_config, train
+    from tformer.training.config import MODEL_OPTIONS
 
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    fields = {f.name for f in dataclasses.fields(TrainConfig)} | set(MODEL_OPTIONS)
     given = {k: v for k, v in vars(args).items() if k in fields}  # only options on the command line
     from_file = load_config_file(args.config) if args.config else {}
     if args.resume is not None:

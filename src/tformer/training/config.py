@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tformer.config import POOLINGS, check_known_keys
+from tformer.config import TransformerConfig
 from tformer.tasks import TASKS
 
 SCHEDULES = ("inverse_sqrt", "cosine", "linear")
@@ -21,6 +21,22 @@ TOKENIZERS = ("bpe", "wordpiece", "unigram")
 # Options that may differ when resuming; changing any other would make the resumed run
 # a different experiment than the one its checkpoint started.
 RESUMABLE = ("steps", "eval_every", "log_every", "threads", "max_minutes", "out", "patience")
+
+
+# The TransformerConfig fields a run sets from its options (by their own names: --d-model);
+# vocab_size, max_len, n_classes and the BERT layout follow from the data and the objective.
+MODEL_OPTIONS: dict[str, str] = {
+    "d_model": "model width",
+    "n_heads": "attention heads",
+    "d_ff": "feed-forward width",
+    "n_layers": "encoder layers (and decoder layers unless --n-decoder-layers)",
+    "n_decoder_layers": "decoder layers (default: --n-layers)",
+    "dropout": "dropout probability",
+    "norm_first": "pre-norm layers (default: post-norm)",
+    "pooling": "synthetic classification: pool the first position (cls) or the mean of all (mean)",
+}
+# Small: what a 2-core CPU trains in minutes (the synthetic tasks' defaults).
+DEFAULT_MODEL = TransformerConfig(d_model=64, n_heads=4, d_ff=256, n_layers=2, dropout=0.1)
 
 
 def _f(default: Any, help: str) -> Any:
@@ -69,27 +85,24 @@ class TrainConfig:
     threads: int | None = _f(None, "torch CPU threads (default: torch's choice)")
     max_minutes: float | None = _f(None, "stop training after this many minutes, then test")
     out: str | None = _f(None, "run directory (default: a new folder under runs/)")
-    # Model size (the rest of TransformerConfig keeps its defaults).
-    d_model: int = _f(64, "model width")
-    n_heads: int = _f(4, "attention heads")
-    d_ff: int = _f(256, "feed-forward width")
-    n_layers: int = _f(2, "encoder layers (and decoder layers unless --n-decoder-layers)")
-    n_decoder_layers: int | None = _f(None, "decoder layers (default: --n-layers)")
-    dropout: float = _f(0.1, "dropout probability")
-    norm_first: bool = _f(False, "pre-norm layers (default: post-norm)")
-    pooling: str = _f("cls", "classification: pool the first position (cls) or the mean of all (mean)")
+    # The model: a TransformerConfig, nested (its sizes come from the command line as
+    # --d-model etc.; vocab_size, max_len and n_classes are filled in from the data).
+    model: TransformerConfig = _f(DEFAULT_MODEL, "the model's TransformerConfig")
 
     def __post_init__(self) -> None:
+        if isinstance(self.model, dict):  # read back from train_config.json
+            object.__setattr__(self, "model", TransformerConfig.from_dict(self.model))
+        if not isinstance(self.model, TransformerConfig):
+            raise TypeError(f"model: expected a TransformerConfig, got {type(self.model).__name__}")
         if self.data is None and self.task not in TASKS:
             raise ValueError(f"task: expected one of {', '.join(TASKS)}; got {self.task!r}")
-        for name, choices in (("schedule", SCHEDULES), ("tokenizer", TOKENIZERS),
-                              ("pooling", POOLINGS)):
+        for name, choices in (("schedule", SCHEDULES), ("tokenizer", TOKENIZERS)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name}: expected one of {', '.join(choices)}; "
                                  f"got {getattr(self, name)!r}")
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if value is None and "None" in str(f.type):
+            if f.name == "model" or (value is None and "None" in str(f.type)):
                 continue
             want = {"int": int, "float": (int, float), "bool": bool, "str": str}[
                 str(f.type).split(" |")[0]
@@ -97,8 +110,7 @@ class TrainConfig:
             if isinstance(value, bool) != (want is bool) or not isinstance(value, want):
                 raise TypeError(f"{f.name}: expected {str(f.type)}, got {value!r}")
         positive = ("steps", "batch_size", "eval_every", "log_every", "valid_size", "test_size",
-                    "d_model", "n_heads", "d_ff", "n_layers", "n_decoder_layers", "threads",
-                    "vocab_size", "max_length", "max_tokens", "accumulate", "patience")
+                    "threads", "vocab_size", "max_length", "max_tokens", "accumulate", "patience")
         for name in positive:
             value = getattr(self, name)
             if value is not None and value <= 0:
@@ -119,10 +131,24 @@ class TrainConfig:
             raise ValueError("from_pretrained: fine-tuning needs your data too (--data FILE)")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return dataclasses.asdict(self)  # the model nested under "model"
 
     def replace(self, **changes: Any) -> TrainConfig:
+        """Training fields and model options (d_model=...) alike."""
+        model = {k: changes.pop(k) for k in list(changes) if k in MODEL_OPTIONS}
+        if model:
+            changes["model"] = _model(changes.get("model", self.model), model)
         return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_flat(cls, options: dict[str, Any]) -> TrainConfig:
+        """A TrainConfig from one flat mapping of training fields and model options
+        (--d-model and --lr side by side, as on the command line); "model" may also hold a
+        mapping of TransformerConfig fields."""
+        check_keys(options)
+        train = {k: v for k, v in options.items() if k not in MODEL_OPTIONS and k != "model"}
+        model = {k: v for k, v in options.items() if k in MODEL_OPTIONS}
+        return cls(**train, model=_model(options.get("model", DEFAULT_MODEL), model))
 
     @property
     def name(self) -> str:
@@ -132,6 +158,30 @@ class TrainConfig:
 
 def field_help(f: dataclasses.Field) -> str:
     return f.metadata.get("help", "")
+
+
+def check_keys(options: dict[str, Any]) -> None:
+    """Refuse keys that are neither training fields nor model options, naming the known ones."""
+    known = {f.name for f in dataclasses.fields(TrainConfig)} | set(MODEL_OPTIONS)
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(
+            f"config: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
+        )
+
+
+def _model(base: TransformerConfig | dict[str, Any], options: dict[str, Any]) -> TransformerConfig:
+    """`base` with model options applied, each type-checked against TransformerConfig's field."""
+    if isinstance(base, dict):
+        base = DEFAULT_MODEL.replace(**base) if base else DEFAULT_MODEL
+    types = {f.name: str(f.type) for f in dataclasses.fields(TransformerConfig)}
+    for name, value in options.items():
+        if value is None and "None" in types[name]:
+            continue
+        want = {"int": int, "float": (int, float), "bool": bool, "str": str}[types[name].split(" |")[0]]
+        if isinstance(value, bool) != (want is bool) or not isinstance(value, want):
+            raise TypeError(f"{name}: expected {types[name]}, got {value!r}")
+    return base.replace(**options)
 
 
 # Per-task defaults, applied over TrainConfig's and under a config file and the command
@@ -154,21 +204,25 @@ PRESETS: dict[str, dict[str, Any]] = {
                  "pooling": "mean", "eval_every": 1000},
 }
 
-# Per-objective defaults for your own data, sized for a 2-core CPU and ~10 minutes:
-# small models (a few million parameters) see many more updates in that time than
-# base-size ones, and reach better quality. Steps are an upper bound; --max-minutes
-# is the budget a user normally sets. Pre-norm for the encoder-decoder: it trains stably
-# at a high learning rate without a long warmup (Xiong et al. 2020).
+# Per-objective defaults for your own data, sized for a 2-core CPU and ~10 minutes. The
+# budget is compute: 2 AVX2 cores do very roughly 50-100 GFLOP/s, 30-60 TFLOP in 10 minutes.
+# A d_model-256, 3+3-layer model with an 8k vocabulary costs ~45 MFLOP per token trained
+# (forward + backward), so about 200 updates of 4k tokens: far too few to learn to
+# translate. d_model 128, 3+3 layers, a 4k vocabulary and 2k-token batches cost ~8 MFLOP
+# per token: ~1,500 updates, several passes over a 30k-sentence corpus. Steps are an upper
+# bound; --max-minutes is the budget a user normally sets. Pre-norm for the encoder-decoder:
+# it trains stably at a high learning rate without a long warmup (Xiong et al. 2020).
+# The encoders are BERT-shaped (post-norm; see objectives.bert_shaped) so they export.
 OBJECTIVE_PRESETS: dict[str, dict[str, Any]] = {
-    "seq2seq": {"d_model": 256, "n_heads": 4, "d_ff": 1024, "n_layers": 3, "norm_first": True,
-                "lr": 1e-3, "warmup": 400, "steps": 20000, "max_tokens": 4096,
-                "eval_every": 500, "log_every": 50, "patience": 5},
-    "classification": {"d_model": 256, "n_heads": 4, "d_ff": 1024, "n_layers": 2,
-                       "lr": 5e-4, "warmup": 200, "steps": 5000, "max_tokens": 8192,
-                       "eval_every": 250, "pooling": "mean", "patience": 5},
-    "embedding": {"d_model": 256, "n_heads": 4, "d_ff": 1024, "n_layers": 2, "lr": 5e-4,
-                  "warmup": 200, "steps": 5000, "max_tokens": 8192, "eval_every": 250,
-                  "label_smoothing": 0.0, "patience": 5},
+    "seq2seq": {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 3, "norm_first": True,
+                "vocab_size": 4000, "lr": 1e-3, "warmup": 400, "steps": 20000, "max_tokens": 2048,
+                "eval_every": 250, "log_every": 50, "patience": 8},
+    "classification": {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 2, "vocab_size": 4000,
+                       "lr": 5e-4, "warmup": 200, "steps": 10000, "max_tokens": 4096,
+                       "eval_every": 250, "patience": 8, "max_length": 64},
+    "embedding": {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 2, "vocab_size": 4000,
+                  "lr": 5e-4, "warmup": 200, "steps": 10000, "max_tokens": 4096, "eval_every": 250,
+                  "label_smoothing": 0.0, "patience": 8},
 }
 # Fine-tuning a pretrained encoder: the BERT recipe (Devlin et al. 2019, §A.3): a small
 # learning rate, 10% warmup then linear decay to 0, no label smoothing.
@@ -181,14 +235,17 @@ def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
     then the options given on the command line). Unknown keys are an error."""
     merged: dict[str, Any] = {}
     for layer in layers:
-        check_known_keys(layer, TrainConfig)
+        check_keys(layer)
         merged.update(layer)
-    for f in dataclasses.fields(TrainConfig):
-        value = merged.get(f.name)
+    types = {f.name: str(f.type) for f in dataclasses.fields(TrainConfig)}
+    types.update({f.name: str(f.type) for f in dataclasses.fields(TransformerConfig)
+                  if f.name in MODEL_OPTIONS})
+    for name, type_name in types.items():
+        value = merged.get(name)
         # YAML 1.1 reads "1e-3" (no dot) as a string; accept what a user means.
-        if isinstance(value, str) and str(f.type).startswith("float"):
+        if isinstance(value, str) and type_name.startswith("float"):
             try:
-                merged[f.name] = float(value)
+                merged[name] = float(value)
             except ValueError:
                 pass  # __post_init__ names the field and the bad value
     if merged.get("data"):
@@ -198,11 +255,11 @@ def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
         preset = dict(OBJECTIVE_PRESETS[objective])
         if merged.get("from_pretrained"):
             preset.update(FINETUNE_PRESET)
-        return TrainConfig(**{**preset, "task": None, **merged})
+        return TrainConfig.from_flat({**preset, "task": None, **merged})
     task = merged.get("task", TrainConfig.task)
     if task not in TASKS:
         raise ValueError(f"task: expected one of {', '.join(TASKS)}; got {task!r}")
-    return TrainConfig(**{**PRESETS.get(task, {}), **merged})
+    return TrainConfig.from_flat({**PRESETS.get(task, {}), **merged})
 
 
 def resume_config(run_dir: str | Path, *layers: dict[str, Any]) -> TrainConfig:
@@ -216,11 +273,12 @@ def resume_config(run_dir: str | Path, *layers: dict[str, Any]) -> TrainConfig:
     for layer in layers:
         changes.update(layer)
     changes["out"] = str(run_dir)
-    check_known_keys(changes, TrainConfig)
+    check_keys(changes)
     for name, value in changes.items():
-        if name not in RESUMABLE and value != getattr(saved, name):
+        had = getattr(saved.model if name in MODEL_OPTIONS else saved, name)
+        if name not in RESUMABLE and value != had:
             raise ValueError(
-                f"{name}: cannot change when resuming (the run has {getattr(saved, name)!r}, "
+                f"{name}: cannot change when resuming (the run has {had!r}, "
                 f"got {value!r}); only {', '.join(RESUMABLE)} can"
             )
     return saved.replace(**changes)

@@ -356,8 +356,13 @@ class TextData:
         else:
             data = cls(config, objective, None, sorted(labels), fraction)  # type: ignore[arg-type]
             backend = train_tokenizer(data._tokenizer_texts(), config.tokenizer, config.vocab_size)
-        data = cls(config, objective, TextTokenizer(backend, config.max_length), sorted(labels),
-                   fraction)
+        max_length = config.max_length
+        if config.from_pretrained:  # never past the pretrained model's position table
+            from tformer.tokenizer import load_tokenizer
+
+            limit = load_tokenizer(config.from_pretrained).max_length
+            max_length = min(max_length, limit) if limit else max_length
+        data = cls(config, objective, TextTokenizer(backend, max_length), sorted(labels), fraction)
         if write and run_dir is not None:
             from tformer.files import write_atomic, write_json_atomic
 
@@ -370,11 +375,11 @@ class TextData:
         """The tokenizer and labels of a finished run, without reading its data files."""
         info = json.loads((run_dir / "data.json").read_text())
         backend = _load_backend(run_dir / "tokenizer.json")
-        return cls(config, info["objective"], TextTokenizer(backend, config.max_length),
+        return cls(config, info["objective"], TextTokenizer(backend, info["max_length"]),
                    info["labels"], info["split_fraction"])
 
     def describe(self) -> dict[str, Any]:
-        return {"objective": self.objective, "labels": self.labels,
+        return {"objective": self.objective, "labels": self.labels, "max_length": self.tokenizer.max_length,
                 "split_fraction": self.fraction, "vocab_size": self.tokenizer.vocab_size}
 
     def _tokenizer_texts(self) -> Iterator[str]:

@@ -225,8 +225,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
             if writer:
                 append_jsonl(metrics_path, {"split": "validation", "step": state["step"], **valid,
                                             "wall_seconds": round(wall(), 2)})
-            bar.write(f"step {state['step']}: validation {key} {valid[key]:.4f} "
-                      f"loss {valid['loss']:.4f}") if writer else None
+                bar.write(f"step {state['step']}: validation {key} {valid[key]:.4f} "
+                          f"loss {valid['loss']:.4f}")
             state["wall_seconds"] = wall()
             improved = _track_best(state, valid[key], config)
             if writer:

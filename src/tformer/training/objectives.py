@@ -87,10 +87,9 @@ class SentenceModel(nn.Module):
 
 def bert_shaped(config, vocab_size: int, **extra) -> TransformerConfig:
     """A from-scratch encoder with BERT's layout (learned positions, embedding LayerNorm,
-    GELU, two token types), so it exports to transformers and sentence-transformers."""
-    return TransformerConfig(
-        d_model=config.d_model, n_heads=config.n_heads, d_ff=config.d_ff, n_layers=config.n_layers,
-        dropout=config.dropout, attention_dropout=config.dropout, activation="gelu",
+    GELU, two token types, post-norm), so it exports to transformers and sentence-transformers."""
+    return config.model.replace(
+        attention_dropout=config.model.dropout, activation="gelu", norm_first=False, final_norm=False,
         positional="learned", max_len=config.max_length, vocab_size=vocab_size,
         scale_embeddings=False, type_vocab_size=2, embedding_norm=True, layer_norm_eps=1e-12,
         **extra)
@@ -107,13 +106,10 @@ class TaskSource:
         self.description = f"task {task.name}: {task.description}"
 
     def model_config(self) -> TransformerConfig:
-        c, task = self.config, self.task
-        return TransformerConfig(
-            d_model=c.d_model, n_heads=c.n_heads, d_ff=c.d_ff, n_layers=c.n_layers,
-            n_decoder_layers=c.n_decoder_layers, dropout=c.dropout,
-            norm_first=c.norm_first, final_norm=c.norm_first,  # pre-norm wants a final norm
+        model, task = self.config.model, self.task
+        return model.replace(
+            final_norm=model.norm_first,  # pre-norm wants a final norm
             vocab_size=len(task.tokenizer), max_len=task.max_len, n_classes=task.n_classes,
-            pooling=c.pooling,
         )
 
     def build_model(self, model_config: TransformerConfig | None = None) -> nn.Module:
@@ -199,10 +195,7 @@ class DataSource:
     def model_config(self) -> TransformerConfig:
         c, v = self.config, self.data.tokenizer.vocab_size
         if self.kind == "seq2seq":
-            return TransformerConfig(
-                d_model=c.d_model, n_heads=c.n_heads, d_ff=c.d_ff, n_layers=c.n_layers,
-                n_decoder_layers=c.n_decoder_layers, dropout=c.dropout, norm_first=c.norm_first,
-                final_norm=c.norm_first, vocab_size=v, max_len=c.max_length + 1)
+            return c.model.replace(final_norm=c.model.norm_first, vocab_size=v, max_len=c.max_length + 1)
         if self.kind == "classification":
             return bert_shaped(c, v, n_classes=len(self.data.labels))
         return bert_shaped(c, v)
@@ -340,7 +333,7 @@ class DataSource:
         elif self.kind == "embedding":
             from tformer.convert.hf_classifier import save_sentence_layout
 
-            save_sentence_layout(model, run_dir, self.config.max_length)
+            save_sentence_layout(model, run_dir, self.data.tokenizer.max_length)
 
 
 # Losses ---------------------------------------------------------------------------------------
