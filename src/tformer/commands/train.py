@@ -25,8 +25,25 @@ def _optional(cast):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from tformer.config import TransformerConfig
-    from tformer.training.config import DEFAULT_MODEL, MODEL_OPTIONS, TrainConfig, field_help
+    from tformer.training.config import (
+        DEFAULT_MODEL,
+        FINETUNE_PRESET,
+        MODEL_OPTIONS,
+        OBJECTIVE_PRESETS,
+        PRESETS,
+        TrainConfig,
+        field_help,
+    )
 
+    def shown(preset: dict[str, Any]) -> str:
+        return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in preset.items())
+
+    parser.epilog = (
+        "The defaults shown are overridden per run kind: "
+        + "; ".join(f"{name} data: {shown(p)}" for name, p in OBJECTIVE_PRESETS.items())
+        + f"; with --from-pretrained also: {shown(FINETUNE_PRESET)}; "
+        + "; ".join(f"task {name}: {shown(p)}" for name, p in PRESETS.items())
+    )
     parser.add_argument("--config", metavar="FILE",
                         help="JSON or YAML file of options (keys: the option names below, "
                              "with underscores); the command line overrides it")
