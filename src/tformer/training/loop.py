@@ -230,9 +230,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
             state["wall_seconds"] = wall()
             improved = _track_best(state, valid[key], config)
             if writer:
-                if improved and config.data is not None:
-                    _save_best(model, run_dir)
-                save_checkpoint(run_dir, model, optimizer, config, state)
+                _checkpoint(run_dir, model, optimizer, config, state, best=improved)
             if config.early_stop is not None and valid[key] >= config.early_stop:
                 stop_reason = "early_stop"
                 break
@@ -243,7 +241,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
     state["wall_seconds"] = wall()
     state["stopped_by"] = stop_reason
     if writer:
-        save_checkpoint(run_dir, model, optimizer, config, state)
+        _checkpoint(run_dir, model, optimizer, config, state, best=False)
     if config.data is not None and (run_dir / "best.safetensors").is_file():
         load_weights(model, run_dir / "best.safetensors")  # test the best validated weights
     test, preds = source.evaluate(model, "test")
@@ -334,10 +332,15 @@ def _track_best(state: dict[str, Any], value: float, config: TrainConfig) -> boo
     return False
 
 
-def _save_best(model: nn.Module, run_dir: Path) -> None:
-    from safetensors.torch import save as st_save
+def _checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig,
+                state: dict[str, Any], best: bool) -> None:
+    """Every file the loop writes about the model goes through here (tformer.checkpoint owns
+    the format): the checkpoint, and for data runs the best validated weights."""
+    if best and config.data is not None:
+        from safetensors.torch import save as st_save
 
-    from tformer.files import write_atomic
+        from tformer.files import write_atomic
 
-    weights = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    write_atomic(run_dir / "best.safetensors", st_save(weights))
+        weights = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+        write_atomic(run_dir / "best.safetensors", st_save(weights))
+    save_checkpoint(run_dir, model, optimizer, config, state)
