@@ -116,3 +116,14 @@ def test_data_errors_are_one_line(tmp_path, capsys):
     assert main(["train", "--data", str(bad), "--out", str(tmp_path / "r"), *TINY]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "bad.jsonl:2: target: expected text" in err
+
+
+def test_classifier_from_scratch_learns(tmp_path):
+    """An easy task (animal words vs place words) is learnt in a few dozen steps; this caught
+    a token-type table initialised N(0, 1), which drowned the tokens."""
+    data = write(tmp_path / "d.jsonl", classification_rows(400))
+    record = train(resolve_config({"data": str(data), "d_model": 32, "n_heads": 2, "d_ff": 64,
+                                   "n_layers": 1, "vocab_size": 300, "max_tokens": 512, "steps": 60,
+                                   "lr": 1e-3, "warmup": 10, "eval_every": 30, "threads": 1,
+                                   "out": str(tmp_path / "run")}), **QUIET)
+    assert record["accuracy"] >= 0.9, record
