@@ -1,4 +1,5 @@
-"""`torchrun --nproc_per_node 2 -m tformer train` equals one process at the same global batch.
+"""`torchrun --nproc_per_node 2 -m tformer train` equals one process at the same global batch,
+resume included.
 
 Two ranks with --accumulate 1 read batches 0, 1 (then 2, 3, ...) between them; one process
 with --accumulate 2 reads the same pairs. Gradients are averaged in a different order
@@ -39,8 +40,11 @@ def _losses(run):
 def test_two_processes_equal_one(tmp_path):
     data = write(tmp_path / "d.jsonl", seq2seq_rows(200))
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    _run([torchrun, "--standalone", "--nproc_per_node", "2", "-m", "tformer", "train", "--data", str(data),
-          "--out", str(tmp_path / "two"), "--accumulate", "1", *ARGS], tmp_path)
+    two_ranks = [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "tformer", "train"]
+    # Half the steps, then a resume under torchrun: both must match the straight run.
+    _run([*two_ranks, "--data", str(data), "--out", str(tmp_path / "two"), "--accumulate", "1", *ARGS,
+          "--steps", "3"], tmp_path)
+    _run([*two_ranks, "--resume", str(tmp_path / "two"), "--steps", "6", "--quiet"], tmp_path)
     _run([sys.executable, "-m", "tformer", "train", "--data", str(data), "--out", str(tmp_path / "one"),
           "--accumulate", "2", *ARGS], tmp_path)
     one, two = _losses(tmp_path / "one"), _losses(tmp_path / "two")

@@ -178,7 +178,14 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
     metrics_path = run_dir / "metrics.jsonl"
     if writer and not resume:
         metrics_path.unlink(missing_ok=True)  # a fresh run starts a fresh log
-    source = make_source(config, run_dir if writer else None, write=writer)
+    # Rank 0 trains the tokenizer and writes it; the others wait, then read that very file.
+    source = make_source(config, run_dir) if writer else None
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+    if source is None:
+        source = make_source(config, run_dir, write=False)
     torch.manual_seed(config.seed)
     model = source.build_model()
     optimizer = make_optimizer(model, config)
