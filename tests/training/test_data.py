@@ -151,3 +151,21 @@ def test_train_stream_is_seeded_and_resumable(tmp_path):
     assert all(a.equal(b) for a, b in zip(first[20:], again, strict=True))
     rank1 = [b.src for _, b in zip(range(5), data.train_batches(0, rank=1, world=2), strict=False)]
     assert all(a.equal(b) for a, b in zip(first[1::2], rank1, strict=False))
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("en:source", r"columns: expected 'theirs=ours,...', got 'en:source'"),
+    ("en=", r"columns: expected 'theirs=ours,...', got 'en='"),
+])
+def test_bad_columns_spec(tmp_path, spec, message):
+    path = write(tmp_path / "d.csv", [{"en": "a", "fr": "b"}])
+    with pytest.raises(ValueError, match=message):
+        next(read_records(path, spec))
+
+
+def test_unknown_file_type_and_missing_file(tmp_path):
+    (tmp_path / "d.txt").write_text("a\n")
+    with pytest.raises(ValueError, match=r"d.txt: expected a .jsonl, .csv or .tsv file, got '.txt'"):
+        next(read_records(tmp_path / "d.txt"))
+    with pytest.raises(FileNotFoundError, match="nope.jsonl: no such file"):
+        next(read_records(tmp_path / "nope.jsonl"))
