@@ -18,7 +18,8 @@ from tformer import files
 from tformer.checkpoint import check_run_dir, latest_checkpoint
 from tformer.cli import main
 from tformer.rundir import LOCK_FILE, read_metrics
-from tformer.train import TrainConfig, resume_config, train
+from tformer.training.config import TrainConfig, resume_config
+from tformer.training.loop import train
 
 TINY = dict(task="reverse", d_model=16, n_heads=2, d_ff=32, n_layers=1, batch_size=8,
             valid_size=8, test_size=8, eval_every=2, log_every=1, threads=1, warmup=4,
@@ -32,12 +33,16 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(autouse=True, scope="module")
 def _fast_curves():
     """Drawing curves.png takes most of a tiny run; write a stand-in, atomically as the real one."""
-    import tformer.train as train_module
+    import tformer.training.loop as train_module
 
     real = train_module.plot_curves
     train_module.plot_curves = lambda metrics, png, key: files.write_atomic(png, b"png")
     yield
     train_module.plot_curves = real
+
+
+def _config(**options) -> TrainConfig:
+    return TrainConfig.from_flat(options)
 
 
 def _weights(run_dir):
@@ -51,7 +56,7 @@ def _same_weights(a, b):
 
 def _finish(out, steps):
     """What a user does after a crash: resume if there is a checkpoint, else start again."""
-    config = TrainConfig(steps=steps, out=str(out), **TINY)
+    config = _config(steps=steps, out=str(out), **TINY)
     if latest_checkpoint(out) is not None:
         return train(resume_config(out, {}), resume=True, **QUIET)
     return train(config, **QUIET)
@@ -68,7 +73,7 @@ def reference(tmp_path_factory):
     count = []
     files.fault_hook = count.append
     try:
-        train(TrainConfig(steps=4, out=str(out), **TINY), **QUIET)
+        train(_config(steps=4, out=str(out), **TINY), **QUIET)
     finally:
         files.fault_hook = None
     return out, len(count)
@@ -80,7 +85,7 @@ def _killed_at(k, out, steps=4):
     if pid == 0:  # child
         try:
             files.fault_hook = files.kill_at(k)
-            train(TrainConfig(steps=steps, out=str(out), **TINY), **QUIET)
+            train(_config(steps=steps, out=str(out), **TINY), **QUIET)
         finally:
             os._exit(0)
     _, status = os.waitpid(pid, 0)
@@ -107,7 +112,7 @@ def test_killed_at_random_moments_resumes_bit_identical(reference, tmp_path):
         pid = os.fork()
         if pid == 0:  # child: train until killed
             try:
-                train(TrainConfig(steps=4, out=str(out), **TINY), **QUIET)
+                train(_config(steps=4, out=str(out), **TINY), **QUIET)
             finally:
                 os._exit(0)
         time.sleep(random.uniform(0.05, 0.6))
@@ -235,18 +240,18 @@ def test_first_save_interrupted_restarts_with_plain_train(tmp_path):
     assert _killed_at(3, out)  # inside the first save: nothing published
     with pytest.raises(ValueError, match="has no complete checkpoint"):
         resume_config(out, {})
-    train(TrainConfig(steps=2, out=str(out), **TINY), **QUIET)
+    train(_config(steps=2, out=str(out), **TINY), **QUIET)
     assert check_run_dir(out).name.startswith("step-000002")
 
 
 def test_keep_prunes_old_checkpoints(tmp_path):
-    train(TrainConfig(steps=6, out=str(tmp_path), keep=2, **TINY), **QUIET)
+    train(_config(steps=6, out=str(tmp_path), keep=2, **TINY), **QUIET)
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["latest", "step-000006", "step-000006.1"]
 
 
 def test_resuming_a_finished_run_adds_no_second_test_line(tmp_path):
-    first = train(TrainConfig(steps=2, out=str(tmp_path), **TINY), **QUIET)
+    first = train(_config(steps=2, out=str(tmp_path), **TINY), **QUIET)
     again = train(resume_config(tmp_path, {}), resume=True, **QUIET)
     assert again == first
     assert [s for s, _ in _shape(tmp_path)].count("test") == 1
@@ -255,7 +260,7 @@ def test_resuming_a_finished_run_adds_no_second_test_line(tmp_path):
 
 
 def test_resume_drops_metrics_written_after_the_checkpoint(tmp_path):
-    train(TrainConfig(steps=2, out=str(tmp_path), **TINY), **QUIET)
+    train(_config(steps=2, out=str(tmp_path), **TINY), **QUIET)
     with (tmp_path / "metrics.jsonl").open("a") as f:
         f.write(json.dumps({"split": "train", "step": 3, "loss": 1.0}) + "\n" + '{"split": "tr')
     train(resume_config(tmp_path, {"steps": 4}), resume=True, **QUIET)
@@ -265,7 +270,7 @@ def test_resume_drops_metrics_written_after_the_checkpoint(tmp_path):
 def test_files_follow_the_umask(tmp_path):
     old = os.umask(0o022)
     try:
-        train(TrainConfig(steps=2, out=str(tmp_path / "run"), **TINY), **QUIET)
+        train(_config(steps=2, out=str(tmp_path / "run"), **TINY), **QUIET)
     finally:
         os.umask(old)
     ckpt = check_run_dir(tmp_path / "run")
@@ -282,14 +287,14 @@ def test_non_finite_hyperparameters_are_refused(capsys):
 
 
 def test_non_finite_loss_stops_keeping_the_last_good_checkpoint(tmp_path, monkeypatch, capsys):
-    import tformer.train as train_module
+    import tformer.training.loop as train_module
 
     real, calls = train_module.train_step, []
 
     def nan_at_step_3(*args):
-        loss, acc = real(*args)
+        loss, acc, tokens = real(*args)
         calls.append(1)
-        return (float("nan") if len(calls) == 3 else loss), acc
+        return (float("nan") if len(calls) == 3 else loss), acc, tokens
 
     monkeypatch.setattr(train_module, "train_step", nan_at_step_3)
     out = tmp_path / "run"
@@ -302,7 +307,7 @@ def test_non_finite_loss_stops_keeping_the_last_good_checkpoint(tmp_path, monkey
 
 
 def test_checkpoint_with_nan_weights_is_refused(tmp_path, capsys):
-    train(TrainConfig(steps=2, out=str(tmp_path), **TINY), **QUIET)
+    train(_config(steps=2, out=str(tmp_path), **TINY), **QUIET)
     path = check_run_dir(tmp_path) / "model.safetensors"
     weights = load_file(str(path))
     key = next(iter(weights))
@@ -319,7 +324,7 @@ def test_checkpoint_with_nan_weights_is_refused(tmp_path, capsys):
     ("no-step", "trainer_state.json: expected an object with an integer 'step'"),
 ])
 def test_corrupt_checkpoint_files_are_one_line_on_resume(tmp_path, capsys, corrupt, message):
-    train(TrainConfig(steps=2, out=str(tmp_path), **TINY), **QUIET)
+    train(_config(steps=2, out=str(tmp_path), **TINY), **QUIET)
     ckpt = check_run_dir(tmp_path)
     if corrupt == "no-step":
         (ckpt / "trainer_state.json").write_text('{"wall_seconds": 1.0}')
@@ -331,7 +336,7 @@ def test_corrupt_checkpoint_files_are_one_line_on_resume(tmp_path, capsys, corru
 
 
 def test_lock_file_marks_the_run(tmp_path):
-    train(TrainConfig(steps=2, out=str(tmp_path / "run"), **TINY), **QUIET)
+    train(_config(steps=2, out=str(tmp_path / "run"), **TINY), **QUIET)
     assert (tmp_path / "run" / LOCK_FILE).is_file()
 
 

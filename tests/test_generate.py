@@ -7,7 +7,7 @@ from tformer import TransformerConfig
 from tformer.generate import beam_search, generate, greedy_search
 from tformer.model import Seq2SeqTransformer
 from tformer.tasks import EOS, PAD, get_task
-from tformer.train import forward_loss
+from tformer.training import forward_loss
 
 # Small tensors: one thread is as fast, and polite to a shared machine.
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -18,6 +18,7 @@ COMMANDS = [
     ("train", "train"),
     ("eval", "eval"),
     ("generate", "generate"),
+    ("predict", "predict"),
     ("embed", "embed"),
     ("similarity", "similarity"),
     ("search", "search"),
@@ -27,8 +28,6 @@ COMMANDS = [
     ("export", "export"),
     ("bench", "bench"),
 ]
-
-
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(

@@ -15,7 +15,10 @@ import torch
 from torch import Tensor
 
 from tformer.layers import LayerCache
-from tformer.tasks.tokenizer import BOS, EOS, PAD
+
+# The special ids the caller passes (its tokenizer's); these defaults are the convention of
+# tformer's synthetic tasks and of the tokenizers `tformer train --data` trains.
+PAD, BOS, EOS = 0, 1, 2
 
 
 @dataclass
@@ -25,12 +28,15 @@ class GenerationOutput:
 
     sequences: Tensor
     scores: Tensor
+    eos_id: int = EOS
+    pad_id: int = PAD
 
     def tolist(self) -> list[list[int]]:
         """Per row, the ids up to and including the first EOS (PAD stripped)."""
+        eos, pad = self.eos_id, self.pad_id
         rows = []
         for row in self.sequences.tolist():
-            rows.append(row[: row.index(EOS) + 1] if EOS in row else [i for i in row if i != PAD])
+            rows.append(row[: row.index(eos) + 1] if eos in row else [i for i in row if i != pad])
         return rows
 
 
@@ -101,7 +107,7 @@ def greedy_search(
         if bool(done.all()):
             break
     model.train(was_training)
-    return GenerationOutput(tokens[:, 1:], scores)
+    return GenerationOutput(tokens[:, 1:], scores, eos_id, pad_id)
 
 
 @torch.no_grad()
@@ -168,7 +174,7 @@ def beam_search(
     final = scores / lengths.clamp(min=1) ** length_penalty  # (B*K,)
     best = final.view(b, k).argmax(dim=-1) + torch.arange(b, device=device) * k  # (B,)
     model.train(was_training)
-    return GenerationOutput(tokens[best, 1:], scores[best])
+    return GenerationOutput(tokens[best, 1:], scores[best], eos_id, pad_id)
 
 
 def generate(
@@ -178,9 +184,14 @@ def generate(
     beam_size: int = 1,
     max_len: int = 64,
     length_penalty: float = 1.0,
+    bos_id: int = BOS,
+    eos_id: int = EOS,
+    pad_id: int = PAD,
 ) -> GenerationOutput:
-    """Greedy search for beam_size 1, beam search otherwise."""
+    """Greedy search for beam_size 1, beam search otherwise; the special ids are the
+    caller's tokenizer's."""
+    ids = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
     if beam_size == 1:
-        return greedy_search(model, src_ids, src_attention_mask, max_len=max_len)
+        return greedy_search(model, src_ids, src_attention_mask, max_len=max_len, **ids)
     return beam_search(model, src_ids, src_attention_mask, beam_size=beam_size,
-                       max_len=max_len, length_penalty=length_penalty)
+                       max_len=max_len, length_penalty=length_penalty, **ids)

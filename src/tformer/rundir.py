@@ -26,7 +26,9 @@ LOCK_FILE = ".tformer-run.lock"
 # What a run writes at its top level (a run written before checkpoints were directories
 # had the checkpoint files here too).
 RUN_FILES = ("metrics.jsonl", "curves.png", "config.json", "model.safetensors",
-             "optimizer.safetensors", "trainer_state.json", "train_config.json")
+             "optimizer.safetensors", "trainer_state.json", "train_config.json",
+             # data runs (tformer.training): the tokenizer, labels, best weights, reports
+             "tokenizer.json", "data.json", "best.safetensors", "confusion.png", "modules.json")
 
 
 class RunLock:

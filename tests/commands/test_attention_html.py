@@ -15,7 +15,7 @@ from tformer.generate import generate
 from tformer.model import from_pretrained
 from tformer.tasks.tokenizer import BOS, EOS
 from tformer.tokenizer import load_tokenizer
-from tformer.train import load_run
+from tformer.training import load_run
 from tformer.viz_html import read_page_data
 
 TINY = [
@@ -105,7 +105,8 @@ def test_seq2seq_run_page_has_encoder_decoder_and_cross_attention(capsys, tmp_pa
     assert enc["note"] == "" and "row t predicts token t + 1" in cross["note"]  # shown on the page
 
     # The same numbers, computed here directly from the run.
-    model, task, _ = load_run(reverse_run)
+    model, source, _ = load_run(reverse_run)
+    task = source.task
     src = torch.tensor([task.tokenizer.encode("3 1 4 1 5") + [EOS]])  # (1, S)
     with torch.no_grad():
         memory = model.encode(src, output_attentions=True)
@@ -130,7 +131,8 @@ def test_classification_run_page_has_the_encoders_attention(capsys, tmp_path):
     assert rc == 0 and "1 kind of attention, 2 layers x 2 heads, 5 tokens" in err
     (group,) = read_page_data(tmp_path / "b.html")["groups"]
     assert group["queries"] == group["keys"] == ["<bos>", "(", "[", "]", ")"]
-    model, task, _ = load_run(run)
+    model, source, _ = load_run(run)
+    task = source.task
     with torch.no_grad():
         out = model(torch.tensor([[BOS] + task.tokenizer.encode("( [ ] )")]), output_attentions=True)
     np.testing.assert_allclose(np.array(group["weights"]), _stack(out.attentions), rtol=0, atol=1e-6)

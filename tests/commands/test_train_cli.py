@@ -53,7 +53,7 @@ def test_train_options_from_a_yaml_file(tmp_path):
     assert main(["train", "--config", str(cfg), "--steps", "3", "--out", str(out), "--quiet",
                  "--threads", "1"]) == 0
     saved = json.loads((check_run_dir(out) / "train_config.json").read_text())
-    assert saved["task"] == "brackets" and saved["steps"] == 3 and saved["d_model"] == 16
+    assert saved["task"] == "brackets" and saved["steps"] == 3 and saved["model"]["d_model"] == 16
     assert saved["lr"] == 0.001  # YAML reads 1e-3 as a string; it is still a float here
 
 

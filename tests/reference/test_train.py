@@ -10,13 +10,18 @@ import pytest
 import torch
 from helpers import assert_close, copy_weights, relative_error
 
-from tformer import train as torch_train
 from tformer.reference import train as numpy_train
 from tformer.tasks import get_task
-from tformer.train_config import TrainConfig
+from tformer.training import loop as torch_train
+from tformer.training.config import TrainConfig
+from tformer.training.objectives import TaskSource
 
 # Small tensors: one torch thread is as fast, and polite to a shared machine.
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+def _config(**options) -> TrainConfig:
+    return TrainConfig.from_flat(options)
+
 
 TINY = dict(d_model=16, n_heads=2, d_ff=32, n_layers=1, batch_size=8, valid_size=16,
             test_size=16, eval_every=3, log_every=2, warmup=4)
@@ -35,11 +40,12 @@ def test_collate_arrays_is_collate_without_torch():
 def test_train_steps_equal_pytorch_train_steps(task_name):
     """Loss, gradients, clipping, AdamW, weight decay groups, the schedule: three steps of
     the NumPy loop leave the same weights as tformer.train's (float64, no dropout)."""
-    config = TrainConfig(task=task_name, dropout=0.0, lr=3e-3, warmup=2, clip_grad=0.5, **{
+    config = _config(task=task_name, dropout=0.0, lr=3e-3, warmup=2, clip_grad=0.5, **{
         k: v for k, v in TINY.items() if k not in ("warmup",)})
     task = get_task(task_name, 0, 16, 16)
     torch.manual_seed(0)
-    theirs = torch_train.build_model(config, task).double()
+    source = TaskSource(task, config)
+    theirs = source.build_model().double()
     ours = numpy_train.build_model(config, task, np.float64)
     copy_weights(theirs, ours)
     torch_opt = torch_train.make_optimizer(theirs, config)
@@ -47,7 +53,8 @@ def test_train_steps_equal_pytorch_train_steps(task_name):
     for step in range(3):
         examples = task.train_batch(step, config.batch_size)
         lr = torch_train.learning_rate(config, step + 1)
-        loss_t, _ = torch_train.train_step(theirs, torch_opt, task.collate(examples), config, lr)
+        loss_t, _, _ = torch_train.train_step(theirs, torch_opt, source,
+                                              iter([task.collate(examples)]), config, lr)
         loss_n, _ = numpy_train.train_step(ours, our_opt, task.collate_arrays(examples), config,
                                            lr, None)
         assert abs(loss_n - loss_t) <= 1e-12 * abs(loss_t)
@@ -57,12 +64,12 @@ def test_train_steps_equal_pytorch_train_steps(task_name):
 
 
 def test_init_weights_follows_the_pytorch_distributions():
-    config = TrainConfig(task="reverse", d_model=64, d_ff=256)
+    config = _config(task="reverse", d_model=64, d_ff=256)
     task = get_task("reverse", 0, 16, 16)
     model = numpy_train.build_model(config, task)
     numpy_train.init_weights(model, np.random.default_rng(0))
     torch.manual_seed(0)
-    reference = torch_train.build_model(config, task).state_dict()
+    reference = TaskSource(task, config).build_model().state_dict()
     for key, value in model.state_dict().items():
         theirs = reference[key].numpy()
         slack = 6 / np.sqrt(value.size)  # two samples' means and stds: ~4 sigma apart at most
@@ -72,12 +79,13 @@ def test_init_weights_follows_the_pytorch_distributions():
 
 @pytest.mark.parametrize("task_name", ["reverse", "brackets"])
 def test_numpy_run_directory_loads_in_pytorch_with_the_same_logits(tmp_path, task_name):
-    record = numpy_train.train(TrainConfig(task=task_name, steps=4, out=str(tmp_path), **TINY),
+    record = numpy_train.train(_config(task=task_name, steps=4, out=str(tmp_path), **TINY),
                                progress=False, log=lambda *a: None)
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert lines[-1] == record and record["split"] == "test" and record["step"] == 4
     assert {r["split"] for r in lines} == {"train", "validation", "test"}
-    model, task, config = torch_train.load_run(tmp_path)  # the PyTorch side reads it
+    model, source, config = torch_train.load_run(tmp_path)  # the PyTorch side reads it
+    task = source.task
     assert config.task == task_name
     mirror = numpy_train.build_model(config, task)
     mirror.load_safetensors(tmp_path / "model.safetensors")
@@ -92,7 +100,7 @@ def test_numpy_run_directory_loads_in_pytorch_with_the_same_logits(tmp_path, tas
                            torch.from_numpy(batch.attention_mask)).logits
             ours = mirror(batch.input_ids, batch.attention_mask).logits
     assert_close(ours, theirs, np.float32, what="logits")
-    metrics, _ = torch_train.evaluate(model, task, "test")  # same test metric both sides
+    metrics, _ = source.evaluate(model, "test")  # same test metric both sides
     key = "exact_match" if task.kind == "seq2seq" else "accuracy"
     assert metrics[key] == record[key]
 

@@ -52,9 +52,13 @@ def run_maps(run_dir: str | Path, text: str) -> list[AttentionMaps]:
 
     from tformer.generate import generate
     from tformer.tasks.tokenizer import BOS, EOS
-    from tformer.train import load_run
+    from tformer.training import load_run
 
-    model, task, _ = load_run(run_dir)
+    model, source, _ = load_run(run_dir)
+    task = getattr(source, "task", None)
+    if task is None:
+        raise ValueError(f"RUN_DIR: {run_dir} was trained on your data; --html takes synthetic-task "
+                         "runs and model directories (export the run first: tformer export RUN --hf)")
     vocab = task.tokenizer.vocab
     ids = task.tokenizer.encode(text, strict=True)
     if not ids:

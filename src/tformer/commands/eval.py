@@ -1,16 +1,20 @@
-"""`tformer eval RUN_DIR`: metrics of a trained run on its test (or validation) split."""
+"""`tformer eval RUN_DIR`: metrics of a trained run on its test (or validation) split, or,
+for a run on your data, on any file with the training file's fields (--data FILE)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-HELP = "evaluate a trained run on its test or validation split"
+HELP = "evaluate a trained run on its test or validation split, or on a file (--data)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by `tformer train`")
     parser.add_argument("--split", choices=("test", "validation"), default="test")
+    parser.add_argument("--data", metavar="FILE", default=None,
+                        help="runs on your data: evaluate on this JSONL/CSV/TSV file instead; "
+                             "the result is appended to RUN_DIR/metrics.jsonl")
     parser.add_argument("--beam-size", type=int, default=1, help="seq2seq: 1 = greedy (default)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N examples")
     parser.add_argument("--samples", type=int, default=6, help="sample rows to print (default 6)")
@@ -18,22 +22,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     import torch
 
-    from tformer.train import evaluate, load_run, main_metric, sample_table
+    from tformer.training import load_run
+    from tformer.training.report import append_jsonl, sample_table
 
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit: expected a positive int, got {args.limit}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, task, config = load_run(args.run_dir)
-    metrics, preds = evaluate(model, task, args.split, beam_size=args.beam_size, limit=args.limit)
-    examples = task.split(args.split)[: args.limit]
-    if args.samples:
-        print(sample_table(task, examples, preds, n=args.samples))
-    record = {"split": args.split, "task": task.name, "examples": len(examples), **metrics}
-    if task.kind == "classification":
-        record["majority_baseline"] = task.majority_baseline()["accuracy"]
-    print(f"{args.split} {main_metric(task)}: {metrics[main_metric(task)]:.4f}")
+    model, source, config = load_run(args.run_dir)
+    if args.data is not None:
+        if config.data is None:
+            raise ValueError(f"--data: {args.run_dir} trained on task {config.task}, not on files")
+        examples = list(source.data.read_file(args.data))[: args.limit]
+        if not examples:
+            raise ValueError(f"--data: {args.data} holds no records")
+        split = str(args.data)
+    else:
+        examples = source.examples(args.split)[: args.limit]
+        split = args.split
+    metrics, preds = source.evaluate(model, args.split, beam_size=args.beam_size, examples=examples)
+    rows = source.sample_rows(examples, preds) if args.samples else []
+    if rows:
+        print(sample_table(rows, n=args.samples))
+    record = {"split": split, "task": config.name, "examples": len(examples), **metrics}
+    record.update(source.baseline() if args.data is None else {})
+    key = source.main_metric
+    print(f"{split} {key}: {metrics[key]:.4f}")
     print(json.dumps(record))
+    if args.data is not None:
+        append_jsonl(Path(args.run_dir) / "metrics.jsonl", {**record, "split": "eval", "data": split})
     return 0

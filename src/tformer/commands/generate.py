@@ -1,39 +1,91 @@
-"""`tformer generate RUN_DIR INPUT...`: run a trained model on your own inputs.
+"""`tformer generate RUN_DIR [INPUT...] [--file FILE]`: run a trained model on your inputs.
 
-Seq2seq runs print the generated output, classification runs the predicted class,
-one line per input.
+Seq2seq runs print the generated output, classification runs the predicted class, one
+line per input, in order. Runs on your data use the tokenizer saved in RUN_DIR.
 """
 
 from __future__ import annotations
 
 import argparse
 
-HELP = "run a trained model on inputs given on the command line"
+HELP = "run a trained model on inputs (arguments or --file, one per line)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by `tformer train`")
-    parser.add_argument("inputs", nargs="+", metavar="INPUT",
+    parser.add_argument("inputs", nargs="*", metavar="INPUT",
                         help='inputs in the task\'s format, e.g. "3 1 4 1 5" for reverse')
+    parser.add_argument("--file", metavar="FILE", default=None,
+                        help="read inputs from FILE, one per line ('-': standard input)")
     parser.add_argument("--beam-size", type=int, default=1, help="1 = greedy (default)")
     parser.add_argument("--length-penalty", type=float, default=1.0,
                         help="beam search: rank by score / length ** this (default 1.0)")
     parser.add_argument("--max-len", type=int, default=None,
                         help="most tokens to generate (default: the task's longest target + 1)")
+    parser.add_argument("--batch-size", type=int, default=32, help="inputs per batch (default 32)")
+
+
+def read_inputs(args: argparse.Namespace) -> list[str]:
+    """The command line's inputs, then --file's lines (empty lines are errors: one per output)."""
+    import sys
+    from pathlib import Path
+
+    texts = list(args.inputs)
+    if args.file is not None:
+        if args.file == "-":
+            lines = sys.stdin.read().splitlines()
+        else:
+            path = Path(args.file)
+            if not path.is_file():
+                raise FileNotFoundError(f"--file: no such file {path}")
+            lines = path.read_text(encoding="utf-8").splitlines()
+        for i, line in enumerate(lines, 1):
+            if not line.strip():
+                raise ValueError(f"{args.file}:{i}: expected an input, got an empty line")
+        texts += lines
+    if not texts:
+        raise ValueError("inputs: expected at least one input (arguments or --file), got none")
+    return texts
 
 
 def run(args: argparse.Namespace) -> int:
+    from tformer.training import load_run
+
+    texts = read_inputs(args)
+    model, source, config = load_run(args.run_dir)
+    if config.data is not None:
+        return _run_data(args, model, source, texts)
+    return _run_task(args, model, source.task, texts)
+
+
+def _run_data(args, model, source, texts: list[str]) -> int:
+    if source.kind == "seq2seq":
+        if args.max_len is not None and not 1 <= args.max_len <= model.config.max_len:
+            raise ValueError(f"--max-len: expected 1..{model.config.max_len}, got {args.max_len}")
+        for i in range(0, len(texts), args.batch_size):
+            records = [{"source": t, "target": "-"} for t in texts[i : i + args.batch_size]]
+            for out in source.predict(model, records, beam_size=args.beam_size,
+                                      length_penalty=args.length_penalty):
+                print(out, flush=True)
+        return 0
+    if source.kind == "classification":
+        records = [{"text": t, "label": source.data.labels[0]} for t in texts]
+        for probs in source.predict(model, records):
+            print(source.data.labels[max(range(len(probs)), key=probs.__getitem__)])
+        return 0
+    raise ValueError(f"RUN_DIR: {args.run_dir} is an embedding run; use `tformer embed {args.run_dir}`")
+
+
+def _run_task(args, model, task, texts: list[str]) -> int:
     import torch
 
     from tformer.generate import generate
     from tformer.tasks.base import pad
-    from tformer.tasks.tokenizer import BOS, EOS
-    from tformer.train import load_run
+    from tformer.tasks.tokenizer import BOS, EOS, PAD
 
-    model, task, _ = load_run(args.run_dir)
     limit = model.config.max_len
     rows = []
-    for text in args.inputs:
+    for text in texts:
         ids = task.tokenizer.encode(text, strict=True)
         if not ids:
             raise ValueError(f"input: expected at least one symbol, got {text!r}")
@@ -54,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= max_len <= limit:
         raise ValueError(f"--max-len: expected 1..{limit} (the model's positions), got {max_len}")
     out = generate(model, ids, mask, beam_size=args.beam_size, max_len=max_len,
-                   length_penalty=args.length_penalty)
+                   length_penalty=args.length_penalty, bos_id=BOS, eos_id=EOS, pad_id=PAD)
     for seq in out.tolist():
         print(task.tokenizer.decode(seq))
     return 0

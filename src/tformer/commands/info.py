@@ -1,4 +1,5 @@
-"""`tformer info CONFIG.json`: parameter count, FLOPs per token and activation memory."""
+"""`tformer info CONFIG.json | RUN_DIR`: parameter count, FLOPs per token and activation memory;
+for a training run also what it learned, on what, and its last test result."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ HELP = "print parameter count, FLOPs per token and activation memory for a confi
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="a tformer config.json (or a run/model directory holding one)")
-    p.add_argument("--model", default="encoder", choices=["encoder", "seq2seq", "classifier"])
+    p.add_argument("--model", default=None, choices=["encoder", "seq2seq", "classifier"],
+                   help="which model the config describes (default: a run's own, else encoder)")
     p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: max_len)")
     p.add_argument("--batch", type=int, default=1, help="batch size for the memory estimate")
 
@@ -29,9 +31,18 @@ def run(args: argparse.Namespace) -> int:
     from tformer.stats import activation_bytes, flops_per_token, parameter_count
 
     path = Path(args.config)
+    run_rows = []
     if path.is_dir():
-        path = path / "config.json"
+        from tformer.checkpoint import latest_checkpoint
+
+        saved = latest_checkpoint(path) or path  # a run: its newest checkpoint's files
+        run_rows = _run_rows(path, saved)
+        path = saved / "config.json"
     config = TransformerConfig.load(path)
+    if args.model is None:
+        kind = dict(run_rows).get("objective", "")
+        args.model = ("seq2seq" if kind.startswith(("seq2seq", "copy", "reverse", "sort", "add"))
+                      else "classifier" if config.n_classes else "encoder")
     seq = args.seq_len or config.max_len
     if seq <= 0 or args.batch <= 0:
         raise ValueError(f"--seq-len/--batch: expected positive values, got {seq}/{args.batch}")
@@ -39,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     flops = flops_per_token(config, seq, args.model)
     act = activation_bytes(config, seq, args.batch)
     rows = [
+        *run_rows,
         ("model", args.model),
         ("layers x d_model x heads x d_ff",
          f"{config.n_layers} x {config.d_model} x {config.n_heads} x {config.d_ff}"),
@@ -53,3 +65,35 @@ def run(args: argparse.Namespace) -> int:
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
     return 0
+
+
+def _run_rows(run_dir, saved) -> list[tuple[str, str]]:
+    """What a training run learned and how far it got (empty for a plain model directory)."""
+    import json
+
+    if not (saved / "train_config.json").is_file():
+        return []
+    train = json.loads((saved / "train_config.json").read_text())
+    rows = []
+    if train.get("data"):
+        data = json.loads((run_dir / "data.json").read_text()) if (run_dir / "data.json").is_file() else {}
+        objective = data.get("objective", "?")
+        if data.get("labels"):
+            objective += f" ({len(data['labels'])} labels: {', '.join(data['labels'][:8])})"
+        rows += [("objective", objective), ("data", train["data"]),
+                 ("tokenizer", f"{data.get('vocab_size', '?')} tokens (tokenizer.json)")]
+        if train.get("from_pretrained"):
+            rows.append(("fine-tuned from", train["from_pretrained"]))
+    else:
+        rows.append(("objective", f"{train['task']} (synthetic task)"))
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        tests = [json.loads(line) for line in metrics.read_text().splitlines() if '"test"' in line]
+        tests = [t for t in tests if t.get("split") == "test"]
+        if tests:
+            t = tests[-1]
+            shown = ", ".join(f"{k} {t[k]:.4f}" for k in ("bleu", "chrf", "exact_match", "accuracy",
+                                                          "macro_f1", "recall_at_1", "mrr_at_10")
+                              if k in t)
+            rows.append(("test", f"{shown} (step {t['step']}, {t['wall_seconds']:.0f} s)"))
+    return rows

@@ -1,7 +1,8 @@
-"""`tformer train`: train a model on a synthetic task, or resume a run.
+"""`tformer train`: train on a synthetic task or on your own files, or resume a run.
 
-One option per TrainConfig field, generated from the dataclass; values come from the
-field's default < the task's preset < --config FILE < the command line.
+One option per TrainConfig field, generated from the dataclass (help: the field's
+metadata); values come from the field's default < the preset (per task, or per objective
+of a data run) < --config FILE < the command line.
 """
 
 from __future__ import annotations
@@ -10,35 +11,8 @@ import argparse
 import dataclasses
 from typing import Any
 
-HELP = "train a model on a synthetic task (copy, reverse, sort, add, listops, brackets)"
-
-FIELD_HELP = {
-    "task": "which task: copy, reverse, sort, add (seq2seq); listops, brackets (classification)",
-    "steps": "optimizer updates in total (a resumed run continues up to this count)",
-    "batch_size": "examples per update",
-    "lr": "peak learning rate, reached at the end of warmup",
-    "warmup": "steps of linear warmup",
-    "schedule": "inverse_sqrt (Vaswani et al. 2017, §5.3) or cosine (decays to 0 at --steps)",
-    "weight_decay": "AdamW weight decay on matrices",
-    "label_smoothing": "label smoothing of the training loss (§5.4 uses 0.1)",
-    "clip_grad": "clip the gradient norm to this; 0 = off",
-    "eval_every": "validate and checkpoint every N steps",
-    "log_every": "append training loss to metrics.jsonl every N steps",
-    "valid_size": "examples in the validation split",
-    "test_size": "examples in the test split",
-    "early_stop": "stop once the validation metric reaches this (none = never)",
-    "seed": "seed for the data splits, initialisation and dropout",
-    "threads": "torch CPU threads (default: torch's choice); --engine numpy: BLAS threads",
-    "max_minutes": "stop training after this many minutes, then test",
-    "out": "run directory (default: a new folder under runs/); a non-empty folder that is "
-           "not a tformer run is refused",
-    "keep": "checkpoints kept in RUN/checkpoints (the newest; older ones are pruned)",
-    "d_model": "model width", "n_heads": "attention heads", "d_ff": "feed-forward width",
-    "n_layers": "encoder layers (and decoder layers unless --n-decoder-layers)",
-    "n_decoder_layers": "decoder layers (default: --n-layers)",
-    "dropout": "dropout probability", "norm_first": "pre-norm layers (default: post-norm)",
-    "pooling": "classification: pool the first position (cls) or the mean of all (mean)",
-}
+HELP = ("train on your own data (--data FILE: JSONL/CSV/TSV) or a synthetic task "
+        "(--task copy|reverse|sort|add|listops|brackets)")
 
 
 def _optional(cast):
@@ -50,8 +24,26 @@ def _optional(cast):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from tformer.train_config import TrainConfig
+    from tformer.config import TransformerConfig
+    from tformer.training.config import (
+        DEFAULT_MODEL,
+        FINETUNE_PRESET,
+        MODEL_OPTIONS,
+        OBJECTIVE_PRESETS,
+        PRESETS,
+        TrainConfig,
+        field_help,
+    )
 
+    def shown(preset: dict[str, Any]) -> str:
+        return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in preset.items())
+
+    parser.epilog = (
+        "The defaults shown are overridden per run kind: "
+        + "; ".join(f"{name} data: {shown(p)}" for name, p in OBJECTIVE_PRESETS.items())
+        + f"; with --from-pretrained also: {shown(FINETUNE_PRESET)}; "
+        + "; ".join(f"task {name}: {shown(p)}" for name, p in PRESETS.items())
+    )
     parser.add_argument("--config", metavar="FILE",
                         help="JSON or YAML file of options (keys: the option names below, "
                              "with underscores); the command line overrides it")
@@ -59,15 +51,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="continue the run in RUN_DIR (or in --out) from its checkpoint")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--engine", choices=("torch", "numpy"), default="torch",
-                        help="torch (default), or numpy: train with the NumPy reference (its own "
-                             "backward pass and AdamW; torch is never imported; no --resume)")
+                        help="torch (default), or numpy: train a synthetic task with the NumPy "
+                             "reference (its own backward pass and AdamW; torch is never "
+                             "imported; no --resume)")
     casts = {"int": int, "float": float, "str": str}
-    for f in dataclasses.fields(TrainConfig):
+    model_fields = [f for f in dataclasses.fields(TransformerConfig) if f.name in MODEL_OPTIONS]
+    for f in [f for f in dataclasses.fields(TrainConfig) if f.name != "model"] + model_fields:
         flag = "--" + f.name.replace("_", "-")
         base, optional = str(f.type).split(" |")[0], "None" in str(f.type)
-        shown = "none" if f.default is None else f.default
+        if f.name in MODEL_OPTIONS:  # a nested model option: its help and default live here
+            default, text = getattr(DEFAULT_MODEL, f.name), MODEL_OPTIONS[f.name]
+        else:
+            default, text = f.default, field_help(f)
+        shown = "none" if default is None else default
         kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS,
-                              "help": f"{FIELD_HELP.get(f.name, '')} (default: {shown})"}
+                              "help": f"{text} (default: {shown})"}
         if base == "bool":
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
         else:
@@ -76,9 +74,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.train_config import TrainConfig, load_config_file, resolve_config
+    from tformer.training.config import (
+        MODEL_OPTIONS,
+        TrainConfig,
+        load_config_file,
+        resolve_config,
+        resume_config,
+    )
 
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    fields = {f.name for f in dataclasses.fields(TrainConfig)} | set(MODEL_OPTIONS)
     given = {k: v for k, v in vars(args).items() if k in fields}  # only options on the command line
     from_file = load_config_file(args.config) if args.config else {}
     if args.engine == "numpy":  # the NumPy reference trains; torch is never imported
@@ -89,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
                              "state is saved); use --engine torch")
         train_numpy(resolve_config(from_file, given), progress=not args.quiet)
         return 0
-    from tformer.train import resume_config, train
+    from tformer.training.loop import train
 
     if args.resume is not None:
         run_dir = args.resume or given.get("out") or from_file.get("out")

@@ -1,9 +1,9 @@
 """Train on a synthetic task with the NumPy reference only: torch is never imported.
 
     tformer train --task reverse --engine numpy
-    train(resolve_config({"task": "reverse"}))     # the same from Python (tformer.train_config)
+    train(resolve_config({"task": "reverse"}))     # the same from Python (tformer.training.config)
 
-The run is the one tformer.train makes, computed in NumPy: the same TrainConfig and
+The run is the one tformer.training makes, computed in NumPy: the same TrainConfig and
 presets, the same batches (batch k depends only on (seed, k)), the same schedule,
 label-smoothed loss, AdamW (Vaswani et al. 2017, §5.3: betas 0.9/0.98, eps 1e-9; no decay
 on 1-d parameters), gradient clipping, dropout and initialisation distributions (not the
@@ -39,14 +39,15 @@ from tformer.reference.optim import AdamW, clip_grad_norm_
 from tformer.reference.positional import LearnedPositionalEmbedding
 from tformer.tasks import Example, Task, get_task
 from tformer.tasks.tokenizer import PAD
-from tformer.train_config import TrainConfig, learning_rate
+from tformer.training.config import TrainConfig
+from tformer.training.schedule import learning_rate
 
 TOKEN_TABLES = ("tok_emb", "src_emb", "tgt_emb")  # scaled by sqrt(D) in the forward (§3.4)
 
 
 # Model, initialisation, optimizer ---------------------------------------------------------
 def build_model(config: TrainConfig, task: Task, dtype=np.float32) -> Module:
-    model_config = config.model_config(task)
+    model_config = config.task_model(task)
     if task.kind == "seq2seq":
         return Seq2SeqTransformer(model_config, dtype)
     return EncoderClassifier(model_config, dtype)
@@ -78,7 +79,7 @@ def init_weights(model: Module, rng: np.random.Generator) -> None:
 
 
 def make_optimizer(model: Module, config: TrainConfig) -> AdamW:
-    # As tformer.train.make_optimizer: no weight decay on biases and LayerNorm gains.
+    # As tformer.training.loop.make_optimizer: no weight decay on biases and LayerNorm gains.
     params = model.state_dict()
     decay = {k: config.weight_decay if p.ndim >= 2 else 0.0 for k, p in params.items()}
     return AdamW(params, lr=config.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=decay)

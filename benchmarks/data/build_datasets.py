@@ -1,0 +1,139 @@
+"""Build real-text data sets for `tformer train --data` from what this machine already has.
+
+Nothing is downloaded: the texts come from files a Debian system ships.
+
+    python benchmarks/data/build_datasets.py --out data/
+
+writes three files, one per objective:
+
+en_de.jsonl          {"source", "target"}  English -> German user-interface messages: every
+                     translated message of the gettext catalogs /usr/share/locale/de/LC_MESSAGES/*.mo
+                     (coreutils, apt, git, gtk, glib, ISO country/language names, ...). Real
+                     translations by the projects' translators, with %s / %d placeholders,
+                     punctuation and case to keep. Kept: one-line messages of 2-120 characters
+                     whose translation is non-empty; plural forms and duplicates (first wins) dropped.
+debian_sections.jsonl {"text", "label"}    Debian package summaries (the one-line description,
+                     e.g. "Node.js event-based server-side javascript engine") labelled with the
+                     package's archive section (libs, utils, python, ...), for the LABELS most
+                     frequent sections; from `apt-cache dumpavail` (the package lists apt already
+                     has: summaries only), else /var/lib/dpkg/status. Each section is capped at
+                     PER_LABEL_CAP packages so libs does not dominate.
+en_fr_pairs.jsonl    {"anchor", "positive"} an English gettext message and its French
+                     translation (the fr catalogs, built as en_de.jsonl): cross-lingual
+                     retrieval, as in bitext mining; a from-scratch model must learn that
+                     "Datei nicht gefunden"-style strings in two languages mean the same.
+
+The train/validation/test split is left to `tformer train` (a seeded split by input text).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gettext
+import glob
+import json
+import random
+import re
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+LABELS = 12  # most frequent sections kept for classification
+PER_LABEL_CAP = 3000  # at most this many packages per section (libs alone has ~18k)
+
+
+def gettext_pairs(lang: str = "de") -> list[dict[str, str]]:
+    seen: set[str] = set()
+    rows = []
+    for mo in sorted(glob.glob(f"/usr/share/locale/{lang}/LC_MESSAGES/*.mo")):
+        try:
+            with open(mo, "rb") as f:
+                catalog = gettext.GNUTranslations(f)._catalog
+        except Exception:  # a damaged or unusual catalog: skip it
+            continue
+        for msgid, msgstr in catalog.items():
+            if not isinstance(msgid, str) or not msgid or not isinstance(msgstr, str):
+                continue  # plural forms have (msgid, n) keys; "" is the header
+            if "\x04" in msgid:
+                msgid = msgid.split("\x04", 1)[1]  # drop the msgctxt
+            if "\n" in msgid or "\n" in msgstr or not 2 <= len(msgid) <= 120 or not msgstr.strip():
+                continue
+            if msgid in seen or msgid == msgstr:
+                continue
+            seen.add(msgid)
+            rows.append({"source": msgid, "target": msgstr})
+    return rows
+
+
+def debian_packages() -> list[dict[str, str]]:
+    """Package, Section, summary and long description of every package apt knows."""
+    try:
+        text = subprocess.run(["apt-cache", "dumpavail"], capture_output=True, text=True,
+                              check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        text = ""
+    if text.count("\nPackage:") < 1000:
+        text = Path("/var/lib/dpkg/status").read_text(errors="replace")
+    packages, seen = [], set()
+    for stanza in text.split("\n\n"):
+        fields: dict[str, str] = {}
+        key = None
+        for line in stanza.splitlines():
+            if line.startswith((" ", "\t")) and key:
+                fields[key] += "\n" + line[1:]
+            elif ":" in line:
+                key, _, value = line.partition(":")
+                fields[key] = value.strip()
+        name, section = fields.get("Package"), fields.get("Section")
+        description = fields.get("Description") or fields.get("Description-en")
+        if not (name and section and description) or name in seen:
+            continue
+        seen.add(name)
+        summary, _, long = description.partition("\n")
+        long = "\n".join("" if line.strip() == "." else line.strip() for line in long.splitlines())
+        paragraphs = [re.sub(r"\s+", " ", p).strip() for p in long.split("\n\n")]
+        paragraphs = [p for p in paragraphs if p]
+        packages.append({"name": name, "section": section.split("/")[-1], "summary": summary.strip(),
+                         "long": paragraphs})
+    return packages
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="data", help="output folder (default: data/)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(args.seed)
+
+    pairs = gettext_pairs("de")
+    rng.shuffle(pairs)
+    _write(out / "en_de.jsonl", pairs)
+
+    packages = debian_packages()
+    counts = Counter(p["section"] for p in packages)
+    keep = {s for s, _ in counts.most_common(LABELS)}
+    rng.shuffle(packages)
+    per_label: Counter = Counter()
+    labelled = []
+    for p in packages:
+        if p["section"] in keep and per_label[p["section"]] < PER_LABEL_CAP:
+            per_label[p["section"]] += 1
+            labelled.append({"text": p["summary"], "label": p["section"]})
+    _write(out / "debian_sections.jsonl", labelled)
+    fr = gettext_pairs("fr")
+    rng.shuffle(fr)
+    _write(out / "en_fr_pairs.jsonl", [{"anchor": r["source"], "positive": r["target"]} for r in fr])
+    print("labels:", ", ".join(f"{s} {n}" for s, n in per_label.most_common()))
+
+
+def _write(path: Path, rows: list[dict[str, str]]) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    print(f"{path}: {len(rows)} records")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""`tformer predict RUN_DIR --file texts.txt`: a text classifier's label (and probabilities).
+
+One input per line (a tab separates text and text_pair for sentence-pair runs); prints one
+label per line, or with --format jsonl one {"text", "label", "probabilities"} object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+HELP = "classify texts with a classification run (label per line, or JSONL with probabilities)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a classification run on your data")
+    parser.add_argument("inputs", nargs="*", metavar="TEXT", help="texts to classify")
+    parser.add_argument("--file", metavar="FILE", default=None,
+                        help="read texts from FILE, one per line ('-': standard input)")
+    parser.add_argument("--format", choices=("text", "jsonl"), default="text",
+                        help="text: the label; jsonl: label and probabilities (default: text)")
+    parser.add_argument("--batch-size", type=int, default=64, help="texts per batch (default 64)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tformer.commands.generate import read_inputs
+    from tformer.training import load_run
+
+    texts = read_inputs(args)
+    model, source, config = load_run(args.run_dir)
+    if config.data is None or source.kind != "classification":
+        raise ValueError(f"RUN_DIR: {args.run_dir} is not a classification run on your data "
+                         "(text+label); use `tformer generate` for the others")
+    labels = source.data.labels
+    for i in range(0, len(texts), args.batch_size):
+        chunk = texts[i : i + args.batch_size]
+        records = []
+        for t in chunk:
+            text, _, pair = t.partition("\t")
+            records.append({"text": text, "label": labels[0], **({"text_pair": pair} if pair else {})})
+        for t, probs in zip(chunk, source.predict(model, records), strict=True):
+            label = labels[max(range(len(probs)), key=probs.__getitem__)]
+            if args.format == "text":
+                print(label)
+            else:
+                shown = {n: round(p, 6) for n, p in zip(labels, probs, strict=True)}
+                print(json.dumps({"text": t, "label": label, "probabilities": shown},
+                                 ensure_ascii=False))
+    return 0

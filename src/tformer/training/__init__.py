@@ -1,0 +1,28 @@
+"""Training: config, data, objectives, loop, evaluation, report.
+
+    from tformer.training import resolve_config, train
+    record = train(resolve_config({"data": "train.jsonl", "max_minutes": 10}))
+
+Names are imported on first use, so ``tformer.training.config`` stays torch-free (the NumPy
+engine, ``tformer train --engine numpy``, reads the same TrainConfig without torch).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+# public name -> module that defines it
+_LAZY = {
+    "OBJECTIVE_PRESETS": "config", "PRESETS": "config", "RESUMABLE": "config",
+    "SCHEDULES": "config", "TrainConfig": "config", "load_config_file": "config",
+    "resolve_config": "config", "resume_config": "config", "learning_rate": "schedule",
+    "load_run": "loop", "make_optimizer": "loop", "make_source": "loop", "train": "loop",
+    "DataSource": "objectives", "TaskSource": "objectives", "forward_loss": "objectives",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"tformer.training.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'tformer.training' has no attribute {name!r}")

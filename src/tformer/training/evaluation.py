@@ -1,0 +1,82 @@
+"""Metrics: what a prediction is scored with, per objective.
+
+seq2seq: BLEU and chrF with sacrebleu on detokenised text (Post 2018: scores comparable
+across papers), plus exact match. classification: accuracy and macro-F1 (each label
+counts the same, however rare), plus a confusion matrix. embedding: recall@1 and MRR@10
+of each anchor retrieving its own positive among all the split's positives.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+
+def text_metrics(hypotheses: list[str], references: list[str]) -> dict[str, float]:
+    import sacrebleu
+
+    return {
+        "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
+        "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score,
+        "exact_match": sum(h == r for h, r in zip(hypotheses, references, strict=True))
+        / max(len(references), 1),
+    }
+
+
+def confusion(predicted: list[int], actual: list[int], n_classes: int) -> list[list[int]]:
+    """matrix[true][predicted] counts."""
+    m = [[0] * n_classes for _ in range(n_classes)]
+    for p, a in zip(predicted, actual, strict=True):
+        m[a][p] += 1
+    return m
+
+
+def classification_metrics(predicted: list[int], actual: list[int], n_classes: int) -> dict[str, float]:
+    m = confusion(predicted, actual, n_classes)
+    f1s = []
+    for c in range(n_classes):
+        tp = m[c][c]
+        fp = sum(m[a][c] for a in range(n_classes)) - tp
+        fn = sum(m[c]) - tp
+        if tp + fp + fn:  # a label absent from both predictions and truth is left out
+            f1s.append(2 * tp / (2 * tp + fp + fn))
+    right = sum(m[c][c] for c in range(n_classes))
+    return {"accuracy": right / max(len(actual), 1), "macro_f1": sum(f1s) / max(len(f1s), 1)}
+
+
+def retrieval_metrics(anchors: Tensor, positives: Tensor) -> dict[str, float]:
+    """Anchor i should retrieve positive i among all positives (cosine similarity).
+
+    Shape:
+        anchors, positives: (N, D), L2-normalised
+    """
+    scores = anchors @ positives.T  # (N, N)
+    own = scores.diagonal()[:, None]  # (N, 1)
+    rank = (scores > own).sum(dim=1)  # (N,) 0 = first
+    mrr = torch.where(rank < 10, 1.0 / (rank + 1).float(), torch.zeros_like(own[:, 0]))
+    return {"recall_at_1": (rank == 0).float().mean().item(), "mrr_at_10": mrr.mean().item()}
+
+
+def plot_confusion(matrix: list[list[int]], labels: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(labels)
+    size = min(4 + 0.4 * n, 16)
+    fig, ax = plt.subplots(figsize=(size, size))
+    ax.imshow(matrix, cmap="Blues")
+    ax.set(xticks=range(n), yticks=range(n), xlabel="predicted", ylabel="true",
+           title="confusion matrix (test)")
+    ax.set_xticklabels(labels, rotation=90)
+    ax.set_yticklabels(labels)
+    if n <= 20:
+        for i in range(n):
+            for j in range(n):
+                ax.text(j, i, str(matrix[i][j]), ha="center", va="center", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

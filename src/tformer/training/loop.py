@@ -1,0 +1,362 @@
+"""The training loop: one loop for every source (synthetic task or your own files).
+
+    record = train(resolve_config({"task": "reverse"}))
+    record = train(resolve_config({"data": "train.jsonl"}))
+
+A run directory holds everything about one run:
+    checkpoints/step-N/    one checkpoint, published whole (see tformer.checkpoint):
+        config.json            the model's TransformerConfig
+        model.safetensors      weights
+        optimizer.safetensors  AdamW moments + the torch RNG state (tensors, no pickle)
+        trainer_state.json     step, schedule, wall time, best metric: all else to resume
+        train_config.json      the TrainConfig
+    checkpoints/latest     the name of the newest checkpoint
+    metrics.jsonl          one JSON object per line; the last one is the test result
+    curves.png             loss and accuracy against steps
+    .tformer-run.lock      held (flock) while a process trains here (see tformer.rundir)
+  data runs also:
+    tokenizer.json         the tokenizer trained on the data (or the pretrained model's)
+    data.json              objective and label names
+    best.safetensors       the weights of the best validation metric (tested at the end)
+    confusion.png          classification: the test confusion matrix
+    modules.json, 0_Transformer/, 1_Pooling/, 2_Normalize/   embedding: sentence-transformers
+
+Resuming is bit-for-bit: the batch for step k depends only on (seed, k), dropout draws
+from the restored RNG, and the optimizer moments are restored exactly; so training
+2N steps gives the same weights as N steps and then N more after --resume (as long
+as the schedule does not depend on the total: cosine and linear do, inverse_sqrt does not).
+
+Data-parallel: under `torchrun --nproc_per_node N -m tformer train ...` every rank builds
+the same model (same seed), reads the batches i with i % N == rank, and the gradients
+are averaged (all-reduce, gloo) before each update, so N ranks with --accumulate A take
+the same steps as one process with --accumulate N*A. Only rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from tformer.checkpoint import check_run_dir, load_training_state, load_weights, save_checkpoint
+from tformer.config import TransformerConfig
+from tformer.rundir import open_run_dir, resume_metrics
+from tformer.stats import check_fits
+from tformer.training.config import TrainConfig, read_train_config
+from tformer.training.report import Meter, append_jsonl, plot_curves, sample_table, summary
+from tformer.training.schedule import learning_rate
+
+
+# Sources, models, schedule ----------------------------------------------------------------
+def make_source(config: TrainConfig, run_dir: Path | None = None, write: bool = True):
+    """The TaskSource or DataSource a config trains on."""
+    from tformer.tasks import get_task
+    from tformer.training.data import TextData
+    from tformer.training.objectives import DataSource, TaskSource
+
+    if config.data is None:
+        return TaskSource(get_task(config.task, config.seed, config.valid_size, config.test_size), config)
+    return DataSource(TextData.build(config, run_dir, write=write), config)
+
+
+def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
+    # No weight decay on biases, LayerNorm gains and embeddings' 1-d cousins: decaying
+    # them toward 0 only fights the normalisation.
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": config.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    # Adam betas and eps of Vaswani et al. 2017, §5.3; fine-tuning uses BERT's (0.999, 1e-6).
+    betas, eps = ((0.9, 0.999), 1e-6) if config.from_pretrained else ((0.9, 0.98), 1e-9)
+    # fused: one kernel for all parameters (several times faster on CPU than the loop).
+    return torch.optim.AdamW(groups, lr=config.lr, betas=betas, eps=eps, fused=True)
+
+
+def load_run(run_dir: str | Path) -> tuple[nn.Module, Any, TrainConfig]:
+    """The model (eval mode), source and TrainConfig of a run directory."""
+    run_dir = Path(run_dir)
+    saved = check_run_dir(run_dir)  # the newest checkpoint's files
+    config = read_train_config(saved)
+    if config.data is None:
+        source = make_source(config)
+    else:
+        from tformer.training.data import TextData
+        from tformer.training.objectives import DataSource
+
+        source = DataSource(TextData.from_run(run_dir, config), config)  # tokenizer, labels
+    model_config = TransformerConfig.load(saved / "config.json")
+    check_fits(model_config, _model_kind(source), what=str(saved / "config.json"))
+    model = source.build_model(model_config)
+    load_weights(model, saved / "model.safetensors")
+    return model.eval(), source, config
+
+
+def _model_kind(source) -> str:
+    """What tformer.stats sizes: the encoder-decoder, the classifier, or a bare encoder."""
+    return {"seq2seq": "seq2seq", "classification": "classifier"}.get(source.kind, "encoder")
+
+
+def new_run_dir(name: str) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = Path("runs") / f"{name}-{stamp}"
+    path, i = base, 1
+    while path.exists():
+        path, i = Path(f"{base}-{i}"), i + 1
+    return path
+
+
+# Data-parallel -------------------------------------------------------------------------------
+def _distributed() -> tuple[int, int]:
+    """(rank, world size): from torchrun's environment, starting gloo once; (0, 1) alone."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    return dist.get_rank(), world
+
+
+def _average_gradients(model: nn.Module, world: int) -> None:
+    import torch.distributed as dist
+
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([g.flatten() for g in grads])  # one all-reduce for all
+    dist.all_reduce(flat)
+    flat /= world
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+# The loop ----------------------------------------------------------------------------------------
+def train(config: TrainConfig, resume: bool = False, progress: bool = True,
+          log=print) -> dict[str, Any]:
+    """Train, checkpoint, test; return the test record (also the last line of metrics.jsonl).
+
+    resume: continue the run in `config.out` from its checkpoint.
+    """
+    started = time.perf_counter()
+    rank, world = _distributed()
+    writer = rank == 0
+    if not writer:
+        log = lambda *a, **k: None  # noqa: E731
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    if config.bf16 and not bf16_supported():
+        raise ValueError("bf16: this CPU cannot run bfloat16 matrix products under autocast "
+                         "(oneDNN found no kernel); train without --bf16")
+    run_dir = Path(config.out) if config.out else new_run_dir(config.name)
+    if world > 1 and config.out is None:
+        raise ValueError("out: data-parallel runs need --out (every rank must agree on it)")
+    config = config.replace(out=str(run_dir))
+    if config.data is None:  # the model is known before any file is touched: check its size
+        task = make_source(config)
+        check_fits(task.model_config(), _model_kind(task), training=True,
+                   batch=config.batch_size, what="model")
+    # Rank 0 checks, creates and locks the run directory, until training ends however it ends.
+    with open_run_dir(run_dir, resume) if writer else contextlib.nullcontext():
+        return _train(config, resume, progress, log, rank, world, started)
+
+
+def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, world: int,
+           started: float) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    writer = rank == 0
+    run_dir = Path(config.out)
+    metrics_path = run_dir / "metrics.jsonl"
+    # Rank 0 trains the tokenizer and writes it; the others wait, then read that very file.
+    source = make_source(config, run_dir) if writer else None
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+    if source is None:
+        source = make_source(config, run_dir, write=False)
+    check_fits(source.model_config(), _model_kind(source), training=True, what="model")
+    torch.manual_seed(config.seed)
+    model = source.build_model()
+    optimizer = make_optimizer(model, config)
+    state: dict[str, Any] = {"step": 0, "wall_seconds": 0.0, "schedule": config.schedule}
+    if resume:
+        state = load_training_state(run_dir, model, optimizer)
+        finished = resume_metrics(metrics_path, state, config.steps) if writer else None
+        if finished is not None:
+            log(f"{run_dir} already finished at step {state['step']}; its test result:")
+            log(summary(finished, source.main_metric))
+            return finished
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"{source.description}; {n_params:,} parameters; run dir {run_dir}")
+    baseline = source.baseline()
+    if baseline:
+        log(f"majority-class baseline (test accuracy): {baseline['majority_baseline']:.3f}")
+
+    key = source.main_metric
+    previous_wall = float(state["wall_seconds"])
+    deadline = started + config.max_minutes * 60 if config.max_minutes else math.inf
+    # Redraw a few times a second on a terminal; in a log file, every 30 s is plenty.
+    bar = tqdm(total=config.steps, initial=state["step"], disable=not progress or not writer,
+               dynamic_ncols=True, leave=False, mininterval=0.1 if sys.stderr.isatty() else 30)
+    meter = Meter()
+    stop_reason = "steps"
+    batches = source.train_batches(state["step"] * config.accumulate * world, rank, world)
+
+    def wall() -> float:
+        return previous_wall + time.perf_counter() - started
+
+    while state["step"] < config.steps:
+        if _stop_all(time.perf_counter() > deadline, world):
+            stop_reason = "max_minutes"
+            break
+        lr = learning_rate(config, state["step"] + 1)
+        loss, acc, tokens = train_step(model, optimizer, source, batches, config, lr, world)
+        state["step"] += 1
+        if not math.isfinite(loss):
+            bar.close()
+            raise ValueError(
+                f"loss: expected a finite number, got {loss} at step {state['step']} (lr {lr:.3g});"
+                f" stopped, keeping the last good checkpoint in {run_dir}; try a lower --lr"
+            )
+        meter.add(loss, acc, tokens)
+        bar.update(1)
+        if state["step"] % config.log_every == 0 or state["step"] == config.steps:
+            record = {"split": "train", "step": state["step"], **meter.flush(), "lr": lr,
+                      "wall_seconds": round(wall(), 2)}
+            if writer:
+                append_jsonl(metrics_path, record)
+            bar.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record['accuracy']:.3f}",
+                            tok_s=f"{record['tokens_per_second'] * world:.0f}")
+        if state["step"] % config.eval_every == 0:
+            valid, _ = source.evaluate(model, "validation")
+            if writer:
+                append_jsonl(metrics_path, {"split": "validation", "step": state["step"], **valid,
+                                            "wall_seconds": round(wall(), 2)})
+                bar.write(f"step {state['step']}: validation {key} {valid[key]:.4f} "
+                          f"loss {valid['loss']:.4f}")
+            state["wall_seconds"] = wall()
+            improved = _track_best(state, valid[key], config)
+            if writer:
+                _checkpoint(run_dir, model, optimizer, config, state, best=improved)
+            if config.early_stop is not None and valid[key] >= config.early_stop:
+                stop_reason = "early_stop"
+                break
+            if config.patience is not None and state["since_best"] >= config.patience:
+                stop_reason = "patience"
+                break
+    bar.close()
+    state["wall_seconds"] = wall()
+    state["stopped_by"] = stop_reason
+    if writer:
+        _checkpoint(run_dir, model, optimizer, config, state, best=False)
+    if config.data is not None and (run_dir / "best.safetensors").is_file():
+        load_weights(model, run_dir / "best.safetensors")  # test the best validated weights
+    test, preds = source.evaluate(model, "test")
+    record = {"split": "test", "task": config.name, "step": state["step"], **test,
+              "wall_seconds": round(wall(), 2), "stopped_by": stop_reason,
+              "parameters": n_params, **baseline}
+    if not writer:
+        return record
+    rows = source.sample_rows(source.examples("test"), preds)
+    if rows:
+        log(sample_table(rows))
+    log(summary(record, key))
+    append_jsonl(metrics_path, record)
+    plot_curves(metrics_path, run_dir / "curves.png", key)
+    source.save_outputs(model, run_dir, preds)
+    log(f"wrote {run_dir}/ (checkpoint, metrics.jsonl, curves.png)")
+    return record
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, source, batches, config: TrainConfig,
+               lr: float, world: int = 1) -> tuple[float, float, int]:
+    """One update at learning rate `lr` from `config.accumulate` batches; returns the mean
+    (loss, accuracy) of the batches and their token count."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    total_loss = total_acc = 0.0
+    tokens = 0
+    for _ in range(config.accumulate):
+        batch = next(batches)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
+            loss, acc = source.loss(model, batch, config.label_smoothing)
+        (loss / config.accumulate if config.accumulate > 1 else loss).backward()
+        total_loss, total_acc = total_loss + loss.item(), total_acc + acc
+        tokens += batch.n_tokens()
+    if world > 1:
+        _average_gradients(model, world)
+        total_loss, total_acc, tokens = _sum_over_ranks([total_loss / world, total_acc / world, tokens])
+    if config.clip_grad > 0:
+        nn.utils.clip_grad_norm_(model.parameters(), config.clip_grad)
+    optimizer.step()
+    return total_loss / config.accumulate, total_acc / config.accumulate, int(tokens)
+
+
+def bf16_supported() -> bool:
+    """Whether a tiny encoder trains under bfloat16 CPU autocast here (oneDNN has no bfloat16
+    kernels for some CPUs, e.g. AVX2-only ones)."""
+    from tformer.model import Encoder
+
+    try:
+        encoder = Encoder(TransformerConfig(d_model=8, n_heads=2, d_ff=16, n_layers=1, vocab_size=10))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = encoder(torch.ones(2, 3, dtype=torch.long)).last_hidden_state
+        h.float().sum().backward()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _sum_over_ranks(values: list[float]) -> list[float]:
+    """Logged numbers of all ranks together: the loss curve is the global batch's."""
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t)
+    return [float(v) for v in t]
+
+
+def _stop_all(stop: bool, world: int) -> bool:
+    """Every rank stops at the same step when any one runs out of time."""
+    if world == 1:
+        return stop
+    import torch.distributed as dist
+
+    flag = torch.tensor([float(stop)])
+    dist.all_reduce(flag)
+    return bool(flag.item() > 0)
+
+
+def _track_best(state: dict[str, Any], value: float, config: TrainConfig) -> bool:
+    """Record a new best validation metric (higher is better); count validations since."""
+    best = state.get("best")
+    if best is None or value > best:
+        state["best"], state["best_step"], state["since_best"] = value, state["step"], 0
+        return True
+    state["since_best"] = state.get("since_best", 0) + 1
+    return False
+
+
+def _checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig,
+                state: dict[str, Any], best: bool) -> None:
+    """Every file the loop writes about the model goes through here (tformer.checkpoint owns
+    the format): the checkpoint, and for data runs the best validated weights."""
+    if best and config.data is not None:
+        from safetensors.torch import save as st_save
+
+        from tformer.files import write_atomic
+
+        weights = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+        write_atomic(run_dir / "best.safetensors", st_save(weights))
+    save_checkpoint(run_dir, model, optimizer, config, state, keep=config.keep)

@@ -1,0 +1,92 @@
+"""What a run reports: metrics.jsonl lines, the progress summary, sample tables, curves.png."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+class Meter:
+    """Averages of the training loss and accuracy, and tokens per second, since the last flush."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.loss = self.acc = 0.0
+        self.n = self.tokens = 0
+        self.t0 = time.perf_counter()
+
+    def add(self, loss: float, acc: float, tokens: int) -> None:
+        self.loss, self.acc = self.loss + loss, self.acc + acc
+        self.n, self.tokens = self.n + 1, self.tokens + tokens
+
+    def flush(self) -> dict[str, float]:
+        seconds = max(time.perf_counter() - self.t0, 1e-9)
+        out = {"loss": self.loss / max(self.n, 1), "accuracy": self.acc / max(self.n, 1),
+               "tokens_per_second": self.tokens / seconds}
+        self.reset()
+        return out
+
+
+def sample_table(rows: list[tuple[str, str, str]], n: int = 6) -> str:
+    """input / prediction / target columns, cut to fit, with ok/WRONG marks."""
+    table = [("input", "prediction", "target", "")]
+    for source, shown, target in rows[:n]:
+        table.append((source, shown, target, "ok" if shown == target else "WRONG"))
+    widths = [min(max(len(r[i]) for r in table), 48) for i in range(4)]
+    cut = [[c if len(c) <= w else c[: w - 3] + "..." for c, w in zip(r, widths, strict=True)]
+           for r in table]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in cut)
+
+
+def summary(record: dict[str, Any], key: str) -> str:
+    done = f"after {record['step']} steps, {record['wall_seconds']:.1f} s"
+    if key == "exact_match":
+        return (f"test exact_match: {record['exact_match']:.4f} "
+                f"(token accuracy {record['accuracy']:.4f}) {done}")
+    if "majority_baseline" in record:
+        extra = f" macro-F1 {record['macro_f1']:.4f}" if "macro_f1" in record else ""
+        return (f"test accuracy: {record['accuracy']:.4f}{extra} "
+                f"(majority baseline {record['majority_baseline']:.4f}) {done}")
+    if key == "bleu":
+        return (f"test BLEU {record['bleu']:.2f} chrF {record['chrf']:.2f} "
+                f"exact match {record['exact_match']:.4f} {done}")
+    return f"test recall@1 {record['recall_at_1']:.4f} MRR@10 {record['mrr_at_10']:.4f} {done}"
+
+
+def plot_curves(metrics_path: Path, png_path: Path, key: str) -> None:
+    """Training loss and validation metric against steps, side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
+    train_r = [r for r in records if r["split"] == "train"]
+    valid_r = [r for r in records if r["split"] == "validation"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    ax1.plot([r["step"] for r in train_r], [r["loss"] for r in train_r],
+             label="train (with label smoothing)")
+    ax1.plot([r["step"] for r in valid_r], [r["loss"] for r in valid_r], "o-", label="validation")
+    ax1.set(xlabel="step", ylabel="loss", yscale="log", title="loss")
+    ax1.legend()
+    scale = 100.0 if key in ("bleu", "chrf") else 1.0  # sacrebleu reports 0-100
+    ax2.plot([r["step"] for r in train_r], [r["accuracy"] for r in train_r],
+             label="train " + ("token accuracy (teacher-forced)" if key in ("exact_match", "bleu")
+                               else "accuracy"))
+    ax2.plot([r["step"] for r in valid_r], [r[key] / scale for r in valid_r], "o-",
+             label=f"validation {key}" + (" / 100" if scale != 1 else ""))
+    ax2.set(xlabel="step", ylabel="accuracy", ylim=(0, 1.02), title="accuracy")
+    ax2.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
