@@ -133,6 +133,10 @@ class Encoder(nn.Module):
         self.tok_emb = _token_embedding(c.vocab_size, c) if c.vocab_size else None
         self.pos_emb = _positional(c)
         self.type_emb = nn.Embedding(c.type_vocab_size, c.d_model) if c.type_vocab_size else None
+        if self.type_emb is not None:
+            # BERT initialises every table N(0, 0.02) (Devlin et al. 2019); nn.Embedding's N(0, 1)
+            # would make the token type outweigh the tokens 50 to 1 in the sum.
+            nn.init.normal_(self.type_emb.weight, std=0.02)
         self.emb_norm = (
             nn.LayerNorm(c.d_model, eps=c.layer_norm_eps, bias=c.bias) if c.embedding_norm else None
         )

@@ -57,7 +57,7 @@ def init_weights(model: Module, rng: np.random.Generator) -> None:
     """The distributions the PyTorch modules start from (tformer.model, torch.nn defaults):
     Linear weight and bias U(-1/sqrt(in), 1/sqrt(in)); LayerNorm 1 and 0; token tables
     N(0, D^-1/2) when scaled by sqrt(D) (so the scaled input has unit variance), else
-    N(0, 0.02); learned positions N(0, 0.02); other tables (token types) N(0, 1)."""
+    N(0, 0.02); learned positions and token types N(0, 0.02) (BERT's)."""
     config = model.config
     for key, module, attr in model._slots():
         p = getattr(module, attr)
@@ -73,7 +73,7 @@ def init_weights(model: Module, rng: np.random.Generator) -> None:
             std = config.d_model**-0.5 if config.scale_embeddings else 0.02
             p[...] = rng.normal(0.0, std, p.shape)
         elif isinstance(module, Embedding):
-            p[...] = rng.normal(0.0, 1.0, p.shape)
+            p[...] = rng.normal(0.0, 0.02, p.shape)
         else:
             raise TypeError(f"init_weights: no rule for {key} ({type(module).__name__})")
 

@@ -207,10 +207,6 @@ class DataSource:
             model = TextClassifier(model_config)
         else:
             model = SentenceModel(model_config, *self.pooling())
-        if model.encoder.type_emb is not None:
-            # BERT initialises every embedding table N(0, 0.02) (Devlin et al. 2019); nn.Embedding's
-            # N(0, 1) would make the one token type outweigh the tokens 50 to 1 after the sum.
-            nn.init.normal_(model.encoder.type_emb.weight, std=0.02)
         return model
 
     def pooling(self) -> tuple[tuple[str, ...], bool]:
