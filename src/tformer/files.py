@@ -129,14 +129,9 @@ def write_new_dir(path: str | Path, files: Mapping[str, bytes]) -> None:
     """Create directory `path` (which must not exist) holding `files`, published by one
     rename: before it, `path` does not exist; after it, it is complete."""
     path = Path(path)
-    tmp = _fill_temp_dir(path, files)
-    try:
-        durable_step(f"rename {path}")
-        os.rename(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    fsync_dir(path.parent)
+    if path.exists():
+        raise FileExistsError(f"{path}: expected a new directory, it exists")
+    publish_dir(_fill_temp_dir(path, files), path)
 
 
 def write_dir_atomic(path: str | Path, files: Mapping[str, bytes]) -> None:
@@ -145,9 +140,6 @@ def write_dir_atomic(path: str | Path, files: Mapping[str, bytes]) -> None:
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(f"{path}: expected a directory, got a file")
-    if not path.exists():
-        write_new_dir(path, files)
-        return
     publish_dir(_fill_temp_dir(path, files), path)
 
 

@@ -24,7 +24,9 @@ def is_run_dir(model_dir: str | Path) -> bool:
     return latest_checkpoint(model_dir) is not None or (model_dir / "train_config.json").is_file()
 
 
-def bert_maps(args: argparse.Namespace) -> list[AttentionMaps]:
+def encoder_attentions(args: argparse.Namespace):
+    """The model, the text's tokens and its attention weights (n_layers x (1, H, S, S)), for a
+    BERT-format MODEL_DIR: what the PNG (--out) and the page (--html) both draw."""
     import torch
 
     from tformer.commands._pretrained import one_line_warnings
@@ -42,8 +44,12 @@ def bert_maps(args: argparse.Namespace) -> list[AttentionMaps]:
             token_type_ids=batch["token_type_ids"],
             output_attentions=True,
         )
-    tokens = tok.convert_ids_to_tokens(batch["input_ids"][0].tolist())
-    return [AttentionMaps("encoder self-attention", tokens, tokens, _stack(out.attentions))]
+    return model, tok.convert_ids_to_tokens(batch["input_ids"][0].tolist()), out.attentions
+
+
+def bert_maps(args: argparse.Namespace) -> list[AttentionMaps]:
+    _, tokens, attentions = encoder_attentions(args)
+    return [AttentionMaps("encoder self-attention", tokens, tokens, _stack(attentions))]
 
 
 def run_maps(run_dir: str | Path, text: str) -> list[AttentionMaps]:

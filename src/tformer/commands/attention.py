@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tformer.commands._pretrained import add_model_arguments, one_line_warnings
+from tformer.commands._pretrained import add_model_arguments
 
 HELP = (
     "draw a model's attention weights for a text: layers x heads heatmaps to a PNG (--out), "
@@ -42,10 +42,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from tformer.model import from_pretrained
-    from tformer.tokenizer import load_tokenizer
     from tformer.viz import plot_attention, save_figure
 
     if args.out is None and args.html is None:
@@ -54,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.out is not None and not args.out.lower().endswith(".png"):
         raise ValueError(f"--out: expected a .png file name, got {args.out!r}")
-    from tformer.commands._attention_html import is_run_dir, write_html
+    from tformer.commands._attention_html import encoder_attentions, is_run_dir, write_html
 
     if args.out is not None and is_run_dir(args.model_dir):
         raise ValueError(
@@ -65,25 +61,14 @@ def run(args: argparse.Namespace) -> int:
         print(write_html(args), file=sys.stderr)
         if args.out is None:
             return 0
-    with one_line_warnings("attention"):
-        model = from_pretrained(args.model_dir, allow_pickle=args.allow_pickle)
-        n_layers, n_heads = model.config.n_layers, model.config.n_heads
-        for option, value, n in (("--layer", args.layer, n_layers), ("--head", args.head, n_heads)):
-            if value is not None and not 0 <= value < n:
-                raise ValueError(f"{option}: expected 0..{n - 1}, got {value}")
-        tok = load_tokenizer(args.model_dir, max_length=args.max_length)
-        batch = tok([args.text], truncation=not args.no_truncate)
-    check_readable(batch["input_ids"].shape[1], args.layer is not None and args.head is not None)
-    with torch.inference_mode():
-        out = model(
-            batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            token_type_ids=batch["token_type_ids"],
-            output_attentions=True,
-        )
-    tokens = tok.convert_ids_to_tokens(batch["input_ids"][0].tolist())
+    model, tokens, attentions = encoder_attentions(args)
+    n_layers, n_heads = model.config.n_layers, model.config.n_heads
+    for option, value, n in (("--layer", args.layer, n_layers), ("--head", args.head, n_heads)):
+        if value is not None and not 0 <= value < n:
+            raise ValueError(f"{option}: expected 0..{n - 1}, got {value}")
+    check_readable(len(tokens), args.layer is not None and args.head is not None)
     fig = plot_attention(
-        out.attentions, tokens, layer=args.layer, head=args.head, title=f"{args.model_dir}: {args.text[:60]}"
+        attentions, tokens, layer=args.layer, head=args.head, title=f"{args.model_dir}: {args.text[:60]}"
     )
     path = save_figure(fig, args.out)
     rows = 1 if args.layer is not None else n_layers

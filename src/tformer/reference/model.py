@@ -116,8 +116,11 @@ class Encoder(Module):
         self.pooler = Linear(c.d_model, c.d_model, bias=c.bias) if c.pooler else None
         self.astype(self.dtype)
 
-    def embed(self, x: np.ndarray, token_type_ids: np.ndarray | None = None) -> np.ndarray:
-        """Token ids (B, S) or embeddings (B, S, D) -> layer input (B, S, D)."""
+    def _sum_embeddings(self, x, token_type_ids=None):
+        """Token (or given) embeddings + positions + token types, before the embedding norm.
+
+        Returns (h (B, S, D), x, token_type_ids) as arrays, for embed and embed_train alike.
+        """
         c = self.config
         x = np.asarray(x)
         if self.tok_emb is not None:
@@ -142,6 +145,11 @@ class Encoder(Module):
             h = h + self.type_emb(token_type_ids)
         elif token_type_ids is not None:
             raise ValueError("token_type_ids: this model has no token types (type_vocab_size=0)")
+        return h, x, token_type_ids
+
+    def embed(self, x: np.ndarray, token_type_ids: np.ndarray | None = None) -> np.ndarray:
+        """Token ids (B, S) or embeddings (B, S, D) -> layer input (B, S, D)."""
+        h, _, _ = self._sum_embeddings(x, token_type_ids)
         if self.emb_norm is not None:
             h = self.emb_norm(h)
         return self.dropout(h)
@@ -186,29 +194,7 @@ class Encoder(Module):
 
     def embed_train(self, x, token_type_ids=None, rng=None):
         """embed, with dropout, and the cache for ``embed_backward``."""
-        c = self.config
-        x = np.asarray(x)
-        if self.tok_emb is not None:
-            check_token_ids(x, c.vocab_size)
-            scale = self.dtype.type(c.embedding_scale)
-            h = self.tok_emb(x) * scale  # (B, S, D)
-        else:
-            check_embeddings(x, c.d_model)
-            h = x.astype(self.dtype, copy=False)
-        if self.pos_emb is not None:
-            h = h + self.pos_emb(h.shape[1], dtype=self.dtype)  # (S, D) broadcast
-        if self.type_emb is not None:
-            if token_type_ids is None:
-                token_type_ids = np.zeros_like(x)
-            token_type_ids = np.asarray(token_type_ids)
-            check_token_ids(token_type_ids, c.type_vocab_size, "token_type_ids")
-            if token_type_ids.shape != x.shape:
-                raise ValueError(
-                    f"token_type_ids: expected shape (B, S) = {x.shape}, got {token_type_ids.shape}"
-                )
-            h = h + self.type_emb(token_type_ids)
-        elif token_type_ids is not None:
-            raise ValueError("token_type_ids: this model has no token types (type_vocab_size=0)")
+        h, x, token_type_ids = self._sum_embeddings(x, token_type_ids)
         norm_cache = None
         if self.emb_norm is not None:
             h, norm_cache = self.emb_norm.forward_train(h)
