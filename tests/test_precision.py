@@ -57,7 +57,7 @@ def test_sentence_encoder_bf16_is_close_to_fp32():
 
 
 def test_unknown_precision_is_refused(tiny_config):
-    with pytest.raises(ValueError, match="dtype: expected one of fp32, bf16, got 'int4'"):
+    with pytest.raises(ValueError, match="dtype: expected one of fp32, bf16, int8, got 'int4'"):
         to_precision(Encoder(tiny_config), "int4")
 
 

@@ -149,6 +149,8 @@ def linear(x: Tensor, layer: nn.Linear, activation: str | None = None,
 
     Shape: x (..., in) -> (..., out); residual (..., out)
     """
+    if not isinstance(layer, nn.Linear):  # a layer with its own kernel: int8.Int8Linear
+        return layer(x, activation, residual)
     w, b = layer.weight, layer.bias
     if w.dtype == torch.bfloat16 and x.dtype == torch.float32:  # precision "bf16" (model.py)
         y = _bf16_linear(x, layer, activation)  # fp32 result: the residual stream stays fp32

@@ -87,8 +87,9 @@ class SentenceEncoder:
     ) -> SentenceEncoder:
         """Model, tokenizer, pooling and normalisation as the directory describes them.
 
-        ``dtype``: "fp32" or "bf16" (bf16 matrix multiplies, fp32 everything else: see
-        ``tformer.model.to_precision``), or a torch dtype for every parameter.
+        ``dtype``: "fp32", "bf16" (bf16 matrix multiplies, fp32 everything else) or "int8"
+        (int8 matrix multiplies: see ``tformer.model.to_precision``), or a torch dtype for
+        every parameter.
         """
         layout = read_layout(directory)
         model = from_pretrained(directory, allow_pickle=allow_pickle, dtype=dtype)

@@ -66,7 +66,7 @@ def _tformer(dtype: str | None, skip_padding: bool | None = None) -> Callable[[P
         try:
             st = SentenceEncoder.from_pretrained(paths.model, **kwargs)
         except (TypeError, ValueError, RuntimeError, AttributeError) as e:
-            # SentenceEncoder's bf16/int8 modes come with issue 11; until then this says why.
+            # a dtype this tformer does not know (an older checkout): say why, skip the row
             reason = f"{type(e).__name__}: {str(e).splitlines()[0][:80]}" if str(e) else type(e).__name__
             raise Unavailable(f"tformer has no dtype={dtype!r} mode yet ({reason})") from e
         run = M.tformer_padded(st.model, skip_padding)

@@ -35,10 +35,11 @@ def add_model_arguments(parser: argparse.ArgumentParser, batch: bool = True) -> 
     if not batch:  # attention maps: fp32 only
         return
     parser.add_argument(
-        "--dtype", choices=["fp32", "bf16"], default="fp32",
-        help="inference precision: fp32, or bf16 matrix multiplies with fp32 norms, softmax, "
+        "--dtype", choices=["fp32", "bf16", "int8"], default="fp32",
+        help="inference precision: fp32; bf16 matrix multiplies with fp32 norms, softmax, "
         "residual stream and pooling (cosine >= 0.9999 to fp32; faster only on CPUs with "
-        "avx512_bf16 or AMX)",
+        "avx512_bf16 or AMX); int8 multiplies with per-token activations after a Hadamard "
+        "rotation (cosine ~0.999 to fp32; see tformer.int8)",
     )
     parser.add_argument("--batch-size", type=int, default=32, help="texts per batch (32)")
 

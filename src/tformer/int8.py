@@ -1,0 +1,182 @@
+"""Dynamic int8 inference: int8 weights per output channel, activations quantized per token
+at run time, after a randomized Hadamard rotation that spreads outlier channels.
+
+Each choice, measured on all-MiniLM-L6-v2 (300 real sentences, smallest cosine between the
+int8 and the fp32 sentence embeddings; ONNX Runtime's per-channel int8 reaches 0.96):
+- One activation scale per tensor: 0.944. One per token: 0.994. A few channels of the
+  LayerNorm and GELU outputs run 10-25x the typical magnitude, and a token's 8 bits go to them.
+- Rotating first: for an orthogonal R, x W^T = (x R)(W R)^T, so the multiply can read the
+  rotated activations and weights. A Hadamard block with random signs spreads each outlier over
+  the block, and a token's values become alike in size (Ashkboos et al. 2024, "QuaRot"; Tseng
+  et al. 2024, "QuIP#"): 0.9993 with 8-bit activations.
+- The multiply is oneDNN's, u8 activations x s8 weights summed in int32. CPUs without VNNI
+  instructions (AVX2 only) add each pair of u8 x s8 products in int16, with saturation
+  (vpmaddubsw); there the activations get 7 bits (|q| <= 63), which keeps every sum exact, and
+  the query/key/value projection, the most sensitive multiply, stays fp32 (0.9991; 7 bits
+  everywhere give 0.9987). ``exact_bits()`` probes the kernel once and says which applies.
+
+Shape legend: N tokens, K input features, M output features, b rotation block.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tformer import kernels
+
+ROTATION_BLOCK_MAX = 128  # Hadamard block: a larger block spreads an outlier further ...
+# ... and costs b/M of the multiply's flops (in fp32): b <= M / ROTATION_COST[bits]. 7-bit
+# activations have half the resolution; a larger block buys it back (MiniLM: 0.9988 at b <= M/8,
+# 0.9992 at b <= M/4, against 0.9993 for 8 bits at b <= M/8).
+ROTATION_COST = {8: 8, 7: 4}
+_ONEDNN_INT8 = hasattr(torch.ops, "onednn") and hasattr(torch.ops.onednn, "qlinear_pointwise")
+
+
+def hadamard(b: int) -> Tensor:
+    """The (b, b) Sylvester-Hadamard matrix scaled to be orthogonal; b a power of two."""
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.size(0) < b:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / math.sqrt(b)
+
+
+def rotation(in_features: int, out_features: int, cost: int = 8, seed: int = 0,
+             dtype: torch.dtype = torch.float32) -> Tensor:
+    """R^T for a (b, b) orthogonal R = diag(random signs) H, applied to each block of b input
+    features (in F.linear's layout: x R = F.linear(x, R^T)). b is the largest power of two
+    dividing in_features, at most ROTATION_BLOCK_MAX and out_features / cost (so the rotation
+    stays a small part of the multiply)."""
+    b = in_features & -in_features  # the largest power of two dividing in_features
+    while b > 1 and (b > ROTATION_BLOCK_MAX or b * cost > out_features):
+        b //= 2
+    g = torch.Generator().manual_seed(seed)
+    signs = torch.randint(0, 2, (b,), generator=g, dtype=torch.float64) * 2 - 1
+    return (signs[:, None] * hadamard(b)).t().contiguous().to(dtype)
+
+
+def rotate(x: Tensor, rotation_t: Tensor) -> Tensor:
+    """x with each block of b features multiplied by R: x blockdiag(R, ..., R).
+
+    Shape: x (..., K), rotation_t (b, b) -> (..., K)
+    """
+    xb = x.reshape(-1, rotation_t.size(0))  # (N * K / b, b)
+    if kernels.why_not_onednn(xb, rotation_t) is None and xb.numel():
+        return torch.ops.mkldnn._linear_pointwise(xb, rotation_t, None, "none", [], "").view(x.shape)
+    return F.linear(xb, rotation_t).view(x.shape)
+
+
+@functools.cache
+def exact_bits() -> int:
+    """Activation bits whose int8 sums are exact in oneDNN's kernel on this CPU: 8 with VNNI,
+    7 where pairs of products are added in int16 with saturation (probed, not guessed)."""
+    if not _ONEDNN_INT8:
+        return 8  # the plain kernel (float sums of the integers) is exact at 8 bits
+    k = 64
+    w = torch.full((1, k), 127, dtype=torch.int8)
+    x = torch.full((1, k), 255, dtype=torch.uint8)
+    packed = torch.ops.onednn.qlinear_prepack(w, None)
+    y = torch.ops.onednn.qlinear_pointwise(
+        x, 1.0, 0, packed, torch.ones(1), torch.zeros(1, dtype=torch.long), None, 1.0, 0,
+        torch.float32, "none", [], "")
+    return 8 if float(y) == k * 255 * 127 else 7
+
+
+def quantize_per_token(x: Tensor, bits: int) -> tuple[Tensor, Tensor, int]:
+    """Symmetric per-token quantization, stored as uint8 with a zero point.
+
+    Shape: x (N, K) float32 -> q (N, K) uint8, scale (N, 1) float32, zero;
+    x ~= (q - zero) * scale
+    """
+    qmax = 2 ** (bits - 1) - 1
+    amax = torch.maximum(x.amax(dim=1, keepdim=True), -x.amin(dim=1, keepdim=True))  # (N, 1)
+    scale = amax.clamp_(min=torch.finfo(x.dtype).tiny) / qmax
+    # Converting float to int8 is many times faster than to uint8 here, so q is made signed
+    # and then given its zero point in 8-bit integer arithmetic.
+    q = (x / scale).round_().to(torch.int8)  # (N, K) in [-qmax, qmax]
+    if bits == 8:
+        return q.view(torch.uint8).bitwise_xor_(128), scale, 128  # q + 128, in 0..255
+    return q.add_(qmax + 1).view(torch.uint8), scale, qmax + 1  # in 1..2^bits - 1
+
+
+class Int8Linear(nn.Module):
+    """A linear layer with rotated int8 weights (one scale per output feature), for inference.
+
+    y = (q_x - zero) s_x (q_W s_W)^T + bias, where q_x, s_x quantize x R per token and q_W, s_W
+    quantize W R per output feature (R: ``rotation``).
+
+    Shape: x (..., K) float32 -> (..., M) float32
+    """
+
+    def __init__(self, linear: nn.Linear, bits: int | None = None):
+        super().__init__()
+        w = linear.weight.detach().float()  # (M, K)
+        self.in_features, self.out_features = w.size(1), w.size(0)
+        self.bits = bits or exact_bits()
+        cost = ROTATION_COST[self.bits]
+        self.register_buffer("rotation", rotation(self.in_features, self.out_features, cost))
+        wr = rotate(w, self.rotation)  # (M, K)
+        scale = wr.abs().amax(dim=1).clamp(min=torch.finfo(w.dtype).tiny) / 127  # (M,)
+        self.register_buffer("weight_int8", torch.round(wr / scale[:, None]).to(torch.int8))
+        self.register_buffer("weight_scale", scale)
+        bias = None if linear.bias is None else linear.bias.detach().float().clone()
+        self.register_buffer("bias", bias)
+        # oneDNN's packed layout of the weights: derived once here, never learned or saved
+        self._packed = torch.ops.onednn.qlinear_prepack(self.weight_int8, None) if _ONEDNN_INT8 else None
+
+    def forward(self, x: Tensor, activation: str | None = None,
+                residual: Tensor | None = None) -> Tensor:
+        x2 = rotate(x.reshape(-1, self.in_features).float(), self.rotation)  # (N, K)
+        q, s, zero = quantize_per_token(x2, self.bits)  # (N, K) uint8, (N, 1)
+        if why_not_onednn_int8(x2, self._packed) is None:
+            y = torch.ops.onednn.qlinear_pointwise(  # (N, M) = (q - zero) q_W^T s_W, int32 sums
+                q, 1.0, zero, self._packed, self.weight_scale,
+                torch.zeros_like(self.weight_scale, dtype=torch.long), None, 1.0, 0,
+                torch.float32, "none", [], "")
+        else:  # the same integers, summed in float32
+            y = F.linear(q.float() - zero, self.weight_int8.float()) * self.weight_scale
+        y = y * s if self.bias is None else torch.addcmul(self.bias, y, s)  # (N, M)
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        if activation is not None:
+            y = kernels.ACTIVATIONS[activation][0](y)
+        return y if residual is None else y + residual
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"activation_bits={self.bits}, rotation_block={self.rotation.size(0)}")
+
+
+def why_not_onednn_int8(x: Tensor, packed: Tensor | None) -> str | None:
+    """Why the int8 multiply must be summed in float32, or None for oneDNN's int8 kernel."""
+    if packed is None:
+        return "this torch build has no oneDNN int8 linear"
+    reason = kernels.why_not_onednn(x, x)  # readable(), tracing, dispatch modes, device
+    if reason is not None:
+        return reason
+    if not x.numel():
+        return "no tokens: nothing to multiply"
+    return None
+
+
+def quantize(model: nn.Module, bits: int | None = None) -> nn.Module:
+    """Replace the linears of every attention and feed-forward block by Int8Linear, in place.
+
+    On CPUs where 8-bit sums would saturate (``exact_bits() == 7``) the query/key/value
+    projections stay fp32: the accuracy they cost at 7 bits is the largest (module docstring).
+    """
+    from tformer.attention import MultiHeadAttention
+    from tformer.feedforward import FeedForward
+
+    bits = bits or exact_bits()
+    for block in [m for m in model.modules() if isinstance(m, MultiHeadAttention | FeedForward)]:
+        for name, child in list(block.named_children()):
+            if not isinstance(child, nn.Linear):
+                continue
+            if bits < 8 and name in ("qkv_proj", "q_proj", "kv_proj"):
+                continue
+            setattr(block, name, Int8Linear(child, bits))
+    return model
