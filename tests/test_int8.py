@@ -67,15 +67,17 @@ def test_rotation_spreads_an_outlier_channel():
     assert rotated <= plain / 4, (plain, rotated)
 
 
+@pytest.mark.parametrize("rotated", [True, False])
 @pytest.mark.parametrize("readable", [False, True])
-def test_int8_linear_computes_its_integers_exactly(readable):
+def test_int8_linear_computes_its_integers_exactly(readable, rotated):
     layer = torch.nn.Linear(128, 96)
-    q_layer = int8.Int8Linear(layer)
+    q_layer = int8.Int8Linear(layer, rotated=rotated)
     x, residual = torch.randn(3, 5, 128), torch.randn(3, 5, 96)
     with torch.no_grad(), (kernels.readable() if readable else contextlib.nullcontext()):
         y = q_layer(x, "gelu", residual)
     layer.requires_grad_(False)
-    xr = int8.rotate(x.reshape(-1, 128).double(), q_layer.rotation.double())
+    r = None if q_layer.rotation is None else q_layer.rotation.double()
+    xr = int8.rotate(x.reshape(-1, 128).double(), r)
     q, s, zero = int8.quantize_per_token(xr.float(), q_layer.bits)
     sums = (q.double() - zero) @ q_layer.weight_int8.double().t()  # exact integers
     pre = sums * q_layer.weight_scale.double() * s.double() + layer.bias.double()
@@ -105,6 +107,7 @@ def test_int8_model_keeps_fp32_outside_the_multiplies(tiny_config):
     layer = model.layers[0]
     assert isinstance(layer.ffn.up, int8.Int8Linear) and isinstance(layer.self_attn.out_proj, int8.Int8Linear)
     assert isinstance(layer.self_attn.qkv_proj, int8.Int8Linear) == (int8.exact_bits() == 8)
+    assert layer.self_attn.out_proj.rotation is None and layer.ffn.down.rotation is not None
     ids = torch.randint(0, tiny_config.vocab_size, (3, 9))
     mask = torch.ones(3, 9, dtype=torch.bool)
     mask[1, 4:] = False

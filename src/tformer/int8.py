@@ -1,19 +1,25 @@
 """Dynamic int8 inference: int8 weights per output channel, activations quantized per token
 at run time, after a randomized Hadamard rotation that spreads outlier channels.
 
-Each choice, measured on all-MiniLM-L6-v2 (300 real sentences, smallest cosine between the
-int8 and the fp32 sentence embeddings; ONNX Runtime's per-channel int8 reaches 0.96):
-- One activation scale per tensor: 0.944. One per token: 0.994. A few channels of the
-  LayerNorm and GELU outputs run 10-25x the typical magnitude, and a token's 8 bits go to them.
+Each choice, measured on all-MiniLM-L6-v2: the smallest cosine between int8 and fp32 sentence
+embeddings over 259 sentences of the GPL and Apache licences / 480 texts of 1..200 words from
+the standard library's docstrings (`benchmarks/precision_accuracy.py`). ONNX Runtime's
+per-channel int8 reaches 0.96 on such texts.
+- One activation scale per tensor: 0.944 (licences). One per token: 0.994. A few channels of
+  the LayerNorm and GELU outputs run 10-25x the typical magnitude, and a token's 8 bits go to them.
 - Rotating first: for an orthogonal R, x W^T = (x R)(W R)^T, so the multiply can read the
   rotated activations and weights. A Hadamard block with random signs spreads each outlier over
   the block, and a token's values become alike in size (Ashkboos et al. 2024, "QuaRot"; Tseng
-  et al. 2024, "QuIP#"): 0.9993 with 8-bit activations.
+  et al. 2024, "QuIP#"): 0.9994 / 0.9988 with 8-bit activations. What is left is the rounding of
+  both the activations and the weights, about equal shares; one-word texts come out worst (no
+  other tokens to average the error out in the pooled mean).
+- The attention's output projection is not rotated: its input, a weighted average of values,
+  has no outlier channels (rotating it changed nothing measurable and cost 10% of the speed).
 - The multiply is oneDNN's, u8 activations x s8 weights summed in int32. CPUs without VNNI
   instructions (AVX2 only) add each pair of u8 x s8 products in int16, with saturation
   (vpmaddubsw); there the activations get 7 bits (|q| <= 63), which keeps every sum exact, and
-  the query/key/value projection, the most sensitive multiply, stays fp32 (0.9991; 7 bits
-  everywhere give 0.9987). ``exact_bits()`` probes the kernel once and says which applies.
+  the query/key/value projection stays fp32: 0.9991 / 0.9976. ``exact_bits()`` probes the kernel
+  once and says which applies.
 
 Shape legend: N tokens, K input features, M output features, b rotation block.
 """
@@ -30,10 +36,8 @@ from torch import Tensor, nn
 from tformer import kernels
 
 ROTATION_BLOCK_MAX = 128  # Hadamard block: a larger block spreads an outlier further ...
-# ... and costs b/M of the multiply's flops (in fp32): b <= M / ROTATION_COST[bits]. 7-bit
-# activations have half the resolution; a larger block buys it back (MiniLM: 0.9988 at b <= M/8,
-# 0.9992 at b <= M/4, against 0.9993 for 8 bits at b <= M/8).
-ROTATION_COST = {8: 8, 7: 4}
+ROTATION_COST = 8  # ... and costs b/M of the multiply's flops, in fp32: keep b <= M / 8
+# (b <= M / 4 gained 0.0001 in cosine and lost 5% of the speed on MiniLM)
 _ONEDNN_INT8 = hasattr(torch.ops, "onednn") and hasattr(torch.ops.onednn, "qlinear_pointwise")
 
 
@@ -45,7 +49,7 @@ def hadamard(b: int) -> Tensor:
     return h / math.sqrt(b)
 
 
-def rotation(in_features: int, out_features: int, cost: int = 8, seed: int = 0,
+def rotation(in_features: int, out_features: int, cost: int = ROTATION_COST, seed: int = 0,
              dtype: torch.dtype = torch.float32) -> Tensor:
     """R^T for a (b, b) orthogonal R = diag(random signs) H, applied to each block of b input
     features (in F.linear's layout: x R = F.linear(x, R^T)). b is the largest power of two
@@ -59,11 +63,13 @@ def rotation(in_features: int, out_features: int, cost: int = 8, seed: int = 0,
     return (signs[:, None] * hadamard(b)).t().contiguous().to(dtype)
 
 
-def rotate(x: Tensor, rotation_t: Tensor) -> Tensor:
-    """x with each block of b features multiplied by R: x blockdiag(R, ..., R).
+def rotate(x: Tensor, rotation_t: Tensor | None) -> Tensor:
+    """x with each block of b features multiplied by R: x blockdiag(R, ..., R); None: x.
 
     Shape: x (..., K), rotation_t (b, b) -> (..., K)
     """
+    if rotation_t is None:
+        return x
     xb = x.reshape(-1, rotation_t.size(0))  # (N * K / b, b)
     if kernels.why_not_onednn(xb, rotation_t) is None and xb.numel():
         return torch.ops.mkldnn._linear_pointwise(xb, rotation_t, None, "none", [], "").view(x.shape)
@@ -112,13 +118,13 @@ class Int8Linear(nn.Module):
     Shape: x (..., K) float32 -> (..., M) float32
     """
 
-    def __init__(self, linear: nn.Linear, bits: int | None = None):
+    def __init__(self, linear: nn.Linear, bits: int | None = None, rotated: bool = True):
         super().__init__()
         w = linear.weight.detach().float()  # (M, K)
         self.in_features, self.out_features = w.size(1), w.size(0)
         self.bits = bits or exact_bits()
-        cost = ROTATION_COST[self.bits]
-        self.register_buffer("rotation", rotation(self.in_features, self.out_features, cost))
+        r = rotation(self.in_features, self.out_features) if rotated else None
+        self.register_buffer("rotation", r)
         wr = rotate(w, self.rotation)  # (M, K)
         scale = wr.abs().amax(dim=1).clamp(min=torch.finfo(w.dtype).tiny) / 127  # (M,)
         self.register_buffer("weight_int8", torch.round(wr / scale[:, None]).to(torch.int8))
@@ -147,7 +153,8 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"activation_bits={self.bits}, rotation_block={self.rotation.size(0)}")
+                f"activation_bits={self.bits}, "
+                f"rotation_block={1 if self.rotation is None else self.rotation.size(0)}")
 
 
 def why_not_onednn_int8(x: Tensor, packed: Tensor | None) -> str | None:
@@ -166,7 +173,8 @@ def quantize(model: nn.Module, bits: int | None = None) -> nn.Module:
     """Replace the linears of every attention and feed-forward block by Int8Linear, in place.
 
     On CPUs where 8-bit sums would saturate (``exact_bits() == 7``) the query/key/value
-    projections stay fp32: the accuracy they cost at 7 bits is the largest (module docstring).
+    projections stay fp32: the accuracy they cost at 7 bits is the largest. The attention's
+    output projection is not rotated (module docstring).
     """
     from tformer.attention import MultiHeadAttention
     from tformer.feedforward import FeedForward
@@ -178,5 +186,5 @@ def quantize(model: nn.Module, bits: int | None = None) -> nn.Module:
                 continue
             if bits < 8 and name in ("qkv_proj", "q_proj", "kv_proj"):
                 continue
-            setattr(block, name, Int8Linear(child, bits))
+            setattr(block, name, Int8Linear(child, bits, rotated=name != "out_proj"))
     return model
