@@ -250,6 +250,8 @@ def training(s: Settings, name: str, width: str, batch: int, seq: int) -> Report
     hf = M.hf_bert_model(enc)
     if hf is not None:
         models["HF BertModel sdpa (default AdamW)"] = (hf, M.hf_bert(hf), False)
+        hf2 = M.hf_bert_model(enc)
+        models["HF BertModel sdpa (fused AdamW)"] = (hf2, M.hf_bert(hf2), True)  # the same optimizer
     else:
         report.notes.append("transformers is not installed: HF BertModel skipped (pip install tformer[hf])")
     enc3 = Encoder(config)
@@ -258,8 +260,9 @@ def training(s: Settings, name: str, width: str, batch: int, seq: int) -> Report
     nn_model = torch.nn.ModuleDict({"embed": enc3, "stack": stack})  # enc3's layers stay unused
     models["torch.nn (default AdamW)"] = (nn_model, M.torch_nn(enc3, stack), False)
 
-    def loss_of(run):
-        return run(ids, None).float().square().mean()
+    def loss_of(run, autocast=False):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            return run(ids, None).float().square().mean()
 
     # Check: in eval mode (no dropout) every contender has the same loss and gradient norm.
     norms, losses = {}, {}
@@ -280,20 +283,27 @@ def training(s: Settings, name: str, width: str, batch: int, seq: int) -> Report
         if rel > 1e-4:
             report.rows.append(Row(name, n, note=f"not timed: loss/gradient norm differ (rel {rel:.1e})"))
             continue
-        opt = _adamw([p for p in model.parameters() if p.requires_grad], fused)
+        # bf16 autocast (fp32 master weights), like for like: tformer and HF, both fused AdamW
+        for autocast in (False, True) if fused and has_bf16() else (False,):
+            opt = _adamw([p for p in model.parameters() if p.requires_grad], fused)
 
-        def step(run=run, opt=opt):
-            loss_of(run).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            def step(run=run, opt=opt, autocast=autocast):
+                loss_of(run, autocast).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
 
-        steps[n] = step
+            steps[n + (", bf16 autocast" if autocast else "")] = step
+    if not has_bf16():
+        report.notes.append(NO_BF16 + ": no bf16 autocast training rows")
     timings = measure(steps, s.n_rounds(5))
     report.rows += _timed_rows(name, timings, batch * seq)
-    hf_name = "HF BertModel sdpa (default AdamW)"
-    report.targets.append(Target(name, f"tformer >= 1.25x the tokens/s of {hf_name}",
-                                 paired_ratio(timings[hf_name], timings[first])
-                                 if hf_name in timings and first in timings else None, 1.25))
+    for suffix in ("", ", bf16 autocast"):
+        ours, hf_name = first + suffix, "HF BertModel sdpa (fused AdamW)" + suffix
+        if suffix and ours not in timings:
+            continue
+        report.targets.append(Target(name, f"{ours} >= 1.25x the tokens/s of {hf_name}",
+                                     paired_ratio(timings[hf_name], timings[ours])
+                                     if hf_name in timings and ours in timings else None, 1.25))
     report.notes.append("training: forward + backward + AdamW step, dropout 0.1 (hidden and attention), "
                         "loss = mean(h^2); checked first in eval mode: same loss and gradient norm "
                         "(rel 1e-4). torch.nn gets tformer's embeddings.")
