@@ -135,3 +135,13 @@ def test_cli_embed_dtype_int8(tmp_path):
     assert main([*base, "--dtype", "int8", "--out", str(tmp_path / "int8.npy")]) == 0
     fp32, q8 = np.load(tmp_path / "fp32.npy"), np.load(tmp_path / "int8.npy")
     assert (fp32 * q8).sum(axis=1).min() >= 0.99
+
+
+def test_int8_linear_edge_inputs():
+    """No tokens gives an empty result; a zero token gives the bias (no division by zero)."""
+    layer = torch.nn.Linear(64, 32)
+    q_layer = int8.Int8Linear(layer)
+    with torch.no_grad():
+        assert q_layer(torch.zeros(0, 5, 64)).shape == (0, 5, 32)
+        y = q_layer(torch.zeros(2, 3, 64))
+        assert torch.equal(y, layer.bias.expand(2, 3, 32))
