@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -58,8 +59,8 @@ def rotation(in_features: int, out_features: int, cost: int = ROTATION_COST, see
     b = in_features & -in_features  # the largest power of two dividing in_features
     while b > 1 and (b > ROTATION_BLOCK_MAX or b * cost > out_features):
         b //= 2
-    g = torch.Generator().manual_seed(seed)
-    signs = torch.randint(0, 2, (b,), generator=g, dtype=torch.float64) * 2 - 1
+    # NumPy's generator: the NumPy mirror (tformer.reference.int8) draws the same signs
+    signs = torch.from_numpy(np.random.default_rng(seed).integers(0, 2, b) * 2.0 - 1)
     return (signs[:, None] * hadamard(b)).t().contiguous().to(dtype)
 
 
