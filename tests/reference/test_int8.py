@@ -12,8 +12,7 @@ import pytest
 import torch
 from helpers import copy_weights, padding_mask
 
-from tformer import TransformerConfig, int8
-from tformer import kernels
+from tformer import TransformerConfig, int8, kernels
 from tformer import model as torch_model
 from tformer import reference as ref
 from tformer.reference import int8 as ref_int8
