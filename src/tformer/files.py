@@ -23,6 +23,7 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -82,21 +83,9 @@ def fsync_dir(path: str | Path) -> None:
 
 def write_atomic(path: str | Path, data: bytes) -> None:
     """Write to a temp file in the same directory, fsync, then rename over `path`."""
-    path = Path(path)
     durable_step(f"write {path}")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, file_mode())
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        durable_step(f"rename {path}")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    with replaced_on_success(path) as tmp:
+        tmp.write_bytes(data)
 
 
 def json_bytes(obj: Any) -> bytes:
@@ -216,3 +205,12 @@ def replaced_on_success(path: str | Path):
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def new_run_dir(name: str) -> Path:
+    """runs/NAME-YYYYmmdd-HHMMSS, or with -1, -2, ... appended when that is taken."""
+    base = Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, i = base, 1
+    while path.exists():
+        path, i = Path(f"{base}-{i}"), i + 1
+    return path

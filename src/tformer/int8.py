@@ -36,6 +36,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tformer import kernels
+from tformer.attention import MultiHeadAttention
+from tformer.feedforward import FeedForward
 
 ROTATION_BLOCK_MAX = 128  # Hadamard block: a larger block spreads an outlier further ...
 ROTATION_COST = 8  # ... and costs b/M of the multiply's flops, in fp32: keep b <= M / 8
@@ -83,15 +85,15 @@ def exact_bits() -> int:
     """Activation bits whose int8 sums are exact in oneDNN's kernel on this CPU: 8 with VNNI,
     7 where pairs of products are added in int16 with saturation (probed, not guessed)."""
     if not _ONEDNN_INT8:
-        return 8  # the plain kernel (float sums of the integers) is exact at 8 bits
-    k = 64
-    w = torch.full((1, k), 127, dtype=torch.int8)
-    x = torch.full((1, k), 255, dtype=torch.uint8)
+        return 8  # the plain kernel sums the integers in float: no saturation
+    n, k = 64, 256  # a matrix product, not a vector one: the kernel the layers will run
+    w = torch.full((n, k), 127, dtype=torch.int8)
+    x = torch.full((n, k), 255, dtype=torch.uint8)
     packed = torch.ops.onednn.qlinear_prepack(w, None)
     y = torch.ops.onednn.qlinear_pointwise(
-        x, 1.0, 0, packed, torch.ones(1), torch.zeros(1, dtype=torch.long), None, 1.0, 0,
+        x, 1.0, 0, packed, torch.ones(n), torch.zeros(n, dtype=torch.long), None, 1.0, 0,
         torch.float32, "none", [], "")
-    return 8 if float(y) == k * 255 * 127 else 7
+    return 8 if bool((y == k * 255 * 127).all()) else 7
 
 
 def quantize_per_token(x: Tensor, bits: int) -> tuple[Tensor, Tensor, int]:
@@ -178,9 +180,6 @@ def quantize(model: nn.Module, bits: int | None = None) -> nn.Module:
     projections stay fp32: the accuracy they cost at 7 bits is the largest. The attention's
     output projection is not rotated (module docstring).
     """
-    from tformer.attention import MultiHeadAttention
-    from tformer.feedforward import FeedForward
-
     bits = bits or exact_bits()
     for block in [m for m in model.modules() if isinstance(m, MultiHeadAttention | FeedForward)]:
         for name, child in list(block.named_children()):

@@ -41,13 +41,6 @@ TINY = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _restore_threads():
-    threads = torch.get_num_threads()  # --threads 1 sets it for the process
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def reverse_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "reverse"

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from tformer.checkpoint import check_run_dir
 from tformer.cli import main
@@ -14,13 +13,6 @@ from tformer.cli import main
 TINY = ["--d-model", "16", "--n-heads", "2", "--d-ff", "32", "--n-layers", "1",
         "--batch-size", "8", "--valid-size", "16", "--test-size", "16", "--eval-every", "2",
         "--threads", "1", "--quiet"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _restore_threads():
-    threads = torch.get_num_threads()  # --threads 1 sets it for the process
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from tformer.files import json_bytes, write_atomic
+from tformer.files import json_bytes, new_run_dir, write_atomic
 from tformer.reference.generate import greedy_search
 from tformer.reference.loss import cross_entropy, cross_entropy_backward
 from tformer.reference.model import EncoderClassifier, Seq2SeqTransformer
@@ -156,15 +156,6 @@ def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
         f.write(json.dumps(record) + "\n")
 
 
-def new_run_dir(task: str) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path("runs") / f"{task}-numpy-{stamp}"
-    path, i = base, 1
-    while path.exists():
-        path, i = Path(f"{base}-{i}"), i + 1
-    return path
-
-
 # The loop ------------------------------------------------------------------------------
 def blas_threads(n: int | None):
     """Limit NumPy's BLAS to `n` threads (None: its default) for the `with` block.
@@ -193,7 +184,7 @@ def train(config: TrainConfig, progress: bool = True, log=print,
 
 def _train(config: TrainConfig, progress: bool, log, dtype) -> dict[str, Any]:
     started = time.perf_counter()
-    run_dir = Path(config.out) if config.out else new_run_dir(config.task)
+    run_dir = Path(config.out) if config.out else new_run_dir(f"{config.task}-numpy")
     if (run_dir / "model.safetensors").exists():
         raise ValueError(f"out: {run_dir} already holds a checkpoint; choose another --out")
     run_dir.mkdir(parents=True, exist_ok=True)

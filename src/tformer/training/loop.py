@@ -47,6 +47,7 @@ from torch import nn
 
 from tformer.checkpoint import check_run_dir, load_training_state, load_weights, save_checkpoint
 from tformer.config import TransformerConfig
+from tformer.files import new_run_dir
 from tformer.rundir import open_run_dir, resume_metrics
 from tformer.stats import check_fits
 from tformer.training.config import TrainConfig, read_train_config
@@ -101,15 +102,6 @@ def load_run(run_dir: str | Path) -> tuple[nn.Module, Any, TrainConfig]:
 def _model_kind(source) -> str:
     """What tformer.stats sizes: the encoder-decoder, the classifier, or a bare encoder."""
     return {"seq2seq": "seq2seq", "classification": "classifier"}.get(source.kind, "encoder")
-
-
-def new_run_dir(name: str) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path("runs") / f"{name}-{stamp}"
-    path, i = base, 1
-    while path.exists():
-        path, i = Path(f"{base}-{i}"), i + 1
-    return path
 
 
 # Data-parallel -------------------------------------------------------------------------------
