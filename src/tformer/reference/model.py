@@ -276,7 +276,8 @@ class Decoder(Module):
         )
         self.astype(self.dtype)
 
-    def embed(self, x: np.ndarray, offset: int = 0) -> np.ndarray:
+    def _sum_embeddings(self, x, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Scaled token embeddings + positions from ``offset`` (no dropout), and x as an array."""
         c = self.config
         x = np.asarray(x)
         if self.tok_emb is not None:
@@ -287,7 +288,10 @@ class Decoder(Module):
             h = x.astype(self.dtype, copy=False)
         if self.pos_emb is not None:
             h = h + self.pos_emb(h.shape[1], offset, dtype=self.dtype)
-        return self.dropout(h)
+        return h, x
+
+    def embed(self, x: np.ndarray, offset: int = 0) -> np.ndarray:
+        return self.dropout(self._sum_embeddings(x, offset)[0])
 
     def forward(
         self,
@@ -347,15 +351,7 @@ class Decoder(Module):
         Shape: x (B, T) ids or (B, T, D); memory (B, S, D) -> (B, T, D), cache
         """
         c = self.config
-        x = np.asarray(x)
-        if self.tok_emb is not None:
-            check_token_ids(x, c.target_vocab_size)
-            h = self.tok_emb(x) * self.dtype.type(c.embedding_scale)  # (B, T, D)
-        else:
-            check_embeddings(x, c.d_model)
-            h = x.astype(self.dtype, copy=False)
-        if self.pos_emb is not None:
-            h = h + self.pos_emb(h.shape[1], 0, dtype=self.dtype)
+        h, x = self._sum_embeddings(x)
         h, drop_cache = self.dropout.forward_train(h, rng)
         memory = np.asarray(memory)
         check_embeddings(memory, c.d_model, "memory")
