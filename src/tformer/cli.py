@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
+from tformer import __version__
 from tformer.errors import OS_ERRORS, USER_ERRORS  # one line, no traceback
 
 # (command name, module under tformer.commands)
@@ -34,6 +36,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         prog="tformer",
         description="Transformer encoder and encoder-decoder: train, run, inspect, benchmark.",
     )
+    parser.add_argument("--version", action="version", version=f"tformer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands: dict[str, argparse.ArgumentParser] = {}
     for name, module_name in COMMANDS:
@@ -66,7 +69,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args._run(args) or 0)
+        rc = int(args._run(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return rc
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 1
     except USER_ERRORS as e:
         print(f"tformer {args.command}: error: {e}", file=sys.stderr)
         return 2
@@ -77,6 +85,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"tformer {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _quiet_stdout() -> None:
+    """The reader of our output went away (`tformer info RUN | head`): as Python's docs advise,
+    point stdout at /dev/null so the flush at exit does not fail again, and say nothing."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real descriptor (a captured stdout): nothing to flush
+        pass
 
 
 if __name__ == "__main__":

@@ -7,7 +7,10 @@ Rows go to ``x.npy.partial`` as they are computed (plain writes at their offset,
 stays flat), and after each chunk ``x.npy.partial.json`` records how many are done. The
 finished file is renamed over ``x.npy`` in one step: a crash or a full disk leaves any
 previous ``x.npy`` untouched, and the next run with the same inputs and model continues
-from the last recorded chunk. ``.jsonl`` works the same way, one line per text.
+from the last recorded chunk (the identity holds everything that changes the numbers, so
+rows of two precisions or models are never mixed). ``.jsonl`` works the same way, one line
+per text. One process writes `x.npy` at a time (tformer.locks): a second is refused before
+it touches anything.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ from typing import Any
 import numpy as np
 
 from tformer.files import durable_step, file_mode, fsync_dir, write_json_atomic
+from tformer.locks import output_lock
 
 
 class _Output:
     def __init__(self, out: Path, identity: dict[str, Any]) -> None:
         self.out, self.identity = out, identity
+        self.discarded = False
         self.partial = out.with_name(out.name + ".partial")
         self.progress = out.with_name(out.name + ".partial.json")
         self.done, self.bytes = 0, 0
@@ -34,6 +39,7 @@ class _Output:
         if saved is not None and saved.get("identity") == identity and self.partial.is_file():
             self.done, self.bytes = int(saved["done"]), int(saved["bytes"])
         else:
+            self.discarded = self.partial.is_file()  # an interrupted file for other inputs
             self._start()
         self.f = self.partial.open("r+b")
         if out.suffix == ".jsonl":
@@ -57,7 +63,7 @@ class _Output:
         if self.out.suffix == ".npy":
             data = np.ascontiguousarray(emb, dtype=np.float32).tobytes()  # (n, D) rows
         else:
-            data = "".join(json.dumps({"text": t, "embedding": v}) + "\n"
+            data = "".join(json.dumps({"text": t, "embedding": v}, allow_nan=False) + "\n"
                            for t, v in zip(texts, emb.tolist(), strict=True)).encode()
         self.f.write(data)
         self.f.flush()
@@ -84,14 +90,23 @@ def _read_progress(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _remove_stale_temps(out: Path) -> None:
+    """The temp files of progress records that a killed writer of `out` left (we hold the lock)."""
+    for entry in out.parent.glob(f".{out.name}.partial.json.*.tmp"):
+        entry.unlink(missing_ok=True)
+
+
 @contextlib.contextmanager
 def open_output(out: Path, identity: dict[str, Any]) -> Iterator[_Output]:
-    """A resumable, atomically published embeddings file (.npy or .jsonl)."""
+    """A resumable, atomically published embeddings file (.npy or .jsonl), written by one
+    process at a time: a second writer of the same `out` gets a one-line error."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    writer = _Output(out, identity)
-    try:
-        yield writer
-    except BaseException:
-        writer.f.close()  # keep the partial file and its progress: the next run resumes
-        raise
-    writer.finish()
+    with output_lock(out, "--out"):
+        _remove_stale_temps(out)
+        writer = _Output(out, identity)
+        try:
+            yield writer
+        except BaseException:
+            writer.f.close()  # keep the partial file and its progress: the next run resumes
+            raise
+        writer.finish()

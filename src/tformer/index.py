@@ -1,6 +1,6 @@
 """Embedding at scale: lines streamed in chunks, a running top-k, and a persistent index.
 
-    for numbers, texts, emb in embed_chunks(st, iter_lines(path)): ...   # flat memory
+    for numbers, texts, emb in embed_chunks(st, TextLines(path, "--corpus")): ...  # flat memory
     best = TopK(queries, k); best.add(block, first_index); best.result()
     build_index(st, MODEL_DIR, corpus, INDEX); Index(INDEX).search(st, queries, k)
 
@@ -10,8 +10,9 @@ with a running top-k (not the (Q + N) x (Q + N) matrix).
 
 An index directory holds ``vectors.npy`` (N, D float32, L2-normalised), ``texts.jsonl``
 ({"line", "text"} per corpus line) and ``index.json`` (the model directory, a hash of its
-files, how it embedded). It is written as one unit (built beside, then renamed), and a
-search refuses it if the model it is searched with is not the one that built it.
+files, how it embedded). It is written as one unit (built beside, then renamed) by one
+process at a time (tformer.locks), and a search refuses it if the model it is searched with
+is not the one that built it, or if a file of it does not hold what index.json says.
 """
 
 from __future__ import annotations
@@ -27,30 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from tformer.files import dir_mode, file_mode, fsync_dir, json_bytes, publish_dir
+from tformer.files import dir_mode, durable_step, file_mode, fsync_dir, json_bytes, publish_dir
+from tformer.lines import TextLines
+from tformer.locks import output_lock
 
 CHUNK = 1024  # texts embedded (and held) at a time
 BLOCK = 8192  # corpus vectors compared with the queries at a time
 INDEX_FILE, VECTORS_FILE, TEXTS_FILE = "index.json", "vectors.npy", "texts.jsonl"
 INDEX_FORMAT = 1
-
-
-def iter_lines(path: str | Path, option: str) -> Iterator[tuple[int, str]]:
-    """(line number from 1, text) for each non-empty line of a UTF-8 file, read lazily."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{option} {path}: no such file")
-    with path.open(encoding="utf-8") as f:
-        try:
-            for i, line in enumerate(f, start=1):
-                if line.strip():
-                    yield i, line.rstrip()
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{option} {path}: not UTF-8 text ({e})") from None
-
-
-def count_lines(path: str | Path, option: str) -> int:
-    return sum(1 for _ in iter_lines(path, option))
 
 
 def chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
@@ -66,10 +51,16 @@ def chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
 
 def embed_chunks(st, numbered: Iterable[tuple[int, str]], size: int | None = None, **encode_kw
                  ) -> Iterator[tuple[list[int], list[str], np.ndarray]]:
-    """(line numbers, texts, (n, D) float32 embeddings) a chunk at a time, in input order."""
+    """(line numbers, texts, (n, D) float32 embeddings) a chunk at a time, in input order.
+    A non-finite embedding (broken weights) is refused: it would rank or print as NaN."""
     for chunk in chunks(numbered, size or CHUNK):
         numbers, texts = [n for n, _ in chunk], [t for _, t in chunk]
-        yield numbers, texts, st.encode(texts, **encode_kw)
+        emb = st.encode(texts, **encode_kw)
+        bad = ~np.isfinite(emb).all(axis=1)
+        if bad.any():
+            raise ValueError(f"input {numbers[int(bad.argmax())]}: expected a finite embedding, "
+                             "got NaN or infinity (the model's weights are not finite)")
+        yield numbers, texts, emb
 
 
 def progress_bar(total: int, show: bool | None):
@@ -132,14 +123,30 @@ def model_identity(model_dir: str | Path) -> str:
 def build_index(st, model_dir: str | Path, corpus: str | Path, out: str | Path,
                 batch_size: int = 32, truncation: bool = True, max_length: int | None = None,
                 show_progress: bool | None = None) -> dict[str, Any]:
-    """Embed the corpus once into an index directory at `out` (written as one unit)."""
+    """Embed the corpus once into an index directory at `out` (written as one unit, under
+    a lock: a second build of the same `out` is refused while this one runs)."""
     out = Path(out)
     if out.exists() and not (out / INDEX_FILE).is_file():
         raise ValueError(f"--out {out}: exists and is not a tformer index; expected a new path")
-    n = count_lines(corpus, "--corpus")
+    lines = corpus if isinstance(corpus, TextLines) else TextLines(corpus, "--corpus")
+    n = lines.count()
     if n == 0:
-        raise ValueError(f"--corpus {corpus}: expected at least one non-empty line, got none")
+        raise ValueError(f"--corpus {lines.name}: expected at least one line, got none")
     out.parent.mkdir(parents=True, exist_ok=True)
+    with output_lock(out, "--out"):
+        _remove_stale_builds(out)  # what a killed build of `out` left
+        return _build(st, model_dir, lines, n, out, batch_size, truncation, max_length,
+                      show_progress)
+
+
+def _remove_stale_builds(out: Path) -> None:
+    for entry in out.parent.glob(f".{out.name}.*"):
+        if entry.name.endswith((".tmp", ".old")) and entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _build(st, model_dir, lines: TextLines, n: int, out: Path, batch_size: int,
+           truncation: bool, max_length: int | None, show_progress: bool | None) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
     try:
         os.chmod(tmp, dir_mode())
@@ -153,9 +160,9 @@ def build_index(st, model_dir: str | Path, corpus: str | Path, out: str | Path,
                       "fortran_order": False, "shape": (n, st.dim)}
             np.lib.format.write_array_header_1_0(vectors, header)
             for numbers, texts, emb in embed_chunks(
-                st, iter_lines(corpus, "--corpus"), batch_size=batch_size,
-                truncation=truncation, show_progress=False,
+                st, lines, batch_size=batch_size, truncation=truncation, show_progress=False,
             ):
+                durable_step(f"write {tmp / VECTORS_FILE}")
                 vectors.write(unit(emb).astype(np.float32).tobytes())  # (b, D) rows
                 start += len(texts)
                 bar.update(len(texts))
@@ -163,12 +170,14 @@ def build_index(st, model_dir: str | Path, corpus: str | Path, out: str | Path,
                     texts_out.write(json.dumps({"line": number, "text": text}) + "\n")
         bar.close()
         if start != n:
-            raise ValueError(f"--corpus {corpus}: changed while it was read ({start} lines, "
+            raise ValueError(f"--corpus {lines.name}: changed while it was read ({start} lines, "
                              f"expected {n})")
         meta = {"format": INDEX_FORMAT, "model_dir": str(Path(model_dir).resolve()),
-                "model_id": model_identity(model_dir), "corpus": str(Path(corpus).resolve()),
+                "model_id": model_identity(model_dir),
+                "corpus": lines.name if lines.name == "-" else str(Path(lines.name).resolve()),
                 "n": n, "dim": st.dim, "max_length": max_length, "truncation": truncation,
                 "pooling": list(st.pooling)}
+        durable_step(f"write {tmp / INDEX_FILE}")
         (tmp / INDEX_FILE).write_bytes(json_bytes(meta))
         for path in tmp.iterdir():
             os.chmod(path, file_mode())
@@ -213,14 +222,21 @@ class Index:
         stays flat however large the index is."""
         path = self.path / VECTORS_FILE
         with path.open("rb") as f:
-            version = np.lib.format.read_magic(f)
-            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                           else np.lib.format.read_array_header_2_0)
-            shape, _, dtype = read_header(f)
+            try:
+                version = np.lib.format.read_magic(f)
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shape, _, dtype = read_header(f)
+            except ValueError as e:
+                raise ValueError(f"INDEX {path}: expected a .npy array, got {e}") from None
             if shape != (self.meta["n"], self.meta["dim"]) or dtype != np.float32:
                 raise ValueError(f"INDEX {path}: expected float32 {self.meta['n']} x "
                                  f"{self.meta['dim']}, got {dtype} {shape}")
             n, d = shape
+            expected, got = f.tell() + n * d * 4, os.fstat(f.fileno()).st_size
+            if got != expected:
+                raise ValueError(f"INDEX {path}: expected {expected} bytes ({n} x {d} float32), "
+                                 f"got {got} (truncated or damaged: rebuild the index)")
             size = size or BLOCK
             for first in range(0, n, size):
                 b = min(size, n - first)
@@ -228,12 +244,23 @@ class Index:
 
     def texts(self, rows: set[int]) -> dict[int, tuple[int, str]]:
         """{row: (line number, text)} for the wanted rows, one streamed pass."""
+        path = self.path / TEXTS_FILE
         found: dict[int, tuple[int, str]] = {}
-        with (self.path / TEXTS_FILE).open(encoding="utf-8") as f:
+        count = 0
+        with path.open(encoding="utf-8", errors="replace") as f:  # a cut character: the count
             for row, line in enumerate(f):
+                count += 1
                 if row in rows:
-                    record = json.loads(line)
-                    found[row] = (record["line"], record["text"])
+                    try:
+                        record = json.loads(line)
+                        found[row] = (int(record["line"]), str(record["text"]))
+                    except (ValueError, KeyError, TypeError):
+                        raise ValueError(f"INDEX {path}:{row + 1}: expected a JSON object with "
+                                         f"\"line\" and \"text\", got {line[:60]!r} (damaged: "
+                                         "rebuild the index)") from None
+        if count != self.meta["n"]:
+            raise ValueError(f"INDEX {path}: expected {self.meta['n']} lines (index.json), got "
+                             f"{count} (truncated or damaged: rebuild the index)")
         return found
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

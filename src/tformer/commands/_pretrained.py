@@ -1,5 +1,6 @@
 """What the pretrained-model commands (embed, similarity, search, attention) share:
-the MODEL_DIR options, reading texts, and warnings printed as one line."""
+the MODEL_DIR options (and --batch-size, --threads where they batch) and warnings printed as
+one line. Inputs are read by tformer.commands._inputs."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import contextlib
 import sys
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
+
+from tformer.commands._inputs import add_threads
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, batch: bool = True) -> None:
@@ -42,6 +44,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, batch: bool = True) -> 
         "rotation (cosine ~0.999 to fp32; see tformer.int8)",
     )
     parser.add_argument("--batch-size", type=int, default=32, help="texts per batch (32)")
+    add_threads(parser)
 
 
 def load_sentence_encoder(args: argparse.Namespace):
@@ -51,23 +54,6 @@ def load_sentence_encoder(args: argparse.Namespace):
         args.model_dir, allow_pickle=args.allow_pickle, max_length=args.max_length,
         dtype=args.dtype,
     )
-
-
-def read_lines(path: str | Path, option: str) -> list[str]:
-    """The non-empty lines of a UTF-8 text file (trailing whitespace stripped)."""
-    return [text for _, text in read_numbered_lines(path, option)]
-
-
-def read_numbered_lines(path: str | Path, option: str) -> list[tuple[int, str]]:
-    """(line number from 1, text) for each non-empty line of a UTF-8 text file."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{option} {path}: no such file")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{option} {path}: not UTF-8 text ({e})") from None
-    return [(i, line.rstrip()) for i, line in enumerate(lines, start=1) if line.strip()]
 
 
 @contextlib.contextmanager

@@ -1,11 +1,13 @@
 """`tformer embed MODEL_DIR "text" ...`: sentence embeddings, pooled as the directory says.
 
-Texts come from the arguments and/or ``--file`` (one per line). Without ``--out`` each
+Texts come from the arguments and/or ``--file`` (one per line, read as tformer.lines says:
+one row per line, always). Without ``--out`` each
 embedding is printed as a JSON line; ``--out x.npy`` writes an (N, D) float32 array,
 ``--out x.jsonl`` one {"text", "embedding"} object per line. Texts are read, embedded and
 written a chunk at a time (memory does not grow with the number of lines); the file appears
-whole at the end (atomically), and an interrupted run resumes where it stopped
-(see tformer.embed_output).
+whole at the end (atomically), one process writes it at a time, and an interrupted run
+resumes where it stopped if its inputs, model and options are the same (see
+tformer.embed_output).
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+from tformer.commands._inputs import check_count, check_options, file_lines, json_line
 from tformer.commands._pretrained import (
     add_model_arguments,
     load_sentence_encoder,
     one_line_warnings,
-    read_lines,
 )
 
 HELP = "sentence embeddings from a BERT-format / sentence-transformers directory"
@@ -28,7 +31,8 @@ HELP = "sentence embeddings from a BERT-format / sentence-transformers directory
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("texts", nargs="*", metavar="TEXT", help="texts to embed")
-    parser.add_argument("--file", default=None, help="a text file, one text per line")
+    parser.add_argument("--file", default=None,
+                        help="a text file, one text per line ('-': standard input)")
     parser.add_argument(
         "--out",
         default=None,
@@ -51,71 +55,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def gather_texts(args: argparse.Namespace, minimum: int = 1) -> list[str]:
-    texts = list(args.texts)
-    if args.file is not None:
-        texts += read_lines(args.file, "--file")
-    if len(texts) < minimum:
-        raise ValueError(
-            f"TEXT: expected at least {minimum} text(s) as arguments or in --file, got {len(texts)}"
-        )
-    return texts
-
-
-def numbered_inputs(args: argparse.Namespace):
-    """(index, text) for the arguments then the --file lines, read lazily."""
-    from tformer.index import iter_lines
-
-    yield from enumerate(args.texts)
-    if args.file is not None:
-        offset = len(args.texts)
-        for i, (_, text) in enumerate(iter_lines(args.file, "--file")):
-            yield offset + i, text
-
-
-def count_inputs(args: argparse.Namespace) -> int:
-    from tformer.index import count_lines
-
-    return len(args.texts) + (count_lines(args.file, "--file") if args.file is not None else 0)
+def numbered_inputs(args: argparse.Namespace, lines) -> Iterator[tuple[int, str]]:
+    """(input number from 1, text) for the arguments then the --file lines, read lazily."""
+    yield from enumerate(args.texts, start=1)
+    if lines is not None:
+        yield from ((len(args.texts) + i, text) for i, (_, text) in enumerate(lines, start=1))
 
 
 def run(args: argparse.Namespace) -> int:
     from tformer.embed_output import open_output
 
+    check_options(args)
     out = Path(args.out) if args.out else None
     if out is not None and out.suffix not in (".npy", ".jsonl"):
         raise ValueError(f"--out: expected a .npy or .jsonl file name, got {str(out)!r}")
     if out is not None and out.is_dir():
         raise ValueError(f"--out {out}: is a directory; expected a .npy or .jsonl file name")
-    n = count_inputs(args)
-    if n < 1:
-        raise ValueError(f"TEXT: expected at least 1 text(s) as arguments or in --file, got {n}")
+    lines = file_lines(args)
+    n = len(args.texts) + (lines.count() if lines is not None else 0)
+    check_count(n, "TEXT")
     from tformer.index import embed_chunks, model_identity, progress_bar
 
     with one_line_warnings("embed"):
         st = load_sentence_encoder(args)
         normalize = st.normalize if args.normalize is None else args.normalize
+        encode = dict(batch_size=args.batch_size, normalize=normalize, show_progress=False,
+                      truncation=not args.no_truncate)
         if out is None:
-            for _, texts, emb in embed_chunks(st, numbered_inputs(args), batch_size=args.batch_size,
-                                              normalize=normalize, show_progress=False,
-                                              truncation=not args.no_truncate):
-                for text, vec in zip(texts, emb.tolist(), strict=True):
-                    print(json.dumps({"text": text, "embedding": vec}))
+            for numbers, texts, emb in embed_chunks(st, numbered_inputs(args, lines), **encode):
+                for number, text, vec in zip(numbers, texts, emb.tolist(), strict=True):
+                    print(json_line({"text": text, "embedding": vec}, f"input {number}"))
             return 0
-        # The identity of what is written: an interrupted file resumes only for the same.
-        identity = {"model": model_identity(args.model_dir), "texts": _inputs_hash(args),
-                    "n": n, "dim": st.dim, "normalize": normalize,
+        # The identity of what is written: an interrupted file resumes only for the same
+        # inputs and everything that changes the numbers (model files, precision, lengths).
+        identity = {"model": model_identity(args.model_dir), "texts": _inputs_hash(args, lines),
+                    "n": n, "dim": st.dim, "normalize": normalize, "dtype": args.dtype,
                     "max_length": args.max_length, "truncate": not args.no_truncate}
         with open_output(out, identity) as writer:
             if writer.done:
                 print(f"tformer embed: resuming {out} after {writer.done} of {n} texts",
                       file=sys.stderr)
-            inputs = (item for item in numbered_inputs(args) if item[0] >= writer.done)
+            elif writer.discarded:
+                print(f"tformer embed: starting {out} over: its interrupted part was for other "
+                      "inputs or options", file=sys.stderr)
+            inputs = (item for item in numbered_inputs(args, lines) if item[0] > writer.done)
             bar = progress_bar(n, args.progress)
             bar.update(writer.done)
-            for _, texts, emb in embed_chunks(st, inputs, batch_size=args.batch_size,
-                                              normalize=normalize, show_progress=False,
-                                              truncation=not args.no_truncate):
+            for _, texts, emb in embed_chunks(st, inputs, **encode):
                 writer.write(texts, emb)
                 bar.update(len(texts))
             bar.close()
@@ -123,12 +109,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _inputs_hash(args: argparse.Namespace) -> str:
+def _inputs_hash(args: argparse.Namespace, lines) -> str:
     import hashlib
 
     digest = hashlib.sha256(json.dumps(list(args.texts)).encode())
-    if args.file is not None:
-        with open(args.file, "rb") as f:
-            while block := f.read(1 << 20):
-                digest.update(block)
+    if lines is not None:
+        digest.update(lines.digest().encode())
     return digest.hexdigest()[:16]

@@ -4,7 +4,8 @@ for a run on your data, on any file with the training file's fields (--data FILE
 from __future__ import annotations
 
 import argparse
-import json
+
+from tformer.commands._inputs import add_threads, check_options, json_line
 
 HELP = "evaluate a trained run on its test or validation split, or on a file (--data)"
 
@@ -18,21 +19,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--beam-size", type=int, default=1, help="seq2seq: 1 = greedy (default)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N examples")
     parser.add_argument("--samples", type=int, default=6, help="sample rows to print (default 6)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    add_threads(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    import torch
-
     from tformer.training import load_run
     from tformer.training.report import append_jsonl, sample_table
 
-    if args.limit is not None and args.limit < 1:
-        raise ValueError(f"--limit: expected a positive int, got {args.limit}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    check_options(args)
     model, source, config = load_run(args.run_dir)
     if args.data is not None:
         if config.data is None:
@@ -51,8 +47,9 @@ def run(args: argparse.Namespace) -> int:
     record = {"split": split, "task": config.name, "examples": len(examples), **metrics}
     record.update(source.baseline() if args.data is None else {})
     key = source.main_metric
+    line = json_line(record, f"RUN_DIR {args.run_dir}: metrics {metrics}")
     print(f"{split} {key}: {metrics[key]:.4f}")
-    print(json.dumps(record))
+    print(line)
     if args.data is not None:
         append_jsonl(Path(args.run_dir) / "metrics.jsonl", {**record, "split": "eval", "data": split})
     return 0

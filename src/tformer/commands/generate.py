@@ -1,12 +1,15 @@
 """`tformer generate RUN_DIR [INPUT...] [--file FILE]`: run a trained model on your inputs.
 
 Seq2seq runs print the generated output, classification runs the predicted class, one
-line per input, in order. Runs on your data use the tokenizer saved in RUN_DIR.
+line per input, in order, always (inputs are read as tformer.lines says). Runs on your
+data use the tokenizer saved in RUN_DIR.
 """
 
 from __future__ import annotations
 
 import argparse
+
+from tformer.commands._inputs import add_threads, check_options, input_texts
 
 HELP = "run a trained model on inputs (arguments or --file, one per line)"
 
@@ -23,35 +26,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-len", type=int, default=None,
                         help="most tokens to generate (default: the task's longest target + 1)")
     parser.add_argument("--batch-size", type=int, default=32, help="inputs per batch (default 32)")
-
-
-def read_inputs(args: argparse.Namespace) -> list[str]:
-    """The command line's inputs, then --file's lines (empty lines are errors: one per output)."""
-    import sys
-    from pathlib import Path
-
-    texts = list(args.inputs)
-    if args.file is not None:
-        if args.file == "-":
-            lines = sys.stdin.read().splitlines()
-        else:
-            path = Path(args.file)
-            if not path.is_file():
-                raise FileNotFoundError(f"--file: no such file {path}")
-            lines = path.read_text(encoding="utf-8").splitlines()
-        for i, line in enumerate(lines, 1):
-            if not line.strip():
-                raise ValueError(f"{args.file}:{i}: expected an input, got an empty line")
-        texts += lines
-    if not texts:
-        raise ValueError("inputs: expected at least one input (arguments or --file), got none")
-    return texts
+    add_threads(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from tformer.training import load_run
 
-    texts = read_inputs(args)
+    check_options(args)
+    texts = input_texts(args, "inputs", "INPUT")
     model, source, config = load_run(args.run_dir)
     if config.data is not None:
         return _run_data(args, model, source, texts)
@@ -69,9 +51,11 @@ def _run_data(args, model, source, texts: list[str]) -> int:
                 print(out, flush=True)
         return 0
     if source.kind == "classification":
-        records = [{"text": t, "label": source.data.labels[0]} for t in texts]
-        for probs in source.predict(model, records):
-            print(source.data.labels[max(range(len(probs)), key=probs.__getitem__)])
+        for i in range(0, len(texts), args.batch_size):
+            records = [{"text": t, "label": source.data.labels[0]}
+                       for t in texts[i : i + args.batch_size]]
+            for probs in source.predict(model, records):
+                print(source.data.labels[max(range(len(probs)), key=probs.__getitem__)])
         return 0
     raise ValueError(f"RUN_DIR: {args.run_dir} is an embedding run; use `tformer embed {args.run_dir}`")
 

@@ -2,7 +2,7 @@
 
 `tformer search INDEX "query"` then embeds only the queries. The index directory holds the
 vectors, the texts and the model's identity (a hash of its files); it is written as one
-unit, and a search with another model is refused (see tformer.index).
+unit by one process at a time, and a search with another model is refused (see tformer.index).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tformer.commands._inputs import check_options
 from tformer.commands._pretrained import add_model_arguments, load_sentence_encoder, one_line_warnings
 
 INTERMIXED = False  # it has a sub-action
@@ -20,7 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     build = sub.add_parser("build", help="embed a corpus file into a new index directory")
     add_model_arguments(build)
-    build.add_argument("--corpus", required=True, help="a text file, one document per line")
+    build.add_argument("--corpus", required=True,
+                       help="a text file, one document per line ('-': standard input)")
     build.add_argument("--out", required=True, help="the index directory to write")
     build.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                        help="progress bar (default: when large)")
@@ -28,10 +30,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tformer.index import build_index
+    from tformer.lines import TextLines
 
+    check_options(args)
+    corpus = TextLines(args.corpus, "--corpus")
     with one_line_warnings("index"):
         st = load_sentence_encoder(args)
-        meta = build_index(st, args.model_dir, args.corpus, args.out, batch_size=args.batch_size,
+        meta = build_index(st, args.model_dir, corpus, args.out, batch_size=args.batch_size,
                            truncation=not args.no_truncate, max_length=args.max_length,
                            show_progress=args.progress)
     print(f"wrote {args.out}: {meta['n']} vectors of dimension {meta['dim']} "

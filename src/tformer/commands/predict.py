@@ -1,13 +1,17 @@
 """`tformer predict RUN_DIR --file texts.txt`: a text classifier's label (and probabilities).
 
 One input per line (a tab separates text and text_pair for sentence-pair runs); prints one
-label per line, or with --format jsonl one {"text", "label", "probabilities"} object.
+label per line, or with --format jsonl one {"text", "label", "probabilities"} object: one
+output line per input, always (see tformer.lines). Probabilities that are not finite (a
+broken checkpoint) are refused, never printed as NaN.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import math
+
+from tformer.commands._inputs import add_threads, check_options, input_texts, json_line
 
 HELP = "classify texts with a classification run (label per line, or JSONL with probabilities)"
 
@@ -20,13 +24,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=("text", "jsonl"), default="text",
                         help="text: the label; jsonl: label and probabilities (default: text)")
     parser.add_argument("--batch-size", type=int, default=64, help="texts per batch (default 64)")
+    add_threads(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.commands.generate import read_inputs
     from tformer.training import load_run
 
-    texts = read_inputs(args)
+    check_options(args)
+    texts = input_texts(args, "inputs", "TEXT")
     model, source, config = load_run(args.run_dir)
     if config.data is None or source.kind != "classification":
         raise ValueError(f"RUN_DIR: {args.run_dir} is not a classification run on your data "
@@ -38,12 +43,16 @@ def run(args: argparse.Namespace) -> int:
         for t in chunk:
             text, _, pair = t.partition("\t")
             records.append({"text": text, "label": labels[0], **({"text_pair": pair} if pair else {})})
-        for t, probs in zip(chunk, source.predict(model, records), strict=True):
+        for n, (t, probs) in enumerate(zip(chunk, source.predict(model, records), strict=True), i):
+            if not all(math.isfinite(p) for p in probs):
+                raise ValueError(f"RUN_DIR {args.run_dir}: expected finite probabilities, got "
+                                 f"{probs} for input {n + 1} (the weights are not finite: "
+                                 "was its training diverging?)")
             label = labels[max(range(len(probs)), key=probs.__getitem__)]
             if args.format == "text":
                 print(label)
             else:
-                shown = {n: round(p, 6) for n, p in zip(labels, probs, strict=True)}
-                print(json.dumps({"text": t, "label": label, "probabilities": shown},
-                                 ensure_ascii=False))
+                shown = {name: round(p, 6) for name, p in zip(labels, probs, strict=True)}
+                print(json_line({"text": t, "label": label, "probabilities": shown},
+                                f"input {n + 1}"))
     return 0

@@ -1,7 +1,8 @@
 """`tformer search MODEL_DIR --corpus lines.txt "query" ...`: the corpus lines closest to a query.
 `tformer search INDEX "query" ...`: the same over an index built once by `tformer index build`.
 
-Ranks the corpus's non-empty lines by cosine similarity to each query's embedding and
+Queries come from the arguments and/or ``--file`` (one per line). Ranks the corpus's lines
+(one document per line, read as tformer.lines says) by cosine similarity to each query's embedding and
 prints the top ``-k`` with their score and line number. Without an index the corpus is
 embedded a chunk at a time and compared at once with a running top-k, so memory does not
 grow with its length; with an index nothing is embedded but the queries.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 
+from tformer.commands._inputs import check_options, input_texts
 from tformer.commands._pretrained import (
     add_model_arguments,
     load_sentence_encoder,
@@ -23,9 +25,12 @@ HELP = "semantic search: the lines of a corpus file (or an index) closest to a q
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
-    parser.add_argument("queries", nargs="+", metavar="QUERY", help="one or more queries")
+    parser.add_argument("queries", nargs="*", metavar="QUERY", help="one or more queries")
+    parser.add_argument("--file", default=None,
+                        help="read queries from FILE, one per line ('-': standard input)")
     parser.add_argument("--corpus", default=None,
-                        help="a text file, one document per line (not with an INDEX)")
+                        help="a text file, one document per line ('-': standard input; "
+                             "not with an INDEX)")
     parser.add_argument("--model", default=None,
                         help="with an INDEX: the model directory to embed queries with "
                              "(default: the one that built it; another model is refused)")
@@ -39,10 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.index import Index, TopK, count_lines, embed_chunks, iter_lines, progress_bar
+    from tformer.index import Index, TopK, embed_chunks, progress_bar
+    from tformer.lines import TextLines
 
-    if args.top_k < 1:
-        raise ValueError(f"--top-k: expected a positive int, got {args.top_k}")
+    check_options(args)
+    if args.file == "-" and args.corpus == "-":
+        raise ValueError("--file, --corpus: expected at most one to read standard input, got both")
+    queries_text = input_texts(args, "queries", "QUERY")
     truncation = not args.no_truncate
     if Index.is_index(args.model_dir):
         if args.corpus is not None:
@@ -55,22 +63,23 @@ def run(args: argparse.Namespace) -> int:
             args.max_length = index.meta.get("max_length")
         with one_line_warnings("search"):
             st = load_sentence_encoder(args)
-            queries = st.encode(args.queries, batch_size=args.batch_size, truncation=truncation)
+            queries = st.encode(queries_text, batch_size=args.batch_size, truncation=truncation)
         scores, rows = index.search(queries, args.top_k)
         found = index.texts(set(rows.ravel().tolist()))
     else:
         if args.corpus is None:
             raise ValueError(f"--corpus: expected a corpus file with MODEL_DIR {args.model_dir} "
                              "(or give an INDEX from `tformer index build`), got none")
-        n = count_lines(args.corpus, "--corpus")
+        corpus = TextLines(args.corpus, "--corpus")
+        n = corpus.count()
         if n == 0:
-            raise ValueError(f"--corpus {args.corpus}: expected at least one non-empty line, got none")
+            raise ValueError(f"--corpus {args.corpus}: expected at least one line, got none")
         with one_line_warnings("search"):
             st = load_sentence_encoder(args)
-            queries = st.encode(args.queries, batch_size=args.batch_size, truncation=truncation)
+            queries = st.encode(queries_text, batch_size=args.batch_size, truncation=truncation)
             best, first = TopK(queries, args.top_k), 0
             bar = progress_bar(n, args.progress)
-            for _, texts, docs in embed_chunks(st, iter_lines(args.corpus, "--corpus"),
+            for _, texts, docs in embed_chunks(st, corpus,
                                                batch_size=args.batch_size, show_progress=False,
                                                truncation=truncation):
                 best.add(docs, first)  # (Q, b) similarities at a time, never (Q, N)
@@ -79,9 +88,8 @@ def run(args: argparse.Namespace) -> int:
             bar.close()
         scores, rows = best.result()
         wanted = set(rows.ravel().tolist())
-        found = {row: item for row, item in enumerate(iter_lines(args.corpus, "--corpus"))
-                 if row in wanted}
-    for q, query in enumerate(args.queries):
+        found = {row: item for row, item in enumerate(corpus) if row in wanted}
+    for q, query in enumerate(queries_text):
         if q:
             print()
         print(f"query: {short(query)}")

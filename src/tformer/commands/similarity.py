@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+from tformer.commands._inputs import check_options, input_texts
 from tformer.commands._pretrained import (
     add_model_arguments,
     load_sentence_encoder,
     one_line_warnings,
     short,
 )
-from tformer.commands.embed import gather_texts
 
 HELP = "cosine similarity between texts, with a BERT-format / sentence-transformers model"
 # A printed N x N matrix is read by a person: past this it is megabytes no one reads
@@ -21,7 +21,8 @@ MAX_TEXTS = 100
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("texts", nargs="*", metavar="TEXT", help="two or more texts")
-    parser.add_argument("--file", default=None, help="a text file, one text per line")
+    parser.add_argument("--file", default=None,
+                        help="a text file, one text per line ('-': standard input)")
 
 
 def cosine_matrix(emb):
@@ -34,7 +35,8 @@ def cosine_matrix(emb):
 
 
 def run(args: argparse.Namespace) -> int:
-    texts = gather_texts(args, minimum=2)
+    check_options(args)
+    texts = input_texts(args, "texts", "TEXT", minimum=2)
     if len(texts) > MAX_TEXTS:
         raise ValueError(
             f"TEXT: expected at most {MAX_TEXTS} texts (the matrix is printed), got {len(texts)}; "

@@ -1,0 +1,72 @@
+"""What the inference commands share: their inputs (arguments, then ``--file`` lines), the
+``--threads`` option, range checks on numeric options, and JSON lines that refuse NaN.
+
+Numeric options are checked when a command starts, by one table, so each says the same
+one-line error (``--batch-size: expected >= 1, got 0``) instead of printing nothing or a
+traceback later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+from tformer.lines import TextLines
+
+# dest -> the smallest value it takes (options a command does not have are skipped).
+MINIMUMS = {"batch_size": 1, "threads": 1, "top_k": 1, "beam_size": 1, "max_len": 1,
+            "max_length": 1, "limit": 1, "samples": 0}
+FINITE = ("length_penalty",)  # float options: argparse accepts "nan" and "inf"
+
+
+def add_threads(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's, one per core)")
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse out-of-range numeric options, then apply --threads."""
+    for dest, minimum in MINIMUMS.items():
+        value = getattr(args, dest, None)
+        if value is not None and value < minimum:
+            raise ValueError(f"--{dest.replace('_', '-')}: expected >= {minimum}, got {value}")
+    for dest in FINITE:
+        value = getattr(args, dest, None)
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"--{dest.replace('_', '-')}: expected a finite number, got {value}")
+    if getattr(args, "threads", None) is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+
+def file_lines(args: argparse.Namespace) -> TextLines | None:
+    """--file's lines ('-': standard input), or None without --file."""
+    return TextLines(args.file, "--file") if args.file is not None else None
+
+
+def input_texts(args: argparse.Namespace, positional: str, metavar: str, minimum: int = 1
+                ) -> list[str]:
+    """The texts given as arguments (``args.<positional>``), then --file's lines."""
+    texts = list(getattr(args, positional))
+    if getattr(args, "file", None) is not None:
+        texts += file_lines(args).texts()
+    check_count(len(texts), metavar, minimum)
+    return texts
+
+
+def check_count(n: int, metavar: str, minimum: int = 1) -> None:
+    if n < minimum:
+        raise ValueError(f"{metavar}: expected at least {minimum} text(s) as arguments or in "
+                         f"--file, got {n}")
+
+
+def json_line(record: dict[str, Any], what: str) -> str:
+    """One JSON object per line; NaN or infinity is not JSON, so it is refused, naming `what`."""
+    try:
+        return json.dumps(record, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        raise ValueError(f"{what}: expected finite numbers, got NaN or infinity (the model's "
+                         "weights are not finite: was its training diverging?)") from None

@@ -1,0 +1,71 @@
+"""Texts one per line, read the same way by every command (predict, generate, embed, search,
+index build, similarity).
+
+    lines = TextLines("texts.txt", "--file")      # or "-" for standard input
+    lines.count(); for number, text in lines: ...   # read lazily, again on each pass
+
+A line ends at ``\\n`` (a ``\\r`` before it is dropped too) and nowhere else: form feeds,
+U+2028 or ``\\x1c`` inside a line are text, not line breaks (``str.splitlines`` would split
+there, and a file of 2 lines would give 3 outputs). Each line is one input, so each command
+gives one output row per line, always. A blank line (empty or whitespace only) has no text to
+give a row for: it is an error naming FILE:LINE, in every command, rather than a row that
+silently goes missing. A final newline ends the last line; it does not start a blank one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+STDIN = "-"
+
+
+class TextLines:
+    """The lines of a UTF-8 text file (or of standard input for ``-``), one text per line."""
+
+    def __init__(self, path: str | Path, option: str) -> None:
+        self.name, self.option = str(path), option
+        self._stdin: bytes | None = None
+        if self.name == STDIN:
+            self._stdin = sys.stdin.buffer.read()  # read once: a pipe cannot be read twice
+        elif not Path(path).is_file():
+            raise FileNotFoundError(f"{option} {path}: no such file")
+
+    def _raw(self) -> Iterator[bytes]:
+        if self._stdin is not None:
+            lines = self._stdin.split(b"\n")
+            yield from lines[:-1] if self._stdin.endswith(b"\n") or not self._stdin else lines
+            return
+        with open(self.name, "rb") as f:
+            for raw in f:  # binary files split at b"\n" only
+                yield raw[:-1] if raw.endswith(b"\n") else raw
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        """(line number from 1, text), the line ending removed; a blank line is an error."""
+        where = "standard input" if self._stdin is not None else self.name
+        for number, raw in enumerate(self._raw(), start=1):
+            raw = raw[:-1] if raw.endswith(b"\r") else raw
+            try:
+                text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{self.option} {where}:{number}: expected UTF-8 text, "
+                                 f"got byte {raw[e.start]:#04x} at column {e.start + 1}") from None
+            if not text.strip():
+                raise ValueError(f"{self.option} {where}:{number}: expected a text, got a blank "
+                                 "line (every line is one input)")
+            yield number, text
+
+    def texts(self) -> list[str]:
+        return [text for _, text in self]
+
+    def count(self) -> int:
+        return sum(1 for _ in self)
+
+    def digest(self) -> str:
+        """A hash of the bytes read: an interrupted output resumes only for the same lines."""
+        h = hashlib.sha256()
+        for raw in self._raw():
+            h.update(raw + b"\n")
+        return h.hexdigest()[:16]

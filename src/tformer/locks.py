@@ -1,0 +1,57 @@
+"""One writer per output path: `embed --out x.npy` and `index build --out INDEX` hold a lock.
+
+    with output_lock(Path("x.npy"), "--out"):   # refuses if another process writes x.npy
+        ...                                    # write, resume, publish
+
+Like the run lock (tformer.rundir): an OS file lock (flock) on a hidden ``.x.npy.lock``
+beside the output, which the kernel releases when the process ends however it ends, so a
+killed writer never leaves a stale lock. A second writer gets a one-line error naming the
+holder's pid and touches nothing. The lock file is removed on release; a process that
+opened it just before is told by the inode check below to open the path again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def lock_path(out: Path) -> Path:
+    return out.with_name(f".{out.name}.lock")
+
+
+@contextlib.contextmanager
+def output_lock(out: Path, option: str) -> Iterator[None]:
+    """Hold the lock on `out` for the block, or raise ValueError naming who holds it."""
+    path = lock_path(out)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise ValueError(
+                    f"{option} {out}: is being written by another tformer process (pid {holder}); "
+                    f"wait for it to finish or choose another {option}"
+                ) from None
+            raise
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the holder removed this file as it released it: lock the new one
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # before the unlock: a waiter then sees another inode
+        os.close(fd)
