@@ -10,3 +10,27 @@ def _restore_threads():
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def classification_run(tmp_path_factory):
+    """A tiny classification run on a data file (text, label), trained once for the session.
+    Read-only: a test that breaks it copies it first."""
+    import contextlib
+    import io
+
+    from text_fixtures import classification_rows, write
+
+    from tformer.cli import main
+
+    root = tmp_path_factory.mktemp("classification")
+    data = write(root / "train.jsonl", classification_rows(80))
+    out = root / "run"
+    threads = torch.get_num_threads()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["train", "--data", str(data), "--out", str(out), "--steps", "2",
+                     "--d-model", "16", "--n-heads", "2", "--d-ff", "32", "--n-layers", "1",
+                     "--vocab-size", "120", "--max-tokens", "256", "--eval-every", "2",
+                     "--threads", "1", "--quiet"]) == 0
+    torch.set_num_threads(threads)
+    return out

@@ -63,10 +63,18 @@ def check_count(n: int, metavar: str, minimum: int = 1) -> None:
                          f"--file, got {n}")
 
 
+# Valid inside a JSON string, but line breaks to str.splitlines() and JavaScript: escaped, so
+# a reader splitting our JSON lines any way gets one object per line.
+_LINE_SEPARATORS = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
 def json_line(record: dict[str, Any], what: str) -> str:
     """One JSON object per line; NaN or infinity is not JSON, so it is refused, naming `what`."""
     try:
-        return json.dumps(record, ensure_ascii=False, allow_nan=False)
+        line = json.dumps(record, ensure_ascii=False, allow_nan=False)
     except ValueError:
         raise ValueError(f"{what}: expected finite numbers, got NaN or infinity (the model's "
                          "weights are not finite: was its training diverging?)") from None
+    for char, escaped in _LINE_SEPARATORS.items():
+        line = line.replace(char, escaped)
+    return line

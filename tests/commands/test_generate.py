@@ -1,0 +1,43 @@
+"""`tformer generate`: one output line per input line, always; options checked first."""
+
+from __future__ import annotations
+
+import pytest
+from cli_helpers import NOT_LINE_BREAKS, assert_one_line_error, run_cli, stdin_bytes
+
+
+def test_file_lines_split_at_newline_only_one_output_per_line(classification_run, capsys,
+                                                              tmp_path):
+    texts = [f"the cat{c}dog" for c in NOT_LINE_BREAKS] + ["river road"]
+    f = tmp_path / "in.txt"
+    f.write_text("\r\n".join(texts) + "\r\n", encoding="utf-8")
+    rc, out, err = run_cli(capsys, "generate", classification_run, "--file", f, "--batch-size", 4)
+    assert rc == 0, err
+    assert len(out.split("\n")) == len(texts) + 1 and out.endswith("\n")  # 9 lines in, 9 out
+    assert set(out.split()) <= {"animal", "place"}
+
+
+def test_stdin_and_arguments_one_output_each(classification_run, capsys, monkeypatch):
+    stdin_bytes(monkeypatch, "river\u2028road\nthe cat".encode())  # no final newline
+    rc, out, err = run_cli(capsys, "generate", classification_run, "a dog", "--file", "-")
+    assert rc == 0, err
+    assert len(out.splitlines()) == 3
+
+
+def test_blank_line_is_an_error_naming_file_and_line(classification_run, capsys, tmp_path):
+    f = tmp_path / "in.txt"
+    f.write_text("the cat\n\n")
+    rc, out, err = run_cli(capsys, "generate", classification_run, "--file", f)
+    assert_one_line_error(rc, err, "generate", r"in\.txt:2: expected a text, got a blank line")
+
+
+@pytest.mark.parametrize("option, value, expected", [
+    ("--batch-size", -1, ">= 1"), ("--batch-size", 0, ">= 1"), ("--beam-size", 0, ">= 1"),
+    ("--max-len", 0, ">= 1"), ("--threads", -2, ">= 1"),
+    ("--length-penalty", "nan", "a finite number"),
+])
+def test_out_of_range_options_are_one_line_errors(classification_run, capsys, option, value,
+                                                  expected):
+    rc, out, err = run_cli(capsys, "generate", classification_run, "the cat", option, value)
+    assert_one_line_error(rc, err, "generate", rf"{option}: expected {expected}, got {value}")
+    assert out == ""

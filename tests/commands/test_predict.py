@@ -1,0 +1,67 @@
+"""`tformer predict`: one output row per input line, always; options checked; no NaN in JSON."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from cli_helpers import NOT_LINE_BREAKS, assert_one_line_error, run_cli, stdin_bytes
+from safetensors.torch import load_file, save_file
+
+from tformer.checkpoint import check_run_dir
+
+
+def test_file_lines_split_at_newline_only_one_row_per_line(classification_run, capsys, tmp_path):
+    texts = [f"the cat{c}dog" for c in NOT_LINE_BREAKS] + ["river road"]
+    f = tmp_path / "t.txt"
+    f.write_text("\n".join(texts[:3]) + "\r\n" + "\n".join(texts[3:]) + "\n", encoding="utf-8")
+    rc, out, err = run_cli(capsys, "predict", classification_run, "--file", f, "--format", "jsonl")
+    assert rc == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r["text"] for r in rows] == texts  # 9 lines in, 9 rows out, texts as written
+
+
+def test_blank_line_is_an_error_naming_file_and_line(classification_run, capsys, tmp_path):
+    f = tmp_path / "t.txt"
+    f.write_text("the cat\n \nriver\n")
+    rc, out, err = run_cli(capsys, "predict", classification_run, "--file", f)
+    assert_one_line_error(rc, err, "predict", r"--file .*t\.txt:2: expected a text, got a blank line")
+    assert out == ""
+
+
+def test_stdin_lines_are_read_the_same_way(classification_run, capsys, monkeypatch):
+    stdin_bytes(monkeypatch, b"the cat\x0cdog\r\nriver road\n")
+    rc, out, err = run_cli(capsys, "predict", classification_run, "--file", "-", "--format", "jsonl")
+    assert rc == 0, err
+    assert [json.loads(line)["text"] for line in out.splitlines()] == ["the cat\x0cdog", "river road"]
+
+
+@pytest.mark.parametrize("option, value", [("--batch-size", -1), ("--batch-size", 0),
+                                           ("--threads", 0)])
+def test_out_of_range_options_are_one_line_errors(classification_run, capsys, option, value):
+    rc, out, err = run_cli(capsys, "predict", classification_run, "the cat", option, value)
+    assert_one_line_error(rc, err, "predict", rf"{option}: expected >= 1, got {value}")
+    assert out == ""
+
+
+def test_threads_sets_torch_threads(classification_run, capsys):
+    rc, out, _ = run_cli(capsys, "predict", classification_run, "the cat", "--threads", 1)
+    assert rc == 0 and len(out.splitlines()) == 1 and torch.get_num_threads() == 1
+
+
+def test_non_finite_probabilities_are_refused_not_printed_as_nan(classification_run, capsys,
+                                                                 tmp_path):
+    broken = tmp_path / "run"
+    shutil.copytree(classification_run, broken)
+    weights = check_run_dir(broken) / "model.safetensors"
+    state = load_file(str(weights))
+    # Finite weights (loading refuses NaN ones) whose products overflow: inf - inf = NaN.
+    state = {k: torch.full_like(v, 3e38) if v.is_floating_point() else v
+             for k, v in state.items()}
+    save_file(state, str(weights))
+    for fmt in ("jsonl", "text"):
+        rc, out, err = run_cli(capsys, "predict", broken, "the cat", "--format", fmt)
+        assert_one_line_error(rc, err, "predict", r"expected finite probabilities, got \[nan")
+        assert "NaN" not in out and out == ""
