@@ -30,3 +30,38 @@ def stdin_bytes(monkeypatch, data: bytes) -> None:
 # Characters str.splitlines() breaks at that are not line ends in a file: form feed, vertical
 # tab, the file/group/record separators, NEL, and the Unicode line and paragraph separators.
 NOT_LINE_BREAKS = ["\x0c", "\x0b", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
+
+
+def killed_at(k: int, argv, timeout: float = 120.0) -> bool:
+    """Run `tformer ARGV` in a forked child that SIGKILLs itself at its k-th durable write
+    step (tformer.files.kill_at): a real kill of a real process, without a new interpreter
+    and torch import per step. True if the child died of that SIGKILL."""
+    import os
+    import signal
+    import time
+
+    from tformer import files
+
+    pid = os.fork()
+    if pid == 0:  # the child: it never returns into pytest
+        try:
+            import torch
+
+            torch.set_num_threads(1)  # no thread pool inherited half-made from the parent
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+            files.fault_hook = files.kill_at(k)
+            main([str(a) for a in argv])
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError(f"tformer {argv[0]} did not reach write step {k} in {timeout} s")
+        time.sleep(0.02)

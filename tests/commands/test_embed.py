@@ -1,0 +1,171 @@
+"""`tformer embed`: one row per input line, always; resume only what gives the same numbers;
+one writer per --out; a crash or a kill at any write step publishes nothing half-written."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from cli_helpers import NOT_LINE_BREAKS, assert_one_line_error, killed_at, run_cli, stdin_bytes
+from helpers import assert_close
+from hf_bert_fixtures import SENTENCES, st_dir
+
+import tformer.index
+from tformer import files
+from tformer.sentence import SentenceEncoder
+
+OLD = np.zeros(3)  # the user's earlier file at --out
+
+
+def _expected(texts, dtype="fp32"):
+    return SentenceEncoder.from_pretrained(st_dir(), dtype=dtype).encode(texts)
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(tformer.index, "CHUNK", 2)  # 5 texts: chunks of 2, 2, 1
+
+
+def test_every_file_line_is_one_row(capsys, tmp_path):
+    texts = [f"a dog{c}the cat" for c in NOT_LINE_BREAKS]
+    f = tmp_path / "t.txt"
+    f.write_text("\r\n".join(texts) + "\n", encoding="utf-8")
+    rc, _, err = run_cli(capsys, "embed", st_dir(), "--file", f, "--out", tmp_path / "e.npy")
+    assert rc == 0, err
+    assert_close(np.load(tmp_path / "e.npy"), _expected(texts))  # 8 lines, 8 rows, in order
+
+
+def test_blank_line_is_an_error_not_a_missing_row(capsys, tmp_path):
+    f = tmp_path / "t.txt"
+    f.write_text("the cat\na dog\n\none two three\n   \n")
+    rc, _, err = run_cli(capsys, "embed", st_dir(), "--file", f, "--out", tmp_path / "e.npy")
+    assert_one_line_error(rc, err, "embed", r"--file .*t\.txt:3: expected a text, got a blank line")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.txt"]
+
+
+def test_file_dash_reads_stdin(capsys, monkeypatch):
+    stdin_bytes(monkeypatch, ("\n".join(SENTENCES[1:3]) + "\n").encode())
+    rc, out, err = run_cli(capsys, "embed", st_dir(), SENTENCES[0], "--file", "-")
+    assert rc == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r["text"] for r in rows] == SENTENCES[:3]
+    assert_close(np.array([r["embedding"] for r in rows]), _expected(SENTENCES[:3]))
+
+
+@pytest.mark.parametrize("option, value", [("--batch-size", 0), ("--batch-size", -1),
+                                           ("--threads", 0), ("--max-length", 0)])
+def test_out_of_range_options_are_one_line_errors(capsys, option, value):
+    rc, out, err = run_cli(capsys, "embed", st_dir(), "a dog", option, value)
+    assert_one_line_error(rc, err, "embed", rf"{option}: expected >= 1, got {value}")
+
+
+def _full_disk_at(k):
+    calls = []
+
+    def hook(what):
+        calls.append(what)
+        if len(calls) == k:
+            raise OSError(28, "No space left on device", what.split(" ", 1)[1])
+
+    return hook, calls
+
+
+def test_resume_with_another_dtype_starts_over_not_mixing_rows(capsys, tmp_path, monkeypatch,
+                                                                small_chunks):
+    f = tmp_path / "t.txt"
+    f.write_text("\n".join(SENTENCES) + "\n")
+    out = tmp_path / "e.npy"
+    hook, _ = _full_disk_at(4)  # the second chunk: one chunk of int8 rows is recorded
+    monkeypatch.setattr(files, "fault_hook", hook)
+    rc, _, _ = run_cli(capsys, "embed", st_dir(), "--file", f, "--out", out, "--dtype", "int8")
+    assert rc == 1
+    monkeypatch.setattr(files, "fault_hook", None)
+    rc, _, err = run_cli(capsys, "embed", st_dir(), "--file", f, "--out", out)
+    assert rc == 0 and "resuming" not in err and "starting" in err and "over" in err
+    assert_close(np.load(out), _expected(SENTENCES))  # every row fp32
+    # The same dtype does resume.
+    monkeypatch.setattr(files, "fault_hook", _full_disk_at(4)[0])
+    run_cli(capsys, "embed", st_dir(), "--file", f, "--out", out, "--dtype", "int8")
+    monkeypatch.setattr(files, "fault_hook", None)
+    rc, _, err = run_cli(capsys, "embed", st_dir(), "--file", f, "--out", out, "--dtype", "int8")
+    assert rc == 0 and "after 2 of 5" in err
+    np.testing.assert_allclose(np.load(out), _expected(SENTENCES, "int8"), atol=1e-6)
+
+
+def test_a_second_writer_of_the_same_out_is_refused_and_the_first_output_is_intact(
+        capsys, tmp_path, monkeypatch, small_chunks):
+    f = tmp_path / "t.txt"
+    f.write_text("\n".join(SENTENCES) + "\n")
+    other = tmp_path / "other.txt"
+    other.write_text("one\ntwo\n")
+    out = tmp_path / "e.npy"
+    second = []
+
+    def start_another_writer(what):  # while the first is between its chunks
+        if not second:
+            monkeypatch.setattr(files, "fault_hook", None)
+            second.append(run_cli(capsys, "embed", st_dir(), "--file", other, "--out", out))
+
+    monkeypatch.setattr(files, "fault_hook", start_another_writer)
+    rc, _, err = run_cli(capsys, "embed", st_dir(), "--file", f, "--out", out)
+    assert rc == 0, err
+    rc2, _, err2 = second[0]
+    assert_one_line_error(rc2, err2, "embed", rf"--out .*e\.npy: is being written by another "
+                                              rf"tformer process \(pid {os.getpid()}\)")
+    assert_close(np.load(out), _expected(SENTENCES))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.npy", "other.txt", "t.txt"]
+
+
+def _count_steps(capsys, argv, monkeypatch) -> int:
+    steps = []
+    monkeypatch.setattr(files, "fault_hook", steps.append)
+    assert run_cli(capsys, *argv)[0] == 0
+    monkeypatch.setattr(files, "fault_hook", None)
+    return len(steps)
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".jsonl"])
+def test_full_disk_at_every_write_step_keeps_the_old_file_and_resumes(capsys, tmp_path,
+                                                                      monkeypatch, small_chunks,
+                                                                      suffix):
+    f = tmp_path / "t.txt"
+    f.write_text("\n".join(SENTENCES) + "\n")
+    out = tmp_path / f"e{suffix}"
+    argv = ["embed", st_dir(), "--file", f, "--out", out]
+    steps = _count_steps(capsys, argv, monkeypatch)
+    assert steps == 3 * 3 + 1  # per chunk: rows, progress temp, its rename; then the publish
+    expected = out.read_bytes()
+    for k in range(1, steps + 1):
+        np.save(tmp_path / "old.npy", OLD)
+        os.replace(tmp_path / "old.npy", out)
+        monkeypatch.setattr(files, "fault_hook", _full_disk_at(k)[0])
+        rc, _, err = run_cli(capsys, *argv)
+        assert rc == 1 and err.count("\n") == 1 and "No space left on device" in err, (k, err)
+        np.testing.assert_array_equal(np.load(out), OLD)  # untouched, whole
+        monkeypatch.setattr(files, "fault_hook", None)
+        rc, _, err = run_cli(capsys, *argv)
+        assert rc == 0, err
+        assert out.read_bytes() == expected, k  # resumed to the same bytes
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted([out.name, "t.txt"]), k
+
+
+def test_kill_at_every_write_step_keeps_the_old_file_and_resumes(capsys, tmp_path, monkeypatch,
+                                                                small_chunks):
+    f = tmp_path / "t.txt"
+    f.write_text("\n".join(SENTENCES[:4]) + "\n")  # 2 chunks
+    out = tmp_path / "e.npy"
+    # One thread here as in the killed child: the rows it wrote are then the same bytes.
+    argv = ["embed", st_dir(), "--file", f, "--out", out, "--threads", 1]
+    steps = _count_steps(capsys, argv, monkeypatch)
+    expected = out.read_bytes()
+    for k in range(1, steps + 1):
+        np.save(out, OLD)
+        assert killed_at(k, argv), k
+        np.testing.assert_array_equal(np.load(out), OLD)  # never half a new file
+        rc, _, err = run_cli(capsys, *argv)
+        assert rc == 0, err
+        assert ("resuming" in err) == (k > 3), (k, err)  # after the first recorded chunk
+        assert out.read_bytes() == expected, k
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["e.npy", "t.txt"], k
