@@ -1,0 +1,147 @@
+"""`tformer index build` and searching an index: one vector per corpus line, one builder per
+--out, nothing half-built ever published, and damaged index files named in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from cli_helpers import assert_one_line_error, killed_at, run_cli, stdin_bytes
+from hf_bert_fixtures import SENTENCES, bert_dir
+
+import tformer.index
+from tformer import files
+
+OLD_CORPUS = ["a dog", "the cat sat on the mat"]
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(tformer.index, "CHUNK", 2)
+
+
+def _corpus(tmp_path, lines, name="corpus.txt"):
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _build(capsys, corpus, out, *extra):
+    return run_cli(capsys, "index", "build", bert_dir(), "--corpus", corpus, "--out", out, *extra)
+
+
+def _texts(index):
+    return [json.loads(line)["text"] for line in (index / "texts.jsonl").read_text().splitlines()]
+
+
+def test_truncated_texts_file_is_a_one_line_error(capsys, tmp_path):
+    idx = tmp_path / "idx"
+    assert _build(capsys, _corpus(tmp_path, SENTENCES), idx)[0] == 0
+    texts = idx / "texts.jsonl"
+    texts.write_text("".join(texts.read_text().splitlines(keepends=True)[:3]))
+    rc, _, err = run_cli(capsys, "search", idx, SENTENCES[4], "-k", 5)
+    assert_one_line_error(rc, err, "search",
+                          r"idx/texts\.jsonl: expected 5 lines \(index\.json\), got 3")
+
+
+def test_truncated_vectors_file_is_a_one_line_error(capsys, tmp_path):
+    idx = tmp_path / "idx"
+    assert _build(capsys, _corpus(tmp_path, SENTENCES), idx)[0] == 0
+    vectors = idx / "vectors.npy"
+    data = vectors.read_bytes()
+    vectors.write_bytes(data[:-100])
+    rc, _, err = run_cli(capsys, "search", idx, "a dog")
+    assert_one_line_error(rc, err, "search", rf"idx/vectors\.npy: expected {len(data)} bytes "
+                                             rf"\(5 x 32 float32\), got {len(data) - 100}")
+
+
+def test_blank_corpus_line_is_an_error_not_a_missing_vector(capsys, tmp_path):
+    corpus = _corpus(tmp_path, ["a dog", "", "the cat"])
+    rc, _, err = _build(capsys, corpus, tmp_path / "idx")
+    assert_one_line_error(rc, err, "index", r"--corpus .*corpus\.txt:2: expected a text, got a blank")
+    assert not (tmp_path / "idx").exists()
+
+
+def test_corpus_lines_split_at_newline_only_and_from_stdin(capsys, tmp_path, monkeypatch):
+    lines = ["a dog\x0cthe cat", "one\u2028two", "the mat"]
+    stdin_bytes(monkeypatch, ("\n".join(lines) + "\n").encode())
+    rc, _, err = _build(capsys, "-", tmp_path / "idx")
+    assert rc == 0 and "3 vectors" in err, err
+    assert _texts(tmp_path / "idx") == lines
+
+
+@pytest.mark.parametrize("option, value", [("--batch-size", 0), ("--threads", 0)])
+def test_out_of_range_options_are_one_line_errors(capsys, tmp_path, option, value):
+    rc, _, err = _build(capsys, _corpus(tmp_path, SENTENCES), tmp_path / "idx", option, value)
+    assert_one_line_error(rc, err, "index", rf"{option}: expected >= 1, got {value}")
+
+
+def test_a_second_build_of_the_same_out_is_refused_and_the_first_is_intact(capsys, tmp_path,
+                                                                          monkeypatch):
+    idx = tmp_path / "idx"
+    second = []
+
+    def start_another_build(what):
+        if not second:
+            monkeypatch.setattr(files, "fault_hook", None)
+            second.append(_build(capsys, _corpus(tmp_path, OLD_CORPUS, "other.txt"), idx))
+
+    monkeypatch.setattr(files, "fault_hook", start_another_build)
+    rc, _, err = _build(capsys, _corpus(tmp_path, SENTENCES), idx)
+    assert rc == 0, err
+    rc2, _, err2 = second[0]
+    assert_one_line_error(rc2, err2, "index", rf"--out .*idx: is being written by another "
+                                              rf"tformer process \(pid {os.getpid()}\)")
+    assert _texts(idx) == SENTENCES
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "idx", "other.txt"]
+
+
+def _steps(capsys, corpus, out, monkeypatch) -> int:
+    steps = []
+    monkeypatch.setattr(files, "fault_hook", steps.append)
+    assert _build(capsys, corpus, out)[0] == 0
+    monkeypatch.setattr(files, "fault_hook", None)
+    return len(steps)
+
+
+def test_full_disk_at_every_write_step_keeps_the_old_index(capsys, tmp_path, monkeypatch,
+                                                           small_chunks):
+    idx = tmp_path / "idx"
+    corpus = _corpus(tmp_path, SENTENCES)
+    steps = _steps(capsys, corpus, tmp_path / "count", monkeypatch)
+    assert steps == 3 + 1 + 1  # 3 chunks of vectors, index.json, the publishing rename
+    assert _build(capsys, _corpus(tmp_path, OLD_CORPUS, "old.txt"), idx)[0] == 0
+    old = {p.name: p.read_bytes() for p in idx.iterdir()}
+    for k in range(1, steps + 1):
+        calls = []
+
+        def full_disk(what, k=k, calls=calls):
+            calls.append(what)
+            if len(calls) == k:
+                raise OSError(28, "No space left on device", what.split(" ", 1)[1])
+
+        monkeypatch.setattr(files, "fault_hook", full_disk)
+        rc, _, err = _build(capsys, corpus, idx)
+        assert rc == 1 and err.count("\n") == 1 and "No space left" in err, (k, err)
+        assert {p.name: p.read_bytes() for p in idx.iterdir()} == old, k  # the old index, whole
+        assert sorted(p.name for p in tmp_path.iterdir()) == [
+            "corpus.txt", "count", "idx", "old.txt"], k  # nothing half-built left beside it
+    monkeypatch.setattr(files, "fault_hook", None)
+    assert _build(capsys, corpus, idx)[0] == 0 and _texts(idx) == SENTENCES
+
+
+def test_kill_at_every_write_step_keeps_the_old_index_and_the_next_build_cleans_up(
+        capsys, tmp_path, monkeypatch, small_chunks):
+    idx = tmp_path / "idx"
+    corpus = _corpus(tmp_path, SENTENCES)
+    steps = _steps(capsys, corpus, tmp_path / "count", monkeypatch)
+    for k in range(1, steps + 1):
+        assert _build(capsys, _corpus(tmp_path, OLD_CORPUS, "old.txt"), idx)[0] == 0
+        old = {p.name: p.read_bytes() for p in idx.iterdir()}
+        assert killed_at(k, ["index", "build", bert_dir(), "--corpus", corpus, "--out", idx]), k
+        assert {p.name: p.read_bytes() for p in idx.iterdir()} == old, k
+        rc, out, err = run_cli(capsys, "search", idx, "a dog", "-k", 1)
+        assert rc == 0 and "line 1: a dog" in out, err
+    assert _build(capsys, corpus, idx)[0] == 0 and _texts(idx) == SENTENCES
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "count", "idx", "old.txt"]
