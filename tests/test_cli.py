@@ -30,3 +30,27 @@ def test_programming_errors_keep_their_traceback(monkeypatch, error):
     _command_raising(monkeypatch, error)
     with pytest.raises(type(error)):
         cli.main(["info", "whatever.json"])
+
+
+def test_version_prints_the_package_version(capsys):
+    import tformer
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out == f"tformer {tformer.__version__}\n"
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path):
+    """`tformer info CONFIG | head -0`: the reader is gone before we write; no error line."""
+    import subprocess
+    import sys
+
+    from tformer import TransformerConfig
+
+    TransformerConfig(d_model=32, n_heads=4, d_ff=64, n_layers=2, vocab_size=50).save(
+        tmp_path / "c.json")
+    proc = subprocess.Popen([sys.executable, "-m", "tformer.cli", "info", str(tmp_path / "c.json")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # like `head` exiting before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 1 and err == ""

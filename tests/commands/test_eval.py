@@ -1,0 +1,41 @@
+"""`tformer eval`: options checked first; its JSON record never holds NaN."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from cli_helpers import assert_one_line_error, run_cli
+from safetensors.torch import load_file, save_file
+
+from tformer.checkpoint import check_run_dir
+
+
+@pytest.mark.parametrize("option, value, minimum", [
+    ("--threads", 0, 1), ("--limit", 0, 1), ("--beam-size", 0, 1), ("--samples", -1, 0),
+])
+def test_out_of_range_options_are_one_line_errors(classification_run, capsys, option, value,
+                                                  minimum):
+    rc, out, err = run_cli(capsys, "eval", classification_run, option, value)
+    assert_one_line_error(rc, err, "eval", rf"{option}: expected >= {minimum}, got {value}")
+    assert out == ""
+
+
+def test_threads_and_a_valid_json_record(classification_run, capsys):
+    rc, out, err = run_cli(capsys, "eval", classification_run, "--threads", 1, "--samples", 0)
+    assert rc == 0, err
+    assert json.loads(out.splitlines()[-1])["split"] == "test" and torch.get_num_threads() == 1
+
+
+def test_a_non_finite_metric_is_refused_not_printed_as_nan(classification_run, capsys, tmp_path):
+    broken = tmp_path / "run"
+    shutil.copytree(classification_run, broken)
+    weights = check_run_dir(broken) / "model.safetensors"
+    state = {k: torch.full_like(v, 3e38) if v.is_floating_point() else v  # products overflow
+             for k, v in load_file(str(weights)).items()}
+    save_file(state, str(weights))
+    rc, out, err = run_cli(capsys, "eval", broken, "--samples", 0)
+    assert_one_line_error(rc, err, "eval", r"expected finite numbers, got NaN or infinity")
+    assert "NaN" not in out

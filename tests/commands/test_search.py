@@ -1,0 +1,62 @@
+"""`tformer search`: queries and corpus read one line per text, options checked first."""
+
+from __future__ import annotations
+
+import pytest
+from cli_helpers import assert_one_line_error, run_cli, stdin_bytes
+from hf_bert_fixtures import SENTENCES, bert_dir
+
+
+def _corpus(tmp_path, lines):
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_queries_from_a_file_one_result_block_per_line(capsys, tmp_path):
+    corpus = _corpus(tmp_path, SENTENCES)
+    queries = tmp_path / "q.txt"
+    queries.write_text(f"{SENTENCES[1]}\n{SENTENCES[3]}\r\n")
+    rc, out, err = run_cli(capsys, "search", bert_dir(), "--corpus", corpus, "--file", queries,
+                           "-k", 1)
+    assert rc == 0, err
+    assert out.split("\n\n") == [f"query: {SENTENCES[1]}\n  1. 1.0000  line 2: {SENTENCES[1]}",
+                                 f"query: {SENTENCES[3]}\n  1. 1.0000  line 4: {SENTENCES[3]}\n"]
+
+
+def test_queries_from_stdin(capsys, tmp_path, monkeypatch):
+    stdin_bytes(monkeypatch, f"{SENTENCES[0]}\n".encode())
+    rc, out, err = run_cli(capsys, "search", bert_dir(), "--corpus", _corpus(tmp_path, SENTENCES),
+                           "--file", "-", "-k", 1)
+    assert rc == 0 and f"line 1: {SENTENCES[0]}" in out, err
+
+
+def test_a_corpus_line_holding_a_form_feed_is_one_document(capsys, tmp_path):
+    corpus = _corpus(tmp_path, ["a dog\x0cthe cat", SENTENCES[3]])
+    rc, out, err = run_cli(capsys, "search", bert_dir(), "--corpus", corpus, SENTENCES[3], "-k", 5)
+    assert rc == 0, err
+    assert f"line 2: {SENTENCES[3]}" in out and out.count("\n") == 3  # 2 documents
+
+
+@pytest.mark.parametrize("lines, where", [(["a dog", "", "the cat"], "corpus.txt:2"),
+                                          (["a dog", "  "], "corpus.txt:2")])
+def test_a_blank_corpus_line_is_an_error(capsys, tmp_path, lines, where):
+    rc, _, err = run_cli(capsys, "search", bert_dir(), "--corpus", _corpus(tmp_path, lines), "q")
+    assert_one_line_error(rc, err, "search", rf"{where}: expected a text, got a blank line")
+
+
+@pytest.mark.parametrize("argv, pattern", [
+    (["-k", 0], "--top-k: expected >= 1, got 0"),
+    (["--batch-size", 0], "--batch-size: expected >= 1, got 0"),
+    (["--threads", -1], "--threads: expected >= 1, got -1"),
+    (["--file", "-", "--corpus", "-"], "at most one to read standard input"),
+])
+def test_bad_options_are_one_line_errors(capsys, tmp_path, argv, pattern):
+    rc, _, err = run_cli(capsys, "search", bert_dir(), "q", "--corpus", _corpus(tmp_path, ["a"]),
+                         *argv)
+    assert_one_line_error(rc, err, "search", pattern)
+
+
+def test_no_query_is_a_one_line_error(capsys, tmp_path):
+    rc, _, err = run_cli(capsys, "search", bert_dir(), "--corpus", _corpus(tmp_path, ["a"]))
+    assert_one_line_error(rc, err, "search", r"QUERY: expected at least 1 text\(s\)")
