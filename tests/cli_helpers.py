@@ -27,9 +27,10 @@ def stdin_bytes(monkeypatch, data: bytes) -> None:
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
 
 
-# Characters str.splitlines() breaks at that are not line ends in a file: form feed, vertical
-# tab, the file/group/record separators, NEL, and the Unicode line and paragraph separators.
-NOT_LINE_BREAKS = ["\x0c", "\x0b", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
+# Characters str.splitlines() (or, for a lone carriage return, text-mode files) break at that
+# are not line ends here: a lone CR, form feed, vertical tab, the file/group/record separators,
+# NEL, and the Unicode line and paragraph separators. Lines end at \n (or \r\n) only.
+NOT_LINE_BREAKS = ["\r", "\x0c", "\x0b", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
 
 
 def killed_at(k: int, argv, timeout: float = 120.0) -> bool:

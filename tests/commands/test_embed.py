@@ -34,7 +34,7 @@ def test_every_file_line_is_one_row(capsys, tmp_path):
     f.write_text("\r\n".join(texts) + "\n", encoding="utf-8")
     rc, _, err = run_cli(capsys, "embed", st_dir(), "--file", f, "--out", tmp_path / "e.npy")
     assert rc == 0, err
-    assert_close(np.load(tmp_path / "e.npy"), _expected(texts))  # 8 lines, 8 rows, in order
+    assert_close(np.load(tmp_path / "e.npy"), _expected(texts))  # one row per line, in order
 
 
 def test_blank_line_is_an_error_not_a_missing_row(capsys, tmp_path):

@@ -20,7 +20,7 @@ def test_file_lines_split_at_newline_only_one_row_per_line(classification_run, c
     rc, out, err = run_cli(capsys, "predict", classification_run, "--file", f, "--format", "jsonl")
     assert rc == 0, err
     rows = [json.loads(line) for line in out.splitlines()]
-    assert [r["text"] for r in rows] == texts  # 9 lines in, 9 rows out, texts as written
+    assert [r["text"] for r in rows] == texts  # one row per line, texts as written
 
 
 def test_blank_line_is_an_error_naming_file_and_line(classification_run, capsys, tmp_path):

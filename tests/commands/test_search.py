@@ -31,8 +31,8 @@ def test_queries_from_stdin(capsys, tmp_path, monkeypatch):
     assert rc == 0 and f"line 1: {SENTENCES[0]}" in out, err
 
 
-def test_a_corpus_line_holding_a_form_feed_is_one_document(capsys, tmp_path):
-    corpus = _corpus(tmp_path, ["a dog\x0cthe cat", SENTENCES[3]])
+def test_a_corpus_line_holding_a_lone_cr_or_form_feed_is_one_document(capsys, tmp_path):
+    corpus = _corpus(tmp_path, ["a dog\x0cthe\rcat", SENTENCES[3]])
     rc, out, err = run_cli(capsys, "search", bert_dir(), "--corpus", corpus, SENTENCES[3], "-k", 5)
     assert rc == 0, err
     assert f"line 2: {SENTENCES[3]}" in out and out.count("\n") == 3  # 2 documents
