@@ -43,3 +43,15 @@ def test_a_lock_file_replaced_while_locking_is_locked_again(tmp_path, monkeypatc
     monkeypatch.setattr(tformer.locks.fcntl, "flock", flock_then_replaced)
     with output_lock(out, "--out"):
         assert len(calls) == 2 and calls[1] == os.stat(lock_path(out)).st_ino
+
+
+def test_leftovers_are_this_name_s_temp_files_only(tmp_path):
+    from tformer.locks import leftovers
+
+    names = [".idx.abcd1234.tmp", ".idx.ab_d1234.old", ".idx.v2.abcd1234.tmp", ".idx.lock",
+             "idx", ".idx.abcd1234.tmp.keep", ".e.npy.partial.json.abcd1234.tmp"]
+    for name in names:
+        (tmp_path / name).mkdir()
+    assert sorted(p.name for p in leftovers(tmp_path, "idx")) == [".idx.ab_d1234.old",
+                                                                 ".idx.abcd1234.tmp"]
+    assert [p.name for p in leftovers(tmp_path, "e.npy.partial.json")] == [names[-1]]

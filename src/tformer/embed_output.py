@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from tformer.files import durable_step, file_mode, fsync_dir, write_json_atomic
-from tformer.locks import output_lock
+from tformer.locks import leftovers, output_lock
 
 
 class _Output:
@@ -92,8 +92,9 @@ def _read_progress(path: Path) -> dict[str, Any] | None:
 
 def _remove_stale_temps(out: Path) -> None:
     """The temp files of progress records that a killed writer of `out` left (we hold the lock)."""
-    for entry in out.parent.glob(f".{out.name}.partial.json.*.tmp"):
-        entry.unlink(missing_ok=True)
+    for entry in leftovers(out.parent, out.name + ".partial.json"):
+        if entry.is_file():
+            entry.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

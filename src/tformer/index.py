@@ -30,7 +30,7 @@ import numpy as np
 
 from tformer.files import dir_mode, durable_step, file_mode, fsync_dir, json_bytes, publish_dir
 from tformer.lines import TextLines
-from tformer.locks import output_lock
+from tformer.locks import leftovers, output_lock
 
 CHUNK = 1024  # texts embedded (and held) at a time
 BLOCK = 8192  # corpus vectors compared with the queries at a time
@@ -140,8 +140,8 @@ def build_index(st, model_dir: str | Path, corpus: str | Path, out: str | Path,
 
 
 def _remove_stale_builds(out: Path) -> None:
-    for entry in out.parent.glob(f".{out.name}.*"):
-        if entry.name.endswith((".tmp", ".old")) and entry.is_dir() and not entry.is_symlink():
+    for entry in leftovers(out.parent, out.name):
+        if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
 
 

@@ -16,6 +16,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,3 +56,16 @@ def output_lock(out: Path, option: str) -> Iterator[None]:
     finally:
         path.unlink(missing_ok=True)  # before the unlock: a waiter then sees another inode
         os.close(fd)
+
+
+def leftovers(directory: Path, name: str) -> list[Path]:
+    """The temp files and directories that tformer.files' atomic writers made for `name` in
+    `directory` (``.NAME.XXXXXXXX.tmp`` / ``.old``, mkstemp's 8 random characters) and a
+    killed writer left behind. Only the holder of the lock on `name` may remove them; the
+    exact pattern leaves another name's (``NAME.v2``) alone."""
+    pattern = re.compile(rf"\.{re.escape(name)}\.[a-z0-9_]{{8}}\.(tmp|old)")
+    return [p for p in directory.glob(f".{glob_escape(name)}.*") if pattern.fullmatch(p.name)]
+
+
+def glob_escape(name: str) -> str:
+    return re.sub(r"([*?[])", r"[\1]", name)
