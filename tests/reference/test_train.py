@@ -14,7 +14,7 @@ from tformer.reference import train as numpy_train
 from tformer.tasks import get_task
 from tformer.training import loop as torch_train
 from tformer.training.config import TrainConfig
-from tformer.training.objectives import TaskSource
+from tformer.training.task_objectives import task_objective
 
 # Small tensors: one torch thread is as fast, and polite to a shared machine.
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -44,7 +44,7 @@ def test_train_steps_equal_pytorch_train_steps(task_name):
         k: v for k, v in TINY.items() if k not in ("warmup",)})
     task = get_task(task_name, 0, 16, 16)
     torch.manual_seed(0)
-    source = TaskSource(task, config)
+    source = task_objective(task, config)
     theirs = source.build_model().double()
     ours = numpy_train.build_model(config, task, np.float64)
     copy_weights(theirs, ours)
@@ -69,7 +69,7 @@ def test_init_weights_follows_the_pytorch_distributions():
     model = numpy_train.build_model(config, task)
     numpy_train.init_weights(model, np.random.default_rng(0))
     torch.manual_seed(0)
-    reference = TaskSource(task, config).build_model().state_dict()
+    reference = task_objective(task, config).build_model().state_dict()
     for key, value in model.state_dict().items():
         theirs = reference[key].numpy()
         slack = 6 / np.sqrt(value.size)  # two samples' means and stds: ~4 sigma apart at most

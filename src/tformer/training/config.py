@@ -17,6 +17,7 @@ from typing import Any
 from tformer.config import TransformerConfig
 from tformer.errors import BadType
 from tformer.tasks import TASKS, Task
+from tformer.training.records import peek_fields
 
 SCHEDULES = ("inverse_sqrt", "cosine", "linear")
 TOKENIZERS = ("bpe", "wordpiece", "unigram")
@@ -226,7 +227,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 # per token: ~1,500 updates, several passes over a 30k-sentence corpus. Steps are an upper
 # bound; --max-minutes is the budget a user normally sets. Pre-norm for the encoder-decoder:
 # it trains stably at a high learning rate without a long warmup (Xiong et al. 2020).
-# The encoders are BERT-shaped (post-norm; see objectives.bert_shaped) so they export.
+# The encoders are BERT-shaped (post-norm; see data_objectives.bert_shaped) so they export.
 OBJECTIVE_PRESETS: dict[str, dict[str, Any]] = {
     "seq2seq": {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 3, "norm_first": True,
                 "vocab_size": 4000, "lr": 1e-3, "warmup": 400, "steps": 20000, "max_tokens": 2048,
@@ -263,9 +264,7 @@ def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
             except ValueError:
                 pass  # __post_init__ names the field and the bad value
     if merged.get("data"):
-        from tformer.training.data import peek_objective
-
-        objective = peek_objective(merged["data"], merged.get("columns"))
+        objective = peek_fields(merged["data"], merged.get("columns")).objective
         preset = dict(OBJECTIVE_PRESETS[objective])
         if merged.get("from_pretrained"):
             preset.update(FINETUNE_PRESET)

@@ -43,28 +43,37 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from safetensors.torch import save as st_save
 from torch import nn
+from tqdm import tqdm
 
 from tformer.checkpoint import check_run_dir, load_training_state, load_weights, save_checkpoint
 from tformer.config import TransformerConfig
-from tformer.files import new_run_dir
+from tformer.files import new_run_dir, write_atomic
+from tformer.model import Encoder
 from tformer.rundir import open_run_dir, resume_metrics
 from tformer.stats import check_fits
+from tformer.tasks import get_task
 from tformer.training.config import TrainConfig, read_train_config
+from tformer.training.data_objectives import data_objective
+from tformer.training.dataset import TextData
+from tformer.training.objective import Objective
 from tformer.training.report import Meter, append_jsonl, plot_curves, sample_table, summary
 from tformer.training.schedule import learning_rate
+from tformer.training.task_objectives import task_objective
 
 
-# Sources, models, schedule ----------------------------------------------------------------
-def make_source(config: TrainConfig, run_dir: Path | None = None, write: bool = True):
-    """The TaskSource or DataSource a config trains on."""
-    from tformer.tasks import get_task
-    from tformer.training.data import TextData
-    from tformer.training.objectives import DataSource, TaskSource
-
+# Objectives, models, schedule ---------------------------------------------------------------
+def make_objective(config: TrainConfig, run_dir: Path | None = None, write: bool = True,
+                   existing: bool = False) -> Objective:
+    """The objective a config trains: a synthetic task's, or your data's (its tokenizer trained
+    and written to run_dir; with `existing`, read back from run_dir without the data files)."""
     if config.data is None:
-        return TaskSource(get_task(config.task, config.seed, config.valid_size, config.test_size), config)
-    return DataSource(TextData.build(config, run_dir, write=write), config)
+        return task_objective(get_task(config.task, config.seed, config.valid_size, config.test_size),
+                              config)
+    data = TextData.from_run(run_dir, config) if existing else TextData.build(config, run_dir, write=write)
+    return data_objective(data, config)
 
 
 def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
@@ -80,28 +89,17 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=config.lr, betas=betas, eps=eps, fused=True)
 
 
-def load_run(run_dir: str | Path) -> tuple[nn.Module, Any, TrainConfig]:
-    """The model (eval mode), source and TrainConfig of a run directory."""
+def load_run(run_dir: str | Path) -> tuple[nn.Module, Objective, TrainConfig]:
+    """The model (eval mode), objective and TrainConfig of a run directory."""
     run_dir = Path(run_dir)
     saved = check_run_dir(run_dir)  # the newest checkpoint's files
     config = read_train_config(saved)
-    if config.data is None:
-        source = make_source(config)
-    else:
-        from tformer.training.data import TextData
-        from tformer.training.objectives import DataSource
-
-        source = DataSource(TextData.from_run(run_dir, config), config)  # tokenizer, labels
+    objective = make_objective(config, run_dir, existing=True)  # tokenizer, labels
     model_config = TransformerConfig.load(saved / "config.json")
-    check_fits(model_config, _model_kind(source), what=str(saved / "config.json"))
-    model = source.build_model(model_config)
+    check_fits(model_config, objective.model_kind, what=str(saved / "config.json"))
+    model = objective.build_model(model_config)
     load_weights(model, saved / "model.safetensors")
-    return model.eval(), source, config
-
-
-def _model_kind(source) -> str:
-    """What tformer.stats sizes: the encoder-decoder, the classifier, or a bare encoder."""
-    return {"seq2seq": "seq2seq", "classification": "classifier"}.get(source.kind, "encoder")
+    return model.eval(), objective, config
 
 
 # Data-parallel -------------------------------------------------------------------------------
@@ -110,16 +108,12 @@ def _distributed() -> tuple[int, int]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return 0, 1
-    import torch.distributed as dist
-
     if not dist.is_initialized():
         dist.init_process_group("gloo")
     return dist.get_rank(), world
 
 
 def _average_gradients(model: nn.Module, world: int) -> None:
-    import torch.distributed as dist
-
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     flat = torch.cat([g.flatten() for g in grads])  # one all-reduce for all
     dist.all_reduce(flat)
@@ -152,8 +146,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
         raise ValueError("out: data-parallel runs need --out (every rank must agree on it)")
     config = config.replace(out=str(run_dir))
     if config.data is None:  # the model is known before any file is touched: check its size
-        task = make_source(config)
-        check_fits(task.model_config(), _model_kind(task), training=True,
+        task = make_objective(config)
+        check_fits(task.model_config(), task.model_kind, training=True,
                    batch=config.batch_size, what="model")
     # Rank 0 checks, creates and locks the run directory, until training ends however it ends.
     with open_run_dir(run_dir, resume) if writer else contextlib.nullcontext():
@@ -162,20 +156,16 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
 
 def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, world: int,
            started: float) -> dict[str, Any]:
-    from tqdm import tqdm
-
     writer = rank == 0
     run_dir = Path(config.out)
     metrics_path = run_dir / "metrics.jsonl"
     # Rank 0 trains the tokenizer and writes it; the others wait, then read that very file.
-    source = make_source(config, run_dir) if writer else None
+    source = make_objective(config, run_dir) if writer else None
     if world > 1:
-        import torch.distributed as dist
-
         dist.barrier()
     if source is None:
-        source = make_source(config, run_dir, write=False)
-    check_fits(source.model_config(), _model_kind(source), training=True, what="model")
+        source = make_objective(config, run_dir, write=False)
+    check_fits(source.model_config(), source.model_kind, training=True, what="model")
     torch.manual_seed(config.seed)
     model = source.build_model()
     optimizer = make_optimizer(model, config)
@@ -230,6 +220,11 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
                             tok_s=f"{record['tokens_per_second'] * world:.0f}")
         if state["step"] % config.eval_every == 0:
             valid, _ = source.evaluate(model, "validation")
+            if not all(math.isfinite(v) for v in valid.values()):
+                bar.close()
+                raise ValueError(
+                    f"validation: expected finite outputs, got {valid} at step {state['step']};"
+                    f" stopped, keeping the last good checkpoint in {run_dir}; try a lower --lr")
             if writer:
                 append_jsonl(metrics_path, {"split": "validation", "step": state["step"], **valid,
                                             "wall_seconds": round(wall(), 2)})
@@ -250,7 +245,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     state["stopped_by"] = stop_reason
     if writer:
         _checkpoint(run_dir, model, optimizer, config, state, best=False)
-    if config.data is not None and (run_dir / "best.safetensors").is_file():
+    if (run_dir / "best.safetensors").is_file():
         load_weights(model, run_dir / "best.safetensors")  # test the best validated weights
     test, preds = source.evaluate(model, "test")
     record = {"split": "test", "task": config.name, "step": state["step"], **test,
@@ -298,8 +293,6 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, source, batch
 def bf16_supported() -> bool:
     """Whether a tiny encoder trains under bfloat16 CPU autocast here (oneDNN has no bfloat16
     kernels for some CPUs, e.g. AVX2-only ones)."""
-    from tformer.model import Encoder
-
     try:
         encoder = Encoder(TransformerConfig(d_model=8, n_heads=2, d_ff=16, n_layers=1, vocab_size=10))
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -312,8 +305,6 @@ def bf16_supported() -> bool:
 
 def _sum_over_ranks(values: list[float]) -> list[float]:
     """Logged numbers of all ranks together: the loss curve is the global batch's."""
-    import torch.distributed as dist
-
     t = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(t)
     return [float(v) for v in t]
@@ -323,8 +314,6 @@ def _stop_all(stop: bool, world: int) -> bool:
     """Every rank stops at the same step when any one runs out of time."""
     if world == 1:
         return stop
-    import torch.distributed as dist
-
     flag = torch.tensor([float(stop)])
     dist.all_reduce(flag)
     return bool(flag.item() > 0)
@@ -343,12 +332,8 @@ def _track_best(state: dict[str, Any], value: float, config: TrainConfig) -> boo
 def _checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig,
                 state: dict[str, Any], best: bool) -> None:
     """Every file the loop writes about the model goes through here (tformer.checkpoint owns
-    the format): the checkpoint, and for data runs the best validated weights."""
-    if best and config.data is not None:
-        from safetensors.torch import save as st_save
-
-        from tformer.files import write_atomic
-
+    the format): the checkpoint, and the best validated weights."""
+    if best:
         weights = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
         write_atomic(run_dir / "best.safetensors", st_save(weights))
     save_checkpoint(run_dir, model, optimizer, config, state, keep=config.keep)
