@@ -50,7 +50,8 @@ def _time_to_reach(curve: list[tuple[float, float]], target: float) -> float | N
     return next((t for t, v in curve if v >= target), None)
 
 
-def _hf_loop(model, config, data: DataObjective, minutes: float, loss_fn, validate) -> list[tuple[float, float]]:
+def _hf_loop(model, config, data: DataObjective, minutes: float, loss_fn,
+             validate) -> list[tuple[float, float]]:
     """Train `model` on tformer's batches with tformer's schedule until the budget is spent."""
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
                             betas=(0.9, 0.999) if config.from_pretrained else (0.9, 0.98),
@@ -159,7 +160,8 @@ def classification(args, out: Path) -> dict:
     t_record = train(config, progress=False, log=lambda *a: None)
     data = data_objective(TextData.build(config, Path(config.out), write=False), config)
     torch.manual_seed(config.seed)
-    model = AutoModelForSequenceClassification.from_pretrained(str(model_dir), num_labels=len(data.data.labels))
+    model = AutoModelForSequenceClassification.from_pretrained(str(model_dir),
+                                                               num_labels=len(data.data.labels))
 
     def loss_fn(m, b):
         logits = m(input_ids=b.input_ids, attention_mask=b.attention_mask,
