@@ -95,3 +95,52 @@ def test_train_stream_is_seeded_and_resumable(tmp_path):
     assert all(a.equal(b) for a, b in zip(first[20:], again, strict=True))
     rank1 = [b.src for _, b in zip(range(5), data.train_batches(0, rank=1, world=2), strict=False)]
     assert all(a.equal(b) for a, b in zip(first[1::2], rank1, strict=False))
+
+
+def _objective(tmp_path, rows, **options):
+    path = write(tmp_path / "d.jsonl", rows)
+    config = resolve_config({"data": str(path), "vocab_size": 300, **options})
+    return data_objective(TextData.build(config, None, write=False), config)
+
+
+def test_a_text_pair_is_encoded_whatever_its_neighbour_holds(tmp_path):
+    objective = _objective(tmp_path, classification_rows(60, pair=True))
+    paired = {"text": "a big cat", "text_pair": "the house", "label": "animal"}
+    alone = objective.encode([paired])[0]
+    after_unpaired = objective.encode([{"text": "a dog", "label": "animal"}, paired])[1]
+    assert after_unpaired == alone and 1 in alone.text.type_ids
+
+
+def test_hard_negatives_are_kept_per_record(tmp_path):
+    rows = [{"anchor": f"a{i} cat", "positive": f"A{i} CAT", **({"negative": "dog"} if i % 2 else {})}
+            for i in range(200)]
+    objective = _objective(tmp_path, rows)
+    examples = objective.encode([rows[0], rows[1]])  # the first has no negative
+    assert examples[0].negative is None and examples[1].negative is not None
+    batch = objective.collate(examples)
+    assert batch.negative.input_ids.shape[0] == 1  # one hard negative, never the positive
+
+
+def test_the_file_is_read_once_to_build_a_run(tmp_path, monkeypatch):
+    from tformer.training import dataset
+
+    reads = []
+    real = dataset.read_records
+    monkeypatch.setattr(dataset, "read_records", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
+    path = write(tmp_path / "d.jsonl", seq2seq_rows(200))
+    data = TextData.build(resolve_config({"data": str(path), "vocab_size": 300}), None, write=False)
+    assert data.held_out("test") and data.held_out("validation")
+    assert len(reads) == 1  # the objective's peek reads one line and stops; no second pass
+
+
+def test_resume_refuses_a_changed_data_file_and_keeps_the_runs_labels(tmp_path):
+    path = write(tmp_path / "d.jsonl", classification_rows(80))
+    config = resolve_config({"data": str(path), "vocab_size": 300})
+    run = tmp_path / "run"
+    run.mkdir()
+    TextData.build(config, run)
+    saved = (run / "data.json").read_bytes()
+    write(path, classification_rows(80) + [{"text": "zzz", "label": "zzz"}])
+    with pytest.raises(ValueError, match=r"data: .*d.jsonl changed since the run started"):
+        TextData.build(config, run)
+    assert (run / "data.json").read_bytes() == saved  # never rewritten

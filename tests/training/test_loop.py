@@ -128,3 +128,46 @@ def test_classifier_from_scratch_learns(tmp_path):
                                    "lr": 1e-3, "warmup": 10, "eval_every": 30, "threads": 1,
                                    "out": str(tmp_path / "run")}), **QUIET)
     assert record["accuracy"] >= 0.9, record
+
+
+def test_a_bad_data_file_leaves_no_run_directory(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"source": "a", "target": "b"}\n{"source": "c"}\n')
+    assert main(["train", "--data", str(bad), "--out", str(tmp_path / "r"), *TINY]) == 2
+    assert not (tmp_path / "r").exists()
+
+
+def test_out_refuses_a_finished_run_whose_checkpoints_were_removed(tmp_path, capsys):
+    import shutil
+
+    out, _ = _train(tmp_path, classification_rows(), ".jsonl")
+    shutil.rmtree(out / "checkpoints")
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    data = tmp_path / "train.jsonl"
+    assert main(["train", "--data", str(data), "--out", str(out), "--steps", "8", *TINY]) == 2
+    assert "holds results of an earlier run" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+def test_a_non_finite_validation_is_never_kept_as_a_good_checkpoint(tmp_path, monkeypatch):
+    from tformer.training.data_objectives import Classification
+
+    data = write(tmp_path / "d.jsonl", classification_rows())
+    config = resolve_config({"data": str(data), "d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1,
+                             "vocab_size": 300, "max_tokens": 512, "eval_every": 4, "steps": 8,
+                             "log_every": 2, "threads": 1, "out": str(tmp_path / "run")})
+    monkeypatch.setattr(Classification, "score",
+                        lambda self, records, preds: ({"accuracy": float("nan"), "macro_f1": 0.0}, []))
+    with pytest.raises(ValueError, match="validation: expected finite outputs"):
+        train(config, **QUIET)
+    assert not (tmp_path / "run" / "best.safetensors").exists()
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text()
+    assert "NaN" not in lines
+
+
+def test_vocab_size_and_max_length_are_bounded_before_anything_is_built(tmp_path, capsys):
+    data = write(tmp_path / "d.jsonl", seq2seq_rows())
+    for flag, value, limit in (("--vocab-size", "1000000000", "1048576"), ("--max-length", "10000000", "8192")):
+        assert main(["train", "--data", str(data), "--out", str(tmp_path / "r"), flag, value]) == 2
+        assert f"expected at most {limit}" in capsys.readouterr().err
+        assert not (tmp_path / "r").exists()

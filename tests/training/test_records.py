@@ -55,3 +55,30 @@ def test_unknown_file_type_and_missing_file(tmp_path):
         next(read_records(tmp_path / "d.txt"))
     with pytest.raises(FileNotFoundError, match="nope.jsonl: no such file"):
         next(read_records(tmp_path / "nope.jsonl"))
+
+
+def test_tsv_field_starting_with_a_quote_stays_on_its_line(tmp_path):
+    path = tmp_path / "d.tsv"
+    path.write_text('text\tlabel\n"quoted start\ta\nplain\tb\nmore "inner" quotes\ta\nlast\tb\n')
+    assert [r["text"] for _, r in read_records(path)] == [
+        '"quoted start', "plain", 'more "inner" quotes', "last"]
+
+
+def test_csv_field_longer_than_the_csv_modules_default_limit(tmp_path):
+    long = "word " * 40_000  # 200,000 characters > csv's 131,072
+    path = write(tmp_path / "d.csv", [{"text": long, "label": "a"}, {"text": "b", "label": "b"}])
+    assert [len(r["text"]) for _, r in read_records(path)] == [len(long), 1]
+
+
+def test_a_utf8_byte_order_mark_is_dropped(tmp_path):
+    path = tmp_path / "excel.csv"
+    path.write_bytes("\ufefftext,label\nhello,a\n".encode())
+    assert [r for _, r in read_records(path)] == [{"text": "hello", "label": "a"}]
+
+
+def test_columns_naming_an_unknown_column_or_one_field_twice_are_refused(tmp_path):
+    path = write(tmp_path / "d.csv", [{"en": "a", "fr": "b"}])
+    with pytest.raises(ValueError, match=r"d.csv:2: columns: expected columns de to rename, got en, fr"):
+        next(read_records(path, "de=source,fr=target"))
+    with pytest.raises(ValueError, match=r"columns: expected one column per field, got two for 'target'"):
+        next(read_records(path, "en=target,fr=target"))

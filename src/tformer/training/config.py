@@ -21,6 +21,10 @@ from tformer.training.records import peek_fields
 
 SCHEDULES = ("inverse_sqrt", "cosine", "linear")
 TOKENIZERS = ("bpe", "wordpiece", "unigram")
+# Refused before anything is built: the tokenizer trainer's memory grows with the vocabulary
+# (a billion-token request aborts the process), and a learned position table with max_length.
+MAX_VOCAB = 1 << 20
+MAX_LENGTH = 8192
 # Options that may differ when resuming; changing any other would make the resumed run
 # a different experiment than the one its checkpoint started.
 RESUMABLE = ("steps", "eval_every", "log_every", "threads", "max_minutes", "out", "patience",
@@ -123,6 +127,9 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name}: expected a positive number, got {value}")
+        for name, limit in (("vocab_size", MAX_VOCAB), ("max_length", MAX_LENGTH)):
+            if getattr(self, name) > limit:
+                raise ValueError(f"{name}: expected at most {limit}, got {getattr(self, name)}")
         for name in ("lr", "max_minutes"):
             value = getattr(self, name)
             if value is not None and not value > 0:
@@ -278,6 +285,7 @@ def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
 def resume_config(run_dir: str | Path, *layers: dict[str, Any]) -> TrainConfig:
     """The saved TrainConfig of `run_dir` with `layers` applied; only RESUMABLE options may
     change (the others define the experiment being continued)."""
+    # Here: the checkpoint modules import torch, and this module must not (--engine numpy).
     from tformer.checkpoint import check_run_dir
     from tformer.rundir import check_unlocked
 

@@ -37,6 +37,7 @@ from tformer.training.objective import (
     validation_sample,
 )
 from tformer.training.records import Record
+from tformer.training.report import plot_confusion
 
 PREDICT_BATCH = 64  # records per forward when predicting
 
@@ -290,7 +291,7 @@ class Classification(_EncoderObjective):
         """The test confusion matrix."""
         actual = [self.data.label_ids[r["label"]] for r in self.examples("test")]
         matrix = evaluation.confusion(preds, actual, len(self.data.labels))
-        evaluation.plot_confusion(matrix, self.data.labels, run_dir / "confusion.png")
+        plot_confusion(matrix, self.data.labels, run_dir / "confusion.png")
 
 
 class SentenceModel(nn.Module):

@@ -48,11 +48,17 @@ from safetensors.torch import save as st_save
 from torch import nn
 from tqdm import tqdm
 
-from tformer.checkpoint import check_run_dir, load_training_state, load_weights, save_checkpoint
+from tformer.checkpoint import (
+    check_run_dir,
+    latest_checkpoint,
+    load_training_state,
+    load_weights,
+    save_checkpoint,
+)
 from tformer.config import TransformerConfig
 from tformer.files import new_run_dir, write_atomic
 from tformer.model import Encoder
-from tformer.rundir import open_run_dir, resume_metrics
+from tformer.rundir import discard_unstarted, open_run_dir, resume_metrics
 from tformer.stats import check_fits
 from tformer.tasks import get_task
 from tformer.training.config import TrainConfig, read_train_config
@@ -150,8 +156,14 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
         check_fits(task.model_config(), task.model_kind, training=True,
                    batch=config.batch_size, what="model")
     # Rank 0 checks, creates and locks the run directory, until training ends however it ends.
-    with open_run_dir(run_dir, resume) if writer else contextlib.nullcontext():
-        return _train(config, resume, progress, log, rank, world, started)
+    created = writer and not run_dir.exists()
+    try:
+        with open_run_dir(run_dir, resume) if writer else contextlib.nullcontext():
+            return _train(config, resume, progress, log, rank, world, started)
+    except (ValueError, OSError):
+        if created and latest_checkpoint(run_dir) is None:
+            discard_unstarted(run_dir)  # e.g. a bad data file: no directory holding only a lock
+        raise
 
 
 def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, world: int,

@@ -101,15 +101,15 @@ def parse_columns(spec: str | None) -> dict[str, str]:
 def read_records(path: str | Path, columns: str | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, record) for each record of a JSONL/CSV/TSV file, one line at a time."""
     path = Path(path)
-    kind = FORMATS.get(path.suffix.lower())
-    if kind is None:
+    fmt = FORMATS.get(path.suffix.lower())
+    if fmt is None:
         raise ValueError(f"{path}: expected a .jsonl, .csv or .tsv file, got {path.suffix or 'no suffix'!r}")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     rename = parse_columns(columns)
     with path.open(encoding="utf-8-sig", newline="") as f:
         try:
-            rows = _jsonl(path, f) if kind == "jsonl" else _table(path, f, kind)
+            rows = _jsonl(path, f) if fmt == "jsonl" else _table(path, f, fmt)
             first = True
             for line_no, record in rows:
                 if first and rename:
@@ -140,11 +140,11 @@ def _jsonl(path: Path, f) -> Iterator[tuple[int, dict[str, Any]]]:
         yield line_no, record
 
 
-def _table(path: Path, f, kind: str) -> Iterator[tuple[int, dict[str, Any]]]:
+def _table(path: Path, f, fmt: str) -> Iterator[tuple[int, dict[str, Any]]]:
     # A field may be as long as the file (csv's default limit, 131,072 characters, would
     # stop a long document with an internal error).
     csv.field_size_limit(min(sys.maxsize, max(csv.field_size_limit(), path.stat().st_size + 1)))
-    if kind == "csv":
+    if fmt == "csv":
         reader = csv.reader(f)
     else:
         reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
@@ -161,7 +161,7 @@ def _table(path: Path, f, kind: str) -> Iterator[tuple[int, dict[str, Any]]]:
                                  f"columns ({', '.join(header)}), got {len(row)}")
             yield reader.line_num, dict(zip(header, row, strict=True))
     except csv.Error as e:
-        raise ValueError(f"{path}:{reader.line_num}: not valid {kind.upper()} ({e})") from None
+        raise ValueError(f"{path}:{reader.line_num}: not valid {fmt.upper()} ({e})") from None
 
 
 def peek_fields(path: str | Path, columns: str | None = None) -> Fields:

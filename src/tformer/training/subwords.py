@@ -21,26 +21,24 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from tformer.specials import BOS, EOS
 from tformer.tokenizer import Tokenizer, load_tokenizer, pad_id_of
+from tformer.training.config import MAX_VOCAB
 
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0-3: tformer.specials' PAD, BOS, EOS, UNK
-# A vocabulary larger than this is refused before the trainer runs (its memory grows with
-# the vocabulary times the alphabet: a billion-token request would abort the process).
-MAX_VOCAB = 1 << 20
 
 
-def train_tokenizer(texts: Iterable[str], kind: str, vocab_size: int) -> Backend:
+def train_tokenizer(texts: Iterable[str], scheme: str, vocab_size: int) -> Backend:
     """A subword tokenizer (HF `tokenizers`) trained on `texts`."""
     if not len(SPECIALS) < vocab_size <= MAX_VOCAB:
         raise ValueError(f"vocab_size: expected {len(SPECIALS) + 1}..{MAX_VOCAB}, got {vocab_size}")
     specials = list(SPECIALS)
-    if kind == "bpe":
+    if scheme == "bpe":
         tok = Backend(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                       show_progress=False)
-    elif kind == "wordpiece":
+    elif scheme == "wordpiece":
         tok = Backend(models.WordPiece(unk_token="<unk>"))
         tok.pre_tokenizer = pre_tokenizers.Metaspace()
         tok.decoder = decoders.Metaspace()
