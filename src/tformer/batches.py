@@ -76,6 +76,9 @@ class Seq2SeqBatch(_Batch):
     def n_tokens(self) -> int:
         return int(self.src_mask.sum() + self.tgt_mask.sum())
 
+    def n_examples(self) -> int:
+        return len(self.src)
+
 
 @dataclass
 class EncoderBatch(_Batch):
@@ -90,6 +93,9 @@ class EncoderBatch(_Batch):
     def n_tokens(self) -> int:
         return int(self.attention_mask.sum())
 
+    def n_examples(self) -> int:
+        return len(self.input_ids)
+
 
 @dataclass
 class PairBatch(_Batch):
@@ -102,6 +108,9 @@ class PairBatch(_Batch):
 
     def n_tokens(self) -> int:
         return sum(b.n_tokens() for b in (self.anchor, self.positive, self.negative) if b is not None)
+
+    def n_examples(self) -> int:
+        return self.anchor.n_examples()
 
 
 def seq2seq_arrays(sources: list[list[int]], targets: list[list[int]], bos: int, eos: int,

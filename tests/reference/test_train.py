@@ -53,7 +53,7 @@ def test_train_steps_equal_pytorch_train_steps(task_name):
     for step in range(3):
         examples = task.train_batch(step, config.batch_size)
         lr = torch_train.learning_rate(config, step + 1)
-        loss_t, _, _ = torch_train.train_step(theirs, torch_opt, source,
+        loss_t, _, _, _ = torch_train.train_step(theirs, torch_opt, source,
                                               iter([task.collate(examples)]), config, lr)
         loss_n, _ = numpy_train.train_step(ours, our_opt, task.collate_arrays(examples), config,
                                            lr, None)

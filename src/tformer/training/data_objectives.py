@@ -11,7 +11,6 @@ tokens it adds to a batch), collates them into tformer.batches' types, and predi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from tformer.generate import generate
 from tformer.model import Encoder, EncoderClassifier, Seq2SeqTransformer, from_pretrained
 from tformer.sentence import pool
 from tformer.training import evaluation
-from tformer.training.dataset import TextData, batch_stream
+from tformer.training.dataset import BatchStream, TextData
 from tformer.training.objective import (
     EVAL_SAMPLE,
     classification_loss,
@@ -127,8 +126,12 @@ class DataObjective:
     def build_model(self, model_config: TransformerConfig | None = None) -> nn.Module:
         raise NotImplementedError
 
-    def train_batches(self, start: int, rank: int = 0, world: int = 1) -> Iterator:
-        return batch_stream(self.data, self.encode, self.collate, start, rank, world)
+    def train_batches(self, start: int, rank: int = 0, world: int = 1) -> BatchStream:
+        return BatchStream(self.data, self.encode, self.collate, start, rank, world)
+
+    @property
+    def train_records(self) -> int | None:
+        return self.data.train_record_estimate()
 
     def examples(self, split: str) -> list[Record]:
         return self.data.held_out(split)

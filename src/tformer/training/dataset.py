@@ -158,6 +158,14 @@ class TextData:
         texts = [t for u, ts in sample if not (hashed and split_of_unit(u, f) in hashed) for t in ts]
         return data, texts
 
+    def train_record_estimate(self) -> int | None:
+        """About how many training records an epoch has (the held-out share taken out)."""
+        n = self.identity.get("data", {}).get("records")
+        if n is None:
+            return None
+        hashed = sum(p is None for p in (self.config.valid, self.config.test))
+        return max(int(n * (1 - hashed * self.fraction)), 1)
+
     def check_identity(self) -> None:
         """Refuse data files that differ from those the run started with."""
         c = self.config
@@ -266,18 +274,30 @@ def bucket(examples: list, max_tokens: int, rng: random.Random) -> list[list]:
     return batches
 
 
-def batch_stream(data: TextData, encode: Callable[[list[Record]], list],
-                 collate: Callable[[list], Any], start: int = 0, rank: int = 0,
-                 world: int = 1) -> Iterator:
+class BatchStream:
     """The endless stream of training batches from the `start`-th (counting every rank's),
     keeping those of this rank (batch i goes to rank i % world). Each epoch's order is seeded
-    by (seed, epoch), so the stream is the same every time and a resumed run skips what it used."""
-    i, epoch = 0, 0
-    while True:
-        rng = random.Random(f"{data.config.seed}/epoch/{epoch}")
-        for pool in data.epoch_pools():
-            for examples in bucket(encode(pool), data.config.max_tokens, rng):
-                if i >= start and i % world == rank:
-                    yield collate(examples)
-                i += 1
-        epoch += 1
+    by (seed, epoch), so the stream is the same every time and a resumed run skips what it used.
+    `epoch`: the passes over the training data completed before the batch last returned."""
+
+    def __init__(self, data: TextData, encode: Callable[[list[Record]], list],
+                 collate: Callable[[list], Any], start: int = 0, rank: int = 0, world: int = 1) -> None:
+        self.epoch = 0
+        self._batches = self._stream(data, encode, collate, start, rank, world)
+
+    def __iter__(self) -> BatchStream:
+        return self
+
+    def __next__(self):
+        return next(self._batches)
+
+    def _stream(self, data, encode, collate, start, rank, world) -> Iterator:
+        i = 0
+        while True:
+            rng = random.Random(f"{data.config.seed}/epoch/{self.epoch}")
+            for pool in data.epoch_pools():
+                for examples in bucket(encode(pool), data.config.max_tokens, rng):
+                    if i >= start and i % world == rank:
+                        yield collate(examples)
+                    i += 1
+            self.epoch += 1

@@ -36,14 +36,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from safetensors.torch import save as st_save
 from torch import nn
 from tqdm import tqdm
@@ -57,14 +55,16 @@ from tformer.checkpoint import (
 )
 from tformer.config import TransformerConfig
 from tformer.files import new_run_dir, write_atomic
-from tformer.model import Encoder
 from tformer.rundir import discard_unstarted, open_run_dir, resume_metrics
 from tformer.stats import check_fits
 from tformer.tasks import get_task
+from tformer.training.budget import PROBE, Budget
 from tformer.training.config import TrainConfig, read_train_config
 from tformer.training.data_objectives import data_objective
 from tformer.training.dataset import TextData
+from tformer.training.distributed import any_rank, average_gradients, barrier, rank_and_world, sum_over_ranks
 from tformer.training.objective import Objective
+from tformer.training.precision import choose_precision
 from tformer.training.report import Meter, append_jsonl, plot_curves, sample_table, summary
 from tformer.training.schedule import learning_rate
 from tformer.training.task_objectives import task_objective
@@ -108,28 +108,6 @@ def load_run(run_dir: str | Path) -> tuple[nn.Module, Objective, TrainConfig]:
     return model.eval(), objective, config
 
 
-# Data-parallel -------------------------------------------------------------------------------
-def _distributed() -> tuple[int, int]:
-    """(rank, world size): from torchrun's environment, starting gloo once; (0, 1) alone."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
-        return 0, 1
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
-    return dist.get_rank(), world
-
-
-def _average_gradients(model: nn.Module, world: int) -> None:
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    flat = torch.cat([g.flatten() for g in grads])  # one all-reduce for all
-    dist.all_reduce(flat)
-    flat /= world
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
-
-
 # The loop ----------------------------------------------------------------------------------------
 def train(config: TrainConfig, resume: bool = False, progress: bool = True,
           log=print) -> dict[str, Any]:
@@ -138,15 +116,14 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
     resume: continue the run in `config.out` from its checkpoint.
     """
     started = time.perf_counter()
-    rank, world = _distributed()
+    rank, world = rank_and_world()
     writer = rank == 0
     if not writer:
         log = lambda *a, **k: None  # noqa: E731
     if config.threads is not None:
         torch.set_num_threads(config.threads)
-    if config.bf16 and not bf16_supported():
-        raise ValueError("bf16: this CPU cannot run bfloat16 matrix products under autocast "
-                         "(oneDNN found no kernel); train without --bf16")
+    precision, why = choose_precision(config.precision)
+    log(f"precision: {precision} ({why})")
     run_dir = Path(config.out) if config.out else new_run_dir(config.name)
     if world > 1 and config.out is None:
         raise ValueError("out: data-parallel runs need --out (every rank must agree on it)")
@@ -159,7 +136,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
     created = writer and not run_dir.exists()
     try:
         with open_run_dir(run_dir, resume) if writer else contextlib.nullcontext():
-            return _train(config, resume, progress, log, rank, world, started)
+            return _train(config, resume, progress, log, rank, world, started, precision == "bf16")
     except (ValueError, OSError):
         if created and latest_checkpoint(run_dir) is None:
             discard_unstarted(run_dir)  # e.g. a bad data file: no directory holding only a lock
@@ -167,14 +144,13 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
 
 
 def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, world: int,
-           started: float) -> dict[str, Any]:
+           started: float, bf16: bool) -> dict[str, Any]:
     writer = rank == 0
     run_dir = Path(config.out)
     metrics_path = run_dir / "metrics.jsonl"
     # Rank 0 trains the tokenizer and writes it; the others wait, then read that very file.
     source = make_objective(config, run_dir) if writer else None
-    if world > 1:
-        dist.barrier()
+    barrier(world)
     if source is None:
         source = make_objective(config, run_dir, write=False)
     check_fits(source.model_config(), source.model_kind, training=True, what="model")
@@ -197,55 +173,59 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
 
     key = source.main_metric
     previous_wall = float(state["wall_seconds"])
-    deadline = started + config.max_minutes * 60 if config.max_minutes else math.inf
-    # Redraw a few times a second on a terminal; in a log file, every 30 s is plenty.
-    bar = tqdm(total=config.steps, initial=state["step"], disable=not progress or not writer,
-               dynamic_ncols=True, leave=False, mininterval=0.1 if sys.stderr.isatty() else 30)
+    budget = Budget(config, started, state["step"], getattr(source, "train_records", None))
+    budget.test_examples = len(source.examples("test"))
+    bar = _progress_bar(budget, state["step"], disabled=not progress or not writer)
     meter = Meter()
     stop_reason = "steps"
     batches = source.train_batches(state["step"] * config.accumulate * world, rank, world)
 
     def wall() -> float:
-        return previous_wall + time.perf_counter() - started
+        return previous_wall + budget.now()
 
     while state["step"] < config.steps:
-        if _stop_all(time.perf_counter() > deadline, world):
+        if any_rank(budget.out_of_time(state["step"]), world):
             stop_reason = "max_minutes"
             break
-        lr = learning_rate(config, state["step"] + 1)
-        loss, acc, tokens = train_step(model, optimizer, source, batches, config, lr, world)
+        if config.epochs is not None and any_rank(batches.epoch >= config.epochs, world):
+            stop_reason = "epochs"
+            break
+        total = budget.planned_steps(state["step"])
+        lr = learning_rate(config, state["step"] + 1, total)
+        t = time.perf_counter()
+        loss, acc, tokens, examples = train_step(model, optimizer, source, batches, config, lr, world, bf16)
+        budget.stepped(time.perf_counter() - t, examples)
         state["step"] += 1
         if not math.isfinite(loss):
             bar.close()
             raise ValueError(
                 f"loss: expected a finite number, got {loss} at step {state['step']} (lr {lr:.3g});"
-                f" stopped, keeping the last good checkpoint in {run_dir}; try a lower --lr"
+                f" stopped, keeping the last good checkpoint (if any) in {run_dir}; try a lower --lr"
             )
         meter.add(loss, acc, tokens)
-        bar.update(1)
-        if state["step"] % config.log_every == 0 or state["step"] == config.steps:
+        _advance(bar, budget, state["step"])
+        last = state["step"] >= budget.planned_steps(state["step"]) or budget.out_of_time(state["step"])
+        if state["step"] % config.log_every == 0 or last:
             record = {"split": "train", "step": state["step"], **meter.flush(), "lr": lr,
-                      "wall_seconds": round(wall(), 2)}
+                      "planned_steps": total, "wall_seconds": round(wall(), 2)}
             if writer:
                 append_jsonl(metrics_path, record)
-            bar.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record['accuracy']:.3f}",
+            bar.set_postfix(step=state["step"], loss=f"{record['loss']:.3f}", acc=f"{record['accuracy']:.3f}",
                             tok_s=f"{record['tokens_per_second'] * world:.0f}")
-        if state["step"] % config.eval_every == 0:
-            valid, _ = source.evaluate(model, "validation")
-            if not all(math.isfinite(v) for v in valid.values()):
-                bar.close()
-                raise ValueError(
-                    f"validation: expected finite outputs, got {valid} at step {state['step']};"
-                    f" stopped, keeping the last good checkpoint in {run_dir}; try a lower --lr")
+        if any_rank(budget.should_validate(state["step"], last), world):
+            valid = _validate(model, source, budget)
             if writer:
                 append_jsonl(metrics_path, {"split": "validation", "step": state["step"], **valid,
+                                            "valid_share": round(budget.valid_share(), 4),
                                             "wall_seconds": round(wall(), 2)})
                 bar.write(f"step {state['step']}: validation {key} {valid[key]:.4f} "
                           f"loss {valid['loss']:.4f}")
             state["wall_seconds"] = wall()
             improved = _track_best(state, valid[key], config)
             if writer:
+                t = time.perf_counter()
                 _checkpoint(run_dir, model, optimizer, config, state, best=improved)
+                budget.saved(time.perf_counter() - t)
             if config.early_stop is not None and valid[key] >= config.early_stop:
                 stop_reason = "early_stop"
                 break
@@ -262,7 +242,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     test, preds = source.evaluate(model, "test")
     record = {"split": "test", "task": config.name, "step": state["step"], **test,
               "wall_seconds": round(wall(), 2), "stopped_by": stop_reason,
-              "parameters": n_params, **baseline}
+              "valid_share": round(budget.valid_share(), 4), "parameters": n_params, **baseline}
     if not writer:
         return record
     rows = source.sample_rows(source.examples("test"), preds)
@@ -276,59 +256,68 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     return record
 
 
+def _validate(model: nn.Module, source: Objective, budget: Budget) -> dict[str, float]:
+    """Metrics on the validation sample; a timed run first times a few examples to size it."""
+    examples = source.examples("validation")
+    if budget.needs_probe():
+        t = time.perf_counter()
+        probe = examples[:PROBE]
+        source.evaluate(model, "validation", examples=probe)
+        budget.probed(time.perf_counter() - t, len(probe))
+    sample = examples[: budget.sample_size(len(examples))]
+    t = time.perf_counter()
+    valid, _ = source.evaluate(model, "validation", examples=sample)
+    budget.validated(time.perf_counter() - t, len(sample))
+    if not all(math.isfinite(v) for v in valid.values()):
+        raise ValueError(f"validation: expected finite outputs, got {valid}; stopped, keeping the "
+                         "last good checkpoint (if any); try a lower --lr")
+    return valid
+
+
+def _progress_bar(budget: Budget, step: int, disabled: bool):
+    """Counts seconds toward --max-minutes when there is one, else steps toward --steps.
+    Redraws a few times a second on a terminal; in a log file, every 30 s is plenty."""
+    interval = 0.1 if sys.stderr.isatty() else 30
+    if budget.timed:
+        return tqdm(total=round(budget.seconds), initial=round(budget.now()), unit="s", disable=disabled,
+                    dynamic_ncols=True, leave=False, mininterval=interval,
+                    bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s [{elapsed}<{remaining}{postfix}]")
+    return tqdm(total=budget.config.steps, initial=step, disable=disabled, dynamic_ncols=True,
+                leave=False, mininterval=interval)
+
+
+def _advance(bar, budget: Budget, step: int) -> None:
+    if budget.timed:
+        bar.update(max(min(budget.now(), budget.seconds) - bar.n, 0))
+    else:
+        bar.update(1)
+
+
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, source, batches, config: TrainConfig,
-               lr: float, world: int = 1) -> tuple[float, float, int]:
+               lr: float, world: int = 1, bf16: bool = False) -> tuple[float, float, int, int]:
     """One update at learning rate `lr` from `config.accumulate` batches; returns the mean
-    (loss, accuracy) of the batches and their token count."""
+    (loss, accuracy) of the batches, their token count and their example count."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     model.train()
     optimizer.zero_grad(set_to_none=True)
     total_loss = total_acc = 0.0
-    tokens = 0
+    tokens = examples = 0
     for _ in range(config.accumulate):
         batch = next(batches)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss, acc = source.loss(model, batch, config.label_smoothing)
         (loss / config.accumulate if config.accumulate > 1 else loss).backward()
         total_loss, total_acc = total_loss + loss.item(), total_acc + acc
         tokens += batch.n_tokens()
+        examples += batch.n_examples()
     if world > 1:
-        _average_gradients(model, world)
-        total_loss, total_acc, tokens = _sum_over_ranks([total_loss / world, total_acc / world, tokens])
+        average_gradients(model, world)
+        total_loss, total_acc, tokens = sum_over_ranks([total_loss / world, total_acc / world, tokens])
     if config.clip_grad > 0:
         nn.utils.clip_grad_norm_(model.parameters(), config.clip_grad)
     optimizer.step()
-    return total_loss / config.accumulate, total_acc / config.accumulate, int(tokens)
-
-
-def bf16_supported() -> bool:
-    """Whether a tiny encoder trains under bfloat16 CPU autocast here (oneDNN has no bfloat16
-    kernels for some CPUs, e.g. AVX2-only ones)."""
-    try:
-        encoder = Encoder(TransformerConfig(d_model=8, n_heads=2, d_ff=16, n_layers=1, vocab_size=10))
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            h = encoder(torch.ones(2, 3, dtype=torch.long)).last_hidden_state
-        h.float().sum().backward()
-    except RuntimeError:
-        return False
-    return True
-
-
-def _sum_over_ranks(values: list[float]) -> list[float]:
-    """Logged numbers of all ranks together: the loss curve is the global batch's."""
-    t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t)
-    return [float(v) for v in t]
-
-
-def _stop_all(stop: bool, world: int) -> bool:
-    """Every rank stops at the same step when any one runs out of time."""
-    if world == 1:
-        return stop
-    flag = torch.tensor([float(stop)])
-    dist.all_reduce(flag)
-    return bool(flag.item() > 0)
+    return total_loss / config.accumulate, total_acc / config.accumulate, int(tokens), examples
 
 
 def _track_best(state: dict[str, Any], value: float, config: TrainConfig) -> bool:
