@@ -34,8 +34,11 @@ import torch
 import torch.nn.functional as F
 
 from tformer.training import learning_rate, resolve_config, train
-from tformer.training.data import TextData, train_tokenizer
+from tformer.training.data_objectives import DataObjective, data_objective
+from tformer.training.dataset import TextData
 from tformer.training.evaluation import classification_metrics, text_metrics
+from tformer.training.records import read_records
+from tformer.training.subwords import train_tokenizer
 
 
 def _curve(run_dir: Path, key: str) -> list[tuple[float, float]]:
@@ -47,7 +50,8 @@ def _time_to_reach(curve: list[tuple[float, float]], target: float) -> float | N
     return next((t for t, v in curve if v >= target), None)
 
 
-def _hf_loop(model, config, data: TextData, minutes: float, loss_fn, validate) -> list[tuple[float, float]]:
+def _hf_loop(model, config, data: DataObjective, minutes: float, loss_fn,
+             validate) -> list[tuple[float, float]]:
     """Train `model` on tformer's batches with tformer's schedule until the budget is spent."""
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
                             betas=(0.9, 0.999) if config.from_pretrained else (0.9, 0.98),
@@ -79,7 +83,7 @@ def seq2seq(args, out: Path) -> dict:
                              "eval_every": args.eval_every, "patience": None})
     print(f"tformer seq2seq, {args.minutes} min ...", flush=True)
     t_record = train(config, progress=False, log=lambda *a: None)
-    data = TextData.build(config, Path(config.out), write=False)  # the same tokenizer and batches
+    data = data_objective(TextData.build(config, Path(config.out), write=False), config)  # same batches
     tok, m = data.tokenizer, config.model
     hf_config = MarianConfig(
         vocab_size=tok.vocab_size, d_model=m.d_model, encoder_layers=m.n_layers,
@@ -101,7 +105,7 @@ def seq2seq(args, out: Path) -> dict:
     @torch.no_grad()
     def validate(m, split, limit=500):
         m.eval()
-        records = data.held_out(split)[: limit if split == "validation" else None]
+        records = data.examples(split)[: limit if split == "validation" else None]
         hyps = []
         for i in range(0, len(records), 64):
             b = data.collate(data.encode(records[i : i + 64]))
@@ -127,7 +131,6 @@ def random_bert_dir(args, config, directory: Path) -> Path:
     """A random-weight BERT of the preset's size with a tokenizer trained on the data."""
     from transformers import BertConfig, BertModel
 
-    from tformer.training.data import read_records
 
     texts = (r["text"] for _, r in read_records(config.data))
     backend = train_tokenizer(texts, "wordpiece", config.vocab_size)
@@ -155,9 +158,10 @@ def classification(args, out: Path) -> dict:
                              "warmup": 300})
     print(f"tformer classification, {args.minutes} min ...", flush=True)
     t_record = train(config, progress=False, log=lambda *a: None)
-    data = TextData.build(config, Path(config.out), write=False)
+    data = data_objective(TextData.build(config, Path(config.out), write=False), config)
     torch.manual_seed(config.seed)
-    model = AutoModelForSequenceClassification.from_pretrained(str(model_dir), num_labels=len(data.labels))
+    model = AutoModelForSequenceClassification.from_pretrained(str(model_dir),
+                                                               num_labels=len(data.data.labels))
 
     def loss_fn(m, b):
         logits = m(input_ids=b.input_ids, attention_mask=b.attention_mask,
@@ -167,14 +171,14 @@ def classification(args, out: Path) -> dict:
     @torch.no_grad()
     def scores(m, split):
         m.eval()
-        records = data.held_out(split)
+        records = data.examples(split)
         predicted = []
         for i in range(0, len(records), 128):
             b = data.collate(data.encode(records[i : i + 128]))
             predicted += m(input_ids=b.input_ids, attention_mask=b.attention_mask,
                            token_type_ids=b.token_type_ids).logits.argmax(-1).tolist()
-        actual = [data.label_ids[r["label"]] for r in records]
-        return classification_metrics(predicted, actual, len(data.labels))
+        actual = [data.data.label_ids[r["label"]] for r in records]
+        return classification_metrics(predicted, actual, len(data.data.labels))
 
     print(f"HF AutoModelForSequenceClassification, {args.minutes} min ...", flush=True)
     torch.set_num_threads(args.threads)

@@ -15,10 +15,7 @@ import torch
 from torch import Tensor
 
 from tformer.layers import LayerCache
-
-# The special ids the caller passes (its tokenizer's); these defaults are the convention of
-# tformer's synthetic tasks and of the tokenizers `tformer train --data` trains.
-PAD, BOS, EOS = 0, 1, 2
+from tformer.specials import BOS, EOS, PAD  # defaults; callers pass their tokenizer's ids
 
 
 @dataclass

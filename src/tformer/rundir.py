@@ -126,6 +126,11 @@ def open_run_dir(run_dir: Path, resume: bool) -> RunLock:
                 "or choose another --out"
             )
         else:  # a run whose first save never completed: start it again from nothing
+            kept = _results(run_dir)
+            if kept:
+                raise ValueError(
+                    f"out: {run_dir} holds results of an earlier run ({', '.join(kept)}) but no "
+                    "checkpoint to resume; move them away or choose another --out")
             shutil.rmtree(run_dir / CHECKPOINTS, ignore_errors=True)
             for name in RUN_FILES:
                 (run_dir / name).unlink(missing_ok=True)
@@ -134,6 +139,25 @@ def open_run_dir(run_dir: Path, resume: bool) -> RunLock:
         lock.release()
         raise
     return lock
+
+
+def _results(run_dir: Path) -> list[str]:
+    """What a run keeps beyond its checkpoints: best weights, plots, evaluations. A run that
+    never checkpointed has none of them; one whose checkpoints were removed still has."""
+    names = [n for n in ("best.safetensors", "curves.png", "confusion.png", "modules.json")
+             if (run_dir / n).exists()]
+    if any(r.get("split") != "train" for r in read_metrics(run_dir / "metrics.jsonl")):
+        names.append("metrics.jsonl")
+    return names
+
+
+def discard_unstarted(run_dir: Path) -> None:
+    """Remove a run directory this process created if it holds nothing but what a run writes
+    before its first step (the lock, the tokenizer, data.json): a bad data file leaves no
+    half-made run behind. Anything else in it, and it stays."""
+    names = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
+    if names <= {LOCK_FILE, "tokenizer.json", "data.json"}:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

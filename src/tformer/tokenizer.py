@@ -103,6 +103,46 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size()
 
+    @property
+    def bos_id(self) -> int | None:
+        """The id that starts a sequence: <s> (tformer's vocabularies) or [CLS] (BERT's)."""
+        return _first_id(self.backend, ("<s>", "[CLS]"))
+
+    @property
+    def eos_id(self) -> int | None:
+        """The id that ends a sequence: </s> or [SEP]."""
+        return _first_id(self.backend, ("</s>", "[SEP]"))
+
+    def pieces(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids without specials, each cut to max_length - 1 (room for EOS or BOS):
+        what an encoder-decoder reads and predicts."""
+        texts = self._check_texts("texts", texts)
+        cut = self.max_length - 1 if self.max_length is not None else None
+        return [e.ids[:cut] for e in self.backend.encode_batch(texts, add_special_tokens=False)]
+
+    def encode_inputs(self, texts: Sequence[str], pairs: Sequence[str | None] | None = None
+                      ) -> list[tuple[list[int], list[int]]]:
+        """(ids, token type ids) per text, with the tokenizer's own specials, cut to max_length
+        without a warning (training data). ``pairs[i]``: text i's second segment, or None:
+        each text is encoded on its own, whatever its neighbours hold."""
+        texts = self._check_texts("texts", texts)
+        if pairs is None:
+            inputs: list = texts
+        else:
+            if len(pairs) != len(texts):
+                raise ValueError(f"pairs: expected {len(texts)} (one per text), got {len(pairs)}")
+            pairs = [p.lower() if p is not None and self.lowercase else p for p in pairs]
+            inputs = [t if p is None else (t, p) for t, p in zip(texts, pairs, strict=True)]
+        if self.max_length is not None:
+            self.backend.enable_truncation(self.max_length)
+        try:
+            return [(e.ids, e.type_ids) for e in self.backend.encode_batch(inputs)]
+        finally:
+            self.backend.no_truncation()
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=True)
+
     def _check_texts(self, name: str, texts: str | Sequence[str]) -> list[str]:
         if isinstance(texts, str):
             texts = [texts]
@@ -204,7 +244,7 @@ def load_tokenizer(directory: str | Path, max_length: int | None = None) -> Toke
             f"{model_dir / 'tokenizer.json'}: no such file (nor vocab.txt); "
             "the model directory needs a tokenizer"
         )
-    return Tokenizer(backend, limit, _pad_id(backend), lowercase=layout.do_lower_case)
+    return Tokenizer(backend, limit, pad_id_of(backend), lowercase=layout.do_lower_case)
 
 
 def _model_max_length(model_dir: Path) -> int | None:
@@ -234,9 +274,17 @@ def _tokenizer_config(model_dir: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _pad_id(backend: Any) -> int:
-    """[PAD]'s id; else the pad id tokenizer.json names; else 0 (masked out either way)."""
-    pad = backend.token_to_id("[PAD]")
+def _first_id(backend: Any, tokens: Sequence[str]) -> int | None:
+    for token in tokens:
+        i = backend.token_to_id(token)
+        if i is not None:
+            return int(i)
+    return None
+
+
+def pad_id_of(backend: Any) -> int:
+    """<pad>'s or [PAD]'s id; else the pad id tokenizer.json names; else 0 (masked out either way)."""
+    pad = _first_id(backend, ("<pad>", "[PAD]"))
     if pad is None and backend.padding:
         pad = backend.padding.get("pad_id")
     return int(pad or 0)

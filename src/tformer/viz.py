@@ -138,6 +138,11 @@ def save_figure(fig, path: str | Path) -> Path:
     return path
 
 
+def subplots(*args, **kwargs):
+    """matplotlib's subplots on a headless backend (unless the caller chose one)."""
+    return _pyplot().subplots(*args, **kwargs)
+
+
 def _select(name: str, index: int | None, n: int) -> list[int]:
     if index is None:
         return list(range(n))

@@ -14,7 +14,7 @@ from tformer.reference import train as numpy_train
 from tformer.tasks import get_task
 from tformer.training import loop as torch_train
 from tformer.training.config import TrainConfig
-from tformer.training.objectives import TaskSource
+from tformer.training.task_objectives import task_objective
 
 # Small tensors: one torch thread is as fast, and polite to a shared machine.
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -44,7 +44,7 @@ def test_train_steps_equal_pytorch_train_steps(task_name):
         k: v for k, v in TINY.items() if k not in ("warmup",)})
     task = get_task(task_name, 0, 16, 16)
     torch.manual_seed(0)
-    source = TaskSource(task, config)
+    source = task_objective(task, config)
     theirs = source.build_model().double()
     ours = numpy_train.build_model(config, task, np.float64)
     copy_weights(theirs, ours)
@@ -53,7 +53,7 @@ def test_train_steps_equal_pytorch_train_steps(task_name):
     for step in range(3):
         examples = task.train_batch(step, config.batch_size)
         lr = torch_train.learning_rate(config, step + 1)
-        loss_t, _, _ = torch_train.train_step(theirs, torch_opt, source,
+        loss_t, _, _, _ = torch_train.train_step(theirs, torch_opt, source,
                                               iter([task.collate(examples)]), config, lr)
         loss_n, _ = numpy_train.train_step(ours, our_opt, task.collate_arrays(examples), config,
                                            lr, None)
@@ -69,7 +69,7 @@ def test_init_weights_follows_the_pytorch_distributions():
     model = numpy_train.build_model(config, task)
     numpy_train.init_weights(model, np.random.default_rng(0))
     torch.manual_seed(0)
-    reference = TaskSource(task, config).build_model().state_dict()
+    reference = task_objective(task, config).build_model().state_dict()
     for key, value in model.state_dict().items():
         theirs = reference[key].numpy()
         slack = 6 / np.sqrt(value.size)  # two samples' means and stds: ~4 sigma apart at most

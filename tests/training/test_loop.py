@@ -12,7 +12,7 @@ from text_fixtures import classification_rows, embedding_rows, seq2seq_rows, wri
 from tformer.checkpoint import check_run_dir
 from tformer.cli import main
 from tformer.training import resolve_config, resume_config, train
-from tformer.training.loop import bf16_supported
+from tformer.training.precision import bf16_supported
 
 TINY = ["--d-model", "32", "--n-heads", "2", "--d-ff", "64", "--n-layers", "1", "--vocab-size", "300",
         "--max-tokens", "512", "--eval-every", "4", "--log-every", "2", "--threads", "1", "--quiet"]
@@ -96,7 +96,8 @@ def test_data_run_resume_is_bit_for_bit(tmp_path):
     data = write(tmp_path / "d.jsonl", seq2seq_rows())
     base = resolve_config({"data": str(data), "d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1,
                            "vocab_size": 300, "max_tokens": 256, "eval_every": 4, "threads": 1,
-                           "dropout": 0.3, "accumulate": 2, "patience": None})
+                           "dropout": 0.3, "accumulate": 2, "patience": None,
+                           "schedule": "inverse_sqrt"})  # a schedule that does not depend on --steps
     train(base.replace(steps=8, out=str(tmp_path / "straight")), **QUIET)
     train(base.replace(steps=4, out=str(tmp_path / "resumed")), **QUIET)
     train(resume_config(tmp_path / "resumed", {"steps": 8}), resume=True, **QUIET)
@@ -107,7 +108,7 @@ def test_data_run_resume_is_bit_for_bit(tmp_path):
 
 @pytest.mark.skipif(not bf16_supported(), reason="no bfloat16 CPU kernel on this machine")
 def test_bf16_autocast_trains(tmp_path):
-    _, lines = _train(tmp_path, classification_rows(), ".jsonl", "--bf16")
+    _, lines = _train(tmp_path, classification_rows(), ".jsonl", "--precision", "bf16")
     assert np.isfinite(lines[-1]["loss"])
 
 
@@ -128,3 +129,46 @@ def test_classifier_from_scratch_learns(tmp_path):
                                    "lr": 1e-3, "warmup": 10, "eval_every": 30, "threads": 1,
                                    "out": str(tmp_path / "run")}), **QUIET)
     assert record["accuracy"] >= 0.9, record
+
+
+def test_a_bad_data_file_leaves_no_run_directory(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"source": "a", "target": "b"}\n{"source": "c"}\n')
+    assert main(["train", "--data", str(bad), "--out", str(tmp_path / "r"), *TINY]) == 2
+    assert not (tmp_path / "r").exists()
+
+
+def test_out_refuses_a_finished_run_whose_checkpoints_were_removed(tmp_path, capsys):
+    import shutil
+
+    out, _ = _train(tmp_path, classification_rows(), ".jsonl")
+    shutil.rmtree(out / "checkpoints")
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    data = tmp_path / "train.jsonl"
+    assert main(["train", "--data", str(data), "--out", str(out), "--steps", "8", *TINY]) == 2
+    assert "holds results of an earlier run" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+def test_a_non_finite_validation_is_never_kept_as_a_good_checkpoint(tmp_path, monkeypatch):
+    from tformer.training.data_objectives import Classification
+
+    data = write(tmp_path / "d.jsonl", classification_rows())
+    config = resolve_config({"data": str(data), "d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1,
+                             "vocab_size": 300, "max_tokens": 512, "eval_every": 4, "steps": 8,
+                             "log_every": 2, "threads": 1, "out": str(tmp_path / "run")})
+    monkeypatch.setattr(Classification, "score",
+                        lambda self, records, preds: ({"accuracy": float("nan"), "macro_f1": 0.0}, []))
+    with pytest.raises(ValueError, match="validation: expected finite outputs"):
+        train(config, **QUIET)
+    assert not (tmp_path / "run" / "best.safetensors").exists()
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text()
+    assert "NaN" not in lines
+
+
+def test_vocab_size_and_max_length_are_bounded_before_anything_is_built(tmp_path, capsys):
+    data = write(tmp_path / "d.jsonl", seq2seq_rows())
+    for flag, value, limit in (("--vocab-size", "1000000000", "1048576"), ("--max-length", "10000000", "8192")):
+        assert main(["train", "--data", str(data), "--out", str(tmp_path / "r"), flag, value]) == 2
+        assert f"expected at most {limit}" in capsys.readouterr().err
+        assert not (tmp_path / "r").exists()

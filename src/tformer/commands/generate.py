@@ -41,7 +41,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_data(args, model, source, texts: list[str]) -> int:
-    if source.kind == "seq2seq":
+    from tformer.training.data_objectives import Classification, Seq2Seq
+
+    if isinstance(source, Seq2Seq):
         if args.max_len is not None and not 1 <= args.max_len <= model.config.max_len:
             raise ValueError(f"--max-len: expected 1..{model.config.max_len}, got {args.max_len}")
         for i in range(0, len(texts), args.batch_size):
@@ -50,7 +52,7 @@ def _run_data(args, model, source, texts: list[str]) -> int:
                                       length_penalty=args.length_penalty):
                 print(out, flush=True)
         return 0
-    if source.kind == "classification":
+    if isinstance(source, Classification):
         for i in range(0, len(texts), args.batch_size):
             records = [{"text": t, "label": source.data.labels[0]}
                        for t in texts[i : i + args.batch_size]]

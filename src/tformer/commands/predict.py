@@ -29,11 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tformer.training import load_run
+    from tformer.training.data_objectives import Classification
 
     check_options(args)
     texts = input_texts(args, "inputs", "TEXT")
     model, source, config = load_run(args.run_dir)
-    if config.data is None or source.kind != "classification":
+    if not isinstance(source, Classification):
         raise ValueError(f"RUN_DIR: {args.run_dir} is not a classification run on your data "
                          "(text+label); use `tformer generate` for the others")
     labels = source.data.labels

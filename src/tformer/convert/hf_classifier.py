@@ -35,11 +35,12 @@ def classifier_state_to_hf(state: dict, config) -> dict:
 
 def export_classifier(run_dir: str | Path, out: str | Path) -> Path:
     """Write `out` as a BertForSequenceClassification directory with the run's tokenizer."""
+    from tformer.training.data_objectives import Classification
     from tformer.training.loop import load_run
 
     run_dir, out = Path(run_dir), Path(out)
     model, source, _ = load_run(run_dir)
-    if getattr(source, "kind", None) != "classification" or not hasattr(source, "data"):
+    if not isinstance(source, Classification):
         raise ValueError(f"RUN_DIR: {run_dir} is not a classification run on your data; "
                          "--hf exports text+label classifiers")
     config = model.config

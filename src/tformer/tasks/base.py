@@ -7,22 +7,19 @@ seen without stopping. An input that is in the test or validation set is never d
 for training, so the three splits are disjoint by their inputs.
 
 Torch-free until a batch is made: ``collate_arrays`` gives NumPy batches (for the NumPy
-reference), ``collate`` the same values as torch tensors.
+reference), ``collate`` the same values as torch tensors (tformer.batches).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-import numpy as np
+from tformer.batches import EncoderBatch, Seq2SeqBatch, encoder_arrays, pad, seq2seq_arrays
+from tformer.specials import BOS, EOS
+from tformer.tasks.tokenizer import Tokenizer
 
-from tformer.tasks.tokenizer import BOS, EOS, PAD, Tokenizer
-
-if TYPE_CHECKING:
-    from torch import Tensor
+__all__ = ["SPLITS", "Example", "Task", "pad", "sequence_metrics"]
 
 SPLITS = ("train", "validation", "test")
 
@@ -34,71 +31,6 @@ class Example:
     source: str
     target: str = ""
     label: int = -1
-
-
-@dataclass
-class Seq2SeqBatch:
-    """Padded tensors for teacher-forced training (masks: True = real token).
-
-    src        (B, S) source ids + EOS
-    src_mask   (B, S)
-    tgt_in     (B, T) BOS + target ids: what the decoder reads
-    tgt_mask   (B, T)
-    labels     (B, T) target ids + EOS: what it must predict; PAD where padding
-    """
-
-    src: Tensor
-    src_mask: Tensor
-    tgt_in: Tensor
-    tgt_mask: Tensor
-    labels: Tensor
-
-    def n_tokens(self) -> int:
-        return int(self.src_mask.sum() + self.tgt_mask.sum())
-
-    def to_torch(self) -> Seq2SeqBatch:
-        return _to_torch(self)
-
-
-@dataclass
-class ClassificationBatch:
-    """input_ids (B, S) = BOS (read as [CLS]) + tokens; attention_mask (B, S); labels (B,)."""
-
-    input_ids: Tensor
-    attention_mask: Tensor
-    labels: Tensor
-
-    def n_tokens(self) -> int:
-        return int(self.attention_mask.sum())
-
-    def to_torch(self) -> ClassificationBatch:
-        return _to_torch(self)
-
-
-def _to_torch(batch):
-    """The same batch with every NumPy array as a tensor (sharing memory)."""
-    import torch
-
-    return type(batch)(**{f.name: torch.from_numpy(getattr(batch, f.name))
-                          for f in dataclasses.fields(batch)})
-
-
-def pad_arrays(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pad id lists with PAD -> (ids (B, L) int64, mask (B, L) bool, True = real)."""
-    width = max(len(r) for r in rows)
-    ids = np.full((len(rows), width), PAD, dtype=np.int64)  # (B, L)
-    mask = np.zeros((len(rows), width), dtype=bool)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = r
-        mask[i, : len(r)] = True
-    return ids, mask
-
-
-def pad(rows: list[list[int]]) -> tuple[Tensor, Tensor]:
-    """Right-pad id lists with PAD -> (ids (B, L) long, mask (B, L) bool, True = real)."""
-    import torch
-
-    return tuple(torch.from_numpy(a) for a in pad_arrays(rows))
 
 
 class Task:
@@ -178,22 +110,18 @@ class Task:
         return out
 
     # Batching ---------------------------------------------------------------------
-    def collate(self, examples: list[Example]) -> Seq2SeqBatch | ClassificationBatch:
+    def collate(self, examples: list[Example]) -> Seq2SeqBatch | EncoderBatch:
         """A padded batch of torch tensors."""
         return self.collate_arrays(examples).to_torch()
 
-    def collate_arrays(self, examples: list[Example]) -> Seq2SeqBatch | ClassificationBatch:
+    def collate_arrays(self, examples: list[Example]) -> Seq2SeqBatch | EncoderBatch:
         """The same batch as `collate`, of NumPy arrays (no torch needed)."""
         enc = self.tokenizer.encode
         if self.kind == "seq2seq":
-            src, src_mask = pad_arrays([enc(ex.source) + [EOS] for ex in examples])
-            targets = [enc(ex.target) for ex in examples]
-            tgt_in, tgt_mask = pad_arrays([[BOS] + t for t in targets])
-            labels, _ = pad_arrays([t + [EOS] for t in targets])
-            return Seq2SeqBatch(src, src_mask, tgt_in, tgt_mask, labels)
-        ids, mask = pad_arrays([[BOS] + enc(ex.source) for ex in examples])
-        labels = np.array([ex.label for ex in examples], dtype=np.int64)  # (B,)
-        return ClassificationBatch(ids, mask, labels)
+            return seq2seq_arrays([enc(ex.source) + [EOS] for ex in examples],
+                                  [enc(ex.target) for ex in examples], BOS, EOS)
+        return encoder_arrays([[BOS] + enc(ex.source) for ex in examples],
+                              labels=[ex.label for ex in examples])
 
     @property
     def max_len(self) -> int:

@@ -6,7 +6,9 @@ padding masks are ``ids != PAD``); the task's symbols follow in the order given.
 
 from __future__ import annotations
 
-PAD, BOS, EOS, UNK = 0, 1, 2, 3
+from tformer.specials import BOS, EOS, PAD, UNK
+
+__all__ = ["BOS", "EOS", "PAD", "SPECIALS", "UNK", "Tokenizer"]
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 
 

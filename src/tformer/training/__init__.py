@@ -16,8 +16,8 @@ _LAZY = {
     "OBJECTIVE_PRESETS": "config", "PRESETS": "config", "RESUMABLE": "config",
     "SCHEDULES": "config", "TrainConfig": "config", "load_config_file": "config",
     "resolve_config": "config", "resume_config": "config", "learning_rate": "schedule",
-    "load_run": "loop", "make_optimizer": "loop", "make_source": "loop", "train": "loop",
-    "DataSource": "objectives", "TaskSource": "objectives", "forward_loss": "objectives",
+    "load_run": "loop", "make_optimizer": "loop", "make_objective": "loop", "train": "loop",
+    "Objective": "objective", "evaluating": "objective", "forward_loss": "objective",
 }
 __all__ = sorted(_LAZY)
 

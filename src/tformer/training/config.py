@@ -17,13 +17,19 @@ from typing import Any
 from tformer.config import TransformerConfig
 from tformer.errors import BadType
 from tformer.tasks import TASKS, Task
+from tformer.training.records import peek_fields
 
 SCHEDULES = ("inverse_sqrt", "cosine", "linear")
+PRECISIONS = ("auto", "fp32", "bf16")
 TOKENIZERS = ("bpe", "wordpiece", "unigram")
+# Refused before anything is built: the tokenizer trainer's memory grows with the vocabulary
+# (a billion-token request aborts the process), and a learned position table with max_length.
+MAX_VOCAB = 1 << 20
+MAX_LENGTH = 8192
 # Options that may differ when resuming; changing any other would make the resumed run
 # a different experiment than the one its checkpoint started.
 RESUMABLE = ("steps", "eval_every", "log_every", "threads", "max_minutes", "out", "patience",
-             "keep")
+             "keep", "epochs", "precision")
 
 
 # The TransformerConfig fields a run sets from its options (by their own names: --d-model);
@@ -66,9 +72,11 @@ class TrainConfig:
     max_length: int = _f(128, "tokens per text (longer texts are truncated)")
     max_tokens: int = _f(4096, "data runs: padded tokens per batch (length-bucketed batches)")
     accumulate: int = _f(1, "batches whose gradients are summed per update")
-    bf16: bool = _f(False, "run forward and loss under bfloat16 autocast")
+    precision: str = _f("auto", "auto (bf16 autocast where this CPU computes bf16 natively and it is "
+                        "measured faster, else fp32), fp32 or bf16 (fp32 master weights either way)")
     # Optimisation.
     steps: int = _f(2000, "optimizer updates in total (a resumed run continues up to this count)")
+    epochs: int | None = _f(None, "data runs: stop after this many passes over the training data")
     batch_size: int = _f(64, "synthetic tasks: examples per update")
     lr: float = _f(1e-3, "peak learning rate, reached at the end of warmup")
     warmup: int = _f(200, "steps of linear warmup")
@@ -101,7 +109,8 @@ class TrainConfig:
             raise BadType(f"model: expected a TransformerConfig, got {type(self.model).__name__}")
         if self.data is None and self.task not in TASKS:
             raise ValueError(f"task: expected one of {', '.join(TASKS)}; got {self.task!r}")
-        for name, choices in (("schedule", SCHEDULES), ("tokenizer", TOKENIZERS)):
+        for name, choices in (("schedule", SCHEDULES), ("tokenizer", TOKENIZERS),
+                              ("precision", PRECISIONS)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name}: expected one of {', '.join(choices)}; "
                                  f"got {getattr(self, name)!r}")
@@ -117,11 +126,15 @@ class TrainConfig:
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{f.name}: expected a finite number, got {value}")
         positive = ("steps", "batch_size", "eval_every", "log_every", "valid_size", "test_size",
-                    "threads", "vocab_size", "max_length", "max_tokens", "accumulate", "patience", "keep")
+                    "threads", "vocab_size", "max_length", "max_tokens", "accumulate", "patience", "keep",
+                    "epochs")
         for name in positive:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name}: expected a positive number, got {value}")
+        for name, limit in (("vocab_size", MAX_VOCAB), ("max_length", MAX_LENGTH)):
+            if getattr(self, name) > limit:
+                raise ValueError(f"{name}: expected at most {limit}, got {getattr(self, name)}")
         for name in ("lr", "max_minutes"):
             value = getattr(self, name)
             if value is not None and not value > 0:
@@ -134,6 +147,8 @@ class TrainConfig:
             raise ValueError(f"early_stop: expected a metric in (0, 1] or None, got {self.early_stop}")
         if not 0 <= self.label_smoothing < 1:
             raise ValueError(f"label_smoothing: expected a value in [0, 1), got {self.label_smoothing}")
+        if self.epochs is not None and self.data is None:
+            raise ValueError("epochs: synthetic tasks are endless streams; --epochs needs --data")
         if self.from_pretrained is not None and self.data is None:
             raise ValueError("from_pretrained: fine-tuning needs your data too (--data FILE)")
 
@@ -226,16 +241,18 @@ PRESETS: dict[str, dict[str, Any]] = {
 # per token: ~1,500 updates, several passes over a 30k-sentence corpus. Steps are an upper
 # bound; --max-minutes is the budget a user normally sets. Pre-norm for the encoder-decoder:
 # it trains stably at a high learning rate without a long warmup (Xiong et al. 2020).
-# The encoders are BERT-shaped (post-norm; see objectives.bert_shaped) so they export.
+# The encoders are BERT-shaped (post-norm; see data_objectives.bert_shaped) so they export.
 OBJECTIVE_PRESETS: dict[str, dict[str, Any]] = {
     "seq2seq": {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 3, "norm_first": True,
-                "vocab_size": 4000, "lr": 1e-3, "warmup": 400, "steps": 20000, "max_tokens": 2048,
+                "vocab_size": 4000, "lr": 1e-3, "warmup": 400, "schedule": "linear", "steps": 20000,
+                "max_tokens": 2048,
                 "eval_every": 250, "log_every": 50, "patience": 8},
     "classification": {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 2, "vocab_size": 4000,
-                       "lr": 5e-4, "warmup": 200, "steps": 10000, "max_tokens": 4096,
+                       "lr": 5e-4, "warmup": 200, "schedule": "linear", "steps": 10000, "max_tokens": 4096,
                        "eval_every": 250, "patience": 8, "max_length": 64},
     "embedding": {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 2, "vocab_size": 4000,
-                  "lr": 5e-4, "warmup": 200, "steps": 10000, "max_tokens": 4096, "eval_every": 250,
+                  "lr": 5e-4, "warmup": 200, "schedule": "linear", "steps": 10000, "max_tokens": 4096,
+                  "eval_every": 250,
                   "label_smoothing": 0.0, "patience": 8},
 }
 # Fine-tuning a pretrained encoder: the BERT recipe (Devlin et al. 2019, §A.3): a small
@@ -263,9 +280,7 @@ def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
             except ValueError:
                 pass  # __post_init__ names the field and the bad value
     if merged.get("data"):
-        from tformer.training.data import peek_objective
-
-        objective = peek_objective(merged["data"], merged.get("columns"))
+        objective = peek_fields(merged["data"], merged.get("columns")).objective
         preset = dict(OBJECTIVE_PRESETS[objective])
         if merged.get("from_pretrained"):
             preset.update(FINETUNE_PRESET)
@@ -279,6 +294,7 @@ def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
 def resume_config(run_dir: str | Path, *layers: dict[str, Any]) -> TrainConfig:
     """The saved TrainConfig of `run_dir` with `layers` applied; only RESUMABLE options may
     change (the others define the experiment being continued)."""
+    # Here: the checkpoint modules import torch, and this module must not (--engine numpy).
     from tformer.checkpoint import check_run_dir
     from tformer.rundir import check_unlocked
 
@@ -302,7 +318,10 @@ def resume_config(run_dir: str | Path, *layers: dict[str, Any]) -> TrainConfig:
 def read_train_config(run_dir: Path) -> TrainConfig:
     path = run_dir / "train_config.json"
     try:
-        return TrainConfig(**json.loads(path.read_text()))
+        saved = json.loads(path.read_text())
+        if "bf16" in saved:  # written before --precision: bf16 was a switch
+            saved["precision"] = "bf16" if saved.pop("bf16") else "fp32"
+        return TrainConfig(**saved)
     except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as e:
         raise ValueError(f"RUN_DIR: {path} is not a valid TrainConfig ({e})") from None
 

@@ -8,15 +8,12 @@ of each anchor retrieving its own positive among all the split's positives.
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import sacrebleu
 import torch
 from torch import Tensor
 
 
 def text_metrics(hypotheses: list[str], references: list[str]) -> dict[str, float]:
-    import sacrebleu
-
     return {
         "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
         "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score,
@@ -57,26 +54,3 @@ def retrieval_metrics(anchors: Tensor, positives: Tensor) -> dict[str, float]:
     rank = (scores > own).sum(dim=1)  # (N,) 0 = first
     mrr = torch.where(rank < 10, 1.0 / (rank + 1).float(), torch.zeros_like(own[:, 0]))
     return {"recall_at_1": (rank == 0).float().mean().item(), "mrr_at_10": mrr.mean().item()}
-
-
-def plot_confusion(matrix: list[list[int]], labels: list[str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    n = len(labels)
-    size = min(4 + 0.4 * n, 16)
-    fig, ax = plt.subplots(figsize=(size, size))
-    ax.imshow(matrix, cmap="Blues")
-    ax.set(xticks=range(n), yticks=range(n), xlabel="predicted", ylabel="true",
-           title="confusion matrix (test)")
-    ax.set_xticklabels(labels, rotation=90)
-    ax.set_yticklabels(labels)
-    if n <= 20:
-        for i in range(n):
-            for j in range(n):
-                ax.text(j, i, str(matrix[i][j]), ha="center", va="center", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -36,35 +36,50 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save as st_save
 from torch import nn
+from tqdm import tqdm
 
-from tformer.checkpoint import check_run_dir, load_training_state, load_weights, save_checkpoint
+from tformer.checkpoint import (
+    check_run_dir,
+    latest_checkpoint,
+    load_training_state,
+    load_weights,
+    save_checkpoint,
+)
 from tformer.config import TransformerConfig
-from tformer.files import new_run_dir
-from tformer.rundir import open_run_dir, resume_metrics
+from tformer.files import new_run_dir, write_atomic
+from tformer.rundir import discard_unstarted, open_run_dir, resume_metrics
 from tformer.stats import check_fits
+from tformer.tasks import get_task
+from tformer.training.budget import PROBE, Budget
 from tformer.training.config import TrainConfig, read_train_config
+from tformer.training.data_objectives import data_objective
+from tformer.training.dataset import TextData
+from tformer.training.distributed import any_rank, average_gradients, barrier, rank_and_world, sum_over_ranks
+from tformer.training.objective import Objective
+from tformer.training.precision import choose_precision
 from tformer.training.report import Meter, append_jsonl, plot_curves, sample_table, summary
 from tformer.training.schedule import learning_rate
+from tformer.training.task_objectives import task_objective
 
 
-# Sources, models, schedule ----------------------------------------------------------------
-def make_source(config: TrainConfig, run_dir: Path | None = None, write: bool = True):
-    """The TaskSource or DataSource a config trains on."""
-    from tformer.tasks import get_task
-    from tformer.training.data import TextData
-    from tformer.training.objectives import DataSource, TaskSource
-
+# Objectives, models, schedule ---------------------------------------------------------------
+def make_objective(config: TrainConfig, run_dir: Path | None = None, write: bool = True,
+                   existing: bool = False) -> Objective:
+    """The objective a config trains: a synthetic task's, or your data's (its tokenizer trained
+    and written to run_dir; with `existing`, read back from run_dir without the data files)."""
     if config.data is None:
-        return TaskSource(get_task(config.task, config.seed, config.valid_size, config.test_size), config)
-    return DataSource(TextData.build(config, run_dir, write=write), config)
+        return task_objective(get_task(config.task, config.seed, config.valid_size, config.test_size),
+                              config)
+    data = TextData.from_run(run_dir, config) if existing else TextData.build(config, run_dir, write=write)
+    return data_objective(data, config)
 
 
 def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
@@ -80,54 +95,17 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=config.lr, betas=betas, eps=eps, fused=True)
 
 
-def load_run(run_dir: str | Path) -> tuple[nn.Module, Any, TrainConfig]:
-    """The model (eval mode), source and TrainConfig of a run directory."""
+def load_run(run_dir: str | Path) -> tuple[nn.Module, Objective, TrainConfig]:
+    """The model (eval mode), objective and TrainConfig of a run directory."""
     run_dir = Path(run_dir)
     saved = check_run_dir(run_dir)  # the newest checkpoint's files
     config = read_train_config(saved)
-    if config.data is None:
-        source = make_source(config)
-    else:
-        from tformer.training.data import TextData
-        from tformer.training.objectives import DataSource
-
-        source = DataSource(TextData.from_run(run_dir, config), config)  # tokenizer, labels
+    objective = make_objective(config, run_dir, existing=True)  # tokenizer, labels
     model_config = TransformerConfig.load(saved / "config.json")
-    check_fits(model_config, _model_kind(source), what=str(saved / "config.json"))
-    model = source.build_model(model_config)
+    check_fits(model_config, objective.model_kind, what=str(saved / "config.json"))
+    model = objective.build_model(model_config)
     load_weights(model, saved / "model.safetensors")
-    return model.eval(), source, config
-
-
-def _model_kind(source) -> str:
-    """What tformer.stats sizes: the encoder-decoder, the classifier, or a bare encoder."""
-    return {"seq2seq": "seq2seq", "classification": "classifier"}.get(source.kind, "encoder")
-
-
-# Data-parallel -------------------------------------------------------------------------------
-def _distributed() -> tuple[int, int]:
-    """(rank, world size): from torchrun's environment, starting gloo once; (0, 1) alone."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
-        return 0, 1
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
-    return dist.get_rank(), world
-
-
-def _average_gradients(model: nn.Module, world: int) -> None:
-    import torch.distributed as dist
-
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    flat = torch.cat([g.flatten() for g in grads])  # one all-reduce for all
-    dist.all_reduce(flat)
-    flat /= world
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
+    return model.eval(), objective, config
 
 
 # The loop ----------------------------------------------------------------------------------------
@@ -138,44 +116,44 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
     resume: continue the run in `config.out` from its checkpoint.
     """
     started = time.perf_counter()
-    rank, world = _distributed()
+    rank, world = rank_and_world()
     writer = rank == 0
     if not writer:
         log = lambda *a, **k: None  # noqa: E731
     if config.threads is not None:
         torch.set_num_threads(config.threads)
-    if config.bf16 and not bf16_supported():
-        raise ValueError("bf16: this CPU cannot run bfloat16 matrix products under autocast "
-                         "(oneDNN found no kernel); train without --bf16")
+    precision, why = choose_precision(config.precision)
+    log(f"precision: {precision} ({why})")
     run_dir = Path(config.out) if config.out else new_run_dir(config.name)
     if world > 1 and config.out is None:
         raise ValueError("out: data-parallel runs need --out (every rank must agree on it)")
     config = config.replace(out=str(run_dir))
     if config.data is None:  # the model is known before any file is touched: check its size
-        task = make_source(config)
-        check_fits(task.model_config(), _model_kind(task), training=True,
+        task = make_objective(config)
+        check_fits(task.model_config(), task.model_kind, training=True,
                    batch=config.batch_size, what="model")
     # Rank 0 checks, creates and locks the run directory, until training ends however it ends.
-    with open_run_dir(run_dir, resume) if writer else contextlib.nullcontext():
-        return _train(config, resume, progress, log, rank, world, started)
+    created = writer and not run_dir.exists()
+    try:
+        with open_run_dir(run_dir, resume) if writer else contextlib.nullcontext():
+            return _train(config, resume, progress, log, rank, world, started, precision == "bf16")
+    except (ValueError, OSError):
+        if created and latest_checkpoint(run_dir) is None:
+            discard_unstarted(run_dir)  # e.g. a bad data file: no directory holding only a lock
+        raise
 
 
 def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, world: int,
-           started: float) -> dict[str, Any]:
-    from tqdm import tqdm
-
+           started: float, bf16: bool) -> dict[str, Any]:
     writer = rank == 0
     run_dir = Path(config.out)
     metrics_path = run_dir / "metrics.jsonl"
     # Rank 0 trains the tokenizer and writes it; the others wait, then read that very file.
-    source = make_source(config, run_dir) if writer else None
-    if world > 1:
-        import torch.distributed as dist
-
-        dist.barrier()
+    source = make_objective(config, run_dir) if writer else None
+    barrier(world)
     if source is None:
-        source = make_source(config, run_dir, write=False)
-    check_fits(source.model_config(), _model_kind(source), training=True, what="model")
+        source = make_objective(config, run_dir, write=False)
+    check_fits(source.model_config(), source.model_kind, training=True, what="model")
     torch.manual_seed(config.seed)
     model = source.build_model()
     optimizer = make_optimizer(model, config)
@@ -195,50 +173,59 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
 
     key = source.main_metric
     previous_wall = float(state["wall_seconds"])
-    deadline = started + config.max_minutes * 60 if config.max_minutes else math.inf
-    # Redraw a few times a second on a terminal; in a log file, every 30 s is plenty.
-    bar = tqdm(total=config.steps, initial=state["step"], disable=not progress or not writer,
-               dynamic_ncols=True, leave=False, mininterval=0.1 if sys.stderr.isatty() else 30)
+    budget = Budget(config, started, state["step"], getattr(source, "train_records", None))
+    budget.test_examples = len(source.examples("test"))
+    bar = _progress_bar(budget, state["step"], disabled=not progress or not writer)
     meter = Meter()
     stop_reason = "steps"
     batches = source.train_batches(state["step"] * config.accumulate * world, rank, world)
 
     def wall() -> float:
-        return previous_wall + time.perf_counter() - started
+        return previous_wall + budget.now()
 
     while state["step"] < config.steps:
-        if _stop_all(time.perf_counter() > deadline, world):
+        if any_rank(budget.out_of_time(state["step"]), world):
             stop_reason = "max_minutes"
             break
-        lr = learning_rate(config, state["step"] + 1)
-        loss, acc, tokens = train_step(model, optimizer, source, batches, config, lr, world)
+        if config.epochs is not None and any_rank(batches.epoch >= config.epochs, world):
+            stop_reason = "epochs"
+            break
+        total = budget.planned_steps(state["step"])
+        lr = learning_rate(config, state["step"] + 1, total)
+        t = time.perf_counter()
+        loss, acc, tokens, examples = train_step(model, optimizer, source, batches, config, lr, world, bf16)
+        budget.stepped(time.perf_counter() - t, examples)
         state["step"] += 1
         if not math.isfinite(loss):
             bar.close()
             raise ValueError(
                 f"loss: expected a finite number, got {loss} at step {state['step']} (lr {lr:.3g});"
-                f" stopped, keeping the last good checkpoint in {run_dir}; try a lower --lr"
+                f" stopped, keeping the last good checkpoint (if any) in {run_dir}; try a lower --lr"
             )
         meter.add(loss, acc, tokens)
-        bar.update(1)
-        if state["step"] % config.log_every == 0 or state["step"] == config.steps:
+        _advance(bar, budget, state["step"])
+        last = state["step"] >= budget.planned_steps(state["step"]) or budget.out_of_time(state["step"])
+        if state["step"] % config.log_every == 0 or last:
             record = {"split": "train", "step": state["step"], **meter.flush(), "lr": lr,
-                      "wall_seconds": round(wall(), 2)}
+                      "planned_steps": total, "wall_seconds": round(wall(), 2)}
             if writer:
                 append_jsonl(metrics_path, record)
-            bar.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record['accuracy']:.3f}",
+            bar.set_postfix(step=state["step"], loss=f"{record['loss']:.3f}", acc=f"{record['accuracy']:.3f}",
                             tok_s=f"{record['tokens_per_second'] * world:.0f}")
-        if state["step"] % config.eval_every == 0:
-            valid, _ = source.evaluate(model, "validation")
+        if any_rank(budget.should_validate(state["step"], last), world):
+            valid = _validate(model, source, budget)
             if writer:
                 append_jsonl(metrics_path, {"split": "validation", "step": state["step"], **valid,
+                                            "valid_share": round(budget.valid_share(), 4),
                                             "wall_seconds": round(wall(), 2)})
                 bar.write(f"step {state['step']}: validation {key} {valid[key]:.4f} "
                           f"loss {valid['loss']:.4f}")
             state["wall_seconds"] = wall()
             improved = _track_best(state, valid[key], config)
             if writer:
+                t = time.perf_counter()
                 _checkpoint(run_dir, model, optimizer, config, state, best=improved)
+                budget.saved(time.perf_counter() - t)
             if config.early_stop is not None and valid[key] >= config.early_stop:
                 stop_reason = "early_stop"
                 break
@@ -250,12 +237,12 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     state["stopped_by"] = stop_reason
     if writer:
         _checkpoint(run_dir, model, optimizer, config, state, best=False)
-    if config.data is not None and (run_dir / "best.safetensors").is_file():
+    if (run_dir / "best.safetensors").is_file():
         load_weights(model, run_dir / "best.safetensors")  # test the best validated weights
     test, preds = source.evaluate(model, "test")
     record = {"split": "test", "task": config.name, "step": state["step"], **test,
               "wall_seconds": round(wall(), 2), "stopped_by": stop_reason,
-              "parameters": n_params, **baseline}
+              "valid_share": round(budget.valid_share(), 4), "parameters": n_params, **baseline}
     if not writer:
         return record
     rows = source.sample_rows(source.examples("test"), preds)
@@ -269,65 +256,68 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     return record
 
 
+def _validate(model: nn.Module, source: Objective, budget: Budget) -> dict[str, float]:
+    """Metrics on the validation sample; a timed run first times a few examples to size it."""
+    examples = source.examples("validation")
+    if budget.needs_probe():
+        t = time.perf_counter()
+        probe = examples[:PROBE]
+        source.evaluate(model, "validation", examples=probe)
+        budget.probed(time.perf_counter() - t, len(probe))
+    sample = examples[: budget.sample_size(len(examples))]
+    t = time.perf_counter()
+    valid, _ = source.evaluate(model, "validation", examples=sample)
+    budget.validated(time.perf_counter() - t, len(sample))
+    if not all(math.isfinite(v) for v in valid.values()):
+        raise ValueError(f"validation: expected finite outputs, got {valid}; stopped, keeping the "
+                         "last good checkpoint (if any); try a lower --lr")
+    return valid
+
+
+def _progress_bar(budget: Budget, step: int, disabled: bool):
+    """Counts seconds toward --max-minutes when there is one, else steps toward --steps.
+    Redraws a few times a second on a terminal; in a log file, every 30 s is plenty."""
+    interval = 0.1 if sys.stderr.isatty() else 30
+    if budget.timed:
+        return tqdm(total=round(budget.seconds), initial=round(budget.now()), unit="s", disable=disabled,
+                    dynamic_ncols=True, leave=False, mininterval=interval,
+                    bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s [{elapsed}<{remaining}{postfix}]")
+    return tqdm(total=budget.config.steps, initial=step, disable=disabled, dynamic_ncols=True,
+                leave=False, mininterval=interval)
+
+
+def _advance(bar, budget: Budget, step: int) -> None:
+    if budget.timed:
+        bar.update(max(min(budget.now(), budget.seconds) - bar.n, 0))
+    else:
+        bar.update(1)
+
+
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, source, batches, config: TrainConfig,
-               lr: float, world: int = 1) -> tuple[float, float, int]:
+               lr: float, world: int = 1, bf16: bool = False) -> tuple[float, float, int, int]:
     """One update at learning rate `lr` from `config.accumulate` batches; returns the mean
-    (loss, accuracy) of the batches and their token count."""
+    (loss, accuracy) of the batches, their token count and their example count."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     model.train()
     optimizer.zero_grad(set_to_none=True)
     total_loss = total_acc = 0.0
-    tokens = 0
+    tokens = examples = 0
     for _ in range(config.accumulate):
         batch = next(batches)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss, acc = source.loss(model, batch, config.label_smoothing)
         (loss / config.accumulate if config.accumulate > 1 else loss).backward()
         total_loss, total_acc = total_loss + loss.item(), total_acc + acc
         tokens += batch.n_tokens()
+        examples += batch.n_examples()
     if world > 1:
-        _average_gradients(model, world)
-        total_loss, total_acc, tokens = _sum_over_ranks([total_loss / world, total_acc / world, tokens])
+        average_gradients(model, world)
+        total_loss, total_acc, tokens = sum_over_ranks([total_loss / world, total_acc / world, tokens])
     if config.clip_grad > 0:
         nn.utils.clip_grad_norm_(model.parameters(), config.clip_grad)
     optimizer.step()
-    return total_loss / config.accumulate, total_acc / config.accumulate, int(tokens)
-
-
-def bf16_supported() -> bool:
-    """Whether a tiny encoder trains under bfloat16 CPU autocast here (oneDNN has no bfloat16
-    kernels for some CPUs, e.g. AVX2-only ones)."""
-    from tformer.model import Encoder
-
-    try:
-        encoder = Encoder(TransformerConfig(d_model=8, n_heads=2, d_ff=16, n_layers=1, vocab_size=10))
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            h = encoder(torch.ones(2, 3, dtype=torch.long)).last_hidden_state
-        h.float().sum().backward()
-    except RuntimeError:
-        return False
-    return True
-
-
-def _sum_over_ranks(values: list[float]) -> list[float]:
-    """Logged numbers of all ranks together: the loss curve is the global batch's."""
-    import torch.distributed as dist
-
-    t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t)
-    return [float(v) for v in t]
-
-
-def _stop_all(stop: bool, world: int) -> bool:
-    """Every rank stops at the same step when any one runs out of time."""
-    if world == 1:
-        return stop
-    import torch.distributed as dist
-
-    flag = torch.tensor([float(stop)])
-    dist.all_reduce(flag)
-    return bool(flag.item() > 0)
+    return total_loss / config.accumulate, total_acc / config.accumulate, int(tokens), examples
 
 
 def _track_best(state: dict[str, Any], value: float, config: TrainConfig) -> bool:
@@ -343,12 +333,8 @@ def _track_best(state: dict[str, Any], value: float, config: TrainConfig) -> boo
 def _checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig,
                 state: dict[str, Any], best: bool) -> None:
     """Every file the loop writes about the model goes through here (tformer.checkpoint owns
-    the format): the checkpoint, and for data runs the best validated weights."""
-    if best and config.data is not None:
-        from safetensors.torch import save as st_save
-
-        from tformer.files import write_atomic
-
+    the format): the checkpoint, and the best validated weights."""
+    if best:
         weights = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
         write_atomic(run_dir / "best.safetensors", st_save(weights))
     save_checkpoint(run_dir, model, optimizer, config, state, keep=config.keep)

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
 
+from tformer.viz import save_figure, subplots
+
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    """One JSON line; a number that is not finite is written as null (JSON has no NaN)."""
+    clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
     with path.open("a") as f:
-        f.write(json.dumps(record) + "\n")
+        f.write(json.dumps(clean, allow_nan=False) + "\n")
 
 
 class Meter:
@@ -65,15 +70,10 @@ def summary(record: dict[str, Any], key: str) -> str:
 
 def plot_curves(metrics_path: Path, png_path: Path, key: str) -> None:
     """Training loss and validation metric against steps, side by side."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display needed
-    import matplotlib.pyplot as plt
-
     records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
     train_r = [r for r in records if r["split"] == "train"]
     valid_r = [r for r in records if r["split"] == "validation"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax1, ax2) = subplots(1, 2, figsize=(10, 4))
     ax1.plot([r["step"] for r in train_r], [r["loss"] for r in train_r],
              label="train (with label smoothing)")
     ax1.plot([r["step"] for r in valid_r], [r["loss"] for r in valid_r], "o-", label="validation")
@@ -88,5 +88,22 @@ def plot_curves(metrics_path: Path, png_path: Path, key: str) -> None:
     ax2.set(xlabel="step", ylabel="accuracy", ylim=(0, 1.02), title="accuracy")
     ax2.legend(loc="lower right")
     fig.tight_layout()
-    fig.savefig(png_path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, png_path)
+
+
+def plot_confusion(matrix: list[list[int]], labels: list[str], path: Path) -> None:
+    """The test confusion matrix as a PNG (counts written in the cells up to 20 labels)."""
+    n = len(labels)
+    size = min(4 + 0.4 * n, 16)
+    fig, ax = subplots(figsize=(size, size))
+    ax.imshow(matrix, cmap="Blues")
+    ax.set(xticks=range(n), yticks=range(n), xlabel="predicted", ylabel="true",
+           title="confusion matrix (test)")
+    ax.set_xticklabels(labels, rotation=90)
+    ax.set_yticklabels(labels)
+    if n <= 20:
+        for i in range(n):
+            for j in range(n):
+                ax.text(j, i, str(matrix[i][j]), ha="center", va="center", fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, path)

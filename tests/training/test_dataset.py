@@ -1,37 +1,16 @@
-"""Reading your data: formats, errors with file and line, the split, the tokenizer, batches."""
+"""A data run's data: the one-pass build, the seeded split, held-out files, the stream."""
 
-import json
 import random
-import tracemalloc
 
 import pytest
-from text_fixtures import classification_rows, embedding_rows, seq2seq_rows, write
+from text_fixtures import classification_rows, seq2seq_rows, write
 
 from tformer.training import resolve_config
-from tformer.training.data import (
-    TextData,
-    TextTokenizer,
-    bucket,
-    input_key,
-    peek_objective,
-    read_records,
-    train_tokenizer,
-)
+from tformer.training.data_objectives import Seq2SeqExample, data_objective
+from tformer.training.dataset import TextData, bucket
+from tformer.training.records import FIELDS
 
-
-@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".tsv"])
-def test_formats_read_the_same_records(tmp_path, suffix):
-    rows = classification_rows(5)
-    path = write(tmp_path / f"d{suffix}", rows)
-    assert [r for _, r in read_records(path)] == rows
-
-
-def test_columns_rename_and_fields_choose_the_objective(tmp_path):
-    path = write(tmp_path / "d.csv", [{"en": "a", "fr": "b"}])
-    assert [r for _, r in read_records(path, "en=source,fr=target")] == [{"source": "a", "target": "b"}]
-    assert peek_objective(path, "en=source,fr=target") == "seq2seq"
-    assert peek_objective(write(tmp_path / "c.jsonl", classification_rows(1))) == "classification"
-    assert peek_objective(write(tmp_path / "e.tsv", embedding_rows(1))) == "embedding"
+input_key = FIELDS["seq2seq"].input_key
 
 
 def _error(tmp_path, name, text, **config):
@@ -95,57 +74,22 @@ def test_given_valid_file_removes_its_texts_from_training(tmp_path):
     assert not train_keys & {r["source"] for r in rows[:5]}
 
 
-ROUND_TRIP = [
-    "Hello, World!  Two  spaces, and a trailing one ",
-    "Ça va? Naïve café — «quoted» Straße",
-    "Error: %s not found (%d files, %(name)s)",
-    "東京は日本の首都です。Москва — столица России. مرحبا بالعالم",
-    "MiXeD CaSe\ttab",
-]
-
-
-@pytest.mark.parametrize("kind", ["bpe", "unigram", "wordpiece"])
-def test_tokenizer_round_trips_text(kind):
-    corpus = ROUND_TRIP * 20 + [r["source"] for r in seq2seq_rows(50)]
-    tok = TextTokenizer(train_tokenizer(iter(corpus), kind, 400), max_length=200)
-    texts = ROUND_TRIP if kind == "bpe" else ROUND_TRIP[2:3]  # only bytes cover every script
-    for text in texts:
-        assert tok.decode(tok.pieces([text])[0]) == text
-    if kind == "bpe":  # unseen scripts too: byte-level has no unknown token
-        assert tok.decode(tok.pieces(["Ελληνικά עברית"])[0]) == "Ελληνικά עברית"
-
-
-def test_reading_streams_the_file(tmp_path):
-    path = tmp_path / "big.jsonl"
-    line = json.dumps({"source": "x" * 200, "target": "y" * 200}) + "\n"
-    path.write_text(line * 20000 + "not json\n")  # 8 MB, broken at the very end
-    records = read_records(path)
-    assert next(records)[0] == 1  # the first record comes before the bad last line is read
-    tracemalloc.start()
-    with pytest.raises(ValueError, match="big.jsonl:20001: not valid JSON"):
-        for _ in records:
-            pass
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
-    assert peak < 1_000_000, peak  # far below the file's 8 MB
-
-
 def test_batches_respect_the_token_budget_and_bucket_by_length():
     rng = random.Random(0)
-    examples = [([1] * rng.randint(1, 60), [2] * rng.randint(1, 60)) for _ in range(500)]
+    examples = [Seq2SeqExample([1] * rng.randint(1, 60), [2] * rng.randint(1, 60)) for _ in range(500)]
     batches = bucket(examples, 400, random.Random(1))
     assert sum(len(b) for b in batches) == 500
     for b in batches:
-        widest = max(len(s) + len(t) for s, t in b)
+        widest = max(e.cost for e in b)
         assert len(b) == 1 or len(b) * widest <= 400
-    spread = [max(len(s) + len(t) for s, t in b) - min(len(s) + len(t) for s, t in b) for b in batches]
+    spread = [max(e.cost for e in b) - min(e.cost for e in b) for b in batches]
     assert sum(spread) / len(spread) < 10  # similar lengths together
 
 
 def test_train_stream_is_seeded_and_resumable(tmp_path):
     path = write(tmp_path / "d.jsonl", seq2seq_rows(200))
     config = resolve_config({"data": str(path), "vocab_size": 300, "max_tokens": 200})
-    data = TextData.build(config, None, write=False)
+    data = data_objective(TextData.build(config, None, write=False), config)
     first = [b.src for _, b in zip(range(30), data.train_batches(0), strict=False)]
     again = [b.src for _, b in zip(range(10), data.train_batches(20), strict=False)]
     assert all(a.equal(b) for a, b in zip(first[20:], again, strict=True))
@@ -153,19 +97,50 @@ def test_train_stream_is_seeded_and_resumable(tmp_path):
     assert all(a.equal(b) for a, b in zip(first[1::2], rank1, strict=False))
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("en:source", r"columns: expected 'theirs=ours,...', got 'en:source'"),
-    ("en=", r"columns: expected 'theirs=ours,...', got 'en='"),
-])
-def test_bad_columns_spec(tmp_path, spec, message):
-    path = write(tmp_path / "d.csv", [{"en": "a", "fr": "b"}])
-    with pytest.raises(ValueError, match=message):
-        next(read_records(path, spec))
+def _objective(tmp_path, rows, **options):
+    path = write(tmp_path / "d.jsonl", rows)
+    config = resolve_config({"data": str(path), "vocab_size": 300, **options})
+    return data_objective(TextData.build(config, None, write=False), config)
 
 
-def test_unknown_file_type_and_missing_file(tmp_path):
-    (tmp_path / "d.txt").write_text("a\n")
-    with pytest.raises(ValueError, match=r"d.txt: expected a .jsonl, .csv or .tsv file, got '.txt'"):
-        next(read_records(tmp_path / "d.txt"))
-    with pytest.raises(FileNotFoundError, match="nope.jsonl: no such file"):
-        next(read_records(tmp_path / "nope.jsonl"))
+def test_a_text_pair_is_encoded_whatever_its_neighbour_holds(tmp_path):
+    objective = _objective(tmp_path, classification_rows(60, pair=True))
+    paired = {"text": "a big cat", "text_pair": "the house", "label": "animal"}
+    alone = objective.encode([paired])[0]
+    after_unpaired = objective.encode([{"text": "a dog", "label": "animal"}, paired])[1]
+    assert after_unpaired == alone and 1 in alone.text.type_ids
+
+
+def test_hard_negatives_are_kept_per_record(tmp_path):
+    rows = [{"anchor": f"a{i} cat", "positive": f"A{i} CAT", **({"negative": "dog"} if i % 2 else {})}
+            for i in range(200)]
+    objective = _objective(tmp_path, rows)
+    examples = objective.encode([rows[0], rows[1]])  # the first has no negative
+    assert examples[0].negative is None and examples[1].negative is not None
+    batch = objective.collate(examples)
+    assert batch.negative.input_ids.shape[0] == 1  # one hard negative, never the positive
+
+
+def test_the_file_is_read_once_to_build_a_run(tmp_path, monkeypatch):
+    from tformer.training import dataset
+
+    reads = []
+    real = dataset.read_records
+    monkeypatch.setattr(dataset, "read_records", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
+    path = write(tmp_path / "d.jsonl", seq2seq_rows(200))
+    data = TextData.build(resolve_config({"data": str(path), "vocab_size": 300}), None, write=False)
+    assert data.held_out("test") and data.held_out("validation")
+    assert len(reads) == 1  # the objective's peek reads one line and stops; no second pass
+
+
+def test_resume_refuses_a_changed_data_file_and_keeps_the_runs_labels(tmp_path):
+    path = write(tmp_path / "d.jsonl", classification_rows(80))
+    config = resolve_config({"data": str(path), "vocab_size": 300})
+    run = tmp_path / "run"
+    run.mkdir()
+    TextData.build(config, run)
+    saved = (run / "data.json").read_bytes()
+    write(path, classification_rows(80) + [{"text": "zzz", "label": "zzz"}])
+    with pytest.raises(ValueError, match=r"data: .*d.jsonl changed since the run started"):
+        TextData.build(config, run)
+    assert (run / "data.json").read_bytes() == saved  # never rewritten

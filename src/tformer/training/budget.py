@@ -1,0 +1,143 @@
+"""The run's budget: when to validate, when to stop, and how many steps the schedule plans for.
+
+A run has up to three budgets, and stops at the first one spent:
+    --steps N         updates (always set: an upper bound)
+    --epochs N        passes over the training data (data runs)
+    --max-minutes M   wall time of the whole command: tokenizer, training, validations, the
+                      final test and saving all end within M minutes
+
+With --max-minutes the clock drives the run. The step count is estimated from the measured
+step time, and re-estimated as the run goes, so the learning-rate schedule's warmup ends
+early and its decay ends at the deadline (Li et al. 2020, "Budgeted training": a schedule that
+decays to zero at the budget beats one planned for steps it never reaches). Validation is
+scheduled by time, on a fixed sample sized so that it costs at most VALID_SHARE of the budget,
+and time is kept back for the final test (estimated from validation's own speed).
+Without --max-minutes, validation runs every --eval-every steps, as before.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from tformer.training.objective import EVAL_SAMPLE
+
+VALID_SHARE = 0.05  # validations' share of a timed run's wall time, at most (about)
+VALIDATIONS = 5  # validations a timed run aims for (the last at the end of training)
+PROBE = 32  # examples the first validation times before choosing its sample size
+MIN_SAMPLE = 32
+SAVE_SECONDS = 2.0  # kept back for the last checkpoint and the plots, before measuring
+
+
+class Budget:
+    """The clock and the plan of one run (all times in seconds since the command started)."""
+
+    def __init__(self, config, started: float, start_step: int = 0,
+                 train_records: int | None = None) -> None:
+        self.config, self.started = config, started
+        self.seconds = config.max_minutes * 60 if config.max_minutes else math.inf
+        self.timed = math.isfinite(self.seconds)
+        self.start_step = start_step
+        self.train_started = time.perf_counter() - started  # tokenizer and setup come first
+        self.step_seconds: float | None = None  # mean time per update (exponential average)
+        self.examples_per_step: float | None = None
+        self.train_records = train_records
+        self.valid_seconds_per_example: float | None = None
+        self.valid_sample: int | None = None  # fixed after the first timed validation
+        self.valid_spent = 0.0
+        self.test_examples = 0
+        self.save_seconds = 0.0  # the longest checkpoint save so far
+        self.next_valid = self.train_started + self._valid_interval()
+
+    def saved(self, seconds: float) -> None:
+        self.save_seconds = max(self.save_seconds, seconds)
+
+    # The clock -------------------------------------------------------------------------------
+    def now(self) -> float:
+        return time.perf_counter() - self.started
+
+    def reserve(self) -> float:
+        """Seconds kept back for what follows the last step: the last validation, the final
+        test, two checkpoints and the plots (each as measured so far, with a margin)."""
+        per = self.valid_seconds_per_example
+        if per is None:
+            after = 0.05 * self.seconds
+        else:
+            after = per * (self.test_examples + (self.valid_sample or 0)) * 1.2
+        return after + 2 * max(self.save_seconds, SAVE_SECONDS / 2) + SAVE_SECONDS
+
+    def train_deadline(self) -> float:
+        return self.seconds - self.reserve()
+
+    def out_of_time(self, step: int) -> bool:
+        """Would one more step end past the training deadline?"""
+        return self.now() + (self.step_seconds or 0.0) > self.train_deadline()
+
+    def stepped(self, seconds: float, examples: int) -> None:
+        """Record one update's time and size."""
+        a = 0.1  # smooth, but follow a machine that speeds up after warm-up
+        def average(old: float | None, new: float) -> float:
+            return new if old is None else (1 - a) * old + a * new
+
+        self.step_seconds = average(self.step_seconds, seconds)
+        self.examples_per_step = average(self.examples_per_step, examples)
+
+    # The plan ----------------------------------------------------------------------------------
+    def planned_steps(self, step: int) -> int:
+        """The step count the schedule plans for: --steps, or fewer where the clock or the
+        epochs end first (re-estimated at every call from the measured step time)."""
+        total = self.config.steps
+        if self.config.epochs is not None and self.train_records and self.examples_per_step:
+            total = min(total, math.ceil(self.config.epochs * self.train_records / self.examples_per_step))
+        if self.timed and self.step_seconds:
+            left = max(self.train_deadline() - self.now(), 0.0)
+            total = min(total, step + int(left / self.step_seconds))
+        return max(total, step, 1)
+
+    def progress(self, step: int) -> float:
+        """How much of the budget is spent, in [0, 1] (the progress bar's position)."""
+        by_steps = step / self.planned_steps(step)
+        if not self.timed:
+            return by_steps
+        return max(by_steps, min(self.now() / self.seconds, 1.0))
+
+    # Validation --------------------------------------------------------------------------------
+    def _valid_interval(self) -> float:
+        train = max(self.train_deadline() - self.train_started, 1e-3)
+        per = self.valid_seconds_per_example
+        if per is None or self.valid_sample is None:
+            return train / VALIDATIONS
+        cost = per * self.valid_sample
+        return max(train / VALIDATIONS, cost / VALID_SHARE)
+
+    def should_validate(self, step: int, last_step: bool) -> bool:
+        if not self.timed:
+            return step % self.config.eval_every == 0
+        return last_step or self.now() >= self.next_valid
+
+    def needs_probe(self) -> bool:
+        """A timed run times PROBE examples before its first validation, to size the sample."""
+        return self.timed and self.valid_sample is None
+
+    def probed(self, seconds: float, examples: int) -> None:
+        self.valid_spent += seconds
+        self.valid_seconds_per_example = seconds / max(examples, 1)
+        train = max(self.train_deadline() - self.train_started, 1e-3)
+        self.valid_sample = max(MIN_SAMPLE, int(VALID_SHARE * train / VALIDATIONS
+                                                / self.valid_seconds_per_example))
+
+    def sample_size(self, available: int) -> int:
+        """How many validation examples each validation scores: the same every time."""
+        return min(self.valid_sample or EVAL_SAMPLE, available)
+
+    def validated(self, seconds: float, examples: int) -> None:
+        """Record a validation's time and schedule the next one."""
+        self.valid_spent += seconds
+        if examples:
+            per = seconds / examples
+            self.valid_seconds_per_example = max(per, self.valid_seconds_per_example or 0.0)
+        self.next_valid = self.now() + self._valid_interval()
+
+    def valid_share(self) -> float:
+        """Validation's share of the wall time so far."""
+        return self.valid_spent / max(self.now(), 1e-9)

@@ -1,0 +1,303 @@
+"""Your own data as a run sees it: the held-out splits, the training stream, the tokenizer.
+
+    data = TextData.build(config, run_dir)        # one pass over the file; trains a tokenizer
+    for records in data.epoch_pools(epoch): ...   # the training records, streamed in pools
+
+Building reads the training file once: its objective (field names), labels, record count,
+the held-out records and the tokenizer's training sample all come from that one pass;
+training then streams the file. Only the held-out splits are kept in memory.
+
+The split (tformer.training.records): f = min(5%, 1000 / records) of the input texts go to
+test, as many to validation: about 5% each, at most about 1,000. Given --valid/--test files,
+training records whose input text is in them are skipped.
+
+A run's identity is fixed when it is created: data.json holds the objective, the label
+names, the tokenizer's maximum length, the split fraction and each data file's digest.
+Resuming reads it back and refuses a data file that changed, naming what changed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from tformer.files import write_atomic, write_json_atomic
+from tformer.tokenizer import Tokenizer
+from tformer.training.records import (
+    FIELDS,
+    Fields,
+    Record,
+    file_digest,
+    peek_fields,
+    read_records,
+    split_of,
+    split_of_unit,
+    unit_hash,
+)
+from tformer.training.subwords import load_backend, pretrained_backend, run_tokenizer, train_tokenizer
+
+SPLIT_FRACTION, SPLIT_CAP = 0.05, 1000
+TOKENIZER_SAMPLE = 200_000  # records the tokenizer is trained on (the first ones)...
+TOKENIZER_CHARS = 50_000_000  # ...or this many characters of them, whichever comes first
+POOL = 4096  # records sorted together for length bucketing
+
+
+def split_fraction(n_records: int) -> float:
+    return min(SPLIT_FRACTION, SPLIT_CAP / max(n_records, 1))
+
+
+class TextData:
+    """The held-out splits and the training stream of a data run, with its tokenizer.
+
+    fields: the objective's fields (tformer.training.records); labels: classification's label
+    names (read from the training file, sorted): the model's class ids index them.
+    """
+
+    def __init__(self, config, fields: Fields, tokenizer: Tokenizer, labels: list[str],
+                 fraction: float, identity: dict[str, Any] | None = None) -> None:
+        self.config, self.fields, self.tokenizer = config, fields, tokenizer
+        self.labels, self.fraction = labels, fraction
+        self.identity = identity or {}
+        self.label_ids = {name: i for i, name in enumerate(labels)}
+        self._held_out: dict[str, list[Record]] = {}
+        self._held_out_keys: set[str] | None = None
+
+    # Building -------------------------------------------------------------------------------
+    @classmethod
+    def build(cls, config, run_dir: Path | None = None, write: bool = True) -> TextData:
+        """A new run's data (one pass over the file, a tokenizer trained or loaded), written to
+        run_dir as tokenizer.json and data.json; or, where run_dir holds them (resuming),
+        the run's own, after checking that the data files are the ones it started with."""
+        if run_dir is not None and (run_dir / "data.json").is_file():
+            data = cls.from_run(run_dir, config)
+            data.check_identity()
+            return data
+        data, sample = cls._scan(config)
+        if config.from_pretrained:
+            backend, limit = pretrained_backend(Path(config.from_pretrained))
+            max_length = min(config.max_length, limit) if limit else config.max_length
+        else:
+            backend = train_tokenizer(sample, config.tokenizer, config.vocab_size)
+            max_length = config.max_length
+        data.tokenizer = run_tokenizer(backend, max_length)
+        if write and run_dir is not None:
+            write_atomic(run_dir / "tokenizer.json", backend.to_str().encode())
+            write_json_atomic(run_dir / "data.json", data.describe())
+        return data
+
+    @classmethod
+    def from_run(cls, run_dir: Path, config) -> TextData:
+        """The tokenizer, labels and identity of a run, without reading its data files."""
+        path = run_dir / "data.json"
+        try:
+            info = json.loads(path.read_text())
+            fields = FIELDS[info["objective"]]
+            tokenizer = run_tokenizer(load_backend(run_dir / "tokenizer.json"), info["max_length"])
+            return cls(config, fields, tokenizer, list(info["labels"]), float(info["split_fraction"]),
+                       info.get("identity"))
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"RUN_DIR: {path} is not a tformer data.json ({e})") from None
+
+    def describe(self) -> dict[str, Any]:
+        return {"objective": self.fields.objective, "labels": self.labels,
+                "max_length": self.tokenizer.max_length, "split_fraction": self.fraction,
+                "vocab_size": self.tokenizer.vocab_size, "identity": self.identity}
+
+    @classmethod
+    def _scan(cls, config) -> tuple[TextData, list[str]]:
+        """One pass over the training file: fields, labels, the held-out records (both hashed
+        splits' candidates), and the tokenizer's sample (texts of training records)."""
+        path, seed = Path(config.data), config.seed
+        fields = peek_fields(path, config.columns)
+        data = cls(config, fields, None, [], SPLIT_FRACTION)  # type: ignore[arg-type]
+        given = {s: list(data.read_file(p, check_labels=False))  # --valid/--test files
+                 for s, p in (("validation", config.valid), ("test", config.test)) if p is not None}
+        given_keys = {fields.input_key(r) for records in given.values() for r in records}
+        hashed = {s for s, p in (("validation", config.valid), ("test", config.test)) if p is None}
+        labels: set[str] = set()
+        candidates: list[tuple[float, Record]] = []  # (u, record) that may be held out
+        sample: list[tuple[float, list[str]]] = []  # (u, texts) for the tokenizer
+        chars = n = 0
+        for line_no, record in data._checked(path):
+            n += 1
+            if "label" in record:
+                labels.add(record["label"])
+            key = fields.input_key(record)
+            if key in given_keys:
+                continue
+            u = unit_hash(key, seed)
+            # The final fraction is at most split_fraction(n so far): nothing above it can be held out.
+            if hashed and u < 2 * split_fraction(n):
+                candidates.append((u, dict(record, line=str(line_no))))
+                if len(candidates) > 4 * SPLIT_CAP and n % 1024 == 0:
+                    candidates = [c for c in candidates if c[0] < 2 * split_fraction(n)]
+            if len(sample) < TOKENIZER_SAMPLE and chars < TOKENIZER_CHARS:
+                texts = [v for k, v in record.items() if k != "label"]
+                chars += sum(map(len, texts))
+                sample.append((u, texts))
+        if n == 0:
+            raise ValueError(f"{path}: expected at least one record, got an empty file")
+        if fields.objective == "classification" and len(labels) < 2:
+            raise ValueError(f"{path}: label: expected at least 2 distinct labels, got {sorted(labels)}")
+        data.labels = sorted(labels)
+        data.label_ids = {name: i for i, name in enumerate(data.labels)}
+        data.fraction = f = split_fraction(n)
+        for split, records in given.items():
+            data._check_labels(config.valid if split == "validation" else config.test, records)
+            data._held_out[split] = data._nonempty(split, records)
+        for split in hashed:
+            records = [r for u, r in candidates if split_of_unit(u, f) == split]
+            data._held_out[split] = data._nonempty(split, records)
+        data.identity = {name: {"path": str(p), "blake2b": file_digest(p)}
+                         for name, p in (("data", config.data), ("valid", config.valid),
+                                         ("test", config.test)) if p is not None}
+        data.identity["data"]["records"] = n
+        texts = [t for u, ts in sample if not (hashed and split_of_unit(u, f) in hashed) for t in ts]
+        return data, texts
+
+    def train_record_estimate(self) -> int | None:
+        """About how many training records an epoch has (the held-out share taken out)."""
+        n = self.identity.get("data", {}).get("records")
+        if n is None:
+            return None
+        hashed = sum(p is None for p in (self.config.valid, self.config.test))
+        return max(int(n * (1 - hashed * self.fraction)), 1)
+
+    def check_identity(self) -> None:
+        """Refuse data files that differ from those the run started with."""
+        c = self.config
+        for name, path in (("data", c.data), ("valid", c.valid), ("test", c.test)):
+            saved = self.identity.get(name)
+            if saved is None or path is None:
+                continue  # a run written before data identities were kept
+            digest = file_digest(path)
+            if digest != saved["blake2b"]:
+                raise ValueError(
+                    f"{name}: {path} changed since the run started (blake2b {saved['blake2b'][:12]} "
+                    f"then, {digest[:12]} now); resume with the file it trained on, or start a new run")
+
+    # Splits -----------------------------------------------------------------------------
+    def _given_keys(self) -> set[str]:
+        c = self.config
+        given = [s for s, p in (("validation", c.valid), ("test", c.test)) if p is not None]
+        return {self.fields.input_key(r) for s in given for r in self.held_out(s)} if given else set()
+
+    def _nonempty(self, split: str, records: list[Record]) -> list[Record]:
+        if not records:
+            raise ValueError(f"{split}: expected at least one record, got none (the split of "
+                             f"{self.config.data} is empty: add --valid/--test files)")
+        return records
+
+    def held_out(self, split: str) -> list[Record]:
+        """The "validation" or "test" records (each with its "line" for error messages)."""
+        if split not in self._held_out:
+            path = self.config.valid if split == "validation" else self.config.test
+            if path is not None:
+                records = list(self.read_file(path))
+            else:
+                train = Path(self.config.data)
+                records = [dict(r, line=str(line)) for line, r in self._checked(train)
+                           if split_of(self.fields.input_key(r), self.config.seed, self.fraction) == split]
+            self._held_out[split] = self._nonempty(split, records)
+        return self._held_out[split]
+
+    def read_file(self, path: str | Path, check_labels: bool = True) -> Iterator[Record]:
+        """Checked records of a valid/test/eval file (unknown labels are errors)."""
+        for line, record in self._checked(Path(path)):
+            record = dict(record, line=str(line))
+            if check_labels:
+                self._check_labels(path, [record])
+            yield record
+
+    def _check_labels(self, path, records: list[Record]) -> None:
+        for record in records:
+            if "label" in record and record["label"] not in self.label_ids:
+                raise ValueError(f"{path}:{record['line']}: label {record['label']!r} is not one of the "
+                                 f"training labels ({', '.join(self.labels)})")
+
+    def _checked(self, path: Path) -> Iterator[tuple[int, Record]]:
+        for line_no, record in read_records(path, self.config.columns):
+            yield line_no, self.fields.check(path, line_no, record)
+
+    def train_records(self) -> Iterator[Record]:
+        """The training file's records minus the held-out ones, streamed."""
+        c = self.config
+        if self._held_out_keys is None:
+            self._held_out_keys = self._given_keys()
+        hashed = {s for s, p in (("validation", c.valid), ("test", c.test)) if p is None}
+        for _, record in self._checked(Path(c.data)):
+            key = self.fields.input_key(record)
+            if key in self._held_out_keys:
+                continue
+            if hashed and split_of(key, c.seed, self.fraction) in hashed:
+                continue
+            yield record
+
+    def epoch_pools(self) -> Iterator[list[Record]]:
+        """One pass over the training records, in pools of POOL (sorted by length together)."""
+        pool: list[Record] = []
+        any_record = False
+        for record in self.train_records():
+            pool.append(record)
+            any_record = True
+            if len(pool) == POOL:
+                yield pool
+                pool = []
+        if pool:
+            yield pool
+        if not any_record:
+            raise ValueError(f"{self.config.data}: no training records left after the split")
+
+
+# The training stream ------------------------------------------------------------------------
+def bucket(examples: list, max_tokens: int, rng: random.Random) -> list[list]:
+    """Cut examples (each with a `cost`: the tokens it adds to a batch's padded width) into
+    batches of similar length with at most max_tokens padded tokens (an example longer than
+    that is a batch alone), in a shuffled order."""
+    examples = list(examples)
+    rng.shuffle(examples)  # ties in length are broken differently every epoch
+    examples.sort(key=lambda ex: ex.cost)
+    batches, current, widest = [], [], 0
+    for ex in examples:
+        width = max(widest, ex.cost)
+        if current and width * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current, width = [], ex.cost
+        current.append(ex)
+        widest = width
+    if current:
+        batches.append(current)
+    rng.shuffle(batches)
+    return batches
+
+
+class BatchStream:
+    """The endless stream of training batches from the `start`-th (counting every rank's),
+    keeping those of this rank (batch i goes to rank i % world). Each epoch's order is seeded
+    by (seed, epoch), so the stream is the same every time and a resumed run skips what it used.
+    `epoch`: the passes over the training data completed before the batch last returned."""
+
+    def __init__(self, data: TextData, encode: Callable[[list[Record]], list],
+                 collate: Callable[[list], Any], start: int = 0, rank: int = 0, world: int = 1) -> None:
+        self.epoch = 0
+        self._batches = self._stream(data, encode, collate, start, rank, world)
+
+    def __iter__(self) -> BatchStream:
+        return self
+
+    def __next__(self):
+        return next(self._batches)
+
+    def _stream(self, data, encode, collate, start, rank, world) -> Iterator:
+        i = 0
+        while True:
+            rng = random.Random(f"{data.config.seed}/epoch/{self.epoch}")
+            for pool in data.epoch_pools():
+                for examples in bucket(encode(pool), data.config.max_tokens, rng):
+                    if i >= start and i % world == rank:
+                        yield collate(examples)
+                    i += 1
+            self.epoch += 1

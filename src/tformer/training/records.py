@@ -1,0 +1,194 @@
+"""Reading your files: JSONL, CSV and TSV records, their fields, and the seeded split.
+
+    for line_no, record in read_records("train.csv", columns="en=source,fr=target"): ...
+    fields = fields_of(record, "train.csv:2")     # the objective the field names choose
+
+Files are read one line at a time (a file larger than memory works). Every error names the
+file and line. JSONL: one object per line, blank lines skipped. CSV: RFC 4180 quoting, a
+header row. TSV: a header row, fields separated by tabs and never quoted (a `"` is a
+character like any other, so a field that starts with one cannot swallow the next lines).
+A UTF-8 byte-order mark (Excel's "CSV UTF-8") is dropped.
+
+The split, when --valid/--test are not given: each record's input text is hashed with the
+seed to u in [0, 1); u < f goes to test, f <= u < 2f to validation, the rest to training.
+The same text always hashes the same, so no input text is in two splits.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
+
+Record = dict[str, str]  # an objective's fields as non-empty strings (+ "line" when held out)
+
+
+@dataclass(frozen=True)
+class Fields:
+    """The fields of one objective: required, optional, and those whose text decides the
+    split (the model's input: no input text may be in two splits)."""
+
+    objective: str
+    required: tuple[str, ...]
+    optional: tuple[str, ...] = ()
+    input_fields: tuple[str, ...] = ()
+
+    def input_key(self, record: Record) -> str:
+        return "\t".join(record.get(name, "") for name in self.input_fields)
+
+    def check(self, path: Path | str, line_no: int, record: dict[str, Any]) -> Record:
+        """The record's fields as non-empty strings (labels may be JSON numbers)."""
+        out: Record = {}
+        for name in self.required + self.optional:
+            value = record.get(name)
+            if value is None:
+                if name in self.optional:
+                    continue
+                raise ValueError(f"{path}:{line_no}: missing field {name!r} (the record has "
+                                 f"{', '.join(sorted(record)) or 'none'})")
+            if name == "label" and isinstance(value, (int, bool)):
+                value = str(value)
+            if not isinstance(value, str):
+                raise ValueError(f"{path}:{line_no}: {name}: expected a string, got {type(value).__name__}")
+            if not value.strip():
+                raise ValueError(f"{path}:{line_no}: {name}: expected text, got an empty string")
+            out[name] = value
+        return out
+
+
+# The field names choose the objective (first match).
+OBJECTIVE_FIELDS = (
+    Fields("seq2seq", ("source", "target"), (), ("source",)),
+    Fields("classification", ("text", "label"), ("text_pair",), ("text", "text_pair")),
+    Fields("embedding", ("anchor", "positive"), ("negative",), ("anchor",)),
+)
+FIELDS = {f.objective: f for f in OBJECTIVE_FIELDS}
+
+
+def fields_of(names, where: str) -> Fields:
+    """The objective the field names choose (source+target, text+label, anchor+positive)."""
+    for fields in OBJECTIVE_FIELDS:
+        if set(fields.required) <= set(names):
+            return fields
+    raise ValueError(
+        f"{where}: expected fields source+target, text+label or anchor+positive, got "
+        f"{', '.join(sorted(names)) or 'none'} (rename columns with --columns theirs=ours)"
+    )
+
+
+def parse_columns(spec: str | None) -> dict[str, str]:
+    """'en=source,fr=target' -> {'en': 'source', 'fr': 'target'} (their name -> ours)."""
+    out: dict[str, str] = {}
+    for part in (spec or "").split(","):
+        if not part.strip():
+            continue
+        if part.count("=") != 1 or not all(s.strip() for s in part.split("=")):
+            raise ValueError(f"columns: expected 'theirs=ours,...', got {spec!r}")
+        theirs, ours = (s.strip() for s in part.split("="))
+        if ours in out.values():
+            raise ValueError(f"columns: expected one column per field, got two for {ours!r} in {spec!r}")
+        out[theirs] = ours
+    return out
+
+
+def read_records(path: str | Path, columns: str | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, record) for each record of a JSONL/CSV/TSV file, one line at a time."""
+    path = Path(path)
+    fmt = FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise ValueError(f"{path}: expected a .jsonl, .csv or .tsv file, got {path.suffix or 'no suffix'!r}")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    rename = parse_columns(columns)
+    with path.open(encoding="utf-8-sig", newline="") as f:
+        try:
+            rows = _jsonl(path, f) if fmt == "jsonl" else _table(path, f, fmt)
+            first = True
+            for line_no, record in rows:
+                if first and rename:
+                    _check_renamed(path, line_no, rename, record)
+                    first = False
+                yield line_no, {rename.get(k, k): v for k, v in record.items()}
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def _check_renamed(path: Path, line_no: int, rename: dict[str, str], record: dict[str, Any]) -> None:
+    missing = sorted(set(rename) - set(record))
+    if missing:
+        raise ValueError(f"{path}:{line_no}: columns: expected columns {', '.join(missing)} to rename, "
+                         f"got {', '.join(sorted(record)) or 'none'}")
+
+
+def _jsonl(path: Path, f) -> Iterator[tuple[int, dict[str, Any]]]:
+    for line_no, line in enumerate(f, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{line_no}: expected a JSON object, got {type(record).__name__}")
+        yield line_no, record
+
+
+def _table(path: Path, f, fmt: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    # A field may be as long as the file (csv's default limit, 131,072 characters, would
+    # stop a long document with an internal error).
+    csv.field_size_limit(min(sys.maxsize, max(csv.field_size_limit(), path.stat().st_size + 1)))
+    if fmt == "csv":
+        reader = csv.reader(f)
+    else:
+        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+    try:
+        header = next(reader, None)
+        if not header:
+            raise ValueError(f"{path}:1: expected a header row, got an empty file")
+        header = [h.strip() for h in header]
+        for row in reader:
+            if not any(c.strip() for c in row):
+                continue
+            if len(row) != len(header):
+                raise ValueError(f"{path}:{reader.line_num}: expected {len(header)} "
+                                 f"columns ({', '.join(header)}), got {len(row)}")
+            yield reader.line_num, dict(zip(header, row, strict=True))
+    except csv.Error as e:
+        raise ValueError(f"{path}:{reader.line_num}: not valid {fmt.upper()} ({e})") from None
+
+
+def peek_fields(path: str | Path, columns: str | None = None) -> Fields:
+    """The objective of a file, from its first record's field names."""
+    for line_no, record in read_records(path, columns):
+        return fields_of(list(record), f"{path}:{line_no}")
+    raise ValueError(f"{path}: expected at least one record, got an empty file")
+
+
+def split_of(key: str, seed: int, fraction: float) -> str:
+    """"test", "validation" or "train" for an input text (see the module docstring)."""
+    return split_of_unit(unit_hash(key, seed), fraction)
+
+
+def split_of_unit(u: float, fraction: float) -> str:
+    return "test" if u < fraction else "validation" if u < 2 * fraction else "train"
+
+
+def unit_hash(key: str, seed: int) -> float:
+    digest = hashlib.blake2b(f"{seed}\0{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+def file_digest(path: str | Path) -> str:
+    """blake2b of a file's bytes: a run's data identity."""
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,83 @@
+"""The tokenizer of a data run: trained on your data, or a pretrained model's.
+
+bpe (the default, for every objective): byte-level BPE as in GPT-2 / RoBERTa. Every string
+is some sequence of bytes, so there is no unknown token and decoding gives back the exact
+text (spaces, case, accents, punctuation, `%s` placeholders, any script); BLEU and chrF are
+then computed on the true output text, and a classifier or embedding model never sees an
+[UNK] for a word or script missing from training.
+wordpiece / unigram: BERT's and SentencePiece's schemes, with a Metaspace pre-tokenizer so
+that they round-trip spaces too (characters never seen in training become <unk>).
+Encoder inputs are wrapped as "<s> text </s>" (pairs: "<s> a </s> b </s>") by the saved
+post-processor, so the file alone tokenizes like training did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from tokenizers import Tokenizer as Backend
+from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+from tformer.specials import BOS, EOS
+from tformer.tokenizer import Tokenizer, load_tokenizer, pad_id_of
+from tformer.training.config import MAX_VOCAB
+
+SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0-3: tformer.specials' PAD, BOS, EOS, UNK
+
+
+def train_tokenizer(texts: Iterable[str], scheme: str, vocab_size: int) -> Backend:
+    """A subword tokenizer (HF `tokenizers`) trained on `texts`."""
+    if not len(SPECIALS) < vocab_size <= MAX_VOCAB:
+        raise ValueError(f"vocab_size: expected {len(SPECIALS) + 1}..{MAX_VOCAB}, got {vocab_size}")
+    specials = list(SPECIALS)
+    if scheme == "bpe":
+        tok = Backend(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                      show_progress=False)
+    elif scheme == "wordpiece":
+        tok = Backend(models.WordPiece(unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                            continuing_subword_prefix="", show_progress=False)
+        tok.model = models.WordPiece(unk_token="<unk>", continuing_subword_prefix="")
+    else:
+        tok = Backend(models.Unigram())
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                          unk_token="<unk>", show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    for i, s in enumerate(specials):
+        assert tok.token_to_id(s) == i, (s, tok.token_to_id(s))
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> $B:1 </s>:1",
+        special_tokens=[("<s>", BOS), ("</s>", EOS)])
+    return tok
+
+
+def load_backend(path: Path) -> Backend:
+    try:
+        return Backend.from_file(str(path))
+    except Exception as e:  # the tokenizers library's own error type
+        raise ValueError(f"{path}: not a tokenizers file ({e})") from None
+
+
+def pretrained_backend(model_dir: Path) -> tuple[Backend, int | None]:
+    """A pretrained directory's tokenizer backend (lowercasing baked into its normaliser, so
+    the run's tokenizer.json alone tokenizes the same) and its maximum length."""
+    tok = load_tokenizer(model_dir)
+    backend = tok.backend
+    if tok.lowercase:  # sentence-transformers' do_lower_case
+        steps = [backend.normalizer] if backend.normalizer is not None else []
+        backend.normalizer = normalizers.Sequence([*steps, normalizers.Lowercase()])
+    return backend, tok.max_length
+
+
+def run_tokenizer(backend: Backend, max_length: int) -> Tokenizer:
+    """The run's tokenizer: its backend, truncating to the run's max_length."""
+    return Tokenizer(backend, max_length, pad_id=pad_id_of(backend))

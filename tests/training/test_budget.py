@@ -1,0 +1,75 @@
+"""The budget drives a run: a timed run ends in time, its schedule decays to the deadline,
+validation stays within its share; --epochs stops after N passes."""
+
+import json
+import time
+
+import pytest
+import torch
+from text_fixtures import classification_rows, seq2seq_rows, write
+
+from tformer.training import resolve_config, train
+from tformer.training.budget import VALID_SHARE
+from tformer.training.schedule import WARMUP_SHARE, learning_rate
+
+QUIET = dict(progress=False, log=lambda *a: None)
+TINY = {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "vocab_size": 300, "max_tokens": 256,
+        "threads": 1}
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def _lines(run):
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_timed_run_ends_within_its_budget_and_its_schedule_decays_to_the_deadline(tmp_path):
+    data = write(tmp_path / "d.jsonl", seq2seq_rows(400))
+    config = resolve_config({"data": str(data), **TINY, "max_minutes": 0.5, "steps": 100_000,
+                             "log_every": 1, "out": str(tmp_path / "run")})
+    started = time.perf_counter()
+    record = train(config, **QUIET)
+    seconds = time.perf_counter() - started
+    assert seconds <= 0.5 * 60 * 1.05, seconds
+    assert record["stopped_by"] == "max_minutes"
+    train_lines = [r for r in _lines(tmp_path / "run") if r["split"] == "train"]
+    first, last = train_lines[0], train_lines[-1]
+    assert last["lr"] <= 0.05 * config.lr, last  # the linear decay reached (nearly) its end
+    assert last["planned_steps"] <= last["step"] + 2, last  # planned for the steps it could take
+    peak = max(train_lines, key=lambda r: r["lr"])["step"]  # warmup ends early: 10% of what it took
+    assert first["planned_steps"] == 100_000 and peak <= 1.5 * WARMUP_SHARE * last["step"] + 2
+
+
+def test_validation_share_is_recorded_and_stays_under_its_bound(tmp_path):
+    data = write(tmp_path / "d.jsonl", classification_rows(600))
+    config = resolve_config({"data": str(data), **TINY, "max_minutes": 0.4, "steps": 100_000,
+                             "out": str(tmp_path / "run")})
+    train(config, **QUIET)
+    lines = _lines(tmp_path / "run")
+    validations = [r for r in lines if r["split"] == "validation"]
+    assert len(validations) >= 2
+    assert all("valid_share" in r for r in validations)
+    assert lines[-1]["valid_share"] <= 2 * VALID_SHARE, lines[-1]  # ~5%, with the probe and noise
+
+
+def test_epochs_stop_the_run_after_n_passes(tmp_path):
+    data = write(tmp_path / "d.jsonl", classification_rows(200))
+    config = resolve_config({"data": str(data), **TINY, "epochs": 2, "steps": 100_000,
+                             "eval_every": 1000, "out": str(tmp_path / "run")})
+    record = train(config, **QUIET)
+    assert record["stopped_by"] == "epochs"
+    # ~180 training records in batches of about max_tokens / width each: a few dozen steps.
+    assert 2 <= record["step"] <= 200, record
+
+
+def test_warmup_never_exceeds_its_share_of_the_planned_steps():
+    config = resolve_config({"task": "reverse", "warmup": 4000, "steps": 1000, "schedule": "linear"})
+    peak = max(range(1, 1001), key=lambda s: learning_rate(config, s))
+    assert peak == WARMUP_SHARE * 1000
+    assert learning_rate(config, 1000) == 0.0
+    assert learning_rate(config, 50, total=100) == 0.0 or learning_rate(config, 100, total=100) == 0.0

@@ -1,0 +1,84 @@
+"""Reading your files: formats, columns, errors with file and line, streaming."""
+
+import json
+import tracemalloc
+
+import pytest
+from text_fixtures import classification_rows, embedding_rows, write
+
+from tformer.training.records import peek_fields, read_records
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".tsv"])
+def test_formats_read_the_same_records(tmp_path, suffix):
+    rows = classification_rows(5)
+    path = write(tmp_path / f"d{suffix}", rows)
+    assert [r for _, r in read_records(path)] == rows
+
+
+def test_columns_rename_and_fields_choose_the_objective(tmp_path):
+    path = write(tmp_path / "d.csv", [{"en": "a", "fr": "b"}])
+    assert [r for _, r in read_records(path, "en=source,fr=target")] == [{"source": "a", "target": "b"}]
+    assert peek_fields(path, "en=source,fr=target").objective == "seq2seq"
+    assert peek_fields(write(tmp_path / "c.jsonl", classification_rows(1))).objective == "classification"
+    assert peek_fields(write(tmp_path / "e.tsv", embedding_rows(1))).objective == "embedding"
+
+
+def test_reading_streams_the_file(tmp_path):
+    path = tmp_path / "big.jsonl"
+    line = json.dumps({"source": "x" * 200, "target": "y" * 200}) + "\n"
+    path.write_text(line * 20000 + "not json\n")  # 8 MB, broken at the very end
+    records = read_records(path)
+    assert next(records)[0] == 1  # the first record comes before the bad last line is read
+    tracemalloc.start()
+    with pytest.raises(ValueError, match="big.jsonl:20001: not valid JSON"):
+        for _ in records:
+            pass
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1_000_000, peak  # far below the file's 8 MB
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("en:source", r"columns: expected 'theirs=ours,...', got 'en:source'"),
+    ("en=", r"columns: expected 'theirs=ours,...', got 'en='"),
+])
+def test_bad_columns_spec(tmp_path, spec, message):
+    path = write(tmp_path / "d.csv", [{"en": "a", "fr": "b"}])
+    with pytest.raises(ValueError, match=message):
+        next(read_records(path, spec))
+
+
+def test_unknown_file_type_and_missing_file(tmp_path):
+    (tmp_path / "d.txt").write_text("a\n")
+    with pytest.raises(ValueError, match=r"d.txt: expected a .jsonl, .csv or .tsv file, got '.txt'"):
+        next(read_records(tmp_path / "d.txt"))
+    with pytest.raises(FileNotFoundError, match="nope.jsonl: no such file"):
+        next(read_records(tmp_path / "nope.jsonl"))
+
+
+def test_tsv_field_starting_with_a_quote_stays_on_its_line(tmp_path):
+    path = tmp_path / "d.tsv"
+    path.write_text('text\tlabel\n"quoted start\ta\nplain\tb\nmore "inner" quotes\ta\nlast\tb\n')
+    assert [r["text"] for _, r in read_records(path)] == [
+        '"quoted start', "plain", 'more "inner" quotes', "last"]
+
+
+def test_csv_field_longer_than_the_csv_modules_default_limit(tmp_path):
+    long = "word " * 40_000  # 200,000 characters > csv's 131,072
+    path = write(tmp_path / "d.csv", [{"text": long, "label": "a"}, {"text": "b", "label": "b"}])
+    assert [len(r["text"]) for _, r in read_records(path)] == [len(long), 1]
+
+
+def test_a_utf8_byte_order_mark_is_dropped(tmp_path):
+    path = tmp_path / "excel.csv"
+    path.write_bytes("\ufefftext,label\nhello,a\n".encode())
+    assert [r for _, r in read_records(path)] == [{"text": "hello", "label": "a"}]
+
+
+def test_columns_naming_an_unknown_column_or_one_field_twice_are_refused(tmp_path):
+    path = write(tmp_path / "d.csv", [{"en": "a", "fr": "b"}])
+    with pytest.raises(ValueError, match=r"d.csv:2: columns: expected columns de to rename, got en, fr"):
+        next(read_records(path, "de=source,fr=target"))
+    with pytest.raises(ValueError, match=r"columns: expected one column per field, got two for 'target'"):
+        next(read_records(path, "en=target,fr=target"))
