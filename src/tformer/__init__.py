@@ -3,6 +3,9 @@
     from tformer import TransformerConfig, Encoder
     enc = Encoder(TransformerConfig(d_model=64, n_heads=4, d_ff=256, n_layers=2))
 
+    run = tformer.train(data="train.jsonl", max_minutes=10)   # or data=[{...}, ...]
+    run.predict(["a text"])            # run.generate / run.embed / run.evaluate
+
 Everything but the config is imported lazily, so `tformer.reference` works without torch.
 """
 
@@ -37,6 +40,9 @@ _LAZY = {
     "export_hf": "tformer.pretrained",
     "load_tokenizer": "tformer.tokenizer",
     "SentenceEncoder": "tformer.sentence",
+    "train": "tformer.training.run",
+    "load_run": "tformer.training.run",
+    "Run": "tformer.training.run",
 }
 
 __all__ = ["TransformerConfig", *_LAZY]

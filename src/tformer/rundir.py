@@ -142,12 +142,12 @@ def open_run_dir(run_dir: Path, resume: bool) -> RunLock:
 
 
 def _results(run_dir: Path) -> list[str]:
-    """What a run keeps beyond its checkpoints: best weights, plots, evaluations. A run that
-    never checkpointed has none of them; one whose checkpoints were removed still has."""
-    names = [n for n in ("best.safetensors", "curves.png", "confusion.png", "modules.json")
-             if (run_dir / n).exists()]
-    if any(r.get("split") != "train" for r in read_metrics(run_dir / "metrics.jsonl")):
-        names.append("metrics.jsonl")
+    """What a finished run keeps beyond its checkpoints: its test result and what is written
+    with it. A run killed before its first checkpoint has none of them (it starts again from
+    nothing); a finished one whose checkpoints were removed still has them."""
+    names = [n for n in ("curves.png", "confusion.png", "modules.json") if (run_dir / n).exists()]
+    if any(r.get("split") in ("test", "eval") for r in read_metrics(run_dir / "metrics.jsonl")):
+        names += ["metrics.jsonl"] + [n for n in ("best.safetensors",) if (run_dir / n).exists()]
     return names
 
 

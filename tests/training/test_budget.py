@@ -8,7 +8,7 @@ import pytest
 import torch
 from text_fixtures import classification_rows, seq2seq_rows, write
 
-from tformer.training import resolve_config, train
+from tformer.training import load_run, resolve_config, train
 from tformer.training.budget import VALID_SHARE
 from tformer.training.schedule import WARMUP_SHARE, learning_rate
 
@@ -73,3 +73,30 @@ def test_warmup_never_exceeds_its_share_of_the_planned_steps():
     assert peak == WARMUP_SHARE * 1000
     assert learning_rate(config, 1000) == 0.0
     assert learning_rate(config, 50, total=100) == 0.0 or learning_rate(config, 100, total=100) == 0.0
+
+
+SMALL_LADDER = ({"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1},
+                {"d_model": 48, "n_heads": 2, "d_ff": 96, "n_layers": 2})
+
+
+@pytest.mark.parametrize("min_steps, expected", [(1, 48), (10**9, 32)])
+def test_a_timed_run_without_sizes_takes_the_largest_model_the_budget_trains_enough(
+        tmp_path, monkeypatch, min_steps, expected):
+    from tformer.training import sizing
+
+    monkeypatch.setattr(sizing, "LADDER", SMALL_LADDER)
+    monkeypatch.setattr(sizing, "MIN_STEPS", min_steps)
+    data = write(tmp_path / "d.jsonl", classification_rows(200))
+    logged = []
+    config = resolve_config({"data": str(data), "vocab_size": 300, "max_tokens": 256, "threads": 1,
+                             "max_minutes": 0.15, "out": str(tmp_path / "run")})
+    assert config.auto_size
+    train(config, progress=False, log=logged.append)
+    assert any(line.startswith("model size: d_model") for line in logged), logged
+    model, _, saved = load_run(tmp_path / "run")  # the chosen size is the run's for good
+    assert saved.model.d_model == expected and model.config.d_model == expected
+
+
+def test_size_options_turn_the_choice_off():
+    config = resolve_config({"data": None, "task": "reverse", "d_model": 32})
+    assert not config.auto_size

@@ -19,6 +19,9 @@ from tformer.errors import BadType
 from tformer.tasks import TASKS, Task
 from tformer.training.records import peek_fields
 
+# The options that size the model: given any of them, the size is the user's, not chosen.
+SIZE_OPTIONS = {"d_model", "n_heads", "d_ff", "n_layers", "n_decoder_layers"}
+
 SCHEDULES = ("inverse_sqrt", "cosine", "linear")
 PRECISIONS = ("auto", "fp32", "bf16")
 TOKENIZERS = ("bpe", "wordpiece", "unigram")
@@ -94,7 +97,10 @@ class TrainConfig:
     patience: int | None = _f(None, "stop after N validations without a new best (none = never)")
     seed: int = _f(0, "seed for the data splits, initialisation and dropout")
     threads: int | None = _f(None, "torch CPU threads (default: torch's choice)")
-    max_minutes: float | None = _f(None, "stop training after this many minutes, then test")
+    max_minutes: float | None = _f(None, "the whole run's wall-time budget: training, validation, "
+                                   "the final test and saving end within it")
+    auto_size: bool = _f(True, "with --max-minutes and no size option, a run from scratch takes the "
+                         "largest model that gets enough updates in the budget on this machine")
     out: str | None = _f(None, "run directory (default: a new folder under runs/); a non-empty "
                          "folder that is not a tformer run is refused")
     keep: int = _f(1, "checkpoints kept in RUN/checkpoints (the newest; older ones are pruned)")
@@ -268,6 +274,8 @@ def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
     for layer in layers:
         check_keys(layer)
         merged.update(layer)
+    if SIZE_OPTIONS & set(merged) or "model" in merged:
+        merged.setdefault("auto_size", False)  # sizes given: the user's flags win
     types = {f.name: str(f.type) for f in dataclasses.fields(TrainConfig)}
     types.update({f.name: str(f.type) for f in dataclasses.fields(TransformerConfig)
                   if f.name in MODEL_OPTIONS})

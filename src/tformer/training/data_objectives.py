@@ -29,6 +29,8 @@ from tformer.training import evaluation
 from tformer.training.dataset import BatchStream, TextData
 from tformer.training.objective import (
     EVAL_SAMPLE,
+    Data,
+    cannot,
     classification_loss,
     evaluating,
     ranking_loss,
@@ -166,6 +168,22 @@ class DataObjective:
     def save_outputs(self, model: nn.Module, run_dir: Path, preds: list) -> None:
         """Nothing beyond the checkpoint (see the subclasses)."""
 
+    # What a trained run does (tformer.training.run): each subclass does one.
+    def read_examples(self, data: Data) -> list[Record]:
+        if isinstance(data, (str, Path)):
+            return list(self.data.read_file(data))
+        return self.data.check_records(data, "data")
+
+    def classify(self, model: nn.Module, texts: list[str], pairs: list[str] | None) -> list[dict]:
+        raise cannot(self.description, "predict", "a classification run (text+label)")
+
+    def generate(self, model: nn.Module, inputs: list[str], beam_size: int = 1,
+                 length_penalty: float = 1.0) -> list[str]:
+        raise cannot(self.description, "generate", "a sequence-to-sequence run (source+target)")
+
+    def embed(self, model: nn.Module, texts: list[str]) -> Tensor:
+        raise cannot(self.description, "embed", "an embedding run (anchor+positive)")
+
 
 class Seq2Seq(DataObjective):
     main_metric = "bleu"
@@ -209,6 +227,10 @@ class Seq2Seq(DataObjective):
 
     def score(self, records: list[Record], preds: list[str]) -> tuple[dict[str, float], list]:
         return evaluation.text_metrics(preds, [r["target"] for r in records]), preds
+
+    def generate(self, model: nn.Module, inputs: list[str], beam_size: int = 1,
+                 length_penalty: float = 1.0) -> list[str]:
+        return self.predict(model, [{"source": t} for t in inputs], beam_size, length_penalty)
 
     def sample_rows(self, records: list[Record], preds: list) -> list[tuple[str, str, str]]:
         return [(r["source"], p, r["target"]) for r, p in zip(records, preds, strict=True)]
@@ -274,6 +296,15 @@ class Classification(_EncoderObjective):
     def _predict_batch(self, model, batch: EncoderBatch, beam_size: int, length_penalty: float) -> list:
         """Class probabilities (lists of floats)."""
         return model(batch.input_ids, batch.attention_mask, batch.token_type_ids).logits.softmax(-1).tolist()
+
+    def classify(self, model: nn.Module, texts: list[str], pairs: list[str] | None) -> list[dict]:
+        if pairs is not None and len(pairs) != len(texts):
+            raise ValueError(f"pairs: expected {len(texts)} (one per text), got {len(pairs)}")
+        records = [{"text": t, **({"text_pair": p} if pairs is not None and p else {})}
+                   for t, p in zip(texts, pairs or [None] * len(texts), strict=True)]
+        labels = self.data.labels
+        return [{"label": labels[max(range(len(p)), key=p.__getitem__)],
+                 "probabilities": dict(zip(labels, p, strict=True))} for p in self.predict(model, records)]
 
     def score(self, records: list[Record], preds: list) -> tuple[dict[str, float], list]:
         predicted = [max(range(len(p)), key=p.__getitem__) for p in preds]

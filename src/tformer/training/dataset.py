@@ -212,6 +212,17 @@ class TextData:
                 self._check_labels(path, [record])
             yield record
 
+    def check_records(self, rows, where: str) -> list[Record]:
+        """Records given as Python dicts, checked like a file's lines (where[i] names them)."""
+        out = []
+        for i, raw in enumerate(rows):
+            if not isinstance(raw, dict):
+                raise ValueError(f"{where}[{i}]: expected a dict of fields, got {type(raw).__name__}")
+            record = dict(self.fields.check(f"{where}[{i}]", raw), line=str(i))
+            self._check_labels(where, [record])
+            out.append(record)
+        return out
+
     def _check_labels(self, path, records: list[Record]) -> None:
         for record in records:
             if "label" in record and record["label"] not in self.label_ids:
@@ -220,7 +231,7 @@ class TextData:
 
     def _checked(self, path: Path) -> Iterator[tuple[int, Record]]:
         for line_no, record in read_records(path, self.config.columns):
-            yield line_no, self.fields.check(path, line_no, record)
+            yield line_no, self.fields.check(f"{path}:{line_no}", record)
 
     def train_records(self) -> Iterator[Record]:
         """The training file's records minus the held-out ones, streamed."""

@@ -67,6 +67,7 @@ from tformer.training.objective import Objective
 from tformer.training.precision import choose_precision
 from tformer.training.report import Meter, append_jsonl, plot_curves, sample_table, summary
 from tformer.training.schedule import learning_rate
+from tformer.training.sizing import choose_size, wants_auto_size
 from tformer.training.task_objectives import task_objective
 
 
@@ -153,6 +154,12 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     barrier(world)
     if source is None:
         source = make_objective(config, run_dir, write=False)
+    if wants_auto_size(config, resume, world):
+        config, why = choose_size(config, lambda c: data_objective(source.data, c),
+                                  0.9 * (config.max_minutes * 60 - (time.perf_counter() - started)),
+                                  source.train_batches(0), _probe_step(config, bf16))
+        source = data_objective(source.data, config)
+        log(f"model size: {why} (size options turn this off)")
     check_fits(source.model_config(), source.model_kind, training=True, what="model")
     torch.manual_seed(config.seed)
     model = source.build_model()
@@ -254,6 +261,21 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     source.save_outputs(model, run_dir, preds)
     log(f"wrote {run_dir}/ (checkpoint, metrics.jsonl, curves.png)")
     return record
+
+
+def _probe_step(config: TrainConfig, bf16: bool):
+    """One update of a throwaway model, as train_step does it (for timing)."""
+    optimizers: dict[int, torch.optim.Optimizer] = {}
+
+    def step(model: nn.Module, batch, objective) -> None:
+        optimizer = optimizers.setdefault(id(model), make_optimizer(model, config))
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss, _ = objective.loss(model, batch, config.label_smoothing)
+        loss.backward()
+        optimizer.step()
+
+    return step
 
 
 def _validate(model: nn.Module, source: Objective, budget: Budget) -> dict[str, float]:

@@ -13,7 +13,7 @@ never asks which one it has.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,8 +31,13 @@ EVAL_SAMPLE = 500
 MNR_SCALE = 20.0  # similarity scale of the ranking loss (sentence-transformers' default)
 
 
+Data = str | Path | Iterable[Mapping[str, Any]]  # a file, or records (dicts of fields)
+
+
 class Objective(Protocol):
-    """Everything the training loop needs from what is learned."""
+    """Everything the training loop needs from what is learned, and what a trained run does
+    (tformer.training.run: classify, generate or embed; each objective does one, and the
+    others raise a one-line ValueError)."""
 
     main_metric: str  # the validation metric that picks the best weights (higher is better)
     description: str  # one line for the log
@@ -56,6 +61,19 @@ class Objective(Protocol):
     def sample_rows(self, examples: list, preds: list) -> list[tuple[str, str, str]]: ...
 
     def save_outputs(self, model: nn.Module, run_dir: Path, preds: list) -> None: ...
+
+    def read_examples(self, data: Data) -> list: ...
+
+    def classify(self, model: nn.Module, texts: list[str], pairs: list[str] | None) -> list[dict]: ...
+
+    def generate(self, model: nn.Module, inputs: list[str], beam_size: int, length_penalty: float
+                 ) -> list[str]: ...
+
+    def embed(self, model: nn.Module, texts: list[str]) -> Tensor: ...
+
+
+def cannot(description: str, verb: str, needs: str) -> ValueError:
+    return ValueError(f"RUN: {verb} needs {needs}; this run is {description}")
 
 
 @contextlib.contextmanager

@@ -43,22 +43,23 @@ class Fields:
     def input_key(self, record: Record) -> str:
         return "\t".join(record.get(name, "") for name in self.input_fields)
 
-    def check(self, path: Path | str, line_no: int, record: dict[str, Any]) -> Record:
-        """The record's fields as non-empty strings (labels may be JSON numbers)."""
+    def check(self, where: str, record: dict[str, Any]) -> Record:
+        """The record's fields as non-empty strings (labels may be JSON numbers); errors start
+        with `where` ("file:line")."""
         out: Record = {}
         for name in self.required + self.optional:
             value = record.get(name)
             if value is None:
                 if name in self.optional:
                     continue
-                raise ValueError(f"{path}:{line_no}: missing field {name!r} (the record has "
+                raise ValueError(f"{where}: missing field {name!r} (the record has "
                                  f"{', '.join(sorted(record)) or 'none'})")
             if name == "label" and isinstance(value, (int, bool)):
                 value = str(value)
             if not isinstance(value, str):
-                raise ValueError(f"{path}:{line_no}: {name}: expected a string, got {type(value).__name__}")
+                raise ValueError(f"{where}: {name}: expected a string, got {type(value).__name__}")
             if not value.strip():
-                raise ValueError(f"{path}:{line_no}: {name}: expected text, got an empty string")
+                raise ValueError(f"{where}: {name}: expected text, got an empty string")
             out[name] = value
         return out
 

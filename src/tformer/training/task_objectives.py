@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from torch import nn
+from torch import Tensor, nn
 
 from tformer.batches import EncoderBatch, Seq2SeqBatch
 from tformer.config import TransformerConfig
@@ -15,6 +15,7 @@ from tformer.model import EncoderClassifier, Seq2SeqTransformer
 from tformer.tasks import Example, Task
 from tformer.training.objective import (
     EVAL_SAMPLE,
+    cannot,
     classification_loss,
     evaluating,
     seq2seq_loss,
@@ -83,6 +84,25 @@ class TaskObjective:
     def save_outputs(self, model: nn.Module, run_dir: Path, preds: list) -> None:
         """Nothing beyond the checkpoint for a synthetic task."""
 
+    # What a trained run does (tformer.training.run): each subclass does one.
+    def read_examples(self, data) -> list[Example]:
+        raise ValueError(f"data: {self.description} evaluates on its own generated splits, not on files")
+
+    def classify(self, model: nn.Module, texts: list[str], pairs: list[str] | None) -> list[dict]:
+        raise cannot(self.description, "predict", "a classification task (listops, brackets)")
+
+    def generate(self, model: nn.Module, inputs: list[str], beam_size: int = 1,
+                 length_penalty: float = 1.0) -> list[str]:
+        raise cannot(self.description, "generate", "a sequence-to-sequence task")
+
+    def embed(self, model: nn.Module, texts: list[str]) -> Tensor:
+        raise cannot(self.description, "embed", "an embedding run (anchor+positive)")
+
+    def _examples(self, texts: list[str]) -> list[Example]:
+        for text in texts:
+            self.task.tokenizer.encode(text, strict=True)  # unknown symbols: a one-line error
+        return [Example(text) for text in texts]
+
 
 class TaskSeq2Seq(TaskObjective):
     """copy, reverse, sort, add: generate the target; exact match of whole sequences."""
@@ -101,6 +121,11 @@ class TaskSeq2Seq(TaskObjective):
         gen = generate(model, batch.src, batch.src_mask, beam_size=beam_size,
                        max_len=self.task.max_target_tokens + 1, length_penalty=length_penalty)
         return gen.tolist()
+
+    def generate(self, model: nn.Module, inputs: list[str], beam_size: int = 1,
+                 length_penalty: float = 1.0) -> list[str]:
+        ids = self.predict(model, self._examples(inputs), beam_size, length_penalty=length_penalty)
+        return [self.task.tokenizer.decode(p) for p in ids]
 
     def sample_rows(self, examples: list[Example], preds: list) -> list[tuple[str, str, str]]:
         decode = self.task.tokenizer.decode
@@ -122,6 +147,11 @@ class TaskClassification(TaskObjective):
 
     def baseline(self) -> dict[str, float]:
         return {"majority_baseline": self.task.majority_baseline()["accuracy"]}
+
+    def classify(self, model: nn.Module, texts: list[str], pairs: list[str] | None) -> list[dict]:
+        if pairs is not None:
+            raise ValueError(f"pairs: {self.description} takes single inputs, got pairs")
+        return [{"label": str(c)} for c in self.predict(model, self._examples(texts))]
 
     def sample_rows(self, examples: list[Example], preds: list) -> list[tuple[str, str, str]]:
         return [(ex.source, str(p), str(ex.label)) for ex, p in zip(examples, preds, strict=True)]

@@ -1,4 +1,4 @@
-"""The training loop: learning, causal masking, schedules, config, checkpoints, resume."""
+"""Training on the synthetic tasks: losses, schedules, the config layers, run directories, resume."""
 
 import json
 

@@ -1,0 +1,134 @@
+"""Kernel choices made by measuring on this machine, remembered per machine.
+
+    kernel = choose("linear-train", "768x3072/2048", {"onednn": run_a, "mkl": run_b})
+
+Which kernel is faster depends on the CPU (oneDNN's linear backward beat MKL's 1.2x on one
+AVX-512 machine and lost 1.34x on another), so a choice that depends on the machine is never
+made from CPU flags: the candidates are timed on the shapes at hand, once (a few milliseconds
+to a second), and the decision is kept
+
+- per process, in memory, and
+- per machine, in ``$XDG_CACHE_HOME/tformer/kernels.json`` (``~/.cache`` by default; the
+  TFORMER_CACHE_DIR environment variable moves it), keyed by CPU model, torch version,
+  thread count and the shape class. The file is safe to delete (choices are measured again),
+  a corrupt file is ignored and rewritten, and concurrent processes update it under a file
+  lock, each writing the whole file atomically (tformer.files).
+
+Timing: each candidate runs once to warm up, then ``ROUNDS`` times interleaved with the others;
+the median decides. A candidate must beat the first listed (the default) by more than NOISE
+to be chosen, so noise never flips a choice away from the default.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tformer.files import write_json_atomic
+from tformer.machine import cpu_info
+
+ROUNDS = 5
+NOISE = 0.05  # a candidate must be this much faster than the default to replace it
+
+_memory: dict[str, dict[str, Any]] = {}
+
+
+def cache_path() -> Path:
+    root = os.environ.get("TFORMER_CACHE_DIR") or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tformer"
+    return Path(root) / "kernels.json"
+
+
+def machine_key() -> str:
+    return f"{cpu_info()[0]} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+
+
+def choose(name: str, shape_class: str, candidates: dict[str, Callable[[], Any]],
+           measure: Callable[[Callable[[], Any]], float] | None = None) -> str:
+    """The fastest of `candidates` (name -> a call that runs it once) for this machine and
+    shape class: from memory, else from the cache file, else measured now and remembered."""
+    key = f"{machine_key()} | {name} | {shape_class}"
+    known = _memory.get(key) or _read().get(key)
+    if known is not None and known.get("choice") in candidates:
+        _memory[key] = known
+        return known["choice"]
+    decision = decide(candidates, measure or _time_once)
+    _memory[key] = decision
+    _remember(key, decision)
+    return decision["choice"]
+
+
+def decide(candidates: dict[str, Callable[[], Any]], measure: Callable[[Callable[[], Any]], float]
+           ) -> dict[str, Any]:
+    """Time every candidate (interleaved rounds, medians); the default (first) wins ties."""
+    names = list(candidates)
+    for n in names:
+        measure(candidates[n])  # warm-up: kernel creation, first-touch allocation
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for _ in range(ROUNDS):
+        for n in names:
+            times[n].append(measure(candidates[n]))
+    medians = {n: statistics.median(t) for n, t in times.items()}
+    default = names[0]
+    best = min(names, key=medians.__getitem__)
+    if medians[best] > medians[default] * (1 - NOISE):
+        best = default
+    return {"choice": best, "seconds": {n: round(m, 6) for n, m in medians.items()},
+            "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def decisions() -> dict[str, dict[str, Any]]:
+    """Every decision this machine has made (the cache file and this process's), for reports."""
+    return {**_read(), **_memory}
+
+
+def forget() -> None:
+    """Measure again: drop this process's decisions and the cache file."""
+    _memory.clear()
+    with contextlib.suppress(OSError):
+        cache_path().unlink()
+
+
+def _time_once(call: Callable[[], Any]) -> float:
+    t = time.perf_counter()
+    call()
+    return time.perf_counter() - t
+
+
+def _read() -> dict[str, dict[str, Any]]:
+    try:
+        data = json.loads(cache_path().read_text())
+    except (OSError, ValueError):
+        return {}  # none yet, unreadable or corrupt: measure again
+    return data if isinstance(data, dict) else {}
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _remember(key: str, decision: dict[str, Any]) -> None:
+    """Add one decision to the cache file (read, update and replace it under the lock);
+    a cache that cannot be written only costs a measurement next time."""
+    path = cache_path()
+    with contextlib.suppress(OSError):
+        with _locked(path):
+            data = _read()
+            data[key] = decision
+            write_json_atomic(path, data)

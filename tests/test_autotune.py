@@ -1,0 +1,76 @@
+"""Measured kernel choices: the fastest candidate wins (never a slower one by more than the
+noise), decisions survive in a cache file that two processes share, and a corrupt file is
+measured again."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tformer import autotune
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFORMER_CACHE_DIR", str(tmp_path / "cache"))
+    autotune._memory.clear()
+    yield
+    autotune._memory.clear()
+
+
+def _fake(seconds):
+    """Candidates whose 'time' is given, measured by a fake clock: no timing noise in tests."""
+    calls = {n: 0 for n in seconds}
+    return ({n: (lambda n=n: calls.__setitem__(n, calls[n] + 1) or n) for n in seconds},
+            lambda call: seconds[call()], calls)
+
+
+def test_the_fastest_candidate_is_chosen_and_a_tie_keeps_the_default():
+    candidates, measure, _ = _fake({"default": 1.0, "fast": 0.5, "slow": 2.0})
+    assert autotune.choose("k", "s", candidates, measure) == "fast"
+    candidates, measure, _ = _fake({"default": 1.0, "within-noise": 0.97})
+    assert autotune.choose("k", "t", candidates, measure) == "default"
+
+
+def test_a_decision_is_measured_once_then_read_from_the_cache_file():
+    candidates, measure, calls = _fake({"a": 2.0, "b": 1.0})
+    assert autotune.choose("k", "s", candidates, measure) == "b"
+    measured = dict(calls)
+    autotune._memory.clear()  # a new process: only the file remains
+    assert autotune.choose("k", "s", candidates, measure) == "b"
+    assert calls == measured  # nothing measured again
+    saved = json.loads(autotune.cache_path().read_text())
+    assert [v["choice"] for v in saved.values()] == ["b"]
+
+
+def test_a_corrupt_cache_file_is_measured_again_and_rewritten():
+    autotune.cache_path().parent.mkdir(parents=True)
+    autotune.cache_path().write_text('{"half a json')
+    candidates, measure, _ = _fake({"a": 2.0, "b": 1.0})
+    assert autotune.choose("k", "s", candidates, measure) == "b"
+    assert json.loads(autotune.cache_path().read_text())  # valid again
+
+
+def test_two_processes_add_their_decisions_to_one_cache_file(tmp_path):
+    script = (
+        "import sys; from tformer import autotune\n"
+        "for i in range(20):\n"
+        "    autotune.choose('k', f'{sys.argv[1]}-{i}', {'a': lambda: None, 'b': lambda: None},\n"
+        "                    lambda call: 1.0)\n"
+    )
+    env = {"TFORMER_CACHE_DIR": str(autotune.cache_path().parent), "PATH": ""}
+    procs = [subprocess.Popen([sys.executable, "-c", script, name], env=env) for name in ("p", "q")]
+    assert all(p.wait(timeout=120) == 0 for p in procs)
+    saved = json.loads(autotune.cache_path().read_text())
+    assert len(saved) == 40  # no decision lost to the other process's write
+
+
+def test_a_real_choice_is_never_slower_than_a_forced_remeasurement_beyond_the_noise():
+    import torch
+
+    x = torch.randn(256, 256)
+    candidates = {"matmul": lambda: x @ x, "einsum": lambda: torch.einsum("ij,jk->ik", x, x)}
+    chosen = autotune.choose("test-matmul", "256", candidates)
+    again = autotune.decide(candidates, autotune._time_once)["seconds"]
+    assert again[chosen] <= min(again.values()) * 3  # the same kernel class: only noise between

@@ -1,0 +1,50 @@
+"""The Python API: tformer.train on records or files returns a Run that predicts, generates,
+embeds and evaluates like the command line; tformer.load_run gives the same object back."""
+
+import numpy as np
+import pytest
+import torch
+from text_fixtures import classification_rows, embedding_rows, seq2seq_rows, write
+
+import tformer
+
+TINY = dict(d_model=32, n_heads=2, d_ff=64, n_layers=1, vocab_size=300, max_tokens=512, threads=1,
+            eval_every=4, steps=8, progress=False, log=lambda *a: None)
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_a_list_of_dicts_trains_predicts_and_reloads(tmp_path):
+    rows = classification_rows(120)
+    run = tformer.train(data=rows, out=str(tmp_path / "run"), **TINY)
+    assert (tmp_path / "run" / "data" / "data.jsonl").is_file()  # the run's own copy
+    assert run.record["split"] == "test" and 0 <= run.record["accuracy"] <= 1
+    out = run.predict(["a big cat", "the river"])
+    assert [set(o) for o in out] == [{"label", "probabilities"}] * 2
+    assert all(abs(sum(o["probabilities"].values()) - 1) < 1e-5 for o in out)
+    again = tformer.load_run(tmp_path / "run")
+    assert again.predict(["a big cat", "the river"]) == out
+    metrics = again.evaluate(data=rows[:20])
+    assert set(metrics) >= {"accuracy", "macro_f1", "loss"}
+    with pytest.raises(ValueError, match="RUN: generate needs a sequence-to-sequence run"):
+        run.generate(["x"])
+
+
+def test_seq2seq_and_embedding_runs_from_files(tmp_path):
+    s2s = tformer.train(data=str(write(tmp_path / "s.jsonl", seq2seq_rows())), out=str(tmp_path / "a"), **TINY)
+    outputs = s2s.generate(["the cat sat", "hello world"])
+    assert len(outputs) == 2 and all(isinstance(o, str) for o in outputs)
+    emb = tformer.train(data=embedding_rows(), out=str(tmp_path / "b"), **TINY)
+    vectors = emb.embed(["a cat", "a dog", "a cat"])
+    assert vectors.shape == (3, 32) and np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+    assert np.allclose(vectors[0], vectors[2], atol=1e-6)
+
+
+def test_bad_records_name_the_record(tmp_path):
+    with pytest.raises(ValueError, match=r"data\[1\]: expected a dict of fields, got str"):
+        tformer.train(data=[{"text": "a", "label": "x"}, "oops"], out=str(tmp_path / "r"), **TINY)
