@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-if TYPE_CHECKING:
-    from tformer.masks import Mask
+from tformer.masks import Mask
+from tformer.tracing import tracing, values_readable
 
 # name -> (the plain function, oneDNN's post-op name and algorithm for the same function)
 ACTIVATIONS = {
@@ -61,35 +60,6 @@ def readable() -> Iterator[None]:
         yield
     finally:
         _readable = previous
-
-
-def tracing() -> bool:
-    """Whether torch.compile, torch.export, an ONNX exporter or an FX trace is recording us."""
-    return (torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting()
-            or torch.fx._symbolic_trace.is_fx_symbolic_tracing())
-
-
-def compile_model(module: nn.Module, **kwargs) -> nn.Module:
-    """``torch.compile(module, **kwargs)``, with a clear error up front when the machine has no
-    C++ compiler: inductor, torch.compile's CPU backend, builds C++ at run time."""
-    import shutil
-
-    from torch._inductor import config as inductor
-
-    cxx = inductor.cpp.cxx[-1] if isinstance(inductor.cpp.cxx, tuple) else inductor.cpp.cxx
-    found = [c for c in (cxx, "g++", "clang++") if c and shutil.which(c)]
-    if kwargs.get("backend", "inductor") == "inductor" and not found:
-        raise RuntimeError(
-            "torch.compile: inductor needs a C++ compiler at run time and found none "
-            f"({cxx or 'g++'} not on PATH); install one (apt-get install g++) or pass "
-            "backend='eager'"
-        )
-    return torch.compile(module, **kwargs)
-
-
-def values_readable(t: Tensor) -> bool:
-    """Whether Python may read t's values: not while tracing (they are symbolic), not on meta."""
-    return t.device.type != "meta" and not tracing()
 
 
 # Linear ---------------------------------------------------------------------------------------

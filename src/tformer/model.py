@@ -22,6 +22,7 @@ from tformer.layers import DecoderLayer, EncoderLayer, LayerCache
 from tformer.masks import Mask, make_mask
 from tformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from tformer.pretrained import load_state, read_pretrained, save_pretrained
+from tformer.tracing import values_readable
 
 
 @dataclass
@@ -81,7 +82,7 @@ def check_token_ids(x: Tensor, vocab_size: int, name: str = "x") -> None:
     # The range check reads the data: eager only. While tracing (compile, export) the ids are
     # symbolic, and on the meta device there are none; an out-of-range id then fails in the
     # embedding lookup instead.
-    if x.numel() and kernels.values_readable(x):
+    if x.numel() and values_readable(x):
         lo, hi = (int(v) for v in torch.aminmax(x))  # one pass over the ids
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"{name}: expected token ids in [0, {vocab_size}), got values in [{lo}, {hi}]")
