@@ -75,9 +75,7 @@ def rotate(x: Tensor, rotation_t: Tensor | None) -> Tensor:
     if rotation_t is None:
         return x
     xb = x.reshape(-1, rotation_t.size(0))  # (N * K / b, b)
-    if kernels.why_not_onednn(xb, rotation_t) is None and xb.numel():
-        return torch.ops.mkldnn._linear_pointwise(xb, rotation_t, None, "none", [], "").view(x.shape)
-    return F.linear(xb, rotation_t).view(x.shape)
+    return kernels.linear_weights(xb, rotation_t).view(x.shape)
 
 
 @functools.cache
@@ -138,8 +136,7 @@ class Int8Linear(nn.Module):
         # oneDNN's packed layout of the weights: derived once here, never learned or saved
         self._packed = torch.ops.onednn.qlinear_prepack(self.weight_int8, None) if _ONEDNN_INT8 else None
 
-    def forward(self, x: Tensor, activation: str | None = None,
-                residual: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, activation: str | None = None) -> Tensor:
         x2 = rotate(x.reshape(-1, self.in_features).float(), self.rotation)  # (N, K)
         q, s, zero = quantize_per_token(x2, self.bits)  # (N, K) uint8, (N, 1)
         if why_not_onednn_int8(x2, self._packed) is None:
@@ -153,7 +150,7 @@ class Int8Linear(nn.Module):
         y = y.reshape(*x.shape[:-1], self.out_features)
         if activation is not None:
             y = kernels.ACTIVATIONS[activation][0](y)
-        return y if residual is None else y + residual
+        return y
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

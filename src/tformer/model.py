@@ -211,14 +211,16 @@ class Encoder(nn.Module):
         mask = make_mask(attention_mask, attn_mask, b, s, s, device=h.device)
         packed = kernels.why_not_packed(mask, attn_mask is not None, output_attentions,
                                         skip_padding) is None
-        # Packed: the layers see the real tokens only, (N, D); unpacking puts zeros at padding.
+        # Packed: the layers see the real tokens only, (N, D), and the Packing for a mask;
+        # unpacking puts zeros at padding.
         unpad = mask.packing.unpack if packed else (mask.zero_padding if mask else lambda t: t)
         hidden = [mask.zero_padding(h) if mask else h] if output_hidden_states else None
         attentions = [] if output_attentions else None
+        layer_mask = mask.packing if packed else mask
         if packed:
             h = mask.packing.pack(h)  # (N, D)
         for layer in self.layers:
-            h, weights = layer(h, mask, need_weights=output_attentions)
+            h, weights = layer(h, layer_mask, need_weights=output_attentions)
             if hidden is not None:
                 hidden.append(unpad(h))
             if attentions is not None:
