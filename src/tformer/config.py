@@ -17,7 +17,9 @@ from tformer.errors import BadType
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 POSITIONALS = ("sinusoidal", "learned", "none")
-POOLINGS = ("cls", "mean")
+POOLINGS = ("cls", "mean")  # a classifier's (config.pooling)
+# Every pooling tformer.pooling knows, in the order sentence-transformers concatenates them.
+POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len")
 
 
 @dataclass(frozen=True)

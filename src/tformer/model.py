@@ -20,6 +20,7 @@ from tformer.config import TransformerConfig
 from tformer.feedforward import FeedForward
 from tformer.layers import DecoderLayer, EncoderLayer, LayerCache
 from tformer.masks import Mask, make_mask
+from tformer.pooling import pool
 from tformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from tformer.pretrained import load_state, read_pretrained, save_pretrained
 from tformer.tracing import values_readable
@@ -469,7 +470,13 @@ class Seq2SeqTransformer(nn.Module):
 
 
 class EncoderClassifier(nn.Module):
-    """Encoder + pooling ("cls": first position, "mean": over real tokens) + linear head."""
+    """Encoder + pooled output + dropout + linear head over the classes.
+
+    Pooled: the BERT pooler's output (tanh(W h[CLS]), Devlin et al. 2019 §3) when the config
+    has one, so a fine-tuned model is a transformers BertForSequenceClassification; else
+    ``config.pooling`` ("cls": the first position, "mean": over real tokens). Dropout before
+    the head, as BERT's classifier has it.
+    """
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
@@ -477,6 +484,7 @@ class EncoderClassifier(nn.Module):
             raise ValueError("n_classes: EncoderClassifier needs the number of classes, got None")
         self.config = config
         self.encoder = Encoder(config)
+        self.dropout = nn.Dropout(config.dropout)
         self.head = nn.Linear(config.d_model, config.n_classes)
 
     def forward(
@@ -496,11 +504,7 @@ class EncoderClassifier(nn.Module):
             x, attention_mask, output_attentions=output_attentions,
             output_hidden_states=output_hidden_states, token_type_ids=token_type_ids,
         )
-        h = out.last_hidden_state  # (B, S, D), zeros at padding
-        if self.config.pooling == "cls":
-            pooled = h[:, 0]  # (B, D)
-        elif out.mask is None or out.mask.padding is None:
-            pooled = h.mean(dim=1)
-        else:  # mean over real tokens: padded positions are zeros, so a plain sum is theirs
-            pooled = h.sum(dim=1) / out.mask.lengths.clamp(min=1)[:, None].to(h.dtype)  # (B, D)
-        return ClassifierOutput(self.head(pooled), out.hidden_states, out.attentions)
+        pooled = out.pooler_output  # (B, D) or None
+        if pooled is None:
+            pooled = pool(out.last_hidden_state, out.mask, [self.config.pooling])  # (B, D)
+        return ClassifierOutput(self.head(self.dropout(pooled)), out.hidden_states, out.attentions)

@@ -19,46 +19,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import Tensor
 
-from tformer.convert.st_layout import POOLING_MODES, read_layout
-from tformer.masks import Mask
+from tformer.config import POOLING_MODES
+from tformer.convert.st_layout import read_layout
 from tformer.model import Encoder, from_pretrained
+from tformer.pooling import pool  # noqa: F401 (tformer.sentence.pool: the training package's import)
 from tformer.tokenizer import Tokenizer, load_tokenizer
 
 # Encode this many batches or more and a progress bar is shown (unless show_progress says).
 PROGRESS_MIN_BATCHES = 8
-
-
-def pool(h: Tensor, mask: Mask | None, modes: Sequence[str]) -> Tensor:
-    """Pool token vectors into one vector per text; modes are concatenated in order.
-
-    ``mask`` is the encoder's own (``EncoderOutput.mask``): its padding says which tokens are
-    real. The encoder leaves zeros at padded positions, so sums need no masking.
-
-    Shape:
-        h: (B, S, D), zeros at padding; returns (B, len(modes) * D)
-    """
-    padding = None if mask is None else mask.padding  # (B, S) True = real token, or None
-    if padding is None:
-        count = torch.full((h.size(0), 1), h.size(1), dtype=h.dtype, device=h.device)
-    else:
-        count = mask.lengths[:, None].to(h.dtype).clamp(min=1e-9)  # (B, 1) real tokens per text
-    out = []
-    for mode in modes:
-        if mode == "cls":
-            out.append(h[:, 0])  # (B, D)
-        elif mode == "max":
-            # Padding must never win the max: fill it with a very negative number.
-            hm = h if padding is None else h.masked_fill(~padding[..., None], -1e9)
-            out.append(hm.max(dim=1).values)  # (B, D)
-        elif mode == "mean":
-            out.append(h.sum(dim=1) / count)  # (B, D)
-        elif mode == "mean_sqrt_len":
-            out.append(h.sum(dim=1) / count.sqrt())  # (B, D)
-        else:
-            raise ValueError(f"pooling: expected one of {', '.join(POOLING_MODES)}, got {mode!r}")
-    return torch.cat(out, dim=-1)
 
 
 class SentenceEncoder:

@@ -23,6 +23,7 @@ from tformer.config import TransformerConfig
 from tformer.reference.layers import DecoderLayer, EncoderLayer, LayerCache
 from tformer.reference.masks import Mask, make_mask
 from tformer.reference.module import Dropout, Embedding, LayerNorm, Linear, Module
+from tformer.reference.pooling import pool, pool_backward
 from tformer.reference.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 
 
@@ -495,7 +496,13 @@ class Seq2SeqTransformer(Module):
 
 
 class EncoderClassifier(Module):
-    """Encoder + pooling ("cls" or "mean" over real tokens) + linear head."""
+    """Encoder + pooled output + dropout + linear head over the classes.
+
+    Pooled: the BERT pooler's output (tanh(W h[CLS]), Devlin et al. 2019 §3) when the config
+    has one, so a fine-tuned model is a transformers BertForSequenceClassification; else
+    ``config.pooling`` ("cls": the first position, "mean": over real tokens). Dropout before
+    the head, as BERT's classifier has it.
+    """
 
     def __init__(self, config: TransformerConfig, dtype=np.float32):
         if config.n_classes is None:
@@ -503,24 +510,31 @@ class EncoderClassifier(Module):
         self.config = config
         self.dtype = np.dtype(dtype)
         self.encoder = Encoder(config, dtype)
+        self.dropout = Dropout(config.dropout)
         self.head = Linear(config.d_model, config.n_classes)
         self.astype(self.dtype)
 
-    def forward(self, x, attention_mask=None, token_type_ids=None, output_attentions=False,
-                output_hidden_states=False) -> ClassifierOutput:
-        """Shape: x (B, S) ids or (B, S, D); attention_mask (B, S) -> logits (B, C)."""
+    def forward(
+        self,
+        x: np.ndarray,
+        attention_mask: np.ndarray | None = None,
+        token_type_ids: np.ndarray | None = None,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+    ) -> ClassifierOutput:
+        """
+        Shape:
+            x: (B, S) ids or (B, S, D); attention_mask: (B, S)
+            returns ClassifierOutput with logits (B, C)
+        """
         out = self.encoder(
             x, attention_mask, output_attentions=output_attentions,
             output_hidden_states=output_hidden_states, token_type_ids=token_type_ids,
         )
-        h = out.last_hidden_state  # (B, S, D), zeros at padding
-        if self.config.pooling == "cls":
-            pooled = h[:, 0]  # (B, D)
-        elif out.mask is None or out.mask.padding is None:
-            pooled = h.mean(axis=1)
-        else:  # mean over real tokens: padded positions are zeros, so a plain sum is theirs
-            pooled = h.sum(axis=1) / np.maximum(out.mask.lengths, 1)[:, None].astype(h.dtype)
-        return ClassifierOutput(self.head(pooled), out.hidden_states, out.attentions)
+        pooled = out.pooler_output  # (B, D) or None
+        if pooled is None:
+            pooled = pool(out.last_hidden_state, out.mask, [self.config.pooling])  # (B, D)
+        return ClassifierOutput(self.head(self.dropout(pooled)), out.hidden_states, out.attentions)
 
     def forward_train(self, x, attention_mask=None, token_type_ids=None, rng=None):
         """forward, with dropout from `rng`, and the cache for ``backward``.
@@ -529,26 +543,24 @@ class EncoderClassifier(Module):
         """
         out, enc_cache = self.encoder.forward_train(x, attention_mask,
                                                     token_type_ids=token_type_ids, rng=rng)
-        h = out.last_hidden_state  # (B, S, D), zeros at padding
-        w = None
-        if self.config.pooling == "cls":
-            pooled = h[:, 0]  # (B, D)
-        elif out.mask is None or out.mask.padding is None:
-            pooled = h.mean(axis=1)
-        else:  # mean over real tokens: padded positions are zeros, so a plain sum is theirs
-            w = out.mask.padding.astype(h.dtype)[..., None]  # (B, S, 1)
-            pooled = h.sum(axis=1) / np.maximum(w.sum(axis=1), 1.0)
-        return self.head(pooled), (enc_cache, h.shape, w, pooled)
+        pooled = out.pooler_output  # (B, D) or None
+        if pooled is None:
+            pooled = pool(out.last_hidden_state, out.mask, [self.config.pooling])  # (B, D)
+        dropped, drop_cache = self.dropout.forward_train(pooled, rng)
+        return self.head(dropped), (enc_cache, out, dropped, drop_cache)
 
     def backward(self, dlogits, cache, grads: dict, prefix: str = ""):
-        """Shape: dlogits (B, C) -> d(input embeddings) or None (token ids)."""
-        enc_cache, shape, w, pooled = cache
-        dpooled = self.head.backward(dlogits, pooled, grads, prefix + "head.")  # (B, D)
-        dh = np.zeros(shape, dlogits.dtype)  # (B, S, D)
-        if self.config.pooling == "cls":
-            dh[:, 0] = dpooled
-        elif w is None:  # mean over S positions: each gets 1/S of the gradient
-            dh += dpooled[:, None, :] / shape[1]
-        else:  # mean over the real positions only
-            dh += dpooled[:, None, :] * w / np.maximum(w.sum(axis=1, keepdims=True), 1.0)
+        """Shape: dlogits (B, C) -> d(input embeddings) or None (token ids).
+
+        The pooler's gradient enters the encoder's backward at its own output (``dpooled``);
+        a pooling's is spread over the token vectors (reference.pooling.pool_backward).
+        """
+        enc_cache, out, dropped, drop_cache = cache
+        ddropped = self.head.backward(dlogits, dropped, grads, prefix + "head.")  # (B, D)
+        dpooled = self.dropout.backward(ddropped, drop_cache)  # (B, D)
+        h = out.last_hidden_state  # (B, S, D)
+        if out.pooler_output is not None:
+            return self.encoder.backward(np.zeros_like(h), enc_cache, grads, prefix + "encoder.",
+                                         dpooled=dpooled)
+        dh = pool_backward(dpooled, h, out.mask, [self.config.pooling])  # (B, S, D)
         return self.encoder.backward(dh, enc_cache, grads, prefix + "encoder.")
