@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from tformer.config import TransformerConfig
-from tformer.convert.torch_nn import ENCODER_LAYER, stack_table, to_theirs
+from tformer.config import TransformerConfig, bert_layout
+from tformer.convert.torch_nn import to_torch_encoder
 from tformer.model import Encoder
 
 Run = Callable[[Tensor, Tensor | None], object]
@@ -30,12 +30,9 @@ def bert_config(width: str, quick: bool = False, norm_first: bool = False, n_lay
     """A BERT-style encoder (learned positions, token types, embedding norm, GELU, post-norm)
     that HuggingFace's BertModel, torch.nn and tformer can all express; pre-norm for nn and us."""
     d, h, f = (QUICK_WIDTHS if quick else WIDTHS)[width]
-    return TransformerConfig(
-        d_model=d, n_heads=h, d_ff=f, n_layers=2 if quick else n_layers, dropout=dropout,
-        attention_dropout=dropout, activation="gelu", norm_first=norm_first,
-        final_norm=norm_first, layer_norm_eps=1e-12, positional="learned", max_len=512,
-        vocab_size=VOCAB, scale_embeddings=False, type_vocab_size=2, embedding_norm=True,
-    )
+    return bert_layout(d_model=d, n_heads=h, d_ff=f, n_layers=2 if quick else n_layers,
+                       dropout=dropout, norm_first=norm_first, final_norm=norm_first, max_len=512,
+                       vocab_size=VOCAB)
 
 
 def inputs(config: TransformerConfig, batch: int, seq: int, padded: bool,
@@ -85,18 +82,10 @@ def tformer_padded(encoder: Encoder, skip_padding: bool | None = None):
 
 
 def torch_nn_stack(encoder: Encoder) -> nn.TransformerEncoder:
-    """torch.nn.TransformerEncoder with the encoder's layer weights; its fast path fully on
-    (nested tensors skip padding, which it does for post-norm layers only)."""
+    """torch.nn.TransformerEncoder with the encoder's layer weights (convert.torch_nn), its fast
+    path fully on: nested tensors skip padding, which it does for post-norm layers only."""
     c = encoder.config
-    layer = nn.TransformerEncoderLayer(
-        c.d_model, c.n_heads, c.d_ff, c.dropout, c.activation, c.layer_norm_eps,
-        batch_first=True, norm_first=c.norm_first, bias=c.bias,
-    )
-    layer.self_attn.dropout = c.attention_dropout
-    norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.final_norm else None
-    stack = nn.TransformerEncoder(layer, c.n_layers, norm=norm, enable_nested_tensor=not c.norm_first)
-    state = {k: v for k, v in encoder.state_dict().items() if k.startswith(("layers.", "final_norm."))}
-    stack.load_state_dict(to_theirs(state, stack_table(ENCODER_LAYER, c.n_layers, c.final_norm)))
+    stack = to_torch_encoder(encoder, layers_only=True, nested_tensor=not c.norm_first)
     return stack.to(next(encoder.parameters()).dtype).train(encoder.training)
 
 
