@@ -18,7 +18,8 @@ from hf_bert_fixtures import SENTENCES, st_dir
 
 from tformer import int8, kernels
 from tformer.cli import main
-from tformer.model import Encoder, to_precision
+from tformer.model import Encoder
+from tformer.precision import to_precision
 from tformer.sentence import SentenceEncoder
 
 

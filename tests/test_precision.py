@@ -1,4 +1,4 @@
-"""Inference precisions (tformer.model.to_precision): bf16 matrix multiplies, fp32 elsewhere.
+"""Inference precisions (tformer.precision.to_precision): bf16 matrix multiplies, fp32 elsewhere.
 
 Tolerances: bf16 vs fp32 sentence embeddings min cosine >= 0.9999 (the issue's bar; measured
 0.99996 on the real all-MiniLM-L6-v2, see README); the kernel without bf16 instructions equals
@@ -14,7 +14,8 @@ from hf_bert_fixtures import SENTENCES, st_dir
 
 from tformer import kernels
 from tformer.cli import main
-from tformer.model import Encoder, to_precision
+from tformer.model import Encoder
+from tformer.precision import to_precision
 from tformer.sentence import SentenceEncoder
 
 

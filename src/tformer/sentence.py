@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from tformer.config import POOLING_MODES
 from tformer.convert.st_layout import read_layout
@@ -57,7 +58,7 @@ class SentenceEncoder:
         """Model, tokenizer, pooling and normalisation as the directory describes them.
 
         ``dtype``: "fp32", "bf16" (bf16 matrix multiplies, fp32 everything else) or "int8"
-        (int8 matrix multiplies: see ``tformer.model.to_precision``), or a torch dtype for
+        (int8 matrix multiplies: see ``tformer.precision.to_precision``), or a torch dtype for
         every parameter.
         """
         layout = read_layout(directory)
@@ -87,8 +88,6 @@ class SentenceEncoder:
         Shape:
             returns (N, dim) float32, N = len(texts)
         """
-        from tqdm.auto import tqdm
-
         if isinstance(texts, str):
             texts = [texts]
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:

@@ -13,7 +13,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from tformer import kernels, reference
+from tformer.bench.floor import FloorEncoder
 from tformer.config import TransformerConfig, bert_layout
+from tformer.convert.hf_bert import config_to_hf, to_hf
 from tformer.convert.torch_nn import to_torch_encoder
 from tformer.model import Encoder
 
@@ -51,15 +54,11 @@ def inputs(config: TransformerConfig, batch: int, seq: int, padded: bool,
 # The bench's only references to tformer.kernels' internals are these two helpers.
 def onednn_linear(dtype: torch.dtype = torch.float32) -> bool:
     """Whether oneDNN's fused linear runs this dtype here (bf16 needs CPU bf16 instructions)."""
-    from tformer import kernels
-
     return kernels._ONEDNN and (dtype != torch.bfloat16 or kernels._ONEDNN_BF16)
 
 
 def onednn_matmul(x: Tensor, w: Tensor) -> Tensor:
     """x @ w.T through oneDNN's linear, as tformer's kernels call it."""
-    from tformer import kernels
-
     return kernels._onednn_linear(x, w, None)
 
 
@@ -101,15 +100,14 @@ def torch_nn(encoder: Encoder, stack: nn.TransformerEncoder) -> Run:
 
 def hf_bert_model(encoder: Encoder) -> nn.Module | None:
     """HuggingFace BertModel (attn_implementation="sdpa") with the same weights; None if absent."""
-    try:
+    try:  # transformers is optional (tformer[hf])
         from transformers import BertConfig, BertModel
     except ImportError:
         return None
-    from tformer.convert import hf_bert
 
-    config = BertConfig(**hf_bert.config_to_hf(encoder.config))
+    config = BertConfig(**config_to_hf(encoder.config))
     model = BertModel._from_config(config, attn_implementation="sdpa", add_pooling_layer=False)
-    state = hf_bert.to_hf(encoder.state_dict(), encoder.config)
+    state = to_hf(encoder.state_dict(), encoder.config)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if not k.endswith(("position_ids", "token_type_ids"))]:
         raise ValueError(f"BertModel: missing {missing}, unexpected {unexpected}")
@@ -129,8 +127,6 @@ def numpy_state(encoder: Encoder) -> dict[str, np.ndarray]:
 
 
 def numpy_reference(encoder: Encoder) -> Run:
-    from tformer import reference
-
     ref = reference.Encoder(encoder.config, np.float32)
     ref.load_state_dict(numpy_state(encoder))
 
@@ -141,8 +137,6 @@ def numpy_reference(encoder: Encoder) -> Run:
 
 
 def numpy_floor(encoder: Encoder) -> Run:
-    from tformer.bench.floor import FloorEncoder
-
     floor = FloorEncoder(encoder.config, numpy_state(encoder))
 
     def run(ids, mask):

@@ -15,78 +15,16 @@ gradient of every parameter, keyed as ``state_dict``:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from tformer.config import TransformerConfig
+from tformer.reference.inputs import check_embeddings, check_token_ids, one_input
 from tformer.reference.layers import DecoderLayer, EncoderLayer, LayerCache
-from tformer.reference.masks import Mask, make_mask
+from tformer.reference.masks import make_mask
 from tformer.reference.module import Dropout, Embedding, LayerNorm, Linear, Module
+from tformer.reference.outputs import ClassifierOutput, DecoderOutput, EncoderOutput, Seq2SeqOutput
 from tformer.reference.pooling import pool, pool_backward
 from tformer.reference.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
-
-
-@dataclass
-class EncoderOutput:
-    last_hidden_state: np.ndarray  # (B, S, D)
-    hidden_states: tuple[np.ndarray, ...] | None = None
-    attentions: tuple[np.ndarray, ...] | None = None
-    pooler_output: np.ndarray | None = None
-    mask: Mask | None = None  # the mask the layers used: pooling reads its padding from here
-
-
-@dataclass
-class DecoderOutput:
-    last_hidden_state: np.ndarray  # (B, T, D)
-    past_key_values: tuple[LayerCache, ...] | None = None
-    hidden_states: tuple[np.ndarray, ...] | None = None
-    attentions: tuple[np.ndarray, ...] | None = None
-    cross_attentions: tuple[np.ndarray, ...] | None = None
-
-
-@dataclass
-class Seq2SeqOutput:
-    logits: np.ndarray  # (B, T, V)
-    past_key_values: tuple[LayerCache, ...] | None = None
-    encoder_last_hidden_state: np.ndarray | None = None
-    decoder_attentions: tuple[np.ndarray, ...] | None = None
-    cross_attentions: tuple[np.ndarray, ...] | None = None
-
-
-@dataclass
-class ClassifierOutput:
-    logits: np.ndarray  # (B, C)
-    hidden_states: tuple[np.ndarray, ...] | None = None
-    attentions: tuple[np.ndarray, ...] | None = None
-
-
-def check_token_ids(x: np.ndarray, vocab_size: int, name: str = "x") -> None:
-    if not np.issubdtype(x.dtype, np.integer):
-        raise TypeError(f"{name}: expected integer token ids of shape (B, S), got dtype {x.dtype}")
-    if x.ndim != 2:
-        raise ValueError(f"{name}: expected token ids of shape (B, S), got shape {x.shape}")
-    if x.size:
-        lo, hi = int(x.min()), int(x.max())
-        if lo < 0 or hi >= vocab_size:
-            raise ValueError(f"{name}: expected token ids in [0, {vocab_size}), got values in [{lo}, {hi}]")
-
-
-def check_embeddings(x: np.ndarray, d_model: int, name: str = "x") -> None:
-    if not np.issubdtype(x.dtype, np.floating):
-        raise TypeError(
-            f"{name}: expected float embeddings of shape (B, S, D={d_model}), got dtype {x.dtype}"
-        )
-    if x.ndim != 3 or x.shape[-1] != d_model:
-        raise ValueError(f"{name}: expected shape (B, S, D) with D = {d_model}, got {x.shape}")
-
-
-def _one_input(x, input_ids):
-    if x is not None and input_ids is not None:
-        raise ValueError("input_ids: got both x and input_ids; pass the token ids once")
-    if x is None and input_ids is None:
-        raise ValueError("x: expected token ids (B, S) or embeddings (B, S, D), got None")
-    return x if x is not None else input_ids
 
 
 def _positional(config: TransformerConfig) -> Module | None:
@@ -167,7 +105,7 @@ class Encoder(Module):
         input_ids: np.ndarray | None = None,
     ) -> EncoderOutput:
         """Shape: x (B, S) ids or (B, S, D); attention_mask (B, S) -> last_hidden_state (B, S, D)."""
-        x = _one_input(x, input_ids)
+        x = one_input(x, input_ids)
         h = self.embed(x, token_type_ids)  # (B, S, D)
         b, s, _ = h.shape
         mask = make_mask(attention_mask, attn_mask, b, s, s)
@@ -228,7 +166,7 @@ class Encoder(Module):
 
         Shape: x (B, S) ids or (B, S, D) -> last_hidden_state (B, S, D) (+ pooler_output)
         """
-        x = _one_input(x, input_ids)
+        x = one_input(x, input_ids)
         h, embed_cache = self.embed_train(x, token_type_ids, rng)  # (B, S, D)
         b, s, _ = h.shape
         mask = make_mask(attention_mask, attn_mask, b, s, s)
