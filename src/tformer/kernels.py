@@ -43,6 +43,8 @@ ACTIVATIONS = {
 # instructions (avx512_bf16 or AMX) that not every machine has.
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 _ONEDNN_BF16 = _ONEDNN and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+# oneDNN's int8 linear (u8 activations x s8 weights, int32 sums), for tformer.int8.
+_ONEDNN_INT8 = hasattr(torch.ops, "onednn") and hasattr(torch.ops.onednn, "qlinear_pointwise")
 # Training through oneDNN's linear pays on AVX-512 CPUs (its GEMMs ran 1.2x-2.2x MKL's there);
 # on an AVX2-only EPYC its backward made a BERT-base training step 0.89x HF's, MKL's 1.03x.
 _ONEDNN_TRAIN = _ONEDNN and "AVX512" in torch.backends.cpu.get_cpu_capability()
@@ -158,6 +160,34 @@ def _bf16_linear(x: Tensor, layer: nn.Linear, activation: str | None) -> Tensor:
     b = None if layer.bias is None else layer.bias.float()
     y = F.linear(xb.float(), layer.weight.float(), b)
     return y if activation is None else ACTIVATIONS[activation][0](y)
+
+
+# int8 linear (tformer.int8) ----------------------------------------------------------------
+def int8_prepack(weight_int8: Tensor) -> Tensor | None:
+    """oneDNN's packed layout of int8 weights (M, K), or None where its int8 linear is absent."""
+    return torch.ops.onednn.qlinear_prepack(weight_int8, None) if _ONEDNN_INT8 else None
+
+
+def int8_linear(q: Tensor, zero: int, packed: Tensor, weight_scale: Tensor) -> Tensor:
+    """(q - zero) q_W^T s_W with int32 sums, in float32: oneDNN's int8 kernel.
+
+    Shape: q (N, K) uint8; weight_scale (M,) -> (N, M) float32
+    """
+    return torch.ops.onednn.qlinear_pointwise(
+        q, 1.0, zero, packed, weight_scale, torch.zeros_like(weight_scale, dtype=torch.long),
+        None, 1.0, 0, torch.float32, "none", [], "")
+
+
+def why_not_onednn_int8(x: Tensor, packed: Tensor | None) -> str | None:
+    """Why the int8 multiply must be summed in float32, or None for oneDNN's int8 kernel."""
+    if packed is None:
+        return "this torch build has no oneDNN int8 linear"
+    reason = why_not_onednn(x, x)  # readable(), tracing, dispatch modes, device
+    if reason is not None:
+        return reason
+    if not x.numel():
+        return "no tokens: nothing to multiply"
+    return None
 
 
 # Attention ------------------------------------------------------------------------------------
