@@ -45,3 +45,49 @@ def test_unknown_keys_are_named(tmp_path):
 def test_non_finite_layer_norm_eps_is_refused():
     with pytest.raises(ValueError, match="layer_norm_eps: expected a positive number, got inf"):
         TransformerConfig(layer_norm_eps=float("inf"))
+
+
+def test_bert_layout_sets_the_layout_and_keeps_the_sizes():
+    from tformer.config import BERT_LAYOUT, bert_layout
+
+    base = TransformerConfig(d_model=64, n_heads=4, d_ff=128, n_layers=3, dropout=0.2,
+                             vocab_size=100)
+    config = bert_layout(base, pooler=True)
+    assert {k: getattr(config, k) for k in BERT_LAYOUT} == BERT_LAYOUT
+    assert (config.d_model, config.n_layers, config.vocab_size, config.pooler) == (64, 3, 100, True)
+    assert config.attention_dropout == 0.2  # follows dropout, as in BERT
+    assert bert_layout(base, dropout=0.0).attention_dropout == 0.0
+    assert bert_layout(vocab_size=10, norm_first=True).norm_first  # changes come last
+
+
+def test_check_known_keys_takes_extra_names():
+    from tformer.config import check_known_keys
+
+    check_known_keys({"d_model": 8, "lr": 1.0}, TransformerConfig, extra=["lr"])
+    with pytest.raises(ValueError, match="unknown key\\(s\\) lr;"):
+        check_known_keys({"lr": 1.0}, TransformerConfig)
+
+
+def test_field_types_come_from_the_type_hints():
+    from tformer.config import FieldType, field_types
+    from tformer.errors import BadType
+
+    types = field_types(TransformerConfig)
+    assert types["d_model"] == FieldType(int) and types["vocab_size"] == FieldType(int, True)
+    assert types["dropout"] == FieldType(float) and str(types["vocab_size"]) == "int | None"
+    types["dropout"].check("dropout", 1)  # an int is a float
+    types["vocab_size"].check("vocab_size", None)
+    with pytest.raises(BadType, match="d_model: expected int, got True"):
+        types["d_model"].check("d_model", True)  # a bool is not an int
+    with pytest.raises(BadType, match="norm_first: expected bool, got 1"):
+        types["norm_first"].check("norm_first", 1)
+    assert set(types) == {f for f in TransformerConfig.__dataclass_fields__}
+
+
+def test_every_activation_has_a_kernel_and_a_mirror():
+    """The names live in config.ACTIVATIONS; kernels and the NumPy mirror implement each."""
+    from tformer import kernels
+    from tformer.config import ACTIVATIONS
+    from tformer.reference import feedforward as ref_feedforward
+
+    assert tuple(kernels.ACTIVATIONS) == ACTIVATIONS == tuple(ref_feedforward.ACTIVATIONS)

@@ -149,9 +149,10 @@ def test_decoder_cache_matches_reference(tiny_config):
         assert_close(out_t.last_hidden_state, out_r.last_hidden_state, np.float64, what=f"step {i}")
 
 
-@pytest.mark.parametrize("pooling", ["cls", "mean"])
-def test_classifier_matches_reference(tiny_config, pooling):
-    config = tiny_config.replace(n_classes=5, pooling=pooling)
+@pytest.mark.parametrize("changes", [{"pooling": "cls"}, {"pooling": "mean"},
+                                     {"pooler": True, "type_vocab_size": 2}])
+def test_classifier_matches_reference(tiny_config, changes):
+    config = tiny_config.replace(n_classes=5, **changes)
     model, mirror = _pair(EncoderClassifier, ref.EncoderClassifier, config, np.float64)
     ids = np.random.default_rng(5).integers(0, 50, (B, S))
     mask = padding_mask([S, 2, 5], S)

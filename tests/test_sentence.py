@@ -12,8 +12,7 @@ from helpers import assert_close
 from hf_bert_fixtures import SENTENCES, bert_dir, copy_dir, load_hf, st_dir
 
 import tformer
-from tformer.masks import make_mask
-from tformer.sentence import SentenceEncoder, pool
+from tformer.sentence import SentenceEncoder
 from tformer.tokenizer import load_tokenizer
 
 
@@ -107,15 +106,6 @@ def test_edge_cases():
         st.encode(SENTENCES, batch_size=0)
     with pytest.raises(TypeError, match=r"texts\[0\]: expected a str, got NoneType"):
         st.encode([None])
-
-
-def test_pool_ignores_padding():
-    h = torch.tensor([[[1.0, 5.0], [3.0, -1.0], [0.0, 0.0]]])  # (1, 3, 2), last is padding (zeros)
-    mask = make_mask(torch.tensor([[1, 1, 0]]), None, 1, 3, 3)
-    assert pool(h, mask, ["mean"]).tolist() == [[2.0, 2.0]]
-    assert pool(h, mask, ["max"]).tolist() == [[3.0, 5.0]]
-    assert pool(h, mask, ["cls"]).tolist() == [[1.0, 5.0]]
-    assert torch.allclose(pool(h, mask, ["mean_sqrt_len"]), torch.tensor([[4.0, 4.0]]) / 2**0.5)
 
 
 @pytest.mark.parametrize(

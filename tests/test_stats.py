@@ -3,7 +3,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from tformer import TransformerConfig
-from tformer.model import Encoder
+from tformer.model import Encoder, EncoderClassifier, Seq2SeqTransformer
 from tformer.stats import flops_per_token, parameter_count
 
 
@@ -31,7 +31,13 @@ def test_parameter_count_matches_module(tiny_config):
                                      {"positional": "learned", "tie_output": False,
                                       "tgt_vocab_size": 30, "n_classes": 3}])
 def test_parameter_count_matches_the_built_module(tiny_config, model, changes):
-    from tformer.stats import build
-
     config = tiny_config.replace(**{"n_classes": 4, **changes})
-    assert parameter_count(config, model) == sum(p.numel() for p in build(config, model).parameters())
+    built = {"encoder": Encoder, "seq2seq": Seq2SeqTransformer, "classifier": EncoderClassifier}[model]
+    assert parameter_count(config, model) == sum(p.numel() for p in built(config).parameters())
+
+
+@pytest.mark.parametrize("changes", [{"type_vocab_size": 2, "embedding_norm": True, "pooler": True,
+                                      "positional": "learned"}, {"positional": "none", "vocab_size": None}])
+def test_parameter_count_matches_bert_shaped_encoders(tiny_config, changes):
+    config = tiny_config.replace(**changes)
+    assert parameter_count(config) == sum(p.numel() for p in Encoder(config).parameters())

@@ -35,7 +35,7 @@ _LAZY = {
     "SinusoidalPositionalEncoding": "tformer.positional",
     "LearnedPositionalEmbedding": "tformer.positional",
     "from_pretrained": "tformer.model",
-    "compile_model": "tformer.kernels",
+    "compile_model": "tformer.compiling",
     "save_pretrained": "tformer.pretrained",
     "export_hf": "tformer.pretrained",
     "load_tokenizer": "tformer.tokenizer",

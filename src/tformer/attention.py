@@ -30,7 +30,8 @@ def scaled_dot_product_attention(
     """softmax(q k^T / sqrt(Dh)) v  (§3.2.1).
 
     A query row whose mask allows no key returns zeros (and zero weights), never NaN.
-    Without ``need_weights`` a fused kernel computes the same numbers (see tformer.kernels).
+    Without ``need_weights`` a fused kernel may compute the same numbers (tformer.kernels says
+    when); this explicit formula is the only one.
 
     Shape:
         q: (B, H, T, Dh); k, v: (B, H, S, Dh); mask: broadcastable to (B, H, T, S)
@@ -38,7 +39,7 @@ def scaled_dot_product_attention(
     """
     mask = as_mask(mask)
     allowed = None if mask is None else mask.allowed
-    if kernels.why_not_fused_attention(need_weights) is None:
+    if kernels.why_not_fused_attention(q, k, dropout_p, need_weights) is None:
         out = kernels.attention(q, k, v, allowed, dropout_p)
         if mask is not None and mask.has_empty_rows:
             out = out.masked_fill(mask.attends_nothing, 0.0)  # whatever the kernel gave there
@@ -52,7 +53,7 @@ def scaled_dot_product_attention(
     if allowed is not None:
         weights = weights.masked_fill(mask.attends_nothing, 0.0)
     out = torch.nn.functional.dropout(weights, dropout_p) @ v  # (B, H, T, Dh)
-    return out, weights
+    return out, (weights if need_weights else None)
 
 
 class AttentionOutput(NamedTuple):
@@ -99,29 +100,28 @@ class MultiHeadAttention(nn.Module):
         self,
         x: Tensor,
         memory: Tensor | None = None,
-        mask: Mask | Tensor | None = None,
+        mask: Mask | Packing | Tensor | None = None,
         past_key_value: KeyValue | None = None,
         use_cache: bool = False,
         need_weights: bool = False,
-        residual: Tensor | None = None,
     ) -> AttentionOutput:
         """Attend from ``x`` to itself, or to ``memory`` when ``cross``.
 
         With a cache, self-attention appends the new keys/values to ``past_key_value``;
-        cross-attention reuses it instead of projecting ``memory`` again. ``residual`` is
-        added to the output (so the add can fuse into the output projection). ``x`` of shape
-        (N, D) is a packed batch of real tokens (see ``Encoder.forward``): attention then runs
-        within each sequence, as ``mask.packing`` describes them.
+        cross-attention reuses it instead of projecting ``memory`` again. With a ``Packing``
+        for a mask, ``x`` is a packed batch of real tokens (see ``Encoder.forward``): attention
+        then runs within each sequence, as the packing describes them.
 
         Shape:
-            x: (B, T, D) or packed (N, D); memory: (B, S, D); mask: broadcastable to (B, H, T, S)
+            x: (B, T, D), or packed (rows, D) with a Packing; memory: (B, S, D);
+            mask: broadcastable to (B, H, T, S)
             returns output like x, weights (B, H, T, S) or None, present (k, v) or None
         """
-        mask = as_mask(mask)
         p = self.dropout if self.training else 0.0
-        if x.dim() == 2:
-            out = self._packed_self_attention(kernels.linear(x, self.qkv_proj), mask.packing, p)
-            return AttentionOutput(kernels.linear(out, self.out_proj, residual=residual), None, None)
+        if isinstance(mask, Packing):
+            out = self._packed_self_attention(kernels.linear(x, self.qkv_proj), mask, p)
+            return AttentionOutput(kernels.linear(out, self.out_proj), None, None)
+        mask = as_mask(mask)
         if self.cross:
             (q,) = self._split_heads(kernels.linear(x, self.q_proj))  # (B, H, T, Dh)
             if past_key_value is not None:
@@ -138,8 +138,7 @@ class MultiHeadAttention(nn.Module):
         out, weights = scaled_dot_product_attention(q, k, v, mask, p, need_weights)
         b, _, t, _ = out.shape
         out = out.transpose(1, 2).reshape(b, t, self.d_model)  # (B, T, D)
-        out = kernels.linear(out, self.out_proj, residual=residual)
-        return AttentionOutput(out, weights, (k, v) if use_cache else None)
+        return AttentionOutput(kernels.linear(out, self.out_proj), weights, (k, v) if use_cache else None)
 
     def _packed_self_attention(self, qkv: Tensor, packing: Packing, dropout_p: float) -> Tensor:
         """Attention within each sequence of a packed batch, one call per group of equal lengths.

@@ -9,15 +9,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import typing
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tformer.errors import BadType
+from tformer.files import write_json_atomic
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 POSITIONALS = ("sinusoidal", "learned", "none")
-POOLINGS = ("cls", "mean")
+POOLINGS = ("cls", "mean")  # a classifier's (config.pooling)
+# Every pooling tformer.pooling knows, in the order sentence-transformers concatenates them.
+POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len")
 
 
 @dataclass(frozen=True)
@@ -111,8 +116,6 @@ class TransformerConfig:
 
     def save(self, path: str | Path) -> None:
         """Write JSON atomically: a failed save leaves any previous file whole."""
-        from tformer.files import write_json_atomic
-
         write_json_atomic(path, self.to_dict())
 
     @classmethod
@@ -129,14 +132,73 @@ class TransformerConfig:
         return cls.from_dict(data)
 
 
-def check_known_keys(data: dict[str, Any], config_class: type) -> None:
-    """Refuse keys that are not fields of the (dataclass) config, naming them and the known ones."""
-    known = {f.name for f in dataclasses.fields(config_class)}
+# BERT's layout (Devlin et al. 2019): learned positions, two token types, a LayerNorm over the
+# summed embeddings, no sqrt(D) scale, GELU, post-norm with eps 1e-12. HuggingFace's BertModel,
+# torch.nn and tformer can all express it, and it exports to transformers and
+# sentence-transformers. The sizes are the caller's.
+BERT_LAYOUT: dict[str, Any] = {
+    "activation": "gelu", "norm_first": False, "final_norm": False, "layer_norm_eps": 1e-12,
+    "bias": True, "positional": "learned", "scale_embeddings": False, "type_vocab_size": 2,
+    "embedding_norm": True,
+}
+
+
+def bert_layout(config: TransformerConfig | None = None, **changes: Any) -> TransformerConfig:
+    """``config`` (its sizes; TransformerConfig's defaults when None) in BERT's layout, then
+    ``changes``. Attention dropout follows ``dropout`` (BERT uses 0.1 for both) unless given."""
+    base = config or TransformerConfig()
+    layout = {**BERT_LAYOUT, "attention_dropout": changes.get("dropout", base.dropout)}
+    return base.replace(**{**layout, **changes})
+
+
+def check_known_keys(data: dict[str, Any], config_class: type, extra: Iterable[str] = ()) -> None:
+    """Refuse keys that are not fields of the (dataclass) config (nor in ``extra``), naming them
+    and the known ones."""
+    known = {f.name for f in dataclasses.fields(config_class)} | set(extra)
     unknown = sorted(set(data) - known)
     if unknown:
         raise ValueError(
             f"config: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
         )
+
+
+@dataclass(frozen=True)
+class FieldType:
+    """A config field's type, from the dataclass's resolved type hints: ``int | None`` is
+    FieldType(int, optional=True). For checking values and building command-line options."""
+
+    base: type
+    optional: bool = False
+
+    def __str__(self) -> str:
+        return self.base.__name__ + (" | None" if self.optional else "")
+
+    def check(self, name: str, value: Any) -> None:
+        """BadType unless ``value`` has this type: a bool is not an int, an int is a float."""
+        if value is None and self.optional:
+            return
+        want = (int, float) if self.base is float else self.base
+        if isinstance(value, bool) != (self.base is bool) or not isinstance(value, want):
+            raise BadType(f"{name}: expected {self}, got {value!r}")
+
+
+def field_types(config_class: type) -> dict[str, FieldType]:
+    """{field name: FieldType} of a dataclass (TransformerConfig, the training config), read
+    from its type hints (typing.get_type_hints), not by parsing annotation strings."""
+    hints = typing.get_type_hints(config_class)
+    types = {}
+    for f in dataclasses.fields(config_class):
+        hint = hints[f.name]
+        args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, _UnionType) else ()
+        if args:
+            (base,) = [a for a in args if a is not type(None)]  # X | None: one type and None
+            types[f.name] = FieldType(typing.get_origin(base) or base, type(None) in args)
+        else:
+            types[f.name] = FieldType(typing.get_origin(hint) or hint)
+    return types
+
+
+_UnionType = type(int | None)  # types.UnionType: `X | None` written in an annotation
 
 
 def _check_positive(name: str, value: Any) -> None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from tformer import kernels
-
-ACTIVATIONS = tuple(kernels.ACTIVATIONS)  # relu, gelu (exact, with the erf), gelu_tanh
+from tformer.config import ACTIVATIONS
 
 
 class FeedForward(nn.Module):
@@ -26,7 +25,6 @@ class FeedForward(nn.Module):
         self.up = nn.Linear(d_model, d_ff, bias=bias)
         self.down = nn.Linear(d_ff, d_model, bias=bias)
 
-    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
-        """``residual`` is added to the output (so the add can fuse into the last matmul)."""
+    def forward(self, x: Tensor) -> Tensor:
         h = kernels.linear(x, self.up, self.activation)  # (..., F), the activation fused
-        return kernels.linear(h, self.down, residual=residual)  # (..., D)
+        return kernels.linear(h, self.down)  # (..., D)

@@ -42,7 +42,6 @@ from tformer.feedforward import FeedForward
 ROTATION_BLOCK_MAX = 128  # Hadamard block: a larger block spreads an outlier further ...
 ROTATION_COST = 8  # ... and costs b/M of the multiply's flops, in fp32: keep b <= M / 8
 # (b <= M / 4 gained 0.0001 in cosine and lost 5% of the speed on MiniLM)
-_ONEDNN_INT8 = hasattr(torch.ops, "onednn") and hasattr(torch.ops.onednn, "qlinear_pointwise")
 
 
 def hadamard(b: int) -> Tensor:
@@ -75,24 +74,18 @@ def rotate(x: Tensor, rotation_t: Tensor | None) -> Tensor:
     if rotation_t is None:
         return x
     xb = x.reshape(-1, rotation_t.size(0))  # (N * K / b, b)
-    if kernels.why_not_onednn(xb, rotation_t) is None and xb.numel():
-        return torch.ops.mkldnn._linear_pointwise(xb, rotation_t, None, "none", [], "").view(x.shape)
-    return F.linear(xb, rotation_t).view(x.shape)
+    return kernels.linear_weights(xb, rotation_t).view(x.shape)
 
 
 @functools.cache
 def exact_bits() -> int:
     """Activation bits whose int8 sums are exact in oneDNN's kernel on this CPU: 8 with VNNI,
     7 where pairs of products are added in int16 with saturation (probed, not guessed)."""
-    if not _ONEDNN_INT8:
-        return 8  # the plain kernel sums the integers in float: no saturation
     n, k = 64, 256  # a matrix product, not a vector one: the kernel the layers will run
-    w = torch.full((n, k), 127, dtype=torch.int8)
-    x = torch.full((n, k), 255, dtype=torch.uint8)
-    packed = torch.ops.onednn.qlinear_prepack(w, None)
-    y = torch.ops.onednn.qlinear_pointwise(
-        x, 1.0, 0, packed, torch.ones(n), torch.zeros(n, dtype=torch.long), None, 1.0, 0,
-        torch.float32, "none", [], "")
+    packed = kernels.int8_prepack(torch.full((n, k), 127, dtype=torch.int8))
+    if packed is None:
+        return 8  # the plain kernel sums the integers in float: no saturation
+    y = kernels.int8_linear(torch.full((n, k), 255, dtype=torch.uint8), 0, packed, torch.ones(n))
     return 8 if bool((y == k * 255 * 127).all()) else 7
 
 
@@ -136,41 +129,25 @@ class Int8Linear(nn.Module):
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
         self.register_buffer("bias", bias)
         # oneDNN's packed layout of the weights: derived once here, never learned or saved
-        self._packed = torch.ops.onednn.qlinear_prepack(self.weight_int8, None) if _ONEDNN_INT8 else None
+        self._packed = kernels.int8_prepack(self.weight_int8)
 
-    def forward(self, x: Tensor, activation: str | None = None,
-                residual: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, activation: str | None = None) -> Tensor:
         x2 = rotate(x.reshape(-1, self.in_features).float(), self.rotation)  # (N, K)
         q, s, zero = quantize_per_token(x2, self.bits)  # (N, K) uint8, (N, 1)
-        if why_not_onednn_int8(x2, self._packed) is None:
-            y = torch.ops.onednn.qlinear_pointwise(  # (N, M) = (q - zero) q_W^T s_W, int32 sums
-                q, 1.0, zero, self._packed, self.weight_scale,
-                torch.zeros_like(self.weight_scale, dtype=torch.long), None, 1.0, 0,
-                torch.float32, "none", [], "")
+        if kernels.why_not_onednn_int8(x2, self._packed) is None:
+            y = kernels.int8_linear(q, zero, self._packed, self.weight_scale)  # (N, M), int32 sums
         else:  # the same integers, summed in float32
             y = F.linear(q.float() - zero, self.weight_int8.float()) * self.weight_scale
         y = y * s if self.bias is None else torch.addcmul(self.bias, y, s)  # (N, M)
         y = y.reshape(*x.shape[:-1], self.out_features)
         if activation is not None:
             y = kernels.ACTIVATIONS[activation][0](y)
-        return y if residual is None else y + residual
+        return y
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"activation_bits={self.bits}, "
                 f"rotation_block={1 if self.rotation is None else self.rotation.size(0)}")
-
-
-def why_not_onednn_int8(x: Tensor, packed: Tensor | None) -> str | None:
-    """Why the int8 multiply must be summed in float32, or None for oneDNN's int8 kernel."""
-    if packed is None:
-        return "this torch build has no oneDNN int8 linear"
-    reason = kernels.why_not_onednn(x, x)  # readable(), tracing, dispatch modes, device
-    if reason is not None:
-        return reason
-    if not x.numel():
-        return "no tokens: nothing to multiply"
-    return None
 
 
 def quantize(model: nn.Module, bits: int | None = None) -> nn.Module:

@@ -8,8 +8,10 @@ F.linear, an explicit softmax for attention, and padded execution.
 
 Where the time goes, and what the choices here do about it (profiles in benchmarks/README.md):
 - Matrix multiplies are ~80% of an encoder layer. oneDNN's ``_linear_pointwise`` runs them,
-  and without autograd fuses the bias, the activation and the residual add into the multiply
-  (no separate activation or residual buffer: fewer passes over memory).
+  and without autograd fuses the bias and the activation into the multiply (no separate
+  activation buffer: one pass less over memory). Fusing the residual add too bought nothing
+  measurable (paired, same run, AVX2 EPYC: dense-base 0.995x, train-base 0.98x with it off,
+  both inside the noise), so the layers add it themselves, as the NumPy mirror does.
 - Padded batches: the position-wise work (projections, FFN, norms) can run on the real tokens
   only, packed as (N, D), with attention once per group of equal-length sequences
   (``Encoder.forward`` chooses this through ``why_not_packed``).
@@ -21,17 +23,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-if TYPE_CHECKING:
-    from tformer.masks import Mask
+from tformer.masks import Mask
+from tformer.tracing import tracing, values_readable
 
-# name -> (the plain function, oneDNN's post-op name and algorithm for the same function)
+# config.ACTIVATIONS' names -> (the plain function, oneDNN's post-op name and algorithm for it)
 ACTIVATIONS = {
     "relu": (F.relu, "relu", ""),
     "gelu": (F.gelu, "gelu", "none"),  # exact: x * Phi(x), with the erf (Hendrycks & Gimpel 2016)
@@ -42,6 +43,8 @@ ACTIVATIONS = {
 # instructions (avx512_bf16 or AMX) that not every machine has.
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 _ONEDNN_BF16 = _ONEDNN and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+# oneDNN's int8 linear (u8 activations x s8 weights, int32 sums), for tformer.int8.
+_ONEDNN_INT8 = hasattr(torch.ops, "onednn") and hasattr(torch.ops.onednn, "qlinear_pointwise")
 # Training through oneDNN's linear pays on AVX-512 CPUs (its GEMMs ran 1.2x-2.2x MKL's there);
 # on an AVX2-only EPYC its backward made a BERT-base training step 0.89x HF's, MKL's 1.03x.
 _ONEDNN_TRAIN = _ONEDNN and "AVX512" in torch.backends.cpu.get_cpu_capability()
@@ -61,35 +64,6 @@ def readable() -> Iterator[None]:
         yield
     finally:
         _readable = previous
-
-
-def tracing() -> bool:
-    """Whether torch.compile, torch.export, an ONNX exporter or an FX trace is recording us."""
-    return (torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting()
-            or torch.fx._symbolic_trace.is_fx_symbolic_tracing())
-
-
-def compile_model(module: nn.Module, **kwargs) -> nn.Module:
-    """``torch.compile(module, **kwargs)``, with a clear error up front when the machine has no
-    C++ compiler: inductor, torch.compile's CPU backend, builds C++ at run time."""
-    import shutil
-
-    from torch._inductor import config as inductor
-
-    cxx = inductor.cpp.cxx[-1] if isinstance(inductor.cpp.cxx, tuple) else inductor.cpp.cxx
-    found = [c for c in (cxx, "g++", "clang++") if c and shutil.which(c)]
-    if kwargs.get("backend", "inductor") == "inductor" and not found:
-        raise RuntimeError(
-            "torch.compile: inductor needs a C++ compiler at run time and found none "
-            f"({cxx or 'g++'} not on PATH); install one (apt-get install g++) or pass "
-            "backend='eager'"
-        )
-    return torch.compile(module, **kwargs)
-
-
-def values_readable(t: Tensor) -> bool:
-    """Whether Python may read t's values: not while tracing (they are symbolic), not on meta."""
-    return t.device.type != "meta" and not tracing()
 
 
 # Linear ---------------------------------------------------------------------------------------
@@ -143,32 +117,35 @@ class _OneDNNLinear(torch.autograd.Function):
         return dx, dw, db
 
 
-def linear(x: Tensor, layer: nn.Linear, activation: str | None = None,
-           residual: Tensor | None = None) -> Tensor:
-    """activation(layer(x)), or layer(x) + residual, fused into one oneDNN call when it applies.
+def linear(x: Tensor, layer: nn.Linear, activation: str | None = None) -> Tensor:
+    """activation(layer(x)), the activation fused into oneDNN's multiply when it applies.
 
-    Shape: x (..., in) -> (..., out); residual (..., out)
+    Shape: x (..., in) -> (..., out)
     """
     if not isinstance(layer, nn.Linear):  # a layer with its own kernel: int8.Int8Linear
-        return layer(x, activation, residual)
-    w, b = layer.weight, layer.bias
-    if w.dtype == torch.bfloat16 and x.dtype == torch.float32:  # precision "bf16" (model.py)
-        y = _bf16_linear(x, layer, activation)  # fp32 result: the residual stream stays fp32
-        return y if residual is None else y + residual
+        return layer(x, activation)
+    if layer.weight.dtype == torch.bfloat16 and x.dtype == torch.float32:  # precision "bf16"
+        return _bf16_linear(x, layer, activation)  # fp32 result: the residual stream stays fp32
+    return linear_weights(x, layer.weight, layer.bias, activation)
+
+
+def linear_weights(x: Tensor, w: Tensor, b: Tensor | None = None,
+                   activation: str | None = None) -> Tensor:
+    """activation(x W^T + b) from the tensors themselves: ``linear`` for any weight (int8's
+    rotation is one). oneDNN's fused linear when it applies, else F.linear.
+
+    Shape: x (..., in), w (out, in), b (out,) -> (..., out)
+    """
     if why_not_onednn(x, w) is None and x.numel():
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w, b)):
             # autograd: the fused epilogues have no backward; without AVX-512, MKL's is faster
             y = _OneDNNLinear.apply(x, w, b) if _ONEDNN_TRAIN else F.linear(x, w, b)
-        elif residual is not None:
-            return torch.ops.mkldnn._linear_pointwise.binary(x, residual, w, b, "add")
         else:
             _, attr, algorithm = ACTIVATIONS[activation] if activation else (None, "none", "")
             return _onednn_linear(x, w, b, attr, algorithm)
     else:
         y = F.linear(x, w, b)
-    if activation is not None:
-        y = ACTIVATIONS[activation][0](y)
-    return y if residual is None else y + residual
+    return y if activation is None else ACTIVATIONS[activation][0](y)
 
 
 def _bf16_linear(x: Tensor, layer: nn.Linear, activation: str | None) -> Tensor:
@@ -185,30 +162,54 @@ def _bf16_linear(x: Tensor, layer: nn.Linear, activation: str | None) -> Tensor:
     return y if activation is None else ACTIVATIONS[activation][0](y)
 
 
+# int8 linear (tformer.int8) ----------------------------------------------------------------
+def int8_prepack(weight_int8: Tensor) -> Tensor | None:
+    """oneDNN's packed layout of int8 weights (M, K), or None where its int8 linear is absent."""
+    return torch.ops.onednn.qlinear_prepack(weight_int8, None) if _ONEDNN_INT8 else None
+
+
+def int8_linear(q: Tensor, zero: int, packed: Tensor, weight_scale: Tensor) -> Tensor:
+    """(q - zero) q_W^T s_W with int32 sums, in float32: oneDNN's int8 kernel.
+
+    Shape: q (N, K) uint8; weight_scale (M,) -> (N, M) float32
+    """
+    return torch.ops.onednn.qlinear_pointwise(
+        q, 1.0, zero, packed, weight_scale, torch.zeros_like(weight_scale, dtype=torch.long),
+        None, 1.0, 0, torch.float32, "none", [], "")
+
+
+def why_not_onednn_int8(x: Tensor, packed: Tensor | None) -> str | None:
+    """Why the int8 multiply must be summed in float32, or None for oneDNN's int8 kernel."""
+    if packed is None:
+        return "this torch build has no oneDNN int8 linear"
+    reason = why_not_onednn(x, x)  # readable(), tracing, dispatch modes, device
+    if reason is not None:
+        return reason
+    if not x.numel():
+        return "no tokens: nothing to multiply"
+    return None
+
+
 # Attention ------------------------------------------------------------------------------------
 def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout_p: float) -> Tensor:
-    """softmax(q k^T / sqrt(Dh)) v without returning the weights: SDPA, or two bf16 matmuls.
+    """softmax(q k^T / sqrt(Dh)) v without forming the weights: SDPA's fused kernel.
 
     Rows that may attend nothing are not fixed here (the caller zeroes them).
 
     Shape: q (B, H, T, Dh); k, v (B, H, S, Dh); allowed broadcastable to (B, H, T, S) -> (B, H, T, Dh)
     """
-    b, h, t, _ = q.shape
-    if q.dtype == torch.bfloat16 and dropout_p == 0.0 and b * h * t * k.size(2) <= _BF16_SCORES_MAX:
-        scores = q @ k.transpose(-2, -1)  # (B, H, T, S); bf16: SDPA's flash kernel is slower here
-        scores = scores * q.size(-1) ** -0.5
-        if allowed is not None:
-            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-        return scores.softmax(dim=-1) @ v  # (B, H, T, Dh)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
 
 
-def why_not_fused_attention(need_weights: bool) -> str | None:
-    """Why attention must form the (T, S) weights with an explicit softmax, or None to fuse."""
+def why_not_fused_attention(q: Tensor, k: Tensor, dropout_p: float, need_weights: bool) -> str | None:
+    """Why attention must form the (T, S) weights with the explicit softmax, or None to fuse."""
     if need_weights:
         return "attention weights requested: only the explicit softmax forms them"
     if _readable:
         return "kernels.readable() asks for the explicit softmax"
+    b, h, t, _ = q.shape
+    if q.dtype == torch.bfloat16 and dropout_p == 0.0 and b * h * t * k.size(2) <= _BF16_SCORES_MAX:
+        return "bf16, few scores: two matmuls beat SDPA's flash kernel (half their speed on CPU)"
     return None
 
 

@@ -16,26 +16,19 @@ from torch import Tensor, nn
 from tformer.attention import KeyValue, MultiHeadAttention
 from tformer.config import TransformerConfig
 from tformer.feedforward import FeedForward
-from tformer.masks import Mask
+from tformer.masks import Mask, Packing
 
 # A decoder layer's cache: self-attention (k, v) then cross-attention (k, v).
 LayerCache = tuple[Tensor, Tensor, Tensor, Tensor]
 
 
-def _residual(x: Tensor, sublayer, norm: nn.LayerNorm, dropout: nn.Dropout, norm_first: bool
-              ) -> tuple[Tensor, object]:
-    """x + Dropout(Sublayer(x)), normalised before (pre-norm) or after (post-norm) (§5.4).
-
-    ``sublayer(h, residual)`` returns (output [+ residual], extra). When dropout is inactive
-    the residual goes in, so the add can fuse into the sub-layer's last matmul.
-    """
-    h = norm(x) if norm_first else x
-    if dropout.training and dropout.p > 0:
-        out, extra = sublayer(h, None)
-        out = x + dropout(out)
-    else:
-        out, extra = sublayer(h, x)
-    return (out if norm_first else norm(out)), extra
+def _residual(x, sublayer, norm: nn.LayerNorm, dropout: nn.Dropout, norm_first: bool):
+    """Apply one residual sub-layer; `sublayer` returns (output, extra)."""
+    if norm_first:
+        out, extra = sublayer(norm(x))
+        return x + dropout(out), extra
+    out, extra = sublayer(x)
+    return norm(x + dropout(out)), extra
 
 
 class EncoderLayer(nn.Module):
@@ -51,24 +44,19 @@ class EncoderLayer(nn.Module):
         self.ffn_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps, bias=c.bias)
         self.dropout = nn.Dropout(c.dropout)
 
-    def forward(
-        self, x: Tensor, mask: Mask | None = None, need_weights: bool = False
-    ) -> tuple[Tensor, Tensor | None]:
-        """
-        Shape:
-            x: (B, S, D), or packed real tokens (N, D); mask: a Mask over (B, H, S, S)
-            returns x's shape and attention weights (B, H, S, S) or None
+    def forward(self, x: Tensor, mask: Mask | Packing | None = None, need_weights: bool = False):
+        """Shape: x (B, S, D) -> (B, S, D), weights (B, H, S, S) or None.
+
+        With a ``Packing`` for a mask, x is the packed real tokens (rows, D) (Encoder.forward).
         """
 
-        def attend(h: Tensor, residual: Tensor | None):
-            out = self.self_attn(h, mask=mask, need_weights=need_weights, residual=residual)
+        def attend(h):
+            out = self.self_attn(h, mask=mask, need_weights=need_weights)
             return out.output, out.weights
 
-        def feed_forward(h: Tensor, residual: Tensor | None):
-            return self.ffn(h, residual), None
-
         x, weights = _residual(x, attend, self.attn_norm, self.dropout, self.norm_first)
-        x, _ = _residual(x, feed_forward, self.ffn_norm, self.dropout, self.norm_first)
+        x, _ = _residual(x, lambda h: (self.ffn(h), None), self.ffn_norm, self.dropout,
+                         self.norm_first)
         return x, weights
 
 
@@ -117,22 +105,19 @@ class DecoderLayer(nn.Module):
         if past_key_value is not None:
             self_past, cross_past = past_key_value[:2], past_key_value[2:]
 
-        def self_attend(h: Tensor, residual: Tensor | None):
+        def self_attend(h):
             out = self.self_attn(h, mask=self_mask, past_key_value=self_past,
-                                 use_cache=use_cache, need_weights=need_weights, residual=residual)
+                                 use_cache=use_cache, need_weights=need_weights)
             return out.output, (out.weights, out.present)
 
-        def cross_attend(h: Tensor, residual: Tensor | None):
+        def cross_attend(h):
             out = self.cross_attn(h, memory, mask=memory_mask, past_key_value=cross_past,
-                                  use_cache=use_cache, need_weights=need_weights, residual=residual)
+                                  use_cache=use_cache, need_weights=need_weights)
             return out.output, (out.weights, out.present)
-
-        def feed_forward(h: Tensor, residual: Tensor | None):
-            return self.ffn(h, residual), None
 
         nf = self.norm_first
         x, (self_w, self_kv) = _residual(x, self_attend, self.self_attn_norm, self.dropout, nf)
         x, (cross_w, cross_kv) = _residual(x, cross_attend, self.cross_attn_norm, self.dropout, nf)
-        x, _ = _residual(x, feed_forward, self.ffn_norm, self.dropout, nf)
+        x, _ = _residual(x, lambda h: (self.ffn(h), None), self.ffn_norm, self.dropout, nf)
         present = (*self_kv, *cross_kv) if use_cache else None
         return DecoderOutputs(x, self_w, cross_w, present)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tformer import kernels
+from tformer.tracing import values_readable
 
 # Additive masks mark blocked entries with -inf or a very negative finite value
 # (HuggingFace uses finfo.min); anything at or below this counts as blocked.
@@ -152,7 +152,7 @@ class Mask:
     def has_empty_rows(self) -> bool:
         """Whether any query may attend nothing: one device sync, once per mask. Where values
         cannot be read (tracing, the meta device) the answer is "maybe", so True."""
-        if not kernels.values_readable(self.allowed):
+        if not values_readable(self.allowed):
             return True
         return self._once("has_empty_rows", lambda: bool(self.attends_nothing.any()))
 

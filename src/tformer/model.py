@@ -6,107 +6,22 @@ C classes. Masks are boolean, True = may attend / real token (see tformer.masks)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import torch.utils._pytree as pytree
 from torch import Tensor, nn
 
-from tformer import int8, kernels
-from tformer.attention import MultiHeadAttention
+from tformer import kernels
 from tformer.config import TransformerConfig
-from tformer.feedforward import FeedForward
+from tformer.inputs import check_embeddings, check_token_ids, one_input
 from tformer.layers import DecoderLayer, EncoderLayer, LayerCache
-from tformer.masks import Mask, make_mask
+from tformer.masks import make_mask
+from tformer.outputs import ClassifierOutput, DecoderOutput, EncoderOutput, Seq2SeqOutput
+from tformer.pooling import pool
 from tformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from tformer.precision import to_precision
 from tformer.pretrained import load_state, read_pretrained, save_pretrained
-
-
-@dataclass
-class EncoderOutput:
-    last_hidden_state: Tensor  # (B, S, D)
-    hidden_states: tuple[Tensor, ...] | None = None  # n_layers + 1, embeddings first
-    attentions: tuple[Tensor, ...] | None = None  # n_layers x (B, H, S, S)
-    pooler_output: Tensor | None = None  # (B, D), BERT-style pooler only
-    mask: Mask | None = None  # the mask the layers used: pooling reads its padding from here
-
-
-@dataclass
-class DecoderOutput:
-    last_hidden_state: Tensor  # (B, T, D)
-    past_key_values: tuple[LayerCache, ...] | None = None
-    hidden_states: tuple[Tensor, ...] | None = None
-    attentions: tuple[Tensor, ...] | None = None  # (B, H, T, T_past + T)
-    cross_attentions: tuple[Tensor, ...] | None = None  # (B, H, T, S)
-
-
-@dataclass
-class Seq2SeqOutput:
-    logits: Tensor  # (B, T, V)
-    past_key_values: tuple[LayerCache, ...] | None = None
-    encoder_last_hidden_state: Tensor | None = None  # (B, S, D)
-    decoder_attentions: tuple[Tensor, ...] | None = None
-    cross_attentions: tuple[Tensor, ...] | None = None
-
-
-@dataclass
-class ClassifierOutput:
-    logits: Tensor  # (B, C)
-    hidden_states: tuple[Tensor, ...] | None = None
-    attentions: tuple[Tensor, ...] | None = None
-
-
-# torch.export and torch.compile return outputs as pytrees: these say how to flatten ours.
-# The mask is an input's view, not a result: exported programs drop it (it comes back None).
-for _output in (DecoderOutput, Seq2SeqOutput, ClassifierOutput):
-    pytree.register_dataclass(_output)
-pytree.register_pytree_node(
-    EncoderOutput,
-    lambda o: ([o.last_hidden_state, o.hidden_states, o.attentions, o.pooler_output], None),
-    lambda children, _: EncoderOutput(*children),
-    serialized_type_name="tformer.model.EncoderOutput",
-)
-
-
-# Input checks: name the argument, the expected and the actual value ---------------------
-def check_token_ids(x: Tensor, vocab_size: int, name: str = "x") -> None:
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor of token ids, got {type(x).__name__}")
-    if x.dtype == torch.bool or x.is_floating_point() or x.is_complex():
-        raise TypeError(f"{name}: expected integer token ids of shape (B, S), got dtype {x.dtype}")
-    if x.dim() != 2:
-        raise ValueError(f"{name}: expected token ids of shape (B, S), got shape {tuple(x.shape)}")
-    # The range check reads the data: eager only. While tracing (compile, export) the ids are
-    # symbolic, and on the meta device there are none; an out-of-range id then fails in the
-    # embedding lookup instead.
-    if x.numel() and kernels.values_readable(x):
-        lo, hi = (int(v) for v in torch.aminmax(x))  # one pass over the ids
-        if lo < 0 or hi >= vocab_size:
-            raise ValueError(f"{name}: expected token ids in [0, {vocab_size}), got values in [{lo}, {hi}]")
-
-
-def check_embeddings(x: Tensor, d_model: int, name: str = "x") -> None:
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor of shape (B, S, D), got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(
-            f"{name}: expected float embeddings of shape (B, S, D={d_model}), got dtype {x.dtype} "
-            "(token ids need a config with vocab_size)"
-        )
-    if x.dim() != 3 or x.size(-1) != d_model:
-        raise ValueError(
-            f"{name}: expected shape (B, S, D) with D = {d_model}, got {tuple(x.shape)}"
-        )
-
-
-def _one_input(x, input_ids):
-    if x is not None and input_ids is not None:
-        raise ValueError("input_ids: got both x and input_ids; pass the token ids once")
-    if x is None and input_ids is None:
-        raise ValueError("x: expected token ids (B, S) or embeddings (B, S, D), got None")
-    return x if x is not None else input_ids
 
 
 def _positional(config: TransformerConfig) -> nn.Module | None:
@@ -204,20 +119,22 @@ class Encoder(nn.Module):
             token_type_ids: (B, S), only with config.type_vocab_size
             returns EncoderOutput with last_hidden_state (B, S, D)
         """
-        x = _one_input(x, input_ids)
+        x = one_input(x, input_ids)
         h = self.embed(x, token_type_ids)  # (B, S, D)
         b, s, _ = h.shape
         mask = make_mask(attention_mask, attn_mask, b, s, s, device=h.device)
         packed = kernels.why_not_packed(mask, attn_mask is not None, output_attentions,
                                         skip_padding) is None
-        # Packed: the layers see the real tokens only, (N, D); unpacking puts zeros at padding.
+        # Packed: the layers see the real tokens only, (N, D), and the Packing for a mask;
+        # unpacking puts zeros at padding.
         unpad = mask.packing.unpack if packed else (mask.zero_padding if mask else lambda t: t)
         hidden = [mask.zero_padding(h) if mask else h] if output_hidden_states else None
         attentions = [] if output_attentions else None
+        layer_mask = mask.packing if packed else mask
         if packed:
             h = mask.packing.pack(h)  # (N, D)
         for layer in self.layers:
-            h, weights = layer(h, mask, need_weights=output_attentions)
+            h, weights = layer(h, layer_mask, need_weights=output_attentions)
             if hidden is not None:
                 hidden.append(unpad(h))
             if attentions is not None:
@@ -255,36 +172,6 @@ class Encoder(nn.Module):
 
     def save_pretrained(self, path: str | Path, **kwargs) -> None:
         save_pretrained(self, path, **kwargs)
-
-
-PRECISIONS = ("fp32", "bf16", "int8")
-
-
-def to_precision(model: nn.Module, precision: str) -> nn.Module:
-    """Set a model's inference precision, in place.
-
-    ``fp32``: every parameter float32. ``bf16``: the matrix multiplies of attention and the
-    feed-forward network take bf16 weights and inputs; their results, the residual stream,
-    the norms, the softmax and pooling stay float32 (min cosine to fp32 sentence embeddings
-    0.99996 on all-MiniLM-L6-v2, where casting the whole model to bf16 gives 0.9964). It is
-    faster only on CPUs with bf16 instructions (avx512_bf16, AMX); elsewhere slower.
-    ``int8``: those multiplies take int8 weights and per-token int8 activations, after a
-    rotation that spreads outliers (``tformer.int8``; min cosine 0.9984-0.9993 on
-    all-MiniLM-L6-v2 with 8-bit activations). It is one-way: the int8 layers keep no float weights.
-    """
-    if precision not in PRECISIONS:
-        raise ValueError(f"dtype: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if any(isinstance(m, int8.Int8Linear) for m in model.modules()):
-        raise ValueError(f"dtype: this model is already int8 and keeps no float weights; "
-                         f"load it again for {precision!r}")
-    model.float()
-    if precision == "int8":
-        return int8.quantize(model)
-    if precision == "bf16":
-        for module in model.modules():
-            if isinstance(module, MultiHeadAttention | FeedForward):
-                module.to(torch.bfloat16)  # the layers' own linears, run by kernels.linear
-    return model
 
 
 def from_pretrained(path: str | Path, allow_pickle: bool = False,
@@ -466,7 +353,13 @@ class Seq2SeqTransformer(nn.Module):
 
 
 class EncoderClassifier(nn.Module):
-    """Encoder + pooling ("cls": first position, "mean": over real tokens) + linear head."""
+    """Encoder + pooled output + dropout + linear head over the classes.
+
+    Pooled: the BERT pooler's output (tanh(W h[CLS]), Devlin et al. 2019 §3) when the config
+    has one, so a fine-tuned model is a transformers BertForSequenceClassification; else
+    ``config.pooling`` ("cls": the first position, "mean": over real tokens). Dropout before
+    the head, as BERT's classifier has it.
+    """
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
@@ -474,6 +367,7 @@ class EncoderClassifier(nn.Module):
             raise ValueError("n_classes: EncoderClassifier needs the number of classes, got None")
         self.config = config
         self.encoder = Encoder(config)
+        self.dropout = nn.Dropout(config.dropout)
         self.head = nn.Linear(config.d_model, config.n_classes)
 
     def forward(
@@ -493,11 +387,7 @@ class EncoderClassifier(nn.Module):
             x, attention_mask, output_attentions=output_attentions,
             output_hidden_states=output_hidden_states, token_type_ids=token_type_ids,
         )
-        h = out.last_hidden_state  # (B, S, D), zeros at padding
-        if self.config.pooling == "cls":
-            pooled = h[:, 0]  # (B, D)
-        elif out.mask is None or out.mask.padding is None:
-            pooled = h.mean(dim=1)
-        else:  # mean over real tokens: padded positions are zeros, so a plain sum is theirs
-            pooled = h.sum(dim=1) / out.mask.lengths.clamp(min=1)[:, None].to(h.dtype)  # (B, D)
-        return ClassifierOutput(self.head(pooled), out.hidden_states, out.attentions)
+        pooled = out.pooler_output  # (B, D) or None
+        if pooled is None:
+            pooled = pool(out.last_hidden_state, out.mask, [self.config.pooling])  # (B, D)
+        return ClassifierOutput(self.head(self.dropout(pooled)), out.hidden_states, out.attentions)

@@ -14,9 +14,11 @@ only, unless ``allow_pickle=True`` lets a ``pytorch_model.bin`` through, and the
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 from safetensors.torch import save as st_save
 from torch import nn
@@ -131,8 +133,6 @@ def _load_tformer(model_dir: Path, allow_pickle: bool, model_cls: type[nn.Module
 
 def _header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """{tensor name: shape} from a safetensors file's header, without reading any tensor."""
-    from safetensors import safe_open
-
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file (listed in the safetensors index)")
     try:
@@ -146,8 +146,6 @@ def _check_sizes(config: TransformerConfig, tensors, layer_key: str, config_key:
                  model_dir: Path, source: str) -> None:
     """Before building anything: the config's layer count must be the file's, and the
     model must fit in memory (a config.json typo must not allocate until the OOM killer)."""
-    import re
-
     layers = {int(m.group(1)) for k in tensors if (m := re.match(layer_key, k))}
     in_file = max(layers) + 1 if layers else 0
     if config.n_layers > in_file:  # (fewer: the strict load names the unexpected tensor)

@@ -19,46 +19,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import Tensor
+from tqdm.auto import tqdm
 
-from tformer.convert.st_layout import POOLING_MODES, read_layout
-from tformer.masks import Mask
+from tformer.config import POOLING_MODES
+from tformer.convert.st_layout import read_layout
 from tformer.model import Encoder, from_pretrained
+from tformer.pooling import pool  # noqa: F401 (tformer.sentence.pool: the training package's import)
 from tformer.tokenizer import Tokenizer, load_tokenizer
 
 # Encode this many batches or more and a progress bar is shown (unless show_progress says).
 PROGRESS_MIN_BATCHES = 8
-
-
-def pool(h: Tensor, mask: Mask | None, modes: Sequence[str]) -> Tensor:
-    """Pool token vectors into one vector per text; modes are concatenated in order.
-
-    ``mask`` is the encoder's own (``EncoderOutput.mask``): its padding says which tokens are
-    real. The encoder leaves zeros at padded positions, so sums need no masking.
-
-    Shape:
-        h: (B, S, D), zeros at padding; returns (B, len(modes) * D)
-    """
-    padding = None if mask is None else mask.padding  # (B, S) True = real token, or None
-    if padding is None:
-        count = torch.full((h.size(0), 1), h.size(1), dtype=h.dtype, device=h.device)
-    else:
-        count = mask.lengths[:, None].to(h.dtype).clamp(min=1e-9)  # (B, 1) real tokens per text
-    out = []
-    for mode in modes:
-        if mode == "cls":
-            out.append(h[:, 0])  # (B, D)
-        elif mode == "max":
-            # Padding must never win the max: fill it with a very negative number.
-            hm = h if padding is None else h.masked_fill(~padding[..., None], -1e9)
-            out.append(hm.max(dim=1).values)  # (B, D)
-        elif mode == "mean":
-            out.append(h.sum(dim=1) / count)  # (B, D)
-        elif mode == "mean_sqrt_len":
-            out.append(h.sum(dim=1) / count.sqrt())  # (B, D)
-        else:
-            raise ValueError(f"pooling: expected one of {', '.join(POOLING_MODES)}, got {mode!r}")
-    return torch.cat(out, dim=-1)
 
 
 class SentenceEncoder:
@@ -88,7 +58,7 @@ class SentenceEncoder:
         """Model, tokenizer, pooling and normalisation as the directory describes them.
 
         ``dtype``: "fp32", "bf16" (bf16 matrix multiplies, fp32 everything else) or "int8"
-        (int8 matrix multiplies: see ``tformer.model.to_precision``), or a torch dtype for
+        (int8 matrix multiplies: see ``tformer.precision.to_precision``), or a torch dtype for
         every parameter.
         """
         layout = read_layout(directory)
@@ -118,8 +88,6 @@ class SentenceEncoder:
         Shape:
             returns (N, dim) float32, N = len(texts)
         """
-        from tqdm.auto import tqdm
-
         if isinstance(texts, str):
             texts = [texts]
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:

@@ -1,5 +1,7 @@
 """Sizes of a model from its config: parameters, forward FLOPs per token, activation memory.
 
+Arithmetic on a TransformerConfig: this module builds no model and imports none.
+
 FLOPs count a multiply-add as 2 and include only matrix products (what dominates; norms,
 softmax and activations are a few per element). Activation memory is an estimate of what a
 training step keeps for the backward pass with the fused attention kernel.
@@ -7,52 +9,89 @@ training step keeps for the backward pass with the fused attention kernel.
 
 from __future__ import annotations
 
-import torch
+import resource
 
 from tformer.config import TransformerConfig
 
 MODELS = ("encoder", "seq2seq", "classifier")
 
+# torch indexes a tensor's bytes with a signed 64-bit integer.
+_MAX_TENSOR_BYTES = 2**63 - 1
 
-def build(config: TransformerConfig, model: str = "encoder") -> torch.nn.Module:
-    from tformer.model import Encoder, EncoderClassifier, Seq2SeqTransformer
 
-    classes = {"encoder": Encoder, "seq2seq": Seq2SeqTransformer, "classifier": EncoderClassifier}
-    if model not in classes:
-        raise ValueError(f"model: expected one of {', '.join(MODELS)}; got {model!r}")
-    return classes[model](config)
+def _linear(n_in: int, n_out: int, bias: bool) -> int:
+    return n_in * n_out + (n_out if bias else 0)
+
+
+def _norm(d: int, bias: bool) -> int:
+    return d + (d if bias else 0)
+
+
+def _positions(c: TransformerConfig) -> int:
+    return c.max_len * c.d_model if c.positional == "learned" else 0  # sinusoidal: a buffer
+
+
+def encoder_layer_parameters(c: TransformerConfig) -> int:
+    """Self-attention (fused qkv + output), feed-forward, two norms (tformer.layers.EncoderLayer)."""
+    d, b = c.d_model, c.bias
+    attention = _linear(d, 3 * d, b) + _linear(d, d, b)
+    ffn = _linear(d, c.d_ff, b) + _linear(c.d_ff, d, b)
+    return attention + ffn + 2 * _norm(d, b)
+
+
+def decoder_layer_parameters(c: TransformerConfig) -> int:
+    """An encoder layer plus cross-attention (q, fused kv, output) and its norm."""
+    d, b = c.d_model, c.bias
+    cross = _linear(d, d, b) + _linear(d, 2 * d, b) + _linear(d, d, b)
+    return encoder_layer_parameters(c) + cross + _norm(d, b)
+
+
+def _encoder_parameters(c: TransformerConfig) -> int:
+    """tformer.model.Encoder: embeddings, layers, final norm, pooler."""
+    d, b = c.d_model, c.bias
+    total = (c.vocab_size or 0) * d + _positions(c) + c.type_vocab_size * d
+    total += _norm(d, b) if c.embedding_norm else 0
+    total += c.n_layers * encoder_layer_parameters(c)
+    total += _norm(d, b) if c.final_norm else 0
+    return total + (_linear(d, d, b) if c.pooler else 0)
+
+
+def _seq2seq_parameters(c: TransformerConfig) -> int:
+    """tformer.model.Seq2SeqTransformer: the embeddings live outside the two stacks (§3.4)."""
+    d, b = c.d_model, c.bias
+    stack = c.replace(vocab_size=None, tgt_vocab_size=None, type_vocab_size=0, pooler=False)
+    total = c.vocab_size * d + (c.tgt_vocab_size or 0) * d + _encoder_parameters(stack)
+    total += _positions(c) + c.decoder_layers * decoder_layer_parameters(c)
+    total += _norm(d, b) if c.final_norm else 0
+    return total + (0 if c.tie_output else d * c.target_vocab_size)
 
 
 def parameter_count(config: TransformerConfig, model: str = "encoder") -> int:
-    """Exact count, from real modules built on the meta device (no memory used): the model
-    with one layer per stack, plus the remaining layers counted from one layer each, so
-    the time does not grow with n_layers either (10**9 layers answer at once)."""
-    from tformer.layers import DecoderLayer, EncoderLayer
-
-    def count(module: torch.nn.Module) -> int:
-        return sum(p.numel() for p in module.parameters())
-
-    try:
-        with torch.device("meta"):
-            one = config.replace(n_layers=1, n_decoder_layers=1)
-            total = count(build(one, model)) + (config.n_layers - 1) * count(EncoderLayer(one))
-            if model == "seq2seq":
-                total += (config.decoder_layers - 1) * count(DecoderLayer(one))
-    except RuntimeError as e:  # "Storage size calculation overflowed"
-        if "overflow" not in str(e):
-            raise
+    """Exact count, by arithmetic on the config (nothing is built, so 10**9 layers answer at once);
+    tests/test_stats.py holds it equal to the built modules' count."""
+    c = config
+    if model not in MODELS:
+        raise ValueError(f"model: expected one of {', '.join(MODELS)}; got {model!r}")
+    if model == "seq2seq" and c.vocab_size is None:
+        raise ValueError("vocab_size: Seq2SeqTransformer needs a vocabulary, got None")
+    if model == "classifier" and c.n_classes is None:
+        raise ValueError("n_classes: EncoderClassifier needs the number of classes, got None")
+    largest = max(c.d_model * max(3 * c.d_model, c.d_ff), (c.vocab_size or 0) * c.d_model,
+                  (c.target_vocab_size or 0) * c.d_model, c.max_len * c.d_model)
+    if largest * 4 > _MAX_TENSOR_BYTES:
         raise ValueError(
-            f"config: a weight of this config (d_model {config.d_model}, d_ff {config.d_ff}, "
-            f"vocab_size {config.vocab_size}) would exceed 2**63 bytes; expected sizes a "
+            f"config: a weight of this config (d_model {c.d_model}, d_ff {c.d_ff}, "
+            f"vocab_size {c.vocab_size}) would exceed 2**63 bytes; expected sizes a "
             "machine can hold"
-        ) from None
-    return total
+        )
+    if model == "seq2seq":
+        return _seq2seq_parameters(c)
+    head = _linear(c.d_model, c.n_classes, True) if model == "classifier" else 0
+    return _encoder_parameters(c) + head
 
 
 def available_memory() -> int:
     """Bytes this process may still allocate: the smaller of MemAvailable and RLIMIT_AS."""
-    import resource
-
     limit = resource.getrlimit(resource.RLIMIT_AS)[0]
     available = limit if limit != resource.RLIM_INFINITY else 1 << 62
     try:

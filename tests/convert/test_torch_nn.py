@@ -72,3 +72,18 @@ def test_refuses_sequence_first_and_embeddings():
     with pytest.raises(ValueError, match="no embeddings"):
         to_torch_encoder(Encoder(__import__("tformer").TransformerConfig(
             d_model=16, n_heads=2, vocab_size=10)))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_layers_only_converts_the_stack_of_an_encoder_with_embeddings(tiny_config, bias):
+    """The bench's torch.nn contender: tformer embeds, torch.nn runs the converted layers (the
+    final norm without bias too, when the config has none)."""
+    config = tiny_config.replace(norm_first=True, final_norm=True, bias=bias, activation="gelu",
+                                 dropout=0.0)
+    ours = Encoder(config).eval()
+    with pytest.raises(ValueError, match="has no embeddings"):
+        to_torch_encoder(ours)
+    stack = to_torch_encoder(ours, layers_only=True).eval()
+    ids = torch.randint(0, 50, (2, 7))
+    with torch.no_grad():
+        assert_close(stack(ours.embed(ids)), ours(ids).last_hidden_state, what="layers only")

@@ -141,6 +141,48 @@ def test_classifier_backward_matches_torch(norm_first, pooling, padded):
     assert_grads_match(grads, theirs, "EncoderClassifier")
 
 
+def test_classifier_with_bert_pooler_backward_matches_torch():
+    """config.pooler: the head reads the pooler's output, and its gradient reaches the pooler."""
+    config = _config(n_classes=3, pooler=True, type_vocab_size=2, embedding_norm=True,
+                     positional="learned", scale_embeddings=False)
+    theirs, ours = _pair("EncoderClassifier", config)
+    rng = np.random.default_rng(1)
+    ids, mask = rng.integers(0, 20, (B, S)), padding_mask([S, 4, 1], S)
+    logits = theirs(torch.from_numpy(ids), torch.from_numpy(mask)).logits
+    g = _backprop(logits, rng)
+    mine, cache = ours.forward_train(ids, mask)
+    assert relative_error(mine, logits) <= GRAD_RTOL
+    grads = ours.zero_grads()
+    ours.backward(g, cache, grads)
+    assert_grads_match(grads, theirs, "EncoderClassifier with pooler")
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_classifier_backward_matches_finite_differences_with_dropout(pooling):
+    """Through the dropout before the head too: a fixed seed draws the same masks each call."""
+    config = _config(n_classes=3, pooling=pooling, attention_dropout=0.1)
+    ours = ref.EncoderClassifier(config, np.float64)
+    rng = np.random.default_rng(0)
+    for value in ours.state_dict().values():
+        value[...] = rng.standard_normal(value.shape) * 0.3 + (value if value.ndim == 1 else 0)
+    ids, mask = rng.integers(0, 20, (B, S)), padding_mask([S, 4, 2], S)
+    g = rng.standard_normal((B, 3))
+
+    def loss():
+        logits, _ = ours.forward_train(ids, mask, rng=np.random.default_rng(5))
+        return float((logits * g).sum())
+
+    logits, cache = ours.forward_train(ids, mask, rng=np.random.default_rng(5))
+    assert not np.allclose(logits, ours(ids, mask).logits)  # dropout drew something
+    grads = ours.zero_grads()
+    ours.backward(g, cache, grads)
+    state = ours.state_dict()
+    for key in ["head.weight", "head.bias", "encoder.layers.1.ffn.down.weight", "encoder.tok_emb.weight"]:
+        for index in [tuple(rng.integers(0, n) for n in state[key].shape) for _ in range(3)]:
+            fd = finite_difference(loss, state[key], index)
+            assert abs(fd - grads[key][index]) <= 1e-7 * max(1.0, abs(fd)), (key, index)
+
+
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_seq2seq_backward_matches_finite_differences_with_dropout(norm_first):
     """Independent of torch, and through dropout: a fixed seed draws the same masks on every

@@ -12,8 +12,11 @@ import json
 import math
 import random
 import re
+import shutil
 import sysconfig
 from pathlib import Path
+
+from tokenizers import BertWordPieceTokenizer
 
 VOCAB_SIZE = 30522  # BERT's, and all-MiniLM-L6-v2's
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -71,8 +74,6 @@ def sentences(count: int, min_tokens: int, max_tokens: int, count_tokens, seed: 
 def write_vocab(directory: Path, texts: list[str], size: int = VOCAB_SIZE) -> None:
     """A lowercase WordPiece vocabulary trained on `texts`, padded with [unused] tokens to `size`
     (as BERT's own vocabulary is), plus tokenizer.json and tokenizer_config.json."""
-    from tokenizers import BertWordPieceTokenizer
-
     trainer = BertWordPieceTokenizer(lowercase=True)
     trainer.train_from_iterator(texts, vocab_size=size, special_tokens=SPECIALS, show_progress=False)
     vocab = sorted(trainer.get_vocab().items(), key=lambda kv: kv[1])
@@ -91,8 +92,7 @@ def write_bert(directory: Path, shape: str, vocab_dir: Path | None = None, seed:
 
     config.json also says ``position_embedding_type: absolute``: CTranslate2's converter asserts it
     and transformers 5 no longer writes it."""
-    import shutil
-
+    # transformers is optional (tformer[bench]); a peer process imports torch only when it uses it
     import torch
     from transformers import BertConfig, BertModel
 
@@ -114,7 +114,7 @@ def write_bert(directory: Path, shape: str, vocab_dir: Path | None = None, seed:
 
 def quiet_transformers() -> None:
     """No progress bars or load reports from transformers in the benchmark's output."""
-    from transformers.utils import logging
+    from transformers.utils import logging  # optional (tformer[bench])
 
     logging.set_verbosity_error()
     logging.disable_progress_bar()

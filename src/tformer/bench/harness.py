@@ -190,6 +190,7 @@ def has_bf16() -> bool:
 
 
 def machine_info(threads: int) -> dict:
+    # imported here: a peer's worker process imports this module and must not load torch
     import numpy as np
     import torch
 

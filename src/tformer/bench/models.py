@@ -13,8 +13,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from tformer.config import TransformerConfig
-from tformer.convert.torch_nn import ENCODER_LAYER, stack_table, to_theirs
+from tformer import kernels, reference
+from tformer.bench.floor import FloorEncoder
+from tformer.config import TransformerConfig, bert_layout
+from tformer.convert.hf_bert import config_to_hf, to_hf
+from tformer.convert.torch_nn import to_torch_encoder
 from tformer.model import Encoder
 
 Run = Callable[[Tensor, Tensor | None], object]
@@ -30,12 +33,9 @@ def bert_config(width: str, quick: bool = False, norm_first: bool = False, n_lay
     """A BERT-style encoder (learned positions, token types, embedding norm, GELU, post-norm)
     that HuggingFace's BertModel, torch.nn and tformer can all express; pre-norm for nn and us."""
     d, h, f = (QUICK_WIDTHS if quick else WIDTHS)[width]
-    return TransformerConfig(
-        d_model=d, n_heads=h, d_ff=f, n_layers=2 if quick else n_layers, dropout=dropout,
-        attention_dropout=dropout, activation="gelu", norm_first=norm_first,
-        final_norm=norm_first, layer_norm_eps=1e-12, positional="learned", max_len=512,
-        vocab_size=VOCAB, scale_embeddings=False, type_vocab_size=2, embedding_norm=True,
-    )
+    return bert_layout(d_model=d, n_heads=h, d_ff=f, n_layers=2 if quick else n_layers,
+                       dropout=dropout, norm_first=norm_first, final_norm=norm_first, max_len=512,
+                       vocab_size=VOCAB)
 
 
 def inputs(config: TransformerConfig, batch: int, seq: int, padded: bool,
@@ -54,15 +54,11 @@ def inputs(config: TransformerConfig, batch: int, seq: int, padded: bool,
 # The bench's only references to tformer.kernels' internals are these two helpers.
 def onednn_linear(dtype: torch.dtype = torch.float32) -> bool:
     """Whether oneDNN's fused linear runs this dtype here (bf16 needs CPU bf16 instructions)."""
-    from tformer import kernels
-
     return kernels._ONEDNN and (dtype != torch.bfloat16 or kernels._ONEDNN_BF16)
 
 
 def onednn_matmul(x: Tensor, w: Tensor) -> Tensor:
     """x @ w.T through oneDNN's linear, as tformer's kernels call it."""
-    from tformer import kernels
-
     return kernels._onednn_linear(x, w, None)
 
 
@@ -85,18 +81,10 @@ def tformer_padded(encoder: Encoder, skip_padding: bool | None = None):
 
 
 def torch_nn_stack(encoder: Encoder) -> nn.TransformerEncoder:
-    """torch.nn.TransformerEncoder with the encoder's layer weights; its fast path fully on
-    (nested tensors skip padding, which it does for post-norm layers only)."""
+    """torch.nn.TransformerEncoder with the encoder's layer weights (convert.torch_nn), its fast
+    path fully on: nested tensors skip padding, which it does for post-norm layers only."""
     c = encoder.config
-    layer = nn.TransformerEncoderLayer(
-        c.d_model, c.n_heads, c.d_ff, c.dropout, c.activation, c.layer_norm_eps,
-        batch_first=True, norm_first=c.norm_first, bias=c.bias,
-    )
-    layer.self_attn.dropout = c.attention_dropout
-    norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.final_norm else None
-    stack = nn.TransformerEncoder(layer, c.n_layers, norm=norm, enable_nested_tensor=not c.norm_first)
-    state = {k: v for k, v in encoder.state_dict().items() if k.startswith(("layers.", "final_norm."))}
-    stack.load_state_dict(to_theirs(state, stack_table(ENCODER_LAYER, c.n_layers, c.final_norm)))
+    stack = to_torch_encoder(encoder, layers_only=True, nested_tensor=not c.norm_first)
     return stack.to(next(encoder.parameters()).dtype).train(encoder.training)
 
 
@@ -112,15 +100,14 @@ def torch_nn(encoder: Encoder, stack: nn.TransformerEncoder) -> Run:
 
 def hf_bert_model(encoder: Encoder) -> nn.Module | None:
     """HuggingFace BertModel (attn_implementation="sdpa") with the same weights; None if absent."""
-    try:
+    try:  # transformers is optional (tformer[hf])
         from transformers import BertConfig, BertModel
     except ImportError:
         return None
-    from tformer.convert import hf_bert
 
-    config = BertConfig(**hf_bert.config_to_hf(encoder.config))
+    config = BertConfig(**config_to_hf(encoder.config))
     model = BertModel._from_config(config, attn_implementation="sdpa", add_pooling_layer=False)
-    state = hf_bert.to_hf(encoder.state_dict(), encoder.config)
+    state = to_hf(encoder.state_dict(), encoder.config)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if not k.endswith(("position_ids", "token_type_ids"))]:
         raise ValueError(f"BertModel: missing {missing}, unexpected {unexpected}")
@@ -140,8 +127,6 @@ def numpy_state(encoder: Encoder) -> dict[str, np.ndarray]:
 
 
 def numpy_reference(encoder: Encoder) -> Run:
-    from tformer import reference
-
     ref = reference.Encoder(encoder.config, np.float32)
     ref.load_state_dict(numpy_state(encoder))
 
@@ -152,8 +137,6 @@ def numpy_reference(encoder: Encoder) -> Run:
 
 
 def numpy_floor(encoder: Encoder) -> Run:
-    from tformer.bench.floor import FloorEncoder
-
     floor = FloorEncoder(encoder.config, numpy_state(encoder))
 
     def run(ids, mask):

@@ -8,7 +8,9 @@ process (worker.py) and returns a Runner:
 - ``encode(texts)`` (optional): -> L2-normalised mean-pooled embeddings, float32 (N, D). Without
   it the worker encodes as ``SentenceEncoder.encode`` does (``encode_with``).
 
-Adding a contender is one line in CONTENDERS. Each sets the thread count its own way
+Each loader imports its runtime itself, so a contender's process loads that runtime alone (torch
+stays out of ONNX Runtime's, CTranslate2's and OpenVINO's). Adding a contender is one line in
+CONTENDERS. Each sets the thread count its own way
 (``threads``); the worker also exports OMP_NUM_THREADS.
 """
 
@@ -19,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from tformer.bench.corpus import quiet_transformers
 
 BATCH_SIZE = 32  # sentence encoding: SentenceEncoder.encode's and sentence-transformers' default
 # CTranslate2 uses Intel MKL on Intel CPUs only, unless CT2_USE_MKL=1; packed GEMM is MKL's fast
@@ -56,6 +60,7 @@ def _tformer(dtype: str | None, skip_padding: bool | None = None) -> Callable[[P
     encode() is the product path; forward() is the Encoder's DEFAULT forward unless skip_padding."""
 
     def load(paths: Paths, threads: int) -> Runner:
+        # each loader imports its own runtime: a contender's process loads no other (module doc)
         import torch
 
         from tformer.bench import models as M
@@ -82,6 +87,7 @@ def _tformer(dtype: str | None, skip_padding: bool | None = None) -> Callable[[P
 
 
 def _torch_nn(paths: Paths, threads: int) -> Runner:
+    # its own runtime only, in its own process (module docstring)
     import torch
 
     from tformer.bench import models as M
@@ -99,6 +105,7 @@ def _torch_nn(paths: Paths, threads: int) -> Runner:
 
 
 def _hf_bert(paths: Paths, threads: int) -> Runner:
+    # transformers is optional (tformer[bench]); torch only in the processes that use it
     import torch
     from transformers import BertModel
 
@@ -114,6 +121,7 @@ def _hf_bert(paths: Paths, threads: int) -> Runner:
 
 
 def _sentence_transformers(paths: Paths, threads: int) -> Runner:
+    # sentence-transformers is optional (tformer[bench]); torch only where it is used
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -138,7 +146,7 @@ def _ort(variant: str) -> Callable[[Paths, int], Runner]:
     quantizer cannot type the fused graph's ops)."""
 
     def load(paths: Paths, threads: int) -> Runner:
-        import onnxruntime as ort
+        import onnxruntime as ort  # optional (tformer[bench])
 
         path = paths.onnx
         if variant == "optimized":
@@ -176,7 +184,7 @@ def _ct2(compute_type: str) -> Callable[[Paths, int], Runner]:
     int8); it takes unpadded token lists and skips padding itself."""
 
     def load(paths: Paths, threads: int) -> Runner:
-        import ctranslate2
+        import ctranslate2  # optional (tformer[bench])
 
         out = paths.work / f"ct2-{compute_type}"
         quantization = None if compute_type == "float32" else compute_type
@@ -205,7 +213,7 @@ def _openvino(precision: str | None) -> Callable[[Paths, int], Runner]:
     instructions, so f32 is asked for explicitly; None = its default (bf16 or f32, reported)."""
 
     def load(paths: Paths, threads: int) -> Runner:
-        import openvino as ov
+        import openvino as ov  # optional (tformer[bench])
 
         core = ov.Core()
         config = {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1}
@@ -275,6 +283,7 @@ def encode_with(forward: Callable, tokenizer, texts: list[str]) -> np.ndarray:
 def onnx_export(model_dir: Path, out: Path) -> Path:
     """transformers' BertModel (eager attention: the exporter traces it cleanly) to ONNX with
     dynamic batch and sequence axes; inputs input_ids, attention_mask, token_type_ids."""
+    # transformers is optional (tformer[bench]); torch only in the process that exports
     import warnings
 
     import torch
@@ -288,8 +297,6 @@ def onnx_export(model_dir: Path, out: Path) -> Path:
         def forward(self, input_ids, attention_mask, token_type_ids):
             return self.bert(input_ids=input_ids, attention_mask=attention_mask,
                              token_type_ids=token_type_ids).last_hidden_state
-
-    from tformer.bench.corpus import quiet_transformers
 
     quiet_transformers()
     bert = BertModel.from_pretrained(str(model_dir), attn_implementation="eager").eval()

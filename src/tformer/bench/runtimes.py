@@ -22,8 +22,9 @@ import numpy as np
 
 from tformer.bench import corpus, peers, worker
 from tformer.bench.harness import NO_BF16, Report, Row, Target, Timing, has_bf16, measure, paired_ratio
+from tformer.bench.rows import TOLERANCE
+from tformer.tokenizer import load_tokenizer
 
-FP32_TOLERANCE = 1e-4  # max abs diff to tformer fp32 (embeddings, or hidden states at real tokens)
 LOW_PRECISION_COSINE = 0.9  # bf16 / int8 rows: timed at any cosine above this (the cosine is reported)
 PAUSE = 0.2  # untimed seconds after each call: idle OpenMP/ORT threads spin for a while after one
 
@@ -36,8 +37,6 @@ def sentences(s) -> Report:
         vocab = _vocab(work)
         model = corpus.write_bert(work / "model", "tiny" if s.quick else "minilm", vocab)
         corpus.write_sentence_layout(model)
-        from tformer.tokenizer import load_tokenizer
-
         tokenizer = load_tokenizer(model)
         texts = corpus.sentences(n, 3, max_tokens, lambda t: tokenizer.lengths([t])[0])
         inputs = work / "texts.json"
@@ -139,7 +138,7 @@ def _compare(s, name: str, task: str, model: Path, inputs: Path, tokens: int,
         f"(torch.set_num_threads, ORT intra_op_num_threads, CTranslate2 intra_threads, OpenVINO "
         f"INFERENCE_NUM_THREADS; OMP_NUM_THREADS too), {pause} s untimed pause after each call; "
         f"tformer fp32 is the reference; fp32 rows timed when "
-        f"max abs diff to tformer fp32 <= {FP32_TOLERANCE:.0e}, bf16/int8 rows when min cosine >= "
+        f"max abs diff to tformer fp32 <= {TOLERANCE:.0e}, bf16/int8 rows when min cosine >= "
         f"{LOW_PRECISION_COSINE} (reported). CTranslate2 runs with "
         + ", ".join(f"{k}={os.environ.get(k, v)}" for k, v in peers.CT2_ENV.items())
         + " (the benchmark's defaults unless the environment sets them: without CT2_USE_MKL=1 it "
@@ -161,10 +160,10 @@ def _check(results: dict[str, dict], names: list[str], mask: np.ndarray | None
         low = peers.BY_NAME[n].precision != "fp32"
         check = f"max abs diff {diff:.1e}, min cos {cos:.5f}"
         check += f"; {result['note']}" if result["note"] else ""
-        if (cos >= LOW_PRECISION_COSINE) if low else (diff <= FP32_TOLERANCE):
+        if (cos >= LOW_PRECISION_COSINE) if low else (diff <= TOLERANCE):
             timed[n] = check
         else:
-            bound = f"min cos < {LOW_PRECISION_COSINE}" if low else f"> {FP32_TOLERANCE:.0e}"
+            bound = f"min cos < {LOW_PRECISION_COSINE}" if low else f"> {TOLERANCE:.0e}"
             untimed[n] = f"not timed: output differs ({check}; {bound})"
     return timed, untimed
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tformer.bench import peers
 from tformer.bench.harness import Measured
 
 
@@ -34,8 +35,6 @@ def main(spec: dict) -> None:
 
     def reply(**kw):
         proto.write(json.dumps(kw) + "\n")
-
-    from tformer.bench import peers
 
     contender = peers.BY_NAME[spec["name"]]
     paths = peers.Paths(*(Path(spec[k]) for k in ("model", "onnx", "work")))
@@ -121,8 +120,6 @@ class Worker:
 
 def start(names: list[str], task: str, inputs: Path, paths, threads: int) -> tuple[dict, dict]:
     """Start a worker per contender that can run here; returns (workers, skipped: name -> reason)."""
-    from tformer.bench import peers
-
     workers, skipped = {}, {}
     for i, name in enumerate(names):
         c = peers.BY_NAME[name]

@@ -13,58 +13,19 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from tformer.bench import models as M
 from tformer.bench import runtimes
-from tformer.bench.harness import NO_BF16, Report, Row, Target, Timing, has_bf16, measure, paired_ratio
-from tformer.model import Encoder, Seq2SeqTransformer
+from tformer.bench.decoding import decode
+from tformer.bench.harness import NO_BF16, Report, Row, Target, has_bf16, measure, paired_ratio
+from tformer.bench.rows import TOLERANCE, Settings, checked, timed_rows  # noqa: F401 (TOLERANCE: commands/bench.py reads workloads.TOLERANCE)
+from tformer.bench.training import training
+from tformer.model import Encoder
 from tformer.stats import flops_per_token
 
-TOLERANCE = 1e-4  # fp32 max abs diff at real tokens between contenders (the tests hold 1e-5 at tiny sizes)
 BF16_COSINE = 0.999  # bf16 vs fp32: smallest per-token cosine similarity
-
-
-@dataclass
-class Settings:
-    quick: bool = False
-    rounds: int | None = None  # None: each workload's default
-    threads: int = 2
-    contenders: list[str] | None = None  # peer workloads: only contenders whose name starts so
-
-    def n_rounds(self, full: int) -> int:
-        return self.rounds if self.rounds is not None else (2 if self.quick else full)
-
-
-# Shared pieces -------------------------------------------------------------------------------------
-def _timed_rows(workload: str, timings: dict[str, Timing], tokens: int,
-                flops: float | None = None, roofline: float | None = None) -> list[Row]:
-    """One row per contender; the first contender is the one the paired ratios refer to."""
-    first = timings[next(iter(timings))]
-    rows = []
-    for name, t in timings.items():
-        rows.append(Row(
-            workload, name, t.median * 1e3, t.spread, tokens / t.median,
-            paired_ratio(t, first), t.cores,
-            flops / t.median / roofline if flops and roofline else None,
-        ))
-    return rows
-
-
-def _checked(report: Report, workload: str, runs: dict[str, Callable], outputs: dict[str, object],
-             expected: dict[str, object], mask, tolerance: float = TOLERANCE) -> dict[str, Callable]:
-    """Keep the contenders whose output matches its expected output; report the others untimed."""
-    kept = {}
-    for name, run in runs.items():
-        diff = M.max_abs_diff(outputs[name], expected[name], mask)
-        if diff <= tolerance:
-            kept[name] = run
-        else:
-            report.rows.append(Row(workload, name, note=f"not timed: output differs by {diff:.1e} "
-                                                        f"> {tolerance:.0e}"))
-    return kept
 
 
 # GEMM roofline ---------------------------------------------------------------------------------------
@@ -157,14 +118,14 @@ def inference(s: Settings, name: str, width: str, batch: int, seq: int, padded: 
         expected = {n: outputs[next(iter(runs))] for n in runs}
         if norm_first and hf is not None:  # the post-norm twin is checked against tformer's twin
             expected[hf_name] = twin(ids, mask).last_hidden_state
-        runs = _checked(report, name, runs, outputs, expected, mask)
+        runs = checked(report, name, runs, outputs, expected, mask)
         timings = measure({n: (lambda run=run: run(ids, mask)) for n, run in runs.items()},
                           s.n_rounds(rounds), pause=0.15 if numpy and not s.quick else 0.0)
     flops = roofline = None
     if not padded and not s.quick:  # a roofline of microsecond GEMMs would mean nothing
         flops = flops_per_token(config, seq) * batch * seq
         roofline = gemm_throughput(config.d_model, config.d_ff, batch * seq, s.threads)["best"] * 1e9
-    report.rows += _timed_rows(name, timings, tokens, flops, roofline)
+    report.rows += timed_rows(name, timings, tokens, flops, roofline)
     first = next(iter(timings))
     for peer, threshold in targets:
         if peer == "roofline":
@@ -214,7 +175,7 @@ def bf16(s: Settings) -> Report:
         cosines = {n: M.min_cosine(out.float(), reference, None) for n, out in outputs.items()}
         timings = measure({n: (lambda run=run: run(ids, None)) for n, run in runs.items()},
                           s.n_rounds(7))
-    report.rows += _timed_rows(name, timings, batch * seq)
+    report.rows += timed_rows(name, timings, batch * seq)
     for row in report.rows:
         row.note = f"min cosine vs fp32 {cosines[row.contender]:.5f}"
     report.targets.append(Target(name, "tformer bf16 >= 2.5x the speed of tformer fp32",
@@ -227,132 +188,6 @@ def bf16(s: Settings) -> Report:
 
 
 # Training ----------------------------------------------------------------------------------------
-def _adamw(params, fused: bool) -> torch.optim.Optimizer:
-    if fused:
-        try:
-            return torch.optim.AdamW(params, lr=1e-4, fused=True)
-        except (RuntimeError, TypeError):  # a torch without fused CPU AdamW: the foreach kernels
-            return torch.optim.AdamW(params, lr=1e-4, foreach=True)
-    return torch.optim.AdamW(params, lr=1e-4)
-
-
-def training(s: Settings, name: str, width: str, batch: int, seq: int) -> Report:
-    report = Report()
-    config = M.bert_config(width, s.quick, dropout=0.1)
-    torch.manual_seed(0)
-    enc = Encoder(config)
-    ids, _ = M.inputs(config, batch, seq, padded=False)
-    models: dict[str, tuple[torch.nn.Module, Callable, bool]] = {}
-    models["tformer (fused AdamW)"] = (enc, M.tformer(enc), True)
-    enc2 = Encoder(config)
-    enc2.load_state_dict(enc.state_dict())
-    models["tformer (default AdamW)"] = (enc2, M.tformer(enc2), False)
-    hf = M.hf_bert_model(enc)
-    if hf is not None:
-        models["HF BertModel sdpa (default AdamW)"] = (hf, M.hf_bert(hf), False)
-        hf2 = M.hf_bert_model(enc)
-        models["HF BertModel sdpa (fused AdamW)"] = (hf2, M.hf_bert(hf2), True)  # the same optimizer
-    else:
-        report.notes.append("transformers is not installed: HF BertModel skipped (pip install tformer[hf])")
-    enc3 = Encoder(config)
-    enc3.load_state_dict(enc.state_dict())
-    stack = M.torch_nn_stack(enc3)
-    nn_model = torch.nn.ModuleDict({"embed": enc3, "stack": stack})  # enc3's layers stay unused
-    models["torch.nn (default AdamW)"] = (nn_model, M.torch_nn(enc3, stack), False)
-
-    def loss_of(run, autocast=False):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            return run(ids, None).float().square().mean()
-
-    # Check: in eval mode (no dropout) every contender has the same loss and gradient norm.
-    norms, losses = {}, {}
-    for n, (model, run, _) in models.items():
-        model.eval()
-        model.zero_grad()
-        loss = loss_of(run)
-        loss.backward()
-        losses[n] = float(loss.detach())
-        norms[n] = float(torch.sqrt(sum(p.grad.square().sum() for p in model.parameters()
-                                        if p.grad is not None)))
-        model.zero_grad(set_to_none=True)
-        model.train()
-    first = next(iter(models))
-    steps = {}
-    for n, (model, run, fused) in models.items():
-        rel = abs(norms[n] / norms[first] - 1) + abs(losses[n] / losses[first] - 1)
-        if rel > 1e-4:
-            report.rows.append(Row(name, n, note=f"not timed: loss/gradient norm differ (rel {rel:.1e})"))
-            continue
-        # bf16 autocast (fp32 master weights), like for like: tformer and HF, both fused AdamW
-        for autocast in (False, True) if fused and has_bf16() else (False,):
-            opt = _adamw([p for p in model.parameters() if p.requires_grad], fused)
-
-            def step(run=run, opt=opt, autocast=autocast):
-                loss_of(run, autocast).backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-
-            steps[n + (", bf16 autocast" if autocast else "")] = step
-    if not has_bf16():
-        report.notes.append(NO_BF16 + ": no bf16 autocast training rows")
-    timings = measure(steps, s.n_rounds(5))
-    report.rows += _timed_rows(name, timings, batch * seq)
-    for suffix in ("", ", bf16 autocast"):
-        ours, hf_name = first + suffix, "HF BertModel sdpa (fused AdamW)" + suffix
-        if suffix and ours not in timings:
-            continue
-        report.targets.append(Target(name, f"{ours} >= 1.25x the tokens/s of {hf_name}",
-                                     paired_ratio(timings[hf_name], timings[ours])
-                                     if hf_name in timings and ours in timings else None, 1.25))
-    report.notes.append("training: forward + backward + AdamW step, dropout 0.1 (hidden and attention), "
-                        "loss = mean(h^2); checked first in eval mode: same loss and gradient norm "
-                        "(rel 1e-4). torch.nn gets tformer's embeddings.")
-    return report
-
-
-# Decoding ----------------------------------------------------------------------------------------
-def _greedy(model: Seq2SeqTransformer, src: torch.Tensor, steps: int, use_cache: bool) -> torch.Tensor:
-    """Greedy decoding of `steps` tokens (no early stop), with the KV cache or recomputing the prefix."""
-    memory = model.encode(src).last_hidden_state  # (B, S, D)
-    ys = torch.ones(src.size(0), 1, dtype=torch.long)  # BOS = 1
-    past = None
-    for _ in range(steps):
-        if use_cache:
-            out = model.decode(ys[:, -1:], memory if past is None else None, past_key_values=past,
-                               use_cache=True)
-            past = out.past_key_values
-        else:
-            out = model.decode(ys, memory)
-        ys = torch.cat([ys, out.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    return ys
-
-
-def decode(s: Settings) -> Report:
-    name, report = "decode-small", Report()
-    d, h, f = (M.QUICK_WIDTHS if s.quick else M.WIDTHS)["small"]
-    config = M.bert_config("small", s.quick).replace(
-        positional="sinusoidal", type_vocab_size=0, embedding_norm=False, scale_embeddings=True,
-        activation="relu", layer_norm_eps=1e-5)
-    torch.manual_seed(0)
-    model = Seq2SeqTransformer(config).eval()
-    batch, src_len, steps = (2, 8, 16) if s.quick else (4, 32, 128)
-    src, _ = M.inputs(config, batch, src_len, padded=False)
-    with torch.inference_mode():
-        cached, full = _greedy(model, src, steps, True), _greedy(model, src, steps, False)
-        same = bool((cached == full).all())
-        runs = {"tformer KV cache": lambda: _greedy(model, src, steps, True),
-                "tformer recompute prefix": lambda: _greedy(model, src, steps, False)}
-        timings = measure(runs, s.n_rounds(3), warmup=0)
-    report.rows += _timed_rows(name, timings, batch * steps)
-    report.rows[-1].note = report.rows[-2].note = (
-        f"{steps} tokens x batch {batch}, source {src_len}; identical tokens: {same}")
-    report.targets.append(Target(name, f"KV cache >= 3x the speed of recomputing the prefix "
-                                       f"({steps} tokens)",
-                                 paired_ratio(timings["tformer recompute prefix"],
-                                              timings["tformer KV cache"]), 3.0))
-    return report
-
-
 # Memory at long sequences ------------------------------------------------------------------------
 def memory(s: Settings) -> Report:
     report = Report()

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tformer.config import TransformerConfig
+from tformer.config import TransformerConfig, bert_layout
 
 # Rows: (HF key or keys stacked along rows, tformer key). "{i}" is the layer index.
 EMBEDDING_ROWS: list[tuple[str | tuple[str, ...], str]] = [
@@ -273,7 +273,8 @@ CONFIG_KEYS = {
 
 
 def _tformer_config(hf: Mapping[str, Any], act: str, has_pooler: bool) -> TransformerConfig:
-    return TransformerConfig(
+    # BERT is post-norm (Devlin et al. 2019 reuse Vaswani et al.'s layer): bert_layout says so.
+    return bert_layout(
         d_model=hf["hidden_size"],
         n_heads=hf["num_attention_heads"],
         d_ff=hf["intermediate_size"],
@@ -281,16 +282,10 @@ def _tformer_config(hf: Mapping[str, Any], act: str, has_pooler: bool) -> Transf
         dropout=hf.get("hidden_dropout_prob", 0.1),
         attention_dropout=hf.get("attention_probs_dropout_prob", 0.1),
         activation=HF_ACTIVATIONS[act],
-        norm_first=False,  # BERT is post-norm (Devlin et al. 2019 reuse Vaswani et al.'s layer)
-        final_norm=False,
         layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
-        bias=True,
-        positional="learned",
         max_len=hf["max_position_embeddings"],
         vocab_size=hf["vocab_size"],
-        scale_embeddings=False,
         type_vocab_size=hf.get("type_vocab_size", 2),
-        embedding_norm=True,
         pooler=has_pooler,
     )
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Pooling modes in the order sentence-transformers concatenates them.
-POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len")
+from tformer.config import POOLING_MODES
+
 _POOLING_KEYS = {
     "cls": "pooling_mode_cls_token",
     "max": "pooling_mode_max_tokens",

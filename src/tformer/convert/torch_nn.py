@@ -65,14 +65,16 @@ def _rows(tensor: Tensor, rows: str) -> Tensor:
     return {"all": tensor, "q": tensor[:d], "kv": tensor[d:]}[rows]
 
 
-def stack_table(layer: list[Row], n_layers: int, final_norm: bool) -> list[Row]:
-    """Expand a per-layer table to a whole stack: layers.{i}.… plus the final norm."""
+def stack_table(layer: list[Row], n_layers: int, final_norm: bool, bias: bool = True) -> list[Row]:
+    """Expand a per-layer table to a whole stack: layers.{i}.… plus the final norm (without
+    the bias rows for a model built with bias=False)."""
     table = [
         (f"layers.{i}.{theirs}", f"layers.{i}.{ours}", rows)
         for i in range(n_layers)
         for theirs, ours, rows in layer
     ]
-    return table + (FINAL_NORM if final_norm else [])
+    table += FINAL_NORM if final_norm else []
+    return [row for row in table if bias or not row[0].endswith("bias")]
 
 
 def to_ours(state: Mapping[str, Tensor], table: list[Row]) -> dict[str, Tensor]:
@@ -142,15 +144,21 @@ def from_torch_encoder(module: nn.TransformerEncoder | nn.TransformerEncoderLaye
     if isinstance(module, nn.TransformerEncoderLayer):
         state = {f"layers.0.{k}": v for k, v in state.items()}
     encoder = Encoder(config)
-    table = stack_table(ENCODER_LAYER, len(layers), norm is not None)
+    table = stack_table(ENCODER_LAYER, len(layers), norm is not None, config.bias)
     encoder.load_state_dict(to_ours(state, table))
     return encoder
 
 
-def to_torch_encoder(encoder: Encoder) -> nn.TransformerEncoder:
-    """A batch-first torch.nn.TransformerEncoder with the same weights."""
+def to_torch_encoder(encoder: Encoder, layers_only: bool = False,
+                     nested_tensor: bool = False) -> nn.TransformerEncoder:
+    """A batch-first torch.nn.TransformerEncoder with the same weights.
+
+    ``layers_only``: convert the layer stack of an encoder that has embeddings too (the caller
+    embeds, as the bench does: ``encoder.embed(ids)``). ``nested_tensor``: let torch.nn's fast
+    path drop padded positions (their outputs are then zeros, not computed values).
+    """
     c = encoder.config
-    if c.vocab_size or c.positional != "none" or c.embedding_norm:
+    if not layers_only and (c.vocab_size or c.positional != "none" or c.embedding_norm):
         raise ValueError(
             "encoder: torch.nn.TransformerEncoder has no embeddings; convert an encoder built "
             "with vocab_size=None, positional='none', embedding_norm=False"
@@ -164,9 +172,9 @@ def to_torch_encoder(encoder: Encoder) -> nn.TransformerEncoder:
     # torch.nn's layer reuses `dropout` on the attention weights; ours may differ.
     layer.self_attn.dropout = c.attention_dropout
     norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps, bias=c.bias) if c.final_norm else None
-    # enable_nested_tensor=False: keep outputs at padded positions (the fast path drops them).
-    torch_encoder = nn.TransformerEncoder(layer, c.n_layers, norm=norm, enable_nested_tensor=False)
-    table = stack_table(ENCODER_LAYER, c.n_layers, c.final_norm)
+    torch_encoder = nn.TransformerEncoder(layer, c.n_layers, norm=norm,
+                                          enable_nested_tensor=nested_tensor)
+    table = stack_table(ENCODER_LAYER, c.n_layers, c.final_norm, c.bias)
     torch_encoder.load_state_dict(to_theirs(encoder.state_dict(), table))
     return torch_encoder
 
@@ -181,6 +189,6 @@ def from_torch_transformer(module: nn.Transformer) -> tuple[Encoder, Decoder]:
         n_decoder_layers=len(dec_layers), final_norm=dec_norm is not None
     )
     decoder = Decoder(config)
-    table = stack_table(DECODER_LAYER, len(dec_layers), dec_norm is not None)
+    table = stack_table(DECODER_LAYER, len(dec_layers), dec_norm is not None, config.bias)
     decoder.load_state_dict(to_ours(module.decoder.state_dict(), table))
     return encoder, decoder

@@ -25,6 +25,7 @@ from tformer.reference.model import (
 )
 from tformer.reference.module import Module
 from tformer.reference.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from tformer.reference.pretrained import from_pretrained
 
 __all__ = [
     "ClassifierOutput", "Decoder", "DecoderLayer", "DecoderOutput", "Encoder",
@@ -33,11 +34,3 @@ __all__ = [
     "Seq2SeqTransformer", "SinusoidalPositionalEncoding", "scaled_dot_product_attention",
     "from_pretrained",
 ]
-
-
-def __getattr__(name: str):
-    if name == "from_pretrained":  # BERT-format directories, without torch
-        from tformer.reference.pretrained import from_pretrained
-
-        return from_pretrained
-    raise AttributeError(f"module 'tformer.reference' has no attribute {name!r}")

@@ -21,6 +21,8 @@ import math
 
 import numpy as np
 
+from tformer.reference.attention import MultiHeadAttention
+from tformer.reference.feedforward import FeedForward
 from tformer.reference.module import Linear, Module
 
 ROTATION_BLOCK_MAX = 128
@@ -88,9 +90,6 @@ class Int8Linear(Module):
 
 def quantize(model: Module, bits: int = 8) -> Module:
     """Replace the Linears of every attention and feed-forward block, as tformer.int8.quantize."""
-    from tformer.reference.attention import MultiHeadAttention
-    from tformer.reference.feedforward import FeedForward
-
     def visit(module: Module) -> None:
         for name, child in list(vars(module).items()):
             if isinstance(module, MultiHeadAttention | FeedForward) and isinstance(child, Linear):

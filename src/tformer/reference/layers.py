@@ -16,6 +16,7 @@ from tformer.reference.attention import KeyValue, MultiHeadAttention
 from tformer.reference.feedforward import FeedForward
 from tformer.reference.module import Dropout, LayerNorm, Module
 
+# A decoder layer's cache: self-attention (k, v) then cross-attention (k, v).
 LayerCache = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
@@ -59,6 +60,8 @@ def _residual_backward(dy, cache, sublayer_backward, norm: LayerNorm, dropout: D
 
 
 class EncoderLayer(Module):
+    """Self-attention then feed-forward, each wrapped in a residual connection."""
+
     def __init__(self, config: TransformerConfig):
         c = config
         self.norm_first = c.norm_first
@@ -117,13 +120,15 @@ class EncoderLayer(Module):
 
 
 class DecoderOutputs(NamedTuple):
-    hidden: np.ndarray
-    self_weights: np.ndarray | None
-    cross_weights: np.ndarray | None
+    hidden: np.ndarray  # (B, T, D)
+    self_weights: np.ndarray | None  # (B, H, T, T_total)
+    cross_weights: np.ndarray | None  # (B, H, T, S)
     present: LayerCache | None
 
 
 class DecoderLayer(Module):
+    """Masked self-attention, cross-attention to the encoder memory, then feed-forward (§3.1)."""
+
     def __init__(self, config: TransformerConfig):
         c = config
         self.norm_first = c.norm_first
@@ -147,7 +152,12 @@ class DecoderLayer(Module):
         use_cache: bool = False,
         need_weights: bool = False,
     ) -> DecoderOutputs:
-        """Shape: x (B, T, D); memory (B, S, D) -> (B, T, D)."""
+        """
+        Shape:
+            x: (B, T, D); memory: (B, S, D) (may be None once its keys/values are cached)
+            self_mask: broadcastable to (B, H, T, T_past + T) — causal, built by the caller
+            memory_mask: broadcastable to (B, H, T, S)
+        """
         self_past: KeyValue | None = None
         cross_past: KeyValue | None = None
         if past_key_value is not None:

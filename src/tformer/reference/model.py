@@ -15,77 +15,16 @@ gradient of every parameter, keyed as ``state_dict``:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from tformer.config import TransformerConfig
+from tformer.reference.inputs import check_embeddings, check_token_ids, one_input
 from tformer.reference.layers import DecoderLayer, EncoderLayer, LayerCache
-from tformer.reference.masks import Mask, make_mask
+from tformer.reference.masks import make_mask
 from tformer.reference.module import Dropout, Embedding, LayerNorm, Linear, Module
+from tformer.reference.outputs import ClassifierOutput, DecoderOutput, EncoderOutput, Seq2SeqOutput
+from tformer.reference.pooling import pool, pool_backward
 from tformer.reference.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
-
-
-@dataclass
-class EncoderOutput:
-    last_hidden_state: np.ndarray  # (B, S, D)
-    hidden_states: tuple[np.ndarray, ...] | None = None
-    attentions: tuple[np.ndarray, ...] | None = None
-    pooler_output: np.ndarray | None = None
-    mask: Mask | None = None  # the mask the layers used: pooling reads its padding from here
-
-
-@dataclass
-class DecoderOutput:
-    last_hidden_state: np.ndarray  # (B, T, D)
-    past_key_values: tuple[LayerCache, ...] | None = None
-    hidden_states: tuple[np.ndarray, ...] | None = None
-    attentions: tuple[np.ndarray, ...] | None = None
-    cross_attentions: tuple[np.ndarray, ...] | None = None
-
-
-@dataclass
-class Seq2SeqOutput:
-    logits: np.ndarray  # (B, T, V)
-    past_key_values: tuple[LayerCache, ...] | None = None
-    encoder_last_hidden_state: np.ndarray | None = None
-    decoder_attentions: tuple[np.ndarray, ...] | None = None
-    cross_attentions: tuple[np.ndarray, ...] | None = None
-
-
-@dataclass
-class ClassifierOutput:
-    logits: np.ndarray  # (B, C)
-    hidden_states: tuple[np.ndarray, ...] | None = None
-    attentions: tuple[np.ndarray, ...] | None = None
-
-
-def check_token_ids(x: np.ndarray, vocab_size: int, name: str = "x") -> None:
-    if not np.issubdtype(x.dtype, np.integer):
-        raise TypeError(f"{name}: expected integer token ids of shape (B, S), got dtype {x.dtype}")
-    if x.ndim != 2:
-        raise ValueError(f"{name}: expected token ids of shape (B, S), got shape {x.shape}")
-    if x.size:
-        lo, hi = int(x.min()), int(x.max())
-        if lo < 0 or hi >= vocab_size:
-            raise ValueError(f"{name}: expected token ids in [0, {vocab_size}), got values in [{lo}, {hi}]")
-
-
-def check_embeddings(x: np.ndarray, d_model: int, name: str = "x") -> None:
-    if not np.issubdtype(x.dtype, np.floating):
-        raise TypeError(
-            f"{name}: expected float embeddings of shape (B, S, D={d_model}), got dtype {x.dtype}"
-        )
-    if x.ndim != 3 or x.shape[-1] != d_model:
-        raise ValueError(f"{name}: expected shape (B, S, D) with D = {d_model}, got {x.shape}")
-
-
-def _one_input(x, input_ids):
-    if x is not None and input_ids is not None:
-        raise ValueError("input_ids: got both x and input_ids; pass the token ids once")
-    if x is None and input_ids is None:
-        raise ValueError("x: expected token ids (B, S) or embeddings (B, S, D), got None")
-    return x if x is not None else input_ids
 
 
 def _positional(config: TransformerConfig) -> Module | None:
@@ -166,7 +105,7 @@ class Encoder(Module):
         input_ids: np.ndarray | None = None,
     ) -> EncoderOutput:
         """Shape: x (B, S) ids or (B, S, D); attention_mask (B, S) -> last_hidden_state (B, S, D)."""
-        x = _one_input(x, input_ids)
+        x = one_input(x, input_ids)
         h = self.embed(x, token_type_ids)  # (B, S, D)
         b, s, _ = h.shape
         mask = make_mask(attention_mask, attn_mask, b, s, s)
@@ -227,7 +166,7 @@ class Encoder(Module):
 
         Shape: x (B, S) ids or (B, S, D) -> last_hidden_state (B, S, D) (+ pooler_output)
         """
-        x = _one_input(x, input_ids)
+        x = one_input(x, input_ids)
         h, embed_cache = self.embed_train(x, token_type_ids, rng)  # (B, S, D)
         b, s, _ = h.shape
         mask = make_mask(attention_mask, attn_mask, b, s, s)
@@ -495,7 +434,13 @@ class Seq2SeqTransformer(Module):
 
 
 class EncoderClassifier(Module):
-    """Encoder + pooling ("cls" or "mean" over real tokens) + linear head."""
+    """Encoder + pooled output + dropout + linear head over the classes.
+
+    Pooled: the BERT pooler's output (tanh(W h[CLS]), Devlin et al. 2019 §3) when the config
+    has one, so a fine-tuned model is a transformers BertForSequenceClassification; else
+    ``config.pooling`` ("cls": the first position, "mean": over real tokens). Dropout before
+    the head, as BERT's classifier has it.
+    """
 
     def __init__(self, config: TransformerConfig, dtype=np.float32):
         if config.n_classes is None:
@@ -503,24 +448,31 @@ class EncoderClassifier(Module):
         self.config = config
         self.dtype = np.dtype(dtype)
         self.encoder = Encoder(config, dtype)
+        self.dropout = Dropout(config.dropout)
         self.head = Linear(config.d_model, config.n_classes)
         self.astype(self.dtype)
 
-    def forward(self, x, attention_mask=None, token_type_ids=None, output_attentions=False,
-                output_hidden_states=False) -> ClassifierOutput:
-        """Shape: x (B, S) ids or (B, S, D); attention_mask (B, S) -> logits (B, C)."""
+    def forward(
+        self,
+        x: np.ndarray,
+        attention_mask: np.ndarray | None = None,
+        token_type_ids: np.ndarray | None = None,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+    ) -> ClassifierOutput:
+        """
+        Shape:
+            x: (B, S) ids or (B, S, D); attention_mask: (B, S)
+            returns ClassifierOutput with logits (B, C)
+        """
         out = self.encoder(
             x, attention_mask, output_attentions=output_attentions,
             output_hidden_states=output_hidden_states, token_type_ids=token_type_ids,
         )
-        h = out.last_hidden_state  # (B, S, D), zeros at padding
-        if self.config.pooling == "cls":
-            pooled = h[:, 0]  # (B, D)
-        elif out.mask is None or out.mask.padding is None:
-            pooled = h.mean(axis=1)
-        else:  # mean over real tokens: padded positions are zeros, so a plain sum is theirs
-            pooled = h.sum(axis=1) / np.maximum(out.mask.lengths, 1)[:, None].astype(h.dtype)
-        return ClassifierOutput(self.head(pooled), out.hidden_states, out.attentions)
+        pooled = out.pooler_output  # (B, D) or None
+        if pooled is None:
+            pooled = pool(out.last_hidden_state, out.mask, [self.config.pooling])  # (B, D)
+        return ClassifierOutput(self.head(self.dropout(pooled)), out.hidden_states, out.attentions)
 
     def forward_train(self, x, attention_mask=None, token_type_ids=None, rng=None):
         """forward, with dropout from `rng`, and the cache for ``backward``.
@@ -529,26 +481,24 @@ class EncoderClassifier(Module):
         """
         out, enc_cache = self.encoder.forward_train(x, attention_mask,
                                                     token_type_ids=token_type_ids, rng=rng)
-        h = out.last_hidden_state  # (B, S, D), zeros at padding
-        w = None
-        if self.config.pooling == "cls":
-            pooled = h[:, 0]  # (B, D)
-        elif out.mask is None or out.mask.padding is None:
-            pooled = h.mean(axis=1)
-        else:  # mean over real tokens: padded positions are zeros, so a plain sum is theirs
-            w = out.mask.padding.astype(h.dtype)[..., None]  # (B, S, 1)
-            pooled = h.sum(axis=1) / np.maximum(w.sum(axis=1), 1.0)
-        return self.head(pooled), (enc_cache, h.shape, w, pooled)
+        pooled = out.pooler_output  # (B, D) or None
+        if pooled is None:
+            pooled = pool(out.last_hidden_state, out.mask, [self.config.pooling])  # (B, D)
+        dropped, drop_cache = self.dropout.forward_train(pooled, rng)
+        return self.head(dropped), (enc_cache, out, dropped, drop_cache)
 
     def backward(self, dlogits, cache, grads: dict, prefix: str = ""):
-        """Shape: dlogits (B, C) -> d(input embeddings) or None (token ids)."""
-        enc_cache, shape, w, pooled = cache
-        dpooled = self.head.backward(dlogits, pooled, grads, prefix + "head.")  # (B, D)
-        dh = np.zeros(shape, dlogits.dtype)  # (B, S, D)
-        if self.config.pooling == "cls":
-            dh[:, 0] = dpooled
-        elif w is None:  # mean over S positions: each gets 1/S of the gradient
-            dh += dpooled[:, None, :] / shape[1]
-        else:  # mean over the real positions only
-            dh += dpooled[:, None, :] * w / np.maximum(w.sum(axis=1, keepdims=True), 1.0)
+        """Shape: dlogits (B, C) -> d(input embeddings) or None (token ids).
+
+        The pooler's gradient enters the encoder's backward at its own output (``dpooled``);
+        a pooling's is spread over the token vectors (reference.pooling.pool_backward).
+        """
+        enc_cache, out, dropped, drop_cache = cache
+        ddropped = self.head.backward(dlogits, dropped, grads, prefix + "head.")  # (B, D)
+        dpooled = self.dropout.backward(ddropped, drop_cache)  # (B, D)
+        h = out.last_hidden_state  # (B, S, D)
+        if out.pooler_output is not None:
+            return self.encoder.backward(np.zeros_like(h), enc_cache, grads, prefix + "encoder.",
+                                         dpooled=dpooled)
+        dh = pool_backward(dpooled, h, out.mask, [self.config.pooling])  # (B, S, D)
         return self.encoder.backward(dh, enc_cache, grads, prefix + "encoder.")

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 import numpy as np
+from safetensors.numpy import load_file
 
 
 class Module:
@@ -72,8 +73,6 @@ class Module:
 
     def load_safetensors(self, path) -> None:
         """Load a tformer ``model.safetensors`` through safetensors' NumPy API (no torch)."""
-        from safetensors.numpy import load_file
-
         self.load_state_dict(load_file(str(path)))
 
 

@@ -23,12 +23,14 @@ curves.png.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from safetensors.numpy import save
 
 from tformer.files import json_bytes, new_run_dir, write_atomic
 from tformer.reference.generate import greedy_search
@@ -141,8 +143,6 @@ def evaluate(model: Module, task: Task, split: str) -> tuple[dict[str, float], l
 # The run directory -----------------------------------------------------------------------
 def save_run(run_dir: Path, model: Module, config: TrainConfig, step: int) -> None:
     """config.json, model.safetensors (keys as the PyTorch model's), train_config.json."""
-    from safetensors.numpy import save
-
     write_atomic(run_dir / "config.json", json_bytes(model.config.to_dict()))
     weights = {k: np.ascontiguousarray(v) for k, v in model.state_dict().items()}
     write_atomic(run_dir / "model.safetensors", save(weights, metadata={"step": str(step)}))
@@ -150,8 +150,6 @@ def save_run(run_dir: Path, model: Module, config: TrainConfig, step: int) -> No
 
 
 def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    import json
-
     with path.open("a") as f:
         f.write(json.dumps(record) + "\n")
 
@@ -165,7 +163,7 @@ def blas_threads(n: int | None):
     """
     if n is None:
         return contextlib.nullcontext()
-    try:
+    try:  # a dependency, but the engine runs without it when --threads is not given
         from threadpoolctl import threadpool_limits
     except ImportError:
         raise ValueError("threads: the numpy engine sets BLAS threads with threadpoolctl "
