@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from tformer.bench import corpus, peers, worker
-from tformer.bench.harness import Measured, cpu_info, has_bf16, measure
+from tformer.bench.harness import Measured, measure
+from tformer.machine import cpu_info, has_bf16
 from tformer.tokenizer import load_tokenizer
 
 FP32 = 1e-5  # max abs diff to tformer fp32, at tiny sizes (the benchmark holds 1e-4 at full sizes)

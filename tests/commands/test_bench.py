@@ -7,8 +7,8 @@ import json
 import pytest
 
 from tformer.bench import workloads
-from tformer.bench.harness import NO_BF16, cpu_info, has_bf16
 from tformer.cli import main
+from tformer.machine import NO_BF16, cpu_info, has_bf16
 
 PEER_WORKLOADS = ["sentences-minilm", "mixed-base"]
 

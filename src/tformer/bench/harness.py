@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from tformer.machine import ISA_FLAGS, cpu_info
+
 
 @dataclass
 class Timing:
@@ -158,35 +160,6 @@ class Report:
         if self.notes:
             out += ["", *(f"- {n}" for n in self.notes)]
         return "\n".join(out)
-
-
-# The instruction sets that decide which kernels run: AVX-512 fp32 GEMMs, bf16 dot products
-# (avx512_bf16) or tiles (AMX), int8 dot products (VNNI).
-ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16",
-             "amx_int8")
-
-
-def cpu_info() -> tuple[str, list[str]]:
-    """(CPU model name, the ISA_FLAGS it has), from /proc/cpuinfo (Linux; else the platform)."""
-    cpu, flags = None, set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and cpu is None:
-                    cpu = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and not flags:
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return cpu or platform.processor() or platform.machine(), [f for f in ISA_FLAGS if f in flags]
-
-
-NO_BF16 = "this CPU has no bf16 instructions (avx512_bf16 or amx_bf16)"
-
-
-def has_bf16() -> bool:
-    """bf16 instructions (avx512_bf16 or AMX): without them oneDNN's bf16 kernels fail or crawl."""
-    return bool({"avx512_bf16", "amx_bf16"} & set(cpu_info()[1]))
 
 
 def machine_info(threads: int) -> dict:

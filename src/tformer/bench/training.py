@@ -8,8 +8,9 @@ from collections.abc import Callable
 import torch
 
 from tformer.bench import models as M
-from tformer.bench.harness import NO_BF16, Report, Row, Target, has_bf16, measure, paired_ratio
+from tformer.bench.harness import Report, Row, Target, measure, paired_ratio
 from tformer.bench.rows import Settings, timed_rows
+from tformer.machine import NO_BF16, has_bf16
 from tformer.model import Encoder
 
 

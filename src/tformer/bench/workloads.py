@@ -19,9 +19,10 @@ import torch
 from tformer.bench import models as M
 from tformer.bench import runtimes
 from tformer.bench.decoding import decode
-from tformer.bench.harness import NO_BF16, Report, Row, Target, has_bf16, measure, paired_ratio
+from tformer.bench.harness import Report, Row, Target, measure, paired_ratio
 from tformer.bench.rows import TOLERANCE, Settings, checked, timed_rows  # noqa: F401 (TOLERANCE: commands/bench.py reads workloads.TOLERANCE)
 from tformer.bench.training import training
+from tformer.machine import NO_BF16, has_bf16
 from tformer.model import Encoder
 from tformer.stats import flops_per_token
 

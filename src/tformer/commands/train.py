@@ -33,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         PRESETS,
         TrainConfig,
         field_help,
+        train_types,
     )
 
     def shown(preset: dict[str, Any]) -> str:
@@ -54,11 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torch (default), or numpy: train a synthetic task with the NumPy "
                              "reference (its own backward pass and AdamW; torch is never "
                              "imported; no --resume)")
-    casts = {"int": int, "float": float, "str": str}
+    types = train_types()
     model_fields = [f for f in dataclasses.fields(TransformerConfig) if f.name in MODEL_OPTIONS]
     for f in [f for f in dataclasses.fields(TrainConfig) if f.name != "model"] + model_fields:
         flag = "--" + f.name.replace("_", "-")
-        base, optional = str(f.type).split(" |")[0], "None" in str(f.type)
+        kind = types[f.name]
         if f.name in MODEL_OPTIONS:  # a nested model option: its help and default live here
             default, text = getattr(DEFAULT_MODEL, f.name), MODEL_OPTIONS[f.name]
         else:
@@ -66,10 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         shown = "none" if default is None else default
         kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS,
                               "help": f"{text} (default: {shown})"}
-        if base == "bool":
+        if kind.base is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
         else:
-            cast = _optional(casts[base]) if optional else casts[base]
+            cast = _optional(kind.base) if kind.optional else kind.base
             parser.add_argument(flag, type=cast, metavar=f.name.upper(), **kw)
 
 

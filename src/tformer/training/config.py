@@ -8,13 +8,14 @@ field, generated from this dataclass (help: the field's metadata).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tformer.config import TransformerConfig
+from tformer.config import FieldType, TransformerConfig, check_known_keys, field_types
 from tformer.errors import BadType
 from tformer.tasks import TASKS, Task
 from tformer.training.records import peek_fields
@@ -121,16 +122,12 @@ class TrainConfig:
                 raise ValueError(f"{name}: expected one of {', '.join(choices)}; "
                                  f"got {getattr(self, name)!r}")
         for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name == "model" or (value is None and "None" in str(f.type)):
+            name, value, kind = f.name, getattr(self, f.name), train_types()[f.name]
+            if name == "model":
                 continue
-            want = {"int": int, "float": (int, float), "bool": bool, "str": str}[
-                str(f.type).split(" |")[0]
-            ]
-            if isinstance(value, bool) != (want is bool) or not isinstance(value, want):
-                raise BadType(f"{f.name}: expected {str(f.type)}, got {value!r}")
+            kind.check(name, value)
             if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"{f.name}: expected a finite number, got {value}")
+                raise ValueError(f"{name}: expected a finite number, got {value}")
         positive = ("steps", "batch_size", "eval_every", "log_every", "valid_size", "test_size",
                     "threads", "vocab_size", "max_length", "max_tokens", "accumulate", "patience", "keep",
                     "epochs")
@@ -197,25 +194,22 @@ def field_help(f: dataclasses.Field) -> str:
 
 def check_keys(options: dict[str, Any]) -> None:
     """Refuse keys that are neither training fields nor model options, naming the known ones."""
-    known = {f.name for f in dataclasses.fields(TrainConfig)} | set(MODEL_OPTIONS)
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise ValueError(
-            f"config: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
-        )
+    check_known_keys(options, TrainConfig, extra=MODEL_OPTIONS)
+
+
+@functools.cache
+def train_types() -> dict[str, FieldType]:
+    """TrainConfig's field types, and those of the model options it takes."""
+    model = field_types(TransformerConfig)
+    return {**field_types(TrainConfig), **{name: model[name] for name in MODEL_OPTIONS}}
 
 
 def _model(base: TransformerConfig | dict[str, Any], options: dict[str, Any]) -> TransformerConfig:
     """`base` with model options applied, each type-checked against TransformerConfig's field."""
     if isinstance(base, dict):
         base = DEFAULT_MODEL.replace(**base) if base else DEFAULT_MODEL
-    types = {f.name: str(f.type) for f in dataclasses.fields(TransformerConfig)}
     for name, value in options.items():
-        if value is None and "None" in types[name]:
-            continue
-        want = {"int": int, "float": (int, float), "bool": bool, "str": str}[types[name].split(" |")[0]]
-        if isinstance(value, bool) != (want is bool) or not isinstance(value, want):
-            raise BadType(f"{name}: expected {types[name]}, got {value!r}")
+        train_types()[name].check(name, value)
     return base.replace(**options)
 
 
@@ -276,13 +270,10 @@ def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
         merged.update(layer)
     if SIZE_OPTIONS & set(merged) or "model" in merged:
         merged.setdefault("auto_size", False)  # sizes given: the user's flags win
-    types = {f.name: str(f.type) for f in dataclasses.fields(TrainConfig)}
-    types.update({f.name: str(f.type) for f in dataclasses.fields(TransformerConfig)
-                  if f.name in MODEL_OPTIONS})
-    for name, type_name in types.items():
+    for name, kind in train_types().items():
         value = merged.get(name)
         # YAML 1.1 reads "1e-3" (no dot) as a string; accept what a user means.
-        if isinstance(value, str) and type_name.startswith("float"):
+        if isinstance(value, str) and kind.base is float:
             try:
                 merged[name] = float(value)
             except ValueError:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tformer.batches import EncoderBatch, PairBatch, encoder_arrays, seq2seq_arrays
-from tformer.config import TransformerConfig
+from tformer.config import TransformerConfig, bert_layout
 from tformer.convert.hf_classifier import save_sentence_layout
 from tformer.convert.st_layout import read_layout
 from tformer.generate import generate
@@ -86,13 +86,9 @@ def _encoder_batch(texts: list[EncodedText], pad_id: int, labels: list[int] | No
 
 
 def bert_shaped(config, vocab_size: int, **extra) -> TransformerConfig:
-    """A from-scratch encoder with BERT's layout (learned positions, embedding LayerNorm,
-    GELU, two token types, post-norm), so it exports to transformers and sentence-transformers."""
-    return config.model.replace(
-        attention_dropout=config.model.dropout, activation="gelu", norm_first=False, final_norm=False,
-        positional="learned", max_len=config.max_length, vocab_size=vocab_size,
-        scale_embeddings=False, type_vocab_size=2, embedding_norm=True, layer_norm_eps=1e-12,
-        **extra)
+    """A from-scratch encoder of the run's sizes in BERT's layout (config.bert_layout), so it
+    exports to transformers and sentence-transformers."""
+    return bert_layout(config.model, max_len=config.max_length, vocab_size=vocab_size, **extra)
 
 
 # The objectives ------------------------------------------------------------------------------
