@@ -1,47 +1,149 @@
 """`tformer export`: write a model in a format other tools load.
 
-    tformer export MODEL_DIR --onnx OUT.onnx   # encoder (or sentence embedding), onnxruntime-checked
-    tformer export RUN_DIR --hf DIR            # a trained classifier for transformers
+    tformer export RUN --hf DIR          classification run: a BertForSequenceClassification
+                                         directory; seq2seq run: MarianMTModel (post-norm) or
+                                         PegasusForConditionalGeneration (pre-norm)
+    tformer export RUN --onnx OUT        classifier: logits; embedding run: sentence_embedding;
+                                         seq2seq run: folder OUT/ with encoder.onnx + decoder.onnx
+    tformer export MODEL_DIR --onnx OUT.onnx   encoder (or sentence embedding)
 
-`transformers.AutoModelForSequenceClassification.from_pretrained(DIR)` gives the same logits as
-the run (and AutoTokenizer the same tokens). Embedding runs need no export: the run directory
-is already a sentence-transformers model.
+Every export is checked before it is published (onnxruntime, or the key table's verify step)
+and published whole (one atomic step; a folder holding files tformer did not write is
+refused). HF directories carry the run's tokenizer, truncating at the run's max_length, and a
+model card. Embedding runs need no --hf export: the run directory is already a
+sentence-transformers model.
+
+This module is the one place that reads a run directory for an export: the exporters in
+``tformer.convert`` take the model, tokenizer and labels.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
 import sys
+from pathlib import Path
 
-HELP = "export a model: ONNX (--onnx, dynamic batch and sequence) or a classifier run for transformers (--hf)"
+from tformer.checkpoint import latest_checkpoint
+from tformer.convert import hf_bert, hf_classifier, hf_seq2seq
+from tformer.convert import onnx as tonnx
+from tformer.convert.model_card import Card
+from tformer.training.loop import load_run
+
+HELP = ("export a model: ONNX (--onnx, every run kind and model directories, onnxruntime-checked) or a "
+        "classification/seq2seq run for transformers (--hf)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_dir", metavar="MODEL_DIR",
-                        help="a BERT-format, sentence-transformers or tformer model directory "
-                             "(--onnx), or a classification run directory (--hf)")
+                        help="a run directory of `tformer train` (any kind), or (--onnx) a BERT-format "
+                             "or sentence-transformers model directory")
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument(
-        "--onnx", metavar="OUT.onnx",
-        help="write an ONNX file: inputs input_ids, attention_mask (+ token_type_ids), output "
-        "last_hidden_state, or sentence_embedding for a sentence-transformers directory; "
-        "checked with onnxruntime before it is written (needs: pip install 'tformer[onnx]')",
+        "--onnx", metavar="OUT",
+        help="write ONNX, checked with onnxruntime before it is written: a file OUT.onnx for an encoder "
+        "(last_hidden_state), an embedding run or sentence-transformers directory (sentence_embedding) or "
+        "a classifier (logits); a folder OUT for a seq2seq run (encoder.onnx, decoder.onnx with a KV cache, "
+        "tokenizer, README.md) (needs: pip install 'tformer[onnx]')",
     )
     what.add_argument("--hf", metavar="DIR",
-                      help="write a BertForSequenceClassification directory from a classification run")
+                      help="write a transformers directory from a run: classification -> "
+                           "BertForSequenceClassification, seq2seq -> MarianMTModel or Pegasus; with the "
+                           "tokenizer (truncating at the run's max_length) and a model card")
     parser.add_argument("--opset", type=int, default=18, help="ONNX opset version (18)")
 
 
 def run(args: argparse.Namespace) -> int:
+    directory = Path(args.model_dir)
+    if _is_run_dir(directory):
+        return _export_run(directory, args)
+    _refuse_non_model_dirs(directory)
     if args.hf is not None:
-        from tformer.convert.hf_classifier import export_classifier
-
-        out = export_classifier(args.model_dir, args.hf)
-        print(f"wrote {out}/ (AutoModelForSequenceClassification.from_pretrained loads it)")
-        return 0
-    from tformer.convert.onnx import TOLERANCE, export_onnx
-
-    diff = export_onnx(args.model_dir, args.onnx, opset=args.opset)
-    print(f"wrote {args.onnx} (onnxruntime matches tformer: max abs diff {diff:.2g} <= {TOLERANCE:g})",
-          file=sys.stderr)
+        raise ValueError(f"--hf: expected a run directory of `tformer train`, got the model directory "
+                         f"{directory}; a BERT-format directory already loads in transformers")
+    diff = tonnx.export_onnx(directory, args.onnx, opset=args.opset)
+    _report_onnx(args.onnx, diff)
     return 0
+
+
+def _is_run_dir(directory: Path) -> bool:
+    if latest_checkpoint(directory) is not None:
+        return True
+    return (directory / "train_config.json").is_file() and directory.parent.name != "checkpoints"
+
+
+def _refuse_non_model_dirs(directory: Path) -> None:
+    """One-line refusals for directories that look like models but are not what --onnx reads."""
+    if directory.parent.name == "checkpoints" and (directory / "train_config.json").is_file():
+        run = directory.parent.parent
+        raise ValueError(f"MODEL_DIR: {directory} is one checkpoint of the run {run}; "
+                         f"export the run: tformer export {run} ...")
+    config = directory / "config.json"
+    if config.is_file():
+        try:
+            architectures = json.loads(config.read_text()).get("architectures") or []
+        except (json.JSONDecodeError, AttributeError):
+            return
+        if architectures and architectures[0] not in hf_bert.ARCHITECTURES:
+            raise ValueError(f"MODEL_DIR: {directory} is a transformers {architectures[0]} directory; "
+                             "export the run it came from: tformer export RUN --onnx OUT")
+
+
+def _test_metrics(run_dir: Path) -> dict:
+    """The run's test record: metrics.jsonl's last line, when it is one."""
+    try:
+        last = (run_dir / "metrics.jsonl").read_text().splitlines()[-1]
+        record = json.loads(last)
+    except (OSError, IndexError, json.JSONDecodeError):
+        return {}
+    return record if isinstance(record, dict) and record.get("split") == "test" else {}
+
+
+def _export_run(run_dir: Path, args: argparse.Namespace) -> int:
+    # Training internals: load_run -> (model, source, train config); source.kind,
+    # source.data.{labels, tokenizer.backend, tokenizer.max_length}, config.data / config.task.
+    model, source, config = load_run(run_dir)
+    kind = source.kind
+    data = getattr(source, "data", None)
+    tokenizer = data.tokenizer.backend if data is not None else None
+    max_length = data.tokenizer.max_length if data is not None else None
+    labels = tuple(data.labels) if data is not None and kind == "classification" else ()
+    target = args.hf if args.hf is not None else args.onnx
+    option = "--hf" if args.hf is not None else "--onnx"
+    card = Card(name=run_dir.resolve().name, kind=kind,
+                data=config.data if config.data else f"synthetic task {config.task}",
+                metrics=_test_metrics(run_dir), labels=labels, max_length=max_length,
+                command=shlex.join(["tformer", "export", str(run_dir), option, str(target)]))
+    if args.hf is not None:
+        if tokenizer is None:
+            raise ValueError(f"--hf: {run_dir} is a synthetic-task run ({config.task}) with no text "
+                             "tokenizer for transformers; export it with --onnx")
+        if kind == "classification":
+            out = hf_classifier.export_classifier(args.hf, model, tokenizer, labels, max_length, card)
+            print(f"wrote {out}/ (AutoModelForSequenceClassification.from_pretrained loads it)",
+                  file=sys.stderr)
+        elif kind == "seq2seq":
+            out = hf_seq2seq.export_seq2seq(args.hf, model, tokenizer, max_length, card)
+            print(f"wrote {out}/ ({hf_seq2seq.architecture(model.config)}; "
+                  "AutoModelForSeq2SeqLM.from_pretrained loads it)", file=sys.stderr)
+        else:
+            raise ValueError(f"--hf: {run_dir} is an embedding run, already a sentence-transformers "
+                             f"directory (SentenceTransformer('{run_dir}') loads it); for ONNX use --onnx")
+        return 0
+    if kind == "seq2seq":
+        extra = hf_classifier.tokenizer_files(tokenizer, max_length, "$A </s>") if tokenizer else {}
+        out, diff = tonnx.export_seq2seq_onnx(model, args.onnx, card, extra, opset=args.opset)
+        _report_onnx(f"{out}/", diff)
+        return 0
+    if kind == "classification":
+        graph = tonnx.ClassifierGraph(model)
+    else:
+        graph = tonnx.OnnxGraph(model.encoder, model.pooling, model.normalize)
+    _report_onnx(args.onnx, tonnx.export_onnx(graph, args.onnx, opset=args.opset))
+    return 0
+
+
+def _report_onnx(out, diff: float) -> None:
+    print(f"wrote {out} (onnxruntime matches tformer: max abs diff {diff:.2g} <= {tonnx.TOLERANCE:g})",
+          file=sys.stderr)

@@ -111,6 +111,7 @@ def tokenizer_files(backend, max_length: int, template: str | None = None,
     tok.enable_truncation(max_length)
     vocab = tok.get_vocab()
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_length,
+              "clean_up_tokenization_spaces": False,  # decode exactly as the run did
               **(extra_config or {})}
     for key, candidates in SPECIAL_NAMES.items():
         for token in candidates:
