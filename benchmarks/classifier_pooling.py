@@ -47,12 +47,17 @@ def main() -> None:
     parser.add_argument("data")
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--keep", default=None, help="copy each run's metrics.jsonl into this folder")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
-            for pooler in (False, True):
-                acc, minutes = train(args.data, Path(tmp) / f"{pooler}-{seed}", args.steps, seed, pooler)
+            for pooler in (True, False):
+                run = Path(tmp) / f"{'pooler' if pooler else 'mean'}-{seed}"
+                acc, minutes = train(args.data, run, args.steps, seed, pooler)
+                if args.keep:
+                    Path(args.keep).mkdir(parents=True, exist_ok=True)
+                    (Path(args.keep) / f"{run.name}.jsonl").write_bytes((run / "metrics.jsonl").read_bytes())
                 rows.append(("pooler" if pooler else "mean", seed, acc, minutes))
                 print(rows[-1], flush=True)
     print(f"{'pooling':8} {'seed':>4} {'test acc':>9} {'minutes':>8}")
