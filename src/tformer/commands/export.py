@@ -138,6 +138,10 @@ def _export_run(run_dir: Path, args: argparse.Namespace) -> int:
         return 0
     if kind == "classification":
         graph = tonnx.ClassifierGraph(model)
+    elif (run_dir / "modules.json").is_file():
+        # The run's sentence-transformers folder: what `tformer embed RUN` and SentenceTransformer(RUN)
+        # load (the best validated weights; load_run gives the newest checkpoint's).
+        graph = tonnx.graph_for(run_dir)
     else:
         graph = tonnx.OnnxGraph(model.encoder, model.pooling, model.normalize)
     _report_onnx(args.onnx, tonnx.export_onnx(graph, args.onnx, opset=args.opset))

@@ -38,6 +38,8 @@ TOLERANCE = 1e-5  # max abs difference of probabilities, float32, tformer vs tra
 SPECIAL_NAMES = {"pad_token": ("<pad>", "[PAD]"), "cls_token": ("<s>", "[CLS]"),
                  "sep_token": ("</s>", "[SEP]"), "unk_token": ("<unk>", "[UNK]"),
                  "mask_token": ("<mask>", "[MASK]"), "bos_token": ("<s>",), "eos_token": ("</s>",)}
+# BERT models read token types (the second text of a pair is type 1): the tokenizer must return them.
+BERT_INPUTS = {"model_input_names": ["input_ids", "token_type_ids", "attention_mask"]}
 USAGE = """
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 tokenizer = AutoTokenizer.from_pretrained("DIR")
@@ -85,7 +87,7 @@ def classifier_files(model, tokenizer, labels: Sequence[str], max_length: int,
     files = {"config.json": json_bytes(classifier_config_to_hf(config, labels))}
     state = classifier_state_to_hf(model.state_dict(), config)
     files[hf_bert.WEIGHTS_FILE] = st_save(state, metadata={"format": "pt"})
-    files.update(tokenizer_files(tokenizer, max_length))
+    files.update(tokenizer_files(tokenizer, max_length, extra_config=BERT_INPUTS))
     files["README.md"] = render(card, "a transformers BertForSequenceClassification directory", USAGE)
     return files
 
@@ -125,7 +127,8 @@ def write_tokenizer_files(tokenizer_json: Path, out: Path, max_length: int) -> N
     """tokenizer_files for a tokenizer.json on disk, written into ``out`` (a run's own
     sentence-transformers folder)."""
     out.mkdir(parents=True, exist_ok=True)
-    for name, data in tokenizer_files(Tokenizer.from_file(str(tokenizer_json)), max_length).items():
+    backend = Tokenizer.from_file(str(tokenizer_json))
+    for name, data in tokenizer_files(backend, max_length, extra_config=BERT_INPUTS).items():
         write_atomic(out / name, data)
 
 
