@@ -96,3 +96,22 @@ def test_seq2seq_onnx_pair_generates_the_same_token_ids(tmp_path):
         expected = generate(model, ids, mask, max_len=12, bos_id=BOS, eos_id=EOS, pad_id=PAD).tolist()
     assert got == expected
     assert any(len(row) > 1 for row in got)
+
+
+def test_a_failed_onnx_write_leaves_the_old_file(tmp_path, monkeypatch):
+    """The file is published by files.py's temp-file-and-rename: a failure at the rename
+    (a full disk, a kill) keeps the previous file and leaves no temp file."""
+    from tformer import files
+
+    out = tmp_path / "clf.onnx"
+    out.write_bytes(b"the old file")
+
+    def fail(what):
+        if what.startswith("rename"):
+            raise OSError(28, "No space left on device (injected)")
+
+    monkeypatch.setattr(files, "fault_hook", fail)
+    with pytest.raises(OSError, match="injected"):
+        tonnx.export_onnx(tonnx.ClassifierGraph(_classifier()), out)
+    assert out.read_bytes() == b"the old file"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clf.onnx"]
