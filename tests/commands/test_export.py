@@ -257,3 +257,16 @@ def test_exporters_do_not_import_training():
             "print([m for m in sys.modules if m.startswith('tformer.training')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_checkpoint_or_an_hf_export_given_as_model_dir_is_refused_naming_what_to_export(capsys, tmp_path,
+                                                                                           runs):
+    run = runs["finetuned"]
+    checkpoint = next((run / "checkpoints").glob("step-*"))
+    rc, _, err = _run(capsys, "export", checkpoint, "--onnx", tmp_path / "a.onnx")
+    assert rc == 2 and err.count("\n") == 1 and f"is one checkpoint of the run {run}" in err
+    hf = tmp_path / "hf"
+    assert _run(capsys, "export", run, "--hf", hf)[0] == 0
+    rc, _, err = _run(capsys, "export", hf, "--onnx", tmp_path / "a.onnx")
+    assert rc == 2 and err.count("\n") == 1 and "BertForSequenceClassification directory" in err
+    assert "tformer export RUN --onnx" in err and not (tmp_path / "a.onnx").exists()

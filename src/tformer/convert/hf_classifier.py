@@ -107,7 +107,7 @@ def tokenizer_files(backend, max_length: int, template: str | None = None,
     file's (e.g. "$A </s>" for a seq2seq source). ``backend`` is left unchanged."""
     tok = Tokenizer.from_str(backend.to_str())  # a copy: the caller's backend keeps its settings
     if template is not None:
-        specials = [(t, tok.token_to_id(t)) for t in ("<s>", "</s>") if f"{t}" in template]
+        specials = [(t, tok.token_to_id(t)) for t in ("<s>", "</s>") if t in template.split()]
         tok.post_processor = processors.TemplateProcessing(single=template, special_tokens=specials)
     tok.no_padding()
     tok.enable_truncation(max_length)
