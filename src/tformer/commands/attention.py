@@ -14,18 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tformer.commands._attention_html import (
-    RunInput,
-    bert_maps,
-    check_options,
-    is_run_dir,
-    run_maps,
-    write_html,
-)
 from tformer.commands._pretrained import add_model_arguments
-from tformer.tasks.tokenizer import BOS, EOS, PAD
-from tformer.training import load_run
-from tformer.viz import plot_attention, save_figure
 
 HELP = (
     "draw a model's attention weights for a text: layers x heads heatmaps to a PNG (--out), "
@@ -56,6 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Heavy (torch) modules load when the command runs, not when the CLI is built, so that
+    # `tformer train --engine numpy` never imports torch (tformer.cli builds every parser).
+    from tformer.commands._attention_html import bert_maps, check_options, is_run_dir, run_maps, write_html
+    from tformer.viz import plot_attention, save_figure
+
     if args.out is None and args.html is None:
         raise ValueError(
             "--out/--html: expected a PNG file (--out), an HTML file (--html) or both, got neither"
@@ -85,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_input(run_dir: str, text: str, max_length: int | None) -> RunInput:
+def _run_input(run_dir: str, text: str, max_length: int | None):
     """A run's model and ``text`` tokenized as the run does.
 
     Training internals (the only ones outside training/, with commands/export.py): load_run ->
@@ -93,6 +87,10 @@ def _run_input(run_dir: str, text: str, max_length: int | None) -> RunInput:
     task.max_target_tokens (synthetic tasks); source.data.tokenizer.{pieces, encoder_inputs,
     backend.id_to_token, bos_id, eos_id, pad_id, max_length} (your data).
     """
+    from tformer.commands._attention_html import RunInput  # torch: see run()
+    from tformer.tasks.tokenizer import BOS, EOS, PAD
+    from tformer.training import load_run
+
     model, source, _ = load_run(run_dir)
     seq2seq = source.kind == "seq2seq"
     task = getattr(source, "task", None)

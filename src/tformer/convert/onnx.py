@@ -61,7 +61,11 @@ class OnnxGraph(nn.Module):
 
     @property
     def output_names(self) -> list[str]:
-        return ["sentence_embedding" if self.pooling else "last_hidden_state"]
+        return [self.output_name]
+
+    @property
+    def output_name(self) -> str:
+        return "sentence_embedding" if self.pooling else "last_hidden_state"
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor,
                 token_type_ids: Tensor | None = None) -> Tensor:
@@ -81,8 +85,8 @@ class ClassifierGraph(OnnxGraph):
         self.classifier = classifier
 
     @property
-    def output_names(self) -> list[str]:
-        return ["logits"]
+    def output_name(self) -> str:
+        return "logits"
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor,
                 token_type_ids: Tensor | None = None) -> Tensor:
