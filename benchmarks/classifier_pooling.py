@@ -6,6 +6,11 @@ seed, steps and sizes. The pooler makes the model a transformers BertForSequence
 
 DATA: a text+label file, e.g. debian_sections.jsonl from benchmarks/data/build_datasets.py.
 Prints one table: test accuracy per pooling and seed, and the minutes each took.
+
+Measured (2 shared cores, debian_sections.jsonl, 12 labels, the classification preset, seed 0,
+250 steps): mean pooling validation 0.7904 / test 0.7743; BERT pooler validation 0.7696 / test
+0.7559. The pooler cost 1.8 points of test accuracy at 250 steps (one seed; longer runs not
+measured). Minutes are not comparable: other jobs shared the cores.
 """
 
 from __future__ import annotations
