@@ -46,7 +46,7 @@ def test_page_embeds_the_weights_and_names_model_and_text(tmp_path):
     assert data["groups"][0]["queries"] == TOKENS and data["groups"][1]["queries"] == ["<bos>", "7"]
     for group, expected in zip(data["groups"], _maps(), strict=True):
         np.testing.assert_allclose(np.array(group["weights"]), expected.weights, rtol=0, atol=1e-7)
-    assert path.stat().st_mode & 0o777 == 0o644
+    assert path.stat().st_mode & 0o777 == 0o666 & ~_umask()  # like every other output
 
 
 def test_page_is_self_contained():
@@ -139,3 +139,9 @@ def test_page_renders_in_chromium(tmp_path):
     for got, want in zip(report["groups"], expected, strict=True):
         assert got.pop("hover_query_err") < 1e-6
         assert got == want
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

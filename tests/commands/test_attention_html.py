@@ -150,9 +150,6 @@ def test_bad_arguments(capsys, tmp_path, reverse_run):
     assert "input: 'x' in '3 x' is not in the vocabulary" in error(
         reverse_run, "3 x", "--html", tmp_path / "a.html"
     )
-    assert "--out: expected a BERT-format MODEL_DIR, got the run directory" in error(
-        reverse_run, "3 1", "--out", tmp_path / "a.png", "--html", tmp_path / "a.html"
-    )
     assert not (tmp_path / "a.html").exists()
 
 

@@ -59,7 +59,7 @@ def test_hf_export_gives_the_same_logits(classifier_run, tmp_path):
     batch = tokenizer(texts, padding=True, return_tensors="pt")
     model, source, _ = load_run(classifier_run)
     records = [{"text": t, "label": "animal"} for t in texts]
-    ours_batch = source.data.collate(source.data.encode(records))
+    ours_batch = source.collate(source.encode(records))
     assert ours_batch.input_ids.tolist() == batch["input_ids"].tolist()  # the same tokens
     with torch.no_grad():
         expected = theirs(**batch).logits
@@ -88,11 +88,22 @@ def test_finetuned_embeddings_load_in_sentence_transformers(tmp_path):
     assert np.abs(theirs - ours).max() <= 1e-5
 
 
-def test_export_refuses_a_mean_pooled_run(tmp_path, capsys):
-    data = write(tmp_path / "d.jsonl", classification_rows(60))
-    out = tmp_path / "run"
-    assert main(["train", "--data", str(data), "--out", str(out), "--steps", "2", "--d-model", "16",
-                 "--n-heads", "2", "--d-ff", "16", "--n-layers", "1", "--vocab-size", "300", "--quiet",
-                 "--threads", "1"]) == 0
-    assert main(["export", str(out), "--hf", str(tmp_path / "hf")]) == 2
-    assert "no BERT pooler" in capsys.readouterr().err
+def test_export_refuses_a_classifier_without_the_bert_pooler_naming_the_field(tmp_path):
+    """BertForSequenceClassification pools with tanh(W h[CLS]); a classifier that pools
+    otherwise (config.pooler False) cannot be expressed and nothing is written."""
+    from tokenizers import Tokenizer, models
+
+    from tformer.config import TransformerConfig
+    from tformer.convert.hf_classifier import export_classifier
+    from tformer.convert.model_card import Card
+    from tformer.model import EncoderClassifier
+
+    config = TransformerConfig(d_model=16, n_heads=2, d_ff=32, n_layers=1, vocab_size=20, max_len=16,
+                               positional="learned", scale_embeddings=False, type_vocab_size=2,
+                               embedding_norm=True, n_classes=2, pooling="mean")
+    tokenizer = Tokenizer(models.WordLevel({"<pad>": 0, "<unk>": 1}, unk_token="<unk>"))
+    with pytest.raises(ValueError, match=r"^config\.pooler: BertForSequenceClassification pools with the "
+                                         r"BERT pooler .*got pooler=False \(pooling 'mean'\)"):
+        export_classifier(tmp_path / "hf", EncoderClassifier(config), tokenizer, ["a", "b"], 16,
+                          Card(name="x", kind="classification"))
+    assert not (tmp_path / "hf").exists()

@@ -3,7 +3,10 @@
 A grid of heatmaps, one row per layer and one column per head, with the text's tokens
 on both axes (queries down, keys across); ``--layer``/``--head`` keep one row/column.
 ``--html attn.html`` writes the interactive page instead (or as well): see
-``tformer.commands._attention_html``, which also reads run directories of `tformer train`.
+``tformer.commands._attention_html``. MODEL_DIR may be a BERT-format or sentence-transformers
+directory or a run directory of `tformer train` of any kind (classification, seq2seq,
+embedding; your data or a synthetic task); the PNG draws the encoder's self-attention, the
+page also a seq2seq run's decoder self- and cross-attention.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--html",
         default=None,
         help="the interactive page to write: one self-contained HTML file (layer and head pickers, "
-        "hover a token, all heads at a glance); MODEL_DIR may also be a run directory of `tformer train`",
+        "hover a token, all heads at a glance); refused in one line when estimated past 64 MB",
     )
     parser.add_argument(
         "--layer", type=int, default=None, help="only this layer (from 0); --html: the layer shown first"
@@ -42,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Heavy (torch) modules load when the command runs, not when the CLI is built, so that
+    # `tformer train --engine numpy` never imports torch (tformer.cli builds every parser).
+    from tformer.commands._attention_html import bert_maps, check_options, is_run_dir, run_maps, write_html
     from tformer.viz import plot_attention, save_figure
 
     if args.out is None and args.html is None:
@@ -50,31 +56,61 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.out is not None and not args.out.lower().endswith(".png"):
         raise ValueError(f"--out: expected a .png file name, got {args.out!r}")
-    from tformer.commands._attention_html import encoder_attentions, is_run_dir, write_html
-
-    if args.out is not None and is_run_dir(args.model_dir):
-        raise ValueError(
-            f"--out: expected a BERT-format MODEL_DIR, got the run directory {args.model_dir}; "
-            "draw a run with --html"
-        )
+    if args.html is not None and not args.html.lower().endswith((".html", ".htm")):
+        raise ValueError(f"--html: expected a .html file name, got {args.html!r}")
+    if is_run_dir(args.model_dir):
+        maps = run_maps(_run_input(args.model_dir, args.text, args.max_length))
+    else:
+        maps = bert_maps(args)
+    check_options(maps, args.layer, args.head)
     if args.html is not None:
-        print(write_html(args), file=sys.stderr)
-        if args.out is None:
-            return 0
-    model, tokens, attentions = encoder_attentions(args)
-    n_layers, n_heads = model.config.n_layers, model.config.n_heads
-    for option, value, n in (("--layer", args.layer, n_layers), ("--head", args.head, n_heads)):
-        if value is not None and not 0 <= value < n:
-            raise ValueError(f"{option}: expected 0..{n - 1}, got {value}")
-    check_readable(len(tokens), args.layer is not None and args.head is not None)
-    fig = plot_attention(
-        attentions, tokens, layer=args.layer, head=args.head, title=f"{args.model_dir}: {args.text[:60]}"
-    )
+        print(write_html(args, maps), file=sys.stderr)
+    if args.out is None:
+        return 0
+    first = maps[0]  # the PNG draws the encoder's self-attention
+    n_layers, n_heads = first.weights.shape[:2]
+    check_readable(len(first.queries), args.layer is not None and args.head is not None)
+    fig = plot_attention(first.weights, list(first.queries), layer=args.layer, head=args.head,
+                         title=f"{args.model_dir}: {args.text[:60]}")
     path = save_figure(fig, args.out)
     rows = 1 if args.layer is not None else n_layers
     cols = 1 if args.head is not None else n_heads
-    print(f"wrote {path} ({rows} x {cols} maps, {len(tokens)} tokens)", file=sys.stderr)
+    print(f"wrote {path} ({rows} x {cols} maps, {len(first.queries)} tokens)", file=sys.stderr)
     return 0
+
+
+def _run_input(run_dir: str, text: str, max_length: int | None):
+    """A run's model and ``text`` tokenized as the run does.
+
+    Training internals (the only ones outside training/, with commands/export.py): load_run ->
+    (model, source, config); source.kind; source.task.tokenizer.{encode, vocab} and
+    task.max_target_tokens (synthetic tasks); source.data.tokenizer.{pieces, encode_inputs,
+    backend.id_to_token, bos_id, eos_id, pad_id, max_length} (your data).
+    """
+    from tformer.commands._attention_html import RunInput  # torch: see run()
+    from tformer.tasks.tokenizer import BOS, EOS, PAD
+    from tformer.tokenizer import Tokenizer
+    from tformer.training import load_run
+
+    model, source, _ = load_run(run_dir)
+    seq2seq = source.kind == "seq2seq"
+    task = getattr(source, "task", None)
+    if task is not None:
+        ids = task.tokenizer.encode(text, strict=True)
+        if not ids:
+            raise ValueError(f"TEXT: expected at least one symbol, got {text!r}")
+        vocab = task.tokenizer.vocab
+        return RunInput(model, seq2seq, ids + [EOS] if seq2seq else [BOS] + ids, None, vocab.__getitem__,
+                        BOS, EOS, PAD, task.max_target_tokens + 1)
+    tok = source.data.tokenizer
+    if max_length is not None:
+        tok = Tokenizer(tok.backend, min(max_length, tok.max_length), tok.pad_id)
+    if seq2seq:  # the source as training encodes it: its pieces, then </s>
+        ids, types = tok.pieces([text])[0] + [tok.eos_id], None
+    else:
+        ((ids, types),) = tok.encode_inputs([text])
+    return RunInput(model, seq2seq, ids, types, tok.backend.id_to_token, tok.bos_id, tok.eos_id, tok.pad_id,
+                    tok.max_length)
 
 
 def check_readable(n_tokens: int, one_map: bool) -> None:

@@ -46,7 +46,8 @@ MODEL_OPTIONS: dict[str, str] = {
     "n_decoder_layers": "decoder layers (default: --n-layers)",
     "dropout": "dropout probability",
     "norm_first": "pre-norm layers (default: post-norm)",
-    "pooling": "synthetic classification: pool the first position (cls) or the mean of all (mean)",
+    "pooling": "classification: pool the first position (cls; on your data through BERT's pooler, "
+               "so --hf exports it) or the mean of the real tokens (mean)",
 }
 # Small: what a 2-core CPU trains in minutes (the synthetic tasks' defaults).
 DEFAULT_MODEL = TransformerConfig(d_model=64, n_heads=4, d_ff=256, n_layers=2, dropout=0.1)
@@ -248,7 +249,7 @@ OBJECTIVE_PRESETS: dict[str, dict[str, Any]] = {
                 "max_tokens": 2048,
                 "eval_every": 250, "log_every": 50, "patience": 8},
     "classification": {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 2, "vocab_size": 4000,
-                       "lr": 5e-4, "warmup": 200, "schedule": "linear", "steps": 10000, "max_tokens": 4096,
+                       "lr": 5e-4, "warmup": 200, "schedule": "linear", "pooling": "mean", "steps": 10000, "max_tokens": 4096,
                        "eval_every": 250, "patience": 8, "max_length": 64},
     "embedding": {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 2, "vocab_size": 4000,
                   "lr": 5e-4, "warmup": 200, "schedule": "linear", "steps": 10000, "max_tokens": 4096,

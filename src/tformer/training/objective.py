@@ -39,6 +39,7 @@ class Objective(Protocol):
     (tformer.training.run: classify, generate or embed; each objective does one, and the
     others raise a one-line ValueError)."""
 
+    kind: str  # what is learned, for reports and exports: "seq2seq", "classification" or "embedding"
     main_metric: str  # the validation metric that picks the best weights (higher is better)
     description: str  # one line for the log
     model_kind: str  # what tformer.stats sizes: "seq2seq", "classifier" or "encoder"

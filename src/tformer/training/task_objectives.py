@@ -26,6 +26,7 @@ from tformer.training.objective import (
 class TaskObjective:
     """What every synthetic task's objective shares; subclasses say what is predicted."""
 
+    kind = "classification"
     main_metric = "accuracy"
     model_kind = "classifier"
 
@@ -107,6 +108,7 @@ class TaskObjective:
 class TaskSeq2Seq(TaskObjective):
     """copy, reverse, sort, add: generate the target; exact match of whole sequences."""
 
+    kind = "seq2seq"
     main_metric = "exact_match"
     model_kind = "seq2seq"
 
