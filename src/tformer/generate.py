@@ -75,8 +75,10 @@ def greedy_search(
 ) -> GenerationOutput:
     """Pick the most likely token at every step until each row has produced EOS.
 
-    ``use_cache=False`` re-runs the decoder over the whole prefix each step (slow; it
-    exists to check the cached path).
+    With the cache, rows that have finished leave the batch (their memory, mask and cache
+    rows are dropped), so the last long outputs do not carry the finished ones along.
+    ``use_cache=False`` re-runs the decoder over the whole prefix each step, for every row
+    (slow; it exists to check the cached path).
 
     Shape:
         src_ids, src_attention_mask: (B, S) -> sequences (B, L <= max_len), scores (B,)
@@ -84,27 +86,47 @@ def greedy_search(
     _check(src_ids, src_attention_mask, max_len)
     was_training = model.training
     model.eval()
-    b = src_ids.size(0)
+    b, device = src_ids.size(0), src_ids.device
     memory = model.encode(src_ids, src_attention_mask=src_attention_mask).last_hidden_state
-    tokens = torch.full((b, 1), bos_id, dtype=torch.long, device=src_ids.device)  # (B, 1)
-    scores = torch.zeros(b, device=src_ids.device)
-    done = torch.zeros(b, dtype=torch.bool, device=src_ids.device)
+    mask = src_attention_mask
+    tokens = torch.full((b, max_len + 1), pad_id, dtype=torch.long, device=device)  # (B, 1 + L)
+    tokens[:, 0] = bos_id
+    scores = torch.zeros(b, device=device)
+    rows = torch.arange(b, device=device)  # (B',) the rows still in the batch, as rows of B
+    done = torch.zeros(b, dtype=torch.bool, device=device)  # (B',) produced EOS
     past = None
-    for _ in range(max_len):
-        step_in = tokens[:, -1:] if use_cache else tokens  # (B, 1) or (B, L)
-        out = model.decode(step_in, memory, memory_attention_mask=src_attention_mask,
+    length = 0
+    for step in range(max_len):
+        length = step + 1
+        step_in = tokens[rows, step : step + 1] if use_cache else tokens[rows, : step + 1]
+        out = model.decode(step_in, memory, memory_attention_mask=mask,
                            past_key_values=past, use_cache=use_cache)
         past = out.past_key_values if use_cache else None
-        logp = out.logits[:, -1].float().log_softmax(dim=-1)  # (B, V)
-        best = logp.argmax(dim=-1)  # (B,)
-        scores += torch.where(done, 0.0, logp.gather(1, best[:, None])[:, 0])
+        logp = out.logits[:, -1].float().log_softmax(dim=-1)  # (B', V)
+        best = logp.argmax(dim=-1)  # (B',)
+        scores.index_add_(0, rows, torch.where(done, 0.0, logp.gather(1, best[:, None])[:, 0]))
         best = best.masked_fill(done, pad_id)  # finished rows only pad
-        tokens = torch.cat([tokens, best[:, None]], dim=1)
+        tokens[rows, step + 1] = best
         done |= best == eos_id
-        if bool(done.all()):
+        finished = int(done.sum())  # the step's one device sync
+        if finished == rows.numel():
             break
+        if use_cache and finished * _DROP_SHARE >= rows.numel():
+            keep = (~done).nonzero()[:, 0]  # (B'',)
+            rows, done, memory, past = rows[keep], done[keep], memory[keep], _select(past, keep)
+            mask = None if mask is None else mask[keep]
     model.train(was_training)
-    return GenerationOutput(tokens[:, 1:], scores, eos_id, pad_id)
+    return GenerationOutput(tokens[:, 1 : length + 1], scores, eos_id, pad_id)
+
+
+# Finished rows leave the batch once they are a quarter of it: dropping copies every layer's
+# cache, so a copy per finished row would cost more than computing a few idle rows.
+_DROP_SHARE = 4
+
+
+def _select(cache: tuple[LayerCache, ...], index: Tensor) -> tuple[LayerCache, ...]:
+    """Keep the rows `index` (batch on dim 0) of every layer's self- and cross-attention cache."""
+    return tuple(tuple(t.index_select(0, index) for t in layer) for layer in cache)
 
 
 @torch.no_grad()
@@ -152,10 +174,9 @@ def beam_search(
                            past_key_values=past, use_cache=True)
         logp = out.logits[:, -1].float().log_softmax(dim=-1)  # (B*K, V)
         v = logp.size(-1)
-        # A finished beam can only be extended by PAD, at no cost.
-        frozen = torch.full_like(logp, float("-inf"))
-        frozen[:, pad_id] = 0.0
-        logp = torch.where(done[:, None], frozen, logp)
+        # A finished beam can only be extended by PAD, at no cost (in place: no (B*K, V) copy).
+        logp.masked_fill_(done[:, None], float("-inf"))
+        logp[:, pad_id].masked_fill_(done, 0.0)
         cand = (scores[:, None] + logp).view(b, k * v)  # (B, K*V)
         top_scores, top = cand.topk(k, dim=-1)  # (B, K)
         beam = (top // v + torch.arange(b, device=device)[:, None] * k).view(-1)  # (B*K,) rows
