@@ -19,6 +19,7 @@ import torch
 
 from tformer.bench import models as M
 from tformer.bench import runtimes
+from tformer.bench.decoding import decoding as decoding_vs_peers
 from tformer.bench.harness import NO_BF16, Report, Row, Target, Timing, has_bf16, measure, paired_ratio
 from tformer.model import Encoder, Seq2SeqTransformer
 from tformer.stats import flops_per_token
@@ -409,6 +410,8 @@ def suite(s: Settings) -> dict[str, Callable[[], Report]]:
     work["train-small"] = lambda: training(s, "train-small", "small", *small)
     work["train-base"] = lambda: training(s, "train-base", "base", *base)
     work["decode"] = lambda: decode(s)
+    for shape in ("marian", "default"):  # greedy and beam against HF generate, same weights
+        work[f"decode-{shape}"] = lambda shape=shape: decoding_vs_peers(s, shape)
     work["memory"] = lambda: memory(s)
     return work
 
