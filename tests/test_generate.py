@@ -160,8 +160,18 @@ def test_greedy_drops_finished_rows_and_gives_the_uncached_tokens(random_model_a
     assert cached.tolist() == alone
 
 
-def test_beam_search_of_one_beam_is_greedy_on_a_random_model(random_model_and_eos):
+def test_beam_search_of_one_beam_is_greedy_on_a_random_model(random_model_and_eos, monkeypatch):
+    """Rows whose beams have all finished leave the batch; the others go on as they would."""
+    from tformer import generate as gen
+
     model, src, mask, eos = random_model_and_eos
+    drops, select = [], gen._select
+
+    def counting_select(cache, keep):
+        drops.append(keep.numel())
+        return select(cache, keep)
+
+    monkeypatch.setattr(gen, "_select", counting_select)
     greedy = greedy_search(model, src, mask, max_len=16, eos_id=eos)
     beam = beam_search(model, src, mask, beam_size=1, max_len=16, eos_id=eos)
     assert torch.equal(greedy.sequences, beam.sequences)
@@ -171,3 +181,5 @@ def test_beam_search_of_one_beam_is_greedy_on_a_random_model(random_model_and_eo
         alone = beam_search(model, src[i : i + 1], mask[i : i + 1], beam_size=4, max_len=16,
                             eos_id=eos)
         assert beam4.tolist()[i] == alone.tolist()[0]
+        torch.testing.assert_close(beam4.scores[i : i + 1], alone.scores)
+    assert drops  # rows left the batch

@@ -168,31 +168,55 @@ def beam_search(
     scores = scores.view(-1)  # (B*K,)
     done = torch.zeros(b * k, dtype=torch.bool, device=device)
     lengths = torch.zeros(b * k, device=device)  # generated tokens, EOS included
+    # A row whose beams have all finished leaves the batch with its pick (as greedy's rows do).
+    srcs = torch.arange(b, device=device)  # (B',) rows of B still searching
+    best_tokens = torch.full((b, max_len), pad_id, dtype=torch.long, device=device)  # (B, L)
+    best_scores = torch.zeros(b, device=device)
+
+    def pick(leaving: Tensor) -> None:
+        """Write the best beam (by length-penalised score) of the rows ``leaving`` (B',)."""
+        n = leaving.numel()
+        final = (scores / lengths.clamp(min=1) ** length_penalty).view(n, k)  # (B', K)
+        best = final.argmax(dim=-1) + torch.arange(n, device=device) * k  # (B',) beam rows
+        best = best[leaving]
+        best_tokens[srcs[leaving], : tokens.size(1) - 1] = tokens[best, 1:]
+        best_scores[srcs[leaving]] = scores[best]
+
     past = None
     for _ in range(max_len):
+        n = srcs.numel()
         out = model.decode(tokens[:, -1:], memory, memory_attention_mask=mask,
                            past_key_values=past, use_cache=True)
-        logp = out.logits[:, -1].float().log_softmax(dim=-1)  # (B*K, V)
+        logp = out.logits[:, -1].float().log_softmax(dim=-1)  # (B'*K, V)
         v = logp.size(-1)
-        # A finished beam can only be extended by PAD, at no cost (in place: no (B*K, V) copy).
+        # A finished beam can only be extended by PAD, at no cost (in place: no (B'*K, V) copy).
         logp.masked_fill_(done[:, None], float("-inf"))
         logp[:, pad_id].masked_fill_(done, 0.0)
-        cand = (scores[:, None] + logp).view(b, k * v)  # (B, K*V)
-        top_scores, top = cand.topk(k, dim=-1)  # (B, K)
-        beam = (top // v + torch.arange(b, device=device)[:, None] * k).view(-1)  # (B*K,) rows
-        token = (top % v).view(-1)  # (B*K,)
+        cand = (scores[:, None] + logp).view(n, k * v)  # (B', K*V)
+        top_scores, top = cand.topk(k, dim=-1)  # (B', K)
+        beam = (top // v + torch.arange(n, device=device)[:, None] * k).view(-1)  # (B'*K,) rows
+        token = (top % v).view(-1)  # (B'*K,)
         scores = top_scores.view(-1)
         tokens = torch.cat([tokens.index_select(0, beam), token[:, None]], dim=1)
         past = _reorder_cache(out.past_key_values, beam)
         was_done = done.index_select(0, beam)
         lengths = lengths.index_select(0, beam) + (~was_done).float()
         done = was_done | (token == eos_id)
-        if bool(done.all()):
+        finished = done.view(n, k).all(dim=-1)  # (B',)
+        leaving = int(finished.sum())  # the step's one device sync
+        if leaving == n:
             break
-    final = scores / lengths.clamp(min=1) ** length_penalty  # (B*K,)
-    best = final.view(b, k).argmax(dim=-1) + torch.arange(b, device=device) * k  # (B,)
+        if leaving * _DROP_SHARE >= n:
+            pick(finished)
+            keep = (~finished).nonzero()[:, 0]  # (B'',) rows
+            beams = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)  # (B''*K,)
+            srcs, past = srcs[keep], _select(past, beams)
+            memory, tokens, scores = memory[beams], tokens[beams], scores[beams]
+            done, lengths = done[beams], lengths[beams]
+            mask = None if mask is None else mask[beams]
+    pick(torch.ones(srcs.numel(), dtype=torch.bool, device=device))
     model.train(was_training)
-    return GenerationOutput(tokens[best, 1:], scores[best], eos_id, pad_id)
+    return GenerationOutput(best_tokens[:, : tokens.size(1) - 1], best_scores, eos_id, pad_id)
 
 
 def generate(
