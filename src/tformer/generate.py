@@ -3,6 +3,9 @@
 The source is encoded once; each step feeds only the newest target token to
 `model.decode` together with the cached keys/values of the earlier ones (cross-
 attention caches the memory's projections at step 0), so a step costs O(T), not O(T^2).
+Rows that have finished leave the batch (greedy: a row that produced EOS; beam: a row whose
+beams all did), a quarter of the batch at a time, so a few long outputs do not drag the
+finished rows through every remaining step. One device sync per step (the finished count).
 
 Shape legend: B batch, K beams, S source length, L generated length, D model dim, V vocab.
 """
@@ -147,7 +150,8 @@ def beam_search(
     competes with the unfinished ones until the search ends. The final pick divides
     each score by len ** length_penalty (len counts EOS): 0 ranks by total
     log-probability, which favours short outputs; 1 by the per-token average.
-    The search stops when every beam of every row has finished, or at max_len.
+    The search stops when every beam of every row has finished, or at max_len; a row
+    whose beams have all finished can change no more, so it leaves the batch with its pick.
 
     Shape:
         src_ids, src_attention_mask: (B, S) -> sequences (B, L <= max_len), scores (B,)
