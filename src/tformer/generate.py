@@ -178,7 +178,8 @@ def beam_search(
     best_scores = torch.zeros(b, device=device)
 
     def pick(leaving: Tensor) -> None:
-        """Write the best beam (by length-penalised score) of the rows ``leaving`` (B',)."""
+        """Write out the best beam (length-penalised) of the rows ``leaving`` (B',) bool; it
+        reads the search state (scores, lengths, tokens, srcs) as it is at the call."""
         n = leaving.numel()
         final = (scores / lengths.clamp(min=1) ** length_penalty).view(n, k)  # (B', K)
         best = final.argmax(dim=-1) + torch.arange(n, device=device) * k  # (B',) beam rows
