@@ -19,7 +19,7 @@ import torch
 
 from tformer.bench import models as M
 from tformer.bench import runtimes
-from tformer.bench.decoding import decoding as decoding_vs_peers
+from tformer.bench.decode_peers import decoding as decoding_vs_peers
 from tformer.bench.harness import NO_BF16, Report, Row, Target, Timing, has_bf16, measure, paired_ratio
 from tformer.model import Encoder, Seq2SeqTransformer
 from tformer.stats import flops_per_token

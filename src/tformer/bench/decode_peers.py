@@ -274,7 +274,7 @@ def decoding(s, shape: str = "marian") -> Report:
         f"{name}: d {model.config.d_model}, {model.config.n_layers}+{model.config.decoder_layers} "
         f"layers, vocab {vocab}, random weights; batch {batch} real-length sources "
         f"({int(mask.sum(1).min())}-{int(mask.sum(1).max())} tokens), at most {max_len} new tokens, "
-        f"greedy lengths {min(lengths)}-{max(lengths)} (EOS = id {eos}, see tformer.bench.decoding); "
+        f"greedy lengths {min(lengths)}-{max(lengths)} (EOS = id {eos}, see tformer.bench.decode_peers); "
         "tokens/s counts each contender's generated tokens; beam outputs may differ (HF keeps "
         "finished hypotheses apart), greedy ones may not.")
     workdir.cleanup()
