@@ -114,3 +114,72 @@ def test_generate_dispatches_and_checks_arguments(model_and_batch):
     with pytest.raises(ValueError, match=r"src_attention_mask: expected shape \(B, S\)"):
         greedy_search(model, b.src, b.src_mask[:, :2])
     assert model.training is False
+
+
+@pytest.fixture(scope="module")
+def random_model_and_eos(one_thread):
+    """A random model (d 32, 2+2 layers, vocab 40) and padded sources, with as EOS the token
+    whose first appearance in the greedy outputs varies most across rows: rows then stop
+    at many different steps, as a trained model's do."""
+    torch.manual_seed(1)
+    config = TransformerConfig(d_model=32, n_heads=4, d_ff=64, n_layers=2, dropout=0.0,
+                               vocab_size=40, max_len=64)
+    model = Seq2SeqTransformer(config).eval()
+    src = torch.randint(4, 40, (24, 11))
+    mask = torch.arange(11)[None] < torch.randint(3, 12, (24,))[:, None]  # (B, S)
+    src = src.masked_fill(~mask, PAD)
+    free = greedy_search(model, src, mask, max_len=16, eos_id=-1).sequences  # (B, 16), no EOS
+
+    def first_steps(token):  # the step each row first produces `token` (16: never)
+        hit = free == token
+        return torch.where(hit.any(1), hit.int().argmax(1), 16)
+    eos = max(range(4, 40), key=lambda tok: len(set(first_steps(tok).tolist())))
+    return model, src, mask, eos
+
+
+def test_greedy_drops_finished_rows_and_gives_the_uncached_tokens(random_model_and_eos, monkeypatch):
+    """Finished rows leave the batch (their cache rows dropped) without changing any row."""
+    from tformer import generate as gen
+
+    model, src, mask, eos = random_model_and_eos
+    drops, select = [], gen._select
+
+    def counting_select(cache, keep):
+        drops.append(keep.numel())
+        return select(cache, keep)
+
+    monkeypatch.setattr(gen, "_select", counting_select)
+    cached = greedy_search(model, src, mask, max_len=16, eos_id=eos)
+    full = greedy_search(model, src, mask, max_len=16, eos_id=eos, use_cache=False)
+    assert len({len(row) for row in cached.tolist()}) >= 4  # rows stopped at many steps
+    assert drops and drops[-1] < src.size(0)  # the batch shrank
+    assert torch.equal(cached.sequences, full.sequences)
+    torch.testing.assert_close(cached.scores, full.scores)
+    alone = [greedy_search(model, src[i : i + 1], mask[i : i + 1], max_len=16, eos_id=eos).tolist()[0]
+             for i in range(src.size(0))]
+    assert cached.tolist() == alone
+
+
+def test_beam_search_of_one_beam_is_greedy_on_a_random_model(random_model_and_eos, monkeypatch):
+    """Rows whose beams have all finished leave the batch; the others go on as they would."""
+    from tformer import generate as gen
+
+    model, src, mask, eos = random_model_and_eos
+    drops, select = [], gen._select
+
+    def counting_select(cache, keep):
+        drops.append(keep.numel())
+        return select(cache, keep)
+
+    monkeypatch.setattr(gen, "_select", counting_select)
+    greedy = greedy_search(model, src, mask, max_len=16, eos_id=eos)
+    beam = beam_search(model, src, mask, beam_size=1, max_len=16, eos_id=eos)
+    assert torch.equal(greedy.sequences, beam.sequences)
+    torch.testing.assert_close(greedy.scores, beam.scores)
+    beam4 = beam_search(model, src, mask, beam_size=4, max_len=16, eos_id=eos)
+    for i in range(src.size(0)):  # batch independence, with sources finishing at many steps
+        alone = beam_search(model, src[i : i + 1], mask[i : i + 1], beam_size=4, max_len=16,
+                            eos_id=eos)
+        assert beam4.tolist()[i] == alone.tolist()[0]
+        torch.testing.assert_close(beam4.scores[i : i + 1], alone.scores)
+    assert drops  # rows left the batch

@@ -3,6 +3,9 @@
 The source is encoded once; each step feeds only the newest target token to
 `model.decode` together with the cached keys/values of the earlier ones (cross-
 attention caches the memory's projections at step 0), so a step costs O(T), not O(T^2).
+Rows that have finished leave the batch (greedy: a row that produced EOS; beam: a row whose
+beams all did), a quarter of the batch at a time, so a few long outputs do not drag the
+finished rows through every remaining step. One device sync per step (the finished count).
 
 Shape legend: B batch, K beams, S source length, L generated length, D model dim, V vocab.
 """
@@ -75,8 +78,10 @@ def greedy_search(
 ) -> GenerationOutput:
     """Pick the most likely token at every step until each row has produced EOS.
 
-    ``use_cache=False`` re-runs the decoder over the whole prefix each step (slow; it
-    exists to check the cached path).
+    With the cache, rows that have finished leave the batch (their memory, mask and cache
+    rows are dropped), so the last long outputs do not carry the finished ones along.
+    ``use_cache=False`` re-runs the decoder over the whole prefix each step, for every row
+    (slow; it exists to check the cached path).
 
     Shape:
         src_ids, src_attention_mask: (B, S) -> sequences (B, L <= max_len), scores (B,)
@@ -84,27 +89,47 @@ def greedy_search(
     _check(src_ids, src_attention_mask, max_len)
     was_training = model.training
     model.eval()
-    b = src_ids.size(0)
+    b, device = src_ids.size(0), src_ids.device
     memory = model.encode(src_ids, src_attention_mask=src_attention_mask).last_hidden_state
-    tokens = torch.full((b, 1), bos_id, dtype=torch.long, device=src_ids.device)  # (B, 1)
-    scores = torch.zeros(b, device=src_ids.device)
-    done = torch.zeros(b, dtype=torch.bool, device=src_ids.device)
+    mask = src_attention_mask
+    tokens = torch.full((b, max_len + 1), pad_id, dtype=torch.long, device=device)  # (B, 1 + L)
+    tokens[:, 0] = bos_id
+    scores = torch.zeros(b, device=device)
+    rows = torch.arange(b, device=device)  # (B',) the rows still in the batch, as rows of B
+    done = torch.zeros(b, dtype=torch.bool, device=device)  # (B',) produced EOS
     past = None
-    for _ in range(max_len):
-        step_in = tokens[:, -1:] if use_cache else tokens  # (B, 1) or (B, L)
-        out = model.decode(step_in, memory, memory_attention_mask=src_attention_mask,
+    length = 0
+    for step in range(max_len):
+        length = step + 1
+        step_in = tokens[rows, step : step + 1] if use_cache else tokens[rows, : step + 1]
+        out = model.decode(step_in, memory, memory_attention_mask=mask,
                            past_key_values=past, use_cache=use_cache)
         past = out.past_key_values if use_cache else None
-        logp = out.logits[:, -1].float().log_softmax(dim=-1)  # (B, V)
-        best = logp.argmax(dim=-1)  # (B,)
-        scores += torch.where(done, 0.0, logp.gather(1, best[:, None])[:, 0])
+        logp = out.logits[:, -1].float().log_softmax(dim=-1)  # (B', V)
+        best = logp.argmax(dim=-1)  # (B',)
+        scores.index_add_(0, rows, torch.where(done, 0.0, logp.gather(1, best[:, None])[:, 0]))
         best = best.masked_fill(done, pad_id)  # finished rows only pad
-        tokens = torch.cat([tokens, best[:, None]], dim=1)
+        tokens[rows, step + 1] = best
         done |= best == eos_id
-        if bool(done.all()):
+        finished = int(done.sum())  # the step's one device sync
+        if finished == rows.numel():
             break
+        if use_cache and finished * _DROP_SHARE >= rows.numel():
+            keep = (~done).nonzero()[:, 0]  # (B'',)
+            rows, done, memory, past = rows[keep], done[keep], memory[keep], _select(past, keep)
+            mask = None if mask is None else mask[keep]
     model.train(was_training)
-    return GenerationOutput(tokens[:, 1:], scores, eos_id, pad_id)
+    return GenerationOutput(tokens[:, 1 : length + 1], scores, eos_id, pad_id)
+
+
+# Finished rows leave the batch once they are a quarter of it: dropping copies every layer's
+# cache, so a copy per finished row would cost more than computing a few idle rows.
+_DROP_SHARE = 4
+
+
+def _select(cache: tuple[LayerCache, ...], index: Tensor) -> tuple[LayerCache, ...]:
+    """Keep the rows `index` (batch on dim 0) of every layer's self- and cross-attention cache."""
+    return tuple(tuple(t.index_select(0, index) for t in layer) for layer in cache)
 
 
 @torch.no_grad()
@@ -125,7 +150,8 @@ def beam_search(
     competes with the unfinished ones until the search ends. The final pick divides
     each score by len ** length_penalty (len counts EOS): 0 ranks by total
     log-probability, which favours short outputs; 1 by the per-token average.
-    The search stops when every beam of every row has finished, or at max_len.
+    The search stops when every beam of every row has finished, or at max_len; a row
+    whose beams have all finished can change no more, so it leaves the batch with its pick.
 
     Shape:
         src_ids, src_attention_mask: (B, S) -> sequences (B, L <= max_len), scores (B,)
@@ -146,32 +172,56 @@ def beam_search(
     scores = scores.view(-1)  # (B*K,)
     done = torch.zeros(b * k, dtype=torch.bool, device=device)
     lengths = torch.zeros(b * k, device=device)  # generated tokens, EOS included
+    # A row whose beams have all finished leaves the batch with its pick (as greedy's rows do).
+    srcs = torch.arange(b, device=device)  # (B',) rows of B still searching
+    best_tokens = torch.full((b, max_len), pad_id, dtype=torch.long, device=device)  # (B, L)
+    best_scores = torch.zeros(b, device=device)
+
+    def pick(leaving: Tensor) -> None:
+        """Write out the best beam (length-penalised) of the rows ``leaving`` (B',) bool; it
+        reads the search state (scores, lengths, tokens, srcs) as it is at the call."""
+        n = leaving.numel()
+        final = (scores / lengths.clamp(min=1) ** length_penalty).view(n, k)  # (B', K)
+        best = final.argmax(dim=-1) + torch.arange(n, device=device) * k  # (B',) beam rows
+        best = best[leaving]
+        best_tokens[srcs[leaving], : tokens.size(1) - 1] = tokens[best, 1:]
+        best_scores[srcs[leaving]] = scores[best]
+
     past = None
     for _ in range(max_len):
+        n = srcs.numel()
         out = model.decode(tokens[:, -1:], memory, memory_attention_mask=mask,
                            past_key_values=past, use_cache=True)
-        logp = out.logits[:, -1].float().log_softmax(dim=-1)  # (B*K, V)
+        logp = out.logits[:, -1].float().log_softmax(dim=-1)  # (B'*K, V)
         v = logp.size(-1)
-        # A finished beam can only be extended by PAD, at no cost.
-        frozen = torch.full_like(logp, float("-inf"))
-        frozen[:, pad_id] = 0.0
-        logp = torch.where(done[:, None], frozen, logp)
-        cand = (scores[:, None] + logp).view(b, k * v)  # (B, K*V)
-        top_scores, top = cand.topk(k, dim=-1)  # (B, K)
-        beam = (top // v + torch.arange(b, device=device)[:, None] * k).view(-1)  # (B*K,) rows
-        token = (top % v).view(-1)  # (B*K,)
+        # A finished beam can only be extended by PAD, at no cost (in place: no (B'*K, V) copy).
+        logp.masked_fill_(done[:, None], float("-inf"))
+        logp[:, pad_id].masked_fill_(done, 0.0)
+        cand = (scores[:, None] + logp).view(n, k * v)  # (B', K*V)
+        top_scores, top = cand.topk(k, dim=-1)  # (B', K)
+        beam = (top // v + torch.arange(n, device=device)[:, None] * k).view(-1)  # (B'*K,) rows
+        token = (top % v).view(-1)  # (B'*K,)
         scores = top_scores.view(-1)
         tokens = torch.cat([tokens.index_select(0, beam), token[:, None]], dim=1)
         past = _reorder_cache(out.past_key_values, beam)
         was_done = done.index_select(0, beam)
         lengths = lengths.index_select(0, beam) + (~was_done).float()
         done = was_done | (token == eos_id)
-        if bool(done.all()):
+        finished = done.view(n, k).all(dim=-1)  # (B',)
+        leaving = int(finished.sum())  # the step's one device sync
+        if leaving == n:
             break
-    final = scores / lengths.clamp(min=1) ** length_penalty  # (B*K,)
-    best = final.view(b, k).argmax(dim=-1) + torch.arange(b, device=device) * k  # (B,)
+        if leaving * _DROP_SHARE >= n:
+            pick(finished)
+            keep = (~finished).nonzero()[:, 0]  # (B'',) rows
+            beams = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)  # (B''*K,)
+            srcs, past = srcs[keep], _select(past, beams)
+            memory, tokens, scores = memory[beams], tokens[beams], scores[beams]
+            done, lengths = done[beams], lengths[beams]
+            mask = None if mask is None else mask[beams]
+    pick(torch.ones(srcs.numel(), dtype=torch.bool, device=device))
     model.train(was_training)
-    return GenerationOutput(tokens[best, 1:], scores[best], eos_id, pad_id)
+    return GenerationOutput(best_tokens[:, : tokens.size(1) - 1], best_scores, eos_id, pad_id)
 
 
 def generate(

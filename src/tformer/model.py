@@ -241,7 +241,8 @@ class Decoder(nn.Module):
             s = past_key_values[0][2].size(2)
         else:
             raise ValueError("memory: expected the encoder output (B, S, D), got None")
-        self_mask = make_mask(attention_mask, None, b, t, past + t, causal=True, device=h.device)
+        # One new query (a cached decoding step) may attend every key: no causal mask to build.
+        self_mask = make_mask(attention_mask, None, b, t, past + t, causal=t > 1, device=h.device)
         memory_mask = make_mask(memory_attention_mask, None, b, t, s, device=h.device)
 
         hidden = [h] if output_hidden_states else None

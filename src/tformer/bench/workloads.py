@@ -18,6 +18,7 @@ import torch
 
 from tformer.bench import models as M
 from tformer.bench import runtimes
+from tformer.bench.decode_peers import decoding as decoding_vs_peers
 from tformer.bench.decoding import decode
 from tformer.bench.harness import Report, Row, Target, measure, paired_ratio
 from tformer.bench.rows import TOLERANCE, Settings, checked, timed_rows  # noqa: F401 (TOLERANCE: commands/bench.py reads workloads.TOLERANCE)
@@ -245,6 +246,8 @@ def suite(s: Settings) -> dict[str, Callable[[], Report]]:
     work["train-small"] = lambda: training(s, "train-small", "small", *small)
     work["train-base"] = lambda: training(s, "train-base", "base", *base)
     work["decode"] = lambda: decode(s)
+    for shape in ("marian", "default"):  # greedy and beam against HF generate, same weights
+        work[f"decode-{shape}"] = lambda shape=shape: decoding_vs_peers(s, shape)
     work["memory"] = lambda: memory(s)
     return work
 

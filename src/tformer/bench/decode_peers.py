@@ -1,0 +1,285 @@
+"""Decoding against the peers on the same weights: tformer greedy and beam search, HF ``generate``
+(MarianMTModel) and CTranslate2 (through HF's export) when it is installed.
+
+Marian's layout is tformer's post-norm seq2seq: sinusoidal positions, embeddings times sqrt(D), one
+shared vocabulary, the output projection tied to it, no final norm, no embedding norm. So the
+benchmark builds a tformer model of that layout (random weights: speed does not depend on them)
+and copies it into HF's ``MarianMTModel`` through the key table below; HF's sinusoids are laid
+out differently (all sines, then all cosines), so its position tables get tformer's. The copy is
+checked (teacher-forced logits, greedy token ids) before anything is timed.
+
+The sources are real text (the stdlib's docstrings, tformer.bench.corpus) at real lengths, each
+word hashed to an id. Random weights never choose EOS by themselves, so EOS is the token whose
+first appearance in the free-running greedy outputs is spread most evenly over the steps: rows
+then stop at many different steps, as a trained model's do, and every contender uses that id.
+
+Shape legend: B batch, S source length, L generated length, D model dim, V vocab.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import zlib
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from tformer.bench import corpus
+from tformer.bench.harness import Report, Row, Target, measure, paired_ratio
+from tformer.config import TransformerConfig
+from tformer.generate import GenerationOutput, beam_search, greedy_search
+from tformer.model import Seq2SeqTransformer
+from tformer.positional import sinusoidal_table
+
+PAD, BOS = 0, 1  # EOS is chosen per model (see the module docstring)
+LOGITS_TOLERANCE = 1e-4  # fp32 max abs diff of teacher-forced logits, tformer vs the peers
+# (d_model, heads, d_ff, layers per stack): Marian-sized (the issue's HF model) and tformer's default
+SHAPES = {"marian": (256, 4, 1024, 3), "default": (64, 4, 256, 2), "quick": (32, 4, 64, 1)}
+
+
+def marian_layout_config(shape: str, vocab: int, max_len: int) -> TransformerConfig:
+    d, h, f, n = SHAPES[shape]
+    return TransformerConfig(d_model=d, n_heads=h, d_ff=f, n_layers=n, dropout=0.0, activation="relu",
+                             norm_first=False, final_norm=False, positional="sinusoidal",
+                             max_len=max_len, vocab_size=vocab, scale_embeddings=True,
+                             tie_output=True, layer_norm_eps=1e-5)
+
+
+# (HF MarianMTModel key, tformer key, transform): {i} is a layer, the transforms cut tformer's fused
+# projections (rows q | k | v, and k | v for cross-attention) into HF's separate ones.
+def _rows(part: int, parts: int):
+    return lambda w: w.chunk(parts, dim=0)[part]
+
+
+_SAME = None
+_LAYER_TABLE = {
+    "encoder": [
+        *((f"self_attn.{p}_proj.{wb}", f"self_attn.qkv_proj.{wb}", _rows(j, 3))
+          for j, p in enumerate("qkv") for wb in ("weight", "bias")),
+        ("self_attn.out_proj.{wb}", "self_attn.out_proj.{wb}", _SAME),
+        ("self_attn_layer_norm.{wb}", "attn_norm.{wb}", _SAME),
+    ],
+    "decoder": [
+        *((f"self_attn.{p}_proj.{wb}", f"self_attn.qkv_proj.{wb}", _rows(j, 3))
+          for j, p in enumerate("qkv") for wb in ("weight", "bias")),
+        ("self_attn.out_proj.{wb}", "self_attn.out_proj.{wb}", _SAME),
+        ("self_attn_layer_norm.{wb}", "self_attn_norm.{wb}", _SAME),
+        ("encoder_attn.q_proj.{wb}", "cross_attn.q_proj.{wb}", _SAME),
+        *((f"encoder_attn.{p}_proj.{wb}", f"cross_attn.kv_proj.{wb}", _rows(j, 2))
+          for j, p in enumerate("kv") for wb in ("weight", "bias")),
+        ("encoder_attn.out_proj.{wb}", "cross_attn.out_proj.{wb}", _SAME),
+        ("encoder_attn_layer_norm.{wb}", "cross_attn_norm.{wb}", _SAME),
+    ],
+}
+_FFN_TABLE = [("fc1.{wb}", "ffn.up.{wb}", _SAME), ("fc2.{wb}", "ffn.down.{wb}", _SAME),
+              ("final_layer_norm.{wb}", "ffn_norm.{wb}", _SAME)]
+
+
+def marian_key_table(config: TransformerConfig) -> list[tuple[str, str, Callable | None]]:
+    table = [("model.shared.weight", "src_emb.weight", _SAME)]
+    for stack, n in (("encoder", config.n_layers), ("decoder", config.decoder_layers)):
+        for i in range(n):
+            for theirs, ours, fn in _LAYER_TABLE[stack] + _FFN_TABLE:
+                for wb in ("weight", "bias"):
+                    table.append((f"model.{stack}.layers.{i}.{theirs.format(wb=wb)}",
+                                  f"{stack}.layers.{i}.{ours.format(wb=wb)}", fn))
+    return list(dict.fromkeys(table))  # the q/k/v rows above repeat weight/bias once more
+
+
+def hf_marian(model: Seq2SeqTransformer):
+    """A MarianMTModel holding ``model``'s weights (eval mode), or None without transformers."""
+    try:
+        from transformers import MarianConfig, MarianMTModel
+    except ImportError:
+        return None
+    corpus.quiet_transformers()
+    c = model.config
+    hf_config = MarianConfig(
+        vocab_size=c.vocab_size, d_model=c.d_model, encoder_layers=c.n_layers,
+        decoder_layers=c.decoder_layers, encoder_attention_heads=c.n_heads,
+        decoder_attention_heads=c.n_heads, encoder_ffn_dim=c.d_ff, decoder_ffn_dim=c.d_ff,
+        activation_function="relu", max_position_embeddings=c.max_len, scale_embedding=True,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, pad_token_id=PAD,
+        decoder_start_token_id=BOS, forced_eos_token_id=None, share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True)
+    hf = MarianMTModel(hf_config).eval()
+    ours = model.state_dict()
+    theirs = hf.state_dict()
+    table = marian_key_table(c)
+    used = {o for _, o, _ in table}
+    if used != set(ours):
+        raise ValueError(f"key table: tformer keys not covered {sorted(set(ours) - used)}, "
+                         f"unknown {sorted(used - set(ours))}")
+    with torch.no_grad():
+        for their_key, our_key, fn in table:
+            value = ours[our_key] if fn is None else fn(ours[our_key])
+            if theirs[their_key].shape != value.shape:
+                raise ValueError(f"{their_key}: expected shape {tuple(theirs[their_key].shape)}, "
+                                 f"got {tuple(value.shape)} from {our_key}")
+            theirs[their_key].copy_(value)  # state_dict tensors share the parameters' storage
+        table_pe = sinusoidal_table(c.max_len, c.d_model).float()  # tformer's interleaved layout
+        for stack in (hf.model.encoder, hf.model.decoder):
+            stack.embed_positions.weight.copy_(table_pe)
+        hf.final_logits_bias.zero_()
+    return hf
+
+
+def hf_generate(hf, src: Tensor, mask: Tensor, max_len: int, eos: int, beams: int) -> list[list[int]]:
+    """HF greedy (beams 1) or beam search; per row the ids after the start token, up to EOS."""
+    from transformers import GenerationConfig
+
+    gen = GenerationConfig(max_new_tokens=max_len, num_beams=beams, do_sample=False, length_penalty=1.0,
+                           early_stopping=False, decoder_start_token_id=BOS, bos_token_id=BOS,
+                           eos_token_id=eos, pad_token_id=PAD, forced_eos_token_id=None,
+                           use_cache=True)
+    out = hf.generate(input_ids=src, attention_mask=mask, generation_config=gen)
+    return GenerationOutput(out[:, 1:], torch.zeros(len(out)), eos, PAD).tolist()
+
+
+def ctranslate2_translator(hf, directory: str, threads: int):
+    """A CTranslate2 Translator converted from the HF export ``hf``, or (None, why).
+
+    CTranslate2's own Marian loader starts the decoder from a zero embedding and drops the last
+    vocabulary entry (Marian quirks tformer does not have), so the export goes through its BART
+    loader with Marian's settings (post-norm, no embedding norm): the same layers, as tformer's.
+    The vocabulary is the ids spelled "t0", "t1", ...
+    """
+    try:
+        import ctranslate2
+        from ctranslate2.converters.transformers import BartLoader
+    except ImportError:
+        return None, "ctranslate2 is not installed (pip install ctranslate2)"
+    hf.config.normalize_before = False
+    hf.config.normalize_embedding = False
+    spec = BartLoader().get_model_spec(hf)
+    tokens = [f"t{i}" for i in range(hf.config.vocab_size)]
+    spec.register_source_vocabulary(tokens)
+    spec.register_target_vocabulary(tokens)
+    spec.config.bos_token = spec.config.decoder_start_token = tokens[BOS]
+    spec.config.eos_token, spec.config.unk_token = tokens[-1], tokens[PAD]  # EOS is passed per call
+    spec.config.layer_norm_epsilon = 1e-5
+    spec.validate()
+    spec.optimize(quantization=None)
+    spec.save(directory)
+    return ctranslate2.Translator(directory, device="cpu", inter_threads=1,
+                                  intra_threads=threads), ""
+
+
+def ct2_generate(translator, src: Tensor, mask: Tensor, max_len: int, eos: int,
+                 beams: int) -> list[list[int]]:
+    """CTranslate2 greedy (beams 1) or beam search; per row the ids up to EOS."""
+    batch = [[f"t{i}" for i in row[m].tolist()] for row, m in zip(src, mask, strict=True)]
+    results = translator.translate_batch(batch, beam_size=beams, max_decoding_length=max_len,
+                                         end_token=f"t{eos}", return_end_token=True,
+                                         length_penalty=1.0)
+    return [[int(t[1:]) for t in r.hypotheses[0]] for r in results]
+
+
+# Inputs --------------------------------------------------------------------------------------------
+def real_sources(count: int, vocab: int, min_tokens: int = 6, max_tokens: int = 40,
+                 seed: int = 0) -> tuple[Tensor, Tensor]:
+    """Stdlib prose at real lengths (log-uniform token counts), words hashed to ids >= 4, then EOS
+    is not appended (it is chosen later). Returns ids (B, S) padded with PAD and the mask (B, S)."""
+    texts = corpus.sentences(count, min_tokens, max_tokens, lambda t: len(t.split()), seed=seed)
+    rows = [[4 + zlib.crc32(w.encode()) % (vocab - 4) for w in t.split()] for t in texts]
+    s = max(map(len, rows))
+    ids = torch.full((count, s), PAD, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row)
+    return ids, ids != PAD
+
+
+def spread_eos(model: Seq2SeqTransformer, src: Tensor, mask: Tensor, max_len: int) -> int:
+    """The token whose first greedy appearance spreads the rows' stopping steps most evenly."""
+    free = greedy_search(model, src, mask, max_len=max_len, eos_id=-1, bos_id=BOS, pad_id=PAD)
+    seqs = free.sequences  # (B, L), no row stopped
+    best, best_key = 4, None
+    for tok in torch.unique(seqs).tolist():
+        if tok < 4:
+            continue
+        hit = seqs == tok
+        first = torch.where(hit.any(1), hit.int().argmax(1), max_len).tolist()
+        key = (len(set(first)), -abs(statistics.median(first) - max_len / 2))
+        if best_key is None or key > best_key:
+            best, best_key = tok, key
+    return best
+
+
+# The workload --------------------------------------------------------------------------------------
+def decoding(s, shape: str = "marian") -> Report:
+    """tformer greedy and beam 4 against HF generate (and CTranslate2) on the same weights."""
+    report = Report()
+    name = f"decode-{shape}"
+    shape = "quick" if s.quick else shape
+    vocab = 500 if s.quick else 8000
+    batch, max_len = (8, 12) if s.quick else (64, 32)
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(marian_layout_config(shape, vocab, max_len=128)).eval()
+    # At tformer's init (unit-variance inputs) a random tied model repeats its input token;
+    # BERT's 0.02 lets the outputs vary, so that some rows stop early (see spread_eos).
+    torch.nn.init.normal_(model.src_emb.weight, std=0.02)
+    src, mask = real_sources(batch, vocab)
+    eos = spread_eos(model, src, mask, max_len)
+    ids = dict(bos_id=BOS, eos_id=eos, pad_id=PAD)
+    runs: dict[str, Callable] = {
+        "tformer greedy": lambda: greedy_search(model, src, mask, max_len=max_len, **ids).tolist(),
+        "tformer beam 4": lambda: beam_search(model, src, mask, beam_size=4, max_len=max_len,
+                                              **ids).tolist(),
+    }
+    hf = hf_marian(model)
+    workdir = tempfile.TemporaryDirectory(prefix="tformer-ct2-")
+    notes = {}
+    if hf is None:
+        report.notes.append("transformers is not installed: HF generate skipped (pip install tformer[hf])")
+    else:
+        with torch.no_grad():
+            tgt = torch.cat([torch.full((batch, 1), BOS), src[:, :8].clamp(min=4)], dim=1)
+            diff = (hf(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+                    - model(src, tgt, src_attention_mask=mask).logits).abs().max().item()
+        if diff > LOGITS_TOLERANCE:
+            report.rows.append(Row(name, "HF MarianMTModel generate", note=f"not timed: logits "
+                                   f"differ by {diff:.1e} > {LOGITS_TOLERANCE:.0e}"))
+        else:
+            runs["HF generate greedy"] = lambda: hf_generate(hf, src, mask, max_len, eos, 1)
+            runs["HF generate beam 4"] = lambda: hf_generate(hf, src, mask, max_len, eos, 4)
+            notes["HF generate greedy"] = f"logits max diff {diff:.1e}"
+    translator, why = (None, "HF export missing") if hf is None else ctranslate2_translator(
+        hf, workdir.name, s.threads)
+    if translator is None:
+        report.notes.append(f"{name}: CTranslate2 skipped: {why}")
+    else:
+        runs["CTranslate2 greedy"] = lambda: ct2_generate(translator, src, mask, max_len, eos, 1)
+        runs["CTranslate2 beam 4"] = lambda: ct2_generate(translator, src, mask, max_len, eos, 4)
+    with torch.inference_mode():
+        outputs = {n: run() for n, run in runs.items()}
+    for n, out in outputs.items():
+        reference = outputs["tformer beam 4" if "beam" in n else "tformer greedy"]
+        same = sum(a == b for a, b in zip(out, reference, strict=True))
+        agree = f"{same}/{batch} rows as tformer's"
+        notes[n] = f"{notes[n]}; {agree}" if n in notes else agree
+        if "greedy" in n and same != batch:  # greedy is deterministic: the outputs must agree
+            report.rows.append(Row(name, n, note=f"not timed: {agree}"))
+            del runs[n]
+    with torch.inference_mode():
+        timings = measure(runs, s.n_rounds(5))
+    tokens = {n: sum(map(len, outputs[n])) for n in runs}  # generated tokens, EOS included
+    first = timings["tformer greedy"]
+    for n, t in timings.items():
+        report.rows.append(Row(name, n, t.median * 1e3, t.spread, tokens[n] / t.median,
+                               paired_ratio(t, first), t.cores, note=notes.get(n, "")))
+    lengths = [len(row) for row in outputs["tformer greedy"]]
+    report.notes.append(
+        f"{name}: d {model.config.d_model}, {model.config.n_layers}+{model.config.decoder_layers} "
+        f"layers, vocab {vocab}, random weights; batch {batch} real-length sources "
+        f"({int(mask.sum(1).min())}-{int(mask.sum(1).max())} tokens), at most {max_len} new tokens, "
+        f"greedy lengths {min(lengths)}-{max(lengths)} (EOS = id {eos}, see tformer.bench.decode_peers); "
+        "tokens/s counts each contender's generated tokens; beam outputs may differ (HF keeps "
+        "finished hypotheses apart), greedy ones may not.")
+    workdir.cleanup()
+    for peer in ("HF generate greedy", "CTranslate2 greedy"):
+        report.targets.append(Target(
+            name, f"tformer greedy >= 1.0x the speed of {peer}",
+            paired_ratio(timings[peer], first) if peer in timings else None, 1.0))
+    return report
