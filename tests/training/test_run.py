@@ -39,6 +39,8 @@ def test_seq2seq_and_embedding_runs_from_files(tmp_path):
     s2s = tformer.train(data=str(write(tmp_path / "s.jsonl", seq2seq_rows())), out=str(tmp_path / "a"), **TINY)
     outputs = s2s.generate(["the cat sat", "hello world"])
     assert len(outputs) == 2 and all(isinstance(o, str) for o in outputs)
+    short = s2s.generate(["the cat sat", "hello world"], max_len=1)  # --max-len reaches decoding
+    assert all(len(s2s.objective.tokenizer.pieces([o])[0]) <= 2 for o in short if o)
     emb = tformer.train(data=embedding_rows(), out=str(tmp_path / "b"), **TINY)
     vectors = emb.embed(["a cat", "a dog", "a cat"])
     assert vectors.shape == (3, 32) and np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)

@@ -47,9 +47,8 @@ def _run_data(args, model, source, texts: list[str]) -> int:
         if args.max_len is not None and not 1 <= args.max_len <= model.config.max_len:
             raise ValueError(f"--max-len: expected 1..{model.config.max_len}, got {args.max_len}")
         for i in range(0, len(texts), args.batch_size):
-            records = [{"source": t, "target": "-"} for t in texts[i : i + args.batch_size]]
-            for out in source.predict(model, records, beam_size=args.beam_size,
-                                      length_penalty=args.length_penalty):
+            for out in source.generate(model, texts[i : i + args.batch_size], args.beam_size,
+                                       args.length_penalty, max_len=args.max_len):
                 print(out, flush=True)
         return 0
     if isinstance(source, Classification):

@@ -113,7 +113,8 @@ class DataObjective:
     def collate(self, examples: list):
         raise NotImplementedError
 
-    def _predict_batch(self, model: nn.Module, batch, beam_size: int, length_penalty: float) -> list:
+    def _predict_batch(self, model: nn.Module, batch, beam_size: int, length_penalty: float,
+                       max_len: int | None = None) -> list:
         raise NotImplementedError
 
     def score(self, records: list[Record], preds: list) -> tuple[dict[str, float], list]:
@@ -136,13 +137,14 @@ class DataObjective:
         return self.data.held_out(split)
 
     def predict(self, model: nn.Module, records: list[Record], beam_size: int = 1,
-                length_penalty: float = 1.0) -> list:
-        """One prediction per record (see the subclasses); labels and targets are not needed."""
+                length_penalty: float = 1.0, max_len: int | None = None) -> list:
+        """One prediction per record (see the subclasses); labels and targets are not needed.
+        max_len: seq2seq's longest output in tokens (default: the run's --max-length)."""
         out: list = []
         with evaluating(model):
             for i in range(0, len(records), PREDICT_BATCH):
                 batch = self.collate(self.encode(records[i : i + PREDICT_BATCH]))
-                out += self._predict_batch(model, batch, beam_size, length_penalty)
+                out += self._predict_batch(model, batch, beam_size, length_penalty, max_len)
         return out
 
     def evaluate(self, model: nn.Module, split: str, beam_size: int = 1,
@@ -175,7 +177,7 @@ class DataObjective:
         raise cannot(self.description, "predict", "a classification run (text+label)")
 
     def generate(self, model: nn.Module, inputs: list[str], beam_size: int = 1,
-                 length_penalty: float = 1.0) -> list[str]:
+                 length_penalty: float = 1.0, max_len: int | None = None) -> list[str]:
         raise cannot(self.description, "generate", "a sequence-to-sequence run (source+target)")
 
     def embed(self, model: nn.Module, texts: list[str]) -> Tensor:
@@ -215,11 +217,12 @@ class Seq2Seq(DataObjective):
     def loss(self, model: nn.Module, batch, label_smoothing: float = 0.0):
         return seq2seq_loss(model, batch, label_smoothing, self.tokenizer.pad_id)
 
-    def _predict_batch(self, model, batch, beam_size: int, length_penalty: float) -> list[str]:
+    def _predict_batch(self, model, batch, beam_size: int, length_penalty: float,
+                       max_len: int | None = None) -> list[str]:
         """Output texts."""
         tok = self.tokenizer
         gen = generate(model, batch.src, batch.src_mask, beam_size=beam_size,
-                       max_len=self.config.max_length, length_penalty=length_penalty,
+                       max_len=max_len or self.config.max_length, length_penalty=length_penalty,
                        bos_id=tok.bos_id, eos_id=tok.eos_id, pad_id=tok.pad_id)
         return [tok.decode(ids) for ids in gen.tolist()]
 
@@ -227,8 +230,8 @@ class Seq2Seq(DataObjective):
         return evaluation.text_metrics(preds, [r["target"] for r in records]), preds
 
     def generate(self, model: nn.Module, inputs: list[str], beam_size: int = 1,
-                 length_penalty: float = 1.0) -> list[str]:
-        return self.predict(model, [{"source": t} for t in inputs], beam_size, length_penalty)
+                 length_penalty: float = 1.0, max_len: int | None = None) -> list[str]:
+        return self.predict(model, [{"source": t} for t in inputs], beam_size, length_penalty, max_len)
 
     def sample_rows(self, records: list[Record], preds: list) -> list[tuple[str, str, str]]:
         return [(r["source"], p, r["target"]) for r, p in zip(records, preds, strict=True)]
@@ -296,7 +299,8 @@ class Classification(_EncoderObjective):
     def loss(self, model: nn.Module, batch: EncoderBatch, label_smoothing: float = 0.0):
         return classification_loss(model, batch, label_smoothing)
 
-    def _predict_batch(self, model, batch: EncoderBatch, beam_size: int, length_penalty: float) -> list:
+    def _predict_batch(self, model, batch: EncoderBatch, beam_size: int, length_penalty: float,
+                       max_len: int | None = None) -> list:
         """Class probabilities (lists of floats)."""
         return model(batch.input_ids, batch.attention_mask, batch.token_type_ids).logits.softmax(-1).tolist()
 
@@ -390,7 +394,8 @@ class Embedding(_EncoderObjective):
     def loss(self, model: nn.Module, batch: PairBatch, label_smoothing: float = 0.0):
         return ranking_loss(model, batch)
 
-    def _predict_batch(self, model, batch: PairBatch, beam_size: int, length_penalty: float) -> list:
+    def _predict_batch(self, model, batch: PairBatch, beam_size: int, length_penalty: float,
+                       max_len: int | None = None) -> list:
         """Anchor and positive embeddings, alternating: [a (B, D), p (B, D)]."""
         return [model(batch.anchor), model(batch.positive)]
 

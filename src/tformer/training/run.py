@@ -51,9 +51,10 @@ class Run:
         """Classification: {"label", "probabilities": {label: p}} per text (pairs: text_pair)."""
         return self.objective.classify(self.model, list(texts), None if pairs is None else list(pairs))
 
-    def generate(self, inputs: Iterable[str], beam_size: int = 1, length_penalty: float = 1.0) -> list[str]:
-        """Seq2seq: the output text per input."""
-        return self.objective.generate(self.model, list(inputs), beam_size, length_penalty)
+    def generate(self, inputs: Iterable[str], beam_size: int = 1, length_penalty: float = 1.0,
+                 max_len: int | None = None) -> list[str]:
+        """Seq2seq: the output text per input (at most max_len tokens; default the run's)."""
+        return self.objective.generate(self.model, list(inputs), beam_size, length_penalty, max_len)
 
     def embed(self, texts: Iterable[str]) -> np.ndarray:
         """Embedding: (N, D) L2-normalised float32 vectors."""

@@ -93,7 +93,7 @@ class TaskObjective:
         raise cannot(self.description, "predict", "a classification task (listops, brackets)")
 
     def generate(self, model: nn.Module, inputs: list[str], beam_size: int = 1,
-                 length_penalty: float = 1.0) -> list[str]:
+                 length_penalty: float = 1.0, max_len: int | None = None) -> list[str]:
         raise cannot(self.description, "generate", "a sequence-to-sequence task")
 
     def embed(self, model: nn.Module, texts: list[str]) -> Tensor:
@@ -125,7 +125,7 @@ class TaskSeq2Seq(TaskObjective):
         return gen.tolist()
 
     def generate(self, model: nn.Module, inputs: list[str], beam_size: int = 1,
-                 length_penalty: float = 1.0) -> list[str]:
+                 length_penalty: float = 1.0, max_len: int | None = None) -> list[str]:
         ids = self.predict(model, self._examples(inputs), beam_size, length_penalty=length_penalty)
         return [self.task.tokenizer.decode(p) for p in ids]
 
