@@ -28,9 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="processes behind the one port, each with its share of --threads (default 1)")
     parser.add_argument("--max-batch-tokens", type=int, default=16384,
                         help="most real tokens in one model batch (default 16384)")
-    parser.add_argument("--max-wait-ms", type=float, default=2.0,
-                        help="how long the first input of a batch waits for others (default 2; "
-                        "0: run as soon as the model is free)")
+    parser.add_argument("--max-wait-ms", type=float, default=0.0,
+                        help="how long the first input of a batch waits for others to join it "
+                        "(default 0: a batch starts as soon as the model is free, with every input "
+                        "that arrived while it was busy)")
     parser.add_argument("--max-input-tokens", type=int, default=None,
                         help="most tokens of one input (default: the model's maximum length)")
     parser.add_argument("--max-queue", type=int, default=1024,

@@ -23,7 +23,7 @@ class ServeConfig:
     threads: int | None = None  # all of them, shared by the workers
     workers: int = 1
     max_batch_tokens: int = 16384
-    max_wait_ms: float = 2.0
+    max_wait_ms: float = 0.0
     max_input_tokens: int | None = None  # the model's maximum length
     max_queue: int = 1024
     max_client_batch: int = 256
