@@ -164,7 +164,7 @@ def create_app(config: ServeConfig, served: Served | None = None) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        await asyncio.get_running_loop().run_in_executor(service.batcher._executor, service.warm_up)
+        await service.batcher.call_in_model_thread(service.warm_up)
         service.batcher.start()
         yield
         await service.batcher.stop()  # uvicorn has answered its connections: nothing waits

@@ -88,6 +88,10 @@ class Batcher:
         return max(1, round(waiting * self.seconds_per_token))
 
     # The batch loop ---------------------------------------------------------------------------------
+    async def call_in_model_thread(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` in the model's thread (e.g. a warm-up before serving)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
