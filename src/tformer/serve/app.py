@@ -46,27 +46,16 @@ class Service:
 
     def __init__(self, config: ServeConfig, served: Served) -> None:
         self.config, self.served, self.metrics = config, served, Metrics()
-        self.batcher = Batcher(self._run, config.max_batch_tokens, config.max_wait_ms, config.max_queue,
+        self.batcher = Batcher(served.run, config.max_batch_tokens, config.max_wait_ms, config.max_queue,
                                self.metrics, thread_init=self._thread_init)
 
     def _thread_init(self) -> None:
         torch.set_num_threads(self.config.threads_per_worker)
 
-    def _run(self, payloads: list[Any], key: Hashable) -> list[Any]:
-        """One batch, in the model thread; ``key`` carries the settings the batch shares."""
-        if self.served.kind == "embedding":
-            return list(self.served.run(payloads, normalize=key))
-        if self.served.kind == "classification":
-            return self.served.run(payloads)
-        return self.served.run(payloads, *key)
-
     def warm_up(self) -> None:
         """One small batch before serving: the first request should not pay for kernel setup."""
         self._thread_init()
-        text = {"text": "warm up"} if self.served.kind == "classification" else "warm up"
-        items = self.served.items([text], True)
-        key = {"embedding": True, "classification": None}.get(self.served.kind, (1, 2, 1.0))
-        self._run([i.payload for i in items], key)
+        self.served.warm_up()
 
     # One request ------------------------------------------------------------------------------
     async def answer(self, request: Request, endpoint: str,

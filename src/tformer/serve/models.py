@@ -9,9 +9,12 @@ runs are stored is rewired here alone. Three kinds, one class each:
 
 Each one turns a request's texts into ``Item``s at admission (tokenized once, in the event
 loop: the batcher needs their token counts to pack batches) and runs a list of items as one
-batch in the model thread. The training package is used by the two run classes only, in
-``load_served`` and their ``run`` methods (``load_run``, ``source.kind``, ``source.data``,
-``source.predict``, ``data.encode``/``collate``).
+batch in the model thread: ``run(payloads, key)``, where ``key`` holds the settings that all
+inputs of a batch share (normalisation; beam size and lengths).
+
+The training package is used in ``load_served`` (``load_run``, ``config.data``, ``source.kind``)
+and by the two run classes (``source.data``: tokenizer, labels, ``encode``/``collate``;
+``source.predict``; ``source.config.max_length``); the embedding class does not use it.
 """
 
 from __future__ import annotations
@@ -78,11 +81,12 @@ class EmbeddingModel:
         return [Item(len(ids), n, (ids, types)) for (ids, types), n in zip(rows, full, strict=True)]
 
     @torch.inference_mode()
-    def run(self, payloads: list[tuple[list[int], list[int]]], normalize: bool) -> np.ndarray:
+    def run(self, payloads: list[tuple[list[int], list[int]]], normalize: bool) -> list[np.ndarray]:
         """Embed one batch; what ``SentenceEncoder.encode`` does per batch, from token ids.
+        ``normalize`` is the batch's key: inputs batch together only with the same.
 
         Shape:
-            returns (B, dim) float32, in the order of ``payloads``
+            returns B vectors (dim,) float32, in the order of ``payloads``
         """
         from tformer.sentence import pool
 
@@ -98,7 +102,10 @@ class EmbeddingModel:
         emb = pool(enc.last_hidden_state, enc.mask, self.st.pooling)  # (B, dim)
         if normalize:
             emb = torch.nn.functional.normalize(emb, p=2.0, dim=-1)
-        return emb.float().numpy()
+        return list(emb.float().numpy())
+
+    def warm_up(self) -> None:
+        self.run([item.payload for item in self.items(["warm up"], True)], True)
 
     def describe(self) -> dict[str, Any]:
         return {"dim": self.dim, "pooling": list(self.st.pooling), "normalize": self.normalize}
@@ -152,7 +159,7 @@ class ClassificationModel(_Run):
         full = self._count(texts, pairs if any(pairs) else None)
         return self._items(records, full, truncate)
 
-    def run(self, records: list[dict[str, str]]) -> list[list[float]]:
+    def run(self, records: list[dict[str, str]], key: None = None) -> list[list[float]]:
         """Class probabilities, as `tformer predict` computes them (``source.predict``)."""
         label = self.data.labels[0]  # the label field must be there; it is not used
         out: list[list[float]] = []
@@ -163,6 +170,9 @@ class ClassificationModel(_Run):
                 probs = self.source.predict(self.model, [dict(records[i], label=label) for i in index])
                 out += list(zip(index, probs, strict=True))
         return [p for _, p in sorted(out, key=lambda x: x[0])]
+
+    def warm_up(self) -> None:
+        self.run([item.payload for item in self.items([{"text": "warm up"}], True)])
 
     def describe(self) -> dict[str, Any]:
         return {"labels": self.labels}
@@ -190,16 +200,21 @@ class Seq2SeqModel(_Run):
         return self.model.config.max_len
 
     @torch.no_grad()
-    def run(self, texts: list[str], beam_size: int, max_new_tokens: int, length_penalty: float) -> list[str]:
-        """Greedy or beam search, as ``source.predict`` runs it, with max_new_tokens for its limit."""
+    def run(self, texts: list[str], key: tuple[int, int, float]) -> list[str]:
+        """Greedy or beam search, as ``source.predict`` runs it, with max_new_tokens for its limit.
+        ``key``: (beam_size, max_new_tokens, length_penalty), shared by the batch."""
         from tformer.generate import generate
 
+        beam_size, max_new_tokens, length_penalty = key
         tok = self.data.tokenizer
         batch = self.data.collate(self.data.encode([{"source": t, "target": "-"} for t in texts]))
         out = generate(self.model, batch.src, batch.src_mask, beam_size=beam_size, max_len=max_new_tokens,
                        length_penalty=length_penalty, bos_id=tok.bos_id, eos_id=tok.eos_id,
                        pad_id=tok.pad_id)
         return [tok.decode(ids) for ids in out.tolist()]
+
+    def warm_up(self) -> None:
+        self.run([item.payload for item in self.items(["warm up"], True)], (1, 2, 1.0))
 
     def describe(self) -> dict[str, Any]:
         return {"max_new_tokens": self.max_new_tokens}
