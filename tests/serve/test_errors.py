@@ -97,6 +97,8 @@ def _wait_for_depth(live, depth: int, timeout: float = 10) -> None:
      "--max-input-tokens: expected at most --max-batch-tokens (100), got 9000"),
     (["serve", "{dir}", "--workers", "0"], "--workers: expected a positive number, got 0"),
     (["serve", "{dir}/nope"], "MODEL_DIR_OR_RUN: no such directory"),
+    (["serve", "{dir}", "--max-input-tokens", "100"],
+     "--max-input-tokens: expected at most 16 (the model's maximum length), got 100"),
 ])
 def test_command_mistakes_are_one_line(embedding_dir, capsys, argv, message):
     argv = [a.replace("{dir}", str(embedding_dir)) for a in argv]

@@ -57,7 +57,12 @@ class EmbeddingModel:
     def __init__(self, path: Path, dtype: str, max_input_tokens: int | None) -> None:
         from tformer.sentence import SentenceEncoder
 
-        self.st = SentenceEncoder.from_pretrained(path, dtype=dtype, max_length=max_input_tokens)
+        try:
+            self.st = SentenceEncoder.from_pretrained(path, dtype=dtype, max_length=max_input_tokens)
+        except ValueError as e:  # the library names its argument; the user gave the flag
+            if str(e).startswith("max_length:"):
+                raise ValueError("--max-input-tokens:" + str(e).removeprefix("max_length:")) from None
+            raise
         self.backend = self.st.tokenizer.backend  # a `tokenizers.Tokenizer`, padding/truncation off
         self.max_input_tokens = self.st.tokenizer.max_length
         self.pad_id = self.st.tokenizer.pad_id
