@@ -118,7 +118,7 @@ app = Starlette(routes=[Route("/v1/embeddings", embed, methods=["POST"]),
                         Route("/health", lambda r: JSONResponse({{}}))])
 uvicorn.run(app, host="127.0.0.1", port={port}, log_level="warning")
 """
-    return Server("sentence-transformers + uvicorn/Starlette", [sys.executable, "-c", code], {},
+    return Server("sentence-transformers + uvicorn/Starlette (fp32)", [sys.executable, "-c", code], {},
                   "/v1/embeddings", port)
 
 
@@ -226,6 +226,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="load at each concurrency (default 10)")
     parser.add_argument("--peer", choices=("infinity", "st", "none"), default="infinity")
     parser.add_argument("--peer-python", default=PEER_PYTHON, help="the python of infinity-emb's venv")
+    parser.add_argument("--int8", action=argparse.BooleanOptionalAction, default=True,
+                        help="also tformer serve --dtype int8 (no peer row: a different precision)")
     args = parser.parse_args()
 
     from tformer.bench.harness import cpu_info, has_bf16
@@ -244,6 +246,8 @@ def main() -> None:
     for dtype in dtypes:
         servers = [tformer_server(model, dtype)]
         try:
+            if dtype == "fp32" and args.int8:  # beside the fp32 pair, for reference
+                servers.append(tformer_server(model, "int8"))
             if peer == "infinity":
                 servers.append(infinity_server(model, args.peer_python, dtype, _free_port()))
             elif peer == "st" and dtype == "fp32":
@@ -286,7 +290,7 @@ def _table(rows, cpu: str, isa: list[str], texts: list[str]) -> None:
     for name, c, r in rows:
         print(f"| {name} | {c} | {r['texts_per_s']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |")
     ours = {c: r for n, c, r in rows if n.startswith("tformer") and "fp32" in n}
-    peers = {c: r for n, c, r in rows if not n.startswith("tformer") and "bf16" not in n}
+    peers = {c: r for n, c, r in rows if not n.startswith("tformer") and "fp32" in n}
     if peers:
         ratio = ours[64]["texts_per_s"] / peers[64]["texts_per_s"]
         print(f"\ntformer / peer at concurrency 64: {ratio:.2f}x "
