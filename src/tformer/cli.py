@@ -29,6 +29,7 @@ COMMANDS = [
     ("plot-positions", "plot_positions"),
     ("export", "export"),
     ("bench", "bench"),
+    ("serve", "serve"),
 ]
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:

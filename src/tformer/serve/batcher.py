@@ -1,0 +1,180 @@
+"""Dynamic batching: inputs that arrive close together run through the model as one batch.
+
+Every input text is a job with a future. The batch loop waits for a first job, then for up to
+``max_wait`` seconds (counted from that job's arrival) while fewer than ``max_batch_tokens``
+tokens are waiting; it then takes jobs in arrival order (the oldest always goes next, so none
+starves) until the token budget is spent, sorts them by length and runs them in the model
+thread. The encoder runs the real tokens only (packed, see ``tformer.masks.Packing``), so the
+budget counts real tokens and a batch's answers are those of each input run alone.
+
+While a batch runs, new jobs queue up; under load the next batch is ready the moment the model
+is free. The queue is bounded: ``submit`` refuses (``QueueFull``) jobs past ``max_queue``
+waiting or running. A job whose future is cancelled (its client went away) frees its place at
+once and is skipped when batches are taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from tformer.serve.metrics import Metrics
+from tformer.serve.models import Item
+
+
+class QueueFull(Exception):
+    """The queue cannot take the request's inputs; the server answers 503 + Retry-After."""
+
+    def __init__(self, depth: int, limit: int, retry_after: int) -> None:
+        super().__init__(f"queue: {depth} inputs waiting or running, at most {limit}; retry later")
+        self.retry_after = retry_after
+
+
+@dataclass
+class Job:
+    item: Item
+    key: Hashable  # jobs batch together only with the same key (e.g. generation settings)
+    future: asyncio.Future
+    arrived: float = field(default_factory=time.monotonic)
+
+
+class Batcher:
+    """Runs ``run(payloads, key) -> results`` (one result per payload) on batches of jobs, in
+    one thread of its own, so the event loop stays free to read and answer requests."""
+
+    def __init__(self, run: Callable[[list[Any], Hashable], list[Any]], max_batch_tokens: int,
+                 max_wait_ms: float, max_queue: int, metrics: Metrics,
+                 thread_init: Callable[[], None] | None = None) -> None:
+        self.run, self.metrics = run, metrics
+        self.max_batch_tokens, self.max_queue = max_batch_tokens, max_queue
+        self.max_wait = max_wait_ms / 1000
+        self.depth = 0  # jobs admitted and not yet answered or cancelled
+        self.seconds_per_token = 1e-4  # a running estimate, for Retry-After
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._arrived = asyncio.Event()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="tformer-model", initializer=thread_init)
+        self._task: asyncio.Task | None = None
+
+    # Admission (event loop) ---------------------------------------------------------------------
+    def submit(self, items: list[Item], key: Hashable = None) -> list[asyncio.Future]:
+        """Queue a request's inputs together, or none of them (QueueFull)."""
+        if self.depth + len(items) > self.max_queue:
+            self.metrics.rejected.inc()
+            raise QueueFull(self.depth, self.max_queue, self.retry_after())
+        loop = asyncio.get_running_loop()
+        futures = []
+        for item in items:
+            job = Job(item, key, loop.create_future())
+            job.future.add_done_callback(self._done)
+            self._waiting.append(job)
+            futures.append(job.future)
+        self.depth += len(items)
+        self.metrics.queue_depth.set(self.depth)
+        self._arrived.set()
+        return futures
+
+    def _done(self, future: asyncio.Future) -> None:
+        self.depth -= 1  # answered, failed or cancelled: the place is free
+        self.metrics.queue_depth.set(self.depth)
+
+    def retry_after(self) -> int:
+        """Seconds until the queue has room, estimated from the recent cost per token."""
+        waiting = sum(j.item.n for j in self._waiting if not j.future.done())
+        return max(1, round(waiting * self.seconds_per_token))
+
+    # The batch loop ---------------------------------------------------------------------------------
+    async def call_in_model_thread(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` in the model's thread (e.g. a warm-up before serving)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        """Answer what is queued (the server stops taking requests first), then stop."""
+        while self.depth > 0:
+            await asyncio.sleep(0.01)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._executor.shutdown(wait=True)
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._next_batch()
+            if not batch:
+                continue
+            key = batch[0].key
+            payloads = [j.item.payload for j in batch]
+            started = time.perf_counter()
+            try:
+                results = await loop.run_in_executor(self._executor, self.run, payloads, key)
+            except Exception as e:  # a bug or a model failure: every job of the batch hears of it
+                for job in batch:
+                    if not job.future.done():
+                        job.future.set_exception(e)
+                continue
+            tokens = sum(j.item.n for j in batch)
+            seconds = time.perf_counter() - started
+            self.seconds_per_token = 0.8 * self.seconds_per_token + 0.2 * seconds / max(tokens, 1)
+            self.metrics.observe_batch(len(batch), tokens, seconds)
+            for job, result in zip(batch, results, strict=True):
+                if not job.future.done():  # cancelled meanwhile: nobody is listening
+                    job.future.set_result(result)
+
+    async def _next_batch(self) -> list[Job]:
+        """Wait for jobs (up to max_wait after the oldest), then take one batch of them."""
+        while not self._live():
+            self._arrived.clear()
+            await self._arrived.wait()
+        deadline = self._waiting[0].arrived + self.max_wait
+        while self._tokens_waiting() < self.max_batch_tokens:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), left)
+            except TimeoutError:
+                break
+        if self.max_wait == 0:
+            await asyncio.sleep(0)  # let requests that arrived together be admitted first
+        return self._take()
+
+    def _live(self) -> bool:
+        """Drop cancelled jobs from the front; whether any job is waiting."""
+        while self._waiting and self._waiting[0].future.done():
+            self._waiting.popleft()
+        return bool(self._waiting)
+
+    def _tokens_waiting(self) -> int:
+        return sum(j.item.n for j in self._waiting if not j.future.done())
+
+    def _take(self) -> list[Job]:
+        """The oldest job, then later ones with its key, in arrival order, within the budget;
+        the batch sorted by length (longest first)."""
+        if not self._live():
+            return []
+        key, budget = self._waiting[0].key, self.max_batch_tokens
+        batch, rest, used = [], collections.deque(), 0
+        while self._waiting:
+            job = self._waiting.popleft()
+            if job.future.done():
+                continue
+            if job.key != key or (batch and used + job.item.n > budget):
+                rest.append(job)
+                if job.key == key:
+                    break  # arrival order: a later, shorter job must not jump this one
+                continue
+            batch.append(job)
+            used += job.item.n
+        rest.extend(self._waiting)
+        self._waiting = rest
+        batch.sort(key=lambda j: -j.item.n)
+        return batch

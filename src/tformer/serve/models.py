@@ -1,0 +1,263 @@
+"""What a served directory can do: load it, count and cut its inputs' tokens, run a batch.
+
+This is the server's only contact with the rest of tformer's loading code, so a change in how
+runs are stored is rewired here alone. Three kinds, one class each:
+
+    EmbeddingModel       a BERT-format / sentence-transformers directory, or an embedding run
+    ClassificationModel  a classification run (`tformer train --data` with text+label)
+    Seq2SeqModel         a seq2seq run (source+target)
+
+Each one turns a request's texts into ``Item``s at admission (tokenized once, in the event
+loop: the batcher needs their token counts to pack batches) and runs a list of items as one
+batch in the model thread: ``run(payloads, key)``, where ``key`` holds the settings that all
+inputs of a batch share (normalisation; beam size and lengths).
+
+The training package is used in ``load_served`` (``load_run``, ``config.data``, ``source.kind``)
+and by the two run classes (``source.data``: tokenizer, labels, ``encode``/``collate``;
+``source.predict``; ``source.config.max_length``); the embedding class does not use it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Item:
+    """One input text as the batcher sees it.
+
+    n: tokens the model will run (after any cut); full: tokens before the cut;
+    payload: what the model's ``run`` needs (token ids, or the text itself)."""
+
+    n: int
+    full: int
+    payload: Any
+
+    @property
+    def truncated(self) -> bool:
+        return self.full > self.n
+
+
+class TooLong(ValueError):
+    """An input longer than the limit, with truncation off: the server answers 413."""
+
+
+class EmbeddingModel:
+    """Encoder + pooling (+ normalisation), run on token ids that were cut at admission."""
+
+    kind = "embedding"
+    endpoints = ("/v1/embeddings", "/embed")
+
+    def __init__(self, path: Path, dtype: str, max_input_tokens: int | None) -> None:
+        from tformer.sentence import SentenceEncoder
+
+        try:
+            self.st = SentenceEncoder.from_pretrained(path, dtype=dtype, max_length=max_input_tokens)
+        except ValueError as e:  # the library names its argument; the user gave the flag
+            if str(e).startswith("max_length:"):
+                raise ValueError("--max-input-tokens:" + str(e).removeprefix("max_length:")) from None
+            raise
+        self.backend = self.st.tokenizer.backend  # a `tokenizers.Tokenizer`, padding/truncation off
+        self.max_input_tokens = self.st.tokenizer.max_length
+        self.pad_id = self.st.tokenizer.pad_id
+        self.dim = self.st.dim
+        self.normalize = self.st.normalize
+
+    def items(self, texts: list[str], truncate: bool) -> list[Item]:
+        if self.st.tokenizer.lowercase:
+            texts = [t.lower() for t in texts]
+        encodings = self.backend.encode_batch(texts) if len(texts) > 1 else [self.backend.encode(texts[0])]
+        rows = [(e.ids, e.type_ids) for e in encodings]
+        full = [len(ids) for ids, _ in rows]
+        long = _too_long(full, self.max_input_tokens, truncate)
+        if long:  # as tformer.tokenizer does: re-encode with the tokenizer's own truncation
+            self.backend.enable_truncation(max_length=self.max_input_tokens)
+            try:
+                for i, e in zip(long, self.backend.encode_batch([texts[i] for i in long]), strict=True):
+                    rows[i] = (e.ids, e.type_ids)
+            finally:
+                self.backend.no_truncation()
+        return [Item(len(ids), n, (ids, types)) for (ids, types), n in zip(rows, full, strict=True)]
+
+    @torch.inference_mode()
+    def run(self, payloads: list[tuple[list[int], list[int]]], normalize: bool) -> list[np.ndarray]:
+        """Embed one batch; what ``SentenceEncoder.encode`` does per batch, from token ids.
+        ``normalize`` is the batch's key: inputs batch together only with the same.
+
+        Shape:
+            returns B vectors (dim,) float32, in the order of ``payloads``
+        """
+        from tformer.sentence import pool
+
+        b, s = len(payloads), max(len(ids) for ids, _ in payloads)
+        ids = torch.full((b, s), self.pad_id, dtype=torch.long)  # (B, S)
+        types = torch.zeros((b, s), dtype=torch.long)  # (B, S)
+        mask = torch.zeros((b, s), dtype=torch.long)  # (B, S) 1 = real token
+        for i, (row, row_types) in enumerate(payloads):
+            ids[i, : len(row)] = torch.tensor(row)
+            types[i, : len(row)] = torch.tensor(row_types)
+            mask[i, : len(row)] = 1
+        enc = self.st.model(ids, attention_mask=mask, token_type_ids=types)
+        emb = pool(enc.last_hidden_state, enc.mask, self.st.pooling)  # (B, dim)
+        if normalize:
+            emb = torch.nn.functional.normalize(emb, p=2.0, dim=-1)
+        return list(emb.float().numpy())
+
+    def warm_up(self) -> None:
+        self.run([item.payload for item in self.items(["warm up"], True)], True)
+
+    def describe(self) -> dict[str, Any]:
+        return {"dim": self.dim, "pooling": list(self.st.pooling), "normalize": self.normalize}
+
+
+class _Run:
+    """What the two run kinds share: the run's model, source and text tokenizer."""
+
+    def __init__(self, model, source, dtype: str, max_input_tokens: int | None) -> None:
+        from tformer.model import to_precision
+
+        self.model = model if dtype == "fp32" else to_precision(model, dtype).eval()
+        self.source, self.data = source, source.data
+        limit = self.data.tokenizer.max_length
+        if max_input_tokens is not None and max_input_tokens > limit:
+            raise ValueError(f"--max-input-tokens: expected at most {limit} (the run's maximum length), "
+                             f"got {max_input_tokens}")
+        self.max_input_tokens = max_input_tokens or limit
+        self.run_limit = limit
+        # A copy to count with in the event loop: the model thread's encode switches truncation
+        # on and off on the run's own tokenizer.
+        backend = self.data.tokenizer.backend
+        self.counter = type(backend).from_str(backend.to_str())
+        self.counter.no_truncation()
+        self.counter.no_padding()
+
+    def _count(self, texts: list[str], pairs: list[str] | None = None) -> list[int]:
+        """Tokens with the tokenizer's specials, before the run's own cut."""
+        backend = self.counter
+        inputs = texts if pairs is None else list(zip(texts, pairs, strict=True))
+        return [len(e.ids) for e in backend.encode_batch(inputs)]
+
+    def _items(self, payloads: list, full: list[int], truncate: bool) -> list[Item]:
+        # The run cuts at its own max_length (as `tformer predict` / `generate` do); below that,
+        # a lower --max-input-tokens can only refuse: a different cut would differ from the CLI.
+        _too_long(full, self.max_input_tokens, truncate and self.max_input_tokens == self.run_limit)
+        return [Item(min(n, self.run_limit), n, p) for n, p in zip(full, payloads, strict=True)]
+
+
+class ClassificationModel(_Run):
+    kind = "classification"
+    endpoints = ("/predict",)
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self.data.labels)
+
+    def items(self, records: list[dict[str, str]], truncate: bool) -> list[Item]:
+        texts = [r["text"] for r in records]
+        pairs = [r.get("text_pair", "") for r in records]
+        full = self._count(texts, pairs if any(pairs) else None)
+        return self._items(records, full, truncate)
+
+    def run(self, records: list[dict[str, str]], key: None = None) -> list[list[float]]:
+        """Class probabilities, as `tformer predict` computes them (``source.predict``)."""
+        label = self.data.labels[0]  # the label field must be there; it is not used
+        out: list[list[float]] = []
+        # Records with and without a pair cannot share a batch (the source encodes one form).
+        for paired in (False, True):
+            index = [i for i, r in enumerate(records) if bool(r.get("text_pair")) == paired]
+            if index:
+                probs = self.source.predict(self.model, [dict(records[i], label=label) for i in index])
+                out += list(zip(index, probs, strict=True))
+        return [p for _, p in sorted(out, key=lambda x: x[0])]
+
+    def warm_up(self) -> None:
+        self.run([item.payload for item in self.items([{"text": "warm up"}], True)])
+
+    def describe(self) -> dict[str, Any]:
+        return {"labels": self.labels}
+
+
+class Seq2SeqModel(_Run):
+    kind = "seq2seq"
+    endpoints = ("/generate",)
+
+    def items(self, texts: list[str], truncate: bool) -> list[Item]:
+        full = [n + 1 for n in self._count_pieces(texts)]  # the source's EOS
+        return self._items(texts, full, truncate)
+
+    def _count_pieces(self, texts: list[str]) -> list[int]:
+        return [len(e.ids) for e in self.counter.encode_batch(texts, add_special_tokens=False)]
+
+    @property
+    def max_new_tokens(self) -> int:
+        """What `tformer generate` generates at most: the run's max_length."""
+        return self.source.config.max_length
+
+    @property
+    def max_target_tokens(self) -> int:
+        """The most tokens the decoder's positions allow."""
+        return self.model.config.max_len
+
+    @torch.no_grad()
+    def run(self, texts: list[str], key: tuple[int, int, float]) -> list[str]:
+        """Greedy or beam search, as ``source.predict`` runs it, with max_new_tokens for its limit.
+        ``key``: (beam_size, max_new_tokens, length_penalty), shared by the batch."""
+        from tformer.generate import generate
+
+        beam_size, max_new_tokens, length_penalty = key
+        tok = self.data.tokenizer
+        batch = self.data.collate(self.data.encode([{"source": t, "target": "-"} for t in texts]))
+        out = generate(self.model, batch.src, batch.src_mask, beam_size=beam_size, max_len=max_new_tokens,
+                       length_penalty=length_penalty, bos_id=tok.bos_id, eos_id=tok.eos_id,
+                       pad_id=tok.pad_id)
+        return [tok.decode(ids) for ids in out.tolist()]
+
+    def warm_up(self) -> None:
+        self.run([item.payload for item in self.items(["warm up"], True)], (1, 2, 1.0))
+
+    def describe(self) -> dict[str, Any]:
+        return {"max_new_tokens": self.max_new_tokens}
+
+
+Served = EmbeddingModel | ClassificationModel | Seq2SeqModel
+
+
+def load_served(path: str | Path, dtype: str = "fp32", max_input_tokens: int | None = None) -> Served:
+    """Whatever the directory holds: a sentence-transformers / BERT directory (an embedding run
+    is one too, once trained), or a classification / seq2seq run of `tformer train --data`."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"MODEL_DIR_OR_RUN: no such directory {path}")
+    is_run = (path / "checkpoints").is_dir()
+    if not is_run or (path / "modules.json").is_file():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return EmbeddingModel(path, dtype, max_input_tokens)
+    from tformer.training import load_run
+
+    model, source, config = load_run(path)
+    if config.data is None:
+        raise ValueError(f"MODEL_DIR_OR_RUN: {path} is a synthetic-task run ({config.task}); "
+                         "serve a run on your own data or a BERT-format directory")
+    if source.kind == "classification":
+        return ClassificationModel(model, source, dtype, max_input_tokens)
+    if source.kind == "seq2seq":
+        return Seq2SeqModel(model, source, dtype, max_input_tokens)
+    raise ValueError(f"MODEL_DIR_OR_RUN: {path} is an embedding run without its sentence-transformers "
+                     "files (modules.json): it has not finished training")
+
+
+def _too_long(lengths: list[int], limit: int | None, truncate: bool) -> list[int]:
+    """Indices of inputs over the limit; raises TooLong for the first when not truncating."""
+    long = [i for i, n in enumerate(lengths) if limit is not None and n > limit]
+    if long and not truncate:
+        i = long[0]
+        raise TooLong(f"input[{i}]: expected at most {limit} tokens, got {lengths[i]} "
+                      "(send truncate: true, or shorten it)")
+    return long

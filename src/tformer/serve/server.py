@@ -1,0 +1,74 @@
+"""Start uvicorn on one socket: one process, or ``--workers N`` processes sharing it.
+
+The socket is bound here, before any worker starts, so a port in use is a one-line error and
+``--port 0`` (any free port) is known and printed; the workers (uvicorn's supervisor spawns
+them) inherit it and the kernel spreads the connections among them.
+
+On SIGTERM uvicorn stops accepting, lets the requests in flight finish (their jobs are already
+queued: the batcher answers them), runs the app's shutdown, and returns. uvicorn then raises
+the signal again for the handler that was there before it; ours ignores it, so the command
+ends with status 0 after a drain.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+
+from tformer.errors import require
+from tformer.serve.config import ENV, ServeConfig
+
+# Seconds a drain may take before uvicorn closes what is left.
+GRACEFUL_SHUTDOWN_S = 30
+
+
+def serve(config: ServeConfig) -> int:
+    """Serve until SIGTERM or Ctrl-C; return the exit status."""
+    uvicorn = require("uvicorn", "serve", "tformer serve")
+    require("starlette", "serve", "tformer serve")
+    from tformer.serve.app import create_app
+
+    # Loaded here once even with --workers: a bad directory is one line, before any worker starts.
+    app = create_app(config)
+    service = app.state.service
+    sock = bind(config.host, config.port)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"tformer serve: {service.served.kind} model {config.model_name} ({config.dtype}) on "
+          f"http://{shown}:{port} with {config.workers} worker(s) x {config.threads_per_worker} "
+          f"thread(s); endpoints {', '.join(service.served.endpoints)}", file=sys.stderr, flush=True)
+    options = dict(log_level="warning", access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+                   lifespan="on")
+    signal.signal(signal.SIGTERM, lambda *_: None)  # what uvicorn re-raises into after the drain
+    if config.workers == 1:
+        server = uvicorn.Server(uvicorn.Config(app, **options))
+        server.run(sockets=[sock])
+        return 0
+    del app, service  # each worker loads its own copy
+    from uvicorn.supervisors import Multiprocess
+
+    os.environ[ENV] = config.to_json()
+    uv_config = uvicorn.Config("tformer.serve.app:app_from_env", factory=True, workers=config.workers,
+                               **options)
+    Multiprocess(uv_config, sockets=[sock]).run()
+    return 0
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (port 0: any free one), inheritable by workers."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise ValueError(f"--host: cannot resolve {host!r} ({e.strerror})") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise OSError(e.errno, f"--host {host} --port {port}: cannot listen there ({e.strerror})") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock

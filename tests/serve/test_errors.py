@@ -1,0 +1,113 @@
+"""Bad input is a 4xx JSON error naming the field; a full queue is 503 + Retry-After; a client
+that leaves frees its place; and the command's own mistakes are one line."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+
+import pytest
+from hf_bert_fixtures import WORDS
+from serve_fixtures import request, serve
+
+from tformer.cli import main
+
+LONG = " ".join(WORDS[:30])  # over the 16 tokens of the test directory
+
+
+@pytest.mark.parametrize("path, body, status, field, message", [
+    ("/embed", b"{bad", 400, "body", "body: expected a JSON object, got malformed JSON"),
+    ("/embed", b"[1, 2]", 422, "body", "body: expected a JSON object, got a list"),
+    ("/embed", {}, 422, "inputs", "inputs: required"),
+    ("/embed", {"inputs": 3}, 422, "inputs", "inputs: expected a string or a list of strings, got an integer"),
+    ("/embed", {"inputs": ["a", None]}, 422, "inputs[1]", "inputs[1]: expected a string, got null"),
+    ("/embed", {"inputs": []}, 422, "inputs", "inputs: expected at least one input, got an empty list"),
+    ("/embed", {"inputs": ["  "]}, 422, "inputs[0]", "inputs[0]: expected a non-empty text"),
+    ("/embed", {"inputs": "a", "normalise": True}, 422, "normalise", "normalise: unknown field"),
+    ("/embed", {"inputs": "a", "normalize": "yes"}, 422, "normalize", "normalize: expected true or false"),
+    ("/embed", {"inputs": ["a"] * 5}, 413, "inputs", "inputs: expected at most 4 inputs per request"),
+    ("/embed", {"inputs": LONG, "truncate": False}, 413, "inputs", "input[0]: expected at most 16 tokens, got"),
+    ("/v1/embeddings", {"input": "a", "encoding_format": "int8"}, 422, "encoding_format",
+     "encoding_format: expected one of float, base64"),
+    ("/v1/embeddings", {"input": [[1, 2]]}, 422, "input[0]", "input[0]: expected a string, got a list"),
+    ("/v1/embeddings", {"input": "a", "dimensions": 8}, 422, "dimensions", "dimensions: expected 32..32"),
+    ("/predict", {"inputs": "a"}, 404, None, "/predict: this server holds the embedding model"),
+])
+def test_bad_input_is_a_json_error_naming_the_field(small_server, path, body, status, field, message):
+    raw = body if isinstance(body, bytes) else None
+    got, headers, answer = request(small_server.port, "POST", path, None if raw else body, raw)
+    assert got == status and headers["content-type"] == "application/json"
+    assert answer["error"]["param"] == field
+    assert answer["error"]["message"].startswith(message), answer
+
+
+@pytest.fixture(scope="module")
+def small_server(embedding_dir):
+    live = serve(embedding_dir, max_client_batch=4)
+    yield live
+    live.close()
+
+
+def test_a_full_queue_answers_503_with_retry_after(embedding_dir):
+    live = serve(embedding_dir, max_queue=2, max_wait_ms=1500)  # the first two wait 1.5 s for company
+    try:
+        answers = []
+        threads = [threading.Thread(target=lambda: answers.append(live.post("/embed", {"inputs": "a dog"})))
+                   for _ in range(2)]
+        for t in threads:
+            t.start()
+        _wait_for_depth(live, 2)
+        status, headers, body = live.post("/embed", {"inputs": "the cat"})
+        for t in threads:
+            t.join()
+    finally:
+        live.close()
+    assert status == 503 and int(headers["retry-after"]) >= 1 and body["error"]["type"] == "overloaded"
+    assert [a[0] for a in answers] == [200, 200]
+
+
+def test_a_client_that_disconnects_frees_its_place(embedding_dir):
+    live = serve(embedding_dir, max_queue=1, max_wait_ms=1500)
+    try:
+        with socket.create_connection(("127.0.0.1", live.port)) as sock:
+            body = b'{"inputs": "a dog"}'
+            sock.sendall(b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            _wait_for_depth(live, 1)
+        _wait_for_depth(live, 0, timeout=1.0)  # before the batch window ends: cancelled, not answered
+        status, _, _ = live.post("/embed", {"inputs": "the cat"})
+        metrics = live.request("GET", "/metrics")[2]
+    finally:
+        live.close()
+    assert status == 200 and "tformer_serve_client_disconnects_total 1" in metrics
+
+
+def _wait_for_depth(live, depth: int, timeout: float = 10) -> None:
+    service = live.app.state.service
+    deadline = time.monotonic() + timeout
+    while service.batcher.depth != depth:
+        assert time.monotonic() < deadline, f"queue depth {service.batcher.depth}, expected {depth}"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["serve", "{dir}", "--max-input-tokens", "9000", "--max-batch-tokens", "100"],
+     "--max-input-tokens: expected at most --max-batch-tokens (100), got 9000"),
+    (["serve", "{dir}", "--workers", "0"], "--workers: expected a positive number, got 0"),
+    (["serve", "{dir}/nope"], "MODEL_DIR_OR_RUN: no such directory"),
+    (["serve", "{dir}", "--max-input-tokens", "100"],
+     "--max-input-tokens: expected at most 16 (the model's maximum length), got 100"),
+])
+def test_command_mistakes_are_one_line(embedding_dir, capsys, argv, message):
+    argv = [a.replace("{dir}", str(embedding_dir)) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tformer serve: error: {message}") and err.count("\n") == 1
+
+
+def test_without_the_extra_the_error_names_it(embedding_dir, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # import uvicorn -> ImportError
+    assert main(["serve", str(embedding_dir)]) == 2
+    assert "pip install 'tformer[serve]'" in capsys.readouterr().err

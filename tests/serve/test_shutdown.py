@@ -1,0 +1,79 @@
+"""A real `tformer serve` process: SIGTERM with requests in flight answers them all, then the
+process exits 0; --workers 2 serves behind one port."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from serve_fixtures import request
+
+
+def _start(directory, *flags: str) -> tuple[subprocess.Popen, int]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "tformer", "serve", str(directory), "--port", "0",
+                             "--threads", "1", *flags],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    line = proc.stderr.readline()
+    match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+    if not match:
+        proc.kill()
+        pytest.fail(f"no address in the first line: {line!r}{proc.stderr.read()}")
+    port = int(match.group(1))
+    deadline = time.monotonic() + 30
+    while True:  # the socket is bound before startup: wait until it answers
+        try:
+            if request(port, "GET", "/health", timeout=2)[0] == 200:
+                return proc, port
+        except OSError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.1)
+
+
+def test_sigterm_drains_requests_in_flight_then_exits_0(embedding_dir):
+    proc, port = _start(embedding_dir, "--max-wait-ms", "3000")  # the requests wait for company
+    try:
+        answers: list = []
+        texts = ["a dog", "the cat sat on the mat", "one two three", "stars"]
+        threads = [threading.Thread(target=lambda t=t: answers.append(request(port, "POST", "/embed", {"inputs": t})))
+                   for t in texts]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 2.5
+        while "tformer_serve_queue_depth 4" not in request(port, "GET", "/metrics")[2]:
+            assert time.monotonic() < deadline, "the four requests were not queued in time"
+            time.sleep(0.02)
+        assert not answers  # all four queued, none answered yet
+        proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(timeout=20)
+        code = proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert sorted(a[0] for a in answers) == [200] * 4, answers
+    assert code == 0, proc.stderr.read()
+    with pytest.raises(OSError):  # nobody listens any more
+        request(port, "GET", "/health", timeout=2)
+
+
+def test_two_workers_behind_one_port(embedding_dir):
+    proc, port = _start(embedding_dir, "--workers", "2", "--threads", "2")
+    try:
+        status, _, info = request(port, "GET", "/info")
+        answers = [request(port, "POST", "/embed", {"inputs": "a dog"}) for _ in range(4)]
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert status == 200 and info["workers"] == 2 and info["threads"] == 1
+    assert [a[0] for a in answers] == [200] * 4 and answers[0][2] == answers[3][2]
+    assert code == 0
