@@ -13,8 +13,8 @@ batch in the model thread: ``run(payloads, key)``, where ``key`` holds the setti
 inputs of a batch share (normalisation; beam size and lengths).
 
 The training package is used in ``load_served`` (``load_run``, ``config.data``, ``source.kind``)
-and by the two run classes (``source.data``: tokenizer, labels, ``encode``/``collate``;
-``source.predict``; ``source.config.max_length``); the embedding class does not use it.
+and by the two run classes (``source.data``: tokenizer, labels; ``source.predict`` and
+``source.generate``; ``source.config.max_length``); the embedding class does not use it.
 """
 
 from __future__ import annotations
@@ -206,17 +206,11 @@ class Seq2SeqModel(_Run):
 
     @torch.no_grad()
     def run(self, texts: list[str], key: tuple[int, int, float]) -> list[str]:
-        """Greedy or beam search, as ``source.predict`` runs it, with max_new_tokens for its limit.
-        ``key``: (beam_size, max_new_tokens, length_penalty), shared by the batch."""
-        from tformer.generate import generate
-
+        """Greedy or beam search, as `tformer generate` runs it (``source.generate``), with
+        max_new_tokens for its limit. ``key``: (beam_size, max_new_tokens, length_penalty),
+        shared by the batch."""
         beam_size, max_new_tokens, length_penalty = key
-        tok = self.data.tokenizer
-        batch = self.data.collate(self.data.encode([{"source": t, "target": "-"} for t in texts]))
-        out = generate(self.model, batch.src, batch.src_mask, beam_size=beam_size, max_len=max_new_tokens,
-                       length_penalty=length_penalty, bos_id=tok.bos_id, eos_id=tok.eos_id,
-                       pad_id=tok.pad_id)
-        return [tok.decode(ids) for ids in out.tolist()]
+        return self.source.generate(self.model, texts, beam_size, length_penalty, max_len=max_new_tokens)
 
     def warm_up(self) -> None:
         self.run([item.payload for item in self.items(["warm up"], True)], (1, 2, 1.0))
