@@ -308,11 +308,11 @@ def test_non_finite_loss_stops_keeping_the_last_good_checkpoint(tmp_path, monkey
 
 def test_checkpoint_with_nan_weights_is_refused(tmp_path, capsys):
     train(_config(steps=2, out=str(tmp_path), **TINY), **QUIET)
-    path = check_run_dir(tmp_path) / "model.safetensors"
-    weights = load_file(str(path))
-    key = next(iter(weights))
-    weights[key][0] = float("nan")
-    save_file(weights, str(path), metadata={"step": "2"})
+    for path in (check_run_dir(tmp_path) / "model.safetensors", tmp_path / "best.safetensors"):
+        weights = load_file(str(path))  # (eval loads the best validated weights)
+        key = next(iter(weights))
+        weights[key][0] = float("nan")
+        save_file(weights, str(path), metadata={"step": "2"})
     assert main(["eval", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "NaN or infinite" in err and key in err and err.count("\n") == 1

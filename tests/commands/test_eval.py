@@ -32,10 +32,10 @@ def test_threads_and_a_valid_json_record(classification_run, capsys):
 def test_a_non_finite_metric_is_refused_not_printed_as_nan(classification_run, capsys, tmp_path):
     broken = tmp_path / "run"
     shutil.copytree(classification_run, broken)
-    weights = check_run_dir(broken) / "model.safetensors"
-    state = {k: torch.full_like(v, 3e38) if v.is_floating_point() else v  # products overflow
-             for k, v in load_file(str(weights)).items()}
-    save_file(state, str(weights))
+    for weights in (check_run_dir(broken) / "model.safetensors", broken / "best.safetensors"):
+        state = {k: torch.full_like(v, 3e38) if v.is_floating_point() else v  # products overflow
+                 for k, v in load_file(str(weights)).items()}
+        save_file(state, str(weights))
     rc, out, err = run_cli(capsys, "eval", broken, "--samples", 0)
     assert_one_line_error(rc, err, "eval", r"expected finite numbers, got NaN or infinity")
     assert "NaN" not in out

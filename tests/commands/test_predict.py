@@ -55,6 +55,7 @@ def test_non_finite_probabilities_are_refused_not_printed_as_nan(classification_
                                                                  tmp_path):
     broken = tmp_path / "run"
     shutil.copytree(classification_run, broken)
+    (broken / "best.safetensors").unlink(missing_ok=True)  # so the checkpoint's weights are loaded
     weights = check_run_dir(broken) / "model.safetensors"
     state = load_file(str(weights))
     # Finite weights (loading refuses NaN ones) whose products overflow: inf - inf = NaN.

@@ -76,6 +76,7 @@ def test_bad_input_is_one_line_error(argv, message, run_dir, tmp_path, capsys):
     bad = tmp_path / "bad"  # a run whose weights file is corrupt
     shutil.copytree(run_dir, bad)
     (check_run_dir(bad) / "model.safetensors").write_bytes(b"not safetensors")
+    (bad / "best.safetensors").unlink(missing_ok=True)  # so the checkpoint's weights are loaded
     argv = [a.format(cfg=tmp_path / "c.json", tmp=tmp_path, run=run_dir, bad=bad) for a in argv]
     assert main(argv) == 2
     err = capsys.readouterr().err
