@@ -16,21 +16,30 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, Protocol
 
 import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
 from tformer.serve import schema
-from tformer.serve.models import Item
-
-if TYPE_CHECKING:
-    from tformer.serve.app import Service
+from tformer.serve.config import ServeConfig
+from tformer.serve.models import Item, Served
 
 POST_PATHS = ("/v1/embeddings", "/embed", "/predict", "/generate")
 Handler = Callable[[Request], Awaitable[Response]]
+
+
+class Service(Protocol):
+    """What the handlers need from the app's service (tformer.serve.app.Service)."""
+
+    config: ServeConfig
+    served: Served
+
+    async def answer(self, request: Request, endpoint: str,
+                     parse: Callable[[dict], tuple[list, Hashable, bool, dict]],
+                     respond: Callable[[list, list[Item], dict], Response]) -> Response: ...
 
 
 def handlers(service: Service) -> dict[str, Handler]:
