@@ -25,23 +25,27 @@ def lock_path(out: Path) -> Path:
     return out.with_name(f".{out.name}.lock")
 
 
+def flock_or_explain(fd: int, busy: str) -> None:
+    """Take an exclusive lock on `fd` without waiting; else close it and raise ValueError(busy),
+    with {pid} in `busy` replaced by the holder's pid (written in the lock file)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise ValueError(busy.format(pid=holder)) from None
+        raise
+
+
 @contextlib.contextmanager
 def output_lock(out: Path, option: str) -> Iterator[None]:
     """Hold the lock on `out` for the block, or raise ValueError naming who holds it."""
     path = lock_path(out)
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise ValueError(
-                    f"{option} {out}: is being written by another tformer process (pid {holder}); "
-                    f"wait for it to finish or choose another {option}"
-                ) from None
-            raise
+        flock_or_explain(fd, f"{option} {out}: is being written by another tformer process "
+                             f"(pid {{pid}}); wait for it to finish or choose another {option}")
         try:
             same = os.fstat(fd).st_ino == os.stat(path).st_ino
         except FileNotFoundError:

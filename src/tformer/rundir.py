@@ -11,8 +11,6 @@ tformer run: ``--out`` refuses any other non-empty directory and touches nothing
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import os
 import shutil
@@ -21,6 +19,7 @@ from typing import Any
 
 from tformer.checkpoint import CHECKPOINTS, latest_checkpoint
 from tformer.files import remove_temp_files, write_atomic
+from tformer.locks import flock_or_explain
 
 LOCK_FILE = ".tformer-run.lock"
 # What a run writes at its top level (a run written before checkpoints were directories
@@ -58,17 +57,8 @@ class RunLock:
 
 def _flock_or_explain(fd: int, run_dir: Path) -> None:
     """Take the lock on `fd`, or close it and say who holds it."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise ValueError(
-                f"out: {run_dir} is in use by another tformer process (pid {holder}); "
-                "wait for it to finish or choose another --out"
-            ) from None
-        raise
+    flock_or_explain(fd, f"out: {run_dir} is in use by another tformer process (pid {{pid}}); "
+                         "wait for it to finish or choose another --out")
 
 
 def check_unlocked(run_dir: str | Path) -> None:

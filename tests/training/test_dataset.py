@@ -6,8 +6,9 @@ import pytest
 from text_fixtures import classification_rows, seq2seq_rows, write
 
 from tformer.training import resolve_config
-from tformer.training.data_objectives import Seq2SeqExample, data_objective
+from tformer.training.data_objectives import data_objective
 from tformer.training.dataset import TextData, bucket
+from tformer.training.examples import Seq2SeqExample
 from tformer.training.records import FIELDS
 
 input_key = FIELDS["seq2seq"].input_key

@@ -1,11 +1,5 @@
-"""The work of `tformer export` (the parser is in ``tformer.commands.export``).
-
-    tformer export RUN --hf DIR          classification run: a BertForSequenceClassification
-                                         directory; seq2seq run: MarianMTModel (post-norm) or
-                                         PegasusForConditionalGeneration (pre-norm)
-    tformer export RUN --onnx OUT        classifier: logits; embedding run: sentence_embedding;
-                                         seq2seq run: folder OUT/ with encoder.onnx + decoder.onnx
-    tformer export MODEL_DIR --onnx OUT.onnx   encoder (or sentence embedding)
+"""The work of `tformer export` (the parser and the list of what each run kind exports are in
+``tformer.commands.export``).
 
 Every export is checked before it is published (onnxruntime, or the key table's verify step)
 and published whole (one atomic step; a folder holding files tformer did not write is

@@ -11,14 +11,13 @@ tokens it adds to a batch), collates them into tformer.batches' types, and predi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tformer.batches import EncoderBatch, PairBatch, encoder_arrays, seq2seq_arrays
+from tformer.batches import EncoderBatch, PairBatch, seq2seq_arrays
 from tformer.config import TransformerConfig, bert_layout
 from tformer.convert.hf_classifier import save_sentence_layout
 from tformer.convert.st_layout import read_layout
@@ -27,6 +26,13 @@ from tformer.model import Encoder, EncoderClassifier, Seq2SeqTransformer, from_p
 from tformer.sentence import pool
 from tformer.training import evaluation
 from tformer.training.dataset import BatchStream, TextData
+from tformer.training.examples import (
+    EncodedText,
+    LabeledExample,
+    PairExample,
+    Seq2SeqExample,
+    encoder_batch,
+)
 from tformer.training.objective import (
     EVAL_SAMPLE,
     Data,
@@ -41,48 +47,6 @@ from tformer.training.records import Record
 from tformer.training.report import plot_confusion
 
 PREDICT_BATCH = 64  # records per forward when predicting
-
-
-# Typed examples ------------------------------------------------------------------------------
-@dataclass
-class Seq2SeqExample:
-    source: list[int]  # source ids + EOS
-    target: list[int]  # target ids, no specials
-
-    @property
-    def cost(self) -> int:
-        return len(self.source) + len(self.target)
-
-
-@dataclass
-class EncodedText:
-    ids: list[int]  # with the tokenizer's specials
-    type_ids: list[int]
-
-
-@dataclass
-class LabeledExample:
-    text: EncodedText
-    label: int  # -1: no label (prediction)
-
-    @property
-    def cost(self) -> int:
-        return len(self.text.ids)
-
-
-@dataclass
-class PairExample:
-    anchor: EncodedText
-    positive: EncodedText
-    negative: EncodedText | None = None
-
-    @property
-    def cost(self) -> int:
-        return sum(len(t.ids) for t in (self.anchor, self.positive, self.negative) if t is not None)
-
-
-def _encoder_batch(texts: list[EncodedText], pad_id: int, labels: list[int] | None = None) -> EncoderBatch:
-    return encoder_arrays([t.ids for t in texts], pad_id, labels, [t.type_ids for t in texts]).to_torch()
 
 
 def bert_shaped(config, vocab_size: int, **extra) -> TransformerConfig:
@@ -294,7 +258,7 @@ class Classification(_EncoderObjective):
                 for x, r in zip(inputs, records, strict=True)]
 
     def collate(self, examples: list[LabeledExample]) -> EncoderBatch:
-        return _encoder_batch([e.text for e in examples], self.tokenizer.pad_id, [e.label for e in examples])
+        return encoder_batch([e.text for e in examples], self.tokenizer.pad_id, [e.label for e in examples])
 
     def loss(self, model: nn.Module, batch: EncoderBatch, label_smoothing: float = 0.0):
         return classification_loss(model, batch, label_smoothing)
@@ -387,9 +351,9 @@ class Embedding(_EncoderObjective):
     def collate(self, examples: list[PairExample]) -> PairBatch:
         pad_id = self.tokenizer.pad_id
         negatives = [e.negative for e in examples if e.negative is not None]
-        return PairBatch(_encoder_batch([e.anchor for e in examples], pad_id),
-                         _encoder_batch([e.positive for e in examples], pad_id),
-                         _encoder_batch(negatives, pad_id) if negatives else None)
+        return PairBatch(encoder_batch([e.anchor for e in examples], pad_id),
+                         encoder_batch([e.positive for e in examples], pad_id),
+                         encoder_batch(negatives, pad_id) if negatives else None)
 
     def loss(self, model: nn.Module, batch: PairBatch, label_smoothing: float = 0.0):
         return ranking_loss(model, batch)
