@@ -12,6 +12,16 @@ def tiny_config() -> TransformerConfig:
     )
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _kernel_cache(tmp_path_factory):
+    """Measured kernel choices (tformer.autotune) go to a cache of the test session's own, so a
+    test run never reads or writes the user's ~/.cache/tformer (subprocesses inherit it)."""
+    import os
+
+    os.environ["TFORMER_CACHE_DIR"] = str(tmp_path_factory.mktemp("tformer-cache"))
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

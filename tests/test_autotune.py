@@ -74,3 +74,24 @@ def test_a_real_choice_is_never_slower_than_a_forced_remeasurement_beyond_the_no
     chosen = autotune.choose("test-matmul", "256", candidates)
     again = autotune.decide(candidates, autotune._time_once)["seconds"]
     assert again[chosen] <= min(again.values()) * 3  # the same kernel class: only noise between
+
+
+def test_a_training_step_measures_its_linear_kernels_once_and_info_shows_them(capsys, tmp_path):
+    import torch
+
+    from tformer import kernels
+    from tformer.cli import main
+
+    layer = torch.nn.Linear(24, 40)
+    x = torch.randn(3, 7, 24, requires_grad=True)
+    kernels.linear(x, layer).sum().backward()
+    lines = autotune.summary()
+    assert any(line.startswith("linear-train | 24x40/32/float32: ") for line in lines), lines
+    before = dict(autotune.decisions())
+    kernels.linear(x, layer).sum().backward()  # the same shape class: no new measurement
+    assert autotune.decisions() == before
+    from tformer import TransformerConfig
+
+    TransformerConfig(d_model=16, n_heads=2, d_ff=32, n_layers=1).save(tmp_path / "c.json")
+    assert main(["info", str(tmp_path / "c.json")]) == 0
+    assert "linear-train | 24x40/32/float32" in capsys.readouterr().out

@@ -91,6 +91,17 @@ def decisions() -> dict[str, dict[str, Any]]:
     return {**_read(), **_memory}
 
 
+def summary(limit: int = 12) -> list[str]:
+    """One line per decision of this machine (and thread count): name, shape, choice, medians."""
+    lines = []
+    prefix = machine_key() + " | "
+    for key, d in sorted(decisions().items()):
+        if key.startswith(prefix):
+            times = ", ".join(f"{n} {s * 1000:.2f} ms" for n, s in d.get("seconds", {}).items())
+            lines.append(f"{key[len(prefix):]}: {d.get('choice')} ({times})")
+    return lines[:limit] + ([f"... and {len(lines) - limit} more"] if len(lines) > limit else [])
+
+
 def forget() -> None:
     """Measure again: drop this process's decisions and the cache file."""
     _memory.clear()

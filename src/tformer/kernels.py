@@ -22,13 +22,14 @@ Shape legend: B batch, S length, N real tokens, D model dim, H heads, Dh head di
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
+from tformer import autotune
 from tformer.masks import Mask
 from tformer.tracing import tracing, values_readable
 
@@ -45,9 +46,10 @@ _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_l
 _ONEDNN_BF16 = _ONEDNN and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 # oneDNN's int8 linear (u8 activations x s8 weights, int32 sums), for tformer.int8.
 _ONEDNN_INT8 = hasattr(torch.ops, "onednn") and hasattr(torch.ops.onednn, "qlinear_pointwise")
-# Training through oneDNN's linear pays on AVX-512 CPUs (its GEMMs ran 1.2x-2.2x MKL's there);
-# on an AVX2-only EPYC its backward made a BERT-base training step 0.89x HF's, MKL's 1.03x.
-_ONEDNN_TRAIN = _ONEDNN and "AVX512" in torch.backends.cpu.get_cpu_capability()
+# Training through oneDNN's linear (forward and backward) or MKL's (F.linear): which is faster
+# depends on the machine (oneDNN's ran 1.2x-2.2x MKL's GEMMs on one AVX-512 CPU, and made a
+# BERT-base step 1.34x slower on another), so it is measured here per shape class
+# (tformer.autotune), never chosen from CPU flags.
 # bf16 attention: below this many scores (B * H * T * S, 32 MiB of bf16) two matmuls beat
 # SDPA's flash kernel, which runs bf16 at about half their speed on CPU.
 _BF16_SCORES_MAX = 2**24
@@ -117,6 +119,30 @@ class _OneDNNLinear(torch.autograd.Function):
         return dx, dw, db
 
 
+def train_kernel(x: Tensor, w: Tensor) -> str:
+    """"onednn" or "mkl" for a linear under autograd: the faster forward + backward measured on
+    this machine for the shape class (in x out, the token count's power of two, the dtype)."""
+    tokens = max(x.numel() // max(x.size(-1), 1), 1)
+    rows = 1 << (tokens - 1).bit_length()  # 1000 tokens -> 1024
+    shape = f"{w.size(1)}x{w.size(0)}/{rows}/{str(x.dtype).removeprefix('torch.')}"
+
+    def step(apply) -> Callable[[], None]:
+        g = torch.Generator().manual_seed(0)  # never the global generator: dropout draws stay put
+        a = torch.randn(rows, w.size(1), generator=g, dtype=x.dtype).requires_grad_()
+        m = torch.randn(w.shape, generator=g, dtype=w.dtype).requires_grad_()
+
+        def run() -> None:
+            with torch.autocast("cpu", enabled=False):
+                apply(a, m).sum().backward()
+
+        return run
+
+    return autotune.choose("linear-train", shape, {
+        "mkl": step(lambda a, m: F.linear(a, m)),
+        "onednn": step(lambda a, m: _OneDNNLinear.apply(a, m, None)),
+    })
+
+
 def linear(x: Tensor, layer: nn.Linear, activation: str | None = None) -> Tensor:
     """activation(layer(x)), the activation fused into oneDNN's multiply when it applies.
 
@@ -138,8 +164,8 @@ def linear_weights(x: Tensor, w: Tensor, b: Tensor | None = None,
     """
     if why_not_onednn(x, w) is None and x.numel():
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w, b)):
-            # autograd: the fused epilogues have no backward; without AVX-512, MKL's is faster
-            y = _OneDNNLinear.apply(x, w, b) if _ONEDNN_TRAIN else F.linear(x, w, b)
+            # autograd: the fused epilogues have no backward; oneDNN's or MKL's, as measured here
+            y = _OneDNNLinear.apply(x, w, b) if train_kernel(x, w) == "onednn" else F.linear(x, w, b)
         else:
             _, attr, algorithm = ACTIVATIONS[activation] if activation else (None, "none", "")
             return _onednn_linear(x, w, b, attr, algorithm)

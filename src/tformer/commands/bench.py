@@ -68,6 +68,11 @@ def run(args: argparse.Namespace) -> int:
         f"{workloads.BF16_COSINE}. cores = process CPU time / wall time (below the thread count: the "
         f"machine was busy, and the ratios are noisy).")
     print(report.to_markdown())
+    from tformer import autotune  # the decisions the workloads' training steps measured
+
+    choices = autotune.summary()
+    print(f"\nKernel choices measured on this machine ({autotune.cache_path()}):")
+    print("\n".join(f"- {line}" for line in choices) or "- none yet (no training step ran)")
     if args.json:
         with open(args.json, "w") as f:
             f.write(report.to_json() + "\n")

@@ -61,6 +61,11 @@ def run(args: argparse.Namespace) -> int:
         (f"activation memory, training (batch {args.batch} x {seq}, fp32)",
          f"{act / 2**20:.1f} MiB (estimate)"),
     ]
+    from tformer import autotune
+
+    choices = autotune.summary(limit=4)
+    rows.append(("kernel choices measured here", f"{len(autotune.decisions())} in {autotune.cache_path()}"))
+    rows += [("", line) for line in choices]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
