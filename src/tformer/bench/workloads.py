@@ -21,7 +21,7 @@ from tformer.bench import runtimes
 from tformer.bench.decode_peers import decoding as decoding_vs_peers
 from tformer.bench.decoding import decode
 from tformer.bench.harness import Report, Row, Target, measure, paired_ratio
-from tformer.bench.rows import TOLERANCE, Settings, checked, timed_rows  # noqa: F401 (TOLERANCE: commands/bench.py reads workloads.TOLERANCE)
+from tformer.bench.rows import Settings, checked, timed_rows
 from tformer.bench.training import training
 from tformer.machine import NO_BF16, has_bf16
 from tformer.model import Encoder

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from tformer.bench import workloads
+    from tformer.bench import rows, workloads
     from tformer.bench.harness import machine_info
 
     if args.list:
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     report.notes.append(
         f"paired t / t_tformer: median over rounds of each contender's time over the workload's first "
         f"row's time in the same round (> 1: the first row is faster). Outputs checked before timing: "
-        f"fp32 max abs diff <= {workloads.TOLERANCE:.0e} at real tokens; bf16 min cosine >= "
+        f"fp32 max abs diff <= {rows.TOLERANCE:.0e} at real tokens; bf16 min cosine >= "
         f"{workloads.BF16_COSINE}. cores = process CPU time / wall time (below the thread count: the "
         f"machine was busy, and the ratios are noisy).")
     print(report.to_markdown())
