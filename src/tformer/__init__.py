@@ -40,9 +40,9 @@ _LAZY = {
     "export_hf": "tformer.pretrained",
     "load_tokenizer": "tformer.tokenizer",
     "SentenceEncoder": "tformer.sentence",
-    "train": "tformer.training.run",
-    "load_run": "tformer.training.run",
-    "Run": "tformer.training.run",
+    "train": "tformer.api",
+    "load_run": "tformer.api",
+    "Run": "tformer.api",
 }
 
 __all__ = ["TransformerConfig", *_LAZY]

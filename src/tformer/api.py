@@ -1,9 +1,11 @@
-"""A trained run from Python, with the command line's verbs as methods.
+"""tformer from Python: train, and a trained run with the command line's verbs as methods.
+(The top layer, beside tformer.cli: it uses the training package and the export command.)
 
     import tformer
     run = tformer.train(data=[{"text": "a cat", "label": "animal"}, ...], max_minutes=5)
     run.predict(["a dog"])          # [{"label": "animal", "probabilities": {...}}]
     run.evaluate()                  # the test split's metrics (or evaluate(data=rows_or_path))
+    run.export(hf="out/")           # what `tformer export RUN --hf out/` writes
     run.export(hf="out/")           # what `tformer export` writes
     run = tformer.load_run("runs/x")  # the same object for a run directory
 
@@ -14,6 +16,7 @@ run resumes and evaluates from its own copy like a file run.
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -22,6 +25,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from tformer.commands import _export
 from tformer.files import new_run_dir, write_atomic
 from tformer.rundir import open_run_dir
 from tformer.training.config import TrainConfig, resolve_config
@@ -64,6 +68,16 @@ class Run:
         """Metrics on a split of the run's data, or on `data` (a file or records)."""
         examples = None if data is None else self.objective.read_examples(data)
         return self.objective.evaluate(self.model, split, beam_size=beam_size, examples=examples)[0]
+
+    def export(self, hf: str | Path | None = None, onnx: str | Path | None = None,
+               opset: int = 18) -> Path:
+        """What `tformer export RUN --hf DIR` (or `--onnx OUT`) writes, checked the same way;
+        returns the path written."""
+        if (hf is None) == (onnx is None):
+            raise ValueError("export: expected one of hf= or onnx=, got "
+                             + ("both" if hf is not None else "neither"))
+        _export._export_run(self.path, argparse.Namespace(hf=hf, onnx=onnx, opset=opset))
+        return Path(hf if hf is not None else onnx)
 
 
 def load_run(path: str | Path) -> Run:

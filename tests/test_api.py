@@ -33,6 +33,8 @@ def test_a_list_of_dicts_trains_predicts_and_reloads(tmp_path):
     assert set(metrics) >= {"accuracy", "macro_f1", "loss"}
     with pytest.raises(ValueError, match="RUN: generate needs a sequence-to-sequence run"):
         run.generate(["x"])
+    onnx = again.export(onnx=tmp_path / "model.onnx")  # and out, as `tformer export` writes it
+    assert onnx.is_file() and onnx.stat().st_size > 0
 
 
 def test_seq2seq_and_embedding_runs_from_files(tmp_path):
