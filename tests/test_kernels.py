@@ -44,9 +44,17 @@ MASKS = {
 
 
 # Inference ------------------------------------------------------------------------------------
+@pytest.fixture(params=["onednn", "mkl"])
+def inference_kernel(request, monkeypatch):
+    """Both linear kernels, whichever this machine measures faster (tformer.autotune)."""
+    monkeypatch.setattr(kernels, "infer_kernel", lambda x, w, activation: request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("norm_first,activation,mask_kind,bias", list(itertools.product(
     [False, True], ["relu", "gelu", "gelu_tanh"], list(MASKS), [True, False])))
-def test_inference_matches_readable(tiny_config, norm_first, activation, mask_kind, bias):
+def test_inference_matches_readable(tiny_config, norm_first, activation, mask_kind, bias,
+                                    inference_kernel):
     config = tiny_config.replace(norm_first=norm_first, final_norm=norm_first, activation=activation,
                                  bias=bias)
     model = Encoder(config).eval()

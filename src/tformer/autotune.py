@@ -39,6 +39,8 @@ from tformer.machine import cpu_info
 ROUNDS = 5
 NOISE = 0.05  # a candidate must be this much faster than the default to replace it
 
+# This process's decisions by "name | shape class" (the machine is this one; threads are set once
+# per process in practice, and a change of thread count is a new process's cache key).
 _memory: dict[str, dict[str, Any]] = {}
 
 
@@ -52,18 +54,26 @@ def machine_key() -> str:
     return f"{cpu_info()[0]} | torch {torch.__version__} | {torch.get_num_threads()} threads"
 
 
-def choose(name: str, shape_class: str, candidates: dict[str, Callable[[], Any]],
+Candidates = dict[str, Callable[[], Any]]
+
+
+def choose(name: str, shape_class: str, candidates: Candidates | Callable[[], Candidates],
            measure: Callable[[Callable[[], Any]], float] | None = None) -> str:
-    """The fastest of `candidates` (name -> a call that runs it once) for this machine and
-    shape class: from memory, else from the cache file, else measured now and remembered."""
-    key = f"{machine_key()} | {name} | {shape_class}"
-    known = _memory.get(key) or _read().get(key)
-    if known is not None and known.get("choice") in candidates:
-        _memory[key] = known
+    """The fastest of `candidates` (name -> a call that runs it once; or a function that makes
+    them, called only if a measurement is needed) for this machine and shape class: from
+    memory, else from the cache file, else measured now and remembered. Cheap when known: it
+    runs on every call of a hot kernel."""
+    key = f"{name} | {shape_class}"
+    known = _memory.get(key)
+    if known is not None:
         return known["choice"]
-    decision = decide(candidates, measure or _time_once)
+    saved = _read().get(f"{machine_key()} | {key}")
+    if saved is not None and (callable(candidates) or saved.get("choice") in candidates):
+        _memory[key] = saved
+        return saved["choice"]
+    decision = decide(candidates() if callable(candidates) else candidates, measure or _time_once)
     _memory[key] = decision
-    _remember(key, decision)
+    _remember(f"{machine_key()} | {key}", decision)
     return decision["choice"]
 
 
@@ -88,7 +98,7 @@ def decide(candidates: dict[str, Callable[[], Any]], measure: Callable[[Callable
 
 def decisions() -> dict[str, dict[str, Any]]:
     """Every decision this machine has made (the cache file and this process's), for reports."""
-    return {**_read(), **_memory}
+    return {**_read(), **{f"{machine_key()} | {k}": v for k, v in _memory.items()}}
 
 
 def summary(limit: int = 12) -> list[str]:

@@ -119,28 +119,51 @@ class _OneDNNLinear(torch.autograd.Function):
         return dx, dw, db
 
 
+def _shape_class(x: Tensor, w: Tensor) -> tuple[int, str]:
+    """(rows, "in x out / rows / dtype"): the token count rounded up to a power of two."""
+    tokens = max(x.numel() // max(x.size(-1), 1), 1)
+    rows = 1 << (tokens - 1).bit_length()  # 1000 tokens -> 1024
+    return rows, f"{w.size(1)}x{w.size(0)}/{rows}/{str(x.dtype).removeprefix('torch.')}"
+
+
+def infer_kernel(x: Tensor, w: Tensor, activation: str | None) -> str:
+    """"onednn" (bias and activation fused into the multiply) or "mkl" (F.linear, then the
+    activation) without autograd: the faster measured on this machine for the shape class."""
+    rows, shape = _shape_class(x, w)
+
+    def candidates() -> dict[str, Callable[[], None]]:  # made only when a measurement is due
+        g = torch.Generator().manual_seed(0)  # never the global generator
+        a = torch.randn(rows, w.size(1), generator=g, dtype=x.dtype)
+        m = torch.randn(w.shape, generator=g, dtype=w.dtype)
+        bias = torch.zeros(w.size(0), dtype=w.dtype)
+        plain, attr, algorithm = ACTIVATIONS[activation] if activation else (None, "none", "")
+        return {"onednn": lambda: _onednn_linear(a, m, bias, attr, algorithm),
+                "mkl": lambda: F.linear(a, m, bias) if plain is None else plain(F.linear(a, m, bias))}
+
+    return autotune.choose("linear-infer", f"{shape}/{activation or 'none'}", candidates)
+
+
 def train_kernel(x: Tensor, w: Tensor) -> str:
     """"onednn" or "mkl" for a linear under autograd: the faster forward + backward measured on
     this machine for the shape class (in x out, the token count's power of two, the dtype)."""
-    tokens = max(x.numel() // max(x.size(-1), 1), 1)
-    rows = 1 << (tokens - 1).bit_length()  # 1000 tokens -> 1024
-    shape = f"{w.size(1)}x{w.size(0)}/{rows}/{str(x.dtype).removeprefix('torch.')}"
+    rows, shape = _shape_class(x, w)
 
-    def step(apply) -> Callable[[], None]:
+    def candidates() -> dict[str, Callable[[], None]]:  # made only when a measurement is due
         g = torch.Generator().manual_seed(0)  # never the global generator: dropout draws stay put
         a = torch.randn(rows, w.size(1), generator=g, dtype=x.dtype).requires_grad_()
         m = torch.randn(w.shape, generator=g, dtype=w.dtype).requires_grad_()
 
-        def run() -> None:
-            with torch.autocast("cpu", enabled=False):
-                apply(a, m).sum().backward()
+        def step(apply) -> Callable[[], None]:
+            def run() -> None:
+                with torch.autocast("cpu", enabled=False):
+                    apply(a, m).sum().backward()
 
-        return run
+            return run
 
-    return autotune.choose("linear-train", shape, {
-        "mkl": step(lambda a, m: F.linear(a, m)),
-        "onednn": step(lambda a, m: _OneDNNLinear.apply(a, m, None)),
-    })
+        return {"mkl": step(lambda a, m: F.linear(a, m)),
+                "onednn": step(lambda a, m: _OneDNNLinear.apply(a, m, None))}
+
+    return autotune.choose("linear-train", shape, candidates)
 
 
 def linear(x: Tensor, layer: nn.Linear, activation: str | None = None) -> Tensor:
@@ -166,9 +189,11 @@ def linear_weights(x: Tensor, w: Tensor, b: Tensor | None = None,
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w, b)):
             # autograd: the fused epilogues have no backward; oneDNN's or MKL's, as measured here
             y = _OneDNNLinear.apply(x, w, b) if train_kernel(x, w) == "onednn" else F.linear(x, w, b)
-        else:
+        elif infer_kernel(x, w, activation) == "onednn":
             _, attr, algorithm = ACTIVATIONS[activation] if activation else (None, "none", "")
             return _onednn_linear(x, w, b, attr, algorithm)
+        else:
+            y = F.linear(x, w, b)
     else:
         y = F.linear(x, w, b)
     return y if activation is None else ACTIVATIONS[activation][0](y)
