@@ -122,7 +122,9 @@ class Int8Linear(nn.Module):
         self.bits = bits or exact_bits()
         r = rotation(self.in_features, self.out_features) if rotated else None
         self.register_buffer("rotation", r)
-        wr = rotate(w, self.rotation)  # (M, K)
+        # In float64, then rounded once: the same float32 weights whichever GEMM this machine
+        # picks (tformer.autotune), and the NumPy mirror's, bit for bit.
+        wr = w if r is None else rotate(w.double(), r.double()).float()  # (M, K)
         scale = wr.abs().amax(dim=1).clamp(min=torch.finfo(w.dtype).tiny) / 127  # (M,)
         self.register_buffer("weight_int8", torch.round(wr / scale[:, None]).to(torch.int8))
         self.register_buffer("weight_scale", scale)

@@ -70,7 +70,8 @@ class Int8Linear(Module):
         m, k = w.shape
         self.bits = bits
         self.rotation = rotation(k, m) if rotated else None
-        wr = rotate(w, self.rotation)  # (M, K)
+        wr = w if self.rotation is None else rotate(  # float64, rounded once, as tformer.int8
+            w.astype(np.float64), self.rotation.astype(np.float64)).astype(np.float32)  # (M, K)
         self.weight_scale = (np.maximum(np.abs(wr).max(axis=1), np.finfo(np.float32).tiny)
                              / 127).astype(np.float32)  # (M,)
         self.weight_int8 = np.round(wr / self.weight_scale[:, None]).astype(np.int8)
