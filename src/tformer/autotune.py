@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from tformer.files import write_json_atomic
+from tformer.files import uncounted, write_json_atomic
 from tformer.machine import cpu_info
 
 ROUNDS = 5
@@ -148,8 +148,7 @@ def _remember(key: str, decision: dict[str, Any]) -> None:
     """Add one decision to the cache file (read, update and replace it under the lock);
     a cache that cannot be written only costs a measurement next time."""
     path = cache_path()
-    with contextlib.suppress(OSError):
-        with _locked(path):
-            data = _read()
-            data[key] = decision
-            write_json_atomic(path, data)
+    with contextlib.suppress(OSError), _locked(path), uncounted():
+        data = _read()
+        data[key] = decision
+        write_json_atomic(path, data)

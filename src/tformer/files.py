@@ -24,7 +24,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,18 @@ def kill_at(k: int) -> Callable[[str], None]:
 
 if os.environ.get("TFORMER_KILL_AT_WRITE"):
     fault_hook = kill_at(int(os.environ["TFORMER_KILL_AT_WRITE"]))
+
+
+@contextlib.contextmanager
+def uncounted() -> Iterator[None]:
+    """Writes that are not among the durable steps the crash tests count (a cache: losing it
+    costs a measurement, never a user's file), so a kill at step k stays at the same step."""
+    global fault_hook
+    saved, fault_hook = fault_hook, None
+    try:
+        yield
+    finally:
+        fault_hook = saved
 
 
 def durable_step(what: str) -> None:
