@@ -22,6 +22,15 @@ def _kernel_cache(tmp_path_factory):
     yield
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _restore_threads():
+    """`--threads N` (and tformer.train) set the thread count for the whole process: give it
+    back after each test module."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -3,7 +3,6 @@ embeds and evaluates like the command line; tformer.load_run gives the same obje
 
 import numpy as np
 import pytest
-import torch
 from text_fixtures import classification_rows, embedding_rows, seq2seq_rows, write
 
 import tformer
@@ -11,12 +10,6 @@ import tformer
 TINY = dict(d_model=32, n_heads=2, d_ff=64, n_layers=1, vocab_size=300, max_tokens=512, threads=1,
             eval_every=4, steps=8, progress=False, log=lambda *a: None)
 
-
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_a_list_of_dicts_trains_predicts_and_reloads(tmp_path):

@@ -4,14 +4,6 @@ import pytest
 import torch
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _restore_threads():
-    """`--threads 1` sets the thread count for the whole process: give it back after a module."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="session")
 def classification_run(tmp_path_factory):
     """A tiny classification run on a data file (text, label), trained once for the session.

@@ -17,12 +17,6 @@ FINETUNE = ["--steps", "30", "--eval-every", "10", "--log-every", "5", "--max-to
             "--patience", "none"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
 
 def _train_losses(out):
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

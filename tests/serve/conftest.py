@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 from hf_bert_fixtures import st_dir
 from text_fixtures import classification_rows, seq2seq_rows, write
 
@@ -15,13 +14,6 @@ pytest.importorskip("uvicorn", reason="the serve extra: pip install 'tformer[ser
 pytest.importorskip("starlette", reason="the serve extra: pip install 'tformer[serve]'")
 
 from serve_fixtures import TINY_RUN, serve  # noqa: E402  (after the skips)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

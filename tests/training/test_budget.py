@@ -5,7 +5,6 @@ import json
 import time
 
 import pytest
-import torch
 from text_fixtures import classification_rows, seq2seq_rows, write
 
 from tformer.training import load_run, resolve_config, train
@@ -16,12 +15,6 @@ QUIET = dict(progress=False, log=lambda *a: None)
 TINY = {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "vocab_size": 300, "max_tokens": 256,
         "threads": 1}
 
-
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 def _lines(run):

@@ -19,12 +19,6 @@ TINY = ["--d-model", "32", "--n-heads", "2", "--d-ff", "64", "--n-layers", "1", 
 QUIET = dict(progress=False, log=lambda *a: None)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
 
 def _train(tmp_path, rows, suffix, *extra):
     data = write(tmp_path / f"train{suffix}", rows)

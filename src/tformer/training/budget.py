@@ -32,12 +32,10 @@ SAVE_SECONDS = 2.0  # kept back for the last checkpoint and the plots, before me
 class Budget:
     """The clock and the plan of one run (all times in seconds since the command started)."""
 
-    def __init__(self, config, started: float, start_step: int = 0,
-                 train_records: int | None = None) -> None:
+    def __init__(self, config, started: float, train_records: int | None = None) -> None:
         self.config, self.started = config, started
         self.seconds = config.max_minutes * 60 if config.max_minutes else math.inf
         self.timed = math.isfinite(self.seconds)
-        self.start_step = start_step
         self.train_started = time.perf_counter() - started  # tokenizer and setup come first
         self.step_seconds: float | None = None  # mean time per update (exponential average)
         self.examples_per_step: float | None = None
@@ -69,7 +67,7 @@ class Budget:
     def train_deadline(self) -> float:
         return self.seconds - self.reserve()
 
-    def out_of_time(self, step: int) -> bool:
+    def out_of_time(self) -> bool:
         """Would one more step end past the training deadline?"""
         return self.now() + (self.step_seconds or 0.0) > self.train_deadline()
 

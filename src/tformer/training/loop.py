@@ -183,7 +183,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
 
     key = source.main_metric
     previous_wall = float(state["wall_seconds"])
-    budget = Budget(config, started, state["step"], getattr(source, "train_records", None))
+    budget = Budget(config, started, getattr(source, "train_records", None))
     budget.test_examples = len(source.examples("test"))
     bar = _progress_bar(budget, state["step"], disabled=not progress or not writer)
     meter = Meter()
@@ -194,7 +194,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
         return previous_wall + budget.now()
 
     while state["step"] < config.steps:
-        if any_rank(budget.out_of_time(state["step"]), world):
+        if any_rank(budget.out_of_time(), world):
             stop_reason = "max_minutes"
             break
         if config.epochs is not None and any_rank(batches.epoch >= config.epochs, world):
@@ -213,8 +213,8 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
                 f" stopped, keeping the last good checkpoint (if any) in {run_dir}; try a lower --lr"
             )
         meter.add(loss, acc, tokens)
-        _advance(bar, budget, state["step"])
-        last = state["step"] >= budget.planned_steps(state["step"]) or budget.out_of_time(state["step"])
+        _advance(bar, budget)
+        last = state["step"] >= budget.planned_steps(state["step"]) or budget.out_of_time()
         if state["step"] % config.log_every == 0 or last:
             record = {"split": "train", "step": state["step"], **meter.flush(), "lr": lr,
                       "planned_steps": total, "wall_seconds": round(wall(), 2)}
@@ -311,7 +311,7 @@ def _progress_bar(budget: Budget, step: int, disabled: bool):
                 leave=False, mininterval=interval)
 
 
-def _advance(bar, budget: Budget, step: int) -> None:
+def _advance(bar, budget: Budget) -> None:
     if budget.timed:
         bar.update(max(min(budget.now(), budget.seconds) - bar.n, 0))
     else:
