@@ -33,7 +33,9 @@ def test_a_timed_run_ends_within_its_budget_and_its_schedule_decays_to_the_deadl
     train_lines = [r for r in _lines(tmp_path / "run") if r["split"] == "train"]
     first, last = train_lines[0], train_lines[-1]
     assert last["lr"] <= 0.05 * config.lr, last  # the linear decay reached (nearly) its end
-    assert last["planned_steps"] <= last["step"] + 2, last  # planned for the steps it could take
+    # Planned for the steps it could take: within 1% (the plan is re-estimated from a smoothed
+    # step time, so a few slow steps at the end stop the run a few steps short of it).
+    assert last["planned_steps"] <= 1.01 * last["step"] + 2, last
     peak = max(train_lines, key=lambda r: r["lr"])["step"]  # warmup ends early: 10% of what it took
     assert first["planned_steps"] == 100_000 and peak <= 1.5 * WARMUP_SHARE * last["step"] + 2
 
