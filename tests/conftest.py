@@ -36,6 +36,16 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _inference_auto_is_fp32(monkeypatch):
+    """The suite's inference expectations are fp32's (tolerances of 1e-5): `--dtype auto`, the
+    default, would run bf16 on a CPU with bf16 instructions. Tests of auto itself (and of bf16,
+    asked for by name) set what they need."""
+    import tformer.precision
+
+    monkeypatch.setattr(tformer.precision, "has_bf16", lambda: False)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """torch on one thread for a module of small-tensor tests (as fast, and polite to the machine)."""

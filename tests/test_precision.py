@@ -15,7 +15,9 @@ from hf_bert_fixtures import SENTENCES, st_dir
 from tformer import kernels
 from tformer.cli import main
 from tformer.model import Encoder
-from tformer.precision import to_precision
+import tformer.precision
+from tformer.machine import NO_BF16
+from tformer.precision import resolve_precision, to_precision
 from tformer.sentence import SentenceEncoder
 
 
@@ -58,7 +60,7 @@ def test_sentence_encoder_bf16_is_close_to_fp32():
 
 
 def test_unknown_precision_is_refused(tiny_config):
-    with pytest.raises(ValueError, match="dtype: expected one of fp32, bf16, int8, got 'int4'"):
+    with pytest.raises(ValueError, match="dtype: expected one of auto, fp32, bf16, int8, got 'int4'"):
         to_precision(Encoder(tiny_config), "int4")
 
 
@@ -69,3 +71,27 @@ def test_cli_embed_dtype_bf16(tmp_path):
     fp32, bf16 = np.load(tmp_path / "fp32.npy"), np.load(tmp_path / "bf16.npy")
     assert fp32.shape == bf16.shape == (len(SENTENCES), 32)
     assert (fp32 * bf16).sum(axis=1).min() >= 0.9999
+
+
+@pytest.mark.parametrize("native, speedup, expected", [
+    (False, 3.0, "fp32"),  # no bf16 instructions: never, whatever a product measured
+    (True, 1.05, "fp32"),  # native but not measured faster: fp32
+    (True, 2.0, "bf16"),
+])
+def test_auto_is_bf16_only_where_native_and_measured_faster(monkeypatch, native, speedup, expected):
+    monkeypatch.setattr(tformer.precision, "has_bf16", lambda: native)
+    monkeypatch.setattr(tformer.precision, "bf16_speedup", lambda: speedup)
+    chosen, why = resolve_precision("auto")
+    assert chosen == expected
+    assert why == NO_BF16 if not native else f"{speedup:.2f}x" in why
+    assert resolve_precision("int8") == ("int8", "asked for")
+
+
+def test_auto_runs_what_it_resolves_to(tiny_config, monkeypatch):
+    monkeypatch.setattr(tformer.precision, "has_bf16", lambda: True)
+    monkeypatch.setattr(tformer.precision, "bf16_speedup", lambda: 2.0)
+    model = to_precision(Encoder(tiny_config), "auto")
+    assert model.layers[0].ffn.up.weight.dtype == torch.bfloat16
+    monkeypatch.setattr(tformer.precision, "has_bf16", lambda: False)
+    assert to_precision(Encoder(tiny_config), "auto").layers[0].ffn.up.weight.dtype == torch.float32
+

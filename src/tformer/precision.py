@@ -2,18 +2,58 @@
 
 from __future__ import annotations
 
+import functools
+import time
+
 import torch
 from torch import nn
 
 from tformer import int8
 from tformer.attention import MultiHeadAttention
 from tformer.feedforward import FeedForward
+from tformer.machine import NO_BF16, has_bf16
 
 PRECISIONS = ("fp32", "bf16", "int8")
+CHOICES = ("auto", *PRECISIONS)  # what --dtype accepts; auto is resolved by resolve_precision
+MIN_SPEEDUP = 1.2  # auto picks bf16 only if a bf16 matrix product is at least this much faster
+
+
+def resolve_precision(precision: str) -> tuple[str, str]:
+    """(the precision to run, why): "auto" is the fastest whose accuracy bound holds here:
+    bf16 (min cosine >= 0.9999 to fp32) where the CPU computes bf16 natively and a bf16 matrix
+    product is measured at least MIN_SPEEDUP faster, else fp32. int8 is never automatic: its
+    accuracy (min cosine 0.998-0.999 on real sentence encoders) misses the 0.999 bound."""
+    if precision not in CHOICES:
+        raise ValueError(f"dtype: expected one of {', '.join(CHOICES)}, got {precision!r}")
+    if precision != "auto":
+        return precision, "asked for"
+    if not has_bf16():
+        return "fp32", NO_BF16
+    speedup = bf16_speedup()
+    if speedup < MIN_SPEEDUP:
+        return "fp32", f"bf16 matrix products measured only {speedup:.2f}x fp32's here"
+    return "bf16", f"native bf16, matrix products measured {speedup:.2f}x fp32's here"
+
+
+@functools.cache
+def bf16_speedup(n: int = 512, repeats: int = 5) -> float:
+    """fp32 time / bf16-autocast time of an n x n x n matrix product on this machine (best of)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+
+    def best(autocast: bool) -> float:
+        times = []
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            for _ in range(repeats + 1):  # the first call builds the kernel
+                t = time.perf_counter()
+                a @ b
+                times.append(time.perf_counter() - t)
+        return min(times[1:])
+
+    return best(False) / max(best(True), 1e-9)
 
 
 def to_precision(model: nn.Module, precision: str) -> nn.Module:
-    """Set a model's inference precision, in place.
+    """Set a model's inference precision, in place ("auto": see ``resolve_precision``).
 
     ``fp32``: every parameter float32. ``bf16``: the matrix multiplies of attention and the
     feed-forward network take bf16 weights and inputs; their results, the residual stream,
@@ -24,8 +64,7 @@ def to_precision(model: nn.Module, precision: str) -> nn.Module:
     rotation that spreads outliers (``tformer.int8``; min cosine 0.9984-0.9993 on
     all-MiniLM-L6-v2 with 8-bit activations). It is one-way: the int8 layers keep no float weights.
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"dtype: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
+    precision, _ = resolve_precision(precision)
     if any(isinstance(m, int8.Int8Linear) for m in model.modules()):
         raise ValueError(f"dtype: this model is already int8 and keeps no float weights; "
                          f"load it again for {precision!r}")

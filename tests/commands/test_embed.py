@@ -94,6 +94,19 @@ def test_resume_with_another_dtype_starts_over_not_mixing_rows(capsys, tmp_path,
     np.testing.assert_allclose(np.load(out), _expected(SENTENCES, "int8"), atol=1e-6)
 
 
+def test_an_output_names_the_precision_that_ran_so_auto_resumes_as_fp32(capsys, tmp_path, monkeypatch,
+                                                                        small_chunks):
+    f = tmp_path / "t.txt"
+    f.write_text("\n".join(SENTENCES) + "\n")
+    out = tmp_path / "e.npy"
+    monkeypatch.setattr(files, "fault_hook", _full_disk_at(4)[0])
+    rc, _, _ = run_cli(capsys, "embed", st_dir(), "--file", f, "--out", out)  # auto: fp32 here
+    assert rc == 1
+    monkeypatch.setattr(files, "fault_hook", None)
+    rc, _, err = run_cli(capsys, "embed", st_dir(), "--file", f, "--out", out, "--dtype", "fp32")
+    assert rc == 0 and "after 2 of 5" in err, err  # the same numbers: resumed, not started over
+    assert_close(np.load(out), _expected(SENTENCES))
+
 def test_a_second_writer_of_the_same_out_is_refused_and_the_first_output_is_intact(
         capsys, tmp_path, monkeypatch, small_chunks):
     f = tmp_path / "t.txt"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Hashable
@@ -24,6 +25,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 import tformer
+from tformer.precision import resolve_precision
 from tformer.serve import routes, schema
 from tformer.serve.batcher import Batcher, QueueFull
 from tformer.serve.config import ServeConfig
@@ -133,6 +135,8 @@ async def _wait_or_disconnect(request: Request, futures: list[asyncio.Future]) -
 def create_app(config: ServeConfig, served: Served | None = None) -> Starlette:
     """The application for one worker; loads the model unless given one."""
     torch.set_num_threads(config.threads_per_worker)
+    # "auto" becomes what runs here, so that /info names it.
+    config = dataclasses.replace(config, dtype=resolve_precision(config.dtype)[0])
     served = served or load_served(config.model, config.dtype, config.max_input_tokens)
     service = Service(config, served)
     handlers = routes.handlers(service)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 # Workers started by uvicorn (spawned processes) read their settings from here.
 ENV = "TFORMER_SERVE_CONFIG"
-DTYPES = ("fp32", "bf16", "int8")
+DTYPES = ("auto", "fp32", "bf16", "int8")  # tformer.precision.CHOICES (this module stays light)
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class ServeConfig:
     model: str
     host: str = "127.0.0.1"
     port: int = 8000
-    dtype: str = "fp32"
+    dtype: str = "auto"
     threads: int | None = None  # all of them, shared by the workers
     workers: int = 1
     max_batch_tokens: int = 16384

@@ -10,15 +10,14 @@ kernels worth running).
 from __future__ import annotations
 
 import functools
-import time
 
 import torch
 
 from tformer.config import TransformerConfig
 from tformer.machine import NO_BF16, has_bf16
 from tformer.model import Encoder
+from tformer.precision import MIN_SPEEDUP, bf16_speedup
 
-MIN_SPEEDUP = 1.2  # auto picks bf16 only if a bf16 matrix product is at least this much faster
 
 
 def choose_precision(requested: str) -> tuple[str, str]:
@@ -36,23 +35,6 @@ def choose_precision(requested: str) -> tuple[str, str]:
     if speedup < MIN_SPEEDUP or not bf16_supported():
         return "fp32", f"bf16 matrix products measured only {speedup:.2f}x fp32's here"
     return "bf16", f"native bf16, matrix products measured {speedup:.2f}x fp32's here"
-
-
-@functools.cache
-def bf16_speedup(n: int = 512, repeats: int = 5) -> float:
-    """fp32 time / bf16-autocast time of an n x n x n matrix product on this machine (best of)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-
-    def best(autocast: bool) -> float:
-        times = []
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            for _ in range(repeats + 1):  # the first call builds the kernel
-                t = time.perf_counter()
-                a @ b
-                times.append(time.perf_counter() - t)
-        return min(times[1:])
-
-    return best(False) / max(best(True), 1e-9)
 
 
 @functools.cache
