@@ -2,6 +2,7 @@
 validation stays within its share; --epochs stops after N passes."""
 
 import json
+import math
 import time
 
 import pytest
@@ -9,6 +10,7 @@ from text_fixtures import classification_rows, seq2seq_rows, write
 
 from tformer.training import load_run, resolve_config, train
 from tformer.training.budget import VALID_SHARE
+from tformer.training.config import TIMED_STEPS
 from tformer.training.schedule import WARMUP_SHARE, learning_rate
 
 QUIET = dict(progress=False, log=lambda *a: None)
@@ -95,3 +97,47 @@ def test_a_timed_run_without_sizes_takes_the_largest_model_the_budget_trains_eno
 def test_size_options_turn_the_choice_off():
     config = resolve_config({"data": None, "task": "reverse", "d_model": 32})
     assert not config.auto_size
+
+
+def test_without_max_tokens_a_batch_holds_batch_size_examples_of_the_mean_length(tmp_path):
+    data = write(tmp_path / "d.jsonl", classification_rows(300))
+    logged = []
+    config = resolve_config({"data": str(data), **TINY, "max_tokens": None, "batch_size": 8,
+                             "steps": 3, "eval_every": 1000, "out": str(tmp_path / "run")})
+    train(config, progress=False, log=logged.append)
+    assert any(line.startswith("batch: ") for line in logged), logged
+    _, source, saved = load_run(tmp_path / "run")  # the chosen tokens are the run's for good
+    costs = [ex.cost for ex in source.encode(next(source.data.epoch_pools()))]
+    assert saved.max_tokens == math.ceil(8 * sum(costs) / len(costs))
+    batches = source.train_batches(0)
+    sizes = [next(batches).n_examples() for _ in range(30)]
+    assert 5 <= sum(sizes) / len(sizes) <= 11, sizes  # 8 on average, give or take the bucketing
+
+
+def test_fine_tuning_batches_32_examples_unless_max_tokens_is_given(tmp_path):
+    data = write(tmp_path / "d.jsonl", classification_rows(20))
+    tuned = resolve_config({"data": str(data), "from_pretrained": str(tmp_path)})
+    assert tuned.max_tokens is None and tuned.batch_size == 32
+    assert resolve_config({"data": str(data), "from_pretrained": str(tmp_path),
+                           "max_tokens": 1024}).max_tokens == 1024
+
+
+def test_a_timed_data_run_is_bounded_by_its_budget_not_the_presets_step_count(tmp_path):
+    data = write(tmp_path / "d.jsonl", classification_rows(20))
+    assert resolve_config({"data": str(data)}).steps == 10000  # the preset's, untimed
+    assert resolve_config({"data": str(data), "max_minutes": 5}).steps == TIMED_STEPS
+    assert resolve_config({"data": str(data), "from_pretrained": str(tmp_path),
+                           "max_minutes": 5}).steps == TIMED_STEPS
+    assert resolve_config({"data": str(data), "max_minutes": 5, "steps": 300}).steps == 300  # asked
+
+
+def test_the_fine_tuning_learning_rate_follows_the_width_unless_given(tmp_path):
+    from tformer.training.sizing import finetune_lr
+
+    data = write(tmp_path / "d.jsonl", classification_rows(20))
+    tuned = resolve_config({"data": str(data), "from_pretrained": str(tmp_path)})
+    assert tuned.lr is None
+    assert finetune_lr(tuned, 128)[0].lr == pytest.approx(1e-4)
+    assert finetune_lr(tuned, 768)[0].lr == pytest.approx(1e-4 / 6**0.5)  # BERT-base: 4.1e-5
+    assert finetune_lr(tuned, 64)[0].lr == pytest.approx(1e-4)  # not above 1e-4
+    assert resolve_config({"data": str(data), "from_pretrained": str(tmp_path), "lr": 2e-5}).lr == 2e-5

@@ -100,7 +100,7 @@ def test_config_layers_presets_file_and_command_line():
 @pytest.mark.parametrize("change, message", [
     ({"schedule": "step"}, "schedule: expected one of inverse_sqrt, cosine, linear; got 'step'"),
     ({"steps": 0}, "steps: expected a positive number, got 0"),
-    ({"lr": "fast"}, "lr: expected float, got 'fast'"),
+    ({"lr": "fast"}, "lr: expected float | None, got 'fast'"),
     ({"label_smoothing": 1.0}, r"label_smoothing: expected a value in \[0, 1\), got 1.0"),
     ({"norm_first": 1}, "norm_first: expected bool, got 1"),
     ({"pooling": "max"}, "pooling: expected one of cls, mean; got 'max'"),

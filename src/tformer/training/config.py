@@ -75,15 +75,19 @@ class TrainConfig:
     tokenizer: str = _f("bpe", "tokenizer trained on --data: bpe (byte-level), wordpiece, unigram")
     vocab_size: int = _f(8000, "tokenizer vocabulary size (trained on --data)")
     max_length: int = _f(128, "tokens per text (longer texts are truncated)")
-    max_tokens: int = _f(4096, "data runs: padded tokens per batch (length-bucketed batches)")
+    max_tokens: int | None = _f(4096, "data runs: padded tokens per batch (length-bucketed batches); "
+                                "none: --batch-size examples of the data's mean length (the "
+                                "default when fine-tuning)")
     accumulate: int = _f(1, "batches whose gradients are summed per update")
     precision: str = _f("auto", "auto (bf16 autocast where this CPU computes bf16 natively and it is "
                         "measured faster, else fp32), fp32 or bf16 (fp32 master weights either way)")
     # Optimisation.
     steps: int = _f(2000, "optimizer updates in total (a resumed run continues up to this count)")
     epochs: int | None = _f(None, "data runs: stop after this many passes over the training data")
-    batch_size: int = _f(64, "synthetic tasks: examples per update")
-    lr: float = _f(1e-3, "peak learning rate, reached at the end of warmup")
+    batch_size: int = _f(64, "examples per update: synthetic tasks, and data runs without "
+                         "--max-tokens (fine-tuning: 32)")
+    lr: float | None = _f(1e-3, "peak learning rate, reached at the end of warmup (none: by the "
+                          "model's width, the fine-tuning default)")
     warmup: int = _f(200, "steps of linear warmup")
     schedule: str = _f("inverse_sqrt", "inverse_sqrt (Vaswani et al. 2017, §5.3), cosine or "
                        "linear (both decay to 0 at --steps)")
@@ -234,6 +238,13 @@ PRESETS: dict[str, dict[str, Any]] = {
                  "pooling": "mean", "eval_every": 1000},
 }
 
+# Batches (measured on real text, 5-minute runs, 2 cores; benchmarks/train_own_data.py):
+# under a short budget the number of updates decides. English -> German: 2,048-token batches
+# (~80 pairs) reached test BLEU 8.9, 1,024 (~40 pairs) 16.3. Package classification: batches of
+# 4,096 tokens (~300 texts) 0.786 accuracy, of 32 texts 0.801. Fine-tuning: 32 texts (the
+# BERT recipe). So batches are counted in examples (--batch-size; --max-tokens none makes the
+# token budget that many examples of the data's mean length); embeddings keep 4,096 tokens,
+# as in-batch negatives want large batches.
 # Per-objective defaults for your own data, sized for a 2-core CPU and ~10 minutes. The
 # budget is compute: 2 AVX2 cores do very roughly 50-100 GFLOP/s, 30-60 TFLOP in 10 minutes.
 # A d_model-256, 3+3-layer model with an 8k vocabulary costs ~45 MFLOP per token trained
@@ -246,20 +257,26 @@ PRESETS: dict[str, dict[str, Any]] = {
 OBJECTIVE_PRESETS: dict[str, dict[str, Any]] = {
     "seq2seq": {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 3, "norm_first": True,
                 "vocab_size": 4000, "lr": 1e-3, "warmup": 400, "schedule": "linear", "steps": 20000,
-                "max_tokens": 2048,
-                "eval_every": 250, "log_every": 50, "patience": 8},
+                "max_tokens": None, "batch_size": 40, "eval_every": 250, "log_every": 50,
+                "patience": 8},
     "classification": {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 2, "vocab_size": 4000,
                        "lr": 5e-4, "warmup": 200, "schedule": "linear", "pooling": "mean", "steps": 10000,
-                       "max_tokens": 4096, "eval_every": 250, "patience": 8, "max_length": 64},
+                       "max_tokens": None, "batch_size": 32, "eval_every": 250, "patience": 8,
+                       "max_length": 64},
     "embedding": {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 2, "vocab_size": 4000,
                   "lr": 5e-4, "warmup": 200, "schedule": "linear", "steps": 10000, "max_tokens": 4096,
                   "eval_every": 250,
                   "label_smoothing": 0.0, "patience": 8},
 }
+TIMED_STEPS = 10**9  # --steps of a timed data run given none: the budget ends it
+
 # Fine-tuning a pretrained encoder: the BERT recipe (Devlin et al. 2019, §A.3): a small
-# learning rate, 10% warmup then linear decay to 0, no label smoothing.
-FINETUNE_PRESET: dict[str, Any] = {"lr": 3e-5, "schedule": "linear", "warmup": 100, "steps": 1000,
-                                   "label_smoothing": 0.0, "max_tokens": 4096, "eval_every": 100}
+# learning rate, 10% warmup then linear decay to 0, no label smoothing, batches of 32 examples
+# (not of 4096 tokens: on short texts those are ~300 examples, and a timed fine-tune then got
+# a tenth of the updates; benchmarks/train_own_data.py).
+FINETUNE_PRESET: dict[str, Any] = {"lr": None, "schedule": "linear", "warmup": 100, "steps": 1000,
+                                   "label_smoothing": 0.0, "max_tokens": None, "batch_size": 32,
+                                   "eval_every": 100}
 
 
 def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
@@ -284,6 +301,10 @@ def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
         preset = dict(OBJECTIVE_PRESETS[objective])
         if merged.get("from_pretrained"):
             preset.update(FINETUNE_PRESET)
+        if merged.get("max_minutes") is not None:
+            # A timed run ends at its budget; the preset's count would stop it early (a
+            # 5-minute fine-tune of 32-example batches reached 1,000 steps in 44 s).
+            preset["steps"] = TIMED_STEPS
         return TrainConfig.from_flat({**preset, "task": None, **merged})
     task = merged.get("task", TrainConfig.task)
     if task not in TASKS:

@@ -91,7 +91,7 @@ class DataObjective:
         raise NotImplementedError
 
     def train_batches(self, start: int, rank: int = 0, world: int = 1) -> BatchStream:
-        return BatchStream(self.data, self.encode, self.collate, start, rank, world)
+        return BatchStream(self.data, self.encode, self.collate, self.config.max_tokens, start, rank, world)
 
     @property
     def train_records(self) -> int | None:

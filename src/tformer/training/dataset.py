@@ -292,9 +292,10 @@ class BatchStream:
     `epoch`: the passes over the training data completed before the batch last returned."""
 
     def __init__(self, data: TextData, encode: Callable[[list[Record]], list],
-                 collate: Callable[[list], Any], start: int = 0, rank: int = 0, world: int = 1) -> None:
+                 collate: Callable[[list], Any], max_tokens: int, start: int = 0, rank: int = 0,
+                 world: int = 1) -> None:
         self.epoch = 0
-        self._batches = self._stream(data, encode, collate, start, rank, world)
+        self._batches = self._stream(data, encode, collate, max_tokens, start, rank, world)
 
     def __iter__(self) -> BatchStream:
         return self
@@ -302,12 +303,12 @@ class BatchStream:
     def __next__(self):
         return next(self._batches)
 
-    def _stream(self, data, encode, collate, start, rank, world) -> Iterator:
+    def _stream(self, data, encode, collate, max_tokens, start, rank, world) -> Iterator:
         i = 0
         while True:
             rng = random.Random(f"{data.config.seed}/epoch/{self.epoch}")
             for pool in data.epoch_pools():
-                for examples in bucket(encode(pool), data.config.max_tokens, rng):
+                for examples in bucket(encode(pool), max_tokens, rng):
                     if i >= start and i % world == rank:
                         yield collate(examples)
                     i += 1

@@ -67,7 +67,7 @@ from tformer.training.objective import Objective
 from tformer.training.precision import choose_precision
 from tformer.training.report import Meter, append_jsonl, plot_curves, sample_table, summary
 from tformer.training.schedule import learning_rate
-from tformer.training.sizing import choose_size, wants_auto_size
+from tformer.training.sizing import batch_tokens, finetune_lr, choose_size, wants_auto_size
 from tformer.training.task_objectives import task_objective
 
 
@@ -157,6 +157,15 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     barrier(world)
     if source is None:
         source = make_objective(config, run_dir, write=False)
+    if config.lr is None:  # resumed runs saved theirs
+        config, why = finetune_lr(config, source.model_config().d_model)
+        source = data_objective(source.data, config)
+        log(f"learning rate: {why}")
+    if config.max_tokens is None and config.data is not None:  # resumed runs saved theirs
+        first = next(source.data.epoch_pools())
+        config, why = batch_tokens(config, [ex.cost for ex in source.encode(first)])
+        source = data_objective(source.data, config)
+        log(f"batch: {why}")
     if wants_auto_size(config, resume, world):
         config, why = choose_size(config, lambda c: data_objective(source.data, c),
                                   0.9 * (config.max_minutes * 60 - (time.perf_counter() - started)),
