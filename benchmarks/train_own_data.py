@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import subprocess
 import sys
@@ -225,8 +224,13 @@ def hf_classification(splits, seconds: float, checkpoint: Path | None) -> dict:
     import torch
     import torch.nn.functional as F
     from tokenizers import BertWordPieceTokenizer
-    from transformers import (AutoModelForSequenceClassification, AutoTokenizer, BertConfig,
-                              BertForSequenceClassification, PreTrainedTokenizerFast)
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        BertConfig,
+        BertForSequenceClassification,
+        PreTrainedTokenizerFast,
+    )
 
     from tformer.training.evaluation import classification_metrics
 
@@ -334,7 +338,7 @@ def compare(args) -> None:
 
 
 def report(rows: list[dict]) -> None:
-    print(f"\n| task | metric | tformer (M/2, defaults) | HF (M, its recipe) | tformer / HF | met |")
+    print("\n| task | metric | tformer (M/2, defaults) | HF (M, its recipe) | tformer / HF | met |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         key, second = METRIC[r["task"]]
@@ -358,12 +362,12 @@ def plot(results: Path, to: Path) -> None:
     rows = [json.loads((results / f"{task}.json").read_text()) for task in TASKS
             if (results / f"{task}.json").is_file()]
     fig, axes = plt.subplots(1, len(rows), figsize=(5 * len(rows), 3.8), squeeze=False)
-    for ax, r in zip(axes[0], rows):
+    for ax, r in zip(axes[0], rows, strict=True):
         key = METRIC[r["task"]][0]
         t_curve = [(c["wall_seconds"] / 60, c[key]) for c in r["tformer"]["curve"]]
         h_curve = [(c["train_seconds"] / 60, c["value"]) for c in r["hf"]["curve"]]
-        ax.plot(*zip(*t_curve), "o-", label="tformer, defaults (wall time, all included)")
-        ax.plot(*zip(*h_curve), "s-", label="HF recipe (training time only)")
+        ax.plot(*zip(*t_curve, strict=True), "o-", label="tformer, defaults (wall time, all included)")
+        ax.plot(*zip(*h_curve, strict=True), "s-", label="HF recipe (training time only)")
         ax.axhline(r["hf"]["test"][key], color="gray", ls=":", label=f"HF final test {key}")
         ax.scatter([r["tformer"]["seconds"] / 60], [r["tformer"]["test"][key]], marker="*", s=150,
                    color="C0", zorder=5, label="tformer final test")

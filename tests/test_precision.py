@@ -12,11 +12,11 @@ import pytest
 import torch
 from hf_bert_fixtures import SENTENCES, st_dir
 
+import tformer.precision
 from tformer import kernels
 from tformer.cli import main
-from tformer.model import Encoder
-import tformer.precision
 from tformer.machine import NO_BF16
+from tformer.model import Encoder
 from tformer.precision import resolve_precision, to_precision
 from tformer.sentence import SentenceEncoder
 

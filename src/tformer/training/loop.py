@@ -67,7 +67,7 @@ from tformer.training.objective import Objective
 from tformer.training.precision import choose_precision
 from tformer.training.report import Meter, append_jsonl, plot_curves, sample_table, summary
 from tformer.training.schedule import learning_rate
-from tformer.training.sizing import batch_tokens, finetune_lr, choose_size, wants_auto_size
+from tformer.training.sizing import batch_tokens, choose_size, finetune_lr, wants_auto_size
 from tformer.training.task_objectives import task_objective
 
 

@@ -19,7 +19,6 @@ from tformer.model import Encoder
 from tformer.precision import MIN_SPEEDUP, bf16_speedup
 
 
-
 def choose_precision(requested: str) -> tuple[str, str]:
     """("fp32" or "bf16", why) for a run asking for `requested`."""
     if requested == "fp32":
