@@ -95,3 +95,12 @@ def test_auto_runs_what_it_resolves_to(tiny_config, monkeypatch):
     monkeypatch.setattr(tformer.precision, "has_bf16", lambda: False)
     assert to_precision(Encoder(tiny_config), "auto").layers[0].ffn.up.weight.dtype == torch.float32
 
+
+
+def test_every_dtype_option_offers_the_same_choices():
+    """The commands list them without importing torch; they must not drift from the library's."""
+    from tformer.commands._pretrained import DTYPES as COMMAND_DTYPES
+    from tformer.precision import CHOICES
+    from tformer.serve.config import DTYPES as SERVE_DTYPES
+
+    assert tuple(COMMAND_DTYPES) == tuple(SERVE_DTYPES) == CHOICES

@@ -37,12 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
     def shown(preset: dict[str, Any]) -> str:
-        return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in preset.items())
+        return " ".join(f"--{k.replace('_', '-')} {'none' if v is None else v}"
+                        for k, v in preset.items())
 
     parser.epilog = (
         "The defaults shown are overridden per run kind: "
         + "; ".join(f"{name} data: {shown(p)}" for name, p in OBJECTIVE_PRESETS.items())
-        + f"; with --from-pretrained also: {shown(FINETUNE_PRESET)}; "
+        + f"; with --from-pretrained also: {shown(FINETUNE_PRESET)}; with --max-minutes and no "
+        "--steps, data runs are ended by the budget, not by the preset's --steps; "
         + "; ".join(f"task {name}: {shown(p)}" for name, p in PRESETS.items())
     )
     parser.add_argument("--config", metavar="FILE",

@@ -77,15 +77,15 @@ class TrainConfig:
     max_length: int = _f(128, "tokens per text (longer texts are truncated)")
     max_tokens: int | None = _f(4096, "data runs: padded tokens per batch (length-bucketed batches); "
                                 "none: --batch-size examples of the data's mean length (the "
-                                "default when fine-tuning)")
+                                "default for seq2seq, classification and fine-tuning)")
     accumulate: int = _f(1, "batches whose gradients are summed per update")
     precision: str = _f("auto", "auto (bf16 autocast where this CPU computes bf16 natively and it is "
                         "measured faster, else fp32), fp32 or bf16 (fp32 master weights either way)")
     # Optimisation.
     steps: int = _f(2000, "optimizer updates in total (a resumed run continues up to this count)")
     epochs: int | None = _f(None, "data runs: stop after this many passes over the training data")
-    batch_size: int = _f(64, "examples per update: synthetic tasks, and data runs without "
-                         "--max-tokens (fine-tuning: 32)")
+    batch_size: int = _f(64, "examples per update: synthetic tasks, and data runs with "
+                         "--max-tokens none (seq2seq 40, classification and fine-tuning 32)")
     lr: float | None = _f(1e-3, "peak learning rate, reached at the end of warmup (none: by the "
                           "model's width, the fine-tuning default)")
     warmup: int = _f(200, "steps of linear warmup")
