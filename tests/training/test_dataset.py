@@ -145,3 +145,22 @@ def test_resume_refuses_a_changed_data_file_and_keeps_the_runs_labels(tmp_path):
     with pytest.raises(ValueError, match=r"data: .*d.jsonl changed since the run started"):
         TextData.build(config, run)
     assert (run / "data.json").read_bytes() == saved  # never rewritten
+
+
+def test_a_file_sorted_by_label_trains_on_every_label_in_every_pool(tmp_path, monkeypatch):
+    from tformer.training import dataset
+
+    monkeypatch.setattr(dataset, "POOL", 50)
+    rows = sorted(classification_rows(400), key=lambda r: r["label"])  # all "animal", then "place"
+    config = resolve_config({"data": str(write(tmp_path / "d.jsonl", rows)), "vocab_size": 300})
+    data = TextData.build(config, None, write=False)
+    epochs = [list(data.epoch_pools(epoch)) for epoch in (0, 1)]
+    train = sorted(map(str, data.train_records()))
+    for pools in epochs:
+        assert sorted(str(r) for pool in pools for r in pool) == train  # each record once an epoch
+        for pool in pools:
+            share = sum(r["label"] == "animal" for r in pool) / len(pool)
+            assert 0.2 < share < 0.8, share  # file order would give 1.0 or 0.0
+    assert epochs[0] != epochs[1]  # a new order every epoch...
+    assert list(data.epoch_pools(0)) == epochs[0]  # ...the same one again (resuming)
+    assert data._train_places().nbytes == 16 * len(train)  # the memory an epoch keeps

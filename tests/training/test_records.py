@@ -6,7 +6,7 @@ import tracemalloc
 import pytest
 from text_fixtures import classification_rows, embedding_rows, write
 
-from tformer.training.records import peek_fields, read_records
+from tformer.training.records import indexed_records, peek_fields, read_records, records_at
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".tsv"])
@@ -82,3 +82,31 @@ def test_columns_naming_an_unknown_column_or_one_field_twice_are_refused(tmp_pat
         next(read_records(path, "de=source,fr=target"))
     with pytest.raises(ValueError, match=r"columns: expected one column per field, got two for 'target'"):
         next(read_records(path, "en=target,fr=target"))
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".tsv"])
+def test_records_are_read_back_from_their_places_in_any_order(tmp_path, suffix):
+    rows = classification_rows(7)
+    path = write(tmp_path / f"d{suffix}", rows)
+    indexed = list(indexed_records(path))
+    assert [r for _, _, r in indexed] == rows
+    places = [(line, offset) for line, offset, _ in indexed][::-1]
+    assert list(records_at(path, None, places)) == [(line, r) for line, _, r in indexed][::-1]
+
+
+def test_places_hold_for_crlf_a_byte_order_mark_and_a_field_over_two_lines(tmp_path):
+    path = tmp_path / "d.csv"
+    text = 'text,label\r\n"first line\r\nsecond line",a\r\nplain,b\r\n\r\n"x, y",a\r\n'
+    path.write_bytes("\ufeff".encode() + text.encode())
+    indexed = list(indexed_records(path, "text=text"))
+    assert [(line, r["text"]) for line, _, r in indexed] == [
+        (2, "first line\r\nsecond line"), (4, "plain"), (6, "x, y")]
+    places = [(line, offset) for line, offset, _ in indexed]
+    assert [r for _, r in records_at(path, "text=text", places[::-1])] == [r for *_, r in indexed][::-1]
+
+
+def test_a_bad_byte_names_its_line_and_byte(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'{"text": "a", "label": "x"}\n{"text": "\xff", "label": "y"}\n')
+    with pytest.raises(ValueError, match=r"d.jsonl:2: not UTF-8 text \(invalid start byte at byte 38\)"):
+        list(read_records(path))

@@ -4,8 +4,11 @@
     for records in data.epoch_pools(epoch): ...   # the training records, streamed in pools
 
 Building reads the training file once: its objective (field names), labels, record count,
-the held-out records and the tokenizer's training sample all come from that one pass;
-training then streams the file. Only the held-out splits are kept in memory.
+the held-out records and the tokenizer's training sample all come from that one pass.
+Training reads the file in an order shuffled over all of it, every epoch anew (a file sorted
+by label must not train one label at a time): a second pass notes each training record's
+line and byte offset (16 bytes a record), and each pool of records is read back from there.
+Only the held-out splits and those places are kept in memory.
 
 The split (tformer.training.records): f = min(5%, 1000 / records) of the input texts go to
 test, as many to validation: about 5% each, at most about 1,000. Given --valid/--test files,
@@ -20,9 +23,12 @@ from __future__ import annotations
 
 import json
 import random
+from array import array
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from tformer.files import write_atomic, write_json_atomic
 from tformer.tokenizer import Tokenizer
@@ -31,8 +37,10 @@ from tformer.training.records import (
     Fields,
     Record,
     file_digest,
+    indexed_records,
     peek_fields,
     read_records,
+    records_at,
     split_of,
     split_of_unit,
     unit_hash,
@@ -64,6 +72,7 @@ class TextData:
         self.label_ids = {name: i for i, name in enumerate(labels)}
         self._held_out: dict[str, list[Record]] = {}
         self._held_out_keys: set[str] | None = None
+        self._places: np.ndarray | None = None  # (N, 2) training records' (line, offset)
 
     # Building -------------------------------------------------------------------------------
     @classmethod
@@ -234,33 +243,49 @@ class TextData:
             yield line_no, self.fields.check(f"{path}:{line_no}", record)
 
     def train_records(self) -> Iterator[Record]:
-        """The training file's records minus the held-out ones, streamed."""
+        """The training file's records minus the held-out ones, streamed in file order."""
+        for _, _, record in self._indexed_train_records():
+            yield record
+
+    def _indexed_train_records(self) -> Iterator[tuple[int, int, Record]]:
+        """(line number, byte offset, record) of each training record, in file order."""
         c = self.config
         if self._held_out_keys is None:
             self._held_out_keys = self._given_keys()
         hashed = {s for s, p in (("validation", c.valid), ("test", c.test)) if p is None}
-        for _, record in self._checked(Path(c.data)):
+        for line_no, offset, record in indexed_records(Path(c.data), c.columns):
+            record = self.fields.check(f"{c.data}:{line_no}", record)
             key = self.fields.input_key(record)
             if key in self._held_out_keys:
                 continue
             if hashed and split_of(key, c.seed, self.fraction) in hashed:
                 continue
-            yield record
+            yield line_no, offset, record
 
-    def epoch_pools(self) -> Iterator[list[Record]]:
-        """One pass over the training records, in pools of POOL (sorted by length together)."""
-        pool: list[Record] = []
-        any_record = False
-        for record in self.train_records():
-            pool.append(record)
-            any_record = True
-            if len(pool) == POOL:
-                yield pool
-                pool = []
-        if pool:
-            yield pool
-        if not any_record:
-            raise ValueError(f"{self.config.data}: no training records left after the split")
+    def _train_places(self) -> np.ndarray:
+        """(N, 2) int64: each training record's (line number, byte offset), found by one pass
+        over the file the first time an epoch is asked for (16 bytes a record)."""
+        if self._places is None:
+            places = array("q")
+            for line_no, offset, _ in self._indexed_train_records():
+                places.extend((line_no, offset))
+            if not places:
+                raise ValueError(f"{self.config.data}: no training records left after the split")
+            self._places = np.frombuffer(places, dtype=np.int64).reshape(-1, 2)
+        return self._places
+
+    def epoch_pools(self, epoch: int = 0) -> Iterator[list[Record]]:
+        """One pass over the training records in pools of POOL (sorted by length together),
+        in an order shuffled over the whole file for each (seed, epoch): a file sorted by
+        label, length or source still gives every pool a sample of all of it. Only the
+        records' places are kept in memory; each pool is read back from the file."""
+        c = self.config
+        places = self._train_places()
+        order = np.random.default_rng([c.seed, epoch]).permutation(len(places))  # (N,)
+        for start in range(0, len(order), POOL):
+            pick = places[np.sort(order[start : start + POOL])]  # file order: reads go forward
+            yield [self.fields.check(f"{c.data}:{line_no}", record)
+                   for line_no, record in records_at(c.data, c.columns, pick.tolist())]
 
 
 # The training stream ------------------------------------------------------------------------
@@ -307,7 +332,7 @@ class BatchStream:
         i = 0
         while True:
             rng = random.Random(f"{data.config.seed}/epoch/{self.epoch}")
-            for pool in data.epoch_pools():
+            for pool in data.epoch_pools(self.epoch):
                 for examples in bucket(encode(pool), max_tokens, rng):
                     if i >= start and i % world == rank:
                         yield collate(examples)

@@ -101,24 +101,135 @@ def parse_columns(spec: str | None) -> dict[str, str]:
 
 def read_records(path: str | Path, columns: str | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, record) for each record of a JSONL/CSV/TSV file, one line at a time."""
+    for line_no, _, record in indexed_records(path, columns):
+        yield line_no, record
+
+
+def indexed_records(path: str | Path, columns: str | None = None
+                    ) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    """(line number, byte offset, record) for each record, in file order: the offset is where
+    the record's first line starts, for ``records_at`` to read it again."""
+    path, fmt, rename = _opened(path, columns)
+    with path.open("rb") as f:
+        header = _header(path, f, fmt)
+        first = True
+        for line_no, offset, record in _records(path, f, fmt, header, 0, 1):
+            if first and rename:
+                _check_renamed(path, line_no, rename, record)
+                first = False
+            yield line_no, offset, {rename.get(k, k): v for k, v in record.items()}
+
+
+def records_at(path: str | Path, columns: str | None, places) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, record) for each (line number, byte offset) of ``places`` (as
+    ``indexed_records`` gave them), read in the order given: a shuffled epoch without
+    holding the file in memory."""
+    path, fmt, rename = _opened(path, columns)
+    with path.open("rb") as f:
+        header = _header(path, f, fmt)
+        for line_no, offset in places:
+            for found, _, record in _records(path, f, fmt, header, int(offset), int(line_no)):
+                yield found, {rename.get(k, k): v for k, v in record.items()}
+                break
+
+
+def _opened(path: str | Path, columns: str | None) -> tuple[Path, str, dict[str, str]]:
     path = Path(path)
     fmt = FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise ValueError(f"{path}: expected a .jsonl, .csv or .tsv file, got {path.suffix or 'no suffix'!r}")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
-    rename = parse_columns(columns)
-    with path.open(encoding="utf-8-sig", newline="") as f:
+    return path, fmt, parse_columns(columns)
+
+
+def _lines(path: Path, f, offset: int, line_no: int) -> Iterator[tuple[int, int, str]]:
+    """(line number, byte offset, text) from ``offset`` on. Lines end at \\n (\\r\\n is kept in
+    the text: JSON and csv read it as the line's end); a UTF-8 byte-order mark is dropped."""
+    f.seek(offset)
+    for raw in f:
         try:
-            rows = _jsonl(path, f) if fmt == "jsonl" else _table(path, f, fmt)
-            first = True
-            for line_no, record in rows:
-                if first and rename:
-                    _check_renamed(path, line_no, rename, record)
-                    first = False
-                yield line_no, {rename.get(k, k): v for k, v in record.items()}
+            text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+            raise ValueError(f"{path}:{line_no}: not UTF-8 text ({e.reason} at byte {offset + e.start})"
+                             ) from None
+        if offset == 0 and text.startswith("\ufeff"):
+            text = text[1:]
+        yield line_no, offset, text
+        offset += len(raw)
+        line_no += 1
+
+
+def _header(path: Path, f, fmt: str) -> list[str] | None:
+    """A CSV/TSV file's column names (its first row); None for JSONL."""
+    if fmt == "jsonl":
+        return None
+    _configure_csv(path)
+    try:
+        header = next(_reader((text for _, _, text in _lines(path, f, 0, 1)), fmt), None)
+    except csv.Error as e:
+        raise ValueError(f"{path}:1: not valid {fmt.upper()} ({e})") from None
+    if not header:
+        raise ValueError(f"{path}:1: expected a header row, got an empty file")
+    return [h.strip() for h in header]
+
+
+def _records(path: Path, f, fmt: str, header: list[str] | None, offset: int, line_no: int
+             ) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    """(line number, offset, record) from the record starting at ``offset`` on; a CSV/TSV
+    file's header row is skipped (offset 0 is its place)."""
+    lines = _lines(path, f, offset, line_no)
+    if fmt == "jsonl":
+        yield from _jsonl(path, lines)
+        return
+    tracked = _Tracked(lines)
+    reader = _reader(tracked, fmt)
+    try:
+        for row in reader:
+            start_line, start = tracked.start
+            tracked.start = None
+            if start == 0:
+                continue  # the header row
+            if not any(c.strip() for c in row):
+                continue
+            if len(row) != len(header):
+                raise ValueError(f"{path}:{start_line}: expected {len(header)} "
+                                 f"columns ({', '.join(header)}), got {len(row)}")
+            yield start_line, start, dict(zip(header, row, strict=True))
+    except csv.Error as e:
+        raise ValueError(f"{path}:{tracked.line}: not valid {fmt.upper()} ({e})") from None
+
+
+class _Tracked:
+    """Feeds csv.reader lines, remembering where the row being read began (a quoted CSV field
+    may span lines) and the last line read (for errors)."""
+
+    def __init__(self, lines: Iterator[tuple[int, int, str]]) -> None:
+        self.lines = lines
+        self.start: tuple[int, int] | None = None  # (line number, offset) of the row's first line
+        self.line = 0
+
+    def __iter__(self) -> _Tracked:
+        return self
+
+    def __next__(self) -> str:
+        line_no, offset, text = next(self.lines)
+        if self.start is None:
+            self.start = (line_no, offset)
+        self.line = line_no
+        return text
+
+
+def _reader(lines, fmt: str):
+    if fmt == "csv":
+        return csv.reader(lines)
+    return csv.reader(lines, delimiter="\t", quoting=csv.QUOTE_NONE)
+
+
+def _configure_csv(path: Path) -> None:
+    # A field may be as long as the file (csv's default limit, 131,072 characters, would
+    # stop a long document with an internal error).
+    csv.field_size_limit(min(sys.maxsize, max(csv.field_size_limit(), path.stat().st_size + 1)))
 
 
 def _check_renamed(path: Path, line_no: int, rename: dict[str, str], record: dict[str, Any]) -> None:
@@ -128,8 +239,8 @@ def _check_renamed(path: Path, line_no: int, rename: dict[str, str], record: dic
                          f"got {', '.join(sorted(record)) or 'none'}")
 
 
-def _jsonl(path: Path, f) -> Iterator[tuple[int, dict[str, Any]]]:
-    for line_no, line in enumerate(f, 1):
+def _jsonl(path: Path, lines) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    for line_no, offset, line in lines:
         if not line.strip():
             continue
         try:
@@ -138,31 +249,7 @@ def _jsonl(path: Path, f) -> Iterator[tuple[int, dict[str, Any]]]:
             raise ValueError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
         if not isinstance(record, dict):
             raise ValueError(f"{path}:{line_no}: expected a JSON object, got {type(record).__name__}")
-        yield line_no, record
-
-
-def _table(path: Path, f, fmt: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    # A field may be as long as the file (csv's default limit, 131,072 characters, would
-    # stop a long document with an internal error).
-    csv.field_size_limit(min(sys.maxsize, max(csv.field_size_limit(), path.stat().st_size + 1)))
-    if fmt == "csv":
-        reader = csv.reader(f)
-    else:
-        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-    try:
-        header = next(reader, None)
-        if not header:
-            raise ValueError(f"{path}:1: expected a header row, got an empty file")
-        header = [h.strip() for h in header]
-        for row in reader:
-            if not any(c.strip() for c in row):
-                continue
-            if len(row) != len(header):
-                raise ValueError(f"{path}:{reader.line_num}: expected {len(header)} "
-                                 f"columns ({', '.join(header)}), got {len(row)}")
-            yield reader.line_num, dict(zip(header, row, strict=True))
-    except csv.Error as e:
-        raise ValueError(f"{path}:{reader.line_num}: not valid {fmt.upper()} ({e})") from None
+        yield line_no, offset, record
 
 
 def peek_fields(path: str | Path, columns: str | None = None) -> Fields:
