@@ -21,6 +21,7 @@ Resuming reads it back and refuses a data file that changed, naming what changed
 
 from __future__ import annotations
 
+import heapq
 import json
 import random
 from array import array
@@ -48,13 +49,36 @@ from tformer.training.records import (
 from tformer.training.subwords import load_backend, pretrained_backend, run_tokenizer, train_tokenizer
 
 SPLIT_FRACTION, SPLIT_CAP = 0.05, 1000
-TOKENIZER_SAMPLE = 200_000  # records the tokenizer is trained on (the first ones)...
+TOKENIZER_SAMPLE = 200_000  # records the tokenizer is trained on (a sample over the file)...
 TOKENIZER_CHARS = 50_000_000  # ...or this many characters of them, whichever comes first
 POOL = 4096  # records sorted together for length bucketing
 
 
 def split_fraction(n_records: int) -> float:
     return min(SPLIT_FRACTION, SPLIT_CAP / max(n_records, 1))
+
+
+class _TokenizerSample:
+    """The records the tokenizer learns from: all of them when they fit TOKENIZER_SAMPLE records
+    and TOKENIZER_CHARS characters, else a seeded sample spread over the whole file (those
+    whose second hash is smallest), not its first lines: a file sorted by label or source
+    would otherwise teach the tokenizer the first part's words only."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed, self.chars = seed, 0
+        self._heap: list[tuple[float, int, float, list[str], int]] = []  # (-v, n, u, texts, chars)
+
+    def offer(self, n: int, key: str, u: float, texts: list[str]) -> None:
+        chars = sum(map(len, texts))
+        heapq.heappush(self._heap, (-unit_hash(key, f"{self.seed}/tokenizer"), n, u, texts, chars))
+        self.chars += chars
+        while len(self._heap) > 1 and (len(self._heap) > TOKENIZER_SAMPLE
+                                       or self.chars > TOKENIZER_CHARS):
+            self.chars -= heapq.heappop(self._heap)[4]  # the largest second hash leaves
+
+    def records(self) -> list[tuple[float, list[str]]]:
+        """(u, texts) of the sampled records, in file order."""
+        return [(u, texts) for _, _, u, texts, _ in sorted(self._heap, key=lambda e: e[1])]
 
 
 class TextData:
@@ -128,8 +152,8 @@ class TextData:
         hashed = {s for s, p in (("validation", config.valid), ("test", config.test)) if p is None}
         labels: set[str] = set()
         candidates: list[tuple[float, Record]] = []  # (u, record) that may be held out
-        sample: list[tuple[float, list[str]]] = []  # (u, texts) for the tokenizer
-        chars = n = 0
+        sample = _TokenizerSample(seed)
+        n = 0
         for line_no, record in data._checked(path):
             n += 1
             if "label" in record:
@@ -143,10 +167,7 @@ class TextData:
                 candidates.append((u, dict(record, line=str(line_no))))
                 if len(candidates) > 4 * SPLIT_CAP and n % 1024 == 0:
                     candidates = [c for c in candidates if c[0] < 2 * split_fraction(n)]
-            if len(sample) < TOKENIZER_SAMPLE and chars < TOKENIZER_CHARS:
-                texts = [v for k, v in record.items() if k != "label"]
-                chars += sum(map(len, texts))
-                sample.append((u, texts))
+            sample.offer(n, key, u, [v for k, v in record.items() if k != "label"])
         if n == 0:
             raise ValueError(f"{path}: expected at least one record, got an empty file")
         if fields.objective == "classification" and len(labels) < 2:
@@ -164,7 +185,8 @@ class TextData:
                          for name, p in (("data", config.data), ("valid", config.valid),
                                          ("test", config.test)) if p is not None}
         data.identity["data"]["records"] = n
-        texts = [t for u, ts in sample if not (hashed and split_of_unit(u, f) in hashed) for t in ts]
+        texts = [t for u, ts in sample.records() if not (hashed and split_of_unit(u, f) in hashed)
+                 for t in ts]
         return data, texts
 
     def train_record_estimate(self) -> int | None:

@@ -268,7 +268,7 @@ def split_of_unit(u: float, fraction: float) -> str:
     return "test" if u < fraction else "validation" if u < 2 * fraction else "train"
 
 
-def unit_hash(key: str, seed: int) -> float:
+def unit_hash(key: str, seed: int | str) -> float:
     digest = hashlib.blake2b(f"{seed}\0{key}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64
 
