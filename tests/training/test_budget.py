@@ -114,6 +114,23 @@ def test_without_max_tokens_a_batch_holds_batch_size_examples_of_the_mean_length
     assert 5 <= sum(sizes) / len(sizes) <= 11, sizes  # 8 on average, give or take the bucketing
 
 
+def test_a_run_says_what_share_of_its_texts_max_length_cuts(tmp_path):
+    from tformer.training.sizing import truncated
+
+    assert truncated([10, 63, 64, 70], 64) == ("max length: 64 tokens cut 50% of the training "
+                                               "examples (in a sample of 4; --max-length sets it)")
+    assert truncated([10] * 200 + [64], 64) is None  # under 1%: nothing to say
+    rows = classification_rows(300)
+    for row in rows[::3]:
+        row["text"] = " ".join([row["text"]] * 12)  # a third of the texts: 60 words
+    logged = []
+    config = resolve_config({"data": str(write(tmp_path / "d.jsonl", rows)), **TINY,
+                             "max_length": 32, "steps": 1, "out": str(tmp_path / "run")})
+    train(config, progress=False, log=logged.append)
+    cut = [line for line in logged if line.startswith("max length: 32 tokens cut ")]
+    assert len(cut) == 1 and 25 <= int(cut[0].split("cut ")[1].split("%")[0]) <= 42, logged
+
+
 def test_fine_tuning_batches_32_examples_unless_max_tokens_is_given(tmp_path):
     data = write(tmp_path / "d.jsonl", classification_rows(20))
     tuned = resolve_config({"data": str(data), "from_pretrained": str(tmp_path)})

@@ -17,6 +17,10 @@ class Seq2SeqExample:
     def cost(self) -> int:
         return len(self.source) + len(self.target)
 
+    @property
+    def longest(self) -> int:  # its longest text with its EOS or BOS, as max_length counts it
+        return max(len(self.source), len(self.target) + 1)
+
 
 @dataclass
 class EncodedText:
@@ -33,6 +37,10 @@ class LabeledExample:
     def cost(self) -> int:
         return len(self.text.ids)
 
+    @property
+    def longest(self) -> int:
+        return len(self.text.ids)
+
 
 @dataclass
 class PairExample:
@@ -43,6 +51,10 @@ class PairExample:
     @property
     def cost(self) -> int:
         return sum(len(t.ids) for t in (self.anchor, self.positive, self.negative) if t is not None)
+
+    @property
+    def longest(self) -> int:
+        return max(len(t.ids) for t in (self.anchor, self.positive, self.negative) if t is not None)
 
 
 def encoder_batch(texts: list[EncodedText], pad_id: int, labels: list[int] | None = None) -> EncoderBatch:

@@ -67,7 +67,7 @@ from tformer.training.objective import Objective
 from tformer.training.precision import choose_precision
 from tformer.training.report import Meter, append_jsonl, plot_curves, sample_table, summary
 from tformer.training.schedule import learning_rate
-from tformer.training.sizing import batch_tokens, choose_size, finetune_lr, wants_auto_size
+from tformer.training.sizing import batch_tokens, choose_size, finetune_lr, truncated, wants_auto_size
 from tformer.training.task_objectives import task_objective
 
 
@@ -161,11 +161,16 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
         config, why = finetune_lr(config, source.model_config().d_model)
         source = data_objective(source.data, config)
         log(f"learning rate: {why}")
-    if config.max_tokens is None and config.data is not None:  # resumed runs saved theirs
-        first = next(source.data.epoch_pools())
-        config, why = batch_tokens(config, [ex.cost for ex in source.encode(first)])
-        source = data_objective(source.data, config)
-        log(f"batch: {why}")
+    if config.data is not None and (not resume or config.max_tokens is None):
+        sample = source.encode(next(source.data.epoch_pools()))  # a pool: a sample of the file
+        note = None if resume else truncated([ex.longest for ex in sample],
+                                             source.tokenizer.max_length)
+        if note:
+            log(note)
+        if config.max_tokens is None:
+            config, why = batch_tokens(config, [ex.cost for ex in sample])
+            source = data_objective(source.data, config)
+            log(f"batch: {why}")
     if wants_auto_size(config, resume, world):
         config, why = choose_size(config, lambda c: data_objective(source.data, c),
                                   0.9 * (config.max_minutes * 60 - (time.perf_counter() - started)),

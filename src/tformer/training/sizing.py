@@ -75,6 +75,16 @@ def batch_tokens(config, costs: list[int]) -> tuple[Any, str]:
     return config.replace(max_tokens=tokens), why
 
 
+def truncated(longest: list[int], max_length: int) -> str | None:
+    """A line naming the share of a sample of the training examples (their longest text's
+    tokens, specials included) that max_length cuts, or None when it cuts under 1%."""
+    cut = sum(n >= max_length for n in longest) / max(len(longest), 1)
+    if cut < 0.01:
+        return None
+    return (f"max length: {max_length} tokens cut {cut:.0%} of the training examples (in a sample "
+            f"of {len(longest):,}; --max-length sets it)")
+
+
 FINETUNE_LR = 1e-4  # at d_model 128; ~ 1 / sqrt(width) above it: 4.1e-5 at BERT-base's 768
 
 
