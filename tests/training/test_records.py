@@ -110,3 +110,11 @@ def test_a_bad_byte_names_its_line_and_byte(tmp_path):
     path.write_bytes(b'{"text": "a", "label": "x"}\n{"text": "\xff", "label": "y"}\n')
     with pytest.raises(ValueError, match=r"d.jsonl:2: not UTF-8 text \(invalid start byte at byte 38\)"):
         list(read_records(path))
+
+
+def test_a_file_cut_short_during_a_run_is_an_error_not_a_smaller_epoch(tmp_path):
+    path = write(tmp_path / "d.jsonl", classification_rows(6))
+    places = [(line, offset) for line, offset, _ in indexed_records(path)]
+    path.write_bytes(path.read_bytes()[: places[3][1]])  # the last three records are gone
+    with pytest.raises(ValueError, match=r"d.jsonl:4: no record at byte \d+ any more"):
+        list(records_at(path, None, places))

@@ -131,6 +131,9 @@ def records_at(path: str | Path, columns: str | None, places) -> Iterator[tuple[
             for found, _, record in _records(path, f, fmt, header, int(offset), int(line_no)):
                 yield found, {rename.get(k, k): v for k, v in record.items()}
                 break
+            else:
+                raise ValueError(f"{path}:{line_no}: no record at byte {offset} any more (the file "
+                                 "changed during the run; train on a copy that stays put)")
 
 
 def _opened(path: str | Path, columns: str | None) -> tuple[Path, str, dict[str, str]]:
