@@ -89,7 +89,10 @@ def test_a_timed_run_without_sizes_takes_the_largest_model_the_budget_trains_eno
                              "max_minutes": 0.15, "out": str(tmp_path / "run")})
     assert config.auto_size
     train(config, progress=False, log=logged.append)
-    assert any(line.startswith("model size: d_model") for line in logged), logged
+    chosen = [line for line in logged if line.startswith("model size: d_model")]
+    assert len(chosen) == 1, logged
+    # Short of the floor even at the smallest rung, the line says so (not "the largest that gets").
+    assert ("the smallest, and even it gets only" in chosen[0]) == (min_steps == 10**9), chosen
     model, _, saved = load_run(tmp_path / "run")  # the chosen size is the run's for good
     assert saved.model.d_model == expected and model.config.d_model == expected
 

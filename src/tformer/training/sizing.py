@@ -58,9 +58,15 @@ def choose_size(config, objective_for, seconds: float, batches: Iterator, step) 
         if estimate < MIN_STEPS:
             break
         chosen, steps = rung, estimate
-    why = (f"d_model {chosen['d_model']}, {chosen['n_layers']} layers: the largest that gets "
-           f">= {MIN_STEPS} updates in {seconds / 60:.1f} min here (about {steps:,.0f}; the "
-           f"smallest measured {per_step * 1000:.0f} ms a step)")
+    size = f"d_model {chosen['d_model']}, {chosen['n_layers']} layers"
+    measured = f"the smallest measured {per_step * 1000:.0f} ms a step"
+    if steps < MIN_STEPS:  # even the smallest rung falls short: say so, not "the largest that..."
+        why = (f"{size}: the smallest, and even it gets only about {steps:,.0f} of the "
+               f"{MIN_STEPS} updates wanted in {seconds / 60:.1f} min here ({measured}; a longer "
+               "--max-minutes learns more)")
+    else:
+        why = (f"{size}: the largest that gets >= {MIN_STEPS} updates in {seconds / 60:.1f} min "
+               f"here (about {steps:,.0f}; {measured})")
     return config.replace(**chosen), why
 
 
