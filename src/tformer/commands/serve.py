@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from tformer.serve.config import ServeConfig
     from tformer.serve.server import serve
 
+    # "auto" is measured once, here, so that every worker process runs the same precision.
     config = ServeConfig(
         model=args.model, host=args.host, port=args.port, dtype=resolve_precision(args.dtype)[0],
         threads=args.threads,

@@ -264,13 +264,9 @@ class TextData:
         for line_no, record in read_records(path, self.config.columns):
             yield line_no, self.fields.check(f"{path}:{line_no}", record)
 
-    def train_records(self) -> Iterator[Record]:
-        """The training file's records minus the held-out ones, streamed in file order."""
-        for _, _, record in self._indexed_train_records():
-            yield record
-
     def _indexed_train_records(self) -> Iterator[tuple[int, int, Record]]:
-        """(line number, byte offset, record) of each training record, in file order."""
+        """(line number, byte offset, record) of each training record (the file's records minus
+        the held-out ones), in file order."""
         c = self.config
         if self._held_out_keys is None:
             self._held_out_keys = self._given_keys()

@@ -163,10 +163,9 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
         log(f"learning rate: {why}")
     if config.data is not None and (not resume or config.max_tokens is None):
         sample = source.encode(next(source.data.epoch_pools()))  # a pool: a sample of the file
-        note = None if resume else truncated([ex.longest for ex in sample],
-                                             source.tokenizer.max_length)
-        if note:
-            log(note)
+        cut = truncated([ex.longest for ex in sample], source.tokenizer.max_length)
+        if cut and not resume:  # a resumed run said it when it started
+            log(cut)
         if config.max_tokens is None:
             config, why = batch_tokens(config, [ex.cost for ex in sample])
             source = data_objective(source.data, config)
