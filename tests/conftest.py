@@ -36,14 +36,17 @@ def _seed():
     torch.manual_seed(0)
 
 
-@pytest.fixture(autouse=True)
-def _inference_auto_is_fp32(monkeypatch):
+@pytest.fixture(autouse=True, scope="session")
+def _inference_auto_is_fp32():
     """The suite's inference expectations are fp32's (tolerances of 1e-5): `--dtype auto`, the
-    default, would run bf16 on a CPU with bf16 instructions. Tests of auto itself (and of bf16,
-    asked for by name) set what they need."""
+    default, would run bf16 on a CPU with bf16 instructions. Session-wide, so that module and
+    session fixtures (a server started once per module) resolve auto under it too. Tests of auto
+    itself (and of bf16, asked for by name) set what they need with their own monkeypatch."""
     import tformer.precision
 
-    monkeypatch.setattr(tformer.precision, "has_bf16", lambda: False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tformer.precision, "has_bf16", lambda: False)
+        yield
 
 
 @pytest.fixture(scope="module")
