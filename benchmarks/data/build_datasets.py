@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import gettext
 import glob
+import gzip
 import json
 import random
 import re
@@ -98,6 +99,69 @@ def debian_packages() -> list[dict[str, str]]:
     return packages
 
 
+# Groff escapes and the inline macros whose arguments are prose (the rest of a "." line is markup).
+_ESCAPES = re.compile(r"\\f(\[[^\]]*\]|\(..|.)|\\s[-+]?\d|\\\*(\(..|\[[^\]]*\]|.)|\\\(..|"
+                      r"\\\[[^\]]*\]|\\[&|^~%:0/,!cdeEpt ]")
+_PROSE_MACROS = re.compile(r"[.'](B|I|BR|IR|RB|RI|BI|IB|SM|SB|Nm|Fn|Xr|Ar|Fl|Pa|Va|Dv|Er|Ev|Sy|Em|"
+                           r"Li|Cm|It|Dq|Sq|Ql)\s+(.*)")
+MAN_SECTIONS = "123578"  # 4 (devices) and 6 (games) have too few pages here
+MAN_CAP = 3000
+
+
+def man_description(path: str, limit: int = 6000) -> str | None:
+    """The DESCRIPTION section of a gzipped man page as plain prose (markup dropped), or None."""
+    try:
+        raw = gzip.open(path, "rt", errors="replace").read()
+    except OSError:
+        return None
+    lines, inside = [], False
+    for line in raw.splitlines():
+        if line.startswith((".SH", ".Sh")):
+            inside = line[3:].strip().strip('"').upper().startswith("DESCRIPTION")
+            continue
+        if not inside:
+            continue
+        if line.startswith((".", "'")):
+            macro = _PROSE_MACROS.match(line)
+            if not macro:
+                continue
+            line = macro.group(2).replace('"', "")
+        # special characters (\(em, \[em]) become a space, font and size changes nothing
+        line = _ESCAPES.sub(lambda m: " " if m.group(0)[1] in "([" else "",
+                            line.replace("\\-", "-")).replace("\\e", "\\").strip()
+        if line:
+            lines.append(line)
+        if sum(map(len, lines)) > limit:
+            break
+    text = re.sub(r"\s+", " ", " ".join(lines)).strip()
+    return text if len(text.split()) >= 8 else None
+
+
+def man_sections(rng: random.Random) -> list[dict[str, str]]:
+    """Man pages' DESCRIPTION -> their section (man1 user commands, man3 library calls, ...).
+    The Google Cloud SDK's thousands of generated pages (gcloud, gsutil, bq) are left out."""
+    rows = []
+    for section in MAN_SECTIONS:
+        pages = sorted(glob.glob(f"/usr/share/man/man{section}/*.gz"))
+        rng.shuffle(pages)
+        pages = [p for p in pages if not re.search(r"/(gcloud|gsutil|bq)[_.-]", p)]
+        texts = (man_description(p) for p in pages)
+        rows += [{"text": t, "label": f"man{section}"} for t in texts if t][:MAN_CAP]
+    rng.shuffle(rows)
+    return rows
+
+
+def _capped(rows: list[dict[str, str]], cap: int) -> list[dict[str, str]]:
+    """The first `cap` rows of each label."""
+    seen: Counter = Counter()
+    kept = []
+    for row in rows:
+        seen[row["label"]] += 1
+        if seen[row["label"]] <= cap:
+            kept.append(row)
+    return kept
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="data", help="output folder (default: data/)")
@@ -122,6 +186,11 @@ def main() -> None:
             per_label[p["section"]] += 1
             labelled.append({"text": p["summary"], "label": p["section"]})
     _write(out / "debian_sections.jsonl", labelled)
+    # The same packages with their whole description: long texts, for the --max-length choice.
+    described = [{"text": " ".join([p["summary"], *p["long"]]), "label": p["section"]}
+                 for p in packages if p["section"] in keep and p["long"]]
+    _write(out / "debian_described.jsonl", _capped(described, PER_LABEL_CAP))
+    _write(out / "man_sections.jsonl", man_sections(rng))
     fr = gettext_pairs("fr")
     rng.shuffle(fr)
     _write(out / "en_fr_pairs.jsonl", [{"anchor": r["source"], "positive": r["target"]} for r in fr])

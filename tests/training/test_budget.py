@@ -11,6 +11,7 @@ from text_fixtures import classification_rows, seq2seq_rows, write
 from tformer.training import load_run, resolve_config, train
 from tformer.training.budget import VALID_SHARE
 from tformer.training.config import TIMED_STEPS
+from tformer.training.data_objectives import data_objective
 from tformer.training.schedule import WARMUP_SHARE, learning_rate
 
 QUIET = dict(progress=False, log=lambda *a: None)
@@ -161,3 +162,65 @@ def test_the_fine_tuning_learning_rate_follows_the_width_unless_given(tmp_path):
     assert finetune_lr(tuned, 768)[0].lr == pytest.approx(1e-4 / 6**0.5)  # BERT-base: 4.1e-5
     assert finetune_lr(tuned, 64)[0].lr == pytest.approx(1e-4)  # not above 1e-4
     assert resolve_config({"data": str(data), "from_pretrained": str(tmp_path), "lr": 2e-5}).lr == 2e-5
+
+
+def _long_and_short_rows():
+    rows = classification_rows(300)
+    for row in rows[::2]:
+        row["text"] = " ".join([row["text"]] * 16)  # half the texts: 80 words, past 64 tokens
+    return rows
+
+
+@pytest.mark.parametrize("seconds_per_token, longer", [(1e-6, True), (1e-2, False)])
+def test_a_timed_run_on_long_texts_takes_the_longest_length_its_budget_passes_over_twice(
+        tmp_path, monkeypatch, seconds_per_token, longer):
+    from tformer.training import loop, sizing
+
+    timed = []
+
+    def fake_time_steps(objective, step):  # a step's time in proportion to its batch's tokens
+        timed.append(objective.config.max_length)
+        return seconds_per_token * objective.config.max_tokens
+
+    monkeypatch.setattr(loop, "time_steps", fake_time_steps)
+    data = write(tmp_path / "d.jsonl", _long_and_short_rows())
+    logged = []
+    config = resolve_config({"data": str(data), **{k: v for k, v in TINY.items() if k != "max_tokens"},
+                             "max_minutes": 0.2, "out": str(tmp_path / "run")})
+    assert config.auto_length and config.max_length == 64 and config.max_tokens is None
+    train(config, progress=False, log=logged.append)
+    chosen = [line for line in logged if line.startswith("max length: ") and "whole for" in line]
+    assert len(chosen) == 1, logged
+    model, source, saved = load_run(tmp_path / "run")  # the chosen length is the run's for good
+    length = saved.max_length
+    assert source.tokenizer.max_length == length == json.loads(
+        (tmp_path / "run" / "data.json").read_text())["max_length"]
+    assert model.config.max_len == length  # the position table
+    assert timed[0] == 128, timed  # each longer length is timed on its own batches
+    at_limit = source.data.with_max_length(sizing.AUTO_LENGTH_LIMIT)
+    pool = next(source.data.epoch_pools())
+    longest = [ex.longest for ex in data_objective(at_limit, saved).encode(pool)]
+    if longer:  # fast: doubled until the texts fit
+        assert length > 64 and "passes over the data" in chosen[0], chosen
+        assert sizing.cut_share(longest, length) < sizing.LENGTH_CUT <= sizing.cut_share(longest, length // 2)
+        assert timed == [2**k for k in range(7, length.bit_length())], timed
+    else:  # slow: not even 128 gets two passes, so the preset stays, and the line says why
+        assert length == 64 and "128: about " in chosen[0] and timed == [128], chosen
+
+
+def test_max_length_given_turns_the_length_choice_off(tmp_path):
+    data = write(tmp_path / "d.jsonl", classification_rows(20))
+    assert resolve_config({"data": str(data), "max_minutes": 1}).auto_length
+    assert not resolve_config({"data": str(data), "max_minutes": 1, "max_length": 64}).auto_length
+
+
+def test_short_texts_keep_the_preset_length_without_timing_anything(tmp_path, monkeypatch):
+    from tformer.training import loop
+
+    monkeypatch.setattr(loop, "time_steps", lambda *a, **k: pytest.fail("timed a length"))
+    data = write(tmp_path / "d.jsonl", classification_rows(200))
+    logged = []
+    config = resolve_config({"data": str(data), **TINY, "max_minutes": 0.1, "out": str(tmp_path / "run")})
+    train(config, progress=False, log=logged.append)
+    assert any(line.startswith("max length: 64 tokens, whole for ") and "the preset" in line
+               for line in logged), logged

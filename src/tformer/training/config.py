@@ -107,6 +107,9 @@ class TrainConfig:
                                    "the final test and saving end within it")
     auto_size: bool = _f(True, "with --max-minutes and no size option, a run from scratch takes the "
                          "largest model that gets enough updates in the budget on this machine")
+    auto_length: bool = _f(True, "with --max-minutes and no --max-length, a run from scratch on data "
+                           "whose texts are long takes the longest length (doubling from the preset) "
+                           "that still passes over the data twice in the budget on this machine")
     out: str | None = _f(None, "run directory (default: a new folder under runs/); a non-empty "
                          "folder that is not a tformer run is refused")
     keep: int = _f(1, "checkpoints kept in RUN/checkpoints (the newest; older ones are pruned)")
@@ -288,6 +291,8 @@ def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
         merged.update(layer)
     if SIZE_OPTIONS & set(merged) or "model" in merged:
         merged.setdefault("auto_size", False)  # sizes given: the user's flags win
+    if "max_length" in merged:
+        merged.setdefault("auto_length", False)
     for name, kind in train_types().items():
         value = merged.get(name)
         # YAML 1.1 reads "1e-3" (no dot) as a string; accept what a user means.

@@ -21,6 +21,7 @@ Resuming reads it back and refuses a data file that changed, naming what changed
 
 from __future__ import annotations
 
+import copy
 import heapq
 import json
 import random
@@ -120,6 +121,12 @@ class TextData:
             write_atomic(run_dir / "tokenizer.json", backend.to_str().encode())
             write_json_atomic(run_dir / "data.json", data.describe())
         return data
+
+    def with_max_length(self, max_length: int) -> TextData:
+        """This data with its tokenizer truncating at ``max_length`` (a run choosing its length)."""
+        other = copy.copy(self)
+        other.tokenizer = run_tokenizer(self.tokenizer.backend, max_length)
+        return other
 
     @classmethod
     def from_run(cls, run_dir: Path, config) -> TextData:

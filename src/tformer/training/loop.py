@@ -38,6 +38,7 @@ import contextlib
 import math
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,7 @@ from tformer.checkpoint import (
     save_checkpoint,
 )
 from tformer.config import TransformerConfig
-from tformer.files import new_run_dir, write_atomic
+from tformer.files import new_run_dir, write_atomic, write_json_atomic
 from tformer.rundir import discard_unstarted, open_run_dir, resume_metrics
 from tformer.stats import check_fits
 from tformer.tasks import get_task
@@ -67,7 +68,16 @@ from tformer.training.objective import Objective
 from tformer.training.precision import choose_precision
 from tformer.training.report import Meter, append_jsonl, plot_curves, sample_table, summary
 from tformer.training.schedule import learning_rate
-from tformer.training.sizing import batch_tokens, choose_size, finetune_lr, truncated, wants_auto_size
+from tformer.training.sizing import (
+    batch_tokens,
+    choose_length,
+    choose_size,
+    finetune_lr,
+    time_steps,
+    truncated,
+    wants_auto_length,
+    wants_auto_size,
+)
 from tformer.training.task_objectives import task_objective
 
 
@@ -161,6 +171,19 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
         config, why = finetune_lr(config, source.model_config().d_model)
         source = data_objective(source.data, config)
         log(f"learning rate: {why}")
+    if wants_auto_length(config, resume, world):
+        data = source.data
+
+        def at_length(c: TrainConfig):
+            return data_objective(data.with_max_length(c.max_length), c)
+
+        config, why = choose_length(config, at_length, next(data.epoch_pools()),
+                                    0.9 * (config.max_minutes * 60 - (time.perf_counter() - started)),
+                                    partial(time_steps, step=_probe_step(config, bf16)),
+                                    source.train_records or 1)
+        source = at_length(config)
+        write_json_atomic(run_dir / "data.json", source.data.describe())  # resuming reads it
+        log(f"max length: {why} (--max-length sets it)")
     if config.data is not None and (not resume or config.max_tokens is None):
         sample = source.encode(next(source.data.epoch_pools()))  # a pool: a sample of the file
         cut = truncated([ex.longest for ex in sample], source.tokenizer.max_length)
@@ -281,10 +304,13 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
 
 def _probe_step(config: TrainConfig, bf16: bool):
     """One update of a throwaway model, as train_step does it (for timing)."""
-    optimizers: dict[int, torch.optim.Optimizer] = {}
+    # by model: each model kept alive here, so that no later model reuses its id
+    optimizers: dict[int, tuple[nn.Module, torch.optim.Optimizer]] = {}
 
     def step(model: nn.Module, batch, objective) -> None:
-        optimizer = optimizers.setdefault(id(model), make_optimizer(model, config))
+        if id(model) not in optimizers:
+            optimizers[id(model)] = (model, make_optimizer(model, config))
+        optimizer = optimizers[id(model)][1]
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss, _ = objective.loss(model, batch, config.label_smoothing)
