@@ -169,6 +169,26 @@ def test_onednn_linear_backward_matches_f_linear(monkeypatch, onednn_backward):
     assert_close(grad_b, torch.full((24,), 15.0), what="bias-only grad")
 
 
+def test_the_training_kernel_is_timed_on_a_dense_gradient(monkeypatch, tmp_path):
+    """The measurement sends back what a loss sends back: a dense gradient. A stride-0 tensor
+    of ones (what `.sum().backward()` gives) makes each kernel copy it first, and the choice
+    then times the copies, not the GEMMs (it picked MKL's slower backward on an AVX-512 EPYC)."""
+    from tformer import autotune
+
+    monkeypatch.setenv("TFORMER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(autotune, "_memory", {})
+    seen = []
+    backward = kernels._OneDNNLinear.backward
+
+    def recording(ctx, dy):
+        seen.append(dy.stride())
+        return backward(ctx, dy)
+
+    monkeypatch.setattr(kernels._OneDNNLinear, "backward", staticmethod(recording))
+    kernels.train_kernel(torch.randn(6, 16, requires_grad=True), torch.randn(24, 16))
+    assert seen and all(0 not in stride for stride in seen), seen
+
+
 # Choosing the kernel ------------------------------------------------------------------------------
 def test_why_not_onednn_names_the_reason():
     w = torch.zeros(8, 8)

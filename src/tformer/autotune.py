@@ -50,8 +50,13 @@ def cache_path() -> Path:
     return Path(root) / "kernels.json"
 
 
+# Raised when the way a choice is measured changes: decisions measured the old way are ignored.
+VERSION = 2
+
+
 def machine_key() -> str:
-    return f"{cpu_info()[0]} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+    return (f"{cpu_info()[0]} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+            f" | v{VERSION}")
 
 
 Candidates = dict[str, Callable[[], Any]]

@@ -152,16 +152,19 @@ def train_kernel(x: Tensor, w: Tensor) -> str:
         g = torch.Generator().manual_seed(0)  # never the global generator: dropout draws stay put
         a = torch.randn(rows, w.size(1), generator=g, dtype=x.dtype).requires_grad_()
         m = torch.randn(w.shape, generator=g, dtype=w.dtype).requires_grad_()
+        bias = torch.zeros(w.size(0), dtype=w.dtype).requires_grad_()
+        # A dense gradient, as a loss sends back: `.sum().backward()` would send a stride-0
+        # tensor of ones, which each kernel copies first, and time the copies, not the GEMMs.
+        dy = torch.randn(rows, w.size(0), generator=g, dtype=x.dtype)
 
         def step(apply) -> Callable[[], None]:
             def run() -> None:
                 with torch.autocast("cpu", enabled=False):
-                    apply(a, m).sum().backward()
+                    apply(a, m, bias).backward(dy)
 
             return run
 
-        return {"mkl": step(lambda a, m: F.linear(a, m)),
-                "onednn": step(lambda a, m: _OneDNNLinear.apply(a, m, None))}
+        return {"mkl": step(F.linear), "onednn": step(_OneDNNLinear.apply)}
 
     return autotune.choose("linear-train", shape, candidates)
 
