@@ -20,7 +20,7 @@ import torch
 
 from tformer import int8, kernels
 from tformer.bench import corpus, harness
-from tformer.commands._pretrained import read_lines
+from tformer.lines import TextLines
 from tformer.sentence import SentenceEncoder
 
 
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     reference = SentenceEncoder.from_pretrained(args.model_dir)
     if args.text_file:
-        texts = read_lines(args.text_file, "TEXT_FILE")
+        texts = TextLines(args.text_file, "TEXT_FILE").texts()
     else:
         lengths = reference.tokenizer.lengths
         texts = corpus.sentences(args.count, 3, 230, lambda t: lengths([t])[0])

@@ -301,20 +301,36 @@ def test_padded_positions_are_zeros_everywhere(tiny_config, readable, outputs, d
 
 
 def test_bfloat16_matmul_attention_matches_sdpa():
-    """bf16 with few scores takes the explicit formula (two matmuls, masks and rows that may
-    attend nothing included); it matches SDPA in fp32."""
+    """Under autocast, bf16 with few scores takes the explicit formula (two matmuls, masks and
+    rows that may attend nothing included); it matches SDPA in fp32."""
     from tformer.attention import scaled_dot_product_attention
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 7, 8, generator=g) for _ in range(3))
     mask = torch.from_numpy(padding_mask([7, 4], 7))[:, None, None, :]  # (B, 1, 1, S)
-    assert "bf16" in kernels.why_not_fused_attention(q.bfloat16(), k.bfloat16(), 0.0, False)
-    out, weights = scaled_dot_product_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert "bf16" in kernels.why_not_fused_attention(q.bfloat16(), k.bfloat16(), 0.0, False)
+        out, weights = scaled_dot_product_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask)
     assert weights is None
     out = out.float()
     expected = F.scaled_dot_product_attention(q, k, v, mask)
     cos = F.cosine_similarity(out.flatten(0, 2), expected.flatten(0, 2), dim=-1)
     assert float(cos.min()) >= 0.999
+
+
+def test_bfloat16_attention_outside_autocast_is_fp32_attention_of_the_same_values():
+    """Precision "bf16" (bf16 q, k, v, no autocast): the fused kernel takes softmax(q k^T) v in
+    fp32 on the bf16 values and rounds only the output to bf16 (relative error <= 2^-8)."""
+    from tformer.attention import scaled_dot_product_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 7, 8, generator=g).bfloat16() for _ in range(3))
+    mask = torch.from_numpy(padding_mask([7, 4], 7))[:, None, None, :]  # (B, 1, 1, S)
+    assert kernels.why_not_fused_attention(q, k, 0.0, False) is None
+    out, _ = scaled_dot_product_attention(q, k, v, mask)
+    expected = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), mask)
+    assert out.dtype == torch.bfloat16
+    assert float(((out.double() - expected).abs() / expected.abs().clamp(min=1e-3)).max()) <= 2**-8
 
 
 # The NumPy reference's float32 erf ---------------------------------------------------------------

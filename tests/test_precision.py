@@ -37,7 +37,8 @@ def test_bf16_precision_keeps_norms_embeddings_and_outputs_in_fp32(tiny_config):
 
 @pytest.mark.parametrize("has_bf16_units", [False, True])
 def test_bf16_linear_multiplies_the_rounded_values(monkeypatch, has_bf16_units):
-    """Either kernel computes x_bf16 @ W_bf16^T (+ b) with float accumulation, returned in fp32."""
+    """Either kernel computes x_bf16 @ W_bf16^T (+ b) with float accumulation: bf16 units
+    return it rounded to bf16 (the next bf16 layer reads it as it is), the fp32 product in fp32."""
     monkeypatch.setattr(kernels, "_ONEDNN_BF16", has_bf16_units and kernels._ONEDNN_BF16)
     layer = torch.nn.Linear(48, 40).to(torch.bfloat16)
     x = torch.randn(5, 7, 48)
@@ -46,7 +47,7 @@ def test_bf16_linear_multiplies_the_rounded_values(monkeypatch, has_bf16_units):
         layer.requires_grad_(False)
     expected = torch.nn.functional.gelu(
         x.bfloat16().double() @ layer.weight.double().t() + layer.bias.double())
-    assert y.dtype == torch.float32
+    assert y.dtype == (torch.bfloat16 if kernels._ONEDNN_BF16 else torch.float32)
     tol = 1e-5 if not kernels._ONEDNN_BF16 else 2e-2  # bf16 units round their result to bf16
     assert float((y.double() - expected).abs().max()) <= tol
 
