@@ -44,10 +44,13 @@ MASKS = {
 
 
 # Inference ------------------------------------------------------------------------------------
-@pytest.fixture(params=["onednn", "mkl"])
+@pytest.fixture(params=list(itertools.product(["onednn", "mkl"], ["sdpa", "matmul"])))
 def inference_kernel(request, monkeypatch):
-    """Both linear kernels, whichever this machine measures faster (tformer.autotune)."""
-    monkeypatch.setattr(kernels, "infer_kernel", lambda x, w, activation: request.param)
+    """Both linear kernels and both attention kernels, whichever this machine measures faster
+    (tformer.autotune)."""
+    linear, attention = request.param
+    monkeypatch.setattr(kernels, "infer_kernel", lambda x, w, activation: linear)
+    monkeypatch.setattr(kernels, "attention_kernel", lambda q, k, v: attention)
     return request.param
 
 
@@ -187,6 +190,33 @@ def test_the_training_kernel_is_timed_on_a_dense_gradient(monkeypatch, tmp_path)
     monkeypatch.setattr(kernels._OneDNNLinear, "backward", staticmethod(recording))
     kernels.train_kernel(torch.randn(6, 16, requires_grad=True), torch.randn(24, 16))
     assert seen and all(0 not in stride for stride in seen), seen
+
+
+def test_the_attention_kernel_is_measured_only_for_unmasked_inference(monkeypatch, tmp_path):
+    """Two matmuls replace SDPA only where they can: no grad (SDPA's backward), no mask, no
+    dropout, a score count that fits in memory; there the faster measured here wins, per class."""
+    from tformer import autotune
+
+    monkeypatch.setenv("TFORMER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(autotune, "_memory", {})
+    q, k, v = (torch.randn(2, 3, 5, 8) for _ in range(3))
+    with torch.no_grad():
+        chosen = kernels.attention_kernel(q, k, v)
+    assert chosen in ("sdpa", "matmul")
+    assert [key for key in autotune._memory] == ["attention-infer | 256/8x8/float32"]  # 150 scores, 5 keys
+    assert kernels.attention_kernel(q.requires_grad_(), k, v) == "sdpa"  # training
+    huge = torch.empty(1, 1, 2**11, 8).expand(64, 1, 2**11, 8)  # 2^28 scores
+    assert kernels.attention_kernel(huge, huge, huge) == "sdpa"
+    monkeypatch.setattr(kernels, "attention_kernel", lambda *a: pytest.fail("masked: no choice"))
+    kernels.attention(q.detach(), k, v, torch.ones(5, 5, dtype=torch.bool), 0.0)
+    kernels.attention(q.detach(), k, v, None, 0.1)
+
+
+def test_matmul_attention_equals_sdpa():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 7, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    assert_close(kernels._matmul_attention(q, k, v), F.scaled_dot_product_attention(q, k, v),
+                 np.float64, what="matmul attention")
 
 
 # Choosing the kernel ------------------------------------------------------------------------------

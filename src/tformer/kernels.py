@@ -22,6 +22,7 @@ Shape legend: B batch, S length, N real tokens, D model dim, H heads, Dh head di
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator
 
 import torch
@@ -53,6 +54,9 @@ _ONEDNN_INT8 = hasattr(torch.ops, "onednn") and hasattr(torch.ops.onednn, "qline
 # bf16 attention: below this many scores (B * H * T * S, 32 MiB of bf16) two matmuls beat
 # SDPA's flash kernel, which runs bf16 at about half their speed on CPU.
 _BF16_SCORES_MAX = 2**24
+# Past this many scores (B * H * T * S, 16 MiB of fp32) attention is SDPA's without measuring:
+# two matmuls would form them all, and timing them costs as much as it could win.
+_MATMUL_SCORES_MAX = 2**22
 
 _readable = False
 
@@ -249,20 +253,48 @@ def why_not_onednn_int8(x: Tensor, packed: Tensor | None) -> str | None:
 
 # Attention ------------------------------------------------------------------------------------
 def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout_p: float) -> Tensor:
-    """softmax(q k^T / sqrt(Dh)) v without forming the weights: SDPA's fused kernel.
+    """softmax(q k^T / sqrt(Dh)) v without returning the weights: SDPA's fused kernel, or, for
+    an unmasked inference call, two matmuls where they are measured faster here.
 
     Rows that may attend nothing are not fixed here (the caller zeroes them).
 
     Shape: q (B, H, T, Dh); k, v (B, H, S, Dh); allowed broadcastable to (B, H, T, S) -> (B, H, T, Dh)
     """
-    if q.dtype == torch.bfloat16 and not torch.is_autocast_enabled(q.device.type):
+    dtype = q.dtype
+    if dtype == torch.bfloat16 and not torch.is_autocast_enabled(q.device.type):
         # bf16 values outside autocast (precision "bf16"): the scores and softmax in fp32, on
         # the same values. CPU's bf16 flash kernel runs slower than its fp32 one, and bf16
         # scores cost 2e-5 of min cosine on all-MiniLM-L6-v2 (0.99995 -> 0.99993).
-        out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=allowed,
-                                             dropout_p=dropout_p)
-        return out.to(torch.bfloat16)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
+        q, k, v = q.float(), k.float(), v.float()
+    if allowed is None and dropout_p == 0.0 and attention_kernel(q, k, v) == "matmul":
+        out = _matmul_attention(q, k, v)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
+    return out.to(dtype)
+
+
+def _matmul_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The explicit formula, unmasked: scores, softmax, weighted sum (three passes over the
+    scores; fast while they fit in the caches)."""
+    return (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).softmax(dim=-1) @ v
+
+
+def attention_kernel(q: Tensor, k: Tensor, v: Tensor) -> str:
+    """"sdpa" or "matmul" for an unmasked attention call without dropout: the faster measured on
+    this machine for the shape class (the score count's and the key length's powers of two).
+    SDPA's flash kernel walks the keys in blocks; two matmuls form all the scores, which is
+    1.5-3x faster while they fit in the caches (batches of short sequences, packed groups) and
+    up to 5x slower past them (AMD EPYC Zen 4: faster below about 2^19 scores)."""
+    if (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)) \
+            or tracing() or is_in_torch_dispatch_mode() or q.device.type != "cpu":
+        return "sdpa"  # training (its backward), compilers and exporters, other devices: SDPA's
+    scores = q.shape[:-1].numel() * k.size(-2)
+    if scores > _MATMUL_SCORES_MAX:
+        return "sdpa"  # the scores would not fit in any cache, and memory grows as their square
+    shape = f"{1 << (scores - 1).bit_length()}/{1 << (k.size(-2) - 1).bit_length()}x{q.size(-1)}/" \
+            f"{str(q.dtype).removeprefix('torch.')}"
+    return autotune.choose("attention-infer", shape, lambda: {
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v), "matmul": lambda: _matmul_attention(q, k, v)})
 
 
 def why_not_fused_attention(q: Tensor, k: Tensor, dropout_p: float, need_weights: bool) -> str | None:
