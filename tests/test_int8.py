@@ -104,11 +104,14 @@ def test_the_probed_bits_keep_the_largest_sums_exact():
 
 
 def test_int8_model_keeps_fp32_outside_the_multiplies(tiny_config):
+    """(The suite pins has_bf16 to False: the down projection int8 leaves in float is fp32.)"""
     model = to_precision(Encoder(tiny_config), "int8").eval()
     layer = model.layers[0]
     assert isinstance(layer.ffn.up, int8.Int8Linear) and isinstance(layer.self_attn.out_proj, int8.Int8Linear)
     assert isinstance(layer.self_attn.qkv_proj, int8.Int8Linear) == (int8.exact_bits() == 8)
-    assert layer.self_attn.out_proj.rotation is None and layer.ffn.down.rotation is not None
+    assert layer.self_attn.out_proj.rotation is None and layer.ffn.up.rotation is not None
+    assert isinstance(layer.ffn.down, torch.nn.Linear)  # int8.KEEP_FLOAT: fp32 (no bf16 units here)
+    assert layer.ffn.down.weight.dtype == torch.float32
     ids = torch.randint(0, tiny_config.vocab_size, (3, 9))
     mask = torch.ones(3, 9, dtype=torch.bool)
     mask[1, 4:] = False
@@ -136,6 +139,24 @@ def test_cli_embed_dtype_int8(tmp_path):
     assert main([*base, "--dtype", "int8", "--out", str(tmp_path / "int8.npy")]) == 0
     fp32, q8 = np.load(tmp_path / "fp32.npy"), np.load(tmp_path / "int8.npy")
     assert (fp32 * q8).sum(axis=1).min() >= 0.99
+
+
+def test_int8_leaves_the_down_projection_in_bf16_where_the_cpu_has_bf16_units(tiny_config, monkeypatch):
+    import tformer.precision
+
+    monkeypatch.setattr(tformer.precision, "has_bf16", lambda: True)
+    fp32 = Encoder(tiny_config.replace(activation="gelu")).eval()
+    model = Encoder(tiny_config.replace(activation="gelu")).eval()
+    model.load_state_dict(fp32.state_dict())
+    to_precision(model, "int8")
+    ffn = model.layers[0].ffn
+    assert isinstance(ffn.up, int8.Int8Linear) and ffn.up.weight_scale.dtype == torch.float32
+    assert isinstance(ffn.down, torch.nn.Linear) and ffn.down.weight.dtype == torch.bfloat16
+    ids = torch.randint(0, tiny_config.vocab_size, (2, 7))
+    with torch.no_grad():
+        out, expected = model(ids).last_hidden_state, fp32(ids).last_hidden_state
+    assert out.dtype == torch.float32
+    assert float(torch.nn.functional.cosine_similarity(out, expected, dim=-1).min()) >= 0.99
 
 
 def test_int8_linear_edge_inputs():

@@ -71,3 +71,18 @@ def test_quick_peer_workloads(tmp_path, capsys):
         assert r["median_ms"] is not None or r["note"].startswith("skipped: "), r
     assert "sentences/s" in rows[("sentences-minilm", "tformer fp32")]["note"]
     assert data["machine"]["isa"] == cpu_info()[1] and "threads" in table
+
+
+def test_model_dir_encodes_with_the_given_model(tmp_path, capsys):
+    """--model-dir: sentences-minilm encodes with the user's model (trained weights: the
+    low-precision cosines mean something), named in the notes; tformer's own rows only here."""
+    from hf_bert_fixtures import st_dir
+
+    model = st_dir("mean", True)
+    _, data = _run(tmp_path, capsys, "--only", "sentences-minilm", "--contenders", "tformer",
+                   "--model-dir", str(model))
+    contenders = {r["contender"] for r in data["rows"]}
+    assert {"tformer fp32", "tformer int8"} <= contenders
+    assert any(f"{model} (trained weights)" in note for note in data["notes"])
+    assert main(["bench", "--only", "sentences-minilm", "--model-dir", str(tmp_path)]) == 2
+    assert f"--model-dir {tmp_path}: expected a model directory with a config.json" in capsys.readouterr().err

@@ -18,6 +18,7 @@ class Settings:
     rounds: int | None = None  # None: each workload's default
     threads: int = 2
     contenders: list[str] | None = None  # peer workloads: only contenders whose name starts so
+    model_dir: str | None = None  # sentences-minilm: this BERT-format / sentence-transformers model
 
     def n_rounds(self, full: int) -> int:
         return self.rounds if self.rounds is not None else (2 if self.quick else full)

@@ -35,9 +35,15 @@ def sentences(s) -> Report:
     n, max_tokens = (48, 60) if s.quick else (480, 230)
     with tempfile.TemporaryDirectory(prefix="tformer-bench-") as tmp:
         work = Path(tmp)
-        vocab = _vocab(work)
-        model = corpus.write_bert(work / "model", "tiny" if s.quick else "minilm", vocab)
-        corpus.write_sentence_layout(model)
+        if s.model_dir:
+            model = Path(s.model_dir)
+            weights = f"{model} (trained weights)"
+        else:
+            model = corpus.write_bert(work / "model", "tiny" if s.quick else "minilm", _vocab(work))
+            corpus.write_sentence_layout(model)
+            weights = (f"BERT-format model with all-MiniLM-L6-v2's shape "
+                       f"{corpus.SHAPES['tiny' if s.quick else 'minilm']}, random weights "
+                       "(--model-dir takes a trained one)")
         tokenizer = load_tokenizer(model)
         texts = corpus.sentences(n, 3, max_tokens, lambda t: tokenizer.lengths([t])[0])
         inputs = work / "texts.json"
@@ -50,8 +56,7 @@ def sentences(s) -> Report:
         report.notes.append(
             f"sentences-minilm: {n} texts of 3..{max_tokens} tokens (stdlib docstrings, {tokens} tokens), "
             f"batch {peers.BATCH_SIZE}, longest first, mean pooling + L2 normalisation, tokenization "
-            "included (the same `tokenizers` library for all); BERT-format model with "
-            f"all-MiniLM-L6-v2's shape {corpus.SHAPES['tiny' if s.quick else 'minilm']}, random weights.")
+            f"included (the same `tokenizers` library for all); {weights}.")
         _targets(report, timings, "sentences-minilm", [
             ("tformer fp32", "fp32 peers", 1.25), ("tformer bf16", "OpenVINO default precision", 1.3),
             ("tformer int8", "ONNX Runtime int8 (per-channel)", 1.0)])

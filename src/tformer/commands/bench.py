@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 HELP = ("benchmark tformer against torch.nn, HF BertModel and the deployment runtimes (ONNX Runtime, "
         "CTranslate2, OpenVINO, sentence-transformers): one markdown table")
@@ -29,6 +30,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="peer workloads (sentences-minilm, mixed-base): run only the contenders whose "
                         "name starts with one of these, e.g. 'ONNX Runtime' CTranslate2 (tformer fp32 "
                         "always runs: it is the reference)")
+    p.add_argument("--model-dir", metavar="DIR",
+                   help="sentences-minilm: encode with this BERT-format or sentence-transformers "
+                        "directory instead of a random-weight one of all-MiniLM-L6-v2's shape (the "
+                        "int8 and bf16 cosines mean something only on trained weights)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
 
 
@@ -50,8 +55,11 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", message=".*nested tensors is in prototype.*")
     warnings.filterwarnings("ignore", message=".*enable_nested_tensor is True.*")
+    if args.model_dir is not None and not (Path(args.model_dir) / "config.json").is_file():
+        raise FileNotFoundError(f"--model-dir {args.model_dir}: expected a model directory with a "
+                                "config.json, found none")
     settings = workloads.Settings(quick=args.quick, rounds=args.rounds, threads=args.threads,
-                                  contenders=args.contenders)
+                                  contenders=args.contenders, model_dir=args.model_dir)
     start = time.perf_counter()
 
     def progress(name: str) -> None:

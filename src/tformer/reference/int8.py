@@ -89,12 +89,16 @@ class Int8Linear(Module):
         return y.astype(np.float32).reshape(*x.shape[:-1], -1)  # (..., M)
 
 
+KEEP_FLOAT = ("down",)  # the feed-forward network's down projection, as tformer.int8
+
+
 def quantize(model: Module, bits: int = 8) -> Module:
-    """Replace the Linears of every attention and feed-forward block, as tformer.int8.quantize."""
+    """Replace the Linears of every attention and feed-forward block but KEEP_FLOAT's, as
+    tformer.int8.quantize."""
     def visit(module: Module) -> None:
         for name, child in list(vars(module).items()):
             if isinstance(module, MultiHeadAttention | FeedForward) and isinstance(child, Linear):
-                if bits < 8 and name in ("qkv_proj", "q_proj", "kv_proj"):
+                if name in KEEP_FLOAT or bits < 8 and name in ("qkv_proj", "q_proj", "kv_proj"):
                     continue
                 setattr(module, name, Int8Linear(child, bits, rotated=name != "out_proj"))
             elif isinstance(child, Module):
