@@ -6,7 +6,7 @@
     run.predict(["a dog"])          # [{"label": "animal", "probabilities": {...}}]
     run.evaluate()                  # the test split's metrics (or evaluate(data=rows_or_path))
     run.export(hf="out/")           # what `tformer export RUN --hf out/` writes
-    run.export(hf="out/")           # what `tformer export` writes
+    run.generate(["a text"]), run.embed(["a text"])   # seq2seq and embedding runs
     run = tformer.load_run("runs/x")  # the same object for a run directory
 
 `data`, `valid` and `test` take a file path (JSONL/CSV/TSV) or records (a list or any iterable

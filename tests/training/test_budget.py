@@ -186,7 +186,8 @@ def test_a_timed_run_on_long_texts_takes_the_longest_length_its_budget_passes_ov
     data = write(tmp_path / "d.jsonl", _long_and_short_rows())
     logged = []
     config = resolve_config({"data": str(data), **{k: v for k, v in TINY.items() if k != "max_tokens"},
-                             "max_minutes": 0.2, "out": str(tmp_path / "run")})
+                             "max_minutes": 0.2, "precision": "fp32",  # times lengths only
+                             "out": str(tmp_path / "run")})
     assert config.auto_length and config.max_length == 64 and config.max_tokens is None
     train(config, progress=False, log=logged.append)
     chosen = [line for line in logged if line.startswith("max length: ") and "whole for" in line]
@@ -220,7 +221,8 @@ def test_short_texts_keep_the_preset_length_without_timing_anything(tmp_path, mo
     monkeypatch.setattr(loop, "time_steps", lambda *a, **k: pytest.fail("timed a length"))
     data = write(tmp_path / "d.jsonl", classification_rows(200))
     logged = []
-    config = resolve_config({"data": str(data), **TINY, "max_minutes": 0.1, "out": str(tmp_path / "run")})
+    config = resolve_config({"data": str(data), **TINY, "max_minutes": 0.1, "precision": "fp32",
+                             "out": str(tmp_path / "run")})
     train(config, progress=False, log=logged.append)
     assert any(line.startswith("max length: 64 tokens, whole for ") and "the preset" in line
                for line in logged), logged

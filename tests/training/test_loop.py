@@ -106,6 +106,44 @@ def test_bf16_autocast_trains(tmp_path):
     assert np.isfinite(lines[-1]["loss"])
 
 
+@pytest.mark.parametrize("bf16_seconds, expected", [(0.5, "bf16"), (1.2, "fp32")])
+def test_auto_precision_keeps_bf16_only_where_this_model_trains_faster_in_it(
+        tmp_path, monkeypatch, bf16_seconds, expected):
+    """auto picks bf16 from a generic product, then times the run's own model both ways: a
+    model too small to gain stays fp32; a resumed run keeps what it chose."""
+    import tformer.training.precision as training_precision
+    from tformer.training import loop
+
+    monkeypatch.setattr(training_precision, "has_bf16", lambda: True)
+    monkeypatch.setattr(training_precision, "bf16_speedup", lambda: 2.0)
+    monkeypatch.setattr(training_precision, "bf16_supported", lambda: True)
+    timed = []
+
+    def fake_time_steps(objective, bf16):  # 1 s per fp32 step, bf16_seconds per bf16 step
+        timed.append(bf16)
+        return bf16_seconds if bf16 else 1.0
+
+    monkeypatch.setattr(loop, "_probe_step", lambda config, bf16: bf16)  # the step: its precision
+    monkeypatch.setattr(loop, "time_steps", fake_time_steps)
+    data = write(tmp_path / "d.jsonl", classification_rows())
+    logged = []
+    config = resolve_config({"data": str(data), "d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1,
+                             "vocab_size": 300, "max_tokens": 512, "steps": 4, "threads": 1,
+                             "out": str(tmp_path / "run")})
+    train(config, progress=False, log=logged.append)
+    assert sorted(timed) == [False, True]
+    chosen = [line for line in logged if line.startswith("precision: ")]
+    assert len(chosen) == 1 and chosen[0].startswith(f"precision: {expected} (")
+    assert "training step of this model" in chosen[0]
+    state = json.loads((check_run_dir(tmp_path / "run") / "trainer_state.json").read_text())
+    assert state["precision"] == expected
+    logged.clear()
+    train(resume_config(tmp_path / "run", {"steps": 6}), resume=True, progress=False, log=logged.append)
+    assert [line for line in logged if line.startswith("precision: ")] == [
+        f"precision: {expected} (as the run chose when it started)"]
+    assert len(timed) == 2  # nothing measured again
+
+
 def test_data_errors_are_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"source": "a", "target": "b"}\n{"source": "c", "target": ""}\n')

@@ -79,8 +79,9 @@ class TrainConfig:
                                 "none: --batch-size examples of the data's mean length (the "
                                 "default for seq2seq, classification and fine-tuning)")
     accumulate: int = _f(1, "batches whose gradients are summed per update")
-    precision: str = _f("auto", "auto (bf16 autocast where this CPU computes bf16 natively and it is "
-                        "measured faster, else fp32), fp32 or bf16 (fp32 master weights either way)")
+    precision: str = _f("auto", "auto (bf16 autocast where this CPU computes bf16 natively and a step of "
+                        "this model is measured faster in it, else fp32), fp32 or bf16 (fp32 master "
+                        "weights either way)")
     # Optimisation.
     steps: int = _f(2000, "optimizer updates in total (a resumed run continues up to this count)")
     epochs: int | None = _f(None, "data runs: stop after this many passes over the training data")

@@ -65,7 +65,7 @@ from tformer.training.data_objectives import data_objective
 from tformer.training.dataset import TextData
 from tformer.training.distributed import any_rank, average_gradients, barrier, rank_and_world, sum_over_ranks
 from tformer.training.objective import Objective
-from tformer.training.precision import choose_precision
+from tformer.training.precision import choose_precision, confirm_bf16
 from tformer.training.report import Meter, append_jsonl, plot_curves, sample_table, summary
 from tformer.training.schedule import learning_rate
 from tformer.training.sizing import (
@@ -136,8 +136,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
         log = lambda *a, **k: None  # noqa: E731
     if config.threads is not None:
         torch.set_num_threads(config.threads)
-    precision, why = choose_precision(config.precision)
-    log(f"precision: {precision} ({why})")
+    precision = choose_precision(config.precision)  # the machine's answer; _train may refine it
     run_dir = Path(config.out) if config.out else new_run_dir(config.name)
     if world > 1 and config.out is None:
         raise ValueError("out: data-parallel runs need --out (every rank must agree on it)")
@@ -150,7 +149,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
     created = writer and not run_dir.exists()
     try:
         with open_run_dir(run_dir, resume) if writer else contextlib.nullcontext():
-            return _train(config, resume, progress, log, rank, world, started, precision == "bf16")
+            return _train(config, resume, progress, log, rank, world, started, precision)
     except (ValueError, OSError):
         if created and latest_checkpoint(run_dir) is None:
             discard_unstarted(run_dir)  # e.g. a bad data file: no directory holding only a lock
@@ -158,8 +157,9 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
 
 
 def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, world: int,
-           started: float, bf16: bool) -> dict[str, Any]:
+           started: float, precision: tuple[str, str]) -> dict[str, Any]:
     writer = rank == 0
+    bf16, why_precision = precision[0] == "bf16", precision[1]
     run_dir = Path(config.out)
     metrics_path = run_dir / "metrics.jsonl"
     # Rank 0 trains the tokenizer and writes it; the others wait, then read that very file.
@@ -200,17 +200,24 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
         source = data_objective(source.data, config)
         log(f"model size: {why} (size options turn this off)")
     check_fits(source.model_config(), source.model_kind, training=True, what="model")
+    if config.precision == "auto" and bf16 and not resume:  # generic product faster: this model too?
+        bf16, why_precision = confirm_bf16(lambda b: time_steps(source, _probe_step(config, b)))
+        bf16 = any_rank(bf16, world)  # every rank trains in the same precision
     torch.manual_seed(config.seed)
     model = source.build_model()
     optimizer = make_optimizer(model, config)
     state: dict[str, Any] = {"step": 0, "wall_seconds": 0.0, "schedule": config.schedule}
     if resume:
         state = load_training_state(run_dir, model, optimizer)
+        if config.precision == "auto" and state.get("precision") in ("fp32", "bf16"):
+            bf16, why_precision = state["precision"] == "bf16", "as the run chose when it started"
         finished = resume_metrics(metrics_path, state, config.steps) if writer else None
         if finished is not None:
             log(f"{run_dir} already finished at step {state['step']}; its test result:")
             log(summary(finished, source.main_metric))
             return finished
+    state["precision"] = "bf16" if bf16 else "fp32"
+    log(f"precision: {state['precision']} ({why_precision})")
     n_params = sum(p.numel() for p in model.parameters())
     log(f"{source.description}; {n_params:,} parameters; run dir {run_dir}")
     baseline = source.baseline()
