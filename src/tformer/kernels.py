@@ -51,9 +51,6 @@ _ONEDNN_INT8 = hasattr(torch.ops, "onednn") and hasattr(torch.ops.onednn, "qline
 # depends on the machine (oneDNN's ran 1.2x-2.2x MKL's GEMMs on one AVX-512 CPU, and made a
 # BERT-base step 1.34x slower on another), so it is measured here per shape class
 # (tformer.autotune), never chosen from CPU flags.
-# bf16 attention: below this many scores (B * H * T * S, 32 MiB of bf16) two matmuls beat
-# SDPA's flash kernel, which runs bf16 at about half their speed on CPU.
-_BF16_SCORES_MAX = 2**24
 # Past this many scores (B * H * T * S, 16 MiB of fp32) attention is SDPA's without measuring:
 # two matmuls would form them all, and timing them costs as much as it could win.
 _MATMUL_SCORES_MAX = 2**22
@@ -260,16 +257,19 @@ def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout_p
 
     Shape: q (B, H, T, Dh); k, v (B, H, S, Dh); allowed broadcastable to (B, H, T, S) -> (B, H, T, Dh)
     """
-    dtype = q.dtype
-    if dtype == torch.bfloat16 and not torch.is_autocast_enabled(q.device.type):
-        # bf16 values outside autocast (precision "bf16"): the scores and softmax in fp32, on
-        # the same values. CPU's bf16 flash kernel runs slower than its fp32 one, and bf16
-        # scores cost 2e-5 of min cosine on all-MiniLM-L6-v2 (0.99995 -> 0.99993).
+    dtype, cpu = q.dtype, q.device.type == "cpu"
+    if dtype == torch.bfloat16 and cpu:
+        # bf16 values (precision "bf16", autocast training): the scores and softmax in fp32, on
+        # the same values. CPU's bf16 flash kernel runs at a third to a half of its fp32 one
+        # (forward and backward; AMD EPYC Zen 4), and bf16 scores cost 2e-5 of min cosine on
+        # all-MiniLM-L6-v2 (0.99995 -> 0.99993).
         q, k, v = q.float(), k.float(), v.float()
-    if allowed is None and dropout_p == 0.0 and attention_kernel(q, k, v) == "matmul":
-        out = _matmul_attention(q, k, v)
-    else:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
+    # autocast would cast them back to bf16
+    with torch.autocast("cpu", enabled=False) if cpu else contextlib.nullcontext():
+        if allowed is None and dropout_p == 0.0 and attention_kernel(q, k, v) == "matmul":
+            out = _matmul_attention(q, k, v)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
     return out.to(dtype)
 
 
@@ -303,10 +303,6 @@ def why_not_fused_attention(q: Tensor, k: Tensor, dropout_p: float, need_weights
         return "attention weights requested: only the explicit softmax forms them"
     if _readable:
         return "kernels.readable() asks for the explicit softmax"
-    b, h, t, _ = q.shape
-    if (q.dtype == torch.bfloat16 and torch.is_autocast_enabled(q.device.type) and dropout_p == 0.0
-            and b * h * t * k.size(2) <= _BF16_SCORES_MAX):
-        return "autocast bf16, few scores: two matmuls beat SDPA's flash kernel (half their speed)"
     return None
 
 

