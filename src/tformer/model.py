@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tformer import kernels
@@ -322,9 +321,8 @@ class Seq2SeqTransformer(nn.Module):
             output_attentions,
         )
         h = out.last_hidden_state
-        logits = self.lm_head(h) if self.lm_head is not None else F.linear(
-            h, self.target_embedding.weight
-        )  # (B, T, V)
+        weight = self.lm_head.weight if self.lm_head is not None else self.target_embedding.weight
+        logits = kernels.linear_weights(h, weight)  # (B, T, V): tied to the embedding (§3.4) or not
         return Seq2SeqOutput(
             logits, out.past_key_values, None, out.attentions, out.cross_attentions
         )
