@@ -59,7 +59,8 @@ def main() -> int:
 
     model, flags = cpu_info()
     print(f"CPU: {model}; flags: {', '.join(flags)}; {args.threads} threads\n")
-    print("| run | steps | metric | fp32 last valid / test | bf16 last valid / test | fp32 / bf16 wall s | auto chooses |")
+    print("| run | steps | metric | fp32 last valid / test | bf16 last valid / test "
+          "| fp32 / bf16 wall s | auto chooses |")
     print("|---|---|---|---|---|---|---|")
     for name, source, steps, metric in RUNS:
         if args.only and name not in args.only:
@@ -77,7 +78,7 @@ def main() -> int:
             results[precision] = run([*source, "--steps", str(n)], out, precision, args.threads)
         f, a = results["fp32"], results["bf16"]
 
-        def pair(r: dict) -> str:
+        def pair(r: dict, metric: str = metric) -> str:
             return f"{r['valid'].get(metric, float('nan')):.4f} / {r['test'][metric]:.4f}"
 
         print(f"| {name} | {steps} | {metric} | {pair(f)} | {pair(a)} | "

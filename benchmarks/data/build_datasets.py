@@ -4,7 +4,7 @@ Nothing is downloaded: the texts come from files a Debian system ships.
 
     python benchmarks/data/build_datasets.py --out data/
 
-writes three files, one per objective:
+writes these files:
 
 en_de.jsonl          {"source", "target"}  English -> German user-interface messages: every
                      translated message of the gettext catalogs /usr/share/locale/de/LC_MESSAGES/*.mo
@@ -18,6 +18,11 @@ debian_sections.jsonl {"text", "label"}    Debian package summaries (the one-lin
                      frequent sections; from `apt-cache dumpavail` (the package lists apt already
                      has: summaries only), else /var/lib/dpkg/status. Each section is capped at
                      PER_LABEL_CAP packages so libs does not dominate.
+man_sections.jsonl   {"text", "label"}    the DESCRIPTION section of each man page (markup
+                     dropped) labelled with its section (man1 user commands, man3 library
+                     calls, ...): long texts (median ~128 words), for the --max-length choice.
+debian_described.jsonl {"text", "label"}  the Debian packages with their long description, where
+                     the machine has them (dpkg's status; apt's lists hold summaries only).
 en_fr_pairs.jsonl    {"anchor", "positive"} an English gettext message and its French
                      translation (the fr catalogs, built as en_de.jsonl): cross-lingual
                      retrieval, as in bitext mining; a from-scratch model must learn that
@@ -189,7 +194,11 @@ def main() -> None:
     # The same packages with their whole description: long texts, for the --max-length choice.
     described = [{"text": " ".join([p["summary"], *p["long"]]), "label": p["section"]}
                  for p in packages if p["section"] in keep and p["long"]]
-    _write(out / "debian_described.jsonl", _capped(described, PER_LABEL_CAP))
+    if len(described) >= 1000:  # apt's package lists hold summaries only; dpkg's status has all
+        _write(out / "debian_described.jsonl", _capped(described, PER_LABEL_CAP))
+    else:
+        print(f"debian_described.jsonl: not written (only {len(described)} packages here have a "
+              "long description)")
     _write(out / "man_sections.jsonl", man_sections(rng))
     fr = gettext_pairs("fr")
     rng.shuffle(fr)

@@ -284,7 +284,7 @@ def attention_kernel(q: Tensor, k: Tensor, v: Tensor) -> str:
     this machine for the shape class (the score count's and the key length's powers of two).
     SDPA's flash kernel walks the keys in blocks; two matmuls form all the scores, which is
     1.5-3x faster while they fit in the caches (batches of short sequences, packed groups) and
-    up to 5x slower past them (AMD EPYC Zen 4: faster below about 2^19 scores)."""
+    up to 5x slower past them (AMD EPYC Zen 4: faster below about 2^20 scores)."""
     if (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)) \
             or tracing() or is_in_torch_dispatch_mode() or q.device.type != "cpu":
         return "sdpa"  # training (its backward), compilers and exporters, other devices: SDPA's
@@ -294,7 +294,8 @@ def attention_kernel(q: Tensor, k: Tensor, v: Tensor) -> str:
     shape = f"{1 << (scores - 1).bit_length()}/{1 << (k.size(-2) - 1).bit_length()}x{q.size(-1)}/" \
             f"{str(q.dtype).removeprefix('torch.')}"
     return autotune.choose("attention-infer", shape, lambda: {
-        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v), "matmul": lambda: _matmul_attention(q, k, v)})
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v),
+        "matmul": lambda: _matmul_attention(q, k, v)})
 
 
 def why_not_fused_attention(q: Tensor, k: Tensor, dropout_p: float, need_weights: bool) -> str | None:

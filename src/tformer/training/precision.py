@@ -20,7 +20,6 @@ from tformer.machine import NO_BF16, has_bf16
 from tformer.model import Encoder
 from tformer.precision import MIN_SPEEDUP, bf16_speedup
 
-
 # bf16 autocast must make a training step of the run's own model at least this much faster to be
 # kept: a small model's products gain less than its casts cost (the built-in reverse task's
 # model trained 1.2x slower under bf16 on an AMD EPYC Zen 4 whose 512^3 product ran 1.95x faster).
