@@ -18,15 +18,17 @@ Shape legend: B batch, S source length, L generated length, D model dim, V vocab
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import zlib
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from tformer.bench import corpus
+from tformer.bench import corpus, peers, worker
 from tformer.bench.harness import Report, Row, Target, measure, paired_ratio
 from tformer.config import TransformerConfig
 from tformer.generate import GenerationOutput, beam_search, greedy_search
@@ -138,8 +140,8 @@ def hf_generate(hf, src: Tensor, mask: Tensor, max_len: int, eos: int, beams: in
     return GenerationOutput(out[:, 1:], torch.zeros(len(out)), eos, PAD).tolist()
 
 
-def ctranslate2_translator(hf, directory: str, threads: int):
-    """A CTranslate2 Translator converted from the HF export ``hf``, or (None, why).
+def ctranslate2_export(hf, directory: str) -> str:
+    """Convert the HF export ``hf`` into a CTranslate2 model in ``directory``; "" or why not.
 
     CTranslate2's own Marian loader starts the decoder from a zero embedding and drops the last
     vocabulary entry (Marian quirks tformer does not have), so the export goes through its BART
@@ -147,10 +149,9 @@ def ctranslate2_translator(hf, directory: str, threads: int):
     The vocabulary is the ids spelled "t0", "t1", ...
     """
     try:
-        import ctranslate2
         from ctranslate2.converters.transformers import BartLoader
     except ImportError:
-        return None, "ctranslate2 is not installed (pip install ctranslate2)"
+        return "ctranslate2 is not installed (pip install tformer[bench])"
     hf.config.normalize_before = False
     hf.config.normalize_embedding = False
     spec = BartLoader().get_model_spec(hf)
@@ -162,19 +163,57 @@ def ctranslate2_translator(hf, directory: str, threads: int):
     spec.config.layer_norm_epsilon = 1e-5
     spec.validate()
     spec.optimize(quantization=None)
+    os.makedirs(directory, exist_ok=True)
     spec.save(directory)
-    return ctranslate2.Translator(directory, device="cpu", inter_threads=1,
-                                  intra_threads=threads), ""
+    return ""
 
 
-def ct2_generate(translator, src: Tensor, mask: Tensor, max_len: int, eos: int,
-                 beams: int) -> list[list[int]]:
+def ct2_generate(translator, src, mask, max_len: int, eos: int, beams: int) -> list[list[int]]:
     """CTranslate2 greedy (beams 1) or beam search; per row the ids up to EOS."""
     batch = [[f"t{i}" for i in row[m].tolist()] for row, m in zip(src, mask, strict=True)]
     results = translator.translate_batch(batch, beam_size=beams, max_decoding_length=max_len,
                                          end_token=f"t{eos}", return_end_token=True,
                                          length_penalty=1.0)
     return [[int(t[1:]) for t in r.hypotheses[0]] for r in results]
+
+
+def ct2_decoder(spec: dict) -> Callable[[], list[list[int]]]:
+    """In a worker process (tformer.bench.worker, task "decode"): the CTranslate2 model in
+    spec["model"] decoding spec["inputs"] (.npz: src, mask) with spec["beams"] beams."""
+    import ctranslate2
+    import numpy as np
+
+    data = np.load(spec["inputs"])
+    src, mask = data["src"], data["mask"].astype(bool)
+    translator = ctranslate2.Translator(spec["model"], device="cpu", inter_threads=1,
+                                        intra_threads=spec["threads"])
+    return lambda: ct2_generate(translator, src, mask, spec["max_len"], spec["eos"], spec["beams"])
+
+
+def ct2_workers(hf, src: Tensor, mask: Tensor, max_len: int, eos: int, threads: int,
+                work: Path) -> tuple[dict, str]:
+    """CTranslate2 greedy and beam 4, each in its own process: ({name: Worker}, "") or ({}, why).
+
+    Its own process, as the encoder peers have (worker.py): CTranslate2 ships its own OpenMP
+    runtime, and once it has run in a process, torch's decoding there ran 1.4-1.7x slower
+    (AMD EPYC Zen 4, 2 threads), which would have charged the peer's cost to tformer.
+    """
+    why = ctranslate2_export(hf, str(work / "ct2"))
+    if why:
+        return {}, why
+    import numpy as np
+
+    np.savez(work / "decode-inputs.npz", src=src.numpy(), mask=mask.numpy())
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env.update({k: os.environ.get(k, v) for k, v in peers.CT2_ENV.items()})  # the caller's win
+    workers = {}
+    for index, beams in enumerate((1, 4)):
+        spec = {"name": f"CTranslate2 {'greedy' if beams == 1 else 'beam 4'}", "task": "decode",
+                "model": str(work / "ct2"), "inputs": str(work / "decode-inputs.npz"),
+                "threads": threads, "beams": beams, "max_len": max_len, "eos": eos,
+                "index": index, "work": str(work)}
+        workers[spec["name"]] = worker.Worker(spec, env)
+    return workers, ""
 
 
 # Inputs --------------------------------------------------------------------------------------------
@@ -245,15 +284,30 @@ def decoding(s, shape: str = "marian") -> Report:
             runs["HF generate greedy"] = lambda: hf_generate(hf, src, mask, max_len, eos, 1)
             runs["HF generate beam 4"] = lambda: hf_generate(hf, src, mask, max_len, eos, 4)
             notes["HF generate greedy"] = f"logits max diff {diff:.1e}"
-    translator, why = (None, "HF export missing") if hf is None else ctranslate2_translator(
-        hf, workdir.name, s.threads)
-    if translator is None:
+    ct2, why = ({}, "HF export missing") if hf is None else ct2_workers(
+        hf, src, mask, max_len, eos, s.threads, Path(workdir.name))
+    if why:
         report.notes.append(f"{name}: CTranslate2 skipped: {why}")
-    else:
-        runs["CTranslate2 greedy"] = lambda: ct2_generate(translator, src, mask, max_len, eos, 1)
-        runs["CTranslate2 beam 4"] = lambda: ct2_generate(translator, src, mask, max_len, eos, 4)
+    try:
+        return _timed(report, name, model, runs, ct2, notes, src, mask, max_len, eos, vocab, s)
+    finally:
+        for w in ct2.values():
+            w.close()
+        workdir.cleanup()
+
+
+def _timed(report: Report, name: str, model: Seq2SeqTransformer, runs: dict, ct2: dict,
+           notes: dict, src: Tensor, mask: Tensor, max_len: int, eos: int, vocab: int, s) -> Report:
+    """Check every contender's output against tformer's, time them in rounds, fill the report."""
+    batch = src.size(0)
     with torch.inference_mode():
         outputs = {n: run() for n, run in runs.items()}
+    for n, w in ct2.items():
+        try:
+            outputs[n] = w.ready()["output"]
+            runs[n] = w
+        except RuntimeError as e:
+            report.rows.append(Row(name, n, note=f"not timed: {e}"))
     for n, out in outputs.items():
         reference = outputs["tformer beam 4" if "beam" in n else "tformer greedy"]
         same = sum(a == b for a, b in zip(out, reference, strict=True))
@@ -276,8 +330,8 @@ def decoding(s, shape: str = "marian") -> Report:
         f"({int(mask.sum(1).min())}-{int(mask.sum(1).max())} tokens), at most {max_len} new tokens, "
         f"greedy lengths {min(lengths)}-{max(lengths)} (EOS = id {eos}, see tformer.bench.decode_peers); "
         "tokens/s counts each contender's generated tokens; beam outputs may differ (HF keeps "
-        "finished hypotheses apart), greedy ones may not.")
-    workdir.cleanup()
+        "finished hypotheses apart), greedy ones may not; CTranslate2 in its own process "
+        f"({', '.join(f'{k}={v}' for k, v in peers.CT2_ENV.items())}).")
     for peer in ("HF generate greedy", "CTranslate2 greedy"):
         report.targets.append(Target(
             name, f"tformer greedy >= 1.0x the speed of {peer}",

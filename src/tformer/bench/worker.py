@@ -7,9 +7,10 @@ call at a time, so ``harness.measure`` can interleave them in rounds as it does 
 
 Protocol (one JSON line per reply on the process's original stdout; library chatter goes to
 stderr): start -> {"ready": true, "output": FILE, "note": ...} or {"skip": REASON};
-"run" -> {"wall": s, "cpu": s}; "quit" or end of input -> exit.
+"run" -> {"wall": s, "cpu": s}; "quit" or end of input -> exit. FILE is .npy (encoder outputs)
+or .json (the "decode" task's token ids, a list per row).
 
-    python -m tformer.bench.worker '{"name": ..., "task": "sentences"|"batch", ...}'
+    python -m tformer.bench.worker '{"name": ..., "task": "sentences"|"batch"|"decode", ...}'
 """
 
 from __future__ import annotations
@@ -36,6 +37,15 @@ def main(spec: dict) -> None:
     def reply(**kw):
         proto.write(json.dumps(kw) + "\n")
 
+    if spec["task"] == "decode":  # a seq2seq peer (decode_peers.py), not an encoder contender
+        from tformer.bench.decode_peers import ct2_decoder
+
+        call = ct2_decoder(spec)
+        output = Path(spec["work"]) / f"out-{spec['index']}.json"
+        output.write_text(json.dumps(call()))
+        reply(ready=True, output=str(output), note="")
+        _serve(call, reply)
+        return
     contender = peers.BY_NAME[spec["name"]]
     paths = peers.Paths(*(Path(spec[k]) for k in ("model", "onnx", "work")))
     try:
@@ -59,6 +69,11 @@ def main(spec: dict) -> None:
     output = Path(spec["work"]) / f"out-{spec['index']}.npy"
     np.save(output, np.asarray(call(), dtype=np.float32))
     reply(ready=True, output=str(output), note=runner.note)
+    _serve(call, reply)
+
+
+def _serve(call, reply) -> None:
+    """Answer each "run" line with one timed call; stop at anything else or end of input."""
     for line in sys.stdin:
         if line.strip() != "run":
             break
@@ -90,12 +105,15 @@ class Worker:
         return json.loads(line)
 
     def ready(self) -> dict:
-        """{"output": np.ndarray, "note": str} or {"skip": reason}; RuntimeError if it died."""
+        """{"output": np.ndarray (or the .json's value), "note": str} or {"skip": reason};
+        RuntimeError if it died."""
         msg = self._read()
         if "skip" in msg:
             self.close()
             return msg
-        return {"output": np.load(msg["output"]), "note": msg["note"]}
+        path = Path(msg["output"])
+        output = json.loads(path.read_text()) if path.suffix == ".json" else np.load(path)
+        return {"output": output, "note": msg["note"]}
 
     def __call__(self) -> Measured:
         self.proc.stdin.write("run\n")

@@ -1,0 +1,66 @@
+"""The decoding peers of `tformer bench` (decode-marian, decode-default): HF's MarianMTModel built
+from tformer's weights computes tformer's logits, and CTranslate2, converted from that export and
+run in a process of its own, decodes greedily to tformer's tokens."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from tformer.bench import decode_peers as D
+from tformer.bench.harness import Measured, measure
+from tformer.generate import greedy_search
+from tformer.model import Seq2SeqTransformer
+
+pytest.importorskip("transformers")
+
+LOGITS = 1e-5  # fp32 max abs diff of teacher-forced logits at the quick size (the bench holds 1e-4)
+MAX_LEN = 10
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(D.marian_layout_config("quick", 300, max_len=64)).eval()
+    torch.nn.init.normal_(model.src_emb.weight, std=0.02)
+    src, mask = D.real_sources(6, 300)
+    eos = D.spread_eos(model, src, mask, MAX_LEN)
+    expected = greedy_search(model, src, mask, max_len=MAX_LEN, bos_id=D.BOS, eos_id=eos,
+                             pad_id=D.PAD).tolist()
+    return model, D.hf_marian(model), src, mask, eos, expected
+
+
+def test_hf_marian_computes_tformers_logits(setup):
+    model, hf, src, mask, _, _ = setup
+    tgt = torch.cat([torch.full((src.size(0), 1), D.BOS), src[:, :5].clamp(min=4)], dim=1)
+    with torch.no_grad():
+        theirs = hf(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+        ours = model(src, tgt, src_attention_mask=mask).logits
+    assert (theirs - ours).abs().max().item() <= LOGITS
+
+
+def test_hf_generate_decodes_tformers_greedy_tokens(setup):
+    _, hf, src, mask, eos, expected = setup
+    assert D.hf_generate(hf, src, mask, MAX_LEN, eos, 1) == expected
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None, reason="ctranslate2 is not installed")
+def test_ctranslate2_decodes_in_its_own_process(setup, tmp_path):
+    """The worker's greedy output is tformer's, token for token; it answers timed calls as
+    measure() needs them; both workers exit cleanly."""
+    _, hf, src, mask, eos, expected = setup
+    workers, why = D.ct2_workers(hf, src, mask, MAX_LEN, eos, threads=1, work=tmp_path)
+    assert why == ""
+    try:
+        ready = {n: w.ready() for n, w in workers.items()}
+        assert ready["CTranslate2 greedy"]["output"] == expected
+        assert len(ready["CTranslate2 beam 4"]["output"]) == src.size(0)
+        timings = measure(workers, rounds=2, warmup=0)
+        assert all(len(t.wall) == 2 and min(t.wall) > 0 for t in timings.values())
+        assert isinstance(workers["CTranslate2 greedy"](), Measured)
+    finally:
+        for w in workers.values():
+            w.close()
+    assert all(w.proc.returncode == 0 for w in workers.values())
