@@ -108,10 +108,12 @@ def test_int8_model_keeps_fp32_outside_the_multiplies(tiny_config):
     model = to_precision(Encoder(tiny_config), "int8").eval()
     layer = model.layers[0]
     assert isinstance(layer.ffn.up, int8.Int8Linear) and isinstance(layer.self_attn.out_proj, int8.Int8Linear)
-    assert isinstance(layer.self_attn.qkv_proj, int8.Int8Linear) == (int8.exact_bits() == 8)
+    vnni = int8.exact_bits() == 8
+    assert isinstance(layer.self_attn.qkv_proj, int8.Int8Linear) == vnni
     assert layer.self_attn.out_proj.rotation is None and layer.ffn.up.rotation is not None
-    assert isinstance(layer.ffn.down, torch.nn.Linear)  # int8.KEEP_FLOAT: fp32 (no bf16 units here)
-    assert layer.ffn.down.weight.dtype == torch.float32
+    assert isinstance(layer.ffn.down, torch.nn.Linear) == vnni  # int8.keep_float: fp32 (no bf16 units here)
+    kept = layer.ffn.down if vnni else layer.self_attn.qkv_proj
+    assert kept.weight.dtype == torch.float32
     ids = torch.randint(0, tiny_config.vocab_size, (3, 9))
     mask = torch.ones(3, 9, dtype=torch.bool)
     mask[1, 4:] = False
@@ -123,6 +125,18 @@ def test_int8_model_keeps_fp32_outside_the_multiplies(tiny_config):
     assert float((packed - padded).abs().max()) <= 1e-5
     with pytest.raises(ValueError, match="already int8 and keeps no float weights"):
         to_precision(model, "fp32")
+
+
+@pytest.mark.parametrize(("bits", "in_float"), [(8, {"down"}), (7, {"qkv_proj"})])
+def test_the_layout_left_in_float_follows_the_bits(tiny_config, bits, in_float):
+    """8-bit activations leave the down projection in float; 7-bit ones (CPUs without VNNI)
+    the attention's input projection, the layout their speed was measured with."""
+    model = int8.quantize(Encoder(tiny_config).eval(), bits=bits)
+    layer = model.layers[0]
+    linears = {"qkv_proj": layer.self_attn.qkv_proj, "out_proj": layer.self_attn.out_proj,
+               "up": layer.ffn.up, "down": layer.ffn.down}
+    assert {n for n, m in linears.items() if not isinstance(m, int8.Int8Linear)} == in_float
+    assert set(int8.keep_float(bits)) & set(linears) == in_float
 
 
 def test_sentence_encoder_int8_is_close_to_fp32():

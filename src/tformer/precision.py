@@ -75,7 +75,7 @@ def to_precision(model: nn.Module, precision: str) -> nn.Module:
         int8.quantize(model)
         if not has_bf16():
             return model
-        # the linears int8 leaves in float (int8.KEEP_FLOAT): bf16, where the CPU has bf16 units
+        # the linears int8 leaves in float (int8.keep_float): bf16, where the CPU has bf16 units
     if precision in ("bf16", "int8"):
         for block in model.modules():
             if isinstance(block, MultiHeadAttention | FeedForward):

@@ -41,14 +41,16 @@ def test_int8_linear_matches(rotated):
     assert np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max()
 
 
-def test_quantized_encoder_matches():
+@pytest.mark.parametrize("bits", [8, 7])
+def test_quantized_encoder_matches(bits):
+    """Both bit widths: each leaves its own linears in float (int8.keep_float)."""
     config = TransformerConfig(d_model=32, n_heads=4, d_ff=64, n_layers=2, dropout=0.0,
                                max_len=16, vocab_size=30, activation="gelu")
     theirs = torch_model.Encoder(config).eval()
     ours = ref.Encoder(config, np.float32)
     copy_weights(theirs, ours)
-    int8.quantize(theirs, bits=8)
-    ref_int8.quantize(ours, bits=8)
+    int8.quantize(theirs, bits=bits)
+    ref_int8.quantize(ours, bits=bits)
     assert set(ours.state_dict()) == {k for k in theirs.state_dict()}
     ids = np.random.default_rng(0).integers(0, 30, (3, 9))
     mask = padding_mask([9, 4, 6], 9)

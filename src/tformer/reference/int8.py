@@ -90,15 +90,23 @@ class Int8Linear(Module):
 
 
 KEEP_FLOAT = ("down",)  # the feed-forward network's down projection, as tformer.int8
+KEEP_FLOAT_7_BITS = ("qkv_proj", "q_proj", "kv_proj")  # with 7-bit activations instead
+
+
+def keep_float(bits: int) -> tuple[str, ...]:
+    """The linears left in float at this many activation bits, as tformer.int8.keep_float."""
+    return KEEP_FLOAT if bits >= 8 else KEEP_FLOAT_7_BITS
 
 
 def quantize(model: Module, bits: int = 8) -> Module:
-    """Replace the Linears of every attention and feed-forward block but KEEP_FLOAT's, as
+    """Replace the Linears of every attention and feed-forward block but keep_float(bits)'s, as
     tformer.int8.quantize."""
+    keep = keep_float(bits)
+
     def visit(module: Module) -> None:
         for name, child in list(vars(module).items()):
             if isinstance(module, MultiHeadAttention | FeedForward) and isinstance(child, Linear):
-                if name in KEEP_FLOAT or bits < 8 and name in ("qkv_proj", "q_proj", "kv_proj"):
+                if name in keep:
                     continue
                 setattr(module, name, Int8Linear(child, bits, rotated=name != "out_proj"))
             elif isinstance(child, Module):
