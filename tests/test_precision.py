@@ -105,3 +105,21 @@ def test_every_dtype_option_offers_the_same_choices():
     from tformer.serve.config import DTYPES as SERVE_DTYPES
 
     assert tuple(COMMAND_DTYPES) == tuple(SERVE_DTYPES) == CHOICES
+
+
+def test_the_bf16_product_speedup_is_measured_once_per_machine(tmp_path, monkeypatch):
+    """Remembered in the kernel-choice cache: a new process reads it (the same float, which
+    a second timing would not give) instead of timing again, so all resolve auto alike."""
+    from tformer import autotune
+
+    monkeypatch.setenv("TFORMER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(autotune, "_memory", {})
+    tformer.precision.bf16_speedup.cache_clear()
+    try:
+        first = tformer.precision.bf16_speedup(64, repeats=2)
+        monkeypatch.setattr(autotune, "_memory", {})  # as a new process
+        tformer.precision.bf16_speedup.cache_clear()
+        assert tformer.precision.bf16_speedup(64, repeats=2) == first
+        assert any(k.endswith("bf16-product | 64^3") for k in autotune.decisions())
+    finally:
+        tformer.precision.bf16_speedup.cache_clear()

@@ -14,6 +14,9 @@ to a second), and the decision is kept
   a corrupt file is ignored and rewritten, and concurrent processes update it under a file
   lock, each writing the whole file atomically (tformer.files).
 
+``recall`` keeps other decisions measured on this machine the same way: the bf16 product
+check of ``--dtype/--precision auto`` and a training run's bf16-or-fp32 step timing.
+
 Timing: each candidate runs once to warm up, then ``ROUNDS`` times interleaved with the others;
 the median decides. A candidate must beat the first listed (the default) by more than NOISE
 to be chosen, so noise never flips a choice away from the default.
@@ -68,18 +71,30 @@ def choose(name: str, shape_class: str, candidates: Candidates | Callable[[], Ca
     them, called only if a measurement is needed) for this machine and shape class: from
     memory, else from the cache file, else measured now and remembered. Cheap when known: it
     runs on every call of a hot kernel."""
+    def decide_now() -> dict[str, Any]:
+        return decide(candidates() if callable(candidates) else candidates, measure or _time_once)
+
+    return recall(name, shape_class, decide_now,
+                  None if callable(candidates) else set(candidates))["choice"]
+
+
+def recall(name: str, shape_class: str, decide_now: Callable[[], dict[str, Any]],
+           choices: set[str] | None = None) -> dict[str, Any]:
+    """The decision for this machine and shape class ({"choice": ..., "seconds": {...}, ...}):
+    from memory, else from the cache file (when its choice is one of `choices`, if given), else
+    made now by `decide_now()` and remembered, as ``choose``'s are."""
     key = f"{name} | {shape_class}"
     known = _memory.get(key)
     if known is not None:
-        return known["choice"]
+        return known
     saved = _read().get(f"{machine_key()} | {key}")
-    if saved is not None and (callable(candidates) or saved.get("choice") in candidates):
+    if isinstance(saved, dict) and (choices is None or saved.get("choice") in choices):
         _memory[key] = saved
-        return saved["choice"]
-    decision = decide(candidates() if callable(candidates) else candidates, measure or _time_once)
+        return saved
+    decision = decide_now()
     _memory[key] = decision
     _remember(f"{machine_key()} | {key}", decision)
-    return decision["choice"]
+    return decision
 
 
 def decide(candidates: dict[str, Callable[[], Any]], measure: Callable[[Callable[[], Any]], float]

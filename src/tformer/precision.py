@@ -8,7 +8,7 @@ import time
 import torch
 from torch import nn
 
-from tformer import int8
+from tformer import autotune, int8
 from tformer.attention import MultiHeadAttention
 from tformer.feedforward import FeedForward
 from tformer.machine import NO_BF16, has_bf16
@@ -37,19 +37,28 @@ def resolve_precision(precision: str) -> tuple[str, str]:
 
 @functools.cache
 def bf16_speedup(n: int = 512, repeats: int = 5) -> float:
-    """fp32 time / bf16-autocast time of an n x n x n matrix product on this machine (best of)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    """fp32 time / bf16-autocast time of an n x n x n matrix product on this machine (best of),
+    measured once per machine and remembered with the kernel choices (tformer.autotune), so
+    that every process on this machine resolves "auto" alike."""
+    def decide_now() -> dict:
+        a, b = torch.randn(n, n), torch.randn(n, n)
 
-    def best(autocast: bool) -> float:
-        times = []
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            for _ in range(repeats + 1):  # the first call builds the kernel
-                t = time.perf_counter()
-                a @ b
-                times.append(time.perf_counter() - t)
-        return min(times[1:])
+        def best(autocast: bool) -> float:
+            times = []
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                for _ in range(repeats + 1):  # the first call builds the kernel
+                    t = time.perf_counter()
+                    a @ b
+                    times.append(time.perf_counter() - t)
+            return min(times[1:])
 
-    return best(False) / max(best(True), 1e-9)
+        fp32, bf16 = best(False), best(True)
+        return {"choice": "bf16" if fp32 >= MIN_SPEEDUP * bf16 else "fp32",
+                "seconds": {"fp32": fp32, "bf16": bf16},
+                "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+    seconds = autotune.recall("bf16-product", f"{n}^3", decide_now, {"fp32", "bf16"})["seconds"]
+    return seconds["fp32"] / max(seconds["bf16"], 1e-9)
 
 
 def to_precision(model: nn.Module, precision: str) -> nn.Module:

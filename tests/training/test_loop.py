@@ -110,10 +110,14 @@ def test_bf16_autocast_trains(tmp_path):
 def test_auto_precision_keeps_bf16_only_where_this_model_trains_faster_in_it(
         tmp_path, monkeypatch, bf16_seconds, expected):
     """auto picks bf16 from a generic product, then times the run's own model both ways: a
-    model too small to gain stays fp32; a resumed run keeps what it chose."""
+    model too small to gain stays fp32; a resumed run keeps what it chose; a new run of the same
+    model on this machine takes the remembered choice (tformer.autotune), measuring nothing."""
     import tformer.training.precision as training_precision
+    from tformer import autotune
     from tformer.training import loop
 
+    monkeypatch.setenv("TFORMER_CACHE_DIR", str(tmp_path / "cache"))  # a cache of its own
+    monkeypatch.setattr(autotune, "_memory", {})
     monkeypatch.setattr(training_precision, "has_bf16", lambda: True)
     monkeypatch.setattr(training_precision, "bf16_speedup", lambda: 2.0)
     monkeypatch.setattr(training_precision, "bf16_supported", lambda: True)
@@ -142,6 +146,14 @@ def test_auto_precision_keeps_bf16_only_where_this_model_trains_faster_in_it(
     assert [line for line in logged if line.startswith("precision: ")] == [
         f"precision: {expected} (as the run chose when it started)"]
     assert len(timed) == 2  # nothing measured again
+    monkeypatch.setattr(autotune, "_memory", {})  # a new process: the choice comes from the file
+    logged.clear()
+    train(config.replace(out=str(tmp_path / "run2")), progress=False, log=logged.append)
+    assert len(timed) == 2
+    chosen = [line for line in logged if line.startswith("precision: ")]
+    assert len(chosen) == 1 and chosen[0].startswith(f"precision: {expected} (")
+    assert any(key.endswith("train-precision | classifier d32 h2 ff64 L1 vocab 300 batch 512 tokens")
+               for key in autotune.decisions())
 
 
 def test_data_errors_are_one_line(tmp_path, capsys):

@@ -35,6 +35,7 @@ the same steps as one process with --accumulate N*A. Only rank 0 writes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 import sys
@@ -66,7 +67,7 @@ from tformer.training.data_objectives import data_objective
 from tformer.training.dataset import TextData
 from tformer.training.distributed import any_rank, average_gradients, barrier, rank_and_world, sum_over_ranks
 from tformer.training.objective import Objective
-from tformer.training.precision import choose_precision, confirm_bf16
+from tformer.training.precision import choose_precision, confirm_bf16, step_class
 from tformer.training.report import Meter, append_jsonl, plot_curves, sample_table, summary
 from tformer.training.schedule import learning_rate
 from tformer.training.sizing import (
@@ -202,10 +203,14 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
         log(f"model size: {why} (size options turn this off)")
     check_fits(source.model_config(), source.model_kind, training=True, what="model")
     if config.precision == "auto" and bf16 and not resume:  # generic product faster: this model too?
-        batch = next(source.train_batches(0))  # one batch, again and again: the steady state,
-        # not the first call of each new shape's kernels (which bf16 pays more for)
+        # One batch, again and again: the steady state, not the first call of each new shape's
+        # kernels (which bf16 pays more for); drawn only if the choice is not known yet.
+        batch = functools.cache(lambda: next(source.train_batches(0)))
+        shape = f"{config.max_tokens} tokens" if config.max_tokens else (
+            f"{config.batch_size} x {config.max_length}")
         bf16, why_precision = confirm_bf16(
-            lambda b: time_steps(source, _probe_step(config, b), itertools.repeat(batch)))
+            lambda b: time_steps(source, _probe_step(config, b), itertools.repeat(batch())),
+            step_class(source.model_kind, source.model_config(), shape))
         bf16 = any_rank(bf16, world)  # every rank trains in the same precision
     torch.manual_seed(config.seed)
     model = source.build_model()

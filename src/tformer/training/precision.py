@@ -11,10 +11,12 @@ kernels worth running).
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 
 import torch
 
+from tformer import autotune
 from tformer.config import TransformerConfig
 from tformer.machine import NO_BF16, has_bf16
 from tformer.model import Encoder
@@ -57,12 +59,32 @@ def bf16_supported() -> bool:
     return True
 
 
-def confirm_bf16(seconds_per_step: Callable[[bool], float]) -> tuple[bool, str]:
+def confirm_bf16(seconds_per_step: Callable[[bool], float], step_class: str) -> tuple[bool, str]:
     """(train in bf16, why) for a run whose "auto" chose bf16 from a generic product:
-    `seconds_per_step(bf16)` times a few updates of the run's own model on its own batches."""
-    fp32, bf16 = seconds_per_step(False), seconds_per_step(True)
-    speedup = fp32 / max(bf16, 1e-9)
-    if speedup < MIN_STEP_SPEEDUP:
+    `seconds_per_step(bf16)` times a few updates of the run's own model on its own batches.
+
+    Measured once per machine and `step_class` (``step_class()``) and remembered with the kernel
+    choices (tformer.autotune): the same run on the same machine trains in the same precision,
+    so its result does not hang on one timing's noise, and a run killed before its first
+    checkpoint starts again as it first did.
+    """
+    def decide_now() -> dict:
+        fp32, bf16 = seconds_per_step(False), seconds_per_step(True)
+        choice = "bf16" if fp32 / max(bf16, 1e-9) >= MIN_STEP_SPEEDUP else "fp32"
+        return {"choice": choice, "seconds": {"fp32": round(fp32, 6), "bf16": round(bf16, 6)},
+                "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+    decision = autotune.recall("train-precision", step_class, decide_now, {"fp32", "bf16"})
+    seconds = decision.get("seconds", {})
+    speedup = seconds.get("fp32", 0.0) / max(seconds.get("bf16", 1.0), 1e-9)
+    if decision["choice"] != "bf16":
         return False, (f"bf16 autocast measured {speedup:.2f}x fp32's training step of this model "
                        "here: its matrix products are too small to gain what the casts cost")
     return True, f"native bf16, a training step of this model measured {speedup:.2f}x fp32's here"
+
+
+def step_class(kind: str, model: TransformerConfig, batch: str) -> str:
+    """What a training step's precision choice is remembered by: the model's shape and the batch."""
+    layers = f"{model.n_layers}+{model.decoder_layers}" if kind == "seq2seq" else f"{model.n_layers}"
+    return (f"{kind} d{model.d_model} h{model.n_heads} ff{model.d_ff} L{layers} "
+            f"vocab {model.vocab_size} batch {batch}")
