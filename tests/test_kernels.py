@@ -172,6 +172,34 @@ def test_onednn_linear_backward_matches_f_linear(monkeypatch, onednn_backward):
     assert_close(grad_b, torch.full((24,), 15.0), what="bias-only grad")
 
 
+@pytest.mark.skipif(not kernels._ONEDNN, reason="this torch build has no oneDNN linear")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_packed_inference_weight_follows_its_weight(monkeypatch, dtype):
+    """oneDNN's linear reads its weight packed once: the same numbers as F.linear, packed again
+    after an in-place change (an optimizer step, load_state_dict), never once per call."""
+    if dtype == torch.bfloat16 and not kernels._ONEDNN_BF16:
+        pytest.skip("no bf16 inner product on this CPU")
+    monkeypatch.setattr(kernels, "infer_kernel", lambda x, w, activation: "onednn")
+    layer = torch.nn.Linear(16, 24).to(dtype)
+    x = torch.randn(7, 16, dtype=dtype)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: two bf16 roundings of one sum
+    with torch.no_grad():
+        first = kernels.linear(x, layer, "relu")
+        assert (first.float() - F.relu(F.linear(x, layer.weight, layer.bias)).float()).abs().max() <= tolerance
+        packed = kernels.packed_weight(layer.weight)
+        assert kernels.packed_weight(layer.weight) is packed  # made once
+        layer.weight.mul_(-1)
+        assert kernels.packed_weight(layer.weight) is not packed  # its version moved: packed again
+        second = kernels.linear(x, layer)
+        assert (second.float() - F.linear(x, layer.weight, layer.bias).float()).abs().max() <= tolerance
+        if dtype == torch.bfloat16:  # the same parameter, its data swapped for fp32's
+            layer.float()
+            third = kernels.linear(x.float(), layer)
+            assert third.dtype == torch.float32
+            assert (third - F.linear(x.float(), layer.weight, layer.bias)).abs().max() <= 1e-5
+    assert set(layer.state_dict()) == {"weight", "bias"}
+
+
 def test_the_training_kernel_is_timed_on_a_dense_gradient(monkeypatch, tmp_path):
     """The measurement sends back what a loss sends back: a dense gradient. A stride-0 tensor
     of ones (what `.sum().backward()` gives) makes each kernel copy it first, and the choice

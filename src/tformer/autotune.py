@@ -54,7 +54,7 @@ def cache_path() -> Path:
 
 
 # Raised when the way a choice is measured changes: decisions measured the old way are ignored.
-VERSION = 2
+VERSION = 3
 
 
 def machine_key() -> str:
