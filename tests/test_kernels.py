@@ -186,10 +186,14 @@ def test_the_packed_inference_weight_follows_its_weight(monkeypatch, dtype):
     with torch.no_grad():
         first = kernels.linear(x, layer, "relu")
         assert (first.float() - F.relu(F.linear(x, layer.weight, layer.bias)).float()).abs().max() <= tolerance
-        packed = kernels.packed_weight(layer.weight)
+        packed = kernels.packed_weight(layer.weight)  # the second use: packed
+        assert packed is not layer.weight and packed.is_mkldnn
         assert kernels.packed_weight(layer.weight) is packed  # made once
         layer.weight.mul_(-1)
-        assert kernels.packed_weight(layer.weight) is not packed  # its version moved: packed again
+        assert kernels.packed_weight(layer.weight) is layer.weight  # its version moved: plain,
+        assert kernels.packed_weight(layer.weight).is_mkldnn  # then packed again
+        fresh = torch.randn(24, 16, dtype=dtype)
+        assert kernels.packed_weight(fresh) is fresh  # a weight seen once is not copied
         second = kernels.linear(x, layer)
         assert (second.float() - F.linear(x, layer.weight, layer.bias).float()).abs().max() <= tolerance
         if dtype == torch.bfloat16:  # the same parameter, its data swapped for fp32's

@@ -109,16 +109,22 @@ _packed: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def packed_weight(w: Tensor) -> Tensor:
-    """w (out, in) in oneDNN's layout for its inner product, for inference only (no autograd)."""
+    """w (out, in) in oneDNN's layout for its inner product, for inference only (no autograd).
+
+    Packed at its second use unchanged: a weight made afresh for each call (never seen twice)
+    is not copied for nothing, and one that is written between calls stays plain.
+    """
     # What the packed copy was made from: its writes, its storage (``.data =`` and
     # ``module.to(dtype)`` swap it in place of the same parameter), its dtype and shape.
     made_from = (w._version, w.data_ptr(), w.dtype, w.shape)
     entry = _packed.get(w)
-    if entry is not None and entry[0] == made_from:
-        return entry[1]
-    packed = torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), _PACK_ROWS)
-    _packed[w] = (made_from, packed)
-    return packed
+    if entry is None or entry[0] != made_from:
+        _packed[w] = (made_from, None)  # seen once, as it is now
+        return w
+    if entry[1] is None:
+        packed = torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), _PACK_ROWS)
+        _packed[w] = entry = (made_from, packed)
+    return entry[1]
 
 
 class _OneDNNLinear(torch.autograd.Function):
