@@ -184,6 +184,10 @@ def test_the_packed_inference_weight_follows_its_weight(monkeypatch, dtype):
     x = torch.randn(7, 16, dtype=dtype)
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: two bf16 roundings of one sum
     with torch.no_grad():
+        for _ in range(2):
+            assert kernels.packed_weight(layer.weight) is layer.weight  # it may train: plain
+    layer.requires_grad_(False)  # frozen, as the inference loaders give it
+    with torch.no_grad():
         first = kernels.linear(x, layer, "relu")
         assert (first.float() - F.relu(F.linear(x, layer.weight, layer.bias)).float()).abs().max() <= tolerance
         packed = kernels.packed_weight(layer.weight)  # the second use: packed
@@ -202,6 +206,23 @@ def test_the_packed_inference_weight_follows_its_weight(monkeypatch, dtype):
             assert third.dtype == torch.float32
             assert (third - F.linear(x.float(), layer.weight, layer.bias)).abs().max() <= 1e-5
     assert set(layer.state_dict()) == {"weight", "bias"}
+
+
+def test_validation_between_fused_adamw_steps_sees_the_new_weights(monkeypatch):
+    """torch's fused AdamW writes the weights without moving their version counter: a packed
+    copy of a training weight would go stale, so a weight that trains is never packed."""
+    monkeypatch.setattr(kernels, "infer_kernel", lambda x, w, activation: "onednn")
+    layer = torch.nn.Linear(16, 24)
+    opt = torch.optim.AdamW(layer.parameters(), lr=0.1, fused=True)
+    x = torch.randn(7, 16)
+    for _ in range(3):
+        with torch.no_grad():  # a validation, twice: a frozen weight would be packed by now
+            for _ in range(2):
+                y = kernels.linear(x, layer)
+        assert_close(y, F.linear(x, layer.weight, layer.bias), what="validation after a step")
+        F.linear(x, layer.weight, layer.bias).square().sum().backward()
+        opt.step()
+        opt.zero_grad()
 
 
 def test_the_training_kernel_is_timed_on_a_dense_gradient(monkeypatch, tmp_path):

@@ -99,21 +99,26 @@ def _onednn_linear(x: Tensor, w: Tensor, b: Tensor | None, attr: str = "none",
     return torch.ops.mkldnn._linear_pointwise(x, w, b, attr, [], algorithm)
 
 
-# Inference weights in oneDNN's blocked layout, made once per weight and again when it changes
-# (its version counts in-place writes: an optimizer step, load_state_dict). Read from the plain
-# layout, oneDNN reorders the weight on every call: packed once, its multiply ran 3-9% faster at
-# 1,000+ rows and 15-40% at 16-64 (a decoding step) for fp32 and bf16 alike (AMD EPYC Zen 4; the
-# hint's row count barely mattered from 16 up). The cost: a second copy of each weight used so.
+# Frozen weights (requires_grad False: what the inference loaders give, SentenceEncoder's and a
+# run's) in oneDNN's blocked layout, made once per weight. Read from the plain layout, oneDNN
+# reorders the weight on every call: packed once, its multiply ran 3-9% faster at 1,000+ rows
+# and 15-40% at 16-64 (a decoding step) for fp32 and bf16 alike (AMD EPYC Zen 4; the hint's row
+# count barely mattered from 16 up). The cost: a second copy of each weight used so. A weight
+# that trains is read as it is: an optimizer can write it without a trace (torch's fused AdamW
+# leaves its version counter as it was; so do writes through ``.data``), and a stale copy
+# would compute with old weights (a run's validations did, before this rule).
 _PACK_ROWS = 64
 _packed: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def packed_weight(w: Tensor) -> Tensor:
-    """w (out, in) in oneDNN's layout for its inner product, for inference only (no autograd).
+    """w (out, in) in oneDNN's layout for its inner product where w is frozen, else w.
 
     Packed at its second use unchanged: a weight made afresh for each call (never seen twice)
     is not copied for nothing, and one that is written between calls stays plain.
     """
+    if w.requires_grad:
+        return w  # it may train: see above
     # What the packed copy was made from: its writes, its storage (``.data =`` and
     # ``module.to(dtype)`` swap it in place of the same parameter), its dtype and shape.
     made_from = (w._version, w.data_ptr(), w.dtype, w.shape)

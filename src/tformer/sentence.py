@@ -55,7 +55,8 @@ class SentenceEncoder:
         max_length: int | None = None,
         dtype: torch.dtype | str | None = None,
     ) -> SentenceEncoder:
-        """Model, tokenizer, pooling and normalisation as the directory describes them.
+        """Model (frozen: ``model.requires_grad_(True)`` to train it), tokenizer, pooling and
+        normalisation as the directory describes them.
 
         ``dtype``: "fp32", "bf16" (bf16 matrix multiplies, fp32 everything else) or "int8"
         (int8 matrix multiplies: see ``tformer.precision.to_precision``), or a torch dtype for
@@ -63,6 +64,7 @@ class SentenceEncoder:
         """
         layout = read_layout(directory)
         model = from_pretrained(directory, allow_pickle=allow_pickle, dtype=dtype)
+        model.requires_grad_(False)  # an inference model: frozen weights run packed (kernels)
         tokenizer = load_tokenizer(directory, max_length=max_length)
         return cls(model, tokenizer, layout.pooling, layout.normalize)
 

@@ -259,6 +259,7 @@ def decoding(s, shape: str = "marian") -> Report:
     # At tformer's init (unit-variance inputs) a random tied model repeats its input token;
     # BERT's 0.02 lets the outputs vary, so that some rows stop early (see spread_eos).
     torch.nn.init.normal_(model.src_emb.weight, std=0.02)
+    model.requires_grad_(False)  # as `tformer generate` loads a run: frozen
     src, mask = real_sources(batch, vocab)
     eos = spread_eos(model, src, mask, max_len)
     ids = dict(bos_id=BOS, eos_id=eos, pad_id=PAD)

@@ -109,9 +109,9 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
 
 
 def load_run(run_dir: str | Path) -> tuple[nn.Module, Objective, TrainConfig]:
-    """The model (eval mode), objective and TrainConfig of a run directory. The weights are the
-    best validated ones (best.safetensors: what the run's test result describes), else the
-    newest checkpoint's."""
+    """The model (eval mode, frozen: its weights run packed, see tformer.kernels), objective
+    and TrainConfig of a run directory. The weights are the best validated ones
+    (best.safetensors: what the run's test result describes), else the newest checkpoint's."""
     run_dir = Path(run_dir)
     saved = check_run_dir(run_dir)  # the newest checkpoint's files
     config = read_train_config(saved)
@@ -121,7 +121,7 @@ def load_run(run_dir: str | Path) -> tuple[nn.Module, Objective, TrainConfig]:
     model = objective.build_model(model_config)
     best = run_dir / "best.safetensors"
     load_weights(model, best if best.is_file() else saved / "model.safetensors")
-    return model.eval(), objective, config
+    return model.eval().requires_grad_(False), objective, config
 
 
 # The loop ----------------------------------------------------------------------------------------
