@@ -163,8 +163,10 @@ def _shape_class(x: Tensor, w: Tensor) -> tuple[int, str]:
 
 def infer_kernel(x: Tensor, w: Tensor, activation: str | None) -> str:
     """"onednn" (bias and activation fused into the multiply) or "mkl" (F.linear, then the
-    activation) without autograd: the faster measured on this machine for the shape class."""
+    activation) without autograd: the faster measured on this machine for the shape class,
+    oneDNN's timed as it will run (its weight packed where frozen: ``packed_weight``)."""
     rows, shape = _shape_class(x, w)
+    frozen = not w.requires_grad
 
     def candidates() -> dict[str, Callable[[], None]]:  # made only when a measurement is due
         g = torch.Generator().manual_seed(0)  # never the global generator
@@ -172,11 +174,12 @@ def infer_kernel(x: Tensor, w: Tensor, activation: str | None) -> str:
         m = torch.randn(w.shape, generator=g, dtype=w.dtype)
         bias = torch.zeros(w.size(0), dtype=w.dtype)
         plain, attr, algorithm = ACTIVATIONS[activation] if activation else (None, "none", "")
-        packed = torch.ops.mkldnn._reorder_linear_weight(m, _PACK_ROWS)  # as it will run
-        return {"onednn": lambda: _onednn_linear(a, packed, bias, attr, algorithm),
+        m_onednn = torch.ops.mkldnn._reorder_linear_weight(m, _PACK_ROWS) if frozen else m
+        return {"onednn": lambda: _onednn_linear(a, m_onednn, bias, attr, algorithm),
                 "mkl": lambda: F.linear(a, m, bias) if plain is None else plain(F.linear(a, m, bias))}
 
-    return autotune.choose("linear-infer", f"{shape}/{activation or 'none'}", candidates)
+    weights = "packed" if frozen else "plain"
+    return autotune.choose("linear-infer", f"{shape}/{activation or 'none'}/{weights}", candidates)
 
 
 def train_kernel(x: Tensor, w: Tensor) -> str:

@@ -208,6 +208,8 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
         batch = functools.cache(lambda: next(source.train_batches(0)))
         shape = f"{config.max_tokens} tokens" if config.max_tokens else (
             f"{config.batch_size} x {config.max_length}")
+        if config.from_pretrained:  # its own shape, not the size options': named by its directory
+            shape += f", from {Path(config.from_pretrained).resolve()}"
         bf16, why_precision = confirm_bf16(
             lambda b: time_steps(source, _probe_step(config, b), itertools.repeat(batch())),
             step_class(source.model_kind, source.model_config(), shape))
