@@ -52,6 +52,17 @@ def test_a_corrupt_cache_file_is_measured_again_and_rewritten():
     assert json.loads(autotune.cache_path().read_text())  # valid again
 
 
+def test_a_damaged_cache_entry_is_measured_again():
+    """Valid JSON, but an entry without its seconds (edited by hand, or by an older version):
+    measured again, never a KeyError in whoever reads the decision."""
+    autotune.cache_path().parent.mkdir(parents=True)
+    key = f"{autotune.machine_key()} | k | s"
+    autotune.cache_path().write_text(json.dumps({key: {"choice": "a"}}))
+    candidates, measure, calls = _fake({"a": 2.0, "b": 1.0})
+    decision = autotune.recall("k", "s", lambda: autotune.decide(candidates, measure), {"a", "b"})
+    assert decision["choice"] == "b" and set(decision["seconds"]) == {"a", "b"} and calls["b"] > 0
+
+
 def test_two_processes_add_their_decisions_to_one_cache_file(tmp_path):
     script = (
         "import sys; from tformer import autotune\n"

@@ -80,15 +80,15 @@ def choose(name: str, shape_class: str, candidates: Candidates | Callable[[], Ca
 
 def recall(name: str, shape_class: str, decide_now: Callable[[], dict[str, Any]],
            choices: set[str] | None = None) -> dict[str, Any]:
-    """The decision for this machine and shape class ({"choice": ..., "seconds": {...}, ...}):
-    from memory, else from the cache file (when its choice is one of `choices`, if given), else
-    made now by `decide_now()` and remembered, as ``choose``'s are."""
+    """The decision for this machine and shape class (``decision()``'s dict): from memory, else
+    from the cache file (when well formed, its choice one of `choices` if given), else made now
+    by `decide_now()` and remembered, as ``choose``'s are."""
     key = f"{name} | {shape_class}"
     known = _memory.get(key)
     if known is not None:
         return known
     saved = _read().get(f"{machine_key()} | {key}")
-    if isinstance(saved, dict) and (choices is None or saved.get("choice") in choices):
+    if _well_formed(saved) and (choices is None or saved["choice"] in choices):
         _memory[key] = saved
         return saved
     decision = decide_now()
@@ -112,8 +112,21 @@ def decide(candidates: dict[str, Callable[[], Any]], measure: Callable[[Callable
     best = min(names, key=medians.__getitem__)
     if medians[best] > medians[default] * (1 - NOISE):
         best = default
-    return {"choice": best, "seconds": {n: round(m, 6) for n, m in medians.items()},
+    return decision(best, medians)
+
+
+def decision(choice: str, seconds: dict[str, float]) -> dict[str, Any]:
+    """What is remembered of a choice: the choice, each candidate's seconds, and when."""
+    return {"choice": choice, "seconds": {n: round(t, 6) for n, t in seconds.items()},
             "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def _well_formed(saved: Any) -> bool:
+    """A cache entry as ``decision`` writes it (an edited or damaged one is measured again)."""
+    return (isinstance(saved, dict) and isinstance(saved.get("choice"), str)
+            and isinstance(saved.get("seconds"), dict) and bool(saved["seconds"])
+            and all(isinstance(t, int | float) and not isinstance(t, bool) and t >= 0
+                    for t in saved["seconds"].values()))
 
 
 def decisions() -> dict[str, dict[str, Any]]:

@@ -53,9 +53,8 @@ def bf16_speedup(n: int = 512, repeats: int = 5) -> float:
             return min(times[1:])
 
         fp32, bf16 = best(False), best(True)
-        return {"choice": "bf16" if fp32 >= MIN_SPEEDUP * bf16 else "fp32",
-                "seconds": {"fp32": fp32, "bf16": bf16},
-                "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        return autotune.decision("bf16" if fp32 >= MIN_SPEEDUP * bf16 else "fp32",
+                                 {"fp32": fp32, "bf16": bf16})
 
     seconds = autotune.recall("bf16-product", f"{n}^3", decide_now, {"fp32", "bf16"})["seconds"]
     return seconds["fp32"] / max(seconds["bf16"], 1e-9)

@@ -11,7 +11,6 @@ kernels worth running).
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable
 
 import torch
@@ -70,12 +69,11 @@ def confirm_bf16(seconds_per_step: Callable[[bool], float], step_class: str) -> 
     """
     def decide_now() -> dict:
         fp32, bf16 = seconds_per_step(False), seconds_per_step(True)
-        choice = "bf16" if fp32 / max(bf16, 1e-9) >= MIN_STEP_SPEEDUP else "fp32"
-        return {"choice": choice, "seconds": {"fp32": round(fp32, 6), "bf16": round(bf16, 6)},
-                "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        choice = "bf16" if fp32 >= MIN_STEP_SPEEDUP * bf16 else "fp32"
+        return autotune.decision(choice, {"fp32": fp32, "bf16": bf16})
 
     decision = autotune.recall("train-precision", step_class, decide_now, {"fp32", "bf16"})
-    seconds = decision.get("seconds", {})
+    seconds = decision["seconds"]
     speedup = seconds.get("fp32", 0.0) / max(seconds.get("bf16", 1.0), 1e-9)
     if decision["choice"] != "bf16":
         return False, (f"bf16 autocast measured {speedup:.2f}x fp32's training step of this model "
