@@ -123,14 +123,14 @@ def _train_step(model, ids, mask, skip_padding=False):  # padded: the dropout dr
 
 @pytest.mark.parametrize("norm_first,dropout", list(itertools.product([False, True], [0.0, 0.1])))
 def test_training_matches_readable(tiny_config, norm_first, dropout, monkeypatch):
-    """Same outputs and gradients, dropout included (the fused kernels draw in the same order).
-    oneDNN's backward is forced on (it is chosen where it is measured faster) so it is tested anywhere.
-
-    Attention dropout stays off: SDPA and the explicit softmax draw their masks differently.
+    """Same outputs and gradients, dropout included (the fused kernels draw in the same order),
+    on the hidden states and on the attention weights (both paths draw those with
+    tformer.dropout in the explicit softmax). oneDNN's backward is forced on (it is chosen where
+    it is measured faster) so it is tested anywhere.
     """
     monkeypatch.setattr(kernels, "train_kernel", lambda x, w: "onednn")
     config = tiny_config.replace(norm_first=norm_first, final_norm=norm_first, dropout=dropout,
-                                 attention_dropout=0.0)
+                                 attention_dropout=dropout)
     model = Encoder(config).train()
     ids, mask = _ids(config), torch.from_numpy(MASKS["padding"])
     out, grads = _train_step(model, ids, mask)

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from tformer import kernels
+from tformer.dropout import dropout
 from tformer.masks import Mask, Packing, as_mask
 
 KeyValue = tuple[Tensor, Tensor]  # cached (k, v), each (B, H, S, Dh)
@@ -52,7 +53,7 @@ def scaled_dot_product_attention(
     weights = scores.softmax(dim=-1)
     if allowed is not None:
         weights = weights.masked_fill(mask.attends_nothing, 0.0)
-    out = torch.nn.functional.dropout(weights, dropout_p) @ v  # (B, H, T, Dh)
+    out = dropout(weights, dropout_p) @ v  # (B, H, T, Dh)
     return out, (weights if need_weights else None)
 
 

@@ -340,6 +340,10 @@ def why_not_fused_attention(q: Tensor, k: Tensor, dropout_p: float, need_weights
     """Why attention must form the (T, S) weights with the explicit softmax, or None to fuse."""
     if need_weights:
         return "attention weights requested: only the explicit softmax forms them"
+    if dropout_p > 0.0:
+        # SDPA's CPU kernels have no dropout: it falls back to its own explicit softmax, and
+        # draws with torch's per-element dropout (tformer.dropout says why that is slow).
+        return "attention dropout: the explicit softmax draws it with tformer.dropout"
     if _readable:
         return "kernels.readable() asks for the explicit softmax"
     return None

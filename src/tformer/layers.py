@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from tformer.attention import KeyValue, MultiHeadAttention
 from tformer.config import TransformerConfig
+from tformer.dropout import Dropout
 from tformer.feedforward import FeedForward
 from tformer.masks import Mask, Packing
 
@@ -22,7 +23,7 @@ from tformer.masks import Mask, Packing
 LayerCache = tuple[Tensor, Tensor, Tensor, Tensor]
 
 
-def _residual(x, sublayer, norm: nn.LayerNorm, dropout: nn.Dropout, norm_first: bool):
+def _residual(x, sublayer, norm: nn.LayerNorm, dropout: Dropout, norm_first: bool):
     """Apply one residual sub-layer; `sublayer` returns (output, extra)."""
     if norm_first:
         out, extra = sublayer(norm(x))
@@ -42,7 +43,7 @@ class EncoderLayer(nn.Module):
         self.attn_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps, bias=c.bias)
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias)
         self.ffn_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps, bias=c.bias)
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
 
     def forward(self, x: Tensor, mask: Mask | Packing | None = None, need_weights: bool = False):
         """Shape: x (B, S, D) -> (B, S, D), weights (B, H, S, S) or None.
@@ -82,7 +83,7 @@ class DecoderLayer(nn.Module):
         self.cross_attn_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps, bias=c.bias)
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation, c.bias)
         self.ffn_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps, bias=c.bias)
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
 
     def forward(
         self,

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from tformer import kernels
 from tformer.config import TransformerConfig
+from tformer.dropout import Dropout
 from tformer.inputs import check_embeddings, check_token_ids, one_input
 from tformer.layers import DecoderLayer, EncoderLayer, LayerCache
 from tformer.masks import make_mask
@@ -54,7 +55,7 @@ class Encoder(nn.Module):
         self.emb_norm = (
             nn.LayerNorm(c.d_model, eps=c.layer_norm_eps, bias=c.bias) if c.embedding_norm else None
         )
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
         self.layers = nn.ModuleList(EncoderLayer(c) for _ in range(c.n_layers))
         self.final_norm = (
             nn.LayerNorm(c.d_model, eps=c.layer_norm_eps, bias=c.bias) if c.final_norm else None
@@ -188,7 +189,7 @@ class Decoder(nn.Module):
         vocab = c.target_vocab_size
         self.tok_emb = _token_embedding(vocab, c) if vocab else None
         self.pos_emb = _positional(c)
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
         self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.decoder_layers))
         self.final_norm = (
             nn.LayerNorm(c.d_model, eps=c.layer_norm_eps, bias=c.bias) if c.final_norm else None
@@ -366,7 +367,7 @@ class EncoderClassifier(nn.Module):
             raise ValueError("n_classes: EncoderClassifier needs the number of classes, got None")
         self.config = config
         self.encoder = Encoder(config)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.head = nn.Linear(config.d_model, config.n_classes)
 
     def forward(

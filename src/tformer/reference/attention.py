@@ -11,7 +11,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tformer.reference.masks import Mask, as_mask
-from tformer.reference.module import Linear, Module
+from tformer.reference.module import Linear, Module, keep_scaled
 
 KeyValue = tuple[np.ndarray, np.ndarray]  # cached (k, v), each (B, H, S, Dh)
 
@@ -63,7 +63,7 @@ def scaled_dot_product_attention_train(q, k, v, mask=None, dropout_p: float = 0.
     keep = None
     dropped = weights
     if rng is not None and dropout_p > 0:
-        keep = ((rng.random(weights.shape) >= dropout_p) / (1.0 - dropout_p)).astype(q.dtype)
+        keep = keep_scaled(weights.shape, dropout_p, rng).astype(q.dtype)
         dropped = weights * keep
     out = dropped @ v  # (B, H, T, S) @ (B, H, S, Dh) -> (B, H, T, Dh)
     return out, weights, (q, k, v, weights, keep, dropped, root)

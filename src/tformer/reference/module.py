@@ -173,6 +173,17 @@ class Embedding(Module):
         np.add.at(grads[prefix + "weight"], ids.reshape(-1), dy.reshape(-1, dy.shape[-1]))
 
 
+LEVELS = 1 << 16  # tformer.dropout: each element's draw is uniform over 65,536 levels
+
+
+def keep_scaled(shape, p: float, rng) -> np.ndarray:
+    """0 where an element is dropped, 1 / (1 - p) where kept, as tformer.dropout draws it: p is
+    rounded to a multiple of 2^-16, and each element keeps where its 16-bit uniform draw is at
+    least p * 2^16 (torch draws four per 64-bit word; the distribution is the same)."""
+    threshold = round(p * LEVELS)
+    return (rng.integers(0, LEVELS, size=shape) >= threshold) * (LEVELS / (LEVELS - threshold))
+
+
 class Dropout(Module):
     """Identity in ``forward`` (evaluation mode); ``forward_train`` drops (Srivastava et al. 2014)."""
 
@@ -187,8 +198,7 @@ class Dropout(Module):
         dropout: the expectation is unchanged, so evaluation needs no rescaling)."""
         if rng is None or self.p == 0:
             return x, None
-        keep = (rng.random(x.shape) >= self.p) / (1.0 - self.p)  # (..., ) 0 or 1/(1-p)
-        keep = keep.astype(x.dtype)
+        keep = keep_scaled(x.shape, self.p, rng).astype(x.dtype)  # (..., ) 0 or 1/(1-p)
         return x * keep, keep
 
     def backward(self, dy: np.ndarray, keep: np.ndarray | None, grads=None, prefix="") -> np.ndarray:
