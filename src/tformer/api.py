@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from tformer.allocator import keep_freed_memory
 from tformer.commands import _export
 from tformer.files import new_run_dir, write_atomic
 from tformer.rundir import open_run_dir
@@ -89,7 +90,11 @@ def train(data: Data | None = None, valid: Data | None = None, test: Data | None
           progress: bool = True, log=print, **options: Any) -> Run:
     """Train as `tformer train` does, with the same options as keywords (max_minutes=5,
     from_pretrained="DIR", d_model=256, ...), on a file or on records; returns the Run.
-    Without data, trains the synthetic task named by task= (default reverse)."""
+    Without data, trains the synthetic task named by task= (default reverse).
+
+    Like the command line, it asks glibc's malloc to keep freed memory for reuse in this process
+    (tformer.allocator says why and how to opt out)."""
+    keep_freed_memory()
     name = Path(data).stem if isinstance(data, (str, Path)) else "data" if data is not None else \
         options.get("task", TrainConfig.task)
     run_dir = Path(options.pop("out", None) or new_run_dir(name))

@@ -167,12 +167,14 @@ def machine_info(threads: int) -> dict:
     import numpy as np
     import torch
 
+    from tformer.allocator import keep_freed_memory
     from tformer.bench.models import onednn_linear
 
     cpu, isa = cpu_info()
     return {
         "cpu": cpu, "isa": isa, "torch": torch.__version__, "numpy": np.__version__, "threads": threads,
         "onednn_linear": onednn_linear(), "python": platform.python_version(),
+        "malloc": keep_freed_memory(),
     }
 
 
@@ -182,6 +184,8 @@ def _machine_line(m: dict) -> str:
     isa = ", ".join(m.get("isa", [])) or "none of " + ", ".join(ISA_FLAGS)
     line = (f"CPU {m['cpu']} ({isa}); torch {m['torch']}, numpy {m['numpy']}; {m['threads']} threads; "
             f"oneDNN linear {'on' if m['onednn_linear'] else 'off'}")
+    if "malloc" in m:
+        line += f"; malloc: {m['malloc']}"
     if "mode" in m:
         line += f"; {m['mode']} run, {m['seconds']} s"
     return line

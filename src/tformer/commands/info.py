@@ -62,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
          f"{act / 2**20:.1f} MiB (estimate)"),
     ]
     from tformer import autotune
+    from tformer.allocator import keep_freed_memory
+
+    rows.append(("memory allocator", keep_freed_memory()))
 
     choices = autotune.summary(limit=4)
     rows.append(("kernel choices measured here", f"{len(autotune.decisions())} in {autotune.cache_path()}"))
