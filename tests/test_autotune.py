@@ -63,6 +63,21 @@ def test_a_damaged_cache_entry_is_measured_again():
     assert decision["choice"] == "b" and set(decision["seconds"]) == {"a", "b"} and calls["b"] > 0
 
 
+def test_this_machines_decisions_of_an_older_version_are_dropped(monkeypatch):
+    """A new VERSION measures again; the old decisions of this machine leave the file when the
+    first new one is written; other machines' and other thread counts' stay."""
+    autotune.cache_path().parent.mkdir(parents=True)
+    old = f"{autotune._machine()} | v{autotune.VERSION - 1} | k | s"
+    unversioned = f"{autotune._machine()} | k | s"  # before keys carried a version
+    other = f"Another CPU | torch 0 | 2 threads | v{autotune.VERSION - 1} | k | s"
+    entry = {"choice": "a", "seconds": {"a": 1.0, "b": 2.0}}
+    autotune.cache_path().write_text(json.dumps({old: entry, unversioned: entry, other: entry}))
+    candidates, measure, _ = _fake({"a": 2.0, "b": 1.0})
+    assert autotune.choose("k", "s", candidates, measure) == "b"  # measured again
+    saved = json.loads(autotune.cache_path().read_text())
+    assert set(saved) == {other, f"{autotune.machine_key()} | k | s"}
+
+
 def test_two_processes_add_their_decisions_to_one_cache_file(tmp_path):
     script = (
         "import sys; from tformer import autotune\n"

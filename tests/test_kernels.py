@@ -121,14 +121,15 @@ def _train_step(model, ids, mask, skip_padding=False):  # padded: the dropout dr
     return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("norm_first,dropout", list(itertools.product([False, True], [0.0, 0.1])))
-def test_training_matches_readable(tiny_config, norm_first, dropout, monkeypatch):
+@pytest.mark.parametrize("norm_first,dropout,kernel", list(itertools.product(
+    [False, True], [0.0, 0.1], ["onednn", "onednn+mm"])))
+def test_training_matches_readable(tiny_config, norm_first, dropout, kernel, monkeypatch):
     """Same outputs and gradients, dropout included (the fused kernels draw in the same order),
     on the hidden states and on the attention weights (both paths draw those with
     tformer.dropout in the explicit softmax). oneDNN's backward is forced on (it is chosen where
     it is measured faster) so it is tested anywhere.
     """
-    monkeypatch.setattr(kernels, "train_kernel", lambda x, w: "onednn")
+    monkeypatch.setattr(kernels, "train_kernel", lambda x, w: kernel)
     config = tiny_config.replace(norm_first=norm_first, final_norm=norm_first, dropout=dropout,
                                  attention_dropout=dropout)
     model = Encoder(config).train()
@@ -155,9 +156,9 @@ def test_packed_training_matches_readable(tiny_config, norm_first):
         assert_close(grads[name], p.grad, what=f"grad {name}")
 
 
-@pytest.mark.parametrize("onednn_backward", [False, True])
-def test_onednn_linear_backward_matches_f_linear(monkeypatch, onednn_backward):
-    monkeypatch.setattr(kernels, "train_kernel", lambda x, w: "onednn" if onednn_backward else "mkl")
+@pytest.mark.parametrize("kernel", kernels.TRAIN_KERNELS)
+def test_onednn_linear_backward_matches_f_linear(monkeypatch, kernel):
+    monkeypatch.setattr(kernels, "train_kernel", lambda x, w: kernel)
     layer = torch.nn.Linear(16, 24)
     x = torch.randn(3, 5, 16, requires_grad=True)
     y = kernels.linear(x, layer, "gelu")

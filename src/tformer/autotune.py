@@ -54,12 +54,15 @@ def cache_path() -> Path:
 
 
 # Raised when the way a choice is measured changes: decisions measured the old way are ignored.
-VERSION = 3
+VERSION = 4
+
+
+def _machine() -> str:
+    return f"{cpu_info()[0]} | torch {torch.__version__} | {torch.get_num_threads()} threads"
 
 
 def machine_key() -> str:
-    return (f"{cpu_info()[0]} | torch {torch.__version__} | {torch.get_num_threads()} threads"
-            f" | v{VERSION}")
+    return f"{_machine()} | v{VERSION}"
 
 
 Candidates = dict[str, Callable[[], Any]]
@@ -184,4 +187,7 @@ def _remember(key: str, decision: dict[str, Any]) -> None:
     with contextlib.suppress(OSError), _locked(path), uncounted():
         data = _read()
         data[key] = decision
+        # This machine's decisions of an older VERSION are never read again: dropped.
+        mine, current = f"{_machine()} | ", f"{machine_key()} | "
+        data = {k: v for k, v in data.items() if not k.startswith(mine) or k.startswith(current)}
         write_json_atomic(path, data)

@@ -133,12 +133,16 @@ def packed_weight(w: Tensor) -> Tensor:
 
 
 class _OneDNNLinear(torch.autograd.Function):
-    """F.linear with oneDNN forward and backward: y = x W^T + b, dx = dy W, dW = dy^T x."""
+    """F.linear with oneDNN forward and backward: y = x W^T + b, dx = dy W, dW = dy^T x.
+
+    With ``mm_weight_grad``, dW is MKL's ``mm``: it reads dy^T and x^T where they lie, where
+    oneDNN first copies them contiguous. Which is faster depends on the shape (the copy costs
+    most where the layer's output is wide), so it is a third measured candidate."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    def forward(ctx, x: Tensor, w: Tensor, b: Tensor | None, mm_weight_grad: bool = False) -> Tensor:
         ctx.save_for_backward(x, w)
-        ctx.has_bias = b is not None
+        ctx.has_bias, ctx.mm_weight_grad = b is not None, mm_weight_grad
         return _onednn_linear(x, w, b)
 
     @staticmethod
@@ -148,10 +152,11 @@ class _OneDNNLinear(torch.autograd.Function):
         dx = _onednn_linear(dy, w.t(), None) if ctx.needs_input_grad[0] else None  # (..., in)
         dw = db = None
         if ctx.needs_input_grad[1]:
-            dw = _onednn_linear(dy2.t(), x.reshape(-1, x.size(-1)).t(), None)  # (out, in)
+            x2 = x.reshape(-1, x.size(-1))  # (N, in)
+            dw = torch.mm(dy2.t(), x2) if ctx.mm_weight_grad else _onednn_linear(dy2.t(), x2.t(), None)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.sum(dim=0)  # (out,)
-        return dx, dw, db
+        return dx, dw, db, None
 
 
 def _shape_class(x: Tensor, w: Tensor) -> tuple[int, str]:
@@ -182,9 +187,12 @@ def infer_kernel(x: Tensor, w: Tensor, activation: str | None) -> str:
     return autotune.choose("linear-infer", f"{shape}/{activation or 'none'}/{weights}", candidates)
 
 
+TRAIN_KERNELS = ("mkl", "onednn", "onednn+mm")  # F.linear; _OneDNNLinear; with mm's dW
+
+
 def train_kernel(x: Tensor, w: Tensor) -> str:
-    """"onednn" or "mkl" for a linear under autograd: the faster forward + backward measured on
-    this machine for the shape class (in x out, the token count's power of two, the dtype)."""
+    """One of TRAIN_KERNELS for a linear under autograd: the fastest forward + backward measured
+    on this machine for the shape class (in x out, the token count's power of two, the dtype)."""
     rows, shape = _shape_class(x, w)
 
     def candidates() -> dict[str, Callable[[], None]]:  # made only when a measurement is due
@@ -203,7 +211,8 @@ def train_kernel(x: Tensor, w: Tensor) -> str:
 
             return run
 
-        return {"mkl": step(F.linear), "onednn": step(_OneDNNLinear.apply)}
+        return {"mkl": step(F.linear), "onednn": step(_OneDNNLinear.apply),
+                "onednn+mm": step(lambda a, m, bias: _OneDNNLinear.apply(a, m, bias, True))}
 
     return autotune.choose("linear-train", shape, candidates)
 
@@ -230,7 +239,8 @@ def linear_weights(x: Tensor, w: Tensor, b: Tensor | None = None,
     if why_not_onednn(x, w) is None and x.numel():
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w, b)):
             # autograd: the fused epilogues have no backward; oneDNN's or MKL's, as measured here
-            y = _OneDNNLinear.apply(x, w, b) if train_kernel(x, w) == "onednn" else F.linear(x, w, b)
+            kernel = train_kernel(x, w)
+            y = F.linear(x, w, b) if kernel == "mkl" else _OneDNNLinear.apply(x, w, b, kernel == "onednn+mm")
         elif infer_kernel(x, w, activation) == "onednn":
             _, attr, algorithm = ACTIVATIONS[activation] if activation else (None, "none", "")
             return _onednn_linear(x, packed_weight(w), b, attr, algorithm)
