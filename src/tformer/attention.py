@@ -146,6 +146,7 @@ class MultiHeadAttention(nn.Module):
 
         Shape: qkv (rows, 3D) -> (rows, D): N real tokens, then zero rows (see Packing)
         """
+        qkv = kernels.attention_values(qkv)  # once per layer, not per group (bf16 -> fp32)
         outputs, start = [], 0
         for length, count in packing.groups:
             block = qkv[start : start + count * length].view(count, length, 3 * self.d_model)

@@ -306,12 +306,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout_p
     Shape: q (B, H, T, Dh); k, v (B, H, S, Dh); allowed broadcastable to (B, H, T, S) -> (B, H, T, Dh)
     """
     dtype, cpu = q.dtype, q.device.type == "cpu"
-    if dtype == torch.bfloat16 and cpu:
-        # bf16 values (precision "bf16", autocast training): the scores and softmax in fp32, on
-        # the same values. CPU's bf16 flash kernel runs at a third to a half of its fp32 one
-        # (forward and backward; AMD EPYC Zen 4), and bf16 scores cost 2e-5 of min cosine on
-        # all-MiniLM-L6-v2 (0.99995 -> 0.99993).
-        q, k, v = q.float(), k.float(), v.float()
+    q, k, v = attention_values(q), attention_values(k), attention_values(v)
     # autocast would cast them back to bf16
     with torch.autocast("cpu", enabled=False) if cpu else contextlib.nullcontext():
         if allowed is None and dropout_p == 0.0 and attention_kernel(q, k, v) == "matmul":
@@ -321,10 +316,21 @@ def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout_p
     return out.to(dtype)
 
 
+def attention_values(x: Tensor) -> Tensor:
+    """What attention computes on: bf16 values on CPU (precision "bf16", autocast training) in
+    fp32, the same values. CPU's bf16 flash kernel runs at a third to a half of its fp32 one
+    (forward and backward; AMD EPYC Zen 4), and bf16 scores cost 2e-5 of min cosine on
+    all-MiniLM-L6-v2 (0.99995 -> 0.99993). Packed attention converts a layer's q, k, v once
+    with this, not once per group of lengths (3 small copies per group cost ~5% of a bf16
+    sentence-encoding run)."""
+    return x.float() if x.dtype == torch.bfloat16 and x.device.type == "cpu" else x
+
+
 def _matmul_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """The explicit formula, unmasked: scores, softmax, weighted sum (three passes over the
-    scores; fast while they fit in the caches)."""
-    return (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).softmax(dim=-1) @ v
+    """The explicit formula, unmasked: scores, softmax, weighted sum; 1/sqrt(Dh) scales q (as
+    SDPA's kernels do), not the scores: T x Dh values, not T x S. Fast while the scores fit
+    in the caches."""
+    return ((q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-2, -1)).softmax(dim=-1) @ v
 
 
 def attention_kernel(q: Tensor, k: Tensor, v: Tensor) -> str:
