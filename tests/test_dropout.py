@@ -103,6 +103,17 @@ def test_dtype_and_shape_are_kept():
     assert set(torch.unique(out / x).float().tolist()) <= {0.0, 2.0}
 
 
+def test_bf16_survivors_are_scaled_in_fp32_and_rounded_once():
+    """1 / 0.9 in bf16 is 1.109375 (0.16% low): survivors are x * (1 / (1 - p)) computed in fp32
+    and rounded to bf16 once, as F.dropout rounds them."""
+    torch.manual_seed(0)
+    x = torch.randn(4096).to(torch.bfloat16)
+    out = dropout(x, 0.1)
+    kept = out != 0
+    scale = LEVELS / (LEVELS - drop_threshold(0.1))
+    assert torch.equal(out[kept], (x[kept].float() * scale).to(torch.bfloat16))
+
+
 def test_the_numpy_mirror_draws_the_same_distribution():
     """reference.module.keep_scaled: the same rounding of p, the same scale, keep rate 1 - p."""
     rng = np.random.default_rng(0)
