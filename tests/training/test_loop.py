@@ -216,3 +216,25 @@ def test_vocab_size_and_max_length_are_bounded_before_anything_is_built(tmp_path
         assert main(["train", "--data", str(data), "--out", str(tmp_path / "r"), flag, value]) == 2
         assert f"expected at most {limit}" in capsys.readouterr().err
         assert not (tmp_path / "r").exists()
+
+
+def test_best_weights_of_a_seq2seq_run_follow_the_validation_loss_not_bleu():
+    """The validation sample's BLEU moves by a point between neighbouring validations; the
+    teacher-forced loss decides which weights are kept for sequence-to-sequence runs, the
+    main metric for the others (accuracy keeps rising while an overfitting loss turns)."""
+    from tformer.training.data_objectives import Classification, Seq2Seq
+    from tformer.training.loop import _selection, _track_best
+
+    state = {"step": 1222}
+    seq2seq = Seq2Seq.__new__(Seq2Seq)  # _selection reads class attributes only
+    assert _track_best(state, *_selection(seq2seq, {"bleu": 26.9, "loss": 2.782}))
+    state["step"] = 1533
+    assert _track_best(state, *_selection(seq2seq, {"bleu": 25.9, "loss": 2.612}))  # BLEU fell
+    assert state["best_step"] == 1533 and state["best_by"] == "loss"
+
+    classifier = Classification.__new__(Classification)
+    state["step"] = 1636  # a run resumed under another rule starts its selection over
+    assert _track_best(state, *_selection(classifier, {"accuracy": 0.845, "loss": 0.582}))
+    state["step"] = 2000
+    assert not _track_best(state, *_selection(classifier, {"accuracy": 0.84, "loss": 0.5}))
+    assert state["best_step"] == 1636 and state["since_best"] == 1

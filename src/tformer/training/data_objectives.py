@@ -151,6 +151,7 @@ class DataObjective:
 class Seq2Seq(DataObjective):
     kind = "seq2seq"
     main_metric = "bleu"
+    best_by = "loss"  # the validation sample's BLEU is too noisy to pick weights by (loop._selection)
     model_kind = "seq2seq"
 
     def what(self) -> str:

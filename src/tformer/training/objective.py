@@ -40,7 +40,9 @@ class Objective(Protocol):
     others raise a one-line ValueError)."""
 
     kind: str  # what is learned, for reports and exports: "seq2seq", "classification" or "embedding"
-    main_metric: str  # the validation metric that picks the best weights (higher is better)
+    main_metric: str  # the validation metric reported first (higher is better)
+    # What picks the best weights, where not main_metric: ``best_by = "loss"`` (lower is better;
+    # optional, see training.loop._selection).
     description: str  # one line for the log
     model_kind: str  # what tformer.stats sizes: "seq2seq", "classifier" or "encoder"
 
