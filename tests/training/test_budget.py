@@ -226,3 +226,30 @@ def test_short_texts_keep_the_preset_length_without_timing_anything(tmp_path, mo
     train(config, progress=False, log=logged.append)
     assert any(line.startswith("max length: 64 tokens, whole for ") and "the preset" in line
                for line in logged), logged
+
+
+def test_the_step_the_clock_makes_last_is_validated_once_and_ends_the_run(tmp_path, monkeypatch):
+    """A validation re-sizes the final test's reserve from its own rate; when that moved the
+    deadline on, a run that had validated its last step trained a few more and validated again
+    (284.7 s and 287.2 s of 300, 11 steps apart). Here every validation frees three steps' time
+    of the reserve: the run must still end at the step the clock first made its last."""
+    from tformer.training.budget import Budget
+
+    reserve, validated = Budget.reserve, Budget.validated
+    freed = {"seconds": 0.0}
+
+    def freeing(self, seconds, examples):
+        validated(self, seconds, examples)
+        freed["seconds"] += 3 * (self.step_seconds or 0.0)
+
+    monkeypatch.setattr(Budget, "validated", freeing)
+    monkeypatch.setattr(Budget, "reserve", lambda self: max(reserve(self) - freed["seconds"], 0.0))
+    data = write(tmp_path / "d.jsonl", classification_rows(400))
+    config = resolve_config({"data": str(data), **TINY, "max_minutes": 0.3, "steps": 100_000,
+                             "out": str(tmp_path / "run")})
+    record = train(config, **QUIET)
+    lines = _lines(tmp_path / "run")
+    validations = [r["step"] for r in lines if r["split"] == "validation"]
+    assert record["stopped_by"] == "max_minutes"
+    assert validations[-1] == record["step"], validations  # the last step is validated ...
+    assert record["step"] - validations[-2] > 5, validations  # ... and only once near the end
