@@ -56,7 +56,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """
     if not training or p == 0.0:
         return x
-    if p >= 1.0 or drop_threshold(p) >= LEVELS:
+    if drop_threshold(p) >= LEVELS:
         return x * 0.0  # everything dropped (F.dropout's p = 1)
     if tracing():
         return F.dropout(x, p, True)  # compilers and exporters know torch's dropout

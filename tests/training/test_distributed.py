@@ -57,3 +57,20 @@ def test_two_processes_equal_one(tmp_path):
     assert a.keys() == b.keys()
     diff = max((a[k] - b[k]).abs().max().item() for k in a)
     assert diff <= 1e-5, f"max |weight difference| {diff:.2e}"
+
+
+@pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
+                    reason="torchrun not installed")
+def test_a_timed_run_on_two_ranks_stops_every_rank_at_one_step(tmp_path):
+    """The clock decides each rank's last step; they must agree (a rank that stopped alone would
+    leave the other waiting in the next step's all-reduce until the timeout)."""
+    data = write(tmp_path / "d.jsonl", seq2seq_rows(200))
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    args = list(ARGS)
+    for option in ("--steps", "--eval-every"):  # the clock schedules both here
+        i = args.index(option)
+        del args[i : i + 2]
+    _run([torchrun, "--standalone", "--nproc_per_node", "2", "-m", "tformer", "train", "--data", str(data),
+          "--out", str(tmp_path / "timed"), "--max-minutes", "0.25", "--steps", "100000", *args], tmp_path)
+    lines = [json.loads(line) for line in (tmp_path / "timed" / "metrics.jsonl").read_text().splitlines()]
+    assert lines[-1]["split"] == "test" and lines[-1]["stopped_by"] == "max_minutes"

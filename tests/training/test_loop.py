@@ -233,6 +233,12 @@ def test_best_weights_of_a_seq2seq_run_follow_the_validation_loss_not_bleu():
     assert state["best_step"] == 1533 and state["best_by"] == "loss"
 
     classifier = Classification.__new__(Classification)
+    # A run saved before best_by: the loop takes its main metric as what picked its best.
+    old = {"step": 900, "best": 0.85, "best_step": 800, "since_best": 0}
+    old.setdefault("best_by", classifier.main_metric)
+    assert not _track_best(old, *_selection(classifier, {"accuracy": 0.80, "loss": 0.5}))
+    assert old["best_step"] == 800
+
     state["step"] = 1636  # a run resumed under another rule starts its selection over
     assert _track_best(state, *_selection(classifier, {"accuracy": 0.845, "loss": 0.582}))
     state["step"] = 2000

@@ -176,11 +176,16 @@ class Embedding(Module):
 LEVELS = 1 << 16  # tformer.dropout: each element's draw is uniform over 65,536 levels
 
 
+def drop_threshold(p: float) -> int:
+    """How many of the 65,536 levels drop an element: p rounded to a multiple of 2^-16."""
+    return round(p * LEVELS)
+
+
 def keep_scaled(shape, p: float, rng) -> np.ndarray:
     """0 where an element is dropped, 1 / (1 - p) where kept, as tformer.dropout draws it: p is
     rounded to a multiple of 2^-16, and each element keeps where its 16-bit uniform draw is at
     least p * 2^16 (torch draws four per 64-bit word; the distribution is the same)."""
-    threshold = round(p * LEVELS)
+    threshold = drop_threshold(p)
     return (rng.integers(0, LEVELS, size=shape) >= threshold) * (LEVELS / (LEVELS - threshold))
 
 

@@ -220,6 +220,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     state: dict[str, Any] = {"step": 0, "wall_seconds": 0.0, "schedule": config.schedule}
     if resume:
         state = load_training_state(run_dir, model, optimizer)
+        state.setdefault("best_by", source.main_metric)  # what picked the best before best_by
         if config.precision == "auto" and state.get("precision") in ("fp32", "bf16"):
             bf16, why_precision = state["precision"] == "bf16", "as the run chose when it started"
         finished = resume_metrics(metrics_path, state, config.steps) if writer else None
@@ -297,11 +298,14 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
             if config.patience is not None and state["since_best"] >= config.patience:
                 stop_reason = "patience"
                 break
-            if last and budget.timed and state["step"] < config.steps and (time_up or config.epochs is None):
+            clock_ended = last and budget.timed and state["step"] < config.steps \
+                and (time_up or config.epochs is None)
+            if any_rank(clock_ended, world):
                 # The clock made this the last step, and it is validated: stop. The validation's
                 # rate re-sizes the test's reserve, and the deadline it moved bought a few more
                 # steps and a second validation (284.7 s and 287.2 s of 300, 11 steps apart).
-                # (With --epochs, `last` may be the epochs' estimate: only the clock stops here.)
+                # (With --epochs, `last` may be the epochs' estimate: only the clock stops here.
+                # Every rank stops at the same step, or the next step's all-reduce would wait.)
                 stop_reason = "max_minutes"
                 break
     bar.close()
@@ -421,7 +425,7 @@ def _selection(source: Objective, valid: dict[str, float]) -> tuple[str, float]:
 
 def _track_best(state: dict[str, Any], by: str, value: float) -> bool:
     """Record a new best validation score (higher is better); count validations since. A run
-    resumed with another selection (an older version picked by its main metric) starts over."""
+    resumed with another selection (a seq2seq run an older version picked by BLEU) starts over."""
     if state.get("best_by") != by:
         state["best"], state["best_by"] = None, by
     best = state.get("best")
