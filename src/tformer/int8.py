@@ -151,10 +151,13 @@ class Int8Linear(nn.Module):
             y = kernels.int8_linear(q, zero, self._packed, self.weight_scale)  # (N, M), int32 sums
         else:  # the same integers, summed in float32
             y = F.linear(q.float() - zero, self.weight_int8.float()) * self.weight_scale
-        y = y * s if self.bias is None else torch.addcmul(self.bias, y, s)  # (N, M)
-        y = y.reshape(*x.shape[:-1], self.out_features)
+        # In place, on the multiply's own output: no second (N, M) buffer (one past 32 MiB is
+        # faulted in afresh, page by page: tformer.allocator; all-MiniLM-L6-v2 int8, 480 texts in
+        # batches of 128: 129-165 -> 182-194 sentences/s; of 32: 196-216 -> 211-218; AMD EPYC Zen 4)
+        y = y.mul_(s) if self.bias is None else y.mul_(s).add_(self.bias)  # (N, M)
         if activation is not None:
-            y = kernels.ACTIVATIONS[activation][0](y)
+            y = kernels.ACTIVATIONS_IN_PLACE[activation](y)
+        y = y.reshape(*x.shape[:-1], self.out_features)
         return y
 
     def extra_repr(self) -> str:

@@ -41,6 +41,13 @@ ACTIVATIONS = {
     "gelu": (F.gelu, "gelu", "none"),  # exact: x * Phi(x), with the erf (Hendrycks & Gimpel 2016)
     "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), "gelu", "tanh"),
 }
+# The same functions, overwriting their input (a buffer nothing else reads; no autograd): the
+# same values, bit for bit, without a second buffer of the input's size.
+ACTIVATIONS_IN_PLACE = {
+    "relu": torch.relu_,
+    "gelu": torch.ops.aten.gelu_,
+    "gelu_tanh": lambda x: torch.ops.aten.gelu_(x, approximate="tanh"),
+}
 
 # oneDNN's fused linear: in CPU builds with MKL-DNN. Its bf16 inner product needs CPU
 # instructions (avx512_bf16 or AMX) that not every machine has.

@@ -114,7 +114,7 @@ class TextData:
             backend, limit = pretrained_backend(Path(config.from_pretrained))
             max_length = min(config.max_length, limit) if limit else config.max_length
         else:
-            backend = train_tokenizer(sample, config.tokenizer, config.vocab_size)
+            backend = train_tokenizer(sample, config.tokenizer, config.vocab_size, config.lowercase)
             max_length = config.max_length
         data.tokenizer = run_tokenizer(backend, max_length)
         if write and run_dir is not None:

@@ -26,8 +26,9 @@ from tformer.training.config import MAX_VOCAB
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0-3: tformer.specials' PAD, BOS, EOS, UNK
 
 
-def train_tokenizer(texts: Iterable[str], scheme: str, vocab_size: int) -> Backend:
-    """A subword tokenizer (HF `tokenizers`) trained on `texts`."""
+def train_tokenizer(texts: Iterable[str], scheme: str, vocab_size: int, lowercase: bool = False) -> Backend:
+    """A subword tokenizer (HF `tokenizers`) trained on `texts`; `lowercase`: its normalizer
+    lowercases every text first (in training and in every later use of the saved file)."""
     if not len(SPECIALS) < vocab_size <= MAX_VOCAB:
         raise ValueError(f"vocab_size: expected {len(SPECIALS) + 1}..{MAX_VOCAB}, got {vocab_size}")
     specials = list(SPECIALS)
@@ -51,6 +52,8 @@ def train_tokenizer(texts: Iterable[str], scheme: str, vocab_size: int) -> Backe
         tok.decoder = decoders.Metaspace()
         trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=specials,
                                           unk_token="<unk>", show_progress=False)
+    if lowercase:
+        tok.normalizer = normalizers.Lowercase()
     tok.train_from_iterator(texts, trainer=trainer)
     for i, s in enumerate(specials):
         assert tok.token_to_id(s) == i, (s, tok.token_to_id(s))
