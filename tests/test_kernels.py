@@ -418,7 +418,6 @@ def test_bfloat16_attention_outside_autocast_is_fp32_attention_of_the_same_value
     assert float(((out.double() - expected).abs() / expected.abs().clamp(min=1e-3)).max()) <= 2**-8
 
 
-# The NumPy reference's float32 erf ---------------------------------------------------------------
 @pytest.mark.parametrize("activation", list(kernels.ACTIVATIONS))
 def test_in_place_activations_equal_the_plain_ones_bit_for_bit(activation):
     x = torch.randn(1000, generator=torch.Generator().manual_seed(0)) * 4
@@ -428,6 +427,7 @@ def test_in_place_activations_equal_the_plain_ones_bit_for_bit(activation):
     assert torch.equal(y, kernels.ACTIVATIONS[activation][0](x))
 
 
+# The NumPy reference's float32 erf ---------------------------------------------------------------
 def test_reference_float32_erf_is_float32_accurate():
     """float32 arrays take the cheaper rational erf; it stays within float32 rounding of math.erf."""
     import math

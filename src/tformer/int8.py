@@ -19,8 +19,8 @@ per-channel int8 reaches 0.96 on such texts.
 - The feed-forward network's down projection stays in float (KEEP_FLOAT; bf16 where the CPU
   has bf16 units): quantized alone it takes the min cosine to 0.99945, and with it every
   linear quantized reaches 0.99851 on 480 docstrings; without it, 0.99913 (fp32 down) /
-  0.99893-0.99896 (bf16 down); on 600 English UI messages 0.99904, 300 man pages 0.99962, 600 Debian
-  package summaries 0.99952 (real all-MiniLM-L6-v2, AMD EPYC Zen 4). Tried and not kept, for
+  0.99893-0.99896 (bf16 down); on 600 English UI messages 0.99904, 300 man pages 0.99962,
+  600 Debian package summaries 0.99952 (real all-MiniLM-L6-v2, AMD EPYC Zen 4). Tried and not kept, for
   gaining under 2e-4: a full-width random rotation (0.99845), asymmetric per-token
   activations, bias correction from the LayerNorm's shift, weight clipping (worse: 0.993).
   What remains is rounding noise of weights (about 3/5) and activations (2/5) that a text of
