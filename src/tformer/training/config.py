@@ -74,7 +74,8 @@ class TrainConfig:
                                      "(its tokenizer and sizes are used)")
     tokenizer: str = _f("bpe", "tokenizer trained on --data: bpe (byte-level), wordpiece, unigram")
     vocab_size: int = _f(8000, "tokenizer vocabulary size (trained on --data)")
-    lowercase: bool = _f(False, "the tokenizer trained on --data lowercases texts first")
+    lowercase: bool = _f(False, "the tokenizer trained on --data lowercases texts first (with "
+                         "--from-pretrained the model's own tokenizer decides)")
     max_length: int = _f(128, "tokens per text (longer texts are truncated; a run prints the share it cuts)")
     max_tokens: int | None = _f(4096, "data runs: padded tokens per batch (length-bucketed batches); "
                                 "none: --batch-size examples of the data's mean length (the "
