@@ -2,8 +2,9 @@
 
 Runtimes keep thread pools, allocators and CPU-dispatch state per process, so each contender of
 the peer workloads lives in a process of its own, with the same thread count. The parent starts
-them all, collects one output from each (to check it before timing), then asks for one timed
-call at a time, so ``harness.measure`` can interleave them in rounds as it does in-process ones.
+them one after the other, each running its first call alone, collects that output from each (to
+check it before timing), then asks for one timed call at a time, so ``harness.measure`` can
+interleave them in rounds as it does in-process ones.
 
 Protocol (one JSON line per reply on the process's original stdout; library chatter goes to
 stderr): start -> {"ready": true, "output": FILE, "note": ...} or {"skip": REASON};
@@ -85,7 +86,11 @@ def _serve(call, reply) -> None:
 
 # The parent ---------------------------------------------------------------------------------------
 class Worker:
-    """A started contender process. ``start`` returns at once; ``ready`` waits for its output."""
+    """A contender process, started and run once: the constructor returns when its first call
+    is done, so that no two start at once. A start-up runs the first call, where tformer
+    measures its kernel choices (tformer.autotune) and remembers them: measured beside
+    another process's start-up, they timed the contention (8-24 ms medians for a 0.1 ms
+    kernel), and the timed rounds ran what the contention chose. ``ready`` gives the output."""
 
     def __init__(self, spec: dict, env: dict[str, str]):
         self.name = spec["name"]
@@ -94,6 +99,10 @@ class Worker:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tformer.bench.worker", json.dumps(spec)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._log, text=True, env=env, bufsize=1)
+        try:
+            self._first: dict | RuntimeError = self._read()
+        except RuntimeError as e:  # raised by ready(), where the caller reports it
+            self._first = e
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
@@ -107,7 +116,9 @@ class Worker:
     def ready(self) -> dict:
         """{"output": np.ndarray (or the .json's value), "note": str} or {"skip": reason};
         RuntimeError if it died."""
-        msg = self._read()
+        msg = self._first
+        if isinstance(msg, RuntimeError):
+            raise msg
         if "skip" in msg:
             self.close()
             return msg
@@ -137,7 +148,8 @@ class Worker:
 
 
 def start(names: list[str], task: str, inputs: Path, paths, threads: int) -> tuple[dict, dict]:
-    """Start a worker per contender that can run here; returns (workers, skipped: name -> reason)."""
+    """Start a worker per contender that can run here, one after the other; returns (workers,
+    skipped: name -> reason)."""
     workers, skipped = {}, {}
     for i, name in enumerate(names):
         c = peers.BY_NAME[name]
