@@ -311,8 +311,23 @@ def test_classifier_uses_the_fast_encoder(tiny_config):
 
 
 # bfloat16 ---------------------------------------------------------------------------------------
+@pytest.fixture(params=["fp32", "bf16"])
+def bf16_attention(request, monkeypatch):
+    """Unmasked bf16 attention at inference on fp32 copies or on the bf16 values, whichever this
+    machine would measure faster (both forced here)."""
+    from tformer import autotune
+
+    choose = autotune.choose
+
+    def forced(name, shape_class, candidates, measure=None):
+        return request.param if name == "attention-bf16" else choose(name, shape_class, candidates, measure)
+
+    monkeypatch.setattr(autotune, "choose", forced)
+    return request.param
+
+
 @pytest.mark.parametrize("skip_padding", [False, None])
-def test_bfloat16_inference_is_close_to_float32(tiny_config, skip_padding):
+def test_bfloat16_inference_is_close_to_float32(tiny_config, skip_padding, bf16_attention):
     """A bf16 model (``model.to(torch.bfloat16)``): last hidden state cosine >= 0.999 vs float32."""
     config = tiny_config.replace(d_model=64, n_heads=4, d_ff=256, n_layers=4, positional="learned",
                                  embedding_norm=True, scale_embeddings=False, activation="gelu")
@@ -440,3 +455,48 @@ def test_reference_float32_erf_is_float32_accurate():
     assert np.abs(erf(x) - expected).max() <= 1e-6
     t = torch.from_numpy(x)
     assert_close(gelu(x), F.gelu(t), np.float32, what="gelu float32")
+
+
+def test_bfloat16_unmasked_attention_at_inference_in_the_measured_dtype(bf16_attention):
+    """Unmasked bf16 attention without grad: on fp32 copies, softmax(q k^T) v rounded once to
+    bf16 (relative error <= 2^-8 against float64 on the same values); on the bf16 values,
+    with both kernels, the scores and weights rounded to bf16 too (max abs diff <= 2e-2,
+    cosine >= 0.9999 against float64 on the same values)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(4, 3, 9, 8, generator=g).bfloat16() for _ in range(3))
+    expected = F.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    for attention in ("sdpa", "matmul"):
+        with torch.no_grad(), pytest.MonkeyPatch.context() as mp:
+            mp.setattr(kernels, "attention_kernel", lambda q, k, v, kernel=attention: kernel)
+            expected_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[bf16_attention]
+            assert kernels.attention_dtype(q, k, v) == expected_dtype
+            out = kernels.attention(q, k, v, None, 0.0)
+        assert out.dtype == torch.bfloat16
+        if bf16_attention == "fp32":
+            error = ((out.double() - expected).abs() / expected.abs().clamp(min=1e-3)).max()
+            assert float(error) <= 2**-8, f"{attention}: relative error {float(error):.2e}"
+        else:
+            assert float((out.double() - expected).abs().max()) <= 2e-2, attention
+            cos = F.cosine_similarity(out.double().flatten(0, 2), expected.flatten(0, 2), dim=-1)
+            assert float(cos.min()) >= 0.9999, f"{attention}: min cosine {float(cos.min()):.6f}"
+
+
+def test_the_bf16_attention_dtype_is_measured_only_for_unmasked_inference(monkeypatch, tmp_path):
+    """bf16 values stay bf16 in attention only where measured faster for the shape class: never
+    under a mask or dropout (no shapes given), with grad (SDPA's backward) or for other dtypes."""
+    from tformer import autotune
+
+    monkeypatch.setenv("TFORMER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(autotune, "_memory", {})
+    q, k, v = (torch.randn(2, 3, 5, 8).bfloat16() for _ in range(3))
+    assert kernels.attention_dtype(q) == torch.float32  # masked or dropout: no choice
+    assert kernels.attention_dtype(q.float(), k.float(), v.float()) == torch.float32
+    assert kernels.attention_dtype(q.double(), k, v) == torch.float64
+    assert kernels.attention_dtype(q.clone().requires_grad_(), k, v) == torch.float32  # training
+    assert not any(key.startswith("attention-bf16") for key in autotune._memory)
+    with torch.no_grad():
+        chosen = kernels.attention_dtype(q, k, v)
+    assert chosen in (torch.float32, torch.bfloat16)
+    decision = autotune._memory["attention-bf16 | 256/8x8/bfloat16"]  # 150 scores, 5 keys
+    assert set(decision["seconds"]) == {"fp32", "bf16"}
+    assert (chosen == torch.bfloat16) == (decision["choice"] == "bf16")

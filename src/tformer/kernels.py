@@ -313,24 +313,48 @@ def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout_p
     Shape: q (B, H, T, Dh); k, v (B, H, S, Dh); allowed broadcastable to (B, H, T, S) -> (B, H, T, Dh)
     """
     dtype, cpu = q.dtype, q.device.type == "cpu"
-    q, k, v = attention_values(q), attention_values(k), attention_values(v)
+    unmasked = allowed is None and dropout_p == 0.0
+    compute = attention_dtype(q, k, v) if unmasked else attention_dtype(q)
+    q, k, v = q.to(compute), k.to(compute), v.to(compute)
     # autocast would cast them back to bf16
     with torch.autocast("cpu", enabled=False) if cpu else contextlib.nullcontext():
-        if allowed is None and dropout_p == 0.0 and attention_kernel(q, k, v) == "matmul":
-            out = _matmul_attention(q, k, v)
+        if unmasked:
+            out = _unmasked_attention(q, k, v)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
     return out.to(dtype)
 
 
-def attention_values(x: Tensor) -> Tensor:
-    """What attention computes on: bf16 values on CPU (precision "bf16", autocast training) in
-    fp32, the same values. CPU's bf16 flash kernel runs at a third to a half of its fp32 one
-    (forward and backward; AMD EPYC Zen 4), and bf16 scores cost 2e-5 of min cosine on
-    all-MiniLM-L6-v2 (0.99995 -> 0.99993). Packed attention converts a layer's q, k, v once
-    with this, not once per group of lengths (3 small copies per group cost ~5% of a bf16
-    sentence-encoding run)."""
-    return x.float() if x.dtype == torch.bfloat16 and x.device.type == "cpu" else x
+def _unmasked_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Unmasked attention without dropout by the kernel measured faster for the shape."""
+    if attention_kernel(q, k, v) == "matmul":
+        return _matmul_attention(q, k, v)
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+def attention_dtype(q: Tensor, k: Tensor | None = None, v: Tensor | None = None) -> torch.dtype:
+    """The dtype attention computes in. bf16 values on CPU (precision "bf16", autocast
+    training) are computed in fp32, the same values, unless this is an unmasked inference call
+    (k and v given: packed groups, cached decoding steps) and attention on the bf16 values as
+    they are was measured faster on this machine for the shape class. Which wins depends on
+    the CPU: on an AMD EPYC Zen 4 (avx512_bf16, no AMX) SDPA's bf16 flash kernel ran at a third
+    to a half of its fp32 one, forward and backward; on a Zen 5 two bf16 matmuls beat every fp32
+    kernel 1.5-3x at inference on short lengths. bf16 scores cost 1e-5 of min cosine on
+    all-MiniLM-L6-v2 (0.99995 -> 0.99994). Packed attention converts a layer's q, k, v once, not once per group
+    of lengths (3 small copies per group cost ~5% of a bf16 sentence-encoding run)."""
+    if q.dtype != torch.bfloat16 or q.device.type != "cpu":
+        return q.dtype
+    if k is None or v is None or why_not_measured_attention(q, k, v) is not None:
+        return torch.float32  # masked, dropout, training, tracing or readable: fp32 kernels
+    return torch.float32 if autotune.choose("attention-bf16", _attention_shape(q, k), lambda: {
+        "fp32": lambda: _unmasked_attention(q.float(), k.float(), v.float()),
+        "bf16": lambda: _unmasked_attention(q, k, v)}) == "fp32" else torch.bfloat16
+
+
+def attention_values(x: Tensor, compute: torch.dtype | None = None) -> Tensor:
+    """``x`` in the dtype attention computes in (``attention_dtype``; fp32 for bf16 values when
+    not given)."""
+    return x.to(compute or attention_dtype(x))
 
 
 def _matmul_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -346,17 +370,34 @@ def attention_kernel(q: Tensor, k: Tensor, v: Tensor) -> str:
     SDPA's flash kernel walks the keys in blocks; two matmuls form all the scores, which is
     1.5-3x faster while they fit in the caches (batches of short sequences, packed groups) and
     up to 5x slower past them (AMD EPYC Zen 4: faster below about 2^20 scores)."""
-    if (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)) \
-            or tracing() or is_in_torch_dispatch_mode() or q.device.type != "cpu":
-        return "sdpa"  # training (its backward), compilers and exporters, other devices: SDPA's
+    if why_not_measured_attention(q, k, v) is not None:
+        return "sdpa"
     scores = q.shape[:-1].numel() * k.size(-2)
     if scores > _MATMUL_SCORES_MAX:
         return "sdpa"  # the scores would not fit in any cache, and memory grows as their square
-    shape = f"{1 << (scores - 1).bit_length()}/{1 << (k.size(-2) - 1).bit_length()}x{q.size(-1)}/" \
-            f"{str(q.dtype).removeprefix('torch.')}"
-    return autotune.choose("attention-infer", shape, lambda: {
+    return autotune.choose("attention-infer", _attention_shape(q, k), lambda: {
         "sdpa": lambda: F.scaled_dot_product_attention(q, k, v),
         "matmul": lambda: _matmul_attention(q, k, v)})
+
+
+def why_not_measured_attention(q: Tensor, k: Tensor, v: Tensor) -> str | None:
+    """Why an unmasked attention call takes SDPA on fp32 values without a measured choice of
+    kernel and dtype, or None to measure."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return "training: SDPA's backward"
+    if tracing() or is_in_torch_dispatch_mode():
+        return "compilers and exporters take SDPA"
+    if q.device.type != "cpu":
+        return "choices are measured on CPU only"
+    return None
+
+
+def _attention_shape(q: Tensor, k: Tensor) -> str:
+    """The shape class of an attention call: powers of two of its score count and key length,
+    the head dim and the dtype."""
+    scores = q.shape[:-1].numel() * k.size(-2)
+    return f"{1 << (scores - 1).bit_length()}/{1 << (k.size(-2) - 1).bit_length()}x{q.size(-1)}/" \
+           f"{str(q.dtype).removeprefix('torch.')}"
 
 
 def why_not_fused_attention(q: Tensor, k: Tensor, dropout_p: float, need_weights: bool) -> str | None:
