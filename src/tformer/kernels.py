@@ -340,12 +340,14 @@ def attention_dtype(q: Tensor, k: Tensor | None = None, v: Tensor | None = None)
     the CPU: on an AMD EPYC Zen 4 (avx512_bf16, no AMX) SDPA's bf16 flash kernel ran at a third
     to a half of its fp32 one, forward and backward; on a Zen 5 two bf16 matmuls beat every fp32
     kernel 1.5-3x at inference on short lengths. bf16 scores cost 1e-5 of min cosine on
-    all-MiniLM-L6-v2 (0.99995 -> 0.99994). Packed attention converts a layer's q, k, v once, not once per group
-    of lengths (3 small copies per group cost ~5% of a bf16 sentence-encoding run)."""
+    all-MiniLM-L6-v2 (0.99995 -> 0.99994). Packed attention converts a layer's q, k, v once, by
+    the choice for its group of most tokens, not once per group of lengths (3 small copies per
+    group cost ~5% of a bf16 sentence-encoding run); a group whose own choice differs converts
+    its own."""
     if q.dtype != torch.bfloat16 or q.device.type != "cpu":
         return q.dtype
     if k is None or v is None or why_not_measured_attention(q, k, v) is not None:
-        return torch.float32  # masked, dropout, training, tracing or readable: fp32 kernels
+        return torch.float32  # masked or dropout (no k, v given), training, tracing: fp32
     return torch.float32 if autotune.choose("attention-bf16", _attention_shape(q, k), lambda: {
         "fp32": lambda: _unmasked_attention(q.float(), k.float(), v.float()),
         "bf16": lambda: _unmasked_attention(q, k, v)}) == "fp32" else torch.bfloat16
