@@ -147,7 +147,7 @@ class MultiHeadAttention(nn.Module):
 
         Shape: qkv (rows, 3D) -> (rows, D): N real tokens, then zero rows (see Packing)
         """
-        qkv = kernels.attention_values(qkv, self._packed_dtype(qkv, packing, dropout_p))  # once a layer
+        qkv = qkv.to(self._packed_dtype(qkv, packing, dropout_p))  # once a layer, not per group
         outputs, start = [], 0
         for length, count in packing.groups:
             block = qkv[start : start + count * length].view(count, length, 3 * self.d_model)
@@ -158,11 +158,11 @@ class MultiHeadAttention(nn.Module):
         out = outputs[0] if len(outputs) == 1 else torch.cat(outputs)  # (N, D)
         return packing.pad_rows(out)  # (rows, D)
 
-    def _packed_dtype(self, qkv: Tensor, packing: Packing, dropout_p: float) -> torch.dtype | None:
-        """The dtype a layer's packed attention computes in: the one chosen for its group with
-        the most tokens (None: the choice for attention with dropout, made without shapes)."""
+    def _packed_dtype(self, qkv: Tensor, packing: Packing, dropout_p: float) -> torch.dtype:
+        """The dtype a layer's packed attention computes in (kernels.attention_dtype): with
+        dropout as any attention with dropout; else the one chosen for its group of most tokens."""
         if dropout_p > 0.0 or qkv.dtype != torch.bfloat16:
-            return None
+            return kernels.attention_dtype(qkv)
         starts = itertools.accumulate((n * c for n, c in packing.groups), initial=0)  # rows before each
         start, (length, count) = max(zip(starts, packing.groups, strict=False),
                                      key=lambda at: at[1][0] * at[1][1])  # the group of most tokens

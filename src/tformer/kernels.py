@@ -353,12 +353,6 @@ def attention_dtype(q: Tensor, k: Tensor | None = None, v: Tensor | None = None)
         "bf16": lambda: _unmasked_attention(q, k, v)}) == "fp32" else torch.bfloat16
 
 
-def attention_values(x: Tensor, compute: torch.dtype | None = None) -> Tensor:
-    """``x`` in the dtype attention computes in (``attention_dtype``; fp32 for bf16 values when
-    not given)."""
-    return x.to(compute or attention_dtype(x))
-
-
 def _matmul_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """The explicit formula, unmasked: scores, softmax, weighted sum; 1/sqrt(Dh) scales q (as
     SDPA's kernels do), not the scores: T x Dh values, not T x S. Fast while the scores fit
