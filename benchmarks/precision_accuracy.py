@@ -18,10 +18,11 @@ import sys
 import numpy as np
 import torch
 
-from tformer import int8, kernels
+from tformer import kernels
 from tformer.bench import corpus, harness
-from tformer.lines import TextLines
-from tformer.sentence import SentenceEncoder
+from tformer.embeddings.sentence import SentenceEncoder
+from tformer.nn import int8
+from tformer.text.lines import TextLines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -64,8 +64,8 @@ def main() -> None:
         make_model(model)
     tformer = [sys.executable, "-m", "tformer.cli"]
     if args.no_onednn:
-        tformer = [sys.executable, "-c", "import sys; from tformer import kernels; "
-                   "kernels._ONEDNN = False; from tformer.cli import main; sys.exit(main())"]
+        tformer = [sys.executable, "-c", "import sys; from tformer.kernels import linear_kernels; "
+                   "linear_kernels._ONEDNN = False; from tformer.cli import main; sys.exit(main())"]
     batch = ["--batch-size", str(args.batch_size)]
     print(f"tiny random BERT (2 layers, d 32), batch size {args.batch_size}"
           f"{', fast path without oneDNN linear' if args.no_onednn else ''}; peak RSS per command")

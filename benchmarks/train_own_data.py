@@ -307,7 +307,7 @@ def run_hf(task: str, data: Path, run_dir: Path, minutes: float, threads: int, r
 
 # The comparison ---------------------------------------------------------------------------------
 def compare(args) -> None:
-    from tformer.machine import cpu_info
+    from tformer.kernels.machine import cpu_info
 
     out = args.out or Path(tempfile.mkdtemp(prefix="tformer-vs-hf-"))
     out.mkdir(parents=True, exist_ok=True)

@@ -114,7 +114,7 @@ def norm_figure(root: Path) -> None:
 
 def positions_figures() -> None:
     from tformer.reference.positional import sinusoidal_table
-    from tformer.viz import plot_positions, save_figure
+    from tformer.viz.plots import plot_positions, save_figure
 
     save_figure(plot_positions(d_model=128, max_len=100), DOCS / "positions.png")
     table = sinusoidal_table(100, 128)  # (P, D)

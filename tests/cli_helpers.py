@@ -35,13 +35,13 @@ NOT_LINE_BREAKS = ["\r", "\x0c", "\x0b", "\x1c", "\x1d", "\x1e", "\x85", "\u2028
 
 def killed_at(k: int, argv, timeout: float = 120.0) -> bool:
     """Run `tformer ARGV` in a forked child that SIGKILLs itself at its k-th durable write
-    step (tformer.files.kill_at): a real kill of a real process, without a new interpreter
+    step (tformer.storage.files.kill_at): a real kill of a real process, without a new interpreter
     and torch import per step. True if the child died of that SIGKILL."""
     import os
     import signal
     import time
 
-    from tformer import files
+    from tformer.storage import files
 
     pid = os.fork()
     if pid == 0:  # the child: it never returns into pytest

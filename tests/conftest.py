@@ -14,7 +14,7 @@ def tiny_config() -> TransformerConfig:
 
 @pytest.fixture(autouse=True, scope="session")
 def _kernel_cache(tmp_path_factory):
-    """Measured kernel choices (tformer.autotune) go to a cache of the test session's own, so a
+    """Measured kernel choices (tformer.kernels.autotune) go to a cache of the test session's own, so a
     test run never reads or writes the user's ~/.cache/tformer (subprocesses inherit it)."""
     import os
 
@@ -42,10 +42,10 @@ def _inference_auto_is_fp32():
     default, would run bf16 on a CPU with bf16 instructions. Session-wide, so that module and
     session fixtures (a server started once per module) resolve auto under it too. Tests of auto
     itself (and of bf16, asked for by name) set what they need with their own monkeypatch."""
-    import tformer.precision
+    import tformer.nn.precision
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(tformer.precision, "has_bf16", lambda: False)
+        patch.setattr(tformer.nn.precision, "has_bf16", lambda: False)
         yield
 
 

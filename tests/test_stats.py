@@ -3,7 +3,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from tformer import TransformerConfig
-from tformer.model import Encoder, EncoderClassifier, Seq2SeqTransformer
+from tformer.nn.model import Encoder, EncoderClassifier, Seq2SeqTransformer
 from tformer.stats import flops_per_token, parameter_count
 
 

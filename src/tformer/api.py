@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from tformer.allocator import keep_freed_memory
 from tformer.commands import _export
-from tformer.files import new_run_dir, write_atomic
-from tformer.rundir import open_run_dir
+from tformer.kernels.allocator import keep_freed_memory
+from tformer.storage.files import new_run_dir, write_atomic
+from tformer.storage.rundir import open_run_dir
 from tformer.training.config import TrainConfig, resolve_config
 from tformer.training.loop import load_run as _load
 from tformer.training.loop import train as _train
@@ -93,7 +93,7 @@ def train(data: Data | None = None, valid: Data | None = None, test: Data | None
     Without data, trains the synthetic task named by task= (default reverse).
 
     Like the command line, it asks glibc's malloc to keep freed memory for reuse in this process
-    (tformer.allocator says why and how to opt out)."""
+    (tformer.kernels.allocator says why and how to opt out)."""
     keep_freed_memory()
     name = Path(data).stem if isinstance(data, (str, Path)) else "data" if data is not None else \
         options.get("task", TrainConfig.task)

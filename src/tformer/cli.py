@@ -12,8 +12,8 @@ import os
 import sys
 
 from tformer import __version__
-from tformer.allocator import keep_freed_memory
 from tformer.errors import OS_ERRORS, USER_ERRORS  # one line, no traceback
+from tformer.kernels.allocator import keep_freed_memory
 
 # (command name, module under tformer.commands)
 COMMANDS = [
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
-    keep_freed_memory()  # tformer.allocator: a step's tensors are not faulted in afresh each time
+    keep_freed_memory()  # tformer.kernels.allocator: a step's tensors are not faulted in afresh each time
     try:
         rc = int(args._run(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not at exit

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from tformer.errors import BadType
-from tformer.files import write_json_atomic
+from tformer.storage.files import write_json_atomic
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 POSITIONALS = ("sinusoidal", "learned", "none")
 POOLINGS = ("cls", "mean")  # a classifier's (config.pooling)
-# Every pooling tformer.pooling knows, in the order sentence-transformers concatenates them.
+# Every pooling tformer.nn.pooling knows, in the order sentence-transformers concatenates them.
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len")
 
 

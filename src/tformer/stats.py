@@ -32,7 +32,7 @@ def _positions(c: TransformerConfig) -> int:
 
 
 def encoder_layer_parameters(c: TransformerConfig) -> int:
-    """Self-attention (fused qkv + output), feed-forward, two norms (tformer.layers.EncoderLayer)."""
+    """Self-attention (fused qkv + output), feed-forward, two norms (tformer.nn.layers.EncoderLayer)."""
     d, b = c.d_model, c.bias
     attention = _linear(d, 3 * d, b) + _linear(d, d, b)
     ffn = _linear(d, c.d_ff, b) + _linear(c.d_ff, d, b)
@@ -47,7 +47,7 @@ def decoder_layer_parameters(c: TransformerConfig) -> int:
 
 
 def _encoder_parameters(c: TransformerConfig) -> int:
-    """tformer.model.Encoder: embeddings, layers, final norm, pooler."""
+    """tformer.nn.model.Encoder: embeddings, layers, final norm, pooler."""
     d, b = c.d_model, c.bias
     total = (c.vocab_size or 0) * d + _positions(c) + c.type_vocab_size * d
     total += _norm(d, b) if c.embedding_norm else 0
@@ -57,7 +57,7 @@ def _encoder_parameters(c: TransformerConfig) -> int:
 
 
 def _seq2seq_parameters(c: TransformerConfig) -> int:
-    """tformer.model.Seq2SeqTransformer: the embeddings live outside the two stacks (§3.4)."""
+    """tformer.nn.model.Seq2SeqTransformer: the embeddings live outside the two stacks (§3.4)."""
     d, b = c.d_model, c.bias
     stack = c.replace(vocab_size=None, tgt_vocab_size=None, type_vocab_size=0, pooler=False)
     total = c.vocab_size * d + (c.tgt_vocab_size or 0) * d + _encoder_parameters(stack)

@@ -11,8 +11,8 @@ import torch
 
 from tformer.bench import decode_peers as D
 from tformer.bench.harness import Measured, measure
-from tformer.generate import greedy_search
-from tformer.model import Seq2SeqTransformer
+from tformer.nn.generate import greedy_search
+from tformer.nn.model import Seq2SeqTransformer
 
 pytest.importorskip("transformers")
 

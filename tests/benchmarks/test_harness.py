@@ -10,7 +10,7 @@ from helpers import assert_close
 from tformer.bench import models as M
 from tformer.bench.floor import FloorEncoder
 from tformer.bench.harness import Report, Row, Target, Timing, measure, paired_ratio
-from tformer.model import Encoder
+from tformer.nn.model import Encoder
 
 
 def test_paired_ratio_is_the_median_of_per_round_ratios():

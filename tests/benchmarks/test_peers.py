@@ -15,8 +15,8 @@ import torch
 
 from tformer.bench import corpus, peers, worker
 from tformer.bench.harness import Measured, measure
-from tformer.machine import cpu_info, has_bf16
-from tformer.tokenizer import load_tokenizer
+from tformer.kernels.machine import cpu_info, has_bf16
+from tformer.text.tokenizer import load_tokenizer
 
 FP32 = 1e-5  # max abs diff to tformer fp32, at tiny sizes (the benchmark holds 1e-4 at full sizes)
 LOW_PRECISION = 0.99  # min cosine of int8 / bf16 contenders on the tiny model

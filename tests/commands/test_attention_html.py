@@ -7,16 +7,16 @@ import re
 import numpy as np
 import pytest
 import torch
+from browser_helpers import browser_report
 from hf_bert_fixtures import bert_dir
-from test_viz_html import browser_report
 
 from tformer.cli import main
-from tformer.generate import generate
-from tformer.model import from_pretrained
+from tformer.nn.generate import generate
+from tformer.nn.model import from_pretrained
 from tformer.tasks.tokenizer import BOS, EOS
-from tformer.tokenizer import load_tokenizer
+from tformer.text.tokenizer import load_tokenizer
 from tformer.training import load_run
-from tformer.viz_html import read_page_data
+from tformer.viz.html import read_page_data
 
 TINY = [
     "--d-model",

@@ -8,7 +8,7 @@ import pytest
 
 from tformer.bench import workloads
 from tformer.cli import main
-from tformer.machine import NO_BF16, cpu_info, has_bf16
+from tformer.kernels.machine import NO_BF16, cpu_info, has_bf16
 
 PEER_WORKLOADS = ["sentences-minilm", "mixed-base"]
 

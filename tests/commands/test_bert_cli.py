@@ -13,8 +13,8 @@ from hf_bert_fixtures import SENTENCES, bert_dir, copy_dir, st_dir
 from safetensors.torch import load_file, save_file
 
 from tformer.cli import main
-from tformer.sentence import SentenceEncoder
-from tformer.viz import DPI, PANEL_INCHES
+from tformer.embeddings.sentence import SentenceEncoder
+from tformer.viz.plots import DPI, PANEL_INCHES
 
 LONG = " ".join(["cat"] * 100)  # 102 tokens: past the 64 positions (and the ST's 16)
 
@@ -117,14 +117,14 @@ def test_search_finds_the_line_itself_first(capsys, tmp_path):
 
 def test_index_build_then_search_gives_what_search_on_the_corpus_gives(capsys, tmp_path,
                                                                        monkeypatch):
-    import tformer.index
+    import tformer.embeddings.index
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(SENTENCES) + "\n")
     rc, whole, _ = _run(capsys, "search", bert_dir(), "--corpus", corpus, SENTENCES[3], "a cat",
                         "-k", 3)
-    monkeypatch.setattr(tformer.index, "CHUNK", 2)  # the corpus in 3 chunks, blocks of 2
-    monkeypatch.setattr(tformer.index, "BLOCK", 2)
+    monkeypatch.setattr(tformer.embeddings.index, "CHUNK", 2)  # the corpus in 3 chunks, blocks of 2
+    monkeypatch.setattr(tformer.embeddings.index, "BLOCK", 2)
     rc, direct, _ = _run(capsys, "search", bert_dir(), "--corpus", corpus, SENTENCES[3], "a cat",
                          "-k", 3)
     assert rc == 0 and direct == whole
@@ -154,10 +154,10 @@ def test_embed_out_errors_are_one_line(capsys, tmp_path):
 
 
 def test_embed_streams_and_resumes_an_interrupted_file(capsys, tmp_path, monkeypatch):
-    import tformer.index
-    from tformer import files
+    import tformer.embeddings.index
+    from tformer.storage import files
 
-    monkeypatch.setattr(tformer.index, "CHUNK", 2)
+    monkeypatch.setattr(tformer.embeddings.index, "CHUNK", 2)
     lines = tmp_path / "lines.txt"
     lines.write_text("\n".join(SENTENCES) + "\n")
     out = tmp_path / "e.npy"

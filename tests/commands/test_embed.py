@@ -12,9 +12,9 @@ from cli_helpers import NOT_LINE_BREAKS, assert_one_line_error, killed_at, run_c
 from helpers import assert_close
 from hf_bert_fixtures import SENTENCES, st_dir
 
-import tformer.index
-from tformer import files
-from tformer.sentence import SentenceEncoder
+import tformer.embeddings.index
+from tformer.embeddings.sentence import SentenceEncoder
+from tformer.storage import files
 
 OLD = np.zeros(3)  # the user's earlier file at --out
 
@@ -25,7 +25,7 @@ def _expected(texts, dtype="fp32"):
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(tformer.index, "CHUNK", 2)  # 5 texts: chunks of 2, 2, 1
+    monkeypatch.setattr(tformer.embeddings.index, "CHUNK", 2)  # 5 texts: chunks of 2, 2, 1
 
 
 def test_every_file_line_is_one_row(capsys, tmp_path):

@@ -10,7 +10,7 @@ import torch
 from cli_helpers import assert_one_line_error, run_cli
 from safetensors.torch import load_file, save_file
 
-from tformer.checkpoint import check_run_dir
+from tformer.storage.checkpoint import check_run_dir
 
 
 @pytest.mark.parametrize("option, value, minimum", [

@@ -16,9 +16,9 @@ import torch
 from hf_bert_fixtures import bert_dir
 from text_fixtures import classification_rows, embedding_rows, seq2seq_rows, write
 
-from tformer import files
 from tformer.cli import main
-from tformer.convert import onnx as tonnx
+from tformer.export import onnx as tonnx
+from tformer.storage import files
 
 PROB_TOLERANCE = 1e-5  # max abs difference of probabilities, float32 (predict prints 6 decimals)
 TINY = ["--d-model", "16", "--n-heads", "2", "--d-ff", "32", "--n-layers", "1", "--vocab-size", "300",
@@ -262,7 +262,7 @@ def test_a_kill_mid_export_leaves_the_old_export(capsys, tmp_path, runs):
 
 def test_exporters_do_not_import_training():
     """The circle hf_classifier -> training.loop -> objectives -> hf_classifier is cut."""
-    code = ("import sys, tformer.convert.hf_classifier, tformer.convert.hf_seq2seq, tformer.convert.onnx; "
+    code = ("import sys, tformer.export.hf_classifier, tformer.export.hf_seq2seq, tformer.export.onnx; "
             "print([m for m in sys.modules if m.startswith('tformer.training')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

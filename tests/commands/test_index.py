@@ -10,15 +10,15 @@ import pytest
 from cli_helpers import assert_one_line_error, killed_at, run_cli, stdin_bytes
 from hf_bert_fixtures import SENTENCES, bert_dir
 
-import tformer.index
-from tformer import files
+import tformer.embeddings.index
+from tformer.storage import files
 
 OLD_CORPUS = ["a dog", "the cat sat on the mat"]
 
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(tformer.index, "CHUNK", 2)
+    monkeypatch.setattr(tformer.embeddings.index, "CHUNK", 2)
 
 
 def _corpus(tmp_path, lines, name="corpus.txt"):

@@ -10,7 +10,7 @@ import torch
 from cli_helpers import NOT_LINE_BREAKS, assert_one_line_error, run_cli, stdin_bytes
 from safetensors.torch import load_file, save_file
 
-from tformer.checkpoint import check_run_dir
+from tformer.storage.checkpoint import check_run_dir
 
 
 def test_file_lines_split_at_newline_only_one_row_per_line(classification_run, capsys, tmp_path):

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from tformer.checkpoint import check_run_dir
 from tformer.cli import main
+from tformer.storage.checkpoint import check_run_dir
 
 TINY = ["--d-model", "16", "--n-heads", "2", "--d-ff", "32", "--n-layers", "1",
         "--batch-size", "8", "--valid-size", "16", "--test-size", "16", "--eval-every", "2",

@@ -14,8 +14,8 @@ from helpers import (
     relative_error,
 )
 
-from tformer.attention import MultiHeadAttention as TorchMHA
-from tformer.attention import scaled_dot_product_attention as torch_sdpa
+from tformer.nn.attention import MultiHeadAttention as TorchMHA
+from tformer.nn.attention import scaled_dot_product_attention as torch_sdpa
 from tformer.reference.attention import (
     MultiHeadAttention,
     scaled_dot_product_attention,

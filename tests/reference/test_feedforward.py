@@ -5,7 +5,7 @@ import pytest
 import torch
 from helpers import GRAD_RTOL, assert_close, assert_grads_match, copy_weights, relative_error
 
-from tformer.feedforward import FeedForward as TorchFeedForward
+from tformer.nn.feedforward import FeedForward as TorchFeedForward
 from tformer.reference.feedforward import ACTIVATION_GRADS, FeedForward, erf, gelu, gelu_tanh
 
 

@@ -1,4 +1,4 @@
-"""NumPy greedy search against tformer.generate's, on the same weights (float64)."""
+"""NumPy greedy search against tformer.nn.generate's, on the same weights (float64)."""
 
 import numpy as np
 import pytest
@@ -6,8 +6,8 @@ import torch
 from helpers import copy_weights, padding_mask
 
 from tformer import TransformerConfig
-from tformer.generate import greedy_search as torch_greedy
-from tformer.model import Seq2SeqTransformer as TorchSeq2Seq
+from tformer.nn.generate import greedy_search as torch_greedy
+from tformer.nn.model import Seq2SeqTransformer as TorchSeq2Seq
 from tformer.reference.generate import greedy_search
 from tformer.reference.model import Seq2SeqTransformer
 

@@ -1,4 +1,4 @@
-"""The NumPy int8 mirror (tformer.reference.int8) against tformer.int8.
+"""The NumPy int8 mirror (tformer.reference.int8) against tformer.nn.int8.
 
 Both quantize the same weights to the same integers (equal, and the same state-dict keys
 besides); a linear's outputs agree to 1e-5 relative when both see the same activations (the
@@ -12,9 +12,10 @@ import pytest
 import torch
 from helpers import copy_weights, padding_mask
 
-from tformer import TransformerConfig, int8, kernels
-from tformer import model as torch_model
+from tformer import TransformerConfig, kernels
 from tformer import reference as ref
+from tformer.nn import int8
+from tformer.nn import model as torch_model
 from tformer.reference import int8 as ref_int8
 
 pytestmark = pytest.mark.usefixtures("one_thread")

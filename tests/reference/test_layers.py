@@ -11,8 +11,8 @@ import torch
 from helpers import GRAD_RTOL, assert_grads_match, copy_weights, padding_mask, relative_error
 
 from tformer import TransformerConfig
-from tformer.layers import DecoderLayer as TorchDecoderLayer
-from tformer.layers import EncoderLayer as TorchEncoderLayer
+from tformer.nn.layers import DecoderLayer as TorchDecoderLayer
+from tformer.nn.layers import EncoderLayer as TorchEncoderLayer
 from tformer.reference.layers import DecoderLayer, EncoderLayer
 from tformer.reference.masks import make_mask
 

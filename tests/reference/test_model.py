@@ -21,8 +21,8 @@ from helpers import (
 )
 
 from tformer import TransformerConfig
-from tformer import model as torch_model
 from tformer import reference as ref
+from tformer.nn import model as torch_model
 
 # Small tensors: one torch thread is as fast, and polite to a shared machine.
 pytestmark = pytest.mark.usefixtures("one_thread")

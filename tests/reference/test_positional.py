@@ -5,7 +5,7 @@ import pytest
 import torch
 from helpers import GRAD_RTOL, assert_grads_match, copy_weights
 
-from tformer.positional import LearnedPositionalEmbedding as TorchLearned
+from tformer.nn.positional import LearnedPositionalEmbedding as TorchLearned
 from tformer.reference.positional import LearnedPositionalEmbedding
 
 # Small tensors: one torch thread is as fast, and polite to a shared machine.

@@ -11,10 +11,10 @@ import torch
 from helpers import assert_close
 from hf_bert_fixtures import SENTENCES, bert_dir, copy_dir, load_hf, mlm_dir, st_dir
 
-from tformer.model import from_pretrained as torch_from_pretrained
-from tformer.pretrained import save_pretrained
+from tformer.formats.pretrained import save_pretrained
+from tformer.nn.model import from_pretrained as torch_from_pretrained
 from tformer.reference import from_pretrained
-from tformer.tokenizer import load_tokenizer
+from tformer.text.tokenizer import load_tokenizer
 
 
 def _batches(directory):
@@ -75,7 +75,7 @@ def test_loads_and_runs_without_torch():
     code = (
         "import sys; sys.modules['torch'] = None\n"  # any `import torch` now fails
         "from tformer.reference import from_pretrained\n"
-        "from tformer.tokenizer import load_tokenizer\n"
+        "from tformer.text.tokenizer import load_tokenizer\n"
         f"d = {str(bert_dir())!r}\n"
         "batch = load_tokenizer(d)(['the cat sat', 'a dog'], return_tensors='np')\n"
         "out = from_pretrained(d)(batch['input_ids'], attention_mask=batch['attention_mask'])\n"

@@ -14,7 +14,7 @@ from hf_bert_fixtures import SENTENCES, WORDS
 from serve_fixtures import request, serve
 
 from tformer.cli import main
-from tformer.sentence import SentenceEncoder
+from tformer.embeddings.sentence import SentenceEncoder
 
 TOL = 1e-5  # fp32
 LONG = " ".join(WORDS[:30])  # past the directory's 16 tokens: cut

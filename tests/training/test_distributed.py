@@ -18,7 +18,7 @@ import pytest
 from safetensors.torch import load_file
 from text_fixtures import seq2seq_rows, write
 
-from tformer.checkpoint import check_run_dir
+from tformer.storage.checkpoint import check_run_dir
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 ARGS = ["--d-model", "32", "--n-heads", "2", "--d-ff", "64", "--n-layers", "1", "--vocab-size", "300",

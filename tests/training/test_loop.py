@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file
 from text_fixtures import classification_rows, embedding_rows, seq2seq_rows, write
 
-from tformer.checkpoint import check_run_dir
 from tformer.cli import main
+from tformer.storage.checkpoint import check_run_dir
 from tformer.training import resolve_config, resume_config, train
 from tformer.training.precision import bf16_supported
 
@@ -68,7 +68,7 @@ def test_embedding_trains_and_loads_in_sentence_transformers(tmp_path, capsys):
     assert {"recall_at_1", "mrr_at_10"} <= set(lines[-1])
     from sentence_transformers import SentenceTransformer
 
-    from tformer.sentence import SentenceEncoder
+    from tformer.embeddings.sentence import SentenceEncoder
 
     texts = ["the cat sat", "東京 %s café", "Hello, World!"]
     theirs = SentenceTransformer(str(out), device="cpu").encode(texts)
@@ -111,9 +111,9 @@ def test_auto_precision_keeps_bf16_only_where_this_model_trains_faster_in_it(
         tmp_path, monkeypatch, bf16_seconds, expected):
     """auto picks bf16 from a generic product, then times the run's own model both ways: a
     model too small to gain stays fp32; a resumed run keeps what it chose; a new run of the same
-    model on this machine takes the remembered choice (tformer.autotune), measuring nothing."""
+    model on this machine takes the remembered choice (tformer.kernels.autotune), measuring nothing."""
     import tformer.training.precision as training_precision
-    from tformer import autotune
+    from tformer.kernels import autotune
     from tformer.training import loop
 
     monkeypatch.setenv("TFORMER_CACHE_DIR", str(tmp_path / "cache"))  # a cache of its own

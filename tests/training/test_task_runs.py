@@ -7,8 +7,8 @@ import torch
 from safetensors.torch import load_file
 
 from tformer import TransformerConfig
-from tformer.checkpoint import check_run_dir
-from tformer.model import EncoderClassifier, Seq2SeqTransformer
+from tformer.nn.model import EncoderClassifier, Seq2SeqTransformer
+from tformer.storage.checkpoint import check_run_dir
 from tformer.tasks import get_task
 from tformer.training import (
     PRESETS,

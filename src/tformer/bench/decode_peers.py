@@ -31,9 +31,9 @@ from torch import Tensor
 from tformer.bench import corpus, peers, worker
 from tformer.bench.harness import Report, Row, Target, measure, paired_ratio
 from tformer.config import TransformerConfig
-from tformer.generate import GenerationOutput, beam_search, greedy_search
-from tformer.model import Seq2SeqTransformer
-from tformer.positional import sinusoidal_table
+from tformer.nn.generate import GenerationOutput, beam_search, greedy_search
+from tformer.nn.model import Seq2SeqTransformer
+from tformer.nn.positional import sinusoidal_table
 
 PAD, BOS = 0, 1  # EOS is chosen per model (see the module docstring)
 LOGITS_TOLERANCE = 1e-4  # fp32 max abs diff of teacher-forced logits, tformer vs the peers
@@ -166,28 +166,6 @@ def ctranslate2_export(hf, directory: str) -> str:
     os.makedirs(directory, exist_ok=True)
     spec.save(directory)
     return ""
-
-
-def ct2_generate(translator, src, mask, max_len: int, eos: int, beams: int) -> list[list[int]]:
-    """CTranslate2 greedy (beams 1) or beam search; per row the ids up to EOS."""
-    batch = [[f"t{i}" for i in row[m].tolist()] for row, m in zip(src, mask, strict=True)]
-    results = translator.translate_batch(batch, beam_size=beams, max_decoding_length=max_len,
-                                         end_token=f"t{eos}", return_end_token=True,
-                                         length_penalty=1.0)
-    return [[int(t[1:]) for t in r.hypotheses[0]] for r in results]
-
-
-def ct2_decoder(spec: dict) -> Callable[[], list[list[int]]]:
-    """In a worker process (tformer.bench.worker, task "decode"): the CTranslate2 model in
-    spec["model"] decoding spec["inputs"] (.npz: src, mask) with spec["beams"] beams."""
-    import ctranslate2
-    import numpy as np
-
-    data = np.load(spec["inputs"])
-    src, mask = data["src"], data["mask"].astype(bool)
-    translator = ctranslate2.Translator(spec["model"], device="cpu", inter_threads=1,
-                                        intra_threads=spec["threads"])
-    return lambda: ct2_generate(translator, src, mask, spec["max_len"], spec["eos"], spec["beams"])
 
 
 def ct2_workers(hf, src: Tensor, mask: Tensor, max_len: int, eos: int, threads: int,

@@ -7,7 +7,7 @@ import torch
 from tformer.bench import models as M
 from tformer.bench.harness import Report, Target, measure, paired_ratio
 from tformer.bench.rows import Settings, timed_rows
-from tformer.model import Seq2SeqTransformer
+from tformer.nn.model import Seq2SeqTransformer
 
 
 def _greedy(model: Seq2SeqTransformer, src: torch.Tensor, steps: int, use_cache: bool) -> torch.Tensor:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from tformer.machine import ISA_FLAGS, cpu_info
+from tformer.kernels.machine import ISA_FLAGS, cpu_info
 
 
 @dataclass
@@ -167,8 +167,8 @@ def machine_info(threads: int) -> dict:
     import numpy as np
     import torch
 
-    from tformer.allocator import keep_freed_memory
     from tformer.bench.models import onednn_linear
+    from tformer.kernels.allocator import keep_freed_memory
 
     cpu, isa = cpu_info()
     return {

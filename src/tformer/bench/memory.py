@@ -18,7 +18,7 @@ import time
 import torch
 
 from tformer.bench import models as M
-from tformer.model import Encoder
+from tformer.nn.model import Encoder
 
 # torch.nn's layer materialises the (H, S, S) scores (its native attention does not use the fused
 # kernel): at 16384 tokens that is 4 GiB, twice. Measured only when the machine has room for it.

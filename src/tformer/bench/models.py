@@ -13,12 +13,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from tformer import kernels, reference
+from tformer import reference
 from tformer.bench.floor import FloorEncoder
 from tformer.config import TransformerConfig, bert_layout
-from tformer.convert.hf_bert import config_to_hf, to_hf
-from tformer.convert.torch_nn import to_torch_encoder
-from tformer.model import Encoder
+from tformer.export.torch_nn import to_torch_encoder
+from tformer.formats.hf_bert import config_to_hf, to_hf
+from tformer.kernels import linear_kernels
+from tformer.nn.model import Encoder
 
 Run = Callable[[Tensor, Tensor | None], object]
 
@@ -54,12 +55,12 @@ def inputs(config: TransformerConfig, batch: int, seq: int, padded: bool,
 # The bench's only references to tformer.kernels' internals are these two helpers.
 def onednn_linear(dtype: torch.dtype = torch.float32) -> bool:
     """Whether oneDNN's fused linear runs this dtype here (bf16 needs CPU bf16 instructions)."""
-    return kernels._ONEDNN and (dtype != torch.bfloat16 or kernels._ONEDNN_BF16)
+    return linear_kernels._ONEDNN and (dtype != torch.bfloat16 or linear_kernels._ONEDNN_BF16)
 
 
 def onednn_matmul(x: Tensor, w: Tensor) -> Tensor:
     """x @ w.T through oneDNN's linear, as tformer's kernels call it."""
-    return kernels._onednn_linear(x, w, None)
+    return linear_kernels._onednn_linear(x, w, None)
 
 
 def tformer(encoder: Encoder, skip_padding: bool | None = None) -> Run:

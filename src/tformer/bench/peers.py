@@ -64,7 +64,7 @@ def _tformer(dtype: str | None, skip_padding: bool | None = None) -> Callable[[P
         import torch
 
         from tformer.bench import models as M
-        from tformer.sentence import SentenceEncoder
+        from tformer.embeddings.sentence import SentenceEncoder
 
         torch.set_num_threads(threads)
         kwargs = {} if dtype is None else {"dtype": dtype}
@@ -91,7 +91,7 @@ def _torch_nn(paths: Paths, threads: int) -> Runner:
     import torch
 
     from tformer.bench import models as M
-    from tformer.model import from_pretrained
+    from tformer.nn.model import from_pretrained
 
     torch.set_num_threads(threads)
     enc = from_pretrained(paths.model)

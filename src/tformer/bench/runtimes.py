@@ -23,8 +23,8 @@ import numpy as np
 from tformer.bench import corpus, peers, worker
 from tformer.bench.harness import Report, Row, Target, Timing, measure, paired_ratio
 from tformer.bench.rows import TOLERANCE
-from tformer.machine import NO_BF16, has_bf16
-from tformer.tokenizer import load_tokenizer
+from tformer.kernels.machine import NO_BF16, has_bf16
+from tformer.text.tokenizer import load_tokenizer
 
 LOW_PRECISION_COSINE = 0.9  # bf16 / int8 rows: timed at any cosine above this (the cosine is reported)
 PAUSE = 0.2  # untimed seconds after each call: idle OpenMP/ORT threads spin for a while after one

@@ -10,8 +10,8 @@ import torch
 from tformer.bench import models as M
 from tformer.bench.harness import Report, Row, Target, measure, paired_ratio
 from tformer.bench.rows import Settings, timed_rows
-from tformer.machine import NO_BF16, has_bf16
-from tformer.model import Encoder
+from tformer.kernels.machine import NO_BF16, has_bf16
+from tformer.nn.model import Encoder
 
 
 def _adamw(params, fused: bool) -> torch.optim.Optimizer:

@@ -39,7 +39,7 @@ def main(spec: dict) -> None:
         proto.write(json.dumps(kw) + "\n")
 
     if spec["task"] == "decode":  # a seq2seq peer (decode_peers.py), not an encoder contender
-        from tformer.bench.decode_peers import ct2_decoder
+        from tformer.bench.ct2_decode import ct2_decoder
 
         call = ct2_decoder(spec)
         output = Path(spec["work"]) / f"out-{spec['index']}.json"
@@ -59,7 +59,7 @@ def main(spec: dict) -> None:
         if runner.encode is not None:
             call = lambda: runner.encode(texts)  # noqa: E731
         else:
-            from tformer.tokenizer import load_tokenizer
+            from tformer.text.tokenizer import load_tokenizer
 
             tokenizer = load_tokenizer(paths.model)
             call = lambda: peers.encode_with(runner.forward, tokenizer, texts)  # noqa: E731
@@ -88,7 +88,7 @@ def _serve(call, reply) -> None:
 class Worker:
     """A contender process, started and run once: the constructor returns when its first call
     is done, so that no two start at once. A start-up runs the first call, where tformer
-    measures its kernel choices (tformer.autotune) and remembers them: measured beside
+    measures its kernel choices (tformer.kernels.autotune) and remembers them: measured beside
     another process's start-up, they timed the contention (8-24 ms medians for a 0.1 ms
     kernel), and the timed rounds ran what the contention chose. ``ready`` gives the output."""
 

@@ -23,8 +23,8 @@ from tformer.bench.decoding import decode
 from tformer.bench.harness import Report, Row, Target, measure, paired_ratio
 from tformer.bench.rows import Settings, checked, timed_rows
 from tformer.bench.training import training
-from tformer.machine import NO_BF16, has_bf16
-from tformer.model import Encoder
+from tformer.kernels.machine import NO_BF16, has_bf16
+from tformer.nn.model import Encoder
 from tformer.stats import flops_per_token
 
 BF16_COSINE = 0.999  # bf16 vs fp32: smallest per-token cosine similarity

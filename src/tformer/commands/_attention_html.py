@@ -11,7 +11,7 @@ self-attention) or a run directory of `tformer train`, of any kind:
   row t predicts token t + 1).
 
 The page's size is estimated from the token counts and refused in one line before anything
-is built (``tformer.viz_html.check_page_size``). The run's objects are read in
+is built (``tformer.viz.html.check_page_size``). The run's objects are read in
 ``commands/attention.py`` (with ``commands/export.py``, the only commands that use training
 internals); this module takes plain values (``RunInput``).
 """
@@ -26,12 +26,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tformer.checkpoint import latest_checkpoint
 from tformer.commands._pretrained import one_line_warnings
-from tformer.generate import generate
-from tformer.model import from_pretrained
-from tformer.tokenizer import load_tokenizer
-from tformer.viz_html import AttentionMaps, check_page_size, write_attention_page
+from tformer.nn.generate import generate
+from tformer.nn.model import from_pretrained
+from tformer.storage.checkpoint import latest_checkpoint
+from tformer.text.tokenizer import load_tokenizer
+from tformer.viz.html import AttentionMaps, check_page_size, write_attention_page
 
 
 def is_run_dir(model_dir: str | Path) -> bool:

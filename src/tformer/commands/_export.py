@@ -8,7 +8,7 @@ model card. Embedding runs need no --hf export: the run directory is already a
 sentence-transformers model.
 
 This module is the one place that reads a run directory for an export: the exporters in
-``tformer.convert`` take the model, tokenizer and labels.
+``tformer.export`` take the model, tokenizer and labels.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ import shlex
 import sys
 from pathlib import Path
 
-from tformer.checkpoint import latest_checkpoint
-from tformer.convert import hf_bert, hf_classifier, hf_seq2seq
-from tformer.convert import onnx as tonnx
-from tformer.convert.model_card import Card
+from tformer.export import hf_classifier, hf_seq2seq
+from tformer.export import onnx as tonnx
+from tformer.export.model_card import Card
+from tformer.formats import hf_bert
+from tformer.storage.checkpoint import latest_checkpoint
 from tformer.training.loop import load_run
 
 

@@ -13,7 +13,7 @@ import json
 import math
 from typing import Any
 
-from tformer.lines import TextLines
+from tformer.text.lines import TextLines
 
 # dest -> the smallest value it takes (options a command does not have are skipped).
 MINIMUMS = {"batch_size": 1, "threads": 1, "top_k": 1, "beam_size": 1, "max_len": 1,

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 from tformer.commands._inputs import add_threads
 
-DTYPES = ("auto", "fp32", "bf16", "int8")  # tformer.precision.CHOICES, without importing torch
+DTYPES = ("auto", "fp32", "bf16", "int8")  # tformer.nn.precision.CHOICES, without importing torch
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, batch: bool = True) -> None:
@@ -44,15 +44,15 @@ def add_model_arguments(parser: argparse.ArgumentParser, batch: bool = True) -> 
         "and it is measured faster, else fp32); fp32; bf16 matrix multiplies with fp32 norms, softmax, "
         "residual stream and pooling (cosine >= 0.9999 to fp32; faster only on CPUs with "
         "avx512_bf16 or AMX); int8 multiplies with per-token activations after a Hadamard "
-        "rotation (cosine ~0.999 to fp32; see tformer.int8)",
+        "rotation (cosine ~0.999 to fp32; see tformer.nn.int8)",
     )
     parser.add_argument("--batch-size", type=int, default=32, help="texts per batch (32)")
     add_threads(parser)
 
 
 def load_sentence_encoder(args: argparse.Namespace):
-    from tformer.precision import resolve_precision
-    from tformer.sentence import SentenceEncoder
+    from tformer.embeddings.sentence import SentenceEncoder
+    from tformer.nn.precision import resolve_precision
 
     args.dtype, _ = resolve_precision(args.dtype)  # what runs here (an output's identity names it)
     return SentenceEncoder.from_pretrained(

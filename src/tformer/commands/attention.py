@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     # Heavy (torch) modules load when the command runs, not when the CLI is built, so that
     # `tformer train --engine numpy` never imports torch (tformer.cli builds every parser).
     from tformer.commands._attention_html import bert_maps, check_options, is_run_dir, run_maps, write_html
-    from tformer.viz import plot_attention, save_figure
+    from tformer.viz.plots import plot_attention, save_figure
 
     if args.out is None and args.html is None:
         raise ValueError(
@@ -89,7 +89,7 @@ def _run_input(run_dir: str, text: str, max_length: int | None):
     """
     from tformer.commands._attention_html import RunInput  # torch: see run()
     from tformer.tasks.tokenizer import BOS, EOS, PAD
-    from tformer.tokenizer import Tokenizer
+    from tformer.text.tokenizer import Tokenizer
     from tformer.training import load_run
 
     model, source, _ = load_run(run_dir)

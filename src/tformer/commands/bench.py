@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         f"{workloads.BF16_COSINE}. cores = process CPU time / wall time (below the thread count: the "
         f"machine was busy, and the ratios are noisy).")
     print(report.to_markdown())
-    from tformer import autotune  # the decisions the workloads' training steps measured
+    from tformer.kernels import autotune  # the decisions the workloads' training steps measured
 
     choices = autotune.summary()
     print(f"\nKernel choices measured on this machine ({autotune.cache_path()}):")

@@ -1,13 +1,13 @@
 """`tformer embed MODEL_DIR "text" ...`: sentence embeddings, pooled as the directory says.
 
-Texts come from the arguments and/or ``--file`` (one per line, read as tformer.lines says:
+Texts come from the arguments and/or ``--file`` (one per line, read as tformer.text.lines says:
 one row per line, always). Without ``--out`` each
 embedding is printed as a JSON line; ``--out x.npy`` writes an (N, D) float32 array,
 ``--out x.jsonl`` one {"text", "embedding"} object per line. Texts are read, embedded and
 written a chunk at a time (memory does not grow with the number of lines); the file appears
 whole at the end (atomically), one process writes it at a time, and an interrupted run
 resumes where it stopped if its inputs, model and options are the same (see
-tformer.embed_output).
+tformer.embeddings.output).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def numbered_inputs(args: argparse.Namespace, lines) -> Iterator[tuple[int, str]
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.embed_output import open_output
+    from tformer.embeddings.output import open_output
 
     check_options(args)
     out = Path(args.out) if args.out else None
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     lines = file_lines(args)
     n = len(args.texts) + (lines.count() if lines is not None else 0)
     check_count(n, "TEXT")
-    from tformer.index import embed_chunks, model_identity, progress_bar
+    from tformer.embeddings.index import embed_chunks, model_identity, progress_bar
 
     with one_line_warnings("embed"):
         st = load_sentence_encoder(args)

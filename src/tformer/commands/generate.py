@@ -1,7 +1,7 @@
 """`tformer generate RUN_DIR [INPUT...] [--file FILE]`: run a trained model on your inputs.
 
 Seq2seq runs print the generated output, classification runs the predicted class, one
-line per input, in order, always (inputs are read as tformer.lines says). Runs on your
+line per input, in order, always (inputs are read as tformer.text.lines says). Runs on your
 data use the tokenizer saved in RUN_DIR.
 """
 
@@ -64,7 +64,7 @@ def _run_data(args, model, source, texts: list[str]) -> int:
 def _run_task(args, model, task, texts: list[str]) -> int:
     import torch
 
-    from tformer.generate import generate
+    from tformer.nn.generate import generate
     from tformer.tasks.base import pad
     from tformer.tasks.tokenizer import BOS, EOS, PAD
 

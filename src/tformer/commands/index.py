@@ -2,7 +2,7 @@
 
 `tformer search INDEX "query"` then embeds only the queries. The index directory holds the
 vectors, the texts and the model's identity (a hash of its files); it is written as one
-unit by one process at a time, and a search with another model is refused (see tformer.index).
+unit by one process at a time, and a search with another model is refused (see tformer.embeddings.index).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.index import build_index
-    from tformer.lines import TextLines
+    from tformer.embeddings.index import build_index
+    from tformer.text.lines import TextLines
 
     check_options(args)
     corpus = TextLines(args.corpus, "--corpus")

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     path = Path(args.config)
     run_rows = []
     if path.is_dir():
-        from tformer.checkpoint import latest_checkpoint
+        from tformer.storage.checkpoint import latest_checkpoint
 
         saved = latest_checkpoint(path) or path  # a run: its newest checkpoint's files
         run_rows = _run_rows(path, saved)
@@ -61,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
         (f"activation memory, training (batch {args.batch} x {seq}, fp32)",
          f"{act / 2**20:.1f} MiB (estimate)"),
     ]
-    from tformer import autotune
-    from tformer.allocator import keep_freed_memory
+    from tformer.kernels import autotune
+    from tformer.kernels.allocator import keep_freed_memory
 
     rows.append(("memory allocator", keep_freed_memory()))
 

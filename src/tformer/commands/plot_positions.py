@@ -15,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.viz import plot_positions, save_figure
+    from tformer.viz.plots import plot_positions, save_figure
 
     if not args.out.lower().endswith(".png"):
         raise ValueError(f"--out: expected a .png file name, got {args.out!r}")

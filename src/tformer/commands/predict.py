@@ -2,7 +2,7 @@
 
 One input per line (a tab separates text and text_pair for sentence-pair runs); prints one
 label per line, or with --format jsonl one {"text", "label", "probabilities"} object: one
-output line per input, always (see tformer.lines). Probabilities that are not finite (a
+output line per input, always (see tformer.text.lines). Probabilities that are not finite (a
 broken checkpoint) are refused, never printed as NaN.
 """
 

@@ -2,7 +2,7 @@
 `tformer search INDEX "query" ...`: the same over an index built once by `tformer index build`.
 
 Queries come from the arguments and/or ``--file`` (one per line). Ranks the corpus's lines
-(one document per line, read as tformer.lines says) by cosine similarity to each query's embedding and
+(one document per line, read as tformer.text.lines says) by cosine similarity to each query's embedding and
 prints the top ``-k`` with their score and line number. Without an index the corpus is
 embedded a chunk at a time and compared at once with a running top-k, so memory does not
 grow with its length; with an index nothing is embedded but the queries.
@@ -44,8 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.index import Index, TopK, embed_chunks, progress_bar
-    from tformer.lines import TextLines
+    from tformer.embeddings.index import Index, TopK, embed_chunks, progress_bar
+    from tformer.text.lines import TextLines
 
     check_options(args)
     if args.file == "-" and args.corpus == "-":

@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.precision import resolve_precision
+    from tformer.nn.precision import resolve_precision
     from tformer.serve.config import ServeConfig
     from tformer.serve.server import serve
 

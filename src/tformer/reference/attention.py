@@ -1,4 +1,4 @@
-"""NumPy mirror of tformer.attention (Vaswani et al. 2017, §3.2).
+"""NumPy mirror of tformer.nn.attention (Vaswani et al. 2017, §3.2).
 
 Shape legend: B batch, T query length, S key length, D model dim, H heads, Dh head dim.
 """

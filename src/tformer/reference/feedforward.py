@@ -1,4 +1,4 @@
-"""NumPy mirror of tformer.feedforward (Vaswani et al. 2017, §3.3): down(act(up(x)))."""
+"""NumPy mirror of tformer.nn.feedforward (Vaswani et al. 2017, §3.3): down(act(up(x)))."""
 
 from __future__ import annotations
 

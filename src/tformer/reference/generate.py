@@ -1,4 +1,4 @@
-"""NumPy mirror of tformer.generate's greedy search, with the reference's KV cache.
+"""NumPy mirror of tformer.nn.generate's greedy search, with the reference's KV cache.
 
 Shape legend: B batch, S source length, L generated length, V vocab.
 """

@@ -1,4 +1,4 @@
-"""NumPy mirror of tformer.inputs: checks of what a user passes a model."""
+"""NumPy mirror of tformer.nn.inputs: checks of what a user passes a model."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""NumPy mirror of tformer.int8: dynamic int8 inference, written to be read.
+"""NumPy mirror of tformer.nn.int8: dynamic int8 inference, written to be read.
 
 A linear layer y = x W^T + b becomes, for an orthogonal R (so x W^T = (x R)(W R)^T):
   1. rotate:   x' = x R and W' = W R, R a Hadamard block with random signs on each block of b
      input features: an outlier channel is spread over its block (module docstring of
-     tformer.int8 for the measurements behind each step);
+     tformer.nn.int8 for the measurements behind each step);
   2. quantize: W' to int8 with one scale per output feature (s_W, offline), x' to integers
      with one scale per token (s_x, at run time): q = round(x' / s_x), |q| <= 2^(bits-1) - 1;
   3. multiply the integers (exact: int64 here, int32 in oneDNN) and scale back:
@@ -39,7 +39,7 @@ def hadamard(b: int) -> np.ndarray:
 
 def rotation(in_features: int, out_features: int, cost: int = ROTATION_COST, seed: int = 0,
              dtype=np.float32) -> np.ndarray:
-    """R^T for R = diag(random signs) H of size (b, b), as tformer.int8.rotation."""
+    """R^T for R = diag(random signs) H of size (b, b), as tformer.nn.int8.rotation."""
     b = in_features & -in_features  # the largest power of two dividing in_features
     while b > 1 and (b > ROTATION_BLOCK_MAX or b * cost > out_features):
         b //= 2
@@ -63,14 +63,14 @@ def quantize_per_token(x: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray
 
 
 class Int8Linear(Module):
-    """Mirror of tformer.int8.Int8Linear, built from a reference Linear."""
+    """Mirror of tformer.nn.int8.Int8Linear, built from a reference Linear."""
 
     def __init__(self, linear: Linear, bits: int = 8, rotated: bool = True):
         w = linear.weight.astype(np.float32)  # (M, K)
         m, k = w.shape
         self.bits = bits
         self.rotation = rotation(k, m) if rotated else None
-        wr = w if self.rotation is None else rotate(  # float64, rounded once, as tformer.int8
+        wr = w if self.rotation is None else rotate(  # float64, rounded once, as tformer.nn.int8
             w.astype(np.float64), self.rotation.astype(np.float64)).astype(np.float32)  # (M, K)
         self.weight_scale = (np.maximum(np.abs(wr).max(axis=1), np.finfo(np.float32).tiny)
                              / 127).astype(np.float32)  # (M,)
@@ -89,18 +89,18 @@ class Int8Linear(Module):
         return y.astype(np.float32).reshape(*x.shape[:-1], -1)  # (..., M)
 
 
-KEEP_FLOAT = ("down",)  # the feed-forward network's down projection, as tformer.int8
+KEEP_FLOAT = ("down",)  # the feed-forward network's down projection, as tformer.nn.int8
 KEEP_FLOAT_7_BITS = ("qkv_proj", "q_proj", "kv_proj")  # with 7-bit activations instead
 
 
 def keep_float(bits: int) -> tuple[str, ...]:
-    """The linears left in float at this many activation bits, as tformer.int8.keep_float."""
+    """The linears left in float at this many activation bits, as tformer.nn.int8.keep_float."""
     return KEEP_FLOAT if bits >= 8 else KEEP_FLOAT_7_BITS
 
 
 def quantize(model: Module, bits: int = 8) -> Module:
     """Replace the Linears of every attention and feed-forward block but keep_float(bits)'s, as
-    tformer.int8.quantize."""
+    tformer.nn.int8.quantize."""
     keep = keep_float(bits)
 
     def visit(module: Module) -> None:

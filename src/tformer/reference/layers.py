@@ -1,4 +1,4 @@
-"""NumPy mirror of tformer.layers: encoder and decoder layers, post-norm or pre-norm.
+"""NumPy mirror of tformer.nn.layers: encoder and decoder layers, post-norm or pre-norm.
 
 Post-norm (the paper): x = LayerNorm(x + Sublayer(x)).
 Pre-norm: x = x + Sublayer(LayerNorm(x)). (Dropout is the identity in ``forward``: evaluation

@@ -1,7 +1,7 @@
-"""NumPy mirror of tformer.masks. One convention: boolean, True = may attend.
+"""NumPy mirror of tformer.nn.masks. One convention: boolean, True = may attend.
 
 ``make_mask`` builds the one ``Mask`` that layers, pooling and the classifier consume. The
-reference always runs the padded batch, so its Mask has no packing (tformer.masks has).
+reference always runs the padded batch, so its Mask has no packing (tformer.nn.masks has).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""NumPy mirror of tformer.model: Encoder, Decoder, Seq2SeqTransformer, EncoderClassifier.
+"""NumPy mirror of tformer.nn.model: Encoder, Decoder, Seq2SeqTransformer, EncoderClassifier.
 
 Same class names, attribute names and state-dict keys as the PyTorch modules.
 Build with ``dtype=np.float32`` or ``np.float64``, then ``load_state_dict``.

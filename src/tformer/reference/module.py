@@ -173,7 +173,7 @@ class Embedding(Module):
         np.add.at(grads[prefix + "weight"], ids.reshape(-1), dy.reshape(-1, dy.shape[-1]))
 
 
-LEVELS = 1 << 16  # tformer.dropout: each element's draw is uniform over 65,536 levels
+LEVELS = 1 << 16  # tformer.nn.dropout: each element's draw is uniform over 65,536 levels
 
 
 def drop_threshold(p: float) -> int:
@@ -182,7 +182,7 @@ def drop_threshold(p: float) -> int:
 
 
 def keep_scaled(shape, p: float, rng) -> np.ndarray:
-    """0 where an element is dropped, 1 / (1 - p) where kept, as tformer.dropout draws it: p is
+    """0 where an element is dropped, 1 / (1 - p) where kept, as tformer.nn.dropout draws it: p is
     rounded to a multiple of 2^-16, and each element keeps where its 16-bit uniform draw is at
     least p * 2^16 (torch draws four per 64-bit word; the distribution is the same)."""
     threshold = drop_threshold(p)

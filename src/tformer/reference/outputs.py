@@ -1,4 +1,4 @@
-"""NumPy mirror of tformer.outputs: what the models return, HuggingFace's field names.
+"""NumPy mirror of tformer.nn.outputs: what the models return, HuggingFace's field names.
 
 Shape legend: B batch, S source length, T target length, D model dim, H heads, V vocab, C classes.
 """

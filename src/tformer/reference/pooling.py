@@ -1,4 +1,4 @@
-"""NumPy mirror of tformer.pooling: one vector per text from the encoder's token vectors.
+"""NumPy mirror of tformer.nn.pooling: one vector per text from the encoder's token vectors.
 
 Shape legend: B batch, S length, D model dim.
 """

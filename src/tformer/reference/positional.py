@@ -1,4 +1,4 @@
-"""NumPy mirror of tformer.positional: fixed sinusoids (§3.5) or a learned table."""
+"""NumPy mirror of tformer.nn.positional: fixed sinusoids (§3.5) or a learned table."""
 
 from __future__ import annotations
 

@@ -4,8 +4,8 @@
     ref = from_pretrained(DIR)          # tformer.reference.Encoder, float32
     out = ref(input_ids, attention_mask=mask, token_type_ids=types)
 
-The mirror of ``tformer.pretrained.from_pretrained``: the same key table and checks
-(``tformer.convert.hf_bert``), with safetensors' NumPy API and ``np.concatenate``.
+The mirror of ``tformer.formats.pretrained.from_pretrained``: the same key table and checks
+(``tformer.formats.hf_bert``), with safetensors' NumPy API and ``np.concatenate``.
 Pickle checkpoints (``pytorch_model.bin``) need torch to read, so they are refused here.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from tformer.config import TransformerConfig
-from tformer.convert import hf_bert
-from tformer.convert.st_layout import read_layout
+from tformer.formats import hf_bert
+from tformer.formats.st_layout import read_layout
 from tformer.reference.model import Encoder
 
 

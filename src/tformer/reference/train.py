@@ -32,13 +32,13 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save
 
-from tformer.files import json_bytes, new_run_dir, write_atomic
 from tformer.reference.generate import greedy_search
 from tformer.reference.loss import cross_entropy, cross_entropy_backward
 from tformer.reference.model import EncoderClassifier, Seq2SeqTransformer
 from tformer.reference.module import Embedding, LayerNorm, Linear, Module
 from tformer.reference.optim import AdamW, clip_grad_norm_
 from tformer.reference.positional import LearnedPositionalEmbedding
+from tformer.storage.files import json_bytes, new_run_dir, write_atomic
 from tformer.tasks import Example, Task, get_task
 from tformer.tasks.tokenizer import PAD
 from tformer.training.config import TrainConfig
@@ -56,7 +56,7 @@ def build_model(config: TrainConfig, task: Task, dtype=np.float32) -> Module:
 
 
 def init_weights(model: Module, rng: np.random.Generator) -> None:
-    """The distributions the PyTorch modules start from (tformer.model, torch.nn defaults):
+    """The distributions the PyTorch modules start from (tformer.nn.model, torch.nn defaults):
     Linear weight and bias U(-1/sqrt(in), 1/sqrt(in)); LayerNorm 1 and 0; token tables
     N(0, D^-1/2) when scaled by sqrt(D) (so the scaled input has unit variance), else
     N(0, 0.02); learned positions and token types N(0, 0.02) (BERT's)."""

@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 import tformer
-from tformer.precision import resolve_precision
+from tformer.nn.precision import resolve_precision
 from tformer.serve import routes, schema
 from tformer.serve.batcher import Batcher, QueueFull
 from tformer.serve.config import ServeConfig

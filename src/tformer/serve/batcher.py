@@ -4,7 +4,7 @@ Every input text is a job with a future. The batch loop waits for a first job, t
 ``max_wait`` seconds (counted from that job's arrival) while fewer than ``max_batch_tokens``
 tokens are waiting; it then takes jobs in arrival order (the oldest always goes next, so none
 starves) until the token budget is spent, sorts them by length and runs them in the model
-thread. The encoder runs the real tokens only (packed, see ``tformer.masks.Packing``), so the
+thread. The encoder runs the real tokens only (packed, see ``tformer.nn.masks.Packing``), so the
 budget counts real tokens and a batch's answers are those of each input run alone.
 
 While a batch runs, new jobs queue up; under load the next batch is ready the moment the model

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 # Workers started by uvicorn (spawned processes) read their settings from here.
 ENV = "TFORMER_SERVE_CONFIG"
-DTYPES = ("auto", "fp32", "bf16", "int8")  # tformer.precision.CHOICES (this module stays light)
+DTYPES = ("auto", "fp32", "bf16", "int8")  # tformer.nn.precision.CHOICES (this module stays light)
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ class EmbeddingModel:
     endpoints = ("/v1/embeddings", "/embed")
 
     def __init__(self, path: Path, dtype: str, max_input_tokens: int | None) -> None:
-        from tformer.sentence import SentenceEncoder
+        from tformer.embeddings.sentence import SentenceEncoder
 
         try:
             self.st = SentenceEncoder.from_pretrained(path, dtype=dtype, max_length=max_input_tokens)
@@ -76,7 +76,7 @@ class EmbeddingModel:
         rows = [(e.ids, e.type_ids) for e in encodings]
         full = [len(ids) for ids, _ in rows]
         long = _too_long(full, self.max_input_tokens, truncate)
-        if long:  # as tformer.tokenizer does: re-encode with the tokenizer's own truncation
+        if long:  # as tformer.text.tokenizer does: re-encode with the tokenizer's own truncation
             self.backend.enable_truncation(max_length=self.max_input_tokens)
             try:
                 for i, e in zip(long, self.backend.encode_batch([texts[i] for i in long]), strict=True):
@@ -93,7 +93,7 @@ class EmbeddingModel:
         Shape:
             returns B vectors (dim,) float32, in the order of ``payloads``
         """
-        from tformer.sentence import pool
+        from tformer.embeddings.sentence import pool
 
         b, s = len(payloads), max(len(ids) for ids, _ in payloads)
         ids = torch.full((b, s), self.pad_id, dtype=torch.long)  # (B, S)
@@ -120,7 +120,7 @@ class _Run:
     """What the two run kinds share: the run's model, source and text tokenizer."""
 
     def __init__(self, model, source, dtype: str, max_input_tokens: int | None) -> None:
-        from tformer.model import to_precision
+        from tformer.nn.model import to_precision
 
         self.model = model if dtype == "fp32" else to_precision(model, dtype).eval()
         self.source, self.data = source, source.data

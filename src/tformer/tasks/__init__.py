@@ -8,13 +8,13 @@ seq2seq: copy, reverse, sort, add. classification: listops, brackets.
 
 from __future__ import annotations
 
-from tformer.batches import EncoderBatch, Seq2SeqBatch
 from tformer.tasks.addition import AddTask
 from tformer.tasks.base import Example, Task, sequence_metrics
 from tformer.tasks.brackets import BracketsTask
 from tformer.tasks.listops import ListOpsTask
 from tformer.tasks.sequences import CopyTask, ReverseTask, SortTask
 from tformer.tasks.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
+from tformer.text.batches import EncoderBatch, Seq2SeqBatch
 
 TASKS: dict[str, type[Task]] = {
     t.name: t for t in (CopyTask, ReverseTask, SortTask, AddTask, ListOpsTask, BracketsTask)

@@ -7,7 +7,7 @@ seen without stopping. An input that is in the test or validation set is never d
 for training, so the three splits are disjoint by their inputs.
 
 Torch-free until a batch is made: ``collate_arrays`` gives NumPy batches (for the NumPy
-reference), ``collate`` the same values as torch tensors (tformer.batches).
+reference), ``collate`` the same values as torch tensors (tformer.text.batches).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from tformer.batches import EncoderBatch, Seq2SeqBatch, encoder_arrays, pad, seq2seq_arrays
-from tformer.specials import BOS, EOS
 from tformer.tasks.tokenizer import Tokenizer
+from tformer.text.batches import EncoderBatch, Seq2SeqBatch, encoder_arrays, pad, seq2seq_arrays
+from tformer.text.specials import BOS, EOS
 
 __all__ = ["SPLITS", "Example", "Task", "pad", "sequence_metrics"]
 

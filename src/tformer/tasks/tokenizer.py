@@ -6,7 +6,7 @@ padding masks are ``ids != PAD``); the task's symbols follow in the order given.
 
 from __future__ import annotations
 
-from tformer.specials import BOS, EOS, PAD, UNK
+from tformer.text.specials import BOS, EOS, PAD, UNK
 
 __all__ = ["BOS", "EOS", "PAD", "SPECIALS", "UNK", "Tokenizer"]
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")

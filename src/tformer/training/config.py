@@ -324,8 +324,8 @@ def resume_config(run_dir: str | Path, *layers: dict[str, Any]) -> TrainConfig:
     """The saved TrainConfig of `run_dir` with `layers` applied; only RESUMABLE options may
     change (the others define the experiment being continued)."""
     # Here: the checkpoint modules import torch, and this module must not (--engine numpy).
-    from tformer.checkpoint import check_run_dir
-    from tformer.rundir import check_unlocked
+    from tformer.storage.checkpoint import check_run_dir
+    from tformer.storage.rundir import check_unlocked
 
     check_unlocked(run_dir)  # a run in progress replaces its checkpoints while we read
     saved = read_train_config(check_run_dir(run_dir))  # the newest checkpoint's files

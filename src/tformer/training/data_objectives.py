@@ -6,7 +6,7 @@
                      trained with in-batch negatives
 
 Each encodes records into typed examples (the token ids it needs, and its `cost`: the
-tokens it adds to a batch), collates them into tformer.batches' types, and predicts.
+tokens it adds to a batch), collates them into tformer.text.batches' types, and predicts.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tformer.batches import EncoderBatch, PairBatch, seq2seq_arrays
 from tformer.config import TransformerConfig, bert_layout
-from tformer.convert.hf_classifier import save_sentence_layout
-from tformer.convert.st_layout import read_layout
-from tformer.generate import generate
-from tformer.model import Encoder, EncoderClassifier, Seq2SeqTransformer, from_pretrained
-from tformer.sentence import pool
+from tformer.embeddings.sentence import pool
+from tformer.export.hf_classifier import save_sentence_layout
+from tformer.formats.st_layout import read_layout
+from tformer.nn.generate import generate
+from tformer.nn.model import Encoder, EncoderClassifier, Seq2SeqTransformer, from_pretrained
+from tformer.text.batches import EncoderBatch, PairBatch, seq2seq_arrays
 from tformer.training import evaluation
 from tformer.training.dataset import BatchStream, TextData
 from tformer.training.examples import (

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from tformer.files import write_atomic, write_json_atomic
-from tformer.tokenizer import Tokenizer
+from tformer.storage.files import write_atomic, write_json_atomic
+from tformer.text.tokenizer import Tokenizer
 from tformer.training.records import (
     FIELDS,
     Fields,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tformer.batches import EncoderBatch, encoder_arrays
+from tformer.text.batches import EncoderBatch, encoder_arrays
 
 
 @dataclass

@@ -4,7 +4,7 @@
     record = train(resolve_config({"data": "train.jsonl"}))
 
 A run directory holds everything about one run:
-    checkpoints/step-N/    one checkpoint, published whole (see tformer.checkpoint):
+    checkpoints/step-N/    one checkpoint, published whole (see tformer.storage.checkpoint):
         config.json            the model's TransformerConfig
         model.safetensors      weights
         optimizer.safetensors  AdamW moments + the torch RNG state (tensors, no pickle)
@@ -13,7 +13,7 @@ A run directory holds everything about one run:
     checkpoints/latest     the name of the newest checkpoint
     metrics.jsonl          one JSON object per line; the last one is the test result
     curves.png             loss and accuracy against steps
-    .tformer-run.lock      held (flock) while a process trains here (see tformer.rundir)
+    .tformer-run.lock      held (flock) while a process trains here (see tformer.storage.rundir)
   data runs also:
     tokenizer.json         the tokenizer trained on the data (or the pretrained model's)
     data.json              objective and label names
@@ -49,17 +49,17 @@ from safetensors.torch import save as st_save
 from torch import nn
 from tqdm import tqdm
 
-from tformer.checkpoint import (
+from tformer.config import TransformerConfig
+from tformer.stats import check_fits
+from tformer.storage.checkpoint import (
     check_run_dir,
     latest_checkpoint,
     load_training_state,
     load_weights,
     save_checkpoint,
 )
-from tformer.config import TransformerConfig
-from tformer.files import new_run_dir, write_atomic, write_json_atomic
-from tformer.rundir import discard_unstarted, open_run_dir, resume_metrics
-from tformer.stats import check_fits
+from tformer.storage.files import new_run_dir, write_atomic, write_json_atomic
+from tformer.storage.rundir import discard_unstarted, open_run_dir, resume_metrics
 from tformer.tasks import get_task
 from tformer.training.budget import PROBE, Budget
 from tformer.training.config import TrainConfig, read_train_config
@@ -438,7 +438,7 @@ def _track_best(state: dict[str, Any], by: str, value: float) -> bool:
 
 def _checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig,
                 state: dict[str, Any], best: bool) -> None:
-    """Every file the loop writes about the model goes through here (tformer.checkpoint owns
+    """Every file the loop writes about the model goes through here (tformer.storage.checkpoint owns
     the format): the checkpoint, and the best validated weights."""
     if best:
         weights = {k: v.detach().contiguous() for k, v in model.state_dict().items()}

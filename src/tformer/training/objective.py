@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tformer.batches import EncoderBatch, PairBatch, Seq2SeqBatch
 from tformer.config import TransformerConfig
-from tformer.specials import PAD
+from tformer.text.batches import EncoderBatch, PairBatch, Seq2SeqBatch
+from tformer.text.specials import PAD
 
 # Validation decodes (seq2seq) and the teacher-forced loss of every evaluation use at most
 # this many examples of the validation split; the test split is always scored whole.

@@ -15,11 +15,11 @@ from collections.abc import Callable
 
 import torch
 
-from tformer import autotune
 from tformer.config import TransformerConfig
-from tformer.machine import NO_BF16, has_bf16
-from tformer.model import Encoder
-from tformer.precision import MIN_SPEEDUP, bf16_speedup
+from tformer.kernels import autotune
+from tformer.kernels.machine import NO_BF16, has_bf16
+from tformer.nn.model import Encoder
+from tformer.nn.precision import MIN_SPEEDUP, bf16_speedup
 
 # bf16 autocast must make a training step of the run's own model at least this much faster to be
 # kept: a small model's products gain less than its casts cost (the built-in reverse task's
@@ -63,7 +63,7 @@ def confirm_bf16(seconds_per_step: Callable[[bool], float], step_class: str) -> 
     `seconds_per_step(bf16)` times a few updates of the run's own model on its own batches.
 
     Measured once per machine and `step_class` (``step_class()``) and remembered with the kernel
-    choices (tformer.autotune): the same run on the same machine trains in the same precision,
+    choices (tformer.kernels.autotune): the same run on the same machine trains in the same precision,
     so its result does not hang on one timing's noise, and a run killed before its first
     checkpoint starts again as it first did.
     """

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tformer.viz import save_figure, subplots
+from tformer.viz.plots import save_figure, subplots
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:

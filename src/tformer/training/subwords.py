@@ -19,11 +19,11 @@ from pathlib import Path
 from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from tformer.specials import BOS, EOS
-from tformer.tokenizer import Tokenizer, load_tokenizer, pad_id_of
+from tformer.text.specials import BOS, EOS
+from tformer.text.tokenizer import Tokenizer, load_tokenizer, pad_id_of
 from tformer.training.config import MAX_VOCAB
 
-SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0-3: tformer.specials' PAD, BOS, EOS, UNK
+SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0-3: tformer.text.specials' PAD, BOS, EOS, UNK
 
 
 def train_tokenizer(texts: Iterable[str], scheme: str, vocab_size: int, lowercase: bool = False) -> Backend:

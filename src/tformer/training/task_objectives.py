@@ -8,11 +8,11 @@ from pathlib import Path
 
 from torch import Tensor, nn
 
-from tformer.batches import EncoderBatch, Seq2SeqBatch
 from tformer.config import TransformerConfig
-from tformer.generate import generate
-from tformer.model import EncoderClassifier, Seq2SeqTransformer
+from tformer.nn.generate import generate
+from tformer.nn.model import EncoderClassifier, Seq2SeqTransformer
 from tformer.tasks import Example, Task
+from tformer.text.batches import EncoderBatch, Seq2SeqBatch
 from tformer.training.objective import (
     EVAL_SAMPLE,
     cannot,

@@ -1,0 +1,270 @@
+"""Embedding at scale: lines streamed in chunks, a running top-k, and a persistent index.
+
+    for numbers, texts, emb in embed_chunks(st, TextLines(path, "--corpus")): ...  # flat memory
+    best = TopK(queries, k); best.add(block, first_index); best.result()
+    build_index(st, MODEL_DIR, corpus, INDEX); Index(INDEX).search(st, queries, k)
+
+Memory grows with the chunk size and k, never with the number of lines: texts are read
+lazily, embedded ``CHUNK`` at a time, and queries x corpus is computed a block at a time
+with a running top-k (not the (Q + N) x (Q + N) matrix).
+
+An index directory holds ``vectors.npy`` (N, D float32, L2-normalised), ``texts.jsonl``
+({"line", "text"} per corpus line) and ``index.json`` (the model directory, a hash of its
+files, how it embedded). It is written as one unit (built beside, then renamed) by one
+process at a time (tformer.storage.locks), and a search refuses it if the model it is searched with
+is not the one that built it, or if a file of it does not hold what index.json says.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tformer.storage.files import dir_mode, durable_step, file_mode, fsync_dir, json_bytes, publish_dir
+from tformer.storage.locks import leftovers, output_lock
+from tformer.text.lines import TextLines
+
+CHUNK = 1024  # texts embedded (and held) at a time
+BLOCK = 8192  # corpus vectors compared with the queries at a time
+INDEX_FILE, VECTORS_FILE, TEXTS_FILE = "index.json", "vectors.npy", "texts.jsonl"
+INDEX_FORMAT = 1
+
+
+def chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    chunk: list[Any] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def embed_chunks(st, numbered: Iterable[tuple[int, str]], size: int | None = None, **encode_kw
+                 ) -> Iterator[tuple[list[int], list[str], np.ndarray]]:
+    """(line numbers, texts, (n, D) float32 embeddings) a chunk at a time, in input order.
+    A non-finite embedding (broken weights) is refused: it would rank or print as NaN."""
+    for chunk in chunks(numbered, size or CHUNK):
+        numbers, texts = [n for n, _ in chunk], [t for _, t in chunk]
+        emb = st.encode(texts, **encode_kw)
+        bad = ~np.isfinite(emb).all(axis=1)
+        if bad.any():
+            raise ValueError(f"input {numbers[int(bad.argmax())]}: expected a finite embedding, "
+                             "got NaN or infinity (the model's weights are not finite)")
+        yield numbers, texts, emb
+
+
+def progress_bar(total: int, show: bool | None):
+    """A progress bar over texts on stderr; None shows it for large inputs."""
+    import sys
+
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="text", file=sys.stderr,
+                disable=not (show if show is not None else total >= 8 * 32))
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to length 1 (cosine similarity is then a dot product)."""
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+class TopK:
+    """The k best corpus rows for each query, kept while blocks of the corpus stream past.
+
+    Ties go to the earlier row, as a stable sort of the whole row would give.
+    """
+
+    def __init__(self, queries: np.ndarray, k: int) -> None:
+        self.q = unit(queries.astype(np.float32))  # (Q, D)
+        self.k = k
+        self.scores = np.empty((len(queries), 0), dtype=np.float32)  # (Q, <=k)
+        self.rows = np.empty((len(queries), 0), dtype=np.int64)
+
+    def add(self, block: np.ndarray, first: int, normalized: bool = False) -> None:
+        """block: (b, D) corpus vectors, rows first .. first + b - 1."""
+        block = block if normalized else unit(block)
+        sims = self.q @ block.T.astype(np.float32)  # (Q, b)
+        rows = np.broadcast_to(np.arange(first, first + len(block)), sims.shape)
+        scores = np.concatenate([self.scores, sims], axis=1)  # (Q, <=k + b)
+        ids = np.concatenate([self.rows, rows], axis=1)
+        keep = np.empty((len(scores), min(self.k, scores.shape[1])), dtype=np.int64)
+        for i in range(len(scores)):
+            keep[i] = np.lexsort((ids[i], -scores[i]))[: keep.shape[1]]  # score desc, row asc
+        self.scores = np.take_along_axis(scores, keep, axis=1)
+        self.rows = np.take_along_axis(ids, keep, axis=1)
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, rows), each (Q, k), best first."""
+        return self.scores, self.rows
+
+
+def model_identity(model_dir: str | Path) -> str:
+    """A hash of every file of the model directory (config, weights, tokenizer, pooling)."""
+    root = Path(model_dir)
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(root)).encode() + b"\0")
+        with path.open("rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def build_index(st, model_dir: str | Path, corpus: str | Path, out: str | Path,
+                batch_size: int = 32, truncation: bool = True, max_length: int | None = None,
+                show_progress: bool | None = None) -> dict[str, Any]:
+    """Embed the corpus once into an index directory at `out` (written as one unit, under
+    a lock: a second build of the same `out` is refused while this one runs)."""
+    out = Path(out)
+    if out.exists() and not (out / INDEX_FILE).is_file():
+        raise ValueError(f"--out {out}: exists and is not a tformer index; expected a new path")
+    lines = corpus if isinstance(corpus, TextLines) else TextLines(corpus, "--corpus")
+    n = lines.count()
+    if n == 0:
+        raise ValueError(f"--corpus {lines.name}: expected at least one line, got none")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with output_lock(out, "--out"):
+        _remove_stale_builds(out)  # what a killed build of `out` left
+        return _build(st, model_dir, lines, n, out, batch_size, truncation, max_length,
+                      show_progress)
+
+
+def _remove_stale_builds(out: Path) -> None:
+    for entry in leftovers(out.parent, out.name):
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _build(st, model_dir, lines: TextLines, n: int, out: Path, batch_size: int,
+           truncation: bool, max_length: int | None, show_progress: bool | None) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    try:
+        os.chmod(tmp, dir_mode())
+        start = 0
+        bar = progress_bar(n, show_progress)
+        # Plain sequential writes after the .npy header (a memory map would keep every
+        # written page resident, so memory would grow with the corpus).
+        with (tmp / VECTORS_FILE).open("wb") as vectors, \
+                (tmp / TEXTS_FILE).open("w", encoding="utf-8") as texts_out:
+            header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
+                      "fortran_order": False, "shape": (n, st.dim)}
+            np.lib.format.write_array_header_1_0(vectors, header)
+            for numbers, texts, emb in embed_chunks(
+                st, lines, batch_size=batch_size, truncation=truncation, show_progress=False,
+            ):
+                durable_step(f"write {tmp / VECTORS_FILE}")
+                vectors.write(unit(emb).astype(np.float32).tobytes())  # (b, D) rows
+                start += len(texts)
+                bar.update(len(texts))
+                for number, text in zip(numbers, texts, strict=True):
+                    texts_out.write(json.dumps({"line": number, "text": text}) + "\n")
+        bar.close()
+        if start != n:
+            raise ValueError(f"--corpus {lines.name}: changed while it was read ({start} lines, "
+                             f"expected {n})")
+        meta = {"format": INDEX_FORMAT, "model_dir": str(Path(model_dir).resolve()),
+                "model_id": model_identity(model_dir),
+                "corpus": lines.name if lines.name == "-" else str(Path(lines.name).resolve()),
+                "n": n, "dim": st.dim, "max_length": max_length, "truncation": truncation,
+                "pooling": list(st.pooling)}
+        durable_step(f"write {tmp / INDEX_FILE}")
+        (tmp / INDEX_FILE).write_bytes(json_bytes(meta))
+        for path in tmp.iterdir():
+            os.chmod(path, file_mode())
+            with path.open("rb") as f:
+                os.fsync(f.fileno())
+        fsync_dir(tmp)
+        publish_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return meta
+
+
+class Index:
+    """A built index: its metadata, and a streamed top-k search over its vectors."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            self.meta = json.loads((self.path / INDEX_FILE).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"INDEX {self.path}: not a readable tformer index ({e})") from None
+        if not isinstance(self.meta, dict) or self.meta.get("format") != INDEX_FORMAT:
+            raise ValueError(f"INDEX {self.path / INDEX_FILE}: expected format {INDEX_FORMAT}")
+
+    @staticmethod
+    def is_index(path: str | Path) -> bool:
+        return (Path(path) / INDEX_FILE).is_file()
+
+    def check_model(self, model_dir: str | Path) -> None:
+        """Refuse a model other than the one that built the index."""
+        got = model_identity(model_dir)
+        if got != self.meta["model_id"]:
+            raise ValueError(
+                f"INDEX {self.path}: built with the model {self.meta['model_dir']} "
+                f"(id {self.meta['model_id']}), but {model_dir} has id {got}; "
+                f"rebuild it with `tformer index build {model_dir} --corpus ... --out {self.path}`"
+            )
+
+    def blocks(self, size: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """(first row, (b, D) vectors), read with plain reads (not a memory map), so memory
+        stays flat however large the index is."""
+        path = self.path / VECTORS_FILE
+        with path.open("rb") as f:
+            try:
+                version = np.lib.format.read_magic(f)
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shape, _, dtype = read_header(f)
+            except ValueError as e:
+                raise ValueError(f"INDEX {path}: expected a .npy array, got {e}") from None
+            if shape != (self.meta["n"], self.meta["dim"]) or dtype != np.float32:
+                raise ValueError(f"INDEX {path}: expected float32 {self.meta['n']} x "
+                                 f"{self.meta['dim']}, got {dtype} {shape}")
+            n, d = shape
+            expected, got = f.tell() + n * d * 4, os.fstat(f.fileno()).st_size
+            if got != expected:
+                raise ValueError(f"INDEX {path}: expected {expected} bytes ({n} x {d} float32), "
+                                 f"got {got} (truncated or damaged: rebuild the index)")
+            size = size or BLOCK
+            for first in range(0, n, size):
+                b = min(size, n - first)
+                yield first, np.fromfile(f, dtype=np.float32, count=b * d).reshape(b, d)
+
+    def texts(self, rows: set[int]) -> dict[int, tuple[int, str]]:
+        """{row: (line number, text)} for the wanted rows, one streamed pass."""
+        path = self.path / TEXTS_FILE
+        found: dict[int, tuple[int, str]] = {}
+        count = 0
+        with path.open(encoding="utf-8", errors="replace") as f:  # a cut character: the count
+            for row, line in enumerate(f):
+                count += 1
+                if row in rows:
+                    try:
+                        record = json.loads(line)
+                        found[row] = (int(record["line"]), str(record["text"]))
+                    except (ValueError, KeyError, TypeError):
+                        raise ValueError(f"INDEX {path}:{row + 1}: expected a JSON object with "
+                                         f"\"line\" and \"text\", got {line[:60]!r} (damaged: "
+                                         "rebuild the index)") from None
+        if count != self.meta["n"]:
+            raise ValueError(f"INDEX {path}: expected {self.meta['n']} lines (index.json), got "
+                             f"{count} (truncated or damaged: rebuild the index)")
+        return found
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        best = TopK(queries, k)
+        for first, block in self.blocks():
+            best.add(block, first, normalized=True)
+        return best.result()

@@ -1,0 +1,124 @@
+"""Sentence embeddings: encoder + pooling (+ L2 normalisation), as sentence-transformers does.
+
+    st = SentenceEncoder.from_pretrained(DIR)
+    emb = st.encode(["a sentence", "another"])   # np.ndarray (N, D), float32
+
+The pooling comes from the directory (``1_Pooling/config.json``; mean for a plain BERT
+directory): ``mean`` and ``mean_sqrt_len`` average over real tokens only, ``max`` takes the
+maximum over real tokens, ``cls`` the first position; several modes are concatenated in
+sentence-transformers' order. A ``Normalize`` module in ``modules.json`` L2-normalises.
+Reimers & Gurevych 2019 (Sentence-BERT) found mean pooling the best default.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from tformer.config import POOLING_MODES
+from tformer.formats.st_layout import read_layout
+from tformer.nn.model import Encoder, from_pretrained
+from tformer.nn.pooling import pool  # noqa: F401 (tformer.embeddings.sentence.pool: the training package's import)
+from tformer.text.tokenizer import Tokenizer, load_tokenizer
+
+# Encode this many batches or more and a progress bar is shown (unless show_progress says).
+PROGRESS_MIN_BATCHES = 8
+
+
+class SentenceEncoder:
+    """An Encoder, its tokenizer and the directory's pooling, with a batched ``encode``."""
+
+    def __init__(
+        self,
+        model: Encoder,
+        tokenizer: Tokenizer,
+        pooling: Sequence[str] = ("mean",),
+        normalize: bool = False,
+    ) -> None:
+        for mode in pooling:
+            if mode not in POOLING_MODES:
+                raise ValueError(f"pooling: expected modes from {', '.join(POOLING_MODES)}, got {mode!r}")
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.pooling, self.normalize = tuple(pooling), normalize
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        directory: str | Path,
+        allow_pickle: bool = False,
+        max_length: int | None = None,
+        dtype: torch.dtype | str | None = None,
+    ) -> SentenceEncoder:
+        """Model (frozen: ``model.requires_grad_(True)`` to train it), tokenizer, pooling and
+        normalisation as the directory describes them.
+
+        ``dtype``: "fp32", "bf16" (bf16 matrix multiplies, fp32 everything else) or "int8"
+        (int8 matrix multiplies: see ``tformer.nn.precision.to_precision``), or a torch dtype for
+        every parameter.
+        """
+        layout = read_layout(directory)
+        model = from_pretrained(directory, allow_pickle=allow_pickle, dtype=dtype)
+        model.requires_grad_(False)  # an inference model: frozen weights run packed (kernels)
+        tokenizer = load_tokenizer(directory, max_length=max_length)
+        return cls(model, tokenizer, layout.pooling, layout.normalize)
+
+    @property
+    def dim(self) -> int:
+        return self.model.config.d_model * len(self.pooling)
+
+    @torch.inference_mode()
+    def encode(
+        self,
+        texts: str | Sequence[str],
+        batch_size: int = 32,
+        normalize: bool | None = None,
+        show_progress: bool | None = None,
+        truncation: bool = True,
+    ) -> np.ndarray:
+        """Embed texts in batches (similar lengths together), in the input order.
+
+        ``normalize``: None follows the directory; ``show_progress``: None shows a bar from
+        ``PROGRESS_MIN_BATCHES`` batches on. Texts longer than the model's maximum length
+        are truncated with one warning, or raise ValueError with ``truncation=False``.
+
+        Shape:
+            returns (N, dim) float32, N = len(texts)
+        """
+        if isinstance(texts, str):
+            texts = [texts]
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+        if len(texts) == 0:
+            return np.empty((0, self.dim), dtype=np.float32)
+        lengths = self.tokenizer.lengths(texts)  # also checks texts
+        self.tokenizer.check_lengths(lengths, truncation)  # one warning for all batches
+        order = np.argsort([-n for n in lengths], kind="stable")  # longest first
+        n_batches = -(-len(texts) // batch_size)
+        if show_progress is None:
+            show_progress = n_batches >= PROGRESS_MIN_BATCHES
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        device = next(self.model.parameters()).device
+        with tqdm(total=len(texts), unit="text", disable=not show_progress, file=sys.stderr) as bar:
+            for start in range(0, len(texts), batch_size):
+                idx = order[start : start + batch_size]
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # warned once, above
+                    batch = self.tokenizer([texts[i] for i in idx], truncation=truncation)
+                batch = {k: v.to(device) for k, v in batch.items()}
+                enc = self.model(
+                    batch["input_ids"],
+                    attention_mask=batch["attention_mask"],
+                    token_type_ids=batch["token_type_ids"],
+                )
+                emb = pool(enc.last_hidden_state, enc.mask, self.pooling)  # (b, dim)
+                if self.normalize if normalize is None else normalize:
+                    emb = torch.nn.functional.normalize(emb, p=2.0, dim=-1)
+                out[idx] = emb.float().cpu().numpy()  # pooled in the residual stream's dtype
+                bar.update(len(idx))
+        return out

@@ -1,0 +1,210 @@
+"""Load and save pretrained encoders: BERT-format directories and tformer's own format.
+
+    model = Encoder.from_pretrained(DIR)  # a BERT checkpoint, a sentence-transformers folder,
+                                     # or a directory written by save_pretrained
+    save_pretrained(model, OUT)      # tformer format: config.json + model.safetensors
+    export_hf(model, HF_OUT)         # a directory transformers' BertModel.from_pretrained reads
+
+The two formats are told apart by config.json: BERT's has ``model_type: bert``, tformer's
+is a TransformerConfig (``d_model``, ``n_heads``...). Weights are read from safetensors
+only, unless ``allow_pickle=True`` lets a ``pytorch_model.bin`` through, and then with
+``torch.load(weights_only=True)``. The key table and its checks live in
+``tformer.formats.hf_bert``; this module does the file and torch side.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+from safetensors.torch import save as st_save
+from torch import nn
+
+from tformer.config import TransformerConfig
+from tformer.formats import hf_bert
+from tformer.formats.st_layout import read_layout
+from tformer.stats import check_fits
+from tformer.storage.files import json_bytes, write_dir_atomic
+
+
+def read_pretrained(
+    directory: str | Path, model_cls: type[nn.Module], allow_pickle: bool = False
+) -> tuple[TransformerConfig, dict[str, torch.Tensor], Path]:
+    """The config, the state dict under our keys, and the weights' path, of a BERT-format or
+    tformer directory. ``Encoder.from_pretrained`` builds the model from them; it passes its
+    class, whose shapes (built on the meta device) the file's are checked against first."""
+    model_dir = read_layout(directory).model_dir
+    raw = hf_bert.read_config(model_dir)
+    if "model_type" in raw:
+        config, state = _load_hf(model_dir, raw, allow_pickle)
+    elif "d_model" in raw:
+        config, state = _load_tformer(model_dir, allow_pickle, model_cls)
+    else:
+        raise ValueError(
+            f"{model_dir / 'config.json'}: expected a BERT config (model_type: bert) or a "
+            "tformer config (d_model, n_heads, ...), got neither"
+        )
+    return config, state, model_dir / hf_bert.WEIGHTS_FILE
+
+
+def save_pretrained(model: nn.Module, directory: str | Path, tokenizer_dir: str | Path | None = None) -> None:
+    """Write ``config.json`` (the TransformerConfig) and ``model.safetensors`` (our keys).
+
+    ``tokenizer_dir``: also copy its tokenizer files, so the directory is self-contained.
+    The directory is written as a whole (see ``_write_model_dir``).
+    """
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    files = {"config.json": json_bytes(model.config.to_dict()),
+             hf_bert.WEIGHTS_FILE: st_save(state, metadata={"format": "pt"})}
+    _write_model_dir(Path(directory), files, tokenizer_dir)
+
+
+def export_hf(model: nn.Module, directory: str | Path, tokenizer_dir: str | Path | None = None) -> None:
+    """Write a BERT directory (config.json + model.safetensors with HF keys).
+
+    ``transformers.BertModel.from_pretrained(directory)`` loads it. A model without a pooler
+    exports none; transformers then initialises its pooler randomly (and says so).
+    ``tokenizer_dir``: also copy its tokenizer files.
+    """
+    hf_config = hf_bert.config_to_hf(model.config)
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    hf_state = {k: v.contiguous().clone() for k, v in hf_bert.to_hf(state, model.config).items()}
+    files = {"config.json": json_bytes(hf_config),
+             hf_bert.WEIGHTS_FILE: st_save(hf_state, metadata={"format": "pt"})}
+    _write_model_dir(Path(directory), files, tokenizer_dir)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def _write_model_dir(directory: Path, files: dict[str, bytes], tokenizer_dir: str | Path | None
+                     ) -> None:
+    """Write a model directory as one unit: built beside it, then swapped in atomically, so a
+    crash leaves the old directory or the new one, never a config that does not match its
+    weights. A directory holding anything else than a saved model is refused, untouched."""
+    if tokenizer_dir is not None:
+        files = {**files, **_tokenizer_files(Path(tokenizer_dir))}
+    if directory.is_dir():
+        ours = set(files) | set(TOKENIZER_FILES) | {hf_bert.WEIGHTS_FILE, "config.json"}
+        other = sorted(p.name for p in directory.iterdir() if p.name not in ours)
+        if other:
+            raise ValueError(
+                f"directory: {directory} holds files a saved model does not "
+                f"({', '.join(other[:3])}); expected a new directory or a saved model's"
+            )
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    write_dir_atomic(directory, files)
+
+
+def _tokenizer_files(source: Path) -> dict[str, bytes]:
+    if not source.is_dir():
+        raise FileNotFoundError(f"tokenizer_dir {source}: no such directory")
+    model_dir = read_layout(source).model_dir  # a sentence-transformers folder works too
+    found = [model_dir / name for name in TOKENIZER_FILES if (model_dir / name).is_file()]
+    if not any(p.name in ("tokenizer.json", "vocab.txt") for p in found):
+        raise FileNotFoundError(f"tokenizer_dir {model_dir}: no tokenizer.json or vocab.txt")
+    return {p.name: p.read_bytes() for p in found}
+
+
+# Reading --------------------------------------------------------------------------------
+def _load_hf(model_dir: Path, raw: dict, allow_pickle: bool):
+    files = hf_bert.weight_files(model_dir, allow_pickle)
+    state = _read_weights(files)
+    source = str(files[0] if len(files) == 1 else model_dir / hf_bert.WEIGHTS_INDEX_FILE)
+    cleaned = hf_bert.clean_state_dict(state, source)
+    has_pooler = "pooler.dense.weight" in cleaned
+    config = hf_bert.config_from_hf(raw, has_pooler, str(model_dir / "config.json"))
+    _check_sizes(config, cleaned, r"encoder\.layer\.(\d+)\.", "num_hidden_layers", model_dir, source)
+    return config, hf_bert.from_hf(cleaned, config, torch.cat, source)
+
+
+def _load_tformer(model_dir: Path, allow_pickle: bool, model_cls: type[nn.Module]):
+    config = TransformerConfig.load(model_dir / "config.json")
+    files = hf_bert.weight_files(model_dir, allow_pickle)
+    if all(p.suffix == ".safetensors" for p in files):  # shapes from the headers, nothing loaded
+        shapes = {k: v for p in files for k, v in _header_shapes(p).items()}
+        _check_sizes(config, shapes, r"layers\.(\d+)\.", "n_layers", model_dir, str(files[0]))
+        _check_shapes(model_cls, config, shapes, str(files[0]))
+    return config, _read_weights(files)
+
+
+def _header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """{tensor name: shape} from a safetensors file's header, without reading any tensor."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (listed in the safetensors index)")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as e:  # safetensors raises its own error types
+        raise ValueError(f"{path}: not a readable safetensors file ({e})") from None
+
+
+def _check_sizes(config: TransformerConfig, tensors, layer_key: str, config_key: str,
+                 model_dir: Path, source: str) -> None:
+    """Before building anything: the config's layer count must be the file's, and the
+    model must fit in memory (a config.json typo must not allocate until the OOM killer)."""
+    layers = {int(m.group(1)) for k in tensors if (m := re.match(layer_key, k))}
+    in_file = max(layers) + 1 if layers else 0
+    if config.n_layers > in_file:  # (fewer: the strict load names the unexpected tensor)
+        raise ValueError(f"{model_dir / 'config.json'}: {config_key}: expected at most the "
+                         f"{in_file} layers {source} holds weights for, got {config.n_layers}")
+    check_fits(config, "encoder", what=str(model_dir / "config.json"))
+
+
+def _check_shapes(model_cls: type[nn.Module], config: TransformerConfig,
+                  shapes: dict[str, tuple[int, ...]], source: str) -> None:
+    """The file's tensor shapes against the config's, from a model built on the meta device."""
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in model_cls(config).state_dict().items()}
+    for key, shape in expected.items():
+        if key in shapes and shapes[key] != shape:
+            raise ValueError(f"{source}: tensor {key!r}: expected shape {shape}, got "
+                             f"{shapes[key]} (config.json and the weights disagree)")
+
+
+def _read_weights(files: list[Path]) -> dict[str, torch.Tensor]:
+    state: dict[str, torch.Tensor] = {}
+    for path in files:
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such file (listed in the safetensors index)")
+        if path.suffix == ".bin":
+            # weights_only: tensors and plain containers only, no arbitrary unpickling.
+            try:
+                part = torch.load(path, map_location="cpu", weights_only=True)
+            except Exception as e:  # UnpicklingError (blocked), EOFError, IndexError...
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise ValueError(
+                    f"{path}: not a loadable weights-only pickle ({type(e).__name__}: {first[:200]})"
+                ) from None
+            if not isinstance(part, dict):
+                raise ValueError(f"{path}: expected a state dict, got {type(part).__name__}")
+        else:
+            try:
+                part = load_file(str(path))
+            except Exception as e:  # safetensors raises its own error types
+                raise ValueError(f"{path}: not a readable safetensors file ({e})") from None
+        state.update(part)
+    return state
+
+
+def load_state(model: nn.Module, state: dict[str, torch.Tensor], source: Path) -> None:
+    """Strict load: missing/extra/wrong-shape tensors -> ValueError naming file and tensor."""
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    if missing:
+        raise ValueError(f"{source}: missing tensor {missing[0]!r} for this config")
+    extra = sorted(k for k in state if k not in expected)
+    if extra:
+        raise ValueError(f"{source}: unexpected tensor {extra[0]!r} for this config")
+    for key, ref in expected.items():
+        if tuple(state[key].shape) != tuple(ref.shape):
+            raise ValueError(
+                f"{source}: tensor {key!r}: expected shape {tuple(ref.shape)}, got {tuple(state[key].shape)}"
+            )
+        if state[key].is_floating_point() and not bool(torch.isfinite(state[key]).all()):
+            raise ValueError(f"{source}: tensor {key!r} holds NaN or infinite values; "
+                             "expected finite weights")
+    model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=True)

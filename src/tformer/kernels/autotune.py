@@ -1,0 +1,193 @@
+"""Kernel choices made by measuring on this machine, remembered per machine.
+
+    kernel = choose("linear-train", "768x3072/2048", {"onednn": run_a, "mkl": run_b})
+
+Which kernel is faster depends on the CPU (oneDNN's linear backward beat MKL's 1.2x on one
+AVX-512 machine and lost 1.34x on another), so a choice that depends on the machine is never
+made from CPU flags: the candidates are timed on the shapes at hand, once (a few milliseconds
+to a second), and the decision is kept
+
+- per process, in memory, and
+- per machine, in ``$XDG_CACHE_HOME/tformer/kernels.json`` (``~/.cache`` by default; the
+  TFORMER_CACHE_DIR environment variable moves it), keyed by CPU model, torch version,
+  thread count and the shape class. The file is safe to delete (choices are measured again),
+  a corrupt file is ignored and rewritten, and concurrent processes update it under a file
+  lock, each writing the whole file atomically (tformer.storage.files).
+
+``recall`` keeps other decisions measured on this machine the same way: the bf16 product
+check of ``--dtype/--precision auto`` and a training run's bf16-or-fp32 step timing.
+
+Timing: each candidate runs once to warm up, then ``ROUNDS`` times interleaved with the others;
+the median decides. A candidate must beat the first listed (the default) by more than NOISE
+to be chosen, so noise never flips a choice away from the default.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tformer.kernels.machine import cpu_info
+from tformer.storage.files import uncounted, write_json_atomic
+
+ROUNDS = 5
+NOISE = 0.05  # a candidate must be this much faster than the default to replace it
+
+# This process's decisions by "name | shape class" (the machine is this one; threads are set once
+# per process in practice, and a change of thread count is a new process's cache key).
+_memory: dict[str, dict[str, Any]] = {}
+
+
+def cache_path() -> Path:
+    root = os.environ.get("TFORMER_CACHE_DIR") or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tformer"
+    return Path(root) / "kernels.json"
+
+
+# Raised when the way a choice is measured changes: decisions measured the old way are ignored.
+VERSION = 4
+
+
+def _machine() -> str:
+    return f"{cpu_info()[0]} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+
+
+def machine_key() -> str:
+    return f"{_machine()} | v{VERSION}"
+
+
+Candidates = dict[str, Callable[[], Any]]
+
+
+def choose(name: str, shape_class: str, candidates: Candidates | Callable[[], Candidates],
+           measure: Callable[[Callable[[], Any]], float] | None = None) -> str:
+    """The fastest of `candidates` (name -> a call that runs it once; or a function that makes
+    them, called only if a measurement is needed) for this machine and shape class: from
+    memory, else from the cache file, else measured now and remembered. Cheap when known: it
+    runs on every call of a hot kernel."""
+    def decide_now() -> dict[str, Any]:
+        return decide(candidates() if callable(candidates) else candidates, measure or _time_once)
+
+    return recall(name, shape_class, decide_now,
+                  None if callable(candidates) else set(candidates))["choice"]
+
+
+def recall(name: str, shape_class: str, decide_now: Callable[[], dict[str, Any]],
+           choices: set[str] | None = None) -> dict[str, Any]:
+    """The decision for this machine and shape class (``decision()``'s dict): from memory, else
+    from the cache file (when well formed, its choice one of `choices` if given), else made now
+    by `decide_now()` and remembered, as ``choose``'s are."""
+    key = f"{name} | {shape_class}"
+    known = _memory.get(key)
+    if known is not None:
+        return known
+    saved = _read().get(f"{machine_key()} | {key}")
+    if _well_formed(saved) and (choices is None or saved["choice"] in choices):
+        _memory[key] = saved
+        return saved
+    decision = decide_now()
+    _memory[key] = decision
+    _remember(f"{machine_key()} | {key}", decision)
+    return decision
+
+
+def decide(candidates: dict[str, Callable[[], Any]], measure: Callable[[Callable[[], Any]], float]
+           ) -> dict[str, Any]:
+    """Time every candidate (interleaved rounds, medians); the default (first) wins ties."""
+    names = list(candidates)
+    for n in names:
+        measure(candidates[n])  # warm-up: kernel creation, first-touch allocation
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for _ in range(ROUNDS):
+        for n in names:
+            times[n].append(measure(candidates[n]))
+    medians = {n: statistics.median(t) for n, t in times.items()}
+    default = names[0]
+    best = min(names, key=medians.__getitem__)
+    if medians[best] > medians[default] * (1 - NOISE):
+        best = default
+    return decision(best, medians)
+
+
+def decision(choice: str, seconds: dict[str, float]) -> dict[str, Any]:
+    """What is remembered of a choice: the choice, each candidate's seconds, and when."""
+    return {"choice": choice, "seconds": {n: round(t, 6) for n, t in seconds.items()},
+            "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def _well_formed(saved: Any) -> bool:
+    """A cache entry as ``decision`` writes it (an edited or damaged one is measured again)."""
+    return (isinstance(saved, dict) and isinstance(saved.get("choice"), str)
+            and isinstance(saved.get("seconds"), dict) and bool(saved["seconds"])
+            and all(isinstance(t, int | float) and not isinstance(t, bool) and t >= 0
+                    for t in saved["seconds"].values()))
+
+
+def decisions() -> dict[str, dict[str, Any]]:
+    """Every decision this machine has made (the cache file and this process's), for reports."""
+    return {**_read(), **{f"{machine_key()} | {k}": v for k, v in _memory.items()}}
+
+
+def summary(limit: int = 12) -> list[str]:
+    """One line per decision of this machine (and thread count): name, shape, choice, medians."""
+    lines = []
+    prefix = machine_key() + " | "
+    for key, d in sorted(decisions().items()):
+        if key.startswith(prefix):
+            times = ", ".join(f"{n} {s * 1000:.2f} ms" for n, s in d.get("seconds", {}).items())
+            lines.append(f"{key[len(prefix):]}: {d.get('choice')} ({times})")
+    return lines[:limit] + ([f"... and {len(lines) - limit} more"] if len(lines) > limit else [])
+
+
+def forget() -> None:
+    """Measure again: drop this process's decisions and the cache file."""
+    _memory.clear()
+    with contextlib.suppress(OSError):
+        cache_path().unlink()
+
+
+def _time_once(call: Callable[[], Any]) -> float:
+    t = time.perf_counter()
+    call()
+    return time.perf_counter() - t
+
+
+def _read() -> dict[str, dict[str, Any]]:
+    try:
+        data = json.loads(cache_path().read_text())
+    except (OSError, ValueError):
+        return {}  # none yet, unreadable or corrupt: measure again
+    return data if isinstance(data, dict) else {}
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _remember(key: str, decision: dict[str, Any]) -> None:
+    """Add one decision to the cache file (read, update and replace it under the lock);
+    a cache that cannot be written only costs a measurement next time."""
+    path = cache_path()
+    with contextlib.suppress(OSError), _locked(path), uncounted():
+        data = _read()
+        data[key] = decision
+        # This machine's decisions of an older VERSION are never read again: dropped.
+        mine, current = f"{_machine()} | ", f"{machine_key()} | "
+        data = {k: v for k, v in data.items() if not k.startswith(mine) or k.startswith(current)}
+        write_json_atomic(path, data)

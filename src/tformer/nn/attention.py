@@ -1,0 +1,170 @@
+"""Scaled dot-product attention and multi-head attention (Vaswani et al. 2017, §3.2).
+
+Shape legend: B batch, T query length, S key length, N packed tokens, D model dim, H heads,
+Dh head dim. Masks are a ``tformer.nn.masks.Mask`` (or, for these leaf functions, a bool tensor
+broadcastable to (B, H, T, S)); True = may attend.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from tformer import kernels
+from tformer.nn.dropout import dropout
+from tformer.nn.masks import Mask, Packing, as_mask
+
+KeyValue = tuple[Tensor, Tensor]  # cached (k, v), each (B, H, S, Dh)
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Mask | Tensor | None = None,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """softmax(q k^T / sqrt(Dh)) v  (§3.2.1).
+
+    A query row whose mask allows no key returns zeros (and zero weights), never NaN.
+    Without ``need_weights`` a fused kernel may compute the same numbers (tformer.kernels says
+    when); this explicit formula is the only one.
+
+    Shape:
+        q: (B, H, T, Dh); k, v: (B, H, S, Dh); mask: broadcastable to (B, H, T, S)
+        returns: output (B, H, T, Dh) and weights (B, H, T, S) or None
+    """
+    mask = as_mask(mask)
+    allowed = None if mask is None else mask.allowed
+    if kernels.why_not_fused_attention(q, k, dropout_p, need_weights) is None:
+        out = kernels.attention(q, k, v, allowed, dropout_p)
+        if mask is not None and mask.has_empty_rows:
+            out = out.masked_fill(mask.attends_nothing, 0.0)  # whatever the kernel gave there
+        return out, None
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, S)
+    if allowed is not None:
+        # finfo.min, not -inf: an all-blocked row then softmaxes to finite values that
+        # are zeroed below, so no NaN reaches the forward or the backward pass.
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    weights = scores.softmax(dim=-1)
+    if allowed is not None:
+        weights = weights.masked_fill(mask.attends_nothing, 0.0)
+    out = dropout(weights, dropout_p) @ v  # (B, H, T, Dh)
+    return out, (weights if need_weights else None)
+
+
+class AttentionOutput(NamedTuple):
+    output: Tensor  # (B, T, D)
+    weights: Tensor | None  # (B, H, T, S) when requested
+    present: KeyValue | None  # (k, v) to cache when requested
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention (§3.2.2).
+
+    Self-attention projects q, k, v with one fused (D, 3D) matrix; cross-attention
+    (``cross=True``) projects q from the decoder and k, v from the encoder memory.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        cross: bool = False,
+    ) -> None:
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(
+                f"d_model: expected a multiple of n_heads ({n_heads}), got {d_model}"
+            )
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+        self.dropout, self.cross = dropout, cross
+        if cross:
+            self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+            self.kv_proj = nn.Linear(d_model, 2 * d_model, bias=bias)
+        else:
+            self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def _split_heads(self, x: Tensor, parts: int = 1) -> tuple[Tensor, ...]:
+        """(B, N, parts * D) -> parts x (B, H, N, Dh), views of x."""
+        b, n, _ = x.shape
+        return x.view(b, n, parts, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        mask: Mask | Packing | Tensor | None = None,
+        past_key_value: KeyValue | None = None,
+        use_cache: bool = False,
+        need_weights: bool = False,
+    ) -> AttentionOutput:
+        """Attend from ``x`` to itself, or to ``memory`` when ``cross``.
+
+        With a cache, self-attention appends the new keys/values to ``past_key_value``;
+        cross-attention reuses it instead of projecting ``memory`` again. With a ``Packing``
+        for a mask, ``x`` is a packed batch of real tokens (see ``Encoder.forward``): attention
+        then runs within each sequence, as the packing describes them.
+
+        Shape:
+            x: (B, T, D), or packed (rows, D) with a Packing; memory: (B, S, D);
+            mask: broadcastable to (B, H, T, S)
+            returns output like x, weights (B, H, T, S) or None, present (k, v) or None
+        """
+        p = self.dropout if self.training else 0.0
+        if isinstance(mask, Packing):
+            out = self._packed_self_attention(kernels.linear(x, self.qkv_proj), mask, p)
+            return AttentionOutput(kernels.linear(out, self.out_proj), None, None)
+        mask = as_mask(mask)
+        if self.cross:
+            (q,) = self._split_heads(kernels.linear(x, self.q_proj))  # (B, H, T, Dh)
+            if past_key_value is not None:
+                k, v = past_key_value  # memory's keys/values, computed at step 0
+            else:
+                if memory is None:
+                    raise ValueError("memory: cross-attention needs the encoder output")
+                k, v = self._split_heads(kernels.linear(memory, self.kv_proj), 2)  # (B, H, S, Dh)
+        else:
+            q, k, v = self._split_heads(kernels.linear(x, self.qkv_proj), 3)  # 3 x (B, H, T, Dh)
+            if past_key_value is not None:
+                k = torch.cat([past_key_value[0], k], dim=2)  # (B, H, S_past + T, Dh)
+                v = torch.cat([past_key_value[1], v], dim=2)
+        out, weights = scaled_dot_product_attention(q, k, v, mask, p, need_weights)
+        b, _, t, _ = out.shape
+        out = out.transpose(1, 2).reshape(b, t, self.d_model)  # (B, T, D)
+        return AttentionOutput(kernels.linear(out, self.out_proj), weights, (k, v) if use_cache else None)
+
+    def _packed_self_attention(self, qkv: Tensor, packing: Packing, dropout_p: float) -> Tensor:
+        """Attention within each sequence of a packed batch, one call per group of equal lengths.
+
+        Shape: qkv (rows, 3D) -> (rows, D): N real tokens, then zero rows (see Packing)
+        """
+        qkv = qkv.to(self._packed_dtype(qkv, packing, dropout_p))  # once a layer, not per group
+        outputs, start = [], 0
+        for length, count in packing.groups:
+            block = qkv[start : start + count * length].view(count, length, 3 * self.d_model)
+            q, k, v = self._split_heads(block, 3)  # 3 x (count, H, L, Dh)
+            out, _ = scaled_dot_product_attention(q, k, v, None, dropout_p)  # (count, H, L, Dh)
+            outputs.append(out.transpose(1, 2).reshape(count * length, self.d_model))
+            start += count * length
+        out = outputs[0] if len(outputs) == 1 else torch.cat(outputs)  # (N, D)
+        return packing.pad_rows(out)  # (rows, D)
+
+    def _packed_dtype(self, qkv: Tensor, packing: Packing, dropout_p: float) -> torch.dtype:
+        """The dtype a layer's packed attention computes in (kernels.attention_dtype): with
+        dropout as any attention with dropout; else the one chosen for its group of most tokens."""
+        if dropout_p > 0.0 or qkv.dtype != torch.bfloat16:
+            return kernels.attention_dtype(qkv)
+        starts = itertools.accumulate((n * c for n, c in packing.groups), initial=0)  # rows before each
+        start, (length, count) = max(zip(starts, packing.groups, strict=False),
+                                     key=lambda at: at[1][0] * at[1][1])  # the group of most tokens
+        block = qkv[start : start + count * length].view(count, length, 3 * self.d_model)
+        return kernels.attention_dtype(*self._split_heads(block, 3))  # from (count, H, L, Dh) each

@@ -1,0 +1,246 @@
+"""Every attention mask is built here. One convention: boolean, True = may attend.
+
+Inputs users bring:
+- ``attention_mask`` (B, S): True/1 = real token, False/0 = padding (HuggingFace's polarity).
+- ``attn_mask`` broadcastable to (B, T, S): True = query t may attend key s.
+Converters take the other conventions at the boundary: PyTorch's ``key_padding_mask``
+(True = pad) and additive float masks (0 = attend, -inf = blocked).
+
+``make_mask`` turns them, once, into a ``Mask``: the one object layers, pooling and the
+classifier consume. It holds what attention needs (``allowed``, and lazily the rows that may
+attend nothing) and what unpadded execution needs (lazily, the real tokens' index and the
+groups of equal lengths). Nothing downstream converts a mask again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from tformer.kernels.tracing import values_readable
+
+# Additive masks mark blocked entries with -inf or a very negative finite value
+# (HuggingFace uses finfo.min); anything at or below this counts as blocked.
+_ADDITIVE_BLOCKED = -1e4
+
+
+def from_key_padding_mask(key_padding_mask: Tensor) -> Tensor:
+    """PyTorch's ``key_padding_mask`` (True = pad) -> ``attention_mask`` (True = real)."""
+    if key_padding_mask.dtype != torch.bool:
+        raise TypeError(
+            f"key_padding_mask: expected a bool tensor (True = pad), got {key_padding_mask.dtype}"
+        )
+    return ~key_padding_mask
+
+
+def from_hf_attention_mask(attention_mask: Tensor) -> Tensor:
+    """HuggingFace ``attention_mask`` (1 = real, 0 = pad) -> bool (True = real)."""
+    if attention_mask.is_floating_point():
+        if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+            raise ValueError("attention_mask: expected only 0 and 1 values")
+    return attention_mask != 0
+
+
+def from_additive_mask(mask: Tensor) -> Tensor:
+    """Additive float mask (0 = attend, -inf or very negative = blocked) -> bool (True = attend).
+
+    A mask holding other values is a bias, not a mask, and cannot be converted.
+    """
+    if not mask.is_floating_point():
+        raise TypeError(f"mask: expected a float additive mask, got {mask.dtype}")
+    blocked = mask <= _ADDITIVE_BLOCKED
+    if not bool(((mask == 0) | blocked).all()):
+        raise ValueError(
+            "mask: an additive mask must hold only 0 (attend) and -inf or <= -1e4 (blocked); "
+            "this one holds other values (a bias), which a boolean mask cannot express"
+        )
+    return ~blocked
+
+
+def causal_mask(t: int, s: int | None = None, device: torch.device | None = None) -> Tensor:
+    """(T, S) bool: query t may attend key s iff s <= t + (S - T).
+
+    With a key/value cache the T new queries are the *last* T of S positions, so the
+    diagonal shifts right by S - T (Vaswani et al. 2017, §3.2.3: no attending to the future).
+    """
+    s = t if s is None else s
+    return torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)
+
+
+def as_bool(mask: Tensor, name: str) -> Tensor:
+    """Accept bool or 0/1 integer masks in our polarity; reject floats (likely additive)."""
+    if mask.dtype == torch.bool:
+        return mask
+    if mask.is_floating_point():
+        raise TypeError(
+            f"{name}: expected a bool or 0/1 integer mask (True = may attend), got {mask.dtype}; "
+            "convert additive masks with tformer.nn.masks.from_additive_mask"
+        )
+    return mask != 0
+
+
+# Packed row counts are rounded up to this: oneDNN keeps a primitive (with its reordered
+# weights) per distinct row count, so exact counts would grow memory with every new batch.
+PACK_ROWS_MULTIPLE = 64
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Where the real tokens of a padded batch are, for running the layers on them only.
+
+    Sequences are sorted by length, so each group of equal lengths is one contiguous
+    (count * length, D) block of the packed tokens that attention processes as a batch.
+    The packed tensor has ``rows`` >= N rows: the real tokens, then zero rows up to a
+    multiple of PACK_ROWS_MULTIPLE (they stay out of attention and are dropped on unpacking).
+
+    Shape: index (N,) into the flattened (B * S) positions, in sorted-sequence order
+    """
+
+    index: Tensor
+    groups: tuple[tuple[int, int], ...]  # (length, count), lengths > 0, in packed order
+    batch: int
+    seq: int
+
+    @property
+    def rows(self) -> int:
+        n = self.index.numel()
+        return -(-n // PACK_ROWS_MULTIPLE) * PACK_ROWS_MULTIPLE
+
+    def pad_rows(self, x: Tensor) -> Tensor:
+        """(N, D) -> (rows, D) with zero rows appended."""
+        extra = self.rows - x.size(0)
+        return x if extra == 0 else torch.cat([x, x.new_zeros(extra, x.size(-1))])
+
+    def pack(self, h: Tensor) -> Tensor:
+        """(B, S, D) -> (rows, D): the real tokens, then zero rows."""
+        return self.pad_rows(h.reshape(self.batch * self.seq, h.size(-1))[self.index])
+
+    def unpack(self, x: Tensor) -> Tensor:
+        """(rows, D) -> (B, S, D), zeros at padded positions."""
+        out = x.new_zeros(self.batch * self.seq, x.size(-1))
+        out[self.index] = x[: self.index.numel()]
+        return out.view(self.batch, self.seq, x.size(-1))
+
+
+class Mask:
+    """An attention mask, made once by ``make_mask`` and consumed by every layer.
+
+    ``allowed`` (B|1, 1, T|1, S) bool, True = query t may attend key s.
+    ``padding`` (B, S) bool, True = real token, when the mask came from an ``attention_mask``
+    over the queries' own sequence (encoder self-attention); it is what pooling and
+    unpadded execution read. Derived facts are computed on first use and kept (by hand, not
+    functools.cached_property, whose lock torch.compile cannot trace).
+    """
+
+    def __init__(self, allowed: Tensor, padding: Tensor | None = None) -> None:
+        self.allowed, self.padding = allowed, padding
+        self._known: dict[str, object] = {}
+
+    def _once(self, name: str, compute):
+        if name not in self._known:
+            self._known[name] = compute()
+        return self._known[name]
+
+    @property
+    def attends_nothing(self) -> Tensor:
+        """(B|1, 1, T|1, 1) True for query rows that may attend no key (they output zeros)."""
+        return self._once("attends_nothing", lambda: ~self.allowed.any(dim=-1, keepdim=True))
+
+    @property
+    def has_empty_rows(self) -> bool:
+        """Whether any query may attend nothing: one device sync, once per mask. Where values
+        cannot be read (tracing, the meta device) the answer is "maybe", so True."""
+        if not values_readable(self.allowed):
+            return True
+        return self._once("has_empty_rows", lambda: bool(self.attends_nothing.any()))
+
+    @property
+    def has_padding(self) -> bool:
+        """Whether any position is padding (one device sync, once per mask; eager only)."""
+        return self.padding is not None and self._once(
+            "has_padding", lambda: not bool(self.padding.all()))
+
+    @property
+    def lengths(self) -> Tensor:
+        """(B,) real tokens per sequence."""
+        return self._once("lengths", lambda: self.padding.sum(dim=1))
+
+    @property
+    def packing(self) -> Packing:
+        """The real tokens' index and the groups of equal lengths (needs ``padding``; eager only)."""
+        return self._once("packing", self._pack)
+
+    def _pack(self) -> Packing:
+        b, s = self.padding.shape
+        order = torch.argsort(self.lengths, stable=True)  # (B,) shortest first
+        flat = order[:, None] * s + torch.arange(s, device=order.device)  # (B, S) in sorted order
+        index = flat[self.padding[order]]  # (N,)
+        sizes, counts = torch.unique_consecutive(self.lengths[order], return_counts=True)
+        pairs = zip(sizes.tolist(), counts.tolist(), strict=True)
+        groups = tuple((size, count) for size, count in pairs if size > 0)  # empty rows: no work
+        return Packing(index, groups, b, s)
+
+    def zero_padding(self, h: Tensor) -> Tensor:
+        """(B, S, D) with padded positions set to zero (a no-op without padding)."""
+        if self.padding is None:
+            return h
+        return h.masked_fill(~self.padding[..., None], 0.0)
+
+
+def as_mask(mask: Mask | Tensor | None) -> Mask | None:
+    """Accept a ready ``Mask`` or a bool tensor broadcastable to (B, H, T, S) (leaf modules)."""
+    if mask is None or isinstance(mask, Mask):
+        return mask
+    return Mask(as_bool(mask, "mask"))
+
+
+def make_mask(
+    attention_mask: Tensor | None,
+    attn_mask: Tensor | None,
+    batch: int,
+    t: int,
+    s: int,
+    causal: bool = False,
+    device: torch.device | None = None,
+) -> Mask | None:
+    """Combine padding, general and causal masks into one ``Mask``, or None for no mask.
+
+    Args:
+        attention_mask: (B, S) keys that are real tokens.
+        attn_mask: broadcastable to (B, T, S); True = query t may attend key s.
+        causal: also forbid attending to later positions (decoder self-attention).
+        device: where the mask should live (the activations' device).
+    """
+    allowed: Tensor | None = None
+    padding: Tensor | None = None
+    if attention_mask is not None:
+        padding = as_bool(attention_mask, "attention_mask").to(device)
+        if padding.shape != (batch, s):
+            raise ValueError(
+                f"attention_mask: expected shape (B, S) = ({batch}, {s}), "
+                f"got {tuple(padding.shape)}"
+            )
+        allowed = padding[:, None, None, :]  # (B, 1, 1, S)
+    if attn_mask is not None:
+        attn_mask = as_bool(attn_mask, "attn_mask").to(device)
+        if attn_mask.dim() == 2:
+            attn_mask = attn_mask[None]  # (1, T, S)
+        ok = attn_mask.dim() == 3 and all(
+            a in (1, b) for a, b in zip(attn_mask.shape, (batch, t, s), strict=True)
+        )
+        if not ok:
+            raise ValueError(
+                f"attn_mask: expected a shape broadcastable to (B, T, S) = ({batch}, {t}, {s}), "
+                f"got {tuple(attn_mask.shape)}"
+            )
+        general = attn_mask[:, None]  # (B|1, 1, T|1, S|1)
+        allowed = general if allowed is None else allowed & general
+    if causal:
+        future = causal_mask(t, s, device=device)[None, None]  # (1, 1, T, S)
+        allowed = future if allowed is None else allowed & future
+    if allowed is None:
+        return None
+    # Padding describes the queries too only when they are the keys' own positions.
+    return Mask(allowed, padding if t == s and not causal else None)

@@ -1,0 +1,1 @@
+"""Files a user keeps: written whole (atomic), locked, checkpointed; run directories."""

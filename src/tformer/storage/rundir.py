@@ -1,0 +1,180 @@
+"""A run directory: who may write in it, and keeping its log consistent with its checkpoint.
+
+    with open_run_dir(Path("runs/r"), resume=False):   # checks, creates, locks
+        ...                                             # train, save checkpoints
+
+A run directory is locked while a process trains in it: an OS file lock (flock) on
+``RUN/.tformer-run.lock``, which the kernel releases when the process ends however it
+ends, so a killed run never leaves a stale lock. The lock file also marks the folder as a
+tformer run: ``--out`` refuses any other non-empty directory and touches nothing in it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from tformer.storage.checkpoint import CHECKPOINTS, latest_checkpoint
+from tformer.storage.files import remove_temp_files, write_atomic
+from tformer.storage.locks import flock_or_explain
+
+LOCK_FILE = ".tformer-run.lock"
+# What a run writes at its top level (a run written before checkpoints were directories
+# had the checkpoint files here too).
+RUN_FILES = ("metrics.jsonl", "curves.png", "config.json", "model.safetensors",
+             "optimizer.safetensors", "trainer_state.json", "train_config.json",
+             # data runs (tformer.training): the tokenizer, labels, best weights, reports
+             "tokenizer.json", "data.json", "best.safetensors", "confusion.png", "modules.json")
+
+
+class RunLock:
+    """An exclusive flock on a run directory, held until release() or the process ends."""
+
+    def __init__(self, run_dir: Path) -> None:
+        path = run_dir / LOCK_FILE
+        try:
+            self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as e:
+            raise ValueError(f"out: cannot write in {run_dir} ({e.strerror})") from None
+        _flock_or_explain(self.fd, run_dir)
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # closing the descriptor releases the flock
+            self.fd = -1
+
+
+def _flock_or_explain(fd: int, run_dir: Path) -> None:
+    """Take the lock on `fd`, or close it and say who holds it."""
+    flock_or_explain(fd, f"out: {run_dir} is in use by another tformer process (pid {{pid}}); "
+                         "wait for it to finish or choose another --out")
+
+
+def check_unlocked(run_dir: str | Path) -> None:
+    """Refuse early (before reading its checkpoint, which the holder may be replacing) a run
+    directory another process trains in."""
+    path = Path(run_dir) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # no lock file: nobody trains there
+    _flock_or_explain(fd, Path(run_dir))
+    os.close(fd)
+
+
+def is_run_dir(path: Path) -> bool:
+    """True for a directory tformer train wrote (or began to write)."""
+    return ((path / LOCK_FILE).exists() or (path / CHECKPOINTS).is_dir()
+            or (path / "trainer_state.json").is_file())
+
+
+def check_out(run_dir: Path) -> None:
+    """Refuse an --out that is a file, or a non-empty directory that is not a tformer run."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise NotADirectoryError(f"out: {run_dir} is a file; expected a new, empty or run directory")
+    if run_dir.is_dir() and not is_run_dir(run_dir):
+        names = sorted(p.name for p in run_dir.iterdir())
+        if names:
+            shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+            raise ValueError(
+                f"out: {run_dir} is not empty and not a tformer run directory (holds {shown}); "
+                "expected a new or empty directory, so nothing of yours is overwritten"
+            )
+
+
+def open_run_dir(run_dir: Path, resume: bool) -> RunLock:
+    """Check, create and lock the run directory; for a fresh run, clear what an earlier
+    run that never completed a checkpoint left there. The caller holds the lock."""
+    if resume:
+        if not is_run_dir(run_dir):
+            raise ValueError(f"resume: {run_dir} is not a tformer run directory")
+    else:
+        check_out(run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"out: cannot create {run_dir} ({e.strerror})") from None
+    lock = RunLock(run_dir)
+    try:
+        if resume:
+            if (run_dir / CHECKPOINTS).is_dir():
+                remove_temp_files(run_dir / CHECKPOINTS)
+        elif latest_checkpoint(run_dir) is not None or (run_dir / "model.safetensors").exists():
+            raise ValueError(
+                f"out: {run_dir} already holds a checkpoint; resume it with --resume {run_dir} "
+                "or choose another --out"
+            )
+        else:  # a run whose first save never completed: start it again from nothing
+            kept = _results(run_dir)
+            if kept:
+                raise ValueError(
+                    f"out: {run_dir} holds results of an earlier run ({', '.join(kept)}) but no "
+                    "checkpoint to resume; move them away or choose another --out")
+            shutil.rmtree(run_dir / CHECKPOINTS, ignore_errors=True)
+            for name in RUN_FILES:
+                (run_dir / name).unlink(missing_ok=True)
+        remove_temp_files(run_dir)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def _results(run_dir: Path) -> list[str]:
+    """What a finished run keeps beyond its checkpoints: its test result and what is written
+    with it. A run killed before its first checkpoint has none of them (it starts again from
+    nothing); a finished one whose checkpoints were removed still has them."""
+    names = [n for n in ("curves.png", "confusion.png", "modules.json") if (run_dir / n).exists()]
+    if any(r.get("split") in ("test", "eval") for r in read_metrics(run_dir / "metrics.jsonl")):
+        names += ["metrics.jsonl"] + [n for n in ("best.safetensors",) if (run_dir / n).exists()]
+    return names
+
+
+def discard_unstarted(run_dir: Path) -> None:
+    """Remove a run directory this process created if it holds nothing but what a run writes
+    before its first step (the lock, the tokenizer, data.json): a bad data file leaves no
+    half-made run behind. Anything else in it, and it stays."""
+    names = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
+    if names <= {LOCK_FILE, "tokenizer.json", "data.json"}:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl; a line cut short by a crash is skipped."""
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            records.append(record)
+    return records
+
+
+def resume_metrics(path: Path, state: dict[str, Any], steps: int) -> dict[str, Any] | None:
+    """Make metrics.jsonl agree with the checkpoint being resumed (at ``state["step"]``):
+    drop the lines written after it. If the run had finished there (its test line is at that
+    step and it reached `steps` or stopped early), return that test record: nothing to do.
+    Otherwise the old test line goes too, since a new one will be written at the end."""
+    step = int(state["step"])
+    kept = [r for r in read_metrics(path) if r["step"] <= step]
+    tests = [r for r in kept if r.get("split") == "test" and r["step"] == step]
+    finished = bool(tests) and (step >= steps or state.get("stopped_by") == "early_stop")
+    if not finished:
+        kept = [r for r in kept if r.get("split") != "test"]
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+    return tests[-1] if finished else None

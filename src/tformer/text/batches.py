@@ -1,0 +1,131 @@
+"""Padded batches: the tensors a model is trained and evaluated on, for every source.
+
+Synthetic tasks and your own data build the same three batch types:
+
+    Seq2SeqBatch   src, src_mask, tgt_in, tgt_mask, labels   (encoder-decoder)
+    EncoderBatch   input_ids, attention_mask, labels, token_type_ids   (classifier, encoder)
+    PairBatch      anchor, positive, negative: EncoderBatches   (sentence embeddings)
+
+Torch-free until a batch is made: the ``*_arrays`` builders give NumPy batches (the NumPy
+reference trains on them), ``to_torch()`` the same values as tensors. Masks: True = real token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tformer.text.specials import PAD
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
+def pad_arrays(rows: list[list[int]], value: int = PAD) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pad id lists -> (ids (B, L) int64, mask (B, L) bool, True = real token)."""
+    width = max(len(r) for r in rows)
+    ids = np.full((len(rows), width), value, dtype=np.int64)  # (B, L)
+    mask = np.zeros((len(rows), width), dtype=bool)  # (B, L)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = r
+        mask[i, : len(r)] = True
+    return ids, mask
+
+
+def pad(rows: list[list[int]], value: int = PAD) -> tuple[Tensor, Tensor]:
+    """Right-pad id lists -> (ids (B, L) long, mask (B, L) bool) as torch tensors."""
+    import torch  # here, so that the NumPy side imports this module without torch
+
+    ids, mask = pad_arrays(rows, value)
+    return torch.from_numpy(ids), torch.from_numpy(mask)
+
+
+class _Batch:
+    def to_torch(self):
+        """The same batch with every NumPy array as a tensor (sharing memory)."""
+        import torch  # here, so that the NumPy side imports this module without torch
+
+        def convert(value: Any) -> Any:
+            if isinstance(value, np.ndarray):
+                return torch.from_numpy(value)
+            return value.to_torch() if isinstance(value, _Batch) else value
+
+        return type(self)(**{f.name: convert(getattr(self, f.name)) for f in dataclasses.fields(self)})
+
+
+@dataclass
+class Seq2SeqBatch(_Batch):
+    """Padded tensors for teacher-forced training (masks: True = real token).
+
+    src        (B, S) source ids + EOS
+    src_mask   (B, S)
+    tgt_in     (B, T) BOS + target ids: what the decoder reads
+    tgt_mask   (B, T)
+    labels     (B, T) target ids + EOS: what it must predict; PAD where padding
+    """
+
+    src: Tensor
+    src_mask: Tensor
+    tgt_in: Tensor
+    tgt_mask: Tensor
+    labels: Tensor
+
+    def n_tokens(self) -> int:
+        return int(self.src_mask.sum() + self.tgt_mask.sum())
+
+    def n_examples(self) -> int:
+        return len(self.src)
+
+
+@dataclass
+class EncoderBatch(_Batch):
+    """Encoder inputs: input_ids, attention_mask (B, S); labels (B,) or None;
+    token_type_ids (B, S) or None (segment A = 0, B = 1)."""
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    labels: Tensor | None = None
+    token_type_ids: Tensor | None = None
+
+    def n_tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+    def n_examples(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class PairBatch(_Batch):
+    """Embedding training: anchors and positives, row-aligned; hard negatives (of the rows
+    that have one) as extra candidates."""
+
+    anchor: EncoderBatch
+    positive: EncoderBatch
+    negative: EncoderBatch | None = None
+
+    def n_tokens(self) -> int:
+        return sum(b.n_tokens() for b in (self.anchor, self.positive, self.negative) if b is not None)
+
+    def n_examples(self) -> int:
+        return self.anchor.n_examples()
+
+
+def seq2seq_arrays(sources: list[list[int]], targets: list[list[int]], bos: int, eos: int,
+                   pad_id: int = PAD) -> Seq2SeqBatch:
+    """Source ids (EOS included) and target ids (no specials) -> a NumPy Seq2SeqBatch."""
+    src, src_mask = pad_arrays(sources, pad_id)
+    tgt_in, tgt_mask = pad_arrays([[bos] + t for t in targets], pad_id)
+    labels, _ = pad_arrays([t + [eos] for t in targets], pad_id)
+    return Seq2SeqBatch(src, src_mask, tgt_in, tgt_mask, labels)
+
+
+def encoder_arrays(ids: list[list[int]], pad_id: int = PAD, labels: list[int] | None = None,
+                   type_ids: list[list[int]] | None = None) -> EncoderBatch:
+    """Encoder id lists (specials included) -> a NumPy EncoderBatch."""
+    input_ids, mask = pad_arrays(ids, pad_id)
+    types = pad_arrays(type_ids, 0)[0] if type_ids is not None else None
+    label_array = np.array(labels, dtype=np.int64) if labels is not None else None  # (B,)
+    return EncoderBatch(input_ids, mask, label_array, types)

@@ -1,0 +1,297 @@
+"""Tokenization for BERT-format directories, with the ``tokenizers`` library.
+
+``load_tokenizer(DIR)`` reads ``tokenizer.json`` (or builds a WordPiece tokenizer from
+``vocab.txt``) and returns a callable that batches, pads to the longest text and truncates
+to the model's maximum length:
+
+    tok = load_tokenizer(DIR)
+    batch = tok(["a sentence", "another"])  # input_ids, attention_mask, token_type_ids: (B, S)
+
+The maximum length is the smallest of the model's position table (``config.json``) and
+sentence-transformers' ``max_seq_length``. Padding and truncation settings stored inside
+``tokenizer.json`` are switched off, not trusted: a file saved with ``truncation: 128`` or
+``padding: 512`` must not silently change what the model sees.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tformer.formats.st_layout import read_layout
+
+
+class Tokenizer:
+    """A ``tokenizers.Tokenizer`` with tformer's batching, padding and truncation rules."""
+
+    def __init__(
+        self,
+        backend: Any,
+        max_length: int | None,
+        pad_id: int = 0,
+        lowercase: bool = False,
+    ) -> None:
+        backend.no_padding()  # we pad ourselves, to the longest text in the batch
+        backend.no_truncation()  # we truncate ourselves, to max_length, and say so
+        self.backend, self.max_length = backend, max_length
+        self.pad_id, self.lowercase = pad_id, lowercase
+
+    def __call__(
+        self,
+        texts: str | Sequence[str],
+        text_pairs: Sequence[str] | None = None,
+        truncation: bool = True,
+        return_tensors: str = "pt",
+    ) -> dict[str, Any]:
+        """Tokenize a batch: pad to the longest, truncate to ``max_length`` with a warning.
+
+        With ``truncation=False`` a text longer than ``max_length`` raises ValueError.
+        ``return_tensors``: "pt" (torch int64) or "np" (numpy int64).
+
+        Shape:
+            returns input_ids, attention_mask (1 = real token), token_type_ids: each (B, S)
+        """
+        texts = self._check_texts("texts", texts)
+        if text_pairs is not None:
+            text_pairs = self._check_texts("text_pairs", text_pairs)
+            if len(text_pairs) != len(texts):
+                raise ValueError(
+                    f"text_pairs: expected {len(texts)} texts (one per text), got {len(text_pairs)}"
+                )
+        if return_tensors not in ("pt", "np"):
+            raise ValueError(f"return_tensors: expected 'pt' or 'np', got {return_tensors!r}")
+        inputs = texts if text_pairs is None else list(zip(texts, text_pairs, strict=True))
+        encodings = self.backend.encode_batch(inputs)
+        encodings = self._truncate(inputs, encodings, truncation)
+
+        s = max(len(e.ids) for e in encodings)
+        input_ids = np.full((len(encodings), s), self.pad_id, dtype=np.int64)  # (B, S)
+        attention_mask = np.zeros((len(encodings), s), dtype=np.int64)  # (B, S)
+        token_type_ids = np.zeros((len(encodings), s), dtype=np.int64)  # (B, S)
+        for b, e in enumerate(encodings):
+            n = len(e.ids)
+            input_ids[b, :n], attention_mask[b, :n], token_type_ids[b, :n] = e.ids, 1, e.type_ids
+        batch = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "token_type_ids": token_type_ids,
+        }
+        if return_tensors == "pt":
+            import torch
+
+            batch = {k: torch.from_numpy(v) for k, v in batch.items()}
+        return batch
+
+    def lengths(self, texts: str | Sequence[str]) -> list[int]:
+        """Token counts (special tokens included) before any truncation."""
+        return [len(e.ids) for e in self.backend.encode_batch(self._check_texts("texts", texts))]
+
+    def tokenize(self, text: str) -> list[str]:
+        """The tokens of one text, special tokens included, truncated to ``max_length``."""
+        ids = self([text], return_tensors="np")["input_ids"][0]
+        return self.convert_ids_to_tokens(ids)
+
+    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
+        return [self.backend.id_to_token(int(i)) or "[?]" for i in ids]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size()
+
+    @property
+    def bos_id(self) -> int | None:
+        """The id that starts a sequence: <s> (tformer's vocabularies) or [CLS] (BERT's)."""
+        return _first_id(self.backend, ("<s>", "[CLS]"))
+
+    @property
+    def eos_id(self) -> int | None:
+        """The id that ends a sequence: </s> or [SEP]."""
+        return _first_id(self.backend, ("</s>", "[SEP]"))
+
+    def pieces(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids without specials, each cut to max_length - 1 (room for EOS or BOS):
+        what an encoder-decoder reads and predicts."""
+        texts = self._check_texts("texts", texts)
+        cut = self.max_length - 1 if self.max_length is not None else None
+        return [e.ids[:cut] for e in self.backend.encode_batch(texts, add_special_tokens=False)]
+
+    def encode_inputs(self, texts: Sequence[str], pairs: Sequence[str | None] | None = None
+                      ) -> list[tuple[list[int], list[int]]]:
+        """(ids, token type ids) per text, with the tokenizer's own specials, cut to max_length
+        without a warning (training data). ``pairs[i]``: text i's second segment, or None:
+        each text is encoded on its own, whatever its neighbours hold."""
+        texts = self._check_texts("texts", texts)
+        if pairs is None:
+            inputs: list = texts
+        else:
+            if len(pairs) != len(texts):
+                raise ValueError(f"pairs: expected {len(texts)} (one per text), got {len(pairs)}")
+            pairs = [p.lower() if p is not None and self.lowercase else p for p in pairs]
+            inputs = [t if p is None else (t, p) for t, p in zip(texts, pairs, strict=True)]
+        if self.max_length is not None:
+            self.backend.enable_truncation(self.max_length)
+        try:
+            return [(e.ids, e.type_ids) for e in self.backend.encode_batch(inputs)]
+        finally:
+            self.backend.no_truncation()
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=True)
+
+    def _check_texts(self, name: str, texts: str | Sequence[str]) -> list[str]:
+        if isinstance(texts, str):
+            texts = [texts]
+        texts = list(texts)
+        if not texts:
+            raise ValueError(f"{name}: expected at least one text, got none")
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise TypeError(f"{name}[{i}]: expected a str, got {type(t).__name__}")
+        return [t.lower() for t in texts] if self.lowercase else texts
+
+    def check_lengths(self, lengths: Sequence[int], truncation: bool = True) -> list[int]:
+        """Indices of texts longer than ``max_length``: one warning, or ValueError if not truncating.
+
+        ``lengths``: token counts before truncation (see ``lengths``).
+        """
+        m = self.max_length
+        long = [i for i, n in enumerate(lengths) if m is not None and n > m]
+        if not long:
+            return long
+        if not truncation:
+            i = long[0]
+            raise ValueError(
+                f"texts[{i}]: expected at most {m} tokens (the model's maximum length), "
+                f"got {lengths[i]}; shorten it or allow truncation"
+            )
+        warnings.warn(
+            f"{len(long)} of {len(lengths)} texts are longer than the model's maximum length "
+            f"({m} tokens; the longest has {max(lengths[i] for i in long)}), so they were "
+            "truncated (truncation=False / --no-truncate raises instead)",
+            UserWarning,
+            stacklevel=4,
+        )
+        return long
+
+    def _truncate(self, inputs: list, encodings: list, truncation: bool) -> list:
+        """Re-encode, truncated, the texts longer than ``max_length`` (or raise)."""
+        long = self.check_lengths([len(e.ids) for e in encodings], truncation)
+        if not long:
+            return encodings
+        m = self.max_length
+        self.backend.enable_truncation(max_length=m)
+        try:
+            redone = self.backend.encode_batch([inputs[i] for i in long])
+        except Exception as e:  # tokenizers' own error, e.g. max_length below the special tokens
+            raise ValueError(f"max_length: cannot truncate to {m} tokens ({e})") from None
+        finally:
+            self.backend.no_truncation()
+        encodings = list(encodings)
+        for i, e in zip(long, redone, strict=True):
+            encodings[i] = e
+        return encodings
+
+
+def load_tokenizer(directory: str | Path, max_length: int | None = None) -> Tokenizer:
+    """The tokenizer of a BERT-format (or sentence-transformers) directory.
+
+    Reads ``tokenizer.json``, else ``vocab.txt`` (lowercasing as ``tokenizer_config.json``'s
+    ``do_lower_case`` says, default true). ``max_length`` may lower the model's limit, never
+    raise it past the position table.
+    """
+    layout = read_layout(directory)
+    model_dir = layout.model_dir
+    limit = _model_max_length(model_dir)
+    if layout.max_seq_length is not None:
+        limit = layout.max_seq_length if limit is None else min(limit, layout.max_seq_length)
+    if max_length is not None:
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
+            raise ValueError(f"max_length: expected an int >= 2, got {max_length!r}")
+        if limit is not None and max_length > limit:
+            raise ValueError(
+                f"max_length: expected at most {limit} (the model's maximum length), got {max_length}"
+            )
+        limit = max_length
+
+    from tokenizers import Tokenizer as Backend
+
+    tokenizer_json = _find(model_dir, Path(directory), "tokenizer.json")
+    vocab_txt = _find(model_dir, Path(directory), "vocab.txt")
+    if tokenizer_json is not None:
+        try:
+            backend = Backend.from_file(str(tokenizer_json))
+        except Exception as e:
+            raise ValueError(f"{tokenizer_json}: not a tokenizers file ({e})") from None
+    elif vocab_txt is not None:
+        from tokenizers import BertWordPieceTokenizer
+
+        lowercase = _tokenizer_config(model_dir).get("do_lower_case", True)
+        with vocab_txt.open(encoding="utf-8", errors="replace") as f:
+            tokens = {line.strip() for line in f}
+        missing = [t for t in ("[CLS]", "[SEP]") if t not in tokens]
+        if missing:  # (the tokenizers library would say only "sep_token not found")
+            raise ValueError(f"{vocab_txt}: expected a WordPiece vocabulary (one token per line, "
+                             f"with {', '.join(missing)}), got "
+                             + ("an empty file" if not tokens - {""} else "none of those"))
+        backend = BertWordPieceTokenizer(str(vocab_txt), lowercase=bool(lowercase))._tokenizer
+    else:
+        raise FileNotFoundError(
+            f"{model_dir / 'tokenizer.json'}: no such file (nor vocab.txt); "
+            "the model directory needs a tokenizer"
+        )
+    return Tokenizer(backend, limit, pad_id_of(backend), lowercase=layout.do_lower_case)
+
+
+def _model_max_length(model_dir: Path) -> int | None:
+    """The position table's length from config.json (BERT or tformer format), if any."""
+    path = model_dir / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if "max_position_embeddings" in config:
+        return int(config["max_position_embeddings"])
+    if config.get("positional") == "learned" and "max_len" in config:
+        return int(config["max_len"])
+    return None
+
+
+def _tokenizer_config(model_dir: Path) -> dict[str, Any]:
+    path = model_dir / "tokenizer_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _first_id(backend: Any, tokens: Sequence[str]) -> int | None:
+    for token in tokens:
+        i = backend.token_to_id(token)
+        if i is not None:
+            return int(i)
+    return None
+
+
+def pad_id_of(backend: Any) -> int:
+    """<pad>'s or [PAD]'s id; else the pad id tokenizer.json names; else 0 (masked out either way)."""
+    pad = _first_id(backend, ("<pad>", "[PAD]"))
+    if pad is None and backend.padding:
+        pad = backend.padding.get("pad_id")
+    return int(pad or 0)
+
+
+def _find(model_dir: Path, root: Path, name: str) -> Path | None:
+    for folder in (model_dir, root):
+        if (folder / name).is_file():
+            return folder / name
+    return None

@@ -1,0 +1,1 @@
+"""Pictures: attention maps, positional encodings, curves (matplotlib), and the attention page."""

@@ -1,0 +1,151 @@
+"""Pictures: attention maps (layers x heads, tokens on the axes) and the sinusoidal encoding.
+
+    fig = plot_attention(attentions, tokens)            # one example: (L, H, S, S)
+    fig = plot_attention(attentions, tokens, layer=3)   # one row: that layer's heads
+    fig.savefig("attn.png")
+
+Figures are built with matplotlib's Agg backend (no display needed) and returned, so
+callers (and tests) can inspect the panels: ``fig.axes`` holds one Axes per heatmap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PANEL_INCHES = 2.6  # side of one heatmap
+DPI = 100
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)  # a headless backend unless the caller chose one
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _as_array(x: Any) -> np.ndarray:
+    if hasattr(x, "detach"):  # a torch tensor
+        x = x.detach().cpu().float().numpy()
+    return np.asarray(x)
+
+
+def attention_stack(attentions: Any, example: int = 0) -> np.ndarray:
+    """A model's ``attentions`` (n_layers x (B, H, S, S)) or an (L, H, S, S) array -> (L, H, S, S)."""
+    if isinstance(attentions, (list, tuple)):
+        layers = [_as_array(a) for a in attentions]
+        if layers and layers[0].ndim == 4:  # (B, H, S, S) per layer: pick one example
+            layers = [a[example] for a in layers]
+        attentions = np.stack(layers)  # (L, H, S, S)
+    a = _as_array(attentions)
+    if a.ndim != 4 or a.shape[-1] != a.shape[-2]:
+        raise ValueError(f"attentions: expected shape (L, H, S, S), got {a.shape}")
+    return a
+
+
+def plot_attention(
+    attentions: Any,
+    tokens: Sequence[str],
+    layer: int | None = None,
+    head: int | None = None,
+    title: str | None = None,
+):
+    """A grid of heatmaps: one row per layer, one column per head (query rows, key columns).
+
+    ``layer`` keeps one row, ``head`` one column, both one map.
+
+    Shape:
+        attentions: (L, H, S, S), or the model's tuple of L x (B, H, S, S) (example 0)
+        tokens: S strings
+    """
+    a = attention_stack(attentions)  # (L, H, S, S)
+    n_layers, n_heads, s, _ = a.shape
+    if len(tokens) != s:
+        raise ValueError(f"tokens: expected {s} (the attention length), got {len(tokens)}")
+    layers = _select("layer", layer, n_layers)
+    heads = _select("head", head, n_heads)
+
+    plt = _pyplot()
+    rows, cols = len(layers), len(heads)
+    side = PANEL_INCHES * max(1.0, s / 12)  # long texts get bigger panels
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * side, rows * side), dpi=DPI, squeeze=False)
+    font = max(4.0, min(9.0, 140 / max(s, 1)))
+    for r, li in enumerate(layers):
+        for c, hi in enumerate(heads):
+            ax = axes[r, c]
+            ax.imshow(a[li, hi], cmap="viridis", vmin=0.0, aspect="equal")
+            ax.set_title(f"layer {li} head {hi}", fontsize=9)
+            ax.set_xticks(range(s))
+            ax.set_yticks(range(s))
+            # Key tokens below the bottom row, query tokens left of the first column.
+            ax.set_xticklabels(tokens if r == rows - 1 else [], rotation=90, fontsize=font)
+            ax.set_yticklabels(tokens if c == 0 else [], fontsize=font)
+            if r == rows - 1:
+                ax.set_xlabel("key")
+            if c == 0:
+                ax.set_ylabel("query")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_positions(d_model: int = 128, max_len: int = 100):
+    """The sinusoidal encoding of Vaswani et al. 2017, §3.5: the (positions x dims) table,
+    and a few dimensions as curves (each pair of dims is one frequency)."""
+    from tformer.reference.positional import sinusoidal_table
+
+    for name, value in (("d_model", d_model), ("max_len", max_len)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name}: expected a positive int, got {value!r}")
+    table = sinusoidal_table(max_len, d_model)  # (max_len, D)
+    plt = _pyplot()
+    fig, (heat, curves) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=DPI)
+    im = heat.imshow(table, cmap="RdBu", vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
+    heat.set_xlabel("dimension")
+    heat.set_ylabel("position")
+    heat.set_title(f"sinusoidal positional encoding (d_model={d_model})")
+    fig.colorbar(im, ax=heat)
+    for dim in sorted(d for d in {0, 1, d_model // 8, d_model // 4, d_model // 2} if d < d_model):
+        curves.plot(table[:, dim], label=f"dim {dim}")
+    curves.set_xlabel("position")
+    curves.set_ylabel("value")
+    curves.set_title("a few dimensions: lower ones oscillate faster")
+    curves.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def save_figure(fig, path: str | Path) -> Path:
+    """Write a PNG atomically (creating folders) and free the figure."""
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        raise ValueError(f"path: expected a .png file name, got {str(path)!r}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    import io
+
+    from tformer.storage.files import write_atomic
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)
+    _pyplot().close(fig)
+    write_atomic(path, buffer.getvalue())  # a crash or full disk keeps any previous file
+    return path
+
+
+def subplots(*args, **kwargs):
+    """matplotlib's subplots on a headless backend (unless the caller chose one)."""
+    return _pyplot().subplots(*args, **kwargs)
+
+
+def _select(name: str, index: int | None, n: int) -> list[int]:
+    if index is None:
+        return list(range(n))
+    if isinstance(index, bool) or not isinstance(index, int) or not -n <= index < n:
+        raise ValueError(f"{name}: expected an index in [0, {n}), got {index!r}")
+    return [index % n]

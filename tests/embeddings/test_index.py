@@ -1,0 +1,92 @@
+"""tformer.embeddings.index: a running top-k equals ranking the whole matrix; an index is one unit."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tformer.embeddings.index import TopK, chunks, unit
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 60), q=st.integers(1, 4), k=st.integers(1, 10), block=st.integers(1, 17),
+       seed=st.integers(0, 1000), ties=st.booleans())
+def test_running_top_k_equals_a_stable_sort_of_the_full_matrix(n, q, k, block, seed, ties):
+    rng = np.random.default_rng(seed)
+    corpus = rng.standard_normal((n, 8)).astype(np.float32)
+    if ties:
+        corpus[n // 2 :] = corpus[: n - n // 2]  # duplicated rows: equal scores
+    queries = rng.standard_normal((q, 8)).astype(np.float32)
+    best = TopK(queries, k)
+    for first in range(0, n, block):
+        best.add(corpus[first : first + block], first)
+    scores, rows = best.result()
+    full = unit(queries) @ unit(corpus).T  # (Q, N)
+    for i in range(q):
+        expected = np.argsort(-full[i], kind="stable")[: min(k, n)]
+        np.testing.assert_allclose(scores[i], full[i, expected], atol=1e-6)
+        np.testing.assert_allclose(full[i, rows[i]], full[i, expected], atol=1e-6)
+
+
+def test_chunks_keep_order_and_sizes():
+    assert [len(c) for c in chunks(range(10), 4)] == [4, 4, 2]
+    assert [x for c in chunks(iter(range(10)), 3) for x in c] == list(range(10))
+
+
+def test_top_k_memory_does_not_depend_on_the_corpus():
+    best = TopK(np.ones((2, 4), np.float32), 3)
+    for first in range(0, 10_000, 1000):
+        best.add(np.ones((1000, 4), np.float32), first)
+        assert best.scores.shape == (2, 3)
+    assert best.rows[0].tolist() == [0, 1, 2]  # ties: the earliest rows
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".jsonl"])
+def test_embed_output_resumes_and_publishes_atomically(tmp_path, suffix):
+    from tformer.embeddings.output import open_output
+    from tformer.storage import files
+
+    out = tmp_path / f"e{suffix}"
+    out.write_bytes(b"old file")
+    identity = {"n": 6, "dim": 2, "model": "m"}
+    rows = np.arange(12, dtype=np.float32).reshape(6, 2)
+    texts = [f"t{i}" for i in range(6)]
+    calls = []
+
+    def full_disk(what):
+        calls.append(what)
+        if len(calls) == 4:  # the second chunk (each: rows, then its progress record)
+            raise OSError(28, "No space left on device")
+
+    files.fault_hook = full_disk
+    try:
+        with pytest.raises(OSError), open_output(out, identity) as w:
+            for i in range(0, 6, 2):
+                w.write(texts[i : i + 2], rows[i : i + 2])
+    finally:
+        files.fault_hook = None
+    assert out.read_bytes() == b"old file"  # untouched until the new one is complete
+    with open_output(out, identity) as w:
+        assert w.done == 2  # the first chunk was recorded, then the disk was full
+        for i in range(w.done, 6, 2):
+            w.write(texts[i : i + 2], rows[i : i + 2])
+    if suffix == ".npy":
+        np.testing.assert_array_equal(np.load(out), rows)
+    else:
+        import json
+
+        got = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [g["text"] for g in got] == texts
+        np.testing.assert_array_equal([g["embedding"] for g in got], rows)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+
+
+def test_index_build_refuses_a_path_that_is_not_an_index(tmp_path):
+    from tformer.embeddings.index import build_index
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    (tmp_path / "c.txt").write_text("a\nb\n")
+    with pytest.raises(ValueError, match=r"exists and is not a tformer index"):
+        build_index(None, tmp_path, tmp_path / "c.txt", tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "mine"

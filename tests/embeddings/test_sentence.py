@@ -1,0 +1,170 @@
+"""tformer.embeddings.sentence: pooled (and normalised) embeddings equal to pooling transformers' output."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from helpers import assert_close
+from hf_bert_fixtures import SENTENCES, bert_dir, copy_dir, load_hf, st_dir
+
+import tformer
+from tformer.embeddings.sentence import SentenceEncoder
+from tformer.text.tokenizer import load_tokenizer
+
+
+def _hf_embeddings(directory, modes, normalize):
+    """sentence-transformers' recipe, written out on transformers' BertModel output."""
+    batch = load_tokenizer(directory)(SENTENCES)
+    with torch.no_grad():
+        h = load_hf(directory, eager=False)(**batch).last_hidden_state  # (B, S, D)
+    m = batch["attention_mask"].unsqueeze(-1).float()  # (B, S, 1)
+    parts = {
+        "cls": h[:, 0],
+        "max": torch.where(m.bool(), h, torch.tensor(-1e9)).max(dim=1).values,
+        "mean": (h * m).sum(1) / m.sum(1),
+    }
+    emb = torch.cat([parts[k] for k in modes], dim=-1)
+    if normalize:
+        emb = emb / emb.norm(dim=-1, keepdim=True)
+    return emb.numpy()
+
+
+@pytest.mark.parametrize(
+    "pooling, normalize", [("mean", True), ("cls", False), ("max", False), ("max", True)]
+)
+def test_matches_pooled_transformers_output(pooling, normalize):
+    st = SentenceEncoder.from_pretrained(st_dir(pooling, normalize))
+    assert (st.pooling, st.normalize) == ((pooling,), normalize)
+    emb = st.encode(SENTENCES, batch_size=2)  # several batches, sorted by length inside
+    assert emb.shape == (len(SENTENCES), 32) and emb.dtype == np.float32
+    expected = _hf_embeddings(st_dir(pooling, normalize), [pooling], normalize)
+    assert_close(emb, expected, what=f"{pooling} pooling")
+    if normalize:
+        np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-6)
+
+
+def test_plain_bert_directory_means_without_normalising():
+    st = tformer.SentenceEncoder.from_pretrained(bert_dir())
+    assert (st.pooling, st.normalize) == (("mean",), False)
+    assert_close(st.encode(SENTENCES), _hf_embeddings(bert_dir(), ["mean"], False))
+
+
+def test_batching_and_order_do_not_change_results():
+    st = SentenceEncoder.from_pretrained(st_dir())
+    one = np.stack([st.encode([t])[0] for t in SENTENCES])
+    assert_close(st.encode(SENTENCES, batch_size=32), one, what="batch of 5 vs 5 batches of 1")
+    assert_close(st.encode(SENTENCES[::-1], batch_size=3)[::-1], one, what="reversed input")
+
+
+def test_normalize_argument_overrides_the_directory():
+    st = SentenceEncoder.from_pretrained(st_dir())
+    raw = st.encode(SENTENCES, normalize=False)
+    assert not np.allclose(np.linalg.norm(raw, axis=1), 1.0)
+    assert_close(raw / np.linalg.norm(raw, axis=1, keepdims=True), st.encode(SENTENCES))
+
+
+def test_concatenated_poolings(tmp_path):
+    d = copy_dir(st_dir(), tmp_path / "st")
+    cfg = json.loads((d / "1_Pooling" / "config.json").read_text())
+    cfg.update(pooling_mode_cls_token=True, pooling_mode_max_tokens=True)
+    (d / "1_Pooling" / "config.json").write_text(json.dumps(cfg))
+    st = SentenceEncoder.from_pretrained(d)
+    assert st.pooling == ("cls", "max", "mean") and st.dim == 96
+    assert_close(st.encode(SENTENCES), _hf_embeddings(d, ["cls", "max", "mean"], True))
+
+
+def test_long_texts_warn_once_or_raise():
+    st = SentenceEncoder.from_pretrained(st_dir())  # max_seq_length 16
+    long = " ".join(["cat"] * 40)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        emb = st.encode([long, "a dog", long], batch_size=1)
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and "2 of 3 texts" in messages[0] and "(16 tokens" in messages[0]
+    assert_close(emb[0], st.encode([" ".join(["cat"] * 14)])[0], what="truncated = 16 tokens")
+    with pytest.raises(ValueError, match=r"texts\[2\]: expected at most 16 tokens .* got 42"):
+        st.encode(["a", "b", long], truncation=False)
+
+
+def test_progress_bar(capsys):
+    st = SentenceEncoder.from_pretrained(st_dir())
+    st.encode(SENTENCES, batch_size=1, show_progress=False)
+    assert "text" not in capsys.readouterr().err
+    st.encode(SENTENCES, batch_size=1, show_progress=True)
+    assert "5/5" in capsys.readouterr().err
+
+
+def test_edge_cases():
+    st = SentenceEncoder.from_pretrained(st_dir())
+    assert st.encode([]).shape == (0, 32)
+    assert st.encode("a dog").shape == (1, 32)
+    with pytest.raises(ValueError, match="batch_size: expected a positive int, got 0"):
+        st.encode(SENTENCES, batch_size=0)
+    with pytest.raises(TypeError, match=r"texts\[0\]: expected a str, got NoneType"):
+        st.encode([None])
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (
+            lambda d: _set_json(d / "1_Pooling" / "config.json", pooling_mode_lasttoken=True),
+            r"1_Pooling/config\.json: pooling_mode_lasttoken is not supported",
+        ),
+        (
+            lambda d: _set_json(d / "1_Pooling" / "config.json", pooling_mode_mean_tokens=False),
+            r"1_Pooling/config\.json: expected one of .* to be true, got none",
+        ),
+        (
+            lambda d: (d / "modules.json").write_text(
+                json.dumps(
+                    [
+                        {"idx": 0, "path": "", "type": "sentence_transformers.models.Transformer"},
+                        {"idx": 1, "path": "2_Dense", "type": "sentence_transformers.models.Dense"},
+                    ]
+                )
+            ),
+            r"modules\.json: module type 'sentence_transformers\.models\.Dense' is not supported",
+        ),
+        (
+            lambda d: _set_json(d / "sentence_bert_config.json", max_seq_length=0),
+            r"sentence_bert_config\.json: max_seq_length: expected a positive int, got 0",
+        ),
+    ],
+)
+def test_bad_sentence_transformers_layouts(tmp_path, edit, message):
+    d = copy_dir(st_dir(), tmp_path / "st")
+    edit(d)
+    with pytest.raises(ValueError, match=message):
+        SentenceEncoder.from_pretrained(d)
+
+
+def _set_json(path, **changes):
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+def test_transformer_module_in_a_subfolder(tmp_path):
+    """Older sentence-transformers folders keep the BERT in e.g. 0_BERT/."""
+    d = copy_dir(st_dir(), tmp_path / "st")
+    (d / "0_BERT").mkdir()
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "vocab.txt",
+        "tokenizer_config.json",
+        "sentence_bert_config.json",
+    ):
+        (d / name).rename(d / "0_BERT" / name)
+    modules = json.loads((d / "modules.json").read_text())
+    modules[0]["path"] = "0_BERT"
+    (d / "modules.json").write_text(json.dumps(modules))
+    st = SentenceEncoder.from_pretrained(d)
+    assert st.tokenizer.max_length == 16
+    assert_close(st.encode(SENTENCES), SentenceEncoder.from_pretrained(st_dir()).encode(SENTENCES))

@@ -1,0 +1,68 @@
+"""`tformer export --onnx`: onnxruntime against tformer at three shapes (max abs <= 1e-4, float32)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+
+import numpy as np
+import pytest
+import torch
+from hf_bert_fixtures import bert_dir, st_dir
+
+from tformer.cli import main
+from tformer.export.onnx import TOLERANCE, example_inputs, graph_for
+
+ort = pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
+
+
+def _export(tmp_path, directory, capsys):
+    out = tmp_path / "model.onnx"
+    assert main(["export", str(directory), "--onnx", str(out)]) == 0
+    assert "max abs diff" in capsys.readouterr().err
+    return out
+
+
+@pytest.mark.parametrize("kind", ["bert", "sentence-transformers"])
+def test_onnx_export_matches_tformer_at_three_shapes(tmp_path, capsys, kind):
+    directory = bert_dir() if kind == "bert" else st_dir("mean", True)
+    out = _export(tmp_path, directory, capsys)
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o666 & ~_umask()  # follows the umask
+    graph = graph_for(directory)
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == graph.input_names
+    assert session.get_outputs()[0].name == graph.output_name
+    for b, s in [(1, 3), (4, 11), (7, 30)]:
+        inputs = example_inputs(graph, b, s, seed=s)
+        with torch.no_grad():
+            expected = graph(**inputs).numpy()
+        (got,) = session.run(None, {k: v.numpy() for k, v in inputs.items()})
+        assert got.shape == expected.shape
+        diff = float(np.abs(got - expected).max())
+        assert diff <= TOLERANCE, f"({b}, {s}): max abs diff {diff:.3e} > {TOLERANCE}"
+    if kind == "sentence-transformers":
+        assert got.shape == (7, graph.encoder.config.d_model)
+        np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+
+
+def test_onnx_export_errors_are_one_line(tmp_path, capsys):
+    rc = main(["export", str(bert_dir()), "--onnx", str(tmp_path / "missing" / "m.onnx")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "does not exist" in err
+    rc = main(["export", str(tmp_path / "nope"), "--onnx", str(tmp_path / "m.onnx")])
+    assert rc == 2 and "no such model directory" in capsys.readouterr().err
+
+
+def test_missing_extra_names_it(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "onnxscript", None)  # import onnxscript now fails
+    rc = main(["export", str(bert_dir()), "--onnx", str(tmp_path / "m.onnx")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "pip install 'tformer[onnx]'" in err and err.count("\n") == 1
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -1,0 +1,123 @@
+"""Measured kernel choices: the fastest candidate wins (never a slower one by more than the
+noise), decisions survive in a cache file that two processes share, and a corrupt file is
+measured again."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tformer.kernels import autotune
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFORMER_CACHE_DIR", str(tmp_path / "cache"))
+    autotune._memory.clear()
+    yield
+    autotune._memory.clear()
+
+
+def _fake(seconds):
+    """Candidates whose 'time' is given, measured by a fake clock: no timing noise in tests."""
+    calls = {n: 0 for n in seconds}
+    return ({n: (lambda n=n: calls.__setitem__(n, calls[n] + 1) or n) for n in seconds},
+            lambda call: seconds[call()], calls)
+
+
+def test_the_fastest_candidate_is_chosen_and_a_tie_keeps_the_default():
+    candidates, measure, _ = _fake({"default": 1.0, "fast": 0.5, "slow": 2.0})
+    assert autotune.choose("k", "s", candidates, measure) == "fast"
+    candidates, measure, _ = _fake({"default": 1.0, "within-noise": 0.97})
+    assert autotune.choose("k", "t", candidates, measure) == "default"
+
+
+def test_a_decision_is_measured_once_then_read_from_the_cache_file():
+    candidates, measure, calls = _fake({"a": 2.0, "b": 1.0})
+    assert autotune.choose("k", "s", candidates, measure) == "b"
+    measured = dict(calls)
+    autotune._memory.clear()  # a new process: only the file remains
+    assert autotune.choose("k", "s", candidates, measure) == "b"
+    assert calls == measured  # nothing measured again
+    saved = json.loads(autotune.cache_path().read_text())
+    assert [v["choice"] for v in saved.values()] == ["b"]
+
+
+def test_a_corrupt_cache_file_is_measured_again_and_rewritten():
+    autotune.cache_path().parent.mkdir(parents=True)
+    autotune.cache_path().write_text('{"half a json')
+    candidates, measure, _ = _fake({"a": 2.0, "b": 1.0})
+    assert autotune.choose("k", "s", candidates, measure) == "b"
+    assert json.loads(autotune.cache_path().read_text())  # valid again
+
+
+def test_a_damaged_cache_entry_is_measured_again():
+    """Valid JSON, but an entry without its seconds (edited by hand, or by an older version):
+    measured again, never a KeyError in whoever reads the decision."""
+    autotune.cache_path().parent.mkdir(parents=True)
+    key = f"{autotune.machine_key()} | k | s"
+    autotune.cache_path().write_text(json.dumps({key: {"choice": "a"}}))
+    candidates, measure, calls = _fake({"a": 2.0, "b": 1.0})
+    decision = autotune.recall("k", "s", lambda: autotune.decide(candidates, measure), {"a", "b"})
+    assert decision["choice"] == "b" and set(decision["seconds"]) == {"a", "b"} and calls["b"] > 0
+
+
+def test_this_machines_decisions_of_an_older_version_are_dropped(monkeypatch):
+    """A new VERSION measures again; the old decisions of this machine leave the file when the
+    first new one is written; other machines' and other thread counts' stay."""
+    autotune.cache_path().parent.mkdir(parents=True)
+    old = f"{autotune._machine()} | v{autotune.VERSION - 1} | k | s"
+    unversioned = f"{autotune._machine()} | k | s"  # before keys carried a version
+    other = f"Another CPU | torch 0 | 2 threads | v{autotune.VERSION - 1} | k | s"
+    entry = {"choice": "a", "seconds": {"a": 1.0, "b": 2.0}}
+    autotune.cache_path().write_text(json.dumps({old: entry, unversioned: entry, other: entry}))
+    candidates, measure, _ = _fake({"a": 2.0, "b": 1.0})
+    assert autotune.choose("k", "s", candidates, measure) == "b"  # measured again
+    saved = json.loads(autotune.cache_path().read_text())
+    assert set(saved) == {other, f"{autotune.machine_key()} | k | s"}
+
+
+def test_two_processes_add_their_decisions_to_one_cache_file(tmp_path):
+    script = (
+        "import sys; from tformer.kernels import autotune\n"
+        "for i in range(20):\n"
+        "    autotune.choose('k', f'{sys.argv[1]}-{i}', {'a': lambda: None, 'b': lambda: None},\n"
+        "                    lambda call: 1.0)\n"
+    )
+    env = {"TFORMER_CACHE_DIR": str(autotune.cache_path().parent), "PATH": ""}
+    procs = [subprocess.Popen([sys.executable, "-c", script, name], env=env) for name in ("p", "q")]
+    assert all(p.wait(timeout=120) == 0 for p in procs)
+    saved = json.loads(autotune.cache_path().read_text())
+    assert len(saved) == 40  # no decision lost to the other process's write
+
+
+def test_a_real_choice_is_never_slower_than_a_forced_remeasurement_beyond_the_noise():
+    import torch
+
+    x = torch.randn(256, 256)
+    candidates = {"matmul": lambda: x @ x, "einsum": lambda: torch.einsum("ij,jk->ik", x, x)}
+    chosen = autotune.choose("test-matmul", "256", candidates)
+    again = autotune.decide(candidates, autotune._time_once)["seconds"]
+    assert again[chosen] <= min(again.values()) * 3  # the same kernel class: only noise between
+
+
+def test_a_training_step_measures_its_linear_kernels_once_and_info_shows_them(capsys, tmp_path):
+    import torch
+
+    from tformer import kernels
+    from tformer.cli import main
+
+    layer = torch.nn.Linear(24, 40)
+    x = torch.randn(3, 7, 24, requires_grad=True)
+    kernels.linear(x, layer).sum().backward()
+    lines = autotune.summary()
+    assert any(line.startswith("linear-train | 24x40/32/float32: ") for line in lines), lines
+    before = dict(autotune.decisions())
+    kernels.linear(x, layer).sum().backward()  # the same shape class: no new measurement
+    assert autotune.decisions() == before
+    from tformer import TransformerConfig
+
+    TransformerConfig(d_model=16, n_heads=2, d_ff=32, n_layers=1).save(tmp_path / "c.json")
+    assert main(["info", str(tmp_path / "c.json")]) == 0
+    assert "linear-train | 24x40/32/float32" in capsys.readouterr().out

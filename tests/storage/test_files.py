@@ -1,0 +1,28 @@
+import os
+
+import pytest
+
+from tformer import TransformerConfig
+from tformer.storage.files import write_atomic
+
+
+def test_failed_write_keeps_the_previous_file(tmp_path, monkeypatch):
+    path = tmp_path / "model.safetensors"
+    write_atomic(path, b"old")
+
+    def boom(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError, match="disk full"):
+        write_atomic(path, b"new")
+    assert path.read_bytes() == b"old" and os.listdir(tmp_path) == ["model.safetensors"]
+
+
+def test_failed_config_save_keeps_the_previous_config(tmp_path, monkeypatch):
+    path = tmp_path / "config.json"
+    TransformerConfig(d_model=64, n_heads=4).save(path)
+    monkeypatch.setattr(os, "replace", lambda src, dst: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):
+        TransformerConfig(d_model=128, n_heads=4).save(path)
+    assert TransformerConfig.load(path).d_model == 64

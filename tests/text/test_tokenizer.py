@@ -1,0 +1,133 @@
+"""tformer.text.tokenizer: batching, padding, truncation, and tokenizer.json settings ignored."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from hf_bert_fixtures import (
+    MAX_POSITIONS,
+    PAIR_SENTENCES,
+    SENTENCES,
+    ST_MAX_SEQ_LENGTH,
+    bert_dir,
+    copy_dir,
+    st_dir,
+)
+
+from tformer.text.tokenizer import load_tokenizer
+
+
+def _hf_tokenizer(directory):
+    from transformers import BertTokenizerFast
+
+    return BertTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"))
+
+
+def test_matches_transformers_tokenizer_on_a_padded_batch():
+    tok = load_tokenizer(bert_dir())
+    ours = tok(SENTENCES)
+    theirs = _hf_tokenizer(bert_dir())(
+        SENTENCES,
+        padding="longest",
+        truncation=True,
+        max_length=MAX_POSITIONS,
+        return_tensors="pt",
+    )
+    for key in ("input_ids", "attention_mask", "token_type_ids"):
+        assert ours[key].dtype == torch.int64
+        assert torch.equal(ours[key], theirs[key]), key
+
+
+def test_pads_to_the_longest_text_not_to_the_tokenizer_json_length():
+    tok = load_tokenizer(bert_dir())
+    batch = tok(["a dog", "the cat"], return_tensors="np")
+    assert isinstance(batch["input_ids"], np.ndarray)
+    # tokenizer.json says pad to 40 and truncate to 8: both ignored.
+    assert batch["input_ids"].shape == (2, 4)
+    long = " ".join(["cat"] * 20)
+    assert tok([long])["input_ids"].shape == (1, 22)
+
+
+def test_pairs_get_token_type_ids():
+    tok = load_tokenizer(bert_dir())
+    first, second = zip(*PAIR_SENTENCES, strict=True)
+    ours = tok(list(first), list(second))
+    theirs = _hf_tokenizer(bert_dir())(list(first), list(second), padding=True, return_tensors="pt")
+    for key in ("input_ids", "attention_mask", "token_type_ids"):
+        assert torch.equal(ours[key], theirs[key]), key
+    assert ours["token_type_ids"].max() == 1
+
+
+def test_truncates_to_model_max_positions_with_a_warning():
+    tok = load_tokenizer(bert_dir())
+    assert tok.max_length == MAX_POSITIONS
+    long = " ".join(["cat"] * 100)
+    with pytest.warns(UserWarning, match=r"1 of 2 texts .* \(64 tokens; the longest has 102\)"):
+        batch = tok([long, "a dog"])
+    assert batch["input_ids"].shape == (2, MAX_POSITIONS)
+    assert tok.convert_ids_to_tokens(batch["input_ids"][0, [0, -1]]) == ["[CLS]", "[SEP]"]
+
+
+def test_no_truncation_raises_naming_the_text():
+    tok = load_tokenizer(bert_dir())
+    long = " ".join(["cat"] * 100)
+    with pytest.raises(ValueError, match=r"texts\[1\]: expected at most 64 tokens .* got 102"):
+        tok(["a dog", long], truncation=False)
+
+
+def test_short_texts_do_not_warn():
+    tok = load_tokenizer(bert_dir())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tok(SENTENCES)
+
+
+def test_sentence_transformers_max_seq_length_wins_when_smaller():
+    tok = load_tokenizer(st_dir())
+    assert tok.max_length == ST_MAX_SEQ_LENGTH
+    with pytest.warns(UserWarning):
+        assert tok([" ".join(["cat"] * 30)])["input_ids"].shape == (1, ST_MAX_SEQ_LENGTH)
+
+
+def test_max_length_argument_lowers_never_raises(tmp_path):
+    assert load_tokenizer(bert_dir(), max_length=10).max_length == 10
+    with pytest.raises(ValueError, match=r"max_length: expected at most 64 .* got 100"):
+        load_tokenizer(bert_dir(), max_length=100)
+
+
+def test_vocab_txt_only(tmp_path):
+    d = copy_dir(bert_dir(), tmp_path / "m")
+    (d / "tokenizer.json").unlink()
+    ours = load_tokenizer(d)(SENTENCES)
+    ref = load_tokenizer(bert_dir())(SENTENCES)
+    assert torch.equal(ours["input_ids"], ref["input_ids"])
+    assert load_tokenizer(d)(["The CAT"])["input_ids"].tolist() == [[2, 5, 8, 3]]
+
+
+def test_missing_tokenizer_names_the_file(tmp_path):
+    d = copy_dir(bert_dir(), tmp_path / "m")
+    (d / "tokenizer.json").unlink()
+    (d / "vocab.txt").unlink()
+    with pytest.raises(FileNotFoundError, match=r"tokenizer\.json: no such file \(nor vocab\.txt\)"):
+        load_tokenizer(d)
+
+
+def test_bad_inputs():
+    tok = load_tokenizer(bert_dir())
+    with pytest.raises(ValueError, match="texts: expected at least one text"):
+        tok([])
+    with pytest.raises(TypeError, match=r"texts\[1\]: expected a str, got int"):
+        tok(["a", 3])
+    with pytest.raises(ValueError, match="return_tensors: expected 'pt' or 'np'"):
+        tok(["a"], return_tensors="tf")
+    assert tok("a dog")["input_ids"].shape == (1, 4)  # one string = a batch of one
+
+
+def test_corrupt_config_json_names_the_file(tmp_path):
+    d = copy_dir(bert_dir(), tmp_path / "m")
+    (d / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"config\.json: not valid JSON"):
+        load_tokenizer(d)
