@@ -75,3 +75,11 @@ def finite_difference(loss_fn, array: np.ndarray, index: tuple, h: float = 1e-6)
     down = loss_fn()
     array[index] = saved
     return (up - down) / (2 * h)
+
+
+def data_objective(data, config):
+    """The objective of a data run's TextData under `config` (as tformer.training builds it)."""
+    from tformer.training.objectives import OBJECTIVES
+    from tformer.training.sources import FileSource
+
+    return OBJECTIVES[data.fields.objective](FileSource(data, config))

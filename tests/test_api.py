@@ -24,8 +24,9 @@ def test_a_list_of_dicts_trains_predicts_and_reloads(tmp_path):
     assert again.predict(["a big cat", "the river"]) == out
     metrics = again.evaluate(data=rows[:20])
     assert set(metrics) >= {"accuracy", "macro_f1", "loss"}
-    with pytest.raises(ValueError, match="RUN: generate needs a sequence-to-sequence run"):
-        run.generate(["x"])
+    assert isinstance(run, tformer.ClassificationRun) and not hasattr(run, "generate")
+    assert not hasattr(run, "embed")
+    assert run.predict("a big cat") == out[:1]  # one str is one text
     onnx = again.export(onnx=tmp_path / "model.onnx")  # and out, as `tformer export` writes it
     assert onnx.is_file() and onnx.stat().st_size > 0
 
@@ -33,11 +34,14 @@ def test_a_list_of_dicts_trains_predicts_and_reloads(tmp_path):
 def test_seq2seq_and_embedding_runs_from_files(tmp_path):
     s2s = tformer.train(data=str(write(tmp_path / "s.jsonl", seq2seq_rows())), out=str(tmp_path / "a"), **TINY)
     outputs = s2s.generate(["the cat sat", "hello world"])
+    assert isinstance(s2s, tformer.Seq2SeqRun) and not hasattr(s2s, "predict")
+    assert s2s.generate("the cat sat") == outputs[:1]
     assert len(outputs) == 2 and all(isinstance(o, str) for o in outputs)
     short = s2s.generate(["the cat sat", "hello world"], max_len=1)  # --max-len reaches decoding
     assert all(len(s2s.objective.tokenizer.pieces([o])[0]) <= 2 for o in short if o)
     emb = tformer.train(data=embedding_rows(), out=str(tmp_path / "b"), **TINY)
     vectors = emb.embed(["a cat", "a dog", "a cat"])
+    assert isinstance(emb, tformer.EmbeddingRun) and not hasattr(emb, "predict")
     assert vectors.shape == (3, 32) and np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
     assert np.allclose(vectors[0], vectors[2], atol=1e-6)
 

@@ -41,8 +41,11 @@ _LAZY = {
     "load_tokenizer": "tformer.text.tokenizer",
     "SentenceEncoder": "tformer.embeddings.sentence",
     "train": "tformer.api",
-    "load_run": "tformer.api",
-    "Run": "tformer.api",
+    "load_run": "tformer.runs",
+    "Run": "tformer.runs",
+    "ClassificationRun": "tformer.runs",
+    "Seq2SeqRun": "tformer.runs",
+    "EmbeddingRun": "tformer.runs",
 }
 
 __all__ = ["TransformerConfig", *_LAZY]

@@ -1,89 +1,33 @@
-"""tformer from Python: train, and a trained run with the command line's verbs as methods.
-(The top layer, beside tformer.cli: it uses the training package and the export command.)
+"""tformer from Python: train, and the trained run with the command line's verbs as methods.
 
     import tformer
     run = tformer.train(data=[{"text": "a cat", "label": "animal"}, ...], max_minutes=5)
-    run.predict(["a dog"])          # [{"label": "animal", "probabilities": {...}}]
+    run.predict("a dog")            # [{"label": "animal", "probabilities": {...}}]
     run.evaluate()                  # the test split's metrics (or evaluate(data=rows_or_path))
     run.export(hf="out/")           # what `tformer export RUN --hf out/` writes
-    run.generate(["a text"]), run.embed(["a text"])   # seq2seq and embedding runs
     run = tformer.load_run("runs/x")  # the same object for a run directory
 
-`data`, `valid` and `test` take a file path (JSONL/CSV/TSV) or records (a list or any iterable
-of dicts with the objective's fields); records are written once into RUN/data/*.jsonl, so the
-run resumes and evaluates from its own copy like a file run.
+The run is of its kind's class (tformer.runs): a ClassificationRun predicts, a Seq2SeqRun
+generates, an EmbeddingRun embeds. `data`, `valid` and `test` take a file path (JSONL/CSV/TSV)
+or records (a list or any iterable of dicts with the objective's fields); records are written
+once into RUN/data/*.jsonl, so the run resumes and evaluates from its own copy like a file run.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from torch import nn
-
-from tformer.commands import _export
 from tformer.kernels.allocator import keep_freed_memory
+from tformer.runs import ClassificationRun, EmbeddingRun, Run, Seq2SeqRun, load_run
 from tformer.storage.files import new_run_dir, write_atomic
 from tformer.storage.rundir import open_run_dir
 from tformer.training.config import TrainConfig, resolve_config
-from tformer.training.loop import load_run as _load
 from tformer.training.loop import train as _train
-from tformer.training.objective import Data, Objective
 from tformer.training.records import Record
-
-
-class Run:
-    """A run directory's model, objective and config. Methods raise a one-line ValueError when
-    the run's objective does not do what is asked (predict needs a classifier, and so on)."""
-
-    def __init__(self, path: str | Path, model: nn.Module, objective: Objective, config: TrainConfig,
-                 record: dict[str, Any] | None = None) -> None:
-        self.path, self.model, self.objective, self.config = Path(path), model, objective, config
-        self.record = record  # the test record of the training that made it, if this process trained it
-
-    @classmethod
-    def load(cls, path: str | Path) -> Run:
-        return cls(path, *_load(path))
-
-    def __repr__(self) -> str:
-        return f"Run({str(self.path)!r}: {self.objective.description})"
-
-    def predict(self, texts: Iterable[str], pairs: Iterable[str] | None = None) -> list[dict[str, Any]]:
-        """Classification: {"label", "probabilities": {label: p}} per text (pairs: text_pair)."""
-        return self.objective.classify(self.model, list(texts), None if pairs is None else list(pairs))
-
-    def generate(self, inputs: Iterable[str], beam_size: int = 1, length_penalty: float = 1.0,
-                 max_len: int | None = None) -> list[str]:
-        """Seq2seq: the output text per input (at most max_len tokens; default the run's)."""
-        return self.objective.generate(self.model, list(inputs), beam_size, length_penalty, max_len)
-
-    def embed(self, texts: Iterable[str]) -> np.ndarray:
-        """Embedding: (N, D) L2-normalised float32 vectors."""
-        return self.objective.embed(self.model, list(texts)).numpy()
-
-    def evaluate(self, data: Data | None = None, split: str = "test", beam_size: int = 1) -> dict[str, float]:
-        """Metrics on a split of the run's data, or on `data` (a file or records)."""
-        examples = None if data is None else self.objective.read_examples(data)
-        return self.objective.evaluate(self.model, split, beam_size=beam_size, examples=examples)[0]
-
-    def export(self, hf: str | Path | None = None, onnx: str | Path | None = None,
-               opset: int = 18) -> Path:
-        """What `tformer export RUN --hf DIR` (or `--onnx OUT`) writes, checked the same way;
-        returns the path written."""
-        if (hf is None) == (onnx is None):
-            raise ValueError("export: expected one of hf= or onnx=, got "
-                             + ("both" if hf is not None else "neither"))
-        _export._export_run(self.path, argparse.Namespace(hf=hf, onnx=onnx, opset=opset))
-        return Path(hf if hf is not None else onnx)
-
-
-def load_run(path: str | Path) -> Run:
-    """The Run of a directory written by `tformer train` (or tformer.train)."""
-    return Run.load(path)
+from tformer.training.sources import Data
 
 
 def train(data: Data | None = None, valid: Data | None = None, test: Data | None = None,
@@ -106,7 +50,7 @@ def train(data: Data | None = None, valid: Data | None = None, test: Data | None
             options[name] = str(value)
     config = resolve_config(options, {"out": str(run_dir)})
     record = _train(config, progress=progress, log=log)
-    run = Run.load(run_dir)
+    run = load_run(run_dir)
     run.record = record
     return run
 
@@ -132,4 +76,4 @@ def _write_records(run_dir: Path, files: dict[str, Any]) -> None:
             files[name] = path
 
 
-__all__ = ["Data", "Record", "Run", "load_run", "train"]
+__all__ = ["ClassificationRun", "Data", "EmbeddingRun", "Record", "Run", "Seq2SeqRun", "load_run", "train"]

@@ -13,9 +13,9 @@ from hf_bert_fixtures import bert_dir
 from tformer.cli import main
 from tformer.nn.generate import generate
 from tformer.nn.model import from_pretrained
+from tformer.runs import load_run
 from tformer.tasks.tokenizer import BOS, EOS
 from tformer.text.tokenizer import load_tokenizer
-from tformer.training import load_run
 from tformer.viz.html import read_page_data
 
 TINY = [
@@ -98,8 +98,9 @@ def test_seq2seq_run_page_has_encoder_decoder_and_cross_attention(capsys, tmp_pa
     assert enc["note"] == "" and "row t predicts token t + 1" in cross["note"]  # shown on the page
 
     # The same numbers, computed here directly from the run.
-    model, source, _ = load_run(reverse_run)
-    task = source.task
+    loaded = load_run(reverse_run)
+    model, source, _ = loaded.model, loaded.objective, loaded.config
+    task = source.source.task
     src = torch.tensor([task.tokenizer.encode("3 1 4 1 5") + [EOS]])  # (1, S)
     with torch.no_grad():
         memory = model.encode(src, output_attentions=True)
@@ -124,8 +125,9 @@ def test_classification_run_page_has_the_encoders_attention(capsys, tmp_path):
     assert rc == 0 and "1 kind of attention, 2 layers x 2 heads, 5 tokens" in err
     (group,) = read_page_data(tmp_path / "b.html")["groups"]
     assert group["queries"] == group["keys"] == ["<bos>", "(", "[", "]", ")"]
-    model, source, _ = load_run(run)
-    task = source.task
+    loaded = load_run(run)
+    model, source, _ = loaded.model, loaded.objective, loaded.config
+    task = source.source.task
     with torch.no_grad():
         out = model(torch.tensor([[BOS] + task.tokenizer.encode("( [ ] )")]), output_attentions=True)
     np.testing.assert_allclose(np.array(group["weights"]), _stack(out.attentions), rtol=0, atol=1e-6)

@@ -96,12 +96,13 @@ def test_the_page_follows_the_umask(capsys, tmp_path, runs):
 
 def test_the_page_matches_the_runs_encoder(capsys, tmp_path, runs):
     """The weights on the page are the encoder's, for the tokens the run would see."""
-    from tformer.training import load_run
+    from tformer.runs import load_run
 
     page = tmp_path / "a.html"
     assert _run(capsys, "attention", runs["classification"], "a big red house", "--html", page)[0] == 0
-    model, source, _ = load_run(runs["classification"])
-    ((ids, types),) = source.data.tokenizer.encode_inputs(["a big red house"])
+    loaded = load_run(runs["classification"])
+    model, source, _ = loaded.model, loaded.objective, loaded.config
+    ((ids, types),) = source.tokenizer.encode_inputs(["a big red house"])
     with torch.no_grad():
         out = model.encoder(torch.tensor([ids]), token_type_ids=torch.tensor([types]), output_attentions=True)
     expected = torch.stack([a[0] for a in out.attentions]).double().numpy()

@@ -43,7 +43,7 @@ def test_finetuning_lowers_the_loss(classifier_run):
 def test_hf_export_gives_the_same_logits(classifier_run, tmp_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from tformer.training import load_run
+    from tformer.runs import load_run
 
     out = tmp_path / "hf"
     assert main(["export", str(classifier_run), "--hf", str(out)]) == 0
@@ -51,7 +51,8 @@ def test_hf_export_gives_the_same_logits(classifier_run, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(str(out))
     texts = ["the cat sat on the mat", "a big red house by the river", "one two"]
     batch = tokenizer(texts, padding=True, return_tensors="pt")
-    model, source, _ = load_run(classifier_run)
+    loaded = load_run(classifier_run)
+    model, source, _ = loaded.model, loaded.objective, loaded.config
     records = [{"text": t, "label": "animal"} for t in texts]
     ours_batch = source.collate(source.encode(records))
     assert ours_batch.input_ids.tolist() == batch["input_ids"].tolist()  # the same tokens

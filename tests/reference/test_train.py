@@ -11,10 +11,13 @@ import torch
 from helpers import assert_close, copy_weights, relative_error
 
 from tformer.reference import train as numpy_train
+from tformer.runs import load_run
 from tformer.tasks import get_task
-from tformer.training import loop as torch_train
+from tformer.training import steps as torch_train
 from tformer.training.config import TrainConfig
-from tformer.training.task_objectives import task_objective
+from tformer.training.objectives import Classification, Seq2Seq
+from tformer.training.schedule import learning_rate
+from tformer.training.sources import TaskSource
 
 # Small tensors: one torch thread is as fast, and polite to a shared machine.
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -44,7 +47,7 @@ def test_train_steps_equal_pytorch_train_steps(task_name):
         k: v for k, v in TINY.items() if k not in ("warmup",)})
     task = get_task(task_name, 0, 16, 16)
     torch.manual_seed(0)
-    source = task_objective(task, config)
+    source = _objective(task, config)
     theirs = source.build_model().double()
     ours = numpy_train.build_model(config, task, np.float64)
     copy_weights(theirs, ours)
@@ -52,7 +55,7 @@ def test_train_steps_equal_pytorch_train_steps(task_name):
     our_opt = numpy_train.make_optimizer(ours, config)
     for step in range(3):
         examples = task.train_batch(step, config.batch_size)
-        lr = torch_train.learning_rate(config, step + 1)
+        lr = learning_rate(config, step + 1)
         loss_t, _, _, _ = torch_train.train_step(theirs, torch_opt, source,
                                               iter([task.collate(examples)]), config, lr)
         loss_n, _ = numpy_train.train_step(ours, our_opt, task.collate_arrays(examples), config,
@@ -69,7 +72,7 @@ def test_init_weights_follows_the_pytorch_distributions():
     model = numpy_train.build_model(config, task)
     numpy_train.init_weights(model, np.random.default_rng(0))
     torch.manual_seed(0)
-    reference = task_objective(task, config).build_model().state_dict()
+    reference = _objective(task, config).build_model().state_dict()
     for key, value in model.state_dict().items():
         theirs = reference[key].numpy()
         slack = 6 / np.sqrt(value.size)  # two samples' means and stds: ~4 sigma apart at most
@@ -84,8 +87,9 @@ def test_numpy_run_directory_loads_in_pytorch_with_the_same_logits(tmp_path, tas
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert lines[-1] == record and record["split"] == "test" and record["step"] == 4
     assert {r["split"] for r in lines} == {"train", "validation", "test"}
-    model, source, config = torch_train.load_run(tmp_path)  # the PyTorch side reads it
-    task = source.task
+    loaded = load_run(tmp_path)  # the PyTorch side reads it
+    model, source, config = loaded.model, loaded.objective, loaded.config
+    task = source.source.task
     assert config.task == task_name
     mirror = numpy_train.build_model(config, task)
     mirror.load_safetensors(tmp_path / "model.safetensors")
@@ -126,3 +130,8 @@ def test_cli_numpy_engine_refuses_resume(tmp_path, capsys):
 
     assert main(["train", "--engine", "numpy", "--resume", str(tmp_path)]) == 2
     assert "numpy engine cannot resume" in capsys.readouterr().err
+
+
+def _objective(task, config):
+    """The PyTorch side's objective of a synthetic task."""
+    return {"seq2seq": Seq2Seq, "classification": Classification}[task.kind](TaskSource(task, config))

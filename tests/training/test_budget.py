@@ -6,12 +6,13 @@ import math
 import time
 
 import pytest
+from helpers import data_objective
 from text_fixtures import classification_rows, seq2seq_rows, write
 
-from tformer.training import load_run, resolve_config, train
+from tformer.runs import load_run
+from tformer.training import resolve_config, train
 from tformer.training.budget import VALID_SHARE
 from tformer.training.config import TIMED_STEPS
-from tformer.training.data_objectives import data_objective
 from tformer.training.schedule import WARMUP_SHARE, learning_rate
 
 QUIET = dict(progress=False, log=lambda *a: None)
@@ -94,7 +95,8 @@ def test_a_timed_run_without_sizes_takes_the_largest_model_the_budget_trains_eno
     assert len(chosen) == 1, logged
     # Short of the floor even at the smallest rung, the line says so (not "the largest that gets").
     assert ("the smallest, and even it gets only" in chosen[0]) == (min_steps == 10**9), chosen
-    model, _, saved = load_run(tmp_path / "run")  # the chosen size is the run's for good
+    loaded = load_run(tmp_path / "run")  # the chosen size is the run's for good
+    model, _, saved = loaded.model, loaded.objective, loaded.config
     assert saved.model.d_model == expected and model.config.d_model == expected
 
 
@@ -110,8 +112,9 @@ def test_without_max_tokens_a_batch_holds_batch_size_examples_of_the_mean_length
                              "steps": 3, "eval_every": 1000, "out": str(tmp_path / "run")})
     train(config, progress=False, log=logged.append)
     assert any(line.startswith("batch: ") for line in logged), logged
-    _, source, saved = load_run(tmp_path / "run")  # the chosen tokens are the run's for good
-    costs = [ex.cost for ex in source.encode(next(source.data.epoch_pools()))]
+    loaded = load_run(tmp_path / "run")  # the chosen tokens are the run's for good
+    _, source, saved = loaded.model, loaded.objective, loaded.config
+    costs = [ex.cost for ex in source.encode(next(source.source.data.epoch_pools()))]
     assert saved.max_tokens == math.ceil(8 * sum(costs) / len(costs))
     batches = source.train_batches(0)
     sizes = [next(batches).n_examples() for _ in range(30)]
@@ -174,7 +177,7 @@ def _long_and_short_rows():
 @pytest.mark.parametrize("seconds_per_token, longer", [(1e-6, True), (1e-2, False)])
 def test_a_timed_run_on_long_texts_takes_the_longest_length_its_budget_passes_over_twice(
         tmp_path, monkeypatch, seconds_per_token, longer):
-    from tformer.training import loop, sizing
+    from tformer.training import plan, sizing
 
     timed = []
 
@@ -182,7 +185,7 @@ def test_a_timed_run_on_long_texts_takes_the_longest_length_its_budget_passes_ov
         timed.append(objective.config.max_length)
         return seconds_per_token * objective.config.max_tokens
 
-    monkeypatch.setattr(loop, "time_steps", fake_time_steps)
+    monkeypatch.setattr(plan, "time_steps", fake_time_steps)
     data = write(tmp_path / "d.jsonl", _long_and_short_rows())
     logged = []
     config = resolve_config({"data": str(data), **{k: v for k, v in TINY.items() if k != "max_tokens"},
@@ -192,14 +195,15 @@ def test_a_timed_run_on_long_texts_takes_the_longest_length_its_budget_passes_ov
     train(config, progress=False, log=logged.append)
     chosen = [line for line in logged if line.startswith("max length: ") and "whole for" in line]
     assert len(chosen) == 1, logged
-    model, source, saved = load_run(tmp_path / "run")  # the chosen length is the run's for good
+    loaded = load_run(tmp_path / "run")  # the chosen length is the run's for good
+    model, source, saved = loaded.model, loaded.objective, loaded.config
     length = saved.max_length
     assert source.tokenizer.max_length == length == json.loads(
         (tmp_path / "run" / "data.json").read_text())["max_length"]
     assert model.config.max_len == length  # the position table
     assert timed[0] == 128, timed  # each longer length is timed on its own batches
-    at_limit = source.data.with_max_length(sizing.AUTO_LENGTH_LIMIT)
-    pool = next(source.data.epoch_pools())
+    at_limit = source.source.data.with_max_length(sizing.AUTO_LENGTH_LIMIT)
+    pool = next(source.source.data.epoch_pools())
     longest = [ex.longest for ex in data_objective(at_limit, saved).encode(pool)]
     if longer:  # fast: doubled until the texts fit
         assert length > 64 and "passes over the data" in chosen[0], chosen
@@ -216,9 +220,9 @@ def test_max_length_given_turns_the_length_choice_off(tmp_path):
 
 
 def test_short_texts_keep_the_preset_length_without_timing_anything(tmp_path, monkeypatch):
-    from tformer.training import loop
+    from tformer.training import plan
 
-    monkeypatch.setattr(loop, "time_steps", lambda *a, **k: pytest.fail("timed a length"))
+    monkeypatch.setattr(plan, "time_steps", lambda *a, **k: pytest.fail("timed a length"))
     data = write(tmp_path / "d.jsonl", classification_rows(200))
     logged = []
     config = resolve_config({"data": str(data), **TINY, "max_minutes": 0.1, "precision": "fp32",

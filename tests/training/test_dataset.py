@@ -3,10 +3,10 @@
 import random
 
 import pytest
+from helpers import data_objective
 from text_fixtures import classification_rows, seq2seq_rows, write
 
 from tformer.training import resolve_config
-from tformer.training.data_objectives import data_objective
 from tformer.training.dataset import TextData, bucket
 from tformer.training.examples import Seq2SeqExample
 from tformer.training.records import FIELDS

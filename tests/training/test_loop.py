@@ -114,7 +114,7 @@ def test_auto_precision_keeps_bf16_only_where_this_model_trains_faster_in_it(
     model on this machine takes the remembered choice (tformer.kernels.autotune), measuring nothing."""
     import tformer.training.precision as training_precision
     from tformer.kernels import autotune
-    from tformer.training import loop
+    from tformer.training import plan
 
     monkeypatch.setenv("TFORMER_CACHE_DIR", str(tmp_path / "cache"))  # a cache of its own
     monkeypatch.setattr(autotune, "_memory", {})
@@ -127,8 +127,8 @@ def test_auto_precision_keeps_bf16_only_where_this_model_trains_faster_in_it(
         timed.append(bf16)
         return bf16_seconds if bf16 else 1.0
 
-    monkeypatch.setattr(loop, "_probe_step", lambda config, bf16: bf16)  # the step: its precision
-    monkeypatch.setattr(loop, "time_steps", fake_time_steps)
+    monkeypatch.setattr(plan, "probe_step", lambda config, bf16: bf16)  # the step: its precision
+    monkeypatch.setattr(plan, "time_steps", fake_time_steps)
     data = write(tmp_path / "d.jsonl", classification_rows())
     logged = []
     config = resolve_config({"data": str(data), "d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1,
@@ -195,7 +195,7 @@ def test_out_refuses_a_finished_run_whose_checkpoints_were_removed(tmp_path, cap
 
 
 def test_a_non_finite_validation_is_never_kept_as_a_good_checkpoint(tmp_path, monkeypatch):
-    from tformer.training.data_objectives import Classification
+    from tformer.training.objectives import Classification
 
     data = write(tmp_path / "d.jsonl", classification_rows())
     config = resolve_config({"data": str(data), "d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1,
@@ -222,11 +222,13 @@ def test_best_weights_of_a_seq2seq_run_follow_the_validation_loss_not_bleu():
     """The validation sample's BLEU moves by a point between neighbouring validations; the
     teacher-forced loss decides which weights are kept for sequence-to-sequence runs, the
     main metric for the others (accuracy keeps rising while an overfitting loss turns)."""
-    from tformer.training.data_objectives import Classification, Seq2Seq
+    from tformer.training.objectives import Classification, Seq2Seq
+
     from tformer.training.loop import _selection, _track_best
 
     state = {"step": 1222}
     seq2seq = Seq2Seq.__new__(Seq2Seq)  # _selection reads class attributes only
+    seq2seq.source = type("Files", (), {"sequence_metric": "bleu"})()
     assert _track_best(state, *_selection(seq2seq, {"bleu": 26.9, "loss": 2.782}))
     state["step"] = 1533
     assert _track_best(state, *_selection(seq2seq, {"bleu": 25.9, "loss": 2.612}))  # BLEU fell

@@ -8,6 +8,7 @@ from safetensors.torch import load_file
 
 from tformer import TransformerConfig
 from tformer.nn.model import EncoderClassifier, Seq2SeqTransformer
+from tformer.runs import load_run
 from tformer.storage.checkpoint import check_run_dir
 from tformer.tasks import get_task
 from tformer.training import (
@@ -15,7 +16,6 @@ from tformer.training import (
     TrainConfig,
     forward_loss,
     learning_rate,
-    load_run,
     make_optimizer,
     resolve_config,
     resume_config,
@@ -134,8 +134,9 @@ def test_run_writes_checkpoint_metrics_and_curves(tmp_path):
     assert lines[-1] == record and record["split"] == "test" and record["step"] == 6
     assert {"exact_match", "accuracy", "wall_seconds"} <= set(record)
     assert [r["step"] for r in lines if r["split"] == "validation"] == [3, 6]
-    model, source, config = load_run(out)
-    assert config.steps == 6 and source.task.name == "reverse" and not model.training
+    loaded = load_run(out)
+    model, source, config = loaded.model, loaded.objective, loaded.config
+    assert config.steps == 6 and source.source.task.name == "reverse" and not model.training
     assert not list(out.glob("*.tmp"))  # no temp files left behind
 
 

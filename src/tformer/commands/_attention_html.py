@@ -11,24 +11,21 @@ self-attention) or a run directory of `tformer train`, of any kind:
   row t predicts token t + 1).
 
 The page's size is estimated from the token counts and refused in one line before anything
-is built (``tformer.viz.html.check_page_size``). The run's objects are read in
-``commands/attention.py`` (with ``commands/export.py``, the only commands that use training
-internals); this module takes plain values (``RunInput``).
+is built (``tformer.viz.html.check_page_size``). A run gives its text as its model reads it
+(``Run.attention_input``: tformer.runs); this module draws from those plain values.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from tformer.commands._pretrained import one_line_warnings
 from tformer.nn.generate import generate
 from tformer.nn.model import from_pretrained
+from tformer.runs.base import AttentionInput
 from tformer.storage.checkpoint import latest_checkpoint
 from tformer.text.tokenizer import load_tokenizer
 from tformer.viz.html import AttentionMaps, check_page_size, write_attention_page
@@ -58,22 +55,7 @@ def bert_maps(args: argparse.Namespace) -> list[AttentionMaps]:
     return [AttentionMaps("encoder self-attention", tokens, tokens, _stack(out.attentions))]
 
 
-@dataclass(frozen=True)
-class RunInput:
-    """A run's model and one text, tokenized as the run does (read by commands/attention.py)."""
-
-    model: nn.Module  # a Seq2SeqTransformer, or any model with an ``encoder``
-    seq2seq: bool
-    ids: list[int]  # the encoder input, specials included
-    type_ids: list[int] | None
-    token_name: Callable[[int], str]
-    bos_id: int
-    eos_id: int
-    pad_id: int
-    max_new_tokens: int  # seq2seq: the longest output to generate
-
-
-def run_maps(run: RunInput) -> list[AttentionMaps]:
+def run_maps(run: AttentionInput) -> list[AttentionMaps]:
     """The attention of a trained run on one input (see the module doc)."""
     model, src = run.model, run.ids
     names = [run.token_name(i) for i in src]

@@ -59,7 +59,9 @@ def run(args: argparse.Namespace) -> int:
     if args.html is not None and not args.html.lower().endswith((".html", ".htm")):
         raise ValueError(f"--html: expected a .html file name, got {args.html!r}")
     if is_run_dir(args.model_dir):
-        maps = run_maps(_run_input(args.model_dir, args.text, args.max_length))
+        from tformer.runs import load_run
+
+        maps = run_maps(load_run(args.model_dir).attention_input(args.text, args.max_length))
     else:
         maps = bert_maps(args)
     check_options(maps, args.layer, args.head)
@@ -77,40 +79,6 @@ def run(args: argparse.Namespace) -> int:
     cols = 1 if args.head is not None else n_heads
     print(f"wrote {path} ({rows} x {cols} maps, {len(first.queries)} tokens)", file=sys.stderr)
     return 0
-
-
-def _run_input(run_dir: str, text: str, max_length: int | None):
-    """A run's model and ``text`` tokenized as the run does.
-
-    Training internals (the only ones outside training/, with commands/export.py): load_run ->
-    (model, source, config); source.kind; source.task.tokenizer.{encode, vocab} and
-    task.max_target_tokens (synthetic tasks); source.data.tokenizer.{pieces, encode_inputs,
-    backend.id_to_token, bos_id, eos_id, pad_id, max_length} (your data).
-    """
-    from tformer.commands._attention_html import RunInput  # torch: see run()
-    from tformer.tasks.tokenizer import BOS, EOS, PAD
-    from tformer.text.tokenizer import Tokenizer
-    from tformer.training import load_run
-
-    model, source, _ = load_run(run_dir)
-    seq2seq = source.kind == "seq2seq"
-    task = getattr(source, "task", None)
-    if task is not None:
-        ids = task.tokenizer.encode(text, strict=True)
-        if not ids:
-            raise ValueError(f"TEXT: expected at least one symbol, got {text!r}")
-        vocab = task.tokenizer.vocab
-        return RunInput(model, seq2seq, ids + [EOS] if seq2seq else [BOS] + ids, None, vocab.__getitem__,
-                        BOS, EOS, PAD, task.max_target_tokens + 1)
-    tok = source.data.tokenizer
-    if max_length is not None:
-        tok = Tokenizer(tok.backend, min(max_length, tok.max_length), tok.pad_id)
-    if seq2seq:  # the source as training encodes it: its pieces, then </s>
-        ids, types = tok.pieces([text])[0] + [tok.eos_id], None
-    else:
-        ((ids, types),) = tok.encode_inputs([text])
-    return RunInput(model, seq2seq, ids, types, tok.backend.id_to_token, tok.bos_id, tok.eos_id, tok.pad_id,
-                    tok.max_length)
 
 
 def check_readable(n_tokens: int, one_map: bool) -> None:

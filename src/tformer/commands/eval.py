@@ -25,28 +25,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tformer.training import load_run
+    from tformer.runs import load_run
     from tformer.training.report import append_jsonl, sample_table
 
     check_options(args)
-    model, source, config = load_run(args.run_dir)
+    run = load_run(args.run_dir)
     if args.data is not None:
-        if config.data is None:
-            raise ValueError(f"--data: {args.run_dir} trained on task {config.task}, not on files")
-        examples = list(source.data.read_file(args.data))[: args.limit]
+        if run.config.data is None:
+            raise ValueError(f"--data: {args.run_dir} trained on task {run.config.task}, not on files")
+        examples = run.examples(data=args.data)[: args.limit]
         if not examples:
             raise ValueError(f"--data: {args.data} holds no records")
         split = str(args.data)
     else:
-        examples = source.examples(args.split)[: args.limit]
+        examples = run.examples(args.split)[: args.limit]
         split = args.split
-    metrics, preds = source.evaluate(model, args.split, beam_size=args.beam_size, examples=examples)
-    rows = source.sample_rows(examples, preds) if args.samples else []
-    if rows:
+    metrics, rows = run.score(examples, args.split, beam_size=args.beam_size)
+    if rows and args.samples:
         print(sample_table(rows, n=args.samples))
-    record = {"split": split, "task": config.name, "examples": len(examples), **metrics}
-    record.update(source.baseline() if args.data is None else {})
-    key = source.main_metric
+    record = {"split": split, "task": run.config.name, "examples": len(examples), **metrics}
+    record.update(run.baseline() if args.data is None else {})
+    key = run.main_metric
     line = json_line(record, f"RUN_DIR {args.run_dir}: metrics {metrics}")
     print(f"{split} {key}: {metrics[key]:.4f}")
     print(line)

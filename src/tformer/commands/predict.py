@@ -28,32 +28,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.training import load_run
-    from tformer.training.data_objectives import Classification
+    from tformer.runs import load_run
 
     check_options(args)
     texts = input_texts(args, "inputs", "TEXT")
-    model, source, config = load_run(args.run_dir)
-    if not isinstance(source, Classification):
-        raise ValueError(f"RUN_DIR: {args.run_dir} is not a classification run on your data "
-                         "(text+label); use `tformer generate` for the others")
-    labels = source.data.labels
+    run = load_run(args.run_dir, needs="predict")
     for i in range(0, len(texts), args.batch_size):
         chunk = texts[i : i + args.batch_size]
-        records = []
-        for t in chunk:
-            text, _, pair = t.partition("\t")
-            records.append({"text": text, "label": labels[0], **({"text_pair": pair} if pair else {})})
-        for n, (t, probs) in enumerate(zip(chunk, source.predict(model, records), strict=True), i):
-            if not all(math.isfinite(p) for p in probs):
+        split = [t.partition("\t") for t in chunk]  # text, tab, text_pair
+        pairs = [pair for _, _, pair in split]
+        answers = run.predict([text for text, _, _ in split], pairs if any(pairs) else None,
+                              batch_size=args.batch_size)
+        for n, (t, answer) in enumerate(zip(chunk, answers, strict=True), i):
+            probs = answer["probabilities"]
+            if not all(math.isfinite(p) for p in probs.values()):
                 raise ValueError(f"RUN_DIR {args.run_dir}: expected finite probabilities, got "
-                                 f"{probs} for input {n + 1} (the weights are not finite: "
-                                 "was its training diverging?)")
-            label = labels[max(range(len(probs)), key=probs.__getitem__)]
+                                 f"{list(probs.values())} for input {n + 1} (the weights are not "
+                                 "finite: was its training diverging?)")
             if args.format == "text":
-                print(label)
+                print(answer["label"])
             else:
-                shown = {name: round(p, 6) for name, p in zip(labels, probs, strict=True)}
-                print(json_line({"text": t, "label": label, "probabilities": shown},
+                shown = {name: round(p, 6) for name, p in probs.items()}
+                print(json_line({"text": t, "label": answer["label"], "probabilities": shown},
                                 f"input {n + 1}"))
     return 0

@@ -50,6 +50,16 @@ def read_pretrained(
     return config, state, model_dir / hf_bert.WEIGHTS_FILE
 
 
+def pretrained_config(directory: str | Path) -> TransformerConfig:
+    """The TransformerConfig of a BERT-format or tformer directory, from its config.json alone
+    (no weights read: a BERT pooler's presence is not known here, and is reported as absent)."""
+    model_dir = read_layout(directory).model_dir
+    raw = hf_bert.read_config(model_dir)
+    if "model_type" in raw:
+        return hf_bert.config_from_hf(raw, False, str(model_dir / "config.json"))
+    return TransformerConfig.load(model_dir / "config.json")
+
+
 def save_pretrained(model: nn.Module, directory: str | Path, tokenizer_dir: str | Path | None = None) -> None:
     """Write ``config.json`` (the TransformerConfig) and ``model.safetensors`` (our keys).
 

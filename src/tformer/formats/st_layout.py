@@ -61,16 +61,16 @@ def read_layout(directory: str | Path) -> SentenceLayout:
         raise ValueError(f"{modules_path}: expected a JSON list of module objects")
     model_dir, pooling, normalize = None, ("mean",), False
     for module in sorted(modules, key=lambda m: m.get("idx", 0)):
-        kind, path = module.get("type", ""), directory / module.get("path", "")
-        if kind == _TRANSFORMER:
+        module_type, path = module.get("type", ""), directory / module.get("path", "")
+        if module_type == _TRANSFORMER:
             model_dir = path
-        elif kind == _POOLING:
+        elif module_type == _POOLING:
             pooling = read_pooling(path / "config.json")
-        elif kind == _NORMALIZE:
+        elif module_type == _NORMALIZE:
             normalize = True
         else:
             raise ValueError(
-                f"{modules_path}: module type {kind!r} is not supported; expected "
+                f"{modules_path}: module type {module_type!r} is not supported; expected "
                 f"{_TRANSFORMER}, {_POOLING} or {_NORMALIZE}"
             )
     if model_dir is None:

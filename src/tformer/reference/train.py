@@ -39,7 +39,7 @@ from tformer.reference.module import Embedding, LayerNorm, Linear, Module
 from tformer.reference.optim import AdamW, clip_grad_norm_
 from tformer.reference.positional import LearnedPositionalEmbedding
 from tformer.storage.files import json_bytes, new_run_dir, write_atomic
-from tformer.tasks import Example, Task, get_task
+from tformer.tasks import Example, SequenceTask, Task, get_task
 from tformer.tasks.tokenizer import PAD
 from tformer.training.config import TrainConfig
 from tformer.training.schedule import learning_rate
@@ -49,10 +49,8 @@ TOKEN_TABLES = ("tok_emb", "src_emb", "tgt_emb")  # scaled by sqrt(D) in the for
 
 # Model, initialisation, optimizer ---------------------------------------------------------
 def build_model(config: TrainConfig, task: Task, dtype=np.float32) -> Module:
-    model_config = config.task_model(task)
-    if task.kind == "seq2seq":
-        return Seq2SeqTransformer(model_config, dtype)
-    return EncoderClassifier(model_config, dtype)
+    model = Seq2SeqTransformer if isinstance(task, SequenceTask) else EncoderClassifier
+    return model(config.task_model(task), dtype)
 
 
 def init_weights(model: Module, rng: np.random.Generator) -> None:
@@ -81,7 +79,7 @@ def init_weights(model: Module, rng: np.random.Generator) -> None:
 
 
 def make_optimizer(model: Module, config: TrainConfig) -> AdamW:
-    # As tformer.training.loop.make_optimizer: no weight decay on biases and LayerNorm gains.
+    # As tformer.training.steps.make_optimizer: no weight decay on biases and LayerNorm gains.
     params = model.state_dict()
     decay = {k: config.weight_decay if p.ndim >= 2 else 0.0 for k, p in params.items()}
     return AdamW(params, lr=config.lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=decay)
@@ -122,7 +120,7 @@ def predict(model: Module, task: Task, examples: list[Example], batch_size: int 
     out: list = []
     for i in range(0, len(examples), batch_size):
         batch = task.collate_arrays(examples[i : i + batch_size])
-        if task.kind == "seq2seq":
+        if isinstance(task, SequenceTask):
             gen = greedy_search(model, batch.src, batch.src_mask,
                                 max_len=task.max_target_tokens + 1)
             out += gen.tolist()
@@ -197,7 +195,7 @@ def _train(config: TrainConfig, progress: bool, log, dtype) -> dict[str, Any]:
     n_params = sum(p.size for p in model.state_dict().values())
     log(f"task {task.name}: {task.description}; {n_params:,} parameters; NumPy engine "
         f"({np.dtype(dtype).name}); run dir {run_dir}")
-    key = "exact_match" if task.kind == "seq2seq" else "accuracy"
+    key = task.main_metric
     deadline = started + config.max_minutes * 60 if config.max_minutes else math.inf
     step, stop_reason = 0, "steps"
     sums = {"loss": 0.0, "accuracy": 0.0, "n": 0, "tokens": 0, "t0": time.perf_counter()}

@@ -12,9 +12,9 @@ loop: the batcher needs their token counts to pack batches) and runs a list of i
 batch in the model thread: ``run(payloads, key)``, where ``key`` holds the settings that all
 inputs of a batch share (normalisation; beam size and lengths).
 
-The training package is used in ``load_served`` (``load_run``, ``config.data``, ``source.kind``)
-and by the two run classes (``source.data``: tokenizer, labels; ``source.predict`` and
-``source.generate``; ``source.config.max_length``); the embedding class does not use it.
+A run directory is read by ``tformer.runs.load_run``; the two run classes here wrap its run
+(its tokenizer, labels and objective, which predicts and generates); the embedding class
+reads a sentence-transformers directory itself.
 """
 
 from __future__ import annotations
@@ -117,14 +117,14 @@ class EmbeddingModel:
 
 
 class _Run:
-    """What the two run kinds share: the run's model, source and text tokenizer."""
+    """What the two run kinds share: the run (tformer.runs), its model and text tokenizer."""
 
-    def __init__(self, model, source, dtype: str, max_input_tokens: int | None) -> None:
+    def __init__(self, run, dtype: str, max_input_tokens: int | None) -> None:
         from tformer.nn.model import to_precision
 
-        self.model = model if dtype == "fp32" else to_precision(model, dtype).eval()
-        self.source, self.data = source, source.data
-        limit = self.data.tokenizer.max_length
+        self.trained, self.objective = run, run.objective
+        self.model = run.model if dtype == "fp32" else to_precision(run.model, dtype).eval()
+        limit = run.tokenizer.max_length
         if max_input_tokens is not None and max_input_tokens > limit:
             raise ValueError(f"--max-input-tokens: expected at most {limit} (the run's maximum length), "
                              f"got {max_input_tokens}")
@@ -132,7 +132,7 @@ class _Run:
         self.run_limit = limit
         # A copy to count with in the event loop: the model thread's encode switches truncation
         # on and off on the run's own tokenizer.
-        backend = self.data.tokenizer.backend
+        backend = run.tokenizer.backend
         self.counter = type(backend).from_str(backend.to_str())
         self.counter.no_truncation()
         self.counter.no_padding()
@@ -156,7 +156,7 @@ class ClassificationModel(_Run):
 
     @property
     def labels(self) -> list[str]:
-        return list(self.data.labels)
+        return list(self.trained.labels)
 
     def items(self, records: list[dict[str, str]], truncate: bool) -> list[Item]:
         texts = [r["text"] for r in records]
@@ -165,14 +165,13 @@ class ClassificationModel(_Run):
         return self._items(records, full, truncate)
 
     def run(self, records: list[dict[str, str]], key: None = None) -> list[list[float]]:
-        """Class probabilities, as `tformer predict` computes them (``source.predict``)."""
-        label = self.data.labels[0]  # the label field must be there; it is not used
+        """Class probabilities, as `tformer predict` computes them (the objective's predict)."""
         out: list[list[float]] = []
         # Records with and without a pair cannot share a batch (the source encodes one form).
         for paired in (False, True):
             index = [i for i, r in enumerate(records) if bool(r.get("text_pair")) == paired]
             if index:
-                probs = self.source.predict(self.model, [dict(records[i], label=label) for i in index])
+                probs = self.objective.predict(self.model, [records[i] for i in index])
                 out += list(zip(index, probs, strict=True))
         return [p for _, p in sorted(out, key=lambda x: x[0])]
 
@@ -197,7 +196,7 @@ class Seq2SeqModel(_Run):
     @property
     def max_new_tokens(self) -> int:
         """What `tformer generate` generates at most: the run's max_length."""
-        return self.source.config.max_length
+        return self.trained.max_new_tokens
 
     @property
     def max_target_tokens(self) -> int:
@@ -206,11 +205,11 @@ class Seq2SeqModel(_Run):
 
     @torch.no_grad()
     def run(self, texts: list[str], key: tuple[int, int, float]) -> list[str]:
-        """Greedy or beam search, as `tformer generate` runs it (``source.generate``), with
+        """Greedy or beam search, as `tformer generate` runs it (the objective's generate), with
         max_new_tokens for its limit. ``key``: (beam_size, max_new_tokens, length_penalty),
         shared by the batch."""
         beam_size, max_new_tokens, length_penalty = key
-        return self.source.generate(self.model, texts, beam_size, length_penalty, max_len=max_new_tokens)
+        return self.objective.generate(self.model, texts, beam_size, length_penalty, max_len=max_new_tokens)
 
     def warm_up(self) -> None:
         self.run([item.payload for item in self.items(["warm up"], True)], (1, 2, 1.0))
@@ -233,18 +232,17 @@ def load_served(path: str | Path, dtype: str = "fp32", max_input_tokens: int | N
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return EmbeddingModel(path, dtype, max_input_tokens)
-    from tformer.training import load_run
+    from tformer.runs import ClassificationRun, Seq2SeqRun, load_run
 
-    model, source, config = load_run(path)
-    if config.data is None:
-        raise ValueError(f"MODEL_DIR_OR_RUN: {path} is a synthetic-task run ({config.task}); "
+    run = load_run(path)
+    if run.config.data is None:
+        raise ValueError(f"MODEL_DIR_OR_RUN: {path} is a synthetic-task run ({run.config.task}); "
                          "serve a run on your own data or a BERT-format directory")
-    if source.kind == "classification":
-        return ClassificationModel(model, source, dtype, max_input_tokens)
-    if source.kind == "seq2seq":
-        return Seq2SeqModel(model, source, dtype, max_input_tokens)
-    raise ValueError(f"MODEL_DIR_OR_RUN: {path} is an embedding run without its sentence-transformers "
-                     "files (modules.json): it has not finished training")
+    served = {ClassificationRun: ClassificationModel, Seq2SeqRun: Seq2SeqModel}.get(type(run))
+    if served is None:
+        raise ValueError(f"MODEL_DIR_OR_RUN: {path} is an embedding run without its sentence-transformers "
+                         "files (modules.json): it has not finished training")
+    return served(run, dtype, max_input_tokens)
 
 
 def _too_long(lengths: list[int], limit: int | None, truncate: bool) -> list[int]:

@@ -9,7 +9,7 @@ seq2seq: copy, reverse, sort, add. classification: listops, brackets.
 from __future__ import annotations
 
 from tformer.tasks.addition import AddTask
-from tformer.tasks.base import Example, Task, sequence_metrics
+from tformer.tasks.base import ClassificationTask, Example, SequenceTask, Task, sequence_metrics
 from tformer.tasks.brackets import BracketsTask
 from tformer.tasks.listops import ListOpsTask
 from tformer.tasks.sequences import CopyTask, ReverseTask, SortTask
@@ -29,6 +29,7 @@ def get_task(name: str, seed: int = 0, valid_size: int = 500, test_size: int = 1
 
 
 __all__ = [
-    "BOS", "EOS", "PAD", "UNK", "TASKS", "EncoderBatch", "Example", "Seq2SeqBatch",
+    "BOS", "EOS", "PAD", "UNK", "TASKS", "ClassificationTask", "EncoderBatch", "Example", "Seq2SeqBatch",
+    "SequenceTask",
     "Task", "Tokenizer", "get_task", "sequence_metrics",
 ]

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import random
 
-from tformer.tasks.base import Example, Task
+from tformer.tasks.base import Example, SequenceTask
 from tformer.tasks.tokenizer import Tokenizer
 
 
-class AddTask(Task):
+class AddTask(SequenceTask):
     name = "add"
-    kind = "seq2seq"
     description = "add two integers of 1-5 digits, '123+4567' -> '4690'"
     max_digits = 5
 

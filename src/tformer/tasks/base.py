@@ -19,7 +19,7 @@ from tformer.tasks.tokenizer import Tokenizer
 from tformer.text.batches import EncoderBatch, Seq2SeqBatch, encoder_arrays, pad, seq2seq_arrays
 from tformer.text.specials import BOS, EOS
 
-__all__ = ["SPLITS", "Example", "Task", "pad", "sequence_metrics"]
+__all__ = ["SPLITS", "ClassificationTask", "Example", "SequenceTask", "Task", "pad", "sequence_metrics"]
 
 SPLITS = ("train", "validation", "test")
 
@@ -42,7 +42,8 @@ class Task:
     """
 
     name: str = ""
-    kind: str = ""  # "seq2seq" or "classification"
+    kind: str = ""  # "seq2seq" or "classification": SequenceTask or ClassificationTask
+    main_metric: str = ""
     description: str = ""
     n_classes: int | None = None
     tokenizer: Tokenizer
@@ -111,17 +112,8 @@ class Task:
 
     # Batching ---------------------------------------------------------------------
     def collate(self, examples: list[Example]) -> Seq2SeqBatch | EncoderBatch:
-        """A padded batch of torch tensors."""
+        """A padded batch of torch tensors (collate_arrays: SequenceTask's or ClassificationTask's)."""
         return self.collate_arrays(examples).to_torch()
-
-    def collate_arrays(self, examples: list[Example]) -> Seq2SeqBatch | EncoderBatch:
-        """The same batch as `collate`, of NumPy arrays (no torch needed)."""
-        enc = self.tokenizer.encode
-        if self.kind == "seq2seq":
-            return seq2seq_arrays([enc(ex.source) + [EOS] for ex in examples],
-                                  [enc(ex.target) for ex in examples], BOS, EOS)
-        return encoder_arrays([[BOS] + enc(ex.source) for ex in examples],
-                              labels=[ex.label for ex in examples])
 
     @property
     def max_len(self) -> int:
@@ -129,26 +121,51 @@ class Task:
         return max(self.max_source_tokens, self.max_target_tokens) + 2
 
     # Metrics ----------------------------------------------------------------------
-    def score(self, predictions: list, examples: list[Example]) -> dict[str, float]:
-        """Seq2seq: predictions are generated id lists -> exact_match and token accuracy.
-        Classification: predictions are class ids -> accuracy."""
+    def _check_count(self, predictions: list, examples: list[Example]) -> None:
         if len(predictions) != len(examples):
             raise ValueError(
                 f"predictions: expected {len(examples)} (one per example), got {len(predictions)}"
             )
-        if self.kind == "classification":
-            right = sum(int(p) == ex.label for p, ex in zip(predictions, examples, strict=True))
-            return {"accuracy": right / max(len(examples), 1)}
-        return sequence_metrics(
-            [list(p) for p in predictions],
-            [self.tokenizer.encode(ex.target) for ex in examples],
-        )
+
+
+class SequenceTask(Task):
+    """A task whose target is a sequence (copy, reverse, sort, add): an encoder-decoder learns it."""
+
+    kind = "seq2seq"
+    main_metric = "exact_match"
+
+    def collate_arrays(self, examples: list[Example]) -> Seq2SeqBatch:
+        enc = self.tokenizer.encode
+        return seq2seq_arrays([enc(ex.source) + [EOS] for ex in examples],
+                              [enc(ex.target) for ex in examples], BOS, EOS)
+
+    def score(self, predictions: list, examples: list[Example]) -> dict[str, float]:
+        """Predictions are generated id lists -> exact_match and token accuracy."""
+        self._check_count(predictions, examples)
+        return sequence_metrics([list(p) for p in predictions],
+                                [self.tokenizer.encode(ex.target) for ex in examples])
+
+
+class ClassificationTask(Task):
+    """A task whose target is one of n_classes labels (listops, brackets): an encoder classifies."""
+
+    kind = "classification"
+    main_metric = "accuracy"
+
+    def collate_arrays(self, examples: list[Example]) -> EncoderBatch:
+        enc = self.tokenizer.encode
+        return encoder_arrays([[BOS] + enc(ex.source) for ex in examples],
+                              labels=[ex.label for ex in examples])
+
+    def score(self, predictions: list, examples: list[Example]) -> dict[str, float]:
+        """Predictions are class ids -> accuracy."""
+        self._check_count(predictions, examples)
+        right = sum(int(p) == ex.label for p, ex in zip(predictions, examples, strict=True))
+        return {"accuracy": right / max(len(examples), 1)}
 
     def majority_baseline(self) -> dict[str, float]:
-        """Classification: accuracy on the test split of always predicting the most
-        frequent label of a large training sample."""
-        if self.kind != "classification":
-            raise ValueError(f"task {self.name}: a majority baseline needs a classification task")
+        """Accuracy on the test split of always predicting the most frequent label of a large
+        training sample."""
         counts: dict[int, int] = {}
         for ex in self.train_batch(-1, 10_000):  # step -1: never used by training
             counts[ex.label] = counts.get(ex.label, 0) + 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 
-from tformer.tasks.base import Example, Task
+from tformer.tasks.base import ClassificationTask, Example
 from tformer.tasks.tokenizer import Tokenizer
 
 PAIRS = {")": "(", "]": "["}
@@ -45,9 +45,8 @@ def random_balanced(rng: random.Random, n_pairs: int) -> str:
     return "".join(out)
 
 
-class BracketsTask(Task):
+class BracketsTask(ClassificationTask):
     name = "brackets"
-    kind = "classification"
     description = "is a string of 8-20 brackets over ()[] balanced? (label 1 = yes)"
     n_classes = 2
     min_pairs, max_pairs = 4, 10

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import statistics
 
-from tformer.tasks.base import Example, Task
+from tformer.tasks.base import ClassificationTask, Example
 from tformer.tasks.tokenizer import Tokenizer
 
 OPERATORS = ("[MAX", "[MIN", "[MED", "[SM")
@@ -28,9 +28,8 @@ def evaluate(op: str, values: list[int]) -> int:
     return sum(values) % 10
 
 
-class ListOpsTask(Task):
+class ListOpsTask(ClassificationTask):
     name = "listops"
-    kind = "classification"
     description = "value (0-9) of a nested [MAX/[MIN/[MED/[SM expression, depth <= 4"
     n_classes = 10
     max_depth = 4

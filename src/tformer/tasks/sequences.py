@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import random
 
-from tformer.tasks.base import Example, Task
+from tformer.tasks.base import Example, SequenceTask
 from tformer.tasks.tokenizer import Tokenizer
 
 DIGITS = [str(d) for d in range(10)]
 
 
-class DigitListTask(Task):
-    kind = "seq2seq"
+class DigitListTask(SequenceTask):
     min_len, max_len_digits = 3, 16
 
     def __init__(self, seed: int = 0, valid_size: int = 500, test_size: int = 1000) -> None:

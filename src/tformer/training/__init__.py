@@ -1,4 +1,4 @@
-"""Training: config, data, objectives, loop, evaluation, report.
+"""Training: config, data, sources, objectives, the plan, the loop, evaluation, report.
 
     from tformer.training import resolve_config, train
     record = train(resolve_config({"data": "train.jsonl", "max_minutes": 10}))
@@ -16,8 +16,8 @@ _LAZY = {
     "OBJECTIVE_PRESETS": "config", "PRESETS": "config", "RESUMABLE": "config",
     "SCHEDULES": "config", "TrainConfig": "config", "load_config_file": "config",
     "resolve_config": "config", "resume_config": "config", "learning_rate": "schedule",
-    "load_run": "loop", "make_optimizer": "loop", "make_objective": "loop", "train": "loop",
-    "Objective": "objective", "evaluating": "objective", "forward_loss": "objective",
+    "train": "loop", "make_optimizer": "steps", "make_objective": "objectives", "make_plan": "plan",
+    "Objective": "objectives", "evaluating": "objectives", "forward_loss": "losses",
 }
 __all__ = sorted(_LAZY)
 

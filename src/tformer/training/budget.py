@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import time
 
-from tformer.training.objective import EVAL_SAMPLE
+from tformer.training.objectives.base import EVAL_SAMPLE
 
 VALID_SHARE = 0.05  # validations' share of a timed run's wall time, at most (about)
 VALIDATIONS = 5  # validations a timed run aims for (the last at the end of training)

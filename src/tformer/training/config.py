@@ -259,7 +259,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 # per token: ~1,500 updates, several passes over a 30k-sentence corpus. Steps are an upper
 # bound; --max-minutes is the budget a user normally sets. Pre-norm for the encoder-decoder:
 # it trains stably at a high learning rate without a long warmup (Xiong et al. 2020).
-# The encoders are BERT-shaped (post-norm; see data_objectives.bert_shaped) so they export.
+# The encoders are BERT-shaped (post-norm; see sources.FileSource.encoder_config) so they export.
 OBJECTIVE_PRESETS: dict[str, dict[str, Any]] = {
     "seq2seq": {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 3, "norm_first": True,
                 "vocab_size": 4000, "lr": 1e-3, "warmup": 400, "schedule": "linear", "steps": 20000,

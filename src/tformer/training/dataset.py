@@ -90,9 +90,10 @@ class TextData:
     """
 
     def __init__(self, config, fields: Fields, tokenizer: Tokenizer, labels: list[str],
-                 fraction: float, identity: dict[str, Any] | None = None) -> None:
+                 fraction: float, identity: dict[str, Any] | None = None, pairs: bool = True) -> None:
         self.config, self.fields, self.tokenizer = config, fields, tokenizer
         self.labels, self.fraction = labels, fraction
+        self.pairs = pairs  # classification: whether training records had a text_pair
         self.identity = identity or {}
         self.label_ids = {name: i for i, name in enumerate(labels)}
         self._held_out: dict[str, list[Record]] = {}
@@ -137,14 +138,14 @@ class TextData:
             fields = FIELDS[info["objective"]]
             tokenizer = run_tokenizer(load_backend(run_dir / "tokenizer.json"), info["max_length"])
             return cls(config, fields, tokenizer, list(info["labels"]), float(info["split_fraction"]),
-                       info.get("identity"))
+                       info.get("identity"), bool(info.get("pairs", True)))  # older runs: not recorded
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise ValueError(f"RUN_DIR: {path} is not a tformer data.json ({e})") from None
 
     def describe(self) -> dict[str, Any]:
         return {"objective": self.fields.objective, "labels": self.labels,
                 "max_length": self.tokenizer.max_length, "split_fraction": self.fraction,
-                "vocab_size": self.tokenizer.vocab_size, "identity": self.identity}
+                "vocab_size": self.tokenizer.vocab_size, "identity": self.identity, "pairs": self.pairs}
 
     @classmethod
     def _scan(cls, config) -> tuple[TextData, list[str]]:
@@ -158,6 +159,7 @@ class TextData:
         given_keys = {fields.input_key(r) for records in given.values() for r in records}
         hashed = {s for s, p in (("validation", config.valid), ("test", config.test)) if p is None}
         labels: set[str] = set()
+        pairs = False
         candidates: list[tuple[float, Record]] = []  # (u, record) that may be held out
         sample = _TokenizerSample(seed)
         n = 0
@@ -165,6 +167,7 @@ class TextData:
             n += 1
             if "label" in record:
                 labels.add(record["label"])
+            pairs = pairs or "text_pair" in record
             key = fields.input_key(record)
             if key in given_keys:
                 continue
@@ -179,7 +182,7 @@ class TextData:
             raise ValueError(f"{path}: expected at least one record, got an empty file")
         if fields.objective == "classification" and len(labels) < 2:
             raise ValueError(f"{path}: label: expected at least 2 distinct labels, got {sorted(labels)}")
-        data.labels = sorted(labels)
+        data.labels, data.pairs = sorted(labels), pairs
         data.label_ids = {name: i for i, name in enumerate(data.labels)}
         data.fraction = f = split_fraction(n)
         for split, records in given.items():

@@ -25,7 +25,7 @@ class Seq2SeqExample:
 @dataclass
 class EncodedText:
     ids: list[int]  # with the tokenizer's specials
-    type_ids: list[int]
+    type_ids: list[int] | None  # None: a model without token types (a synthetic task's)
 
 
 @dataclass
@@ -58,4 +58,5 @@ class PairExample:
 
 
 def encoder_batch(texts: list[EncodedText], pad_id: int, labels: list[int] | None = None) -> EncoderBatch:
-    return encoder_arrays([t.ids for t in texts], pad_id, labels, [t.type_ids for t in texts]).to_torch()
+    types = None if any(t.type_ids is None for t in texts) else [t.type_ids for t in texts]
+    return encoder_arrays([t.ids for t in texts], pad_id, labels, types).to_torch()

@@ -83,6 +83,6 @@ def confirm_bf16(seconds_per_step: Callable[[bool], float], step_class: str) -> 
 
 def step_class(kind: str, model: TransformerConfig, batch: str) -> str:
     """What a training step's precision choice is remembered by: the model's shape and the batch."""
-    layers = f"{model.n_layers}+{model.decoder_layers}" if kind == "seq2seq" else f"{model.n_layers}"
+    layers = {"seq2seq": f"{model.n_layers}+{model.decoder_layers}"}.get(kind, f"{model.n_layers}")
     return (f"{kind} d{model.d_model} h{model.n_heads} ff{model.d_ff} L{layers} "
             f"vocab {model.vocab_size} batch {batch}")

@@ -1,0 +1,172 @@
+"""What every objective shares: the source it learns from, batches, prediction and evaluation.
+
+    objective = make_objective(config, run_dir)          # tformer.training.objectives
+    model = objective.build_model()
+    for batch in objective.train_batches(start): loss, acc = objective.loss(model, batch)
+    metrics, shown = objective.evaluate(model, "validation")
+
+One subclass per kind of model (Seq2Seq, Classification, Embedding), each taking a typed
+source (tformer.training.sources: a synthetic task or your files). The training loop never
+asks which it has; a trained run (tformer.runs) has the verbs of its kind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from tformer.config import TransformerConfig
+from tformer.formats.pretrained import pretrained_config
+from tformer.training.sources import Data, FileSource, TaskSource
+
+# Validation decodes (seq2seq) and the teacher-forced loss of every evaluation use at most
+# this many examples of the validation split; the test split is always scored whole.
+EVAL_SAMPLE = 500
+PREDICT_BATCH = 64  # examples per forward when predicting
+
+Source = TaskSource | FileSource
+
+
+@contextlib.contextmanager
+def evaluating(model: nn.Module) -> Iterator[nn.Module]:
+    """Eval mode and no gradients for the block; the model's mode is restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield model
+    finally:
+        model.train(was_training)
+
+
+def validation_sample(split: str, examples: list) -> list:
+    """What an evaluation scores: the validation split's first EVAL_SAMPLE, the test split whole."""
+    return examples[:EVAL_SAMPLE] if split == "validation" else examples
+
+
+class Objective(ABC):
+    """A kind of model and what it learns from its source. Subclasses set the class attributes
+    and define the abstract methods: model_config, build_model, encode, collate, loss,
+    predict_batch and score."""
+
+    kind = ""  # "seq2seq", "classification" or "embedding": reports, run directories
+    model_kind = ""  # what tformer.stats sizes: "seq2seq", "classifier" or "encoder"
+    inputs = ("text",)  # the fields a user's input texts fill (a tab separates the second)
+
+    def __init__(self, source: Source) -> None:
+        self.source, self.config = source, source.config
+
+    def with_config(self, config) -> Objective:
+        """This objective under other training options: what a plan probes and settles on."""
+        return type(self)(self.source.with_config(config))
+
+    @property
+    def description(self) -> str:
+        return f"{self.source.description}: {self.what()}"
+
+    def what(self) -> str:
+        return self.kind
+
+    @property
+    @abstractmethod
+    def main_metric(self) -> str:
+        """The validation metric reported first (higher is better)."""
+
+    @property
+    def best_by(self) -> str:
+        """What picks the best weights: the main metric, unless a subclass says otherwise."""
+        return self.main_metric
+
+    def model_width(self) -> int:
+        """d_model of the model this objective trains: a pretrained encoder's own, else the
+        run's (what the fine-tuning learning rate scales with)."""
+        if self.config.from_pretrained:
+            return pretrained_config(self.config.from_pretrained).d_model
+        return self.model_config().d_model
+
+    @property
+    def tokenizer(self):
+        """The run's text tokenizer (None for a synthetic task's symbol table)."""
+        return self.source.tokenizer
+
+    @property
+    def train_records(self) -> int | None:
+        return self.source.train_records
+
+    # What subclasses define ---------------------------------------------------------------
+    @abstractmethod
+    def model_config(self) -> TransformerConfig:
+        """The model's TransformerConfig: the run's sizes, the source's vocabulary and lengths."""
+
+    @abstractmethod
+    def build_model(self, model_config: TransformerConfig | None = None) -> nn.Module:
+        """The model, newly initialised (a pretrained encoder's weights for a fine-tune)."""
+
+    @abstractmethod
+    def encode(self, examples: list) -> list:
+        """Typed examples (tformer.training.examples): token ids and each one's cost."""
+
+    @abstractmethod
+    def collate(self, encoded: list) -> Any:
+        """A padded batch of tensors (tformer.text.batches) from typed examples."""
+
+    @abstractmethod
+    def loss(self, model: nn.Module, batch: Any, label_smoothing: float = 0.0) -> tuple[Tensor, float]:
+        """The training loss of a batch, and its accuracy for logging."""
+
+    @abstractmethod
+    def predict_batch(self, model: nn.Module, batch: Any, **options: Any) -> list:
+        """One prediction per example of the batch (options: a decoder's beam size...)."""
+
+    @abstractmethod
+    def score(self, examples: list, preds: list) -> tuple[dict[str, float], list]:
+        """(metrics, what each prediction shows in the sample table)."""
+
+    # Shared --------------------------------------------------------------------------------
+    def train_batches(self, start: int, rank: int = 0, world: int = 1) -> Iterator:
+        """The training stream from the `start`-th batch (this rank's: i % world == rank)."""
+        return self.source.train_batches(self.encode, self.collate, start, rank, world)
+
+    def examples(self, split: str) -> list:
+        return self.source.examples(split)
+
+    def read_examples(self, data: Data) -> list:
+        """Examples of a file or of records with the training file's fields."""
+        return self.source.read_examples(data)
+
+    def predict(self, model: nn.Module, examples: list, batch_size: int = PREDICT_BATCH,
+                **options: Any) -> list:
+        """One prediction per example, in order; labels and targets are not needed."""
+        out: list = []
+        with evaluating(model):
+            for i in range(0, len(examples), batch_size):
+                batch = self.collate(self.encode(examples[i : i + batch_size]))
+                out += self.predict_batch(model, batch, **options)
+        return out
+
+    def evaluate(self, model: nn.Module, split: str, examples: list | None = None,
+                 **options: Any) -> tuple[dict[str, float], list]:
+        """Metrics on a held-out split (or on `examples`), with the teacher-forced, unsmoothed
+        loss of the first EVAL_SAMPLE; and what each prediction shows."""
+        examples = validation_sample(split, self.examples(split)) if examples is None else examples
+        metrics, shown = self.score(examples, self.predict(model, examples, **options))
+        with evaluating(model):
+            metrics["loss"] = self.loss(model, self.collate(self.encode(examples[:EVAL_SAMPLE])))[0].item()
+        return metrics, shown
+
+    def baseline(self) -> dict[str, float]:
+        """The trivial baseline's score on the test split, under the main metric's name."""
+        return {}
+
+    def sample_rows(self, examples: list, shown: list) -> list[tuple[str, str, str]]:
+        """(input, prediction, target) rows for the sample table."""
+        return [self.source.row(ex, s) for ex, s in zip(examples, shown, strict=True)]
+
+    def save_outputs(self, model: nn.Module, run_dir: Path, shown: list) -> None:  # noqa: B027
+        """Files beyond the checkpoint a finished run writes: none, unless a subclass says."""

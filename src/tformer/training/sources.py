@@ -1,0 +1,271 @@
+"""Where a run's examples come from: a synthetic task, or your own files. One class each.
+
+    source = TaskSource(get_task("reverse", seed), config)   # generated splits, batches by step
+    source = FileSource(TextData.build(config, run_dir))     # your files, length-bucketed batches
+
+An objective (tformer.training.objectives: one per kind of model) asks its source for held-out
+examples, training batches, token ids, and scores; it never asks which source it has. What the
+two differ in: examples (a task's ``Example``, a file's record dict), tokenizers (a task's
+symbol table with tformer's specials, a file's trained or pretrained subwords), the model's
+layout (a task's plain encoder; a file's BERT layout for encoders, so that they export) and
+metrics (exact match of generated ids; BLEU and chrF of decoded text, macro-F1 of labels).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from tformer.config import TransformerConfig, bert_layout
+from tformer.tasks import Example, Task
+from tformer.tasks.base import sequence_metrics
+from tformer.text.specials import BOS, EOS, PAD
+from tformer.text.tokenizer import Tokenizer
+from tformer.training import evaluation
+from tformer.training.dataset import BatchStream, TextData
+from tformer.training.examples import EncodedText
+from tformer.training.records import Record
+
+Data = str | Path | Any  # a file, or records (an iterable of dicts of fields)
+
+
+class TaskSource:
+    """A synthetic task (tformer.tasks): its splits are generated from the seed, and the batch
+    for step k depends only on (seed, k). Inputs are the task's symbols; ids carry tformer's
+    specials (PAD, BOS, EOS)."""
+
+    bos_id, eos_id, pad_id = BOS, EOS, PAD
+    sequence_metric = "exact_match"  # generation is scored by whole-sequence exact match
+    train_records = None  # an endless stream
+
+    def __init__(self, task: Task, config) -> None:
+        self.task, self.config = task, config
+        self.kind = task.kind
+        self.description = f"task {task.name}: {task.description}"
+        self.labels = [str(c) for c in range(task.n_classes or 0)]  # class ids, as printed
+
+    def with_config(self, config) -> TaskSource:
+        """The same task under other training options (a plan trying sizes)."""
+        return TaskSource(self.task, config)
+
+    # The model's shape ---------------------------------------------------------------------
+    def seq2seq_config(self) -> TransformerConfig:
+        """The sizes given, the task's vocabulary, lengths and classes."""
+        return self.config.task_model(self.task)
+
+    def encoder_config(self, **heads: Any) -> TransformerConfig:
+        """As seq2seq_config: a task's classifier is a plain encoder with its own head options."""
+        return self.config.task_model(self.task)
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.task.max_target_tokens + 1  # its EOS
+
+    # Examples -------------------------------------------------------------------------------
+    def examples(self, split: str) -> list[Example]:
+        return self.task.split(split)
+
+    def train_batches(self, encode: Callable[[list], list], collate: Callable[[list], Any], start: int,
+                      rank: int = 0, world: int = 1) -> Iterator:
+        """Batch `step` for each step from `start` whose step % world == rank."""
+        step = start
+        while True:
+            if step % world == rank:
+                yield collate(encode(self.task.train_batch(step, self.config.batch_size)))
+            step += 1
+
+    def inputs(self, texts: list[str], fields: tuple[str, ...], pairs: list | None = None) -> list[Example]:
+        """Examples of texts a user gives (the task's symbols only: a one-line error else)."""
+        if pairs is not None and any(pairs):
+            raise ValueError(f"pairs: {self.description} takes single inputs, got pairs")
+        for text in texts:
+            n = len(self.task.tokenizer.encode(text, strict=True))
+            if not n:
+                raise ValueError(f"input: expected at least one symbol, got {text!r}")
+            if n + 1 > self.task.max_len:  # with its EOS (or BOS)
+                raise ValueError(f"input: {text!r} is {n + 1} tokens with specials; this model takes "
+                                 f"at most {self.task.max_len}")
+        return [Example(text) for text in texts]
+
+    def read_examples(self, data: Data) -> list:
+        raise ValueError(f"data: {self.description} evaluates on its own generated splits, not on files")
+
+    # Token ids ------------------------------------------------------------------------------
+    def field(self, example: Example, name: str) -> str | None:
+        """An example's text by the field name a file would use (a task's input is its source)."""
+        return {"source": example.source, "text": example.source, "target": example.target}.get(name)
+
+    def pieces(self, texts: list[str | None]) -> list[list[int]]:
+        """Symbol ids without specials (what an encoder-decoder reads, EOS added, and predicts)."""
+        return [self.task.tokenizer.encode(t or "") for t in texts]
+
+    def encode_texts(self, texts: list[str], pairs: list | None = None) -> list[EncodedText]:
+        """What a classifier reads: BOS, then the symbols (no token types)."""
+        return [EncodedText([BOS] + self.task.tokenizer.encode(t), None) for t in texts]
+
+    def label_ids(self, examples: list[Example]) -> list[int]:
+        return [ex.label for ex in examples]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.task.tokenizer.decode(ids)
+
+    def token_name(self, token_id: int) -> str:
+        return self.task.tokenizer.vocab[token_id]
+
+    def cut_at(self, max_length: int) -> TaskSource:
+        return self  # a task's inputs are short by construction
+
+    # Scores ---------------------------------------------------------------------------------
+    def score_sequences(self, ids: list[list[int]], examples: list[Example]) -> tuple[dict[str, float], list]:
+        """Exact match and token accuracy of generated ids; the predictions shown: decoded."""
+        metrics = sequence_metrics(ids, self.pieces([ex.target for ex in examples]))
+        return metrics, [self.decode(p) for p in ids]
+
+    def score_classes(self, predicted: list[int], examples: list[Example]) -> dict[str, float]:
+        right = sum(p == ex.label for p, ex in zip(predicted, examples, strict=True))
+        return {"accuracy": right / max(len(examples), 1)}
+
+    def majority(self) -> float:
+        """Test accuracy of always predicting the majority label of a large training sample."""
+        return self.task.majority_baseline()["accuracy"]
+
+    def row(self, example: Example, shown: str) -> tuple[str, str, str]:
+        """(input, prediction, target) for the sample table."""
+        return example.source, shown, example.target or str(example.label)
+
+    # Files of the run -----------------------------------------------------------------------
+    @property
+    def tokenizer(self):
+        return None  # no text tokenizer (a symbol table): nothing exports to transformers
+
+
+class FileSource:
+    """Your own files (tformer.training.dataset.TextData): the held-out splits, the training
+    stream of length-bucketed batches, the run's tokenizer and label names."""
+
+    sequence_metric = "bleu"
+
+    def __init__(self, data: TextData, config=None) -> None:
+        self.config = data.config if config is None else config
+        if data.tokenizer is not None and data.tokenizer.max_length != self.config.max_length \
+                and not self.config.from_pretrained:
+            data = data.with_max_length(self.config.max_length)  # a plan trying lengths
+        self.data, self.tokenizer = data, data.tokenizer
+        self.kind = data.fields.objective
+        self.labels = list(data.labels)
+        self.description = f"data {self.config.data}"
+
+    def with_config(self, config) -> FileSource:
+        """The same data under other training options (a plan trying lengths and sizes)."""
+        return FileSource(self.data, config)
+
+    @property
+    def train_records(self) -> int | None:
+        return self.data.train_record_estimate()
+
+    @property
+    def bos_id(self) -> int:
+        return self.tokenizer.bos_id
+
+    @property
+    def eos_id(self) -> int:
+        return self.tokenizer.eos_id
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_id
+
+    # The model's shape ---------------------------------------------------------------------
+    def seq2seq_config(self) -> TransformerConfig:
+        """An encoder-decoder of the sizes given (with a final norm where pre-norm)."""
+        c = self.config
+        return c.model.replace(final_norm=c.model.norm_first, vocab_size=self.tokenizer.vocab_size,
+                               max_len=c.max_length + 1)
+
+    def encoder_config(self, **heads: Any) -> TransformerConfig:
+        """An encoder of the sizes given in BERT's layout (config.bert_layout), so that it
+        exports to transformers and sentence-transformers; `heads`: a classifier's
+        (n_classes, pooling, pooler)."""
+        c = self.config
+        return bert_layout(c.model, max_len=c.max_length, vocab_size=self.tokenizer.vocab_size, **heads)
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.config.max_length
+
+    # Examples -------------------------------------------------------------------------------
+    def examples(self, split: str) -> list[Record]:
+        return self.data.held_out(split)
+
+    def train_batches(self, encode: Callable[[list], list], collate: Callable[[list], Any], start: int,
+                      rank: int = 0, world: int = 1) -> BatchStream:
+        return BatchStream(self.data, encode, collate, self.config.max_tokens, start, rank, world)
+
+    def inputs(self, texts: list[str], fields: tuple[str, ...], pairs: list | None = None) -> list[Record]:
+        """Records of texts a user gives: texts[i] fills fields[0], pairs[i] (if given and not
+        empty) fields[1]: a classifier's text_pair, refused for a run trained without pairs."""
+        if pairs is None:
+            return [{fields[0]: text} for text in texts]
+        if len(pairs) != len(texts):
+            raise ValueError(f"pairs: expected {len(texts)} (one per text), got {len(pairs)}")
+        if any(pairs) and not self.data.pairs:
+            raise ValueError(f"pairs: {self.description} trained on single texts (no "
+                             f"{fields[1]} field), got pairs")
+        return [{fields[0]: t, **({fields[1]: p} if p else {})} for t, p in zip(texts, pairs, strict=True)]
+
+    def read_examples(self, data: Data) -> list[Record]:
+        if isinstance(data, (str, Path)):
+            return list(self.data.read_file(data))
+        return self.data.check_records(data, "data")
+
+    # Token ids ------------------------------------------------------------------------------
+    def field(self, record: Record, name: str) -> str | None:
+        return record.get(name)
+
+    def pieces(self, texts: list[str | None]) -> list[list[int]]:
+        """Subword ids without specials, each cut to max_length - 1 (room for EOS or BOS)."""
+        return self.tokenizer.pieces([t or "" for t in texts])
+
+    def encode_texts(self, texts: list[str], pairs: list | None = None) -> list[EncodedText]:
+        """Each text (and its pair, where not None) on its own, with the tokenizer's specials,
+        cut to max_length."""
+        return [EncodedText(*x) for x in self.tokenizer.encode_inputs(texts, pairs)]
+
+    def label_ids(self, records: list[Record]) -> list[int]:
+        return [self.data.label_ids.get(r.get("label", ""), -1) for r in records]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    def token_name(self, token_id: int) -> str:
+        return self.tokenizer.backend.id_to_token(token_id)
+
+    def cut_at(self, max_length: int) -> FileSource:
+        """This source with its texts cut at max_length tokens, where that is below the run's."""
+        other = copy.copy(self)
+        other.tokenizer = Tokenizer(self.tokenizer.backend, min(max_length, self.tokenizer.max_length),
+                                    self.tokenizer.pad_id)
+        return other
+
+    # Scores ---------------------------------------------------------------------------------
+    def score_sequences(self, ids: list[list[int]], records: list[Record]) -> tuple[dict[str, float], list]:
+        """BLEU, chrF and exact match of the decoded outputs (sacrebleu: comparable across papers)."""
+        texts = [self.decode(p) for p in ids]
+        return evaluation.text_metrics(texts, [r["target"] for r in records]), texts
+
+    def score_classes(self, predicted: list[int], records: list[Record]) -> dict[str, float]:
+        actual = [self.data.label_ids[r["label"]] for r in records]
+        return evaluation.classification_metrics(predicted, actual, len(self.labels))
+
+    def majority(self) -> float:
+        """Test accuracy of always predicting the test split's most frequent label."""
+        counts: dict[str, int] = {}
+        for r in self.examples("test"):
+            counts[r["label"]] = counts.get(r["label"], 0) + 1
+        return max(counts.values()) / sum(counts.values())
+
+    def row(self, record: Record, shown: str) -> tuple[str, str, str]:
+        first, second = self.data.fields.required
+        return record[first], shown, record[second]
