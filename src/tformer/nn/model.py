@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from tformer import kernels
 from tformer.config import TransformerConfig
+from tformer.formats.model_dir import ModelDir
 from tformer.formats.pretrained import load_state, read_pretrained, save_pretrained
 from tformer.nn.dropout import Dropout
 from tformer.nn.inputs import check_embeddings, check_token_ids, one_input
@@ -154,7 +155,7 @@ class Encoder(nn.Module):
     # Real checkpoints (BERT format and tformer's own): files are read in tformer.formats.pretrained.
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, allow_pickle: bool = False, dtype: torch.dtype | str | None = None
+        cls, path: str | Path | ModelDir, allow_pickle: bool = False, dtype: torch.dtype | str | None = None
     ) -> Encoder:
         """An Encoder (in eval mode) with the weights of a BERT-format or tformer directory.
 
@@ -174,7 +175,7 @@ class Encoder(nn.Module):
         save_pretrained(self, path, **kwargs)
 
 
-def from_pretrained(path: str | Path, allow_pickle: bool = False,
+def from_pretrained(path: str | Path | ModelDir, allow_pickle: bool = False,
                     dtype: torch.dtype | str | None = None) -> Encoder:
     """``Encoder.from_pretrained`` as a function: ``tformer.from_pretrained(DIR)``."""
     return Encoder.from_pretrained(path, allow_pickle=allow_pickle, dtype=dtype)

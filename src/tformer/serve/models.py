@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from tformer.text.batches import EncodedText, encoder_batch
+
 
 @dataclass
 class Item:
@@ -63,51 +65,27 @@ class EmbeddingModel:
             if str(e).startswith("max_length:"):
                 raise ValueError("--max-input-tokens:" + str(e).removeprefix("max_length:")) from None
             raise
-        self.backend = self.st.tokenizer.backend  # a `tokenizers.Tokenizer`, padding/truncation off
         self.max_input_tokens = self.st.tokenizer.max_length
-        self.pad_id = self.st.tokenizer.pad_id
         self.dim = self.st.dim
         self.normalize = self.st.normalize
 
     def items(self, texts: list[str], truncate: bool) -> list[Item]:
-        if self.st.tokenizer.lowercase:
-            texts = [t.lower() for t in texts]
-        encodings = self.backend.encode_batch(texts) if len(texts) > 1 else [self.backend.encode(texts[0])]
-        rows = [(e.ids, e.type_ids) for e in encodings]
-        full = [len(ids) for ids, _ in rows]
-        long = _too_long(full, self.max_input_tokens, truncate)
-        if long:  # as tformer.text.tokenizer does: re-encode with the tokenizer's own truncation
-            self.backend.enable_truncation(max_length=self.max_input_tokens)
-            try:
-                for i, e in zip(long, self.backend.encode_batch([texts[i] for i in long]), strict=True):
-                    rows[i] = (e.ids, e.type_ids)
-            finally:
-                self.backend.no_truncation()
-        return [Item(len(ids), n, (ids, types)) for (ids, types), n in zip(rows, full, strict=True)]
+        """The texts as the model reads them, cut as the tokenizer cuts (tformer.text.tokenizer:
+        the one path `tformer embed` takes too); a text past the limit is refused unless truncating."""
+        encoded = self.st.tokenizer.encode(texts)
+        full = [e.full for e in encoded]
+        _too_long(full, self.max_input_tokens, truncate)
+        return [Item(len(e.ids), n, e) for e, n in zip(encoded, full, strict=True)]
 
-    @torch.inference_mode()
-    def run(self, payloads: list[tuple[list[int], list[int]]], normalize: bool) -> list[np.ndarray]:
-        """Embed one batch; what ``SentenceEncoder.encode`` does per batch, from token ids.
+    def run(self, payloads: list[EncodedText], normalize: bool) -> list[np.ndarray]:
+        """Embed one batch, as ``SentenceEncoder.encode`` does each of its batches.
         ``normalize`` is the batch's key: inputs batch together only with the same.
 
         Shape:
             returns B vectors (dim,) float32, in the order of ``payloads``
         """
-        from tformer.embeddings.sentence import pool
-
-        b, s = len(payloads), max(len(ids) for ids, _ in payloads)
-        ids = torch.full((b, s), self.pad_id, dtype=torch.long)  # (B, S)
-        types = torch.zeros((b, s), dtype=torch.long)  # (B, S)
-        mask = torch.zeros((b, s), dtype=torch.long)  # (B, S) 1 = real token
-        for i, (row, row_types) in enumerate(payloads):
-            ids[i, : len(row)] = torch.tensor(row)
-            types[i, : len(row)] = torch.tensor(row_types)
-            mask[i, : len(row)] = 1
-        enc = self.st.model(ids, attention_mask=mask, token_type_ids=types)
-        emb = pool(enc.last_hidden_state, enc.mask, self.st.pooling)  # (B, dim)
-        if normalize:
-            emb = torch.nn.functional.normalize(emb, p=2.0, dim=-1)
-        return list(emb.float().numpy())
+        batch = encoder_batch(payloads, self.st.tokenizer.pad_id)
+        return list(self.st.embed_batch(batch, normalize).numpy())
 
     def warm_up(self) -> None:
         self.run([item.payload for item in self.items(["warm up"], True)], True)
@@ -130,18 +108,11 @@ class _Run:
                              f"got {max_input_tokens}")
         self.max_input_tokens = max_input_tokens or limit
         self.run_limit = limit
-        # A copy to count with in the event loop: the model thread's encode switches truncation
-        # on and off on the run's own tokenizer.
-        backend = run.tokenizer.backend
-        self.counter = type(backend).from_str(backend.to_str())
-        self.counter.no_truncation()
-        self.counter.no_padding()
+        self.tokenizer = run.tokenizer  # thread-safe: counting here while the model thread encodes
 
-    def _count(self, texts: list[str], pairs: list[str] | None = None) -> list[int]:
+    def _count(self, texts: list[str], pairs: list[str | None] | None = None) -> list[int]:
         """Tokens with the tokenizer's specials, before the run's own cut."""
-        backend = self.counter
-        inputs = texts if pairs is None else list(zip(texts, pairs, strict=True))
-        return [len(e.ids) for e in backend.encode_batch(inputs)]
+        return [e.full for e in self.tokenizer.encode(texts, pairs)]
 
     def _items(self, payloads: list, full: list[int], truncate: bool) -> list[Item]:
         # The run cuts at its own max_length (as `tformer predict` / `generate` do); below that,
@@ -160,7 +131,7 @@ class ClassificationModel(_Run):
 
     def items(self, records: list[dict[str, str]], truncate: bool) -> list[Item]:
         texts = [r["text"] for r in records]
-        pairs = [r.get("text_pair", "") for r in records]
+        pairs = [r.get("text_pair") or None for r in records]
         full = self._count(texts, pairs if any(pairs) else None)
         return self._items(records, full, truncate)
 
@@ -191,7 +162,7 @@ class Seq2SeqModel(_Run):
         return self._items(texts, full, truncate)
 
     def _count_pieces(self, texts: list[str]) -> list[int]:
-        return [len(e.ids) for e in self.counter.encode_batch(texts, add_special_tokens=False)]
+        return [len(e.ids) for e in self.tokenizer.backend.encode_batch(texts, add_special_tokens=False)]
 
     @property
     def max_new_tokens(self) -> int:

@@ -21,11 +21,11 @@ from typing import Any
 from tformer.config import TransformerConfig, bert_layout
 from tformer.tasks import Example, Task
 from tformer.tasks.base import sequence_metrics
+from tformer.text.batches import EncodedText
 from tformer.text.specials import BOS, EOS, PAD
 from tformer.text.tokenizer import Tokenizer
 from tformer.training import evaluation
 from tformer.training.dataset import BatchStream, TextData
-from tformer.training.examples import EncodedText
 from tformer.training.records import Record
 
 Data = str | Path | Any  # a file, or records (an iterable of dicts of fields)
@@ -231,7 +231,7 @@ class FileSource:
     def encode_texts(self, texts: list[str], pairs: list | None = None) -> list[EncodedText]:
         """Each text (and its pair, where not None) on its own, with the tokenizer's specials,
         cut to max_length."""
-        return [EncodedText(*x) for x in self.tokenizer.encode_inputs(texts, pairs)]
+        return self.tokenizer.encode(texts, pairs)
 
     def label_ids(self, records: list[Record]) -> list[int]:
         return [self.data.label_ids.get(r.get("label", ""), -1) for r in records]

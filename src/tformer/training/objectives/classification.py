@@ -12,9 +12,9 @@ from torch import nn
 
 from tformer.config import TransformerConfig
 from tformer.nn.model import EncoderClassifier, from_pretrained
-from tformer.text.batches import EncoderBatch
+from tformer.text.batches import EncoderBatch, encoder_batch
 from tformer.training import evaluation
-from tformer.training.examples import LabeledExample, encoder_batch
+from tformer.training.examples import LabeledExample
 from tformer.training.losses import classification_loss
 from tformer.training.objectives.base import Objective
 from tformer.training.report import plot_confusion
