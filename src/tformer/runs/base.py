@@ -12,8 +12,8 @@ asks which kind it is.
 from __future__ import annotations
 
 import json
-from abc import ABC, abstractmethod
 import shlex
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,7 +102,8 @@ class Run(ABC):
         """What `tformer export RUN --hf DIR` (or `--onnx OUT`) writes, checked before it is
         published; returns the path written."""
         if (hf is None) == (onnx is None):
-            raise ValueError("export: expected one of hf= or onnx=, got " + ("both" if hf is not None else "neither"))
+            got = "both" if hf is not None else "neither"
+            raise ValueError(f"export: expected one of hf= or onnx=, got {got}")
         option, target = ("--hf", hf) if hf is not None else ("--onnx", onnx)
         card = self.card(shlex.join(["tformer", "export", str(self.path), option, str(target)]))
         if hf is not None:

@@ -47,7 +47,8 @@ class ClassificationRun(Run):
         tok = self.tokenizer
         written = hf_classifier.export_classifier(out, self.model, tok.backend, tuple(self.labels),
                                                   tok.max_length, card)
-        print(f"wrote {written}/ (AutoModelForSequenceClassification.from_pretrained loads it)", file=sys.stderr)
+        print(f"wrote {written}/ (AutoModelForSequenceClassification.from_pretrained loads it)",
+              file=sys.stderr)
         return written
 
     def export_onnx(self, out: Path, card: Card, opset: int) -> Path:

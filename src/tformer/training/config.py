@@ -45,7 +45,7 @@ MODEL_OPTIONS: dict[str, str] = {
     "n_layers": "encoder layers (and decoder layers unless --n-decoder-layers)",
     "n_decoder_layers": "decoder layers (default: --n-layers)",
     "dropout": "dropout probability",
-    "norm_first": "pre-norm layers (default: post-norm)",
+    "norm_first": "pre-norm layers (else post-norm, as in the paper)",
     "pooling": "classification: pool the first position (cls; on your data through BERT's pooler, "
                "so --hf exports it) or the mean of the real tokens (mean)",
 }
@@ -78,8 +78,7 @@ class TrainConfig:
                          "--from-pretrained the model's own tokenizer decides)")
     max_length: int = _f(128, "tokens per text (longer texts are truncated; a run prints the share it cuts)")
     max_tokens: int | None = _f(4096, "data runs: padded tokens per batch (length-bucketed batches); "
-                                "none: --batch-size examples of the data's mean length (the "
-                                "default for seq2seq, classification and fine-tuning)")
+                                "none: --batch-size examples of the data's mean length")
     accumulate: int = _f(1, "batches whose gradients are summed per update")
     precision: str = _f("auto", "auto (bf16 autocast where this CPU computes bf16 natively and a step of "
                         "this model is measured faster in it, else fp32), fp32 or bf16 (fp32 master "
@@ -88,9 +87,9 @@ class TrainConfig:
     steps: int = _f(2000, "optimizer updates in total (a resumed run continues up to this count)")
     epochs: int | None = _f(None, "data runs: stop after this many passes over the training data")
     batch_size: int = _f(64, "examples per update: synthetic tasks, and data runs with "
-                         "--max-tokens none (seq2seq 40, classification and fine-tuning 32)")
+                         "--max-tokens none")
     lr: float | None = _f(1e-3, "peak learning rate, reached at the end of warmup (none: by the "
-                          "model's width, the fine-tuning default)")
+                          "model's width)")
     warmup: int = _f(200, "steps of linear warmup")
     schedule: str = _f("inverse_sqrt", "inverse_sqrt (Vaswani et al. 2017, §5.3), cosine or "
                        "linear (both decay to 0 at --steps)")
