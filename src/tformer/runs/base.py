@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import shlex
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,8 +162,3 @@ def texts_of(texts: str | Iterable[str], name: str = "texts") -> list[str]:
         if not isinstance(t, str):
             raise TypeError(f"{name}[{i}]: expected a str, got {type(t).__name__}")
     return out
-
-
-def batches(items: list, size: int) -> Iterator[list]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
