@@ -82,7 +82,7 @@ def test_cli_embed_dtype_bf16(tmp_path):
 ])
 def test_auto_is_bf16_only_where_native_and_measured_faster(monkeypatch, native, speedup, expected):
     monkeypatch.setattr(tformer.nn.precision, "has_bf16", lambda: native)
-    monkeypatch.setattr(tformer.nn.precision, "bf16_speedup", lambda: speedup)
+    monkeypatch.setattr(tformer.nn.precision, "bf16_speedup", lambda **_: speedup)
     chosen, why = resolve_precision("auto")
     assert chosen == expected
     assert why == NO_BF16 if not native else f"{speedup:.2f}x" in why
@@ -91,7 +91,7 @@ def test_auto_is_bf16_only_where_native_and_measured_faster(monkeypatch, native,
 
 def test_auto_runs_what_it_resolves_to(tiny_config, monkeypatch):
     monkeypatch.setattr(tformer.nn.precision, "has_bf16", lambda: True)
-    monkeypatch.setattr(tformer.nn.precision, "bf16_speedup", lambda: 2.0)
+    monkeypatch.setattr(tformer.nn.precision, "bf16_speedup", lambda **_: 2.0)
     model = to_precision(Encoder(tiny_config), "auto")
     assert model.layers[0].ffn.up.weight.dtype == torch.bfloat16
     monkeypatch.setattr(tformer.nn.precision, "has_bf16", lambda: False)
