@@ -147,7 +147,11 @@ def run(args: argparse.Namespace) -> int:
         if args.resume is not None:
             raise ValueError("--resume: the numpy engine cannot resume a run (no optimizer "
                              "state is saved); use --engine torch")
-        train_numpy(resolve_config(from_file, given), progress=not args.quiet)
+        config = resolve_config(from_file, given)
+        if config.device not in ("auto", "cpu"):
+            raise ValueError(f"--device: the numpy engine runs on the CPU; expected auto or cpu, "
+                             f"got {config.device!r}")
+        train_numpy(config, progress=not args.quiet)
         return 0
     from tformer.training.loop import train
 

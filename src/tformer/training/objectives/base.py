@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from tformer.config import TransformerConfig
+from tformer.devices import model_device
 from tformer.formats.pretrained import pretrained_config
 from tformer.training.sources import Data, FileSource, TaskSource
 
@@ -142,11 +143,13 @@ class Objective(ABC):
 
     def predict(self, model: nn.Module, examples: list, batch_size: int = PREDICT_BATCH,
                 **options: Any) -> list:
-        """One prediction per example, in order; labels and targets are not needed."""
+        """One prediction per example, in order; labels and targets are not needed. Batches go
+        to the model's device."""
         out: list = []
+        device = model_device(model)
         with evaluating(model):
             for i in range(0, len(examples), batch_size):
-                batch = self.collate(self.encode(examples[i : i + batch_size]))
+                batch = self.collate(self.encode(examples[i : i + batch_size])).to(device)
                 out += self.predict_batch(model, batch, **options)
         return out
 
@@ -157,7 +160,8 @@ class Objective(ABC):
         examples = validation_sample(split, self.examples(split)) if examples is None else examples
         metrics, shown = self.score(examples, self.predict(model, examples, **options))
         with evaluating(model):
-            metrics["loss"] = self.loss(model, self.collate(self.encode(examples[:EVAL_SAMPLE])))[0].item()
+            batch = self.collate(self.encode(examples[:EVAL_SAMPLE])).to(model_device(model))
+            metrics["loss"] = self.loss(model, batch)[0].item()
         return metrics, shown
 
     def baseline(self) -> dict[str, float]:
