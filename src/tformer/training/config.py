@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from tformer.config import FieldType, TransformerConfig, check_known_keys, field_types
+from tformer.devices import HELP as DEVICE_HELP
+from tformer.devices import check_spec
 from tformer.errors import BadType
 from tformer.tasks import TASKS, Task
 from tformer.training.records import peek_fields
@@ -33,7 +35,7 @@ MAX_LENGTH = 8192
 # Options that may differ when resuming; changing any other would make the resumed run
 # a different experiment than the one its checkpoint started.
 RESUMABLE = ("steps", "eval_every", "log_every", "threads", "max_minutes", "out", "patience",
-             "keep", "epochs", "precision")
+             "keep", "epochs", "precision", "device")
 
 
 # The TransformerConfig fields a run sets from its options (by their own names: --d-model);
@@ -80,9 +82,11 @@ class TrainConfig:
     max_tokens: int | None = _f(4096, "data runs: padded tokens per batch (length-bucketed batches); "
                                 "none: --batch-size examples of the data's mean length")
     accumulate: int = _f(1, "batches whose gradients are summed per update")
-    precision: str = _f("auto", "auto (bf16 autocast where this CPU computes bf16 natively and a step of "
-                        "this model is measured faster in it, else fp32), fp32 or bf16 (fp32 master "
-                        "weights either way)")
+    precision: str = _f("auto", "auto (bf16 autocast where the device computes bf16 natively and a step "
+                        "of this model is measured faster in it, else fp32; fp16 with a GradScaler on "
+                        "a CUDA GPU without bf16), fp32 or bf16 (fp32 master weights either way)")
+    device: str = _f("auto", "where the run trains: " + DEVICE_HELP.removesuffix(" (default: auto)")
+                     + "; recorded in the run, whose checkpoints load on any device")
     # Optimisation.
     steps: int = _f(2000, "optimizer updates in total (a resumed run continues up to this count)")
     epochs: int | None = _f(None, "data runs: stop after this many passes over the training data")
@@ -126,6 +130,7 @@ class TrainConfig:
             raise BadType(f"model: expected a TransformerConfig, got {type(self.model).__name__}")
         if self.data is None and self.task not in TASKS:
             raise ValueError(f"task: expected one of {', '.join(TASKS)}; got {self.task!r}")
+        check_spec(self.device)
         for name, choices in (("schedule", SCHEDULES), ("tokenizer", TOKENIZERS),
                               ("precision", PRECISIONS)):
             if getattr(self, name) not in choices:

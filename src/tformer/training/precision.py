@@ -1,11 +1,13 @@
 """The training precision: fp32, or bf16 autocast with fp32 master weights.
 
---precision auto (the default) trains in bf16 where the CPU computes it natively and it is
-measured faster here (a generic product first, then a few steps of the run's own model:
-``confirm_bf16``), else fp32; the run prints what it chose and why. bf16 autocast runs the
-matrix products in bfloat16 and keeps the weights, the optimizer, the norms and the loss in fp32
-(1.9-2.5x faster steps on an AVX-512 bf16 / AMX CPU; on an AVX2-only CPU oneDNN has no bf16
-kernels worth running).
+--precision auto (the default) trains in bf16 where the device computes it natively and it is
+measured faster there (on a CPU a generic product first; then, on any device, a few steps of the
+run's own model: ``confirm_bf16``), else fp32; the run prints what it chose and why. bf16
+autocast runs the matrix products in bfloat16 and keeps the weights, the optimizer, the norms
+and the loss in fp32 (1.9-2.5x faster steps on an AVX-512 bf16 / AMX CPU; on an AVX2-only CPU
+oneDNN has no bf16 kernels worth running). A CUDA GPU without bf16 units (before Ampere) takes
+fp16 autocast with a GradScaler instead (``tformer.devices.half_dtype``), chosen the same way;
+the run records "fp16".
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable
 import torch
 
 from tformer.config import TransformerConfig
+from tformer.devices import gpu_name, half_dtype
 from tformer.kernels import autotune
 from tformer.kernels.machine import NO_BF16, has_bf16
 from tformer.nn.model import Encoder
@@ -25,12 +28,26 @@ from tformer.nn.precision import MIN_SPEEDUP, bf16_speedup
 # kept: a small model's products gain less than its casts cost (the built-in reverse task's
 # model trained 1.2x slower under bf16 on an AMD EPYC Zen 4 whose 512^3 product ran 1.95x faster).
 MIN_STEP_SPEEDUP = 1.1
+_CPU = torch.device("cpu")
 
 
-def choose_precision(requested: str) -> tuple[str, str]:
-    """("fp32" or "bf16", why) for a run asking for `requested`."""
+def choose_precision(requested: str, device: torch.device = _CPU) -> tuple[str, str]:
+    """("fp32", "bf16" or "fp16", why) for a run on `device` asking for `requested`."""
     if requested == "fp32":
         return "fp32", "asked for"
+    if device.type == "cuda":
+        half = "bf16" if half_dtype(device) == torch.bfloat16 else "fp16"
+        if requested == "bf16" and half != "bf16":
+            raise ValueError(f"precision: this GPU ({gpu_name(device)}) has no bf16 units; expected "
+                             "auto (fp16 autocast with a GradScaler) or fp32, got bf16")
+        why = "asked for" if requested == "bf16" else (
+            f"{half} autocast on {gpu_name(device)} (a step of this model is timed before it is kept)")
+        return half, why
+    if device.type != "cpu":
+        if requested == "bf16":
+            raise ValueError(f"precision: bf16 autocast is not supported on {device.type} here; "
+                             "expected auto or fp32, got bf16")
+        return "fp32", f"mixed precision on {device.type} is not measured here"
     if requested == "bf16":
         if not bf16_supported():
             raise ValueError("precision: this CPU cannot run bfloat16 matrix products under autocast "
@@ -38,7 +55,7 @@ def choose_precision(requested: str) -> tuple[str, str]:
         return "bf16", "asked for"
     if not has_bf16():
         return "fp32", NO_BF16
-    speedup = bf16_speedup()
+    speedup = bf16_speedup(device=device)
     if speedup < MIN_SPEEDUP or not bf16_supported():
         return "fp32", f"bf16 matrix products measured only {speedup:.2f}x fp32's here"
     return "bf16", f"native bf16, matrix products measured {speedup:.2f}x fp32's here"
@@ -58,27 +75,31 @@ def bf16_supported() -> bool:
     return True
 
 
-def confirm_bf16(seconds_per_step: Callable[[bool], float], step_class: str) -> tuple[bool, str]:
-    """(train in bf16, why) for a run whose "auto" chose bf16 from a generic product:
-    `seconds_per_step(bf16)` times a few updates of the run's own model on its own batches.
+def confirm_bf16(seconds_per_step: Callable[[bool], float], step_class: str,
+                 device: torch.device = _CPU) -> tuple[bool, str]:
+    """(train in 16-bit autocast, why) for a run whose "auto" chose it (on a CPU from a generic
+    product): `seconds_per_step(bf16)` times a few updates of the run's own model on its own
+    batches, on `device` (fp16 on a GPU without bf16 units: the messages say which).
 
-    Measured once per machine and `step_class` (``step_class()``) and remembered with the kernel
+    Measured once per device and `step_class` (``step_class()``) and remembered with the kernel
     choices (tformer.kernels.autotune): the same run on the same machine trains in the same precision,
     so its result does not hang on one timing's noise, and a run killed before its first
     checkpoint starts again as it first did.
     """
+    half = "bf16" if half_dtype(device) == torch.bfloat16 else "fp16"
+
     def decide_now() -> dict:
         fp32, bf16 = seconds_per_step(False), seconds_per_step(True)
-        choice = "bf16" if fp32 >= MIN_STEP_SPEEDUP * bf16 else "fp32"
-        return autotune.decision(choice, {"fp32": fp32, "bf16": bf16})
+        choice = half if fp32 >= MIN_STEP_SPEEDUP * bf16 else "fp32"
+        return autotune.decision(choice, {"fp32": fp32, half: bf16})
 
-    decision = autotune.recall("train-precision", step_class, decide_now, {"fp32", "bf16"})
+    decision = autotune.recall("train-precision", step_class, decide_now, {"fp32", half}, device)
     seconds = decision["seconds"]
-    speedup = seconds.get("fp32", 0.0) / max(seconds.get("bf16", 1.0), 1e-9)
-    if decision["choice"] != "bf16":
-        return False, (f"bf16 autocast measured {speedup:.2f}x fp32's training step of this model "
+    speedup = seconds.get("fp32", 0.0) / max(seconds.get(half, 1.0), 1e-9)
+    if decision["choice"] != half:
+        return False, (f"{half} autocast measured {speedup:.2f}x fp32's training step of this model "
                        "here: its matrix products are too small to gain what the casts cost")
-    return True, f"native bf16, a training step of this model measured {speedup:.2f}x fp32's here"
+    return True, f"native {half}, a training step of this model measured {speedup:.2f}x fp32's here"
 
 
 def step_class(kind: str, model: TransformerConfig, batch: str) -> str:
