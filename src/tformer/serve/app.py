@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 import tformer
+from tformer.devices import resolve_device
 from tformer.nn.precision import resolve_precision
 from tformer.serve import routes, schema
 from tformer.serve.batcher import Batcher, QueueFull
@@ -136,8 +137,9 @@ def create_app(config: ServeConfig, served: Served | None = None) -> Starlette:
     """The application for one worker; loads the model unless given one."""
     torch.set_num_threads(config.threads_per_worker)
     # "auto" becomes what runs here, so that /info names it.
-    config = dataclasses.replace(config, dtype=resolve_precision(config.dtype)[0])
-    served = served or load_served(config.model, config.dtype, config.max_input_tokens)
+    device = resolve_device(config.device, "--device")
+    config = dataclasses.replace(config, device=str(device), dtype=resolve_precision(config.dtype, device)[0])
+    served = served or load_served(config.model, config.dtype, config.max_input_tokens, device)
     service = Service(config, served)
     handlers = routes.handlers(service)
     endpoints = {path: handlers[path] for path in served.endpoints}
@@ -176,7 +178,7 @@ def info(service: Service) -> dict[str, Any]:
     c, served = service.config, service.served
     return {
         "model": c.model_name, "path": str(c.model), "kind": served.kind, "endpoints": list(served.endpoints),
-        "dtype": c.dtype, "version": tformer.__version__, "torch": torch.__version__,
+        "dtype": c.dtype, "device": c.device, "version": tformer.__version__, "torch": torch.__version__,
         "threads": c.threads_per_worker, "workers": c.workers,
         "limits": {"max_batch_tokens": c.max_batch_tokens, "max_wait_ms": c.max_wait_ms,
                    "max_input_tokens": served.max_input_tokens, "max_queue": c.max_queue,

@@ -36,7 +36,8 @@ def serve(config: ServeConfig) -> int:
     sock = bind(config.host, config.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    print(f"tformer serve: {service.served.kind} model {config.model_name} ({config.dtype}) on "
+    print(f"tformer serve: {service.served.kind} model {config.model_name} ({config.dtype}, "
+          f"{service.config.device}) on "
           f"http://{shown}:{port} with {config.workers} worker(s) x {config.threads_per_worker} "
           f"thread(s); endpoints {', '.join(service.served.endpoints)}", file=sys.stderr, flush=True)
     options = dict(log_level="warning", access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
