@@ -64,7 +64,7 @@ def numbered_inputs(args: argparse.Namespace, lines) -> Iterator[tuple[int, str]
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.embeddings.output import open_output
+    from tformer.training.distributed import process_group
 
     check_options(args)
     out = Path(args.out) if args.out else None
@@ -75,10 +75,15 @@ def run(args: argparse.Namespace) -> int:
     lines = file_lines(args)
     n = len(args.texts) + (lines.count() if lines is not None else 0)
     check_count(n, "TEXT")
-    from tformer.embeddings.index import embed_chunks, model_identity, progress_bar
-    from tformer.training.distributed import broadcast_int, rank_and_world
+    with process_group(device_of(args)) as (rank, world):  # torchrun: this process's share of the texts
+        return _embed(args, out, lines, n, rank, world)
 
-    rank, world = rank_and_world(device_of(args))  # torchrun: this process's share of the texts
+
+def _embed(args: argparse.Namespace, out: Path | None, lines, n: int, rank: int, world: int) -> int:
+    from tformer.embeddings.index import embed_chunks, model_identity, progress_bar
+    from tformer.embeddings.output import open_output
+    from tformer.training.distributed import broadcast_int
+
     with one_line_warnings("embed"):
         st = load_sentence_encoder(args)
         normalize = st.normalize if args.normalize is None else args.normalize

@@ -33,12 +33,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from tformer.embeddings.index import build_index
     from tformer.text.lines import TextLines
-    from tformer.training.distributed import rank_and_world
+    from tformer.training.distributed import process_group
 
     check_options(args)
     corpus = TextLines(args.corpus, "--corpus")
-    rank, world = rank_and_world(device_of(args))  # torchrun: this process's share of the corpus
-    with one_line_warnings("index"):
+    with process_group(device_of(args)) as (rank, world), one_line_warnings("index"):
+        # torchrun: each process embeds its share of the corpus
         st = load_sentence_encoder(args)
         meta = build_index(st, args.model_dir, corpus, args.out, batch_size=args.batch_size,
                            truncation=not args.no_truncate, max_length=args.max_length,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from typing import Any
 
 HELP = ("train on your own data (--data FILE: JSONL/CSV/TSV) or a synthetic task "
@@ -153,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
                              f"got {config.device!r}")
         train_numpy(config, progress=not args.quiet)
         return 0
+    from tformer.training.distributed import finish
     from tformer.training.loop import train
 
     if args.resume is not None:
@@ -163,4 +165,5 @@ def run(args: argparse.Namespace) -> int:
     else:
         config = resolve_config(from_file, given)
     train(config, resume=args.resume is not None, progress=not args.quiet)
+    finish(int(os.environ.get("WORLD_SIZE", "1")))  # torchrun: the ranks end together
     return 0

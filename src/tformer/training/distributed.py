@@ -10,7 +10,9 @@ rendezvous joins them (``--nnodes N --rdzv-endpoint HOST:PORT``).
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -35,6 +37,24 @@ def rank_and_world(device: torch.device | None = None) -> tuple[int, int]:
             torch.cuda.set_device(device)  # NCCL's collectives run on this process's own GPU
         dist.init_process_group(backend_for(device))
     return dist.get_rank(), world
+
+
+@contextlib.contextmanager
+def process_group(device: torch.device | None = None) -> Iterator[tuple[int, int]]:
+    """(rank, world) for the duration of a command. When it ends without an error, every rank
+    waits for the others (rank 0 may still be writing) and the group is taken down before the
+    process exits, as torch asks: a group left to the interpreter's exit aborted a rank whose
+    peer had gone first (SIGABRT, one run in a few, two CPU ranks)."""
+    rank, world = rank_and_world(device)
+    yield rank, world
+    finish(world)
+
+
+def finish(world: int) -> None:
+    """Wait for every rank, then take the process group down (see ``process_group``)."""
+    if world > 1 and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def _collective_device() -> torch.device:
