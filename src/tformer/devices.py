@@ -1,7 +1,7 @@
 """Where a model runs: ``--device auto|cpu|cuda|cuda:N|mps``, resolved once, checked in one line.
 
     device = resolve_device("auto")     # a CUDA GPU when this torch sees one, else the CPU
-    model.to(device); batch.to(device)  # tformer.text.batches: pinned and non-blocking to CUDA
+    model.to(device); batch.to(device)  # tformer.text.batches: to_device, pinned, to CUDA
     with autocast(device, half_dtype(device)): ...   # bf16, or fp16 on a GPU without bf16
 
 ``auto`` takes CUDA when ``torch.cuda.is_available()``, as Hugging Face's Trainer and
@@ -124,6 +124,13 @@ def half_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16
 
 
+def half_name(device: torch.device) -> str:
+    """``half_dtype``'s name, as a run records its precision: "bf16" or "fp16"."""
+    import torch
+
+    return "bf16" if half_dtype(device) == torch.bfloat16 else "fp16"
+
+
 def needs_grad_scaler(device: torch.device, half: bool) -> bool:
     """fp16 gradients underflow without loss scaling (Micikevicius et al. 2018, §3.2); bf16's don't."""
     import torch
@@ -131,10 +138,15 @@ def needs_grad_scaler(device: torch.device, half: bool) -> bool:
     return half and half_dtype(device) == torch.float16
 
 
-def pinned(device: torch.device) -> bool:
-    """Whether host tensors bound for `device` are pinned first, so that the copy can run
-    without blocking the host (CUDA only: pinned memory is page-locked for its DMA engines)."""
-    return device.type == "cuda"
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`tensor` on `device`. A host tensor bound for a CUDA GPU is pinned first (page-locked, as
+    its DMA engines need) and copied without blocking: the host goes on queueing work while the
+    copy runs, and kernels that read it wait for it on the same stream."""
+    if tensor.device == device:
+        return tensor
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 def model_device(model) -> torch.device:

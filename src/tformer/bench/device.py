@@ -28,7 +28,7 @@ from tformer.bench import corpus
 from tformer.bench import models as M
 from tformer.bench.harness import Report, Row, Target, measure, paired_ratio
 from tformer.bench.rows import Settings, timed_rows
-from tformer.devices import half_dtype, synchronize
+from tformer.devices import half_dtype, half_name, synchronize
 from tformer.nn.model import Encoder
 from tformer.nn.precision import why_not_bf16
 
@@ -50,10 +50,6 @@ def run(s: Settings, device: torch.device, only: list[str] | None,
         for target in report.targets:
             target.not_judged = "n/a (--quick sizes)"
     return report
-
-
-def _half_name(device: torch.device) -> str:
-    return "bf16" if half_dtype(device) == torch.bfloat16 else "fp16"
 
 
 def _synchronized(device: torch.device, call: Callable[[], object]) -> Callable[[], object]:
@@ -92,7 +88,7 @@ def train_step(s: Settings, device: torch.device) -> Report:
         model.to(device).eval().zero_grad()
         loss = loss_of(run, False)
         loss.backward()
-        losses[n] = float(loss)
+        losses[n] = float(loss.detach())
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         norms[n] = float(torch.sqrt(sum(g.square().sum() for g in grads)))
         model.zero_grad(set_to_none=True)
@@ -117,11 +113,11 @@ def train_step(s: Settings, device: torch.device) -> Report:
                     opt.step()
                 opt.zero_grad(set_to_none=True)
 
-            label = f"{n}, {_half_name(device)} autocast" if autocast else f"{n}, fp32"
+            label = f"{n}, {half_name(device)} autocast" if autocast else f"{n}, fp32"
             steps[label] = _synchronized(device, step)
     timings = measure(steps, s.n_rounds(10), warmup=2)
     report.rows += timed_rows(name, timings, batch * seq)
-    for precision in ("fp32", f"{_half_name(device)} autocast")[: 2 if half is not None else 1]:
+    for precision in ("fp32", f"{half_name(device)} autocast")[: 2 if half is not None else 1]:
         ours, theirs = f"tformer, {precision}", f"HF BertModel sdpa, {precision}"
         report.targets.append(Target(name, f"{ours} >= 1.1x the tokens/s of {theirs}",
                                      paired_ratio(timings[theirs], timings[ours])

@@ -57,19 +57,14 @@ class _Batch:
         return type(self)(**{f.name: convert(getattr(self, f.name)) for f in dataclasses.fields(self)})
 
     def to(self, device):
-        """The same batch with every tensor on `device` (a batch already there is returned
-        as it is). To a CUDA GPU the tensors are pinned first and copied without blocking,
-        so the host goes on queueing work while the copy runs (tformer.devices)."""
-        from tformer.devices import pinned
+        """The same batch with every tensor on `device`: to a CUDA GPU pinned and without
+        blocking (tformer.devices.to_device)."""
+        from tformer.devices import to_device
 
         def move(value: Any) -> Any:
             if isinstance(value, _Batch):
                 return value.to(device)
-            if value is None or value.device == device:
-                return value
-            if pinned(device):
-                return value.pin_memory().to(device, non_blocking=True)
-            return value.to(device)
+            return None if value is None else to_device(value, device)
 
         return type(self)(**{f.name: move(getattr(self, f.name)) for f in dataclasses.fields(self)})
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 
 from tformer.config import TransformerConfig
-from tformer.devices import gpu_name, half_dtype
+from tformer.devices import gpu_name, half_name
 from tformer.kernels import autotune
 from tformer.kernels.machine import NO_BF16, has_bf16
 from tformer.nn.model import Encoder
@@ -36,7 +36,7 @@ def choose_precision(requested: str, device: torch.device = _CPU) -> tuple[str, 
     if requested == "fp32":
         return "fp32", "asked for"
     if device.type == "cuda":
-        half = "bf16" if half_dtype(device) == torch.bfloat16 else "fp16"
+        half = half_name(device)
         if requested == "bf16" and half != "bf16":
             raise ValueError(f"precision: this GPU ({gpu_name(device)}) has no bf16 units; expected "
                              "auto (fp16 autocast with a GradScaler) or fp32, got bf16")
@@ -86,7 +86,7 @@ def confirm_bf16(seconds_per_step: Callable[[bool], float], step_class: str,
     so its result does not hang on one timing's noise, and a run killed before its first
     checkpoint starts again as it first did.
     """
-    half = "bf16" if half_dtype(device) == torch.bfloat16 else "fp16"
+    half = half_name(device)
 
     def decide_now() -> dict:
         fp32, bf16 = seconds_per_step(False), seconds_per_step(True)
