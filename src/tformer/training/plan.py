@@ -2,7 +2,7 @@
 
     plan = make_plan(objective, resume=False, world=1, started=t0, log=print)
     plan.config        # the options as settled: learning rate, length, batch, sizes
-    plan.precision     # "fp32" or "bf16"
+    plan.precision     # "fp32", "bf16" (or "fp16": a CUDA GPU without bf16)
     plan.reasons       # (what, why) per choice, in the order made (the run prints them)
 
 The choices, in order: the fine-tuning learning rate (from the width of the model that
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from tformer.devices import half_name, resolve_device
 from tformer.stats import check_fits
 from tformer.storage.files import write_json_atomic
 from tformer.training.distributed import any_rank
@@ -43,30 +44,34 @@ from tformer.training.steps import probe_step
 @dataclass(frozen=True)
 class Plan:
     config: object  # the TrainConfig as settled
-    precision: str  # "fp32" or "bf16"
+    precision: str  # "fp32", "bf16" or "fp16"
     reasons: tuple[tuple[str, str], ...] = ()  # (what was chosen, why), in the order chosen
+    half: str = "bf16"  # the device's 16-bit autocast type (fp16 on a CUDA GPU without bf16)
 
     @property
     def bf16(self) -> bool:
-        return self.precision == "bf16"
+        """16-bit autocast: bf16, or fp16 where the device has no bf16 (tformer.devices)."""
+        return self.precision != "fp32"
 
     def why(self, what: str) -> str | None:
         return dict(self.reasons).get(what)
 
 
 def make_plan(objective: Objective, resume: bool, world: int, started: float, log=print,
-              run_dir: Path | None = None) -> tuple[Plan, Objective]:
+              run_dir: Path | None = None, device=None) -> tuple[Plan, Objective]:
     """The plan of a run of `objective` (its config as given), and the objective under it.
-    Each choice is logged as it is made; choices that time steps measure on this machine."""
+    Each choice is logged as it is made; choices that time steps measure on the run's device."""
     config = objective.config
+    device = device or resolve_device(config.device)
+    half = half_name(device)
     reasons: list[tuple[str, str]] = []
 
     def chose(what: str, why: str, note: str = "") -> None:
         reasons.append((what, why))
         log(f"{what}: {why}{note}")
 
-    precision, why_precision = choose_precision(config.precision)  # the machine's answer
-    bf16 = precision == "bf16"
+    precision, why_precision = choose_precision(config.precision, device)  # the device's answer
+    bf16 = precision != "fp32"  # 16-bit autocast: bf16, or fp16 on a GPU without it
 
     def seconds_left() -> float:  # training time the probes may plan for
         return 0.9 * (config.max_minutes * 60 - (time.perf_counter() - started))
@@ -110,7 +115,7 @@ def make_plan(objective: Objective, resume: bool, world: int, started: float, lo
             shape += f", from {Path(config.from_pretrained).resolve()}"
         bf16, why_precision = confirm_bf16(
             lambda b: time_steps(objective, probe_step(config, b), itertools.repeat(batch())),
-            step_class(objective.model_kind, objective.model_config(), shape))
+            step_class(objective.model_kind, objective.model_config(), shape), device)
         bf16 = any_rank(bf16, world)  # every rank trains in the same precision
     reasons.append(("precision", why_precision))  # printed by the loop (a resumed run keeps its own)
-    return Plan(config, "bf16" if bf16 else "fp32", tuple(reasons)), objective
+    return Plan(config, half if bf16 else "fp32", tuple(reasons), half), objective
