@@ -110,3 +110,19 @@ def test_a_model_s_device_is_its_first_parameter_s():
 def test_the_device_fixture_is_the_suite_s(device, request):
     """CI runs the device tests on the CPU; `make test-gpu` on CUDA (pytest --device cuda)."""
     assert device == devices.resolve_device(request.config.getoption("--device"))
+
+
+def test_the_torch_requirement_is_a_range_and_make_installs_the_cpu_wheel_first():
+    """pip keeps a user's torch (a CUDA build too) when it is in the range; `make` installs the
+    CPU wheel CI tests before the package, so nothing pulls a CUDA build there."""
+    import re
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    root = Path(__file__).resolve().parents[1]
+    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    (torch_req,) = [d for d in deps if re.match(r"torch\b", d)]
+    assert torch_req == "torch>=2.4" and "==" not in torch_req
+    makefile = (root / "Makefile").read_text()
+    assert makefile.index("pip install --quiet torch==2.13.0") < makefile.index("pip install --quiet -e")
