@@ -126,3 +126,41 @@ def test_the_torch_requirement_is_a_range_and_make_installs_the_cpu_wheel_first(
     assert torch_req == "torch>=2.4" and "==" not in torch_req
     makefile = (root / "Makefile").read_text()
     assert makefile.index("pip install --quiet torch==2.13.0") < makefile.index("pip install --quiet -e")
+
+
+def test_the_models_compute_the_cpu_s_numbers_on_the_device(device, tiny_config):
+    """The suite's device (the GPU under `make test-gpu`) against the CPU, same weights, fp32,
+    eval mode: an encoder on a padded batch within 1e-4; greedy and beam search the same ids."""
+    from tformer.nn.generate import generate
+    from tformer.nn.model import Encoder, Seq2SeqTransformer
+
+    torch.manual_seed(0)
+    encoder = Encoder(tiny_config).eval()
+    ids = torch.randint(1, tiny_config.vocab_size, (3, 11))
+    mask = torch.ones(3, 11, dtype=torch.bool)
+    mask[1, 7:] = False
+    with torch.no_grad():
+        cpu = encoder(ids, mask).last_hidden_state
+        here = encoder.to(device)(ids.to(device), mask.to(device)).last_hidden_state.cpu()
+    assert (cpu - here)[mask].abs().max() <= 1e-4
+    model = Seq2SeqTransformer(tiny_config).eval()
+    src = torch.randint(3, tiny_config.vocab_size, (2, 6))
+    for beam in (1, 3):
+        options = dict(beam_size=beam, max_len=8, bos_id=1, eos_id=2, pad_id=0)
+        on_cpu = generate(model.cpu(), src, **options).sequences
+        here = generate(model.to(device), src.to(device), **options).sequences.cpu()
+        assert torch.equal(here, on_cpu), beam
+
+
+def test_the_server_embeds_on_the_device_as_the_cpu_does(device):
+    from hf_bert_fixtures import st_dir
+
+    from tformer.embeddings.sentence import SentenceEncoder
+    from tformer.serve.models import load_served
+
+    served = load_served(st_dir(), "fp32", None, device)
+    assert devices.model_device(served.st.model) == device
+    texts = ["a dog runs", "the cat sat on the mat"]
+    got = served.run([item.payload for item in served.items(texts, True)], True)
+    expected = SentenceEncoder.from_pretrained(st_dir(), dtype="fp32", device="cpu").encode(texts)
+    assert max(abs(g - e).max() for g, e in zip(got, expected, strict=True)) <= 1e-5
