@@ -5,7 +5,10 @@ The source is encoded once; each step feeds only the newest target token to
 attention caches the memory's projections at step 0), so a step costs O(T), not O(T^2).
 Rows that have finished leave the batch (greedy: a row that produced EOS; beam: a row whose
 beams all did), a quarter of the batch at a time, so a few long outputs do not drag the
-finished rows through every remaining step. One device sync per step (the finished count).
+finished rows through every remaining step. One device sync per step (the finished count), and
+in beam search a second (which beams moved: the cache is reordered in place, moved rows only).
+Beam search ranks each beam's K best tokens, not all K*V candidates, and the K beams of a source
+share its one row of cross-attention keys/values (MultiHeadAttention groups their queries).
 
 Shape legend: B batch, K beams, S source length, L generated length, D model dim, V vocab.
 """
