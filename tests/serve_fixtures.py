@@ -14,17 +14,19 @@ TINY_RUN = ["--d-model", "32", "--n-heads", "2", "--d-ff", "64", "--n-layers", "
 
 
 class Live:
-    """uvicorn serving ``app`` in a background thread until ``close``."""
+    """uvicorn serving ``app`` in a background thread until ``close``, with the command's
+    settings (its guarded connections, timeouts and grace period)."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app, config) -> None:
         import uvicorn
 
-        from tformer.serve.server import bind
+        from tformer.serve.server import bind, uvicorn_config
 
         sock = bind("127.0.0.1", 0)
         self.port = sock.getsockname()[1]
         self.app = app
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn_config(app, config))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 20
@@ -62,4 +64,5 @@ def serve(model, **settings) -> Live:
     from tformer.serve.app import create_app
     from tformer.serve.config import ServeConfig
 
-    return Live(create_app(ServeConfig(model=str(model), threads=1, **settings)))
+    config = ServeConfig(model=str(model), threads=1, **settings)
+    return Live(create_app(config), config)

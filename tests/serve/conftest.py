@@ -42,3 +42,17 @@ def embedding_server(embedding_dir):
     live = serve(embedding_dir)
     yield live
     live.close()
+
+
+@pytest.fixture(scope="module")
+def classification_server(classification_run):
+    live = serve(classification_run)
+    yield live
+    live.close()
+
+
+@pytest.fixture(scope="module")
+def seq2seq_server(seq2seq_run):
+    live = serve(seq2seq_run)
+    yield live
+    live.close()
