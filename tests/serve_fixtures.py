@@ -46,11 +46,20 @@ class Live:
         self.thread.join(timeout=30)
 
 
-def request(port: int, method: str, path: str, body=None, raw: bytes | None = None, timeout: float = 30):
+def request(port: int, method: str, path: str, body=None, raw: bytes | None = None, timeout: float = 30,
+            headers: dict[str, str] | None = None):
+    """(status, headers, parsed JSON or text); ``headers`` replace the defaults (JSON, and the
+    Host that http.client sends: 127.0.0.1:port)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+        sent = {"Content-Type": "application/json", **(headers or {})}
+        conn.putrequest(method, path, skip_host="Host" in sent, skip_accept_encoding=True)
+        for key, value in sent.items():
+            if value is not None:
+                conn.putheader(key, value)
+        conn.putheader("Content-Length", str(len(data or b"")))
+        conn.endheaders(data)
         response = conn.getresponse()
         text = response.read().decode()
         headers = {k.lower(): v for k, v in response.getheaders()}
