@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from tformer import cli
-from tformer.training import objectives
+from tformer.training import data_objectives as objectives
 
 ORIGINAL = objectives.bert_shaped
 
