@@ -93,10 +93,11 @@ class Server:
             self.proc.kill()
 
 
-def tformer_server(model: Path, dtype: str) -> Server:
+def tformer_server(model: Path, dtype: str, flags: tuple[str, ...] = ()) -> Server:
     argv = [sys.executable, "-m", "tformer", "serve", str(model), "--port", "0", "--threads", str(THREADS),
-            "--dtype", dtype]
-    return Server(f"tformer serve ({dtype})", argv, {}, "/v1/embeddings", None)
+            "--dtype", dtype, *flags]
+    name = f"tformer serve ({dtype}{', ' + ' '.join(flags) if flags else ''})"
+    return Server(name, argv, {}, "/v1/embeddings", None)
 
 
 def infinity_server(model: Path, python: str, dtype: str, port: int) -> Server:
@@ -231,7 +232,8 @@ def main() -> None:
         print(json.dumps(asyncio.run(_load(int(port), path, texts, int(c), float(seconds)))))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=10.0, help="load at each concurrency (default 10)")
+    parser.add_argument("--seconds", type=float, default=10.0,
+                        help="load at each concurrency (default 10; 0: no comparison, the soak alone)")
     parser.add_argument("--peer", choices=("infinity", "st", "none"), default="infinity")
     parser.add_argument("--peer-python", default=PEER_PYTHON, help="the python of infinity-emb's venv")
     parser.add_argument("--int8", action=argparse.BooleanOptionalAction, default=True,
@@ -243,6 +245,9 @@ def main() -> None:
                         help="then load tformer serve (fp32) at concurrency 64 this long, printing its RSS")
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
                         help="also a bf16 pair where the CPU has bf16 instructions (default on)")
+    parser.add_argument("--variant", action="append", default=[], metavar="FLAGS",
+                        help="also tformer serve (fp32) with these flags, e.g. '--max-batch-tokens 2048' "
+                        "(repeatable: settings compared in the same rounds)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, no peer: the plumbing only")
     args = parser.parse_args()
     if args.quick:
@@ -260,12 +265,16 @@ def main() -> None:
         print(f"(no infinity-emb venv at {args.peer_python}: the peer is sentence-transformers + Starlette)")
         peer = "st"
     dtypes = ["fp32", "bf16"] if has_bf16() and args.bf16 and not args.quick else ["fp32"]
+    if args.seconds <= 0:  # the soak alone
+        dtypes = []
     rows = []
     for dtype in dtypes:
         servers = [tformer_server(model, dtype)]
         try:
             if dtype == "fp32" and args.int8:  # beside the fp32 pair, for reference
                 servers.append(tformer_server(model, "int8"))
+            if dtype == "fp32":
+                servers += [tformer_server(model, "fp32", tuple(v.split())) for v in args.variant]
             if peer == "infinity":
                 servers.append(infinity_server(model, args.peer_python, dtype, _free_port()))
             elif peer == "st" and dtype == "fp32":
@@ -274,9 +283,10 @@ def main() -> None:
         finally:
             for server in servers:
                 server.stop()
-    _table(rows, cpu, isa, texts, "a tiny random-weight model (--quick)" if args.quick else
-           f"model {args.model_dir.name}" if args.model_dir else "a random-weight MiniLM-shaped model",
-           bf16=has_bf16())
+    if rows:
+        _table(rows, cpu, isa, texts, "a tiny random-weight model (--quick)" if args.quick else
+               f"model {args.model_dir.name}" if args.model_dir else "a random-weight MiniLM-shaped model",
+               bf16=has_bf16())
     if args.soak_minutes > 0:
         soak(model, texts_file, args.soak_minutes, cpu)
 
@@ -336,7 +346,7 @@ def _table(rows, cpu: str, isa: list[str], texts: list[str], model: str, bf16: b
     print("|---|---:|---:|---:|---:|")
     for name, c, r in rows:
         print(f"| {name} | {c} | {r['texts_per_s']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |")
-    ours = {c: r for n, c, r in rows if n.startswith("tformer") and "fp32" in n}
+    ours = {c: r for n, c, r in rows if n.startswith("tformer") and "(fp32)" in n}
     peers = {c: r for n, c, r in rows if not n.startswith("tformer") and "fp32" in n}
     if peers:
         ratio = ours[64]["texts_per_s"] / peers[64]["texts_per_s"]

@@ -25,7 +25,7 @@ from starlette.responses import Response
 
 import tformer
 from tformer.nn.precision import resolve_precision
-from tformer.serve import connections, exposure, routes, schema, tei_api, tgi_api
+from tformer.serve import connections, exposure, routes, schema
 from tformer.serve.batcher import Batcher, QueueFull, ShuttingDown
 from tformer.serve.config import ServeConfig
 from tformer.serve.endpoint import Endpoint, error
@@ -113,9 +113,9 @@ class Service:
     def info(self) -> dict[str, Any]:
         """GET /info: TEI's (or TGI's) fields, then tformer's; no filesystem paths."""
         c, served = self.config, self.served
-        fields = tgi_api.tgi_info(self) if served.kind == "seq2seq" else tei_api.tei_info(self)
         return {
-            **fields, "version": tformer.__version__, "sha": None, "docker_label": None,
+            **routes.INFO[served.kind](self),
+            "version": tformer.__version__, "sha": None, "docker_label": None,
             "model": c.model_name, "kind": served.kind, "endpoints": sorted(routes.endpoints(self)),
             "dtype": c.dtype, "torch": torch.__version__, "threads": c.threads_per_worker,
             "workers": c.workers,

@@ -35,7 +35,8 @@ COMPLETION_FIELDS = ("prompt", "model", "max_tokens", "stop", "n", "echo", "stre
                      "suffix", "logit_bias")
 
 
-def endpoints(service: Service) -> dict[str, Endpoint]:
+def embeddings(service: Service) -> dict[str, Endpoint]:
+    """/v1/embeddings for an embedding model."""
     c, served = service.config, service.served
 
     def parse_embeddings(body: dict) -> tuple:
@@ -54,6 +55,13 @@ def endpoints(service: Service) -> dict[str, Endpoint]:
         return json_response({"object": "list", "data": data, "model": c.model_name,
                               "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
                               "truncated_inputs": [i for i, item in enumerate(items) if item.truncated]})
+
+    return {"/v1/embeddings": Endpoint(parse_embeddings, respond_embeddings)}
+
+
+def completions(service: Service) -> dict[str, Endpoint]:
+    """/v1/completions for a seq2seq run."""
+    c, served = service.config, service.served
 
     def parse_completions(body: dict) -> tuple:
         schema.check_fields(body, COMPLETION_FIELDS)
@@ -91,11 +99,7 @@ def endpoints(service: Service) -> dict[str, Endpoint]:
                               "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
                                         "total_tokens": prompt + completion}})
 
-    if served.kind == "embedding":
-        return {"/v1/embeddings": Endpoint(parse_embeddings, respond_embeddings)}
-    if served.kind == "seq2seq":
-        return {"/v1/completions": Endpoint(parse_completions, respond_completions)}
-    return {}
+    return {"/v1/completions": Endpoint(parse_completions, respond_completions)}
 
 
 def model_card(service: Service, created: int) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -27,9 +28,19 @@ from tformer.serve.schema import RequestError
 POST_PATHS = ("/v1/embeddings", "/v1/completions", "/embed", "/predict", "/generate", "/tokenize", "/")
 
 
+# Each model kind's protocols (each builder gives its endpoints by path), and its /info fields.
+PROTOCOLS: dict[str, tuple[Callable[[Service], dict[str, Endpoint]], ...]] = {
+    "embedding": (openai_api.embeddings, tei_api.embedding, tei_api.tokenize),
+    "classification": (tei_api.classification, tei_api.tokenize),
+    "seq2seq": (tgi_api.generation, openai_api.completions, tei_api.tokenize),
+}
+INFO: dict[str, Callable[[Service], dict[str, Any]]] = {
+    "embedding": tei_api.info, "classification": tei_api.info, "seq2seq": tgi_api.info}
+
+
 def endpoints(service: Service) -> dict[str, Endpoint]:
     """The model endpoints of this server's kind, by path."""
-    return {**openai_api.endpoints(service), **tei_api.endpoints(service), **tgi_api.endpoints(service)}
+    return {path: e for build in PROTOCOLS[service.served.kind] for path, e in build(service).items()}
 
 
 def routes(service: Service) -> list[Route]:

@@ -34,31 +34,36 @@ PREDICT_FIELDS = ("inputs", "truncate", "truncation_direction", "raw_scores")
 FUNCTIONS = ("softmax", "sigmoid", "none")
 
 
-def endpoints(service: Service) -> dict[str, Endpoint]:
-    """TEI's endpoints for this server's model kind."""
+def _truncation(service: Service, body: dict) -> bool:
+    schema.choice(body, "truncation_direction", "right", ("right", "Right"))
+    return schema.boolean(body, "truncate", service.config.truncate)
+
+
+def embedding(service: Service) -> dict[str, Endpoint]:
+    """/embed and / for an embedding model."""
     c, served = service.config, service.served
 
-    def truncation(body: dict, where: str = "") -> bool:
-        schema.choice(body, "truncation_direction", "right", ("right", "Right"), where)
-        return schema.boolean(body, "truncate", c.truncate, where)
-
-    # Embeddings ---------------------------------------------------------------------------------
-    def parse_embed(body: dict) -> tuple:
+    def parse(body: dict) -> tuple:
         schema.check_fields(body, EMBED_FIELDS)
         inputs = schema.inputs(body, "inputs", c.max_client_batch, served.vocab_size)
         normalize = schema.boolean(body, "normalize", served.normalize)
-        if body.get("prompt_name") is not None:
-            raise schema.RequestError(422, "prompt_name", "prompt_name: expected null (this model has no "
-                                      f"prompts), got {schema._short(body['prompt_name'])}")
+        _no_prompt(body)
         schema.integer(body, "dimensions", served.dim, served.dim, served.dim)  # only its own
         schema.choice(body, "encoding_format", "float", ("float",))
-        return inputs, normalize, truncation(body), {}
+        return inputs, normalize, _truncation(service, body), {}
 
-    def respond_embed(results: list[np.ndarray], items: list[Item], extra: dict):
+    def respond(results: list[np.ndarray], items: list[Item], extra: dict):
         return json_response([v.tolist() for v in results])
 
-    # Classification ---------------------------------------------------------------------------------
-    def parse_predict(body: dict, task_api: bool = False) -> tuple:
+    embed = Endpoint(parse, respond)
+    return {"/embed": embed, "/": embed}
+
+
+def classification(service: Service) -> dict[str, Endpoint]:
+    """/predict and / (also Hugging Face's task API: a parameters object) for a classifier."""
+    c, served = service.config, service.served
+
+    def parse(body: dict, task_api: bool = False) -> tuple:
         schema.check_fields(body, PREDICT_FIELDS + (("parameters",) if task_api else ()))
         records, batched = schema.records(body, "inputs", c.max_client_batch)
         raw = schema.boolean(body, "raw_scores", False)
@@ -68,33 +73,33 @@ def endpoints(service: Service) -> dict[str, Endpoint]:
                                  "parameters")
         top_k = schema.integer(params, "top_k", None, 1, len(served.labels), "parameters")
         extra = {"batched": batched or task_api, "function": function, "top_k": top_k}
-        return records, function != "softmax", truncation(body), extra
+        return records, function != "softmax", _truncation(service, body), extra
 
-    def respond_predict(results: list[list[float]], items: list[Item], extra: dict):
+    def respond(results: list[list[float]], items: list[Item], extra: dict):
         answers = [_ranked(served.labels, scores, extra["function"], extra["top_k"]) for scores in results]
         return json_response(answers if extra["batched"] else answers[0])
 
-    # Tokenization -------------------------------------------------------------------------------------
-    def parse_tokenize(body: dict) -> tuple:
+    return {"/predict": Endpoint(parse, respond),
+            "/": Endpoint(lambda body: parse(body, "parameters" in body), respond)}
+
+
+def tokenize(service: Service) -> dict[str, Endpoint]:
+    """/tokenize, for every model kind."""
+
+    def parse(body: dict) -> tuple:
         schema.check_fields(body, ("inputs", "add_special_tokens", "prompt_name"))
-        texts = schema.texts(body, "inputs", c.max_client_batch)
-        if body.get("prompt_name") is not None:
-            raise schema.RequestError(422, "prompt_name", "prompt_name: expected null (this model has no "
-                                      "prompts)")
+        texts = schema.texts(body, "inputs", service.config.max_client_batch)
+        _no_prompt(body)
         return texts, schema.boolean(body, "add_special_tokens", True), False, {}
 
-    def respond_tokenize(results: list, items: list[Item], extra: dict):
-        return json_response(results)
+    return {"/tokenize": Endpoint(parse, lambda tokens, items, extra: json_response(tokens),
+                                  tokenize_only=True)}
 
-    tokenize = Endpoint(parse_tokenize, respond_tokenize, tokenize_only=True)
-    if served.kind == "embedding":
-        embed = Endpoint(parse_embed, respond_embed)
-        return {"/embed": embed, "/": embed, "/tokenize": tokenize}
-    if served.kind == "classification":
-        return {"/predict": Endpoint(parse_predict, respond_predict),
-                "/": Endpoint(lambda body: parse_predict(body, "parameters" in body), respond_predict),
-                "/tokenize": tokenize}
-    return {"/tokenize": tokenize}
+
+def _no_prompt(body: dict) -> None:
+    if body.get("prompt_name") is not None:
+        raise schema.RequestError(422, "prompt_name", "prompt_name: expected null (this model has no "
+                                  f"prompts), got {schema._short(body['prompt_name'])}")
 
 
 def _ranked(labels: list[str], scores: list[float], function: str, top_k: int | None) -> list[dict[str, Any]]:
@@ -106,7 +111,7 @@ def _ranked(labels: list[str], scores: list[float], function: str, top_k: int | 
     return [{"label": label, "score": float(score)} for label, score in ranked[:top_k]]
 
 
-def tei_info(service: Service) -> dict[str, Any]:
+def info(service: Service) -> dict[str, Any]:
     """The fields of TEI's /info, for this server."""
     c, served = service.config, service.served
     return {

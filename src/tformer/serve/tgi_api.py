@@ -29,10 +29,9 @@ PARAMETERS = ("max_new_tokens", "stop", "details", "seed", "return_full_text", "
               "length_penalty", *SAMPLING)
 
 
-def endpoints(service: Service) -> dict[str, Endpoint]:
+def generation(service: Service) -> dict[str, Endpoint]:
+    """/generate and / for a seq2seq run."""
     c, served = service.config, service.served
-    if served.kind != "seq2seq":
-        return {}
 
     def parse(body: dict, compat: bool) -> tuple:
         schema.check_fields(body, ("inputs", "parameters", "stream") if compat else ("inputs", "parameters"))
@@ -96,7 +95,7 @@ def _answer(text: str, item: Item, extra: dict, served) -> dict[str, Any]:
     return out
 
 
-def tgi_info(service: Service) -> dict[str, Any]:
+def info(service: Service) -> dict[str, Any]:
     """The fields of TGI's /info, for a seq2seq run."""
     c, served = service.config, service.served
     return {"model_id": c.model_name, "model_dtype": c.dtype, "model_device_type": "cpu",
