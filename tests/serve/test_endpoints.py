@@ -113,14 +113,13 @@ def test_predict_answers_teis_shapes_with_tformer_predicts_scores(classification
 def test_predict_counts_pairs_and_singles_as_the_run_encodes_them(classification_server, monkeypatch):
     served = classification_server.app.state.service.served
     status, _, body = classification_server.post("/predict", {"inputs": ["the cat", "a dog"]})
-    assert served.data.pairs is False and status == 422  # this run was trained on single texts
+    assert served.pairs is False and status == 422  # this run was trained on single texts
     assert body["error"]["message"].startswith("input[0].text_pair: this run was trained on single texts")
-    monkeypatch.setattr(served.data, "pairs", True)
-    tokenizer = served.data.tokenizer
+    monkeypatch.setattr(served.objective.source.data, "pairs", True)
+    tokenizer = served.tokenizer
     items = served.items([{"text": "the cat"}, {"text": "the cat", "text_pair": "a dog"}], True)
-    single = tokenizer.encode_inputs(["the cat"])[0][0]
-    pair = tokenizer.encode_inputs(["the cat"], ["a dog"])[0][0]
-    assert [i.n for i in items] == [len(single), len(pair)]
+    single, pair = tokenizer.encode(["the cat", "the cat"], [None, "a dog"])
+    assert [i.n for i in items] == [len(single.ids), len(pair.ids)]
 
 
 def test_generate_speaks_tgi_and_equals_tformer_generate(seq2seq_server, seq2seq_run, capsys):
