@@ -16,6 +16,16 @@ pytest.importorskip("starlette", reason="the serve extra: pip install 'tformer[s
 from serve_fixtures import TINY_RUN, serve  # noqa: E402  (after the skips)
 
 
+@pytest.fixture(autouse=True)
+def _kernel_cache_env(monkeypatch):
+    """`tformer serve` sizes oneDNN's kernel caches in its process's environment (run in-process
+    here): keep that out of the tests and subprocesses that follow."""
+    from tformer.commands.serve import KERNEL_CACHE
+
+    for name in KERNEL_CACHE:
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture(scope="session")
 def embedding_dir() -> Path:
     return st_dir()  # max_seq_length 16: long texts are cut
