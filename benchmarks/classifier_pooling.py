@@ -22,20 +22,20 @@ import time
 from pathlib import Path
 
 from tformer import cli
-from tformer.training import objectives
+from tformer.training.sources import FileSource
 
-ORIGINAL = objectives.bert_shaped
+ORIGINAL = FileSource.encoder_config
 
 
-def with_pooler(config, vocab_size: int, **extra):
-    """bert_shaped, plus the BERT pooler for classifiers."""
-    if extra.get("n_classes"):
-        extra["pooler"] = True
-    return ORIGINAL(config, vocab_size, **extra)
+def with_pooler(self, **heads):
+    """The run's encoder config, plus the BERT pooler for classifiers (mean pooling kept)."""
+    if heads.get("n_classes"):
+        heads["pooler"] = True
+    return ORIGINAL(self, **heads)
 
 
 def train(data: str, out: Path, steps: int, seed: int, pooler: bool) -> tuple[float, float]:
-    objectives.bert_shaped = with_pooler if pooler else ORIGINAL
+    FileSource.encoder_config = with_pooler if pooler else ORIGINAL
     start = time.perf_counter()
     rc = cli.main(["train", "--data", data, "--steps", str(steps), "--seed", str(seed),
                    "--out", str(out), "--quiet", "--threads", "2"])
