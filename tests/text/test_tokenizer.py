@@ -140,11 +140,11 @@ def test_token_text_is_the_decoded_piece_for_every_scheme():
     texts = ["the cat sat on the mat", "café naïve Straße 東京 running two"] * 30
     for scheme in ("bpe", "wordpiece", "unigram"):
         tok = run_tokenizer(train_tokenizer(texts, scheme, 300), 64)
-        enc = tok.backend.encode("the cat sat\nx")
-        shown = [tok.token_text(i) for i in enc.ids]
-        assert shown[0] == "<s>" and shown[-1] == "</s>", (scheme, shown)
-        assert "the" in shown and "⏎" in shown, (scheme, shown)
+        shown = [tok.token_text(i) for i in tok.backend.encode("the cat sat").ids]
+        assert shown[0] == "<s>" and shown[-1] == "</s>" and "the" in shown, (scheme, shown)
         assert not any(t.startswith(("Ġ", "▁")) or not t.strip() for t in shown), (scheme, shown)
+        if scheme != "wordpiece":  # (its vocabulary has no line break: <unk>)
+            assert "⏎" in [tok.token_text(i) for i in tok.backend.encode("a\nb").ids], scheme
     tok = run_tokenizer(train_tokenizer(texts, "bpe", 260), 64)  # too small to merge 東's bytes
     pieces = [tok.token_text(i) for i in tok.backend.encode("東").ids[1:-1]]
     assert "".join(pieces).startswith("<e6") and all(p.startswith("<") for p in pieces), pieces

@@ -44,7 +44,8 @@ class Card:
     max_length: int | None = None  # tokens per text the run truncated to
     labels: tuple[str, ...] = ()
     train_command: str = ""  # the `tformer train` command that trains the run again
-    base_model: str | None = None  # the pretrained model fine-tuned (a Hub name or a folder)
+    base_model: str | None = None  # the pretrained model fine-tuned: its folder
+    base_model_id: str | None = None  # ... and its Hub name, where its config.json records one
     data_summary: tuple[str, ...] = ()  # lines: records, splits, columns
     main_metric: str | None = None  # what the test line and the baseline are compared by
 
@@ -88,8 +89,8 @@ def front_matter(card: Card, library_name: str, pipeline_tag: str | None, tags: 
     lines = ["---", f"library_name: {json.dumps(library_name)}"]
     if pipeline_tag:
         lines.append(f"pipeline_tag: {json.dumps(pipeline_tag)}")
-    if card.base_model and HUB_NAME.match(card.base_model):
-        lines += [f"base_model: {json.dumps(card.base_model)}", "base_model_relation: finetune"]
+    if card.base_model_id and HUB_NAME.match(card.base_model_id):
+        lines += [f"base_model: {json.dumps(card.base_model_id)}", "base_model_relation: finetune"]
     lines += _yaml_list("tags", ["tformer", *tags])
     metrics = [HUB_METRICS[k] for k in HUB_METRICS if isinstance(card.metrics.get(k), (int, float))]
     lines += _yaml_list("metrics", metrics)
@@ -115,7 +116,8 @@ def render(card: Card, fmt: str, usage: str, library_name: str = "transformers",
         *[f"- {line}" for line in card.data_summary],
     ]
     if card.base_model:
-        lines.append(f"- base model (fine-tuned): `{card.base_model}`")
+        named = f" ({card.base_model_id})" if card.base_model_id else ""
+        lines.append(f"- base model (fine-tuned): `{card.base_model}`{named}")
     if card.max_length:
         lines.append(f"- inputs truncated to {card.max_length} tokens (the exported tokenizer does the same)")
     if card.labels:

@@ -127,7 +127,8 @@ class Run(ABC):
                     data=c.data if c.data else f"synthetic task {c.task}",
                     metrics=self.test_record(), labels=self._labels(),
                     max_length=tok.max_length if tok is not None else None, command=command,
-                    train_command=train_command(c, self.kind), base_model=base_model(c.from_pretrained),
+                    train_command=train_command(c, self.kind), base_model=c.from_pretrained,
+                    base_model_id=hub_name(c.from_pretrained),
                     data_summary=self.objective.source.summary(), main_metric=self.main_metric)
 
     def _labels(self) -> tuple[str, ...]:
@@ -158,16 +159,18 @@ class Run(ABC):
         return encoded.ids, encoded.type_ids
 
 
-def base_model(directory: str | None) -> str | None:
-    """A fine-tune's base model: the Hub name its config.json records (``_name_or_path``, as
-    transformers saves it), else the folder as given; None for a run from scratch."""
+def hub_name(directory: str | None) -> str | None:
+    """The Hub name of a fine-tune's base model, where its config.json records one
+    (``_name_or_path``, as transformers saves it and the folder is not a local path)."""
     if directory is None:
         return None
     try:
         name = json.loads((Path(directory) / "config.json").read_text()).get("_name_or_path")
     except (OSError, ValueError, AttributeError):
-        name = None
-    return name if isinstance(name, str) and HUB_NAME.match(name) else str(directory)
+        return None
+    if not isinstance(name, str) or not HUB_NAME.match(name) or Path(name).exists():
+        return None
+    return name
 
 
 def texts_of(texts: str | Iterable[str], name: str = "texts") -> list[str]:
