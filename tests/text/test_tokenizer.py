@@ -141,7 +141,8 @@ def test_token_text_is_the_decoded_piece_for_every_scheme():
     for scheme in ("bpe", "wordpiece", "unigram"):
         tok = run_tokenizer(train_tokenizer(texts, scheme, 300), 64)
         shown = [tok.token_text(i) for i in tok.backend.encode("the cat sat").ids]
-        assert shown[0] == "<s>" and shown[-1] == "</s>" and "the" in shown, (scheme, shown)
+        assert shown[0] == "<s>" and shown[-1] == "</s>", (scheme, shown)
+        assert "the" in shown or scheme == "unigram", (scheme, shown)  # (unigram: "t", "h", "e" here)
         assert not any(t.startswith(("Ġ", "▁")) or not t.strip() for t in shown), (scheme, shown)
         if scheme != "wordpiece":  # (its vocabulary has no line break: <unk>)
             assert "⏎" in [tok.token_text(i) for i in tok.backend.encode("a\nb").ids], scheme

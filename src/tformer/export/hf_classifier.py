@@ -88,7 +88,8 @@ def classifier_files(model, tokenizer, labels: Sequence[str], max_length: int,
     state = classifier_state_to_hf(model.state_dict(), config)
     files[hf_bert.WEIGHTS_FILE] = st_save(state, metadata={"format": "pt"})
     files.update(tokenizer_files(tokenizer, max_length, extra_config=BERT_INPUTS))
-    files["README.md"] = render(card, "a transformers BertForSequenceClassification directory", USAGE)
+    files["README.md"] = render(card, "a transformers BertForSequenceClassification directory", USAGE,
+                                library_name="transformers", pipeline_tag="text-classification")
     return files
 
 

@@ -130,7 +130,8 @@ def _trace_all(model: nn.Module, scratch: Path, opset: int) -> None:
     with torch.no_grad():
         program = torch.onnx.export(
             graph, (later["input_ids"], later["encoder_attention_mask"], *later["past"]), dynamo=True,
-            dynamic_shapes=({0: batch, 1: tgt}, {0: batch, 1: src}, *caches), opset_version=opset,
+            dynamic_shapes=({0: batch, 1: tgt}, {0: batch, 1: src}, tuple(caches)),  # *past: one tuple
+            opset_version=opset,
             input_names=graph.input_names, output_names=graph.output_names, verbose=False)
     program.save(str(scratch / FILES[2]))
 
@@ -181,7 +182,7 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 tokenizer = Tokenizer.from_file("DIR/tokenizer.json")  # cuts sources at the run's max_length
-encoder, decoder, decoder_with_past = (ort.InferenceSession(f"DIR/{name}.onnx") for name in
+encoder, decoder, decoder_with_past = (ort.InferenceSession(f"DIR/{{name}}.onnx") for name in
                                        ("encoder_model", "decoder_model", "decoder_with_past_model"))
 BOS, EOS, MAX_NEW_TOKENS = {bos}, {eos}, {max_new_tokens}
 
