@@ -130,10 +130,10 @@ class Service:
 
 
 def _check_content_type(request: Request) -> None:
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if kind != "application/json":
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type != "application/json":
         raise RequestError(415, "Content-Type", f"Content-Type: expected application/json, got "
-                           f"{kind[:60] or 'nothing'!r}")
+                           f"{media_type[:60] or 'nothing'!r}")
 
 
 async def _read_body(request: Request) -> bytes:
