@@ -52,7 +52,9 @@ def test_serve(tmp_path):
 
 def test_classifier_pooling(tmp_path):
     data = write(tmp_path / "train.jsonl", classification_rows())
-    assert "pooler      0" in _run("classifier_pooling.py", str(data), "--steps", "2")
+    out = _run("classifier_pooling.py", str(data), "--steps", "2")
+    rows = [line.split() for line in out.splitlines() if line.startswith("train ")]
+    assert [row[1] for row in rows] == ["cls", "mean", "cls-uniform"], out  # one table row per pooling
 
 
 def test_precision_accuracy():
