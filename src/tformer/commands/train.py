@@ -35,7 +35,7 @@ GROUPS = (
     ("optimisation", ("lr", "warmup", "schedule", "batch_size", "max_tokens", "accumulate", "weight_decay",
                       "label_smoothing", "clip_grad", "precision", "device", "seed")),
     ("evaluation and files",
-     ("eval_every", "log_every", "valid_size", "test_size", "out", "keep", "threads")),
+     ("eval_every", "log_every", "valid_size", "test_size", "out", "keep", "threads", "report_to")),
 )
 
 

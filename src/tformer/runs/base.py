@@ -22,7 +22,8 @@ from typing import Any
 from torch import nn
 
 from tformer.devices import model_device
-from tformer.export.model_card import Card
+from tformer.export.model_card import HUB_NAME, Card
+from tformer.training.command import train_command
 from tformer.training.config import TrainConfig
 from tformer.training.objectives import Objective
 from tformer.training.sources import Data
@@ -125,11 +126,16 @@ class Run(ABC):
         """Write the ONNX export (each kind its graph), checked in onnxruntime first."""
 
     def card(self, command: str) -> Card:
-        tok = self.tokenizer
+        """The model card of an export written by ``command``: the run's data, base model,
+        test line (with its baseline) and the `tformer train` command that made it."""
+        tok, c = self.tokenizer, self.config
         return Card(name=self.path.resolve().name, kind=self.kind,
-                    data=self.config.data if self.config.data else f"synthetic task {self.config.task}",
+                    data=c.data if c.data else f"synthetic task {c.task}",
                     metrics=self.test_record(), labels=self._labels(),
-                    max_length=tok.max_length if tok is not None else None, command=command)
+                    max_length=tok.max_length if tok is not None else None, command=command,
+                    train_command=train_command(c, self.kind), base_model=c.from_pretrained,
+                    base_model_id=hub_name(c.from_pretrained),
+                    data_summary=self.objective.source.summary(), main_metric=self.main_metric)
 
     def _labels(self) -> tuple[str, ...]:
         return ()
@@ -159,12 +165,33 @@ class Run(ABC):
         return encoded.ids, encoded.type_ids
 
 
+def hub_name(directory: str | None) -> str | None:
+    """The Hub name of a fine-tune's base model, where its config.json records one
+    (``_name_or_path``, as transformers saves it and the folder is not a local path)."""
+    if directory is None:
+        return None
+    try:
+        name = json.loads((Path(directory) / "config.json").read_text()).get("_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(name, str) or not HUB_NAME.match(name) or Path(name).exists():
+        return None
+    return name
+
+
 def texts_of(texts: str | Iterable[str], name: str = "texts") -> list[str]:
-    """One text (a str) or texts (an iterable of str) as a list, refused when empty."""
+    """One text (a str is one input, never its characters) or texts (an iterable of str) as a
+    list. Refused as the command line and the server refuse them: no texts, a text that is
+    not a str, or a blank one (empty or whitespace only: nothing to answer for)."""
+    if isinstance(texts, (bytes, bytearray)) or not isinstance(texts, (str, Iterable)):
+        raise TypeError(f"{name}: expected a str or an iterable of str, got {type(texts).__name__}")
     out = [texts] if isinstance(texts, str) else list(texts)
     if not out:
         raise ValueError(f"{name}: expected at least one text, got none")
     for i, t in enumerate(out):
+        where = name if isinstance(texts, str) else f"{name}[{i}]"
         if not isinstance(t, str):
-            raise TypeError(f"{name}[{i}]: expected a str, got {type(t).__name__}")
+            raise TypeError(f"{where}: expected a str, got {type(t).__name__}")
+        if not t.strip():
+            raise ValueError(f"{where}: expected a non-empty text, got {t!r}")
     return out

@@ -122,6 +122,21 @@ class Tokenizer:
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
         return [self.backend.id_to_token(int(i)) or "[?]" for i in ids]
 
+    def token_text(self, token_id: int) -> str:
+        """A token as a reader sees it (attention pictures): the text it decodes to, spaces
+        around it trimmed ("the", not byte-level BPE's "Ġthe" or Metaspace's "▁the"); a
+        special token as it is ("<s>"); a space or line break as "␣" / "⏎"; a piece of a
+        multi-byte character (byte-level BPE) as its bytes ("<e6 9d>")."""
+        raw = self.backend.id_to_token(int(token_id))
+        if raw is None:
+            return "[?]"
+        text = self.backend.decode([int(token_id)], skip_special_tokens=False)
+        if "\ufffd" in text and set(raw) <= set(_BYTE_OF):  # bytes of a character cut apart
+            return "<" + " ".join(f"{_BYTE_OF[c]:02x}" for c in raw if _BYTE_OF[c] != 0x20) + ">"
+        if not text.strip():
+            return "⏎" if "\n" in text else "␣"
+        return text.strip()
+
     @property
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size()
@@ -180,6 +195,25 @@ class Tokenizer:
             stacklevel=4,
         )
         return long
+
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet (Radford et al. 2019): the character standing for each
+    byte (printable bytes stand for themselves; the others are shifted past 255), inverted."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    chars, shift = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + shift)] = b
+            shift += 1
+    return chars
+
+
+_BYTE_OF = _byte_level_alphabet()
 
 
 def load_tokenizer(directory: str | Path | ModelDir, max_length: int | None = None) -> Tokenizer:

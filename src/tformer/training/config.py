@@ -35,7 +35,8 @@ MAX_LENGTH = 8192
 # Options that may differ when resuming; changing any other would make the resumed run
 # a different experiment than the one its checkpoint started.
 RESUMABLE = ("steps", "eval_every", "log_every", "threads", "max_minutes", "out", "patience",
-             "keep", "epochs", "precision", "device")
+             "keep", "epochs", "precision", "report_to", "device")
+REPORT_TO = ("tensorboard", "csv")  # where --report-to may send the scalars (metrics.jsonl always)
 
 
 # The TransformerConfig fields a run sets from its options (by their own names: --d-model);
@@ -48,8 +49,9 @@ MODEL_OPTIONS: dict[str, str] = {
     "n_decoder_layers": "decoder layers (default: --n-layers)",
     "dropout": "dropout probability",
     "norm_first": "pre-norm layers (else post-norm, as in the paper)",
-    "pooling": "classification: pool the first position (cls; on your data through BERT's pooler, "
-               "so --hf exports it) or the mean of the real tokens (mean)",
+    "pooling": "classification: the mean of the real tokens (mean: the default on your data, the more "
+               "accurate; exports to ONNX) or the first position (cls: the synthetic tasks' default; on "
+               "your data through BERT's pooler, so that `export --hf` takes it too)",
 }
 # Small: what a 2-core CPU trains in minutes (the synthetic tasks' defaults).
 DEFAULT_MODEL = TransformerConfig(d_model=64, n_heads=4, d_ff=256, n_layers=2, dropout=0.1)
@@ -119,6 +121,9 @@ class TrainConfig:
     out: str | None = _f(None, "run directory (default: a new folder under runs/); a non-empty "
                          "folder that is not a tformer run is refused")
     keep: int = _f(1, "checkpoints kept in RUN/checkpoints (the newest; older ones are pruned)")
+    report_to: str | None = _f(None, "also write the run's scalars (HF Trainer's --report_to), "
+                               "comma-separated: tensorboard (event files in RUN/tensorboard/; pip install "
+                               "'tformer[tensorboard]'), csv (RUN/metrics.csv); none: metrics.jsonl only")
     # The model: a TransformerConfig, nested (its sizes come from the command line as
     # --d-model etc.; vocab_size, max_len and n_classes are filled in from the data).
     model: TransformerConfig = _f(DEFAULT_MODEL, "the model's TransformerConfig")
@@ -165,10 +170,22 @@ class TrainConfig:
             raise ValueError(f"early_stop: expected a metric in (0, 1] or None, got {self.early_stop}")
         if not 0 <= self.label_smoothing < 1:
             raise ValueError(f"label_smoothing: expected a value in [0, 1), got {self.label_smoothing}")
+        self.reports()  # --report-to names only what tformer writes
         if self.epochs is not None and self.data is None:
             raise ValueError("epochs: synthetic tasks are endless streams; --epochs needs --data")
         if self.from_pretrained is not None and self.data is None:
             raise ValueError("from_pretrained: fine-tuning needs your data too (--data FILE)")
+
+    def reports(self) -> tuple[str, ...]:
+        """--report-to's destinations ("tensorboard", "csv"); () for none."""
+        names = [n.strip() for n in (self.report_to or "").split(",") if n.strip()]
+        if names == ["none"]:
+            return ()
+        unknown = [n for n in names if n not in REPORT_TO]
+        if unknown or len(set(names)) != len(names):
+            raise ValueError(f"report_to: expected none or some of {', '.join(REPORT_TO)} "
+                             f"(comma-separated, each once), got {self.report_to!r}")
+        return tuple(names)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)  # the model nested under "model"
@@ -289,9 +306,10 @@ FINETUNE_PRESET: dict[str, Any] = {"lr": None, "schedule": "linear", "warmup": 1
                                    "eval_every": 100}
 
 
-def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
+def resolve_config(*layers: dict[str, Any], objective: str | None = None) -> TrainConfig:
     """TrainConfig defaults < the preset < each of `layers` in turn (a config file's dict,
-    then the options given on the command line). Unknown keys are an error."""
+    then the options given on the command line). Unknown keys are an error. ``objective``:
+    a data run's objective, when known (else read from the data file's field names)."""
     merged: dict[str, Any] = {}
     for layer in layers:
         check_keys(layer)
@@ -309,7 +327,7 @@ def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
             except ValueError:
                 pass  # __post_init__ names the field and the bad value
     if merged.get("data"):
-        objective = peek_fields(merged["data"], merged.get("columns")).objective
+        objective = objective or peek_fields(merged["data"], merged.get("columns")).objective
         preset = dict(OBJECTIVE_PRESETS[objective])
         if merged.get("from_pretrained"):
             preset.update(FINETUNE_PRESET)

@@ -60,7 +60,7 @@ from tformer.training.config import TrainConfig
 from tformer.training.distributed import any_rank, barrier, rank_and_world
 from tformer.training.objectives import Objective, make_objective
 from tformer.training.plan import make_plan
-from tformer.training.report import Meter, append_jsonl, plot_curves, sample_table, summary
+from tformer.training.report import Meter, Reporter, check_reports, plot_curves, sample_table, summary
 from tformer.training.schedule import learning_rate
 from tformer.training.steps import grad_scaler, make_optimizer, train_step
 
@@ -84,6 +84,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
     if world > 1 and config.out is None:
         raise ValueError("out: data-parallel runs need --out (every rank must agree on it)")
     config = config.replace(out=str(run_dir))
+    check_reports(config)  # --report-to tensorboard without its package: one line, nothing made
     if config.data is None:  # the model is known before any file is touched: check its size
         task = make_objective(config)
         check_fits(task.model_config(), task.model_kind, training=True,
@@ -128,6 +129,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     state["precision"] = plan.half if bf16 else "fp32"
     state["device"] = str(device)
     scaler = grad_scaler(model, bf16)  # fp16 only
+    reporter = Reporter(run_dir, config, state["step"] if resume else None) if writer else None
     log(f"device: {describe(device)}")
     log(f"precision: {state['precision']} ({why_precision})")
     n_params = sum(p.numel() for p in model.parameters())
@@ -176,15 +178,15 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
             record = {"split": "train", "step": state["step"], **meter.flush(), "lr": lr,
                       "planned_steps": total, "wall_seconds": round(wall(), 2)}
             if writer:
-                append_jsonl(metrics_path, record)
+                reporter.write(record)
             bar.set_postfix(step=state["step"], loss=f"{record['loss']:.3f}", acc=f"{record['accuracy']:.3f}",
                             tok_s=f"{record['tokens_per_second'] * world:.0f}")
         if any_rank(budget.should_validate(state["step"], last), world):
             valid = _validate(model, objective, budget)
             if writer:
-                append_jsonl(metrics_path, {"split": "validation", "step": state["step"], **valid,
-                                            "valid_share": round(budget.valid_share(), 4),
-                                            "wall_seconds": round(wall(), 2)})
+                reporter.write({"split": "validation", "step": state["step"], **valid,
+                                "valid_share": round(budget.valid_share(), 4),
+                                "wall_seconds": round(wall(), 2)})
                 bar.write(f"step {state['step']}: validation {key} {valid[key]:.4f} "
                           f"loss {valid['loss']:.4f}")
             state["wall_seconds"] = wall()
@@ -227,7 +229,8 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     if rows:
         log(sample_table(rows))
     log(summary(record, key))
-    append_jsonl(metrics_path, record)
+    reporter.write(record)
+    reporter.close()
     plot_curves(metrics_path, run_dir / "curves.png", key)
     objective.save_outputs(model, run_dir, shown)
     log(f"wrote {run_dir}/ (checkpoint, metrics.jsonl, curves.png)")
