@@ -1,0 +1,168 @@
+"""A trained run: its model, objective and options, with the verbs of its kind.
+
+    run = load_run("runs/x")        # tformer.runs: a ClassificationRun, Seq2SeqRun or EmbeddingRun
+    run.evaluate()                  # every kind: metrics on the test split (or on data=...)
+    run.export(hf="out/")           # every kind its formats (transformers, ONNX)
+
+The subclasses add their own verb: ``predict`` (classification), ``generate`` (seq2seq),
+``embed`` (embedding). The commands, the server and the Python API ask the run; none of them
+asks which kind it is.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+import shlex
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from tformer.export.model_card import Card
+from tformer.training.config import TrainConfig
+from tformer.training.objectives import Objective
+from tformer.training.sources import Data
+
+
+@dataclass(frozen=True)
+class AttentionInput:
+    """One text as the run's model reads it (what `tformer attention` draws)."""
+
+    model: nn.Module
+    seq2seq: bool  # whether a decoder generates (and draws its own maps)
+    ids: list[int]  # the encoder input, specials included
+    type_ids: list[int] | None
+    token_name: Any  # id -> the token's text
+    bos_id: int
+    eos_id: int
+    pad_id: int
+    max_new_tokens: int
+
+
+class Run(ABC):
+    """A run directory's model (eval mode, frozen: its weights run packed, see tformer.kernels),
+    objective and TrainConfig."""
+
+    verb = ""  # the command that runs this kind on inputs (its error messages name it)
+
+    def __init__(self, path: str | Path, model: nn.Module, objective: Objective, config: TrainConfig,
+                 record: dict[str, Any] | None = None) -> None:
+        self.path, self.model, self.objective, self.config = Path(path), model, objective, config
+        self.record = record  # the test record of the training that made it, if this process trained it
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.path)!r}: {self.objective.description})"
+
+    @property
+    def kind(self) -> str:
+        return self.objective.kind
+
+    @property
+    def description(self) -> str:
+        return self.objective.description
+
+    @property
+    def tokenizer(self):
+        """The run's text tokenizer (tformer.text.tokenizer), or None for a synthetic task."""
+        return self.objective.tokenizer
+
+    @property
+    def main_metric(self) -> str:
+        return self.objective.main_metric
+
+    # Evaluation ----------------------------------------------------------------------------
+    def examples(self, split: str = "test", data: Data | None = None) -> list:
+        """A held-out split's examples, or those of `data` (a file or records)."""
+        return self.objective.examples(split) if data is None else self.objective.read_examples(data)
+
+    def evaluate(self, data: Data | None = None, split: str = "test", beam_size: int = 1,
+                 examples: list | None = None) -> dict[str, float]:
+        """Metrics on a split of the run's data, or on `data` (a file or records)."""
+        return self.score(examples if examples is not None else self.examples(split, data),
+                          split, beam_size)[0]
+
+    def score(self, examples: list, split: str = "test", beam_size: int = 1
+              ) -> tuple[dict[str, float], list[tuple[str, str, str]]]:
+        """(metrics, sample rows: input, prediction, target) of examples."""
+        metrics, shown = self.objective.evaluate(self.model, split, examples=examples,
+                                                 **self._decoding(beam_size))
+        return metrics, self.objective.sample_rows(examples, shown)
+
+    def baseline(self) -> dict[str, float]:
+        return self.objective.baseline()
+
+    def _decoding(self, beam_size: int) -> dict[str, Any]:
+        return {}  # only a decoder searches
+
+    # Exports --------------------------------------------------------------------------------
+    def export(self, hf: str | Path | None = None, onnx: str | Path | None = None, opset: int = 18) -> Path:
+        """What `tformer export RUN --hf DIR` (or `--onnx OUT`) writes, checked before it is
+        published; returns the path written."""
+        if (hf is None) == (onnx is None):
+            raise ValueError("export: expected one of hf= or onnx=, got " + ("both" if hf is not None else "neither"))
+        option, target = ("--hf", hf) if hf is not None else ("--onnx", onnx)
+        card = self.card(shlex.join(["tformer", "export", str(self.path), option, str(target)]))
+        if hf is not None:
+            return self.export_hf(Path(hf), card)
+        return self.export_onnx(Path(onnx), card, opset)
+
+    @abstractmethod
+    def export_hf(self, out: Path, card: Card) -> Path:
+        """Write the transformers export, checked against this model first."""
+
+    @abstractmethod
+    def export_onnx(self, out: Path, card: Card, opset: int) -> Path:
+        """Write the ONNX export (each kind its graph), checked in onnxruntime first."""
+
+    def card(self, command: str) -> Card:
+        tok = self.tokenizer
+        return Card(name=self.path.resolve().name, kind=self.kind,
+                    data=self.config.data if self.config.data else f"synthetic task {self.config.task}",
+                    metrics=self.test_record(), labels=self._labels(),
+                    max_length=tok.max_length if tok is not None else None, command=command)
+
+    def _labels(self) -> tuple[str, ...]:
+        return ()
+
+    def test_record(self) -> dict[str, Any]:
+        """The run's test record: metrics.jsonl's last line, when it is one."""
+        try:
+            record = json.loads((self.path / "metrics.jsonl").read_text().splitlines()[-1])
+        except (OSError, IndexError, json.JSONDecodeError):
+            return {}
+        return record if isinstance(record, dict) and record.get("split") == "test" else {}
+
+    # Attention pictures ----------------------------------------------------------------------
+    def attention_input(self, text: str, max_length: int | None = None) -> AttentionInput:
+        """`text` tokenized as the run reads it (cut at max_length, where below the run's)."""
+        source = self.objective.source if max_length is None else self.objective.source.cut_at(max_length)
+        source.inputs([text], self.objective.inputs)  # a task's symbols only
+        ids, types = self._input_ids(source, text)
+        return AttentionInput(self.model, self.decodes, ids, types, source.token_name, source.bos_id,
+                              source.eos_id, source.pad_id, source.max_new_tokens)
+
+    decodes = False  # a decoder generates (seq2seq runs)
+
+    def _input_ids(self, source, text: str) -> tuple[list[int], list[int] | None]:
+        """An encoder's input: the text with the tokenizer's specials, and its token types."""
+        (encoded,) = source.encode_texts([text])
+        return encoded.ids, encoded.type_ids
+
+
+def texts_of(texts: str | Iterable[str], name: str = "texts") -> list[str]:
+    """One text (a str) or texts (an iterable of str) as a list, refused when empty."""
+    out = [texts] if isinstance(texts, str) else list(texts)
+    if not out:
+        raise ValueError(f"{name}: expected at least one text, got none")
+    for i, t in enumerate(out):
+        if not isinstance(t, str):
+            raise TypeError(f"{name}[{i}]: expected a str, got {type(t).__name__}")
+    return out
+
+
+def batches(items: list, size: int) -> Iterator[list]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]

@@ -1,0 +1,63 @@
+"""A sequence-to-sequence run: an input text in, the generated output text out (greedy or beam
+search, with the run's own tokenizer and length)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from tformer.export import hf_classifier, hf_seq2seq
+from tformer.export import onnx as tonnx
+from tformer.export.model_card import Card
+from tformer.runs.base import Run, texts_of
+
+
+class Seq2SeqRun(Run):
+    verb = "generate"
+    decodes = True
+
+    @property
+    def max_new_tokens(self) -> int:
+        """What generate generates at most by default: the run's max length (a task's longest
+        target and its EOS)."""
+        return self.objective.source.max_new_tokens
+
+    def generate(self, inputs: str | Iterable[str], beam_size: int = 1, length_penalty: float = 1.0,
+                 max_len: int | None = None, batch_size: int = 32) -> list[str]:
+        """The output text per input (one str is one input); at most max_len tokens (default
+        max_new_tokens; at most the decoder's positions)."""
+        limit = self.model.config.max_len
+        if max_len is not None and not 1 <= max_len <= limit:
+            raise ValueError(f"max_len: expected 1..{limit} (the model's positions), got {max_len}")
+        return self.objective.generate(self.model, texts_of(inputs, "inputs"), beam_size, length_penalty,
+                                       max_len, batch_size=batch_size)
+
+    def answers(self, texts: list[str], batch_size: int = 32, **options: Any) -> list[str]:
+        """What `tformer generate` prints per input: the output."""
+        return self.generate(texts, batch_size=batch_size, **options)
+
+    def _decoding(self, beam_size: int) -> dict[str, Any]:
+        return {"beam_size": beam_size}
+
+    def _input_ids(self, source, text: str) -> tuple[list[int], None]:
+        """What the encoder reads: the text's pieces, then EOS (as training encodes sources)."""
+        return source.pieces([text])[0] + [source.eos_id], None
+
+    def export_hf(self, out: Path, card: Card) -> Path:
+        tok = self.tokenizer
+        if tok is None:
+            raise ValueError(f"--hf: {self.path} is a synthetic-task run ({self.config.task}) with no text "
+                             "tokenizer for transformers; export it with --onnx")
+        written = hf_seq2seq.export_seq2seq(out, self.model, tok.backend, tok.max_length, card)
+        print(f"wrote {written}/ ({hf_seq2seq.architecture(self.model.config)}; "
+              "AutoModelForSeq2SeqLM.from_pretrained loads it)", file=sys.stderr)
+        return written
+
+    def export_onnx(self, out: Path, card: Card, opset: int) -> Path:
+        tok = self.tokenizer
+        extra = hf_classifier.tokenizer_files(tok.backend, tok.max_length, "$A </s>") if tok else {}
+        written, diff = tonnx.export_seq2seq_onnx(self.model, out, card, extra, opset=opset)
+        tonnx.report(f"{written}/", diff)
+        return written
