@@ -105,5 +105,7 @@ def run(args: argparse.Namespace) -> int:
         config = resume_config(run_dir, from_file, given)
     else:
         config = resolve_config(from_file, given)
-    train(config, resume=args.resume is not None, progress=not args.quiet)
+    # --max-minutes counts the whole command: the interpreter's start and the imports too.
+    train(config, resume=args.resume is not None, progress=not args.quiet,
+          started=getattr(args, "started", None))
     return 0

@@ -26,6 +26,7 @@ class Card:
     command: str = ""  # the export command line
     max_length: int | None = None  # tokens per text the run truncated to
     labels: tuple[str, ...] = ()
+    warning: str | None = None  # e.g. that the model did not beat its trivial baseline
 
 
 def render(card: Card, fmt: str, usage: str) -> bytes:
@@ -48,6 +49,8 @@ def render(card: Card, fmt: str, usage: str) -> bytes:
     if card.labels:
         lines.append(f"- labels ({len(card.labels)}): {', '.join(card.labels)}")
     lines += ["", "## Test metrics", ""]
+    if card.warning:
+        lines += [f"**{card.warning[:1].upper()}{card.warning[1:]}**", ""]
     lines += ([f"```json\n{json.dumps(shown, indent=2, sort_keys=True)}\n```"] if shown
               else ["none recorded (the run has no test record)"])
     lines += ["", "## How it was made", "", f"```\n{card.command}\n```" if card.command else "tformer export",

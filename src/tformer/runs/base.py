@@ -12,8 +12,8 @@ asks which kind it is.
 from __future__ import annotations
 
 import json
-from abc import ABC, abstractmethod
 import shlex
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +24,7 @@ from torch import nn
 from tformer.export.model_card import Card
 from tformer.training.config import TrainConfig
 from tformer.training.objectives import Objective
+from tformer.training.report import baseline_verdict
 from tformer.training.sources import Data
 
 
@@ -91,8 +92,9 @@ class Run(ABC):
                                                  **self._decoding(beam_size))
         return metrics, self.objective.sample_rows(examples, shown)
 
-    def baseline(self) -> dict[str, float]:
-        return self.objective.baseline()
+    def baseline(self, examples: list) -> dict[str, Any]:
+        """The trivial baseline of `examples` on the main metric (``Objective.baseline``)."""
+        return self.objective.baseline(examples)
 
     def _decoding(self, beam_size: int) -> dict[str, Any]:
         return {}  # only a decoder searches
@@ -119,10 +121,13 @@ class Run(ABC):
 
     def card(self, command: str) -> Card:
         tok = self.tokenizer
+        record = self.test_record()
+        verdict = baseline_verdict(record)
         return Card(name=self.path.resolve().name, kind=self.kind,
                     data=self.config.data if self.config.data else f"synthetic task {self.config.task}",
-                    metrics=self.test_record(), labels=self._labels(),
-                    max_length=tok.max_length if tok is not None else None, command=command)
+                    metrics=record, labels=self._labels(),
+                    max_length=tok.max_length if tok is not None else None, command=command,
+                    warning=verdict if verdict and verdict.startswith("warning") else None)
 
     def _labels(self) -> tuple[str, ...]:
         return ()

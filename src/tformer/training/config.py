@@ -105,9 +105,12 @@ class TrainConfig:
     early_stop: float | None = _f(None, "stop once the validation metric reaches this (none = never)")
     patience: int | None = _f(None, "stop after N validations without a new best (none = never)")
     seed: int = _f(0, "seed for the data splits, initialisation and dropout")
-    threads: int | None = _f(None, "torch CPU threads (default: torch's choice)")
-    max_minutes: float | None = _f(None, "the whole run's wall-time budget: training, validation, "
-                                   "the final test and saving end within it")
+    threads: int | None = _f(None, "torch CPU threads (default: one per core that other processes "
+                             "leave free, at least one)")
+    max_minutes: float | None = _f(None, "the whole command's wall-time budget: starting, the plan's "
+                                   "probes, training, validation, the final test and saving end within "
+                                   "it (a slower test scores fewer examples; a resumed run gets what "
+                                   "its checkpoint had left; one too short is refused)")
     auto_size: bool = _f(True, "with --max-minutes and no size option, a run from scratch takes the "
                          "largest model that gets enough updates in the budget on this machine")
     auto_length: bool = _f(True, "with --max-minutes and no --max-length, a run from scratch on data "

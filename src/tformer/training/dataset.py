@@ -39,6 +39,7 @@ from tformer.training.records import (
     Fields,
     Record,
     file_digest,
+    file_stat,
     indexed_records,
     peek_fields,
     read_records,
@@ -99,6 +100,7 @@ class TextData:
         self._held_out: dict[str, list[Record]] = {}
         self._held_out_keys: set[str] | None = None
         self._places: np.ndarray | None = None  # (N, 2) training records' (line, offset)
+        self._stats: dict[str, tuple[int, int] | None] = {}  # path -> (size, mtime) when digested
 
     # Building -------------------------------------------------------------------------------
     @classmethod
@@ -191,7 +193,7 @@ class TextData:
         for split in hashed:
             records = [r for u, r in candidates if split_of_unit(u, f) == split]
             data._held_out[split] = data._nonempty(split, records)
-        data.identity = {name: {"path": str(p), "blake2b": file_digest(p)}
+        data.identity = {name: {"path": str(p), "blake2b": data._digest(p)}
                          for name, p in (("data", config.data), ("valid", config.valid),
                                          ("test", config.test)) if p is not None}
         data.identity["data"]["records"] = n
@@ -209,16 +211,42 @@ class TextData:
 
     def check_identity(self) -> None:
         """Refuse data files that differ from those the run started with."""
-        c = self.config
-        for name, path in (("data", c.data), ("valid", c.valid), ("test", c.test)):
-            saved = self.identity.get(name)
-            if saved is None or path is None:
-                continue  # a run written before data identities were kept
-            digest = file_digest(path)
+        for name, path, saved in self._identified():
+            digest = self._digest(path)
             if digest != saved["blake2b"]:
                 raise ValueError(
                     f"{name}: {path} changed since the run started (blake2b {saved['blake2b'][:12]} "
                     f"then, {digest[:12]} now); resume with the file it trained on, or start a new run")
+
+    def check_unchanged(self, thorough: bool = True) -> None:
+        """Refuse data files that changed while the run trained (its batches are read from the
+        training file as it goes, so they would mix old and new records). Not `thorough`: only
+        files whose size or modification time moved are read again (what a validation checks;
+        the results are checked whole before they are published)."""
+        for name, path, saved in self._identified():
+            if not thorough and self._stats.get(str(path)) == file_stat(path):
+                continue
+            try:
+                digest = file_digest(path)
+            except OSError as e:
+                digest = f"unreadable ({e.strerror})"
+            if digest != saved["blake2b"]:
+                raise ValueError(
+                    f"{name}: {path} changed while the run trained (blake2b {saved['blake2b'][:12]} at "
+                    f"the start, {digest[:12]} now): its batches would mix old and new records, so no "
+                    "results were published (the last checkpoint is kept); start a new run")
+
+    def _identified(self) -> Iterator[tuple[str, str, dict[str, Any]]]:
+        c = self.config
+        for name, path in (("data", c.data), ("valid", c.valid), ("test", c.test)):
+            saved = self.identity.get(name)
+            if saved is not None and path is not None:  # (runs written before identities: none)
+                yield name, path, saved
+
+    def _digest(self, path: str | Path) -> str:
+        """The file's digest, noting its size and modification time as they were then."""
+        self._stats[str(path)], digest = file_stat(path), file_digest(path)
+        return digest
 
     # Splits -----------------------------------------------------------------------------
     def _given_keys(self) -> set[str]:

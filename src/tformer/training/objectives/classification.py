@@ -72,8 +72,8 @@ class Classification(Objective):
         predicted = [argmax(p) for p in preds]
         return self.source.score_classes(predicted, examples), [self.labels[c] for c in predicted]
 
-    def baseline(self) -> dict[str, float]:
-        return {"majority_baseline": self.source.majority()}
+    def _baseline(self, examples: list) -> tuple[float, str]:
+        return self.source.majority(examples), "the majority class"
 
     def classify(self, model: nn.Module, texts: list[str], pairs: list[str | None] | None = None,
                  batch_size: int = 64) -> list[dict]:
