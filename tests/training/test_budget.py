@@ -342,13 +342,14 @@ def test_resuming_a_finished_run_changes_nothing_and_says_so(tmp_path, stop):
         assert more["step"] == 5
 
 
-def test_the_final_test_stops_at_its_deadline_and_the_line_says_how_many_it_scored(tmp_path, monkeypatch):
+@pytest.mark.parametrize("rows", [seq2seq_rows(3000), classification_rows(3000)], ids=["seq2seq", "classification"])
+def test_the_final_test_stops_at_its_deadline_and_the_line_says_how_many_it_scored(tmp_path, monkeypatch, rows):
     """A test slower than its reserve scores the examples it predicted by the deadline (the
     budget holds); the test line records how many of the split, and the summary says so."""
     from tformer.training.budget import Budget
 
     monkeypatch.setattr(Budget, "test_deadline", lambda self: time.perf_counter())  # due now
-    data = write(tmp_path / "d.jsonl", seq2seq_rows(3000))
+    data = write(tmp_path / "d.jsonl", rows)
     logged = []
     config = resolve_config({"data": str(data), **TINY, "steps": 2, "eval_every": 1000,
                              "out": str(tmp_path / "run")})

@@ -83,9 +83,9 @@ class Classification(Objective):
                 for p in self.predict(model, examples, batch_size=batch_size)]
 
     def save_outputs(self, model: nn.Module, run_dir: Path, shown: list[str]) -> None:
-        """The test confusion matrix."""
+        """The test confusion matrix (of the examples the test scored: `shown`, one each)."""
         ids = {name: i for i, name in enumerate(self.labels)}
-        examples = self.examples("test")
+        examples = self.examples("test")[: len(shown)]
         actual = self.source.label_ids(examples)
         matrix = evaluation.confusion([ids[s] for s in shown], actual, len(self.labels))
         plot_confusion(matrix, self.labels, run_dir / "confusion.png")
