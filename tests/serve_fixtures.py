@@ -14,17 +14,19 @@ TINY_RUN = ["--d-model", "32", "--n-heads", "2", "--d-ff", "64", "--n-layers", "
 
 
 class Live:
-    """uvicorn serving ``app`` in a background thread until ``close``."""
+    """uvicorn serving ``app`` in a background thread until ``close``, with the command's
+    settings (its guarded connections, timeouts and grace period)."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app, config) -> None:
         import uvicorn
 
-        from tformer.serve.server import bind
+        from tformer.serve.server import bind, uvicorn_config
 
         sock = bind("127.0.0.1", 0)
         self.port = sock.getsockname()[1]
         self.app = app
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn_config(app, config))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 20
@@ -44,11 +46,20 @@ class Live:
         self.thread.join(timeout=30)
 
 
-def request(port: int, method: str, path: str, body=None, raw: bytes | None = None, timeout: float = 30):
+def request(port: int, method: str, path: str, body=None, raw: bytes | None = None, timeout: float = 30,
+            headers: dict[str, str] | None = None):
+    """(status, headers, parsed JSON or text); ``headers`` replace the defaults (JSON, and the
+    Host that http.client sends: 127.0.0.1:port)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+        sent = {"Content-Type": "application/json", **(headers or {})}
+        conn.putrequest(method, path, skip_host="Host" in sent, skip_accept_encoding=True)
+        for key, value in sent.items():
+            if value is not None:
+                conn.putheader(key, value)
+        conn.putheader("Content-Length", str(len(data or b"")))
+        conn.endheaders(data)
         response = conn.getresponse()
         text = response.read().decode()
         headers = {k.lower(): v for k, v in response.getheaders()}
@@ -62,4 +73,5 @@ def serve(model, **settings) -> Live:
     from tformer.serve.app import create_app
     from tformer.serve.config import ServeConfig
 
-    return Live(create_app(ServeConfig(model=str(model), threads=1, **settings)))
+    config = ServeConfig(model=str(model), **{"threads": 1, **settings})
+    return Live(create_app(config), config)

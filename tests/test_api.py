@@ -27,8 +27,8 @@ def test_a_list_of_dicts_trains_predicts_and_reloads(tmp_path):
     assert isinstance(run, tformer.ClassificationRun) and not hasattr(run, "generate")
     assert not hasattr(run, "embed")
     assert run.predict("a big cat") == out[:1]  # one str is one text
-    onnx = again.export(onnx=tmp_path / "model.onnx")  # and out, as `tformer export` writes it
-    assert onnx.is_file() and onnx.stat().st_size > 0
+    onnx = again.export(onnx=tmp_path / "onnx")  # and out, as `tformer export` writes it
+    assert (onnx / "model.onnx").stat().st_size > 0 and (onnx / "tokenizer.json").is_file()
 
 
 def test_seq2seq_and_embedding_runs_from_files(tmp_path):
@@ -49,3 +49,59 @@ def test_seq2seq_and_embedding_runs_from_files(tmp_path):
 def test_bad_records_name_the_record(tmp_path):
     with pytest.raises(ValueError, match=r"data\[1\]: expected a dict of fields, got str"):
         tformer.train(data=[{"text": "a", "label": "x"}, "oops"], out=str(tmp_path / "r"), **TINY)
+
+
+@pytest.mark.parametrize("data, message", [
+    (5, r"data: expected a file path \(str or Path\) or records \(an iterable of dicts\), got int"),
+    ({}, r"got dict \(one record\? pass a list of them\)"),
+    ({"text": "a", "label": "x"}, r"got dict \(one record\? pass a list of them\)"),
+    ([], r"data: expected at least one record, got none"),
+    (b'{"text": "a", "label": "x"}', r"got bytes"),
+    ([{"text": "a", "label": object()}], r"data\[0\]: expected JSON values"),
+    ([{"text": "a cat", "label": 1}, {"text": "a dog", "label": 2.5}], r"label: expected a class name"),
+    ("missing.jsonl", r"missing\.jsonl: no such file"),
+])
+def test_a_failed_train_raises_and_leaves_no_directory(tmp_path, monkeypatch, data, message):
+    monkeypatch.chdir(tmp_path)  # the default run directory: runs/NAME-TIME, here
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        tformer.train(data=data, **TINY)
+    with pytest.raises(ValueError, match=r"d_modle"):  # an unknown option: nothing written either
+        tformer.train(data=classification_rows(20), d_modle=8, **TINY)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_train_into_out_leaves_nothing_there(tmp_path):
+    out = tmp_path / "a" / "run"
+    with pytest.raises(ValueError, match=r"data: expected at least one record"):
+        tformer.train(data=[], out=str(out), **TINY)
+    rows = classification_rows(40) + [{"text": "a cat", "label": [1]}]
+    with pytest.raises(ValueError, match=r"label: expected a class name"):
+        tformer.train(data=rows, out=str(out), **TINY)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_str_is_one_input_and_empty_inputs_are_refused_as_the_cli_refuses_them(tmp_path, capsys):
+    from tformer.cli import main
+
+    run = tformer.train(data=classification_rows(60), out=str(tmp_path / "run"), **TINY)
+    assert len(run.predict("one text")) == 1
+    assert run.predict("a big cat") == run.predict(["a big cat"])
+    for bad, message in (([""], r"texts\[0\]: expected a non-empty text, got ''"),
+                         ("  ", r"texts: expected a non-empty text, got '  '"),
+                         ([], r"texts: expected at least one text, got none")):
+        with pytest.raises(ValueError, match=message):
+            run.predict(bad)
+    with pytest.raises(TypeError, match=r"texts: expected a str or an iterable of str, got bytes"):
+        run.predict(b"a cat")
+    assert main(["predict", str(tmp_path / "run"), ""]) == 2  # the command line refuses it too
+    assert "expected a non-empty text" in capsys.readouterr().err
+
+
+def test_one_rule_for_labels_whole_numbers_are_their_integer_text(tmp_path):
+    """1, 1.0 and "1" are one label (as in a CSV file); true/false are "true"/"false"; 2.5 is
+    refused (tformer.training.records.label_name)."""
+    rows = [{"text": r["text"], "label": [1, 1.0, "1"][i % 3] if r["label"] == "animal" else True}
+            for i, r in enumerate(classification_rows(60))]
+    run = tformer.train(data=rows, out=str(tmp_path / "run"), **TINY)
+    assert run.labels == ["1", "true"]
+    assert set(run.predict("a big cat")[0]["probabilities"]) == {"1", "true"}

@@ -16,15 +16,17 @@ once into RUN/data/*.jsonl, so the run resumes and evaluates from its own copy l
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import shutil
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from tformer.kernels.allocator import keep_freed_memory
 from tformer.runs import ClassificationRun, EmbeddingRun, Run, Seq2SeqRun, load_run
+from tformer.storage.checkpoint import latest_checkpoint
 from tformer.storage.files import new_run_dir, write_atomic
 from tformer.storage.rundir import open_run_dir
-from tformer.training.config import TrainConfig, resolve_config
+from tformer.training.config import TrainConfig, check_keys, resolve_config
 from tformer.training.loop import train as _train
 from tformer.training.records import Record
 from tformer.training.sources import Data
@@ -36,44 +38,80 @@ def train(data: Data | None = None, valid: Data | None = None, test: Data | None
     from_pretrained="DIR", d_model=256, ...), on a file or on records; returns the Run.
     Without data, trains the synthetic task named by task= (default reverse).
 
+    A train that fails (bad records, a bad option, a file that is not there, an interrupt
+    before the first checkpoint) raises and leaves nothing behind: a run directory it created
+    is removed whole, records copy included.
+
     Like the command line, it asks glibc's malloc to keep freed memory for reuse in this process
     (tformer.kernels.allocator says why and how to opt out)."""
     keep_freed_memory()
+    given = {"data": data, "valid": valid, "test": test}
+    check_keys({**options, **{k: v for k, v in given.items() if v is not None}})
+    lines = {name: _record_lines(name, value) for name, value in given.items()
+             if value is not None and not isinstance(value, (str, Path))}  # checked before any file
     name = Path(data).stem if isinstance(data, (str, Path)) else "data" if data is not None else \
         options.get("task", TrainConfig.task)
     run_dir = Path(options.pop("out", None) or new_run_dir(name))
-    files = {"data": data, "valid": valid, "test": test}
-    if any(v is not None and not isinstance(v, (str, Path)) for v in files.values()):
-        _write_records(run_dir, files)
-    for name, value in files.items():
-        if value is not None:
-            options[name] = str(value)
-    config = resolve_config(options, {"out": str(run_dir)})
-    record = _train(config, progress=progress, log=log)
+    created = [p for p in (run_dir, *run_dir.parents) if not p.exists()]  # the run's, and runs/
+    try:
+        if lines:
+            given.update(_write_records(run_dir, lines))
+        for key, value in given.items():
+            if value is not None:
+                options[key] = str(value)
+        config = resolve_config(options, {"out": str(run_dir)})
+        record = _train(config, progress=progress, log=log)
+    except BaseException:
+        if created and run_dir.is_dir() and latest_checkpoint(run_dir) is None:
+            _remove(created)
+        raise
     run = load_run(run_dir)
     run.record = record
     return run
 
 
-def _write_records(run_dir: Path, files: dict[str, Any]) -> None:
-    """Records given as Python objects go into RUN/data/NAME.jsonl (replacing them in `files`),
-    under the run's lock: one JSON object per line, as a user's file would be."""
+def _remove(created: list[Path]) -> None:
+    """The run directory this call created, and the folders above it that it created while
+    they are empty."""
+    shutil.rmtree(created[0], ignore_errors=True)
+    for folder in created[1:]:
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
+def _record_lines(name: str, records: Any) -> list[str]:
+    """Records given as Python objects, as JSONL lines; refused in one line (naming the
+    argument, or the record) when they are not an iterable of dicts of JSON values."""
+    if isinstance(records, (bytes, bytearray, Mapping)) or not isinstance(records, Iterable):
+        hint = " (one record? pass a list of them)" if isinstance(records, Mapping) else ""
+        raise ValueError(f"{name}: expected a file path (str or Path) or records (an iterable of dicts), "
+                         f"got {type(records).__name__}{hint}")
+    lines = []
+    for i, record in enumerate(records):
+        if not isinstance(record, Mapping):
+            raise ValueError(f"{name}[{i}]: expected a dict of fields, got {type(record).__name__}")
+        try:
+            lines.append(json.dumps(dict(record), ensure_ascii=False))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{name}[{i}]: expected JSON values (str, int, float, bool), got {e}") from None
+    if not lines:
+        raise ValueError(f"{name}: expected at least one record, got none")
+    return lines
+
+
+def _write_records(run_dir: Path, lines: dict[str, list[str]]) -> dict[str, Path]:
+    """Records go into RUN/data/NAME.jsonl, under the run's lock: one JSON object per line,
+    as a user's file would be. Returns the files written, by argument name."""
+    written = {}
     with open_run_dir(run_dir, resume=False):
-        for name, value in files.items():
-            if value is None or isinstance(value, (str, Path)):
-                continue
-            lines = []
-            for i, record in enumerate(value, 1):
-                if not isinstance(record, Mapping):
-                    raise ValueError(f"{name}[{i - 1}]: expected a dict of fields, "
-                                     f"got {type(record).__name__}")
-                lines.append(json.dumps(dict(record), ensure_ascii=False))
-            if not lines:
-                raise ValueError(f"{name}: expected at least one record, got none")
+        for name, rows in lines.items():
             path = run_dir / "data" / f"{name}.jsonl"
             path.parent.mkdir(exist_ok=True)
-            write_atomic(path, ("\n".join(lines) + "\n").encode())
-            files[name] = path
+            write_atomic(path, ("\n".join(rows) + "\n").encode())
+            written[name] = path
+    return written
 
 
 __all__ = ["ClassificationRun", "Data", "EmbeddingRun", "Record", "Run", "Seq2SeqRun", "load_run", "train"]

@@ -102,7 +102,7 @@ def test_the_page_matches_the_runs_encoder(capsys, tmp_path, runs):
     assert _run(capsys, "attention", runs["classification"], "a big red house", "--html", page)[0] == 0
     loaded = load_run(runs["classification"])
     model, source, _ = loaded.model, loaded.objective, loaded.config
-    ((ids, types),) = source.tokenizer.encode_inputs(["a big red house"])
+    ((ids, types, _),) = [(e.ids, e.type_ids, e.full) for e in source.tokenizer.encode(["a big red house"])]
     with torch.no_grad():
         out = model.encoder(torch.tensor([ids]), token_type_ids=torch.tensor([types]), output_attentions=True)
     expected = torch.stack([a[0] for a in out.attentions]).double().numpy()

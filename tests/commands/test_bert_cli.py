@@ -195,11 +195,11 @@ def test_attention_png_has_one_panel_per_layer_and_head(capsys, tmp_path):
     assert out.is_file() and out.stat().st_size > 10_000
     height, width = matplotlib.image.imread(out).shape[:2]
     side = PANEL_INCHES * DPI  # 8 tokens: panels keep their base size
-    assert (height, width) == (round(2 * side), round(4 * side))  # 2 layers x 4 heads
+    assert (height, width) == (round(2 * side), round(4 * side + 1.2 * DPI))  # 2 layers x 4 heads + colour bar
 
     rc, _, err = _run(capsys, "attention", bert_dir(), "the cat", "--out", out, "--layer", 1, "--head", 3)
     assert rc == 0 and "1 x 1 maps" in err
-    assert matplotlib.image.imread(out).shape[:2] == (round(side), round(side))
+    assert matplotlib.image.imread(out).shape[:2] == (round(side), round(side + 1.2 * DPI))
 
 
 def test_attention_bad_arguments(capsys, tmp_path):

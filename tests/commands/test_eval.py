@@ -39,3 +39,30 @@ def test_a_non_finite_metric_is_refused_not_printed_as_nan(classification_run, c
     rc, out, err = run_cli(capsys, "eval", broken, "--samples", 0)
     assert_one_line_error(rc, err, "eval", r"expected finite numbers, got NaN or infinity")
     assert "NaN" not in out
+
+
+def test_eval_data_takes_the_canonical_field_names_or_the_runs_columns(capsys, tmp_path):
+    """A run trained with --columns evaluates a file written either way; a file with neither
+    is refused in one line naming both."""
+    from text_fixtures import classification_rows, write
+
+    rows = classification_rows(80)
+    theirs = [{"sentence": r["text"], "category": r["label"]} for r in rows]
+    data = write(tmp_path / "train.jsonl", theirs)
+    run = tmp_path / "run"
+    rc, _, err = run_cli(capsys, "train", "--data", data, "--columns", "sentence=text,category=label",
+                         "--out", run, "--steps", 2, "--d-model", 16, "--n-heads", 2, "--d-ff", 32,
+                         "--n-layers", 1, "--vocab-size", 120, "--max-tokens", 256, "--eval-every", 2,
+                         "--threads", 1, "--quiet")
+    assert rc == 0, err
+    results = []
+    for name, records in (("canonical", rows[:20]), ("columns", theirs[:20])):
+        path = write(tmp_path / f"{name}.jsonl", records)
+        rc, out, err = run_cli(capsys, "eval", run, "--data", path, "--samples", 0)
+        assert rc == 0, err
+        results.append({k: v for k, v in json.loads(out.splitlines()[-1]).items() if k != "split"})
+    assert results[0] == results[1] and results[0]["examples"] == 20
+    other = write(tmp_path / "other.jsonl", [{"words": "a cat", "label": "animal"}])
+    rc, _, err = run_cli(capsys, "eval", run, "--data", other)
+    assert_one_line_error(rc, err, "eval", r"other\.jsonl:1: expected the fields text, label or the run's "
+                                           r"--columns 'sentence=text,category=label', got label, words")

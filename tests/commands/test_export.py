@@ -17,7 +17,6 @@ from hf_bert_fixtures import bert_dir
 from text_fixtures import classification_rows, embedding_rows, seq2seq_rows, write
 
 from tformer.cli import main
-from tformer.export import onnx as tonnx
 from tformer.storage import files
 
 PROB_TOLERANCE = 1e-5  # max abs difference of probabilities, float32 (predict prints 6 decimals)
@@ -93,6 +92,68 @@ def test_classifier_runs_load_in_transformers_with_the_runs_probabilities(capsys
     assert json.loads((out / "tokenizer.json").read_text())["truncation"]["max_length"] == max_length
     card = (out / "README.md").read_text()
     assert "accuracy" in card and f"tformer export {run} --hf {out}" in card and "animal, place" in card
+    header = hub_header(card)
+    assert header["library_name"] == "transformers" and header["pipeline_tag"] == "text-classification"
+    assert "accuracy" in header["metrics"] and "tformer" in header["tags"]
+    if kind == "finetuned":
+        assert f"base model (fine-tuned): `{bert_dir()}`" in card
+    else:
+        assert "base model" not in card
+
+
+def test_transformers_pipeline_gives_predicts_probabilities(capsys, tmp_path, runs):
+    """pipeline("text-classification", top_k=None) on the export, against `tformer predict`."""
+    from transformers import pipeline
+
+    run, out = runs["scratch"], tmp_path / "hf"
+    assert _run(capsys, "export", run, "--hf", out)[0] == 0
+    classify = pipeline("text-classification", model=str(out), top_k=None, device="cpu")
+    answers = classify(TEXTS, truncation=True)  # LONG is past the run's max_length, as for any BERT
+    labels = ["animal", "place"]
+    got = np.array([[{a["label"]: a["score"] for a in answer}[label] for label in labels] for answer in answers])
+    diff = np.abs(got - _predict(capsys, run, TEXTS, tmp_path)).max()
+    assert diff <= PROB_TOLERANCE, f"max |probability difference| {diff:.2e}"
+
+
+def hub_header(card: str) -> dict:
+    """The YAML block a model card opens with (the Hub's metadata), parsed."""
+    import yaml
+
+    assert card.startswith("---\n"), card[:80]
+    return yaml.safe_load(card[4 : card.index("\n---\n", 4)])
+
+
+def train_command(card: str) -> list[str]:
+    """The `tformer train` command a model card says made the run."""
+    import shlex
+
+    lines = [line for line in card.splitlines() if line.startswith("tformer train ")]
+    assert len(lines) == 1, card
+    return shlex.split(lines[0])
+
+
+@pytest.mark.parametrize("kind", ["scratch", "finetuned", "seq2seq"])
+def test_the_card_opens_with_hub_metadata_and_gives_the_train_command_that_made_the_run(capsys, tmp_path, runs,
+                                                                                      kind):
+    """The command in the card resolves to the run's own TrainConfig (its folder aside)."""
+    import dataclasses
+
+    from tformer.cli import build_parser
+    from tformer.storage.checkpoint import check_run_dir
+    from tformer.training.config import MODEL_OPTIONS, TrainConfig, read_train_config, resolve_config
+
+    run, out = runs[kind], tmp_path / "hf"
+    assert _run(capsys, "export", run, "--hf", out)[0] == 0
+    card = (out / "README.md").read_text()
+    assert hub_header(card)["library_name"] == "transformers"
+    words = train_command(card)
+    assert words[:2] == ["tformer", "train"] and "--data" in words
+    args = build_parser()[0].parse_args(words[1:])
+    names = {f.name for f in dataclasses.fields(TrainConfig)} | set(MODEL_OPTIONS)
+    again = resolve_config({k: v for k, v in vars(args).items() if k in names})
+    saved = read_train_config(check_run_dir(run))
+    assert again.replace(out=None) == saved.replace(out=None)
+    assert "## Training data" in card and "records in the training file" in card
 
 
 def test_a_mean_pooled_classifier_says_so_in_its_config_and_is_refused_by_hf_in_one_line(
@@ -134,44 +195,131 @@ def test_seq2seq_run_exports_to_transformers_and_generates_the_same_text(capsys,
     assert "# seq2seq" in (out / "README.md").read_text() or "seq2seq model" in (out / "README.md").read_text()
 
 
-def test_embedding_run_onnx_gives_the_sentence_transformers_embeddings(capsys, tmp_path, runs):
+def test_embedding_run_onnx_is_a_sentence_transformers_folder_with_the_same_embeddings(capsys, tmp_path, runs):
     import onnxruntime as ort
     from sentence_transformers import SentenceTransformer
+    from tokenizers import Tokenizer
 
-    run, out = runs["embedding"], tmp_path / "emb.onnx"
+    run, out = runs["embedding"], tmp_path / "emb"
     rc, _, err = _run(capsys, "export", run, "--onnx", out)
     assert rc == 0 and "max abs diff" in err
-    st = SentenceTransformer(str(run), device="cpu")
-    texts = ["the cat sat", "café naïve Straße 東京"]
-    expected = st.encode(texts, convert_to_numpy=True)
-    batch = st.tokenizer(texts, padding=True, truncation=True, return_tensors="np")
-    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-    feed = {i.name: batch[i.name].astype(np.int64) for i in session.get_inputs()}
-    (got,) = session.run(None, feed)
-    assert np.abs(got - expected).max() <= tonnx.TOLERANCE
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == [
+        "1_Pooling/config.json", "2_Normalize/config.json", "README.md", "config.json", "model.onnx",
+        "modules.json", "sentence_bert_config.json", "tokenizer.json", "tokenizer_config.json"]
+    modules = json.loads((out / "modules.json").read_text())
+    assert [m["path"] for m in modules] == ["", "1_Pooling", "2_Normalize"]
+    assert json.loads((out / "config.json").read_text())["model_type"] == "bert"
+    header = hub_header((out / "README.md").read_text())
+    assert (header["library_name"], header["pipeline_tag"]) == ("sentence-transformers", "sentence-similarity")
+    texts = ["the cat sat", "café naïve Straße 東京", LONG]
+    expected = SentenceTransformer(str(run), device="cpu").encode(texts, convert_to_numpy=True)
+    tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))  # the exported files alone
+    tokenizer.enable_padding(pad_id=tokenizer.token_to_id("<pad>"))
+    batch = tokenizer.encode_batch(texts)
+    feed = {"input_ids": [e.ids for e in batch], "attention_mask": [e.attention_mask for e in batch],
+            "token_type_ids": [e.type_ids for e in batch]}
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert [o.name for o in session.get_outputs()] == ["last_hidden_state", "sentence_embedding"]
+    _, got = session.run(None, {i.name: np.array(feed[i.name], dtype=np.int64) for i in session.get_inputs()})
+    assert np.abs(got - expected).max() <= PROB_TOLERANCE
 
 
-def test_classifier_run_onnx_gives_the_runs_probabilities(capsys, tmp_path, runs):
+def test_classifier_run_onnx_is_a_folder_that_reproduces_predict(capsys, tmp_path, runs):
+    """model.onnx, tokenizer.json and config.json (id2label): onnxruntime and tokenizers alone
+    give `tformer predict`'s probabilities (<= 1e-5); the card's code runs as it is."""
     import onnxruntime as ort
-    from transformers import AutoTokenizer
+    from tokenizers import Tokenizer
 
-    run, out = runs["finetuned"], tmp_path / "clf.onnx"
-    assert _run(capsys, "export", run, "--onnx", out)[0] == 0
-    hf = tmp_path / "hf"
-    assert _run(capsys, "export", run, "--hf", hf)[0] == 0
-    batch = AutoTokenizer.from_pretrained(str(hf))(TEXTS, padding=True, truncation=True, return_tensors="np")
-    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-    (logits,) = session.run(None, {i.name: batch[i.name].astype(np.int64) for i in session.get_inputs()})
-    got = torch.tensor(logits).softmax(-1).numpy()
-    assert np.abs(got - _predict(capsys, run, TEXTS, tmp_path)).max() <= PROB_TOLERANCE
+    for kind in ("finetuned", "scratch-mean"):  # scratch-mean: a classifier of the default options
+        run, out = runs[kind], tmp_path / kind
+        rc, _, err = _run(capsys, "export", run, "--onnx", out)
+        assert rc == 0 and "max abs diff" in err, err
+        assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.onnx",
+                                                         "tokenizer.json", "tokenizer_config.json"]
+        id2label = json.loads((out / "config.json").read_text())["id2label"]
+        assert id2label == {"0": "animal", "1": "place"}
+        tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))
+        pad = tokenizer.token_to_id("<pad>")
+        tokenizer.enable_padding(pad_id=pad if pad is not None else tokenizer.token_to_id("[PAD]"))
+        batch = tokenizer.encode_batch(TEXTS)
+        feed = {"input_ids": [e.ids for e in batch], "attention_mask": [e.attention_mask for e in batch],
+                "token_type_ids": [e.type_ids for e in batch]}
+        session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+        inputs = {i.name: np.array(feed[i.name], dtype=np.int64) for i in session.get_inputs()}
+        (logits,) = session.run(None, inputs)
+        got = torch.tensor(logits).softmax(-1).numpy()
+        assert np.abs(got - _predict(capsys, run, TEXTS, tmp_path)).max() <= PROB_TOLERANCE
+        header = hub_header((out / "README.md").read_text())
+        assert (header["library_name"], header["pipeline_tag"]) == ("onnx", "text-classification")
+    assert _card_code(out / "README.md", out).split()[0] in ("animal", "place")
 
 
-def test_seq2seq_run_onnx_is_a_folder_with_encoder_decoder_tokenizer_and_card(capsys, tmp_path, runs):
+def _card_code(card: Path, directory: Path) -> str:
+    """Run the card's Python example (DIR: the export) in a fresh interpreter; its output."""
+    text = card.read_text()
+    code = text[text.index("```python\n") + len("```python\n"):]
+    code = code[: code.index("```")].replace("DIR", str(directory))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_seq2seq_run_onnx_is_optimums_layout_and_the_cards_loop_generates_what_tformer_does(capsys, tmp_path,
+                                                                                          runs):
+    import onnxruntime as ort
+
     out = tmp_path / "onnx"
     rc, _, err = _run(capsys, "export", runs["seq2seq"], "--onnx", out)
     assert rc == 0 and "max abs diff" in err
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "decoder.onnx", "encoder.onnx",
-                                                     "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "README.md", "config.json", "decoder_model.onnx", "decoder_with_past_model.onnx", "encoder_model.onnx",
+        "generation_config.json", "tokenizer.json", "tokenizer_config.json"]
+    assert json.loads((out / "config.json").read_text())["model_type"] == "pegasus"
+
+    def names(name):
+        return [i.name for i in ort.InferenceSession(str(out / name)).get_inputs()]
+
+    assert names("encoder_model.onnx") == ["input_ids", "attention_mask"]
+    assert names("decoder_model.onnx") == ["input_ids", "encoder_hidden_states", "encoder_attention_mask"]
+    assert names("decoder_with_past_model.onnx")[:4] == ["input_ids", "encoder_attention_mask",
+                                                         "past_key_values.0.decoder.key",
+                                                         "past_key_values.0.decoder.value"]
+    assert hub_header((out / "README.md").read_text())["pipeline_tag"] == "text2text-generation"
+    rc, expected, _ = _run(capsys, "generate", runs["seq2seq"], "some text")
+    assert rc == 0
+    assert _card_code(out / "README.md", out) == expected  # the decoding example, run as it is
+
+
+def test_onnx_never_writes_over_a_users_file(capsys, tmp_path, runs):
+    user = tmp_path / "mine.onnx"
+    user.write_bytes(b"my own model")
+    for model in (runs["finetuned"], bert_dir()):  # a run (a folder), a model directory (a file)
+        rc, _, err = _run(capsys, "export", model, "--onnx", user)
+        assert rc == 2 and err.count("\n") == 1, err
+    assert user.read_bytes() == b"my own model"
+    out = tmp_path / "encoder.onnx"
+    assert _run(capsys, "export", bert_dir(), "--onnx", out)[0] == 0
+    assert _run(capsys, "export", bert_dir(), "--onnx", out)[0] == 0  # its own earlier export: replaced
+    rc, _, err = _run(capsys, "export", runs["finetuned"], "--onnx", tmp_path / "new.onnx")
+    assert rc == 2 and "a run exports a folder" in err and not (tmp_path / "new.onnx").exists()
+
+
+def test_a_symlinked_hf_target_is_followed_and_stays_a_link(capsys, tmp_path, runs):
+    target = tmp_path / "real"
+    link = tmp_path / "link"
+    link.symlink_to(target, target_is_directory=True)  # dangling at first
+    for _ in range(2):  # a new folder, then a tformer export replaced
+        rc, _, err = _run(capsys, "export", runs["finetuned"], "--hf", link)
+        assert rc == 0, err
+        assert link.is_symlink() and (target / "config.json").is_file()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]  # nothing stray
+    user = tmp_path / "theirs"
+    user.mkdir()
+    (user / "notes.txt").write_text("mine")
+    link.unlink()
+    link.symlink_to(user, target_is_directory=True)
+    rc, _, err = _run(capsys, "export", runs["finetuned"], "--hf", link)
+    assert rc == 2 and "notes.txt" in err and sorted(p.name for p in user.iterdir()) == ["notes.txt"]
 
 
 def test_synthetic_task_runs_refuse_hf_in_one_line(capsys, tmp_path):
@@ -236,14 +384,16 @@ def test_a_failure_at_every_durable_step_leaves_the_old_export_or_the_new_one(ca
 
 
 def test_the_seq2seq_onnx_folder_goes_through_the_same_publisher(capsys, tmp_path, runs, monkeypatch):
-    fake = {"encoder.onnx": b"enc", "decoder.onnx": b"dec"}
-    monkeypatch.setattr(tonnx, "seq2seq_onnx_files", lambda model, scratch, opset=18: (dict(fake), 0.0))
+    from tformer.export import onnx_seq2seq
+
+    fake = {"encoder_model.onnx": b"enc", "decoder_model.onnx": b"dec"}
+    monkeypatch.setattr(onnx_seq2seq, "seq2seq_onnx_files", lambda model, opset=18: (dict(fake), 0.0))
     out = tmp_path / "onnx"
     assert _run(capsys, "export", runs["seq2seq"], "--onnx", out)[0] == 0
     old = _snapshot(out)
-    fake.update({"encoder.onnx": b"enc2", "decoder.onnx": b"dec2"})
+    fake.update({"encoder_model.onnx": b"enc2", "decoder_model.onnx": b"dec2"})
     monkeypatch.setattr(files, "fault_hook", lambda what: (_ for _ in ()).throw(OSError(5, "injected"))
-                        if "decoder.onnx" in what else None)
+                        if "decoder_model.onnx" in what else None)
     assert _run(capsys, "export", runs["seq2seq"], "--onnx", out)[0] != 0
     assert _snapshot(out) == old
 

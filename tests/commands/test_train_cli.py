@@ -88,3 +88,22 @@ def test_bad_input_from_a_real_process(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and "not a checkpoint" in proc.stderr
+
+
+def test_train_help_shows_each_objectives_real_defaults(capsys):
+    """--help says what a run on your data gets, not only the synthetic tasks' defaults: the
+    presets of training.config, option by option."""
+    from tformer.training.config import DEFAULT_MODEL, FINETUNE_PRESET, OBJECTIVE_PRESETS
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    width = OBJECTIVE_PRESETS["classification"]["d_model"]
+    assert f"model width (default: {width} on your data; synthetic tasks {DEFAULT_MODEL.d_model}" in text
+    lrs = {kind: OBJECTIVE_PRESETS[kind]["lr"] for kind in ("seq2seq", "classification", "embedding")}
+    assert (f"(default: seq2seq {lrs['seq2seq']}, classification {lrs['classification']}, "
+            f"embedding {lrs['embedding']}; fine-tuning by the model's width") in text
+    assert FINETUNE_PRESET["lr"] is None
+    pooling = OBJECTIVE_PRESETS["classification"]["pooling"]
+    assert f"`export --hf` takes it too) (default: classification {pooling};" in text
+    assert "usage: tformer train (--data FILE | --task NAME) [options]" in text

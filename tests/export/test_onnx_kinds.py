@@ -1,5 +1,6 @@
-"""ONNX for every kind of model beyond the encoder: a classifier (logits) and the seq2seq pair
-(encoder, decoder with a KV cache), each checked with onnxruntime (random tiny weights)."""
+"""ONNX for every kind of model beyond the encoder: a classifier (logits) and the seq2seq files
+in Optimum's layout (encoder, first decoder step, later steps with a KV cache), each checked
+with onnxruntime (random tiny weights)."""
 
 import numpy as np
 import pytest
@@ -52,46 +53,55 @@ def _seq2seq():
     return model
 
 
-def ort_greedy(enc, dec, ids: np.ndarray, mask: np.ndarray, max_len: int) -> list[list[int]]:
-    """Greedy decoding with the two files, as a user outside Python would write it."""
-    memory, cross_k, cross_v = enc.run(None, {"input_ids": ids, "attention_mask": mask})
-    layers, b, h, _, dh = cross_k.shape
-    past_k = past_v = np.zeros((layers, b, h, 0, dh), dtype=np.float32)
+def ort_greedy(enc, dec, dec_past, ids: np.ndarray, mask: np.ndarray, max_len: int) -> list[list[int]]:
+    """Greedy decoding with the three files, as Optimum (or a user outside Python) runs them."""
+    (memory,) = enc.run(None, {"input_ids": ids, "attention_mask": mask})
+    b = ids.shape[0]
     tokens = np.full((b, 1), BOS, dtype=np.int64)
+    out = dec.run(None, {"input_ids": tokens, "encoder_hidden_states": memory, "encoder_attention_mask": mask})
+    past_names = [o.name.replace("present", "past_key_values") for o in dec.get_outputs()][1:]
+    cache = dict(zip(past_names, out[1:], strict=True))
     done = np.zeros(b, dtype=bool)
     rows = [[] for _ in range(b)]
     for _ in range(max_len):
-        logits, past_k, past_v = dec.run(None, {
-            "decoder_input_ids": tokens, "encoder_attention_mask": mask, "past_keys": past_k,
-            "past_values": past_v, "cross_keys": cross_k, "cross_values": cross_v})
-        best = logits[:, -1].argmax(-1)
+        best = out[0][:, -1].argmax(-1)
         for i in range(b):
             if not done[i]:
                 rows[i].append(int(best[i]))
         done |= best == EOS
         if done.all():
             break
-        tokens = best[:, None].astype(np.int64)
+        out = dec_past.run(None, {"input_ids": best[:, None].astype(np.int64), "encoder_attention_mask": mask,
+                                  **cache})
+        later = [o.name.replace("present", "past_key_values") for o in dec_past.get_outputs()][1:]
+        cache.update(zip(later, out[1:], strict=True))
     return rows
 
 
-def test_seq2seq_onnx_pair_generates_the_same_token_ids(tmp_path):
+def test_seq2seq_onnx_files_generate_the_same_token_ids(tmp_path):
     import onnxruntime as ort
+
+    from tformer.export import onnx_seq2seq
 
     model = _seq2seq()
     card = Card(name="tiny", kind="seq2seq")
-    out, diff = tonnx.export_seq2seq_onnx(model, tmp_path / "onnx", card, {"tokenizer.json": b"{}"})
+    out, diff = onnx_seq2seq.export_seq2seq_onnx(model, tmp_path / "onnx", card, {"tokenizer.json": b"{}"},
+                                                 {"bos_id": BOS, "eos_id": EOS}, max_new_tokens=12)
     assert diff <= tonnx.TOLERANCE
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "decoder.onnx", "encoder.onnx",
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "decoder_model.onnx",
+                                                     "decoder_with_past_model.onnx", "encoder_model.onnx",
                                                      "tokenizer.json"]
-    enc = ort.InferenceSession(str(out / "encoder.onnx"), providers=["CPUExecutionProvider"])
-    dec = ort.InferenceSession(str(out / "decoder.onnx"), providers=["CPUExecutionProvider"])
+    sessions = [ort.InferenceSession(str(out / name), providers=["CPUExecutionProvider"])
+                for name in onnx_seq2seq.FILES]
+    assert [o.name for o in sessions[1].get_outputs()] == ["logits", *onnx_seq2seq.cache_names("present", 2)]
+    assert [o.name for o in sessions[2].get_outputs()] == ["logits", *onnx_seq2seq.cache_names("present", 2,
+                                                                                             cross=False)]
     g = torch.Generator().manual_seed(5)
     ids = torch.randint(3, 24, (3, 9), generator=g)
     mask = torch.ones_like(ids)
     mask[1, 6:] = 0
     mask[2, 3:] = 0
-    got = ort_greedy(enc, dec, ids.numpy(), mask.numpy(), max_len=12)
+    got = ort_greedy(*sessions, ids.numpy(), mask.numpy(), max_len=12)
     with torch.no_grad():
         expected = generate(model, ids, mask, max_len=12, bos_id=BOS, eos_id=EOS, pad_id=PAD).tolist()
     assert got == expected
@@ -104,7 +114,8 @@ def test_a_failed_onnx_write_leaves_the_old_file(tmp_path, monkeypatch):
     from tformer.storage import files
 
     out = tmp_path / "clf.onnx"
-    out.write_bytes(b"the old file")
+    tonnx.export_onnx(tonnx.ClassifierGraph(_classifier()), out)  # an earlier export: replaceable
+    old = out.read_bytes()
 
     def fail(what):
         if what.startswith("rename"):
@@ -113,5 +124,13 @@ def test_a_failed_onnx_write_leaves_the_old_file(tmp_path, monkeypatch):
     monkeypatch.setattr(files, "fault_hook", fail)
     with pytest.raises(OSError, match="injected"):
         tonnx.export_onnx(tonnx.ClassifierGraph(_classifier()), out)
-    assert out.read_bytes() == b"the old file"
+    assert out.read_bytes() == old
     assert sorted(p.name for p in tmp_path.iterdir()) == ["clf.onnx"]
+
+
+def test_a_file_tformer_did_not_write_is_never_replaced(tmp_path):
+    out = tmp_path / "model.onnx"
+    out.write_bytes(b"a user's file")
+    with pytest.raises(FileExistsError, match=r"--onnx: .*model\.onnx exists and tformer did not write it"):
+        tonnx.export_onnx(tonnx.ClassifierGraph(_classifier()), out)
+    assert out.read_bytes() == b"a user's file"

@@ -66,3 +66,30 @@ def test_fused_and_readable_paths_agree_on_gradients():
         grads.append(torch.autograd.grad(out.square().sum(), (q, k, v)))
     for a, b in zip(*grads, strict=True):
         assert_close(a, b, np.float64, what="gradient")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_a_memory_row_shared_by_its_beams_equals_the_memory_repeated(dtype, need_weights):
+    """Beam search's beams of one source attend to its one memory row (g = 3 query rows per
+    memory row, as one group of queries): the same outputs, weights and cache as attending to
+    the memory repeated for each beam; cached steps too."""
+    d, h, g = 16, 4, 3
+    mha = MultiHeadAttention(d, h, cross=True).to(dtype).eval()
+    x, memory = torch.randn(2 * g, 2, d, dtype=dtype), torch.randn(2, 5, d, dtype=dtype)
+    mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])[:, None, None, :]  # (Bm, 1, 1, S)
+    with torch.no_grad():
+        shared = mha(x, memory, mask=mask, use_cache=True, need_weights=need_weights)
+        repeated = mha(x, memory.repeat_interleave(g, 0), mask=mask.repeat_interleave(g, 0),
+                       use_cache=True, need_weights=need_weights)
+        cached = mha(x, None, mask=mask, past_key_value=shared.present)
+    dt = np.float32 if dtype == torch.float32 else np.float64
+    assert_close(shared.output, repeated.output, dt, what="output")
+    assert_close(cached.output, repeated.output, dt, what="output from the cached memory")
+    assert shared.present[0].shape == (2, h, 5, d // h)  # one row per source, not per beam
+    assert_close(shared.present[0].repeat_interleave(g, 0), repeated.present[0], dt, what="keys")
+    if need_weights:
+        assert_close(shared.weights, repeated.weights, dt, what="weights")
+    with pytest.raises(ValueError, match=r"memory: expected a batch that divides the query batch "
+                                         r"\(6\), got 4"):
+        mha(x, torch.randn(4, 5, d, dtype=dtype))

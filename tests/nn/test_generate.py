@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tformer import TransformerConfig
-from tformer.nn.generate import beam_search, generate, greedy_search
+from tformer.nn.generate import GenerationOutput, beam_search, generate, greedy_search
 from tformer.nn.model import Seq2SeqTransformer
 from tformer.tasks import EOS, PAD, get_task
 from tformer.training import forward_loss
@@ -167,13 +167,13 @@ def test_beam_search_of_one_beam_is_greedy_on_a_random_model(random_model_and_eo
     from tformer.nn import generate as gen
 
     model, src, mask, eos = random_model_and_eos
-    drops, select = [], gen._select
+    drops, select = [], gen._select_beams
 
-    def counting_select(cache, keep):
-        drops.append(keep.numel())
-        return select(cache, keep)
+    def counting_select(cache, beams, rows):
+        drops.append(rows.numel())
+        return select(cache, beams, rows)
 
-    monkeypatch.setattr(gen, "_select", counting_select)
+    monkeypatch.setattr(gen, "_select_beams", counting_select)
     greedy = greedy_search(model, src, mask, max_len=16, eos_id=eos)
     beam = beam_search(model, src, mask, beam_size=1, max_len=16, eos_id=eos)
     assert torch.equal(greedy.sequences, beam.sequences)
@@ -201,3 +201,79 @@ def test_generation_stops_at_its_deadline_with_the_rows_as_they_are(random_model
     assert torch.equal(cut.sequences, full.sequences[:, :4])
     beam = beam_search(model, src, mask, beam_size=2, max_len=16, eos_id=-1, deadline=next(clock) + 0.5)
     assert beam.sequences.shape == (src.size(0), 1)
+
+
+# The beam search before issue 33 (memory repeated per beam, every (beam, token) candidate ranked,
+# the whole cache copied at each step), kept as the oracle of the faster one: the same tokens.
+def _beam_search_before(model, src_ids, src_attention_mask, beam_size, max_len, length_penalty,
+                        bos_id, eos_id, pad_id):
+    b, k = src_ids.size(0), beam_size
+    memory = model.encode(src_ids, src_attention_mask=src_attention_mask).last_hidden_state
+    memory = memory.repeat_interleave(k, dim=0)  # (B*K, S, D)
+    mask = src_attention_mask.repeat_interleave(k, dim=0)
+    tokens = torch.full((b * k, 1), bos_id, dtype=torch.long)
+    scores = torch.full((b, k), float("-inf"))
+    scores[:, 0] = 0.0
+    scores = scores.view(-1)
+    done = torch.zeros(b * k, dtype=torch.bool)
+    lengths = torch.zeros(b * k)
+    past = None
+    for _ in range(max_len):
+        out = model.decode(tokens[:, -1:], memory, memory_attention_mask=mask,
+                           past_key_values=past, use_cache=True)
+        logp = out.logits[:, -1].float().log_softmax(dim=-1)  # (B*K, V)
+        v = logp.size(-1)
+        logp.masked_fill_(done[:, None], float("-inf"))
+        logp[:, pad_id].masked_fill_(done, 0.0)
+        top_scores, top = (scores[:, None] + logp).view(b, k * v).topk(k, dim=-1)
+        beam = (top // v + torch.arange(b)[:, None] * k).view(-1)
+        token = (top % v).view(-1)
+        scores = top_scores.view(-1)
+        tokens = torch.cat([tokens.index_select(0, beam), token[:, None]], dim=1)
+        past = tuple((sk.index_select(0, beam), sv.index_select(0, beam), ck, cv)
+                     for sk, sv, ck, cv in out.past_key_values)
+        was_done = done.index_select(0, beam)
+        lengths = lengths.index_select(0, beam) + (~was_done).float()
+        done = was_done | (token == eos_id)
+        if done.all():
+            break
+    final = (scores / lengths.clamp(min=1) ** length_penalty).view(b, k)
+    best = final.argmax(dim=-1) + torch.arange(b) * k
+    return tokens[best, 1:], scores[best]
+
+
+@pytest.mark.parametrize("beam_size, length_penalty", [(2, 1.0), (4, 1.0), (4, 0.0), (5, 0.6)])
+def test_beam_search_gives_the_tokens_of_the_search_before_issue_33(
+        random_model_and_eos, model_and_batch, beam_size, length_penalty):
+    """The faster search (per-beam top k, the memory shared by a source's beams, the cache
+    reordered in place, finished sources leaving the batch) finds the same sequences as the
+    plain search over every (beam, token) candidate, on a random model with rows finishing at
+    many steps and on a trained one; scores to fp32 rounding (grouped attention sums in another
+    order)."""
+    model, src, mask, eos = random_model_and_eos
+    trained, batch = model_and_batch
+    for m, s, sm, e in ((model, src, mask, eos), (trained, batch.src, batch.src_mask, EOS)):
+        ids = dict(bos_id=1, eos_id=e, pad_id=PAD)
+        with torch.no_grad():
+            want, want_scores = _beam_search_before(m, s, sm, beam_size, 14, length_penalty, **ids)
+        got = beam_search(m, s, sm, beam_size=beam_size, max_len=14,
+                          length_penalty=length_penalty, **ids)
+        expected = GenerationOutput(want, want_scores, e, PAD).tolist()
+        assert got.tolist() == expected
+        torch.testing.assert_close(got.scores, want_scores, rtol=1e-5, atol=1e-5)
+
+
+def test_beam_search_with_a_vocabulary_smaller_than_the_beam(random_model_and_eos):
+    """Each beam keeps all V tokens when V < K: the same search as ranking every candidate."""
+    torch.manual_seed(3)
+    config = TransformerConfig(d_model=16, n_heads=2, d_ff=32, n_layers=1, dropout=0.0,
+                               vocab_size=6, max_len=32)
+    model = Seq2SeqTransformer(config).eval()
+    src = torch.randint(4, 6, (3, 5))
+    mask = torch.ones_like(src, dtype=torch.bool)
+    ids = dict(bos_id=1, eos_id=4, pad_id=PAD)
+    with torch.no_grad():
+        want, want_scores = _beam_search_before(model, src, mask, 8, 6, 1.0, **ids)
+    got = beam_search(model, src, mask, beam_size=8, max_len=6, **ids)
+    assert got.tolist() == GenerationOutput(want, want_scores, 4, PAD).tolist()
+    torch.testing.assert_close(got.scores, want_scores, rtol=1e-5, atol=1e-5)

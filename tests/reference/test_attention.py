@@ -110,3 +110,25 @@ def test_multi_head_attention_backward_matches_torch(cross, kind):
         assert relative_error(dmemory, tm.grad) <= GRAD_RTOL
     else:
         assert dmemory is None
+
+
+def test_a_memory_row_shared_by_its_beams_matches_torch():
+    """The mirror's cross-attention with g = 2 query rows per memory row (beam search's beams of
+    a source) against torch's, and against the memory repeated per beam; float64."""
+    rng = np.random.default_rng(0)
+    d, heads, g = 12, 3, 2
+    torch_mha = TorchMHA(d, heads, cross=True).double().eval()
+    ours = MultiHeadAttention(d, heads, cross=True).astype(np.float64)
+    copy_weights(torch_mha, ours)
+    x, memory = rng.standard_normal((B * g, T, d)), rng.standard_normal((B, S, d))
+    mask = np.ones((B, 1, 1, S), dtype=bool)
+    mask[1, ..., 3:] = False
+    out = ours(x, memory, mask, use_cache=True)
+    with torch.no_grad():
+        expected = torch_mha(torch.from_numpy(x), torch.from_numpy(memory),
+                             mask=torch.from_numpy(mask)).output.numpy()
+    repeated = ours(x, memory.repeat(g, axis=0), mask.repeat(g, axis=0)).output
+    assert relative_error(out.output, expected) <= 1e-12
+    assert relative_error(out.output, repeated) <= 1e-12
+    assert out.present[0].shape == (B, heads, S, d // heads)
+    assert relative_error(ours(x, None, mask, past_key_value=out.present).output, expected) <= 1e-12

@@ -16,6 +16,16 @@ pytest.importorskip("starlette", reason="the serve extra: pip install 'tformer[s
 from serve_fixtures import TINY_RUN, serve  # noqa: E402  (after the skips)
 
 
+@pytest.fixture(autouse=True)
+def _kernel_cache_env(monkeypatch):
+    """`tformer serve` sizes oneDNN's kernel caches in its process's environment (run in-process
+    here): keep that out of the tests and subprocesses that follow."""
+    from tformer.commands.serve import KERNEL_CACHE
+
+    for name in KERNEL_CACHE:
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture(scope="session")
 def embedding_dir() -> Path:
     return st_dir()  # max_seq_length 16: long texts are cut
@@ -40,5 +50,19 @@ def seq2seq_run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def embedding_server(embedding_dir):
     live = serve(embedding_dir)
+    yield live
+    live.close()
+
+
+@pytest.fixture(scope="module")
+def classification_server(classification_run):
+    live = serve(classification_run)
+    yield live
+    live.close()
+
+
+@pytest.fixture(scope="module")
+def seq2seq_server(seq2seq_run):
+    live = serve(seq2seq_run)
     yield live
     live.close()

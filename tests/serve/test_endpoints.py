@@ -54,6 +54,7 @@ def test_health_info_metrics(embedding_server):
     assert embedding_server.request("GET", "/health")[:3:2] == (200, {"status": "ok"})
     status, _, info = embedding_server.request("GET", "/info")
     assert status == 200 and info["kind"] == "embedding" and info["dim"] == 32
+    assert info["max_input_length"] == 16 and info["max_client_batch_size"] == 256
     assert info["limits"]["max_input_tokens"] == 16 and info["dtype"] == "fp32" and info["version"]
     embedding_server.post("/embed", {"inputs": "a dog"})
     status, headers, text = embedding_server.request("GET", "/metrics")
@@ -88,37 +89,92 @@ def test_64_concurrent_clients_get_their_unbatched_answers(embedding_dir):
     assert count < sum(map(len, requests)), "no two inputs shared a batch"
 
 
-def test_predict_equals_tformer_predict(classification_run, capsys):
+def test_predict_answers_teis_shapes_with_tformer_predicts_scores(classification_server, classification_run,
+                                                                  capsys):
     texts = ["the cat dog", "river road big", "a"]
     cli = [json.loads(line) for line in
            _cli_lines(capsys, ["predict", str(classification_run), *texts, "--format", "jsonl"])]
-    live = serve(classification_run)
-    try:
-        status, _, body = live.post("/predict", {"inputs": texts})
-        status_pair, _, pair = live.post("/predict", {"inputs": [{"text": "the cat", "text_pair": "a dog"}]})
-        assert live.post("/embed", {"inputs": "x"})[0] == 404
-    finally:
-        live.close()
-    assert status == 200 and status_pair == 200
-    for served, expected in zip(body["predictions"], cli, strict=True):
-        assert served["text"] == expected["text"] and served["label"] == expected["label"]
-        for label, p in expected["probabilities"].items():
-            assert served["probabilities"][label] == pytest.approx(p, abs=TOL)
-    assert pair["predictions"][0]["label"] in cli[0]["probabilities"]
+    status, _, one = classification_server.post("/predict", {"inputs": texts[0]})
+    status_batch, _, batch = classification_server.post("/predict", {"inputs": [[t] for t in texts]})
+    status_raw, _, raw = classification_server.post("/predict", {"inputs": texts[0], "raw_scores": True})
+    assert (status, status_batch, status_raw) == (200, 200, 200)
+    assert one == batch[0] and len(batch) == len(texts)
+    for served, expected in zip(batch, cli, strict=True):
+        assert served[0]["label"] == expected["label"]  # best first
+        assert [s["score"] for s in served] == sorted((s["score"] for s in served), reverse=True)
+        for s in served:
+            assert s["score"] == pytest.approx(expected["probabilities"][s["label"]], abs=TOL)
+    logits = {s["label"]: s["score"] for s in raw}
+    softmax = np.exp(list(logits.values())) / np.exp(list(logits.values())).sum()
+    assert np.abs(softmax - [cli[0]["probabilities"][label] for label in logits]).max() <= TOL
+    assert classification_server.post("/embed", {"inputs": "x"})[0] == 404
 
 
-def test_generate_equals_tformer_generate(seq2seq_run, capsys):
+def test_predict_counts_pairs_and_singles_as_the_run_encodes_them(classification_server, monkeypatch):
+    served = classification_server.app.state.service.served
+    status, _, body = classification_server.post("/predict", {"inputs": ["the cat", "a dog"]})
+    assert served.pairs is False and status == 422  # this run was trained on single texts
+    assert body["error"]["message"].startswith("input[0].text_pair: this run was trained on single texts")
+    monkeypatch.setattr(served.objective.source.data, "pairs", True)
+    tokenizer = served.tokenizer
+    items = served.items([{"text": "the cat"}, {"text": "the cat", "text_pair": "a dog"}], True)
+    single, pair = tokenizer.encode(["the cat", "the cat"], [None, "a dog"])
+    assert [i.n for i in items] == [len(single.ids), len(pair.ids)]
+
+
+def test_generate_speaks_tgi_and_equals_tformer_generate(seq2seq_server, seq2seq_run, capsys):
     texts = ["the cat sat", "東京 %s café", "hello world, fine. yes!"]
     greedy = _cli_lines(capsys, ["generate", str(seq2seq_run), *texts])
     beam = _cli_lines(capsys, ["generate", str(seq2seq_run), *texts, "--beam-size", "2"])
-    live = serve(seq2seq_run)
-    try:
-        one = [live.post("/generate", {"inputs": t})[2]["outputs"][0] for t in texts]
-        status, _, body = live.post("/generate", {"inputs": texts})
-        _, _, beamed = live.post("/generate", {"inputs": texts, "beam_size": 2})
-        _, _, short = live.post("/generate", {"inputs": texts[0], "max_new_tokens": 1})
-    finally:
-        live.close()
-    assert status == 200 and body["outputs"] == greedy == one
-    assert beamed["outputs"] == beam
-    assert len(short["outputs"][0].split()) <= 1
+    live = seq2seq_server
+    one = [live.post("/generate", {"inputs": t})[2]["generated_text"] for t in texts]
+    status, _, listed = live.post("/generate", {"inputs": texts})
+    _, _, beamed = live.post("/generate", {"inputs": texts, "parameters": {"beam_size": 2}})
+    _, _, short = live.post("/generate", {"inputs": texts[0], "parameters": {"max_new_tokens": 1,
+                                                                             "details": True}})
+    _, _, compat = live.post("/", {"inputs": texts[0], "parameters": {}, "stream": False})
+    assert status == 200 and [x["generated_text"] for x in listed] == greedy == one
+    assert [x["generated_text"] for x in beamed] == beam and compat == [{"generated_text": greedy[0]}]
+    assert len(short["generated_text"].split()) <= 1
+    assert short["details"]["finish_reason"] in ("length", "eos_token")
+    assert short["details"]["generated_tokens"] <= 1
+
+
+def test_generate_cuts_at_a_stop_sequence():
+    from tformer.serve.models import Item
+    from tformer.serve.tgi_api import _answer
+
+    class Served:  # counts words as tokens
+        output_tokens = staticmethod(lambda texts: [len(t.split()) for t in texts])
+
+    extra = {"stop": ["xyz", "sat"], "details": True, "max_new_tokens": 10}
+    out = _answer("the cat sat on", Item(3, 3, None), extra, Served())
+    assert out["generated_text"] == "the cat " and out["details"]["finish_reason"] == "stop_sequence"
+    out = _answer("the cat", Item(3, 3, None), dict(extra, max_new_tokens=2), Served())
+    assert out["details"]["finish_reason"] == "length" and out["details"]["generated_tokens"] == 2
+
+
+def test_tokenize_gives_the_ids_that_embed_the_same(embedding_server):
+    status, _, tokens = embedding_server.post("/tokenize", {"inputs": ["the cat sat", "a dog"]})
+    assert status == 200 and tokens[0][0]["special"] and not tokens[0][1]["special"]
+    assert [t["text"] for t in tokens[0] if not t["special"]] == ["the", "cat", "sat"]
+    assert tokens[0][1]["start"] == 0 and tokens[0][1]["stop"] == 3
+    ids = [t["id"] for t in tokens[0]]
+    by_text = embedding_server.post("/embed", {"inputs": "the cat sat"})[2]
+    by_ids = embedding_server.post("/embed", {"inputs": ids})[2]
+    openai = embedding_server.post("/v1/embeddings", {"input": [ids, "the cat sat"]})[2]
+    assert np.abs(np.array(by_ids) - by_text).max() <= TOL
+    assert np.abs(np.array(openai["data"][0]["embedding"]) - by_text[0]).max() <= TOL
+    assert openai["usage"]["prompt_tokens"] == 2 * len(ids)
+
+
+def test_info_names_the_protocols_fields_and_no_path(embedding_server, classification_server, seq2seq_server):
+    for live in (embedding_server, classification_server, seq2seq_server):
+        status, _, info = live.request("GET", "/info")
+        assert status == 200 and info["model_id"] == info["model"] and info["version"]
+        text = json.dumps(info)
+        assert "/tmp" not in text and str(live.app.state.service.config.model) not in text
+    assert embedding_server.request("GET", "/info")[2]["model_type"] == {"embedding": {"pooling": "mean"}}
+    labels = classification_server.request("GET", "/info")[2]["model_type"]["classifier"]["id2label"]
+    assert list(labels.values()) == classification_server.app.state.service.served.labels
+    assert seq2seq_server.request("GET", "/info")[2]["max_stop_sequences"] == 4

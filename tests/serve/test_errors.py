@@ -21,7 +21,7 @@ LONG = " ".join(WORDS[:30])  # over the 16 tokens of the test directory
     ("/embed", b"{bad", 400, "body", "body: expected a JSON object, got malformed JSON"),
     ("/embed", b"[1, 2]", 422, "body", "body: expected a JSON object, got a list"),
     ("/embed", {}, 422, "inputs", "inputs: required"),
-    ("/embed", {"inputs": 3}, 422, "inputs", "inputs: expected a string or a list of strings, got an integer"),
+    ("/embed", {"inputs": 3}, 422, "inputs", "inputs: expected a string, a list of strings, token ids or a list of token-id lists, got an integer"),
     ("/embed", {"inputs": ["a", None]}, 422, "inputs[1]", "inputs[1]: expected a string, got null"),
     ("/embed", {"inputs": []}, 422, "inputs", "inputs: expected at least one input, got an empty list"),
     ("/embed", {"inputs": ["  "]}, 422, "inputs[0]", "inputs[0]: expected a non-empty text"),
@@ -31,9 +31,19 @@ LONG = " ".join(WORDS[:30])  # over the 16 tokens of the test directory
     ("/embed", {"inputs": LONG, "truncate": False}, 413, "inputs", "input[0]: expected at most 16 tokens, got"),
     ("/v1/embeddings", {"input": "a", "encoding_format": "int8"}, 422, "encoding_format",
      "encoding_format: expected one of float, base64"),
-    ("/v1/embeddings", {"input": [[1, 2]]}, 422, "input[0]", "input[0]: expected a string, got a list"),
+    ("/v1/embeddings", {"input": [["a"]]}, 422, "input[0][0]", "input[0][0]: expected a token id, got a string"),
     ("/v1/embeddings", {"input": "a", "dimensions": 8}, 422, "dimensions", "dimensions: expected 32..32"),
+    ("/v1/embeddings", {"input": [[1, 2, 999]]}, 422, "input[0][2]", "input[0][2]: expected a token id in 0..99"),
+    ("/embed", {"inputs": "a", "truncation_direction": "left"}, 422, "truncation_direction",
+     "truncation_direction: expected one of right, Right"),
     ("/predict", {"inputs": "a"}, 404, None, "/predict: this server holds the embedding model"),
+    ("/embed", {"inputs": "a", "x": {"y": {"z": {"w": {"v": {"u": {"t": {"s": {"r": 1}}}}}}}}}, 400, "body",
+     "body: expected JSON nested at most 8 deep"),
+    ("/embed", b'{"inputs": "a", "normalize": NaN}', 400, "body", "body: expected JSON numbers, got NaN"),
+    ("/embed", b'{"inputs": "a", "normalize": 1e999}', 400, "body", "body: expected finite numbers"),
+    ("/embed", b'{"inputs": ["a", "b\\ud800c"]}', 422, "inputs[1]", "inputs[1]: expected valid Unicode text"),
+    ("/embed", b'{"inputs": "a", "\\udfff": 1}', 422, "body.<key>", "body.<key>: expected valid Unicode text"),
+    ("/embed", b'\xff\xfe{}', 400, "body", "body: expected a JSON object, got malformed JSON"),
 ])
 def test_bad_input_is_a_json_error_naming_the_field(small_server, path, body, status, field, message):
     raw = body if isinstance(body, bytes) else None
@@ -51,7 +61,7 @@ def small_server(embedding_dir):
 
 
 def test_a_full_queue_answers_503_with_retry_after(embedding_dir):
-    live = serve(embedding_dir, max_queue=2, max_wait_ms=1500)  # the first two wait 1.5 s for company
+    live = serve(embedding_dir, max_queue=2, max_client_batch=2, max_wait_ms=1500)  # the first two wait 1.5 s for company
     try:
         answers = []
         threads = [threading.Thread(target=lambda: answers.append(live.post("/embed", {"inputs": "a dog"})))
@@ -69,11 +79,11 @@ def test_a_full_queue_answers_503_with_retry_after(embedding_dir):
 
 
 def test_a_client_that_disconnects_frees_its_place(embedding_dir):
-    live = serve(embedding_dir, max_queue=1, max_wait_ms=1500)
+    live = serve(embedding_dir, max_queue=1, max_client_batch=1, max_wait_ms=1500)
     try:
         with socket.create_connection(("127.0.0.1", live.port)) as sock:
             body = b'{"inputs": "a dog"}'
-            sock.sendall(b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            sock.sendall(b"POST /embed HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                          b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
             _wait_for_depth(live, 1)
         _wait_for_depth(live, 0, timeout=1.0)  # before the batch window ends: cancelled, not answered
@@ -96,6 +106,11 @@ def _wait_for_depth(live, depth: int, timeout: float = 10) -> None:
     (["serve", "{dir}", "--max-input-tokens", "9000", "--max-batch-tokens", "100"],
      "--max-input-tokens: expected at most --max-batch-tokens (100), got 9000"),
     (["serve", "{dir}", "--workers", "0"], "--workers: expected a positive number, got 0"),
+    (["serve", "{dir}", "--max-client-batch", "2000"],
+     "--max-client-batch: expected at most --max-queue (1024): a request that large could never be queued, got 2000"),
+    (["serve", "{dir}", "--header-timeout", "0"], "--header-timeout: expected a positive number, got 0"),
+    (["serve", "{dir}", "--allowed-hosts", "http://x.org"], "--allowed-hosts: expected host names"),
+    (["serve", "{dir}", "--cors-origin", "https://a.org/page"], "--cors-origin: expected an origin"),
     (["serve", "{dir}/nope"], "MODEL_DIR_OR_RUN: no such directory"),
     (["serve", "{dir}", "--max-input-tokens", "100"],
      "--max-input-tokens: expected at most 16 (the model's maximum length), got 100"),
@@ -111,3 +126,63 @@ def test_without_the_extra_the_error_names_it(embedding_dir, capsys, monkeypatch
     monkeypatch.setitem(sys.modules, "uvicorn", None)  # import uvicorn -> ImportError
     assert main(["serve", str(embedding_dir)]) == 2
     assert "pip install 'tformer[serve]'" in capsys.readouterr().err
+
+
+CRASH_BODIES = {  # what reached a 500 before issue 31
+    "deep": b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    "huge integer": b'{"inputs": "a", "truncate": ' + b"7" * 5000 + b"}",
+    "lone surrogate": b'{"inputs": "\\ud800", "input": "\\ud800", "prompt": "\\ud800"}',
+}
+
+
+@pytest.mark.parametrize("name", CRASH_BODIES)
+def test_no_body_reaches_a_5xx_on_any_endpoint(embedding_server, classification_server, seq2seq_server, name):
+    from tformer.serve.routes import POST_PATHS
+
+    for live in (embedding_server, classification_server, seq2seq_server):
+        for path in POST_PATHS:
+            status, headers, answer = request(live.port, "POST", path, raw=CRASH_BODIES[name])
+            assert 400 <= status < 500 and headers["content-type"] == "application/json", (path, status)
+            if status != 404:
+                assert answer["error"]["param"] in ("body", "inputs", "input", "prompt"), (path, answer)
+
+
+def test_only_json_is_answered(small_server):
+    for kind in ("text/plain", "application/x-www-form-urlencoded", None):
+        status, _, answer = request(small_server.port, "POST", "/embed", raw=b'{"inputs": "a"}',
+                                    headers={"Content-Type": kind})
+        assert status == 415 and answer["error"]["param"] == "Content-Type", kind
+    status, _, _ = request(small_server.port, "POST", "/embed", {"inputs": "a"},
+                           headers={"Content-Type": "application/json; charset=utf-8"})
+    assert status == 200
+
+
+def test_a_foreign_host_header_is_refused(small_server, embedding_dir):
+    for host in ("evil.example.com", "127.0.0.1.evil.com:80", ""):
+        status, _, answer = request(small_server.port, "GET", "/info", headers={"Host": host})
+        assert status == 400 and answer["error"]["param"] == "Host", host
+    for host in ("localhost", "127.0.0.1:8000", "LOCALHOST:1"):
+        assert request(small_server.port, "GET", "/health", headers={"Host": host})[0] == 200
+    live = serve(embedding_dir, allowed_hosts=("*.example.com", "10.0.0.5"))
+    try:
+        assert request(live.port, "GET", "/health", headers={"Host": "api.example.com:443"})[0] == 200
+        assert request(live.port, "GET", "/health", headers={"Host": "10.0.0.5"})[0] == 200
+        assert request(live.port, "GET", "/health", headers={"Host": "example.org"})[0] == 400
+    finally:
+        live.close()
+
+
+def test_cors_only_with_an_origin_given(small_server, embedding_dir):
+    preflight = {"Origin": "https://app.example.com", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "content-type"}
+    status, headers, _ = request(small_server.port, "OPTIONS", "/embed", headers=preflight)
+    assert status >= 400 and "access-control-allow-origin" not in headers
+    live = serve(embedding_dir, cors_origins=("https://app.example.com",))
+    try:
+        status, headers, _ = request(live.port, "OPTIONS", "/embed", headers=preflight)
+        assert status == 200 and headers["access-control-allow-origin"] == "https://app.example.com"
+        _, headers, _ = request(live.port, "POST", "/embed", {"inputs": "a"},
+                                headers={"Origin": "https://other.example.com"})
+        assert "access-control-allow-origin" not in headers
+    finally:
+        live.close()

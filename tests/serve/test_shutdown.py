@@ -1,11 +1,13 @@
 """A real `tformer serve` process: SIGTERM with requests in flight answers them all, then the
-process exits 0; --workers 2 serves behind one port."""
+process exits 0; a stalled client is dropped at once; requests still waiting when the grace
+period ends get 503; no traceback in any case; --workers 2 serves behind one port."""
 
 from __future__ import annotations
 
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -13,6 +15,8 @@ import time
 
 import pytest
 from serve_fixtures import request
+
+from tformer.serve.connections import TIMEOUT
 
 
 def _start(directory, *flags: str) -> tuple[subprocess.Popen, int]:
@@ -77,3 +81,45 @@ def test_two_workers_behind_one_port(embedding_dir):
     assert status == 200 and info["workers"] == 2 and info["threads"] == 1
     assert [a[0] for a in answers] == [200] * 4 and answers[0][2] == answers[3][2]
     assert code == 0
+
+
+def test_sigterm_drops_a_stalled_client_and_exits_cleanly(embedding_dir):
+    proc, port = _start(embedding_dir)
+    try:
+        stalled = socket.create_connection(("127.0.0.1", port))
+        stalled.sendall(b"POST /embed HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")  # and nothing more
+        assert request(port, "GET", "/health")[0] == 200
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=15)  # well before --header-timeout's 10 s and the grace period
+        stalled.settimeout(5)
+        assert stalled.recv(100) in (b"", TIMEOUT)  # closed
+        stalled.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read()
+    assert code == 0 and "Traceback" not in err and "CancelledError" not in err, err
+
+
+def test_requests_still_waiting_after_the_grace_period_get_503(embedding_dir):
+    proc, port = _start(embedding_dir, "--max-wait-ms", "60000", "--grace-period", "0.5")
+    try:
+        answers: list = []
+        threads = [threading.Thread(target=lambda t=t: answers.append(request(port, "POST", "/embed", {"inputs": t})))
+                   for t in ("a dog", "the cat")]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 10
+        while "tformer_serve_queue_depth 2" not in request(port, "GET", "/metrics")[2]:
+            assert time.monotonic() < deadline, "the two requests were not queued in time"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(timeout=20)
+        code = proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read()
+    assert sorted(a[0] for a in answers) == [503, 503] and answers[0][2]["error"]["type"] == "overloaded"
+    assert code == 0 and "Traceback" not in err and "CancelledError" not in err, err

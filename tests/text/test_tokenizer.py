@@ -131,3 +131,21 @@ def test_corrupt_config_json_names_the_file(tmp_path):
     (d / "config.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"config\.json: not valid JSON"):
         load_tokenizer(d)
+
+
+def test_token_text_is_the_decoded_piece_for_every_scheme():
+    """What attention pictures label tokens with: "the", not byte-level BPE's "Ġthe"."""
+    from tformer.training.subwords import run_tokenizer, train_tokenizer
+
+    texts = ["the cat sat on the mat", "café naïve Straße 東京 running two"] * 30
+    for scheme in ("bpe", "wordpiece", "unigram"):
+        tok = run_tokenizer(train_tokenizer(texts, scheme, 300), 64)
+        shown = [tok.token_text(i) for i in tok.backend.encode("the cat sat").ids]
+        assert shown[0] == "<s>" and shown[-1] == "</s>", (scheme, shown)
+        assert "the" in shown or scheme == "unigram", (scheme, shown)  # (unigram: "t", "h", "e" here)
+        assert not any(t.startswith(("Ġ", "▁")) or not t.strip() for t in shown), (scheme, shown)
+        if scheme == "bpe":  # (byte-level: any character; the others' vocabularies have no line break)
+            assert "⏎" in [tok.token_text(i) for i in tok.backend.encode("a\nb").ids], scheme
+    tok = run_tokenizer(train_tokenizer(texts, "bpe", 260), 64)  # too small to merge 東's bytes
+    pieces = [tok.token_text(i) for i in tok.backend.encode("東").ids[1:-1]]
+    assert "".join(pieces).startswith("<e6") and all(p.startswith("<") for p in pieces), pieces

@@ -63,7 +63,7 @@ def test_classification_trains_predicts_and_evals(tmp_path, suffix, pair, capsys
     assert last["split"] == "eval" and last["examples"] == 10
 
 
-def test_embedding_trains_and_loads_in_sentence_transformers(tmp_path, capsys):
+def test_embedding_trains_and_loads_in_sentence_transformers(tmp_path, capfd):
     out, lines = _train(tmp_path, embedding_rows(), ".jsonl")
     assert {"recall_at_1", "mrr_at_10"} <= set(lines[-1])
     from sentence_transformers import SentenceTransformer
@@ -71,10 +71,13 @@ def test_embedding_trains_and_loads_in_sentence_transformers(tmp_path, capsys):
     from tformer.embeddings.sentence import SentenceEncoder
 
     texts = ["the cat sat", "東京 %s café", "Hello, World!"]
+    capfd.readouterr()
     theirs = SentenceTransformer(str(out), device="cpu").encode(texts)
+    loading = "".join(capfd.readouterr())
+    # Every weight loads: no LOAD REPORT of a BERT pooler "newly initialized" (the run has none).
+    assert "MISSING" not in loading and "newly initialized" not in loading, loading
     ours = SentenceEncoder.from_pretrained(out).encode(texts)
     assert np.abs(theirs - ours).max() <= 1e-5
-    capsys.readouterr()
     assert main(["embed", str(out), "the cat"]) == 0  # an embedding run is a model directory
 
 

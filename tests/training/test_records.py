@@ -118,3 +118,19 @@ def test_a_file_cut_short_during_a_run_is_an_error_not_a_smaller_epoch(tmp_path)
     path.write_bytes(path.read_bytes()[: places[3][1]])  # the last three records are gone
     with pytest.raises(ValueError, match=r"d.jsonl:4: no record at byte \d+ any more"):
         list(records_at(path, None, places))
+
+
+@pytest.mark.parametrize("value, name", [("1", "1"), (1, "1"), (1.0, "1"), (-2, "-2"), (True, "true"),
+                                         (False, "false"), ("1.0", "1.0"), ("x", "x")])
+def test_a_label_is_a_class_name_by_one_rule(value, name):
+    from tformer.training.records import label_name
+
+    assert label_name(value, "f:1") == name
+
+
+@pytest.mark.parametrize("value", [2.5, float("nan"), float("inf"), [1], {"a": 1}])
+def test_labels_that_are_not_class_names_are_refused_naming_the_line(value):
+    from tformer.training.records import FIELDS
+
+    with pytest.raises(ValueError, match=r"f\.jsonl:3: label: expected a class name"):
+        FIELDS["classification"].check("f.jsonl:3", {"text": "a", "label": value})

@@ -87,8 +87,10 @@ def test_page_renders_in_chromium(tmp_path):
         }
         for m in maps
     ]
-    for got, want in zip(report["groups"], expected, strict=True):
+    for got, want, m in zip(report["groups"], expected, maps, strict=True):
         assert got.pop("hover_query_err") < 1e-6
+        top = round(float(m.weights[0, 0].max()), 3)  # the map shown first: layer 0, head 0
+        assert got.pop("colour_bar") == {"top": top, "bottom": 0} and got.pop("heat_max") == top
         assert got == want
 
 

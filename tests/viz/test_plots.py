@@ -21,7 +21,7 @@ def _attn(layers=2, heads=4, s=5, seed=0):
 
 def test_grid_has_one_panel_per_layer_and_head():
     fig = plot_attention(_attn(), TOKENS)
-    assert len(fig.axes) == 2 * 4
+    assert len(fig.axes) == 2 * 4 + 1  # and the colour bar
     assert [ax.get_title() for ax in fig.axes[:4]] == [f"layer 0 head {h}" for h in range(4)]
     bottom_left = fig.axes[4]
     assert [t.get_text() for t in bottom_left.get_xticklabels()] == TOKENS
@@ -35,15 +35,27 @@ def test_grid_has_one_panel_per_layer_and_head():
 )
 def test_select_layer_and_head(layer, head, panels, title):
     fig = plot_attention(_attn(), TOKENS, layer=layer, head=head)
-    assert len(fig.axes) == panels and fig.axes[0].get_title() == title
+    assert len(fig.axes) == panels + 1 and fig.axes[0].get_title() == title
 
 
 def test_takes_the_models_tuple_of_batched_tensors():
     a = torch.from_numpy(_attn()).float()
     per_layer = tuple(torch.stack([a[i], a[i]]) for i in range(2))  # 2 x (B=2, H, S, S)
     fig = plot_attention(per_layer, TOKENS)
-    assert len(fig.axes) == 8
+    assert len(fig.axes) == 8 + 1
     np.testing.assert_allclose(fig.axes[5].images[0].get_array(), _attn()[1, 1], atol=1e-7)
+
+
+def test_one_colour_scale_for_every_panel_with_a_colour_bar():
+    a = _attn()
+    a[1, 3, 0, 0] = 2.0  # the largest weight shown sets the top of the scale
+    fig = plot_attention(a, TOKENS)
+    *panels, bar = fig.axes
+    assert bar.get_ylabel() == "attention weight"
+    assert {p.images[0].get_clim() for p in panels} == {(0.0, 2.0)}
+    assert bar.get_ylim() == (0.0, 2.0)
+    one = plot_attention(_attn(), TOKENS, layer=0, head=1)
+    assert one.axes[0].images[0].get_clim() == (0.0, _attn()[0, 1].max())
 
 
 def test_bad_arguments():
@@ -59,7 +71,7 @@ def test_png_size_matches_the_grid(tmp_path):
     path = save_figure(plot_attention(_attn(3, 2), TOKENS), tmp_path / "sub" / "a.png")
     height, width = matplotlib.image.imread(path).shape[:2]
     side = PANEL_INCHES * DPI
-    assert (height, width) == (round(3 * side), round(2 * side))
+    assert (height, width) == (round(3 * side), round(2 * side + 1.2 * DPI))  # + the colour bar
     with pytest.raises(ValueError, match=r"path: expected a \.png file name"):
         save_figure(plot_attention(_attn(), TOKENS), tmp_path / "a.jpg")
 

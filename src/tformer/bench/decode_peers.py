@@ -311,8 +311,11 @@ def _timed(report: Report, name: str, model: Seq2SeqTransformer, runs: dict, ct2
         "tokens/s counts each contender's generated tokens; beam outputs may differ (HF keeps "
         "finished hypotheses apart), greedy ones may not; CTranslate2 in its own process "
         f"({', '.join(f'{k}={v}' for k, v in peers.CT2_ENV.items())}).")
-    for peer in ("HF generate greedy", "CTranslate2 greedy"):
+    # issue 33: greedy and beam 4 at least 1.25x CTranslate2's; greedy at least HF generate's
+    for ours, peer, bound in (("tformer greedy", "HF generate greedy", 1.0),
+                              ("tformer greedy", "CTranslate2 greedy", 1.25),
+                              ("tformer beam 4", "CTranslate2 beam 4", 1.25)):
         report.targets.append(Target(
-            name, f"tformer greedy >= 1.0x the speed of {peer}",
-            paired_ratio(timings[peer], first) if peer in timings else None, 1.0))
+            name, f"{ours} >= {bound}x the speed of {peer}",
+            paired_ratio(timings[peer], timings[ours]) if peer in timings else None, bound))
     return report

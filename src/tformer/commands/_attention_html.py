@@ -47,7 +47,7 @@ def bert_maps(args: argparse.Namespace) -> list[AttentionMaps]:
         model = from_pretrained(args.model_dir, allow_pickle=args.allow_pickle)
         tok = load_tokenizer(args.model_dir, max_length=args.max_length)
         batch = tok([args.text], truncation=not args.no_truncate)
-    tokens = tok.convert_ids_to_tokens(batch["input_ids"][0].tolist())
+    tokens = [tok.token_text(i) for i in batch["input_ids"][0].tolist()]
     check_page_size(_encoder_page_weights(model.config, len(tokens)))
     with torch.inference_mode():
         out = model(batch["input_ids"], attention_mask=batch["attention_mask"],

@@ -3,9 +3,15 @@
     tformer export RUN --hf DIR          classification run: a BertForSequenceClassification
                                          directory; seq2seq run: MarianMTModel (post-norm) or
                                          PegasusForConditionalGeneration (pre-norm)
-    tformer export RUN --onnx OUT        classifier: logits; embedding run: sentence_embedding;
-                                         seq2seq run: folder OUT/ with encoder.onnx + decoder.onnx
-    tformer export MODEL_DIR --onnx OUT.onnx   encoder (or sentence embedding)
+    tformer export RUN --onnx DIR        a folder: classifier: model.onnx (logits), tokenizer,
+                                         config.json (id2label); embedding run: the same with
+                                         sentence embeddings, as a sentence-transformers folder;
+                                         seq2seq run: Optimum's layout (encoder_model.onnx,
+                                         decoder_model.onnx, decoder_with_past_model.onnx, ...)
+    tformer export MODEL_DIR --onnx OUT.onnx   encoder (or sentence embedding): one file
+
+Every export has a model card (README.md with the Hub's YAML header). Nothing is written over
+files tformer did not write; a symbolic link to a folder is followed. Details: docs/exports.md.
 
 The work is in ``tformer.commands._export`` (torch is loaded only when the command runs).
 """
@@ -25,10 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument(
         "--onnx", metavar="OUT",
-        help="write ONNX, checked with onnxruntime before it is written: a file OUT.onnx for an encoder "
-        "(last_hidden_state), an embedding run or sentence-transformers directory (sentence_embedding) or "
-        "a classifier (logits); a folder OUT for a seq2seq run (encoder.onnx, decoder.onnx with a KV cache, "
-        "tokenizer, README.md) (needs: pip install 'tformer[onnx]')",
+        help="write ONNX, checked with onnxruntime before it is written: for a run, a folder OUT "
+        "(classifier: model.onnx with logits, tokenizer.json, config.json with id2label; embedding: "
+        "the same with sentence_embedding, as a sentence-transformers folder; seq2seq: Optimum's "
+        "encoder_model.onnx, decoder_model.onnx, decoder_with_past_model.onnx, config.json, "
+        "generation_config.json, tokenizer); for a BERT-format or sentence-transformers model "
+        "directory, a file OUT.onnx (never over a file tformer did not write) "
+        "(needs: pip install 'tformer[onnx]')",
     )
     what.add_argument("--hf", metavar="DIR",
                       help="write a transformers directory from a run: classification -> "

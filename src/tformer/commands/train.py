@@ -23,30 +23,76 @@ def _optional(cast):
     return parse
 
 
+# The option groups of --help, in order (an option in none of them goes under "other options").
+GROUPS = (
+    ("what to learn", ("data", "valid", "test", "columns", "from_pretrained", "task")),
+    ("budget and stopping", ("max_minutes", "steps", "epochs", "early_stop", "patience")),
+    ("the model (chosen from the budget unless given)",
+     ("d_model", "n_heads", "d_ff", "n_layers", "n_decoder_layers", "dropout", "norm_first", "pooling",
+      "auto_size")),
+    ("text", ("tokenizer", "vocab_size", "lowercase", "max_length", "auto_length")),
+    ("optimisation", ("lr", "warmup", "schedule", "batch_size", "max_tokens", "accumulate", "weight_decay",
+                      "label_smoothing", "clip_grad", "precision", "seed")),
+    ("evaluation and files",
+     ("eval_every", "log_every", "valid_size", "test_size", "out", "keep", "threads", "report_to")),
+)
+
+
+# Options only your data's runs read (the synthetic tasks bring their own vocabulary, lengths and
+# splits), only the tasks read, and the one only a classifier reads.
+DATA_ONLY = {"data", "valid", "test", "columns", "from_pretrained", "tokenizer", "vocab_size", "lowercase",
+             "max_tokens", "epochs", "auto_length", "auto_size"}
+TASKS_ONLY = {"task", "valid_size", "test_size"}
+KINDS_READING = {"pooling": ("classification",)}
+
+
+def default_text(name: str, base: Any) -> str:
+    """What a run gets for option `name` when it is not given: per kind of data, for a
+    fine-tune, and for the synthetic tasks, where those differ (training.config's presets)."""
+    from tformer.training.config import FINETUNE_PRESET, OBJECTIVE_PRESETS, PRESETS
+
+    def fmt(value: Any) -> str:
+        return "none" if value is None else str(value)
+
+    kinds = KINDS_READING.get(name, tuple(OBJECTIVE_PRESETS))
+    data = {kind: fmt(OBJECTIVE_PRESETS[kind].get(name, base)) for kind in kinds}
+    tasks = {fmt(preset.get(name, base)) for preset in PRESETS.values()} | {fmt(base)}
+    finetune = FINETUNE_PRESET.get(name, base)
+    if name in TASKS_ONLY or (set(data.values()) == tasks == {fmt(base)} and finetune == base):
+        return fmt(base)
+    parts = []
+    if name not in TASKS_ONLY:
+        values = set(data.values())
+        parts.append(f"{values.pop()} on your data" if len(values) == 1 and len(kinds) > 1 else
+                     ", ".join(f"{kind} {v}" for kind, v in data.items()))
+        if name == "steps":
+            parts[0] += " (with --max-minutes: until the budget ends)"
+        if finetune != base or name in FINETUNE_PRESET:
+            parts.append("fine-tuning " + ("by the model's width" if name == "lr" and finetune is None
+                                            else fmt(finetune)))
+    if name not in DATA_ONLY:
+        parts.append("synthetic tasks " + (fmt(base) if len(tasks) == 1 else f"{fmt(base)} or per task"))
+    return "; ".join(parts)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from tformer.config import TransformerConfig
     from tformer.training.config import (
         DEFAULT_MODEL,
-        FINETUNE_PRESET,
         MODEL_OPTIONS,
-        OBJECTIVE_PRESETS,
         PRESETS,
         TrainConfig,
         field_help,
         train_types,
     )
 
-    def shown(preset: dict[str, Any]) -> str:
-        return " ".join(f"--{k.replace('_', '-')} {'none' if v is None else v}"
-                        for k, v in preset.items())
-
-    parser.epilog = (
-        "The defaults shown are overridden per run kind: "
-        + "; ".join(f"{name} data: {shown(p)}" for name, p in OBJECTIVE_PRESETS.items())
-        + f"; with --from-pretrained also: {shown(FINETUNE_PRESET)}; with --max-minutes and no "
-        "--steps, data runs are ended by the budget, not by the preset's --steps; "
-        + "; ".join(f"task {name}: {shown(p)}" for name, p in PRESETS.items())
-    )
+    parser.usage = ("tformer train (--data FILE | --task NAME) [options]\n"
+                    "       tformer train --resume RUN_DIR")
+    parser.epilog = ("Defaults differ by what is learned (the kinds of data: seq2seq, classification, "
+                     "embedding; a fine-tune; the synthetic tasks): each option says its own. The "
+                     "synthetic tasks' presets: " + "; ".join(
+                         f"{name}: " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in p.items())
+                         for name, p in PRESETS.items()))
     parser.add_argument("--config", metavar="FILE",
                         help="JSON or YAML file of options (keys: the option names below, "
                              "with underscores); the command line overrides it")
@@ -58,22 +104,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "reference (its own backward pass and AdamW; torch is never "
                              "imported; no --resume)")
     types = train_types()
-    model_fields = [f for f in dataclasses.fields(TransformerConfig) if f.name in MODEL_OPTIONS]
-    for f in [f for f in dataclasses.fields(TrainConfig) if f.name != "model"] + model_fields:
-        flag = "--" + f.name.replace("_", "-")
-        kind = types[f.name]
-        if f.name in MODEL_OPTIONS:  # a nested model option: its help and default live here
-            default, text = getattr(DEFAULT_MODEL, f.name), MODEL_OPTIONS[f.name]
-        else:
-            default, text = f.default, field_help(f)
-        shown = "none" if default is None else default
-        kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS,
-                              "help": f"{text} (default: {shown})"}
-        if kind.base is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
-        else:
-            cast = _optional(kind.base) if kind.optional else kind.base
-            parser.add_argument(flag, type=cast, metavar=f.name.upper(), **kw)
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig) if f.name != "model"}
+    fields.update({f.name: f for f in dataclasses.fields(TransformerConfig) if f.name in MODEL_OPTIONS})
+    grouped = [name for _, names in GROUPS for name in names]
+    groups = [(title, names) for title, names in GROUPS]
+    groups.append(("other options", tuple(n for n in fields if n not in grouped)))
+    for title, names in groups:
+        group = parser.add_argument_group(title)
+        for name in names:
+            f = fields[name]
+            if name in MODEL_OPTIONS:  # a nested model option: its help and default live here
+                default, text = getattr(DEFAULT_MODEL, name), MODEL_OPTIONS[name]
+            else:
+                default, text = f.default, field_help(f)
+            kind = types[name]
+            if "(default:" not in text:  # (a help that says its own default keeps it)
+                text = f"{text} (default: {default_text(name, default)})"
+            kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": text}
+            flag = "--" + name.replace("_", "-")
+            if kind.base is bool:
+                group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+            else:
+                cast = _optional(kind.base) if kind.optional else kind.base
+                group.add_argument(flag, type=cast, metavar=name.upper(), **kw)
 
 
 def run(args: argparse.Namespace) -> int:

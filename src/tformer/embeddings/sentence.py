@@ -13,7 +13,6 @@ Reimers & Gurevych 2019 (Sentence-BERT) found mean pooling the best default.
 from __future__ import annotations
 
 import sys
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,9 +21,10 @@ import torch
 from tqdm.auto import tqdm
 
 from tformer.config import POOLING_MODES
-from tformer.formats.st_layout import read_layout
+from tformer.formats.model_dir import read_model_dir
 from tformer.nn.model import Encoder, from_pretrained
-from tformer.nn.pooling import pool  # noqa: F401 (tformer.embeddings.sentence.pool: the training package's import)
+from tformer.nn.pooling import pool
+from tformer.text.batches import EncoderBatch, encoder_batch
 from tformer.text.tokenizer import Tokenizer, load_tokenizer
 
 # Encode this many batches or more and a progress bar is shown (unless show_progress says).
@@ -62,11 +62,11 @@ class SentenceEncoder:
         (int8 matrix multiplies: see ``tformer.nn.precision.to_precision``), or a torch dtype for
         every parameter.
         """
-        layout = read_layout(directory)
-        model = from_pretrained(directory, allow_pickle=allow_pickle, dtype=dtype)
+        md = read_model_dir(directory)  # the layout and config.json, read once for all three
+        model = from_pretrained(md, allow_pickle=allow_pickle, dtype=dtype)
         model.requires_grad_(False)  # an inference model: frozen weights run packed (kernels)
-        tokenizer = load_tokenizer(directory, max_length=max_length)
-        return cls(model, tokenizer, layout.pooling, layout.normalize)
+        tokenizer = load_tokenizer(md, max_length=max_length)
+        return cls(model, tokenizer, md.layout.pooling, md.layout.normalize)
 
     @property
     def dim(self) -> int:
@@ -96,29 +96,38 @@ class SentenceEncoder:
             raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
         if len(texts) == 0:
             return np.empty((0, self.dim), dtype=np.float32)
-        lengths = self.tokenizer.lengths(texts)  # also checks texts
-        self.tokenizer.check_lengths(lengths, truncation)  # one warning for all batches
-        order = np.argsort([-n for n in lengths], kind="stable")  # longest first
+        encoded = self.tokenizer.encode(texts)  # also checks texts
+        self.tokenizer.check_lengths([e.full for e in encoded], truncation)  # one warning for all
+        order = np.argsort([-len(e.ids) for e in encoded], kind="stable")  # longest first
         n_batches = -(-len(texts) // batch_size)
         if show_progress is None:
             show_progress = n_batches >= PROGRESS_MIN_BATCHES
+        normalize = self.normalize if normalize is None else normalize
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        device = next(self.model.parameters()).device
         with tqdm(total=len(texts), unit="text", disable=not show_progress, file=sys.stderr) as bar:
             for start in range(0, len(texts), batch_size):
                 idx = order[start : start + batch_size]
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # warned once, above
-                    batch = self.tokenizer([texts[i] for i in idx], truncation=truncation)
-                batch = {k: v.to(device) for k, v in batch.items()}
-                enc = self.model(
-                    batch["input_ids"],
-                    attention_mask=batch["attention_mask"],
-                    token_type_ids=batch["token_type_ids"],
-                )
-                emb = pool(enc.last_hidden_state, enc.mask, self.pooling)  # (b, dim)
-                if self.normalize if normalize is None else normalize:
-                    emb = torch.nn.functional.normalize(emb, p=2.0, dim=-1)
-                out[idx] = emb.float().cpu().numpy()  # pooled in the residual stream's dtype
+                batch = encoder_batch([encoded[i] for i in idx], self.tokenizer.pad_id)
+                out[idx] = self.embed_batch(batch, normalize).numpy()
                 bar.update(len(idx))
         return out
+
+    @torch.inference_mode()
+    def embed_batch(self, batch: EncoderBatch, normalize: bool | None = None) -> torch.Tensor:
+        """The pooled (and normalised, as asked or as the directory says) embeddings of one
+        padded batch: what ``encode`` runs per batch, and what the server runs.
+
+        Shape:
+            batch.input_ids (B, S) -> (B, dim) float32
+        """
+        device = next(self.model.parameters()).device
+        enc = self.model(batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
+                         token_type_ids=_to(batch.token_type_ids, device))
+        emb = pool(enc.last_hidden_state, enc.mask, self.pooling)  # (B, dim)
+        if self.normalize if normalize is None else normalize:
+            emb = torch.nn.functional.normalize(emb, p=2.0, dim=-1)
+        return emb.float().cpu()  # pooled in the residual stream's dtype
+
+
+def _to(t: torch.Tensor | None, device) -> torch.Tensor | None:
+    return None if t is None else t.to(device)

@@ -88,7 +88,8 @@ def classifier_files(model, tokenizer, labels: Sequence[str], max_length: int,
     state = classifier_state_to_hf(model.state_dict(), config)
     files[hf_bert.WEIGHTS_FILE] = st_save(state, metadata={"format": "pt"})
     files.update(tokenizer_files(tokenizer, max_length, extra_config=BERT_INPUTS))
-    files["README.md"] = render(card, "a transformers BertForSequenceClassification directory", USAGE)
+    files["README.md"] = render(card, "a transformers BertForSequenceClassification directory", USAGE,
+                                library_name="transformers", pipeline_tag="text-classification")
     return files
 
 
@@ -137,8 +138,12 @@ def save_sentence_layout(model, run_dir: Path, max_length: int) -> None:
     transformer = run_dir / "0_Transformer"
     export_hf(model.encoder, transformer)
     write_tokenizer_files(run_dir / "tokenizer.json", transformer, max_length)
+    # The encoder has no BERT pooler (sentences are pooled by 1_Pooling): BertModel is built
+    # without one, so that sentence-transformers loads every weight and reports none missing.
+    # ("model_args": the name sentence-transformers 3 reads, and 5+ still accepts.)
     write_json_atomic(transformer / "sentence_bert_config.json",
-                      {"max_seq_length": max_length, "do_lower_case": False})
+                      {"max_seq_length": max_length, "do_lower_case": False,
+                       "model_args": {"add_pooling_layer": bool(model.config.pooler)}})
     pooling = {"word_embedding_dimension": model.config.d_model}
     pooling.update({key: mode in model.pooling for mode, key in _POOLING_KEYS.items()})
     (run_dir / "1_Pooling").mkdir(exist_ok=True)

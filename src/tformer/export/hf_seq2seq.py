@@ -213,7 +213,8 @@ def seq2seq_files(model, tokenizer, max_length: int, card: Card) -> dict[str, by
         WEIGHTS_FILE: st_save(to_hf(state, config), metadata={"format": "pt"}),
     }
     files.update(tokenizer_files(tokenizer, max_length, template="$A </s>"))
-    files["README.md"] = render(card, f"a transformers {architecture(config)} directory", USAGE)
+    files["README.md"] = render(card, f"a transformers {architecture(config)} directory", USAGE,
+                                library_name="transformers", pipeline_tag="text2text-generation")
     return files
 
 

@@ -1,18 +1,35 @@
-"""The README.md every export directory gets: what the model is, what it was trained on,
-how well it did, how it was made and how to load it.
+"""The README.md every export directory gets: the Hugging Face Hub's YAML header, then what the
+model is, what it was trained on, how well it did against its baseline, the `tformer train`
+command that made it and how to load it.
 
-The exporters take a ``Card`` (plain values: the CLI layer reads them from the run), so
-this module knows nothing of run directories.
+    ---
+    library_name: transformers
+    pipeline_tag: text-classification
+    base_model: org/name             (a fine-tune of a model with a Hub name)
+    tags: [tformer]
+    metrics: [accuracy, f1]
+    ---
+    <!-- tformer export -->          (export_dir.MARKER: this folder is tformer's to replace)
+    # run-name ...
+
+The exporters take a ``Card`` (plain values: the run reads them, ``tformer.runs``), so this
+module knows nothing of run directories.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from tformer import __version__
 from tformer.export.export_dir import MARKER
+
+# tformer's metric names -> the Hub's (the `evaluate` library's metric ids).
+HUB_METRICS = {"accuracy": "accuracy", "macro_f1": "f1", "bleu": "bleu", "chrf": "chrf",
+               "exact_match": "exact_match", "recall_at_1": "recall", "mrr_at_10": "mrr"}
+HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # "org/name", as the Hub spells a model
 
 
 @dataclass(frozen=True)
@@ -26,33 +43,95 @@ class Card:
     command: str = ""  # the export command line
     max_length: int | None = None  # tokens per text the run truncated to
     labels: tuple[str, ...] = ()
-    warning: str | None = None  # e.g. that the model did not beat its trivial baseline
+    train_command: str = ""  # the `tformer train` command that trains the run again
+    base_model: str | None = None  # the pretrained model fine-tuned: its folder
+    base_model_id: str | None = None  # ... and its Hub name, where its config.json records one
+    data_summary: tuple[str, ...] = ()  # lines: records, splits, columns
+    main_metric: str | None = None  # what the test line and the baseline are compared by
 
 
-def render(card: Card, fmt: str, usage: str) -> bytes:
-    """The README.md for an export in format ``fmt`` (e.g. "transformers MarianMTModel"), with
-    ``usage`` (a short Python snippet) showing how to load it."""
+def baseline_of(metrics: dict[str, Any], key: str | None) -> tuple[float, str, str] | None:
+    """(baseline score, what the baseline does, the metric) from a test record: its ``baseline``
+    (with ``main_metric`` and ``baseline_by``), else an older run's ``majority_baseline``
+    (accuracy of always predicting the most frequent label); None when it has neither."""
+    value = metrics.get("baseline")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        metric = metrics.get("main_metric") or key
+        if metric in metrics:
+            return float(value), str(metrics.get("baseline_by", "a trivial prediction")), metric
+    value = metrics.get("majority_baseline")
+    if isinstance(value, (int, float)) and "accuracy" in metrics:
+        return float(value), "always predicting the most frequent label", "accuracy"
+    return None
+
+
+def baseline_lines(metrics: dict[str, Any], key: str | None) -> list[str]:
+    """The card's word on the baseline: the comparison, and a warning when it was not beaten."""
+    found = baseline_of(metrics, key)
+    if found is None:
+        return ["No baseline recorded for this run."]
+    value, by, metric = found
+    ours = float(metrics[metric])
+    compared = f"test {metric} {ours:.4g}; baseline ({by}): {value:.4g}"
+    if metrics.get("beats_baseline", ours > value):
+        return [f"The model beats its baseline: {compared}."]
+    return [f"> **Warning:** this model did not beat its baseline ({compared}). It has not learned "
+            "the task: train longer or on more data before using it."]
+
+
+def _yaml_list(name: str, items: list[str]) -> list[str]:
+    return [f"{name}:", *[f"- {json.dumps(item)}" for item in items]] if items else []
+
+
+def front_matter(card: Card, library_name: str, pipeline_tag: str | None, tags: tuple[str, ...] = ()
+                 ) -> list[str]:
+    """The Hub's YAML metadata block (values as JSON strings: valid YAML scalars)."""
+    lines = ["---", f"library_name: {json.dumps(library_name)}"]
+    if pipeline_tag:
+        lines.append(f"pipeline_tag: {json.dumps(pipeline_tag)}")
+    if card.base_model_id and HUB_NAME.match(card.base_model_id):
+        lines += [f"base_model: {json.dumps(card.base_model_id)}", "base_model_relation: finetune"]
+    lines += _yaml_list("tags", ["tformer", *tags])
+    metrics = [HUB_METRICS[k] for k in HUB_METRICS if isinstance(card.metrics.get(k), (int, float))]
+    lines += _yaml_list("metrics", metrics)
+    return [*lines, "---"]
+
+
+def render(card: Card, fmt: str, usage: str, library_name: str = "transformers",
+           pipeline_tag: str | None = None, tags: tuple[str, ...] = ()) -> bytes:
+    """The README.md for an export in format ``fmt`` (e.g. "a transformers MarianMTModel
+    directory"), with ``usage`` (a short Python snippet) showing how to load it; the header
+    names ``library_name`` and ``pipeline_tag`` as the Hub reads them."""
     shown = {k: v for k, v in card.metrics.items() if isinstance(v, (int, float, str)) and k != "split"}
     lines = [
+        *front_matter(card, library_name, pipeline_tag, tags),
         MARKER,
         f"# {card.name}",
         "",
-        f"A {card.kind} model trained with tformer {__version__} and exported as "
-        f"{fmt}.",
+        f"A {card.kind} model trained with tformer {__version__} and exported as {fmt}.",
         "",
-        "## Training",
+        "## Training data",
         "",
         f"- data: `{card.data}`" if card.data else "- data: none recorded (a synthetic task)",
+        *[f"- {line}" for line in card.data_summary],
     ]
+    if card.base_model:
+        named = f" ({card.base_model_id})" if card.base_model_id else ""
+        lines.append(f"- base model (fine-tuned): `{card.base_model}`{named}")
     if card.max_length:
         lines.append(f"- inputs truncated to {card.max_length} tokens (the exported tokenizer does the same)")
     if card.labels:
         lines.append(f"- labels ({len(card.labels)}): {', '.join(card.labels)}")
     lines += ["", "## Test metrics", ""]
-    if card.warning:
-        lines += [f"**{card.warning[:1].upper()}{card.warning[1:]}**", ""]
-    lines += ([f"```json\n{json.dumps(shown, indent=2, sort_keys=True)}\n```"] if shown
-              else ["none recorded (the run has no test record)"])
-    lines += ["", "## How it was made", "", f"```\n{card.command}\n```" if card.command else "tformer export",
-              f"tformer version: {__version__}", "", "## Use", "", f"```python\n{usage.strip()}\n```", ""]
+    if shown:
+        lines += [*baseline_lines(card.metrics, card.main_metric), "",
+                  f"```json\n{json.dumps(shown, indent=2, sort_keys=True)}\n```"]
+    else:
+        lines.append("none recorded (the run has no test record)")
+    lines += ["", "## How it was made", ""]
+    if card.train_command:
+        lines += ["Trained with:", "", f"```\n{card.train_command}\n```", ""]
+    if card.command:
+        lines += ["Exported with:", "", f"```\n{card.command}\n```", ""]
+    lines += [f"tformer version: {__version__}", "", "## Use", "", f"```python\n{usage.strip()}\n```", ""]
     return "\n".join(lines).encode("utf-8")

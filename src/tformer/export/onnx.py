@@ -1,31 +1,31 @@
 """Export a model to ONNX with dynamic batch and sequence axes, checked with onnxruntime.
 
-    export_onnx(graph_for(MODEL_DIR), "model.onnx")      an encoder (or sentence embedding)
-    export_onnx(ClassifierGraph(model), "clf.onnx")       a classifier: logits
-    export_seq2seq_onnx(model, "OUT/", card)              encoder.onnx + decoder.onnx, KV cache
+    export_onnx(graph_for(MODEL_DIR), "model.onnx")   a model directory: one file, an encoder
+                                                      (or a sentence embedding)
+    onnx_folder_files(ClassifierGraph(model), ...)    a run: a folder (see the runs' export_onnx)
+    tformer.export.onnx_seq2seq                       a seq2seq run: Optimum's folder layout
 
 The graphs are traced by torch.onnx's dynamo exporter from the same modules users run
 (tracing makes ``tformer.kernels`` choose the plain, exportable kernels). Encoder-side inputs:
 ``input_ids`` and ``attention_mask`` (B, S) int64, plus ``token_type_ids`` when the model has
-token types. Outputs: ``last_hidden_state`` (B, S, D), zeros at padding; ``sentence_embedding``
-(B, dim) for a sentence-transformers directory or an embedding run; ``logits`` (B, C) for a
-classifier. Every file is checked against tformer in onnxruntime at shapes other than the
-traced one before it is published through ``tformer.storage.files`` (a file: temp file and rename; the
-seq2seq folder: ``export_dir.publish_export``).
+token types. Outputs: ``last_hidden_state`` (B, S, D), zeros at padding; for an embedding
+model also ``sentence_embedding`` (B, dim); ``logits`` (B, C) for a classifier. Every graph is
+checked against tformer in onnxruntime at shapes other than the traced one before anything is
+published through ``tformer.storage.files`` (a file: temp file and rename, and never over a
+file tformer did not write; a folder: ``export_dir.publish_export``).
 
-The seq2seq pair, for a greedy or beam loop outside Python:
-    encoder.onnx  input_ids, attention_mask (B, S) -> last_hidden_state (B, S, D), cross_keys,
-                  cross_values (L, B, H, S, Dh): every decoder layer's cross-attention keys and
-                  values, computed once per input
-    decoder.onnx  decoder_input_ids (B, T), encoder_attention_mask (B, S), past_keys, past_values
-                  (L, B, H, P, Dh) (P = 0 at the first step), cross_keys, cross_values
-                  -> logits (B, T, V), present_keys, present_values (L, B, H, P + T, Dh)
+A run's folder (classifier or embedding) holds model.onnx, the run's tokenizer.json (and
+tokenizer_config.json), config.json (the BERT config, with id2label for a classifier) and a
+model card; an embedding folder is also a sentence-transformers directory (modules.json,
+1_Pooling/, 2_Normalize/) whose model.onnx gives token embeddings to its ONNX backend.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -33,14 +33,13 @@ from torch import Tensor, nn
 
 from tformer.embeddings.sentence import pool
 from tformer.errors import require
-from tformer.export.export_dir import check_destination, publish_export
-from tformer.export.model_card import Card, render
 from tformer.formats.st_layout import read_layout
 from tformer.nn.model import Encoder
 from tformer.storage.files import replaced_on_success
 
 EXTRA = "onnx"
 TOLERANCE = 1e-4  # max abs difference, float32, tformer vs onnxruntime
+PRODUCER = "tformer"  # the metadata an exported file carries: a file tformer may replace
 
 
 class OnnxGraph(nn.Module):
@@ -76,6 +75,25 @@ class OnnxGraph(nn.Module):
             return out.last_hidden_state
         emb = pool(out.last_hidden_state, out.mask, self.pooling)
         return nn.functional.normalize(emb, p=2.0, dim=-1) if self.normalize else emb
+
+
+class SentenceGraph(OnnxGraph):
+    """An embedding model: the token embeddings (what sentence-transformers' ONNX backend
+    pools) and the pooled, normalised sentence embedding, from one graph."""
+
+    output_names = ["last_hidden_state", "sentence_embedding"]
+
+    @property
+    def output_name(self) -> str:
+        return "sentence_embedding"
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor,
+                token_type_ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Shape: (B, S) each -> (B, S, D), (B, dim)."""
+        out = self.encoder(input_ids, attention_mask, token_type_ids=token_type_ids)
+        emb = pool(out.last_hidden_state, out.mask, self.pooling)
+        emb = nn.functional.normalize(emb, p=2.0, dim=-1) if self.normalize else emb
+        return out.last_hidden_state, emb
 
 
 class ClassifierGraph(OnnxGraph):
@@ -125,6 +143,20 @@ def _check_out(out: Path) -> None:
         raise IsADirectoryError(f"--onnx: {out} is a directory; expected a file path like model.onnx")
     if not out.parent.is_dir():
         raise FileNotFoundError(f"--onnx: the folder {out.parent} does not exist")
+    if out.exists() and not is_tformer_onnx(out):
+        raise FileExistsError(f"--onnx: {out} exists and tformer did not write it; expected a new file "
+                              "name (or an earlier tformer export)")
+
+
+def is_tformer_onnx(path: Path) -> bool:
+    """Whether a file is an ONNX model tformer exported (its producer metadata says so)."""
+    try:
+        import onnx
+
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # not ONNX at all: onnx raises its own (DecodeError, ...)
+        return False
+    return any(p.key == "producer" and p.value == PRODUCER for p in model.metadata_props)
 
 
 def _trace(graph: nn.Module, inputs: dict[str, Tensor], dynamic: dict, path: Path, opset: int) -> None:
@@ -136,6 +168,16 @@ def _trace(graph: nn.Module, inputs: dict[str, Tensor], dynamic: dict, path: Pat
             input_names=list(inputs), output_names=graph.output_names, verbose=False,
         )
     program.save(str(path))
+    _mark(path)
+
+
+def _mark(path: Path) -> None:
+    """Record in the file's metadata that tformer wrote it (a later export may replace it)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    model.metadata_props.add(key="producer", value=PRODUCER)
+    onnx.save(model, str(path))
 
 
 def report(out, diff: float) -> None:
@@ -161,6 +203,76 @@ def export_onnx(graph: OnnxGraph | str | Path, out: str | Path, opset: int = 18)
         _trace(graph, inputs, dynamic, tmp, opset)
         diff = check_onnx(tmp, graph)
     return diff
+
+
+def onnx_bytes(graph: OnnxGraph, opset: int = 18) -> tuple[bytes, float]:
+    """The graph's ONNX file, checked in onnxruntime, and the max abs difference measured."""
+    require("onnx", EXTRA, "ONNX export")
+    require("onnxscript", EXTRA, "ONNX export")
+    graph = graph.eval()
+    inputs = example_inputs(graph, 2, min(8, graph.config.max_len))
+    batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence", max=graph.config.max_len)
+    dynamic = {name: {0: batch, 1: seq} for name in graph.input_names}
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "model.onnx"
+        _trace(graph, inputs, dynamic, path, opset)
+        return path.read_bytes(), check_onnx(path, graph)
+
+
+def check_folder(out: str | Path) -> Path:
+    """The folder a run's --onnx export is written to (see export_dir.check_destination); a
+    name ending in .onnx is refused, since a run exports a folder, not one file."""
+    from tformer.export.export_dir import check_destination
+
+    if Path(out).suffix.lower() == ".onnx" and not Path(out).is_dir():
+        raise ValueError(f"--onnx: a run exports a folder (model.onnx, tokenizer.json, config.json, "
+                         f"README.md), got the file name {out}; name a folder")
+    return check_destination(out, "--onnx")
+
+
+def classifier_config(config, labels: Sequence[str]) -> dict:
+    """config.json of a classifier's ONNX folder: the BERT config where BERT expresses the
+    encoder (a synthetic task's: tformer's own), and the label names, as transformers keeps them."""
+    from tformer.formats import hf_bert
+
+    try:
+        out = hf_bert.config_to_hf(config.replace(n_classes=None))
+        if config.pooler:  # the whole classifier is a BertForSequenceClassification
+            out["architectures"] = ["BertForSequenceClassification"]
+        else:
+            del out["architectures"]
+    except ValueError:  # not BERT-shaped: what tformer's config says
+        out = {"tformer_config": config.to_dict()}
+    return {**out, "num_labels": len(labels), "problem_type": "single_label_classification",
+            "id2label": {str(i): name for i, name in enumerate(labels)},
+            "label2id": {name: i for i, name in enumerate(labels)},
+            "tformer_pooling": "pooler" if config.pooler else config.pooling}
+
+
+def sentence_files(config, pooling: Sequence[str], normalize: bool, max_length: int) -> dict[str, bytes]:
+    """The sentence-transformers layout around a root model.onnx (Transformer module at the
+    root, 1_Pooling, 2_Normalize), so that its ONNX backend loads the folder."""
+    from tformer.formats import hf_bert
+    from tformer.formats.st_layout import _POOLING_KEYS
+
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
+                        "type": "sentence_transformers.models.Normalize"})
+    pooling_config = {"word_embedding_dimension": config.d_model,
+                      **{key: mode in pooling for mode, key in _POOLING_KEYS.items()}}
+    files = {"config.json": _json(hf_bert.config_to_hf(config)),
+             "modules.json": _json(modules),
+             "sentence_bert_config.json": _json({"max_seq_length": max_length, "do_lower_case": False}),
+             "1_Pooling/config.json": _json(pooling_config)}
+    if normalize:
+        files["2_Normalize/config.json"] = _json({})
+    return files
+
+
+def _json(value) -> bytes:
+    return (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 def _session(path: str | Path):
@@ -189,131 +301,10 @@ def check_onnx(path: str | Path, graph: OnnxGraph,
         inputs = example_inputs(graph, b, s, seed=b * 100 + s)
         with torch.no_grad():
             expected = graph(**inputs)
-        (got,) = session.run(None, {k: v.numpy() for k, v in inputs.items()})
-        worst = max(worst, _compare(f"(B, S) = ({b}, {s})", got, expected))
+        expected = expected if isinstance(expected, tuple) else (expected,)
+        got = session.run(None, {k: v.numpy() for k, v in inputs.items()})
+        for name, g, e in zip(graph.output_names, got, expected, strict=True):
+            worst = max(worst, _compare(f"{name} at (B, S) = ({b}, {s})", g, e))
     return worst
 
 
-# Seq2seq: an encoder file and a decoder file with a KV cache ---------------------------------
-class Seq2SeqEncoderGraph(nn.Module):
-    """Source -> memory, and every decoder layer's cross-attention keys and values."""
-
-    output_names = ["last_hidden_state", "cross_keys", "cross_values"]
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Shape: (B, S) each -> (B, S, D), (L, B, H, S, Dh), (L, B, H, S, Dh)."""
-        memory = self.model.encode(input_ids, attention_mask).last_hidden_state  # (B, S, D)
-        start = input_ids[:, :1]  # (B, 1): any token; only the cross keys/values are kept
-        past = self.model.decode(start, memory, attention_mask, use_cache=True).past_key_values
-        return memory, torch.stack([p[2] for p in past]), torch.stack([p[3] for p in past])
-
-
-class Seq2SeqDecoderGraph(nn.Module):
-    """New target tokens + the self-attention cache + the cross keys/values -> logits, new cache."""
-
-    output_names = ["logits", "present_keys", "present_values"]
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, decoder_input_ids: Tensor, encoder_attention_mask: Tensor, past_keys: Tensor,
-                past_values: Tensor, cross_keys: Tensor, cross_values: Tensor) -> tuple[Tensor, ...]:
-        """Shape: (B, T), (B, S), (L, B, H, P, Dh) x 2, (L, B, H, S, Dh) x 2
-        -> (B, T, V), (L, B, H, P + T, Dh) x 2."""
-        past = tuple(zip(past_keys.unbind(0), past_values.unbind(0), cross_keys.unbind(0),
-                         cross_values.unbind(0), strict=True))
-        out = self.model.decode(decoder_input_ids, None, encoder_attention_mask,
-                                past_key_values=past, use_cache=True)
-        presents = out.past_key_values
-        return out.logits, torch.stack([p[0] for p in presents]), torch.stack([p[1] for p in presents])
-
-
-def _decoder_inputs(model: nn.Module, ids: Tensor, mask: Tensor, past_len: int, t: int,
-                    seed: int) -> dict[str, Tensor]:
-    """Decoder-file inputs: random new tokens, a random self cache of ``past_len`` and the
-    real cross keys/values of ``ids``."""
-    c = model.config
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        _, cross_keys, cross_values = Seq2SeqEncoderGraph(model)(ids, mask)
-    cache = (c.decoder_layers, ids.size(0), c.n_heads, past_len, c.head_dim)  # (L, B, H, P, Dh)
-    return {"decoder_input_ids": torch.randint(0, c.vocab_size, (ids.size(0), t), generator=g),
-            "encoder_attention_mask": mask,
-            "past_keys": torch.randn(cache, generator=g), "past_values": torch.randn(cache, generator=g),
-            "cross_keys": cross_keys, "cross_values": cross_values}
-
-
-def _source(config, b: int, s: int, seed: int) -> tuple[Tensor, Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, config.vocab_size, (b, s), generator=g), _ragged_mask(b, s)
-
-
-def seq2seq_onnx_files(model: nn.Module, scratch: Path, opset: int = 18) -> tuple[dict[str, bytes], float]:
-    """encoder.onnx and decoder.onnx for a Seq2SeqTransformer (traced into folder ``scratch``),
-    each checked in onnxruntime; returns the files and the max abs difference."""
-    require("onnx", EXTRA, "ONNX export")
-    require("onnxscript", EXTRA, "ONNX export")
-    model = model.eval()
-    c = model.config
-    batch = torch.export.Dim("batch")
-    src = torch.export.Dim("source", max=c.max_len)
-    tgt, past = torch.export.Dim("target", max=c.max_len), torch.export.Dim("past", max=c.max_len)
-    ids, mask = _source(c, 2, min(7, c.max_len), seed=0)
-    enc_path, dec_path = scratch / "encoder.onnx", scratch / "decoder.onnx"
-    _trace(Seq2SeqEncoderGraph(model), {"input_ids": ids, "attention_mask": mask},
-           {"input_ids": {0: batch, 1: src}, "attention_mask": {0: batch, 1: src}}, enc_path, opset)
-    cache = {1: batch, 3: past}
-    _trace(Seq2SeqDecoderGraph(model), _decoder_inputs(model, ids, mask, past_len=3, t=2, seed=1),
-           {"decoder_input_ids": {0: batch, 1: tgt}, "encoder_attention_mask": {0: batch, 1: src},
-            "past_keys": cache, "past_values": cache,
-            "cross_keys": {1: batch, 3: src}, "cross_values": {1: batch, 3: src}}, dec_path, opset)
-    worst = check_seq2seq_onnx(enc_path, dec_path, model)
-    return {"encoder.onnx": enc_path.read_bytes(), "decoder.onnx": dec_path.read_bytes()}, worst
-
-
-def check_seq2seq_onnx(encoder_path: str | Path, decoder_path: str | Path, model: nn.Module,
-                       shapes: tuple[tuple[int, int], ...] = ((1, 5), (3, 11))) -> float:
-    """Both files against tformer at other shapes, the decoder at P = 0 (first step) and P > 0."""
-    enc, dec = _session(encoder_path), _session(decoder_path)
-    worst = 0.0
-    for b, s in shapes:
-        s = min(s, model.config.max_len)
-        ids, mask = _source(model.config, b, s, seed=b * 100 + s)
-        with torch.no_grad():
-            expected = Seq2SeqEncoderGraph(model)(ids, mask)
-        got = enc.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
-        for name, g, e in zip(Seq2SeqEncoderGraph.output_names, got, expected, strict=True):
-            worst = max(worst, _compare(f"encoder {name} at (B, S) = ({b}, {s})", g, e))
-        for past_len, t in ((0, 1), (4, 1), (2, 3)):
-            inputs = _decoder_inputs(model, ids, mask, past_len, t, seed=past_len)
-            with torch.no_grad():
-                expected = Seq2SeqDecoderGraph(model)(**inputs)
-            got = dec.run(None, {k: v.numpy() for k, v in inputs.items()})
-            for name, g, e in zip(Seq2SeqDecoderGraph.output_names, got, expected, strict=True):
-                worst = max(worst, _compare(f"decoder {name} at P = {past_len}, T = {t}", g, e))
-    return worst
-
-
-USAGE = """
-import onnxruntime as ort   # encoder.onnx once per input, then decoder.onnx once per token
-encoder = ort.InferenceSession("DIR/encoder.onnx")
-decoder = ort.InferenceSession("DIR/decoder.onnx")
-# see README.md of tformer: `tformer export RUN --onnx DIR` for the inputs and outputs
-"""
-
-
-def export_seq2seq_onnx(model: nn.Module, out: str | Path, card: Card, extra_files: dict[str, bytes],
-                        opset: int = 18) -> tuple[Path, float]:
-    """Publish folder ``out`` with encoder.onnx, decoder.onnx, ``extra_files`` (the tokenizer)
-    and a model card; returns it and the max abs difference measured with onnxruntime."""
-    out = check_destination(out, "--onnx")  # refuse before the tracing
-    with tempfile.TemporaryDirectory() as scratch:
-        files, diff = seq2seq_onnx_files(model, Path(scratch), opset)
-    files.update(extra_files)
-    files["README.md"] = render(card, "ONNX (encoder.onnx + decoder.onnx with a KV cache)", USAGE)
-    return publish_export(out, files, "--onnx"), diff

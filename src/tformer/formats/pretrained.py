@@ -25,39 +25,41 @@ from torch import nn
 
 from tformer.config import TransformerConfig
 from tformer.formats import hf_bert
+from tformer.formats.model_dir import ModelDir, read_model_dir
 from tformer.formats.st_layout import read_layout
 from tformer.stats import check_fits
 from tformer.storage.files import json_bytes, write_dir_atomic
 
 
 def read_pretrained(
-    directory: str | Path, model_cls: type[nn.Module], allow_pickle: bool = False
+    directory: str | Path | ModelDir, model_cls: type[nn.Module], allow_pickle: bool = False
 ) -> tuple[TransformerConfig, dict[str, torch.Tensor], Path]:
     """The config, the state dict under our keys, and the weights' path, of a BERT-format or
     tformer directory. ``Encoder.from_pretrained`` builds the model from them; it passes its
     class, whose shapes (built on the meta device) the file's are checked against first."""
-    model_dir = read_layout(directory).model_dir
-    raw = hf_bert.read_config(model_dir)
-    if "model_type" in raw:
-        config, state = _load_hf(model_dir, raw, allow_pickle)
-    elif "d_model" in raw:
-        config, state = _load_tformer(model_dir, allow_pickle, model_cls)
+    md = read_model_dir(directory)
+    if md.is_bert:
+        config, state = _load_hf(md.model_dir, md.config_json, allow_pickle)
     else:
-        raise ValueError(
-            f"{model_dir / 'config.json'}: expected a BERT config (model_type: bert) or a "
-            "tformer config (d_model, n_heads, ...), got neither"
-        )
-    return config, state, model_dir / hf_bert.WEIGHTS_FILE
+        config, state = _load_tformer(md, allow_pickle, model_cls)
+    return config, state, md.model_dir / hf_bert.WEIGHTS_FILE
 
 
-def pretrained_config(directory: str | Path) -> TransformerConfig:
+def pretrained_config(directory: str | Path | ModelDir) -> TransformerConfig:
     """The TransformerConfig of a BERT-format or tformer directory, from its config.json alone
     (no weights read: a BERT pooler's presence is not known here, and is reported as absent)."""
-    model_dir = read_layout(directory).model_dir
-    raw = hf_bert.read_config(model_dir)
-    if "model_type" in raw:
-        return hf_bert.config_from_hf(raw, False, str(model_dir / "config.json"))
-    return TransformerConfig.load(model_dir / "config.json")
+    md = read_model_dir(directory)
+    if md.is_bert:
+        return hf_bert.config_from_hf(md.config_json, False, str(md.config_path))
+    return tformer_config(md)
+
+
+def tformer_config(md: ModelDir) -> TransformerConfig:
+    """A tformer directory's TransformerConfig, errors naming its config.json."""
+    try:
+        return TransformerConfig.from_dict(md.config_json)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{md.config_path}: {e}") from None
 
 
 def save_pretrained(model: nn.Module, directory: str | Path, tokenizer_dir: str | Path | None = None) -> None:
@@ -131,8 +133,8 @@ def _load_hf(model_dir: Path, raw: dict, allow_pickle: bool):
     return config, hf_bert.from_hf(cleaned, config, torch.cat, source)
 
 
-def _load_tformer(model_dir: Path, allow_pickle: bool, model_cls: type[nn.Module]):
-    config = TransformerConfig.load(model_dir / "config.json")
+def _load_tformer(md: ModelDir, allow_pickle: bool, model_cls: type[nn.Module]):
+    config, model_dir = tformer_config(md), md.model_dir
     files = hf_bert.weight_files(model_dir, allow_pickle)
     if all(p.suffix == ".safetensors" for p in files):  # shapes from the headers, nothing loaded
         shapes = {k: v for p in files for k, v in _header_shapes(p).items()}

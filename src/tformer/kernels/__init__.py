@@ -30,6 +30,7 @@ _LAZY = {
     **dict.fromkeys(("ACTIVATIONS", "ACTIVATIONS_IN_PLACE", "TRAIN_KERNELS", "infer_kernel",
                      "int8_linear", "int8_prepack", "linear", "linear_weights", "packed_weight",
                      "train_kernel", "why_not_onednn", "why_not_onednn_int8"), "linear_kernels"),
+    **dict.fromkeys(("chunked_topk", "topk", "why_not_chunked_topk"), "search_kernels"),
     "readable": "switch",
 }
 

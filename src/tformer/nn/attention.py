@@ -58,6 +58,32 @@ def scaled_dot_product_attention(
     return out, (weights if need_weights else None)
 
 
+def _queries_per_memory_row(queries: int, memory_rows: int) -> int:
+    """How many consecutive query rows share each memory row: 1, or the beams of one source in
+    beam search (tformer.nn.generate), which attend to its memory row once, as one group of
+    queries, instead of to K identical copies of it."""
+    if memory_rows < 1 or queries % memory_rows:
+        raise ValueError(f"memory: expected a batch that divides the query batch ({queries}), "
+                         f"got {memory_rows}")
+    return queries // memory_rows
+
+
+def _group(q: Tensor, g: int) -> Tensor:
+    """(Bm * g, H, T, X) -> (Bm, H, g * T, X): the queries of g consecutive rows as one row's."""
+    if g == 1:
+        return q
+    bg, h, t, x = q.shape
+    return q.view(bg // g, g, h, t, x).transpose(1, 2).reshape(bg // g, h, g * t, x)
+
+
+def _ungroup(out: Tensor, g: int) -> Tensor:
+    """The inverse of ``_group``: (Bm, H, g * T, X) -> (Bm * g, H, T, X)."""
+    if g == 1:
+        return out
+    b, h, gt, x = out.shape
+    return out.view(b, h, g, gt // g, x).transpose(1, 2).reshape(b * g, h, gt // g, x)
+
+
 class AttentionOutput(NamedTuple):
     output: Tensor  # (B, T, D)
     weights: Tensor | None  # (B, H, T, S) when requested
@@ -68,7 +94,9 @@ class MultiHeadAttention(nn.Module):
     """Multi-head attention (§3.2.2).
 
     Self-attention projects q, k, v with one fused (D, 3D) matrix; cross-attention
-    (``cross=True``) projects q from the decoder and k, v from the encoder memory.
+    (``cross=True``) projects q from the decoder and k, v from the encoder memory. A memory of
+    Bm rows may serve B = g * Bm query rows, g consecutive rows each (beam search's beams of one
+    source): each memory row's keys and values are then computed and read once for its g rows.
     """
 
     def __init__(
@@ -115,8 +143,8 @@ class MultiHeadAttention(nn.Module):
         then runs within each sequence, as the packing describes them.
 
         Shape:
-            x: (B, T, D), or packed (rows, D) with a Packing; memory: (B, S, D);
-            mask: broadcastable to (B, H, T, S)
+            x: (B, T, D), or packed (rows, D) with a Packing; memory: (Bm, S, D), Bm dividing B;
+            mask: broadcastable to (B, H, T, S) (cross-attention: to (Bm, H, T, S))
             returns output like x, weights (B, H, T, S) or None, present (k, v) or None
         """
         p = self.dropout if self.training else 0.0
@@ -124,6 +152,7 @@ class MultiHeadAttention(nn.Module):
             out = self._packed_self_attention(kernels.linear(x, self.qkv_proj), mask, p)
             return AttentionOutput(kernels.linear(out, self.out_proj), None, None)
         mask = as_mask(mask)
+        g = 1  # query rows per memory row
         if self.cross:
             (q,) = self._split_heads(kernels.linear(x, self.q_proj))  # (B, H, T, Dh)
             if past_key_value is not None:
@@ -131,13 +160,16 @@ class MultiHeadAttention(nn.Module):
             else:
                 if memory is None:
                     raise ValueError("memory: cross-attention needs the encoder output")
-                k, v = self._split_heads(kernels.linear(memory, self.kv_proj), 2)  # (B, H, S, Dh)
+                k, v = self._split_heads(kernels.linear(memory, self.kv_proj), 2)  # (Bm, H, S, Dh)
+            g = _queries_per_memory_row(q.size(0), k.size(0))
+            q = _group(q, g)  # (Bm, H, g * T, Dh)
         else:
             q, k, v = self._split_heads(kernels.linear(x, self.qkv_proj), 3)  # 3 x (B, H, T, Dh)
             if past_key_value is not None:
                 k = torch.cat([past_key_value[0], k], dim=2)  # (B, H, S_past + T, Dh)
                 v = torch.cat([past_key_value[1], v], dim=2)
         out, weights = scaled_dot_product_attention(q, k, v, mask, p, need_weights)
+        out, weights = _ungroup(out, g), None if weights is None else _ungroup(weights, g)
         b, _, t, _ = out.shape
         out = out.transpose(1, 2).reshape(b, t, self.d_model)  # (B, T, D)
         return AttentionOutput(kernels.linear(out, self.out_proj), weights, (k, v) if use_cache else None)

@@ -5,7 +5,10 @@ The source is encoded once; each step feeds only the newest target token to
 attention caches the memory's projections at step 0), so a step costs O(T), not O(T^2).
 Rows that have finished leave the batch (greedy: a row that produced EOS; beam: a row whose
 beams all did), a quarter of the batch at a time, so a few long outputs do not drag the
-finished rows through every remaining step. One device sync per step (the finished count).
+finished rows through every remaining step. One device sync per step (the finished count), and
+in beam search a second (which beams moved: the cache is reordered in place, moved rows only).
+Beam search ranks each beam's K best tokens, not all K*V candidates, and the K beams of a source
+share its one row of cross-attention keys/values (MultiHeadAttention groups their queries).
 
 Shape legend: B batch, K beams, S source length, L generated length, D model dim, V vocab.
 """
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from tformer import kernels
 from tformer.nn.layers import LayerCache
 from tformer.text.specials import BOS, EOS, PAD  # defaults; callers pass their tokenizer's ids
 
@@ -53,17 +57,21 @@ def _check(src_ids: Tensor, src_attention_mask: Tensor | None, max_len: int) -> 
         raise ValueError(f"max_len: expected a positive int, got {max_len!r}")
 
 
-def _reorder_cache(cache: tuple[LayerCache, ...], index: Tensor) -> tuple[LayerCache, ...]:
-    """Keep the self-attention caches of the surviving beams (rows `index`, batch on dim 0).
+def _reorder_cache(cache: tuple[LayerCache, ...], beam: Tensor) -> tuple[LayerCache, ...]:
+    """Keep the self-attention caches of the surviving beams: row i becomes row beam[i], in
+    place (the step's caches are new tensors that only this search holds), and only the rows
+    whose beam changed are copied, not the whole cache.
 
-    The cross-attention keys/values are left as they are: they depend on the source only,
-    and a beam is always replaced by a beam of the same source row, so selecting them
-    would copy identical rows every step.
+    The cross-attention keys/values are left as they are: they depend on the source only, and
+    the beams of a source share its one row of them (MultiHeadAttention).
     """
-    return tuple(
-        (self_k.index_select(0, index), self_v.index_select(0, index), cross_k, cross_v)
-        for self_k, self_v, cross_k, cross_v in cache
-    )
+    moved = (beam != torch.arange(beam.numel(), device=beam.device)).nonzero()[:, 0]  # (M,)
+    if moved.numel():
+        came_from = beam[moved]
+        for self_k, self_v, _, _ in cache:
+            self_k.index_copy_(0, moved, self_k.index_select(0, came_from))
+            self_v.index_copy_(0, moved, self_v.index_select(0, came_from))
+    return cache
 
 
 @torch.no_grad()
@@ -171,9 +179,10 @@ def beam_search(
     was_training = model.training
     model.eval()
     b, k, device = src_ids.size(0), beam_size, src_ids.device
+    # One memory row per source: its K beams attend to it as one group of queries
+    # (MultiHeadAttention), so it is neither repeated K times nor copied when beams move.
     memory = model.encode(src_ids, src_attention_mask=src_attention_mask).last_hidden_state
-    memory = memory.repeat_interleave(k, dim=0)  # (B*K, S, D): beams of a row are adjacent
-    mask = None if src_attention_mask is None else src_attention_mask.repeat_interleave(k, dim=0)
+    mask = src_attention_mask  # (B, S)
     tokens = torch.full((b * k, 1), bos_id, dtype=torch.long, device=device)  # (B*K, 1)
     # Only beam 0 is live at the start; the others are copies that must not be picked twice.
     scores = torch.full((b, k), float("-inf"), device=device)
@@ -197,19 +206,27 @@ def beam_search(
         best_scores[srcs[leaving]] = scores[best]
 
     past = None
+    kept = None  # each beam's best tokens: K of them, or all V when the vocabulary is smaller
     for _ in range(max_len):
         n = srcs.numel()
         out = model.decode(tokens[:, -1:], memory, memory_attention_mask=mask,
                            past_key_values=past, use_cache=True)
         logp = out.logits[:, -1].float().log_softmax(dim=-1)  # (B'*K, V)
-        v = logp.size(-1)
-        # A finished beam can only be extended by PAD, at no cost (in place: no (B'*K, V) copy).
-        logp.masked_fill_(done[:, None], float("-inf"))
-        logp[:, pad_id].masked_fill_(done, 0.0)
-        cand = (scores[:, None] + logp).view(n, k * v)  # (B', K*V)
+        if kept is None:
+            kept = min(k, logp.size(-1))
+            # A finished beam can only be extended by PAD, at no cost: its candidates.
+            finished_logp = torch.full((kept,), float("-inf"), device=device)
+            finished_logp[0] = 0.0
+            finished_token = torch.full((kept,), pad_id, dtype=torch.long, device=device)
+        # A source's K best candidates (beam score + token log-prob, of K*V) are among its beams'
+        # own K best tokens, as a beam's candidates rank as its log-probabilities do.
+        beam_logp, beam_token = kernels.topk(logp, kept)  # (B'*K, kept)
+        beam_logp = torch.where(done[:, None], finished_logp, beam_logp)
+        beam_token = torch.where(done[:, None], finished_token, beam_token)
+        cand = (scores[:, None] + beam_logp).view(n, k * kept)  # (B', K*kept)
         top_scores, top = cand.topk(k, dim=-1)  # (B', K)
-        beam = (top // v + torch.arange(n, device=device)[:, None] * k).view(-1)  # (B'*K,) rows
-        token = (top % v).view(-1)  # (B'*K,)
+        beam = (top // kept + torch.arange(n, device=device)[:, None] * k).view(-1)  # (B'*K,) rows
+        token = beam_token.view(n, k * kept).gather(1, top).view(-1)  # (B'*K,)
         scores = top_scores.view(-1)
         tokens = torch.cat([tokens.index_select(0, beam), token[:, None]], dim=1)
         past = _reorder_cache(out.past_key_values, beam)
@@ -224,13 +241,21 @@ def beam_search(
             pick(finished)
             keep = (~finished).nonzero()[:, 0]  # (B'',) rows
             beams = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)  # (B''*K,)
-            srcs, past = srcs[keep], _select(past, beams)
-            memory, tokens, scores = memory[beams], tokens[beams], scores[beams]
+            srcs, past = srcs[keep], _select_beams(past, beams, keep)
+            memory, tokens, scores = memory[keep], tokens[beams], scores[beams]
             done, lengths = done[beams], lengths[beams]
-            mask = None if mask is None else mask[beams]
+            mask = None if mask is None else mask[keep]
     pick(torch.ones(srcs.numel(), dtype=torch.bool, device=device))
     model.train(was_training)
     return GenerationOutput(best_tokens[:, : tokens.size(1) - 1], best_scores, eos_id, pad_id)
+
+
+def _select_beams(cache: tuple[LayerCache, ...], beams: Tensor, rows: Tensor) -> tuple[LayerCache, ...]:
+    """Keep the beams `beams` of the self-attention caches and the source rows `rows` of the
+    cross-attention ones (one row per source)."""
+    return tuple((self_k.index_select(0, beams), self_v.index_select(0, beams),
+                  cross_k.index_select(0, rows), cross_v.index_select(0, rows))
+                 for self_k, self_v, cross_k, cross_v in cache)
 
 
 def generate(

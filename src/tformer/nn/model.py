@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from tformer import kernels
 from tformer.config import TransformerConfig
+from tformer.formats.model_dir import ModelDir
 from tformer.formats.pretrained import load_state, read_pretrained, save_pretrained
 from tformer.nn.dropout import Dropout
 from tformer.nn.inputs import check_embeddings, check_token_ids, one_input
@@ -154,7 +155,7 @@ class Encoder(nn.Module):
     # Real checkpoints (BERT format and tformer's own): files are read in tformer.formats.pretrained.
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, allow_pickle: bool = False, dtype: torch.dtype | str | None = None
+        cls, path: str | Path | ModelDir, allow_pickle: bool = False, dtype: torch.dtype | str | None = None
     ) -> Encoder:
         """An Encoder (in eval mode) with the weights of a BERT-format or tformer directory.
 
@@ -174,7 +175,7 @@ class Encoder(nn.Module):
         save_pretrained(self, path, **kwargs)
 
 
-def from_pretrained(path: str | Path, allow_pickle: bool = False,
+def from_pretrained(path: str | Path | ModelDir, allow_pickle: bool = False,
                     dtype: torch.dtype | str | None = None) -> Encoder:
     """``Encoder.from_pretrained`` as a function: ``tformer.from_pretrained(DIR)``."""
     return Encoder.from_pretrained(path, allow_pickle=allow_pickle, dtype=dtype)
@@ -222,9 +223,10 @@ class Decoder(nn.Module):
 
         Shape:
             x: (B, T) token ids when the config has a vocabulary, else (B, T, D)
-            memory: (B, S, D) encoder output (may be None when past_key_values hold it)
+            memory: (Bm, S, D) encoder output (may be None when past_key_values hold it); Bm
+                may divide B: each memory row then serves B / Bm consecutive rows (beam search)
             attention_mask: (B, T_past + T) real target tokens
-            memory_attention_mask: (B, S) real source tokens
+            memory_attention_mask: (Bm, S) real source tokens
             past_key_values: per layer (self k, self v, cross k, cross v), each (B, H, *, Dh)
         """
         if past_key_values is not None and len(past_key_values) != len(self.layers):
@@ -236,14 +238,15 @@ class Decoder(nn.Module):
         b, t, _ = h.shape
         if memory is not None:
             check_embeddings(memory, self.config.d_model, "memory")
-            s = memory.size(1)
+            bm, s = memory.shape[:2]
         elif past_key_values:
-            s = past_key_values[0][2].size(2)
+            bm, _, s, _ = past_key_values[0][2].shape
         else:
             raise ValueError("memory: expected the encoder output (B, S, D), got None")
         # One new query (a cached decoding step) may attend every key: no causal mask to build.
         self_mask = make_mask(attention_mask, None, b, t, past + t, causal=t > 1, device=h.device)
-        memory_mask = make_mask(memory_attention_mask, None, b, t, s, device=h.device)
+        # Bm memory rows may serve B = g * Bm target rows (beam search; MultiHeadAttention).
+        memory_mask = make_mask(memory_attention_mask, None, bm, t, s, device=h.device)
 
         hidden = [h] if output_hidden_states else None
         self_attns = [] if output_attentions else None

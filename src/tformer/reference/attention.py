@@ -95,6 +95,30 @@ def scaled_dot_product_attention_backward(dout: np.ndarray, cache: tuple):
     return dq, dk, dv
 
 
+def _queries_per_memory_row(queries: int, memory_rows: int) -> int:
+    """How many consecutive query rows share each memory row (beam search's beams of a source)."""
+    if memory_rows < 1 or queries % memory_rows:
+        raise ValueError(f"memory: expected a batch that divides the query batch ({queries}), "
+                         f"got {memory_rows}")
+    return queries // memory_rows
+
+
+def _group(q: np.ndarray, g: int) -> np.ndarray:
+    """(Bm * g, H, T, X) -> (Bm, H, g * T, X): the queries of g consecutive rows as one row's."""
+    if g == 1:
+        return q
+    bg, h, t, x = q.shape
+    return q.reshape(bg // g, g, h, t, x).swapaxes(1, 2).reshape(bg // g, h, g * t, x)
+
+
+def _ungroup(out: np.ndarray, g: int) -> np.ndarray:
+    """The inverse of ``_group``: (Bm, H, g * T, X) -> (Bm * g, H, T, X)."""
+    if g == 1:
+        return out
+    b, h, gt, x = out.shape
+    return out.reshape(b, h, g, gt // g, x).swapaxes(1, 2).reshape(b * g, h, gt // g, x)
+
+
 class AttentionOutput(NamedTuple):
     output: np.ndarray  # (B, T, D)
     weights: np.ndarray | None  # (B, H, T, S)
@@ -140,9 +164,11 @@ class MultiHeadAttention(Module):
     ) -> AttentionOutput:
         """
         Shape:
-            x: (B, T, D); memory: (B, S, D); mask: broadcastable to (B, H, T, S)
+            x: (B, T, D); memory: (Bm, S, D), Bm dividing B (g = B / Bm consecutive rows
+            share a memory row); mask: broadcastable to (B, H, T, S) (cross: (Bm, H, T, S))
             returns output (B, T, D), weights (B, H, T, S) or None, present (k, v) or None
         """
+        g = 1  # query rows per memory row
         if self.cross:
             q = self._split_heads(self.q_proj(x))  # (B, H, T, Dh)
             if past_key_value is not None:
@@ -150,8 +176,10 @@ class MultiHeadAttention(Module):
             else:
                 if memory is None:
                     raise ValueError("memory: cross-attention needs the encoder output")
-                k, v = np.split(self.kv_proj(memory), 2, axis=-1)  # 2 x (B, S, D)
-                k, v = self._split_heads(k), self._split_heads(v)  # (B, H, S, Dh)
+                k, v = np.split(self.kv_proj(memory), 2, axis=-1)  # 2 x (Bm, S, D)
+                k, v = self._split_heads(k), self._split_heads(v)  # (Bm, H, S, Dh)
+            g = _queries_per_memory_row(q.shape[0], k.shape[0])
+            q = _group(q, g)  # (Bm, H, g * T, Dh)
         else:
             q, k, v = np.split(self.qkv_proj(x), 3, axis=-1)  # 3 x (B, T, D)
             q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)
@@ -159,6 +187,7 @@ class MultiHeadAttention(Module):
                 k = np.concatenate([past_key_value[0], k], axis=2)  # (B, H, S_past + T, Dh)
                 v = np.concatenate([past_key_value[1], v], axis=2)
         out, weights = scaled_dot_product_attention(q, k, v, mask, 0.0, need_weights)
+        out, weights = _ungroup(out, g), None if weights is None else _ungroup(weights, g)
         b, _, t, _ = out.shape
         out = out.transpose(0, 2, 1, 3).reshape(b, t, self.d_model)  # (B, T, D)
         return AttentionOutput(self.out_proj(out), weights, (k, v) if use_cache else None)

@@ -243,7 +243,8 @@ class Decoder(Module):
         output_attentions: bool = False,
         output_hidden_states: bool = False,
     ) -> DecoderOutput:
-        """Shape: x (B, T) ids or (B, T, D); memory (B, S, D) -> last_hidden_state (B, T, D)."""
+        """Shape: x (B, T) ids or (B, T, D); memory (Bm, S, D), Bm dividing B
+        (each memory row serves B / Bm consecutive rows) -> last_hidden_state (B, T, D)."""
         past = past_key_values[0][0].shape[2] if past_key_values else 0
         h = self.embed(x, offset=past)  # (B, T, D)
         b, t, _ = h.shape
@@ -251,13 +252,14 @@ class Decoder(Module):
             memory = np.asarray(memory)
             check_embeddings(memory, self.config.d_model, "memory")
             memory = memory.astype(self.dtype, copy=False)
-            s = memory.shape[1]
+            bm, s = memory.shape[:2]
         elif past_key_values:
-            s = past_key_values[0][2].shape[2]
+            bm, _, s, _ = past_key_values[0][2].shape
         else:
             raise ValueError("memory: expected the encoder output (B, S, D), got None")
         self_mask = make_mask(attention_mask, None, b, t, past + t, causal=True)
-        memory_mask = make_mask(memory_attention_mask, None, b, t, s)
+        # Bm memory rows may serve B = g * Bm target rows (beam search; MultiHeadAttention).
+        memory_mask = make_mask(memory_attention_mask, None, bm, t, s)
 
         hidden = [h] if output_hidden_states else None
         self_attns = [] if output_attentions else None

@@ -17,29 +17,23 @@ import numpy as np
 
 from tformer.config import TransformerConfig
 from tformer.formats import hf_bert
-from tformer.formats.st_layout import read_layout
+from tformer.formats.model_dir import read_model_dir
 from tformer.reference.model import Encoder
 
 
 def from_pretrained(directory: str | Path, dtype=np.float32) -> Encoder:
     """A NumPy Encoder with the weights of a BERT-format or tformer directory."""
-    model_dir = read_layout(directory).model_dir
-    raw = hf_bert.read_config(model_dir)
-    files = hf_bert.weight_files(model_dir)  # safetensors only: allow_pickle stays False
+    md = read_model_dir(directory)
+    files = hf_bert.weight_files(md.model_dir)  # safetensors only: allow_pickle stays False
     state = _read_weights(files)
-    source = str(files[0] if len(files) == 1 else model_dir / hf_bert.WEIGHTS_INDEX_FILE)
-    if "model_type" in raw:
+    source = str(files[0] if len(files) == 1 else md.model_dir / hf_bert.WEIGHTS_INDEX_FILE)
+    if md.is_bert:
         cleaned = hf_bert.clean_state_dict(state, source)
         has_pooler = "pooler.dense.weight" in cleaned
-        config = hf_bert.config_from_hf(raw, has_pooler, str(model_dir / "config.json"))
+        config = hf_bert.config_from_hf(md.config_json, has_pooler, str(md.config_path))
         state = hf_bert.from_hf(cleaned, config, np.concatenate, source)
-    elif "d_model" in raw:
-        config = TransformerConfig.load(model_dir / "config.json")
     else:
-        raise ValueError(
-            f"{model_dir / 'config.json'}: expected a BERT config (model_type: bert) or a "
-            "tformer config (d_model, n_heads, ...), got neither"
-        )
+        config = TransformerConfig.load(md.config_path)
     model = Encoder(config, dtype=dtype)
     try:
         model.load_state_dict(state)

@@ -14,17 +14,17 @@ from __future__ import annotations
 import json
 import shlex
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from tformer.export.model_card import Card
+from tformer.export.model_card import HUB_NAME, Card
+from tformer.training.command import train_command
 from tformer.training.config import TrainConfig
 from tformer.training.objectives import Objective
-from tformer.training.report import baseline_verdict
 from tformer.training.sources import Data
 
 
@@ -104,7 +104,8 @@ class Run(ABC):
         """What `tformer export RUN --hf DIR` (or `--onnx OUT`) writes, checked before it is
         published; returns the path written."""
         if (hf is None) == (onnx is None):
-            raise ValueError("export: expected one of hf= or onnx=, got " + ("both" if hf is not None else "neither"))
+            got = "both" if hf is not None else "neither"
+            raise ValueError(f"export: expected one of hf= or onnx=, got {got}")
         option, target = ("--hf", hf) if hf is not None else ("--onnx", onnx)
         card = self.card(shlex.join(["tformer", "export", str(self.path), option, str(target)]))
         if hf is not None:
@@ -120,14 +121,16 @@ class Run(ABC):
         """Write the ONNX export (each kind its graph), checked in onnxruntime first."""
 
     def card(self, command: str) -> Card:
-        tok = self.tokenizer
-        record = self.test_record()
-        verdict = baseline_verdict(record)
+        """The model card of an export written by ``command``: the run's data, base model,
+        test line (with its baseline) and the `tformer train` command that made it."""
+        tok, c = self.tokenizer, self.config
         return Card(name=self.path.resolve().name, kind=self.kind,
-                    data=self.config.data if self.config.data else f"synthetic task {self.config.task}",
-                    metrics=record, labels=self._labels(),
+                    data=c.data if c.data else f"synthetic task {c.task}",
+                    metrics=self.test_record(), labels=self._labels(),
                     max_length=tok.max_length if tok is not None else None, command=command,
-                    warning=verdict if verdict and verdict.startswith("warning") else None)
+                    train_command=train_command(c, self.kind), base_model=c.from_pretrained,
+                    base_model_id=hub_name(c.from_pretrained),
+                    data_summary=self.objective.source.summary(), main_metric=self.main_metric)
 
     def _labels(self) -> tuple[str, ...]:
         return ()
@@ -157,17 +160,33 @@ class Run(ABC):
         return encoded.ids, encoded.type_ids
 
 
+def hub_name(directory: str | None) -> str | None:
+    """The Hub name of a fine-tune's base model, where its config.json records one
+    (``_name_or_path``, as transformers saves it and the folder is not a local path)."""
+    if directory is None:
+        return None
+    try:
+        name = json.loads((Path(directory) / "config.json").read_text()).get("_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(name, str) or not HUB_NAME.match(name) or Path(name).exists():
+        return None
+    return name
+
+
 def texts_of(texts: str | Iterable[str], name: str = "texts") -> list[str]:
-    """One text (a str) or texts (an iterable of str) as a list, refused when empty."""
+    """One text (a str is one input, never its characters) or texts (an iterable of str) as a
+    list. Refused as the command line and the server refuse them: no texts, a text that is
+    not a str, or a blank one (empty or whitespace only: nothing to answer for)."""
+    if isinstance(texts, (bytes, bytearray)) or not isinstance(texts, (str, Iterable)):
+        raise TypeError(f"{name}: expected a str or an iterable of str, got {type(texts).__name__}")
     out = [texts] if isinstance(texts, str) else list(texts)
     if not out:
         raise ValueError(f"{name}: expected at least one text, got none")
     for i, t in enumerate(out):
+        where = name if isinstance(texts, str) else f"{name}[{i}]"
         if not isinstance(t, str):
-            raise TypeError(f"{name}[{i}]: expected a str, got {type(t).__name__}")
+            raise TypeError(f"{where}: expected a str, got {type(t).__name__}")
+        if not t.strip():
+            raise ValueError(f"{where}: expected a non-empty text, got {t!r}")
     return out
-
-
-def batches(items: list, size: int) -> Iterator[list]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]

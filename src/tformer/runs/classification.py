@@ -9,8 +9,10 @@ from typing import Any
 
 from tformer.export import hf_classifier
 from tformer.export import onnx as tonnx
-from tformer.export.model_card import Card
+from tformer.export.export_dir import publish_export
+from tformer.export.model_card import Card, render
 from tformer.runs.base import Run, texts_of
+from tformer.storage.files import json_bytes
 
 
 class ClassificationRun(Run):
@@ -26,9 +28,9 @@ class ClassificationRun(Run):
     def predict(self, texts: str | Iterable[str], pairs: Iterable[str | None] | None = None,
                 batch_size: int = 64) -> list[dict[str, Any]]:
         """{"label", "probabilities": {label: p}} per text (one str is one text; pairs: each
-        text's text_pair, for a run trained on pairs)."""
+        text's text_pair, for a run trained on pairs; with one text, one str)."""
         texts = texts_of(texts)
-        pairs = None if pairs is None else list(pairs)
+        pairs = None if pairs is None else [pairs] if isinstance(pairs, str) else list(pairs)
         return self.objective.classify(self.model, texts, pairs, batch_size=batch_size)
 
     def answers(self, texts: list[str], batch_size: int = 64, **_: Any) -> list[str]:
@@ -47,10 +49,41 @@ class ClassificationRun(Run):
         tok = self.tokenizer
         written = hf_classifier.export_classifier(out, self.model, tok.backend, tuple(self.labels),
                                                   tok.max_length, card)
-        print(f"wrote {written}/ (AutoModelForSequenceClassification.from_pretrained loads it)", file=sys.stderr)
+        print(f"wrote {written}/ (AutoModelForSequenceClassification.from_pretrained loads it)",
+              file=sys.stderr)
         return written
 
     def export_onnx(self, out: Path, card: Card, opset: int) -> Path:
-        diff = tonnx.export_onnx(tonnx.ClassifierGraph(self.model), out, opset=opset)
-        tonnx.report(out, diff)
-        return out
+        """Folder ``out``: model.onnx (logits), config.json (id2label), the tokenizer, a card."""
+        out = tonnx.check_folder(out)  # refused before the tracing
+        model, diff = tonnx.onnx_bytes(tonnx.ClassifierGraph(self.model), opset)
+        files = {"model.onnx": model,
+                 "config.json": json_bytes(tonnx.classifier_config(self.model.config, self.labels))}
+        tok = self.tokenizer
+        if tok is not None:
+            files.update(hf_classifier.tokenizer_files(tok.backend, tok.max_length,
+                                                       extra_config=hf_classifier.BERT_INPUTS))
+        files["README.md"] = render(card, "an ONNX classifier (model.onnx: logits; config.json: id2label)",
+                                    ONNX_USAGE, library_name="onnx", pipeline_tag="text-classification",
+                                    tags=("onnx",))
+        written = publish_export(out, files, "--onnx")
+        tonnx.report(f"{written}/", diff)
+        return written
+
+
+ONNX_USAGE = """
+import json
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+tokenizer = Tokenizer.from_file("DIR/tokenizer.json")  # cuts texts at the run's max_length
+session = ort.InferenceSession("DIR/model.onnx")
+labels = json.load(open("DIR/config.json"))["id2label"]
+enc = tokenizer.encode("some text")
+feed = {"input_ids": [enc.ids], "attention_mask": [enc.attention_mask], "token_type_ids": [enc.type_ids]}
+(logits,) = session.run(None, {i.name: np.array(feed[i.name], dtype=np.int64) for i in session.get_inputs()})
+probs = np.exp(logits - logits.max(-1, keepdims=True))
+probs /= probs.sum(-1, keepdims=True)
+print(labels[str(int(probs[0].argmax()))], probs[0])
+"""

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
+from tformer.export import hf_classifier
 from tformer.export import onnx as tonnx
-from tformer.export.model_card import Card
+from tformer.export.export_dir import publish_export
+from tformer.export.model_card import Card, render
 from tformer.runs.base import Run, texts_of
 
 
@@ -25,11 +27,37 @@ class EmbeddingRun(Run):
                          f"directory (SentenceTransformer('{self.path}') loads it); for ONNX use --onnx")
 
     def export_onnx(self, out: Path, card: Card, opset: int) -> Path:
-        if (self.path / "modules.json").is_file():
-            # The run's sentence-transformers folder: what `tformer embed RUN` and
-            # SentenceTransformer(RUN) load (the best validated weights).
-            graph = tonnx.graph_for(self.path)
-        else:
-            graph = tonnx.OnnxGraph(self.model.encoder, self.model.pooling, self.model.normalize)
-        tonnx.report(out, tonnx.export_onnx(graph, out, opset=opset))
-        return out
+        """Folder ``out``: model.onnx (token and sentence embeddings), config.json, the
+        tokenizer and the sentence-transformers layout (its ONNX backend loads it), a card."""
+        out = tonnx.check_folder(out)  # refused before the tracing
+        m, tok = self.model, self.tokenizer
+        model, diff = tonnx.onnx_bytes(tonnx.SentenceGraph(m.encoder, m.pooling, m.normalize), opset)
+        files = {"model.onnx": model,
+                 **tonnx.sentence_files(m.config, m.pooling, m.normalize, tok.max_length),
+                 **hf_classifier.tokenizer_files(tok.backend, tok.max_length,
+                                                 extra_config=hf_classifier.BERT_INPUTS)}
+        files["README.md"] = render(card, "an ONNX sentence-embedding folder (model.onnx: "
+                                          "sentence_embedding), also a sentence-transformers directory "
+                                          "for its ONNX backend",
+                                    ONNX_USAGE, library_name="sentence-transformers",
+                                    pipeline_tag="sentence-similarity", tags=("onnx",))
+        written = publish_export(out, files, "--onnx")
+        tonnx.report(f"{written}/", diff)
+        return written
+
+
+ONNX_USAGE = """
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+tokenizer = Tokenizer.from_file("DIR/tokenizer.json")  # cuts texts at the run's max_length
+tokenizer.enable_padding(pad_id=tokenizer.token_to_id("<pad>"))
+session = ort.InferenceSession("DIR/model.onnx")
+batch = tokenizer.encode_batch(["some text", "another text"])
+feed = {"input_ids": [e.ids for e in batch], "attention_mask": [e.attention_mask for e in batch],
+        "token_type_ids": [e.type_ids for e in batch]}
+inputs = {i.name: np.array(feed[i.name], dtype=np.int64) for i in session.get_inputs()}
+tokens, sentences = session.run(None, inputs)  # sentences: (2, dim), L2-normalised
+# or, with sentence-transformers[onnx]: SentenceTransformer("DIR", backend="onnx").encode([...])
+"""

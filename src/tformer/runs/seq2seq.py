@@ -8,10 +8,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from tformer.export import hf_classifier, hf_seq2seq
+from tformer.export import hf_classifier, hf_seq2seq, onnx_seq2seq
 from tformer.export import onnx as tonnx
 from tformer.export.model_card import Card
 from tformer.runs.base import Run, texts_of
+from tformer.storage.files import json_bytes
 
 
 class Seq2SeqRun(Run):
@@ -57,8 +58,20 @@ class Seq2SeqRun(Run):
         return written
 
     def export_onnx(self, out: Path, card: Card, opset: int) -> Path:
-        tok = self.tokenizer
-        extra = hf_classifier.tokenizer_files(tok.backend, tok.max_length, "$A </s>") if tok else {}
-        written, diff = tonnx.export_seq2seq_onnx(self.model, out, card, extra, opset=opset)
+        """Folder ``out`` in Optimum's layout (tformer.export.onnx_seq2seq)."""
+        out = tonnx.check_folder(out)  # refused before the tracing
+        tok, source = self.tokenizer, self.objective.source
+        ids = {"pad_id": source.pad_id, "bos_id": source.bos_id, "eos_id": source.eos_id}
+        try:
+            config = hf_seq2seq.config_to_hf(self.model.config, **ids)
+        except ValueError:  # neither Marian nor Pegasus: tformer's own config
+            config = {"tformer_config": self.model.config.to_dict(), "is_encoder_decoder": True}
+        extra = {"config.json": json_bytes(config),
+                 "generation_config.json": json_bytes(hf_seq2seq.generation_config(
+                     **ids, max_new_tokens=self.max_new_tokens))}
+        if tok is not None:
+            extra.update(hf_classifier.tokenizer_files(tok.backend, tok.max_length, "$A </s>"))
+        written, diff = onnx_seq2seq.export_seq2seq_onnx(self.model, out, card, extra, ids,
+                                                         self.max_new_tokens, opset=opset)
         tonnx.report(f"{written}/", diff)
         return written

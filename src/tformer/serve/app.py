@@ -2,10 +2,10 @@
 
     app = create_app(ServeConfig(model="runs/my-run"))   # loads the model; uvicorn serves it
 
-Embeddings: POST /v1/embeddings (OpenAI's shape) and POST /embed (text-embeddings-inference's);
-classification: POST /predict; seq2seq: POST /generate; always GET /health, /info, /metrics.
-A request's texts are tokenized here, in the event loop, queued as jobs (``Batcher``), and its
-answer is sent when all its jobs are done. Errors are JSON naming the field (``schema``).
+A request's body is read (within --body-timeout: connections.py) and checked (schema), its
+texts tokenized in a small pool of tokenizer threads (never in the event loop: a 5 MB text must
+not hold up /health), queued as jobs (``Batcher``), and its answer sent when all its jobs are
+done. Errors are JSON naming the field; nothing a client sends reaches a 5xx.
 """
 
 from __future__ import annotations
@@ -15,22 +15,22 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
 
 import tformer
 from tformer.nn.precision import resolve_precision
-from tformer.serve import routes, schema
-from tformer.serve.batcher import Batcher, QueueFull
+from tformer.serve import connections, exposure, routes, schema
+from tformer.serve.batcher import Batcher, QueueFull, ShuttingDown
 from tformer.serve.config import ServeConfig
+from tformer.serve.endpoint import Endpoint, error
 from tformer.serve.metrics import Metrics
-from tformer.serve.models import Item, Served, TooLong, load_served
+from tformer.serve.models import InputRefused, Served, load_served
 from tformer.serve.schema import RequestError
 
 log = logging.getLogger("tformer.serve")
@@ -44,12 +44,15 @@ class ClientGone(Exception):
 
 
 class Service:
-    """The model, its batcher and the metrics, shared by the routes of one worker."""
+    """The model, its batcher, the tokenizer threads and the metrics of one worker."""
 
     def __init__(self, config: ServeConfig, served: Served) -> None:
         self.config, self.served, self.metrics = config, served, Metrics()
         self.batcher = Batcher(served.run, config.max_batch_tokens, config.max_wait_ms, config.max_queue,
                                self.metrics, thread_init=self._thread_init)
+        self.tokenizers = ThreadPoolExecutor(config.tokenization_workers,
+                                             thread_name_prefix="tformer-tokenize")
+        self._drain: asyncio.TimerHandle | None = None
 
     def _thread_init(self) -> None:
         torch.set_num_threads(self.config.threads_per_worker)
@@ -59,50 +62,84 @@ class Service:
         self._thread_init()
         self.served.warm_up()
 
-    # One request ------------------------------------------------------------------------------
-    async def answer(self, request: Request, endpoint: str,
-                     parse: Callable[[dict], tuple[list, Hashable, bool, dict]],
-                     respond: Callable[[list, list[Item], dict], Response]) -> Response:
-        """Read, check, queue, wait (or notice the client leave), answer; and count it."""
+    def begin_drain(self) -> None:
+        """SIGTERM: what is in the model gets --grace-period seconds, then its clients get 503."""
+        if self._drain is None:
+            loop = asyncio.get_running_loop()
+            self._drain = loop.call_later(self.config.grace_period, self.batcher.abandon)
+
+    # One request ---------------------------------------------------------------------------------
+    async def answer(self, request: Request, path: str, endpoint: Endpoint) -> Response:
+        """Read, check, tokenize, queue, wait (or notice the client leave), answer; and count it."""
         started = time.perf_counter()
         try:
+            _check_content_type(request)
             body = schema.parse_json(await _read_body(request))
-            inputs, key, truncate, extra = parse(body)
-            try:
-                items = self.served.items(inputs, truncate)
-            except TooLong as e:
-                raise RequestError(413, schema_field(body), str(e)) from None
-            futures = self.batcher.submit(items, key)
-            results = await _wait_or_disconnect(request, futures)
-            response = respond(results, items, extra)
-            truncated = [i for i, item in enumerate(items) if item.truncated]
-            if truncated:
-                response.headers["X-Truncated-Inputs"] = ",".join(map(str, truncated))
-                self.metrics.truncated.inc(len(truncated))
-            self.metrics.inputs.inc(len(items), endpoint=endpoint)
+            inputs, key, truncate, extra = endpoint.parse(body)
+            loop = asyncio.get_running_loop()
+            if endpoint.tokenize_only:
+                tokens = await loop.run_in_executor(self.tokenizers, self.served.tokenize, inputs, key)
+                response = endpoint.respond(tokens, [], extra)
+            else:
+                try:
+                    items = await loop.run_in_executor(self.tokenizers, self.served.items, inputs, truncate)
+                except InputRefused as e:
+                    raise RequestError(e.status, "input" if "input" in body else "inputs", str(e)) from None
+                results = await _wait_or_disconnect(request, self.batcher.submit(items, key))
+                response = endpoint.respond(results, items, extra)
+                truncated = [i for i, item in enumerate(items) if item.truncated]
+                if truncated:
+                    response.headers["X-Truncated-Inputs"] = ",".join(map(str, truncated))
+                    self.metrics.truncated.inc(len(truncated))
+                self.metrics.inputs.inc(len(items), endpoint=path)
         except RequestError as e:
-            response = JSONResponse(e.body(), status_code=e.status)
+            response = error(e)
         except QueueFull as e:
-            response = JSONResponse(RequestError(503, None, str(e), "overloaded").body(), status_code=503,
-                                    headers={"Retry-After": str(e.retry_after)})
-        except ClientGone:
+            response = error(RequestError(503, None, str(e), "overloaded"),
+                             {"Retry-After": str(e.retry_after)})
+        except ShuttingDown as e:
+            response = error(RequestError(503, None, str(e), "overloaded"), {"Retry-After": "1"})
+        except (ClientGone, ClientDisconnect):
             self.metrics.disconnected.inc()
             response = Response(status_code=CLIENT_GONE)
-        except Exception as e:  # a bug, or the model failed: logged with its traceback, answered as JSON
-            log.exception("%s: internal error", endpoint)
-            response = JSONResponse(RequestError(500, None, f"internal error: {type(e).__name__}: {e}",
-                                                 "server_error").body(), status_code=500)
-        self.metrics.requests.inc(endpoint=endpoint, code=str(response.status_code))
-        self.metrics.latency.observe(time.perf_counter() - started, endpoint=endpoint)
+        except Exception as e:  # a bug, or the model failed: logged with its traceback; no detail leaks
+            log.exception("%s: internal error", path)
+            response = error(RequestError(500, None, f"internal error ({type(e).__name__}); the server's "
+                                          "log has the details", "server_error"))
+        self.metrics.requests.inc(endpoint=path, code=str(response.status_code))
+        self.metrics.latency.observe(time.perf_counter() - started, endpoint=path)
         return response
 
+    def info(self) -> dict[str, Any]:
+        """GET /info: TEI's (or TGI's) fields, then tformer's; no filesystem paths."""
+        c, served = self.config, self.served
+        return {
+            **routes.INFO[served.kind](self),
+            "version": tformer.__version__, "sha": None, "docker_label": None,
+            "model": c.model_name, "kind": served.kind, "endpoints": sorted(routes.endpoints(self)),
+            "dtype": c.dtype, "torch": torch.__version__, "threads": c.threads_per_worker,
+            "workers": c.workers,
+            "limits": {"max_batch_tokens": c.max_batch_tokens, "max_wait_ms": c.max_wait_ms,
+                       "max_input_tokens": served.max_input_tokens, "max_queue": c.max_queue,
+                       "max_client_batch": c.max_client_batch, "truncate": c.truncate,
+                       "max_body_bytes": MAX_BODY_BYTES, "header_timeout": c.header_timeout,
+                       "body_timeout": c.body_timeout, "keep_alive_timeout": c.keep_alive_timeout,
+                       "max_connections": c.max_connections, "grace_period": c.grace_period},
+            **served.describe(),
+        }
 
-def schema_field(body: dict) -> str:
-    """The inputs' field name in this body (OpenAI says input, the others inputs)."""
-    return "input" if "input" in body else "inputs"
+
+def _check_content_type(request: Request) -> None:
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise RequestError(415, "Content-Type", f"Content-Type: expected application/json, got "
+                           f"{media_type[:60] or 'nothing'!r}")
 
 
 async def _read_body(request: Request) -> bytes:
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise RequestError(413, "body", f"body: expected at most {MAX_BODY_BYTES} bytes, got {int(length)}")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -131,7 +168,7 @@ async def _wait_or_disconnect(request: Request, futures: list[asyncio.Future]) -
     raise ClientGone
 
 
-# Routes ---------------------------------------------------------------------------------------------
+# The application -------------------------------------------------------------------------------------
 def create_app(config: ServeConfig, served: Served | None = None) -> Starlette:
     """The application for one worker; loads the model unless given one."""
     torch.set_num_threads(config.threads_per_worker)
@@ -139,30 +176,18 @@ def create_app(config: ServeConfig, served: Served | None = None) -> Starlette:
     config = dataclasses.replace(config, dtype=resolve_precision(config.dtype)[0])
     served = served or load_served(config.model, config.dtype, config.max_input_tokens)
     service = Service(config, served)
-    handlers = routes.handlers(service)
-    endpoints = {path: handlers[path] for path in served.endpoints}
-
-    def other_kind(path: str) -> Callable:
-        async def refuse(request: Request) -> Response:
-            return JSONResponse(RequestError(404, None, f"{path}: this server holds the {served.kind} model; "
-                                             f"its endpoints are {', '.join(served.endpoints)}").body(),
-                                status_code=404)
-        return refuse
-
-    post = [Route(p, endpoints.get(p, other_kind(p)), methods=["POST"]) for p in routes.POST_PATHS]
-    get = [Route("/health", lambda r: JSONResponse({"status": "ok"})),
-           Route("/info", lambda r: JSONResponse(info(service))),
-           Route("/metrics", lambda r: PlainTextResponse(service.metrics.render(),
-                                                         media_type="text/plain; version=0.0.4"))]
+    limits = connections.Limits(config.header_timeout, config.body_timeout, config.max_connections,
+                                service.begin_drain)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         await service.batcher.call_in_model_thread(service.warm_up)
         service.batcher.start()
-        yield
+        yield {connections.STATE_KEY: limits}  # the lifespan state: uvicorn hands it to each connection
         await service.batcher.stop()  # uvicorn has answered its connections: nothing waits
+        service.tokenizers.shutdown(wait=False, cancel_futures=True)
 
-    app = Starlette(routes=post + get, lifespan=lifespan)
+    app = Starlette(routes=routes.routes(service), lifespan=lifespan, middleware=exposure.middleware(config))
     app.state.service = service
     return app
 
@@ -170,17 +195,3 @@ def create_app(config: ServeConfig, served: Served | None = None) -> Starlette:
 def app_from_env() -> Starlette:
     """uvicorn's factory for worker processes: settings from $TFORMER_SERVE_CONFIG."""
     return create_app(ServeConfig.from_env())
-
-
-def info(service: Service) -> dict[str, Any]:
-    c, served = service.config, service.served
-    return {
-        "model": c.model_name, "path": str(c.model), "kind": served.kind, "endpoints": list(served.endpoints),
-        "dtype": c.dtype, "version": tformer.__version__, "torch": torch.__version__,
-        "threads": c.threads_per_worker, "workers": c.workers,
-        "limits": {"max_batch_tokens": c.max_batch_tokens, "max_wait_ms": c.max_wait_ms,
-                   "max_input_tokens": served.max_input_tokens, "max_queue": c.max_queue,
-                   "max_client_batch": c.max_client_batch, "truncate": c.truncate,
-                   "max_body_bytes": MAX_BODY_BYTES},
-        **served.describe(),
-    }

@@ -35,6 +35,10 @@ class QueueFull(Exception):
         self.retry_after = retry_after
 
 
+class ShuttingDown(Exception):
+    """The server is stopping and the grace period is over: the job's client gets 503."""
+
+
 @dataclass
 class Job:
     item: Item
@@ -56,6 +60,7 @@ class Batcher:
         self.depth = 0  # jobs admitted and not yet answered or cancelled
         self.seconds_per_token = 1e-4  # a running estimate, for Retry-After
         self._waiting: collections.deque[Job] = collections.deque()
+        self._running: list[Job] = []  # the batch in the model
         self._arrived = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="tformer-model", initializer=thread_init)
         self._task: asyncio.Task | None = None
@@ -95,6 +100,15 @@ class Batcher:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
+    def abandon(self) -> None:
+        """The drain's grace period is over: every job not yet answered fails with ShuttingDown
+        (a batch in the model finishes on its own; nobody waits for it)."""
+        for job in [*self._waiting, *self._running]:
+            if not job.future.done():
+                job.future.set_exception(ShuttingDown("server: shutting down, the grace period is over; "
+                                                      "retry on another server"))
+        self._waiting.clear()
+
     async def stop(self) -> None:
         """Answer what is queued (the server stops taking requests first), then stop."""
         while self.depth > 0:
@@ -113,6 +127,7 @@ class Batcher:
             key = batch[0].key
             payloads = [j.item.payload for j in batch]
             started = time.perf_counter()
+            self._running = batch
             try:
                 results = await loop.run_in_executor(self._executor, self.run, payloads, key)
             except Exception as e:  # a bug or a model failure: every job of the batch hears of it
@@ -120,6 +135,8 @@ class Batcher:
                     if not job.future.done():
                         job.future.set_exception(e)
                 continue
+            finally:
+                self._running = []
             tokens = sum(j.item.n for j in batch)
             seconds = time.perf_counter() - started
             self.seconds_per_token = 0.8 * self.seconds_per_token + 0.2 * seconds / max(tokens, 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from dataclasses import dataclass
 
 # Workers started by uvicorn (spawned processes) read their settings from here.
@@ -29,23 +30,53 @@ class ServeConfig:
     max_client_batch: int = 256
     truncate: bool = True
     name: str | None = None  # the model name in answers; default: the directory's name
+    tokenization_workers: int = 2
+    # The open network: timeouts (seconds), a bound on connections, the drain on SIGTERM.
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    keep_alive_timeout: int = 5
+    max_connections: int = 512
+    grace_period: float = 20.0
+    allowed_hosts: tuple[str, ...] = ()  # beside the bind address and localhost's names; "*": any
+    cors_origins: tuple[str, ...] = ()  # none: no CORS headers (browsers refuse other origins)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype: expected one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port: expected 0..65535 (0: any free port), got {self.port}")
+        # JSON (a worker's settings) gives lists.
+        object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
+        object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
         positive = {"--workers": self.workers, "--max-batch-tokens": self.max_batch_tokens,
                     "--max-queue": self.max_queue, "--max-client-batch": self.max_client_batch,
-                    "--threads": self.threads, "--max-input-tokens": self.max_input_tokens}
+                    "--threads": self.threads, "--max-input-tokens": self.max_input_tokens,
+                    "--tokenization-workers": self.tokenization_workers,
+                    "--header-timeout": self.header_timeout, "--body-timeout": self.body_timeout,
+                    "--keep-alive-timeout": self.keep_alive_timeout,
+                    "--max-connections": self.max_connections}
         for flag, value in positive.items():
-            if value is not None and value < 1:
+            if value is not None and not value > 0:
                 raise ValueError(f"{flag}: expected a positive number, got {value}")
         if self.max_wait_ms < 0:
             raise ValueError(f"--max-wait-ms: expected >= 0, got {self.max_wait_ms}")
+        if self.grace_period < 0:
+            raise ValueError(f"--grace-period: expected >= 0 seconds, got {self.grace_period}")
+        # Limits that contradict each other: a request the server could never answer.
         if self.max_input_tokens is not None and self.max_input_tokens > self.max_batch_tokens:
             raise ValueError(f"--max-input-tokens: expected at most --max-batch-tokens "
                              f"({self.max_batch_tokens}), got {self.max_input_tokens}")
+        if self.max_client_batch > self.max_queue:
+            raise ValueError(f"--max-client-batch: expected at most --max-queue ({self.max_queue}): a "
+                             f"request that large could never be queued, got {self.max_client_batch}")
+        for host in self.allowed_hosts:
+            if not (host == "*" or re.fullmatch(r"(\*\.)?[A-Za-z0-9.:\[\]-]+", host)):
+                raise ValueError("--allowed-hosts: expected host names (example.com, *.example.com, "
+                                 f"10.0.0.5 or *), got {host!r}")
+        for origin in self.cors_origins:
+            if not (origin == "*" or re.fullmatch(r"https?://[^/\s]+", origin)):
+                raise ValueError(f"--cors-origin: expected an origin such as https://app.example.com (no "
+                                 f"path) or *, got {origin!r}")
 
     @property
     def threads_per_worker(self) -> int:

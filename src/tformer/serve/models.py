@@ -7,10 +7,13 @@ runs are stored is rewired here alone. Three kinds, one class each:
     ClassificationModel  a classification run (`tformer train --data` with text+label)
     Seq2SeqModel         a seq2seq run (source+target)
 
-Each one turns a request's texts into ``Item``s at admission (tokenized once, in the event
-loop: the batcher needs their token counts to pack batches) and runs a list of items as one
-batch in the model thread: ``run(payloads, key)``, where ``key`` holds the settings that all
-inputs of a batch share (normalisation; beam size and lengths).
+Each one turns a request's texts into ``Item``s at admission (tokenized once, in the server's
+tokenizer threads: the batcher needs their token counts to pack batches) and runs a list of
+items as one batch in the model thread: ``run(payloads, key)``, where ``key`` holds the settings
+that all inputs of a batch share (normalisation; raw scores; beam size and lengths).
+
+A text far longer than the token limit is tokenized only as far as the limit needs
+(``windows``): a 5 MB text costs what a few kB do, and the tokens kept are the same.
 
 A run directory is read by ``tformer.runs.load_run``; the two run classes here wrap its run
 (its tokenizer, labels and objective, which predicts and generates); the embedding class
@@ -19,7 +22,9 @@ reads a sentence-transformers directory itself.
 
 from __future__ import annotations
 
+import re
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,13 +32,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from tformer.text.batches import EncodedText, encoder_batch
+
 
 @dataclass
 class Item:
     """One input text as the batcher sees it.
 
-    n: tokens the model will run (after any cut); full: tokens before the cut;
-    payload: what the model's ``run`` needs (token ids, or the text itself)."""
+    n: tokens the model will run (after any cut); full: tokens before the cut (at least, for
+    a text tokenized only as far as the limit needed); payload: what the model's ``run`` needs
+    (token ids, or the text itself)."""
 
     n: int
     full: int
@@ -44,15 +52,22 @@ class Item:
         return self.full > self.n
 
 
-class TooLong(ValueError):
+class InputRefused(ValueError):
+    """An input this model cannot take: the server answers ``status``, naming the inputs."""
+
+    status = 422
+
+
+class TooLong(InputRefused):
     """An input longer than the limit, with truncation off: the server answers 413."""
+
+    status = 413
 
 
 class EmbeddingModel:
     """Encoder + pooling (+ normalisation), run on token ids that were cut at admission."""
 
     kind = "embedding"
-    endpoints = ("/v1/embeddings", "/embed")
 
     def __init__(self, path: Path, dtype: str, max_input_tokens: int | None) -> None:
         from tformer.embeddings.sentence import SentenceEncoder
@@ -63,57 +78,55 @@ class EmbeddingModel:
             if str(e).startswith("max_length:"):
                 raise ValueError("--max-input-tokens:" + str(e).removeprefix("max_length:")) from None
             raise
-        self.backend = self.st.tokenizer.backend  # a `tokenizers.Tokenizer`, padding/truncation off
         self.max_input_tokens = self.st.tokenizer.max_length
-        self.pad_id = self.st.tokenizer.pad_id
         self.dim = self.st.dim
         self.normalize = self.st.normalize
 
-    def items(self, texts: list[str], truncate: bool) -> list[Item]:
-        if self.st.tokenizer.lowercase:
-            texts = [t.lower() for t in texts]
-        encodings = self.backend.encode_batch(texts) if len(texts) > 1 else [self.backend.encode(texts[0])]
-        rows = [(e.ids, e.type_ids) for e in encodings]
-        full = [len(ids) for ids, _ in rows]
-        long = _too_long(full, self.max_input_tokens, truncate)
-        if long:  # as tformer.text.tokenizer does: re-encode with the tokenizer's own truncation
-            self.backend.enable_truncation(max_length=self.max_input_tokens)
-            try:
-                for i, e in zip(long, self.backend.encode_batch([texts[i] for i in long]), strict=True):
-                    rows[i] = (e.ids, e.type_ids)
-            finally:
-                self.backend.no_truncation()
-        return [Item(len(ids), n, (ids, types)) for (ids, types), n in zip(rows, full, strict=True)]
+    def items(self, inputs: list[str | list[int]], truncate: bool) -> list[Item]:
+        """Texts as the model reads them, cut as the tokenizer cuts (tformer.text.tokenizer: the
+        one path `tformer embed` takes too), each tokenized only as far as the cut needs
+        (``windows``); a text past the limit is refused unless truncating. Token ids (TEI and
+        OpenAI accept them) are taken as they are."""
+        tokenizer, limit = self.st.tokenizer, self.max_input_tokens
+        out: list[Item | None] = [None] * len(inputs)
+        index = [i for i, x in enumerate(inputs) if isinstance(x, str)]
+        if index:
+            texts, full, cut = windows([inputs[i] for i in index], limit, tokenizer.lengths)
+            _too_long(full, limit, truncate, cut, index)
+            for i, e, n in zip(index, tokenizer.encode(texts), full, strict=True):
+                out[i] = Item(len(e.ids), n, e)
+        for i, ids in enumerate(inputs):
+            if not isinstance(ids, str):
+                _too_long([len(ids)], limit, truncate, positions=[i])
+                kept = ids[:limit]
+                out[i] = Item(len(kept), len(ids), EncodedText(kept, [0] * len(kept), len(ids)))
+        return out  # type: ignore[return-value]
 
-    @torch.inference_mode()
-    def run(self, payloads: list[tuple[list[int], list[int]]], normalize: bool) -> list[np.ndarray]:
-        """Embed one batch; what ``SentenceEncoder.encode`` does per batch, from token ids.
+    def tokenize(self, texts: list[str], add_special_tokens: bool) -> list[list[dict[str, Any]]]:
+        return _tokens(self.st.tokenizer, texts, add_special_tokens)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.st.tokenizer.vocab_size
+
+    def run(self, payloads: list[EncodedText], normalize: bool) -> list[np.ndarray]:
+        """Embed one batch, as ``SentenceEncoder.encode`` does each of its batches.
         ``normalize`` is the batch's key: inputs batch together only with the same.
 
         Shape:
             returns B vectors (dim,) float32, in the order of ``payloads``
         """
-        from tformer.embeddings.sentence import pool
-
-        b, s = len(payloads), max(len(ids) for ids, _ in payloads)
-        ids = torch.full((b, s), self.pad_id, dtype=torch.long)  # (B, S)
-        types = torch.zeros((b, s), dtype=torch.long)  # (B, S)
-        mask = torch.zeros((b, s), dtype=torch.long)  # (B, S) 1 = real token
-        for i, (row, row_types) in enumerate(payloads):
-            ids[i, : len(row)] = torch.tensor(row)
-            types[i, : len(row)] = torch.tensor(row_types)
-            mask[i, : len(row)] = 1
-        enc = self.st.model(ids, attention_mask=mask, token_type_ids=types)
-        emb = pool(enc.last_hidden_state, enc.mask, self.st.pooling)  # (B, dim)
-        if normalize:
-            emb = torch.nn.functional.normalize(emb, p=2.0, dim=-1)
-        return list(emb.float().numpy())
+        batch = encoder_batch(payloads, self.st.tokenizer.pad_id)
+        return list(self.st.embed_batch(batch, normalize).numpy())
 
     def warm_up(self) -> None:
         self.run([item.payload for item in self.items(["warm up"], True)], True)
 
     def describe(self) -> dict[str, Any]:
         return {"dim": self.dim, "pooling": list(self.st.pooling), "normalize": self.normalize}
+
+    def tei_model_type(self) -> dict[str, Any]:
+        return {"embedding": {"pooling": "+".join(self.st.pooling)}}
 
 
 class _Run:
@@ -130,50 +143,71 @@ class _Run:
                              f"got {max_input_tokens}")
         self.max_input_tokens = max_input_tokens or limit
         self.run_limit = limit
-        # A copy to count with in the event loop: the model thread's encode switches truncation
-        # on and off on the run's own tokenizer.
-        backend = run.tokenizer.backend
-        self.counter = type(backend).from_str(backend.to_str())
-        self.counter.no_truncation()
-        self.counter.no_padding()
+        self.tokenizer = run.tokenizer  # thread-safe: counting here while the model thread encodes
 
-    def _count(self, texts: list[str], pairs: list[str] | None = None) -> list[int]:
+    def _count(self, texts: list[str], pairs: list[str | None] | None = None) -> list[int]:
         """Tokens with the tokenizer's specials, before the run's own cut."""
-        backend = self.counter
-        inputs = texts if pairs is None else list(zip(texts, pairs, strict=True))
-        return [len(e.ids) for e in backend.encode_batch(inputs)]
+        return [e.full for e in self.tokenizer.encode(texts, pairs)]
 
-    def _items(self, payloads: list, full: list[int], truncate: bool) -> list[Item]:
+    def _windows(self, texts: list[str]) -> tuple[list[str], list[int], list[bool]]:
+        """The texts as far as the run's cut needs them (see ``windows``) and their token counts."""
+        return windows(texts, self.run_limit, self.tokenizer.lengths)
+
+    def tokenize(self, texts: list[str], add_special_tokens: bool) -> list[list[dict[str, Any]]]:
+        return _tokens(self.tokenizer, texts, add_special_tokens)
+
+    def _items(self, payloads: list, full: list[int], truncate: bool, cut: list[bool]) -> list[Item]:
         # The run cuts at its own max_length (as `tformer predict` / `generate` do); below that,
         # a lower --max-input-tokens can only refuse: a different cut would differ from the CLI.
-        _too_long(full, self.max_input_tokens, truncate and self.max_input_tokens == self.run_limit)
+        _too_long(full, self.max_input_tokens, truncate and self.max_input_tokens == self.run_limit, cut)
         return [Item(min(n, self.run_limit), n, p) for n, p in zip(full, payloads, strict=True)]
 
 
 class ClassificationModel(_Run):
     kind = "classification"
-    endpoints = ("/predict",)
 
     @property
     def labels(self) -> list[str]:
         return list(self.trained.labels)
 
-    def items(self, records: list[dict[str, str]], truncate: bool) -> list[Item]:
-        texts = [r["text"] for r in records]
-        pairs = [r.get("text_pair", "") for r in records]
-        full = self._count(texts, pairs if any(pairs) else None)
-        return self._items(records, full, truncate)
+    @property
+    def pairs(self) -> bool:
+        """Whether the run was trained on text pairs (runs from before this was recorded: yes)."""
+        return getattr(getattr(self.objective.source, "data", None), "pairs", True)
 
-    def run(self, records: list[dict[str, str]], key: None = None) -> list[list[float]]:
-        """Class probabilities, as `tformer predict` computes them (the objective's predict)."""
-        out: list[list[float]] = []
+    def items(self, records: list[dict[str, str]], truncate: bool) -> list[Item]:
+        paired = [i for i, r in enumerate(records) if "text_pair" in r]
+        if paired and not self.pairs:
+            raise InputRefused(f"input[{paired[0]}].text_pair: this run was trained on single texts "
+                               "(no text_pair in its data); send the text alone")
+        texts, full, cut = self._windows([r["text"] for r in records])
+        records = [dict(r, text=t) for r, t in zip(records, texts, strict=True)]
+        if paired:  # counted as the run encodes a pair: "<s> a </s> b </s>" (each special once)
+            seconds, _, second_cut = self._windows([records[i]["text_pair"] for i in paired])
+            for i, second, c in zip(paired, seconds, second_cut, strict=True):
+                records[i]["text_pair"], cut[i] = second, cut[i] or c
+            counts = self._count([records[i]["text"] for i in paired], seconds)
+            for i, n in zip(paired, counts, strict=True):
+                full[i] = n
+        return self._items(records, full, truncate, cut)
+
+    def run(self, records: list[dict[str, str]], raw: bool = False) -> list[list[float]]:
+        """Class probabilities, as `tformer predict` computes them (the objective's predict); with
+        ``raw`` (the batch's key: TEI's raw_scores), the logits they come from."""
+        out: list[tuple[int, list[float]]] = []
         # Records with and without a pair cannot share a batch (the source encodes one form).
         for paired in (False, True):
             index = [i for i, r in enumerate(records) if bool(r.get("text_pair")) == paired]
             if index:
-                probs = self.objective.predict(self.model, [records[i] for i in index])
-                out += list(zip(index, probs, strict=True))
+                chosen = [records[i] for i in index]
+                scores = self._logits(chosen) if raw else self.objective.predict(self.model, chosen)
+                out += list(zip(index, scores, strict=True))
         return [p for _, p in sorted(out, key=lambda x: x[0])]
+
+    @torch.inference_mode()
+    def _logits(self, records: list[dict[str, str]]) -> list[list[float]]:
+        batch = self.objective.collate(self.objective.encode(records))
+        return self.model(batch.input_ids, batch.attention_mask, batch.token_type_ids).logits.float().tolist()
 
     def warm_up(self) -> None:
         self.run([item.payload for item in self.items([{"text": "warm up"}], True)])
@@ -181,17 +215,24 @@ class ClassificationModel(_Run):
     def describe(self) -> dict[str, Any]:
         return {"labels": self.labels}
 
+    def tei_model_type(self) -> dict[str, Any]:
+        return {"classifier": {"id2label": {str(i): name for i, name in enumerate(self.labels)}}}
+
 
 class Seq2SeqModel(_Run):
     kind = "seq2seq"
-    endpoints = ("/generate",)
 
     def items(self, texts: list[str], truncate: bool) -> list[Item]:
-        full = [n + 1 for n in self._count_pieces(texts)]  # the source's EOS
-        return self._items(texts, full, truncate)
+        texts, pieces, cut = windows(texts, self.run_limit, self._count_pieces)
+        return self._items(texts, [n + 1 for n in pieces], truncate, cut)  # + the source's EOS
 
     def _count_pieces(self, texts: list[str]) -> list[int]:
-        return [len(e.ids) for e in self.counter.encode_batch(texts, add_special_tokens=False)]
+        return [len(e.ids) for e in self.tokenizer.backend.encode_batch(texts, add_special_tokens=False)]
+
+    def output_tokens(self, outputs: list[str]) -> list[int]:
+        """Tokens of each generated text, without its end (re-tokenized: what usage and TGI's
+        details count)."""
+        return self._count_pieces(outputs)
 
     @property
     def max_new_tokens(self) -> int:
@@ -216,6 +257,9 @@ class Seq2SeqModel(_Run):
 
     def describe(self) -> dict[str, Any]:
         return {"max_new_tokens": self.max_new_tokens}
+
+    def tei_model_type(self) -> dict[str, Any]:
+        return {"seq2seq": {}}
 
 
 Served = EmbeddingModel | ClassificationModel | Seq2SeqModel
@@ -245,11 +289,66 @@ def load_served(path: str | Path, dtype: str = "fp32", max_input_tokens: int | N
     return served(run, dtype, max_input_tokens)
 
 
-def _too_long(lengths: list[int], limit: int | None, truncate: bool) -> list[int]:
-    """Indices of inputs over the limit; raises TooLong for the first when not truncating."""
+def _too_long(lengths: list[int], limit: int | None, truncate: bool, cut: list[bool] | None = None,
+              positions: list[int] | None = None) -> list[int]:
+    """Indices of inputs over the limit; raises TooLong for the first when not truncating.
+    cut[i]: lengths[i] counts a prefix only (the text has more); positions[i]: its index in
+    the request."""
     long = [i for i, n in enumerate(lengths) if limit is not None and n > limit]
     if long and not truncate:
         i = long[0]
-        raise TooLong(f"input[{i}]: expected at most {limit} tokens, got {lengths[i]} "
-                      "(send truncate: true, or shorten it)")
+        got = f"more than {lengths[i]}" if cut and cut[i] else str(lengths[i])
+        raise TooLong(f"input[{positions[i] if positions else i}]: expected at most {limit} tokens, "
+                      f"got {got} (send truncate: true, or shorten it)")
     return long
+
+
+# Long texts -------------------------------------------------------------------------------------
+# Characters of a text tokenized per allowed token at first (4x more each time that was too few).
+WINDOW_CHARS_PER_TOKEN = 16
+_SPACE = re.compile(r"\s")
+
+
+def windows(texts: list[str], limit: int, count: Callable[[list[str]], list[int]]
+            ) -> tuple[list[str], list[int], list[bool]]:
+    """Each text, or a prefix of it that holds more than ``limit`` tokens; its token count;
+    whether it was cut.
+
+    A prefix ends at whitespace, where tokenizers split words (BERT's WordPiece, byte-level BPE
+    and SentencePiece's metaspace alike), so its first tokens are the whole text's: cut to the
+    limit, the two give the same tokens. A text with no whitespace past the window is counted whole.
+    """
+    out, counts, cut = list(texts), [0] * len(texts), [False] * len(texts)
+    chars = [max(limit, 64) * WINDOW_CHARS_PER_TOKEN] * len(texts)
+    todo = list(range(len(texts)))
+    while todo:
+        for i in todo:
+            out[i], cut[i] = _prefix(texts[i], chars[i])
+        for i, n in zip(todo, count([out[i] for i in todo]), strict=True):
+            counts[i] = n
+        todo = [i for i in todo if cut[i] and counts[i] <= limit]  # the prefix was too short
+        for i in todo:
+            chars[i] *= 4
+    return out, counts, cut
+
+
+def _prefix(text: str, chars: int) -> tuple[str, bool]:
+    if len(text) <= chars:
+        return text, False
+    space = _SPACE.search(text, chars)
+    if space is None:
+        return text, False
+    return text[: space.start()], True
+
+
+def _tokens(tokenizer, texts: list[str], add_special_tokens: bool) -> list[list[dict[str, Any]]]:
+    """TEI's /tokenize: each text's tokens with their character offsets, no truncation."""
+    lowered = [t.lower() for t in texts] if tokenizer.lowercase else texts
+    encodings = tokenizer.backend.encode_batch(lowered, add_special_tokens=add_special_tokens)
+    out = []
+    for text, e in zip(texts, encodings, strict=True):
+        out.append([{"id": i, "text": tok if special else text[a:b], "special": bool(special),
+                     "start": None if special else a, "stop": None if special else b}
+                    for i, tok, (a, b), special in zip(e.ids, e.tokens, e.offsets, e.special_tokens_mask,
+                                                       strict=True)])
+    return out

@@ -1,12 +1,23 @@
-"""Request bodies, checked: each mistake is a RequestError naming the field, what was expected
-and what came (the server answers it as a 4xx JSON error)."""
+"""Request bodies, checked: JSON within limits, then each field, with errors that name it.
+
+Nothing a client sends reaches a 5xx: ``parse_json`` refuses (400) bodies nested deeper than
+``MAX_DEPTH``, numbers longer than ``MAX_NUMBER_CHARS`` characters (Python would spend time on,
+or refuse, a 5,000-digit integer), NaN and Infinity, and (422, naming the field) strings that are
+not valid Unicode (a lone surrogate such as ``"\\ud800"`` parses, but no tokenizer or answer can
+encode it). The field checkers below then see only plain, shallow, valid JSON.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 MAX_BEAM = 16
+MAX_DEPTH = 8  # the deepest body a client needs is 3 ({"inputs": [[1, 2]]}, {"parameters": {"stop": [..]}})
+MAX_NUMBER_CHARS = 32
+# TGI's error_type for each of our error kinds (what huggingface_hub turns into its exceptions).
+ERROR_TYPES = {"invalid_request_error": "validation", "overloaded": "overloaded", "server_error": "backend"}
 
 
 class RequestError(Exception):
@@ -17,119 +28,258 @@ class RequestError(Exception):
         self.status, self.field, self.message, self.kind = status, field, message, kind
 
     def body(self) -> dict[str, Any]:
-        # OpenAI's error shape ({"error": {message, type, param, code}}): what its clients parse.
+        # OpenAI's error shape ({"error": {message, type, param, code}}), what its clients parse,
+        # plus TGI's "error_type" beside it (huggingface_hub reads that one).
         return {"error": {"message": self.message, "type": self.kind, "param": self.field,
-                          "code": self.status}}
+                          "code": self.status},
+                "error_type": ERROR_TYPES.get(self.kind, "validation")}
 
 
+# The body as a whole ---------------------------------------------------------------------------------
 def parse_json(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object within the limits (see the module's docstring)."""
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_int=_integer, parse_float=_float, parse_constant=_constant)
+    except RecursionError:  # the C parser's own guard, at about a thousand levels
+        raise _too_deep() from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RequestError(400, "body", f"body: expected a JSON object, got malformed JSON ({e})") from None
     if not isinstance(body, dict):
         raise RequestError(422, "body", f"body: expected a JSON object, got {_type(body)}")
+    _check_values(body)
     return body
 
 
-def check_fields(body: dict[str, Any], allowed: tuple[str, ...]) -> None:
+def _integer(text: str) -> int:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise RequestError(400, "body", f"body: expected numbers of at most {MAX_NUMBER_CHARS} "
+                           f"characters, got an integer of {len(text)}")
+    return int(text)
+
+
+def _float(text: str) -> float:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise RequestError(400, "body", f"body: expected numbers of at most {MAX_NUMBER_CHARS} "
+                           f"characters, got a number of {len(text)}")
+    value = float(text)
+    if not math.isfinite(value):
+        raise RequestError(400, "body", f"body: expected finite numbers, got {text[:40]}")
+    return value
+
+
+def _constant(text: str) -> float:
+    raise RequestError(400, "body", f"body: expected JSON numbers, got {text} (not JSON)")
+
+
+def _too_deep() -> RequestError:
+    return RequestError(400, "body", f"body: expected JSON nested at most {MAX_DEPTH} deep, got deeper")
+
+
+def _check_values(body: dict[str, Any]) -> None:
+    """Depth and Unicode, walked without recursion; errors name the field (inputs[2])."""
+    stack: list[tuple[Any, str, int]] = [(body, "", 1)]
+    while stack:
+        value, where, depth = stack.pop()
+        if isinstance(value, str):
+            _check_text(value, where or "body")
+            continue
+        if not isinstance(value, dict | list):
+            continue
+        if depth > MAX_DEPTH:
+            raise _too_deep()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                _check_text(key, f"{where}.<key>" if where else "body.<key>")
+                stack.append((item, f"{where}.{key}" if where else key, depth + 1))
+        else:
+            stack.extend((item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value))
+
+
+def _check_text(text: str, where: str) -> None:
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RequestError(422, where, f"{where}: expected valid Unicode text, got a lone surrogate "
+                           f"{text[e.start]!r} at character {e.start}") from None
+
+
+# Fields -----------------------------------------------------------------------------------------------
+def check_fields(body: dict[str, Any], allowed: tuple[str, ...], where: str = "") -> None:
     unknown = sorted(set(body) - set(allowed))
     if unknown:
-        raise RequestError(422, unknown[0], f"{unknown[0]}: unknown field; expected fields among "
-                           f"{', '.join(allowed)}")
+        name = f"{where}.{unknown[0]}" if where else unknown[0]
+        raise RequestError(422, name, f"{name}: unknown field; expected fields among {', '.join(allowed)}")
+
+
+def obj(body: dict[str, Any], name: str) -> dict[str, Any]:
+    """An optional object field (TGI's and HF's ``parameters``); {} when absent or null."""
+    value = body.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise RequestError(422, name, f"{name}: expected an object, got {_type(value)}")
+    return value
 
 
 def texts(body: dict[str, Any], name: str, max_inputs: int) -> list[str]:
     """A string or a non-empty list of strings, each non-empty, at most max_inputs of them."""
-    if name not in body:
-        raise RequestError(422, name, f"{name}: required (a string or a list of strings), got nothing")
-    value = body[name]
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list):
-        raise RequestError(422, name, f"{name}: expected a string or a list of strings, got {_type(value)}")
-    _count(name, items, max_inputs)
+    items = _list(body, name, max_inputs, "a string or a list of strings")
     for i, t in enumerate(items):
-        if not isinstance(t, str):
-            raise RequestError(422, f"{name}[{i}]", f"{name}[{i}]: expected a string, got {_type(t)}")
-        if not t.strip():
-            raise RequestError(422, f"{name}[{i}]", f"{name}[{i}]: expected a non-empty text, got {t!r}")
+        _text(t, f"{name}[{i}]")
     return items
 
 
-def records(body: dict[str, Any], name: str, max_inputs: int) -> list[dict[str, str]]:
-    """Classification inputs: strings, or {"text", "text_pair"} objects for sentence pairs."""
-    if name not in body:
-        raise RequestError(422, name, f"{name}: required (a string or a list), got nothing")
-    value = body[name]
-    items = [value] if isinstance(value, str | dict) else value
-    if not isinstance(items, list):
-        raise RequestError(422, name, f"{name}: expected a string, an object or a list, got {_type(value)}")
-    _count(name, items, max_inputs)
+def inputs(body: dict[str, Any], name: str, max_inputs: int, vocab_size: int) -> list[str | list[int]]:
+    """Texts or token ids, as OpenAI and TEI take them: a string, a list of strings, a list of
+    token ids (one input), or a list of those."""
+    value = body.get(name)
+    if isinstance(value, list) and value and all(type(v) is int for v in value):
+        value = [value]  # one input as token ids
+    items = _list({name: value} if name in body else {}, name, max_inputs,
+                  "a string, a list of strings, token ids or a list of token-id lists")
+    for i, item in enumerate(items):
+        if isinstance(item, list):
+            _ids(item, f"{name}[{i}]", vocab_size)
+        else:
+            _text(item, f"{name}[{i}]")
+    return items
+
+
+def records(body: dict[str, Any], name: str, max_inputs: int) -> tuple[list[dict[str, str]], bool]:
+    """Classification inputs in TEI's forms, and whether they came as a batch: a string or a
+    flat [text] / [text, text_pair] list is one input; a list of those (or of
+    {"text", "text_pair"} objects) is a batch."""
+    value = body.get(name)
+    single = isinstance(value, str | dict) or (isinstance(value, list) and bool(value)
+                                               and all(isinstance(v, str) for v in value))
+    items = _list({name: [value]} if single else body, name, max_inputs,
+                  "a string, a [text, text_pair] list, or a list of those")
     out = []
     for i, item in enumerate(items):
-        where = f"{name}[{i}]"
+        where = name if single else f"{name}[{i}]"
         if isinstance(item, str):
             item = {"text": item}
+        elif isinstance(item, list):  # TEI: [text] or [text, text_pair]
+            if not 1 <= len(item) <= 2:
+                raise RequestError(422, where, f"{where}: expected [text] or [text, text_pair] (a batch "
+                                   f"is a list of those), got a list of {len(item)}")
+            item = dict(zip(("text", "text_pair"), item, strict=False))
         if not isinstance(item, dict):
-            raise RequestError(422, where, f"{where}: expected a string or an object with text "
-                               f"(and text_pair), got {_type(item)}")
-        check_fields(item, ("text", "text_pair"))
-        for key in ("text", "text_pair"):
-            if key in item and not (isinstance(item[key], str) and item[key].strip()):
-                raise RequestError(422, f"{where}.{key}", f"{where}.{key}: expected a non-empty string, "
-                                   f"got {item[key]!r}")
+            raise RequestError(422, where, f"{where}: expected a string, a [text, text_pair] list or an "
+                               f"object with text (and text_pair), got {_type(item)}")
+        check_fields(item, ("text", "text_pair"), where)
         if "text" not in item:
             raise RequestError(422, f"{where}.text", f"{where}.text: required, got nothing")
+        for key in ("text", "text_pair"):
+            if key in item:
+                _text(item[key], f"{where}.{key}")
         out.append({k: item[k] for k in ("text", "text_pair") if k in item})
-    return out
+    return out, not single
 
 
-def boolean(body: dict[str, Any], name: str, default: bool | None) -> bool | None:
+def boolean(body: dict[str, Any], name: str, default: bool | None, where: str = "") -> bool | None:
     value = body.get(name)
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise RequestError(422, name, f"{name}: expected true or false, got {_type(value)}")
+        field = f"{where}.{name}" if where else name
+        raise RequestError(422, field, f"{field}: expected true or false, got {_type(value)}")
     return value
 
 
-def integer(body: dict[str, Any], name: str, default: int, low: int, high: int) -> int:
+def integer(body: dict[str, Any], name: str, default: int | None, low: int, high: int,
+            where: str = "") -> int | None:
     value = body.get(name)
     if value is None:
         return default
+    field = f"{where}.{name}" if where else name
     if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(422, name, f"{name}: expected an integer, got {_type(value)}")
+        raise RequestError(422, field, f"{field}: expected an integer, got {_type(value)}")
     if not low <= value <= high:
-        raise RequestError(422, name, f"{name}: expected {low}..{high}, got {value}")
+        raise RequestError(422, field, f"{field}: expected {low}..{high}, got {value}")
     return value
 
 
-def number(body: dict[str, Any], name: str, default: float, low: float) -> float:
+def number(body: dict[str, Any], name: str, default: float, low: float, where: str = "") -> float:
     value = body.get(name)
     if value is None:
         return default
+    field = f"{where}.{name}" if where else name
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise RequestError(422, name, f"{name}: expected a number, got {_type(value)}")
+        raise RequestError(422, field, f"{field}: expected a number, got {_type(value)}")
     if not value > low:
-        raise RequestError(422, name, f"{name}: expected a number above {low}, got {value}")
+        raise RequestError(422, field, f"{field}: expected a number above {low}, got {value}")
     return float(value)
 
 
-def choice(body: dict[str, Any], name: str, default: str, options: tuple[str, ...]) -> str:
+def choice(body: dict[str, Any], name: str, default: str, options: tuple[str, ...], where: str = "") -> str:
     value = body.get(name)
     if value is None:
         return default
     if value not in options:
-        raise RequestError(422, name, f"{name}: expected one of {', '.join(options)}, got {value!r}")
+        field = f"{where}.{name}" if where else name
+        raise RequestError(422, field, f"{field}: expected one of {', '.join(options)}, got {_short(value)}")
     return value
 
 
-def _count(name: str, items: list, max_inputs: int) -> None:
+def string(body: dict[str, Any], name: str, where: str = "") -> str | None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, str):
+        field = f"{where}.{name}" if where else name
+        raise RequestError(422, field, f"{field}: expected a string, got {_type(value)}")
+    return value
+
+
+def unsupported(body: dict[str, Any], where: str, allowed: dict[str, Any], why: str) -> None:
+    """Fields this server knows but does not do: refused unless null or the one value it does."""
+    for name, fine in allowed.items():
+        value = body.get(name)
+        if value is not None and value != fine:
+            field = f"{where}.{name}"
+            expected = "null" if fine is None else f"null or {json.dumps(fine)}"
+            raise RequestError(422, field, f"{field}: expected {expected} ({why}), got {_short(value)}")
+
+
+# Helpers ------------------------------------------------------------------------------------------------
+def _list(body: dict[str, Any], name: str, max_inputs: int, what: str,
+          singles: tuple[type, ...] = (str,)) -> list:
+    if name not in body or body[name] is None:
+        raise RequestError(422, name, f"{name}: required ({what}), got nothing")
+    value = body[name]
+    items = [value] if isinstance(value, singles) else value
+    if not isinstance(items, list):
+        raise RequestError(422, name, f"{name}: expected {what}, got {_type(value)}")
     if not items:
         raise RequestError(422, name, f"{name}: expected at least one input, got an empty list")
     if len(items) > max_inputs:
         raise RequestError(413, name, f"{name}: expected at most {max_inputs} inputs per request "
                            f"(--max-client-batch), got {len(items)}")
+    return items
+
+
+def _text(value: Any, where: str) -> None:
+    if not isinstance(value, str):
+        raise RequestError(422, where, f"{where}: expected a string, got {_type(value)}")
+    if not value.strip():
+        raise RequestError(422, where, f"{where}: expected a non-empty text, got {_short(value)}")
+
+
+def _ids(value: list, where: str, vocab_size: int) -> None:
+    if not value:
+        raise RequestError(422, where, f"{where}: expected at least one token id, got an empty list")
+    for j, t in enumerate(value):
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise RequestError(422, f"{where}[{j}]", f"{where}[{j}]: expected a token id, got {_type(t)}")
+        if not 0 <= t < vocab_size:
+            raise RequestError(422, f"{where}[{j}]", f"{where}[{j}]: expected a token id in "
+                               f"0..{vocab_size - 1}, got {t}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _type(value: Any) -> str:

@@ -4,10 +4,11 @@ The socket is bound here, before any worker starts, so a port in use is a one-li
 ``--port 0`` (any free port) is known and printed; the workers (uvicorn's supervisor spawns
 them) inherit it and the kernel spreads the connections among them.
 
-On SIGTERM uvicorn stops accepting, lets the requests in flight finish (their jobs are already
-queued: the batcher answers them), runs the app's shutdown, and returns. uvicorn then raises
-the signal again for the handler that was there before it; ours ignores it, so the command
-ends with status 0 after a drain.
+On SIGTERM uvicorn stops accepting; connections still reading a request are closed, the
+requests in flight get --grace-period seconds to be answered (their jobs are already queued:
+the batcher answers them; after that they get 503), the app's shutdown runs, and the command
+returns. uvicorn then raises the signal again for the handler that was there before it; ours
+ignores it, so the command ends with status 0 after a drain (connections.py).
 """
 
 from __future__ import annotations
@@ -16,19 +17,23 @@ import os
 import signal
 import socket
 import sys
+from typing import Any
 
 from tformer.errors import require
 from tformer.serve.config import ENV, ServeConfig
 
-# Seconds a drain may take before uvicorn closes what is left.
-GRACEFUL_SHUTDOWN_S = 30
+# Seconds uvicorn itself waits past --grace-period before cancelling what is left (a backstop:
+# the drain answers every request by the grace period's end).
+BACKSTOP_S = 5
 
 
 def serve(config: ServeConfig) -> int:
     """Serve until SIGTERM or Ctrl-C; return the exit status."""
     uvicorn = require("uvicorn", "serve", "tformer serve")
     require("starlette", "serve", "tformer serve")
+    require("httptools", "serve", "tformer serve")
     from tformer.serve.app import create_app
+    from tformer.serve.routes import endpoints
 
     # Loaded here once even with --workers: a bad directory is one line, before any worker starts.
     app = create_app(config)
@@ -38,22 +43,31 @@ def serve(config: ServeConfig) -> int:
     shown = f"[{host}]" if ":" in host else host
     print(f"tformer serve: {service.served.kind} model {config.model_name} ({config.dtype}) on "
           f"http://{shown}:{port} with {config.workers} worker(s) x {config.threads_per_worker} "
-          f"thread(s); endpoints {', '.join(service.served.endpoints)}", file=sys.stderr, flush=True)
-    options = dict(log_level="warning", access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-                   lifespan="on")
+          f"thread(s); endpoints {', '.join(sorted(endpoints(service)))}", file=sys.stderr, flush=True)
     signal.signal(signal.SIGTERM, lambda *_: None)  # what uvicorn re-raises into after the drain
     if config.workers == 1:
-        server = uvicorn.Server(uvicorn.Config(app, **options))
+        server = uvicorn.Server(uvicorn_config(app, config))
         server.run(sockets=[sock])
         return 0
     del app, service  # each worker loads its own copy
     from uvicorn.supervisors import Multiprocess
 
     os.environ[ENV] = config.to_json()
-    uv_config = uvicorn.Config("tformer.serve.app:app_from_env", factory=True, workers=config.workers,
-                               **options)
+    uv_config = uvicorn_config("tformer.serve.app:app_from_env", config, factory=True, workers=config.workers)
     Multiprocess(uv_config, sockets=[sock]).run()
     return 0
+
+
+def uvicorn_config(app: Any, config: ServeConfig, **options: Any):
+    """uvicorn's settings for this server: its guarded protocol (timeouts, the connection bound,
+    the drain), the keep-alive timeout, the grace period."""
+    import uvicorn
+
+    from tformer.serve.connections import GuardedProtocol
+
+    return uvicorn.Config(app, http=GuardedProtocol, log_level="warning", access_log=False, lifespan="on",
+                          timeout_keep_alive=config.keep_alive_timeout,
+                          timeout_graceful_shutdown=round(config.grace_period) + BACKSTOP_S, **options)
 
 
 def bind(host: str, port: int) -> socket.socket:

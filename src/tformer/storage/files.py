@@ -113,13 +113,19 @@ def _fill_temp_dir(path: Path, files: Mapping[str, bytes]) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     try:
         os.chmod(tmp, dir_mode())  # mkdtemp's is 0700
-        for name, data in files.items():
+        folders = {tmp}
+        for name, data in files.items():  # a name may hold folders: "1_Pooling/config.json"
             durable_step(f"write {path / name}")
+            folder = (tmp / name).parent
+            if folder not in folders:
+                folder.mkdir(parents=True, exist_ok=True)
+                folders.update(p for p in [folder, *folder.parents] if tmp in p.parents)
             with open(tmp / name, "wb") as f:  # open() follows the umask
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-        fsync_dir(tmp)
+        for folder in sorted(folders, key=lambda p: -len(p.parts)):  # the deepest first
+            fsync_dir(folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -3,7 +3,8 @@
 Synthetic tasks and your own data build the same three batch types:
 
     Seq2SeqBatch   src, src_mask, tgt_in, tgt_mask, labels   (encoder-decoder)
-    EncoderBatch   input_ids, attention_mask, labels, token_type_ids   (classifier, encoder)
+    EncoderBatch   input_ids, attention_mask, labels, token_type_ids   (classifier, encoder):
+                   encoder_batch(texts) from EncodedText, what Tokenizer.encode gives
     PairBatch      anchor, positive, negative: EncoderBatches   (sentence embeddings)
 
 Torch-free until a batch is made: the ``*_arrays`` builders give NumPy batches (the NumPy
@@ -113,6 +114,20 @@ class PairBatch(_Batch):
         return self.anchor.n_examples()
 
 
+@dataclass
+class EncodedText:
+    """One text as a model reads it: ids with the tokenizer's specials, token types (None for a
+    model without them), and ``full``: its token count before any cut (None: not cut)."""
+
+    ids: list[int]
+    type_ids: list[int] | None
+    full: int | None = None
+
+    @property
+    def truncated(self) -> bool:
+        return self.full is not None and self.full > len(self.ids)
+
+
 def seq2seq_arrays(sources: list[list[int]], targets: list[list[int]], bos: int, eos: int,
                    pad_id: int = PAD) -> Seq2SeqBatch:
     """Source ids (EOS included) and target ids (no specials) -> a NumPy Seq2SeqBatch."""
@@ -129,3 +144,11 @@ def encoder_arrays(ids: list[list[int]], pad_id: int = PAD, labels: list[int] | 
     types = pad_arrays(type_ids, 0)[0] if type_ids is not None else None
     label_array = np.array(labels, dtype=np.int64) if labels is not None else None  # (B,)
     return EncoderBatch(input_ids, mask, label_array, types)
+
+
+def encoder_batch(texts: list[EncodedText], pad_id: int = PAD,
+                  labels: list[int] | None = None) -> EncoderBatch:
+    """Encoded texts, padded to the longest: a torch EncoderBatch (token types where every text
+    has them)."""
+    types = None if any(t.type_ids is None for t in texts) else [t.type_ids for t in texts]
+    return encoder_arrays([t.ids for t in texts], pad_id, labels, types).to_torch()

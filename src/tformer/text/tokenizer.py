@@ -23,11 +23,19 @@ from typing import Any
 
 import numpy as np
 
-from tformer.formats.st_layout import read_layout
+from tformer.formats.model_dir import ModelDir, read_model_dir
+from tformer.text.batches import EncodedText, encoder_arrays
 
 
 class Tokenizer:
-    """A ``tokenizers.Tokenizer`` with tformer's batching, padding and truncation rules."""
+    """A ``tokenizers.Tokenizer`` with tformer's batching, padding and truncation rules.
+
+    ``encode`` is the one way texts become token ids: each text (with its pair) cut to
+    max_length, and how long it was before the cut. Everything that runs a model on text
+    calls it (embedding, prediction, the server, training's batches) and decides itself what
+    a cut means: a warning, an error, or nothing. It never switches a setting of the backend
+    (a second backend, made once, cuts), so threads may share a Tokenizer.
+    """
 
     def __init__(
         self,
@@ -40,6 +48,38 @@ class Tokenizer:
         backend.no_truncation()  # we truncate ourselves, to max_length, and say so
         self.backend, self.max_length = backend, max_length
         self.pad_id, self.lowercase = pad_id, lowercase
+        self._cutting: Any = None  # a copy of the backend that truncates at max_length
+
+    def _cutter(self) -> Any:
+        if self._cutting is None:
+            cutting = type(self.backend).from_str(self.backend.to_str())
+            try:
+                cutting.enable_truncation(max_length=self.max_length)
+            except Exception as e:  # tokenizers' own error, e.g. max_length below the specials
+                raise ValueError(f"max_length: cannot truncate to {self.max_length} tokens ({e})") from None
+            self._cutting = cutting
+        return self._cutting
+
+    def encode(self, texts: str | Sequence[str], pairs: Sequence[str | None] | None = None
+               ) -> list[EncodedText]:
+        """Each text (and pairs[i], its second segment, where not None) on its own, with the
+        tokenizer's specials: ids and token types cut to max_length, and ``full``, the token
+        count before the cut (a text is longer than the model takes where full > len(ids))."""
+        texts = self._check_texts("texts", texts)
+        if pairs is None:
+            inputs: list = texts
+        else:
+            if len(pairs) != len(texts):
+                raise ValueError(f"pairs: expected {len(texts)} (one per text), got {len(pairs)}")
+            pairs = [p.lower() if p is not None and self.lowercase else p for p in pairs]
+            inputs = [t if p is None else (t, p) for t, p in zip(texts, pairs, strict=True)]
+        encodings = list(self.backend.encode_batch(inputs))
+        full = [len(e.ids) for e in encodings]
+        long = [i for i, n in enumerate(full) if self.max_length is not None and n > self.max_length]
+        if long:  # re-encoded by a backend that truncates (specials kept, pairs cut longest first)
+            for i, e in zip(long, self._cutter().encode_batch([inputs[i] for i in long]), strict=True):
+                encodings[i] = e
+        return [EncodedText(e.ids, e.type_ids, n) for e, n in zip(encodings, full, strict=True)]
 
     def __call__(
         self,
@@ -56,36 +96,20 @@ class Tokenizer:
         Shape:
             returns input_ids, attention_mask (1 = real token), token_type_ids: each (B, S)
         """
-        texts = self._check_texts("texts", texts)
         if text_pairs is not None:
             text_pairs = self._check_texts("text_pairs", text_pairs)
-            if len(text_pairs) != len(texts):
-                raise ValueError(
-                    f"text_pairs: expected {len(texts)} texts (one per text), got {len(text_pairs)}"
-                )
         if return_tensors not in ("pt", "np"):
             raise ValueError(f"return_tensors: expected 'pt' or 'np', got {return_tensors!r}")
-        inputs = texts if text_pairs is None else list(zip(texts, text_pairs, strict=True))
-        encodings = self.backend.encode_batch(inputs)
-        encodings = self._truncate(inputs, encodings, truncation)
-
-        s = max(len(e.ids) for e in encodings)
-        input_ids = np.full((len(encodings), s), self.pad_id, dtype=np.int64)  # (B, S)
-        attention_mask = np.zeros((len(encodings), s), dtype=np.int64)  # (B, S)
-        token_type_ids = np.zeros((len(encodings), s), dtype=np.int64)  # (B, S)
-        for b, e in enumerate(encodings):
-            n = len(e.ids)
-            input_ids[b, :n], attention_mask[b, :n], token_type_ids[b, :n] = e.ids, 1, e.type_ids
-        batch = {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "token_type_ids": token_type_ids,
-        }
+        encoded = self.encode(texts, text_pairs)
+        self.check_lengths([e.full for e in encoded], truncation)
+        batch = encoder_arrays([e.ids for e in encoded], self.pad_id, type_ids=[e.type_ids for e in encoded])
+        out = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask.astype(np.int64),
+               "token_type_ids": batch.token_type_ids}
         if return_tensors == "pt":
             import torch
 
-            batch = {k: torch.from_numpy(v) for k, v in batch.items()}
-        return batch
+            out = {k: torch.from_numpy(v) for k, v in out.items()}
+        return out
 
     def lengths(self, texts: str | Sequence[str]) -> list[int]:
         """Token counts (special tokens included) before any truncation."""
@@ -93,11 +117,25 @@ class Tokenizer:
 
     def tokenize(self, text: str) -> list[str]:
         """The tokens of one text, special tokens included, truncated to ``max_length``."""
-        ids = self([text], return_tensors="np")["input_ids"][0]
-        return self.convert_ids_to_tokens(ids)
+        return self.convert_ids_to_tokens(self.encode([text])[0].ids)
 
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
         return [self.backend.id_to_token(int(i)) or "[?]" for i in ids]
+
+    def token_text(self, token_id: int) -> str:
+        """A token as a reader sees it (attention pictures): the text it decodes to, spaces
+        around it trimmed ("the", not byte-level BPE's "Ġthe" or Metaspace's "▁the"); a
+        special token as it is ("<s>"); a space or line break as "␣" / "⏎"; a piece of a
+        multi-byte character (byte-level BPE) as its bytes ("<e6 9d>")."""
+        raw = self.backend.id_to_token(int(token_id))
+        if raw is None:
+            return "[?]"
+        text = self.backend.decode([int(token_id)], skip_special_tokens=False)
+        if "\ufffd" in text and set(raw) <= set(_BYTE_OF):  # bytes of a character cut apart
+            return "<" + " ".join(f"{_BYTE_OF[c]:02x}" for c in raw if _BYTE_OF[c] != 0x20) + ">"
+        if not text.strip():
+            return "⏎" if "\n" in text else "␣"
+        return text.strip()
 
     @property
     def vocab_size(self) -> int:
@@ -120,26 +158,6 @@ class Tokenizer:
         cut = self.max_length - 1 if self.max_length is not None else None
         return [e.ids[:cut] for e in self.backend.encode_batch(texts, add_special_tokens=False)]
 
-    def encode_inputs(self, texts: Sequence[str], pairs: Sequence[str | None] | None = None
-                      ) -> list[tuple[list[int], list[int]]]:
-        """(ids, token type ids) per text, with the tokenizer's own specials, cut to max_length
-        without a warning (training data). ``pairs[i]``: text i's second segment, or None:
-        each text is encoded on its own, whatever its neighbours hold."""
-        texts = self._check_texts("texts", texts)
-        if pairs is None:
-            inputs: list = texts
-        else:
-            if len(pairs) != len(texts):
-                raise ValueError(f"pairs: expected {len(texts)} (one per text), got {len(pairs)}")
-            pairs = [p.lower() if p is not None and self.lowercase else p for p in pairs]
-            inputs = [t if p is None else (t, p) for t, p in zip(texts, pairs, strict=True)]
-        if self.max_length is not None:
-            self.backend.enable_truncation(self.max_length)
-        try:
-            return [(e.ids, e.type_ids) for e in self.backend.encode_batch(inputs)]
-        finally:
-            self.backend.no_truncation()
-
     def decode(self, ids: Sequence[int]) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=True)
 
@@ -157,7 +175,7 @@ class Tokenizer:
     def check_lengths(self, lengths: Sequence[int], truncation: bool = True) -> list[int]:
         """Indices of texts longer than ``max_length``: one warning, or ValueError if not truncating.
 
-        ``lengths``: token counts before truncation (see ``lengths``).
+        ``lengths``: token counts before truncation (``EncodedText.full``).
         """
         m = self.max_length
         long = [i for i, n in enumerate(lengths) if m is not None and n > m]
@@ -178,37 +196,37 @@ class Tokenizer:
         )
         return long
 
-    def _truncate(self, inputs: list, encodings: list, truncation: bool) -> list:
-        """Re-encode, truncated, the texts longer than ``max_length`` (or raise)."""
-        long = self.check_lengths([len(e.ids) for e in encodings], truncation)
-        if not long:
-            return encodings
-        m = self.max_length
-        self.backend.enable_truncation(max_length=m)
-        try:
-            redone = self.backend.encode_batch([inputs[i] for i in long])
-        except Exception as e:  # tokenizers' own error, e.g. max_length below the special tokens
-            raise ValueError(f"max_length: cannot truncate to {m} tokens ({e})") from None
-        finally:
-            self.backend.no_truncation()
-        encodings = list(encodings)
-        for i, e in zip(long, redone, strict=True):
-            encodings[i] = e
-        return encodings
 
 
-def load_tokenizer(directory: str | Path, max_length: int | None = None) -> Tokenizer:
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet (Radford et al. 2019): the character standing for each
+    byte (printable bytes stand for themselves; the others are shifted past 255), inverted."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    chars, shift = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + shift)] = b
+            shift += 1
+    return chars
+
+
+_BYTE_OF = _byte_level_alphabet()
+
+
+def load_tokenizer(directory: str | Path | ModelDir, max_length: int | None = None) -> Tokenizer:
     """The tokenizer of a BERT-format (or sentence-transformers) directory.
 
     Reads ``tokenizer.json``, else ``vocab.txt`` (lowercasing as ``tokenizer_config.json``'s
     ``do_lower_case`` says, default true). ``max_length`` may lower the model's limit, never
     raise it past the position table.
     """
-    layout = read_layout(directory)
-    model_dir = layout.model_dir
-    limit = _model_max_length(model_dir)
-    if layout.max_seq_length is not None:
-        limit = layout.max_seq_length if limit is None else min(limit, layout.max_seq_length)
+    md = read_model_dir(directory)
+    limit = md.position_limit
+    if md.layout.max_seq_length is not None:
+        limit = md.layout.max_seq_length if limit is None else min(limit, md.layout.max_seq_length)
     if max_length is not None:
         if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
             raise ValueError(f"max_length: expected an int >= 2, got {max_length!r}")
@@ -220,8 +238,7 @@ def load_tokenizer(directory: str | Path, max_length: int | None = None) -> Toke
 
     from tokenizers import Tokenizer as Backend
 
-    tokenizer_json = _find(model_dir, Path(directory), "tokenizer.json")
-    vocab_txt = _find(model_dir, Path(directory), "vocab.txt")
+    tokenizer_json, vocab_txt = md.find("tokenizer.json"), md.find("vocab.txt")
     if tokenizer_json is not None:
         try:
             backend = Backend.from_file(str(tokenizer_json))
@@ -230,7 +247,7 @@ def load_tokenizer(directory: str | Path, max_length: int | None = None) -> Toke
     elif vocab_txt is not None:
         from tokenizers import BertWordPieceTokenizer
 
-        lowercase = _tokenizer_config(model_dir).get("do_lower_case", True)
+        lowercase = _tokenizer_config(md.model_dir).get("do_lower_case", True)
         with vocab_txt.open(encoding="utf-8", errors="replace") as f:
             tokens = {line.strip() for line in f}
         missing = [t for t in ("[CLS]", "[SEP]") if t not in tokens]
@@ -241,26 +258,10 @@ def load_tokenizer(directory: str | Path, max_length: int | None = None) -> Toke
         backend = BertWordPieceTokenizer(str(vocab_txt), lowercase=bool(lowercase))._tokenizer
     else:
         raise FileNotFoundError(
-            f"{model_dir / 'tokenizer.json'}: no such file (nor vocab.txt); "
+            f"{md.model_dir / 'tokenizer.json'}: no such file (nor vocab.txt); "
             "the model directory needs a tokenizer"
         )
-    return Tokenizer(backend, limit, pad_id_of(backend), lowercase=layout.do_lower_case)
-
-
-def _model_max_length(model_dir: Path) -> int | None:
-    """The position table's length from config.json (BERT or tformer format), if any."""
-    path = model_dir / "config.json"
-    if not path.is_file():
-        return None
-    try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    if "max_position_embeddings" in config:
-        return int(config["max_position_embeddings"])
-    if config.get("positional") == "learned" and "max_len" in config:
-        return int(config["max_len"])
-    return None
+    return Tokenizer(backend, limit, pad_id_of(backend), lowercase=md.layout.do_lower_case)
 
 
 def _tokenizer_config(model_dir: Path) -> dict[str, Any]:
@@ -288,10 +289,3 @@ def pad_id_of(backend: Any) -> int:
     if pad is None and backend.padding:
         pad = backend.padding.get("pad_id")
     return int(pad or 0)
-
-
-def _find(model_dir: Path, root: Path, name: str) -> Path | None:
-    for folder in (model_dir, root):
-        if (folder / name).is_file():
-            return folder / name
-    return None

@@ -33,7 +33,8 @@ MAX_LENGTH = 8192
 # Options that may differ when resuming; changing any other would make the resumed run
 # a different experiment than the one its checkpoint started.
 RESUMABLE = ("steps", "eval_every", "log_every", "threads", "max_minutes", "out", "patience",
-             "keep", "epochs", "precision")
+             "keep", "epochs", "precision", "report_to")
+REPORT_TO = ("tensorboard", "csv")  # where --report-to may send the scalars (metrics.jsonl always)
 
 
 # The TransformerConfig fields a run sets from its options (by their own names: --d-model);
@@ -45,9 +46,10 @@ MODEL_OPTIONS: dict[str, str] = {
     "n_layers": "encoder layers (and decoder layers unless --n-decoder-layers)",
     "n_decoder_layers": "decoder layers (default: --n-layers)",
     "dropout": "dropout probability",
-    "norm_first": "pre-norm layers (default: post-norm)",
-    "pooling": "classification: pool the first position (cls; on your data through BERT's pooler, "
-               "so --hf exports it) or the mean of the real tokens (mean)",
+    "norm_first": "pre-norm layers (else post-norm, as in the paper)",
+    "pooling": "classification: the mean of the real tokens (mean: the default on your data, the more "
+               "accurate; exports to ONNX) or the first position (cls: the synthetic tasks' default; on "
+               "your data through BERT's pooler, so that `export --hf` takes it too)",
 }
 # Small: what a 2-core CPU trains in minutes (the synthetic tasks' defaults).
 DEFAULT_MODEL = TransformerConfig(d_model=64, n_heads=4, d_ff=256, n_layers=2, dropout=0.1)
@@ -78,8 +80,7 @@ class TrainConfig:
                          "--from-pretrained the model's own tokenizer decides)")
     max_length: int = _f(128, "tokens per text (longer texts are truncated; a run prints the share it cuts)")
     max_tokens: int | None = _f(4096, "data runs: padded tokens per batch (length-bucketed batches); "
-                                "none: --batch-size examples of the data's mean length (the "
-                                "default for seq2seq, classification and fine-tuning)")
+                                "none: --batch-size examples of the data's mean length")
     accumulate: int = _f(1, "batches whose gradients are summed per update")
     precision: str = _f("auto", "auto (bf16 autocast where this CPU computes bf16 natively and a step of "
                         "this model is measured faster in it, else fp32), fp32 or bf16 (fp32 master "
@@ -88,9 +89,9 @@ class TrainConfig:
     steps: int = _f(2000, "optimizer updates in total (a resumed run continues up to this count)")
     epochs: int | None = _f(None, "data runs: stop after this many passes over the training data")
     batch_size: int = _f(64, "examples per update: synthetic tasks, and data runs with "
-                         "--max-tokens none (seq2seq 40, classification and fine-tuning 32)")
+                         "--max-tokens none")
     lr: float | None = _f(1e-3, "peak learning rate, reached at the end of warmup (none: by the "
-                          "model's width, the fine-tuning default)")
+                          "model's width)")
     warmup: int = _f(200, "steps of linear warmup")
     schedule: str = _f("inverse_sqrt", "inverse_sqrt (Vaswani et al. 2017, §5.3), cosine or "
                        "linear (both decay to 0 at --steps)")
@@ -119,6 +120,9 @@ class TrainConfig:
     out: str | None = _f(None, "run directory (default: a new folder under runs/); a non-empty "
                          "folder that is not a tformer run is refused")
     keep: int = _f(1, "checkpoints kept in RUN/checkpoints (the newest; older ones are pruned)")
+    report_to: str | None = _f(None, "also write the run's scalars (HF Trainer's --report_to), "
+                               "comma-separated: tensorboard (event files in RUN/tensorboard/; pip install "
+                               "'tformer[tensorboard]'), csv (RUN/metrics.csv); none: metrics.jsonl only")
     # The model: a TransformerConfig, nested (its sizes come from the command line as
     # --d-model etc.; vocab_size, max_len and n_classes are filled in from the data).
     model: TransformerConfig = _f(DEFAULT_MODEL, "the model's TransformerConfig")
@@ -164,10 +168,22 @@ class TrainConfig:
             raise ValueError(f"early_stop: expected a metric in (0, 1] or None, got {self.early_stop}")
         if not 0 <= self.label_smoothing < 1:
             raise ValueError(f"label_smoothing: expected a value in [0, 1), got {self.label_smoothing}")
+        self.reports()  # --report-to names only what tformer writes
         if self.epochs is not None and self.data is None:
             raise ValueError("epochs: synthetic tasks are endless streams; --epochs needs --data")
         if self.from_pretrained is not None and self.data is None:
             raise ValueError("from_pretrained: fine-tuning needs your data too (--data FILE)")
+
+    def reports(self) -> tuple[str, ...]:
+        """--report-to's destinations ("tensorboard", "csv"); () for none."""
+        names = [n.strip() for n in (self.report_to or "").split(",") if n.strip()]
+        if names == ["none"]:
+            return ()
+        unknown = [n for n in names if n not in REPORT_TO]
+        if unknown or len(set(names)) != len(names):
+            raise ValueError(f"report_to: expected none or some of {', '.join(REPORT_TO)} "
+                             f"(comma-separated, each once), got {self.report_to!r}")
+        return tuple(names)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)  # the model nested under "model"
@@ -288,9 +304,10 @@ FINETUNE_PRESET: dict[str, Any] = {"lr": None, "schedule": "linear", "warmup": 1
                                    "eval_every": 100}
 
 
-def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
+def resolve_config(*layers: dict[str, Any], objective: str | None = None) -> TrainConfig:
     """TrainConfig defaults < the preset < each of `layers` in turn (a config file's dict,
-    then the options given on the command line). Unknown keys are an error."""
+    then the options given on the command line). Unknown keys are an error. ``objective``:
+    a data run's objective, when known (else read from the data file's field names)."""
     merged: dict[str, Any] = {}
     for layer in layers:
         check_keys(layer)
@@ -308,7 +325,7 @@ def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
             except ValueError:
                 pass  # __post_init__ names the field and the bad value
     if merged.get("data"):
-        objective = peek_fields(merged["data"], merged.get("columns")).objective
+        objective = objective or peek_fields(merged["data"], merged.get("columns")).objective
         preset = dict(OBJECTIVE_PRESETS[objective])
         if merged.get("from_pretrained"):
             preset.update(FINETUNE_PRESET)

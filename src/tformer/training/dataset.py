@@ -41,6 +41,7 @@ from tformer.training.records import (
     file_digest,
     file_stat,
     indexed_records,
+    parse_columns,
     peek_fields,
     read_records,
     records_at,
@@ -282,11 +283,15 @@ class TextData:
             yield record
 
     def check_records(self, rows, where: str) -> list[Record]:
-        """Records given as Python dicts, checked like a file's lines (where[i] names them)."""
+        """Records given as Python dicts, checked like a file's lines (where[i] names them); with
+        the objective's field names or the run's --columns, as a file."""
         out = []
+        rename = parse_columns(self.config.columns)
         for i, raw in enumerate(rows):
             if not isinstance(raw, dict):
                 raise ValueError(f"{where}[{i}]: expected a dict of fields, got {type(raw).__name__}")
+            if rename and set(rename) <= set(raw):
+                raw = {rename.get(k, k): v for k, v in raw.items()}
             record = dict(self.fields.check(f"{where}[{i}]", raw), line=str(i))
             self._check_labels(where, [record])
             out.append(record)
@@ -299,8 +304,24 @@ class TextData:
                                  f"training labels ({', '.join(self.labels)})")
 
     def _checked(self, path: Path) -> Iterator[tuple[int, Record]]:
-        for line_no, record in read_records(path, self.config.columns):
+        for line_no, record in read_records(path, self._columns_of(path)):
             yield line_no, self.fields.check(f"{path}:{line_no}", record)
+
+    def _columns_of(self, path: Path) -> str | None:
+        """The renaming a held-out or eval file needs: the run's --columns where the file has
+        those columns, none where it already has the objective's own field names."""
+        columns = self.config.columns
+        if not columns:
+            return None
+        for line_no, record in read_records(path):
+            theirs = set(parse_columns(columns))
+            if theirs <= set(record):
+                return columns
+            if set(self.fields.required) <= set(record):
+                return None
+            raise ValueError(f"{path}:{line_no}: expected the fields {', '.join(self.fields.required)} or "
+                             f"the run's --columns {columns!r}, got {', '.join(sorted(record)) or 'none'}")
+        return None  # an empty file: its own error follows
 
     def _indexed_train_records(self) -> Iterator[tuple[int, int, Record]]:
         """(line number, byte offset, record) of each training record (the file's records minus

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tformer.text.batches import EncoderBatch, encoder_arrays
+from tformer.text.batches import EncodedText
 
 
 @dataclass
@@ -20,12 +20,6 @@ class Seq2SeqExample:
     @property
     def longest(self) -> int:  # its longest text with its EOS or BOS, as max_length counts it
         return max(len(self.source), len(self.target) + 1)
-
-
-@dataclass
-class EncodedText:
-    ids: list[int]  # with the tokenizer's specials
-    type_ids: list[int] | None  # None: a model without token types (a synthetic task's)
 
 
 @dataclass
@@ -55,8 +49,3 @@ class PairExample:
     @property
     def longest(self) -> int:
         return max(len(t.ids) for t in (self.anchor, self.positive, self.negative) if t is not None)
-
-
-def encoder_batch(texts: list[EncodedText], pad_id: int, labels: list[int] | None = None) -> EncoderBatch:
-    types = None if any(t.type_ids is None for t in texts) else [t.type_ids for t in texts]
-    return encoder_arrays([t.ids for t in texts], pad_id, labels, types).to_torch()

@@ -57,8 +57,9 @@ from tformer.training.plan import PROBE_SHARE, make_plan
 from tformer.training.report import (
     Meter,
     Progress,
-    append_jsonl,
+    Reporter,
     baseline_verdict,
+    check_reports,
     plot_curves,
     sample_table,
     summary,
@@ -89,6 +90,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
     if world > 1 and config.out is None:
         raise ValueError("out: data-parallel runs need --out (every rank must agree on it)")
     config = config.replace(out=str(run_dir))
+    check_reports(config)  # --report-to tensorboard without its package: one line, nothing made
     if not resume:
         check_minimum(config, started)  # before anything: nothing can be done in less
     if config.data is None:  # the model is known before any file is touched: check its size
@@ -147,6 +149,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
         state.pop("stopped_by", None)  # trains on
         check_minimum(config, started, spent=float(state["wall_seconds"]))
     state["precision"] = "bf16" if bf16 else "fp32"
+    reporter = Reporter(run_dir, config, state["step"] if resume else None) if writer else None
     log(f"precision: {state['precision']} ({why_precision})")
     n_params = sum(p.numel() for p in model.parameters())
     log(f"{objective.description}; {n_params:,} parameters; run dir {run_dir}")
@@ -191,7 +194,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
             record = {"split": "train", "step": state["step"], **meter.flush(), "lr": lr,
                       "planned_steps": total, "wall_seconds": round(wall(), 2)}
             if writer:
-                append_jsonl(metrics_path, record)
+                reporter.write(record)
             bar.stepped(state["step"], budget.planned_steps(state["step"]), loss=f"{record['loss']:.3f}",
                         acc=f"{record['accuracy']:.3f}", tok_s=f"{record['tokens_per_second'] * world:.0f}")
         else:
@@ -201,9 +204,9 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
             valid = _validate(model, objective, budget, bar)
             bar.status("training")
             if writer:
-                append_jsonl(metrics_path, {"split": "validation", "step": state["step"], **valid,
-                                            "valid_share": round(budget.valid_share(), 4),
-                                            "wall_seconds": round(wall(), 2)})
+                reporter.write({"split": "validation", "step": state["step"], **valid,
+                                "valid_share": round(budget.valid_share(), 4),
+                                "wall_seconds": round(wall(), 2)})
                 bar.write(f"step {state['step']}: validation {key} {valid[key]:.4f} "
                           f"loss {valid['loss']:.4f}")
             state["wall_seconds"] = wall()
@@ -258,7 +261,8 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     verdict = baseline_verdict(record)
     if verdict:
         log(verdict)
-    append_jsonl(metrics_path, record)
+    reporter.write(record)
+    reporter.close()
     plot_curves(metrics_path, run_dir / "curves.png", key)
     objective.save_outputs(model, run_dir, shown)
     log(f"wrote {run_dir}/ (checkpoint, metrics.jsonl, curves.png)")

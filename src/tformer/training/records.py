@@ -44,8 +44,8 @@ class Fields:
         return "\t".join(record.get(name, "") for name in self.input_fields)
 
     def check(self, where: str, record: dict[str, Any]) -> Record:
-        """The record's fields as non-empty strings (labels may be JSON numbers); errors start
-        with `where` ("file:line")."""
+        """The record's fields as non-empty strings (a label by ``label_name``'s rule); errors
+        start with `where` ("file:line")."""
         out: Record = {}
         for name in self.required + self.optional:
             value = record.get(name)
@@ -54,14 +54,32 @@ class Fields:
                     continue
                 raise ValueError(f"{where}: missing field {name!r} (the record has "
                                  f"{', '.join(sorted(record)) or 'none'})")
-            if name == "label" and isinstance(value, (int, bool)):
-                value = str(value)
+            if name == "label":
+                value = label_name(value, where)
             if not isinstance(value, str):
                 raise ValueError(f"{where}: {name}: expected a string, got {type(value).__name__}")
             if not value.strip():
                 raise ValueError(f"{where}: {name}: expected text, got an empty string")
             out[name] = value
         return out
+
+
+def label_name(value: Any, where: str) -> Any:
+    """A label is a class name, compared as text, one rule for every format: a string as written;
+    a whole number (1, 1.0, -2: a JSON number, or a Python int or float) as its integer text
+    ("1", "-2"), so 1, 1.0 and "1" are one label, as they are in a CSV file; true/false as
+    "true"/"false". Anything else (2.5, NaN, a list, an object) is refused, naming ``where``.
+    Null and non-label values are returned as they are, for the caller's own errors."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    raise ValueError(f"{where}: label: expected a class name (a string, a whole number such as 1 or 1.0, "
+                     f"or true/false), got {value!r}")
 
 
 # The field names choose the objective (first match).

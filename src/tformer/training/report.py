@@ -1,7 +1,10 @@
-"""What a run reports: metrics.jsonl lines, the progress summary, sample tables, curves.png."""
+"""What a run reports: metrics.jsonl lines (and, with --report-to, TensorBoard events and a
+CSV), the progress summary, sample tables, curves.png."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import sys
@@ -11,7 +14,14 @@ from typing import Any
 
 from tqdm import tqdm
 
+from tformer.errors import require
+from tformer.storage.files import write_atomic
+from tformer.storage.rundir import read_metrics
 from tformer.viz.plots import save_figure, subplots
+
+TENSORBOARD_DIR = "tensorboard"  # RUN/tensorboard/: `tensorboard --logdir RUN` shows the run
+CSV_FILE = "metrics.csv"  # RUN/metrics.csv: one row per scalar
+CSV_COLUMNS = ("split", "step", "name", "value")
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
@@ -19,6 +29,67 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
     with path.open("a") as f:
         f.write(json.dumps(clean, allow_nan=False) + "\n")
+
+
+def check_reports(config) -> None:
+    """Refuse --report-to tensorboard without its optional package, in one line naming the
+    extra, before the run directory is made."""
+    if "tensorboard" in config.reports():
+        require("tensorboard", "tensorboard", "--report-to tensorboard")
+
+
+class Reporter:
+    """Where a run's records go: metrics.jsonl always; with --report-to also TensorBoard event
+    files (RUN/tensorboard/, torch.utils.tensorboard's SummaryWriter; tags "train/loss",
+    "validation/accuracy", "test/accuracy", ...) and RUN/metrics.csv (split, step, name, value:
+    one row per scalar, whatever fields each split has). Numbers only; a number that is not
+    finite stays out of both (metrics.jsonl writes it as null).
+
+    Resumed at ``resume_step``: the CSV is rewritten from metrics.jsonl (which keeps the lines
+    up to the checkpoint) and TensorBoard hides the events past it (its purge_step)."""
+
+    def __init__(self, run_dir: Path, config, resume_step: int | None = None) -> None:
+        reports = config.reports()
+        self.jsonl = run_dir / "metrics.jsonl"
+        self.csv = run_dir / CSV_FILE if "csv" in reports else None
+        self.tensorboard = None
+        if self.csv is not None:
+            rows = [row for record in read_metrics(self.jsonl) for row in _rows(record)]
+            write_atomic(self.csv, _csv_text([CSV_COLUMNS, *rows]).encode())
+        if "tensorboard" in reports:
+            require("tensorboard", "tensorboard", "--report-to tensorboard")
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tensorboard = SummaryWriter(str(run_dir / TENSORBOARD_DIR), purge_step=resume_step)
+
+    def write(self, record: dict[str, Any]) -> None:
+        append_jsonl(self.jsonl, record)
+        rows = _rows(record)
+        if self.csv is not None and rows:
+            with self.csv.open("a", newline="") as f:
+                f.write(_csv_text(rows))
+        if self.tensorboard is not None:
+            for split, step, name, value in rows:
+                self.tensorboard.add_scalar(f"{split}/{name}", value, global_step=step)
+            self.tensorboard.flush()  # on disk as it happens, as metrics.jsonl is
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+
+
+def _rows(record: dict[str, Any]) -> list[tuple[str, int, str, float]]:
+    """(split, step, name, value) for each finite number of a record (its step aside)."""
+    split, step = str(record.get("split", "")), int(record.get("step", 0))
+    return [(split, step, name, value) for name, value in record.items()
+            if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value)]
+
+
+def _csv_text(rows) -> str:
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerows(rows)
+    return buffer.getvalue()
 
 
 class Meter:

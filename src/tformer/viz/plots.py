@@ -55,9 +55,11 @@ def plot_attention(
     head: int | None = None,
     title: str | None = None,
 ):
-    """A grid of heatmaps: one row per layer, one column per head (query rows, key columns).
+    """A grid of heatmaps: one row per layer, one column per head (query rows, key columns),
+    on one colour scale (0 to the largest weight shown) drawn as a colour bar beside them.
 
-    ``layer`` keeps one row, ``head`` one column, both one map.
+    ``layer`` keeps one row, ``head`` one column, both one map. ``fig.axes``: the heatmaps
+    row by row, then the colour bar.
 
     Shape:
         attentions: (L, H, S, S), or the model's tuple of L x (B, H, S, S) (example 0)
@@ -73,12 +75,15 @@ def plot_attention(
     plt = _pyplot()
     rows, cols = len(layers), len(heads)
     side = PANEL_INCHES * max(1.0, s / 12)  # long texts get bigger panels
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * side, rows * side), dpi=DPI, squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * side + 1.2, rows * side), dpi=DPI, squeeze=False,
+                             layout="constrained")
     font = max(4.0, min(9.0, 140 / max(s, 1)))
+    # One scale for every panel, so that colours compare across heads and layers.
+    vmax = max(float(a[np.ix_(layers, heads)].max()), 1e-12)
     for r, li in enumerate(layers):
         for c, hi in enumerate(heads):
             ax = axes[r, c]
-            ax.imshow(a[li, hi], cmap="viridis", vmin=0.0, aspect="equal")
+            image = ax.imshow(a[li, hi], cmap="viridis", vmin=0.0, vmax=vmax, aspect="equal")
             ax.set_title(f"layer {li} head {hi}", fontsize=9)
             ax.set_xticks(range(s))
             ax.set_yticks(range(s))
@@ -89,9 +94,9 @@ def plot_attention(
                 ax.set_xlabel("key")
             if c == 0:
                 ax.set_ylabel("query")
+    fig.colorbar(image, ax=axes, label="attention weight", shrink=min(1.0, 0.9 / rows ** 0.5))
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
     return fig
 
 

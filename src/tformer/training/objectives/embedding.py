@@ -19,9 +19,9 @@ from tformer.export.hf_classifier import save_sentence_layout
 from tformer.formats.st_layout import read_layout
 from tformer.nn.model import Encoder, from_pretrained
 from tformer.nn.pooling import pool
-from tformer.text.batches import EncoderBatch, PairBatch
+from tformer.text.batches import EncoderBatch, PairBatch, encoder_batch
 from tformer.training import evaluation
-from tformer.training.examples import PairExample, encoder_batch
+from tformer.training.examples import PairExample
 from tformer.training.losses import ranking_loss
 from tformer.training.objectives.base import Objective
 

@@ -1,0 +1,120 @@
+"""Connections that cannot stay open forever: uvicorn's HTTP protocol with timeouts, a bound,
+and a drain that drops stalled clients.
+
+uvicorn closes a connection only after a keep-alive pause between requests
+(``--keep-alive-timeout``). ``GuardedProtocol`` adds what an open network needs:
+
+    --header-timeout   a request's headers must arrive within this many seconds of its first
+                       byte (or of the connection, for its first request): 408, then closed
+    --body-timeout     its body within this many seconds of its headers: 408, then closed
+    --max-connections  connections past this many (per worker) get 503 and are closed at once
+    SIGTERM            connections still reading a request are closed at once (they hold no
+                       work); requests in the model get up to --grace-period seconds, then
+                       503 (``Limits.begin_drain``), so nothing waits on uvicorn's own cancel
+
+The protocol finds its limits in the lifespan state the app yields (``STATE_KEY``), so the
+same class serves one process and each --workers process alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+STATE_KEY = "tformer.connections"
+
+
+@dataclass(frozen=True)
+class Limits:
+    header_timeout: float
+    body_timeout: float
+    max_connections: int
+    begin_drain: Callable[[], None]  # called on SIGTERM, before uvicorn waits for requests
+
+
+def _reply(status: bytes, extra: bytes = b"") -> bytes:
+    return b"HTTP/1.1 %s\r\ncontent-length: 0\r\nconnection: close\r\n%s\r\n" % (status, extra)
+
+
+TIMEOUT = _reply(b"408 Request Timeout")
+BUSY = _reply(b"503 Service Unavailable", b"retry-after: 1\r\n")
+
+
+class GuardedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, plus the header and body deadlines, the bound and the drain."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._timer: asyncio.TimerHandle | None = None
+        self._reading = False  # between a request's first byte and its last
+        self._received = False
+        limits = self._limits()
+        if limits is None:
+            return
+        if len(self.connections) > limits.max_connections:
+            self.connections.discard(self)
+            transport.write(BUSY)
+            transport.close()
+            return
+        self._arm(limits.header_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        self._received = True
+        super().data_received(data)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._reading = True
+        limits = self._limits()
+        if limits is not None:
+            self._arm(limits.header_timeout)
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        limits = self._limits()
+        if limits is not None and self._reading:
+            self._arm(limits.body_timeout)
+
+    def on_message_complete(self) -> None:
+        self._reading = False
+        self._disarm()
+        super().on_message_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        limits = self._limits()
+        if limits is not None:
+            limits.begin_drain()
+        if self._reading:  # a stalled or slow client: no work of its is in the model yet
+            self._disarm()
+            self.transport.close()
+            return
+        super().shutdown()
+
+    # Deadlines -------------------------------------------------------------------------------------
+    def _limits(self) -> Limits | None:
+        return self.app_state.get(STATE_KEY)
+
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(seconds, self._expired)
+
+    def _disarm(self) -> None:
+        timer = getattr(self, "_timer", None)
+        if timer is not None:
+            timer.cancel()
+            self._timer = None
+
+    def _expired(self) -> None:
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        if self._received:  # a client that sent nothing at all is just closed
+            self.transport.write(TIMEOUT)
+        self.transport.close()

@@ -1,0 +1,123 @@
+"""text-embeddings-inference's protocol (TEI), as its clients send it.
+
+    POST /embed     {"inputs": str | [str] | token ids, "normalize"?, "truncate"?,
+                     "truncation_direction"?, "prompt_name"?, "dimensions"?}  -> [[float, ...], ...]
+    POST /predict   {"inputs": str | [text, text_pair] | [[text], [text, text_pair], ...],
+                     "truncate"?, "truncation_direction"?, "raw_scores"?}
+                    -> [{"label", "score"}] (one input) or [[...], ...] (a batch), best first
+    POST /tokenize  {"inputs": str | [str], "add_special_tokens"?}
+                    -> [[{"id", "text", "special", "start", "stop"}, ...], ...]
+    POST /          what TEI answers there: /embed for an embedding model, /predict for a
+                    classifier; and Hugging Face's task API, which huggingface_hub's
+                    InferenceClient(model=URL) sends: feature extraction with its options at the
+                    root (as /embed), text classification with {"inputs", "parameters":
+                    {"function_to_apply"?, "top_k"?}}, answered with one list per input.
+
+``tei_info`` gives the fields of TEI's GET /info. Differences from TEI: only right truncation;
+/tokenize's start/stop count characters (TEI's count bytes).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from tformer.serve import schema
+from tformer.serve.endpoint import Endpoint, Service, json_response
+from tformer.serve.models import Item
+
+EMBED_FIELDS = ("inputs", "normalize", "truncate", "truncation_direction", "prompt_name", "dimensions",
+                "encoding_format")
+PREDICT_FIELDS = ("inputs", "truncate", "truncation_direction", "raw_scores")
+FUNCTIONS = ("softmax", "sigmoid", "none")
+
+
+def _truncation(service: Service, body: dict) -> bool:
+    schema.choice(body, "truncation_direction", "right", ("right", "Right"))
+    return schema.boolean(body, "truncate", service.config.truncate)
+
+
+def embedding(service: Service) -> dict[str, Endpoint]:
+    """/embed and / for an embedding model."""
+    c, served = service.config, service.served
+
+    def parse(body: dict) -> tuple:
+        schema.check_fields(body, EMBED_FIELDS)
+        inputs = schema.inputs(body, "inputs", c.max_client_batch, served.vocab_size)
+        normalize = schema.boolean(body, "normalize", served.normalize)
+        _no_prompt(body)
+        schema.integer(body, "dimensions", served.dim, served.dim, served.dim)  # only its own
+        schema.choice(body, "encoding_format", "float", ("float",))
+        return inputs, normalize, _truncation(service, body), {}
+
+    def respond(results: list[np.ndarray], items: list[Item], extra: dict):
+        return json_response([v.tolist() for v in results])
+
+    embed = Endpoint(parse, respond)
+    return {"/embed": embed, "/": embed}
+
+
+def classification(service: Service) -> dict[str, Endpoint]:
+    """/predict and / (also Hugging Face's task API: a parameters object) for a classifier."""
+    c, served = service.config, service.served
+
+    def parse(body: dict, task_api: bool = False) -> tuple:
+        schema.check_fields(body, PREDICT_FIELDS + (("parameters",) if task_api else ()))
+        records, batched = schema.records(body, "inputs", c.max_client_batch)
+        raw = schema.boolean(body, "raw_scores", False)
+        params = schema.obj(body, "parameters")
+        schema.check_fields(params, ("function_to_apply", "top_k"), "parameters")
+        function = schema.choice(params, "function_to_apply", "none" if raw else "softmax", FUNCTIONS,
+                                 "parameters")
+        top_k = schema.integer(params, "top_k", None, 1, len(served.labels), "parameters")
+        extra = {"batched": batched or task_api, "function": function, "top_k": top_k}
+        return records, function != "softmax", _truncation(service, body), extra
+
+    def respond(results: list[list[float]], items: list[Item], extra: dict):
+        answers = [_ranked(served.labels, scores, extra["function"], extra["top_k"]) for scores in results]
+        return json_response(answers if extra["batched"] else answers[0])
+
+    return {"/predict": Endpoint(parse, respond),
+            "/": Endpoint(lambda body: parse(body, "parameters" in body), respond)}
+
+
+def tokenize(service: Service) -> dict[str, Endpoint]:
+    """/tokenize, for every model kind."""
+
+    def parse(body: dict) -> tuple:
+        schema.check_fields(body, ("inputs", "add_special_tokens", "prompt_name"))
+        texts = schema.texts(body, "inputs", service.config.max_client_batch)
+        _no_prompt(body)
+        return texts, schema.boolean(body, "add_special_tokens", True), False, {}
+
+    return {"/tokenize": Endpoint(parse, lambda tokens, items, extra: json_response(tokens),
+                                  tokenize_only=True)}
+
+
+def _no_prompt(body: dict) -> None:
+    if body.get("prompt_name") is not None:
+        raise schema.RequestError(422, "prompt_name", "prompt_name: expected null (this model has no "
+                                  f"prompts), got {schema._short(body['prompt_name'])}")
+
+
+def _ranked(labels: list[str], scores: list[float], function: str, top_k: int | None) -> list[dict[str, Any]]:
+    """[{"label", "score"}], best first; scores are probabilities (softmax), or the logits
+    (none: TEI's raw_scores) or their sigmoids."""
+    if function == "sigmoid":
+        scores = [1 / (1 + math.exp(-s)) if s > -700 else 0.0 for s in scores]
+    ranked = sorted(zip(labels, scores, strict=True), key=lambda x: -x[1])
+    return [{"label": label, "score": float(score)} for label, score in ranked[:top_k]]
+
+
+def info(service: Service) -> dict[str, Any]:
+    """The fields of TEI's /info, for this server."""
+    c, served = service.config, service.served
+    return {
+        "model_id": c.model_name, "model_sha": None, "model_dtype": c.dtype,
+        "model_type": served.tei_model_type(), "max_concurrent_requests": c.max_connections,
+        "max_input_length": served.max_input_tokens, "max_batch_tokens": c.max_batch_tokens,
+        "max_batch_requests": None, "max_client_batch_size": c.max_client_batch,
+        "auto_truncate": c.truncate, "tokenization_workers": c.tokenization_workers,
+    }

@@ -1,0 +1,84 @@
+"""Every script in benchmarks/ runs: a smoke run of each at tiny sizes (seconds; its numbers
+mean nothing), so a script cannot rot unnoticed as benchmarks/serve.py once did (an ImportError
+that nothing ran). Scripts that need minutes even at their smallest are marked slow."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hf_bert_fixtures import st_dir
+from text_fixtures import classification_rows, write
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks"
+QUICK_BENCH = ["--quick", "--rounds", "1", "--threads", "1"]
+
+
+def _run(script: str, *args: str, timeout: float = 300) -> str:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+    assert done.returncode == 0, f"{script} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def test_every_script_has_a_smoke_run():
+    scripts = {p.relative_to(BENCH).as_posix() for p in BENCH.rglob("*.py")}
+    covered = {*(s for s, _ in BENCH_SUITE), "serve.py", "classifier_pooling.py", "precision_accuracy.py",
+               "precision_training.py", "search_memory.py", "train_own_data.py", "data/build_datasets.py"}
+    assert scripts == covered, f"scripts without a smoke run: {sorted(scripts - covered)}"
+
+
+# The scripts that run `tformer bench --only ...`: --quick is its tiny size.
+BENCH_SUITE = [("bf16.py", False), ("decoding.py", False), ("gemm.py", False), ("inference.py", False),
+               ("memory.py", False), ("numpy_reference.py", False), ("runtimes.py", True),  # ~45 s
+               ("training.py", False)]
+
+
+@pytest.mark.parametrize("script", [pytest.param(s, marks=pytest.mark.slow) if slow else s
+                                    for s, slow in BENCH_SUITE])
+def test_bench_suite_script(script):
+    assert "|" in _run(script, *QUICK_BENCH)  # its markdown table
+
+
+def test_serve(tmp_path):
+    out = _run("serve.py", "--quick")
+    assert "| tformer serve (fp32) | 64 |" in out
+
+
+def test_classifier_pooling(tmp_path):
+    data = write(tmp_path / "train.jsonl", classification_rows())
+    out = _run("classifier_pooling.py", str(data), "--steps", "2")
+    rows = [line.split() for line in out.splitlines() if line.startswith("train ")]
+    assert [row[1] for row in rows] == ["cls", "mean", "cls-uniform"], out  # one table row per pooling
+
+
+def test_precision_accuracy():
+    assert "int8" in _run("precision_accuracy.py", str(st_dir()), "--count", "8", "--threads", "1")
+
+
+def test_search_memory(tmp_path):
+    assert "| 50 |" in _run("search_memory.py", "--lines", "50", "--dir", str(tmp_path), "--batch-size", "16")
+
+
+@pytest.mark.slow  # ~10 s: three training processes
+def test_precision_training(tmp_path):
+    out = _run("precision_training.py", "--data-dir", str(tmp_path / "none"), "--out", str(tmp_path / "runs"),
+               "--only", "reverse", "--steps-scale", "0.002", "--threads", "1")
+    assert "| reverse |" in out
+
+
+def test_build_datasets(tmp_path):
+    _run("data/build_datasets.py", "--out", str(tmp_path))
+    assert (tmp_path / "debian_sections.jsonl").is_file()
+
+
+@pytest.mark.slow  # ~30 s: both sides train
+def test_train_own_data(tmp_path):
+    _run("data/build_datasets.py", "--out", str(tmp_path / "data"))
+    _run("train_own_data.py", "--data-dir", str(tmp_path / "data"), "--minutes", "0.2", "--threads", "1",
+         "--only", "classification", "--out", str(tmp_path / "runs"), timeout=600)

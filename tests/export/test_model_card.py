@@ -1,0 +1,46 @@
+"""Model cards: the Hub's YAML header first, then the data, the test line against its baseline
+(a warning when not beaten), the train command; the folder stays tformer's to replace."""
+
+import yaml
+
+from tformer.export.export_dir import is_ours
+from tformer.export.model_card import Card, render
+
+
+def _card(**changes) -> str:
+    base = dict(name="run", kind="classification", data="train.jsonl", main_metric="accuracy",
+                metrics={"split": "test", "accuracy": 0.9, "macro_f1": 0.8, "majority_baseline": 0.5},
+                train_command="tformer train --data train.jsonl", command="tformer export run --hf out",
+                data_summary=("1,000 records in the training file",), labels=("a", "b"))
+    return render(Card(**{**base, **changes}), "a transformers directory", "print(1)",
+                  pipeline_tag="text-classification").decode()
+
+
+def _header(card: str) -> dict:
+    assert card.startswith("---\n")
+    return yaml.safe_load(card[4 : card.index("\n---\n", 4)])
+
+
+def test_the_card_opens_with_the_hubs_yaml_header():
+    card = _card(base_model="models/bert", base_model_id="google-bert/bert-base-uncased")
+    header = _header(card)
+    assert header == {"library_name": "transformers", "pipeline_tag": "text-classification",
+                      "base_model": "google-bert/bert-base-uncased", "base_model_relation": "finetune",
+                      "tags": ["tformer"], "metrics": ["accuracy", "f1"]}
+    assert is_ours(card)  # the marker right after the header: a later export may replace it
+    assert "tformer train --data train.jsonl" in card and "1,000 records" in card
+    assert "base model (fine-tuned): `models/bert` (google-bert/bert-base-uncased)" in card
+    assert "base_model" not in _header(_card(base_model="models/bert"))  # a folder is no Hub name
+
+
+def test_the_baseline_is_compared_and_a_run_that_did_not_beat_it_says_so():
+    assert "The model beats its baseline: test accuracy 0.9" in _card()
+    losing = _card(metrics={"split": "test", "accuracy": 0.4, "majority_baseline": 0.5})
+    assert "**Warning:** this model did not beat its baseline (test accuracy 0.4; baseline (always " \
+           "predicting the most frequent label): 0.5)" in losing
+    # The test line's own baseline (issue 34's keys), for any main metric.
+    record = {"split": "test", "bleu": 3.0, "baseline": 5.0, "baseline_by": "copying the source",
+              "main_metric": "bleu"}
+    card = _card(kind="seq2seq", main_metric="bleu", metrics=record)
+    assert "did not beat its baseline (test bleu 3; baseline (copying the source): 5)" in card
+    assert "No baseline recorded" in _card(metrics={"split": "test", "recall_at_1": 0.5})

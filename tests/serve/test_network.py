@@ -1,0 +1,123 @@
+"""Nothing stays open forever and nothing stalls the event loop: header and body deadlines,
+a bound on connections, tokenization in the tokenizer threads, long texts windowed exactly."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+from hf_bert_fixtures import WORDS
+from serve_fixtures import serve
+
+from tformer.serve.models import windows
+
+
+@pytest.fixture(scope="module")
+def quick_server(embedding_dir):
+    live = serve(embedding_dir, header_timeout=0.5, body_timeout=0.5, max_connections=4)
+    yield live
+    live.close()
+
+
+def _closed_after(sock: socket.socket, limit: float = 10.0) -> bytes:
+    """Everything the server sends until it closes the connection (bounded by ``limit``)."""
+    sock.settimeout(limit)
+    data = b""
+    while chunk := sock.recv(4096):
+        data += chunk
+    return data
+
+
+@pytest.mark.parametrize("sent, expected", [
+    (b"POST /embed HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty", b"HTTP/1.1 408 "),  # mid-headers
+    (b"POST /embed HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+     b"Content-Length: 100\r\n\r\n{\"inputs\"", b"HTTP/1.1 408 "),  # mid-body
+    (b"", b""),  # nothing at all: closed without a word
+])
+def test_a_stalled_connection_is_closed(quick_server, sent, expected):
+    with socket.create_connection(("127.0.0.1", quick_server.port)) as sock:
+        sock.sendall(sent)
+        assert _closed_after(sock).startswith(expected)
+    assert quick_server.request("GET", "/health")[0] == 200
+
+
+def test_connections_past_the_bound_get_503(quick_server):
+    held = [socket.create_connection(("127.0.0.1", quick_server.port)) for _ in range(4)]
+    try:
+        time.sleep(0.1)  # a bound, not a timing: let the server accept the four
+        with socket.create_connection(("127.0.0.1", quick_server.port)) as extra:
+            assert _closed_after(extra).startswith(b"HTTP/1.1 503 ")
+    finally:
+        for sock in held:
+            sock.close()
+    deadline = time.monotonic() + 10
+    while True:  # the four closed: the bound frees up
+        try:
+            if quick_server.request("GET", "/health")[0] == 200:
+                break
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "the server did not take connections again"
+        time.sleep(0.05)
+
+
+def test_tokenizing_runs_off_the_event_loop(embedding_dir, monkeypatch):
+    """A request's tokenization blocks until /health has been answered: on the event loop that
+    could never happen (the loop would be the one blocked)."""
+    live = serve(embedding_dir)
+    served = live.app.state.service.served
+    tokenizing, answered, threads = threading.Event(), threading.Event(), []
+    items = served.items
+
+    def slow_items(inputs, truncate):
+        threads.append(threading.current_thread().name)
+        tokenizing.set()
+        assert answered.wait(20), "/health was not answered while a request was being tokenized"
+        return items(inputs, truncate)
+
+    monkeypatch.setattr(served, "items", slow_items)
+    try:
+        result = []
+        worker = threading.Thread(target=lambda: result.append(live.post("/embed", {"inputs": "a dog"})))
+        worker.start()
+        assert tokenizing.wait(20)
+        assert live.request("GET", "/health")[0] == 200
+        answered.set()
+        worker.join(30)
+    finally:
+        live.close()
+    assert result[0][0] == 200 and threads[0].startswith("tformer-tokenize")
+
+
+def test_a_long_text_is_tokenized_only_as_far_as_the_limit_needs(embedding_server):
+    served = embedding_server.app.state.service.served
+    rng = np.random.default_rng(0)
+    text = " ".join(rng.choice(WORDS, 200_000))  # about 1 MB
+    calls: list[int] = []
+
+    def count(texts):
+        calls.extend(len(t) for t in texts)
+        return served.st.tokenizer.lengths(texts)
+
+    kept, counts, cut = windows([text, "a dog"], 16, count)
+    assert cut == [True, False] and kept[1] == "a dog" and max(calls) < 2_000
+    assert text.startswith(kept[0]) and counts[0] > 16
+    # the same tokens as tokenizing the whole text with the tokenizer's own truncation
+    whole = served.st.tokenizer.encode([text])[0].ids
+    status, headers, by_window = embedding_server.post("/embed", {"inputs": text})
+    assert status == 200 and headers["x-truncated-inputs"] == "0"
+    assert served.items([text], True)[0].payload.ids == whole
+    status, _, refused = embedding_server.post("/embed", {"inputs": text, "truncate": False})
+    assert status == 413 and "expected at most 16 tokens, got more than" in refused["error"]["message"]
+
+
+def test_windows_grow_until_the_prefix_holds_enough_tokens():
+    lengths = lambda texts: [len(t.split()) for t in texts]  # noqa: E731  one token per word
+    text = "word " + " " * 5000 + " ".join(["w"] * 20_000)  # a long run of spaces first
+    kept, counts, cut = windows([text], 8, lengths)
+    assert cut == [True] and counts[0] > 8 and text.startswith(kept[0])
+    nospace = "x" * 50_000
+    assert windows([nospace], 8, lengths) == ([nospace], [1], [False])  # no whitespace: counted whole
