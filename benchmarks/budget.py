@@ -64,11 +64,15 @@ def stop(processes: list[subprocess.Popen]) -> None:
 
 
 def cpu() -> str:
+    """The CPU model and the vector flags that choose kernels (avx2, avx512*, amx*)."""
     try:
-        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                    if line.startswith("model name"))
-    except (OSError, StopIteration):
+        lines = open("/proc/cpuinfo").read().splitlines()
+    except OSError:
         return platform.processor()
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "?")
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    vector = [f for f in flags if f == "avx2" or f.startswith(("avx512", "amx"))]
+    return f"{model}, {os.cpu_count()} cores; flags: {' '.join(vector) or 'none of avx2/avx512/amx'}"
 
 
 def run_one(kind: str, minutes: float, n_busy: int, data_dir: Path, out: Path) -> dict:
