@@ -25,8 +25,9 @@ from tformer.text.batches import EncodedText
 from tformer.text.specials import BOS, EOS, PAD
 from tformer.text.tokenizer import Tokenizer
 from tformer.training import evaluation
-from tformer.training.dataset import BatchStream, TextData
+from tformer.training.dataset import TextData
 from tformer.training.records import Record
+from tformer.training.stream import BatchStream
 
 Data = str | Path | Any  # a file, or records (an iterable of dicts of fields)
 
