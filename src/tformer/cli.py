@@ -10,6 +10,8 @@ import argparse
 import importlib
 import os
 import sys
+import time
+from pathlib import Path
 
 from tformer import __version__
 from tformer.errors import OS_ERRORS, USER_ERRORS  # one line, no traceback
@@ -58,6 +60,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = command_started(argv)
     parser, commands = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in commands:
@@ -70,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
+    args.started = started  # what a budget (train --max-minutes) counts from
     try:
         # tformer.kernels.allocator: on the CPU a step's tensors are not faulted in afresh each time
         keep_freed_memory(_device_type(args))
@@ -102,6 +106,23 @@ def _device_type(args: argparse.Namespace) -> str:
 
         return "cuda" if torch.cuda.is_available() else "cpu"
     return str(spec).split(":")[0]  # a misspelled device is refused by the command itself
+
+
+def command_started(argv: list[str] | None) -> float:
+    """When the command started, as a time.perf_counter() reading: for `tformer ...` itself
+    (no argv given), the process's start (/proc/self/stat on Linux), so that the interpreter's
+    start and the imports count too; for main(argv) called in a longer-lived process, now."""
+    now = time.perf_counter()
+    if argv is not None:
+        return now
+    try:
+        after_name = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        start_ticks = int(after_name[19])  # field 22, starttime, in clock ticks after boot
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return now
+    age = uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    return now - min(max(age, 0.0), 60.0)  # (a clock that disagrees: at most a minute)
 
 
 def _quiet_stdout() -> None:

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 HELP = ("auto (a CUDA GPU when torch sees one, else the CPU), cpu, cuda, cuda:N or mps "
         "(default: auto)")
+TRAIN_HELP = ("where the run trains: " + HELP.removesuffix(" (default: auto)")
+              + "; recorded in the run, whose checkpoints load on any device")
 _SPEC = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 

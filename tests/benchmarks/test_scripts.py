@@ -29,7 +29,8 @@ def _run(script: str, *args: str, timeout: float = 300) -> str:
 def test_every_script_has_a_smoke_run():
     scripts = {p.relative_to(BENCH).as_posix() for p in BENCH.rglob("*.py")}
     covered = {*(s for s, _ in BENCH_SUITE), "serve.py", "classifier_pooling.py", "precision_accuracy.py",
-               "precision_training.py", "search_memory.py", "train_own_data.py", "data/build_datasets.py"}
+               "precision_training.py", "search_memory.py", "train_own_data.py", "data/build_datasets.py",
+               "budget.py"}
     assert scripts == covered, f"scripts without a smoke run: {sorted(scripts - covered)}"
 
 
@@ -55,6 +56,17 @@ def test_classifier_pooling(tmp_path):
     out = _run("classifier_pooling.py", str(data), "--steps", "2")
     rows = [line.split() for line in out.splitlines() if line.startswith("train ")]
     assert [row[1] for row in rows] == ["cls", "mean", "cls-uniform"], out  # one table row per pooling
+
+
+def test_budget(tmp_path):
+    """One row of the budget's matrix (a 12-second classification run, quiet), then its table."""
+    write(tmp_path / "debian_sections.jsonl", classification_rows())
+    out = tmp_path / "out"
+    row = _run("budget.py", "--runs", "classification", "--minutes", "0.2", "--busy", "0",
+               "--data-dir", str(tmp_path), "--out", str(out))
+    assert "| classification | 0.2 min | 0 |" in row
+    table = _run("budget.py", "--table", str(out / "results.jsonl"))
+    assert table.startswith("CPU: ") and "| classification | 0.2 min | 0 |" in table
 
 
 def test_precision_accuracy():

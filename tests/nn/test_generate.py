@@ -1,5 +1,7 @@
 """Greedy and beam search over the KV cache."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -183,6 +185,22 @@ def test_beam_search_of_one_beam_is_greedy_on_a_random_model(random_model_and_eo
         assert beam4.tolist()[i] == alone.tolist()[0]
         torch.testing.assert_close(beam4.scores[i : i + 1], alone.scores)
     assert drops  # rows left the batch
+
+
+def test_generation_stops_at_its_deadline_with_the_rows_as_they_are(random_model_and_eos, monkeypatch):
+    """A deadline (the time left of a budget) ends the search after the step that passes it:
+    greedy and beam give the first tokens they would have given anyway."""
+    from tformer.nn import generate as gen
+
+    model, src, mask, _ = random_model_and_eos
+    full = greedy_search(model, src, mask, max_len=16, eos_id=-1)
+    clock = iter(range(100))
+    monkeypatch.setattr(gen, "time", SimpleNamespace(perf_counter=lambda: next(clock)))  # a tick a step
+    cut = greedy_search(model, src, mask, max_len=16, eos_id=-1, deadline=2.5)
+    assert cut.sequences.shape == (src.size(0), 4)  # steps at ticks 0..3: the fourth passes 2.5
+    assert torch.equal(cut.sequences, full.sequences[:, :4])
+    beam = beam_search(model, src, mask, beam_size=2, max_len=16, eos_id=-1, deadline=next(clock) + 0.5)
+    assert beam.sequences.shape == (src.size(0), 1)
 
 
 # The beam search before issue 33 (memory repeated per beam, every (beam, token) candidate ranked,

@@ -10,7 +10,7 @@ from helpers import data_objective
 from text_fixtures import classification_rows, seq2seq_rows, write
 
 from tformer.runs import load_run
-from tformer.training import resolve_config, train
+from tformer.training import resolve_config, resume_config, train
 from tformer.training.budget import VALID_SHARE
 from tformer.training.config import TIMED_STEPS
 from tformer.training.schedule import WARMUP_SHARE, learning_rate
@@ -78,9 +78,21 @@ SMALL_LADDER = ({"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1},
                 {"d_model": 48, "n_heads": 2, "d_ff": 96, "n_layers": 2})
 
 
+@pytest.fixture
+def probes_paid(tmp_path, monkeypatch):
+    """Probes that any budget pays for, and nothing remembered: every choice is measured."""
+    from tformer.kernels import autotune
+    from tformer.training import plan
+
+    monkeypatch.setattr(plan, "PROBE_SHARE", 1.0)
+    monkeypatch.setattr(plan, "FIRST_CALL_SECONDS", 0.0)
+    monkeypatch.setenv("TFORMER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(autotune, "_memory", {})
+
+
 @pytest.mark.parametrize("min_steps, expected", [(1, 48), (10**9, 32)])
 def test_a_timed_run_without_sizes_takes_the_largest_model_the_budget_trains_enough(
-        tmp_path, monkeypatch, min_steps, expected):
+        tmp_path, monkeypatch, min_steps, expected, probes_paid):
     from tformer.training import sizing
 
     monkeypatch.setattr(sizing, "LADDER", SMALL_LADDER)
@@ -176,12 +188,12 @@ def _long_and_short_rows():
 
 @pytest.mark.parametrize("seconds_per_token, longer", [(1e-6, True), (1e-2, False)])
 def test_a_timed_run_on_long_texts_takes_the_longest_length_its_budget_passes_over_twice(
-        tmp_path, monkeypatch, seconds_per_token, longer):
+        tmp_path, monkeypatch, seconds_per_token, longer, probes_paid):
     from tformer.training import plan, sizing
 
     timed = []
 
-    def fake_time_steps(objective, step):  # a step's time in proportion to its batch's tokens
+    def fake_time_steps(objective, step, batches=None, deadline=None):  # in proportion to its tokens
         timed.append(objective.config.max_length)
         return seconds_per_token * objective.config.max_tokens
 
@@ -257,3 +269,116 @@ def test_the_step_the_clock_makes_last_is_validated_once_and_ends_the_run(tmp_pa
     assert record["stopped_by"] == "max_minutes"
     assert validations[-1] == record["step"], validations  # the last step is validated ...
     assert record["step"] - validations[-2] > 5, validations  # ... and only once near the end
+
+
+def test_a_budget_too_small_to_honour_is_refused_up_front_in_one_line(tmp_path, capsys):
+    from tformer.cli import main
+
+    data = write(tmp_path / "d.jsonl", classification_rows(50))
+    assert main(["train", "--data", str(data), "--out", str(tmp_path / "run"), "--max-minutes", "0.02"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "max_minutes: 0.02 (1 s) is too short to honour here" in err, err
+    assert "expected at least --max-minutes " in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_resumed_timed_run_gets_the_time_its_checkpoint_had_left(tmp_path, monkeypatch):
+    """The checkpoint records the wall time spent; a run interrupted after it resumes with the
+    rest of --max-minutes, and one with too little left is refused, naming what it needs."""
+    from tformer.storage.checkpoint import check_run_dir
+    from tformer.training.budget import Budget
+
+    data = write(tmp_path / "d.jsonl", classification_rows(200))
+    config = resolve_config({"data": str(data), **TINY, "max_minutes": 0.2, "out": str(tmp_path / "run")})
+    train(config, **QUIET)
+    state_path = check_run_dir(tmp_path / "run") / "trainer_state.json"
+    state = json.loads(state_path.read_text())
+    assert state["wall_seconds"] > 0 and state["stopped_by"] == "max_minutes"
+    del state["stopped_by"]  # as a checkpoint saved while it trained: interrupted after it
+    state["wall_seconds"] = 2.0
+    state_path.write_text(json.dumps(state))
+    budgets = []
+    init = Budget.__init__
+
+    def spy(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        budgets.append(self.seconds)
+
+    monkeypatch.setattr(Budget, "__init__", spy)
+    record = train(resume_config(tmp_path / "run"), resume=True, **QUIET)
+    assert budgets == [pytest.approx(0.2 * 60 - 2.0)]
+    assert record["wall_seconds"] >= 2.0  # counted from what the checkpoint had spent
+    state_path = check_run_dir(tmp_path / "run") / "trainer_state.json"  # the newest checkpoint
+    state = json.loads(state_path.read_text())
+    del state["stopped_by"]
+    state["wall_seconds"] = 0.2 * 60 - 1.0
+    state_path.write_text(json.dumps(state))
+    with pytest.raises(ValueError, match=r"the run has used 11 s.*expected at least --max-minutes"):
+        train(resume_config(tmp_path / "run"), resume=True, **QUIET)
+
+
+@pytest.mark.parametrize("stop", ["max_minutes", "epochs", "steps"])
+def test_resuming_a_finished_run_changes_nothing_and_says_so(tmp_path, stop):
+    """Whatever stopped it (the clock, the epochs, the steps), a finished run resumed under the
+    same options keeps its metrics.jsonl byte for byte and its test record, and says so."""
+    data = write(tmp_path / "d.jsonl", classification_rows(200))
+    limit = {"max_minutes": {"max_minutes": 0.15}, "epochs": {"epochs": 1, "steps": 100_000},
+             "steps": {"steps": 3}}[stop]
+    config = resolve_config({"data": str(data), **TINY, **limit, "out": str(tmp_path / "run")})
+    record = train(config, **QUIET)
+    assert record["stopped_by"] == stop
+    before = {p.relative_to(tmp_path): p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()
+              and p.name != ".tformer-run.lock"}
+    logged = []
+    again = train(resume_config(tmp_path / "run"), resume=True, progress=False, log=logged.append)
+    assert again == record
+    after = {p.relative_to(tmp_path): p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()
+             and p.name != ".tformer-run.lock"}
+    assert after == before  # metrics.jsonl, the checkpoint, the curves: byte for byte
+    assert logged[0].startswith(f"{tmp_path / 'run'} had finished: stopped by {stop} at step ")
+    assert "nothing changed" in logged[0]
+    if stop == "steps":  # a larger limit is asked for: it trains on
+        more = train(resume_config(tmp_path / "run", {"steps": 5}), resume=True, **QUIET)
+        assert more["step"] == 5
+
+
+@pytest.mark.parametrize("rows", [seq2seq_rows(3000), classification_rows(3000)], ids=["seq2seq", "classification"])
+def test_the_final_test_stops_at_its_deadline_and_the_line_says_how_many_it_scored(tmp_path, monkeypatch, rows):
+    """A test slower than its reserve scores the examples it predicted by the deadline (the
+    budget holds); the test line records how many of the split, and the summary says so."""
+    from tformer.training.budget import Budget
+
+    monkeypatch.setattr(Budget, "test_deadline", lambda self: time.perf_counter())  # due now
+    data = write(tmp_path / "d.jsonl", rows)
+    logged = []
+    config = resolve_config({"data": str(data), **TINY, "steps": 2, "eval_every": 1000,
+                             "out": str(tmp_path / "run")})
+    record = train(config, progress=False, log=logged.append)
+    assert record["test_examples"] == len(load_run(tmp_path / "run").examples("test")) > 64
+    assert record["examples"] == 64  # one batch: the first always runs
+    assert any("scored 64 of " in line and "test examples in the time left" in line for line in logged)
+    assert _lines(tmp_path / "run")[-1] == json.loads(json.dumps(record))
+
+
+def test_a_data_file_changed_while_the_run_trains_stops_it_before_any_result(tmp_path, monkeypatch):
+    """Labels swapped 14 s into a run gave accuracy on a mix of old and new records, and exit 0:
+    the file is checked at each validation and before the results are published."""
+    from tformer.training import loop
+
+    data = write(tmp_path / "d.jsonl", classification_rows(300))
+    step = loop.train_step
+
+    def swapping(*args, **kwargs):
+        out = step(*args, **kwargs)
+        text = data.read_text()
+        data.write_text(text.replace('"animal"', '"tmp"').replace('"place"', '"animal"')
+                        .replace('"tmp"', '"place"'))
+        return out
+
+    monkeypatch.setattr(loop, "train_step", swapping)
+    config = resolve_config({"data": str(data), **TINY, "steps": 3, "eval_every": 1000,
+                             "out": str(tmp_path / "run")})
+    with pytest.raises(ValueError, match=r"data: .*d.jsonl changed while the run trained .*no results "
+                                         r"were published"):
+        train(config, **QUIET)
+    assert not any(r["split"] == "test" for r in _lines(tmp_path / "run"))

@@ -7,9 +7,10 @@ from helpers import data_objective
 from text_fixtures import classification_rows, seq2seq_rows, write
 
 from tformer.training import resolve_config
-from tformer.training.dataset import TextData, bucket
+from tformer.training.dataset import TextData
 from tformer.training.examples import Seq2SeqExample
 from tformer.training.records import FIELDS
+from tformer.training.stream import bucket
 
 input_key = FIELDS["seq2seq"].input_key
 

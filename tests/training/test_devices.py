@@ -78,9 +78,10 @@ def test_a_gpu_without_bf16_confirms_fp16_by_timing_the_model(tmp_path, monkeypa
     monkeypatch.setattr(autotune, "_memory", {})
     monkeypatch.setattr(autotune, "gpu_name", lambda device: "Fake GPU, sm_75")
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
-    keep, why = training_precision.confirm_bf16(lambda half: 0.4 if half else 1.0, "seq2seq d16",
-                                                torch.device("cuda", 0))
-    assert keep and why == "native fp16, a training step of this model measured 2.50x fp32's here"
+    monkeypatch.setattr(training_precision, "measure_bf16",  # the 16-bit step 0.4 s, fp32's 1 s
+                        lambda stepper, deadline=None: autotune.decision("bf16", {"fp32": 1.0, "bf16": 0.4}))
+    keep, why = training_precision.confirm_bf16(None, "seq2seq d16", device=torch.device("cuda", 0))
+    assert keep and why == "native fp16: a training step of this model takes 0.40x fp32's time here (2.5x faster)"
     assert any(k.startswith("Fake GPU, sm_75 | ") and k.endswith("train-precision | seq2seq d16")
                for k in autotune.decisions())
 

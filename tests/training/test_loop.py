@@ -47,7 +47,7 @@ def test_seq2seq_trains_and_generates(tmp_path, suffix, capsys):
 def test_classification_trains_predicts_and_evals(tmp_path, suffix, pair, capsys):
     out, lines = _train(tmp_path, classification_rows(pair=pair), suffix)
     test = lines[-1]
-    assert {"accuracy", "macro_f1", "majority_baseline"} <= set(test)
+    assert {"accuracy", "macro_f1", "baseline", "beats_baseline"} <= set(test)
     assert (out / "confusion.png").is_file()
     texts = tmp_path / "t.txt"
     texts.write_text("the cat dog\nriver road\n")
@@ -117,7 +117,6 @@ def test_auto_precision_keeps_bf16_only_where_this_model_trains_faster_in_it(
     model on this machine takes the remembered choice (tformer.kernels.autotune), measuring nothing."""
     import tformer.training.precision as training_precision
     from tformer.kernels import autotune
-    from tformer.training import plan
 
     monkeypatch.setenv("TFORMER_CACHE_DIR", str(tmp_path / "cache"))  # a cache of its own
     monkeypatch.setattr(autotune, "_memory", {})
@@ -126,12 +125,12 @@ def test_auto_precision_keeps_bf16_only_where_this_model_trains_faster_in_it(
     monkeypatch.setattr(training_precision, "bf16_supported", lambda: True)
     timed = []
 
-    def fake_time_steps(objective, bf16, batches=None):  # 1 s per fp32 step, bf16_seconds per bf16 step
-        timed.append(bf16)
-        return bf16_seconds if bf16 else 1.0
+    def fake_measure(stepper, deadline=None):  # 1 s per fp32 step, bf16_seconds per bf16 step
+        timed.extend([False, True])
+        choice = "bf16" if 1.0 >= training_precision.MIN_STEP_SPEEDUP * bf16_seconds else "fp32"
+        return autotune.decision(choice, {"fp32": 1.0, "bf16": bf16_seconds})
 
-    monkeypatch.setattr(plan, "probe_step", lambda config, bf16: bf16)  # the step: its precision
-    monkeypatch.setattr(plan, "time_steps", fake_time_steps)
+    monkeypatch.setattr(training_precision, "measure_bf16", fake_measure)
     data = write(tmp_path / "d.jsonl", classification_rows())
     logged = []
     config = resolve_config({"data": str(data), "d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1,

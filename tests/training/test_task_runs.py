@@ -143,7 +143,8 @@ def test_run_writes_checkpoint_metrics_and_curves(tmp_path):
 def test_classification_run_reports_majority_baseline(tmp_path):
     record = train(_config(task="brackets", steps=3, out=str(tmp_path), **TINY),
                    progress=False, log=lambda *a: None)
-    assert 0 <= record["accuracy"] <= 1 and 0 < record["majority_baseline"] < 1
+    assert 0 <= record["accuracy"] <= 1 and 0 < record["baseline"] < 1
+    assert record["baseline_by"] == "the majority class" and record["main_metric"] == "accuracy"
 
 
 def _weights(run_dir):

@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tformer.runs import load_run
-    from tformer.training.report import append_jsonl, sample_table
+    from tformer.training.report import append_jsonl, sample_table, with_baseline
 
     check_options(args)
     run = load_run(args.run_dir, device=device_of(args))
@@ -44,9 +44,9 @@ def run(args: argparse.Namespace) -> int:
     metrics, rows = run.score(examples, args.split, beam_size=args.beam_size)
     if rows and args.samples:
         print(sample_table(rows, n=args.samples))
-    record = {"split": split, "task": run.config.name, "examples": len(examples), **metrics}
-    record.update(run.baseline() if args.data is None else {})
     key = run.main_metric
+    record = with_baseline({"split": split, "task": run.config.name, "examples": len(examples), **metrics},
+                           key, run.baseline(examples))
     line = json_line(record, f"RUN_DIR {args.run_dir}: metrics {metrics}")
     print(f"{split} {key}: {metrics[key]:.4f}")
     print(line)

@@ -24,7 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--length-penalty", type=float, default=1.0,
                         help="beam search: rank by score / length ** this (default 1.0)")
     parser.add_argument("--max-len", type=int, default=None,
-                        help="most tokens to generate (default: the task's longest target + 1)")
+                        help="most tokens to generate (default: 2 x the input's tokens + 10, at most "
+                             "the run's max length, or a task's longest target + 1)")
     parser.add_argument("--batch-size", type=int, default=32, help="inputs per batch (default 32)")
     add_threads(parser)
     add_device(parser)

@@ -79,6 +79,8 @@ def _run_rows(run_dir, saved) -> list[tuple[str, str]]:
     """What a training run learned and how far it got (empty for a plain model directory)."""
     import json
 
+    from tformer.training.report import baseline_verdict
+
     if not (saved / "train_config.json").is_file():
         return []
     train = json.loads((saved / "train_config.json").read_text())
@@ -104,4 +106,8 @@ def _run_rows(run_dir, saved) -> list[tuple[str, str]]:
                                                           "macro_f1", "recall_at_1", "mrr_at_10")
                               if k in t)
             rows.append(("test", f"{shown} (step {t['step']}, {t['wall_seconds']:.0f} s)"))
+            verdict = baseline_verdict(t)
+            if verdict:  # a run that did not beat its trivial baseline says so (older runs: none)
+                rows.append(("warning" if verdict.startswith("warning") else "baseline",
+                             verdict.removeprefix("warning: ")))
     return rows

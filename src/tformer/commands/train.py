@@ -164,6 +164,8 @@ def run(args: argparse.Namespace) -> int:
         config = resume_config(run_dir, from_file, given)
     else:
         config = resolve_config(from_file, given)
-    train(config, resume=args.resume is not None, progress=not args.quiet)
+    # --max-minutes counts the whole command: the interpreter's start and the imports too.
+    train(config, resume=args.resume is not None, progress=not args.quiet,
+          started=getattr(args, "started", None))
     finish(int(os.environ.get("WORLD_SIZE", "1")))  # torchrun: the ranks end together
     return 0

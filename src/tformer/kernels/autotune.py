@@ -20,8 +20,10 @@ to a second), and the decision is kept
 check of ``--dtype/--precision auto`` and a training run's bf16-or-fp32 step timing.
 
 Timing: each candidate runs once to warm up (on a GPU, each call is timed to its end:
-``tformer.devices.synchronize``), then ``ROUNDS`` times interleaved with the others;
-the median decides. A candidate must beat the first listed (the default) by more than NOISE
+``tformer.devices.synchronize``), then ``ROUNDS`` times interleaved with the others; the fastest
+round of each decides (other work on the machine only adds time: medians taken while other work
+ran put 10x between kernels that run alike), and rounds whose median is SPREAD above their
+fastest are measured again once. A candidate must beat the first listed (the default) by more than NOISE
 to be chosen, so noise never flips a choice away from the default.
 """
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 import statistics
 import time
@@ -45,12 +48,15 @@ from tformer.storage.files import uncounted, write_json_atomic
 
 ROUNDS = 5
 NOISE = 0.05  # a candidate must be this much faster than the default to replace it
+SPREAD = 1.5  # a median this much above the fastest round: measured again once
 
 # This process's decisions by "name | shape class" (CPU) or "device | name | shape class" (the
 # machine is this one; threads are set once per process in practice, and a change of thread
 # count is a new process's cache key).
 _memory: dict[str, dict[str, Any]] = {}
 _CPU = torch.device("cpu")
+_allowance = {"left": math.inf}  # seconds new choices may still spend measuring (``measuring``)
+_defaults: dict[str, str] = {}  # choices taken unmeasured, by key, when the allowance was spent
 
 
 def cache_path() -> Path:
@@ -59,8 +65,9 @@ def cache_path() -> Path:
     return Path(root) / "kernels.json"
 
 
-# Raised when the way a choice is measured changes: decisions measured the old way are ignored.
-VERSION = 4
+# Raised when the way a choice is measured changes: decisions measured the old way are ignored
+# (5: the fastest round, not the median).
+VERSION = 5
 
 
 def _machine(device: torch.device = _CPU) -> str:
@@ -88,11 +95,37 @@ def choose(name: str, shape_class: str, candidates: Candidates | Callable[[], Ca
     from memory, else from the cache file, else measured now and remembered. Cheap when known:
     it runs on every call of a hot kernel."""
     def decide_now() -> dict[str, Any]:
-        return decide(candidates() if callable(candidates) else candidates,
-                      measure or (lambda call: _time_once(call, device)))
+        t = time.perf_counter()
+        try:
+            return decide(candidates() if callable(candidates) else candidates,
+                          measure or (lambda call: _time_once(call, device)))
+        finally:
+            _allowance["left"] -= time.perf_counter() - t
 
-    return recall(name, shape_class, decide_now,
-                  None if callable(candidates) else set(candidates), device)["choice"]
+    key = _memory_key(name, shape_class, device)
+    if key in _defaults:
+        return _defaults[key]
+    choices = None if callable(candidates) else set(candidates)
+    if _allowance["left"] <= 0 and known(name, shape_class, choices, device) is None:
+        # Nothing left to measure with: the default, for this process only (a run with time
+        # to spare measures it later).
+        _defaults[key] = next(iter(candidates() if callable(candidates) else candidates))
+        return _defaults[key]
+    return recall(name, shape_class, decide_now, choices, device)["choice"]
+
+
+@contextlib.contextmanager
+def measuring(seconds: float | None) -> Iterator[None]:
+    """Within the block, new kernel choices (``choose``) are measured until `seconds` are spent
+    (None: no limit); after that a shape class not yet known runs its default, the first
+    candidate listed, and nothing is remembered. A timed training run bounds what its kernel
+    choices cost so: at most its probes' share of the budget."""
+    before = _allowance["left"]
+    _allowance["left"] = math.inf if seconds is None else seconds
+    try:
+        yield
+    finally:
+        _allowance["left"] = before
 
 
 def recall(name: str, shape_class: str, decide_now: Callable[[], dict[str, Any]],
@@ -101,36 +134,62 @@ def recall(name: str, shape_class: str, decide_now: Callable[[], dict[str, Any]]
     from the cache file (when well formed, its choice one of `choices` if given), else made now
     by `decide_now()` (measuring on `device`) and remembered, as ``choose``'s are."""
     key = f"{name} | {shape_class}"
-    mine = key if device.type == "cpu" else f"{device} | {key}"
-    known = _memory.get(mine)
-    if known is not None:
-        return known
-    saved = _read().get(f"{machine_key(device)} | {key}")
-    if _well_formed(saved) and (choices is None or saved["choice"] in choices):
-        _memory[mine] = saved
-        return saved
+    remembered = known(name, shape_class, choices, device)
+    if remembered is not None:
+        return remembered
     decision = decide_now()
-    _memory[mine] = decision
+    _memory[_memory_key(name, shape_class, device)] = decision
     _remember(f"{machine_key(device)} | {key}", decision, device)
     return decision
 
 
+def known(name: str, shape_class: str, choices: set[str] | None = None,
+          device: torch.device = _CPU) -> dict[str, Any] | None:
+    """The remembered decision for this device and shape class, or None: nothing is measured
+    (a plan asks before it decides whether a measurement fits its budget)."""
+    mine = _memory_key(name, shape_class, device)
+    if mine in _memory:
+        return _memory[mine]
+    saved = _read().get(f"{machine_key(device)} | {name} | {shape_class}")
+    if _well_formed(saved) and (choices is None or saved["choice"] in choices):
+        _memory[mine] = saved
+        return saved
+    return None
+
+
+def _memory_key(name: str, shape_class: str, device: torch.device) -> str:
+    """This process's key of a decision: "name | shape class" on the CPU, the device first else."""
+    key = f"{name} | {shape_class}"
+    return key if device.type == "cpu" else f"{device} | {key}"
+
+
 def decide(candidates: dict[str, Callable[[], Any]], measure: Callable[[Callable[[], Any]], float]
            ) -> dict[str, Any]:
-    """Time every candidate (interleaved rounds, medians); the default (first) wins ties."""
+    """Time every candidate (interleaved rounds, the fastest of each: other work on the machine
+    only ever adds time); rounds whose spread says the machine was busy are measured again
+    once. The default (first) wins ties."""
     names = list(candidates)
     for n in names:
         measure(candidates[n])  # warm-up: kernel creation, first-touch allocation
     times: dict[str, list[float]] = {n: [] for n in names}
-    for _ in range(ROUNDS):
-        for n in names:
-            times[n].append(measure(candidates[n]))
-    medians = {n: statistics.median(t) for n, t in times.items()}
+    for _ in range(2):
+        for _ in range(ROUNDS):
+            for n in names:
+                times[n].append(measure(candidates[n]))
+        if not noisy(times):
+            break
+    fastest = {n: min(t) for n, t in times.items()}
     default = names[0]
-    best = min(names, key=medians.__getitem__)
-    if medians[best] > medians[default] * (1 - NOISE):
+    best = min(names, key=fastest.__getitem__)
+    if fastest[best] > fastest[default] * (1 - NOISE):
         best = default
-    return decision(best, medians)
+    return decision(best, fastest)
+
+
+def noisy(times: dict[Any, list[float]]) -> bool:
+    """Whether any candidate's rounds spread by more than SPREAD (its fastest to its median): an
+    outlier, measured while something else ran, to measure again."""
+    return any(statistics.median(t) > SPREAD * min(t) for t in times.values() if t)
 
 
 def decision(choice: str, seconds: dict[str, float]) -> dict[str, Any]:
@@ -155,7 +214,7 @@ def decisions() -> dict[str, dict[str, Any]]:
 
 
 def summary(limit: int = 12, device: torch.device = _CPU) -> list[str]:
-    """One line per decision of this device (and thread count): name, shape, choice, medians."""
+    """One line per decision of this device (and thread count): name, shape, choice, times."""
     lines = []
     prefix = machine_key(device) + " | "
     for key, d in sorted(decisions().items()):
@@ -168,6 +227,7 @@ def summary(limit: int = 12, device: torch.device = _CPU) -> list[str]:
 def forget() -> None:
     """Measure again: drop this process's decisions and the cache file."""
     _memory.clear()
+    _defaults.clear()
     with contextlib.suppress(OSError):
         cache_path().unlink()
 

@@ -7,8 +7,12 @@ CPU cannot run natively (bf16 without avx512_bf16 or AMX) is not worth timing.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import platform
+import statistics
+import time
 
 # AVX-512 fp32 GEMMs, bf16 dot products (avx512_bf16) or tiles (AMX), int8 dot products (VNNI).
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16",
@@ -35,3 +39,24 @@ def cpu_info() -> tuple[str, list[str]]:
 def has_bf16() -> bool:
     """bf16 instructions (avx512_bf16 or AMX): without them oneDNN's bf16 kernels fail or crawl."""
     return bool({"avx512_bf16", "amx_bf16"} & set(cpu_info()[1]))
+
+
+def others_running(samples: int = 9, interval: float = 0.02) -> float:
+    """How many threads of other processes are running or ready to run now: the median over
+    `samples` reads of /proc/stat's procs_running (every runnable thread of the machine) less
+    this process's own (its spinning OpenMP workers included). 0 where /proc is missing."""
+    counts = []
+    for i in range(samples):
+        try:
+            with open("/proc/stat") as f:
+                total = next(int(line.split()[1]) for line in f if line.startswith("procs_running"))
+            own = 0
+            for tid in os.listdir("/proc/self/task"):
+                with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/stat") as f:
+                    own += f.read().rsplit(")", 1)[1].split()[0] == "R"
+        except (OSError, StopIteration, ValueError, IndexError):
+            return 0.0
+        counts.append(max(total - own, 0))
+        if i + 1 < samples:
+            time.sleep(interval)
+    return float(statistics.median(counts))

@@ -15,6 +15,7 @@ Shape legend: B batch, K beams, S source length, L generated length, D model dim
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -83,8 +84,10 @@ def greedy_search(
     eos_id: int = EOS,
     pad_id: int = PAD,
     use_cache: bool = True,
+    deadline: float | None = None,
 ) -> GenerationOutput:
-    """Pick the most likely token at every step until each row has produced EOS.
+    """Pick the most likely token at every step until each row has produced EOS (or, with a
+    `deadline`, a time.perf_counter() reading, until then: the rows are cut where they are).
 
     With the cache, rows that have finished leave the batch (their memory, mask and cache
     rows are dropped), so the last long outputs do not carry the finished ones along.
@@ -120,7 +123,7 @@ def greedy_search(
         tokens[rows, step + 1] = best
         done |= best == eos_id
         finished = int(done.sum())  # the step's one device sync
-        if finished == rows.numel():
+        if finished == rows.numel() or _past(deadline):
             break
         if use_cache and finished * _DROP_SHARE >= rows.numel():
             keep = (~done).nonzero()[:, 0]  # (B'',)
@@ -128,6 +131,10 @@ def greedy_search(
             mask = None if mask is None else mask[keep]
     model.train(was_training)
     return GenerationOutput(tokens[:, 1 : length + 1], scores, eos_id, pad_id)
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.perf_counter() > deadline
 
 
 # Finished rows leave the batch once they are a quarter of it: dropping copies every layer's
@@ -151,6 +158,7 @@ def beam_search(
     bos_id: int = BOS,
     eos_id: int = EOS,
     pad_id: int = PAD,
+    deadline: float | None = None,
 ) -> GenerationOutput:
     """Keep the `beam_size` most likely prefixes per source; return the best finished one.
 
@@ -158,7 +166,8 @@ def beam_search(
     competes with the unfinished ones until the search ends. The final pick divides
     each score by len ** length_penalty (len counts EOS): 0 ranks by total
     log-probability, which favours short outputs; 1 by the per-token average.
-    The search stops when every beam of every row has finished, or at max_len; a row
+    The search stops when every beam of every row has finished, at max_len, or at the
+    `deadline` (a time.perf_counter() reading); a row
     whose beams have all finished can change no more, so it leaves the batch with its pick.
 
     Shape:
@@ -226,7 +235,7 @@ def beam_search(
         done = was_done | (token == eos_id)
         finished = done.view(n, k).all(dim=-1)  # (B',)
         leaving = int(finished.sum())  # the step's one device sync
-        if leaving == n:
+        if leaving == n or _past(deadline):
             break
         if leaving * _DROP_SHARE >= n:
             pick(finished)
@@ -259,10 +268,11 @@ def generate(
     bos_id: int = BOS,
     eos_id: int = EOS,
     pad_id: int = PAD,
+    deadline: float | None = None,
 ) -> GenerationOutput:
     """Greedy search for beam_size 1, beam search otherwise; the special ids are the
-    caller's tokenizer's."""
-    ids = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    caller's tokenizer's; generation stops at the `deadline` (a time.perf_counter() reading)."""
+    ids = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, deadline=deadline)
     if beam_size == 1:
         return greedy_search(model, src_ids, src_attention_mask, max_len=max_len, **ids)
     return beam_search(model, src_ids, src_attention_mask, beam_size=beam_size,

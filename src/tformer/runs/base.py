@@ -93,8 +93,9 @@ class Run(ABC):
                                                  **self._decoding(beam_size))
         return metrics, self.objective.sample_rows(examples, shown)
 
-    def baseline(self) -> dict[str, float]:
-        return self.objective.baseline()
+    def baseline(self, examples: list) -> dict[str, Any]:
+        """The trivial baseline of `examples` on the main metric (``Objective.baseline``)."""
+        return self.objective.baseline(examples)
 
     def _decoding(self, beam_size: int) -> dict[str, Any]:
         return {}  # only a decoder searches

@@ -27,8 +27,9 @@ class Seq2SeqRun(Run):
 
     def generate(self, inputs: str | Iterable[str], beam_size: int = 1, length_penalty: float = 1.0,
                  max_len: int | None = None, batch_size: int = 32) -> list[str]:
-        """The output text per input (one str is one input); at most max_len tokens (default
-        max_new_tokens; at most the decoder's positions)."""
+        """The output text per input (one str is one input); at most max_len tokens (default:
+        2 x the batch's longest input + 10, at most max_new_tokens: Seq2Seq.predict_batch; at
+        most the decoder's positions)."""
         limit = self.model.config.max_len
         if max_len is not None and not 1 <= max_len <= limit:
             raise ValueError(f"max_len: expected 1..{limit} (the model's positions), got {max_len}")

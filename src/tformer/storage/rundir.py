@@ -165,16 +165,30 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def resume_metrics(path: Path, state: dict[str, Any], steps: int) -> dict[str, Any] | None:
-    """Make metrics.jsonl agree with the checkpoint being resumed (at ``state["step"]``):
-    drop the lines written after it. If the run had finished there (its test line is at that
-    step and it reached `steps` or stopped early), return that test record: nothing to do.
-    Otherwise the old test line goes too, since a new one will be written at the end."""
+def resume_metrics(path: Path, state: dict[str, Any], limits: dict[str, Any]) -> dict[str, Any] | None:
+    """Make metrics.jsonl agree with the checkpoint being resumed (at ``state["step"]``).
+
+    A run that had finished there (its last checkpoint says what stopped it, and `limits`, the
+    resumed run's steps, max_minutes, epochs and patience, raise none of them: ``finished``)
+    returns its test record, and nothing is written: metrics.jsonl stays byte for byte. Any other
+    drops the lines written after the checkpoint, and its test line (a new one comes at the end)."""
     step = int(state["step"])
-    kept = [r for r in read_metrics(path) if r["step"] <= step]
-    tests = [r for r in kept if r.get("split") == "test" and r["step"] == step]
-    finished = bool(tests) and (step >= steps or state.get("stopped_by") == "early_stop")
-    if not finished:
-        kept = [r for r in kept if r.get("split") != "test"]
+    records = read_metrics(path)
+    tests = [r for r in records if r.get("split") == "test" and r["step"] == step]
+    if tests and finished(state, limits):
+        return tests[-1]
+    kept = [r for r in records if r["step"] <= step and r.get("split") != "test"]
     write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
-    return tests[-1] if finished else None
+    return None
+
+
+def finished(state: dict[str, Any], limits: dict[str, Any]) -> bool:
+    """Whether a checkpoint's run had ended, whatever ended it, under `limits` (the options of
+    the run resuming it): only a larger value of the limit that stopped it trains more."""
+    stopped = state.get("stopped_by")
+    if stopped is None:  # saved while it trained: interrupted
+        return False
+    if stopped == "steps":
+        return int(limits["steps"]) <= int(state["step"])
+    before, now = state.get("limits", {}).get(stopped), limits.get(stopped)
+    return before is None or now is None or now <= before  # (early_stop: never raised)

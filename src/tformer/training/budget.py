@@ -3,15 +3,19 @@
 A run has up to three budgets, and stops at the first one spent:
     --steps N         updates (always set: an upper bound)
     --epochs N        passes over the training data (data runs)
-    --max-minutes M   wall time of the whole command: tokenizer, training, validations, the
-                      final test and saving all end within M minutes
+    --max-minutes M   wall time of the whole command: starting, reading the data, the plan's
+                      probes, training, validations, the final test and saving all end within
+                      M minutes (a resumed run gets what its checkpoint had not spent)
 
-With --max-minutes the clock drives the run. The step count is estimated from the measured
-step time, and re-estimated as the run goes, so the learning-rate schedule's warmup ends
+With --max-minutes the clock drives the run. The step count is estimated from the wall time of
+real steps, and re-estimated as the run goes, so the learning-rate schedule's warmup ends
 early and its decay ends at the deadline (Li et al. 2020, "Budgeted training": a schedule that
-decays to zero at the budget beats one planned for steps it never reaches). Validation is
-scheduled by time, on a fixed sample sized so that it costs at most VALID_SHARE of the budget,
-and time is kept back for the final test (estimated from validation's own speed).
+decays to zero at the budget beats one planned for steps it never reaches); a busier machine
+gets fewer steps, not an overrun. Validation is scheduled by time, on a fixed sample sized so
+that it costs at most VALID_SHARE of the budget, and time is kept back for the final test
+(estimated from validation's own speed, at most TEST_SHARE of the budget) and for saving. The
+test and each validation also stop at their deadline, scoring the examples done by then (the
+test line says how many), so a wrong estimate costs examples, never the budget.
 Without --max-minutes, validation runs every --eval-every steps, as before.
 """
 
@@ -26,18 +30,41 @@ VALID_SHARE = 0.05  # validations' share of a timed run's wall time, at most (ab
 VALIDATIONS = 5  # validations a timed run aims for (the last at the end of training)
 PROBE = 32  # examples the first validation times before choosing its sample size
 MIN_SAMPLE = 32
+TEST_SHARE = 0.15  # the final test's share of the budget, at most: a slower test scores fewer examples
 SAVE_SECONDS = 2.0  # kept back for the last checkpoint and the plots, before measuring
+# The least a timed run needs after reading its data: a few updates, a test of one batch and
+# saving (the last checkpoint, the curves).
+MIN_AFTER_SETUP = 5.0
+
+
+def check_minimum(config, started: float, spent: float = 0.0) -> None:
+    """Refuse, in one line, a budget too small to honour: what is left of --max-minutes after
+    starting and reading the data (`started`: when the command started; `spent`: the seconds a
+    resumed run already used) must pay for MIN_AFTER_SETUP more."""
+    if config.max_minutes is None:
+        return
+    setup = time.perf_counter() - started
+    need = spent + setup + MIN_AFTER_SETUP
+    if config.max_minutes * 60 >= need:
+        return
+    used = f"the run has used {spent:.0f} s, and " if spent else ""
+    raise ValueError(
+        f"max_minutes: {config.max_minutes:g} ({config.max_minutes * 60:.0f} s) is too short to honour "
+        f"here: {used}starting and reading the data took {setup:.1f} s, and a few updates, a test and "
+        f"saving need about {MIN_AFTER_SETUP:.0f} s more; expected at least --max-minutes "
+        f"{math.ceil(need / 6) / 10:g}")
 
 
 class Budget:
-    """The clock and the plan of one run (all times in seconds since the command started)."""
+    """The clock and the plan of one run (all times in seconds since the command started).
+    `spent`: the wall seconds a resumed run used before (its budget is what is left)."""
 
-    def __init__(self, config, started: float, train_records: int | None = None) -> None:
+    def __init__(self, config, started: float, train_records: int | None = None, spent: float = 0.0) -> None:
         self.config, self.started = config, started
-        self.seconds = config.max_minutes * 60 if config.max_minutes else math.inf
+        self.seconds = config.max_minutes * 60 - spent if config.max_minutes else math.inf
         self.timed = math.isfinite(self.seconds)
         self.train_started = time.perf_counter() - started  # tokenizer and setup come first
-        self.step_seconds: float | None = None  # mean time per update (exponential average)
+        self.step_seconds: float | None = None  # wall time per update (exponential average)
         self.examples_per_step: float | None = None
         self.train_records = train_records
         self.valid_seconds_per_example: float | None = None
@@ -45,6 +72,7 @@ class Budget:
         self.valid_spent = 0.0
         self.test_examples = 0
         self.save_seconds = 0.0  # the longest checkpoint save so far
+        self._last_step_end: float | None = None
         self.next_valid = self.train_started + self._valid_interval()
 
     def saved(self, seconds: float) -> None:
@@ -54,31 +82,55 @@ class Budget:
     def now(self) -> float:
         return time.perf_counter() - self.started
 
+    def publish_seconds(self) -> float:
+        """Kept back for what follows the test: the last checkpoint, the plots, the outputs."""
+        return 2 * max(self.save_seconds, SAVE_SECONDS / 2) + SAVE_SECONDS
+
+    def test_seconds(self) -> float:
+        """Kept back for the final test: its examples at validation's latest speed (5% of the
+        budget before any is measured), at most TEST_SHARE of the budget."""
+        per = self.valid_seconds_per_example
+        estimate = 0.05 * self.seconds if per is None else per * self.test_examples * 1.2
+        return min(estimate, TEST_SHARE * self.seconds)
+
     def reserve(self) -> float:
         """Seconds kept back for what follows the last step: the last validation, the final
         test, two checkpoints and the plots (each as measured so far, with a margin)."""
         per = self.valid_seconds_per_example
-        if per is None:
-            after = 0.05 * self.seconds
-        else:
-            after = per * (self.test_examples + (self.valid_sample or 0)) * 1.2
-        return after + 2 * max(self.save_seconds, SAVE_SECONDS / 2) + SAVE_SECONDS
+        last_validation = 0.0 if per is None else per * (self.valid_sample or 0) * 1.2
+        return last_validation + self.test_seconds() + self.publish_seconds()
 
     def train_deadline(self) -> float:
         return self.seconds - self.reserve()
+
+    def test_deadline(self) -> float:
+        """When the final test stops predicting, whatever it has left (as a perf_counter time)."""
+        return self.started + self.seconds - self.publish_seconds()
+
+    def valid_deadline(self) -> float:
+        """When a validation stops predicting: the test and saving keep their time."""
+        return self.test_deadline() - self.test_seconds()
 
     def out_of_time(self) -> bool:
         """Would one more step end past the training deadline?"""
         return self.now() + (self.step_seconds or 0.0) > self.train_deadline()
 
     def stepped(self, seconds: float, examples: int) -> None:
-        """Record one update's time and size."""
-        a = 0.1  # smooth, but follow a machine that speeds up after warm-up
+        """Record one update's size and time: the wall time since the previous update ended
+        (logging and the clock's own checks included), or `seconds` for the first after a pause."""
+        now = self.now()
+        wall = seconds if self._last_step_end is None else max(now - self._last_step_end, seconds)
+        self._last_step_end = now
+        a = 0.1  # smooth, but follow a machine that speeds up after warm-up or slows under load
         def average(old: float | None, new: float) -> float:
             return new if old is None else (1 - a) * old + a * new
 
-        self.step_seconds = average(self.step_seconds, seconds)
+        self.step_seconds = average(self.step_seconds, wall)
         self.examples_per_step = average(self.examples_per_step, examples)
+
+    def paused(self) -> None:
+        """Validation or saving ran since the last update: the next one's wall time starts now."""
+        self._last_step_end = None
 
     # The plan ----------------------------------------------------------------------------------
     def planned_steps(self, step: int) -> int:
@@ -92,12 +144,9 @@ class Budget:
             total = min(total, step + int(left / self.step_seconds))
         return max(total, step, 1)
 
-    def progress(self, step: int) -> float:
-        """How much of the budget is spent, in [0, 1] (the progress bar's position)."""
-        by_steps = step / self.planned_steps(step)
-        if not self.timed:
-            return by_steps
-        return max(by_steps, min(self.now() / self.seconds, 1.0))
+    def seconds_left(self) -> float:
+        """Until the command ends (its budget), or inf for an untimed run."""
+        return self.seconds - self.now()
 
     # Validation --------------------------------------------------------------------------------
     def _valid_interval(self) -> float:
@@ -142,6 +191,7 @@ class Budget:
         if examples:
             self.valid_seconds_per_example = seconds / examples
         self.next_valid = self.now() + self._valid_interval()
+        self.paused()
 
     def valid_share(self) -> float:
         """Validation's share of the wall time so far."""

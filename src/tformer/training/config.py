@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tformer import devices
 from tformer.config import FieldType, TransformerConfig, check_known_keys, field_types
-from tformer.devices import HELP as DEVICE_HELP
-from tformer.devices import check_spec
 from tformer.errors import BadType
 from tformer.tasks import TASKS, Task
 from tformer.training.records import peek_fields
@@ -87,8 +86,7 @@ class TrainConfig:
     precision: str = _f("auto", "auto (bf16 autocast where the device computes bf16 natively and a step "
                         "of this model is measured faster in it, else fp32; fp16 with a GradScaler on "
                         "a CUDA GPU without bf16), fp32 or bf16 (fp32 master weights either way)")
-    device: str = _f("auto", "where the run trains: " + DEVICE_HELP.removesuffix(" (default: auto)")
-                     + "; recorded in the run, whose checkpoints load on any device")
+    device: str = _f("auto", devices.TRAIN_HELP)
     # Optimisation.
     steps: int = _f(2000, "optimizer updates in total (a resumed run continues up to this count)")
     epochs: int | None = _f(None, "data runs: stop after this many passes over the training data")
@@ -110,9 +108,12 @@ class TrainConfig:
     early_stop: float | None = _f(None, "stop once the validation metric reaches this (none = never)")
     patience: int | None = _f(None, "stop after N validations without a new best (none = never)")
     seed: int = _f(0, "seed for the data splits, initialisation and dropout")
-    threads: int | None = _f(None, "torch CPU threads (default: torch's choice)")
-    max_minutes: float | None = _f(None, "the whole run's wall-time budget: training, validation, "
-                                   "the final test and saving end within it")
+    threads: int | None = _f(None, "torch CPU threads (default: one per core that other processes "
+                             "leave free, at least one)")
+    max_minutes: float | None = _f(None, "the whole command's wall-time budget: starting, the plan's "
+                                   "probes, training, validation, the final test and saving end within "
+                                   "it (a slower test scores fewer examples; a resumed run gets what "
+                                   "its checkpoint had left; one too short is refused)")
     auto_size: bool = _f(True, "with --max-minutes and no size option, a run from scratch takes the "
                          "largest model that gets enough updates in the budget on this machine")
     auto_length: bool = _f(True, "with --max-minutes and no --max-length, a run from scratch on data "
@@ -135,9 +136,8 @@ class TrainConfig:
             raise BadType(f"model: expected a TransformerConfig, got {type(self.model).__name__}")
         if self.data is None and self.task not in TASKS:
             raise ValueError(f"task: expected one of {', '.join(TASKS)}; got {self.task!r}")
-        check_spec(self.device)
-        for name, choices in (("schedule", SCHEDULES), ("tokenizer", TOKENIZERS),
-                              ("precision", PRECISIONS)):
+        devices.check_spec(self.device)
+        for name, choices in (("schedule", SCHEDULES), ("tokenizer", TOKENIZERS), ("precision", PRECISIONS)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name}: expected one of {', '.join(choices)}; "
                                  f"got {getattr(self, name)!r}")

@@ -24,9 +24,8 @@ from __future__ import annotations
 import copy
 import heapq
 import json
-import random
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ from tformer.training.records import (
     Fields,
     Record,
     file_digest,
+    file_stat,
     indexed_records,
     parse_columns,
     peek_fields,
@@ -100,6 +100,7 @@ class TextData:
         self._held_out: dict[str, list[Record]] = {}
         self._held_out_keys: set[str] | None = None
         self._places: np.ndarray | None = None  # (N, 2) training records' (line, offset)
+        self._stats: dict[str, tuple[int, int] | None] = {}  # path -> (size, mtime) when digested
 
     # Building -------------------------------------------------------------------------------
     @classmethod
@@ -192,7 +193,7 @@ class TextData:
         for split in hashed:
             records = [r for u, r in candidates if split_of_unit(u, f) == split]
             data._held_out[split] = data._nonempty(split, records)
-        data.identity = {name: {"path": str(p), "blake2b": file_digest(p)}
+        data.identity = {name: {"path": str(p), "blake2b": data._digest(p)}
                          for name, p in (("data", config.data), ("valid", config.valid),
                                          ("test", config.test)) if p is not None}
         data.identity["data"]["records"] = n
@@ -210,16 +211,42 @@ class TextData:
 
     def check_identity(self) -> None:
         """Refuse data files that differ from those the run started with."""
-        c = self.config
-        for name, path in (("data", c.data), ("valid", c.valid), ("test", c.test)):
-            saved = self.identity.get(name)
-            if saved is None or path is None:
-                continue  # a run written before data identities were kept
-            digest = file_digest(path)
+        for name, path, saved in self._identified():
+            digest = self._digest(path)
             if digest != saved["blake2b"]:
                 raise ValueError(
                     f"{name}: {path} changed since the run started (blake2b {saved['blake2b'][:12]} "
                     f"then, {digest[:12]} now); resume with the file it trained on, or start a new run")
+
+    def check_unchanged(self, thorough: bool = True) -> None:
+        """Refuse data files that changed while the run trained (its batches are read from the
+        training file as it goes, so they would mix old and new records). Not `thorough`: only
+        files whose size or modification time moved are read again (what a validation checks;
+        the results are checked whole before they are published)."""
+        for name, path, saved in self._identified():
+            if not thorough and self._stats.get(str(path)) == file_stat(path):
+                continue
+            try:
+                digest = file_digest(path)
+            except OSError as e:
+                digest = f"unreadable ({e.strerror})"
+            if digest != saved["blake2b"]:
+                raise ValueError(
+                    f"{name}: {path} changed while the run trained (blake2b {saved['blake2b'][:12]} at "
+                    f"the start, {digest[:12]} now): its batches would mix old and new records, so no "
+                    "results were published (the last checkpoint is kept); start a new run")
+
+    def _identified(self) -> Iterator[tuple[str, str, dict[str, Any]]]:
+        c = self.config
+        for name, path in (("data", c.data), ("valid", c.valid), ("test", c.test)):
+            saved = self.identity.get(name)
+            if saved is not None and path is not None:  # (runs written before identities: none)
+                yield name, path, saved
+
+    def _digest(self, path: str | Path) -> str:
+        """The file's digest, noting its size and modification time as they were then."""
+        self._stats[str(path)], digest = file_stat(path), file_digest(path)
+        return digest
 
     # Splits -----------------------------------------------------------------------------
     def _given_keys(self) -> set[str]:
@@ -335,55 +362,3 @@ class TextData:
             pick = places[np.sort(order[start : start + POOL])]  # file order: reads go forward
             yield [self.fields.check(f"{c.data}:{line_no}", record)
                    for line_no, record in records_at(c.data, c.columns, pick.tolist())]
-
-
-# The training stream ------------------------------------------------------------------------
-def bucket(examples: list, max_tokens: int, rng: random.Random) -> list[list]:
-    """Cut examples (each with a `cost`: the tokens it adds to a batch's padded width) into
-    batches of similar length with at most max_tokens padded tokens (an example longer than
-    that is a batch alone), in a shuffled order."""
-    examples = list(examples)
-    rng.shuffle(examples)  # ties in length are broken differently every epoch
-    examples.sort(key=lambda ex: ex.cost)
-    batches, current, widest = [], [], 0
-    for ex in examples:
-        width = max(widest, ex.cost)
-        if current and width * (len(current) + 1) > max_tokens:
-            batches.append(current)
-            current, width = [], ex.cost
-        current.append(ex)
-        widest = width
-    if current:
-        batches.append(current)
-    rng.shuffle(batches)
-    return batches
-
-
-class BatchStream:
-    """The endless stream of training batches from the `start`-th (counting every rank's),
-    keeping those of this rank (batch i goes to rank i % world). Each epoch's order is seeded
-    by (seed, epoch), so the stream is the same every time and a resumed run skips what it used.
-    `epoch`: the passes over the training data completed before the batch last returned."""
-
-    def __init__(self, data: TextData, encode: Callable[[list[Record]], list],
-                 collate: Callable[[list], Any], max_tokens: int, start: int = 0, rank: int = 0,
-                 world: int = 1) -> None:
-        self.epoch = 0
-        self._batches = self._stream(data, encode, collate, max_tokens, start, rank, world)
-
-    def __iter__(self) -> BatchStream:
-        return self
-
-    def __next__(self):
-        return next(self._batches)
-
-    def _stream(self, data, encode, collate, max_tokens, start, rank, world) -> Iterator:
-        i = 0
-        while True:
-            rng = random.Random(f"{data.config.seed}/epoch/{self.epoch}")
-            for pool in data.epoch_pools(self.epoch):
-                for examples in bucket(encode(pool), max_tokens, rng):
-                    if i >= start and i % world == rank:
-                        yield collate(examples)
-                    i += 1
-            self.epoch += 1

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -48,36 +47,49 @@ from typing import Any
 import torch
 from safetensors.torch import save as st_save
 from torch import nn
-from tqdm import tqdm
 
 from tformer.devices import describe, resolve_device
+from tformer.kernels import autotune
 from tformer.stats import check_fits
 from tformer.storage.checkpoint import latest_checkpoint, load_training_state, load_weights, save_checkpoint
 from tformer.storage.files import new_run_dir, write_atomic
 from tformer.storage.rundir import discard_unstarted, open_run_dir, resume_metrics
-from tformer.training.budget import PROBE, Budget
+from tformer.training.budget import PROBE, Budget, check_minimum
 from tformer.training.config import TrainConfig
 from tformer.training.distributed import any_rank, barrier, rank_and_world
 from tformer.training.objectives import Objective, make_objective
-from tformer.training.plan import make_plan
-from tformer.training.report import Meter, Reporter, check_reports, plot_curves, sample_table, summary
+from tformer.training.plan import PROBE_SHARE, make_plan
+from tformer.training.report import (
+    Meter,
+    Progress,
+    Reporter,
+    baseline_verdict,
+    check_reports,
+    plot_curves,
+    sample_table,
+    summary,
+    with_baseline,
+)
 from tformer.training.schedule import learning_rate
 from tformer.training.steps import grad_scaler, make_optimizer, train_step
 
 
 # The loop ----------------------------------------------------------------------------------------
 def train(config: TrainConfig, resume: bool = False, progress: bool = True,
-          log=print) -> dict[str, Any]:
+          log=print, started: float | None = None) -> dict[str, Any]:
     """Train, checkpoint, test; return the test record (also the last line of metrics.jsonl).
 
     resume: continue the run in `config.out` from its checkpoint.
+    started: when the command started (a time.perf_counter() reading; `tformer train` passes
+    the process's start): --max-minutes counts from there. Default: now.
     """
-    started = time.perf_counter()
+    started = time.perf_counter() if started is None else started
     device = resolve_device(config.device)  # under torchrun: this rank's GPU
     rank, world = rank_and_world(device)
     writer = rank == 0
     if not writer:
         log = lambda *a, **k: None  # noqa: E731
+    threads = torch.get_num_threads()
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     run_dir = Path(config.out) if config.out else new_run_dir(config.name)
@@ -85,19 +97,27 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
         raise ValueError("out: data-parallel runs need --out (every rank must agree on it)")
     config = config.replace(out=str(run_dir))
     check_reports(config)  # --report-to tensorboard without its package: one line, nothing made
+    if not resume:
+        check_minimum(config, started)  # before anything: nothing can be done in less
     if config.data is None:  # the model is known before any file is touched: check its size
         task = make_objective(config)
         check_fits(task.model_config(), task.model_kind, training=True,
                    batch=config.batch_size, what="model")
     # Rank 0 checks, creates and locks the run directory, until training ends however it ends.
     created = writer and not run_dir.exists()
+    # New kernel choices (tformer.kernels.autotune) are measured within the probes' share of a
+    # timed run's budget; past it a shape class not yet known runs its default kernel.
+    measuring = PROBE_SHARE * config.max_minutes * 60 if config.max_minutes else None
     try:
-        with open_run_dir(run_dir, resume) if writer else contextlib.nullcontext():
+        with open_run_dir(run_dir, resume) if writer else contextlib.nullcontext(), \
+                autotune.measuring(measuring):
             return _train(config, resume, progress, log, rank, world, started, device)
     except (ValueError, OSError):
         if created and latest_checkpoint(run_dir) is None:
             discard_unstarted(run_dir)  # e.g. a bad data file: no directory holding only a lock
         raise
+    finally:
+        torch.set_num_threads(threads)  # the plan may have chosen fewer: the caller's again
 
 
 def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, world: int,
@@ -110,6 +130,8 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     barrier(world)
     if objective is None:
         objective = make_objective(config, run_dir, write=False)
+    if not resume:
+        check_minimum(config, started)
     plan, objective = make_plan(objective, resume, world, started, log, run_dir if writer else None, device)
     config, bf16, why_precision = plan.config, plan.bf16, plan.why("precision")  # bf16: 16-bit autocast
     torch.manual_seed(config.seed)
@@ -121,11 +143,17 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
         state.setdefault("best_by", objective.main_metric)  # what picked the best before best_by
         if config.precision == "auto" and state.get("precision") in ("fp32", "bf16", "fp16"):
             bf16, why_precision = state["precision"] != "fp32", "as the run chose when it started"
-        finished = resume_metrics(metrics_path, state, config.steps) if writer else None
-        if finished is not None:
-            log(f"{run_dir} already finished at step {state['step']}; its test result:")
-            log(summary(finished, objective.main_metric))
-            return finished
+        done = resume_metrics(metrics_path, state, _limits(config)) if writer else None
+        if done is not None:
+            log(f"{run_dir} had finished: stopped by {state['stopped_by']} at step {state['step']}; "
+                f"nothing changed ({_to_train_more(state)}). Its test result:")
+            log(summary(done, objective.main_metric))
+            verdict = baseline_verdict(done)
+            if verdict:
+                log(verdict)
+            return done
+        state.pop("stopped_by", None)  # trains on
+        check_minimum(config, started, spent=float(state["wall_seconds"]))
     state["precision"] = plan.half if bf16 else "fp32"
     state["device"] = str(device)
     scaler = grad_scaler(model, bf16)  # fp16 only
@@ -134,15 +162,13 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     log(f"precision: {state['precision']} ({why_precision})")
     n_params = sum(p.numel() for p in model.parameters())
     log(f"{objective.description}; {n_params:,} parameters; run dir {run_dir}")
-    baseline = objective.baseline()
-    if baseline:
-        log(f"majority-class baseline (test accuracy): {baseline['majority_baseline']:.3f}")
 
     key = objective.main_metric
     previous_wall = float(state["wall_seconds"])
-    budget = Budget(config, started, objective.train_records)
+    budget = Budget(config, started, objective.train_records, spent=previous_wall)
     budget.test_examples = len(objective.examples("test"))
-    bar = _progress_bar(budget, state["step"], disabled=not progress or not writer)
+    bar = Progress(budget.planned_steps(state["step"]), state["step"], disabled=not progress or not writer,
+                   ends_at=started + budget.seconds if budget.timed else None)
     meter = Meter()
     stop_reason = "steps"
     batches = objective.train_batches(state["step"] * config.accumulate * world, rank, world)
@@ -171,7 +197,6 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
                 f" stopped, keeping the last good checkpoint (if any) in {run_dir}; try a lower --lr"
             )
         meter.add(loss, acc, tokens)
-        _advance(bar, budget)
         time_up = budget.out_of_time()
         last = state["step"] >= budget.planned_steps(state["step"]) or time_up
         if state["step"] % config.log_every == 0 or last:
@@ -179,10 +204,14 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
                       "planned_steps": total, "wall_seconds": round(wall(), 2)}
             if writer:
                 reporter.write(record)
-            bar.set_postfix(step=state["step"], loss=f"{record['loss']:.3f}", acc=f"{record['accuracy']:.3f}",
-                            tok_s=f"{record['tokens_per_second'] * world:.0f}")
+            bar.stepped(state["step"], budget.planned_steps(state["step"]), loss=f"{record['loss']:.3f}",
+                        acc=f"{record['accuracy']:.3f}", tok_s=f"{record['tokens_per_second'] * world:.0f}")
+        else:
+            bar.stepped(state["step"], budget.planned_steps(state["step"]))
         if any_rank(budget.should_validate(state["step"], last), world):
-            valid = _validate(model, objective, budget)
+            objective.source.check_unchanged(thorough=False)  # batches read from a changed file
+            valid = _validate(model, objective, budget, bar)
+            bar.status("training")
             if writer:
                 reporter.write({"split": "validation", "step": state["step"], **valid,
                                 "valid_share": round(budget.valid_share(), 4),
@@ -192,9 +221,11 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
             state["wall_seconds"] = wall()
             improved = _track_best(state, *_selection(objective, valid))
             if writer:
+                bar.status("saving")
                 t = time.perf_counter()
                 _checkpoint(run_dir, model, optimizer, config, state, best=improved)
                 budget.saved(time.perf_counter() - t)
+            budget.paused()
             if config.early_stop is not None and valid[key] >= config.early_stop:
                 stop_reason = "early_stop"
                 break
@@ -211,24 +242,34 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
                 # Every rank stops at the same step, or the next step's all-reduce would wait.)
                 stop_reason = "max_minutes"
                 break
-    bar.close()
+            bar.status("training")
     state["wall_seconds"] = wall()
     state["stopped_by"] = stop_reason
+    state["limits"] = _limits(config)
     if writer:
+        bar.status("saving")
         _checkpoint(run_dir, model, optimizer, config, state, best=False)
     if (run_dir / "best.safetensors").is_file():
         load_weights(model, run_dir / "best.safetensors")  # test the best validated weights
-    test, shown = objective.evaluate(model, "test")
+    test, shown = objective.evaluate(model, "test", deadline=budget.test_deadline(),
+                                     progress=lambda done, of: bar.status("testing", done, of))
+    bar.close()
     record = {"split": "test", "task": config.name, "step": state["step"], **test,
-              "wall_seconds": round(wall(), 2), "stopped_by": stop_reason,
-              "valid_share": round(budget.valid_share(), 4), "parameters": n_params, "device": str(device),
-              **baseline}
+              "test_examples": budget.test_examples, "wall_seconds": round(wall(), 2),
+              "stopped_by": stop_reason, "valid_share": round(budget.valid_share(), 4),
+              "parameters": n_params, "device": str(device)}
     if not writer:
         return record
-    rows = objective.sample_rows(objective.examples("test"), shown)
+    scored = objective.examples("test")[: test["examples"]]
+    record = with_baseline(record, key, objective.baseline(scored))
+    objective.source.check_unchanged()  # before anything is published
+    rows = objective.sample_rows(scored, shown)
     if rows:
         log(sample_table(rows))
     log(summary(record, key))
+    verdict = baseline_verdict(record)
+    if verdict:
+        log(verdict)
     reporter.write(record)
     reporter.close()
     plot_curves(metrics_path, run_dir / "curves.png", key)
@@ -237,41 +278,37 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     return record
 
 
-def _validate(model: nn.Module, objective: Objective, budget: Budget) -> dict[str, float]:
+def _limits(config: TrainConfig) -> dict[str, Any]:
+    """What may stop a run (its checkpoint keeps them: a resume that raises none has nothing to do)."""
+    return {"steps": config.steps, "max_minutes": config.max_minutes, "epochs": config.epochs,
+            "patience": config.patience}
+
+
+def _to_train_more(state: dict[str, Any]) -> str:
+    flag = {"steps": "--steps", "max_minutes": "--max-minutes", "epochs": "--epochs",
+            "patience": "--patience"}.get(state["stopped_by"])
+    return f"to train more, resume with a larger {flag}" if flag else "it stopped early, at its target"
+
+
+def _validate(model: nn.Module, objective: Objective, budget: Budget, bar: Progress) -> dict[str, float]:
     """Metrics on the validation sample; a timed run first times a few examples to size it."""
     examples = objective.examples("validation")
+    deadline = budget.valid_deadline() if budget.timed else None
     if budget.needs_probe():
         t = time.perf_counter()
         probe = examples[:PROBE]
-        objective.evaluate(model, "validation", examples=probe)
+        bar.status("timing validation")
+        objective.evaluate(model, "validation", examples=probe, deadline=deadline)
         budget.probed(time.perf_counter() - t, len(probe))
     sample = examples[: budget.sample_size(len(examples))]
     t = time.perf_counter()
-    valid, _ = objective.evaluate(model, "validation", examples=sample)
-    budget.validated(time.perf_counter() - t, len(sample))
+    valid, _ = objective.evaluate(model, "validation", examples=sample, deadline=deadline,
+                                  progress=lambda done, of: bar.status("validating", done, of))
+    budget.validated(time.perf_counter() - t, valid["examples"])
     if not all(math.isfinite(v) for v in valid.values()):
         raise ValueError(f"validation: expected finite outputs, got {valid}; stopped, keeping the "
                          "last good checkpoint (if any); try a lower --lr")
     return valid
-
-
-def _progress_bar(budget: Budget, step: int, disabled: bool):
-    """Counts seconds toward --max-minutes when there is one, else steps toward --steps.
-    Redraws a few times a second on a terminal; in a log file, every 30 s is plenty."""
-    interval = 0.1 if sys.stderr.isatty() else 30
-    if budget.timed:
-        return tqdm(total=round(budget.seconds), initial=round(budget.now()), unit="s", disable=disabled,
-                    dynamic_ncols=True, leave=False, mininterval=interval,
-                    bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s [{elapsed}<{remaining}{postfix}]")
-    return tqdm(total=budget.config.steps, initial=step, disable=disabled, dynamic_ncols=True,
-                leave=False, mininterval=interval)
-
-
-def _advance(bar, budget: Budget) -> None:
-    if budget.timed:
-        bar.update(max(min(budget.now(), budget.seconds) - bar.n, 0))
-    else:
-        bar.update(1)
 
 
 def _selection(objective: Objective, valid: dict[str, float]) -> tuple[str, float]:

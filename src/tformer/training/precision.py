@@ -13,6 +13,7 @@ the run records "fp16".
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 
 import torch
@@ -29,6 +30,7 @@ from tformer.nn.precision import MIN_SPEEDUP, bf16_speedup
 # model trained 1.2x slower under bf16 on an AMD EPYC Zen 4 whose 512^3 product ran 1.95x faster).
 MIN_STEP_SPEEDUP = 1.1
 _CPU = torch.device("cpu")
+ROUNDS = 4  # interleaved timed steps per precision (after a warm-up step of each)
 
 
 def choose_precision(requested: str, device: torch.device = _CPU) -> tuple[str, str]:
@@ -57,8 +59,8 @@ def choose_precision(requested: str, device: torch.device = _CPU) -> tuple[str, 
         return "fp32", NO_BF16
     speedup = bf16_speedup(device=device)
     if speedup < MIN_SPEEDUP or not bf16_supported():
-        return "fp32", f"bf16 matrix products measured only {speedup:.2f}x fp32's here"
-    return "bf16", f"native bf16, matrix products measured {speedup:.2f}x fp32's here"
+        return "fp32", f"bf16 matrix products run only {speedup:.2f}x faster than fp32's here"
+    return "bf16", f"native bf16: matrix products run {speedup:.1f}x faster than fp32's here"
 
 
 @functools.cache
@@ -75,31 +77,66 @@ def bf16_supported() -> bool:
     return True
 
 
-def confirm_bf16(seconds_per_step: Callable[[bool], float], step_class: str,
-                 device: torch.device = _CPU) -> tuple[bool, str]:
+def confirm_bf16(stepper: Callable[[bool], Callable[[], object]], step_class: str,
+                 deadline: float | None = None, device: torch.device = _CPU) -> tuple[bool, str]:
     """(train in 16-bit autocast, why) for a run whose "auto" chose it (on a CPU from a generic
-    product): `seconds_per_step(bf16)` times a few updates of the run's own model on its own
-    batches, on `device` (fp16 on a GPU without bf16 units: the messages say which).
+    product): `stepper(bf16)` builds the run's own model and returns a call that runs one update
+    of it on its own batch, in that precision, on `device` (timed to its end there; 16-bit is
+    fp16 on a GPU without bf16 units: the messages say which).
 
+    Timed in interleaved rounds after a warm-up of each (a burst of other work slows both
+    alike), each precision by its fastest round (other work only ever adds time); rounds that
+    spread (``autotune.noisy``) are measured again once, unless that would pass the `deadline`
+    (a time.perf_counter() reading). 16-bit must be MIN_STEP_SPEEDUP faster.
     Measured once per device and `step_class` (``step_class()``) and remembered with the kernel
     choices (tformer.kernels.autotune): the same run on the same machine trains in the same precision,
-    so its result does not hang on one timing's noise, and a run killed before its first
-    checkpoint starts again as it first did.
+    and a run killed before its first checkpoint starts again as it first did.
     """
     half = half_name(device)
 
     def decide_now() -> dict:
-        fp32, bf16 = seconds_per_step(False), seconds_per_step(True)
-        choice = half if fp32 >= MIN_STEP_SPEEDUP * bf16 else "fp32"
-        return autotune.decision(choice, {"fp32": fp32, half: bf16})
+        measured = measure_bf16(stepper, deadline)  # "bf16" there: the 16-bit autocast, named here
+        seconds = measured["seconds"]
+        return autotune.decision(half if measured["choice"] == "bf16" else "fp32",
+                                 {"fp32": seconds["fp32"], half: seconds["bf16"]})
 
     decision = autotune.recall("train-precision", step_class, decide_now, {"fp32", half}, device)
+    return decision["choice"] == half, precision_why(decision, half)
+
+
+def measure_bf16(stepper: Callable[[bool], Callable[[], object]], deadline: float | None = None) -> dict:
+    """The decision of ``confirm_bf16``, measured now ("bf16": the device's 16-bit autocast)."""
+    steps = {False: stepper(False), True: stepper(True)}
+    for step in steps.values():
+        step()  # the first call of a new shape's kernels
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(2):
+        t0 = time.perf_counter()
+        for _ in range(ROUNDS):
+            for bf16, step in steps.items():
+                t = time.perf_counter()
+                step()
+                times[bf16].append(time.perf_counter() - t)
+        again = deadline is None or time.perf_counter() + (time.perf_counter() - t0) <= deadline
+        if not (again and autotune.noisy(times)):
+            break
+    fp32, bf16 = min(times[False]), min(times[True])
+    choice = "bf16" if fp32 >= MIN_STEP_SPEEDUP * bf16 else "fp32"
+    return autotune.decision(choice, {"fp32": fp32, "bf16": bf16})
+
+
+def precision_why(decision: dict, half: str = "bf16") -> str:
+    """What a remembered precision decision says: which is faster, and by how much."""
     seconds = decision["seconds"]
-    speedup = seconds.get("fp32", 0.0) / max(seconds.get(half, 1.0), 1e-9)
-    if decision["choice"] != half:
-        return False, (f"{half} autocast measured {speedup:.2f}x fp32's training step of this model "
-                       "here: its matrix products are too small to gain what the casts cost")
-    return True, f"native {half}, a training step of this model measured {speedup:.2f}x fp32's here"
+    ratio = seconds.get(half, 1.0) / max(seconds.get("fp32", 1.0), 1e-9)  # 16-bit's time / fp32's
+    if decision["choice"] == half:
+        return (f"native {half}: a training step of this model takes {ratio:.2f}x fp32's time here "
+                f"({1 / ratio:.1f}x faster)")
+    if ratio >= 1:
+        return (f"{half} autocast makes a training step of this model {ratio:.1f}x slower here "
+                "(its matrix products are too small to gain what the casts cost)")
+    return (f"{half} autocast makes a training step of this model only {1 / ratio:.2f}x faster here "
+            f"(less than the {MIN_STEP_SPEEDUP}x worth training in {half})")
 
 
 def step_class(kind: str, model: TransformerConfig, batch: str) -> str:

@@ -301,3 +301,12 @@ def file_digest(path: str | Path) -> str:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
+
+
+def file_stat(path: str | Path) -> tuple[int, int] | None:
+    """(size, modification time in ns) of a file, or None if it is gone: what changes first."""
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns

@@ -7,9 +7,12 @@ import csv
 import io
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 from tformer.errors import require
 from tformer.storage.files import write_atomic
@@ -112,6 +115,56 @@ class Meter:
         return out
 
 
+class Progress:
+    """The progress line of a run: steps toward the planned total and the time left while it
+    trains (a timed run: until its budget ends, tests and saving included), then what runs,
+    example by example (validating 320/500, testing 64/1,000): it moves until the command ends.
+    Redrawn a few times a second on a terminal; in a log file, every 30 s is plenty."""
+
+    def __init__(self, total: int, step: int, disabled: bool, ends_at: float | None = None) -> None:
+        self.interval = 0.1 if sys.stderr.isatty() else 30
+        self.ends_at = ends_at  # a time.perf_counter() reading: the budget's end, if timed
+        eta = "" if ends_at is not None else "<{remaining}"  # a timed run says when it ends
+        self.bar = tqdm(total=total, initial=step, unit="step", disable=disabled, dynamic_ncols=True,
+                        leave=False, mininterval=self.interval,
+                        bar_format="{desc}{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} steps "
+                                   "[{elapsed}" + eta + "{postfix}]")
+        self.drawn = time.perf_counter()
+        self.shown: dict[str, str] = {}
+        self.bar.set_description_str("training ", refresh=False)
+        self._postfix()
+
+    def stepped(self, step: int, total: int, **shown: str) -> None:
+        """One update done, of `total` planned; `shown`: loss, accuracy... (kept until replaced)."""
+        self.shown.update(shown)
+        self.bar.total = max(total, step)
+        self._postfix()
+        self.bar.update(step - self.bar.n)
+
+    def status(self, what: str, done: int | None = None, of: int | None = None) -> None:
+        """What runs now ("validating", "testing"), and how far it is (examples done, of)."""
+        count = f" {done:,}/{of:,}" if done is not None and of else ""
+        self.bar.set_description_str(f"{what}{count} ", refresh=False)
+        self._postfix()
+        if time.perf_counter() - self.drawn >= self.interval:
+            self.bar.refresh()
+            self.drawn = time.perf_counter()
+
+    def write(self, line: str) -> None:
+        self.bar.write(line)
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def _postfix(self) -> None:
+        left = ""
+        if self.ends_at is not None:
+            seconds = max(self.ends_at - time.perf_counter(), 0.0)
+            left = f"ends in {int(seconds // 60)}:{int(seconds % 60):02d}"
+        shown = [left] + [f"{k} {v}" for k, v in self.shown.items()]
+        self.bar.set_postfix_str(", ".join(x for x in shown if x), refresh=False)
+
+
 def sample_table(rows: list[tuple[str, str, str]], n: int = 6) -> str:
     """input / prediction / target columns, cut to fit, with ok/WRONG marks."""
     table = [("input", "prediction", "target", "")]
@@ -126,17 +179,54 @@ def sample_table(rows: list[tuple[str, str, str]], n: int = 6) -> str:
 
 def summary(record: dict[str, Any], key: str) -> str:
     done = f"after {record['step']} steps, {record['wall_seconds']:.1f} s"
+    of = record.get("test_examples")
+    if of is not None and record.get("examples", of) < of:  # the test's deadline cut it
+        done += f"; scored {record['examples']:,} of {of:,} test examples in the time left"
     if key == "exact_match":
         return (f"test exact_match: {record['exact_match']:.4f} "
                 f"(token accuracy {record['accuracy']:.4f}) {done}")
-    if "majority_baseline" in record:
+    if key == "accuracy":
         extra = f" macro-F1 {record['macro_f1']:.4f}" if "macro_f1" in record else ""
-        return (f"test accuracy: {record['accuracy']:.4f}{extra} "
-                f"(majority baseline {record['majority_baseline']:.4f}) {done}")
+        return f"test accuracy: {record['accuracy']:.4f}{extra} {done}"
     if key == "bleu":
         return (f"test BLEU {record['bleu']:.2f} chrF {record['chrf']:.2f} "
                 f"exact match {record['exact_match']:.4f} {done}")
     return f"test recall@1 {record['recall_at_1']:.4f} MRR@10 {record['mrr_at_10']:.4f} {done}"
+
+
+# The best score of each main metric: a baseline that reaches it (copying the source, for the
+# copy task) can be matched, not beaten.
+PERFECT = {"accuracy": 1.0, "exact_match": 1.0, "mrr_at_10": 1.0, "bleu": 100.0}
+NAMES = {"accuracy": "accuracy", "exact_match": "exact match", "mrr_at_10": "MRR@10", "bleu": "BLEU"}
+
+
+def beats_baseline(value: float, baseline: float, key: str) -> bool:
+    """Whether a test score beats its trivial baseline (higher is better; a perfect baseline is
+    matched by a perfect score)."""
+    return value > baseline or value >= PERFECT.get(key, float("inf"))
+
+
+def with_baseline(record: dict[str, Any], key: str, baseline: dict[str, Any]) -> dict[str, Any]:
+    """The test record with its baseline (``Objective.baseline``'s), the metric compared and the
+    verdict, as metrics.jsonl keeps them."""
+    return {**record, **baseline, "main_metric": key,
+            "beats_baseline": beats_baseline(record[key], baseline["baseline"], key)}
+
+
+def baseline_verdict(record: dict[str, Any]) -> str | None:
+    """One line on whether a test record beat its baseline: "the model learned: ..." or
+    "warning: the model did not learn: ..."; None for a record without a baseline (older runs)."""
+    key = record.get("main_metric")
+    if key is None or record.get("baseline") is None or key not in record:
+        return None
+    digits = 2 if key == "bleu" else 4
+    name = NAMES.get(key, key)
+    ours, theirs = f"{record[key]:.{digits}f}", f"{record['baseline']:.{digits}f}"
+    by = record.get("baseline_by", "a trivial prediction")
+    if record.get("beats_baseline", beats_baseline(record[key], record["baseline"], key)):
+        return f"the model learned: test {name} {ours} beats the baseline of {by} ({name} {theirs})"
+    return (f"warning: the model did not learn: test {name} {ours} does not beat the baseline of {by} "
+            f"({name} {theirs}); a longer --max-minutes (or a quieter machine) trains more")
 
 
 def plot_curves(metrics_path: Path, png_path: Path, key: str) -> None:

@@ -38,14 +38,20 @@ def wants_auto_size(config, resume: bool, world: int) -> bool:
             and config.data is not None and not resume and world == 1)
 
 
-def choose_size(config, objective_for, seconds: float, batches: Iterator, step) -> tuple[Any, str]:
+def choose_size(config, objective_for, seconds: float, seconds_per_step,
+                not_measured: str = "") -> tuple[Any, str]:
     """(the config with the chosen sizes, why). `objective_for(config)` gives an objective,
-    `step(model, batch, objective)` runs one update; `seconds`: the training time left."""
+    `seconds_per_step(objective)` times a few updates of its model (None: not measured, and the
+    smallest rung stands; `not_measured` says why); `seconds`: the training time left."""
     probe = objective_for(config.replace(**LADDER[0]))
-    per_step = time_steps(probe, step, batches)
+    per_step = seconds_per_step(probe)
+    chosen = LADDER[0]
+    size = f"d_model {chosen['d_model']}, {chosen['n_layers']} layers"
+    if per_step is None:
+        return config.replace(**chosen), f"{size}: the smallest; the step time is {not_measured}"
     kind = probe.model_kind
     base_flops = flops_per_token(probe.model_config(), 64, kind)
-    chosen, steps = LADDER[0], seconds / per_step
+    steps = seconds / per_step
     for rung in LADDER[1:]:
         candidate = objective_for(config.replace(**rung)).model_config()
         estimate = seconds / (per_step * flops_per_token(candidate, 64, kind) / base_flops)
@@ -90,12 +96,13 @@ def cut_share(longest: list[int], max_length: int) -> float:
 
 
 def choose_length(config, objective_for, pool: list, seconds: float, seconds_per_step,
-                  train_examples: int) -> tuple[Any, str]:
+                  train_examples: int, not_measured: str = "") -> tuple[Any, str]:
     """(the config with max_length and max_tokens chosen, why), from the preset's length up by
     doubling: the longest that still gets MIN_PASSES passes over `train_examples` and
     MIN_LENGTH_STEPS updates in `seconds` at this machine's measured speed. `objective_for(config)`
     gives an objective; `pool` is a sample of training records; `seconds_per_step(objective)`
-    times a few updates of its model on its own batches (time_steps), for each longer length."""
+    times a few updates of its model on its own batches (time_steps), for each longer length
+    (None: not measured, and the doubling stops there; `not_measured` says why)."""
     probe_sizes = LADDER[0] if config.auto_size else {}
     longest = [ex.longest for ex in objective_for(config.replace(max_length=AUTO_LENGTH_LIMIT)).encode(pool)]
     chosen, passes, tried = config, None, []
@@ -107,6 +114,9 @@ def choose_length(config, objective_for, pool: list, seconds: float, seconds_per
             costs = [ex.cost for ex in objective_for(candidate).encode(pool)]
             candidate, _ = batch_tokens(candidate, costs)
         per_step = seconds_per_step(objective_for(candidate.replace(**probe_sizes)))
+        if per_step is None:
+            tried.append(f"{length}: {not_measured}")
+            break
         steps = seconds / per_step
         passes = steps * config.batch_size / max(train_examples, 1)
         tried.append(f"{length}: about {passes:.1f} passes")
@@ -122,16 +132,23 @@ def choose_length(config, objective_for, pool: list, seconds: float, seconds_per
                     f"{'; '.join(tried)})")
 
 
-def time_steps(objective, step, batches: Iterator | None = None) -> float:
+def time_steps(objective, step, batches: Iterator | None = None, deadline: float | None = None) -> float:
     """Seconds per update of `objective`'s model (`step(model, batch, objective)` runs one) on
-    `batches`, by default its own, after one warm-up step (kernel creation, allocation)."""
+    `batches`, by default its own: the fastest of PROBE_STEPS after one warm-up step (kernel
+    creation, allocation; other work on the machine only ever adds time). Past the `deadline`
+    (a time.perf_counter() reading) no more steps start: the fastest so far, or the warm-up's."""
     model = objective.build_model()
     batches = objective.train_batches(0) if batches is None else batches
-    step(model, next(batches), objective)  # warm-up
     t = time.perf_counter()
+    step(model, next(batches), objective)  # warm-up
+    times = [time.perf_counter() - t]
     for _ in range(PROBE_STEPS):
+        if deadline is not None and time.perf_counter() + min(times) > deadline:
+            break
+        t = time.perf_counter()
         step(model, next(batches), objective)
-    return (time.perf_counter() - t) / PROBE_STEPS
+        times.append(time.perf_counter() - t)
+    return min(times[1:] or times)
 
 
 def batch_tokens(config, costs: list[int]) -> tuple[Any, str]:

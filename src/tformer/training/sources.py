@@ -25,8 +25,9 @@ from tformer.text.batches import EncodedText
 from tformer.text.specials import BOS, EOS, PAD
 from tformer.text.tokenizer import Tokenizer
 from tformer.training import evaluation
-from tformer.training.dataset import BatchStream, TextData
+from tformer.training.dataset import TextData
 from tformer.training.records import Record
+from tformer.training.stream import BatchStream
 
 Data = str | Path | Any  # a file, or records (an iterable of dicts of fields)
 
@@ -133,13 +134,22 @@ class TaskSource:
         right = sum(p == ex.label for p, ex in zip(predicted, examples, strict=True))
         return {"accuracy": right / max(len(examples), 1)}
 
-    def majority(self) -> float:
-        """Test accuracy of always predicting the majority label of a large training sample."""
-        return self.task.majority_baseline()["accuracy"]
+    def majority(self, examples: list[Example]) -> float:
+        """Accuracy on `examples` of always predicting the majority label of a large training sample."""
+        label = self.task.majority_baseline()["label"]
+        return sum(ex.label == label for ex in examples) / max(len(examples), 1)
+
+    def copy_score(self, examples: list[Example]) -> float:
+        """Exact match of each source given as its own output."""
+        copied = [ids + [self.eos_id] for ids in self.pieces([ex.source for ex in examples])]
+        return self.score_sequences(copied, examples)[0][self.sequence_metric]
 
     def row(self, example: Example, shown: str) -> tuple[str, str, str]:
         """(input, prediction, target) for the sample table."""
         return example.source, shown, example.target or str(example.label)
+
+    def check_unchanged(self, thorough: bool = True) -> None:
+        """Nothing to check: a task's examples are generated, not read."""
 
     # Files of the run -----------------------------------------------------------------------
     @property
@@ -280,12 +290,22 @@ class FileSource:
         actual = [self.data.label_ids[r["label"]] for r in records]
         return evaluation.classification_metrics(predicted, actual, len(self.labels))
 
-    def majority(self) -> float:
-        """Test accuracy of always predicting the test split's most frequent label."""
+    def majority(self, records: list[Record]) -> float:
+        """Accuracy on `records` of always predicting their most frequent label."""
         counts: dict[str, int] = {}
-        for r in self.examples("test"):
+        for r in records:
             counts[r["label"]] = counts.get(r["label"], 0) + 1
-        return max(counts.values()) / sum(counts.values())
+        return max(counts.values(), default=0) / max(sum(counts.values()), 1)
+
+    def copy_score(self, records: list[Record]) -> float:
+        """BLEU of each source given as its own output (the sources of a translation share its
+        names, numbers and placeholders: what a model must beat to have learnt anything)."""
+        return evaluation.text_metrics([r["source"] for r in records],
+                                       [r["target"] for r in records])[self.sequence_metric]
+
+    def check_unchanged(self, thorough: bool = True) -> None:
+        """Refuse data files that changed since the run started (TextData.check_unchanged)."""
+        self.data.check_unchanged(thorough)
 
     def row(self, record: Record, shown: str) -> tuple[str, str, str]:
         first, second = self.data.fields.required

@@ -13,8 +13,9 @@ asks which it has; a trained run (tformer.runs) has the verbs of its kind.
 from __future__ import annotations
 
 import contextlib
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ EVAL_SAMPLE = 500
 PREDICT_BATCH = 64  # examples per forward when predicting
 
 Source = TaskSource | FileSource
+Progress = Callable[[int, int], None]  # (examples done, examples in all)
 
 
 @contextlib.contextmanager
@@ -54,7 +56,7 @@ def validation_sample(split: str, examples: list) -> list:
 class Objective(ABC):
     """A kind of model and what it learns from its source. Subclasses set the class attributes
     and define the abstract methods: model_config, build_model, encode, collate, loss,
-    predict_batch and score."""
+    predict_batch, score and _baseline."""
 
     kind = ""  # "seq2seq", "classification" or "embedding": reports, run directories
     model_kind = ""  # what tformer.stats sizes: "seq2seq", "classifier" or "encoder"
@@ -142,31 +144,55 @@ class Objective(ABC):
         return self.source.read_examples(data)
 
     def predict(self, model: nn.Module, examples: list, batch_size: int = PREDICT_BATCH,
-                **options: Any) -> list:
+                deadline: float | None = None, progress: Progress | None = None, **options: Any) -> list:
         """One prediction per example, in order; labels and targets are not needed. Batches go
-        to the model's device."""
+        to the model's device. With a `deadline` (a time.perf_counter() reading), no batch
+        starts that would end past it, by the last batch's time (the first always runs): the
+        predictions of a prefix of examples. `progress(done, total)` is called after each batch."""
         out: list = []
+        batch_seconds = 0.0
         device = model_device(model)
         with evaluating(model):
             for i in range(0, len(examples), batch_size):
+                if out and deadline is not None and time.perf_counter() + batch_seconds > deadline:
+                    break
+                t = time.perf_counter()
                 batch = self.collate(self.encode(examples[i : i + batch_size])).to(device)
-                out += self.predict_batch(model, batch, **options)
+                out += self.predict_batch(model, batch, **self._bounded(options, deadline))
+                batch_seconds = time.perf_counter() - t
+                if progress is not None:
+                    progress(len(out), len(examples))
         return out
 
+    def _bounded(self, options: dict[str, Any], deadline: float | None) -> dict[str, Any]:
+        """predict_batch's options under a deadline (a decoder's: generation stops there)."""
+        return options
+
     def evaluate(self, model: nn.Module, split: str, examples: list | None = None,
+                 deadline: float | None = None, progress: Progress | None = None,
                  **options: Any) -> tuple[dict[str, float], list]:
         """Metrics on a held-out split (or on `examples`), with the teacher-forced, unsmoothed
-        loss of the first EVAL_SAMPLE; and what each prediction shows."""
+        loss of the first EVAL_SAMPLE; and what each prediction shows. With a `deadline`, the
+        examples predicted by then are scored (``predict``): metrics["examples"] says how many."""
         examples = validation_sample(split, self.examples(split)) if examples is None else examples
-        metrics, shown = self.score(examples, self.predict(model, examples, **options))
+        preds = self.predict(model, examples, deadline=deadline, progress=progress, **options)
+        scored = examples[: len(preds)]
+        metrics, shown = self.score(scored, preds)
         with evaluating(model):
-            batch = self.collate(self.encode(examples[:EVAL_SAMPLE])).to(model_device(model))
+            batch = self.collate(self.encode(scored[:EVAL_SAMPLE])).to(model_device(model))
             metrics["loss"] = self.loss(model, batch)[0].item()
+        metrics["examples"] = len(scored)
         return metrics, shown
 
-    def baseline(self) -> dict[str, float]:
-        """The trivial baseline's score on the test split, under the main metric's name."""
-        return {}
+    def baseline(self, examples: list) -> dict[str, Any]:
+        """The trivial baseline's score on `examples` under the main metric, as ``baseline``,
+        and what it does, as ``baseline_by`` (tformer.training.report.baseline_verdict compares)."""
+        value, by = self._baseline(examples)
+        return {"baseline": value, "baseline_by": by}
+
+    @abstractmethod
+    def _baseline(self, examples: list) -> tuple[float, str]:
+        """(the main metric of a trivial prediction of `examples`, what that prediction is)."""
 
     def sample_rows(self, examples: list, shown: list) -> list[tuple[str, str, str]]:
         """(input, prediction, target) rows for the sample table."""

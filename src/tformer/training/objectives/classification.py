@@ -79,8 +79,8 @@ class Classification(Objective):
         predicted = [argmax(p) for p in preds]
         return self.source.score_classes(predicted, examples), [self.labels[c] for c in predicted]
 
-    def baseline(self) -> dict[str, float]:
-        return {"majority_baseline": self.source.majority()}
+    def _baseline(self, examples: list) -> tuple[float, str]:
+        return self.source.majority(examples), "the majority class"
 
     def classify(self, model: nn.Module, texts: list[str], pairs: list[str | None] | None = None,
                  batch_size: int = 64) -> list[dict]:
@@ -90,9 +90,9 @@ class Classification(Objective):
                 for p in self.predict(model, examples, batch_size=batch_size)]
 
     def save_outputs(self, model: nn.Module, run_dir: Path, shown: list[str]) -> None:
-        """The test confusion matrix."""
+        """The test confusion matrix (of the examples the test scored: `shown`, one each)."""
         ids = {name: i for i, name in enumerate(self.labels)}
-        examples = self.examples("test")
+        examples = self.examples("test")[: len(shown)]
         actual = self.source.label_ids(examples)
         matrix = evaluation.confusion([ids[s] for s in shown], actual, len(self.labels))
         plot_confusion(matrix, self.labels, run_dir / "confusion.png")

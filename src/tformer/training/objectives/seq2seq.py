@@ -7,6 +7,9 @@ your files. The best weights are kept by the teacher-forced validation loss.
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from torch import nn
 
 from tformer.config import TransformerConfig
@@ -16,6 +19,17 @@ from tformer.text.batches import Seq2SeqBatch, seq2seq_arrays
 from tformer.training.examples import Seq2SeqExample
 from tformer.training.losses import seq2seq_loss
 from tformer.training.objectives.base import Objective
+
+# Generation stops after LENGTH_A * (source tokens) + LENGTH_B tokens (and at the run's max
+# length), as Marian (--max-length-factor) and fairseq (--max-len-a/b) bound theirs: an untrained
+# or looping model decoded every test sentence to 128 tokens, 200 s after a 3-minute budget.
+# Targets of 2x their source and 10 more hold every pair of the English -> German catalogs.
+LENGTH_A, LENGTH_B = 2.0, 10
+
+
+def generation_limit(source_tokens: int, max_new_tokens: int) -> int:
+    """The most tokens generated for a source of `source_tokens` (EOS included)."""
+    return max(1, min(max_new_tokens, math.ceil(LENGTH_A * source_tokens) + LENGTH_B))
 
 
 class Seq2Seq(Objective):
@@ -58,13 +72,25 @@ class Seq2Seq(Objective):
         return seq2seq_loss(model, batch, label_smoothing, self.source.pad_id)
 
     def predict_batch(self, model: nn.Module, batch: Seq2SeqBatch, beam_size: int = 1,
-                      length_penalty: float = 1.0, max_len: int | None = None) -> list[list[int]]:
-        """Generated ids (up to EOS) per example; max_len: the most tokens (default the source's)."""
+                      length_penalty: float = 1.0, max_len: int | None = None,
+                      deadline: float | None = None) -> list[list[int]]:
+        """Generated ids (up to EOS) per example; max_len: the most tokens (default: bounded by
+        the batch's longest source, ``generation_limit``); deadline: a time.perf_counter()
+        reading at which generation stops, the outputs cut where they are."""
         s = self.source
-        out = generate(model, batch.src, batch.src_mask, beam_size=beam_size,
-                       max_len=max_len or s.max_new_tokens, length_penalty=length_penalty,
-                       bos_id=s.bos_id, eos_id=s.eos_id, pad_id=s.pad_id)
+        if max_len is None:
+            max_len = generation_limit(int(batch.src_mask.sum(dim=1).max()), s.max_new_tokens)
+        out = generate(model, batch.src, batch.src_mask, beam_size=beam_size, max_len=max_len,
+                       length_penalty=length_penalty, bos_id=s.bos_id, eos_id=s.eos_id, pad_id=s.pad_id,
+                       deadline=deadline)
         return out.tolist()
+
+    def _bounded(self, options: dict[str, Any], deadline: float | None) -> dict[str, Any]:
+        return {**options, "deadline": deadline}
+
+    def _baseline(self, examples: list) -> tuple[float, str]:
+        """Copying the source: the score of each source given as its own output."""
+        return self.source.copy_score(examples), "copying the source"
 
     def score(self, examples: list, preds: list[list[int]]) -> tuple[dict[str, float], list[str]]:
         return self.source.score_sequences(preds, examples)

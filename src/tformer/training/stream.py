@@ -1,0 +1,65 @@
+"""The training stream: a run's records, cut into batches of similar length, epoch after epoch.
+
+    stream = BatchStream(data, encode, collate, max_tokens)   # TextData -> batches, endless
+    batch = next(stream); stream.epoch                         # passes completed so far
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from tformer.training.dataset import TextData
+from tformer.training.records import Record
+
+
+def bucket(examples: list, max_tokens: int, rng: random.Random) -> list[list]:
+    """Cut examples (each with a `cost`: the tokens it adds to a batch's padded width) into
+    batches of similar length with at most max_tokens padded tokens (an example longer than
+    that is a batch alone), in a shuffled order."""
+    examples = list(examples)
+    rng.shuffle(examples)  # ties in length are broken differently every epoch
+    examples.sort(key=lambda ex: ex.cost)
+    batches, current, widest = [], [], 0
+    for ex in examples:
+        width = max(widest, ex.cost)
+        if current and width * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current, width = [], ex.cost
+        current.append(ex)
+        widest = width
+    if current:
+        batches.append(current)
+    rng.shuffle(batches)
+    return batches
+
+
+class BatchStream:
+    """The endless stream of training batches from the `start`-th (counting every rank's),
+    keeping those of this rank (batch i goes to rank i % world). Each epoch's order is seeded
+    by (seed, epoch), so the stream is the same every time and a resumed run skips what it used.
+    `epoch`: the passes over the training data completed before the batch last returned."""
+
+    def __init__(self, data: TextData, encode: Callable[[list[Record]], list],
+                 collate: Callable[[list], Any], max_tokens: int, start: int = 0, rank: int = 0,
+                 world: int = 1) -> None:
+        self.epoch = 0
+        self._batches = self._stream(data, encode, collate, max_tokens, start, rank, world)
+
+    def __iter__(self) -> BatchStream:
+        return self
+
+    def __next__(self):
+        return next(self._batches)
+
+    def _stream(self, data, encode, collate, max_tokens, start, rank, world) -> Iterator:
+        i = 0
+        while True:
+            rng = random.Random(f"{data.config.seed}/epoch/{self.epoch}")
+            for pool in data.epoch_pools(self.epoch):
+                for examples in bucket(encode(pool), max_tokens, rng):
+                    if i >= start and i % world == rank:
+                        yield collate(examples)
+                    i += 1
+            self.epoch += 1
