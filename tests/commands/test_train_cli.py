@@ -105,5 +105,5 @@ def test_train_help_shows_each_objectives_real_defaults(capsys):
             f"embedding {lrs['embedding']}; fine-tuning by the model's width") in text
     assert FINETUNE_PRESET["lr"] is None
     pooling = OBJECTIVE_PRESETS["classification"]["pooling"]
-    assert f"`export --hf` takes it too) (default: classification {pooling};" in text
+    assert f"pooler: a BertForSequenceClassification) (default: classification {pooling};" in text
     assert "usage: tformer train (--data FILE | --task NAME) [options]" in text

@@ -1,8 +1,9 @@
 """`tformer export`: write a model in a format other tools load.
 
-    tformer export RUN --hf DIR          classification run: a BertForSequenceClassification
-                                         directory; seq2seq run: MarianMTModel (post-norm) or
-                                         PegasusForConditionalGeneration (pre-norm)
+    tformer export RUN --hf DIR          classification run: BertForSequenceClassification (with
+                                         BERT's pooler) or XLMForSequenceClassification (mean
+                                         pooling, the default: exact one text per call); seq2seq
+                                         run: MarianMTModel (post-norm) or Pegasus (pre-norm)
     tformer export RUN --onnx DIR        a folder: classifier: model.onnx (logits), tokenizer,
                                          config.json (id2label); embedding run: the same with
                                          sentence embeddings, as a sentence-transformers folder;
@@ -41,7 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     what.add_argument("--hf", metavar="DIR",
                       help="write a transformers directory from a run: classification -> "
-                           "BertForSequenceClassification, seq2seq -> MarianMTModel or Pegasus; with the "
+                           "BertForSequenceClassification (--pooling cls, fine-tunes) or "
+                           "XLMForSequenceClassification (mean pooling: exact one text per call, a padded "
+                           "batch is refused), seq2seq -> MarianMTModel or Pegasus; with the "
                            "tokenizer (truncating at the run's max_length) and a model card")
     parser.add_argument("--opset", type=int, default=18, help="ONNX opset version (18)")
 

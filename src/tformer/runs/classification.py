@@ -7,12 +7,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from tformer.export import hf_classifier
+from tformer.export import hf_classifier, hf_xlm
 from tformer.export import onnx as tonnx
 from tformer.export.export_dir import publish_export
 from tformer.export.model_card import Card, render
+from tformer.formats.hf_xlm import ARCHITECTURE, Inexpressible
 from tformer.runs.base import Run, texts_of
 from tformer.storage.files import json_bytes
+from tformer.training.config import MODEL_OPTIONS
 
 
 class ClassificationRun(Run):
@@ -38,19 +40,33 @@ class ClassificationRun(Run):
         return [p["label"] for p in self.predict(texts, batch_size=batch_size)]
 
     def export_hf(self, out: Path, card: Card) -> Path:
+        """With BERT's pooler (--pooling cls): BertForSequenceClassification; without (the
+        default from scratch, mean pooling): XLMForSequenceClassification (tformer.export.hf_xlm)."""
         if self.tokenizer is None:
             raise ValueError(f"--hf: {self.path} is a synthetic-task run ({self.config.task}) with no text "
                              "tokenizer for transformers; export it with --onnx")
-        if not self.model.config.pooler:
-            raise ValueError(
-                f"--hf: {self.path} pools by mean (the default from scratch), which "
-                "BertForSequenceClassification cannot express; export it with --onnx, or train "
-                "with --pooling cls for a classifier transformers loads")
         tok = self.tokenizer
-        written = hf_classifier.export_classifier(out, self.model, tok.backend, tuple(self.labels),
-                                                  tok.max_length, card)
-        print(f"wrote {written}/ (AutoModelForSequenceClassification.from_pretrained loads it)",
-              file=sys.stderr)
+        if self.model.config.pooler:
+            written = hf_classifier.export_classifier(out, self.model, tok.backend, tuple(self.labels),
+                                                      tok.max_length, card)
+            print(f"wrote {written}/ (BertForSequenceClassification; AutoModelForSequenceClassification."
+                  "from_pretrained loads it)", file=sys.stderr)
+            return written
+        try:
+            written, diff = hf_xlm.export_classifier(out, self.model, tok, tuple(self.labels), card,
+                                                     pairs=self.objective.source.data.pairs)
+        except Inexpressible as e:
+            # BertForSequenceClassification takes any feed-forward width and padding id, not the rest.
+            cls = (", or train with --pooling cls (BertForSequenceClassification)"
+                   if e.field in ("d_ff", "pad_id") else "")
+            raise ValueError(f"--hf: {self.path}: {_option(e.field)}: {ARCHITECTURE} (what a classifier "
+                             f"without BERT's pooler exports as) needs {e.need}, got {e.got!r}; "
+                             f"export it with --onnx{cls}") from None
+        mean = self.model.config.pooling == "mean"
+        one = ("; exact one text per call (pipeline's default): a padded batch would average over its "
+               "padding, so the tokenizer has no pad token" if mean else "")
+        print(f"wrote {written}/ ({ARCHITECTURE}, max abs diff {diff:.1e} on the logits against "
+              f"tformer; AutoModelForSequenceClassification.from_pretrained loads it{one})", file=sys.stderr)
         return written
 
     def export_onnx(self, out: Path, card: Card, opset: int) -> Path:
@@ -69,6 +85,13 @@ class ClassificationRun(Run):
         written = publish_export(out, files, "--onnx")
         tonnx.report(f"{written}/", diff)
         return written
+
+
+def _option(field: str) -> str:
+    """What the user set that a config field comes from: its option (--d-ff), else the field."""
+    if field == "pad_id":
+        return "the tokenizer's padding id"
+    return f"--{field.replace('_', '-')}" if field in MODEL_OPTIONS else f"config.{field}"
 
 
 ONNX_USAGE = """

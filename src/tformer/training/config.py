@@ -49,8 +49,9 @@ MODEL_OPTIONS: dict[str, str] = {
     "dropout": "dropout probability",
     "norm_first": "pre-norm layers (else post-norm, as in the paper)",
     "pooling": "classification: the mean of the real tokens (mean: the default on your data, the more "
-               "accurate; exports to ONNX) or the first position (cls: the synthetic tasks' default; on "
-               "your data through BERT's pooler, so that `export --hf` takes it too)",
+               "accurate; `export --hf` writes an XLMForSequenceClassification, exact one text per call) "
+               "or the first position (cls: the synthetic tasks' default; on your data through BERT's "
+               "pooler: a BertForSequenceClassification)",
 }
 # Small: what a 2-core CPU trains in minutes (the synthetic tasks' defaults).
 DEFAULT_MODEL = TransformerConfig(d_model=64, n_heads=4, d_ff=256, n_layers=2, dropout=0.1)

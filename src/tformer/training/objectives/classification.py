@@ -11,6 +11,7 @@ from pathlib import Path
 from torch import nn
 
 from tformer.config import TransformerConfig
+from tformer.formats import hf_xlm
 from tformer.nn.model import EncoderClassifier, from_pretrained
 from tformer.text.batches import EncoderBatch, encoder_batch
 from tformer.training import evaluation
@@ -32,8 +33,14 @@ class Classification(Objective):
             return f"classification into {len(self.labels)} labels"
         # Said when the run starts, not when its export is refused (benchmarks/README.md: mean
         # pooling measured more accurate than the pooler on two real data sets).
-        exports = ("exports to transformers and ONNX" if pooling == "cls" else
-                   "exports to ONNX; `export --hf` needs --pooling cls")
+        if pooling == "cls":
+            exports = "exports to transformers (BertForSequenceClassification) and ONNX"
+        else:
+            try:
+                hf_xlm.check_expressible(self.model_config())
+                exports = f"exports to ONNX and to transformers ({hf_xlm.ARCHITECTURE}: one text per call)"
+            except hf_xlm.Inexpressible as e:
+                exports = f"exports to ONNX; `export --hf` ({hf_xlm.ARCHITECTURE}) needs {e.field} {e.need}"
         return f"classification into {len(self.labels)} labels, {pooling} pooling ({exports})"
 
     @property
@@ -43,7 +50,8 @@ class Classification(Objective):
     def model_config(self) -> TransformerConfig:
         # From scratch, mean pooling by default (more accurate than BERT's pooler on two real
         # data sets, 1.0 and 4.3 points: benchmarks/classifier_pooling.py, benchmarks/README.md);
-        # --pooling cls adds the pooler, so the model is a transformers BertForSequenceClassification.
+        # --pooling cls adds the pooler, so the model is a transformers BertForSequenceClassification;
+        # mean pooling exports as an XLMForSequenceClassification (tformer.export.hf_xlm).
         pooling = self.config.model.pooling
         return self.source.encoder_config(n_classes=len(self.labels), pooling=pooling,
                                           pooler=pooling == "cls")

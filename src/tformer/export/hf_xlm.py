@@ -1,0 +1,155 @@
+"""A classifier without BERT's pooler (the default from scratch pools by the mean of its real
+tokens) as a transformers XLMForSequenceClassification directory, checked in transformers before
+it is published.
+
+    export_classifier(out, model, tokenizer, labels, card, pairs=False) -> (out, max abs diff)
+
+The weights go through ``tformer.formats.hf_xlm``'s key table (which says how XLM expresses
+BERT's encoder). Before anything is published the files are loaded from a scratch folder by
+AutoModelForSequenceClassification and AutoTokenizer (no ``trust_remote_code``), which must give
+tformer's logits (max abs diff <= ``TOLERANCE``) on unpadded inputs of lengths 1 .. max_len and
+the run's token ids; then ``export_dir.publish_export`` writes them in one atomic step.
+
+XLM's mean runs over every position, padding included (``formats.hf_xlm``): a mean-pooled
+export's tokenizer has no padding token, so that a padded batch is refused by transformers
+(``tokenizer(texts, padding=True)``, ``pipeline(..., batch_size=8)``) instead of averaging over
+the padding, and its card says so.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from safetensors.torch import save as st_save
+
+from tformer.export.export_dir import publish_export
+from tformer.export.hf_classifier import tokenizer_files
+from tformer.export.model_card import Card, render
+from tformer.formats import hf_xlm
+from tformer.formats.hf_bert import WEIGHTS_FILE
+from tformer.storage.files import json_bytes
+
+TOLERANCE = 1e-5  # max abs difference of logits, float32, tformer vs transformers, unpadded inputs
+CHECK_TEXTS = ("Hello, world.", "the cat sat on the mat", "Straße, café, 東京 %s")
+USAGE = """
+from transformers import pipeline
+classify = pipeline("text-classification", model="DIR", top_k=None)  # one text per call
+print(classify("some text", truncation=True))  # [{"label": ..., "score": ...}, ...]
+"""
+PAIR_USAGE = """
+print(classify({"text": "first text", "text_pair": "second text"}, truncation=True))
+# without pipeline, pass the token_type_ids the tokenizer returns: model(**tokenizer(a, b, ...))
+"""
+PADDING = """
+## Padding: one text per call
+
+XLMForSequenceClassification pools with XLM's sequence summary, whose mean runs over every
+position of its input, padding included; tformer averages the real tokens only. The two agree on
+an unpadded input (max abs diff {diff:.1e} on the logits, checked when exported): one text per
+call, as `pipeline` runs by default (batch_size=1). A padded batch would average over the padding
+too, so the tokenizer has no padding token: `tokenizer(texts, padding=True)` and
+`pipeline(..., batch_size=8)` refuse rather than give other numbers. For batches, use the ONNX
+export (`tformer export RUN --onnx DIR`), which masks the padding.
+"""
+
+
+def classifier_files(model, tokenizer, labels: Sequence[str], pairs: bool = False) -> dict[str, bytes]:
+    """The files of an XLMForSequenceClassification directory for ``model`` (an
+    EncoderClassifier without the pooler) and the run's ``tokenizer`` (tformer.text.tokenizer);
+    ``pairs``: whether the run was trained on text pairs (the export then takes token types).
+    A setting XLM cannot express raises ``hf_xlm.Inexpressible``."""
+    config = model.config
+    hf_xlm.check_expressible(config)
+    token_types = hf_xlm.carries_token_types(config, pairs)
+    if token_types and tokenizer.pad_id != 0:
+        raise hf_xlm.Inexpressible("pad_id", "0 for a run trained on text pairs (word row 0 carries "
+                                   "token type 0)", tokenizer.pad_id)
+    mean = config.pooling == "mean"
+    files = {
+        "config.json": json_bytes(hf_xlm.config_to_hf(config, labels, tokenizer.pad_id, tokenizer.bos_id,
+                                                      tokenizer.eos_id)),
+        WEIGHTS_FILE: st_save(hf_xlm.to_hf(model.state_dict(), config, token_types),
+                              metadata={"format": "pt"}),
+    }
+    inputs = ["input_ids", *(["token_type_ids"] if token_types else []), "attention_mask"]
+    files.update(tokenizer_files(tokenizer.backend, tokenizer.max_length,
+                                 extra_config={"model_input_names": inputs}))
+    if mean:  # no padding token: a padded batch is refused, not averaged over its padding
+        tok_config = json.loads(files["tokenizer_config.json"])
+        tok_config.pop("pad_token", None)
+        files["tokenizer_config.json"] = json_bytes(tok_config)
+    return files
+
+
+def check_in_transformers(files: dict[str, bytes], model, tokenizer, pairs: bool = False) -> float:
+    """Load ``files`` as transformers does and compare with ``model``: the max abs difference of
+    logits on unpadded inputs (raises above TOLERANCE, or when the tokenizer's ids differ)."""
+    try:
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from transformers.utils import logging
+    except ImportError:
+        raise ValueError("--hf: the export is checked in transformers before it is written; "
+                         "pip install 'tformer[hf]'") from None
+    config = model.config
+    token_types = hf_xlm.carries_token_types(config, pairs)
+    bar = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()  # transformers' "Loading weights" bar is not the user's business
+    try:
+        with tempfile.TemporaryDirectory(prefix="tformer-xlm-") as tmp:
+            for name, data in files.items():
+                (Path(tmp) / name).write_bytes(data)
+            theirs, info = AutoModelForSequenceClassification.from_pretrained(
+                tmp, output_loading_info=True, local_files_only=True)
+            their_tokenizer = AutoTokenizer.from_pretrained(tmp, local_files_only=True)
+    finally:
+        if bar:
+            logging.enable_progress_bar()
+    unloaded = {k: v for k, v in info.items() if v}  # missing, unexpected or mismatched keys
+    if type(theirs).__name__ != hf_xlm.ARCHITECTURE or unloaded:
+        raise ValueError(f"--hf: transformers loaded a {type(theirs).__name__} "
+                         f"({unloaded or 'every weight'}); expected a {hf_xlm.ARCHITECTURE} with all")
+    for text in CHECK_TEXTS:
+        (ours,) = tokenizer.encode([text])
+        got = their_tokenizer(text, truncation=True)
+        if got["input_ids"] != ours.ids or ("token_type_ids" in got) != token_types:
+            raise ValueError(f"--hf: transformers' tokenizer gives {dict(got)} for {text!r}, "
+                             f"tformer's ids {ours.ids}")
+    theirs.eval()
+    worst = 0.0
+    generator = torch.Generator().manual_seed(0)
+    for length in sorted({1, 2, config.max_len // 2, config.max_len} - {0}):
+        ids = torch.randint(0, config.vocab_size - 1, (1, length), generator=generator)  # (1, S)
+        ids = ids + (ids >= tokenizer.pad_id).long()  # real tokens: never the padding id
+        types = torch.zeros_like(ids)
+        if token_types:
+            types[:, length // 2:] = 1  # the second text of a pair
+        mask = torch.ones_like(ids)
+        with torch.no_grad():
+            ours = model(ids, mask, types if config.type_vocab_size else None).logits  # (1, C)
+            got = theirs(input_ids=ids, attention_mask=mask,
+                         **({"token_type_ids": types} if token_types else {})).logits
+        worst = max(worst, (got - ours).abs().max().item())
+    if not worst <= TOLERANCE:
+        raise ValueError(f"--hf: the {hf_xlm.ARCHITECTURE} export gives logits {worst:.2e} away from "
+                         f"tformer's, expected <= {TOLERANCE:.0e}; nothing was written")
+    return worst
+
+
+def export_classifier(out: str | Path, model, tokenizer, labels: Sequence[str], card: Card,
+                      pairs: bool = False) -> tuple[Path, float]:
+    """Publish ``out`` as an XLMForSequenceClassification directory (classifier_files, with a
+    model card), once transformers gives tformer's logits; returns (out, max abs diff)."""
+    files = classifier_files(model, tokenizer, labels, pairs)
+    diff = check_in_transformers(files, model, tokenizer, pairs)
+    mean = model.config.pooling == "mean"
+    pooled = "the mean of the real tokens" if mean else "the first token"
+    usage = USAGE + (PAIR_USAGE if hf_xlm.carries_token_types(model.config, pairs) else "")
+    what = (f"a transformers {hf_xlm.ARCHITECTURE} directory (BERT's encoder in XLM's names, {pooled} under "
+            f"a linear head; checked in transformers: max abs diff {diff:.1e} on the logits)")
+    readme = render(card, what, usage, library_name="transformers", pipeline_tag="text-classification")
+    files["README.md"] = readme + (PADDING.format(diff=diff).encode() if mean else b"")
+    return publish_export(out, files, "--hf"), diff

@@ -1,0 +1,178 @@
+"""tformer.export.hf_xlm: a classifier trained with the default options (mean pooling, no
+BERT pooler) exports with `tformer export RUN --hf OUT` as an XLMForSequenceClassification that
+transformers loads without trust_remote_code, and gives tformer's logits one text at a time
+(<= 1e-5); a padded batch is refused by the exported tokenizer, the stated limit."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import pytest
+import torch
+import yaml
+from text_fixtures import classification_rows, write
+
+from tformer.api import load_run
+from tformer.cli import main
+
+TOLERANCE = 1e-5  # max abs difference of logits and of probabilities, float32
+SIZES = ["--d-model", "16", "--n-heads", "2", "--n-layers", "1", "--vocab-size", "300", "--steps", "4",
+         "--eval-every", "2", "--max-length", "12", "--threads", "1", "--quiet"]
+LONG = " ".join(["the big red house by the river"] * 8)  # past max_length 12: truncated
+TEXTS = ["the cat sat on the mat", "a big red house by the river", "dog", "Straße café 東京 %s", LONG]
+PAIRS = [("the cat sat", "dog"), ("a big house", "river road city"), ("fish", LONG)]
+
+
+def _train(tmp, name, rows, *extra):
+    out = tmp / name
+    argv = ["train", "--data", str(write(tmp / f"{name}.jsonl", rows)), "--out", str(out), *SIZES, *extra]
+    assert main(argv) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Default options but the sizes: mean pooling, BERT's layout, d_ff 4 * d_model (the default
+    ratio); the pair run with a narrower d_ff (32), which the export pads with zero units."""
+    tmp = tmp_path_factory.mktemp("xlm")
+    return {"single": _train(tmp, "single", classification_rows(60), "--d-ff", "64"),
+            "pair": _train(tmp, "pair", classification_rows(60, pair=True), "--d-ff", "32")}
+
+
+@pytest.fixture(scope="module")
+def exported(runs, tmp_path_factory):
+    """{kind: (OUT, what export printed on stderr)}."""
+    tmp, done = tmp_path_factory.mktemp("hf"), {}
+    for kind, run in runs.items():
+        out = tmp / kind
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            assert main(["export", str(run), "--hf", str(out)]) == 0
+        done[kind] = (out, err.getvalue())
+    return done
+
+
+def _tformer(run, text: str, pair: str | None = None):
+    """tformer's token ids and logits (C,) for one input, through the run's own encoding."""
+    objective = run.objective
+    examples = objective.source.inputs([text], objective.inputs, None if pair is None else [pair])
+    batch = objective.collate(objective.encode(examples))
+    with torch.no_grad():
+        logits = run.model.eval()(batch.input_ids, batch.attention_mask, batch.token_type_ids).logits
+    return batch.input_ids[0].tolist(), logits[0]
+
+
+def _load(out):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    return (AutoModelForSequenceClassification.from_pretrained(str(out)).eval(),
+            AutoTokenizer.from_pretrained(str(out)))
+
+
+def test_the_default_classifier_is_an_xlm_directory_and_says_one_text_per_call(runs, exported):
+    out, err = exported["single"]
+    config = json.loads(next((runs["single"] / "checkpoints").glob("step-*/config.json")).read_text())
+    assert config["pooling"] == "mean" and not config["pooler"]  # the default, as trained
+    assert err.count("\n") == 1 and "XLMForSequenceClassification" in err and "one text per call" in err
+    hf = json.loads((out / "config.json").read_text())
+    assert (hf["architectures"], hf["model_type"], hf["summary_type"]) == (
+        ["XLMForSequenceClassification"], "xlm", "mean")
+    assert hf["id2label"] == {"0": "animal", "1": "place"}
+    card = (out / "README.md").read_text()
+    header = yaml.safe_load(card.split("---\n")[1])  # the Hub's YAML header
+    assert (header["library_name"], header["pipeline_tag"]) == ("transformers", "text-classification")
+    assert card.startswith("---\n") and "tformer train --data" in card
+    assert "## Padding: one text per call" in card and "padding included" in card
+
+
+@pytest.mark.parametrize("kind", ["single", "pair"])
+def test_transformers_gives_tformers_logits_one_text_at_a_time(runs, exported, kind):
+    """AutoModelForSequenceClassification and AutoTokenizer (no trust_remote_code): the same
+    token ids and the same logits (<= 1e-5) on each input alone, long ones truncated."""
+    run, (out, _) = load_run(runs[kind]), exported[kind]
+    model, tokenizer = _load(out)
+    assert type(model).__name__ == "XLMForSequenceClassification"
+    inputs = PAIRS if kind == "pair" else [(t, None) for t in TEXTS]
+    worst = 0.0
+    for text, pair in inputs:
+        ids, expected = _tformer(run, text, pair)
+        batch = tokenizer(text, pair, truncation=True, return_tensors="pt")
+        assert batch["input_ids"][0].tolist() == ids
+        assert ("token_type_ids" in batch) == (kind == "pair")  # a single-text run folds type 0 in
+        with torch.no_grad():
+            got = model(**batch).logits[0]
+        worst = max(worst, (got - expected).abs().max().item())
+    assert worst <= TOLERANCE, f"max |logits difference| {worst:.2e}"
+
+
+@pytest.mark.parametrize("kind", ["single", "pair"])
+def test_pipeline_gives_predicts_labels_and_probabilities(runs, exported, kind):
+    from transformers import pipeline
+
+    run, (out, _) = load_run(runs[kind]), exported[kind]
+    classify = pipeline("text-classification", model=str(out), top_k=None, device="cpu")
+    if kind == "pair":
+        answers = classify([{"text": t, "text_pair": p} for t, p in PAIRS], truncation=True)
+        expected = run.predict([t for t, _ in PAIRS], pairs=[p for _, p in PAIRS])
+    else:
+        answers = classify(TEXTS, truncation=True)  # a list: still one text per forward pass
+        expected = run.predict(TEXTS)
+    for answer, want in zip(answers, expected, strict=True):
+        got = {a["label"]: a["score"] for a in answer}
+        assert max(got, key=got.get) == want["label"]
+        diff = max(abs(got[label] - p) for label, p in want["probabilities"].items())
+        assert diff <= TOLERANCE, f"max |probability difference| {diff:.2e}"
+
+
+def test_a_padded_batch_is_refused_and_would_differ_the_stated_limit(runs, exported):
+    """The tokenizer has no pad token: padding=True and a batching pipeline refuse. Given one by
+    hand, the padded row's logits move (XLM averages over the padding), the longest row's not."""
+    from transformers import pipeline
+
+    run, (out, _) = load_run(runs["single"]), exported["single"]
+    model, tokenizer = _load(out)
+    with pytest.raises(ValueError, match="pad"):
+        tokenizer(TEXTS[:2], padding=True)
+    with pytest.raises(ValueError, match="pad_token"):
+        pipeline("text-classification", model=str(out), device="cpu")(TEXTS[:2], batch_size=2)
+    tokenizer.pad_token = "<pad>"  # what the user was told not to do
+    long, short = "a big red house by the river", "dog"
+    batch = tokenizer([long, short], padding=True, truncation=True, return_tensors="pt")
+    assert batch["attention_mask"][1].sum() < batch["attention_mask"].shape[1]  # the short row is padded
+    with torch.no_grad():
+        got = model(**batch).logits
+    assert (got[0] - _tformer(run, long)[1]).abs().max() <= TOLERANCE
+    assert (got[1] - _tformer(run, short)[1]).abs().max() > 1e-3
+
+
+def test_a_feed_forward_wider_than_xlms_is_refused_in_one_line_and_nothing_is_written(tmp_path, capsys):
+    """XLM's feed-forward width is 4 * emb_dim: d_ff 128 > 4 * 16. (A file-trained classifier is
+    in BERT's layout whatever else is given, so this is the one model option XLM refuses.)"""
+    run = _train(tmp_path, "run", classification_rows(60), "--d-ff", "128")
+    capsys.readouterr()
+    assert main(["export", str(run), "--hf", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--d-ff: XLMForSequenceClassification" in err
+    assert "needs <= 4 * d_model = 64" in err
+    assert "got 128; export it with --onnx, or train with --pooling cls" in err
+    assert not (tmp_path / "hf").exists()
+
+
+def test_an_export_transformers_does_not_reproduce_is_not_written(runs, tmp_path, monkeypatch):
+    """The check in transformers runs before publishing: one weight off, nothing written."""
+    from tformer.formats import hf_xlm
+
+    to_hf = hf_xlm.to_hf
+
+    def off(state, config, token_types):
+        out = to_hf(state, config, token_types)
+        out["sequence_summary.summary.bias"] = out["sequence_summary.summary.bias"] + 1e-3
+        return out
+
+    monkeypatch.setattr(hf_xlm, "to_hf", off)
+    with pytest.raises(ValueError, match=r"^--hf: the XLMForSequenceClassification export gives logits "
+                                         r".* away from tformer's, expected <= 1e-05; nothing was written$"):
+        load_run(runs["single"]).export(hf=tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
