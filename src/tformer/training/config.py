@@ -149,9 +149,8 @@ class TrainConfig:
             kind.check(name, value)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{name}: expected a finite number, got {value}")
-        positive = ("steps", "batch_size", "eval_every", "log_every", "valid_size", "test_size",
-                    "threads", "vocab_size", "max_length", "max_tokens", "accumulate", "patience", "keep",
-                    "epochs")
+        positive = ("steps", "batch_size", "eval_every", "log_every", "valid_size", "test_size", "threads",
+                    "vocab_size", "max_length", "max_tokens", "accumulate", "patience", "keep", "epochs")
         for name in positive:
             value = getattr(self, name)
             if value is not None and value <= 0:
