@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-all lint format demo demo-task bench clean
+.PHONY: setup test test-all test-gpu lint format demo demo-task bench bench-gpu clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,12 @@ test-all: setup  ## everything, slow tests included (installs Chromium for the b
 		$$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	fi
 	TFORMER_REQUIRE_BROWSER=1 $(PY) -m pytest -m ""
+
+# On a machine with a CUDA GPU and a CUDA build of torch (`make` installs the CPU wheel: see
+# docs/gpu.md for installing beside your own torch): the device-aware tests on the GPU, and the
+# GPU-only ones. Where torch sees no GPU the GPU-only tests are skipped, each with its reason.
+test-gpu: setup  ## the device tests on CUDA, and the GPU-only tests
+	$(PY) -m pytest --device cuda -m "gpu or device"
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks
@@ -51,6 +57,9 @@ demo-task: setup  ## a built-in synthetic task instead: learn to reverse sequenc
 
 bench: setup
 	$(VENV)/bin/tformer bench
+
+bench-gpu: setup  ## training step and sentence embeddings on the GPU against HF and sentence-transformers
+	$(VENV)/bin/tformer bench --device cuda
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .hypothesis .ruff_cache

@@ -4,6 +4,43 @@ import torch
 from tformer import TransformerConfig
 
 
+def pytest_addoption(parser):
+    parser.addoption("--device", default="cpu",
+                     help="where the `device` fixture's tests run: cpu (the default, CI), cuda, cuda:N "
+                          "or mps (`make test-gpu`: cuda)")
+
+
+def _no_cuda() -> str | None:
+    """Why the GPU tests cannot run here, or None."""
+    if torch.cuda.is_available():
+        return None
+    build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+    return f"no CUDA GPU: torch.cuda.is_available() is False (torch {torch.__version__}, {build})"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests using the `device` fixture are marked `device` (make test-gpu selects them); tests
+    marked `gpu` are skipped, with the reason, where torch sees no CUDA GPU."""
+    reason = _no_cuda()
+    for item in items:
+        if "device" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.device)
+        if reason is not None and item.get_closest_marker("gpu") is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture
+def device(request) -> torch.device:
+    """The device the suite runs its device tests on (--device; cpu unless asked): everything
+    device-aware runs on the CPU in CI, and on the GPU with `make test-gpu`."""
+    from tformer.devices import resolve_device
+
+    try:
+        return resolve_device(request.config.getoption("--device"), "--device")
+    except ValueError as e:
+        pytest.skip(str(e))
+
+
 @pytest.fixture
 def tiny_config() -> TransformerConfig:
     """The small config every test starts from (replace() what a test varies)."""

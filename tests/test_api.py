@@ -51,6 +51,23 @@ def test_bad_records_name_the_record(tmp_path):
         tformer.train(data=[{"text": "a", "label": "x"}, "oops"], out=str(tmp_path / "r"), **TINY)
 
 
+def test_train_on_a_named_device_and_load_on_another(tmp_path):
+    """tformer.train(task="reverse", device="cpu", ...): the run trains there and says so; a
+    torch.device works too; load_run(device=) places a run whatever device trained it."""
+    import torch
+
+    options = dict(TINY, steps=4, eval_every=2, valid_size=16, test_size=16, batch_size=8)
+    del options["vocab_size"], options["max_tokens"]  # a synthetic task's own
+    run = tformer.train(task="reverse", device="cpu", out=str(tmp_path / "r"), **options)
+    assert isinstance(run, tformer.Seq2SeqRun) and run.record["device"] == "cpu"
+    assert next(run.model.parameters()).device.type == "cpu"
+    again = tformer.train(task="reverse", device=torch.device("cpu"), out=str(tmp_path / "r2"), **options)
+    assert again.config.device == "cpu"
+    assert tformer.load_run(tmp_path / "r", device=torch.device("cpu")).generate("3 1 4") == run.generate("3 1 4")
+    with pytest.raises(ValueError, match=r"^device: expected auto, cpu, cuda, cuda:N or mps, got 'gpu'$"):
+        tformer.load_run(tmp_path / "r", device="gpu")
+
+
 @pytest.mark.parametrize("data, message", [
     (5, r"data: expected a file path \(str or Path\) or records \(an iterable of dicts\), got int"),
     ({}, r"got dict \(one record\? pass a list of them\)"),

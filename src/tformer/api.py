@@ -6,6 +6,7 @@
     run.evaluate()                  # the test split's metrics (or evaluate(data=rows_or_path))
     run.export(hf="out/")           # what `tformer export RUN --hf out/` writes
     run = tformer.load_run("runs/x")  # the same object for a run directory
+    tformer.train(..., device="cuda"); tformer.load_run("runs/x", device="cpu")  # tformer.devices
 
 The run is of its kind's class (tformer.runs): a ClassificationRun predicts, a Seq2SeqRun
 generates, an EmbeddingRun embeds. `data`, `valid` and `test` take a file path (JSONL/CSV/TSV)
@@ -21,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from tformer.devices import resolve_device
 from tformer.kernels.allocator import keep_freed_memory
 from tformer.runs import ClassificationRun, EmbeddingRun, Run, Seq2SeqRun, load_run
 from tformer.storage.checkpoint import latest_checkpoint
@@ -35,16 +37,20 @@ from tformer.training.sources import Data
 def train(data: Data | None = None, valid: Data | None = None, test: Data | None = None,
           progress: bool = True, log=print, **options: Any) -> Run:
     """Train as `tformer train` does, with the same options as keywords (max_minutes=5,
-    from_pretrained="DIR", d_model=256, ...), on a file or on records; returns the Run.
-    Without data, trains the synthetic task named by task= (default reverse).
+    from_pretrained="DIR", d_model=256, device="cuda", ...), on a file or on records; returns the
+    Run, its model on the device it trained on. Without data, trains the synthetic task named by
+    task= (default reverse).
 
     A train that fails (bad records, a bad option, a file that is not there, an interrupt
     before the first checkpoint) raises and leaves nothing behind: a run directory it created
     is removed whole, records copy included.
 
-    Like the command line, it asks glibc's malloc to keep freed memory for reuse in this process
-    (tformer.kernels.allocator says why and how to opt out)."""
-    keep_freed_memory()
+    Like the command line, on the CPU it asks glibc's malloc to keep freed memory for reuse in this
+    process (tformer.kernels.allocator says why and how to opt out)."""
+    if "device" in options:  # a torch.device too; the run records it as text
+        options["device"] = str(options["device"])
+    device = resolve_device(options.get("device", "auto"))  # a missing device: one line, before anything
+    keep_freed_memory(device.type)
     given = {"data": data, "valid": valid, "test": test}
     check_keys({**options, **{k: v for k, v in given.items() if v is not None}})
     lines = {name: _record_lines(name, value) for name, value in given.items()
@@ -65,7 +71,7 @@ def train(data: Data | None = None, valid: Data | None = None, test: Data | None
         if created and run_dir.is_dir() and latest_checkpoint(run_dir) is None:
             _remove(created)
         raise
-    run = load_run(run_dir)
+    run = load_run(run_dir, device=device)
     run.record = record
     return run
 

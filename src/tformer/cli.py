@@ -73,9 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
-    keep_freed_memory()  # tformer.kernels.allocator: a step's tensors are not faulted in afresh each time
     args.started = started  # what a budget (train --max-minutes) counts from
     try:
+        # tformer.kernels.allocator: on the CPU a step's tensors are not faulted in afresh each time
+        keep_freed_memory(_device_type(args))
         rc = int(args._run(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not at exit
         return rc
@@ -92,6 +93,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"tformer {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _device_type(args: argparse.Namespace) -> str:
+    """Where the command's model will run ("cpu", "cuda", "mps"), from --device; "auto" asks
+    torch, but only for a command that has --device (the NumPy engine never imports torch)."""
+    spec = getattr(args, "device", None)
+    if spec is None and (args.command != "train" or getattr(args, "engine", "torch") == "numpy"):
+        return "cpu"  # no --device: the command runs on the CPU, if at all
+    if spec in (None, "auto"):
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return str(spec).split(":")[0]  # a misspelled device is refused by the command itself
 
 
 def command_started(argv: list[str] | None) -> float:

@@ -320,8 +320,9 @@ def bf16_attention(request, monkeypatch):
 
     choose = autotune.choose
 
-    def forced(name, shape_class, candidates, measure=None):
-        return request.param if name == "attention-bf16" else choose(name, shape_class, candidates, measure)
+    def forced(name, shape_class, candidates, measure=None, **device):
+        return request.param if name == "attention-bf16" else choose(name, shape_class, candidates, measure,
+                                                                      **device)
 
     monkeypatch.setattr(autotune, "choose", forced)
     return request.param

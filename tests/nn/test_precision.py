@@ -82,7 +82,7 @@ def test_cli_embed_dtype_bf16(tmp_path):
 ])
 def test_auto_is_bf16_only_where_native_and_measured_faster(monkeypatch, native, speedup, expected):
     monkeypatch.setattr(tformer.nn.precision, "has_bf16", lambda: native)
-    monkeypatch.setattr(tformer.nn.precision, "bf16_speedup", lambda: speedup)
+    monkeypatch.setattr(tformer.nn.precision, "bf16_speedup", lambda **_: speedup)
     chosen, why = resolve_precision("auto")
     assert chosen == expected
     assert why == NO_BF16 if not native else f"{speedup:.2f}x" in why
@@ -91,7 +91,7 @@ def test_auto_is_bf16_only_where_native_and_measured_faster(monkeypatch, native,
 
 def test_auto_runs_what_it_resolves_to(tiny_config, monkeypatch):
     monkeypatch.setattr(tformer.nn.precision, "has_bf16", lambda: True)
-    monkeypatch.setattr(tformer.nn.precision, "bf16_speedup", lambda: 2.0)
+    monkeypatch.setattr(tformer.nn.precision, "bf16_speedup", lambda **_: 2.0)
     model = to_precision(Encoder(tiny_config), "auto")
     assert model.layers[0].ffn.up.weight.dtype == torch.bfloat16
     monkeypatch.setattr(tformer.nn.precision, "has_bf16", lambda: False)
@@ -124,3 +124,20 @@ def test_the_bf16_product_speedup_is_measured_once_per_machine(tmp_path, monkeyp
         assert any(k.endswith("bf16-product | 64^3") for k in autotune.decisions())
     finally:
         tformer.nn.precision.bf16_speedup.cache_clear()
+
+
+def test_auto_is_decided_for_the_device_and_int8_is_cpu_only(monkeypatch):
+    """On a GPU, "auto" times the bf16 product there (its own cache key), where the GPU has bf16
+    units; int8 (oneDNN's CPU kernel) is refused off the CPU. The GPU is simulated here."""
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(tformer.nn.precision, "gpu_name", lambda device: "Fake GPU, sm_75")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert resolve_precision("auto", gpu) == ("fp32", "this GPU (Fake GPU, sm_75) has no bf16 units")
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(tformer.nn.precision, "bf16_speedup", lambda **k: asked.append(k) or 8.0)
+    assert resolve_precision("auto", gpu)[0] == "bf16" and asked == [{"device": gpu}]
+    assert resolve_precision("bf16", gpu) == ("bf16", "asked for")
+    with pytest.raises(ValueError, match=r"^dtype: int8 runs oneDNN's CPU kernels; on cuda:0 expected auto, fp32 or bf16, got 'int8'$"):
+        resolve_precision("int8", gpu)
+    assert resolve_precision("auto", torch.device("mps")) == ("fp32", "bf16 on mps is not measured here")

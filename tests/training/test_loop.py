@@ -121,7 +121,7 @@ def test_auto_precision_keeps_bf16_only_where_this_model_trains_faster_in_it(
     monkeypatch.setenv("TFORMER_CACHE_DIR", str(tmp_path / "cache"))  # a cache of its own
     monkeypatch.setattr(autotune, "_memory", {})
     monkeypatch.setattr(training_precision, "has_bf16", lambda: True)
-    monkeypatch.setattr(training_precision, "bf16_speedup", lambda: 2.0)
+    monkeypatch.setattr(training_precision, "bf16_speedup", lambda **_: 2.0)
     monkeypatch.setattr(training_precision, "bf16_supported", lambda: True)
     timed = []
 

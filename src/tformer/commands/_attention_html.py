@@ -22,7 +22,9 @@ from pathlib import Path
 
 import torch
 
+from tformer.commands._inputs import device_of
 from tformer.commands._pretrained import one_line_warnings
+from tformer.devices import model_device
 from tformer.nn.generate import generate
 from tformer.nn.model import from_pretrained
 from tformer.runs.base import AttentionInput
@@ -44,9 +46,10 @@ def _encoder_page_weights(config, n_tokens: int) -> int:
 def bert_maps(args: argparse.Namespace) -> list[AttentionMaps]:
     """The encoder self-attention of a BERT-format MODEL_DIR on the text."""
     with one_line_warnings("attention"):
-        model = from_pretrained(args.model_dir, allow_pickle=args.allow_pickle)
+        device = device_of(args)
+        model = from_pretrained(args.model_dir, allow_pickle=args.allow_pickle).to(device)
         tok = load_tokenizer(args.model_dir, max_length=args.max_length)
-        batch = tok([args.text], truncation=not args.no_truncate)
+        batch = {k: v.to(device) for k, v in tok([args.text], truncation=not args.no_truncate).items()}
     tokens = [tok.token_text(i) for i in batch["input_ids"][0].tolist()]
     check_page_size(_encoder_page_weights(model.config, len(tokens)))
     with torch.inference_mode():
@@ -59,13 +62,15 @@ def run_maps(run: AttentionInput) -> list[AttentionMaps]:
     """The attention of a trained run on one input (see the module doc)."""
     model, src = run.model, run.ids
     names = [run.token_name(i) for i in src]
-    src_t = torch.tensor([src])  # (1, S)
+    device = model_device(model)
+    src_t = torch.tensor([src], device=device)  # (1, S)
     c = model.config
     if len(src) > c.max_len:
         raise ValueError(f"TEXT: expected at most {c.max_len} tokens with specials, got {len(src)}")
     if not run.seq2seq:
         check_page_size(_encoder_page_weights(c, len(src)))
-        types = torch.tensor([run.type_ids]) if run.type_ids is not None and c.type_vocab_size else None
+        typed = run.type_ids is not None and c.type_vocab_size
+        types = torch.tensor([run.type_ids], device=device) if typed else None
         with torch.inference_mode():
             out = model.encoder(src_t, token_type_ids=types, output_attentions=True)
         return [AttentionMaps("encoder self-attention", names, names, _stack(out.attentions))]
@@ -76,7 +81,8 @@ def run_maps(run: AttentionInput) -> list[AttentionMaps]:
         t, s = len(tgt_in), len(src)
         check_page_size(c.n_layers * c.n_heads * s * s + c.decoder_layers * c.n_heads * (t * t + t * s))
         enc = model.encode(src_t, output_attentions=True)
-        dec = model.decode(torch.tensor([tgt_in]), enc.last_hidden_state, output_attentions=True)
+        tgt_t = torch.tensor([tgt_in], device=device)  # (1, T)
+        dec = model.decode(tgt_t, enc.last_hidden_state, output_attentions=True)
     tgt_names = [run.token_name(i) for i in tgt_in]
     rows = "Rows are the decoder's inputs: <bos>, then the greedy output; row t predicts token t + 1."
     return [

@@ -61,7 +61,8 @@ def _refuse_non_model_dirs(directory: Path) -> None:
 def _export_run(run_dir: Path, args: argparse.Namespace) -> int:
     from tformer.runs import load_run
 
-    load_run(run_dir).export(hf=args.hf, onnx=args.onnx, opset=args.opset)
+    # Exports are traced and checked on the CPU, whatever device the machine has.
+    load_run(run_dir, device="cpu").export(hf=args.hf, onnx=args.onnx, opset=args.opset)
     return 0
 
 

@@ -1,5 +1,6 @@
 """What the inference commands share: their inputs (arguments, then ``--file`` lines), the
-``--threads`` option, range checks on numeric options, and JSON lines that refuse NaN.
+``--threads`` and ``--device`` options, range checks on numeric options, and JSON lines that
+refuse NaN.
 
 Numeric options are checked when a command starts, by one table, so each says the same
 one-line error (``--batch-size: expected >= 1, got 0``) instead of printing nothing or a
@@ -24,6 +25,19 @@ FINITE = ("length_penalty",)  # float options: argparse accepts "nan" and "inf"
 def add_threads(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's, one per core)")
+
+
+def add_device(parser: argparse.ArgumentParser) -> None:
+    from tformer.devices import HELP
+
+    parser.add_argument("--device", default="auto", help=f"where the model runs: {HELP}")
+
+
+def device_of(args: argparse.Namespace):
+    """--device as a torch.device, refused in one line where this machine lacks it."""
+    from tformer.devices import resolve_device
+
+    return resolve_device(args.device, "--device")
 
 
 def check_options(args: argparse.Namespace) -> None:

@@ -1,6 +1,6 @@
 """What the pretrained-model commands (embed, similarity, search, attention) share:
-the MODEL_DIR options (and --batch-size, --threads where they batch) and warnings printed as
-one line. Inputs are read by tformer.commands._inputs."""
+the MODEL_DIR options (--device; and --batch-size, --threads where they batch) and warnings
+printed as one line. Inputs are read by tformer.commands._inputs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 
-from tformer.commands._inputs import add_threads
+from tformer.commands._inputs import add_device, add_threads, device_of
 
 DTYPES = ("auto", "fp32", "bf16", "int8")  # tformer.nn.precision.CHOICES, without importing torch
 
@@ -36,15 +36,16 @@ def add_model_arguments(parser: argparse.ArgumentParser, batch: bool = True) -> 
     parser.add_argument(
         "--max-length", type=int, default=None, help="truncate to fewer tokens than the model allows"
     )
+    add_device(parser)
     if not batch:  # attention maps: fp32 only
         return
     parser.add_argument(
         "--dtype", choices=DTYPES, default="auto",
-        help="inference precision: auto (the default: bf16 where this CPU computes it natively "
+        help="inference precision: auto (the default: bf16 where the device computes it natively "
         "and it is measured faster, else fp32); fp32; bf16 matrix multiplies with fp32 norms, softmax, "
-        "residual stream and pooling (cosine >= 0.9999 to fp32; faster only on CPUs with "
+        "residual stream and pooling (cosine >= 0.9999 to fp32; on a CPU faster only with "
         "avx512_bf16 or AMX); int8 multiplies with per-token activations after a Hadamard "
-        "rotation (cosine ~0.999 to fp32; see tformer.nn.int8)",
+        "rotation (CPU only; cosine ~0.999 to fp32; see tformer.nn.int8)",
     )
     parser.add_argument("--batch-size", type=int, default=32, help="texts per batch (32)")
     add_threads(parser)
@@ -54,10 +55,11 @@ def load_sentence_encoder(args: argparse.Namespace):
     from tformer.embeddings.sentence import SentenceEncoder
     from tformer.nn.precision import resolve_precision
 
-    args.dtype, _ = resolve_precision(args.dtype)  # what runs here (an output's identity names it)
+    device = device_of(args)
+    args.dtype, _ = resolve_precision(args.dtype, device)  # what runs here (an output's identity names it)
     return SentenceEncoder.from_pretrained(
         args.model_dir, allow_pickle=args.allow_pickle, max_length=args.max_length,
-        dtype=args.dtype,
+        dtype=args.dtype, device=device,
     )
 
 

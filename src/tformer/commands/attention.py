@@ -59,9 +59,11 @@ def run(args: argparse.Namespace) -> int:
     if args.html is not None and not args.html.lower().endswith((".html", ".htm")):
         raise ValueError(f"--html: expected a .html file name, got {args.html!r}")
     if is_run_dir(args.model_dir):
+        from tformer.commands._inputs import device_of
         from tformer.runs import load_run
 
-        maps = run_maps(load_run(args.model_dir).attention_input(args.text, args.max_length))
+        run = load_run(args.model_dir, device=device_of(args))
+        maps = run_maps(run.attention_input(args.text, args.max_length))
     else:
         maps = bert_maps(args)
     check_options(maps, args.layer, args.head)

@@ -2,7 +2,8 @@
 
 Every contender is built with the same weights and checked equal before timing; each workload
 times its contenders interleaved in rounds and reports medians, spreads, paired ratios and the
-cores used. See benchmarks/README.md for the workloads and how to read the table.
+cores used. See benchmarks/README.md for the workloads and how to read the table. On a GPU
+(``--device cuda``) the device workloads run instead (tformer.bench.device).
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "directory instead of a random-weight one of all-MiniLM-L6-v2's shape (the "
                         "int8 and bf16 cosines mean something only on trained weights)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    from tformer.commands._inputs import add_device
+
+    add_device(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,12 +50,17 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    from tformer.bench import device as device_workloads
     from tformer.bench import rows, workloads
     from tformer.bench.harness import machine_info
+    from tformer.commands._inputs import device_of
 
     if args.list:
-        print("\n".join(workloads.names()))
+        print("\n".join(workloads.names() + list(device_workloads.NAMES)))
         return 0
+    device = device_of(args)
+    # The device workloads on a GPU, or when named; the CPU suite otherwise.
+    on_device = device.type != "cpu" or bool(args.only and set(args.only) <= set(device_workloads.NAMES))
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", message=".*nested tensors is in prototype.*")
     warnings.filterwarnings("ignore", message=".*enable_nested_tensor is True.*")
@@ -65,9 +74,20 @@ def run(args: argparse.Namespace) -> int:
     def progress(name: str) -> None:
         print(f"[{time.perf_counter() - start:5.0f}s] {name}", file=sys.stderr, flush=True)
 
-    report = workloads.run(settings, args.only, progress)
+    if on_device:
+        unknown = sorted(set(args.only or []) - set(device_workloads.NAMES))
+        if unknown:
+            raise ValueError(f"--only: on {device} expected workloads from "
+                             f"{', '.join(device_workloads.NAMES)}, got {', '.join(unknown)}")
+        report = device_workloads.run(settings, device, args.only, progress)
+    else:
+        report = workloads.run(settings, args.only, progress)
     report.machine = machine_info(args.threads)
     report.machine["mode"] = "quick (tiny sizes: timings mean nothing)" if args.quick else "full"
+    if on_device:
+        from tformer.devices import describe
+
+        report.machine["mode"] += f" on {describe(device)}"
     report.machine["seconds"] = round(time.perf_counter() - start)
     report.notes.append(
         f"paired t / t_tformer: median over rounds of each contender's time over the workload's first "
@@ -78,8 +98,8 @@ def run(args: argparse.Namespace) -> int:
     print(report.to_markdown())
     from tformer.kernels import autotune  # the decisions the workloads' training steps measured
 
-    choices = autotune.summary()
-    print(f"\nKernel choices measured on this machine ({autotune.cache_path()}):")
+    choices = autotune.summary(device=device)
+    print(f"\nKernel choices measured on this device ({autotune.cache_path()}):")
     print("\n".join(f"- {line}" for line in choices) or "- none yet (no training step ran)")
     if args.json:
         with open(args.json, "w") as f:

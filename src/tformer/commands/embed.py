@@ -7,7 +7,8 @@ embedding is printed as a JSON line; ``--out x.npy`` writes an (N, D) float32 ar
 written a chunk at a time (memory does not grow with the number of lines); the file appears
 whole at the end (atomically), one process writes it at a time, and an interrupted run
 resumes where it stopped if its inputs, model and options are the same (see
-tformer.embeddings.output).
+tformer.embeddings.output). Under torchrun the texts are shared out among the processes (one per
+GPU, on one machine or many) and rank 0 writes them (tformer.embeddings.shards).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from tformer.commands._inputs import check_count, check_options, file_lines, json_line
+from tformer.commands._inputs import check_count, check_options, device_of, file_lines, json_line
 from tformer.commands._pretrained import (
     add_model_arguments,
     load_sentence_encoder,
@@ -63,7 +64,7 @@ def numbered_inputs(args: argparse.Namespace, lines) -> Iterator[tuple[int, str]
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.embeddings.output import open_output
+    from tformer.training.distributed import process_group
 
     check_options(args)
     out = Path(args.out) if args.out else None
@@ -74,17 +75,30 @@ def run(args: argparse.Namespace) -> int:
     lines = file_lines(args)
     n = len(args.texts) + (lines.count() if lines is not None else 0)
     check_count(n, "TEXT")
+    with process_group(device_of(args)) as (rank, world):  # torchrun: this process's share of the texts
+        return _embed(args, out, lines, n, rank, world)
+
+
+def _embed(args: argparse.Namespace, out: Path | None, lines, n: int, rank: int, world: int) -> int:
     from tformer.embeddings.index import embed_chunks, model_identity, progress_bar
+    from tformer.embeddings.output import open_output
+    from tformer.training.distributed import broadcast_int
 
     with one_line_warnings("embed"):
         st = load_sentence_encoder(args)
         normalize = st.normalize if args.normalize is None else args.normalize
         encode = dict(batch_size=args.batch_size, normalize=normalize, show_progress=False,
-                      truncation=not args.no_truncate)
+                      truncation=not args.no_truncate, rank=rank, world=world)
         if out is None:
             for numbers, texts, emb in embed_chunks(st, numbered_inputs(args, lines), **encode):
                 for number, text, vec in zip(numbers, texts, emb.tolist(), strict=True):
                     print(json_line({"text": text, "embedding": vec}, f"input {number}"))
+            return 0
+        if rank != 0:  # rank 0 writes; the others skip what it has written already
+            done = broadcast_int(0, world)
+            inputs = (item for item in numbered_inputs(args, lines) if item[0] > done)
+            for _ in embed_chunks(st, inputs, **encode):
+                pass
             return 0
         # The identity of what is written: an interrupted file resumes only for the same
         # inputs and everything that changes the numbers (model files, precision, lengths).
@@ -98,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
             elif writer.discarded:
                 print(f"tformer embed: starting {out} over: its interrupted part was for other "
                       "inputs or options", file=sys.stderr)
+            broadcast_int(writer.done, world)
             inputs = (item for item in numbered_inputs(args, lines) if item[0] > writer.done)
             bar = progress_bar(n, args.progress)
             bar.update(writer.done)

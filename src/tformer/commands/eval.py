@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from tformer.commands._inputs import add_threads, check_options, json_line
+from tformer.commands._inputs import add_device, add_threads, check_options, device_of, json_line
 
 HELP = "evaluate a trained run on its test or validation split, or on a file (--data)"
 
@@ -20,6 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="only the first N examples")
     parser.add_argument("--samples", type=int, default=6, help="sample rows to print (default 6)")
     add_threads(parser)
+    add_device(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from tformer.training.report import append_jsonl, sample_table, with_baseline
 
     check_options(args)
-    run = load_run(args.run_dir)
+    run = load_run(args.run_dir, device=device_of(args))
     if args.data is not None:
         if run.config.data is None:
             raise ValueError(f"--data: {args.run_dir} trained on task {run.config.task}, not on files")

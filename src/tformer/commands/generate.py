@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from tformer.commands._inputs import add_threads, check_options, input_texts
+from tformer.commands._inputs import add_device, add_threads, check_options, device_of, input_texts
 
 HELP = "run a trained model on inputs (arguments or --file, one per line)"
 
@@ -28,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the run's max length, or a task's longest target + 1)")
     parser.add_argument("--batch-size", type=int, default=32, help="inputs per batch (default 32)")
     add_threads(parser)
+    add_device(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_options(args)
     texts = input_texts(args, "inputs", "INPUT")
-    run = load_run(args.run_dir, needs="answers")
+    run = load_run(args.run_dir, needs="answers", device=device_of(args))
     options = {"beam_size": args.beam_size, "length_penalty": args.length_penalty, "max_len": args.max_len}
     for i in range(0, len(texts), args.batch_size):
         for out in run.answers(texts[i : i + args.batch_size], batch_size=args.batch_size, **options):

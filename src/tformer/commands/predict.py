@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from tformer.commands._inputs import add_threads, check_options, input_texts, json_line
+from tformer.commands._inputs import add_device, add_threads, check_options, device_of, input_texts, json_line
 
 HELP = "classify texts with a classification run (label per line, or JSONL with probabilities)"
 
@@ -25,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="text: the label; jsonl: label and probabilities (default: text)")
     parser.add_argument("--batch-size", type=int, default=64, help="texts per batch (default 64)")
     add_threads(parser)
+    add_device(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_options(args)
     texts = input_texts(args, "inputs", "TEXT")
-    run = load_run(args.run_dir, needs="predict")
+    run = load_run(args.run_dir, needs="predict", device=device_of(args))
     for i in range(0, len(texts), args.batch_size):
         chunk = texts[i : i + args.batch_size]
         split = [t.partition("\t") for t in chunk]  # text, tab, text_pair

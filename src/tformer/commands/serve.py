@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from tformer.commands._inputs import add_device
 from tformer.serve.config import DTYPES
 
 # Packed batches give the encoder a new row count almost every batch, and oneDNN (and ideep,
@@ -33,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port)")
     parser.add_argument("--dtype", choices=DTYPES, default="auto",
                         help="inference precision, as for `tformer embed` (default auto: bf16 where "
-                        "this CPU computes it natively and it is measured faster, else fp32)")
+                        "the device computes it natively and it is measured faster, else fp32)")
+    add_device(parser)
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads in all, shared among the workers (default: every core)")
     parser.add_argument("--workers", type=int, default=1,
@@ -80,14 +82,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     for name, value in KERNEL_CACHE.items():  # before this process's first oneDNN call; a user's own stays
         os.environ.setdefault(name, value)
+    from tformer.commands._inputs import device_of
     from tformer.nn.precision import resolve_precision
     from tformer.serve.config import ServeConfig
     from tformer.serve.server import serve
 
-    # "auto" is measured once, here, so that every worker process runs the same precision.
+    # "auto" is decided once, here, so that every worker process runs the same device and precision.
+    device = device_of(args)
     config = ServeConfig(
-        model=args.model, host=args.host, port=args.port, dtype=resolve_precision(args.dtype)[0],
-        threads=args.threads,
+        model=args.model, host=args.host, port=args.port, dtype=resolve_precision(args.dtype, device)[0],
+        device=str(device), threads=args.threads,
         workers=args.workers, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
         max_input_tokens=args.max_input_tokens, max_queue=args.max_queue,
         max_client_batch=args.max_client_batch, truncate=args.truncate, name=args.name,

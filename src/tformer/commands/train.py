@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from typing import Any
 
 HELP = ("train on your own data (--data FILE: JSONL/CSV/TSV) or a synthetic task "
@@ -32,7 +33,7 @@ GROUPS = (
       "auto_size")),
     ("text", ("tokenizer", "vocab_size", "lowercase", "max_length", "auto_length")),
     ("optimisation", ("lr", "warmup", "schedule", "batch_size", "max_tokens", "accumulate", "weight_decay",
-                      "label_smoothing", "clip_grad", "precision", "seed")),
+                      "label_smoothing", "clip_grad", "precision", "device", "seed")),
     ("evaluation and files",
      ("eval_every", "log_every", "valid_size", "test_size", "out", "keep", "threads", "report_to")),
 )
@@ -147,8 +148,13 @@ def run(args: argparse.Namespace) -> int:
         if args.resume is not None:
             raise ValueError("--resume: the numpy engine cannot resume a run (no optimizer "
                              "state is saved); use --engine torch")
-        train_numpy(resolve_config(from_file, given), progress=not args.quiet)
+        config = resolve_config(from_file, given)
+        if config.device not in ("auto", "cpu"):
+            raise ValueError(f"--device: the numpy engine runs on the CPU; expected auto or cpu, "
+                             f"got {config.device!r}")
+        train_numpy(config, progress=not args.quiet)
         return 0
+    from tformer.training.distributed import finish
     from tformer.training.loop import train
 
     if args.resume is not None:
@@ -161,4 +167,5 @@ def run(args: argparse.Namespace) -> int:
     # --max-minutes counts the whole command: the interpreter's start and the imports too.
     train(config, resume=args.resume is not None, progress=not args.quiet,
           started=getattr(args, "started", None))
+    finish(int(os.environ.get("WORLD_SIZE", "1")))  # torchrun: the ranks end together
     return 0

@@ -6,7 +6,8 @@
 
 Memory grows with the chunk size and k, never with the number of lines: texts are read
 lazily, embedded ``CHUNK`` at a time, and queries x corpus is computed a block at a time
-with a running top-k (not the (Q + N) x (Q + N) matrix).
+with a running top-k (not the (Q + N) x (Q + N) matrix). Under torchrun the chunks are shared
+out among the ranks and written by rank 0 (tformer.embeddings.shards).
 
 An index directory holds ``vectors.npy`` (N, D float32, L2-normalised), ``texts.jsonl``
 ({"line", "text"} per corpus line) and ``index.json`` (the model directory, a hash of its
@@ -49,13 +50,23 @@ def chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
         yield chunk
 
 
-def embed_chunks(st, numbered: Iterable[tuple[int, str]], size: int | None = None, **encode_kw
-                 ) -> Iterator[tuple[list[int], list[str], np.ndarray]]:
+def embed_chunks(st, numbered: Iterable[tuple[int, str]], size: int | None = None, rank: int = 0,
+                 world: int = 1, **encode_kw) -> Iterator[tuple[list[int], list[str], np.ndarray]]:
     """(line numbers, texts, (n, D) float32 embeddings) a chunk at a time, in input order.
-    A non-finite embedding (broken weights) is refused: it would rank or print as NaN."""
-    for chunk in chunks(numbered, size or CHUNK):
-        numbers, texts = [n for n, _ in chunk], [t for _, t in chunk]
-        emb = st.encode(texts, **encode_kw)
+    A non-finite embedding (broken weights) is refused: it would rank or print as NaN.
+    With several ranks (torchrun) each embeds its share, and rank 0 yields every chunk
+    (tformer.embeddings.shards); the others yield nothing but must iterate to the end."""
+    def encode(texts: list[str]) -> np.ndarray:
+        return st.encode(texts, **encode_kw)
+
+    pieces = chunks(numbered, size or CHUNK)
+    if world > 1:
+        from tformer.embeddings.shards import sharded_chunks
+
+        embedded = sharded_chunks(encode, pieces, rank, world, st.dim)
+    else:
+        embedded = (([n for n, _ in c], [t for _, t in c], encode([t for _, t in c])) for c in pieces)
+    for numbers, texts, emb in embedded:
         bad = ~np.isfinite(emb).all(axis=1)
         if bad.any():
             raise ValueError(f"input {numbers[int(bad.argmax())]}: expected a finite embedding, "
@@ -122,9 +133,17 @@ def model_identity(model_dir: str | Path) -> str:
 
 def build_index(st, model_dir: str | Path, corpus: str | Path, out: str | Path,
                 batch_size: int = 32, truncation: bool = True, max_length: int | None = None,
-                show_progress: bool | None = None) -> dict[str, Any]:
+                show_progress: bool | None = None, rank: int = 0, world: int = 1) -> dict[str, Any] | None:
     """Embed the corpus once into an index directory at `out` (written as one unit, under
-    a lock: a second build of the same `out` is refused while this one runs)."""
+    a lock: a second build of the same `out` is refused while this one runs). With several
+    ranks (torchrun) each embeds its share of the corpus and rank 0 writes the index; the
+    other ranks return None."""
+    if rank != 0:
+        lines = corpus if isinstance(corpus, TextLines) else TextLines(corpus, "--corpus")
+        for _ in embed_chunks(st, lines, rank=rank, world=world, batch_size=batch_size,
+                              truncation=truncation, show_progress=False):
+            pass  # rank 0 gathers and writes
+        return None
     out = Path(out)
     if out.exists() and not (out / INDEX_FILE).is_file():
         raise ValueError(f"--out {out}: exists and is not a tformer index; expected a new path")
@@ -136,7 +155,7 @@ def build_index(st, model_dir: str | Path, corpus: str | Path, out: str | Path,
     with output_lock(out, "--out"):
         _remove_stale_builds(out)  # what a killed build of `out` left
         return _build(st, model_dir, lines, n, out, batch_size, truncation, max_length,
-                      show_progress)
+                      show_progress, world)
 
 
 def _remove_stale_builds(out: Path) -> None:
@@ -146,7 +165,8 @@ def _remove_stale_builds(out: Path) -> None:
 
 
 def _build(st, model_dir, lines: TextLines, n: int, out: Path, batch_size: int,
-           truncation: bool, max_length: int | None, show_progress: bool | None) -> dict[str, Any]:
+           truncation: bool, max_length: int | None, show_progress: bool | None,
+           world: int = 1) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
     try:
         os.chmod(tmp, dir_mode())
@@ -160,7 +180,7 @@ def _build(st, model_dir, lines: TextLines, n: int, out: Path, batch_size: int,
                       "fortran_order": False, "shape": (n, st.dim)}
             np.lib.format.write_array_header_1_0(vectors, header)
             for numbers, texts, emb in embed_chunks(
-                st, lines, batch_size=batch_size, truncation=truncation, show_progress=False,
+                st, lines, world=world, batch_size=batch_size, truncation=truncation, show_progress=False,
             ):
                 durable_step(f"write {tmp / VECTORS_FILE}")
                 vectors.write(unit(emb).astype(np.float32).tobytes())  # (b, D) rows

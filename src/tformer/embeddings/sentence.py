@@ -21,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from tformer.config import POOLING_MODES
+from tformer.devices import model_device, resolve_device
 from tformer.formats.model_dir import read_model_dir
 from tformer.nn.model import Encoder, from_pretrained
 from tformer.nn.pooling import pool
@@ -54,16 +55,23 @@ class SentenceEncoder:
         allow_pickle: bool = False,
         max_length: int | None = None,
         dtype: torch.dtype | str | None = None,
+        device: torch.device | str = "auto",
     ) -> SentenceEncoder:
         """Model (frozen: ``model.requires_grad_(True)`` to train it), tokenizer, pooling and
         normalisation as the directory describes them.
 
         ``dtype``: "fp32", "bf16" (bf16 matrix multiplies, fp32 everything else) or "int8"
         (int8 matrix multiplies: see ``tformer.nn.precision.to_precision``), or a torch dtype for
-        every parameter.
+        every parameter. ``device``: where it runs (tformer.devices: auto, cpu, cuda, cuda:N,
+        mps); "auto" precision is decided for that device.
         """
+        from tformer.nn.precision import resolve_precision
+
+        device = resolve_device(device)
+        if isinstance(dtype, str):
+            dtype = resolve_precision(dtype, device)[0]
         md = read_model_dir(directory)  # the layout and config.json, read once for all three
-        model = from_pretrained(md, allow_pickle=allow_pickle, dtype=dtype)
+        model = from_pretrained(md, allow_pickle=allow_pickle, dtype=dtype).to(device)
         model.requires_grad_(False)  # an inference model: frozen weights run packed (kernels)
         tokenizer = load_tokenizer(md, max_length=max_length)
         return cls(model, tokenizer, md.layout.pooling, md.layout.normalize)
@@ -120,14 +128,10 @@ class SentenceEncoder:
         Shape:
             batch.input_ids (B, S) -> (B, dim) float32
         """
-        device = next(self.model.parameters()).device
-        enc = self.model(batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
-                         token_type_ids=_to(batch.token_type_ids, device))
+        batch = batch.to(model_device(self.model))  # to a GPU pinned, without blocking
+        enc = self.model(batch.input_ids, attention_mask=batch.attention_mask,
+                         token_type_ids=batch.token_type_ids)
         emb = pool(enc.last_hidden_state, enc.mask, self.pooling)  # (B, dim)
         if self.normalize if normalize is None else normalize:
             emb = torch.nn.functional.normalize(emb, p=2.0, dim=-1)
         return emb.float().cpu()  # pooled in the residual stream's dtype
-
-
-def _to(t: torch.Tensor | None, device) -> torch.Tensor | None:
-    return None if t is None else t.to(device)

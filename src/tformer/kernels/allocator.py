@@ -13,9 +13,11 @@ The settings: blocks up to 32 MiB (glibc's largest allowed threshold) come from 
 heap is trimmed only when more than 1 GiB at its top is free. The cost: a process keeps up to its
 peak heap (plus 1 GiB free) until it exits, as a caching allocator does.
 
-Applied by the command line for every command and by ``tformer.train``; a user who has set
-glibc's own knobs (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``, ``GLIBC_TUNABLES``)
-keeps them, and ``TFORMER_KEEP_FREED_MEMORY=0`` turns this off.
+Applied by the command line for every command and by ``tformer.train``, when the model runs on
+the CPU: on a GPU the tensors come from torch's own caching allocator, and the host's heap would
+only be kept large for nothing. A user who has set glibc's own knobs (``MALLOC_MMAP_THRESHOLD_``,
+``MALLOC_TRIM_THRESHOLD_``, ``GLIBC_TUNABLES``) keeps them, and ``TFORMER_KEEP_FREED_MEMORY=0``
+turns this off.
 """
 
 from __future__ import annotations
@@ -31,8 +33,11 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, from glibc'
 _USERS_OWN = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
 
 
-def why_not_keep() -> str | None:
-    """Why freed memory is handed back as glibc decides, or None to keep it."""
+def why_not_keep(device_type: str = "cpu") -> str | None:
+    """Why freed memory is handed back as glibc decides, or None to keep it. `device_type`:
+    where the model runs ("cpu", "cuda", "mps")."""
+    if device_type != "cpu":
+        return f"the model runs on {device_type}: its tensors come from torch's caching allocator"
     if os.environ.get("TFORMER_KEEP_FREED_MEMORY", "1") == "0":
         return "TFORMER_KEEP_FREED_MEMORY=0"
     own = [name for name in _USERS_OWN if name in os.environ]
@@ -44,9 +49,9 @@ def why_not_keep() -> str | None:
 
 
 @functools.cache
-def keep_freed_memory() -> str:
+def keep_freed_memory(device_type: str = "cpu") -> str:
     """Apply the settings above once per process; returns what was done, for ``tformer info``."""
-    reason = why_not_keep()
+    reason = why_not_keep(device_type)
     if reason is not None:
         return f"malloc as glibc decides ({reason})"
     try:

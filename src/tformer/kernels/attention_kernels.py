@@ -70,7 +70,7 @@ def attention_dtype(q: Tensor, k: Tensor | None = None, v: Tensor | None = None)
     group cost ~5% of a bf16 sentence-encoding run); a group whose own choice differs converts
     its own."""
     if q.dtype != torch.bfloat16 or q.device.type != "cpu":
-        return q.dtype
+        return q.dtype  # a GPU's SDPA kernels (flash, memory-efficient) take bf16 as it is
     if k is None or v is None or why_not_measured_attention(q, k, v) is not None:
         return torch.float32  # masked or dropout (no k, v given), training, tracing: fp32
     return torch.float32 if autotune.choose("attention-bf16", _attention_shape(q, k), lambda: {
@@ -87,7 +87,7 @@ def _matmul_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
 def attention_kernel(q: Tensor, k: Tensor, v: Tensor) -> str:
     """"sdpa" or "matmul" for an unmasked attention call without dropout: the faster measured on
-    this machine for the shape class (the score count's and the key length's powers of two).
+    this device for the shape class (the score count's and the key length's powers of two).
     SDPA's flash kernel walks the keys in blocks; two matmuls form all the scores, which is
     1.5-3x faster while they fit in the caches (batches of short sequences, packed groups) and
     up to 5x slower past them (AMD EPYC Zen 4: faster below about 2^20 scores)."""
@@ -98,7 +98,7 @@ def attention_kernel(q: Tensor, k: Tensor, v: Tensor) -> str:
         return "sdpa"  # the scores would not fit in any cache, and memory grows as their square
     return autotune.choose("attention-infer", _attention_shape(q, k), lambda: {
         "sdpa": lambda: F.scaled_dot_product_attention(q, k, v),
-        "matmul": lambda: _matmul_attention(q, k, v)})
+        "matmul": lambda: _matmul_attention(q, k, v)}, device=q.device)
 
 
 def why_not_measured_attention(q: Tensor, k: Tensor, v: Tensor) -> str | None:
@@ -108,9 +108,7 @@ def why_not_measured_attention(q: Tensor, k: Tensor, v: Tensor) -> str | None:
         return "training: SDPA's backward"
     if tracing() or is_in_torch_dispatch_mode():
         return "compilers and exporters take SDPA"
-    if q.device.type != "cpu":
-        return "choices are measured on CPU only"
-    return None
+    return None  # measured on q's own device (tformer.kernels.autotune keys choices by device)
 
 
 def _attention_shape(q: Tensor, k: Tensor) -> str:
@@ -125,10 +123,11 @@ def why_not_fused_attention(q: Tensor, k: Tensor, dropout_p: float, need_weights
     """Why attention must form the (T, S) weights with the explicit softmax, or None to fuse."""
     if need_weights:
         return "attention weights requested: only the explicit softmax forms them"
-    if dropout_p > 0.0:
+    if dropout_p > 0.0 and q.device.type == "cpu":
         # SDPA's CPU kernels have no dropout: it falls back to its own explicit softmax, and
         # draws with torch's per-element dropout (tformer.nn.dropout says why that is slow).
-        return "attention dropout: the explicit softmax draws it with tformer.nn.dropout"
+        # A GPU's flash and memory-efficient kernels draw dropout inside the fused kernel.
+        return "attention dropout on CPU: the explicit softmax draws it with tformer.nn.dropout"
     if is_readable():
         return "kernels.readable() asks for the explicit softmax"
     return None
@@ -150,6 +149,10 @@ def why_not_packed(mask: Mask | None, general_mask: bool, need_weights: bool,
         return "kernels.readable() runs the padded batch"
     if not values_readable(mask.padding):
         return "packing reads the mask's values: not while tracing (compile, export) or on meta"
+    if mask.padding.device.type != "cpu" and skip_padding is None:
+        # One SDPA call per layer on the padded batch, where packing makes one per group of
+        # equal lengths (each a kernel launch) and reads the mask's values (a device sync).
+        return "on a GPU the padded batch runs as one attention call per layer"
     if not mask.has_padding:
         return "no padded position: nothing to skip"
     if not mask.packing.groups:

@@ -9,18 +9,21 @@ to a second), and the decision is kept
 
 - per process, in memory, and
 - per machine, in ``$XDG_CACHE_HOME/tformer/kernels.json`` (``~/.cache`` by default; the
-  TFORMER_CACHE_DIR environment variable moves it), keyed by CPU model, torch version,
-  thread count and the shape class. The file is safe to delete (choices are measured again),
-  a corrupt file is ignored and rewritten, and concurrent processes update it under a file
-  lock, each writing the whole file atomically (tformer.storage.files).
+  TFORMER_CACHE_DIR environment variable moves it), keyed by the device (the CPU model and
+  thread count; a GPU's model and compute capability), torch version and the shape class: a
+  choice measured on one device is never applied on another. The file is safe to delete
+  (choices are measured again), a corrupt file is ignored and rewritten, and concurrent
+  processes update it under a file lock, each writing the whole file atomically
+  (tformer.storage.files).
 
 ``recall`` keeps other decisions measured on this machine the same way: the bf16 product
 check of ``--dtype/--precision auto`` and a training run's bf16-or-fp32 step timing.
 
-Timing: each candidate runs once to warm up, then ``ROUNDS`` times interleaved with the others;
-the fastest round of each decides (other work on the machine only adds time: medians taken while
-other work ran put 10x between kernels that run alike), and rounds whose median is SPREAD above
-their fastest are measured again once. A candidate must beat the first listed (the default) by more than NOISE
+Timing: each candidate runs once to warm up (on a GPU, each call is timed to its end:
+``tformer.devices.synchronize``), then ``ROUNDS`` times interleaved with the others; the fastest
+round of each decides (other work on the machine only adds time: medians taken while other work
+ran put 10x between kernels that run alike), and rounds whose median is SPREAD above their
+fastest are measured again once. A candidate must beat the first listed (the default) by more than NOISE
 to be chosen, so noise never flips a choice away from the default.
 """
 
@@ -39,6 +42,7 @@ from typing import Any
 
 import torch
 
+from tformer.devices import gpu_name, synchronize
 from tformer.kernels.machine import cpu_info
 from tformer.storage.files import uncounted, write_json_atomic
 
@@ -46,9 +50,11 @@ ROUNDS = 5
 NOISE = 0.05  # a candidate must be this much faster than the default to replace it
 SPREAD = 1.5  # a median this much above the fastest round: measured again once
 
-# This process's decisions by "name | shape class" (the machine is this one; threads are set once
-# per process in practice, and a change of thread count is a new process's cache key).
+# This process's decisions by "name | shape class" (CPU) or "device | name | shape class" (the
+# machine is this one; threads are set once per process in practice, and a change of thread
+# count is a new process's cache key).
 _memory: dict[str, dict[str, Any]] = {}
+_CPU = torch.device("cpu")
 _allowance = {"left": math.inf}  # seconds new choices may still spend measuring (``measuring``)
 _defaults: dict[str, str] = {}  # choices taken unmeasured, by key, when the allowance was spent
 
@@ -64,40 +70,48 @@ def cache_path() -> Path:
 VERSION = 5
 
 
-def _machine() -> str:
+def _machine(device: torch.device = _CPU) -> str:
+    """The device a choice was measured on: the CPU model and thread count (the key every CPU
+    decision has had), or a GPU's model and compute capability."""
+    if device.type == "cuda":
+        return f"{gpu_name(device)} | torch {torch.__version__} | {device.type}"
+    if device.type != "cpu":
+        return f"{device.type} | torch {torch.__version__}"
     return f"{cpu_info()[0]} | torch {torch.__version__} | {torch.get_num_threads()} threads"
 
 
-def machine_key() -> str:
-    return f"{_machine()} | v{VERSION}"
+def machine_key(device: torch.device = _CPU) -> str:
+    return f"{_machine(device)} | v{VERSION}"
 
 
 Candidates = dict[str, Callable[[], Any]]
 
 
 def choose(name: str, shape_class: str, candidates: Candidates | Callable[[], Candidates],
-           measure: Callable[[Callable[[], Any]], float] | None = None) -> str:
-    """The fastest of `candidates` (name -> a call that runs it once; or a function that makes
-    them, called only if a measurement is needed) for this machine and shape class: from
-    memory, else from the cache file, else measured now and remembered. Cheap when known: it
-    runs on every call of a hot kernel."""
+           measure: Callable[[Callable[[], Any]], float] | None = None,
+           device: torch.device = _CPU) -> str:
+    """The fastest of `candidates` (name -> a call that runs it once on `device`; or a function
+    that makes them, called only if a measurement is needed) for this device and shape class:
+    from memory, else from the cache file, else measured now and remembered. Cheap when known:
+    it runs on every call of a hot kernel."""
     def decide_now() -> dict[str, Any]:
         t = time.perf_counter()
         try:
-            return decide(candidates() if callable(candidates) else candidates, measure or _time_once)
+            return decide(candidates() if callable(candidates) else candidates,
+                          measure or (lambda call: _time_once(call, device)))
         finally:
             _allowance["left"] -= time.perf_counter() - t
 
-    key = f"{name} | {shape_class}"
+    key = _memory_key(name, shape_class, device)
     if key in _defaults:
         return _defaults[key]
     choices = None if callable(candidates) else set(candidates)
-    if _allowance["left"] <= 0 and known(name, shape_class, choices) is None:
+    if _allowance["left"] <= 0 and known(name, shape_class, choices, device) is None:
         # Nothing left to measure with: the default, for this process only (a run with time
         # to spare measures it later).
         _defaults[key] = next(iter(candidates() if callable(candidates) else candidates))
         return _defaults[key]
-    return recall(name, shape_class, decide_now, choices)["choice"]
+    return recall(name, shape_class, decide_now, choices, device)["choice"]
 
 
 @contextlib.contextmanager
@@ -115,31 +129,38 @@ def measuring(seconds: float | None) -> Iterator[None]:
 
 
 def recall(name: str, shape_class: str, decide_now: Callable[[], dict[str, Any]],
-           choices: set[str] | None = None) -> dict[str, Any]:
-    """The decision for this machine and shape class (``decision()``'s dict): from memory, else
+           choices: set[str] | None = None, device: torch.device = _CPU) -> dict[str, Any]:
+    """The decision for this device and shape class (``decision()``'s dict): from memory, else
     from the cache file (when well formed, its choice one of `choices` if given), else made now
-    by `decide_now()` and remembered, as ``choose``'s are."""
+    by `decide_now()` (measuring on `device`) and remembered, as ``choose``'s are."""
     key = f"{name} | {shape_class}"
-    remembered = known(name, shape_class, choices)
+    remembered = known(name, shape_class, choices, device)
     if remembered is not None:
         return remembered
     decision = decide_now()
-    _memory[key] = decision
-    _remember(f"{machine_key()} | {key}", decision)
+    _memory[_memory_key(name, shape_class, device)] = decision
+    _remember(f"{machine_key(device)} | {key}", decision, device)
     return decision
 
 
-def known(name: str, shape_class: str, choices: set[str] | None = None) -> dict[str, Any] | None:
-    """The remembered decision for this machine and shape class, or None: nothing is measured
+def known(name: str, shape_class: str, choices: set[str] | None = None,
+          device: torch.device = _CPU) -> dict[str, Any] | None:
+    """The remembered decision for this device and shape class, or None: nothing is measured
     (a plan asks before it decides whether a measurement fits its budget)."""
-    key = f"{name} | {shape_class}"
-    if key in _memory:
-        return _memory[key]
-    saved = _read().get(f"{machine_key()} | {key}")
+    mine = _memory_key(name, shape_class, device)
+    if mine in _memory:
+        return _memory[mine]
+    saved = _read().get(f"{machine_key(device)} | {name} | {shape_class}")
     if _well_formed(saved) and (choices is None or saved["choice"] in choices):
-        _memory[key] = saved
+        _memory[mine] = saved
         return saved
     return None
+
+
+def _memory_key(name: str, shape_class: str, device: torch.device) -> str:
+    """This process's key of a decision: "name | shape class" on the CPU, the device first else."""
+    key = f"{name} | {shape_class}"
+    return key if device.type == "cpu" else f"{device} | {key}"
 
 
 def decide(candidates: dict[str, Callable[[], Any]], measure: Callable[[Callable[[], Any]], float]
@@ -186,14 +207,16 @@ def _well_formed(saved: Any) -> bool:
 
 
 def decisions() -> dict[str, dict[str, Any]]:
-    """Every decision this machine has made (the cache file and this process's), for reports."""
-    return {**_read(), **{f"{machine_key()} | {k}": v for k, v in _memory.items()}}
+    """Every decision this machine has made (the cache file and this process's CPU ones), for
+    reports."""
+    return {**_read(), **{f"{machine_key()} | {k}": v for k, v in _memory.items()
+                          if not k.startswith(("cuda", "mps"))}}
 
 
-def summary(limit: int = 12) -> list[str]:
-    """One line per decision of this machine (and thread count): name, shape, choice, times."""
+def summary(limit: int = 12, device: torch.device = _CPU) -> list[str]:
+    """One line per decision of this device (and thread count): name, shape, choice, times."""
     lines = []
-    prefix = machine_key() + " | "
+    prefix = machine_key(device) + " | "
     for key, d in sorted(decisions().items()):
         if key.startswith(prefix):
             times = ", ".join(f"{n} {s * 1000:.2f} ms" for n, s in d.get("seconds", {}).items())
@@ -209,9 +232,11 @@ def forget() -> None:
         cache_path().unlink()
 
 
-def _time_once(call: Callable[[], Any]) -> float:
+def _time_once(call: Callable[[], Any], device: torch.device = _CPU) -> float:
+    synchronize(device)  # a GPU's earlier work is not this call's
     t = time.perf_counter()
     call()
+    synchronize(device)
     return time.perf_counter() - t
 
 
@@ -234,7 +259,7 @@ def _locked(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _remember(key: str, decision: dict[str, Any]) -> None:
+def _remember(key: str, decision: dict[str, Any], device: torch.device = _CPU) -> None:
     """Add one decision to the cache file (read, update and replace it under the lock);
     a cache that cannot be written only costs a measurement next time."""
     path = cache_path()
@@ -242,6 +267,6 @@ def _remember(key: str, decision: dict[str, Any]) -> None:
         data = _read()
         data[key] = decision
         # This machine's decisions of an older VERSION are never read again: dropped.
-        mine, current = f"{_machine()} | ", f"{machine_key()} | "
+        mine, current = f"{_machine(device)} | ", f"{machine_key(device)} | "
         data = {k: v for k, v in data.items() if not k.startswith(mine) or k.startswith(current)}
         write_json_atomic(path, data)

@@ -14,6 +14,10 @@ there (fp32 and bf16, 0.5-1.5 M elements).
 
 The draws come from torch's global generator, so ``torch.manual_seed`` and a saved RNG state
 replay them exactly (a resumed run draws what the uninterrupted one would have).
+
+That is a CPU kernel. On a GPU, torch's ``F.dropout`` draws in its own fused kernel (Philox,
+several elements per thread), where this one would add a 64-bit fill and two passes over the
+mask; so tensors on any other device take ``F.dropout`` (p as given, not rounded).
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         return x * 0.0  # everything dropped (F.dropout's p = 1)
     if tracing():
         return F.dropout(x, p, True)  # compilers and exporters know torch's dropout
+    if x.device.type != "cpu":
+        return F.dropout(x, p, True)  # a GPU's own fused kernel (module docstring)
     keep, scale = keep_mask(x.shape, p, x.device)
     if x.dtype in (torch.float32, torch.float64):
         # One multiply by a scaled mask in x's dtype (autograd saves it for dx = dy * mask, as

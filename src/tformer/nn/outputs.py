@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch.export
 import torch.utils._pytree as pytree
 from torch import Tensor
 
@@ -50,8 +51,10 @@ class ClassifierOutput:
 
 # torch.export and torch.compile return outputs as pytrees: these say how to flatten ours.
 # The mask is an input's view, not a result: exported programs drop it (it comes back None).
+# (torch.export's name for pytree.register_dataclass: the same call, there since torch 2.2;
+# pytree's own name is from 2025, newer than the oldest torch the package takes.)
 for _output in (DecoderOutput, Seq2SeqOutput, ClassifierOutput):
-    pytree.register_dataclass(_output)
+    torch.export.register_dataclass(_output)
 pytree.register_pytree_node(
     EncoderOutput,
     lambda o: ([o.last_hidden_state, o.hidden_states, o.attentions, o.pooler_output], None),

@@ -1,4 +1,9 @@
-"""Inference precisions: fp32, bf16 matrix multiplies, or int8 ones (tformer.nn.int8)."""
+"""Inference precisions: fp32, bf16 matrix multiplies, or int8 ones (tformer.nn.int8, CPU only).
+
+"auto" is decided on the device the model runs on: a bf16 matrix product is timed there
+(once per device, remembered by tformer.kernels.autotune) on a CPU with bf16 instructions or a
+GPU with bf16 units.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import time
 import torch
 from torch import nn
 
+from tformer.devices import gpu_name, model_device, synchronize
 from tformer.kernels import autotune
 from tformer.kernels.machine import NO_BF16, has_bf16
 from tformer.nn import int8
@@ -17,39 +23,57 @@ from tformer.nn.feedforward import FeedForward
 PRECISIONS = ("fp32", "bf16", "int8")
 CHOICES = ("auto", *PRECISIONS)  # what --dtype accepts; auto is resolved by resolve_precision
 MIN_SPEEDUP = 1.2  # auto picks bf16 only if a bf16 matrix product is at least this much faster
+_CPU = torch.device("cpu")
 
 
-def resolve_precision(precision: str) -> tuple[str, str]:
-    """(the precision to run, why): "auto" is the fastest whose accuracy bound holds here:
-    bf16 (min cosine >= 0.9999 to fp32) where the CPU computes bf16 natively and a bf16 matrix
-    product is measured at least MIN_SPEEDUP faster, else fp32. int8 is never automatic: its
-    accuracy (min cosine 0.998-0.999 on real sentence encoders) misses the 0.999 bound."""
+def resolve_precision(precision: str, device: torch.device = _CPU) -> tuple[str, str]:
+    """(the precision to run on `device`, why): "auto" is the fastest whose accuracy bound holds
+    there: bf16 (min cosine >= 0.9999 to fp32) where the device computes bf16 natively and a
+    bf16 matrix product is measured at least MIN_SPEEDUP faster on it, else fp32. int8 is never
+    automatic: its accuracy (min cosine 0.998-0.999 on real sentence encoders) misses the 0.999
+    bound; and it is oneDNN's CPU kernel, so on another device it is refused."""
     if precision not in CHOICES:
         raise ValueError(f"dtype: expected one of {', '.join(CHOICES)}, got {precision!r}")
+    if precision == "int8" and device.type != "cpu":
+        raise ValueError(f"dtype: int8 runs oneDNN's CPU kernels; on {device} expected auto, fp32 or "
+                         "bf16, got 'int8'")
     if precision != "auto":
         return precision, "asked for"
-    if not has_bf16():
-        return "fp32", NO_BF16
-    speedup = bf16_speedup()
+    why_not = why_not_bf16(device)
+    if why_not is not None:
+        return "fp32", why_not
+    speedup = bf16_speedup(device=device)
     if speedup < MIN_SPEEDUP:
         return "fp32", f"bf16 matrix products measured only {speedup:.2f}x fp32's here"
     return "bf16", f"native bf16, matrix products measured {speedup:.2f}x fp32's here"
 
 
+def why_not_bf16(device: torch.device) -> str | None:
+    """Why bf16 is not worth timing on `device` (no native bf16), or None to time it."""
+    if device.type == "cpu":
+        return None if has_bf16() else NO_BF16
+    if device.type == "cuda":
+        return None if torch.cuda.is_bf16_supported() else f"this GPU ({gpu_name(device)}) has no bf16 units"
+    return f"bf16 on {device.type} is not measured here"
+
+
 @functools.cache
-def bf16_speedup(n: int = 512, repeats: int = 5) -> float:
-    """fp32 time / bf16-autocast time of an n x n x n matrix product on this machine (best of),
-    measured once per machine and remembered with the kernel choices (tformer.kernels.autotune), so
-    that every process on this machine resolves "auto" alike."""
+def bf16_speedup(n: int = 512, repeats: int = 5, device: torch.device = _CPU) -> float:
+    """fp32 time / bf16-autocast time of an n x n x n matrix product on `device` (best of),
+    measured once per device and remembered with the kernel choices (tformer.kernels.autotune),
+    so that every process on this machine resolves "auto" alike."""
     def decide_now() -> dict:
-        a, b = torch.randn(n, n), torch.randn(n, n)
+        g = torch.Generator().manual_seed(0)  # never the global generator
+        a, b = torch.randn(n, n, generator=g).to(device), torch.randn(n, n, generator=g).to(device)
 
         def best(autocast: bool) -> float:
             times = []
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
                 for _ in range(repeats + 1):  # the first call builds the kernel
+                    synchronize(device)
                     t = time.perf_counter()
                     a @ b
+                    synchronize(device)
                     times.append(time.perf_counter() - t)
             return min(times[1:])
 
@@ -57,7 +81,7 @@ def bf16_speedup(n: int = 512, repeats: int = 5) -> float:
         return autotune.decision("bf16" if fp32 >= MIN_SPEEDUP * bf16 else "fp32",
                                  {"fp32": fp32, "bf16": bf16})
 
-    seconds = autotune.recall("bf16-product", f"{n}^3", decide_now, {"fp32", "bf16"})["seconds"]
+    seconds = autotune.recall("bf16-product", f"{n}^3", decide_now, {"fp32", "bf16"}, device)["seconds"]
     return seconds["fp32"] / max(seconds["bf16"], 1e-9)
 
 
@@ -75,7 +99,7 @@ def to_precision(model: nn.Module, precision: str) -> nn.Module:
     fp32 (min cosine 0.9990-0.9996 on all-MiniLM-L6-v2 over four text sets). It is one-way:
     the int8 layers keep no float weights.
     """
-    precision, _ = resolve_precision(precision)
+    precision, _ = resolve_precision(precision, model_device(model))
     if any(isinstance(m, int8.Int8Linear) for m in model.modules()):
         raise ValueError(f"dtype: this model is already int8 and keeps no float weights; "
                          f"load it again for {precision!r}")

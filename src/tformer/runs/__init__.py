@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tformer.config import TransformerConfig
+from tformer.devices import resolve_device
 from tformer.runs.base import AttentionInput, Run
 from tformer.runs.classification import ClassificationRun
 from tformer.runs.embedding import EmbeddingRun
@@ -29,14 +30,17 @@ RUNS: dict[str, type[Run]] = {"classification": ClassificationRun, "seq2seq": Se
                               "embedding": EmbeddingRun}
 
 
-def load_run(path: str | Path, needs: str | None = None) -> Run:
+def load_run(path: str | Path, needs: str | None = None, device: str | object = "auto") -> Run:
     """The run in a directory written by `tformer train` (or tformer.train): its model (eval
     mode, frozen), objective and TrainConfig. The weights are the best validated ones
     (best.safetensors: what the run's test result describes), else the newest checkpoint's.
 
     needs: a verb ("predict", "generate", "embed") the caller will use; a run of another kind
-    is refused in one line naming the command that fits it."""
+    is refused in one line naming the command that fits it.
+    device: where the model runs (tformer.devices: auto, cpu, cuda, cuda:N, mps, or a
+    torch.device), whatever device trained it: weights are read to the CPU, then moved."""
     path = Path(path)
+    device = resolve_device(device)
     saved = check_run_dir(path)  # the newest checkpoint's files
     config = read_train_config(saved)
     objective = make_objective(config, path, existing=True)  # tokenizer, labels
@@ -48,7 +52,7 @@ def load_run(path: str | Path, needs: str | None = None) -> Run:
     model = objective.build_model(model_config)
     best = path / "best.safetensors"
     load_weights(model, best if best.is_file() else saved / "model.safetensors")
-    return cls(path, model.eval().requires_grad_(False), objective, config)
+    return cls(path, model.to(device).eval().requires_grad_(False), objective, config)
 
 
 __all__ = ["RUNS", "AttentionInput", "ClassificationRun", "EmbeddingRun", "Run", "Seq2SeqRun", "load_run"]

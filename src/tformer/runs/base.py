@@ -21,6 +21,7 @@ from typing import Any
 
 from torch import nn
 
+from tformer.devices import model_device
 from tformer.export.model_card import HUB_NAME, Card
 from tformer.training.command import train_command
 from tformer.training.config import TrainConfig
@@ -108,9 +109,14 @@ class Run(ABC):
             raise ValueError(f"export: expected one of hf= or onnx=, got {got}")
         option, target = ("--hf", hf) if hf is not None else ("--onnx", onnx)
         card = self.card(shlex.join(["tformer", "export", str(self.path), option, str(target)]))
-        if hf is not None:
-            return self.export_hf(Path(hf), card)
-        return self.export_onnx(Path(onnx), card, opset)
+        device = model_device(self.model)
+        self.model.cpu()  # exports are traced and checked on the CPU, whatever device runs the model
+        try:
+            if hf is not None:
+                return self.export_hf(Path(hf), card)
+            return self.export_onnx(Path(onnx), card, opset)
+        finally:
+            self.model.to(device)
 
     @abstractmethod
     def export_hf(self, out: Path, card: Card) -> Path:

@@ -24,6 +24,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 import tformer
+from tformer.devices import resolve_device
 from tformer.nn.precision import resolve_precision
 from tformer.serve import connections, exposure, routes, schema
 from tformer.serve.batcher import Batcher, QueueFull, ShuttingDown
@@ -117,7 +118,7 @@ class Service:
             **routes.INFO[served.kind](self),
             "version": tformer.__version__, "sha": None, "docker_label": None,
             "model": c.model_name, "kind": served.kind, "endpoints": sorted(routes.endpoints(self)),
-            "dtype": c.dtype, "torch": torch.__version__, "threads": c.threads_per_worker,
+            "dtype": c.dtype, "device": c.device, "torch": torch.__version__, "threads": c.threads_per_worker,
             "workers": c.workers,
             "limits": {"max_batch_tokens": c.max_batch_tokens, "max_wait_ms": c.max_wait_ms,
                        "max_input_tokens": served.max_input_tokens, "max_queue": c.max_queue,
@@ -173,8 +174,9 @@ def create_app(config: ServeConfig, served: Served | None = None) -> Starlette:
     """The application for one worker; loads the model unless given one."""
     torch.set_num_threads(config.threads_per_worker)
     # "auto" becomes what runs here, so that /info names it.
-    config = dataclasses.replace(config, dtype=resolve_precision(config.dtype)[0])
-    served = served or load_served(config.model, config.dtype, config.max_input_tokens)
+    device = resolve_device(config.device, "--device")
+    config = dataclasses.replace(config, device=str(device), dtype=resolve_precision(config.dtype, device)[0])
+    served = served or load_served(config.model, config.dtype, config.max_input_tokens, device)
     service = Service(config, served)
     limits = connections.Limits(config.header_timeout, config.body_timeout, config.max_connections,
                                 service.begin_drain)

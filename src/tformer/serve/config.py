@@ -8,6 +8,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from tformer.devices import check_spec
+
 # Workers started by uvicorn (spawned processes) read their settings from here.
 ENV = "TFORMER_SERVE_CONFIG"
 DTYPES = ("auto", "fp32", "bf16", "int8")  # tformer.nn.precision.CHOICES (this module stays light)
@@ -21,6 +23,7 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     dtype: str = "auto"
+    device: str = "auto"  # tformer.devices; every worker runs its model there
     threads: int | None = None  # all of them, shared by the workers
     workers: int = 1
     max_batch_tokens: int = 16384
@@ -43,6 +46,7 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype: expected one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        check_spec(self.device, "--device")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port: expected 0..65535 (0: any free port), got {self.port}")
         # JSON (a worker's settings) gives lists.

@@ -69,11 +69,12 @@ class EmbeddingModel:
 
     kind = "embedding"
 
-    def __init__(self, path: Path, dtype: str, max_input_tokens: int | None) -> None:
+    def __init__(self, path: Path, dtype: str, max_input_tokens: int | None, device: torch.device) -> None:
         from tformer.embeddings.sentence import SentenceEncoder
 
         try:
-            self.st = SentenceEncoder.from_pretrained(path, dtype=dtype, max_length=max_input_tokens)
+            self.st = SentenceEncoder.from_pretrained(path, dtype=dtype, max_length=max_input_tokens,
+                                                      device=device)
         except ValueError as e:  # the library names its argument; the user gave the flag
             if str(e).startswith("max_length:"):
                 raise ValueError("--max-input-tokens:" + str(e).removeprefix("max_length:")) from None
@@ -265,20 +266,25 @@ class Seq2SeqModel(_Run):
 Served = EmbeddingModel | ClassificationModel | Seq2SeqModel
 
 
-def load_served(path: str | Path, dtype: str = "fp32", max_input_tokens: int | None = None) -> Served:
+def load_served(path: str | Path, dtype: str = "fp32", max_input_tokens: int | None = None,
+                device: torch.device | str = "cpu") -> Served:
     """Whatever the directory holds: a sentence-transformers / BERT directory (an embedding run
-    is one too, once trained), or a classification / seq2seq run of `tformer train --data`."""
+    is one too, once trained), or a classification / seq2seq run of `tformer train --data`;
+    its model on `device` (tformer.devices)."""
+    from tformer.devices import resolve_device
+
     path = Path(path)
+    device = resolve_device(device)
     if not path.is_dir():
         raise FileNotFoundError(f"MODEL_DIR_OR_RUN: no such directory {path}")
     is_run = (path / "checkpoints").is_dir()
     if not is_run or (path / "modules.json").is_file():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return EmbeddingModel(path, dtype, max_input_tokens)
+            return EmbeddingModel(path, dtype, max_input_tokens, device)
     from tformer.runs import ClassificationRun, Seq2SeqRun, load_run
 
-    run = load_run(path)
+    run = load_run(path, device=device)
     if run.config.data is None:
         raise ValueError(f"MODEL_DIR_OR_RUN: {path} is a synthetic-task run ({run.config.task}); "
                          "serve a run on your own data or a BERT-format directory")

@@ -41,7 +41,8 @@ def serve(config: ServeConfig) -> int:
     sock = bind(config.host, config.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    print(f"tformer serve: {service.served.kind} model {config.model_name} ({config.dtype}) on "
+    print(f"tformer serve: {service.served.kind} model {config.model_name} ({config.dtype}, "
+          f"{service.config.device}) on "
           f"http://{shown}:{port} with {config.workers} worker(s) x {config.threads_per_worker} "
           f"thread(s); endpoints {', '.join(sorted(endpoints(service)))}", file=sys.stderr, flush=True)
     signal.signal(signal.SIGTERM, lambda *_: None)  # what uvicorn re-raises into after the drain

@@ -98,7 +98,7 @@ def _answer(text: str, item: Item, extra: dict, served) -> dict[str, Any]:
 def info(service: Service) -> dict[str, Any]:
     """The fields of TGI's /info, for a seq2seq run."""
     c, served = service.config, service.served
-    return {"model_id": c.model_name, "model_dtype": c.dtype, "model_device_type": "cpu",
+    return {"model_id": c.model_name, "model_dtype": c.dtype, "model_device_type": c.device.split(":")[0],
             "max_input_tokens": served.max_input_tokens,
             "max_total_tokens": served.max_input_tokens + served.max_target_tokens,
             "max_best_of": 1, "max_stop_sequences": MAX_STOP, "max_client_batch_size": c.max_client_batch}

@@ -13,7 +13,9 @@ if it is missing, take the newest ``step-*`` directory), so the run directory it
 as a model directory for ``tformer eval`` and ``generate``.
 
 Tensors go to safetensors, the rest to JSON: nothing is ever unpickled. Weights that are
-not finite are neither saved nor loaded.
+not finite are neither saved nor loaded. Files hold no device: tensors are written from
+wherever the model trained and read to the CPU, so a run trained on a GPU loads on a CPU and
+the other way round (``load_state_dict`` copies into the model wherever it is).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 from safetensors.torch import save as st_save
 from torch import nn
 
+from tformer.devices import model_device
 from tformer.storage.files import json_bytes, remove_temp_files, write_atomic, write_new_dir
 
 CHECKPOINTS = "checkpoints"
@@ -47,6 +50,9 @@ def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opti
     tensors = {f"state.{i}.{k}": v.contiguous() for i, s in opt["state"].items()
                for k, v in s.items()}
     tensors["rng.torch"] = torch.get_rng_state()
+    device = model_device(model)
+    if device.type == "cuda":  # dropout on a GPU draws from its own generator
+        tensors["rng.cuda"] = torch.cuda.get_rng_state(device)
     meta = {"step": str(step), "param_groups": json.dumps(opt["param_groups"])}
     files = {
         "config.json": json_bytes(model.config.to_dict()),
@@ -164,6 +170,9 @@ def load_training_state(run_dir: Path, model: nn.Module, optimizer: torch.optim.
             {"state": opt_state, "param_groups": json.loads(ometa["param_groups"])}
         )
         torch.set_rng_state(tensors["rng.torch"])
+        device = model_device(model)
+        if device.type == "cuda" and "rng.cuda" in tensors:  # resumed on a GPU, as it trained
+            torch.cuda.set_rng_state(tensors["rng.cuda"], device)
     except (KeyError, ValueError, RuntimeError, TypeError) as e:
         raise ValueError(f"resume: {ckpt / 'optimizer.safetensors'} does not fit this model "
                          f"({type(e).__name__}: {e})") from None

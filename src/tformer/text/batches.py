@@ -56,6 +56,18 @@ class _Batch:
 
         return type(self)(**{f.name: convert(getattr(self, f.name)) for f in dataclasses.fields(self)})
 
+    def to(self, device):
+        """The same batch with every tensor on `device`: to a CUDA GPU pinned and without
+        blocking (tformer.devices.to_device)."""
+        from tformer.devices import to_device
+
+        def move(value: Any) -> Any:
+            if isinstance(value, _Batch):
+                return value.to(device)
+            return None if value is None else to_device(value, device)
+
+        return type(self)(**{f.name: move(getattr(self, f.name)) for f in dataclasses.fields(self)})
+
 
 @dataclass
 class Seq2SeqBatch(_Batch):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tformer import devices
 from tformer.config import FieldType, TransformerConfig, check_known_keys, field_types
 from tformer.errors import BadType
 from tformer.tasks import TASKS, Task
@@ -33,7 +34,7 @@ MAX_LENGTH = 8192
 # Options that may differ when resuming; changing any other would make the resumed run
 # a different experiment than the one its checkpoint started.
 RESUMABLE = ("steps", "eval_every", "log_every", "threads", "max_minutes", "out", "patience",
-             "keep", "epochs", "precision", "report_to")
+             "keep", "epochs", "precision", "report_to", "device")
 REPORT_TO = ("tensorboard", "csv")  # where --report-to may send the scalars (metrics.jsonl always)
 
 
@@ -83,9 +84,10 @@ class TrainConfig:
     max_tokens: int | None = _f(4096, "data runs: padded tokens per batch (length-bucketed batches); "
                                 "none: --batch-size examples of the data's mean length")
     accumulate: int = _f(1, "batches whose gradients are summed per update")
-    precision: str = _f("auto", "auto (bf16 autocast where this CPU computes bf16 natively and a step of "
-                        "this model is measured faster in it, else fp32), fp32 or bf16 (fp32 master "
-                        "weights either way)")
+    precision: str = _f("auto", "auto (bf16 autocast where the device computes bf16 natively and a step "
+                        "of this model is measured faster in it, else fp32; fp16 with a GradScaler on "
+                        "a CUDA GPU without bf16), fp32 or bf16 (fp32 master weights either way)")
+    device: str = _f("auto", devices.TRAIN_HELP)
     # Optimisation.
     steps: int = _f(2000, "optimizer updates in total (a resumed run continues up to this count)")
     epochs: int | None = _f(None, "data runs: stop after this many passes over the training data")
@@ -135,8 +137,8 @@ class TrainConfig:
             raise BadType(f"model: expected a TransformerConfig, got {type(self.model).__name__}")
         if self.data is None and self.task not in TASKS:
             raise ValueError(f"task: expected one of {', '.join(TASKS)}; got {self.task!r}")
-        for name, choices in (("schedule", SCHEDULES), ("tokenizer", TOKENIZERS),
-                              ("precision", PRECISIONS)):
+        devices.check_spec(self.device)
+        for name, choices in (("schedule", SCHEDULES), ("tokenizer", TOKENIZERS), ("precision", PRECISIONS)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name}: expected one of {', '.join(choices)}; "
                                  f"got {getattr(self, name)!r}")
@@ -147,9 +149,8 @@ class TrainConfig:
             kind.check(name, value)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{name}: expected a finite number, got {value}")
-        positive = ("steps", "batch_size", "eval_every", "log_every", "valid_size", "test_size",
-                    "threads", "vocab_size", "max_length", "max_tokens", "accumulate", "patience", "keep",
-                    "epochs")
+        positive = ("steps", "batch_size", "eval_every", "log_every", "valid_size", "test_size", "threads",
+                    "vocab_size", "max_length", "max_tokens", "accumulate", "patience", "keep", "epochs")
         for name in positive:
             value = getattr(self, name)
             if value is not None and value <= 0:

@@ -28,8 +28,12 @@ as the schedule does not depend on the total: cosine and linear do, inverse_sqrt
 
 Data-parallel: under `torchrun --nproc_per_node N -m tformer train ...` every rank builds
 the same model (same seed), reads the batches i with i % N == rank, and the gradients
-are averaged (all-reduce, gloo) before each update, so N ranks with --accumulate A take
-the same steps as one process with --accumulate N*A. Only rank 0 writes.
+are averaged (all-reduce: NCCL between GPUs, gloo on CPU) before each update, so N ranks with
+--accumulate A take the same steps as one process with --accumulate N*A. Only rank 0 writes.
+
+Devices: --device (tformer.devices) places the model, built on the CPU from the seed so that
+every device starts from the same weights; the run records where it trained (trainer_state.json,
+the test record), and its checkpoints load on any device.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import torch
 from safetensors.torch import save as st_save
 from torch import nn
 
+from tformer.devices import describe, resolve_device
 from tformer.kernels import autotune
 from tformer.stats import check_fits
 from tformer.storage.checkpoint import latest_checkpoint, load_training_state, load_weights, save_checkpoint
@@ -66,7 +71,7 @@ from tformer.training.report import (
     with_baseline,
 )
 from tformer.training.schedule import learning_rate
-from tformer.training.steps import make_optimizer, train_step
+from tformer.training.steps import grad_scaler, make_optimizer, train_step
 
 
 # The loop ----------------------------------------------------------------------------------------
@@ -79,7 +84,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
     the process's start): --max-minutes counts from there. Default: now.
     """
     started = time.perf_counter() if started is None else started
-    rank, world = rank_and_world()
+    device = resolve_device(config.device)  # under torchrun: this rank's GPU
+    rank, world = rank_and_world(device)
     writer = rank == 0
     if not writer:
         log = lambda *a, **k: None  # noqa: E731
@@ -105,7 +111,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
     try:
         with open_run_dir(run_dir, resume) if writer else contextlib.nullcontext(), \
                 autotune.measuring(measuring):
-            return _train(config, resume, progress, log, rank, world, started)
+            return _train(config, resume, progress, log, rank, world, started, device)
     except (ValueError, OSError):
         if created and latest_checkpoint(run_dir) is None:
             discard_unstarted(run_dir)  # e.g. a bad data file: no directory holding only a lock
@@ -115,7 +121,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
 
 
 def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, world: int,
-           started: float) -> dict[str, Any]:
+           started: float, device: torch.device) -> dict[str, Any]:
     writer = rank == 0
     run_dir = Path(config.out)
     metrics_path = run_dir / "metrics.jsonl"
@@ -126,17 +132,17 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
         objective = make_objective(config, run_dir, write=False)
     if not resume:
         check_minimum(config, started)
-    plan, objective = make_plan(objective, resume, world, started, log, run_dir if writer else None)
-    config, bf16, why_precision = plan.config, plan.bf16, plan.why("precision")
+    plan, objective = make_plan(objective, resume, world, started, log, run_dir if writer else None, device)
+    config, bf16, why_precision = plan.config, plan.bf16, plan.why("precision")  # bf16: 16-bit autocast
     torch.manual_seed(config.seed)
-    model = objective.build_model()
+    model = objective.build_model().to(device)
     optimizer = make_optimizer(model, config)
     state: dict[str, Any] = {"step": 0, "wall_seconds": 0.0, "schedule": config.schedule}
     if resume:
         state = load_training_state(run_dir, model, optimizer)
         state.setdefault("best_by", objective.main_metric)  # what picked the best before best_by
-        if config.precision == "auto" and state.get("precision") in ("fp32", "bf16"):
-            bf16, why_precision = state["precision"] == "bf16", "as the run chose when it started"
+        if config.precision == "auto" and state.get("precision") in ("fp32", "bf16", "fp16"):
+            bf16, why_precision = state["precision"] != "fp32", "as the run chose when it started"
         done = resume_metrics(metrics_path, state, _limits(config)) if writer else None
         if done is not None:
             log(f"{run_dir} had finished: stopped by {state['stopped_by']} at step {state['step']}; "
@@ -148,8 +154,11 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
             return done
         state.pop("stopped_by", None)  # trains on
         check_minimum(config, started, spent=float(state["wall_seconds"]))
-    state["precision"] = "bf16" if bf16 else "fp32"
+    state["precision"] = plan.half if bf16 else "fp32"
+    state["device"] = str(device)
+    scaler = grad_scaler(model, bf16)  # fp16 only
     reporter = Reporter(run_dir, config, state["step"] if resume else None) if writer else None
+    log(f"device: {describe(device)}")
     log(f"precision: {state['precision']} ({why_precision})")
     n_params = sum(p.numel() for p in model.parameters())
     log(f"{objective.description}; {n_params:,} parameters; run dir {run_dir}")
@@ -178,7 +187,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
         lr = learning_rate(config, state["step"] + 1, total)
         t = time.perf_counter()
         loss, acc, tokens, examples = train_step(model, optimizer, objective, batches, config, lr,
-                                                 world, bf16)
+                                                 world, bf16, scaler)
         budget.stepped(time.perf_counter() - t, examples)
         state["step"] += 1
         if not math.isfinite(loss):
@@ -248,7 +257,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     record = {"split": "test", "task": config.name, "step": state["step"], **test,
               "test_examples": budget.test_examples, "wall_seconds": round(wall(), 2),
               "stopped_by": stop_reason, "valid_share": round(budget.valid_share(), 4),
-              "parameters": n_params}
+              "parameters": n_params, "device": str(device)}
     if not writer:
         return record
     scored = objective.examples("test")[: test["examples"]]

@@ -57,6 +57,6 @@ def ranking_loss(model: nn.Module, batch: PairBatch) -> tuple[Tensor, float]:
     if batch.negative is not None:
         candidates = torch.cat([candidates, model(batch.negative)])  # (B + N, D)
     scores = MNR_SCALE * a @ candidates.T  # (B, B + N)
-    target = torch.arange(a.size(0))
+    target = torch.arange(a.size(0), device=a.device)
     loss = F.cross_entropy(scores.float(), target)
     return loss, (scores.argmax(-1) == target).float().mean().item()

@@ -2,7 +2,7 @@
 
     plan = make_plan(objective, resume=False, world=1, started=t0, log=print)
     plan.config        # the options as settled: threads, learning rate, length, batch, sizes
-    plan.precision     # "fp32" or "bf16"
+    plan.precision     # "fp32", "bf16" (or "fp16": a CUDA GPU without bf16)
     plan.reasons       # (what, why) per choice, in the order made (the run prints them)
 
 The choices, in order: the threads (one per core that other work leaves free), the fine-tuning
@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from tformer.devices import half_name, resolve_device
 from tformer.formats.pretrained import pretrained_config
 from tformer.kernels import autotune
 from tformer.kernels.machine import others_running
@@ -63,12 +64,14 @@ BASE_SIZES = {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 2, "n_decod
 @dataclass(frozen=True)
 class Plan:
     config: object  # the TrainConfig as settled
-    precision: str  # "fp32" or "bf16"
+    precision: str  # "fp32", "bf16" or "fp16"
     reasons: tuple[tuple[str, str], ...] = ()  # (what was chosen, why), in the order chosen
+    half: str = "bf16"  # the device's 16-bit autocast type (fp16 on a CUDA GPU without bf16)
 
     @property
     def bf16(self) -> bool:
-        return self.precision == "bf16"
+        """16-bit autocast: bf16, or fp16 where the device has no bf16 (tformer.devices)."""
+        return self.precision != "fp32"
 
     def why(self, what: str) -> str | None:
         return dict(self.reasons).get(what)
@@ -80,8 +83,9 @@ class Probes:
     process runs now (other work on its cores, ``choose_threads``): a step time is remembered
     as it would run alone (measured / slowdown) and used as it runs now (x slowdown)."""
 
-    def __init__(self, seconds: float, slowdown: float = 1.0) -> None:
+    def __init__(self, seconds: float, slowdown: float = 1.0, device: torch.device | None = None) -> None:
         self.allowance, self.slowdown = PROBE_SHARE * seconds, slowdown
+        self.device = device or torch.device("cpu")  # where the steps run; remembered per device
         self.spent = 0.0
         self.per_work: float | None = None  # measured seconds per step per unit of _work, now
 
@@ -98,7 +102,7 @@ class Probes:
         now: remembered (as it would run alone), else measured now if what is left pays for it,
         else None."""
         key = step_class(objective.model_kind, objective.model_config(), _batch(objective.config))
-        known = autotune.known("train-step", key)
+        known = autotune.known("train-step", key, device=self.device)
         if known is not None:
             return known["seconds"]["step"] * self.slowdown
         if not self.affords(objective):
@@ -108,7 +112,8 @@ class Probes:
         self.spent += time.perf_counter() - t
         self.per_work = seconds / _work(objective)
         alone = autotune.decision("measured", {"step": seconds / self.slowdown})
-        return autotune.recall("train-step", key, lambda: alone)["seconds"]["step"] * self.slowdown
+        remembered = autotune.recall("train-step", key, lambda: alone, device=self.device)
+        return remembered["seconds"]["step"] * self.slowdown
 
     def not_paid(self) -> str:
         return (f"not measured: {PROBE_SHARE:.0%} of the budget ({self.allowance:.1f} s) pays for no more "
@@ -135,10 +140,12 @@ def choose_threads(config, world: int) -> tuple[object, str | None, float]:
 
 
 def make_plan(objective: Objective, resume: bool, world: int, started: float, log=print,
-              run_dir: Path | None = None) -> tuple[Plan, Objective]:
+              run_dir: Path | None = None, device=None) -> tuple[Plan, Objective]:
     """The plan of a run of `objective` (its config as given), and the objective under it.
-    Each choice is logged as it is made; choices that time steps measure on this machine."""
+    Each choice is logged as it is made; choices that time steps measure on the run's device."""
     config = objective.config
+    device = device or resolve_device(config.device)
+    half = half_name(device)
     reasons: list[tuple[str, str]] = []
 
     def chose(what: str, why: str, note: str = "") -> None:
@@ -151,10 +158,11 @@ def make_plan(objective: Objective, resume: bool, world: int, started: float, lo
         objective = objective.with_config(config)
         chose("threads", why_threads)
     budget = config.max_minutes * 60 if config.max_minutes else math.inf
-    probes = Probes(budget, slowdown)
+    # Other processes on the CPU's cores slow a CPU step; a GPU's step is its own.
+    probes = Probes(budget, slowdown if device.type == "cpu" else 1.0, device)
 
-    precision, why_precision = choose_precision(config.precision)  # the machine's answer
-    bf16 = precision == "bf16"
+    precision, why_precision = choose_precision(config.precision, device)  # the device's answer
+    bf16 = precision != "fp32"  # 16-bit autocast: bf16, or fp16 on a GPU without it
 
     def seconds_left() -> float:  # training time the probes may plan for
         return 0.9 * (budget - (time.perf_counter() - started))
@@ -194,23 +202,25 @@ def make_plan(objective: Objective, resume: bool, world: int, started: float, lo
         bf16, why_precision = _confirm_bf16(objective, probes)
         bf16 = any_rank(bf16, world)  # every rank trains in the same precision
     reasons.append(("precision", why_precision))  # printed by the loop (a resumed run keeps its own)
-    return Plan(config, "bf16" if bf16 else "fp32", tuple(reasons)), objective
+    return Plan(config, half if bf16 else "fp32", tuple(reasons), half), objective
 
 
 def _confirm_bf16(objective: Objective, probes: Probes) -> tuple[bool, str]:
-    """bf16 for this very model, or fp32: remembered, else measured if the probes can pay for
-    two models' steps (one batch, again and again: the steady state, not the first call of each
-    new shape's kernels, which bf16 pays more for), else fp32."""
-    config = objective.config
+    """16-bit autocast for this very model (bf16; fp16 on a GPU without it), or fp32:
+    remembered, else measured on the run's device if the probes can pay for two models' steps
+    (one batch, again and again: the steady state, not the first call of each new shape's
+    kernels, which bf16 pays more for), else fp32."""
+    config, device = objective.config, probes.device
+    half = half_name(device)
     shape = _batch(config)
     if config.from_pretrained:  # its own shape, not the size options': named by its directory
         shape += f", from {Path(config.from_pretrained).resolve()}"
     key = step_class(objective.model_kind, objective.model_config(), shape)
-    known = autotune.known("train-precision", key, {"fp32", "bf16"})
+    known = autotune.known("train-precision", key, {"fp32", half}, device)
     if known is not None:
-        return known["choice"] == "bf16", precision_why(known)
+        return known["choice"] == half, precision_why(known, half)
     if not probes.affords(objective, models=2, steps=1 + ROUNDS):
-        return False, f"bf16 for this model {probes.not_paid()}"
+        return False, f"{half} for this model {probes.not_paid()}"
     batch = functools.cache(lambda: next(objective.train_batches(0)))
 
     def stepper(bf16: bool):
@@ -218,7 +228,7 @@ def _confirm_bf16(objective: Objective, probes: Probes) -> tuple[bool, str]:
         return lambda: step(model, batch(), objective)
 
     t = time.perf_counter()
-    decision = confirm_bf16(stepper, key, deadline=t + probes.left())
+    decision = confirm_bf16(stepper, key, deadline=t + probes.left(), device=device)
     probes.spent += time.perf_counter() - t
     return decision
 

@@ -1,11 +1,13 @@
 """The training precision: fp32, or bf16 autocast with fp32 master weights.
 
---precision auto (the default) trains in bf16 where the CPU computes it natively and it is
-measured faster here (a generic product first, then a few steps of the run's own model:
-``confirm_bf16``), else fp32; the run prints what it chose and why. bf16 autocast runs the
-matrix products in bfloat16 and keeps the weights, the optimizer, the norms and the loss in fp32
-(1.9-2.5x faster steps on an AVX-512 bf16 / AMX CPU; on an AVX2-only CPU oneDNN has no bf16
-kernels worth running).
+--precision auto (the default) trains in bf16 where the device computes it natively and it is
+measured faster there (on a CPU a generic product first; then, on any device, a few steps of the
+run's own model: ``confirm_bf16``), else fp32; the run prints what it chose and why. bf16
+autocast runs the matrix products in bfloat16 and keeps the weights, the optimizer, the norms
+and the loss in fp32 (1.9-2.5x faster steps on an AVX-512 bf16 / AMX CPU; on an AVX2-only CPU
+oneDNN has no bf16 kernels worth running). A CUDA GPU without bf16 units (before Ampere) takes
+fp16 autocast with a GradScaler instead (``tformer.devices.half_dtype``), chosen the same way;
+the run records "fp16".
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable
 import torch
 
 from tformer.config import TransformerConfig
+from tformer.devices import gpu_name, half_name
 from tformer.kernels import autotune
 from tformer.kernels.machine import NO_BF16, has_bf16
 from tformer.nn.model import Encoder
@@ -26,13 +29,27 @@ from tformer.nn.precision import MIN_SPEEDUP, bf16_speedup
 # kept: a small model's products gain less than its casts cost (the built-in reverse task's
 # model trained 1.2x slower under bf16 on an AMD EPYC Zen 4 whose 512^3 product ran 1.95x faster).
 MIN_STEP_SPEEDUP = 1.1
+_CPU = torch.device("cpu")
 ROUNDS = 4  # interleaved timed steps per precision (after a warm-up step of each)
 
 
-def choose_precision(requested: str) -> tuple[str, str]:
-    """("fp32" or "bf16", why) for a run asking for `requested`."""
+def choose_precision(requested: str, device: torch.device = _CPU) -> tuple[str, str]:
+    """("fp32", "bf16" or "fp16", why) for a run on `device` asking for `requested`."""
     if requested == "fp32":
         return "fp32", "asked for"
+    if device.type == "cuda":
+        half = half_name(device)
+        if requested == "bf16" and half != "bf16":
+            raise ValueError(f"precision: this GPU ({gpu_name(device)}) has no bf16 units; expected "
+                             "auto (fp16 autocast with a GradScaler) or fp32, got bf16")
+        why = "asked for" if requested == "bf16" else (
+            f"{half} autocast on {gpu_name(device)} (a step of this model is timed before it is kept)")
+        return half, why
+    if device.type != "cpu":
+        if requested == "bf16":
+            raise ValueError(f"precision: bf16 autocast is not supported on {device.type} here; "
+                             "expected auto or fp32, got bf16")
+        return "fp32", f"mixed precision on {device.type} is not measured here"
     if requested == "bf16":
         if not bf16_supported():
             raise ValueError("precision: this CPU cannot run bfloat16 matrix products under autocast "
@@ -40,7 +57,7 @@ def choose_precision(requested: str) -> tuple[str, str]:
         return "bf16", "asked for"
     if not has_bf16():
         return "fp32", NO_BF16
-    speedup = bf16_speedup()
+    speedup = bf16_speedup(device=device)
     if speedup < MIN_SPEEDUP or not bf16_supported():
         return "fp32", f"bf16 matrix products run only {speedup:.2f}x faster than fp32's here"
     return "bf16", f"native bf16: matrix products run {speedup:.1f}x faster than fp32's here"
@@ -61,26 +78,34 @@ def bf16_supported() -> bool:
 
 
 def confirm_bf16(stepper: Callable[[bool], Callable[[], object]], step_class: str,
-                 deadline: float | None = None) -> tuple[bool, str]:
-    """(train in bf16, why) for a run whose "auto" chose bf16 from a generic product:
-    `stepper(bf16)` builds the run's own model and returns a call that runs one update of it on
-    its own batch, in that precision.
+                 deadline: float | None = None, device: torch.device = _CPU) -> tuple[bool, str]:
+    """(train in 16-bit autocast, why) for a run whose "auto" chose it (on a CPU from a generic
+    product): `stepper(bf16)` builds the run's own model and returns a call that runs one update
+    of it on its own batch, in that precision, on `device` (timed to its end there; 16-bit is
+    fp16 on a GPU without bf16 units: the messages say which).
 
     Timed in interleaved rounds after a warm-up of each (a burst of other work slows both
     alike), each precision by its fastest round (other work only ever adds time); rounds that
     spread (``autotune.noisy``) are measured again once, unless that would pass the `deadline`
-    (a time.perf_counter() reading). bf16 must be MIN_STEP_SPEEDUP faster.
-    Measured once per machine and `step_class` (``step_class()``) and remembered with the kernel
+    (a time.perf_counter() reading). 16-bit must be MIN_STEP_SPEEDUP faster.
+    Measured once per device and `step_class` (``step_class()``) and remembered with the kernel
     choices (tformer.kernels.autotune): the same run on the same machine trains in the same precision,
     and a run killed before its first checkpoint starts again as it first did.
     """
-    decision = autotune.recall("train-precision", step_class, lambda: measure_bf16(stepper, deadline),
-                               {"fp32", "bf16"})
-    return decision["choice"] == "bf16", precision_why(decision)
+    half = half_name(device)
+
+    def decide_now() -> dict:
+        measured = measure_bf16(stepper, deadline)  # "bf16" there: the 16-bit autocast, named here
+        seconds = measured["seconds"]
+        return autotune.decision(half if measured["choice"] == "bf16" else "fp32",
+                                 {"fp32": seconds["fp32"], half: seconds["bf16"]})
+
+    decision = autotune.recall("train-precision", step_class, decide_now, {"fp32", half}, device)
+    return decision["choice"] == half, precision_why(decision, half)
 
 
 def measure_bf16(stepper: Callable[[bool], Callable[[], object]], deadline: float | None = None) -> dict:
-    """The decision of ``confirm_bf16``, measured now."""
+    """The decision of ``confirm_bf16``, measured now ("bf16": the device's 16-bit autocast)."""
     steps = {False: stepper(False), True: stepper(True)}
     for step in steps.values():
         step()  # the first call of a new shape's kernels
@@ -100,18 +125,18 @@ def measure_bf16(stepper: Callable[[bool], Callable[[], object]], deadline: floa
     return autotune.decision(choice, {"fp32": fp32, "bf16": bf16})
 
 
-def precision_why(decision: dict) -> str:
+def precision_why(decision: dict, half: str = "bf16") -> str:
     """What a remembered precision decision says: which is faster, and by how much."""
     seconds = decision["seconds"]
-    ratio = seconds.get("bf16", 1.0) / max(seconds.get("fp32", 1.0), 1e-9)  # bf16's time / fp32's
-    if decision["choice"] == "bf16":
-        return (f"native bf16: a training step of this model takes {ratio:.2f}x fp32's time here "
+    ratio = seconds.get(half, 1.0) / max(seconds.get("fp32", 1.0), 1e-9)  # 16-bit's time / fp32's
+    if decision["choice"] == half:
+        return (f"native {half}: a training step of this model takes {ratio:.2f}x fp32's time here "
                 f"({1 / ratio:.1f}x faster)")
     if ratio >= 1:
-        return (f"bf16 autocast makes a training step of this model {ratio:.1f}x slower here "
+        return (f"{half} autocast makes a training step of this model {ratio:.1f}x slower here "
                 "(its matrix products are too small to gain what the casts cost)")
-    return (f"bf16 autocast makes a training step of this model only {1 / ratio:.2f}x faster here "
-            f"(less than the {MIN_STEP_SPEEDUP}x worth training in bf16)")
+    return (f"{half} autocast makes a training step of this model only {1 / ratio:.2f}x faster here "
+            f"(less than the {MIN_STEP_SPEEDUP}x worth training in {half})")
 
 
 def step_class(kind: str, model: TransformerConfig, batch: str) -> str:

@@ -1,11 +1,17 @@
 """One update: the optimizer, a training step, and the same step on a throwaway model for timing
-(what a plan measures before it chooses)."""
+(what a plan measures before it chooses).
+
+Every step runs on the model's device (tformer.devices): its batches are moved there (pinned and
+without blocking, to a GPU), and 16-bit autocast (``bf16``) computes in bfloat16, or in float16
+with a GradScaler on a CUDA GPU without bf16 units (``half_dtype``).
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from tformer.devices import half_dtype, model_device, needs_grad_scaler, resolve_device, synchronize
 from tformer.training.distributed import average_gradients, sum_over_ranks
 
 
@@ -18,50 +24,80 @@ def make_optimizer(model: nn.Module, config) -> torch.optim.AdamW:
               {"params": no_decay, "weight_decay": 0.0}]
     # Adam betas and eps of Vaswani et al. 2017, §5.3; fine-tuning uses BERT's (0.999, 1e-6).
     betas, eps = ((0.9, 0.999), 1e-6) if config.from_pretrained else ((0.9, 0.98), 1e-9)
-    # fused: one kernel for all parameters (several times faster on CPU than the loop).
-    return torch.optim.AdamW(groups, lr=config.lr, betas=betas, eps=eps, fused=True)
+    # fused: one kernel for all parameters, on their device (several times faster on CPU than the
+    # loop; on CUDA one launch instead of several per parameter). A device torch has no fused
+    # AdamW for (MPS before torch 2.5) takes the foreach kernels.
+    try:
+        return torch.optim.AdamW(groups, lr=config.lr, betas=betas, eps=eps, fused=True)
+    except RuntimeError:
+        return torch.optim.AdamW(groups, lr=config.lr, betas=betas, eps=eps, foreach=True)
+
+
+def grad_scaler(model: nn.Module, bf16: bool) -> torch.amp.GradScaler | None:
+    """fp16 autocast's loss scaler (a CUDA GPU without bf16 units), else None."""
+    device = model_device(model)
+    return torch.amp.GradScaler(device.type) if needs_grad_scaler(device, bf16) else None
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, objective, batches, config,
-               lr: float, world: int = 1, bf16: bool = False) -> tuple[float, float, int, int]:
+               lr: float, world: int = 1, bf16: bool = False,
+               scaler: torch.amp.GradScaler | None = None) -> tuple[float, float, int, int]:
     """One update at learning rate `lr` from `config.accumulate` batches; returns the mean
-    (loss, accuracy) of the batches, their token count and their example count."""
+    (loss, accuracy) of the batches, their token count and their example count. ``bf16``: 16-bit
+    autocast (module docstring); ``scaler``: fp16's (``grad_scaler``)."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     model.train()
     optimizer.zero_grad(set_to_none=True)
+    device = model_device(model)
     total_loss = total_acc = 0.0
     tokens = examples = 0
     for _ in range(config.accumulate):
         batch = next(batches)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss, acc = objective.loss(model, batch, config.label_smoothing)
-        (loss / config.accumulate if config.accumulate > 1 else loss).backward()
-        total_loss, total_acc = total_loss + loss.item(), total_acc + acc
-        tokens += batch.n_tokens()
+        tokens += batch.n_tokens()  # counted on the host, before the copy: no device sync
         examples += batch.n_examples()
+        batch = batch.to(device)
+        with torch.autocast(device.type, dtype=half_dtype(device), enabled=bf16):
+            loss, acc = objective.loss(model, batch, config.label_smoothing)
+        scaled = loss / config.accumulate if config.accumulate > 1 else loss
+        (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        total_loss, total_acc = total_loss + loss.item(), total_acc + acc
     if world > 1:
         average_gradients(model, world)
         total_loss, total_acc, tokens = sum_over_ranks([total_loss / world, total_acc / world, tokens])
+    if scaler is not None:
+        scaler.unscale_(optimizer)  # clip the true gradients
     if config.clip_grad > 0:
         nn.utils.clip_grad_norm_(model.parameters(), config.clip_grad)
-    optimizer.step()
+    if scaler is not None:
+        scaler.step(optimizer)  # skipped where a gradient overflowed; the scale then shrinks
+        scaler.update()
+    else:
+        optimizer.step()
     return total_loss / config.accumulate, total_acc / config.accumulate, int(tokens), examples
 
 
 def probe_step(config, bf16: bool):
-    """`step(model, batch, objective)`: one update of a throwaway model, as train_step does it."""
+    """`step(model, batch, objective)`: one update of a throwaway model, as train_step does it,
+    on the run's device (the model is moved there on its first step), timed to its end there."""
+    device = resolve_device(config.device)
     # by model: each model kept alive here, so that no later model reuses its id
-    optimizers: dict[int, tuple[nn.Module, torch.optim.Optimizer]] = {}
+    optimizers: dict[int, tuple[nn.Module, torch.optim.Optimizer, torch.amp.GradScaler | None]] = {}
 
     def step(model: nn.Module, batch, objective) -> None:
         if id(model) not in optimizers:
-            optimizers[id(model)] = (model, make_optimizer(model, config))
-        optimizer = optimizers[id(model)][1]
+            model.to(device)
+            optimizers[id(model)] = (model, make_optimizer(model, config), grad_scaler(model, bf16))
+        _, optimizer, scaler = optimizers[id(model)]
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss, _ = objective.loss(model, batch, config.label_smoothing)
-        loss.backward()
-        optimizer.step()
+        with torch.autocast(device.type, dtype=half_dtype(device), enabled=bf16):
+            loss, _ = objective.loss(model, batch.to(device), config.label_smoothing)
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        synchronize(device)  # the caller times steps: a GPU's must have finished
 
     return step

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from tformer.config import TransformerConfig
+from tformer.devices import model_device
 from tformer.formats.pretrained import pretrained_config
 from tformer.training.sources import Data, FileSource, TaskSource
 
@@ -144,18 +145,19 @@ class Objective(ABC):
 
     def predict(self, model: nn.Module, examples: list, batch_size: int = PREDICT_BATCH,
                 deadline: float | None = None, progress: Progress | None = None, **options: Any) -> list:
-        """One prediction per example, in order; labels and targets are not needed. With a
-        `deadline` (a time.perf_counter() reading), no batch starts that would end past it, by
-        the last batch's time (the first always runs): the predictions of a prefix of examples.
-        `progress(done, total)` is called after each batch."""
+        """One prediction per example, in order; labels and targets are not needed. Batches go
+        to the model's device. With a `deadline` (a time.perf_counter() reading), no batch
+        starts that would end past it, by the last batch's time (the first always runs): the
+        predictions of a prefix of examples. `progress(done, total)` is called after each batch."""
         out: list = []
         batch_seconds = 0.0
+        device = model_device(model)
         with evaluating(model):
             for i in range(0, len(examples), batch_size):
                 if out and deadline is not None and time.perf_counter() + batch_seconds > deadline:
                     break
                 t = time.perf_counter()
-                batch = self.collate(self.encode(examples[i : i + batch_size]))
+                batch = self.collate(self.encode(examples[i : i + batch_size])).to(device)
                 out += self.predict_batch(model, batch, **self._bounded(options, deadline))
                 batch_seconds = time.perf_counter() - t
                 if progress is not None:
@@ -177,7 +179,8 @@ class Objective(ABC):
         scored = examples[: len(preds)]
         metrics, shown = self.score(scored, preds)
         with evaluating(model):
-            metrics["loss"] = self.loss(model, self.collate(self.encode(scored[:EVAL_SAMPLE])))[0].item()
+            batch = self.collate(self.encode(scored[:EVAL_SAMPLE])).to(model_device(model))
+            metrics["loss"] = self.loss(model, batch)[0].item()
         metrics["examples"] = len(scored)
         return metrics, shown
 

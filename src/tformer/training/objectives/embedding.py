@@ -122,9 +122,9 @@ class Embedding(Objective):
         return evaluation.retrieval_metrics(bags(anchors), bags(positives))[self.main_metric], "token overlap"
 
     def embed(self, model: nn.Module, texts: list[str], batch_size: int = 64) -> Tensor:
-        """(N, D) normalised embeddings of texts."""
+        """(N, D) normalised embeddings of texts, on the CPU."""
         out = self.predict(model, self.source.inputs(texts, self.inputs), batch_size=batch_size)
-        return torch.stack([a for a, _ in out])
+        return torch.stack([a for a, _ in out]).cpu()
 
     def save_outputs(self, model: nn.Module, run_dir: Path, shown: list) -> None:
         """The sentence-transformers layout, so the run directory loads as a SentenceTransformer."""
