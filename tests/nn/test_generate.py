@@ -146,9 +146,9 @@ def test_greedy_drops_finished_rows_and_gives_the_uncached_tokens(random_model_a
     model, src, mask, eos = random_model_and_eos
     drops, select = [], gen._select
 
-    def counting_select(cache, keep):
+    def counting_select(cache, keep, capacity):
         drops.append(keep.numel())
-        return select(cache, keep)
+        return select(cache, keep, capacity)
 
     monkeypatch.setattr(gen, "_select", counting_select)
     cached = greedy_search(model, src, mask, max_len=16, eos_id=eos)
@@ -169,9 +169,9 @@ def test_beam_search_of_one_beam_is_greedy_on_a_random_model(random_model_and_eo
     model, src, mask, eos = random_model_and_eos
     drops, select = [], gen._select_beams
 
-    def counting_select(cache, beams, rows):
+    def counting_select(cache, beams, rows, capacity):
         drops.append(rows.numel())
-        return select(cache, beams, rows)
+        return select(cache, beams, rows, capacity)
 
     monkeypatch.setattr(gen, "_select_beams", counting_select)
     greedy = greedy_search(model, src, mask, max_len=16, eos_id=eos)

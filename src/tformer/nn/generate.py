@@ -7,6 +7,8 @@ Rows that have finished leave the batch (greedy: a row that produced EOS; beam: 
 beams all did), a quarter of the batch at a time, so a few long outputs do not drag the
 finished rows through every remaining step. One device sync per step (the finished count), and
 in beam search a second (which beams moved: the cache is reordered in place, moved rows only).
+The self-attention caches have room for max_len positions after the first step, so each step
+writes its keys in place instead of copying the whole cache (tformer.nn.attention.with_room).
 Beam search ranks each beam's K best tokens, not all K*V candidates, and the K beams of a source
 share its one row of cross-attention keys/values (MultiHeadAttention groups their queries).
 
@@ -22,6 +24,7 @@ import torch
 from torch import Tensor
 
 from tformer import kernels
+from tformer.nn.attention import with_room
 from tformer.nn.layers import LayerCache
 from tformer.text.specials import BOS, EOS, PAD  # defaults; callers pass their tokenizer's ids
 
@@ -74,6 +77,13 @@ def _reorder_cache(cache: tuple[LayerCache, ...], beam: Tensor) -> tuple[LayerCa
     return cache
 
 
+def _with_room(cache: tuple[LayerCache, ...], capacity: int) -> tuple[LayerCache, ...]:
+    """Every layer's self-attention keys/values copied into buffers with room for ``capacity``
+    positions, which the next steps fill in place; the cross-attention ones as they are."""
+    return tuple((with_room(self_k, capacity), with_room(self_v, capacity), cross_k, cross_v)
+                 for self_k, self_v, cross_k, cross_v in cache)
+
+
 @torch.no_grad()
 def greedy_search(
     model,
@@ -116,6 +126,8 @@ def greedy_search(
         out = model.decode(step_in, memory, memory_attention_mask=mask,
                            past_key_values=past, use_cache=use_cache)
         past = out.past_key_values if use_cache else None
+        if use_cache and step == 0:
+            past = _with_room(past, max_len)
         logp = out.logits[:, -1].float().log_softmax(dim=-1)  # (B', V)
         best = logp.argmax(dim=-1)  # (B',)
         scores.index_add_(0, rows, torch.where(done, 0.0, logp.gather(1, best[:, None])[:, 0]))
@@ -127,7 +139,8 @@ def greedy_search(
             break
         if use_cache and finished * _DROP_SHARE >= rows.numel():
             keep = (~done).nonzero()[:, 0]  # (B'',)
-            rows, done, memory, past = rows[keep], done[keep], memory[keep], _select(past, keep)
+            rows, done, memory = rows[keep], done[keep], memory[keep]
+            past = _select(past, keep, max_len)
             mask = None if mask is None else mask[keep]
     model.train(was_training)
     return GenerationOutput(tokens[:, 1 : length + 1], scores, eos_id, pad_id)
@@ -142,9 +155,10 @@ def _past(deadline: float | None) -> bool:
 _DROP_SHARE = 4
 
 
-def _select(cache: tuple[LayerCache, ...], index: Tensor) -> tuple[LayerCache, ...]:
-    """Keep the rows `index` (batch on dim 0) of every layer's self- and cross-attention cache."""
-    return tuple(tuple(t.index_select(0, index) for t in layer) for layer in cache)
+def _select(cache: tuple[LayerCache, ...], index: Tensor, capacity: int) -> tuple[LayerCache, ...]:
+    """Keep the rows `index` (batch on dim 0) of every layer's self- and cross-attention cache;
+    the self-attention ones keep room for ``capacity`` positions."""
+    return _select_beams(cache, index, index, capacity)
 
 
 @torch.no_grad()
@@ -207,7 +221,7 @@ def beam_search(
 
     past = None
     kept = None  # each beam's best tokens: K of them, or all V when the vocabulary is smaller
-    for _ in range(max_len):
+    for step in range(max_len):
         n = srcs.numel()
         out = model.decode(tokens[:, -1:], memory, memory_attention_mask=mask,
                            past_key_values=past, use_cache=True)
@@ -229,7 +243,8 @@ def beam_search(
         token = beam_token.view(n, k * kept).gather(1, top).view(-1)  # (B'*K,)
         scores = top_scores.view(-1)
         tokens = torch.cat([tokens.index_select(0, beam), token[:, None]], dim=1)
-        past = _reorder_cache(out.past_key_values, beam)
+        past = out.past_key_values if step else _with_room(out.past_key_values, max_len)
+        past = _reorder_cache(past, beam)
         was_done = done.index_select(0, beam)
         lengths = lengths.index_select(0, beam) + (~was_done).float()
         done = was_done | (token == eos_id)
@@ -241,7 +256,7 @@ def beam_search(
             pick(finished)
             keep = (~finished).nonzero()[:, 0]  # (B'',) rows
             beams = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)  # (B''*K,)
-            srcs, past = srcs[keep], _select_beams(past, beams, keep)
+            srcs, past = srcs[keep], _select_beams(past, beams, keep, max_len)
             memory, tokens, scores = memory[keep], tokens[beams], scores[beams]
             done, lengths = done[beams], lengths[beams]
             mask = None if mask is None else mask[keep]
@@ -250,10 +265,12 @@ def beam_search(
     return GenerationOutput(best_tokens[:, : tokens.size(1) - 1], best_scores, eos_id, pad_id)
 
 
-def _select_beams(cache: tuple[LayerCache, ...], beams: Tensor, rows: Tensor) -> tuple[LayerCache, ...]:
-    """Keep the beams `beams` of the self-attention caches and the source rows `rows` of the
-    cross-attention ones (one row per source)."""
-    return tuple((self_k.index_select(0, beams), self_v.index_select(0, beams),
+def _select_beams(cache: tuple[LayerCache, ...], beams: Tensor, rows: Tensor,
+                  capacity: int) -> tuple[LayerCache, ...]:
+    """Keep the beams `beams` of the self-attention caches (with room for ``capacity``
+    positions) and the source rows `rows` of the cross-attention ones (one row per source)."""
+    return tuple((with_room(self_k.index_select(0, beams), capacity),
+                  with_room(self_v.index_select(0, beams), capacity),
                   cross_k.index_select(0, rows), cross_v.index_select(0, rows))
                  for self_k, self_v, cross_k, cross_v in cache)
 
