@@ -15,6 +15,13 @@ def run_cli(capsys, *argv):
     return rc, out, err
 
 
+def cli_lines(capsys, argv: list[str]) -> list[str]:
+    """The lines `tformer ARGV...` prints (run in this process), which must succeed."""
+    capsys.readouterr()
+    assert main(argv) == 0
+    return capsys.readouterr().out.splitlines()
+
+
 def assert_one_line_error(rc, err, command, pattern):
     assert rc == 2, err
     assert err.count("\n") == 1 and "Traceback" not in err, err

@@ -9,9 +9,8 @@ import warnings
 
 import numpy as np
 import pytest
+from cli_helpers import cli_lines
 from hf_bert_fixtures import SENTENCES, WORDS
-
-from tformer.cli import main
 
 openai = pytest.importorskip("openai")
 hub = pytest.importorskip("huggingface_hub")
@@ -20,19 +19,13 @@ TOL = 1e-5  # fp32
 LONG = " ".join(WORDS[:30])  # past the directory's 16 tokens: cut
 
 
-def _cli_lines(capsys, argv: list[str]) -> list[str]:
-    capsys.readouterr()
-    assert main(argv) == 0
-    return capsys.readouterr().out.splitlines()
-
-
 def _openai(live):
     return openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0, timeout=30)
 
 
 def test_openai_client_gets_tformer_embeds_embeddings(embedding_server, embedding_dir, capsys):
     texts = [*SENTENCES, LONG]
-    cli = np.array([json.loads(line)["embedding"] for line in _cli_lines(capsys, ["embed", str(embedding_dir),
+    cli = np.array([json.loads(line)["embedding"] for line in cli_lines(capsys, ["embed", str(embedding_dir),
                                                                               *texts])])
     client = _openai(embedding_server)
     answer = client.embeddings.create(input=texts, model=embedding_dir.name)  # base64 on the wire
@@ -56,7 +49,7 @@ def test_openai_client_lists_the_model(embedding_server, embedding_dir):
 
 def test_openai_client_completions_with_full_usage(seq2seq_server, seq2seq_run, capsys):
     texts = ["the cat sat", "hello world, fine. yes!"]
-    expected = _cli_lines(capsys, ["generate", str(seq2seq_run), *texts])
+    expected = cli_lines(capsys, ["generate", str(seq2seq_run), *texts])
     answer = _openai(seq2seq_server).completions.create(model="any", prompt=texts)
     assert [c.text for c in answer.choices] == expected
     usage = answer.usage
@@ -66,7 +59,7 @@ def test_openai_client_completions_with_full_usage(seq2seq_server, seq2seq_run, 
 
 def test_inference_client_feature_extraction(embedding_server, embedding_dir, capsys):
     texts = SENTENCES[:3]
-    cli = np.array([json.loads(line)["embedding"] for line in _cli_lines(capsys, ["embed", str(embedding_dir),
+    cli = np.array([json.loads(line)["embedding"] for line in cli_lines(capsys, ["embed", str(embedding_dir),
                                                                               *texts])])
     client = hub.InferenceClient(model=embedding_server.url, timeout=30)
     one = client.feature_extraction(texts[0])
@@ -77,7 +70,7 @@ def test_inference_client_feature_extraction(embedding_server, embedding_dir, ca
 
 def test_inference_client_text_classification(classification_server, classification_run, capsys):
     text = "the cat dog"
-    cli = json.loads(_cli_lines(capsys, ["predict", str(classification_run), text, "--format", "jsonl"])[0])
+    cli = json.loads(cli_lines(capsys, ["predict", str(classification_run), text, "--format", "jsonl"])[0])
     client = hub.InferenceClient(model=classification_server.url, timeout=30)
     answer = client.text_classification(text)
     assert answer[0].label == cli["label"] and len(answer) == len(cli["probabilities"])
@@ -89,7 +82,7 @@ def test_inference_client_text_classification(classification_server, classificat
 
 def test_inference_client_text_generation(seq2seq_server, seq2seq_run, capsys):
     text = "the cat sat"
-    expected = _cli_lines(capsys, ["generate", str(seq2seq_run), text])[0]
+    expected = cli_lines(capsys, ["generate", str(seq2seq_run), text])[0]
     client = hub.InferenceClient(model=seq2seq_server.url, timeout=30)
     assert client.text_generation(text) == expected
     assert client.text_generation(text, max_new_tokens=64) == expected

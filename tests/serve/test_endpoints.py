@@ -10,25 +10,19 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from cli_helpers import cli_lines
 from hf_bert_fixtures import SENTENCES, WORDS
 from serve_fixtures import request, serve
 
-from tformer.cli import main
 from tformer.embeddings.sentence import SentenceEncoder
 
 TOL = 1e-5  # fp32
 LONG = " ".join(WORDS[:30])  # past the directory's 16 tokens: cut
 
 
-def _cli_lines(capsys, argv: list[str]) -> list[str]:
-    capsys.readouterr()
-    assert main(argv) == 0
-    return capsys.readouterr().out.splitlines()
-
-
 def test_embeddings_equal_tformer_embed(embedding_server, embedding_dir, capsys):
     texts = [*SENTENCES, LONG]
-    cli = np.array([json.loads(line)["embedding"] for line in _cli_lines(capsys, ["embed", str(embedding_dir), *texts])])
+    cli = np.array([json.loads(line)["embedding"] for line in cli_lines(capsys, ["embed", str(embedding_dir), *texts])])
 
     status, headers, tei = embedding_server.post("/embed", {"inputs": texts})
     assert status == 200 and headers["x-truncated-inputs"] == str(len(texts) - 1)
@@ -46,7 +40,7 @@ def test_embeddings_equal_tformer_embed(embedding_server, embedding_dir, capsys)
     assert status == 200 and np.abs(vector - cli[0]).max() <= TOL
 
     status, _, raw = embedding_server.post("/embed", {"inputs": texts[0], "normalize": False})
-    plain = _cli_lines(capsys, ["embed", str(embedding_dir), texts[0], "--no-normalize"])
+    plain = cli_lines(capsys, ["embed", str(embedding_dir), texts[0], "--no-normalize"])
     assert status == 200 and np.abs(np.array(raw[0]) - json.loads(plain[0])["embedding"]).max() <= TOL
 
 
@@ -93,7 +87,7 @@ def test_predict_answers_teis_shapes_with_tformer_predicts_scores(classification
                                                                   capsys):
     texts = ["the cat dog", "river road big", "a"]
     cli = [json.loads(line) for line in
-           _cli_lines(capsys, ["predict", str(classification_run), *texts, "--format", "jsonl"])]
+           cli_lines(capsys, ["predict", str(classification_run), *texts, "--format", "jsonl"])]
     status, _, one = classification_server.post("/predict", {"inputs": texts[0]})
     status_batch, _, batch = classification_server.post("/predict", {"inputs": [[t] for t in texts]})
     status_raw, _, raw = classification_server.post("/predict", {"inputs": texts[0], "raw_scores": True})
@@ -124,8 +118,8 @@ def test_predict_counts_pairs_and_singles_as_the_run_encodes_them(classification
 
 def test_generate_speaks_tgi_and_equals_tformer_generate(seq2seq_server, seq2seq_run, capsys):
     texts = ["the cat sat", "東京 %s café", "hello world, fine. yes!"]
-    greedy = _cli_lines(capsys, ["generate", str(seq2seq_run), *texts])
-    beam = _cli_lines(capsys, ["generate", str(seq2seq_run), *texts, "--beam-size", "2"])
+    greedy = cli_lines(capsys, ["generate", str(seq2seq_run), *texts])
+    beam = cli_lines(capsys, ["generate", str(seq2seq_run), *texts, "--beam-size", "2"])
     live = seq2seq_server
     one = [live.post("/generate", {"inputs": t})[2]["generated_text"] for t in texts]
     status, _, listed = live.post("/generate", {"inputs": texts})

@@ -41,23 +41,30 @@ def _start(directory, *flags: str) -> tuple[subprocess.Popen, int]:
         time.sleep(0.1)
 
 
+def _terminate_with_queued(proc: subprocess.Popen, port: int, texts: list[str], within: float) -> list:
+    """Send one /embed request per text from its own thread, wait (at most `within` s) until all
+    are queued, SIGTERM the server, then collect the answers: (status, headers, body) each."""
+    answers: list = []
+    threads = [threading.Thread(target=lambda t=t: answers.append(request(port, "POST", "/embed", {"inputs": t})))
+               for t in texts]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + within
+    while f"tformer_serve_queue_depth {len(texts)}" not in request(port, "GET", "/metrics")[2]:
+        assert time.monotonic() < deadline, f"the {len(texts)} requests were not queued in time"
+        time.sleep(0.02)
+    assert not answers  # all queued, none answered yet
+    proc.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(timeout=20)
+    return answers
+
+
 def test_sigterm_drains_requests_in_flight_then_exits_0(embedding_dir):
     proc, port = _start(embedding_dir, "--max-wait-ms", "3000")  # the requests wait for company
     try:
-        answers: list = []
-        texts = ["a dog", "the cat sat on the mat", "one two three", "stars"]
-        threads = [threading.Thread(target=lambda t=t: answers.append(request(port, "POST", "/embed", {"inputs": t})))
-                   for t in texts]
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + 2.5
-        while "tformer_serve_queue_depth 4" not in request(port, "GET", "/metrics")[2]:
-            assert time.monotonic() < deadline, "the four requests were not queued in time"
-            time.sleep(0.02)
-        assert not answers  # all four queued, none answered yet
-        proc.send_signal(signal.SIGTERM)
-        for t in threads:
-            t.join(timeout=20)
+        answers = _terminate_with_queued(proc, port, ["a dog", "the cat sat on the mat", "one two three", "stars"],
+                                         within=2.5)
         code = proc.wait(timeout=20)
     finally:
         if proc.poll() is None:
@@ -104,18 +111,7 @@ def test_sigterm_drops_a_stalled_client_and_exits_cleanly(embedding_dir):
 def test_requests_still_waiting_after_the_grace_period_get_503(embedding_dir):
     proc, port = _start(embedding_dir, "--max-wait-ms", "60000", "--grace-period", "0.5")
     try:
-        answers: list = []
-        threads = [threading.Thread(target=lambda t=t: answers.append(request(port, "POST", "/embed", {"inputs": t})))
-                   for t in ("a dog", "the cat")]
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + 10
-        while "tformer_serve_queue_depth 2" not in request(port, "GET", "/metrics")[2]:
-            assert time.monotonic() < deadline, "the two requests were not queued in time"
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGTERM)
-        for t in threads:
-            t.join(timeout=20)
+        answers = _terminate_with_queued(proc, port, ["a dog", "the cat"], within=10)
         code = proc.wait(timeout=20)
     finally:
         if proc.poll() is None:
