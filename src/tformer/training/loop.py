@@ -176,8 +176,13 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     def wall() -> float:
         return previous_wall + budget.now()
 
+    # The clock is read once a step (and again after a validation, which takes time): a step it
+    # did not call the last is never followed by a stop without one more step, so the step the
+    # run ends on is the one validated as the last (a second reading a moment later could stop
+    # the run unvalidated when the deadline fell between the two).
+    time_up = budget.out_of_time()
     while state["step"] < config.steps:
-        if any_rank(budget.out_of_time(), world):
+        if any_rank(time_up, world):
             stop_reason = "max_minutes"
             break
         if config.epochs is not None and any_rank(batches.epoch >= config.epochs, world):
@@ -226,6 +231,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
                 _checkpoint(run_dir, model, optimizer, config, state, best=improved)
                 budget.saved(time.perf_counter() - t)
             budget.paused()
+            time_up = budget.out_of_time()
             if config.early_stop is not None and valid[key] >= config.early_stop:
                 stop_reason = "early_stop"
                 break
