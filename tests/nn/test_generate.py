@@ -2,11 +2,12 @@
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
 from tformer import TransformerConfig
-from tformer.nn.generate import GenerationOutput, beam_search, generate, greedy_search
+from tformer.nn.generate import beam_search, generate, greedy_search
 from tformer.nn.model import Seq2SeqTransformer
 from tformer.tasks import EOS, PAD, get_task
 from tformer.training import forward_loss
@@ -203,77 +204,99 @@ def test_generation_stops_at_its_deadline_with_the_rows_as_they_are(random_model
     assert beam.sequences.shape == (src.size(0), 1)
 
 
-# The beam search before issue 33 (memory repeated per beam, every (beam, token) candidate ranked,
-# the whole cache copied at each step), kept as the oracle of the faster one: the same tokens.
-def _beam_search_before(model, src_ids, src_attention_mask, beam_size, max_len, length_penalty,
-                        bos_id, eos_id, pad_id):
-    b, k = src_ids.size(0), beam_size
-    memory = model.encode(src_ids, src_attention_mask=src_attention_mask).last_hidden_state
-    memory = memory.repeat_interleave(k, dim=0)  # (B*K, S, D)
-    mask = src_attention_mask.repeat_interleave(k, dim=0)
-    tokens = torch.full((b * k, 1), bos_id, dtype=torch.long)
-    scores = torch.full((b, k), float("-inf"))
-    scores[:, 0] = 0.0
-    scores = scores.view(-1)
-    done = torch.zeros(b * k, dtype=torch.bool)
-    lengths = torch.zeros(b * k)
-    past = None
+# The rule of beam_search spelled out one source at a time, with Python lists and no cache (the
+# decoder re-reads each whole prefix), as the oracle of the batched, cached search.
+def _plain_beam_search(model, src, mask, beam_size, max_len, length_penalty, bos_id, eos_id):
+    """One source (S,): the best hypothesis's tokens (EOS included) and total log-probability."""
+    memory = model.encode(src[None], src_attention_mask=mask[None]).last_hidden_state
+    live = [([bos_id], np.float32(0.0))]  # (tokens with BOS, total log-probability)
+    finished = []  # (score / len ** length_penalty, tokens after BOS, total)
     for _ in range(max_len):
-        out = model.decode(tokens[:, -1:], memory, memory_attention_mask=mask,
-                           past_key_values=past, use_cache=True)
-        logp = out.logits[:, -1].float().log_softmax(dim=-1)  # (B*K, V)
-        v = logp.size(-1)
-        logp.masked_fill_(done[:, None], float("-inf"))
-        logp[:, pad_id].masked_fill_(done, 0.0)
-        top_scores, top = (scores[:, None] + logp).view(b, k * v).topk(k, dim=-1)
-        beam = (top // v + torch.arange(b)[:, None] * k).view(-1)
-        token = (top % v).view(-1)
-        scores = top_scores.view(-1)
-        tokens = torch.cat([tokens.index_select(0, beam), token[:, None]], dim=1)
-        past = tuple((sk.index_select(0, beam), sv.index_select(0, beam), ck, cv)
-                     for sk, sv, ck, cv in out.past_key_values)
-        was_done = done.index_select(0, beam)
-        lengths = lengths.index_select(0, beam) + (~was_done).float()
-        done = was_done | (token == eos_id)
-        if done.all():
+        candidates = []
+        for prefix, total in live:
+            logits = model.decode(torch.tensor([prefix]), memory, memory_attention_mask=mask[None],
+                                  use_cache=False).logits[0, -1]
+            for token, logp in enumerate(logits.float().log_softmax(dim=-1).numpy()):
+                candidates.append((total + logp, prefix + [token]))
+        candidates.sort(key=lambda c: -c[0])
+        length = len(candidates[0][1]) - 1
+        finished += [(total / length ** length_penalty, prefix[1:], total)
+                     for total, prefix in candidates[:beam_size] if prefix[-1] == eos_id]
+        if candidates[0][1][-1] == eos_id:
             break
-    final = (scores / lengths.clamp(min=1) ** length_penalty).view(b, k)
-    best = final.argmax(dim=-1) + torch.arange(b) * k
-    return tokens[best, 1:], scores[best]
+        live = [(prefix, total) for total, prefix in candidates if prefix[-1] != eos_id][:beam_size]
+    else:  # max_len: the live prefixes are hypotheses as they are
+        finished += [(total / max_len ** length_penalty, prefix[1:], total) for prefix, total in live]
+    _, tokens, total = max(finished, key=lambda h: h[0])
+    return tokens, float(total)
 
 
 @pytest.mark.parametrize("beam_size, length_penalty", [(2, 1.0), (4, 1.0), (4, 0.0), (5, 0.6)])
-def test_beam_search_gives_the_tokens_of_the_search_before_issue_33(
+def test_beam_search_gives_the_plain_searchs_tokens(
         random_model_and_eos, model_and_batch, beam_size, length_penalty):
-    """The faster search (per-beam top k, the memory shared by a source's beams, the cache
-    reordered in place, finished sources leaving the batch) finds the same sequences as the
-    plain search over every (beam, token) candidate, on a random model with rows finishing at
-    many steps and on a trained one; scores to fp32 rounding (grouped attention sums in another
-    order)."""
+    """The batched search (per-beam top k, the memory shared by a source's beams, the cache
+    reordered in place, stopped sources leaving the batch) finds, source by source, the plain
+    search's hypothesis, on a random model with sources stopping at many steps and on a trained
+    one; scores to fp32 rounding (the cached decoder sums in another order)."""
     model, src, mask, eos = random_model_and_eos
     trained, batch = model_and_batch
     for m, s, sm, e in ((model, src, mask, eos), (trained, batch.src, batch.src_mask, EOS)):
-        ids = dict(bos_id=1, eos_id=e, pad_id=PAD)
-        with torch.no_grad():
-            want, want_scores = _beam_search_before(m, s, sm, beam_size, 14, length_penalty, **ids)
         got = beam_search(m, s, sm, beam_size=beam_size, max_len=14,
-                          length_penalty=length_penalty, **ids)
-        expected = GenerationOutput(want, want_scores, e, PAD).tolist()
-        assert got.tolist() == expected
-        torch.testing.assert_close(got.scores, want_scores, rtol=1e-5, atol=1e-5)
+                          length_penalty=length_penalty, bos_id=1, eos_id=e, pad_id=PAD)
+        with torch.no_grad():
+            want = [_plain_beam_search(m, s[i], sm[i], beam_size, 14, length_penalty, 1, e)
+                    for i in range(s.size(0))]
+        assert got.tolist() == [tokens for tokens, _ in want]
+        torch.testing.assert_close(got.scores, torch.tensor([t for _, t in want]), rtol=1e-5, atol=1e-5)
 
 
-def test_beam_search_with_a_vocabulary_smaller_than_the_beam(random_model_and_eos):
-    """Each beam keeps all V tokens when V < K: the same search as ranking every candidate."""
+def test_beam_search_with_a_vocabulary_smaller_than_the_beam():
+    """With V < K + 1 each beam keeps all V tokens and some beams die (no candidate left that
+    is not EOS): still the plain search's hypotheses."""
     torch.manual_seed(3)
     config = TransformerConfig(d_model=16, n_heads=2, d_ff=32, n_layers=1, dropout=0.0,
                                vocab_size=6, max_len=32)
     model = Seq2SeqTransformer(config).eval()
     src = torch.randint(4, 6, (3, 5))
     mask = torch.ones_like(src, dtype=torch.bool)
-    ids = dict(bos_id=1, eos_id=4, pad_id=PAD)
+    got = beam_search(model, src, mask, beam_size=8, max_len=6, bos_id=1, eos_id=4, pad_id=PAD)
     with torch.no_grad():
-        want, want_scores = _beam_search_before(model, src, mask, 8, 6, 1.0, **ids)
-    got = beam_search(model, src, mask, beam_size=8, max_len=6, **ids)
-    assert got.tolist() == GenerationOutput(want, want_scores, 4, PAD).tolist()
-    torch.testing.assert_close(got.scores, want_scores, rtol=1e-5, atol=1e-5)
+        want = [_plain_beam_search(model, src[i], mask[i], 8, 6, 1.0, 1, 4) for i in range(3)]
+    assert got.tolist() == [tokens for tokens, _ in want]
+    torch.testing.assert_close(got.scores, torch.tensor([t for _, t in want]), rtol=1e-5, atol=1e-5)
+
+
+def test_beam_search_without_length_penalty_is_exact_when_the_beam_holds_every_prefix():
+    """With K at least V ** max_len nothing is pruned, and stopping once the best candidate is
+    EOS loses nothing under length_penalty 0: the result is the most likely sequence of all,
+    found here by enumerating every sequence (float64)."""
+    torch.manual_seed(4)
+    config = TransformerConfig(d_model=16, n_heads=2, d_ff=32, n_layers=1, dropout=0.0,
+                               vocab_size=5, max_len=16)
+    model = Seq2SeqTransformer(config).double().eval()
+    src = torch.tensor([[3, 4, 2, 4]])
+    mask = torch.ones_like(src, dtype=torch.bool)
+    eos, max_len = 2, 3
+    with torch.no_grad():
+        memory = model.encode(src, src_attention_mask=mask).last_hidden_state
+
+        def logp(prefix):  # log-probabilities of the next token after BOS + prefix
+            out = model.decode(torch.tensor([[1, *prefix]]), memory, memory_attention_mask=mask)
+            return out.logits[0, -1].log_softmax(dim=-1)
+
+        def sequences(prefix):  # every sequence: EOS ends one, max_len cuts one
+            if prefix and prefix[-1] == eos or len(prefix) == max_len:
+                yield prefix
+                return
+            for token in range(5):
+                yield from sequences([*prefix, token])
+
+        def total(seq):
+            return sum(float(logp(seq[:i])[t]) for i, t in enumerate(seq))
+
+        best = max(sequences([]), key=total)
+        best_total = total(best)
+    got = beam_search(model, src, mask, beam_size=5 ** max_len, max_len=max_len, length_penalty=0.0,
+                      bos_id=1, eos_id=eos, pad_id=PAD)
+    assert got.tolist()[0] == best
+    assert got.scores[0].item() == pytest.approx(best_total, abs=1e-5)

@@ -3,14 +3,15 @@
 The source is encoded once; each step feeds only the newest target token to
 `model.decode` together with the cached keys/values of the earlier ones (cross-
 attention caches the memory's projections at step 0), so a step costs O(T), not O(T^2).
-Rows that have finished leave the batch (greedy: a row that produced EOS; beam: a row whose
-beams all did), a quarter of the batch at a time, so a few long outputs do not drag the
-finished rows through every remaining step. One device sync per step (the finished count), and
+Rows that have finished leave the batch (greedy: a row that produced EOS; beam: a source whose
+best candidate was EOS), a quarter of the batch at a time, so a few long outputs do not drag
+the finished rows through every remaining step. One device sync per step (the finished count), and
 in beam search a second (which beams moved: the cache is reordered in place, moved rows only).
 The self-attention caches have room for max_len positions after the first step, so each step
 writes its keys in place instead of copying the whole cache (tformer.nn.attention.with_room).
-Beam search ranks each beam's K best tokens, not all K*V candidates, and the K beams of a source
-share its one row of cross-attention keys/values (MultiHeadAttention groups their queries).
+Beam search ranks each beam's K + 1 best tokens, not all K*V candidates, sets finished
+hypotheses aside (they never hold a beam), and the K beams of a source share its one row of
+cross-attention keys/values (MultiHeadAttention groups their queries).
 
 Shape legend: B batch, K beams, S source length, L generated length, D model dim, V vocab.
 """
@@ -174,15 +175,20 @@ def beam_search(
     pad_id: int = PAD,
     deadline: float | None = None,
 ) -> GenerationOutput:
-    """Keep the `beam_size` most likely prefixes per source; return the best finished one.
+    """Keep the `beam_size` (K) most likely unfinished prefixes per source; return the best
+    finished one.
 
-    A finished beam (it produced EOS) stays in the beam with its score frozen, so it
-    competes with the unfinished ones until the search ends. The final pick divides
-    each score by len ** length_penalty (len counts EOS): 0 ranks by total
-    log-probability, which favours short outputs; 1 by the per-token average.
-    The search stops when every beam of every row has finished, at max_len, or at the
-    `deadline` (a time.perf_counter() reading); a row
-    whose beams have all finished can change no more, so it leaves the batch with its pick.
+    Each step ranks a source's candidates (a live prefix and one more token) by total
+    log-probability. An EOS candidate among the K best is a finished hypothesis, set aside
+    with the score score / len ** length_penalty (len counts EOS); the K best candidates that
+    are not EOS are the next step's beams, so a finished prefix never takes a beam's place.
+    A source stops when its best candidate is EOS: every live prefix then has a lower total,
+    and another token can only lower it more, so with length_penalty 0 nothing better can come
+    (with a positive one this is the rule of OpenNMT and CTranslate2). At max_len or the
+    `deadline` (a time.perf_counter() reading), the live prefixes count as hypotheses as they
+    are. length_penalty 0 ranks hypotheses by total log-probability, which favours short
+    outputs; 1 by the per-token average. A source that has stopped leaves the batch with its
+    best hypothesis (as greedy's rows do).
 
     Shape:
         src_ids, src_attention_mask: (B, S) -> sequences (B, L <= max_len), scores (B,)
@@ -197,72 +203,85 @@ def beam_search(
     # (MultiHeadAttention), so it is neither repeated K times nor copied when beams move.
     memory = model.encode(src_ids, src_attention_mask=src_attention_mask).last_hidden_state
     mask = src_attention_mask  # (B, S)
-    tokens = torch.full((b * k, 1), bos_id, dtype=torch.long, device=device)  # (B*K, 1)
+    tokens = torch.full((b * k, 1), bos_id, dtype=torch.long, device=device)  # (B*K, 1 + step)
     # Only beam 0 is live at the start; the others are copies that must not be picked twice.
     scores = torch.full((b, k), float("-inf"), device=device)
     scores[:, 0] = 0.0
     scores = scores.view(-1)  # (B*K,)
-    done = torch.zeros(b * k, dtype=torch.bool, device=device)
-    lengths = torch.zeros(b * k, device=device)  # generated tokens, EOS included
-    # A row whose beams have all finished leaves the batch with its pick (as greedy's rows do).
     srcs = torch.arange(b, device=device)  # (B',) rows of B still searching
-    best_tokens = torch.full((b, max_len), pad_id, dtype=torch.long, device=device)  # (B, L)
-    best_scores = torch.zeros(b, device=device)
+    stopped = torch.zeros(b, dtype=torch.bool, device=device)  # (B',) best candidate was EOS
+    # Each source's best finished hypothesis so far: tokens, total and length-penalised score.
+    hyp_tokens = torch.full((b, max_len), pad_id, dtype=torch.long, device=device)  # (B', L)
+    hyp_scores = torch.zeros(b, device=device)
+    hyp_final = torch.full((b,), float("-inf"), device=device)
+    out_tokens = torch.full((b, max_len), pad_id, dtype=torch.long, device=device)  # (B, L)
+    out_scores = torch.zeros(b, device=device)
 
-    def pick(leaving: Tensor) -> None:
-        """Write out the best beam (length-penalised) of the rows ``leaving`` (B',) bool; it
-        reads the search state (scores, lengths, tokens, srcs) as it is at the call."""
-        n = leaving.numel()
-        final = (scores / lengths.clamp(min=1) ** length_penalty).view(n, k)  # (B', K)
-        best = final.argmax(dim=-1) + torch.arange(n, device=device) * k  # (B',) beam rows
-        best = best[leaving]
-        best_tokens[srcs[leaving], : tokens.size(1) - 1] = tokens[best, 1:]
-        best_scores[srcs[leaving]] = scores[best]
+    def write_out(rows: Tensor) -> None:
+        """The hypotheses of the rows ``rows`` (of B') are final: copy them to the output."""
+        out_tokens[srcs[rows]] = hyp_tokens[rows]
+        out_scores[srcs[rows]] = hyp_scores[rows]
 
     past = None
-    kept = None  # each beam's best tokens: K of them, or all V when the vocabulary is smaller
+    kept = None  # each beam's best tokens: K + 1 of them (at most one is EOS), or all V
+    length = 0
     for step in range(max_len):
-        n = srcs.numel()
+        n, length = srcs.numel(), step + 1
         out = model.decode(tokens[:, -1:], memory, memory_attention_mask=mask,
                            past_key_values=past, use_cache=True)
         logp = out.logits[:, -1].float().log_softmax(dim=-1)  # (B'*K, V)
-        if kept is None:
-            kept = min(k, logp.size(-1))
-            # A finished beam can only be extended by PAD, at no cost: its candidates.
-            finished_logp = torch.full((kept,), float("-inf"), device=device)
-            finished_logp[0] = 0.0
-            finished_token = torch.full((kept,), pad_id, dtype=torch.long, device=device)
-        # A source's K best candidates (beam score + token log-prob, of K*V) are among its beams'
-        # own K best tokens, as a beam's candidates rank as its log-probabilities do.
+        kept = kept or min(k + 1, logp.size(-1))
+        # A source's K best candidates that are not EOS, and any EOS among its K best, are
+        # among its beams' own K + 1 best tokens: a beam's candidates rank as its log-probs do.
         beam_logp, beam_token = kernels.topk(logp, kept)  # (B'*K, kept)
-        beam_logp = torch.where(done[:, None], finished_logp, beam_logp)
-        beam_token = torch.where(done[:, None], finished_token, beam_token)
         cand = (scores[:, None] + beam_logp).view(n, k * kept)  # (B', K*kept)
-        top_scores, top = cand.topk(k, dim=-1)  # (B', K)
-        beam = (top // kept + torch.arange(n, device=device)[:, None] * k).view(-1)  # (B'*K,) rows
-        token = beam_token.view(n, k * kept).gather(1, top).view(-1)  # (B'*K,)
-        scores = top_scores.view(-1)
+        top_scores, top = cand.topk(min(2 * k, k * kept), dim=-1)  # (B', C) best first
+        top_token = beam_token.view(n, k * kept).gather(1, top)  # (B', C)
+        is_eos = top_token == eos_id
+        # Finished hypotheses: the best EOS among the K best (a step's all have one length).
+        first = is_eos[:, :k].int().argmax(dim=-1, keepdim=True)  # (B', 1)
+        eos_score = top_scores.gather(1, first)[:, 0]  # (B',)
+        eos_final = torch.where(is_eos[:, :k].any(dim=-1), eos_score / length ** length_penalty,
+                                float("-inf"))
+        better = ~stopped & (eos_final > hyp_final)  # (B',)
+        parent = top.gather(1, first)[:, 0] // kept + torch.arange(n, device=device) * k  # (B',)
+        hyp_tokens[:, :step] = torch.where(better[:, None], tokens[parent, 1:], hyp_tokens[:, :step])
+        hyp_tokens[:, step] = torch.where(better, eos_id, hyp_tokens[:, step])
+        hyp_scores = torch.where(better, eos_score, hyp_scores)
+        hyp_final = torch.where(better, eos_final, hyp_final)
+        stopped = stopped | is_eos[:, 0]
+        # The next beams: the K best candidates that are not EOS (a stable sort keeps the order).
+        pick = torch.sort(is_eos.to(torch.uint8), dim=-1, stable=True).indices[:, :k]  # (B', K)
+        token = top_token.gather(1, pick).view(-1)  # (B'*K,)
+        scores = top_scores.gather(1, pick).view(-1)
+        scores = scores.masked_fill(token == eos_id, float("-inf"))  # V < K + 1 only: dead beams
+        beam = (top.gather(1, pick) // kept + torch.arange(n, device=device)[:, None] * k).view(-1)
         tokens = torch.cat([tokens.index_select(0, beam), token[:, None]], dim=1)
         past = out.past_key_values if step else _with_room(out.past_key_values, max_len)
         past = _reorder_cache(past, beam)
-        was_done = done.index_select(0, beam)
-        lengths = lengths.index_select(0, beam) + (~was_done).float()
-        done = was_done | (token == eos_id)
-        finished = done.view(n, k).all(dim=-1)  # (B',)
-        leaving = int(finished.sum())  # the step's one device sync
-        if leaving == n or _past(deadline):
+        leaving = int(stopped.sum())  # the step's one device sync
+        if leaving == n or step + 1 == max_len or _past(deadline):
             break
         if leaving * _DROP_SHARE >= n:
-            pick(finished)
-            keep = (~finished).nonzero()[:, 0]  # (B'',) rows
+            write_out(stopped.nonzero()[:, 0])
+            keep = (~stopped).nonzero()[:, 0]  # (B'',) rows
             beams = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)  # (B''*K,)
             srcs, past = srcs[keep], _select_beams(past, beams, keep, max_len)
             memory, tokens, scores = memory[keep], tokens[beams], scores[beams]
-            done, lengths = done[beams], lengths[beams]
+            hyp_tokens, hyp_scores, hyp_final = hyp_tokens[keep], hyp_scores[keep], hyp_final[keep]
+            stopped = stopped[keep]
             mask = None if mask is None else mask[keep]
-    pick(torch.ones(srcs.numel(), dtype=torch.bool, device=device))
+    # Sources still searching (max_len or the deadline): their live prefixes are hypotheses too.
+    n = srcs.numel()
+    live_final, live = (scores.view(n, k) / length ** length_penalty).max(dim=-1)  # (B',)
+    use_live = ~stopped & (live_final > hyp_final)
+    rows = torch.arange(n, device=device)
+    hyp_tokens[:, :length] = torch.where(use_live[:, None], tokens[rows * k + live, 1:],
+                                         hyp_tokens[:, :length])
+    hyp_scores = torch.where(use_live, scores.view(n, k)[rows, live], hyp_scores)
+    write_out(rows)
     model.train(was_training)
-    return GenerationOutput(best_tokens[:, : tokens.size(1) - 1], best_scores, eos_id, pad_id)
+    return GenerationOutput(out_tokens[:, :length], out_scores, eos_id, pad_id)
 
 
 def _select_beams(cache: tuple[LayerCache, ...], beams: Tensor, rows: Tensor,
