@@ -31,6 +31,7 @@ from tformer.training.sources import Data, FileSource, TaskSource
 # this many examples of the validation split; the test split is always scored whole.
 EVAL_SAMPLE = 500
 PREDICT_BATCH = 64  # examples per forward when predicting
+SORT_WINDOW = 16  # batches whose examples predict sorts by length together
 
 Source = TaskSource | FileSource
 Progress = Callable[[int, int], None]  # (examples done, examples in all)
@@ -146,22 +147,34 @@ class Objective(ABC):
     def predict(self, model: nn.Module, examples: list, batch_size: int = PREDICT_BATCH,
                 deadline: float | None = None, progress: Progress | None = None, **options: Any) -> list:
         """One prediction per example, in order; labels and targets are not needed. Batches go
-        to the model's device. With a `deadline` (a time.perf_counter() reading), no batch
-        starts that would end past it, by the last batch's time (the first always runs): the
-        predictions of a prefix of examples. `progress(done, total)` is called after each batch."""
+        to the model's device. Each window of SORT_WINDOW batches is sorted by length first, so
+        a batch pads little and its rows finish decoding together. With a `deadline` (a
+        time.perf_counter() reading) the examples keep their order and no batch starts that
+        would end past it, by the last batch's time (the first always runs): the predictions of
+        a prefix of examples. `progress(done, total)` is called after each batch."""
         out: list = []
         batch_seconds = 0.0
         device = model_device(model)
         with evaluating(model):
-            for i in range(0, len(examples), batch_size):
-                if out and deadline is not None and time.perf_counter() + batch_seconds > deadline:
-                    break
-                t = time.perf_counter()
-                batch = self.collate(self.encode(examples[i : i + batch_size])).to(device)
-                out += self.predict_batch(model, batch, **self._bounded(options, deadline))
-                batch_seconds = time.perf_counter() - t
-                if progress is not None:
-                    progress(len(out), len(examples))
+            for start in range(0, len(examples), batch_size * SORT_WINDOW):
+                encoded = self.encode(examples[start : start + batch_size * SORT_WINDOW])
+                order = list(range(len(encoded)))
+                if deadline is None:
+                    order.sort(key=lambda i: encoded[i].cost)
+                preds: list = [None] * len(encoded)
+                for i in range(0, len(order), batch_size):
+                    if (out or i) and deadline is not None and time.perf_counter() + batch_seconds > deadline:
+                        return out + preds[:i]  # the order was kept: a prefix
+                    t = time.perf_counter()
+                    rows = order[i : i + batch_size]
+                    batch = self.collate([encoded[r] for r in rows]).to(device)
+                    predicted = self.predict_batch(model, batch, **self._bounded(options, deadline))
+                    for r, pred in zip(rows, predicted, strict=True):
+                        preds[r] = pred
+                    batch_seconds = time.perf_counter() - t
+                    if progress is not None:
+                        progress(len(out) + i + len(rows), len(examples))
+                out += preds
         return out
 
     def _bounded(self, options: dict[str, Any], deadline: float | None) -> dict[str, Any]:
