@@ -1,0 +1,53 @@
+"""Objective.predict: batches sorted by length within a window, predictions in input order."""
+
+import time
+from types import SimpleNamespace
+
+import torch
+from text_fixtures import seq2seq_rows, write
+
+from tformer.training import resolve_config
+from tformer.training.objectives import make_objective
+
+TINY = {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "vocab_size": 300, "max_tokens": 256,
+        "threads": 1, "precision": "fp32"}
+
+
+def _objective_and_model(tmp_path):
+    data = write(tmp_path / "d.jsonl", seq2seq_rows(600))
+    objective = make_objective(resolve_config({"data": str(data), **TINY}))
+    torch.manual_seed(0)
+    return objective, objective.build_model().eval()
+
+
+def test_predictions_come_in_input_order_from_batches_sorted_by_length(tmp_path, monkeypatch):
+    objective, model = _objective_and_model(tmp_path)
+    examples = objective.examples("train")[:100]
+    widths = []
+    predict_batch = objective.predict_batch
+
+    def recording(model, batch, **options):
+        widths.append(batch.src.size(1))
+        return predict_batch(model, batch, **options)
+
+    monkeypatch.setattr(objective, "predict_batch", recording)
+    got = objective.predict(model, examples, batch_size=8, max_len=6)
+    lengths = [len(e.source) for e in objective.encode(examples)]
+    assert len(set(lengths)) > 5 and widths == sorted(widths)  # one window: shortest batches first
+    assert widths[-1] == max(lengths) and widths[0] < max(lengths)
+    monkeypatch.setattr(objective, "predict_batch", predict_batch)
+    alone = [objective.predict(model, [ex], batch_size=1, max_len=6)[0] for ex in examples]
+    assert got == alone  # greedy decoding is batch independent: each example's own output, in order
+
+
+def test_under_a_deadline_the_order_is_kept_and_a_prefix_is_predicted(tmp_path, monkeypatch):
+    """A deadline that the second batch would pass: the first batch_size examples, as given."""
+    from tformer.training.objectives import base
+
+    objective, model = _objective_and_model(tmp_path)
+    examples = objective.examples("train")[:40]
+    deadline = time.perf_counter() + 1000  # generation itself is never cut
+    monkeypatch.setattr(base, "time", SimpleNamespace(perf_counter=lambda: deadline + 1))  # predict's clock
+    got = objective.predict(model, examples, batch_size=8, max_len=6, deadline=deadline)
+    monkeypatch.undo()
+    assert got == objective.predict(model, examples[:8], batch_size=8, max_len=6)
