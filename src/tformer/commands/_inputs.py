@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Iterator
 from typing import Any
 
+from tformer.text.batches import SORT_WINDOW
 from tformer.text.lines import TextLines
 
 # dest -> the smallest value it takes (options a command does not have are skipped).
@@ -92,3 +94,11 @@ def json_line(record: dict[str, Any], what: str) -> str:
     for char, escaped in _LINE_SEPARATORS.items():
         line = line.replace(char, escaped)
     return line
+
+
+def windows(count: int, batch_size: int) -> Iterator[tuple[int, int]]:
+    """(start, stop) of each run of inputs a command hands the model at once: SORT_WINDOW
+    batches, which prediction sorts by length together (its output comes in input order)."""
+    step = batch_size * SORT_WINDOW
+    for start in range(0, count, step):
+        yield start, min(start + step, count)

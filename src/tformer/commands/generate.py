@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from tformer.commands._inputs import add_device, add_threads, check_options, device_of, input_texts
+from tformer.commands._inputs import add_device, add_threads, check_options, device_of, input_texts, windows
 
 HELP = "run a trained model on inputs (arguments or --file, one per line)"
 
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     texts = input_texts(args, "inputs", "INPUT")
     run = load_run(args.run_dir, needs="answers", device=device_of(args))
     options = {"beam_size": args.beam_size, "length_penalty": args.length_penalty, "max_len": args.max_len}
-    for i in range(0, len(texts), args.batch_size):
-        for out in run.answers(texts[i : i + args.batch_size], batch_size=args.batch_size, **options):
+    for start, stop in windows(len(texts), args.batch_size):
+        for out in run.answers(texts[start:stop], batch_size=args.batch_size, **options):
             print(out, flush=True)
     return 0

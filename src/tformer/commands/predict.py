@@ -11,7 +11,15 @@ from __future__ import annotations
 import argparse
 import math
 
-from tformer.commands._inputs import add_device, add_threads, check_options, device_of, input_texts, json_line
+from tformer.commands._inputs import (
+    add_device,
+    add_threads,
+    check_options,
+    device_of,
+    input_texts,
+    json_line,
+    windows,
+)
 
 HELP = "classify texts with a classification run (label per line, or JSONL with probabilities)"
 
@@ -34,8 +42,8 @@ def run(args: argparse.Namespace) -> int:
     check_options(args)
     texts = input_texts(args, "inputs", "TEXT")
     run = load_run(args.run_dir, needs="predict", device=device_of(args))
-    for i in range(0, len(texts), args.batch_size):
-        chunk = texts[i : i + args.batch_size]
+    for i, stop in windows(len(texts), args.batch_size):
+        chunk = texts[i:stop]
         split = [t.partition("\t") for t in chunk]  # text, tab, text_pair
         pairs = [pair for _, _, pair in split]
         answers = run.predict([text for text, _, _ in split], pairs if any(pairs) else None,

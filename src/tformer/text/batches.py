@@ -24,6 +24,10 @@ from tformer.text.specials import PAD
 if TYPE_CHECKING:
     from torch import Tensor
 
+# Prediction sorts the examples of this many batches by length together: a batch pads little and
+# its rows finish decoding together, while the command line still prints every few hundred inputs.
+SORT_WINDOW = 16
+
 
 def pad_arrays(rows: list[list[int]], value: int = PAD) -> tuple[np.ndarray, np.ndarray]:
     """Right-pad id lists -> (ids (B, L) int64, mask (B, L) bool, True = real token)."""

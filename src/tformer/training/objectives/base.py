@@ -25,13 +25,13 @@ from torch import Tensor, nn
 from tformer.config import TransformerConfig
 from tformer.devices import model_device
 from tformer.formats.pretrained import pretrained_config
+from tformer.text.batches import SORT_WINDOW
 from tformer.training.sources import Data, FileSource, TaskSource
 
 # Validation decodes (seq2seq) and the teacher-forced loss of every evaluation use at most
 # this many examples of the validation split; the test split is always scored whole.
 EVAL_SAMPLE = 500
 PREDICT_BATCH = 64  # examples per forward when predicting
-SORT_WINDOW = 16  # batches whose examples predict sorts by length together
 
 Source = TaskSource | FileSource
 Progress = Callable[[int, int], None]  # (examples done, examples in all)
