@@ -148,8 +148,8 @@ def test_a_padded_batch_is_refused_and_would_differ_the_stated_limit(runs, expor
 
 
 def test_a_feed_forward_wider_than_xlms_is_refused_in_one_line_and_nothing_is_written(tmp_path, capsys):
-    """XLM's feed-forward width is 4 * emb_dim: d_ff 128 > 4 * 16. (A file-trained classifier is
-    in BERT's layout whatever else is given, so this is the one model option XLM refuses.)"""
+    """XLM's feed-forward width is 4 * emb_dim: d_ff 128 > 4 * 16. (--norm-first is refused alike:
+    tests/training/test_sources.py.)"""
     run = _train(tmp_path, "run", classification_rows(60), "--d-ff", "128")
     capsys.readouterr()
     assert main(["export", str(run), "--hf", str(tmp_path / "hf")]) == 2

@@ -29,8 +29,8 @@ GROUPS = (
     ("what to learn", ("data", "valid", "test", "columns", "from_pretrained", "task")),
     ("budget and stopping", ("max_minutes", "steps", "epochs", "early_stop", "patience")),
     ("the model (chosen from the budget unless given)",
-     ("d_model", "n_heads", "d_ff", "n_layers", "n_decoder_layers", "dropout", "norm_first", "pooling",
-      "auto_size")),
+     ("d_model", "n_heads", "d_ff", "n_layers", "n_decoder_layers", "dropout", "norm_first", "activation",
+      "pooling", "auto_size")),
     ("text", ("tokenizer", "vocab_size", "lowercase", "max_length", "auto_length")),
     ("optimisation", ("lr", "warmup", "schedule", "batch_size", "max_tokens", "accumulate", "weight_decay",
                       "label_smoothing", "clip_grad", "precision", "device", "seed")),
@@ -49,8 +49,8 @@ KINDS_READING = {"pooling": ("classification",)}
 
 def default_text(name: str, base: Any) -> str:
     """What a run gets for option `name` when it is not given: per kind of data, for a
-    fine-tune, and for the synthetic tasks, where those differ (training.config's presets)."""
-    from tformer.training.config import FINETUNE_PRESET, OBJECTIVE_PRESETS, PRESETS
+    fine-tune, and for the synthetic tasks, where those differ (tformer.training.presets)."""
+    from tformer.training.presets import FINETUNE_PRESET, OBJECTIVE_PRESETS, PRESETS
 
     def fmt(value: Any) -> str:
         return "none" if value is None else str(value)
