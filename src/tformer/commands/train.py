@@ -131,6 +131,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tformer.devices import check_spec, resolve_device
     from tformer.training.config import (
         MODEL_OPTIONS,
         TrainConfig,
@@ -142,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
     fields = {f.name for f in dataclasses.fields(TrainConfig)} | set(MODEL_OPTIONS)
     given = {k: v for k, v in vars(args).items() if k in fields}  # only options on the command line
     from_file = load_config_file(args.config) if args.config else {}
+    if "device" in given:  # named as the option, as the other commands name it
+        check_spec(given["device"], "--device")
     if args.engine == "numpy":  # the NumPy reference trains; torch is never imported
         from tformer.reference.train import train as train_numpy
 
@@ -157,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
     from tformer.training.distributed import finish
     from tformer.training.loop import train
 
+    if "device" in given:  # one this machine lacks: one line, before anything is made
+        resolve_device(given["device"], "--device")
     if args.resume is not None:
         run_dir = args.resume or given.get("out") or from_file.get("out")
         if not run_dir:
