@@ -63,7 +63,7 @@ def test_cuda_without_a_gpu_is_one_line(argv, capsys, tmp_path):
     names = {"RUN": tmp_path / "no-run", "MODEL": st_dir(), "CORPUS": corpus, "INDEX": tmp_path / "index"}
     rc, out, err = run_cli(capsys, *[names.get(a, a) for a in argv], "--device", "cuda")
     command = argv[0]
-    assert_one_line_error(rc, err, command, r"device: expected a device this machine has \(cpu.*\), "
+    assert_one_line_error(rc, err, command, r"--device: expected a device this machine has \(cpu.*\), "
                                             r"got 'cuda': torch \S+ \(.*\) sees no CUDA GPU$")
     assert not (tmp_path / "index").exists()
 
@@ -76,7 +76,7 @@ def test_cuda_without_a_gpu_in_a_real_process_prints_no_traceback(tmp_path):
                           env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"}, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.startswith("tformer train: error: device: expected a device this machine has"), proc.stderr
+    assert proc.stderr.startswith("tformer train: error: --device: expected a device this machine has"), proc.stderr
     assert not (tmp_path / "run").exists()
 
 
@@ -84,7 +84,7 @@ def test_a_misspelled_device_is_one_line(capsys):
     rc, _, err = run_cli(capsys, "embed", st_dir(), "a text", "--device", "gpu")
     assert_one_line_error(rc, err, "embed", r"--device: expected auto, cpu, cuda, cuda:N or mps, got 'gpu'$")
     rc, _, err = run_cli(capsys, "train", "--task", "reverse", "--device", "gpu")
-    assert_one_line_error(rc, err, "train", r"device: expected auto, cpu, cuda, cuda:N or mps, got 'gpu'$")
+    assert_one_line_error(rc, err, "train", r"--device: expected auto, cpu, cuda, cuda:N or mps, got 'gpu'$")
 
 
 def test_the_numpy_engine_is_cpu_only(capsys):

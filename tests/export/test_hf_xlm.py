@@ -148,8 +148,8 @@ def test_a_padded_batch_is_refused_and_would_differ_the_stated_limit(runs, expor
 
 
 def test_a_feed_forward_wider_than_xlms_is_refused_in_one_line_and_nothing_is_written(tmp_path, capsys):
-    """XLM's feed-forward width is 4 * emb_dim: d_ff 128 > 4 * 16. (A file-trained classifier is
-    in BERT's layout whatever else is given, so this is the one model option XLM refuses.)"""
+    """XLM's feed-forward width is 4 * emb_dim: d_ff 128 > 4 * 16. (--norm-first is refused alike:
+    tests/training/test_sources.py.)"""
     run = _train(tmp_path, "run", classification_rows(60), "--d-ff", "128")
     capsys.readouterr()
     assert main(["export", str(run), "--hf", str(tmp_path / "hf")]) == 2
@@ -176,3 +176,53 @@ def test_an_export_transformers_does_not_reproduce_is_not_written(runs, tmp_path
                                          r".* away from tformer's, expected <= 1e-05; nothing was written$"):
         load_run(runs["single"]).export(hf=tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("kind", ["single", "pair"])
+def test_the_export_reads_back_as_the_runs_encoder(runs, exported, kind):
+    """tformer's reader takes the XLM directory it wrote (to fine-tune further): its encoder gives
+    the run's encoder outputs on a padded batch, real tokens (<= 1e-5, fp32); the pair run's
+    feed-forward comes back 4 * d_model wide, its extra units zero."""
+    from tformer.nn.model import Encoder
+
+    run, (out, _) = load_run(runs[kind]), exported[kind]
+    encoder = Encoder.from_pretrained(out).eval()
+    assert (encoder.config.d_ff, encoder.config.pooler, encoder.config.norm_first) == (64, False, False)
+    objective = run.objective
+    texts = [t for t, _ in PAIRS] if kind == "pair" else TEXTS
+    pairs = [p for _, p in PAIRS] if kind == "pair" else None
+    batch = objective.collate(objective.encode(objective.source.inputs(texts, objective.inputs, pairs)))
+    assert batch.attention_mask.sum(1).min() < batch.attention_mask.shape[1]  # padded rows too
+    inputs = {"token_type_ids": batch.token_type_ids}
+    with torch.no_grad():
+        ours = run.model.eval().encoder(batch.input_ids, batch.attention_mask, **inputs).last_hidden_state
+        back = encoder(batch.input_ids, batch.attention_mask, **inputs).last_hidden_state  # (B, S, D)
+    real = batch.attention_mask.bool()  # (B, S)
+    assert (ours[real] - back[real]).abs().max() <= TOLERANCE
+
+
+def test_a_classifier_fine_tunes_from_its_own_export(runs, exported, tmp_path, capsys):
+    out, _ = exported["single"]
+    data = write(tmp_path / "more.jsonl", classification_rows(40, seed=1))
+    assert main(["train", "--data", str(data), "--from-pretrained", str(out), "--out", str(tmp_path / "ft"),
+                 "--steps", "2", "--eval-every", "2", "--threads", "1", "--quiet"]) == 0
+    tuned = load_run(tmp_path / "ft")
+    assert tuned.model.config.d_model == 16 and tuned.predict(["a big cat"])[0]["label"] in ("animal", "place")
+
+
+def test_a_foreign_xlm_layout_is_refused_naming_its_key(exported, tmp_path, capsys):
+    """An XLM checkpoint not in the layout tformer writes (here: causal) is one line, naming the key."""
+    import shutil
+
+    foreign = tmp_path / "foreign"
+    shutil.copytree(exported["single"][0], foreign)
+    config = json.loads((foreign / "config.json").read_text())
+    (foreign / "config.json").write_text(json.dumps({**config, "causal": True}))
+    data = write(tmp_path / "d.jsonl", classification_rows(60))
+    capsys.readouterr()
+    assert main(["train", "--data", str(data), "--from-pretrained", str(foreign), "--out", str(tmp_path / "r"),
+                 "--steps", "1", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.endswith("config.json: causal: expected false (an encoder attends both ways), got true\n"), err
+    assert not (tmp_path / "r").exists()

@@ -4,6 +4,8 @@ the same logits on unpadded inputs; a padded batch differs (the export's stated 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -129,3 +131,44 @@ def test_what_xlm_cannot_express_is_refused_naming_the_field(changes, field):
     with pytest.raises(hf_xlm.Inexpressible, match=rf"^config\.{field}: XLMForSequenceClassification needs ") as e:
         hf_xlm.config_to_hf(config, ["a", "b", "c"], pad_id=0)
     assert e.value.field == field and e.value.got == changes[field]
+
+
+# Reading back (config_from_hf, from_hf): the encoder of the layout tformer writes ------------------
+@pytest.mark.parametrize("changes", [{}, {"d_ff": 40, "activation": "relu"}], ids=["bert-layout", "narrow-relu"])
+@pytest.mark.parametrize("token_types", [False, True])
+def test_the_written_xlm_reads_back_as_the_same_encoder(changes, token_types):
+    """to_hf then from_hf: an encoder giving the classifier's encoder outputs on real tokens (the
+    types folded into the tables come back as a type table: zeros, or word rows 0 and 1)."""
+    from tformer.nn.model import Encoder
+
+    model = _classifier(**changes)
+    hf = hf_xlm.config_to_hf(model.config, ["a", "b", "c"], pad_id=0)
+    config = hf_xlm.config_from_hf(hf)
+    assert (config.d_ff, config.activation, config.pooler) == (128, model.config.activation, False)
+    state = hf_xlm.clean_state_dict(hf_xlm.to_hf(model.state_dict(), model.config, token_types))
+    encoder = Encoder(config)
+    encoder.load_state_dict(hf_xlm.from_hf(state, config, token_types, torch.cat))
+    ids, types = _inputs(24, pair=token_types)
+    mask = torch.ones_like(ids)
+    mask[:, 20:] = 0
+    with torch.no_grad():
+        ours = model.encoder(ids, mask, token_type_ids=types).last_hidden_state  # (1, S, D)
+        back = encoder.eval()(ids, mask, token_type_ids=types).last_hidden_state
+    assert (ours[mask.bool()] - back[mask.bool()]).abs().max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"sinusoidal_embeddings": True}, "sinusoidal_embeddings: expected false (tformer writes a learned "
+                                      "position table), got true"),
+    ({"causal": True}, "causal: expected false (an encoder attends both ways), got true"),
+    ({"is_encoder": False}, "is_encoder: expected true"),
+    ({"n_langs": 2, "use_lang_emb": True}, "n_langs: expected 1 (or use_lang_emb false: tformer's encoder has no "
+                                           "language embeddings), got 2"),
+    ({"model_type": "bert"}, "model_type: expected 'xlm', got 'bert'"),
+    ({"emb_dim": 30}, "emb_dim: expected a multiple of n_heads (4), got 30"),
+])
+def test_a_foreign_xlm_layout_is_refused_naming_its_key(changes, message):
+    hf = hf_xlm.config_to_hf(_classifier().config, ["a", "b", "c"], pad_id=0)
+    with pytest.raises(ValueError, match="^" + re.escape(f"in/config.json: {message}")):
+        hf_xlm.config_from_hf({**hf, **changes}, "in/config.json")
+    assert hf_xlm.config_from_hf({**hf, "n_langs": 2, "use_lang_emb": False}).n_layers == 2  # no lang table used

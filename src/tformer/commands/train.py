@@ -29,8 +29,8 @@ GROUPS = (
     ("what to learn", ("data", "valid", "test", "columns", "from_pretrained", "task")),
     ("budget and stopping", ("max_minutes", "steps", "epochs", "early_stop", "patience")),
     ("the model (chosen from the budget unless given)",
-     ("d_model", "n_heads", "d_ff", "n_layers", "n_decoder_layers", "dropout", "norm_first", "pooling",
-      "auto_size")),
+     ("d_model", "n_heads", "d_ff", "n_layers", "n_decoder_layers", "dropout", "norm_first", "activation",
+      "pooling", "auto_size")),
     ("text", ("tokenizer", "vocab_size", "lowercase", "max_length", "auto_length")),
     ("optimisation", ("lr", "warmup", "schedule", "batch_size", "max_tokens", "accumulate", "weight_decay",
                       "label_smoothing", "clip_grad", "precision", "device", "seed")),
@@ -49,8 +49,8 @@ KINDS_READING = {"pooling": ("classification",)}
 
 def default_text(name: str, base: Any) -> str:
     """What a run gets for option `name` when it is not given: per kind of data, for a
-    fine-tune, and for the synthetic tasks, where those differ (training.config's presets)."""
-    from tformer.training.config import FINETUNE_PRESET, OBJECTIVE_PRESETS, PRESETS
+    fine-tune, and for the synthetic tasks, where those differ (tformer.training.presets)."""
+    from tformer.training.presets import FINETUNE_PRESET, OBJECTIVE_PRESETS, PRESETS
 
     def fmt(value: Any) -> str:
         return "none" if value is None else str(value)
@@ -131,6 +131,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tformer.devices import check_spec, resolve_device
     from tformer.training.config import (
         MODEL_OPTIONS,
         TrainConfig,
@@ -142,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
     fields = {f.name for f in dataclasses.fields(TrainConfig)} | set(MODEL_OPTIONS)
     given = {k: v for k, v in vars(args).items() if k in fields}  # only options on the command line
     from_file = load_config_file(args.config) if args.config else {}
+    if "device" in given:  # named as the option, as the other commands name it
+        check_spec(given["device"], "--device")
     if args.engine == "numpy":  # the NumPy reference trains; torch is never imported
         from tformer.reference.train import train as train_numpy
 
@@ -157,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
     from tformer.training.distributed import finish
     from tformer.training.loop import train
 
+    if "device" in given:  # one this machine lacks: one line, before anything is made
+        resolve_device(given["device"], "--device")
     if args.resume is not None:
         run_dir = args.resume or given.get("out") or from_file.get("out")
         if not run_dir:

@@ -1,5 +1,6 @@
 """tformer's classifier without BERT's pooler as transformers' XLMForSequenceClassification:
-the key table, the config mapping, the embedding folds and a verify step (writing only).
+the key table, the config mapping, the embedding folds and a verify step; and the way back, for
+the layout tformer writes (its encoder, to fine-tune further: ``config_from_hf``, ``from_hf``).
 
 XLM (Lample & Conneau 2019) is BERT's encoder under other names: post-norm layers, learned
 absolute positions, a LayerNorm over the summed embeddings, a GELU (or ReLU) feed-forward
@@ -31,13 +32,14 @@ fused tensor (qkv_proj: q, k, v). Their naming quirks stop at the table.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from tformer.config import TransformerConfig
+from tformer.config import TransformerConfig, bert_layout
 from tformer.nn.positional import sinusoidal_table
 
 ARCHITECTURE = "XLMForSequenceClassification"
@@ -255,3 +257,86 @@ def config_to_hf(config: TransformerConfig, labels: Sequence[str], pad_id: int,
         "eos_token_id": eos_id,
         "torch_dtype": "float32",
     }
+
+
+# Reading: the XLM directory tformer writes, back as its BERT-layout encoder ------------------------
+# XLM's settings that tformer's encoder (and its export) has one value of: (default, that value, why).
+READ_LAYOUT = {
+    "causal": (False, False, "an encoder attends both ways"),
+    "is_encoder": (True, True, "transformers' XLM runs as an encoder only"),
+    "sinusoidal_embeddings": (False, False, "tformer writes a learned position table"),
+}
+HEADS = ("sequence_summary.", "pred_layer.", "qa_outputs.", "classifier.")  # a fine-tune starts its own
+# tformer field -> the XLM config.json key it comes from (for error messages).
+CONFIG_KEYS = {"d_model": "emb_dim", "n_heads": "n_heads", "n_layers": "n_layers", "dropout": "dropout",
+               "attention_dropout": "attention_dropout", "layer_norm_eps": "layer_norm_eps",
+               "max_len": "max_position_embeddings", "vocab_size": "vocab_size"}
+
+
+def config_from_hf(hf: Mapping[str, Any], source: str = "config.json") -> TransformerConfig:
+    """An XLM config.json (as a dict) in the layout tformer's export writes -> the encoder's
+    TransformerConfig: BERT's layout, d_ff = 4 * emb_dim, two token types, no pooler. A setting
+    outside that layout raises, naming its key."""
+    if hf.get("model_type") != "xlm":
+        raise ValueError(f"{source}: model_type: expected 'xlm', got {hf.get('model_type')!r}")
+    for key, (default, need, why) in READ_LAYOUT.items():
+        if hf.get(key, default) != need:
+            raise ValueError(f"{source}: {key}: expected {json.dumps(need)} ({why}), "
+                             f"got {json.dumps(hf.get(key))}")
+    if hf.get("n_langs", 1) != 1 and hf.get("use_lang_emb", True):
+        raise ValueError(f"{source}: n_langs: expected 1 (or use_lang_emb false: tformer's encoder has no "
+                         f"language embeddings), got {hf.get('n_langs')!r}")
+    for key in ("vocab_size", "emb_dim", "n_layers", "n_heads", "max_position_embeddings"):
+        if key not in hf:
+            raise ValueError(f"{source}: missing key {key!r}")
+    try:
+        return bert_layout(
+            d_model=hf["emb_dim"], n_heads=hf["n_heads"], d_ff=4 * hf["emb_dim"], n_layers=hf["n_layers"],
+            dropout=hf.get("dropout", 0.1), attention_dropout=hf.get("attention_dropout", 0.1),
+            activation="gelu" if hf.get("gelu_activation", True) else "relu",
+            layer_norm_eps=hf.get("layer_norm_eps", 1e-12), max_len=hf["max_position_embeddings"],
+            vocab_size=hf["vocab_size"], type_vocab_size=2, pooler=False,
+        )
+    except (ValueError, TypeError) as e:  # name XLM's key: the user edits config.json
+        field, _, rest = str(e).partition(": ")
+        key = CONFIG_KEYS.get(field)
+        raise type(e)(f"{source}: {key}: {rest}" if key else f"{source}: {e}") from None
+
+
+def clean_state_dict(state: Mapping[str, Any]) -> dict[str, Any]:
+    """XLM's encoder tensors without the "transformer." prefix; the heads and the position_ids
+    buffer dropped."""
+    out = {}
+    for key, value in state.items():
+        name = key.removeprefix("transformer.")
+        if not key.startswith(HEADS) and name != "position_ids":
+            out[name] = value
+    return out
+
+
+def from_hf(state: Mapping[str, Any], config: TransformerConfig, token_types: bool,
+            concatenate: Callable[..., Any], source: str = "model.safetensors") -> dict[str, Any]:
+    """A cleaned XLM state dict (clean_state_dict; arrays or tensors) -> tformer's Encoder state
+    dict, verified first. XLM adds word row t for token type t: with ``token_types`` (the export's
+    tokenizer returns them) the type table is word rows 0 and 1, else zeros (the export folded
+    type 0 into the position table). Exact: fold_embeddings, read backwards."""
+    expected = {k.removeprefix("transformer."): s for k, s in xlm_shapes(config).items()
+                if k.startswith("transformer.")}
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise ValueError(f"{source}: missing tensor {missing[0]!r} for a {config.n_layers}-layer XLM")
+    extra = sorted(set(state) - set(expected))
+    if extra:
+        raise ValueError(f"{source}: unexpected tensor {extra[0]!r}; expected only the tensors of a "
+                         f"{config.n_layers}-layer XLM encoder in tformer's layout")
+    for key, shape in expected.items():
+        if tuple(state[key].shape) != shape:
+            raise ValueError(f"{source}: tensor {key!r}: expected shape {shape}, "
+                             f"got {tuple(state[key].shape)}")
+    parts: dict[str, list] = {}
+    for theirs, ours, _ in (row for row in key_table(config) if row[1].startswith("encoder.")):
+        parts.setdefault(ours.removeprefix("encoder."), []).append(state[theirs.removeprefix("transformer.")])
+    out = {k: v[0] if len(v) == 1 else concatenate(v, 0) for k, v in parts.items()}  # q, k, v: (3D, ...)
+    words = out["tok_emb.weight"]  # (V, D)
+    out["type_emb.weight"] = words[:2] if token_types else words[:2] * 0  # (2, D)
+    return out

@@ -37,7 +37,12 @@ class ModelDir:
 
     @property
     def is_bert(self) -> bool:
+        """A transformers config (model_type): BERT's, or the XLM tformer exports (is_xlm)."""
         return "model_type" in self.config_json
+
+    @property
+    def is_xlm(self) -> bool:
+        return self.config_json.get("model_type") == "xlm"
 
     @property
     def position_limit(self) -> int | None:
@@ -66,7 +71,7 @@ def read_model_dir(directory: str | Path | ModelDir) -> ModelDir:
     raw = hf_bert.read_config(layout.model_dir)
     if "model_type" not in raw and "d_model" not in raw:
         raise ValueError(
-            f"{layout.model_dir / 'config.json'}: expected a BERT config (model_type: bert) or a "
+            f"{layout.model_dir / 'config.json'}: expected a BERT config (model_type: bert; or xlm) or a "
             "tformer config (d_model, n_heads, ...), got neither"
         )
     return ModelDir(Path(directory), layout, raw)

@@ -6,14 +6,17 @@
     export_hf(model, HF_OUT)         # a directory transformers' BertModel.from_pretrained reads
 
 The two formats are told apart by config.json: BERT's has ``model_type: bert``, tformer's
-is a TransformerConfig (``d_model``, ``n_heads``...). Weights are read from safetensors
-only, unless ``allow_pickle=True`` lets a ``pytorch_model.bin`` through, and then with
-``torch.load(weights_only=True)``. The key table and its checks live in
-``tformer.formats.hf_bert``; this module does the file and torch side.
+is a TransformerConfig (``d_model``, ``n_heads``...). ``model_type: xlm`` is read in the layout
+`tformer export --hf` writes a mean-pooled classifier in (its encoder; ``formats.hf_xlm``).
+Weights are read from safetensors only, unless ``allow_pickle=True`` lets a
+``pytorch_model.bin`` through, and then with ``torch.load(weights_only=True)``. The key tables
+and their checks live in ``tformer.formats.hf_bert`` (and ``hf_xlm``); this module does the
+file and torch side.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -24,7 +27,7 @@ from safetensors.torch import save as st_save
 from torch import nn
 
 from tformer.config import TransformerConfig
-from tformer.formats import hf_bert
+from tformer.formats import hf_bert, hf_xlm
 from tformer.formats.model_dir import ModelDir, read_model_dir
 from tformer.formats.st_layout import read_layout
 from tformer.stats import check_fits
@@ -39,7 +42,7 @@ def read_pretrained(
     class, whose shapes (built on the meta device) the file's are checked against first."""
     md = read_model_dir(directory)
     if md.is_bert:
-        config, state = _load_hf(md.model_dir, md.config_json, allow_pickle)
+        config, state = _load_hf(md, allow_pickle)
     else:
         config, state = _load_tformer(md, allow_pickle, model_cls)
     return config, state, md.model_dir / hf_bert.WEIGHTS_FILE
@@ -49,6 +52,8 @@ def pretrained_config(directory: str | Path | ModelDir) -> TransformerConfig:
     """The TransformerConfig of a BERT-format or tformer directory, from its config.json alone
     (no weights read: a BERT pooler's presence is not known here, and is reported as absent)."""
     md = read_model_dir(directory)
+    if md.is_xlm:
+        return hf_xlm.config_from_hf(md.config_json, str(md.config_path))
     if md.is_bert:
         return hf_bert.config_from_hf(md.config_json, False, str(md.config_path))
     return tformer_config(md)
@@ -122,15 +127,32 @@ def _tokenizer_files(source: Path) -> dict[str, bytes]:
 
 
 # Reading --------------------------------------------------------------------------------
-def _load_hf(model_dir: Path, raw: dict, allow_pickle: bool):
+def _load_hf(md: ModelDir, allow_pickle: bool):
+    model_dir, raw = md.model_dir, md.config_json
     files = hf_bert.weight_files(model_dir, allow_pickle)
     state = _read_weights(files)
     source = str(files[0] if len(files) == 1 else model_dir / hf_bert.WEIGHTS_INDEX_FILE)
+    if md.is_xlm:  # the classifier `tformer export --hf` writes without BERT's pooler: its encoder
+        config = hf_xlm.config_from_hf(raw, str(md.config_path))
+        cleaned = hf_xlm.clean_state_dict(state)
+        _check_sizes(config, cleaned, r"attentions\.(\d+)\.", "n_layers", model_dir, source)
+        return config, hf_xlm.from_hf(cleaned, config, _xlm_token_types(md), torch.cat, source)
     cleaned = hf_bert.clean_state_dict(state, source)
     has_pooler = "pooler.dense.weight" in cleaned
     config = hf_bert.config_from_hf(raw, has_pooler, str(model_dir / "config.json"))
     _check_sizes(config, cleaned, r"encoder\.layer\.(\d+)\.", "num_hidden_layers", model_dir, source)
     return config, hf_bert.from_hf(cleaned, config, torch.cat, source)
+
+
+def _xlm_token_types(md: ModelDir) -> bool:
+    """Whether an XLM export takes token types: its tokenizer returns them (tokenizer_config.json's
+    model_input_names; tformer writes them for a run trained on text pairs)."""
+    path = md.find("tokenizer_config.json")
+    try:
+        names = json.loads(path.read_text()).get("model_input_names") if path else None
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+        raise ValueError(f"{path}: expected a JSON object ({e})") from None
+    return "token_type_ids" in (names or ())
 
 
 def _load_tformer(md: ModelDir, allow_pickle: bool, model_cls: type[nn.Module]):

@@ -47,8 +47,15 @@ class ClassificationRun(Run):
                              "tokenizer for transformers; export it with --onnx")
         tok = self.tokenizer
         if self.model.config.pooler:
-            written = hf_classifier.export_classifier(out, self.model, tok.backend, tuple(self.labels),
-                                                      tok.max_length, card)
+            try:
+                written = hf_classifier.export_classifier(out, self.model, tok.backend, tuple(self.labels),
+                                                          tok.max_length, card)
+            except ValueError as e:  # "config.norm_first: a BERT export needs ...": name the option
+                field, _, rest = str(e).partition(": ")
+                if not field.startswith("config."):
+                    raise
+                raise ValueError(f"--hf: {self.path}: {_option(field[len('config.'):])}: "
+                                 f"BertForSequenceClassification: {rest}; export it with --onnx") from None
             print(f"wrote {written}/ (BertForSequenceClassification; AutoModelForSequenceClassification."
                   "from_pretrained loads it)", file=sys.stderr)
             return written

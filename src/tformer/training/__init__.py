@@ -13,7 +13,7 @@ import importlib
 
 # public name -> module that defines it
 _LAZY = {
-    "OBJECTIVE_PRESETS": "config", "PRESETS": "config", "RESUMABLE": "config",
+    "OBJECTIVE_PRESETS": "presets", "PRESETS": "presets", "RESUMABLE": "config",
     "SCHEDULES": "config", "TrainConfig": "config", "load_config_file": "config",
     "resolve_config": "config", "resume_config": "config", "learning_rate": "schedule",
     "train": "loop", "make_optimizer": "steps", "make_objective": "objectives", "make_plan": "plan",

@@ -19,6 +19,7 @@ from tformer import devices
 from tformer.config import FieldType, TransformerConfig, check_known_keys, field_types
 from tformer.errors import BadType
 from tformer.tasks import TASKS, Task
+from tformer.training.presets import FINETUNE_PRESET, OBJECTIVE_PRESETS, PRESETS, TIMED_STEPS
 from tformer.training.records import peek_fields
 
 # The options that size the model: given any of them, the size is the user's, not chosen.
@@ -47,7 +48,9 @@ MODEL_OPTIONS: dict[str, str] = {
     "n_layers": "encoder layers (and decoder layers unless --n-decoder-layers)",
     "n_decoder_layers": "decoder layers (default: --n-layers)",
     "dropout": "dropout probability",
-    "norm_first": "pre-norm layers (else post-norm, as in the paper)",
+    "norm_first": "pre-norm layers (else post-norm, as in the paper; an encoder's `export --hf` needs "
+                  "post-norm)",
+    "activation": "feed-forward activation: relu, gelu (exact) or gelu_tanh",
     "pooling": "classification: the mean of the real tokens (mean: the default on your data, the more "
                "accurate; `export --hf` writes an XLMForSequenceClassification, exact one text per call) "
                "or the first position (cls: the synthetic tasks' default; on your data through BERT's "
@@ -245,67 +248,6 @@ def _model(base: TransformerConfig | dict[str, Any], options: dict[str, Any]) ->
     return base.replace(**options)
 
 
-# Per-task defaults, applied over TrainConfig's and under a config file and the command
-# line. Tuned with short runs on 2 busy CPU cores to reach the issue's targets: the
-# algorithmic classification tasks learn better without dropout and with pre-norm (which
-# also tolerates their longer training), and brackets with mean pooling, since a
-# mismatch anywhere in the string must reach the head. `add` stops after 14 minutes
-# whatever the machine, to stay inside its 15-minute budget.
-PRESETS: dict[str, dict[str, Any]] = {
-    "copy": {"steps": 1500, "early_stop": 1.0},
-    "reverse": {"steps": 1500, "early_stop": 1.0},
-    "sort": {"steps": 3000, "early_stop": 1.0},
-    # 6k steps: 0.965 test exact match in 5.7 min; 10k: 0.985 in 9.3 min (2 quiet cores).
-    "add": {"steps": 10000, "batch_size": 128, "d_model": 128, "d_ff": 512, "eval_every": 500,
-            "max_minutes": 14.0},
-    "listops": {"steps": 4000, "n_layers": 4, "dropout": 0.0, "norm_first": True,
-                "eval_every": 500},
-    # 10k steps gave 0.948 test accuracy, 20k 0.988 (validation still rising at 10k).
-    "brackets": {"steps": 20000, "n_layers": 4, "dropout": 0.0, "norm_first": True,
-                 "pooling": "mean", "eval_every": 1000},
-}
-
-# Batches (measured on real text, 5-minute runs, 2 cores; benchmarks/train_own_data.py):
-# under a short budget the number of updates decides. English -> German: 2,048-token batches
-# (~80 pairs) reached test BLEU 8.9, 1,024 (~40 pairs) 16.3. Package classification: batches of
-# 4,096 tokens (~300 texts) 0.786 accuracy, of 32 texts 0.801. Fine-tuning: 32 texts (the
-# BERT recipe). So batches are counted in examples (--batch-size; --max-tokens none makes the
-# token budget that many examples of the data's mean length); embeddings keep 4,096 tokens,
-# as in-batch negatives want large batches.
-# Per-objective defaults for your own data, sized for a 2-core CPU and ~10 minutes. The
-# budget is compute: 2 AVX2 cores do very roughly 50-100 GFLOP/s, 30-60 TFLOP in 10 minutes.
-# A d_model-256, 3+3-layer model with an 8k vocabulary costs ~45 MFLOP per token trained
-# (forward + backward), so about 200 updates of 4k tokens: far too few to learn to
-# translate. d_model 128, 3+3 layers, a 4k vocabulary and 2k-token batches cost ~8 MFLOP
-# per token: ~1,500 updates, several passes over a 30k-sentence corpus. Steps are an upper
-# bound; --max-minutes is the budget a user normally sets. Pre-norm for the encoder-decoder:
-# it trains stably at a high learning rate without a long warmup (Xiong et al. 2020).
-# The encoders are BERT-shaped (post-norm; see sources.FileSource.encoder_config) so they export.
-OBJECTIVE_PRESETS: dict[str, dict[str, Any]] = {
-    "seq2seq": {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 3, "norm_first": True,
-                "vocab_size": 4000, "lr": 1e-3, "warmup": 400, "schedule": "linear", "steps": 20000,
-                "max_tokens": None, "batch_size": 40, "eval_every": 250, "log_every": 50,
-                "patience": 8},
-    "classification": {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 2, "vocab_size": 4000,
-                       "lr": 5e-4, "warmup": 200, "schedule": "linear", "pooling": "mean", "steps": 10000,
-                       "max_tokens": None, "batch_size": 32, "eval_every": 250, "patience": 8,
-                       "max_length": 64},
-    "embedding": {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 2, "vocab_size": 4000,
-                  "lr": 5e-4, "warmup": 200, "schedule": "linear", "steps": 10000, "max_tokens": 4096,
-                  "eval_every": 250,
-                  "label_smoothing": 0.0, "patience": 8},
-}
-TIMED_STEPS = 10**9  # --steps of a timed data run given none: the budget ends it
-
-# Fine-tuning a pretrained encoder: the BERT recipe (Devlin et al. 2019, §A.3): a small
-# learning rate, 10% warmup then linear decay to 0, no label smoothing, batches of 32 examples
-# (not of 4096 tokens: on short texts those are ~300 examples, and a timed fine-tune then got
-# a tenth of the updates; benchmarks/train_own_data.py).
-FINETUNE_PRESET: dict[str, Any] = {"lr": None, "schedule": "linear", "warmup": 100, "steps": 1000,
-                                   "label_smoothing": 0.0, "max_tokens": None, "batch_size": 32,
-                                   "eval_every": 100}
-
-
 def resolve_config(*layers: dict[str, Any], objective: str | None = None) -> TrainConfig:
     """TrainConfig defaults < the preset < each of `layers` in turn (a config file's dict,
     then the options given on the command line). Unknown keys are an error. ``objective``:
@@ -328,6 +270,7 @@ def resolve_config(*layers: dict[str, Any], objective: str | None = None) -> Tra
                 pass  # __post_init__ names the field and the bad value
     if merged.get("data"):
         objective = objective or peek_fields(merged["data"], merged.get("columns")).objective
+        _check_layers(merged, objective)
         preset = dict(OBJECTIVE_PRESETS[objective])
         if merged.get("from_pretrained"):
             preset.update(FINETUNE_PRESET)
@@ -340,6 +283,20 @@ def resolve_config(*layers: dict[str, Any], objective: str | None = None) -> Tra
     if task not in TASKS:
         raise ValueError(f"task: expected one of {', '.join(TASKS)}; got {task!r}")
     return TrainConfig.from_flat({**PRESETS.get(task, {}), **merged})
+
+
+def _check_layers(given: dict[str, Any], objective: str) -> None:
+    """Refuse layer options a data run cannot honour, before anything is made: a fine-tune keeps
+    the pretrained model's layers, and an embedding run's directory is a sentence-transformers
+    model holding a BERT (post-norm). Elsewhere --norm-first and --activation are honoured."""
+    if given.get("from_pretrained"):
+        for name in ("norm_first", "activation"):
+            if name in given:
+                raise ValueError(f"{name}: a fine-tune keeps the layers of {given['from_pretrained']}; "
+                                 f"expected no --{name.replace('_', '-')}, got {given[name]!r}")
+    elif objective == "embedding" and given.get("norm_first"):
+        raise ValueError("norm_first: an embedding run is saved as a sentence-transformers BERT, which is "
+                         "post-norm; expected False, got True")
 
 
 def resume_config(run_dir: str | Path, *layers: dict[str, Any]) -> TrainConfig:

@@ -48,10 +48,17 @@ import torch
 from safetensors.torch import save as st_save
 from torch import nn
 
+from tformer.config import TransformerConfig
 from tformer.devices import describe, resolve_device
 from tformer.kernels import autotune
 from tformer.stats import check_fits
-from tformer.storage.checkpoint import latest_checkpoint, load_training_state, load_weights, save_checkpoint
+from tformer.storage.checkpoint import (
+    check_run_dir,
+    latest_checkpoint,
+    load_training_state,
+    load_weights,
+    save_checkpoint,
+)
 from tformer.storage.files import new_run_dir, write_atomic
 from tformer.storage.rundir import discard_unstarted, open_run_dir, resume_metrics
 from tformer.training.budget import PROBE, Budget, check_minimum
@@ -135,7 +142,10 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     plan, objective = make_plan(objective, resume, world, started, log, run_dir if writer else None, device)
     config, bf16, why_precision = plan.config, plan.bf16, plan.why("precision")  # bf16: 16-bit autocast
     torch.manual_seed(config.seed)
-    model = objective.build_model().to(device)
+    # A resumed run builds the model its checkpoint holds (before --activation, a data encoder's
+    # train_config.json said relu for the GELU it built).
+    saved = TransformerConfig.load(check_run_dir(run_dir) / "config.json") if resume else None
+    model = objective.build_model(saved).to(device)
     optimizer = make_optimizer(model, config)
     state: dict[str, Any] = {"step": 0, "wall_seconds": 0.0, "schedule": config.schedule}
     if resume:

@@ -202,10 +202,13 @@ class FileSource:
 
     def encoder_config(self, **heads: Any) -> TransformerConfig:
         """An encoder of the sizes given in BERT's layout (config.bert_layout), so that it
-        exports to transformers and sentence-transformers; `heads`: a classifier's
-        (n_classes, pooling, pooler)."""
-        c = self.config
-        return bert_layout(c.model, max_len=c.max_length, vocab_size=self.tokenizer.vocab_size, **heads)
+        exports to transformers and sentence-transformers, with the layers the options ask for:
+        norm_first (pre-norm, with a final norm: `export --hf` refuses it) and activation (the
+        presets give BERT's gelu); `heads`: a classifier's (n_classes, pooling, pooler)."""
+        m = self.config.model
+        return bert_layout(m, max_len=self.config.max_length, vocab_size=self.tokenizer.vocab_size,
+                           norm_first=m.norm_first, final_norm=m.norm_first, activation=m.activation,
+                           **heads)
 
     @property
     def max_new_tokens(self) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 from torch import nn
 
 from tformer.config import TransformerConfig
-from tformer.formats import hf_xlm
+from tformer.formats import hf_bert, hf_xlm
 from tformer.nn.model import EncoderClassifier, from_pretrained
 from tformer.text.batches import EncoderBatch, encoder_batch
 from tformer.training import evaluation
@@ -34,7 +34,11 @@ class Classification(Objective):
         # Said when the run starts, not when its export is refused (benchmarks/README.md: mean
         # pooling measured more accurate than the pooler on two real data sets).
         if pooling == "cls":
-            exports = "exports to transformers (BertForSequenceClassification) and ONNX"
+            try:
+                hf_bert.config_to_hf(self.model_config())
+                exports = "exports to transformers (BertForSequenceClassification) and ONNX"
+            except ValueError as e:  # pre-norm: one line, naming the field
+                exports = f"exports to ONNX; `export --hf` (BertForSequenceClassification): {e}"
         else:
             try:
                 hf_xlm.check_expressible(self.model_config())
