@@ -126,10 +126,16 @@ def main() -> None:
     import sacrebleu
 
     texts, refs, ids, eos, max_new = inputs(args.run, args.count)
+    try:
+        import ctranslate2  # noqa: F401 (optional: tformer[bench])
+        contenders = CONTENDERS
+    except ImportError:
+        contenders = CONTENDERS[:2]
+        print("CTranslate2 skipped: it is not installed (pip install 'tformer[bench]')")
     with tempfile.TemporaryDirectory(prefix="tformer-decode-run-") as tmp:
-        ct2 = ct2_model(args.run, Path(tmp))
+        ct2 = ct2_model(args.run, Path(tmp)) if len(contenders) > 2 else None
         results = {}
-        for name in CONTENDERS:
+        for name in contenders:
             spec = {"name": name, "run": args.run, "texts": texts, "ids": ids, "ct2": str(ct2),
                     "threads": args.threads, "rounds": args.rounds, "max_new_tokens": max_new}
             path = Path(tmp) / "spec.json"

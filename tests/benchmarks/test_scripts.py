@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from hf_bert_fixtures import st_dir
-from text_fixtures import classification_rows, write
+from text_fixtures import classification_rows, seq2seq_rows, write
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
@@ -30,7 +30,7 @@ def test_every_script_has_a_smoke_run():
     scripts = {p.relative_to(BENCH).as_posix() for p in BENCH.rglob("*.py")}
     covered = {*(s for s, _ in BENCH_SUITE), "serve.py", "classifier_pooling.py", "precision_accuracy.py",
                "precision_training.py", "search_memory.py", "train_own_data.py", "data/build_datasets.py",
-               "budget.py"}
+               "budget.py", "decode_run.py"}
     assert scripts == covered, f"scripts without a smoke run: {sorted(scripts - covered)}"
 
 
@@ -94,3 +94,15 @@ def test_train_own_data(tmp_path):
     _run("data/build_datasets.py", "--out", str(tmp_path / "data"))
     _run("train_own_data.py", "--data-dir", str(tmp_path / "data"), "--minutes", "0.2", "--threads", "1",
          "--only", "classification", "--out", str(tmp_path / "runs"), timeout=600)
+
+
+def test_decode_run(tmp_path):
+    """A tiny seq2seq run (2 steps) decoded by tformer (and CTranslate2 where installed)."""
+    from tformer.training import resolve_config, train
+
+    data = write(tmp_path / "d.jsonl", seq2seq_rows(300))
+    train(resolve_config({"data": str(data), "d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1,
+                          "vocab_size": 300, "steps": 2, "threads": 1, "precision": "fp32",
+                          "out": str(tmp_path / "run")}), progress=False, log=lambda line: None)
+    out = _run("decode_run.py", str(tmp_path / "run"), "--count", "12", "--rounds", "1", "--threads", "1")
+    assert "| tformer beam 4 |" in out and out.count("/12 |") >= 2, out
