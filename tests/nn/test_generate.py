@@ -222,9 +222,9 @@ def _plain_beam_search(model, src, mask, beam_size, max_len, length_penalty, bos
         length = len(candidates[0][1]) - 1
         finished += [(total / length ** length_penalty, prefix[1:], total)
                      for total, prefix in candidates[:beam_size] if prefix[-1] == eos_id]
-        if candidates[0][1][-1] == eos_id:
-            break
         live = [(prefix, total) for total, prefix in candidates if prefix[-1] != eos_id][:beam_size]
+        if finished and max(f[0] for f in finished) >= live[0][1] / length ** length_penalty:
+            break  # the best hypothesis scores at least the best live prefix would now
     else:  # max_len: the live prefixes are hypotheses as they are
         finished += [(total / max_len ** length_penalty, prefix[1:], total) for prefix, total in live]
     _, tokens, total = max(finished, key=lambda h: h[0])

@@ -4,7 +4,7 @@ The source is encoded once; each step feeds only the newest target token to
 `model.decode` together with the cached keys/values of the earlier ones (cross-
 attention caches the memory's projections at step 0), so a step costs O(T), not O(T^2).
 Rows that have finished leave the batch (greedy: a row that produced EOS; beam: a source whose
-best candidate was EOS), a quarter of the batch at a time, so a few long outputs do not drag
+best hypothesis outscores its live beams), a quarter of the batch at a time, so a few long outputs do not drag
 the finished rows through every remaining step. One device sync per step (the finished count), and
 in beam search a second (which beams moved: the cache is reordered in place, moved rows only).
 The self-attention caches have room for max_len positions after the first step, so each step
@@ -182,9 +182,11 @@ def beam_search(
     log-probability. An EOS candidate among the K best is a finished hypothesis, set aside
     with the score score / len ** length_penalty (len counts EOS); the K best candidates that
     are not EOS are the next step's beams, so a finished prefix never takes a beam's place.
-    A source stops when its best candidate is EOS: every live prefix then has a lower total,
-    and another token can only lower it more, so with length_penalty 0 nothing better can come
-    (with a positive one this is the rule of OpenNMT and CTranslate2). At max_len or the
+    A source stops once its best hypothesis scores at least as high as its best live prefix
+    would if it ended now (at once when its best candidate is EOS): another token can only
+    lower a total, so with length_penalty 0 nothing better can come; with a positive one a live
+    prefix's average could still rise, and stopping is the usual heuristic (Hugging Face's
+    default, OpenNMT's, CTranslate2's). At max_len or the
     `deadline` (a time.perf_counter() reading), the live prefixes count as hypotheses as they
     are. length_penalty 0 ranks hypotheses by total log-probability, which favours short
     outputs; 1 by the per-token average. A source that has stopped leaves the batch with its
@@ -209,7 +211,7 @@ def beam_search(
     scores[:, 0] = 0.0
     scores = scores.view(-1)  # (B*K,)
     srcs = torch.arange(b, device=device)  # (B',) rows of B still searching
-    stopped = torch.zeros(b, dtype=torch.bool, device=device)  # (B',) best candidate was EOS
+    stopped = torch.zeros(b, dtype=torch.bool, device=device)  # (B',) no live beam can win any more
     # Each source's best finished hypothesis so far: tokens, total and length-penalised score.
     hyp_tokens = torch.full((b, max_len), pad_id, dtype=torch.long, device=device)  # (B', L)
     hyp_scores = torch.zeros(b, device=device)
@@ -249,12 +251,13 @@ def beam_search(
         hyp_tokens[:, step] = torch.where(better, eos_id, hyp_tokens[:, step])
         hyp_scores = torch.where(better, eos_score, hyp_scores)
         hyp_final = torch.where(better, eos_final, hyp_final)
-        stopped = stopped | is_eos[:, 0]
         # The next beams: the K best candidates that are not EOS (a stable sort keeps the order).
         pick = torch.sort(is_eos.to(torch.uint8), dim=-1, stable=True).indices[:, :k]  # (B', K)
         token = top_token.gather(1, pick).view(-1)  # (B'*K,)
         scores = top_scores.gather(1, pick).view(-1)
         scores = scores.masked_fill(token == eos_id, float("-inf"))  # V < K + 1 only: dead beams
+        # Stop where the best hypothesis scores at least the best live beam (beam 0) would now.
+        stopped = stopped | (hyp_final >= scores.view(n, k)[:, 0] / length ** length_penalty)
         beam = (top.gather(1, pick) // kept + torch.arange(n, device=device)[:, None] * k).view(-1)
         tokens = torch.cat([tokens.index_select(0, beam), token[:, None]], dim=1)
         past = out.past_key_values if step else _with_room(out.past_key_values, max_len)
