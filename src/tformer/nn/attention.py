@@ -234,15 +234,19 @@ class MultiHeadAttention(nn.Module):
         Shape: qkv (rows, 3D) -> (rows, D): N real tokens, then zero rows (see Packing)
         """
         qkv = qkv.to(self._packed_dtype(qkv, packing, dropout_p))  # once a layer, not per group
-        outputs, start = [], 0
+        # Each group's heads are written straight to their rows: one copy, not a reshape, a
+        # concatenation and the zero rows appended, each a pass over the layer's tokens.
+        out = qkv.new_empty(packing.rows, self.d_model)  # (rows, D)
+        out[packing.index.numel() :] = 0.0
+        start = 0
         for length, count in packing.groups:
             block = qkv[start : start + count * length].view(count, length, 3 * self.d_model)
             q, k, v = self._split_heads(block, 3)  # 3 x (count, H, L, Dh)
-            out, _ = scaled_dot_product_attention(q, k, v, None, dropout_p)  # (count, H, L, Dh)
-            outputs.append(out.transpose(1, 2).reshape(count * length, self.d_model))
+            heads, _ = scaled_dot_product_attention(q, k, v, None, dropout_p)  # (count, H, L, Dh)
+            rows = out[start : start + count * length].view(count, length, self.n_heads, -1)
+            rows.copy_(heads.transpose(1, 2))  # (count, L, H, Dh)
             start += count * length
-        out = outputs[0] if len(outputs) == 1 else torch.cat(outputs)  # (N, D)
-        return packing.pad_rows(out)  # (rows, D)
+        return out
 
     def _packed_dtype(self, qkv: Tensor, packing: Packing, dropout_p: float) -> torch.dtype:
         """The dtype a layer's packed attention computes in (kernels.attention_dtype): with
