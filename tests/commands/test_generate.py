@@ -41,3 +41,20 @@ def test_out_of_range_options_are_one_line_errors(classification_run, capsys, op
     rc, out, err = run_cli(capsys, "generate", classification_run, "the cat", option, value)
     assert_one_line_error(rc, err, "generate", rf"{option}: expected {expected}, got {value}")
     assert out == ""
+
+
+@pytest.mark.parametrize("others, given, threads", [(0.0, None, 2), (2.0, None, 1), (2.0, 2, 2)])
+def test_threads_default_to_the_cores_other_processes_leave_free(monkeypatch, others, given, threads):
+    """With two busy processes on 2 cores, one thread decoded 1.2-2x faster than two; --threads wins."""
+    import argparse
+
+    import torch
+
+    from tformer.commands import _inputs
+
+    monkeypatch.setattr(_inputs, "others_running", lambda *a: others)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    chosen = []
+    monkeypatch.setattr(torch, "set_num_threads", chosen.append)
+    _inputs.check_options(argparse.Namespace(threads=given))
+    assert chosen == [threads]

@@ -15,6 +15,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from tformer.kernels.machine import free_threads, others_running
 from tformer.text.batches import SORT_WINDOW
 from tformer.text.lines import TextLines
 
@@ -26,7 +27,7 @@ FINITE = ("length_penalty",)  # float options: argparse accepts "nan" and "inf"
 
 def add_threads(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: torch's, one per core)")
+                        help="torch CPU threads (default: one per core that other processes leave free)")
 
 
 def add_device(parser: argparse.ArgumentParser) -> None:
@@ -52,10 +53,14 @@ def check_options(args: argparse.Namespace) -> None:
         value = getattr(args, dest, None)
         if value is not None and not math.isfinite(value):
             raise ValueError(f"--{dest.replace('_', '-')}: expected a finite number, got {value}")
-    if getattr(args, "threads", None) is not None:
-        import torch
+    if not hasattr(args, "threads"):
+        return
+    import torch
 
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
+    else:  # one per core that other processes leave free (a busy machine: fewer, and faster)
+        torch.set_num_threads(free_threads(torch.get_num_threads(), others_running(5, 0.01)))
 
 
 def file_lines(args: argparse.Namespace) -> TextLines | None:

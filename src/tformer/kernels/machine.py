@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import platform
 import statistics
@@ -60,3 +61,11 @@ def others_running(samples: int = 9, interval: float = 0.02) -> float:
         if i + 1 < samples:
             time.sleep(interval)
     return float(statistics.median(counts))
+
+
+def free_threads(cores: int, others: float) -> int:
+    """One thread per core that ``others`` threads of other processes (``others_running``) leave
+    free, at least one. Threads that share their cores with busy processes wait for the slowest
+    at every product: with two busy processes on 2 cores, two threads made a training step 2-3x
+    slower than one, and decoding 1.2-2x (Intel Xeon, benchmarks/README.md)."""
+    return max(1, cores - math.ceil(others - 0.25))

@@ -33,7 +33,7 @@ import torch
 from tformer.devices import half_name, resolve_device
 from tformer.formats.pretrained import pretrained_config
 from tformer.kernels import autotune
-from tformer.kernels.machine import others_running
+from tformer.kernels.machine import free_threads, others_running
 from tformer.stats import check_fits, flops_per_token
 from tformer.storage.files import write_json_atomic
 from tformer.training.distributed import any_rank
@@ -129,7 +129,7 @@ def choose_threads(config, world: int) -> tuple[object, str | None, float]:
     if config.threads is not None or world > 1:
         return config, None, 1.0
     others = others_running()
-    threads = max(1, cores - math.ceil(others - 0.25))
+    threads = free_threads(cores, others)
     slowdown = max(1.0, (others + threads) / cores)
     if threads == cores:
         why = f"{threads}, one per core (--threads sets it)"
