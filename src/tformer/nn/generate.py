@@ -4,9 +4,10 @@ The source is encoded once; each step feeds only the newest target token to
 `model.decode` together with the cached keys/values of the earlier ones (cross-
 attention caches the memory's projections at step 0), so a step costs O(T), not O(T^2).
 Rows that have finished leave the batch (greedy: a row that produced EOS; beam: a source whose
-best hypothesis outscores its live beams), a quarter of the batch at a time, so a few long outputs do not drag
-the finished rows through every remaining step. One device sync per step (the finished count), and
-in beam search a second (which beams moved: the cache is reordered in place, moved rows only).
+best hypothesis outscores its live beams), a quarter of the batch at a time, so a few long
+outputs do not drag the finished rows through every remaining step. One device sync per step
+(the finished count), and in beam search a second (which beams moved: the cache is reordered in
+place, moved rows only).
 The self-attention caches have room for max_len positions after the first step, so each step
 writes its keys in place instead of copying the whole cache (tformer.nn.attention.with_room).
 Beam search ranks each beam's K + 1 best tokens, not all K*V candidates, sets finished
@@ -183,14 +184,13 @@ def beam_search(
     with the score score / len ** length_penalty (len counts EOS); the K best candidates that
     are not EOS are the next step's beams, so a finished prefix never takes a beam's place.
     A source stops once its best hypothesis scores at least as high as its best live prefix
-    would if it ended now (at once when its best candidate is EOS): another token can only
-    lower a total, so with length_penalty 0 nothing better can come; with a positive one a live
-    prefix's average could still rise, and stopping is the usual heuristic (Hugging Face's
-    default, OpenNMT's, CTranslate2's). At max_len or the
-    `deadline` (a time.perf_counter() reading), the live prefixes count as hypotheses as they
-    are. length_penalty 0 ranks hypotheses by total log-probability, which favours short
-    outputs; 1 by the per-token average. A source that has stopped leaves the batch with its
-    best hypothesis (as greedy's rows do).
+    scores now (at once when its best candidate is EOS): another token can only lower a total,
+    so with length_penalty 0 nothing better can come; with a positive one a live prefix's
+    average could still rise, and stopping is the usual heuristic (Hugging Face's default,
+    OpenNMT's, CTranslate2's). At max_len or the `deadline` (a time.perf_counter() reading),
+    the live prefixes count as hypotheses as they are. length_penalty 0 ranks hypotheses by
+    total log-probability, which favours short outputs; 1 by the per-token average. A source
+    that has stopped leaves the batch with its best hypothesis (as greedy's rows do).
 
     Shape:
         src_ids, src_attention_mask: (B, S) -> sequences (B, L <= max_len), scores (B,)
@@ -256,7 +256,7 @@ def beam_search(
         token = top_token.gather(1, pick).view(-1)  # (B'*K,)
         scores = top_scores.gather(1, pick).view(-1)
         scores = scores.masked_fill(token == eos_id, float("-inf"))  # V < K + 1 only: dead beams
-        # Stop where the best hypothesis scores at least the best live beam (beam 0) would now.
+        # Stop where the best hypothesis scores at least what the best live beam (beam 0) does now.
         stopped = stopped | (hyp_final >= scores.view(n, k)[:, 0] / length ** length_penalty)
         beam = (top.gather(1, pick) // kept + torch.arange(n, device=device)[:, None] * k).view(-1)
         tokens = torch.cat([tokens.index_select(0, beam), token[:, None]], dim=1)
