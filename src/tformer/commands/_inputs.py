@@ -44,7 +44,8 @@ def device_of(args: argparse.Namespace):
 
 
 def check_options(args: argparse.Namespace) -> None:
-    """Refuse out-of-range numeric options, then apply --threads."""
+    """Refuse out-of-range numeric options, then set torch's threads: --threads, else one per
+    core that other processes leave free (never more than torch has now)."""
     for dest, minimum in MINIMUMS.items():
         value = getattr(args, dest, None)
         if value is not None and value < minimum:
