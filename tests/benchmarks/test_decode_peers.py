@@ -11,7 +11,7 @@ import torch
 
 from tformer.bench import decode_peers as D
 from tformer.bench.harness import Measured, measure
-from tformer.nn.generate import greedy_search
+from tformer.nn.generate import beam_search, greedy_search
 from tformer.nn.model import Seq2SeqTransformer
 
 pytest.importorskip("transformers")
@@ -64,3 +64,30 @@ def test_ctranslate2_decodes_in_its_own_process(setup, tmp_path):
         for w in workers.values():
             w.close()
     assert all(w.proc.returncode == 0 for w in workers.values())
+
+
+def test_sequence_scores_are_what_beam_search_ranked(setup):
+    """Teacher-forced scores of beam search's outputs equal the scores the cached search summed
+    (two independent paths: a full forward per row set against step-by-step decoding)."""
+    model, _, src, mask, eos, _ = setup
+    out = beam_search(model, src, mask, beam_size=3, max_len=MAX_LEN, bos_id=D.BOS, eos_id=eos,
+                      pad_id=D.PAD)
+    rows = out.tolist()
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.float64)
+    for penalty in (0.0, 1.0):
+        expected = out.scores.double() / lengths**penalty
+        got = D.sequence_scores(model, src, mask, rows, length_penalty=penalty)
+        assert torch.allclose(got, expected, atol=1e-4, rtol=0), (got, expected)
+
+
+def test_compared_search_says_which_side_scored_higher(setup):
+    model, _, src, mask, eos, expected = setup
+    beams = beam_search(model, src, mask, beam_size=3, max_len=MAX_LEN, bos_id=D.BOS, eos_id=eos,
+                        pad_id=D.PAD).tolist()
+    assert D.compared_search(model, src, mask, beams, beams) == ""
+    # Greedy's output where it differs from beam search's scores no higher (a search with a wider
+    # beam finds at least greedy's hypothesis here), so greedy as the "peer" scores lower.
+    differ = sum(a != b for a, b in zip(expected, beams, strict=True))
+    assert differ, "the quick model's greedy and beam outputs should differ on some row"
+    note = D.compared_search(model, src, mask, expected, beams)
+    assert note.startswith(f"of the {differ} others, 0 score higher and {differ} lower"), note

@@ -224,6 +224,42 @@ def spread_eos(model: Seq2SeqTransformer, src: Tensor, mask: Tensor, max_len: in
     return best
 
 
+# Search quality ------------------------------------------------------------------------------------
+def sequence_scores(model: Seq2SeqTransformer, src: Tensor, mask: Tensor, rows: list[list[int]],
+                    length_penalty: float = 1.0) -> Tensor:
+    """What beam search ranks: each row's output, teacher-forced through ``model``, scored as its
+    summed token log-probabilities / its length ** length_penalty (EOS counted where produced).
+
+    Shape: src, mask (B, S); rows B lists of ids -> (B,) float64
+    """
+    b, longest = len(rows), max(max(map(len, rows)), 1)
+    tgt = torch.full((b, 1 + longest), PAD, dtype=torch.long)  # (B, 1 + L): BOS, the output, PAD
+    tgt[:, 0] = BOS
+    for i, row in enumerate(rows):
+        tgt[i, 1 : 1 + len(row)] = torch.tensor(row, dtype=torch.long)
+    with torch.inference_mode():
+        logp = model(src, tgt[:, :-1], src_attention_mask=mask).logits.double().log_softmax(-1)
+    picked = logp.gather(2, tgt[:, 1:, None])[:, :, 0]  # (B, L)
+    lengths = torch.tensor([len(row) for row in rows], dtype=torch.float64)
+    real = torch.arange(longest)[None, :] < lengths[:, None]  # (B, L): the output's own tokens
+    return (picked * real).sum(1) / lengths.clamp(min=1) ** length_penalty
+
+
+def compared_search(model: Seq2SeqTransformer, src: Tensor, mask: Tensor, theirs: list[list[int]],
+                    ours: list[list[int]]) -> str:
+    """How a peer's beam outputs that differ from tformer's score against tformer's (length
+    penalty 1, the one every contender decodes with): a faster search that stops sooner may
+    return worse hypotheses, a slower one better."""
+    differ = [i for i, (a, b) in enumerate(zip(theirs, ours, strict=True)) if a != b]
+    if not differ:
+        return ""
+    score = lambda rows: sequence_scores(model, src[differ], mask[differ], [rows[i] for i in differ])
+    gain = score(theirs) - score(ours)  # (M,) > 0: the peer found the better hypothesis
+    higher, lower = int((gain > 0).sum()), int((gain < 0).sum())
+    return (f"of the {len(differ)} others, {higher} score higher and {lower} lower than tformer's "
+            f"(length-penalised log-prob, mean difference {float(gain.mean()):+.4f})")
+
+
 # The workload --------------------------------------------------------------------------------------
 def decoding(s, shape: str = "marian") -> Report:
     """tformer greedy and beam 4 against HF generate (and CTranslate2) on the same weights."""
@@ -291,6 +327,8 @@ def _timed(report: Report, name: str, model: Seq2SeqTransformer, runs: dict, ct2
         reference = outputs["tformer beam 4" if "beam" in n else "tformer greedy"]
         same = sum(a == b for a, b in zip(out, reference, strict=True))
         agree = f"{same}/{batch} rows as tformer's"
+        if "beam" in n and same != batch:
+            agree += "; " + compared_search(model, src, mask, out, reference)
         notes[n] = f"{notes[n]}; {agree}" if n in notes else agree
         if "greedy" in n and same != batch:  # greedy is deterministic: the outputs must agree
             report.rows.append(Row(name, n, note=f"not timed: {agree}"))
@@ -308,8 +346,11 @@ def _timed(report: Report, name: str, model: Seq2SeqTransformer, runs: dict, ct2
         f"layers, vocab {vocab}, random weights; batch {batch} real-length sources "
         f"({int(mask.sum(1).min())}-{int(mask.sum(1).max())} tokens), at most {max_len} new tokens, "
         f"greedy lengths {min(lengths)}-{max(lengths)} (EOS = id {eos}, see tformer.bench.decode_peers); "
-        "tokens/s counts each contender's generated tokens; beam outputs may differ (HF keeps "
-        "finished hypotheses apart), greedy ones may not; CTranslate2 in its own process "
+        "tokens/s counts each contender's generated tokens; greedy outputs may not differ, beam "
+        "outputs may: the searches stop by different rules (tformer: once a source's best "
+        "finished hypothesis scores at least its best live beam; HF: once 4 are finished and the "
+        "worst of them does; CTranslate2: once the best candidate is EOS), so a peer's differing "
+        "rows are scored under the model as the searches rank them; CTranslate2 in its own process "
         f"({', '.join(f'{k}={v}' for k, v in peers.CT2_ENV.items())}).")
     # issue 33: greedy and beam 4 at least 1.25x CTranslate2's; greedy at least HF generate's
     for ours, peer, bound in (("tformer greedy", "HF generate greedy", 1.0),
