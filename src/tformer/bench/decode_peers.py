@@ -253,7 +253,10 @@ def compared_search(model: Seq2SeqTransformer, src: Tensor, mask: Tensor, theirs
     differ = [i for i, (a, b) in enumerate(zip(theirs, ours, strict=True)) if a != b]
     if not differ:
         return ""
-    score = lambda rows: sequence_scores(model, src[differ], mask[differ], [rows[i] for i in differ])
+
+    def score(rows: list[list[int]]) -> Tensor:  # (M,) the differing rows only
+        return sequence_scores(model, src[differ], mask[differ], [rows[i] for i in differ])
+
     gain = score(theirs) - score(ours)  # (M,) > 0: the peer found the better hypothesis
     higher, lower = int((gain > 0).sum()), int((gain < 0).sum())
     return (f"of the {len(differ)} others, {higher} score higher and {lower} lower than tformer's "

@@ -12,6 +12,7 @@ from tformer.bench.harness import Report, Row, Target, measure, paired_ratio
 from tformer.bench.rows import Settings, timed_rows
 from tformer.kernels.machine import NO_BF16, has_bf16
 from tformer.nn.model import Encoder
+from tformer.stats import flops_per_token
 
 
 def _adamw(params, fused: bool) -> torch.optim.Optimizer:
@@ -84,6 +85,8 @@ def training(s: Settings, name: str, width: str, batch: int, seq: int) -> Report
         report.notes.append(NO_BF16 + ": no bf16 autocast training rows")
     timings = measure(steps, s.n_rounds(5))
     report.rows += timed_rows(name, timings, batch * seq)
+    if not s.quick:  # a roofline of microsecond GEMMs would mean nothing
+        _gemm_floor(report, name, config, batch, seq, s.threads)
     for suffix in ("", ", bf16 autocast"):
         ours, hf_name = first + suffix, "HF BertModel sdpa (fused AdamW)" + suffix
         if suffix and ours not in timings:
@@ -95,3 +98,32 @@ def training(s: Settings, name: str, width: str, batch: int, seq: int) -> Report
                         "loss = mean(h^2); checked first in eval mode: same loss and gradient norm "
                         "(rel 1e-4). torch.nn gets tformer's embeddings.")
     return report
+
+
+def _gemm_floor(report: Report, name: str, config, batch: int, seq: int, threads: int) -> None:
+    """Each row's share of the GEMM roofline, and the floor it sets: a step's matrix products
+    (forward, input gradient, weight gradient: 3x the forward's FLOPs, attention's included) at
+    the fastest measured GEMM throughput for the layer's shapes, fp32 or bf16 as the row computes.
+    No implementation's step is faster than its floor, so HF's time / the floor bounds the ratio
+    any could reach over HF here."""
+    from tformer.bench.workloads import gemm_throughput  # the GEMM workload's measurement
+
+    flops = 3.0 * flops_per_token(config, seq) * batch * seq
+    floors = {}
+    for row in report.rows:
+        if row.workload != name or row.median_ms is None:
+            continue
+        dtype = torch.bfloat16 if "bf16" in row.contender else torch.float32
+        if dtype not in floors:
+            best = gemm_throughput(config.d_model, config.d_ff, batch * seq, threads, dtype)["best"]
+            floors[dtype] = flops / (best * 1e9) * 1e3  # ms
+        row.roofline = floors[dtype] / row.median_ms
+    for dtype, floor in floors.items():
+        label = "bf16" if dtype == torch.bfloat16 else "fp32"
+        hf = next((r for r in report.rows if r.workload == name and r.median_ms
+                   and r.contender.startswith("HF BertModel sdpa (fused AdamW)")
+                   and (("bf16" in r.contender) == (dtype == torch.bfloat16))), None)
+        bound = f"; HF (fused AdamW) / floor = {hf.median_ms / floor:.2f}x, the most any " \
+                "implementation could gain over it here" if hf else ""
+        report.notes.append(f"{name}: GEMM floor {label} {floor:.0f} ms a step ({flops / 1e9:.0f} "
+                            f"GFLOP of matrix products at the measured {label} roofline){bound}.")

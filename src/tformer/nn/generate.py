@@ -189,10 +189,11 @@ def beam_search(
     average could still rise, and stopping is a heuristic. It sits between the peers': Hugging
     Face's default waits until K hypotheses are finished and the worst of them scores as high
     (it can return K; it runs longer and may find a better one), CTranslate2 stops once the best
-    candidate is EOS (sooner; it may return a worse one). At max_len or the `deadline` (a time.perf_counter() reading),
-    the live prefixes count as hypotheses as they are. length_penalty 0 ranks hypotheses by
-    total log-probability, which favours short outputs; 1 by the per-token average. A source
-    that has stopped leaves the batch with its best hypothesis (as greedy's rows do).
+    candidate is EOS (sooner; it may return a worse one). At max_len or the `deadline` (a
+    time.perf_counter() reading), the live prefixes count as hypotheses as they are.
+    length_penalty 0 ranks hypotheses by total log-probability, which favours short outputs; 1
+    by the per-token average. A source that has stopped leaves the batch with its best
+    hypothesis (as greedy's rows do).
 
     Shape:
         src_ids, src_attention_mask: (B, S) -> sequences (B, L <= max_len), scores (B,)
