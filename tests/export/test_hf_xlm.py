@@ -181,13 +181,14 @@ def test_an_export_transformers_does_not_reproduce_is_not_written(runs, tmp_path
 @pytest.mark.parametrize("kind", ["single", "pair"])
 def test_the_export_reads_back_as_the_runs_encoder(runs, exported, kind):
     """tformer's reader takes the XLM directory it wrote (to fine-tune further): its encoder gives
-    the run's encoder outputs on a padded batch, real tokens (<= 1e-5, fp32); the pair run's
-    feed-forward comes back 4 * d_model wide, its extra units zero."""
+    the run's encoder outputs on a padded batch, real tokens (<= 1e-5, fp32), at the width the
+    run trained (XLM's padding units cut off)."""
     from tformer.nn.model import Encoder
 
     run, (out, _) = load_run(runs[kind]), exported[kind]
     encoder = Encoder.from_pretrained(out).eval()
-    assert (encoder.config.d_ff, encoder.config.pooler, encoder.config.norm_first) == (64, False, False)
+    assert (encoder.config.d_ff, encoder.config.pooler, encoder.config.norm_first) == (
+        run.model.config.d_ff, False, False)
     objective = run.objective
     texts = [t for t, _ in PAIRS] if kind == "pair" else TEXTS
     pairs = [p for _, p in PAIRS] if kind == "pair" else None
@@ -208,6 +209,17 @@ def test_a_classifier_fine_tunes_from_its_own_export(runs, exported, tmp_path, c
                  "--steps", "2", "--eval-every", "2", "--threads", "1", "--quiet"]) == 0
     tuned = load_run(tmp_path / "ft")
     assert tuned.model.config.d_model == 16 and tuned.predict(["a big cat"])[0]["label"] in ("animal", "place")
+
+
+def test_a_narrow_classifier_fine_tunes_at_the_width_it_trained(runs, exported, tmp_path):
+    """The pair run trained d_ff 32; its export holds XLM's 4 * 16 = 64 units, 32 of them zero: a
+    fine-tune from it runs 32 (the zero units would only cost time: no gradient reaches them)."""
+    out, _ = exported["pair"]
+    data = write(tmp_path / "more.jsonl", classification_rows(40, pair=True, seed=1))
+    assert main(["train", "--data", str(data), "--from-pretrained", str(out), "--out", str(tmp_path / "ft"),
+                 "--steps", "2", "--eval-every", "2", "--threads", "1", "--quiet"]) == 0
+    assert load_run(runs["pair"]).model.config.d_ff == 32
+    assert load_run(tmp_path / "ft").model.config.d_ff == 32
 
 
 def test_a_foreign_xlm_layout_is_refused_naming_its_key(exported, tmp_path, capsys):

@@ -144,7 +144,7 @@ def test_the_written_xlm_reads_back_as_the_same_encoder(changes, token_types):
     model = _classifier(**changes)
     hf = hf_xlm.config_to_hf(model.config, ["a", "b", "c"], pad_id=0)
     config = hf_xlm.config_from_hf(hf)
-    assert (config.d_ff, config.activation, config.pooler) == (128, model.config.activation, False)
+    assert (config.d_ff, config.activation, config.pooler) == (model.config.d_ff, model.config.activation, False)
     state = hf_xlm.clean_state_dict(hf_xlm.to_hf(model.state_dict(), model.config, token_types))
     encoder = Encoder(config)
     encoder.load_state_dict(hf_xlm.from_hf(state, config, token_types, torch.cat))
@@ -155,6 +155,52 @@ def test_the_written_xlm_reads_back_as_the_same_encoder(changes, token_types):
         ours = model.encoder(ids, mask, token_type_ids=types).last_hidden_state  # (1, S, D)
         back = encoder.eval()(ids, mask, token_type_ids=types).last_hidden_state
     assert (ours[mask.bool()] - back[mask.bool()]).abs().max() <= TOLERANCE
+
+
+def test_an_export_without_tformer_d_ff_reads_every_unit_and_gives_the_same_outputs():
+    """An export from before config.json said the trained width: all 4 * D units come back (the
+    padding among them, zero), and the encoder computes the same outputs."""
+    from tformer.nn.model import Encoder
+
+    model = _classifier(d_ff=40)
+    hf = hf_xlm.config_to_hf(model.config, ["a", "b", "c"], pad_id=0)
+    assert hf["tformer_d_ff"] == 40
+    del hf["tformer_d_ff"]
+    config = hf_xlm.config_from_hf(hf)
+    assert config.d_ff == 128
+    state = hf_xlm.clean_state_dict(hf_xlm.to_hf(model.state_dict(), model.config, False))
+    encoder = Encoder(config).eval()
+    encoder.load_state_dict(hf_xlm.from_hf(state, config, False, torch.cat))
+    ids, _ = _inputs(24, pair=False)
+    with torch.no_grad():
+        ours = model.encoder(ids).last_hidden_state
+        back = encoder(ids).last_hidden_state
+    assert (ours - back).abs().max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("tensor", ["lin1.weight", "lin1.bias", "lin2.weight"])
+def test_units_past_tformer_d_ff_that_are_not_zero_are_refused_naming_the_tensor(tensor):
+    model = _classifier(d_ff=40)
+    config = hf_xlm.config_from_hf(hf_xlm.config_to_hf(model.config, ["a", "b", "c"], pad_id=0))
+    state = hf_xlm.clean_state_dict(hf_xlm.to_hf(model.state_dict(), model.config, False))
+    t = state[f"ffns.1.{tensor}"]
+    if tensor == "lin2.weight":
+        t[3, 100] = 0.5  # (D, 4D): a column past unit 40
+    else:
+        t[100] = 0.5  # a row (or bias) past unit 40
+    with pytest.raises(ValueError, match="^" + re.escape(
+            f"w.safetensors: transformer.ffns.1.{tensor}: expected zero past the first 40 units "
+            "(config.json's tformer_d_ff), got non-zero values there")):
+        hf_xlm.from_hf(state, config, False, torch.cat, "w.safetensors")
+
+
+@pytest.mark.parametrize("value", [0, 129, 40.0, True, "40"])
+def test_a_bad_tformer_d_ff_is_refused_naming_the_key(value):
+    hf = hf_xlm.config_to_hf(_classifier().config, ["a", "b", "c"], pad_id=0)
+    with pytest.raises(ValueError, match="^" + re.escape(
+            f"in/config.json: tformer_d_ff: expected the feed-forward units the run trained, an int in "
+            f"1..128 (4 * emb_dim), got {value!r}")):
+        hf_xlm.config_from_hf({**hf, "tformer_d_ff": value}, "in/config.json")
 
 
 @pytest.mark.parametrize("changes, message", [

@@ -12,7 +12,9 @@ the table bridges it:
 
 - The feed-forward width is fixed at 4 * emb_dim. A narrower ``d_ff`` is padded with zero
   units (zero weights and bias in, zero weights out: GELU(0) = ReLU(0) = 0, so they add
-  nothing); a wider one is refused.
+  nothing, and no gradient reaches them: they stay zero through any fine-tuning); a wider one
+  is refused. config.json's ``tformer_d_ff`` says how many units the run trained, and reading
+  back cuts the zero units off (a fine-tune from the export runs the width the run trained).
 - XLM stores one position table: tformer's learned table, its sinusoids or none (zeros) are
   written into it; the sqrt(D) embedding scale is folded into the word table.
 - XLM has no token-type table: given ``token_type_ids``, XLMModel adds rows of its WORD table
@@ -230,6 +232,7 @@ def config_to_hf(config: TransformerConfig, labels: Sequence[str], pad_id: int,
         "model_type": "xlm",
         "vocab_size": config.vocab_size,
         "emb_dim": config.d_model,  # the feed-forward width is 4 * emb_dim
+        "tformer_d_ff": config.d_ff,  # the units the run trained (the rest zero): read back to it
         "n_layers": config.n_layers,
         "n_heads": config.n_heads,
         "dropout": config.dropout,
@@ -275,8 +278,9 @@ CONFIG_KEYS = {"d_model": "emb_dim", "n_heads": "n_heads", "n_layers": "n_layers
 
 def config_from_hf(hf: Mapping[str, Any], source: str = "config.json") -> TransformerConfig:
     """An XLM config.json (as a dict) in the layout tformer's export writes -> the encoder's
-    TransformerConfig: BERT's layout, d_ff = 4 * emb_dim, two token types, no pooler. A setting
-    outside that layout raises, naming its key."""
+    TransformerConfig: BERT's layout, d_ff = tformer_d_ff (the units the run trained; 4 * emb_dim
+    without the key), two token types, no pooler. A setting outside that layout raises, naming
+    its key."""
     if hf.get("model_type") != "xlm":
         raise ValueError(f"{source}: model_type: expected 'xlm', got {hf.get('model_type')!r}")
     for key, (default, need, why) in READ_LAYOUT.items():
@@ -290,7 +294,7 @@ def config_from_hf(hf: Mapping[str, Any], source: str = "config.json") -> Transf
         if key not in hf:
             raise ValueError(f"{source}: missing key {key!r}")
     try:
-        return bert_layout(
+        config = bert_layout(
             d_model=hf["emb_dim"], n_heads=hf["n_heads"], d_ff=4 * hf["emb_dim"], n_layers=hf["n_layers"],
             dropout=hf.get("dropout", 0.1), attention_dropout=hf.get("attention_dropout", 0.1),
             activation="gelu" if hf.get("gelu_activation", True) else "relu",
@@ -301,6 +305,11 @@ def config_from_hf(hf: Mapping[str, Any], source: str = "config.json") -> Transf
         field, _, rest = str(e).partition(": ")
         key = CONFIG_KEYS.get(field)
         raise type(e)(f"{source}: {key}: {rest}" if key else f"{source}: {e}") from None
+    d_ff = hf.get("tformer_d_ff", config.d_ff)  # the units the run trained, of XLM's 4 * emb_dim
+    if isinstance(d_ff, bool) or not isinstance(d_ff, int) or not 0 < d_ff <= config.d_ff:
+        raise ValueError(f"{source}: tformer_d_ff: expected the feed-forward units the run trained, an "
+                         f"int in 1..{config.d_ff} (4 * emb_dim), got {d_ff!r}")
+    return config.replace(d_ff=d_ff)
 
 
 def clean_state_dict(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -339,4 +348,22 @@ def from_hf(state: Mapping[str, Any], config: TransformerConfig, token_types: bo
     out = {k: v[0] if len(v) == 1 else concatenate(v, 0) for k, v in parts.items()}  # q, k, v: (3D, ...)
     words = out["tok_emb.weight"]  # (V, D)
     out["type_emb.weight"] = words[:2] if token_types else words[:2] * 0  # (2, D)
+    for i in range(config.n_layers):
+        _cut_padding(out, i, config.d_ff, source)
     return out
+
+
+def _cut_padding(state: dict[str, Any], layer: int, d_ff: int, source: str) -> None:
+    """Layer ``layer``'s feed-forward cut from XLM's 4 * D units to the ``d_ff`` the run trained;
+    the units cut must be the zero padding ``pad_ffn`` wrote (else config.json's tformer_d_ff is
+    wrong for these weights)."""
+    up, bias = f"layers.{layer}.ffn.up.weight", f"layers.{layer}.ffn.up.bias"
+    down = f"layers.{layer}.ffn.down.weight"
+    cut = {up: state[up][d_ff:], bias: state[bias][d_ff:], down: state[down][:, d_ff:]}  # (4D - d_ff, ...)
+    for key, part in cut.items():
+        if bool((part != 0).any()):
+            theirs = {up: "lin1.weight", bias: "lin1.bias", down: "lin2.weight"}[key]
+            raise ValueError(f"{source}: transformer.ffns.{layer}.{theirs}: expected zero past the first "
+                             f"{d_ff} units (config.json's tformer_d_ff), got non-zero values there; "
+                             "without tformer_d_ff all units are read")
+    state[up], state[bias], state[down] = state[up][:d_ff], state[bias][:d_ff], state[down][:, :d_ff]
