@@ -8,8 +8,8 @@ import torch
 
 from tformer.bench import models as M
 from tformer.bench.harness import Report, Row
+from tformer.bench.roofline import gemm_throughput
 from tformer.bench.training import _gemm_floor
-from tformer.bench.workloads import gemm_throughput
 from tformer.stats import flops_per_token
 
 

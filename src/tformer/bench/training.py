@@ -9,7 +9,9 @@ import torch
 
 from tformer.bench import models as M
 from tformer.bench.harness import Report, Row, Target, measure, paired_ratio
+from tformer.bench.roofline import gemm_throughput
 from tformer.bench.rows import Settings, timed_rows
+from tformer.config import TransformerConfig
 from tformer.kernels.machine import NO_BF16, has_bf16
 from tformer.nn.model import Encoder
 from tformer.stats import flops_per_token
@@ -100,14 +102,13 @@ def training(s: Settings, name: str, width: str, batch: int, seq: int) -> Report
     return report
 
 
-def _gemm_floor(report: Report, name: str, config, batch: int, seq: int, threads: int) -> None:
+def _gemm_floor(report: Report, name: str, config: TransformerConfig, batch: int, seq: int,
+                threads: int) -> None:
     """Each row's share of the GEMM roofline, and the floor it sets: a step's matrix products
     (forward, input gradient, weight gradient: 3x the forward's FLOPs, attention's included) at
     the fastest measured GEMM throughput for the layer's shapes, fp32 or bf16 as the row computes.
     No implementation's step is faster than its floor, so HF's time / the floor bounds the ratio
     any could reach over HF here."""
-    from tformer.bench.workloads import gemm_throughput  # the GEMM workload's measurement
-
     flops = 3.0 * flops_per_token(config, seq) * batch * seq
     floors = {}
     for row in report.rows:
