@@ -42,13 +42,13 @@ def run(args: argparse.Namespace) -> int:
     check_options(args)
     texts = input_texts(args, "inputs", "TEXT")
     run = load_run(args.run_dir, needs="predict", device=device_of(args))
-    for i, stop in windows(len(texts), args.batch_size):
-        chunk = texts[i:stop]
+    for start, stop in windows(len(texts), args.batch_size):
+        chunk = texts[start:stop]
         split = [t.partition("\t") for t in chunk]  # text, tab, text_pair
         pairs = [pair for _, _, pair in split]
         answers = run.predict([text for text, _, _ in split], pairs if any(pairs) else None,
                               batch_size=args.batch_size)
-        for n, (t, answer) in enumerate(zip(chunk, answers, strict=True), i):
+        for n, (t, answer) in enumerate(zip(chunk, answers, strict=True), start):
             probs = answer["probabilities"]
             if not all(math.isfinite(p) for p in probs.values()):
                 raise ValueError(f"RUN_DIR {args.run_dir}: expected finite probabilities, got "

@@ -242,6 +242,7 @@ def beam_search(
         cand = (scores[:, None] + beam_logp).view(n, k * kept)  # (B', K*kept)
         top_scores, top = cand.topk(min(2 * k, k * kept), dim=-1)  # (B', C) best first
         top_token = beam_token.view(n, k * kept).gather(1, top)  # (B', C)
+        first_beam = torch.arange(n, device=device) * k  # (B',) each source's beam 0, a row of B'*K
         is_eos = top_token == eos_id
         # Finished hypotheses: the best EOS among the K best (a step's all have one length).
         first = is_eos[:, :k].int().argmax(dim=-1, keepdim=True)  # (B', 1)
@@ -249,7 +250,7 @@ def beam_search(
         eos_final = torch.where(is_eos[:, :k].any(dim=-1), eos_score / length ** length_penalty,
                                 float("-inf"))
         better = ~stopped & (eos_final > hyp_final)  # (B',)
-        parent = top.gather(1, first)[:, 0] // kept + torch.arange(n, device=device) * k  # (B',)
+        parent = top.gather(1, first)[:, 0] // kept + first_beam  # (B',)
         hyp_tokens[:, :step] = torch.where(better[:, None], tokens[parent, 1:], hyp_tokens[:, :step])
         hyp_tokens[:, step] = torch.where(better, eos_id, hyp_tokens[:, step])
         hyp_scores = torch.where(better, eos_score, hyp_scores)
@@ -261,7 +262,7 @@ def beam_search(
         scores = scores.masked_fill(token == eos_id, float("-inf"))  # V < K + 1 only: dead beams
         # Stop where the best hypothesis scores at least what the best live beam (beam 0) does now.
         stopped = stopped | (hyp_final >= scores.view(n, k)[:, 0] / length ** length_penalty)
-        beam = (top.gather(1, pick) // kept + torch.arange(n, device=device)[:, None] * k).view(-1)
+        beam = (top.gather(1, pick) // kept + first_beam[:, None]).view(-1)
         tokens = torch.cat([tokens.index_select(0, beam), token[:, None]], dim=1)
         past = out.past_key_values if step else _with_room(out.past_key_values, max_len)
         past = _reorder_cache(past, beam)
