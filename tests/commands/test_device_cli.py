@@ -119,5 +119,8 @@ def test_the_device_workloads_run_on_the_device(tmp_path, capsys, device):
     assert not [r for r in data["rows"] if "not timed" in r["note"]], data["rows"]
     assert ("device-train", "HF BertModel sdpa, fp32") in rows
     assert ("device-sentences", "sentence-transformers fp32") in rows
+    for (workload, contender), row in rows.items():  # each 16-bit row says how close it came
+        if workload == "device-sentences" and not contender.endswith("fp32"):
+            assert float(row["note"].split("min cosine ")[1]) >= 0.99, row
     assert all(t["met"] is None for t in data["targets"])  # --quick: nothing judged
     assert f"on {device}" in data["machine"]["mode"]
