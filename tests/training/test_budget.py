@@ -112,6 +112,56 @@ def test_a_timed_run_without_sizes_takes_the_largest_model_the_budget_trains_eno
     assert saved.model.d_model == expected and model.config.d_model == expected
 
 
+@pytest.mark.parametrize("measure_rungs", [True, False])
+def test_off_the_cpu_each_rung_is_measured_not_estimated_from_its_flops(measure_rungs):
+    """A GPU's small steps are bound by kernel launches: every rung measured 12 ms a step (as a
+    2-layer model did on an H200), so the largest gets enough updates; estimated from FLOPs (the
+    CPU's way, where a step's time follows them) the largest rung would get too few."""
+    from types import SimpleNamespace
+
+    from tformer.training import sizing
+
+    config = resolve_config({"data": None, "task": "reverse", "max_minutes": 1.5})
+    timed = []
+
+    def seconds_per_step(objective):
+        timed.append(objective.config.model.d_model)
+        return 0.012
+
+    def objective_for(c):
+        model = c.model.replace(vocab_size=1000)
+        return SimpleNamespace(config=c, model_kind="seq2seq", model_config=lambda: model)
+
+    chosen, why = sizing.choose_size(config, objective_for, 81.0, seconds_per_step,
+                                     measure_rungs=measure_rungs)
+    largest = sizing.LADDER[-1]["d_model"]
+    if measure_rungs:
+        assert chosen.model.d_model == largest and timed == [r["d_model"] for r in sizing.LADDER]
+        assert "each rung's step measured, this one 12 ms" in why, why
+    else:
+        assert chosen.model.d_model < largest and timed == [sizing.LADDER[0]["d_model"]]
+        assert "the smallest measured 12 ms a step" in why, why
+
+
+def test_a_probe_past_its_deadline_still_times_one_step_after_the_warm_up():
+    """The warm-up's time is never the answer: a GPU's first step loads its kernels (5.4 s on
+    an H200, 12 ms a step after), and answering with it made a run pick the smallest model."""
+    from types import SimpleNamespace
+
+    from tformer.training.sizing import time_steps
+
+    calls = []
+
+    def step(model, batch, objective):
+        time.sleep(0.05 if not calls else 0.001)  # a slow first step, then fast ones
+        calls.append(batch)
+
+    objective = SimpleNamespace(build_model=lambda: None, train_batches=lambda epoch: iter(range(10)))
+    times = time_steps(objective, step, deadline=time.perf_counter())  # already past
+    assert calls == [0, 1]  # the warm-up and one timed step, no more
+    assert times.step < 0.02 and times.first > 0.03
+
+
 def test_size_options_turn_the_choice_off():
     config = resolve_config({"data": None, "task": "reverse", "d_model": 32})
     assert not config.auto_size
@@ -195,7 +245,7 @@ def test_a_timed_run_on_long_texts_takes_the_longest_length_its_budget_passes_ov
 
     def fake_time_steps(objective, step, batches=None, deadline=None):  # in proportion to its tokens
         timed.append(objective.config.max_length)
-        return seconds_per_token * objective.config.max_tokens
+        return sizing.StepTimes(seconds_per_token * objective.config.max_tokens, 0.0)
 
     monkeypatch.setattr(plan, "time_steps", fake_time_steps)
     data = write(tmp_path / "d.jsonl", _long_and_short_rows())

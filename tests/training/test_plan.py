@@ -4,6 +4,7 @@ precision decision that noise does not flip."""
 
 import importlib.util
 import json
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +13,7 @@ from text_fixtures import classification_rows, write
 
 from tformer.kernels import autotune
 from tformer.training import resolve_config, train
+from tformer.training.sizing import StepTimes
 
 TINY = {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "vocab_size": 300, "max_tokens": 256}
 
@@ -74,7 +76,7 @@ def test_a_probe_is_remembered_so_a_second_run_measures_nothing(tmp_path, monkey
 
     def fake_time_steps(objective, step, batches=None, deadline=None):
         timed.append(objective.config.model.d_model)
-        return 0.01
+        return StepTimes(0.01, 0.0)
 
     monkeypatch.setattr(plan, "time_steps", fake_time_steps)
     monkeypatch.setattr(plan, "FIRST_CALL_SECONDS", 0.0)
@@ -89,6 +91,51 @@ def test_a_probe_is_remembered_so_a_second_run_measures_nothing(tmp_path, monkey
     monkeypatch.setattr(autotune, "_memory", {})  # a new process: the file remembers
     train(config.replace(out=str(tmp_path / "run2")), progress=False, log=logged.append)
     assert timed == [128]
+
+
+def test_a_measured_first_step_replaces_the_guess_of_what_the_next_probe_costs(monkeypatch, fresh_cache):
+    """Before any probe a new model's first step is guessed at FIRST_CALL_SECONDS (a CPU's
+    kernel choices); once one is measured on the run's device, that is used (a warm GPU's first
+    steps cost little, and the guess left a short run's larger rungs unmeasured)."""
+    from tformer.training import plan
+
+    monkeypatch.setattr(plan, "_work", lambda objective: 1.0)
+    monkeypatch.setattr(plan, "time_steps", lambda *a, **k: StepTimes(0.01, 0.2))
+    config = resolve_config({"data": None, "task": "reverse", "max_minutes": 1.0})
+    objective = SimpleNamespace(config=config, model_kind="seq2seq", model_config=lambda: config.model)
+    probes = plan.Probes(100.0)  # 5 s for probes
+    assert not probes.affords(objective, models=2)  # 2 x (3 s + 4 steps)
+    assert probes.step_seconds(objective, step=None) == 0.01
+    assert probes.first_call == 0.2
+    assert probes.affords(objective, models=2)  # 2 x (0.2 s + 4 x 0.01 s)
+
+
+def test_off_the_cpu_the_first_probe_s_start_is_not_charged_to_the_probes(monkeypatch, fresh_cache):
+    """A GPU's first step in a process loads its kernels (5.4 s on an H200, then 12 ms a
+    step): the run pays it once, so it neither spends the probes' share nor sets what the next
+    model's first step is expected to cost. (A device without CUDA calls stands in for one.)"""
+    import torch
+
+    from tformer.training import plan
+
+    starts = iter([5.0, 0.2])
+
+    def fake_time_steps(*args, **kwargs):
+        first = next(starts)
+        time.sleep(first / 100)  # the probe's wall time, mostly its first step
+        return StepTimes(0.01, first / 100)
+
+    monkeypatch.setattr(plan, "_work", lambda objective: 1.0)
+    monkeypatch.setattr(plan, "time_steps", fake_time_steps)
+    config = resolve_config({"data": None, "task": "reverse", "max_minutes": 1.0})
+    objective = SimpleNamespace(config=config, model_kind="seq2seq", model_config=lambda: config.model)
+    probes = plan.Probes(100.0, device=torch.device("mps"))
+    probes.step_seconds(objective, step=None)
+    assert probes.first_call is None and probes.spent < 0.01  # the start: not charged
+    bigger = SimpleNamespace(config=config.replace(d_model=256), model_kind="seq2seq",
+                             model_config=lambda: config.model.replace(d_model=256))
+    probes.step_seconds(bigger, step=None)
+    assert probes.first_call == 0.002 and probes.spent >= 0.002  # a later model's first step: charged
 
 
 def test_fine_tuning_takes_its_learning_rate_from_the_loaded_models_width(tmp_path):

@@ -54,8 +54,9 @@ from tformer.training.steps import probe_step
 
 PROBE_SHARE = 0.05  # of a timed run's budget, at most, for measuring steps before training
 # What a probe is expected to cost before it runs (on 2 quiet cores, no kernel choice remembered):
-# each new model's first step, its kernels chosen and its memory first touched, 2-3 s; then a
-# step of the smallest seq2seq model (d_model 128, 2+2 layers) ~0.1 s, larger ones by their FLOPs.
+# each new model's first step, its kernels chosen and its memory first touched, 2-3 s (until a
+# probe has measured it on the run's device); then a step of the smallest seq2seq model
+# (d_model 128, 2+2 layers) ~0.1 s, larger ones by their FLOPs.
 FIRST_CALL_SECONDS = 3.0
 BASE_STEP_SECONDS = 0.1
 BASE_SIZES = {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 2, "n_decoder_layers": None}
@@ -88,6 +89,8 @@ class Probes:
         self.device = device or torch.device("cpu")  # where the steps run; remembered per device
         self.spent = 0.0
         self.per_work: float | None = None  # measured seconds per step per unit of _work, now
+        self.first_call: float | None = None  # measured: a new model's first step beyond a steady one
+        self.probed = False  # whether a step was timed yet in this process
 
     def left(self) -> float:
         return self.allowance - self.spent
@@ -95,7 +98,8 @@ class Probes:
     def affords(self, objective: Objective, models: int = 1, steps: int = 1 + PROBE_STEPS) -> bool:
         """Whether timing `steps` updates of `models` new models of `objective` fits what is left."""
         per_step = (self.per_work or BASE_STEP_SECONDS * self.slowdown) * _work(objective)  # (as loaded)
-        return models * (FIRST_CALL_SECONDS * self.slowdown + steps * per_step) <= self.left()
+        first = FIRST_CALL_SECONDS * self.slowdown if self.first_call is None else self.first_call
+        return models * (first + steps * per_step) <= self.left()
 
     def step_seconds(self, objective: Objective, step, batches=None) -> float | None:
         """Seconds per update of `objective`'s model (``time_steps``) on this machine as loaded
@@ -108,8 +112,17 @@ class Probes:
         if not self.affords(objective):
             return None
         t = time.perf_counter()
-        seconds = time_steps(objective, step, batches, deadline=t + self.left())
-        self.spent += time.perf_counter() - t
+        seconds, first = time_steps(objective, step, batches, deadline=t + self.left())
+        spent = time.perf_counter() - t
+        if self.device.type != "cpu" and not self.probed:
+            # A GPU's first step in a process loads its kernels and libraries (5.4 s on an H200,
+            # its steps then 12 ms): the run pays that once, probed or not, so the probes' share
+            # is not charged for it, nor is it what the next model's first step will cost.
+            spent = max(0.0, spent - first)
+        else:
+            self.first_call = first
+        self.spent += spent
+        self.probed = True
         self.per_work = seconds / _work(objective)
         alone = autotune.decision("measured", {"step": seconds / self.slowdown})
         remembered = autotune.recall("train-step", key, lambda: alone, device=self.device)
@@ -194,7 +207,7 @@ def make_plan(objective: Objective, resume: bool, world: int, started: float, lo
         step = probe_step(config, bf16)
         config, why = choose_size(config, objective.with_config, seconds_left(),
                                   partial(probes.step_seconds, step=step, batches=objective.train_batches(0)),
-                                  probes.not_paid())
+                                  probes.not_paid(), measure_rungs=device.type != "cpu")
         objective = objective.with_config(config)
         chose("model size", why, " (size options turn this off)")
     check_fits(objective.model_config(), objective.model_kind, training=True, what="model")

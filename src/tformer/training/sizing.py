@@ -17,12 +17,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from tformer.stats import flops_per_token
 
 MIN_STEPS = 600  # updates the chosen model must get in the training time
-PROBE_STEPS = 3  # timed steps of the smallest rung (after one warm-up step)
+PROBE_STEPS = 3  # timed steps of a probed model (after one warm-up step)
 LADDER: tuple[dict[str, int], ...] = (
     {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 2},
     {"d_model": 256, "n_heads": 4, "d_ff": 1024, "n_layers": 3},
@@ -39,10 +39,16 @@ def wants_auto_size(config, resume: bool, world: int) -> bool:
 
 
 def choose_size(config, objective_for, seconds: float, seconds_per_step,
-                not_measured: str = "") -> tuple[Any, str]:
+                not_measured: str = "", measure_rungs: bool = False) -> tuple[Any, str]:
     """(the config with the chosen sizes, why). `objective_for(config)` gives an objective,
     `seconds_per_step(objective)` times a few updates of its model (None: not measured, and the
-    smallest rung stands; `not_measured` says why); `seconds`: the training time left."""
+    smallest rung stands; `not_measured` says why); `seconds`: the training time left.
+
+    The larger rungs' steps are estimated from their FLOPs, or with `measure_rungs` timed too
+    (where `seconds_per_step` can pay for it, else estimated): on a GPU a small model's step is
+    bound by its kernel launches, not its FLOPs (on an H200 the steps of a 2-layer d_model 128
+    seq2seq model averaged 12 ms, where its ~8 GFLOP need well under 1 ms), so the FLOPs
+    estimate would overstate a larger rung's step many times."""
     probe = objective_for(config.replace(**LADDER[0]))
     per_step = seconds_per_step(probe)
     chosen = LADDER[0]
@@ -52,14 +58,18 @@ def choose_size(config, objective_for, seconds: float, seconds_per_step,
     kind = probe.model_kind
     base_flops = flops_per_token(probe.model_config(), 64, kind)
     steps = seconds / per_step
-    for rung in LADDER[1:]:
-        candidate = objective_for(config.replace(**rung)).model_config()
-        estimate = seconds / (per_step * flops_per_token(candidate, 64, kind) / base_flops)
-        if estimate < MIN_STEPS:
-            break
-        chosen, steps = rung, estimate
-    size = f"d_model {chosen['d_model']}, {chosen['n_layers']} layers"
     measured = f"the smallest measured {per_step * 1000:.0f} ms a step"
+    for rung in LADDER[1:]:
+        candidate = objective_for(config.replace(**rung))
+        rung_step = seconds_per_step(candidate) if measure_rungs else None
+        if rung_step is None:
+            rung_step = per_step * flops_per_token(candidate.model_config(), 64, kind) / base_flops
+        if seconds / rung_step < MIN_STEPS:
+            break
+        chosen, steps = rung, seconds / rung_step
+        if measure_rungs:
+            measured = f"each rung's step measured, this one {rung_step * 1000:.0f} ms"
+    size = f"d_model {chosen['d_model']}, {chosen['n_layers']} layers"
     if steps < MIN_STEPS:  # even the smallest rung falls short: say so, not "the largest that..."
         why = (f"{size}: the smallest, and even it gets only about {steps:,.0f} of the "
                f"{MIN_STEPS} updates wanted in {seconds / 60:.1f} min here ({measured}; a longer "
@@ -132,23 +142,31 @@ def choose_length(config, objective_for, pool: list, seconds: float, seconds_per
                     f"{'; '.join(tried)})")
 
 
-def time_steps(objective, step, batches: Iterator | None = None, deadline: float | None = None) -> float:
+class StepTimes(NamedTuple):
+    step: float  # seconds per update, steady (the fastest timed)
+    first: float  # the first update's seconds beyond a steady one: kernel creation, allocation
+
+
+def time_steps(objective, step, batches: Iterator | None = None,
+               deadline: float | None = None) -> StepTimes:
     """Seconds per update of `objective`'s model (`step(model, batch, objective)` runs one) on
     `batches`, by default its own: the fastest of PROBE_STEPS after one warm-up step (kernel
-    creation, allocation; other work on the machine only ever adds time). Past the `deadline`
-    (a time.perf_counter() reading) no more steps start: the fastest so far, or the warm-up's."""
+    creation, allocation; other work on the machine only ever adds time), and what the warm-up
+    cost beyond that. Past the `deadline` (a time.perf_counter() reading) no more steps start,
+    but one step after the warm-up always runs: the warm-up's time is never the answer (on an
+    H200 a run's first step took 5.4 s, loading the GPU's kernels and libraries, and its steps
+    then averaged 12 ms; timed as a step, it made a budgeted run pick the smallest model)."""
     model = objective.build_model()
     batches = objective.train_batches(0) if batches is None else batches
-    t = time.perf_counter()
-    step(model, next(batches), objective)  # warm-up
-    times = [time.perf_counter() - t]
-    for _ in range(PROBE_STEPS):
-        if deadline is not None and time.perf_counter() + min(times) > deadline:
+    times = []  # [warm-up, steps...]
+    for _ in range(1 + PROBE_STEPS):
+        if len(times) > 1 and deadline is not None and time.perf_counter() + min(times[1:]) > deadline:
             break
         t = time.perf_counter()
         step(model, next(batches), objective)
         times.append(time.perf_counter() - t)
-    return min(times[1:] or times)
+    steady = min(times[1:])
+    return StepTimes(steady, max(0.0, times[0] - steady))
 
 
 def batch_tokens(config, costs: list[int]) -> tuple[Any, str]:
