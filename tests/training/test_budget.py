@@ -137,7 +137,7 @@ def test_off_the_cpu_each_rung_is_measured_not_estimated_from_its_flops(measure_
     largest = sizing.LADDER[-1]["d_model"]
     if measure_rungs:
         assert chosen.model.d_model == largest and timed == [r["d_model"] for r in sizing.LADDER]
-        assert "each rung's step measured, this one 12 ms" in why, why
+        assert "this rung measured 12 ms a step" in why, why
     else:
         assert chosen.model.d_model < largest and timed == [sizing.LADDER[0]["d_model"]]
         assert "the smallest measured 12 ms a step" in why, why
@@ -160,6 +160,32 @@ def test_a_probe_past_its_deadline_still_times_one_step_after_the_warm_up():
     times = time_steps(objective, step, deadline=time.perf_counter())  # already past
     assert calls == [0, 1]  # the warm-up and one timed step, no more
     assert times.step < 0.02 and times.first > 0.03
+
+
+def test_a_run_that_measures_every_rung_times_real_steps_of_each(tmp_path, monkeypatch, probes_paid):
+    """The GPU's way (sizing.measures_rungs), here on the CPU with real steps: each rung of the
+    ladder is trained a few steps and timed, and the line says the chosen rung was measured."""
+    from tformer.training import plan, sizing
+
+    monkeypatch.setattr(sizing, "LADDER", SMALL_LADDER)
+    monkeypatch.setattr(sizing, "MIN_STEPS", 1)
+    monkeypatch.setattr(plan, "measures_rungs", lambda device: True)
+    timed = []
+    real = plan.time_steps
+
+    def recording(objective, *args, **kwargs):
+        timed.append(objective.config.model.d_model)
+        return real(objective, *args, **kwargs)
+
+    monkeypatch.setattr(plan, "time_steps", recording)
+    data = write(tmp_path / "d.jsonl", classification_rows(200))
+    logged = []
+    config = resolve_config({"data": str(data), "vocab_size": 300, "max_tokens": 256, "threads": 1,
+                             "max_minutes": 0.15, "precision": "fp32", "out": str(tmp_path / "run")})
+    train(config, progress=False, log=logged.append)
+    assert timed == [32, 48]
+    size = next(line for line in logged if line.startswith("model size: "))
+    assert size.startswith("model size: d_model 48, 2 layers: the largest") and "this rung measured" in size, size
 
 
 def test_size_options_turn_the_choice_off():

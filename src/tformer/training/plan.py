@@ -45,6 +45,7 @@ from tformer.training.sizing import (
     choose_length,
     choose_size,
     finetune_lr,
+    measures_rungs,
     time_steps,
     truncated,
     wants_auto_length,
@@ -207,7 +208,7 @@ def make_plan(objective: Objective, resume: bool, world: int, started: float, lo
         step = probe_step(config, bf16)
         config, why = choose_size(config, objective.with_config, seconds_left(),
                                   partial(probes.step_seconds, step=step, batches=objective.train_batches(0)),
-                                  probes.not_paid(), measure_rungs=device.type != "cpu")
+                                  probes.not_paid(), measure_rungs=measures_rungs(device))
         objective = objective.with_config(config)
         chose("model size", why, " (size options turn this off)")
     check_fits(objective.model_config(), objective.model_kind, training=True, what="model")

@@ -38,6 +38,12 @@ def wants_auto_size(config, resume: bool, world: int) -> bool:
             and config.data is not None and not resume and world == 1)
 
 
+def measures_rungs(device) -> bool:
+    """Whether every rung's step is timed on `device` rather than estimated from its FLOPs:
+    off the CPU (``choose_size``)."""
+    return device.type != "cpu"
+
+
 def choose_size(config, objective_for, seconds: float, seconds_per_step,
                 not_measured: str = "", measure_rungs: bool = False) -> tuple[Any, str]:
     """(the config with the chosen sizes, why). `objective_for(config)` gives an objective,
@@ -62,13 +68,14 @@ def choose_size(config, objective_for, seconds: float, seconds_per_step,
     for rung in LADDER[1:]:
         candidate = objective_for(config.replace(**rung))
         rung_step = seconds_per_step(candidate) if measure_rungs else None
+        how = f"this rung measured {rung_step * 1000:.0f} ms a step" if rung_step is not None else None
         if rung_step is None:
             rung_step = per_step * flops_per_token(candidate.model_config(), 64, kind) / base_flops
         if seconds / rung_step < MIN_STEPS:
             break
         chosen, steps = rung, seconds / rung_step
-        if measure_rungs:
-            measured = f"each rung's step measured, this one {rung_step * 1000:.0f} ms"
+        if how is not None:
+            measured = how
     size = f"d_model {chosen['d_model']}, {chosen['n_layers']} layers"
     if steps < MIN_STEPS:  # even the smallest rung falls short: say so, not "the largest that..."
         why = (f"{size}: the smallest, and even it gets only about {steps:,.0f} of the "
