@@ -112,13 +112,19 @@ def test_a_timed_run_without_sizes_takes_the_largest_model_the_budget_trains_eno
     assert saved.model.d_model == expected and model.config.d_model == expected
 
 
+def _stand_in(config):
+    """An objective's stand-in for choose_size: the config, the kind and the model's config."""
+    from types import SimpleNamespace
+
+    model = config.model.replace(vocab_size=1000)
+    return SimpleNamespace(config=config, model_kind="seq2seq", model_config=lambda: model)
+
+
 @pytest.mark.parametrize("measure_rungs", [True, False])
 def test_off_the_cpu_each_rung_is_measured_not_estimated_from_its_flops(measure_rungs):
     """A GPU's small steps are bound by kernel launches: every rung measured 12 ms a step (as a
     2-layer model did on an H200), so the largest gets enough updates; estimated from FLOPs (the
     CPU's way, where a step's time follows them) the largest rung would get too few."""
-    from types import SimpleNamespace
-
     from tformer.training import sizing
 
     config = resolve_config({"data": None, "task": "reverse", "max_minutes": 1.5})
@@ -128,11 +134,7 @@ def test_off_the_cpu_each_rung_is_measured_not_estimated_from_its_flops(measure_
         timed.append(objective.config.model.d_model)
         return 0.012
 
-    def objective_for(c):
-        model = c.model.replace(vocab_size=1000)
-        return SimpleNamespace(config=c, model_kind="seq2seq", model_config=lambda: model)
-
-    chosen, why = sizing.choose_size(config, objective_for, 81.0, seconds_per_step,
+    chosen, why = sizing.choose_size(config, _stand_in, 81.0, seconds_per_step,
                                      measure_rungs=measure_rungs)
     largest = sizing.LADDER[-1]["d_model"]
     if measure_rungs:
@@ -160,6 +162,21 @@ def test_a_probe_past_its_deadline_still_times_one_step_after_the_warm_up():
     times = time_steps(objective, step, deadline=time.perf_counter())  # already past
     assert calls == [0, 1]  # the warm-up and one timed step, no more
     assert times.step < 0.02 and times.first > 0.03
+
+
+def test_when_the_smallest_rung_falls_short_no_larger_one_is_timed():
+    from tformer.training import sizing
+
+    config = resolve_config({"data": None, "task": "reverse", "max_minutes": 1.5})
+    timed = []
+
+    def seconds_per_step(objective):
+        timed.append(objective.config.model.d_model)
+        return 1.0  # 81 steps in 81 s: short of MIN_STEPS
+
+    chosen, why = sizing.choose_size(config, _stand_in, 81.0, seconds_per_step, measure_rungs=True)
+    assert timed == [sizing.LADDER[0]["d_model"]] and chosen.model.d_model == sizing.LADDER[0]["d_model"]
+    assert "the smallest, and even it gets only about 81" in why, why
 
 
 def test_a_run_that_measures_every_rung_times_real_steps_of_each(tmp_path, monkeypatch, probes_paid):

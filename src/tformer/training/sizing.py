@@ -65,7 +65,7 @@ def choose_size(config, objective_for, seconds: float, seconds_per_step,
     base_flops = flops_per_token(probe.model_config(), 64, kind)
     steps = seconds / per_step
     measured = f"the smallest measured {per_step * 1000:.0f} ms a step"
-    for rung in LADDER[1:]:
+    for rung in LADDER[1:] if steps >= MIN_STEPS else ():  # short of it already: no larger probe
         candidate = objective_for(config.replace(**rung))
         rung_step = seconds_per_step(candidate) if measure_rungs else None
         how = f"this rung measured {rung_step * 1000:.0f} ms a step" if rung_step is not None else None
