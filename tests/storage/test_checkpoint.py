@@ -179,6 +179,26 @@ def test_second_run_on_the_same_out_refuses_naming_the_holder(tmp_path, capsys):
     assert main(["train", "--resume", str(out), "--steps", "6", "--quiet"]) == 0
 
 
+def test_under_torchrun_only_rank_0_probes_the_run_lock_on_resume(tmp_path, monkeypatch):
+    """Rank 0 takes the run's lock; another rank probing it (as each did) was refused as "in use
+    by another process" when it met its own rank 0's lock: one torchrun resume in a few failed."""
+    from tformer.storage.rundir import RunLock
+    from tformer.training import resume_config
+
+    out = tmp_path / "run"
+    assert main(["train", "--quiet", "--steps", "2", "--out", str(out),
+                 *[f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]]) == 0
+    lock = RunLock(out)  # rank 0 of the same launch, already training
+    try:
+        monkeypatch.setenv("RANK", "1")
+        assert resume_config(out, {}, {"steps": 4}).steps == 4
+        monkeypatch.setenv("RANK", "0")
+        with pytest.raises(ValueError, match="in use by another tformer process"):
+            resume_config(out, {}, {"steps": 4})
+    finally:
+        lock.release()
+
+
 def test_out_with_user_files_is_refused_untouched(tmp_path, capsys):
     out = tmp_path / "mine"
     out.mkdir()

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -306,7 +307,11 @@ def resume_config(run_dir: str | Path, *layers: dict[str, Any]) -> TrainConfig:
     from tformer.storage.checkpoint import check_run_dir
     from tformer.storage.rundir import check_unlocked
 
-    check_unlocked(run_dir)  # a run in progress replaces its checkpoints while we read
+    # A run in progress replaces its checkpoints while we read. Under torchrun only rank 0
+    # looks: the lock is rank 0's to take, and a rank probing it while its peer did (or
+    # already trained) was refused as "in use by another process" (tests/training/test_distributed).
+    if int(os.environ.get("RANK", "0")) == 0:
+        check_unlocked(run_dir)
     saved = read_train_config(check_run_dir(run_dir))  # the newest checkpoint's files
     changes: dict[str, Any] = {}
     for layer in layers:
