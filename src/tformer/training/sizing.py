@@ -68,14 +68,14 @@ def choose_size(config, objective_for, seconds: float, seconds_per_step,
     for rung in LADDER[1:] if steps >= MIN_STEPS else ():  # short of it already: no larger probe
         candidate = objective_for(config.replace(**rung))
         rung_step = seconds_per_step(candidate) if measure_rungs else None
-        how = f"this rung measured {rung_step * 1000:.0f} ms a step" if rung_step is not None else None
-        if rung_step is None:
+        timed = rung_step is not None
+        if not timed:
             rung_step = per_step * flops_per_token(candidate.model_config(), 64, kind) / base_flops
         if seconds / rung_step < MIN_STEPS:
             break
         chosen, steps = rung, seconds / rung_step
-        if how is not None:
-            measured = how
+        if timed:
+            measured = f"this rung measured {rung_step * 1000:.0f} ms a step"
     size = f"d_model {chosen['d_model']}, {chosen['n_layers']} layers"
     if steps < MIN_STEPS:  # even the smallest rung falls short: say so, not "the largest that..."
         why = (f"{size}: the smallest, and even it gets only about {steps:,.0f} of the "
