@@ -355,6 +355,51 @@ def test_a_folder_of_user_files_is_refused_and_left_unchanged(capsys, tmp_path, 
     assert (user / "README.md").read_text() == "my notes"
 
 
+def _tree(directory: Path) -> dict[str, bytes]:
+    return {p.relative_to(directory).as_posix(): p.read_bytes()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_files_a_user_put_into_an_earlier_export_are_never_deleted(capsys, tmp_path, runs):
+    """An export replaces the whole folder, so a later export over an earlier one would delete
+    what the user added there: refused in one line naming it; the card lists what tformer wrote."""
+    out = tmp_path / "hf"
+    assert _run(capsys, "export", runs["finetuned"], "--hf", out)[0] == 0
+    card = (out / "README.md").read_text()
+    assert '"config.json"' in card and "tformer export files:" in card
+    (out / "my_notes.txt").write_text("mine")
+    (out / "results").mkdir()
+    (out / "results" / "eval.txt").write_text("important")
+    before = _tree(out)
+    for option, run in (("--hf", runs["finetuned"]), ("--onnx", runs["finetuned"])):
+        rc, _, err = _run(capsys, "export", run, option, out)
+        assert rc == 2 and err.count("\n") == 1, err
+        assert "my_notes.txt" in err and "results/eval.txt" in err and "tformer did not write" in err
+    assert _tree(out) == before
+    (out / "my_notes.txt").unlink()
+    (out / "results" / "eval.txt").unlink()  # the empty folder left holds nothing to lose
+    assert _run(capsys, "export", runs["finetuned"], "--onnx", out)[0] == 0  # another format: replaced
+    assert (out / "model.onnx").is_file() and not (out / "model.safetensors").exists()
+
+
+def test_an_export_older_than_the_file_list_is_replaced_only_by_the_same_files(capsys, tmp_path, runs):
+    out = tmp_path / "hf"
+    assert _run(capsys, "export", runs["finetuned"], "--hf", out)[0] == 0
+    card = out / "README.md"
+    card.write_text("".join(line for line in card.read_text().splitlines(keepends=True)
+                            if "tformer export files:" not in line))  # as older exports wrote it
+    assert _run(capsys, "export", runs["finetuned"], "--hf", out)[0] == 0  # the same files
+    card.write_text("".join(line for line in card.read_text().splitlines(keepends=True)
+                            if "tformer export files:" not in line))
+    (out / "extra.txt").write_text("mine")
+    rc, _, err = _run(capsys, "export", runs["finetuned"], "--hf", out)
+    assert rc == 2 and "extra.txt" in err and "this export does not write" in err
+    assert (out / "extra.txt").read_text() == "mine"
+    (out / "extra.txt").unlink()
+    rc, _, err = _run(capsys, "export", runs["finetuned"], "--onnx", out)  # no list: not known as ours
+    assert rc == 2 and "model.safetensors" in err and (out / "model.safetensors").is_file()
+
+
 def _snapshot(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
 
