@@ -300,3 +300,13 @@ def test_beam_search_without_length_penalty_is_exact_when_the_beam_holds_every_p
                       bos_id=1, eos_id=eos, pad_id=PAD)
     assert got.tolist()[0] == best
     assert got.scores[0].item() == pytest.approx(best_total, abs=1e-5)
+
+
+@pytest.mark.parametrize("penalty", [500.0, -500.0, float("inf"), float("nan"), "1"])
+def test_a_length_penalty_no_length_can_be_raised_to_is_refused(penalty):
+    from tformer.nn.generate import check_length_penalty
+
+    with pytest.raises(ValueError, match="length_penalty: expected a number with 64"):
+        check_length_penalty(penalty, 64)
+    check_length_penalty(2.0, 64)
+    check_length_penalty(0, 64)

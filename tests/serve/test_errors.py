@@ -147,6 +147,35 @@ def test_no_body_reaches_a_5xx_on_any_endpoint(embedding_server, classification_
                 assert answer["error"]["param"] in ("body", "inputs", "input", "prompt"), (path, answer)
 
 
+def test_a_path_or_method_the_server_lacks_is_a_json_error(small_server):
+    for method, path, status in (("GET", "/nope", 404), ("GET", "/embed", 405), ("POST", "/health", 405)):
+        got, headers, answer = request(small_server.port, method, path)
+        assert got == status and headers["content-type"] == "application/json", (method, path)
+        assert answer["error"]["message"].startswith(f"{method} {path}: "), answer
+    assert "POST" in request(small_server.port, "GET", "/embed")[1]["allow"]
+
+
+def test_tokenize_lists_a_bounded_number_of_tokens(small_server, monkeypatch):
+    from tformer.serve import models
+
+    monkeypatch.setattr(models, "TOKENIZE_MAX_TOKENS", 50)
+    status, _, answer = small_server.post("/tokenize", {"inputs": ["a dog"] * 4})
+    assert status == 200 and len(answer) == 4
+    status, _, answer = small_server.post("/tokenize", {"inputs": "a " * 60})
+    assert status == 413 and answer["error"]["param"] == "inputs"
+    assert answer["error"]["message"].startswith("inputs: expected at most 50 tokens to list in all, got 62")
+
+
+def test_a_length_penalty_no_length_can_take_is_refused(seq2seq_server):
+    for penalty in (500, 1e308):
+        status, _, answer = seq2seq_server.post(
+            "/generate", {"inputs": "a b c", "parameters": {"beam_size": 2, "length_penalty": penalty}})
+        assert status == 422 and answer["error"]["param"] == "parameters.length_penalty", answer
+    status, _, _ = seq2seq_server.post("/generate", {"inputs": "a b c", "parameters": {"beam_size": 2,
+                                                                                       "length_penalty": 2.0}})
+    assert status == 200
+
+
 def test_only_json_is_answered(small_server):
     for kind in ("text/plain", "application/x-www-form-urlencoded", None):
         status, _, answer = request(small_server.port, "POST", "/embed", raw=b'{"inputs": "a"}',

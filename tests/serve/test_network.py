@@ -121,3 +121,23 @@ def test_windows_grow_until_the_prefix_holds_enough_tokens():
     assert cut == [True] and counts[0] > 8 and text.startswith(kept[0])
     nospace = "x" * 50_000
     assert windows([nospace], 8, lengths) == ([nospace], [1], [False])  # no whitespace: counted whole
+    one_word = lambda texts: [0] * len(texts)  # noqa: E731  a cut inside the only word keeps nothing
+    assert windows([nospace], 8, lengths, one_word) == ([nospace], [1], [False])
+
+
+def test_a_long_text_without_whitespace_is_cut_inside_a_word(embedding_server):
+    """CJK (each character a word to BERT's pre-tokenizer) has no whitespace to cut at: cut
+    inside, counting the words before the cut one, with the whole text's tokens kept."""
+    tokenizer = embedding_server.app.state.service.served.st.tokenizer
+    calls: list[int] = []
+
+    def words(texts):
+        calls.extend(len(t) for t in texts)
+        return tokenizer.tokens_before_last_word(texts)
+
+    for text in ("日本語" * 100_000, "漢a" * 100_000, "a-" * 100_000):
+        kept, counts, cut = windows([text], 16, tokenizer.lengths, words)
+        assert cut == [True] and counts[0] > 16 and text.startswith(kept[0]) and max(calls) < 5_000
+        assert tokenizer.encode([kept[0]])[0].ids == tokenizer.encode([text])[0].ids  # cut at 16
+    status, headers, _ = embedding_server.post("/embed", {"inputs": "日本語" * 100_000})
+    assert status == 200 and headers["x-truncated-inputs"] == "0"

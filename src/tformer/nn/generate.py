@@ -19,6 +19,7 @@ Shape legend: B batch, K beams, S source length, L generated length, D model dim
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -60,6 +61,19 @@ def _check(src_ids: Tensor, src_attention_mask: Tensor | None, max_len: int) -> 
         )
     if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
         raise ValueError(f"max_len: expected a positive int, got {max_len!r}")
+
+
+def check_length_penalty(length_penalty: float, max_len: int) -> None:
+    """Refuse a length penalty that no length up to ``max_len`` can be raised to: a score divided
+    by an overflowed (inf) or underflowed (0) power would rank every hypothesis alike."""
+    try:
+        ok = (isinstance(length_penalty, int | float) and not isinstance(length_penalty, bool)
+              and math.isfinite(float(max_len) ** abs(length_penalty)))
+    except OverflowError:
+        ok = False
+    if not ok:
+        raise ValueError(f"length_penalty: expected a number with {max_len} ** |length_penalty| finite "
+                         f"(max_len {max_len}), got {length_penalty!r}")
 
 
 def _reorder_cache(cache: tuple[LayerCache, ...], beam: Tensor) -> tuple[LayerCache, ...]:
@@ -201,6 +215,7 @@ def beam_search(
     _check(src_ids, src_attention_mask, max_len)
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
         raise ValueError(f"beam_size: expected a positive int, got {beam_size!r}")
+    check_length_penalty(length_penalty, max_len)
     was_training = model.training
     model.eval()
     b, k, device = src_ids.size(0), beam_size, src_ids.device

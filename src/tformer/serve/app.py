@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
@@ -79,8 +80,13 @@ class Service:
             inputs, key, truncate, extra = endpoint.parse(body)
             loop = asyncio.get_running_loop()
             if endpoint.tokenize_only:
-                tokens = await loop.run_in_executor(self.tokenizers, self.served.tokenize, inputs, key)
-                response = endpoint.respond(tokens, [], extra)
+                def listed() -> Response:  # written in the thread too: a long answer must not hold up /health
+                    return endpoint.respond(self.served.tokenize(inputs, key), [], extra)
+
+                try:
+                    response = await loop.run_in_executor(self.tokenizers, listed)
+                except InputRefused as e:
+                    raise RequestError(e.status, "inputs", str(e)) from None
             else:
                 try:
                     items = await loop.run_in_executor(self.tokenizers, self.served.items, inputs, truncate)
@@ -169,6 +175,16 @@ async def _wait_or_disconnect(request: Request, futures: list[asyncio.Future]) -
     raise ClientGone
 
 
+async def _starlette_error(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own refusals (a path no route has, a method its route does not take) in the
+    JSON every other error has; the 405's Allow header kept."""
+    where = f"{request.method} {request.url.path[:200]}"
+    message = {404: f"{where}: no such endpoint (GET /info lists this server's)",
+               405: f"{where}: method not allowed (allowed: {(exc.headers or {}).get('allow', '?')})"}
+    return error(RequestError(exc.status_code, None, message.get(exc.status_code, f"{where}: {exc.detail}")),
+                 exc.headers)
+
+
 # The application -------------------------------------------------------------------------------------
 def create_app(config: ServeConfig, served: Served | None = None) -> Starlette:
     """The application for one worker; loads the model unless given one."""
@@ -189,7 +205,8 @@ def create_app(config: ServeConfig, served: Served | None = None) -> Starlette:
         await service.batcher.stop()  # uvicorn has answered its connections: nothing waits
         service.tokenizers.shutdown(wait=False, cancel_futures=True)
 
-    app = Starlette(routes=routes.routes(service), lifespan=lifespan, middleware=exposure.middleware(config))
+    app = Starlette(routes=routes.routes(service), lifespan=lifespan, middleware=exposure.middleware(config),
+                    exception_handlers={HTTPException: _starlette_error})
     app.state.service = service
     return app
 

@@ -92,7 +92,8 @@ class EmbeddingModel:
         out: list[Item | None] = [None] * len(inputs)
         index = [i for i, x in enumerate(inputs) if isinstance(x, str)]
         if index:
-            texts, full, cut = windows([inputs[i] for i in index], limit, tokenizer.lengths)
+            texts, full, cut = windows([inputs[i] for i in index], limit, tokenizer.lengths,
+                                       tokenizer.tokens_before_last_word)
             _too_long(full, limit, truncate, cut, index)
             for i, e, n in zip(index, tokenizer.encode(texts), full, strict=True):
                 out[i] = Item(len(e.ids), n, e)
@@ -152,7 +153,7 @@ class _Run:
 
     def _windows(self, texts: list[str]) -> tuple[list[str], list[int], list[bool]]:
         """The texts as far as the run's cut needs them (see ``windows``) and their token counts."""
-        return windows(texts, self.run_limit, self.tokenizer.lengths)
+        return windows(texts, self.run_limit, self.tokenizer.lengths, self.tokenizer.tokens_before_last_word)
 
     def tokenize(self, texts: list[str], add_special_tokens: bool) -> list[list[dict[str, Any]]]:
         return _tokens(self.tokenizer, texts, add_special_tokens)
@@ -224,7 +225,8 @@ class Seq2SeqModel(_Run):
     kind = "seq2seq"
 
     def items(self, texts: list[str], truncate: bool) -> list[Item]:
-        texts, pieces, cut = windows(texts, self.run_limit, self._count_pieces)
+        texts, pieces, cut = windows(texts, self.run_limit, self._count_pieces,
+                                     self.tokenizer.tokens_before_last_word)
         return self._items(texts, [n + 1 for n in pieces], truncate, cut)  # + the source's EOS
 
     def _count_pieces(self, texts: list[str]) -> list[int]:
@@ -315,22 +317,32 @@ WINDOW_CHARS_PER_TOKEN = 16
 _SPACE = re.compile(r"\s")
 
 
-def windows(texts: list[str], limit: int, count: Callable[[list[str]], list[int]]
-            ) -> tuple[list[str], list[int], list[bool]]:
-    """Each text, or a prefix of it that holds more than ``limit`` tokens; its token count;
-    whether it was cut.
+def windows(texts: list[str], limit: int, count: Callable[[list[str]], list[int]],
+            words: Callable[[list[str]], list[int]] | None = None) -> tuple[list[str], list[int], list[bool]]:
+    """Each text, or a prefix of it that holds more than ``limit`` tokens; its token count
+    (a prefix's: a lower bound); whether it was cut.
 
     A prefix ends at whitespace, where tokenizers split words (BERT's WordPiece, byte-level BPE
     and SentencePiece's metaspace alike), so its first tokens are the whole text's: cut to the
-    limit, the two give the same tokens. A text with no whitespace past the window is counted whole.
+    limit, the two give the same tokens. A text with no whitespace past the window (CJK, a URL
+    run) is cut inside a word, and only the tokens of the words before the cut one count
+    (``words``: Tokenizer.tokens_before_last_word; each word is tokenized on its own, so those
+    are the whole text's too). Without ``words``, or with one word only, it is counted whole.
     """
     out, counts, cut = list(texts), [0] * len(texts), [False] * len(texts)
     chars = [max(limit, 64) * WINDOW_CHARS_PER_TOKEN] * len(texts)
     todo = list(range(len(texts)))
     while todo:
+        inside = []  # cut inside a word
         for i in todo:
             out[i], cut[i] = _prefix(texts[i], chars[i])
-        for i, n in zip(todo, count([out[i] for i in todo]), strict=True):
+            if not cut[i] and words is not None and len(texts[i]) > chars[i]:
+                out[i], cut[i] = texts[i][: chars[i]], True
+                inside.append(i)
+        spaced = [i for i in todo if i not in inside]
+        for i, n in zip(spaced, count([out[i] for i in spaced]) if spaced else [], strict=True):
+            counts[i] = n
+        for i, n in zip(inside, words([out[i] for i in inside]) if inside else [], strict=True):
             counts[i] = n
         todo = [i for i in todo if cut[i] and counts[i] <= limit]  # the prefix was too short
         for i in todo:
@@ -347,10 +359,20 @@ def _prefix(text: str, chars: int) -> tuple[str, bool]:
     return text[: space.start()], True
 
 
+# /tokenize's answer is ~70 bytes of JSON a token (and ~10x that as Python objects before): a
+# request's tokens in all are capped, so that a 16 MB body cannot ask for gigabytes.
+TOKENIZE_MAX_TOKENS = 1 << 17
+
+
 def _tokens(tokenizer, texts: list[str], add_special_tokens: bool) -> list[list[dict[str, Any]]]:
-    """TEI's /tokenize: each text's tokens with their character offsets, no truncation."""
+    """TEI's /tokenize: each text's tokens with their character offsets, no truncation; more
+    than ``TOKENIZE_MAX_TOKENS`` in all is refused (413)."""
     lowered = [t.lower() for t in texts] if tokenizer.lowercase else texts
     encodings = tokenizer.backend.encode_batch(lowered, add_special_tokens=add_special_tokens)
+    total = sum(len(e.ids) for e in encodings)
+    if total > TOKENIZE_MAX_TOKENS:
+        raise TooLong(f"inputs: expected at most {TOKENIZE_MAX_TOKENS} tokens to list in all, got {total} "
+                      "(send fewer or shorter texts)")
     out = []
     for text, e in zip(texts, encodings, strict=True):
         out.append([{"id": i, "text": tok if special else text[a:b], "special": bool(special),

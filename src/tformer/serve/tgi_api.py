@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tformer.nn.generate import check_length_penalty
 from tformer.serve import schema
 from tformer.serve.endpoint import Endpoint, Service, json_response
 from tformer.serve.models import Item
@@ -52,6 +53,10 @@ def generation(service: Service) -> dict[str, Endpoint]:
                              "parameters")
         beam = schema.integer(p, "beam_size", 1, 1, schema.MAX_BEAM, "parameters")
         penalty = schema.number(p, "length_penalty", 1.0, 0.0, "parameters")
+        try:
+            check_length_penalty(penalty, new)
+        except ValueError as e:
+            raise schema.RequestError(422, "parameters.length_penalty", f"parameters.{e}") from None
         schema.integer(p, "seed", None, 0, 2**64 - 1, "parameters")
         stop = _stop(p.get("stop"))
         extra = {"details": schema.boolean(p, "details", False, "parameters"), "stop": stop,

@@ -115,6 +115,15 @@ class Tokenizer:
         """Token counts (special tokens included) before any truncation."""
         return [len(e.ids) for e in self.backend.encode_batch(self._check_texts("texts", texts))]
 
+    def tokens_before_last_word(self, texts: Sequence[str]) -> list[int]:
+        """Per text, its tokens (no specials) in the words before its last one (the
+        pre-tokenizer's words): what a text cut inside its last word shares with the whole."""
+        counts = []
+        for e in self.backend.encode_batch(self._check_texts("texts", texts), add_special_tokens=False):
+            words = [w for w in e.word_ids if w is not None]
+            counts.append(sum(w != words[-1] for w in words) if words else 0)
+        return counts
+
     def tokenize(self, text: str) -> list[str]:
         """The tokens of one text, special tokens included, truncated to ``max_length``."""
         return self.convert_ids_to_tokens(self.encode([text])[0].ids)
