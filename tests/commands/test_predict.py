@@ -23,6 +23,29 @@ def test_file_lines_split_at_newline_only_one_row_per_line(classification_run, c
     assert [r["text"] for r in rows] == texts  # one row per line, texts as written
 
 
+def test_a_tab_separates_a_pair_only_for_a_run_trained_on_pairs(classification_run, capsys, tmp_path):
+    from text_fixtures import classification_rows, write
+
+    f = tmp_path / "t.txt"
+    f.write_text("the cat\tsat on the mat\nriver road\n", encoding="utf-8")
+    rc, out, err = run_cli(capsys, "predict", classification_run, "--file", f, "--format", "jsonl")
+    assert rc == 0, err  # a single-text run: the tab is part of the text
+    assert [json.loads(line)["text"] for line in out.splitlines()] == ["the cat\tsat on the mat", "river road"]
+    pair_run = tmp_path / "pairs"
+    data = write(tmp_path / "pairs.jsonl", classification_rows(80, pair=True))
+    assert run_cli(capsys, "train", "--data", data, "--out", pair_run, "--steps", "1", "--d-model", "16",
+                   "--n-heads", "2", "--d-ff", "32", "--n-layers", "1", "--vocab-size", "120",
+                   "--threads", "1", "--quiet")[0] == 0
+    from tformer.runs import load_run
+
+    run = load_run(pair_run)
+    assert run.pairs and not load_run(classification_run).pairs
+    rc, out, err = run_cli(capsys, "predict", pair_run, "--file", f, "--format", "jsonl")
+    assert rc == 0, err
+    want = run.predict(["the cat", "river road"], ["sat on the mat", None])
+    assert [json.loads(line)["label"] for line in out.splitlines()] == [w["label"] for w in want]
+
+
 def test_blank_line_is_an_error_naming_file_and_line(classification_run, capsys, tmp_path):
     f = tmp_path / "t.txt"
     f.write_text("the cat\n \nriver\n")

@@ -1,6 +1,7 @@
 """`tformer predict RUN_DIR --file texts.txt`: a text classifier's label (and probabilities).
 
-One input per line (a tab separates text and text_pair for sentence-pair runs); prints one
+One input per line (for a run trained on pairs a tab separates text and text_pair; for one
+trained on single texts a tab is part of the text); prints one
 label per line, or with --format jsonl one {"text", "label", "probabilities"} object: one
 output line per input, always (see tformer.text.lines). Probabilities that are not finite (a
 broken checkpoint) are refused, never printed as NaN.
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     run = load_run(args.run_dir, needs="predict", device=device_of(args))
     for start, stop in windows(len(texts), args.batch_size):
         chunk = texts[start:stop]
-        split = [t.partition("\t") for t in chunk]  # text, tab, text_pair
+        split = [t.partition("\t") if run.pairs else (t, "", "") for t in chunk]  # text, tab, text_pair
         pairs = [pair for _, _, pair in split]
         answers = run.predict([text for text, _, _ in split], pairs if any(pairs) else None,
                               batch_size=args.batch_size)

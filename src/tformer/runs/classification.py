@@ -24,6 +24,11 @@ class ClassificationRun(Run):
     def labels(self) -> list[str]:
         return self.objective.labels
 
+    @property
+    def pairs(self) -> bool:
+        """Whether the run was trained on text pairs (its data had a text_pair field)."""
+        return bool(self.objective.source.data.pairs)
+
     def _labels(self) -> tuple[str, ...]:
         return tuple(self.labels) if self.tokenizer is not None else ()
 
