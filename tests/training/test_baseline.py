@@ -86,6 +86,10 @@ def test_the_copy_tasks_perfect_baseline_is_matched_by_a_perfect_score():
     assert baseline_verdict(record) == ("the model learned: test BLEU 21.94 beats the baseline of copying "
                                         "the source (BLEU 3.10)")
     assert baseline_verdict({"split": "test", "accuracy": 0.5}) is None  # written before baselines
+    tie = {"main_metric": "mrr_at_10", "mrr_at_10": 1.0, "baseline": 1.0, "baseline_by": "token overlap",
+           "beats_baseline": True}
+    assert baseline_verdict(tie).startswith("the model matched a perfect baseline: test MRR@10 1.0000, "
+                                            "as token overlap scores (MRR@10 1.0000); this test split is")
 
 
 def test_the_progress_line_counts_steps_then_says_what_runs(capsys):

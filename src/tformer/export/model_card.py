@@ -74,7 +74,7 @@ def baseline_lines(metrics: dict[str, Any], key: str | None) -> list[str]:
     ours = float(metrics[metric])
     compared = f"test {metric} {ours:.4g}; baseline ({by}): {value:.4g}"
     if metrics.get("beats_baseline", ours > value):
-        return [f"The model beats its baseline: {compared}."]
+        return [f"The model {'matches' if ours == value else 'beats'} its baseline: {compared}."]
     return [f"> **Warning:** this model did not beat its baseline ({compared}). It has not learned "
             "the task: train longer or on more data before using it."]
 

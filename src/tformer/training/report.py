@@ -223,6 +223,9 @@ def baseline_verdict(record: dict[str, Any]) -> str | None:
     name = NAMES.get(key, key)
     ours, theirs = f"{record[key]:.{digits}f}", f"{record['baseline']:.{digits}f}"
     by = record.get("baseline_by", "a trivial prediction")
+    if record["baseline"] >= PERFECT.get(key, float("inf")) and record[key] >= record["baseline"]:
+        return (f"the model matched a perfect baseline: test {name} {ours}, as {by} scores ({name} "
+                f"{theirs}); this test split is too easy to show what it learned")
     if record.get("beats_baseline", beats_baseline(record[key], record["baseline"], key)):
         return f"the model learned: test {name} {ours} beats the baseline of {by} ({name} {theirs})"
     return (f"warning: the model did not learn: test {name} {ours} does not beat the baseline of {by} "
