@@ -83,6 +83,18 @@ def test_png_and_html_together(capsys, tmp_path):
     assert "wrote" in err and "maps" in err
 
 
+def test_a_users_file_at_out_or_html_is_refused_and_ours_is_replaced(capsys, tmp_path):
+    page, png = tmp_path / "a.html", tmp_path / "a.png"
+    for option, path in (("--html", page), ("--out", png)):
+        path.write_text("precious")
+        rc, _, err = _run(capsys, "attention", bert_dir(), "a cat", option, path)
+        assert rc == 2 and err.count("\n") == 1 and f"{option} {path}: exists and is not" in err, err
+        assert path.read_text() == "precious"
+        path.unlink()
+    for _ in range(2):  # written, then its own file replaced
+        assert _run(capsys, "attention", bert_dir(), "a cat", "--html", page, "--out", png)[0] == 0
+
+
 def test_seq2seq_run_page_has_encoder_decoder_and_cross_attention(capsys, tmp_path, reverse_run):
     rc, _, err = _run(capsys, "attention", reverse_run, "3 1 4 1 5", "--html", tmp_path / "r.html")
     assert rc == 0 and "3 kinds of attention, 2 layers x 2 heads, 6 tokens" in err

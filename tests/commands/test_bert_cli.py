@@ -161,7 +161,8 @@ def test_embed_streams_and_resumes_an_interrupted_file(capsys, tmp_path, monkeyp
     lines = tmp_path / "lines.txt"
     lines.write_text("\n".join(SENTENCES) + "\n")
     out = tmp_path / "e.npy"
-    np.save(out, np.zeros(3))
+    old = np.zeros((3, 32), dtype=np.float32)  # an earlier output of this model (width 32)
+    np.save(out, old)
     calls = []
 
     def full_disk(what):
@@ -172,7 +173,7 @@ def test_embed_streams_and_resumes_an_interrupted_file(capsys, tmp_path, monkeyp
     monkeypatch.setattr(files, "fault_hook", full_disk)
     rc, _, err = _run(capsys, "embed", st_dir(), "--file", lines, "--out", out)
     assert rc == 1 and err.count("\n") == 1 and "No space left on device" in err
-    np.testing.assert_array_equal(np.load(out), np.zeros(3))  # the old file, whole
+    np.testing.assert_array_equal(np.load(out), old)  # the old file, whole
     monkeypatch.setattr(files, "fault_hook", None)
     rc, _, err = _run(capsys, "embed", st_dir(), "--file", lines, "--out", out)
     assert rc == 0 and "resuming" in err and "after 2 of 5" in err
@@ -220,6 +221,12 @@ def test_plot_positions(capsys, tmp_path):
     assert (tmp_path / "pe.png").stat().st_size > 1000
     rc, _, err = _run(capsys, "plot-positions", "--out", tmp_path / "pe.png", "--d-model", 0)
     _one_line_error(rc, err, "plot-positions", r"--d-model: expected a positive int, got 0")
+    assert _run(capsys, "plot-positions", "--out", tmp_path / "pe.png")[0] == 0  # its own: replaced
+    theirs = tmp_path / "photo.png"
+    theirs.write_bytes(b"\x89PNG\r\n\x1a\n not drawn by tformer")
+    rc, _, err = _run(capsys, "plot-positions", "--out", theirs)
+    _one_line_error(rc, err, "plot-positions", r"--out .*photo\.png: exists and is not a figure tformer drew")
+    assert theirs.read_bytes() == b"\x89PNG\r\n\x1a\n not drawn by tformer"
 
 
 # bad model directories: one line naming the file (and tensor) ------------------------------------

@@ -16,7 +16,15 @@ import tformer.embeddings.index
 from tformer.embeddings.sentence import SentenceEncoder
 from tformer.storage import files
 
-OLD = np.zeros(3)  # the user's earlier file at --out
+
+
+def _old_output(out, dim=32):
+    """An earlier `tformer embed` output at ``out`` (st_dir's width, 32): what a new one may replace."""
+    if out.suffix == ".npy":
+        np.save(out, np.zeros((3, dim), dtype=np.float32))
+    else:
+        out.write_text(json.dumps({"text": "old", "embedding": [0.0] * dim}) + "\n")
+    return out.read_bytes()
 
 
 def _expected(texts, dtype="fp32"):
@@ -151,17 +159,36 @@ def test_full_disk_at_every_write_step_keeps_the_old_file_and_resumes(capsys, tm
     assert steps == 3 * 3 + 1  # per chunk: rows, progress temp, its rename; then the publish
     expected = out.read_bytes()
     for k in range(1, steps + 1):
-        np.save(tmp_path / "old.npy", OLD)
-        os.replace(tmp_path / "old.npy", out)
+        old = _old_output(out)
         monkeypatch.setattr(files, "fault_hook", _full_disk_at(k)[0])
         rc, _, err = run_cli(capsys, *argv)
         assert rc == 1 and err.count("\n") == 1 and "No space left on device" in err, (k, err)
-        np.testing.assert_array_equal(np.load(out), OLD)  # untouched, whole
+        assert out.read_bytes() == old  # untouched, whole
         monkeypatch.setattr(files, "fault_hook", None)
         rc, _, err = run_cli(capsys, *argv)
         assert rc == 0, err
         assert out.read_bytes() == expected, k  # resumed to the same bytes
         assert sorted(p.name for p in tmp_path.iterdir()) == sorted([out.name, "t.txt"]), k
+
+
+@pytest.mark.parametrize("suffix, users", [
+    (".npy", lambda p: np.save(p, np.zeros((3, 5), dtype=np.float32))),  # another width
+    (".npy", lambda p: np.save(p, np.zeros((3, 32)))),  # float64: not ours
+    (".npy", lambda p: p.write_text("precious")),
+    (".jsonl", lambda p: p.write_text('{"text": "a", "label": "b"}\n')),  # training data
+    (".jsonl", lambda p: p.write_text('{"split": "test", "accuracy": 0.9}\n')),  # metrics.jsonl
+])
+def test_a_users_file_at_out_is_refused_never_replaced(capsys, tmp_path, suffix, users):
+    out = tmp_path / f"mine{suffix}"
+    users(out)
+    before = out.read_bytes()
+    rc, _, err = run_cli(capsys, "embed", st_dir(), "a dog", "--out", out)
+    assert_one_line_error(rc, err, "embed", r"--out .*mine\.\w+: exists and is not an earlier `tformer "
+                                            r"embed` output")
+    assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+    _old_output(out)  # an earlier output of this model's width: replaced
+    assert run_cli(capsys, "embed", st_dir(), "a dog", "--out", out)[0] == 0
+    assert out.read_bytes() != before
 
 
 def test_kill_at_every_write_step_keeps_the_old_file_and_resumes(capsys, tmp_path, monkeypatch,
@@ -174,9 +201,9 @@ def test_kill_at_every_write_step_keeps_the_old_file_and_resumes(capsys, tmp_pat
     steps = _count_steps(capsys, argv, monkeypatch)
     expected = out.read_bytes()
     for k in range(1, steps + 1):
-        np.save(out, OLD)
+        old = _old_output(out)
         assert killed_at(k, argv), k
-        np.testing.assert_array_equal(np.load(out), OLD)  # never half a new file
+        assert out.read_bytes() == old  # never half a new file
         rc, _, err = run_cli(capsys, *argv)
         assert rc == 0, err
         assert ("resuming" in err) == (k > 3), (k, err)  # after the first recorded chunk

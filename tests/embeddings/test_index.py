@@ -47,7 +47,11 @@ def test_embed_output_resumes_and_publishes_atomically(tmp_path, suffix):
     from tformer.storage import files
 
     out = tmp_path / f"e{suffix}"
-    out.write_bytes(b"old file")
+    if suffix == ".npy":  # an earlier output (dim 2): replaceable, where a user's file is not
+        np.save(out, np.zeros((1, 2), dtype=np.float32))
+    else:
+        out.write_text('{"text": "old", "embedding": [0.0, 0.0]}\n')
+    old = out.read_bytes()
     identity = {"n": 6, "dim": 2, "model": "m"}
     rows = np.arange(12, dtype=np.float32).reshape(6, 2)
     texts = [f"t{i}" for i in range(6)]
@@ -65,7 +69,7 @@ def test_embed_output_resumes_and_publishes_atomically(tmp_path, suffix):
                 w.write(texts[i : i + 2], rows[i : i + 2])
     finally:
         files.fault_hook = None
-    assert out.read_bytes() == b"old file"  # untouched until the new one is complete
+    assert out.read_bytes() == old  # untouched until the new one is complete
     with open_output(out, identity) as w:
         assert w.done == 2  # the first chunk was recorded, then the disk was full
         for i in range(w.done, 6, 2):

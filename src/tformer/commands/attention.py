@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     check_readable(len(first.queries), args.layer is not None and args.head is not None)
     fig = plot_attention(first.weights, list(first.queries), layer=args.layer, head=args.head,
                          title=f"{args.model_dir}: {args.text[:60]}")
-    path = save_figure(fig, args.out)
+    path = save_figure(fig, args.out, "--out")
     rows = 1 if args.layer is not None else n_layers
     cols = 1 if args.head is not None else n_heads
     print(f"wrote {path} ({rows} x {cols} maps, {len(first.queries)} tokens)", file=sys.stderr)

@@ -22,6 +22,6 @@ def run(args: argparse.Namespace) -> int:
     for option, value in (("--d-model", args.d_model), ("--max-len", args.max_len)):
         if value <= 0:
             raise ValueError(f"{option}: expected a positive int, got {value}")
-    path = save_figure(plot_positions(args.d_model, args.max_len), args.out)
+    path = save_figure(plot_positions(args.d_model, args.max_len), args.out, "--out")
     print(f"wrote {path} ({args.max_len} positions x {args.d_model} dimensions)", file=sys.stderr)
     return 0

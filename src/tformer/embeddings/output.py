@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from tformer.storage.files import durable_step, file_mode, fsync_dir, write_json_atomic
+from tformer.storage.files import durable_step, file_mode, fsync_dir, refuse_foreign, write_json_atomic
 from tformer.storage.locks import leftovers, output_lock
 
 
@@ -97,12 +97,41 @@ def _remove_stale_temps(out: Path) -> None:
             entry.unlink(missing_ok=True)
 
 
+def is_embeddings(path: Path, dim: int) -> bool:
+    """Whether ``path`` holds what ``tformer embed --out`` writes at width ``dim`` (so a new
+    output may replace it): a float32 (N, dim) .npy, or .jsonl lines {"text", "embedding"} of
+    dim numbers (the first line read); an empty file holds nothing to lose."""
+    try:
+        with path.open("rb") as f:
+            if path.stat().st_size == 0:
+                return True
+            if path.suffix == ".npy":
+                read = {(1, 0): np.lib.format.read_array_header_1_0,
+                        (2, 0): np.lib.format.read_array_header_2_0}.get(np.lib.format.read_magic(f))
+                if read is None:
+                    return False
+                shape, fortran, dtype = read(f)
+                return dtype == np.float32 and len(shape) == 2 and shape[1] == dim and not fortran
+            first = json.loads(f.readline(64 << 20))
+    except (OSError, ValueError, SyntaxError):
+        return False
+    return (isinstance(first, dict) and set(first) == {"text", "embedding"}
+            and isinstance(first["embedding"], list) and len(first["embedding"]) == dim)
+
+
 @contextlib.contextmanager
 def open_output(out: Path, identity: dict[str, Any]) -> Iterator[_Output]:
     """A resumable, atomically published embeddings file (.npy or .jsonl), written by one
-    process at a time: a second writer of the same `out` gets a one-line error."""
+    process at a time: a second writer of the same `out` gets a one-line error; an existing
+    `out` that is not an earlier output at this width (``is_embeddings``) is refused, never
+    replaced."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with output_lock(out, "--out"):
+        dim = identity["dim"]
+        kind = (f"a float32 (N, {dim}) array" if out.suffix == ".npy"
+                else f'{{"text", "embedding"}} lines of {dim} numbers')
+        refuse_foreign(out, "--out", lambda p: is_embeddings(p, dim),
+                       f"an earlier `tformer embed` output ({kind})")
         _remove_stale_temps(out)
         writer = _Output(out, identity)
         try:

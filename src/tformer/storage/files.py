@@ -100,6 +100,14 @@ def write_atomic(path: str | Path, data: bytes) -> None:
         tmp.write_bytes(data)
 
 
+def refuse_foreign(path: Path, option: str, ours: Callable[[Path], bool], what: str) -> None:
+    """A file the user names as an output is replaced only when tformer wrote it (``ours``, e.g.
+    its marker inside); anything else there is refused in one line, never overwritten."""
+    if path.exists() and not (path.is_file() and ours(path)):
+        raise FileExistsError(f"{option} {path}: exists and is not {what}; pick another name, or move "
+                              "it away first")
+
+
 def json_bytes(obj: Any) -> bytes:
     return (json.dumps(obj, indent=2) + "\n").encode()
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from tformer.storage.files import write_atomic
+from tformer.storage.files import refuse_foreign, write_atomic
 
 DECIMALS = 7  # weights are stored rounded to 1e-7: exact to the eye, and a third the size
 # What one weight costs in the page: up to "0.1234567," (10 characters), and a row's brackets.
@@ -99,6 +99,15 @@ def attention_page(
     return template.replace("__TFORMER_TITLE__", title).replace("__TFORMER_DATA__", blob)
 
 
+def _is_page(path: Path) -> bool:
+    """Whether a file starts as attention_page.html does (its "Written by" comment)."""
+    try:
+        with path.open("rb") as f:
+            return b"Written by `tformer attention" in f.read(512)
+    except OSError:
+        return False
+
+
 def write_attention_page(
     path: str | Path, maps: Sequence[AttentionMaps], model: str, text: str, layer: int = 0, head: int = 0
 ) -> Path:
@@ -106,6 +115,7 @@ def write_attention_page(
     path = Path(path)
     if path.suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"path: expected a .html file name, got {str(path)!r}")
+    refuse_foreign(path, "--html", _is_page, "a page `tformer attention --html` wrote")
     check_page_size(sum(m.weights.size for m in maps))
     page = attention_page(maps, model, text, layer, head)
     path.parent.mkdir(parents=True, exist_ok=True)

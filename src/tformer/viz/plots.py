@@ -126,18 +126,44 @@ def plot_positions(d_model: int = 128, max_len: int = 100):
     return fig
 
 
-def save_figure(fig, path: str | Path) -> Path:
-    """Write a PNG atomically (creating folders) and free the figure."""
+# The PNG's "Software" text: a later figure may replace a file that says it (``is_ours``).
+SOFTWARE = "tformer"
+
+
+def is_ours(path: Path) -> bool:
+    """Whether a PNG says tformer drew it (its tEXt "Software" chunk, before the image data)."""
+    try:
+        data = path.read_bytes()[: 1 << 16]
+    except OSError:
+        return False
+    if not data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return False
+    at = 8
+    while at + 8 <= len(data):
+        length, kind = int.from_bytes(data[at : at + 4], "big"), data[at + 4 : at + 8]
+        if kind == b"IDAT":
+            return False
+        if kind == b"tEXt" and data[at + 8 : at + 8 + length] == b"Software\0" + SOFTWARE.encode():
+            return True
+        at += 12 + length
+    return False
+
+
+def save_figure(fig, path: str | Path, option: str | None = None) -> Path:
+    """Write a PNG atomically (creating folders) and free the figure. ``option``: the user named
+    the file with it: an existing file there that tformer did not draw is refused, not replaced."""
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise ValueError(f"path: expected a .png file name, got {str(path)!r}")
-    path.parent.mkdir(parents=True, exist_ok=True)
     import io
 
-    from tformer.storage.files import write_atomic
+    from tformer.storage.files import refuse_foreign, write_atomic
 
+    if option is not None:
+        refuse_foreign(path, option, is_ours, "a figure tformer drew")
+    path.parent.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=DPI)
+    fig.savefig(buffer, format="png", dpi=DPI, metadata={"Software": SOFTWARE})
     _pyplot().close(fig)
     write_atomic(path, buffer.getvalue())  # a crash or full disk keeps any previous file
     return path
