@@ -69,6 +69,20 @@ def test_out_of_range_options_are_one_line_errors(classification_run, capsys, op
     assert out == ""
 
 
+@pytest.mark.parametrize("value", [100_000, 10**20])
+def test_more_threads_than_the_machine_can_use_is_one_line(classification_run, capsys, value):
+    """Tens of thousands of threads crashed OpenMP's pool (a segfault): refused up front."""
+    from tformer.kernels.machine import max_threads
+
+    rc, _, err = run_cli(capsys, "predict", classification_run, "the cat", "--threads", value)
+    assert_one_line_error(rc, err, "predict", rf"--threads: expected 1\.\.{max_threads()} .*, got {value}")
+    assert run_cli(capsys, "train", "--task", "reverse", "--steps", 1, "--threads", value)[0] == 2
+    from tformer.serve.config import ServeConfig
+
+    with pytest.raises(ValueError, match="--threads: expected 1"):
+        ServeConfig(model="x", threads=value)
+
+
 def test_threads_sets_torch_threads(classification_run, capsys):
     rc, out, _ = run_cli(capsys, "predict", classification_run, "the cat", "--threads", 1)
     assert rc == 0 and len(out.splitlines()) == 1 and torch.get_num_threads() == 1

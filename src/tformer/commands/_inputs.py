@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from tformer.kernels.machine import free_threads, others_running
+from tformer.kernels.machine import check_threads, free_threads, others_running
 from tformer.text.batches import SORT_WINDOW
 from tformer.text.lines import TextLines
 
@@ -56,6 +56,7 @@ def check_options(args: argparse.Namespace) -> None:
             raise ValueError(f"--{dest.replace('_', '-')}: expected a finite number, got {value}")
     if not hasattr(args, "threads"):
         return
+    check_threads(args.threads)
     import torch
 
     if args.threads is not None:

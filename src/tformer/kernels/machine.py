@@ -63,6 +63,22 @@ def others_running(samples: int = 9, interval: float = 0.02) -> float:
     return float(statistics.median(counts))
 
 
+def max_threads() -> int:
+    """The most threads an option may ask for: 4 per core this process may run on. More only
+    wait on each other, and tens of thousands crash OpenMP's pool (a segfault, not an error)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return 4 * max(1, cores)
+
+
+def check_threads(value: int | None, name: str = "--threads") -> None:
+    """Refuse a thread count outside 1..max_threads() in one line."""
+    if value is not None and not 1 <= value <= max_threads():
+        raise ValueError(f"{name}: expected 1..{max_threads()} (4 per core here), got {value}")
+
+
 def free_threads(cores: int, others: float) -> int:
     """One thread per core that ``others`` threads of other processes (``others_running``) leave
     free, at least one. Threads that share their cores with busy processes wait for the slowest

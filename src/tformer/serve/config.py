@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 
 from tformer.devices import check_spec
+from tformer.kernels.machine import check_threads
 
 # Workers started by uvicorn (spawned processes) read their settings from here.
 ENV = "TFORMER_SERVE_CONFIG"
@@ -62,6 +63,7 @@ class ServeConfig:
         for flag, value in positive.items():
             if value is not None and not value > 0:
                 raise ValueError(f"{flag}: expected a positive number, got {value}")
+        check_threads(self.threads)
         if self.max_wait_ms < 0:
             raise ValueError(f"--max-wait-ms: expected >= 0, got {self.max_wait_ms}")
         if self.grace_period < 0:

@@ -19,6 +19,7 @@ from typing import Any
 from tformer import devices
 from tformer.config import FieldType, TransformerConfig, check_known_keys, field_types
 from tformer.errors import BadType
+from tformer.kernels.machine import check_threads
 from tformer.tasks import TASKS, Task
 from tformer.training.presets import FINETUNE_PRESET, OBJECTIVE_PRESETS, PRESETS, TIMED_STEPS
 from tformer.training.records import peek_fields
@@ -159,6 +160,7 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name}: expected a positive number, got {value}")
+        check_threads(self.threads, "threads")
         for name, limit in (("vocab_size", MAX_VOCAB), ("max_length", MAX_LENGTH)):
             if getattr(self, name) > limit:
                 raise ValueError(f"{name}: expected at most {limit}, got {getattr(self, name)}")
