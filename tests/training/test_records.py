@@ -134,3 +134,15 @@ def test_labels_that_are_not_class_names_are_refused_naming_the_line(value):
 
     with pytest.raises(ValueError, match=r"f\.jsonl:3: label: expected a class name"):
         FIELDS["classification"].check("f.jsonl:3", {"text": "a", "label": value})
+
+
+@pytest.mark.parametrize("suffix, header", [(".csv", "text,label,text"), (".tsv", "text\tlabel\ttext")])
+def test_a_column_named_twice_in_the_header_is_refused(tmp_path, suffix, header):
+    """csv gave each row the last column of the name: a run trained on the wrong column, silently."""
+    sep = "\t" if suffix == ".tsv" else ","
+    path = tmp_path / f"d{suffix}"
+    path.write_text(header + "\n" + sep.join(["a cat", "animal", "ZZZ1"]) + "\n")
+    with pytest.raises(ValueError, match=r"d\.(csv|tsv):1: expected each column name once, got 'text' more"):
+        next(read_records(path))
+    with pytest.raises(ValueError, match=r":1: expected each column name once"):
+        peek_fields(path)

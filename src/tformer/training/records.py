@@ -192,7 +192,12 @@ def _header(path: Path, f, fmt: str) -> list[str] | None:
         raise ValueError(f"{path}:1: not valid {fmt.upper()} ({e})") from None
     if not header:
         raise ValueError(f"{path}:1: expected a header row, got an empty file")
-    return [h.strip() for h in header]
+    names = [h.strip() for h in header]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # a row would keep only the last column of the name, silently
+        raise ValueError(f"{path}:1: expected each column name once, got {', '.join(map(repr, twice))} "
+                         "more than once")
+    return names
 
 
 def _records(path: Path, f, fmt: str, header: list[str] | None, offset: int, line_no: int
