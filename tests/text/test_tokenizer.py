@@ -149,3 +149,12 @@ def test_token_text_is_the_decoded_piece_for_every_scheme():
     tok = run_tokenizer(train_tokenizer(texts, "bpe", 260), 64)  # too small to merge 東's bytes
     pieces = [tok.token_text(i) for i in tok.backend.encode("東").ids[1:-1]]
     assert "".join(pieces).startswith("<e6") and all(p.startswith("<") for p in pieces), pieces
+
+
+def test_a_max_length_the_special_tokens_fill_is_refused():
+    """[CLS] and [SEP] take 2 of max_length: 2 or less would keep no token of any text (and the
+    backend silently kept them all past max_length, reaching the model's positions)."""
+    with pytest.raises(ValueError, match=r"max_length: expected more than the 2 special tokens each "
+                                         r"text gets \(at least 3\), got 2"):
+        load_tokenizer(bert_dir(), max_length=2)
+    assert len(load_tokenizer(bert_dir(), max_length=3).encode(["a cat sat"])[0].ids) == 3

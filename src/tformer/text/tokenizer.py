@@ -46,6 +46,10 @@ class Tokenizer:
     ) -> None:
         backend.no_padding()  # we pad ourselves, to the longest text in the batch
         backend.no_truncation()  # we truncate ourselves, to max_length, and say so
+        specials = backend.num_special_tokens_to_add(False)
+        if max_length is not None and max_length <= specials:  # the cut could keep no token of a text
+            raise ValueError(f"max_length: expected more than the {specials} special tokens each text "
+                             f"gets (at least {specials + 1}), got {max_length}")
         self.backend, self.max_length = backend, max_length
         self.pad_id, self.lowercase = pad_id, lowercase
         self._cutting: Any = None  # a copy of the backend that truncates at max_length
