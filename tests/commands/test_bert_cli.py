@@ -221,6 +221,9 @@ def test_plot_positions(capsys, tmp_path):
     assert (tmp_path / "pe.png").stat().st_size > 1000
     rc, _, err = _run(capsys, "plot-positions", "--out", tmp_path / "pe.png", "--d-model", 0)
     _one_line_error(rc, err, "plot-positions", r"--d-model: expected a positive int, got 0")
+    rc, _, err = _run(capsys, "plot-positions", "--out", tmp_path / "pe.png", "--d-model", 100_000,
+                      "--max-len", 100_000_000)
+    _one_line_error(rc, err, "plot-positions", r"--max-len x --d-model: expected at most 16,777,216")
     assert _run(capsys, "plot-positions", "--out", tmp_path / "pe.png")[0] == 0  # its own: replaced
     theirs = tmp_path / "photo.png"
     theirs.write_bytes(b"\x89PNG\r\n\x1a\n not drawn by tformer")

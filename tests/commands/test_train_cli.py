@@ -49,6 +49,14 @@ def test_train_options_from_a_yaml_file(tmp_path):
     assert saved["lr"] == 0.001  # YAML reads 1e-3 as a string; it is still a float here
 
 
+def test_a_yaml_config_that_does_not_parse_is_one_line_naming_file_and_line(tmp_path, capsys):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("steps: 2\nmax_minutes: [1,2\n")
+    assert main(["train", "--config", str(cfg), "--task", "reverse"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"config: {cfg}:3:1: expected valid YAML, got expected ','" in err, err
+
+
 def test_eval_prints_metrics(run_dir, capsys):
     assert main(["eval", str(run_dir), "--samples", "2"]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

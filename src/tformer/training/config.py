@@ -352,8 +352,11 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
 
         try:
             data = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ValueError(f"config: {path} is not valid YAML ({e})") from None
+        except yaml.YAMLError as e:  # its message spans lines and names "<unicode string>"
+            mark = getattr(e, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+            problem = getattr(e, "problem", None) or type(e).__name__
+            raise ValueError(f"config: {where}: expected valid YAML, got {problem}") from None
     else:
         try:
             data = json.loads(text)
