@@ -56,3 +56,10 @@ def test_digest_follows_the_bytes(tmp_path):
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"--corpus .*none\.txt: no such file"):
         TextLines(tmp_path / "none.txt", "--corpus")
+
+
+def test_a_directory_is_named_as_a_directory(tmp_path):
+    from tformer.text.lines import TextLines
+
+    with pytest.raises(IsADirectoryError, match=r"--file .*: expected a file of texts, one per line, got a directory"):
+        TextLines(tmp_path, "--file")

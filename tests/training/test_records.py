@@ -146,3 +146,20 @@ def test_a_column_named_twice_in_the_header_is_refused(tmp_path, suffix, header)
         next(read_records(path))
     with pytest.raises(ValueError, match=r":1: expected each column name once"):
         peek_fields(path)
+
+
+def test_a_null_field_is_named_as_null_not_as_missing():
+    from tformer.training.records import FIELDS
+
+    with pytest.raises(ValueError, match=r"^f\.jsonl:3: label: expected a value, got null$"):
+        FIELDS["classification"].check("f.jsonl:3", {"text": "a", "label": None})
+    with pytest.raises(ValueError, match=r"^f\.jsonl:3: missing field 'label' \(the record has text\)$"):
+        FIELDS["classification"].check("f.jsonl:3", {"text": "a"})
+
+
+@pytest.mark.parametrize("seed", [-1, 2**63])
+def test_a_seed_out_of_range_is_named(seed):
+    from tformer.training.config import TrainConfig
+
+    with pytest.raises(ValueError, match=rf"^seed: expected 0\.\.{2**63 - 1}, got {seed}$"):
+        TrainConfig(task="reverse", seed=seed)

@@ -161,6 +161,8 @@ class TrainConfig:
             if value is not None and value <= 0:
                 raise ValueError(f"{name}: expected a positive number, got {value}")
         check_threads(self.threads, "threads")
+        if not 0 <= self.seed < 2**63:  # what numpy (non-negative) and torch (64 bits) both take
+            raise ValueError(f"seed: expected 0..{2**63 - 1}, got {self.seed}")
         for name, limit in (("vocab_size", MAX_VOCAB), ("max_length", MAX_LENGTH)):
             if getattr(self, name) > limit:
                 raise ValueError(f"{name}: expected at most {limit}, got {getattr(self, name)}")

@@ -52,6 +52,8 @@ class Fields:
             if value is None:
                 if name in self.optional:
                     continue
+                if name in record:  # present, as JSON's null
+                    raise ValueError(f"{where}: {name}: expected a value, got null")
                 raise ValueError(f"{where}: missing field {name!r} (the record has "
                                  f"{', '.join(sorted(record)) or 'none'})")
             if name == "label":
