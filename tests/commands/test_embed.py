@@ -17,7 +17,6 @@ from tformer.embeddings.sentence import SentenceEncoder
 from tformer.storage import files
 
 
-
 def _old_output(out, dim=32):
     """An earlier `tformer embed` output at ``out`` (st_dir's width, 32): what a new one may replace."""
     if out.suffix == ".npy":

@@ -55,3 +55,11 @@ def test_leftovers_are_this_name_s_temp_files_only(tmp_path):
     assert sorted(p.name for p in leftovers(tmp_path, "idx")) == [".idx.ab_d1234.old",
                                                                  ".idx.abcd1234.tmp"]
     assert [p.name for p in leftovers(tmp_path, "e.npy.partial.json")] == [names[-1]]
+
+
+def test_a_folder_it_cannot_write_in_is_named_not_the_lock_file(tmp_path):
+    out = tmp_path / "missing" / "e.npy"  # the folder is not there (as /proc refuses new files)
+    with pytest.raises(OSError) as caught, output_lock(out, "--out"):
+        pass
+    assert type(caught.value) is OSError and caught.value.errno is None  # the CLI's exit 1
+    assert str(caught.value) == f"--out {out}: cannot write in {out.parent} (No such file or directory)"

@@ -43,7 +43,10 @@ def output_lock(out: Path, option: str) -> Iterator[None]:
     """Hold the lock on `out` for the block, or raise ValueError naming who holds it."""
     path = lock_path(out)
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as e:  # the folder is missing, read-only or not a filesystem for files
+            raise OSError(f"{option} {out}: cannot write in {out.parent} ({e.strerror})") from None
         flock_or_explain(fd, f"{option} {out}: is being written by another tformer process "
                              f"(pid {{pid}}); wait for it to finish or choose another {option}")
         try:

@@ -31,7 +31,8 @@ class TextLines:
         if self.name == STDIN:
             self._stdin = sys.stdin.buffer.read()  # read once: a pipe cannot be read twice
         elif Path(path).is_dir():
-            raise IsADirectoryError(f"{option} {path}: expected a file of texts, one per line, got a directory")
+            raise IsADirectoryError(f"{option} {path}: expected a file of texts, one per line, "
+                                    "got a directory")
         elif not Path(path).is_file():
             raise FileNotFoundError(f"{option} {path}: no such file")
 
