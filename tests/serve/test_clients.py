@@ -1,6 +1,6 @@
 """The real clients, unchanged, against a loopback server: the `openai` package (embeddings,
 models, completions) and huggingface_hub's InferenceClient pointed at the server's URL as at a
-TEI or TGI server (feature_extraction, text_classification, text_generation)."""
+TEI or TGI server (feature_extraction, sentence_similarity, text_classification, text_generation)."""
 
 from __future__ import annotations
 
@@ -66,6 +66,18 @@ def test_inference_client_feature_extraction(embedding_server, embedding_dir, ca
     many = client.feature_extraction(texts, normalize=True, truncate=True)
     assert one.shape == (1, cli.shape[1]) and np.abs(one[0] - cli[0]).max() <= TOL
     assert np.abs(many - cli).max() <= TOL
+
+
+def test_inference_client_sentence_similarity(embedding_server, embedding_dir, capsys):
+    texts = SENTENCES[:4]
+    cli = np.array([json.loads(line)["embedding"] for line in cli_lines(capsys, ["embed", str(embedding_dir),
+                                                                              *texts])], dtype=np.float64)
+    unit = cli / np.linalg.norm(cli, axis=1, keepdims=True)
+    client = hub.InferenceClient(model=embedding_server.url, timeout=30)
+    answer = client.sentence_similarity(texts[0], other_sentences=texts[1:])
+    assert np.abs(np.array(answer) - unit[1:] @ unit[0]).max() <= TOL
+    status, _, refused = embedding_server.post("/", {"inputs": {"source_sentence": "a", "sentences": [3]}})
+    assert status == 422 and refused["error"]["param"] == "inputs.sentences[0]"
 
 
 def test_inference_client_text_classification(classification_server, classification_run, capsys):

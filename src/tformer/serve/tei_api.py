@@ -10,8 +10,10 @@
     POST /          what TEI answers there: /embed for an embedding model, /predict for a
                     classifier; and Hugging Face's task API, which huggingface_hub's
                     InferenceClient(model=URL) sends: feature extraction with its options at the
-                    root (as /embed), text classification with {"inputs", "parameters":
-                    {"function_to_apply"?, "top_k"?}}, answered with one list per input.
+                    root (as /embed), sentence similarity with {"inputs": {"source_sentence",
+                    "sentences"}} (-> the cosine of the source with each), text classification
+                    with {"inputs", "parameters": {"function_to_apply"?, "top_k"?}}, answered
+                    with one list per input.
 
 ``tei_info`` gives the fields of TEI's GET /info. Differences from TEI: only right truncation;
 /tokenize's start/stop count characters (TEI's count bytes).
@@ -53,10 +55,31 @@ def embedding(service: Service) -> dict[str, Endpoint]:
         return inputs, normalize, _truncation(service, body), {}
 
     def respond(results: list[np.ndarray], items: list[Item], extra: dict):
+        if extra.get("similarity"):  # the source's cosine with each other sentence
+            unit = [v / max(float(np.linalg.norm(v)), 1e-12) for v in results]
+            return json_response([float(unit[0] @ v) for v in unit[1:]])
         return json_response([v.tolist() for v in results])
 
+    def parse_root(body: dict) -> tuple:
+        """/: feature extraction (as /embed), or Hugging Face's sentence-similarity task, what
+        InferenceClient.sentence_similarity sends: {"inputs": {"source_sentence", "sentences"}}."""
+        if not isinstance(body.get("inputs"), dict):
+            return parse(body)
+        schema.check_fields(body, ("inputs", "parameters"))
+        if schema.obj(body, "parameters"):
+            raise schema.RequestError(422, "parameters", "parameters: expected none for sentence similarity")
+        pair = body["inputs"]
+        schema.check_fields(pair, ("source_sentence", "sentences"), "inputs")
+        if not isinstance(pair.get("source_sentence"), str):
+            raise schema.RequestError(422, "inputs.source_sentence", "inputs.source_sentence: expected a "
+                                      f"string, got {schema._type(pair.get('source_sentence'))}")
+        named = {f"inputs.{k}": v for k, v in pair.items()}  # so that errors name inputs.sentences[i]
+        texts = [*schema.texts(named, "inputs.source_sentence", 1),
+                 *schema.texts(named, "inputs.sentences", c.max_client_batch - 1)]
+        return texts, True, _truncation(service, {}), {"similarity": True}
+
     embed = Endpoint(parse, respond)
-    return {"/embed": embed, "/": embed}
+    return {"/embed": embed, "/": Endpoint(parse_root, respond)}
 
 
 def classification(service: Service) -> dict[str, Endpoint]:
