@@ -3,6 +3,7 @@ a bound on connections, tokenization in the tokenizer threads, long texts window
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -40,7 +41,11 @@ def _closed_after(sock: socket.socket, limit: float = 10.0) -> bytes:
 def test_a_stalled_connection_is_closed(quick_server, sent, expected):
     with socket.create_connection(("127.0.0.1", quick_server.port)) as sock:
         sock.sendall(sent)
-        assert _closed_after(sock).startswith(expected)
+        answer = _closed_after(sock)
+        assert answer.startswith(expected)
+    if expected:  # the JSON error every answer has
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert b"content-type: application/json" in head and json.loads(body)["error"]["code"] == 408
     assert quick_server.request("GET", "/health")[0] == 200
 
 

@@ -99,7 +99,8 @@ def test_sigterm_drops_a_stalled_client_and_exits_cleanly(embedding_dir):
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=15)  # well before --header-timeout's 10 s and the grace period
         stalled.settimeout(5)
-        assert stalled.recv(100) in (b"", TIMEOUT)  # closed
+        got = stalled.recv(len(TIMEOUT))
+        assert got == b"" or TIMEOUT.startswith(got)  # closed
         stalled.close()
     finally:
         if proc.poll() is None:

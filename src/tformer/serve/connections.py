@@ -19,10 +19,13 @@ same class serves one process and each --workers process alike.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from tformer.serve.schema import RequestError
 
 STATE_KEY = "tformer.connections"
 
@@ -35,12 +38,18 @@ class Limits:
     begin_drain: Callable[[], None]  # called on SIGTERM, before uvicorn waits for requests
 
 
-def _reply(status: bytes, extra: bytes = b"") -> bytes:
-    return b"HTTP/1.1 %s\r\ncontent-length: 0\r\nconnection: close\r\n%s\r\n" % (status, extra)
+def _reply(status: bytes, message: str, kind: str, extra: bytes = b"") -> bytes:
+    """A whole response written on the socket: the JSON error every other answer has."""
+    code = int(status.split()[0])
+    body = json.dumps(RequestError(code, None, message, kind).body(), separators=(",", ":")).encode()
+    return (b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+            b"connection: close\r\n%s\r\n%s" % (status, len(body), extra, body))
 
 
-TIMEOUT = _reply(b"408 Request Timeout")
-BUSY = _reply(b"503 Service Unavailable", b"retry-after: 1\r\n")
+TIMEOUT = _reply(b"408 Request Timeout", "request: its headers or body did not arrive in time "
+                 "(--header-timeout / --body-timeout)", "invalid_request_error")
+BUSY = _reply(b"503 Service Unavailable", "server: too many open connections (--max-connections), or "
+              "shutting down; retry", "overloaded", b"retry-after: 1\r\n")
 
 
 class GuardedProtocol(HttpToolsProtocol):
