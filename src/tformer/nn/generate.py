@@ -72,7 +72,7 @@ def check_length_penalty(length_penalty: float, max_len: int) -> None:
     except OverflowError:
         ok = False
     if not ok:
-        raise ValueError(f"length_penalty: expected a number with {max_len} ** |length_penalty| finite "
+        raise ValueError(f"length_penalty: expected a number with max_len ** |length_penalty| finite "
                          f"(max_len {max_len}), got {length_penalty!r}")
 
 

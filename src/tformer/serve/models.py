@@ -339,7 +339,7 @@ def windows(texts: list[str], limit: int, count: Callable[[list[str]], list[int]
             if not cut[i] and words is not None and len(texts[i]) > chars[i]:
                 out[i], cut[i] = texts[i][: chars[i]], True
                 inside.append(i)
-        spaced = [i for i in todo if i not in inside]
+        spaced = sorted(set(todo) - set(inside))  # cut at whitespace, or whole
         for i, n in zip(spaced, count([out[i] for i in spaced]) if spaced else [], strict=True):
             counts[i] = n
         for i, n in zip(inside, words([out[i] for i in inside]) if inside else [], strict=True):
