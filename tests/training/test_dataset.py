@@ -184,3 +184,22 @@ def test_the_tokenizer_learns_from_all_of_a_sorted_file_not_its_first_lines(tmp_
     monkeypatch.setattr(dataset, "TOKENIZER_CHARS", 500)
     _, sample = TextData._scan(config)
     assert 400 <= sum(map(len, sample)) <= 500
+
+
+def test_a_small_file_holds_out_at_least_one_record_in_each_split(tmp_path):
+    """5% of 40 records is 2 a split on average, and at times none (examples/en_de.jsonl left
+    its test split empty): a small file's share grows until each split has one, no more."""
+    from pathlib import Path
+
+    from tformer.training.dataset import SPLIT_FRACTION, small_file_fraction
+
+    assert small_file_fraction([0.03, 0.07, 0.5], SPLIT_FRACTION, {"test", "validation"}) == SPLIT_FRACTION
+    raised = small_file_fraction([0.08, 0.15, 0.5], SPLIT_FRACTION, {"test", "validation"})
+    assert 0.08 < raised < 0.0801  # just past the first unit: test {0.08}, validation {0.15}
+    assert small_file_fraction([0.08, 0.5], SPLIT_FRACTION, {"test"}) > 0.08  # only test hashed
+    assert small_file_fraction([0.9], SPLIT_FRACTION, {"test"}) == SPLIT_FRACTION  # none can: the error
+    example = Path(__file__).parents[2] / "examples" / "en_de.jsonl"
+    for path in (example, write(tmp_path / "c.jsonl", classification_rows(30))):
+        data = TextData.build(resolve_config({"data": str(path), "vocab_size": 120}), None, write=False)
+        test, valid = data.held_out("test"), data.held_out("validation")
+        assert test and valid and len(test) + len(valid) <= 0.5 * data.identity["data"]["records"]

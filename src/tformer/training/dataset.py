@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import heapq
 import json
+import math
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,6 +59,27 @@ POOL = 4096  # records sorted together for length bucketing
 
 def split_fraction(n_records: int) -> float:
     return min(SPLIT_FRACTION, SPLIT_CAP / max(n_records, 1))
+
+
+# A file of at most SMALL records may get a larger held-out share, up to SMALL_FRACTION each,
+# where 5% of it hashed into a split leaves that split empty (a 40-line file: 2 records each,
+# on average, and none at times).
+SMALL, SMALL_FRACTION = 1000, 0.25
+
+
+def small_file_fraction(units: list[float], fraction: float, splits: set[str]) -> float:
+    """The smallest fraction >= ``fraction`` (at most SMALL_FRACTION) at which each hashed split
+    in ``splits`` and training get a record of a small file whose records hash to ``units``;
+    ``fraction`` when none does (the error then asks for --valid/--test files)."""
+    def fills(f: float) -> bool:
+        got = {split_of_unit(u, f) for u in units}
+        return "train" in got and splits <= got
+
+    if fills(fraction):
+        return fraction
+    # A split changes only where f passes a unit u (test: u < f) or u / 2 (validation: u < 2f).
+    edges = sorted({math.nextafter(x, 1.0) for u in units for x in (u, u / 2)})
+    return next((f for f in edges if fraction < f <= SMALL_FRACTION and fills(f)), fraction)
 
 
 class _TokenizerSample:
@@ -174,10 +196,11 @@ class TextData:
             if key in given_keys:
                 continue
             u = unit_hash(key, seed)
-            # The final fraction is at most split_fraction(n so far): nothing above it can be held out.
-            if hashed and u < 2 * split_fraction(n):
+            # The final fraction is at most split_fraction(n so far), or small_file_fraction's for a
+            # small file: nothing above it can be held out.
+            if hashed and (n <= SMALL or u < 2 * split_fraction(n)):
                 candidates.append((u, dict(record, line=str(line_no))))
-                if len(candidates) > 4 * SPLIT_CAP and n % 1024 == 0:
+                if n == SMALL + 1 or (len(candidates) > 4 * SPLIT_CAP and n % 1024 == 0):
                     candidates = [c for c in candidates if c[0] < 2 * split_fraction(n)]
             sample.offer(n, key, u, [v for k, v in record.items() if k != "label"])
         if n == 0:
@@ -187,6 +210,8 @@ class TextData:
         data.labels, data.pairs = sorted(labels), pairs
         data.label_ids = {name: i for i, name in enumerate(data.labels)}
         data.fraction = f = split_fraction(n)
+        if hashed and n <= SMALL:
+            data.fraction = f = small_file_fraction([u for u, _ in candidates], f, hashed)
         for split, records in given.items():
             data._check_labels(config.valid if split == "validation" else config.test, records)
             data._held_out[split] = data._nonempty(split, records)
