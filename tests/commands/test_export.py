@@ -156,6 +156,26 @@ def test_the_card_opens_with_hub_metadata_and_gives_the_train_command_that_made_
     assert "## Training data" in card and "records in the training file" in card
 
 
+def test_the_card_keeps_the_test_record_after_an_eval_of_another_file(capsys, tmp_path, runs):
+    import shutil
+
+    from tformer.runs import load_run
+
+    run = tmp_path / "run"
+    shutil.copytree(runs["finetuned"], run)
+    data = write(tmp_path / "more.jsonl", classification_rows(12, seed=3))
+    assert _run(capsys, "eval", run, "--data", data)[0] == 0  # appends an "eval" line
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["split"] == "eval"
+    test = load_run(run).test_record()
+    assert test["split"] == "test"
+    assert _run(capsys, "export", run, "--hf", tmp_path / "hf")[0] == 0
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert "none recorded" not in card and f"{test['accuracy']:.4g}" in card
+    with (run / "metrics.jsonl").open("a") as f:  # training went on past the test: not its record
+        f.write(json.dumps({"split": "train", "step": 10**6, "loss": 1.0}) + "\n")
+    assert load_run(run).test_record() == {}
+
+
 def test_a_mean_pooled_classifier_exports_as_xlm_and_pipeline_gives_predicts_probabilities(
         capsys, tmp_path, runs):
     """The default from scratch (tests/export/test_hf_xlm.py has the details and the limit)."""

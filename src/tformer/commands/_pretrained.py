@@ -37,6 +37,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, batch: bool = True) -> 
         "--max-length", type=int, default=None, help="truncate to fewer tokens than the model allows"
     )
     add_device(parser)
+    add_threads(parser)
     if not batch:  # attention maps: fp32 only
         return
     parser.add_argument(
@@ -48,7 +49,6 @@ def add_model_arguments(parser: argparse.ArgumentParser, batch: bool = True) -> 
         "rotation (CPU only; cosine ~0.999 to fp32; see tformer.nn.int8)",
     )
     parser.add_argument("--batch-size", type=int, default=32, help="texts per batch (32)")
-    add_threads(parser)
 
 
 def load_sentence_encoder(args: argparse.Namespace):

@@ -47,9 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # Heavy (torch) modules load when the command runs, not when the CLI is built, so that
     # `tformer train --engine numpy` never imports torch (tformer.cli builds every parser).
+    from tformer.commands import _inputs
     from tformer.commands._attention_html import bert_maps, check_options, is_run_dir, run_maps, write_html
     from tformer.viz.plots import plot_attention, save_figure
 
+    _inputs.check_options(args)  # --threads, as every command that runs a model
     if args.out is None and args.html is None:
         raise ValueError(
             "--out/--html: expected a PNG file (--out), an HTML file (--html) or both, got neither"

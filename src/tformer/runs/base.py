@@ -142,12 +142,20 @@ class Run(ABC):
         return ()
 
     def test_record(self) -> dict[str, Any]:
-        """The run's test record: metrics.jsonl's last line, when it is one."""
+        """The run's test record: metrics.jsonl's last line, when it is one, "eval" lines
+        after it (`tformer eval --data`) skipped; not one that training went on past."""
         try:
-            record = json.loads((self.path / "metrics.jsonl").read_text().splitlines()[-1])
-        except (OSError, IndexError, json.JSONDecodeError):
+            lines = (self.path / "metrics.jsonl").read_text().splitlines()
+        except OSError:
             return {}
-        return record if isinstance(record, dict) and record.get("split") == "test" else {}
+        for line in reversed(lines):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                return {}
+            if not (isinstance(record, dict) and record.get("split") == "eval"):
+                return record if isinstance(record, dict) and record.get("split") == "test" else {}
+        return {}
 
     # Attention pictures ----------------------------------------------------------------------
     def attention_input(self, text: str, max_length: int | None = None) -> AttentionInput:
