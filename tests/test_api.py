@@ -31,6 +31,12 @@ def test_a_list_of_dicts_trains_predicts_and_reloads(tmp_path):
     assert (onnx / "model.onnx").stat().st_size > 0 and (onnx / "tokenizer.json").is_file()
 
 
+def test_quiet_is_taken_as_the_command_line_takes_it(tmp_path, capsys):
+    tformer.train(task="reverse", out=str(tmp_path / "run"), quiet=True, steps=2, d_model=16, n_heads=2,
+                  d_ff=16, n_layers=1, valid_size=8, test_size=8, threads=1)
+    assert "steps" not in capsys.readouterr().err  # no progress bar
+
+
 def test_seq2seq_and_embedding_runs_from_files(tmp_path):
     s2s = tformer.train(data=str(write(tmp_path / "s.jsonl", seq2seq_rows())), out=str(tmp_path / "a"), **TINY)
     outputs = s2s.generate(["the cat sat", "hello world"])

@@ -35,11 +35,12 @@ from tformer.training.sources import Data
 
 
 def train(data: Data | None = None, valid: Data | None = None, test: Data | None = None,
-          progress: bool = True, log=print, **options: Any) -> Run:
+          progress: bool = True, log=print, quiet: bool = False, **options: Any) -> Run:
     """Train as `tformer train` does, with the same options as keywords (max_minutes=5,
-    from_pretrained="DIR", d_model=256, device="cuda", ...), on a file or on records; returns the
-    Run, its model on the device it trained on. Without data, trains the synthetic task named by
-    task= (default reverse).
+    from_pretrained="DIR", d_model=256, device="cuda", quiet=True, ...), on a file or on records;
+    returns the Run, its model on the device it trained on. Without data, trains the synthetic
+    task named by task= (default reverse). ``quiet`` (--quiet): no progress bar, as
+    ``progress=False``.
 
     A train that fails (bad records, a bad option, a file that is not there, an interrupt
     before the first checkpoint) raises and leaves nothing behind: a run directory it created
@@ -47,6 +48,7 @@ def train(data: Data | None = None, valid: Data | None = None, test: Data | None
 
     Like the command line, on the CPU it asks glibc's malloc to keep freed memory for reuse in this
     process (tformer.kernels.allocator says why and how to opt out)."""
+    progress = progress and not quiet
     if "device" in options:  # a torch.device too; the run records it as text
         options["device"] = str(options["device"])
     device = resolve_device(options.get("device", "auto"))  # a missing device: one line, before anything
