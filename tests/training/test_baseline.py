@@ -133,3 +133,18 @@ def test_generation_in_evaluation_is_bounded_by_the_source_length(tmp_path):
     longest = int(batch.src_mask.sum(dim=1).max())
     out = objective.predict(model, examples)  # an untrained model: EOS is rare
     assert max(len(ids) for ids in out) == generation_limit(longest, 128) < 128
+
+
+def test_a_test_of_too_few_examples_draws_no_verdict():
+    from tformer.export.model_card import baseline_lines
+    from tformer.training.report import with_baseline
+
+    record = with_baseline({"split": "test", "bleu": 2.02, "examples": 1}, "bleu",
+                           {"baseline": 0.0, "baseline_by": "copying the source"})
+    assert record["beats_baseline"] is False
+    assert baseline_verdict(record).startswith("warning: the test scored 1 example(s), too few to tell "
+                                               "whether the model learned (test BLEU 2.02;")
+    assert "too few to tell" in baseline_lines(record, "bleu")[0]
+    enough = with_baseline({"split": "test", "bleu": 2.02, "examples": 10}, "bleu",
+                           {"baseline": 0.0, "baseline_by": "copying the source"})
+    assert enough["beats_baseline"] and baseline_verdict(enough).startswith("the model learned")

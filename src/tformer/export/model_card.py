@@ -25,6 +25,7 @@ from typing import Any
 
 from tformer import __version__
 from tformer.export.export_dir import MARKER
+from tformer.training.verdict import too_few
 
 # tformer's metric names -> the Hub's (the `evaluate` library's metric ids).
 HUB_METRICS = {"accuracy": "accuracy", "macro_f1": "f1", "bleu": "bleu", "chrf": "chrf",
@@ -73,6 +74,9 @@ def baseline_lines(metrics: dict[str, Any], key: str | None) -> list[str]:
     value, by, metric = found
     ours = float(metrics[metric])
     compared = f"test {metric} {ours:.4g}; baseline ({by}): {value:.4g}"
+    if too_few(metrics):
+        return [f"> **Warning:** the test scored {metrics['examples']} example(s), too few to tell "
+                f"whether this model learned ({compared})."]
     if metrics.get("beats_baseline", ours > value):
         return [f"The model {'matches' if ours == value else 'beats'} its baseline: {compared}."]
     return [f"> **Warning:** this model did not beat its baseline ({compared}). It has not learned "

@@ -17,6 +17,7 @@ from tqdm import tqdm
 from tformer.errors import require
 from tformer.storage.files import write_atomic
 from tformer.storage.rundir import read_metrics
+from tformer.training.verdict import MIN_VERDICT_EXAMPLES, PERFECT, beats_baseline, too_few
 from tformer.viz.plots import save_figure, subplots
 
 TENSORBOARD_DIR = "tensorboard"  # RUN/tensorboard/: `tensorboard --logdir RUN` shows the run
@@ -194,23 +195,14 @@ def summary(record: dict[str, Any], key: str) -> str:
     return f"test recall@1 {record['recall_at_1']:.4f} MRR@10 {record['mrr_at_10']:.4f} {done}"
 
 
-# The best score of each main metric: a baseline that reaches it (copying the source, for the
-# copy task) can be matched, not beaten.
-PERFECT = {"accuracy": 1.0, "exact_match": 1.0, "mrr_at_10": 1.0, "bleu": 100.0}
 NAMES = {"accuracy": "accuracy", "exact_match": "exact match", "mrr_at_10": "MRR@10", "bleu": "BLEU"}
-
-
-def beats_baseline(value: float, baseline: float, key: str) -> bool:
-    """Whether a test score beats its trivial baseline (higher is better; a perfect baseline is
-    matched by a perfect score)."""
-    return value > baseline or value >= PERFECT.get(key, float("inf"))
 
 
 def with_baseline(record: dict[str, Any], key: str, baseline: dict[str, Any]) -> dict[str, Any]:
     """The test record with its baseline (``Objective.baseline``'s), the metric compared and the
     verdict, as metrics.jsonl keeps them."""
     return {**record, **baseline, "main_metric": key,
-            "beats_baseline": beats_baseline(record[key], baseline["baseline"], key)}
+            "beats_baseline": beats_baseline(record[key], baseline["baseline"], key) and not too_few(record)}
 
 
 def baseline_verdict(record: dict[str, Any]) -> str | None:
@@ -223,6 +215,10 @@ def baseline_verdict(record: dict[str, Any]) -> str | None:
     name = NAMES.get(key, key)
     ours, theirs = f"{record[key]:.{digits}f}", f"{record['baseline']:.{digits}f}"
     by = record.get("baseline_by", "a trivial prediction")
+    if too_few(record):
+        return (f"warning: the test scored {record['examples']} example(s), too few to tell whether the "
+                f"model learned (test {name} {ours}; the baseline of {by}: {name} {theirs}); give a --test "
+                f"file of {MIN_VERDICT_EXAMPLES} or more, or more --data")
     if record["baseline"] >= PERFECT.get(key, float("inf")) and record[key] >= record["baseline"]:
         return (f"the model matched a perfect baseline: test {name} {ours}, as {by} scores ({name} "
                 f"{theirs}); this test split is too easy to show what it learned")
