@@ -105,15 +105,16 @@ def _steps(capsys, corpus, out, monkeypatch) -> int:
     return len(steps)
 
 
-def test_full_disk_at_every_write_step_keeps_the_old_index(capsys, tmp_path, monkeypatch,
-                                                           small_chunks):
+def test_full_disk_at_every_write_step_keeps_the_old_index_and_resumes(capsys, tmp_path, monkeypatch,
+                                                                       small_chunks):
     idx = tmp_path / "idx"
     corpus = _corpus(tmp_path, SENTENCES)
     steps = _steps(capsys, corpus, tmp_path / "count", monkeypatch)
-    assert steps == 3 + 1 + 1  # 3 chunks of vectors, index.json, the publishing rename
-    assert _build(capsys, _corpus(tmp_path, OLD_CORPUS, "old.txt"), idx)[0] == 0
-    old = {p.name: p.read_bytes() for p in idx.iterdir()}
+    assert steps == 3 * 3 + 1 + 1  # per chunk: vectors, the progress temp, its rename; index.json; publish
+    expected = {p.name: p.read_bytes() for p in (tmp_path / "count").iterdir() if p.name != "index.json"}
     for k in range(1, steps + 1):
+        assert _build(capsys, _corpus(tmp_path, OLD_CORPUS, "old.txt"), idx)[0] == 0
+        old = {p.name: p.read_bytes() for p in idx.iterdir()}
         calls = []
 
         def full_disk(what, k=k, calls=calls):
@@ -125,23 +126,33 @@ def test_full_disk_at_every_write_step_keeps_the_old_index(capsys, tmp_path, mon
         rc, _, err = _build(capsys, corpus, idx)
         assert rc == 1 and err.count("\n") == 1 and "No space left" in err, (k, err)
         assert {p.name: p.read_bytes() for p in idx.iterdir()} == old, k  # the old index, whole
+        monkeypatch.setattr(files, "fault_hook", None)
+        rc, _, err = _build(capsys, corpus, idx)  # the same build again: resumed where recorded
+        assert rc == 0, err
+        # after the first recorded chunk; a failed publish (the last step) embeds again
+        assert ("resuming" in err) == (3 < k < steps), (k, err)
+        assert {p.name: p.read_bytes() for p in idx.iterdir() if p.name != "index.json"} == expected, k
         assert sorted(p.name for p in tmp_path.iterdir()) == [
             "corpus.txt", "count", "idx", "old.txt"], k  # nothing half-built left beside it
-    monkeypatch.setattr(files, "fault_hook", None)
-    assert _build(capsys, corpus, idx)[0] == 0 and _texts(idx) == SENTENCES
 
 
-def test_kill_at_every_write_step_keeps_the_old_index_and_the_next_build_cleans_up(
+def test_kill_at_every_write_step_keeps_the_old_index_and_the_next_build_resumes(
         capsys, tmp_path, monkeypatch, small_chunks):
     idx = tmp_path / "idx"
     corpus = _corpus(tmp_path, SENTENCES)
+    # One thread here as in the killed child: the rows it wrote are then the same bytes.
     steps = _steps(capsys, corpus, tmp_path / "count", monkeypatch)
+    assert _build(capsys, corpus, tmp_path / "count", "--threads", 1)[0] == 0
+    expected = {p.name: p.read_bytes() for p in (tmp_path / "count").iterdir() if p.name != "index.json"}
+    argv = ["index", "build", bert_dir(), "--corpus", corpus, "--out", idx, "--threads", 1]
     for k in range(1, steps + 1):
         assert _build(capsys, _corpus(tmp_path, OLD_CORPUS, "old.txt"), idx)[0] == 0
         old = {p.name: p.read_bytes() for p in idx.iterdir()}
-        assert killed_at(k, ["index", "build", bert_dir(), "--corpus", corpus, "--out", idx]), k
+        assert killed_at(k, argv), k
         assert {p.name: p.read_bytes() for p in idx.iterdir()} == old, k
         rc, out, err = run_cli(capsys, "search", idx, "a dog", "-k", 1)
         assert rc == 0 and "line 1: a dog" in out, err
-    assert _build(capsys, corpus, idx)[0] == 0 and _texts(idx) == SENTENCES
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "count", "idx", "old.txt"]
+        rc, _, err = run_cli(capsys, *argv)
+        assert rc == 0 and ("resuming" in err) == (3 < k < steps), (k, err)
+        assert {p.name: p.read_bytes() for p in idx.iterdir() if p.name != "index.json"} == expected, k
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "count", "idx", "old.txt"], k

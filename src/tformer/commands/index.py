@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         st = load_sentence_encoder(args)
         meta = build_index(st, args.model_dir, corpus, args.out, batch_size=args.batch_size,
                            truncation=not args.no_truncate, max_length=args.max_length,
-                           show_progress=args.progress, rank=rank, world=world)
+                           show_progress=args.progress, rank=rank, world=world, dtype=args.dtype)
     if meta is None:  # not rank 0: it wrote the index
         return 0
     print(f"wrote {args.out}: {meta['n']} vectors of dimension {meta['dim']} "

@@ -11,9 +11,12 @@ out among the ranks and written by rank 0 (tformer.embeddings.shards).
 
 An index directory holds ``vectors.npy`` (N, D float32, L2-normalised), ``texts.jsonl``
 ({"line", "text"} per corpus line) and ``index.json`` (the model directory, a hash of its
-files, how it embedded). It is written as one unit (built beside, then renamed) by one
-process at a time (tformer.storage.locks), and a search refuses it if the model it is searched with
-is not the one that built it, or if a file of it does not hold what index.json says.
+files, how it embedded). It is written as one unit (built beside, in ``.NAME.build``, then
+renamed) by one process at a time (tformer.storage.locks), and a search refuses it if the
+model it is searched with is not the one that built it, or if a file of it does not hold what
+index.json says. A build that is killed, interrupted or runs out of disk resumes from its last
+recorded chunk when run again with the same model, corpus and options (``BUILD_PROGRESS``
+records them), as ``tformer embed --out`` does; with others it starts over.
 """
 
 from __future__ import annotations
@@ -22,20 +25,29 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tformer.storage.files import dir_mode, durable_step, file_mode, fsync_dir, json_bytes, publish_dir
+from tformer.storage.files import (
+    dir_mode,
+    durable_step,
+    file_mode,
+    fsync_dir,
+    json_bytes,
+    publish_dir,
+    write_json_atomic,
+)
 from tformer.storage.locks import leftovers, output_lock
 from tformer.text.lines import TextLines
 
 CHUNK = 1024  # texts embedded (and held) at a time
 BLOCK = 8192  # corpus vectors compared with the queries at a time
 INDEX_FILE, VECTORS_FILE, TEXTS_FILE = "index.json", "vectors.npy", "texts.jsonl"
+BUILD_PROGRESS = "progress.json"  # in the build folder: what it embeds, and how far it got
 INDEX_FORMAT = 1
 
 
@@ -133,15 +145,20 @@ def model_identity(model_dir: str | Path) -> str:
 
 def build_index(st, model_dir: str | Path, corpus: str | Path, out: str | Path,
                 batch_size: int = 32, truncation: bool = True, max_length: int | None = None,
-                show_progress: bool | None = None, rank: int = 0, world: int = 1) -> dict[str, Any] | None:
+                show_progress: bool | None = None, rank: int = 0, world: int = 1,
+                dtype: str | None = None) -> dict[str, Any] | None:
     """Embed the corpus once into an index directory at `out` (written as one unit, under
-    a lock: a second build of the same `out` is refused while this one runs). With several
-    ranks (torchrun) each embeds its share of the corpus and rank 0 writes the index; the
-    other ranks return None."""
+    a lock: a second build of the same `out` is refused while this one runs; an interrupted
+    one resumes). With several ranks (torchrun) each embeds its share of the corpus and rank 0
+    writes the index; the other ranks return None. ``dtype``: the precision ``st`` runs in
+    (index.json records it)."""
     if rank != 0:
+        from tformer.training.distributed import broadcast_int
+
         lines = corpus if isinstance(corpus, TextLines) else TextLines(corpus, "--corpus")
-        for _ in embed_chunks(st, lines, rank=rank, world=world, batch_size=batch_size,
-                              truncation=truncation, show_progress=False):
+        done = broadcast_int(0, world)  # rank 0's lines already embedded
+        for _ in embed_chunks(st, ((k, t) for k, t in lines if k > done), rank=rank, world=world,
+                              batch_size=batch_size, truncation=truncation, show_progress=False):
             pass  # rank 0 gathers and writes
         return None
     out = Path(out)
@@ -155,7 +172,7 @@ def build_index(st, model_dir: str | Path, corpus: str | Path, out: str | Path,
     with output_lock(out, "--out"):
         _remove_stale_builds(out)  # what a killed build of `out` left
         return _build(st, model_dir, lines, n, out, batch_size, truncation, max_length,
-                      show_progress, world)
+                      show_progress, world, dtype)
 
 
 def _remove_stale_builds(out: Path) -> None:
@@ -166,49 +183,91 @@ def _remove_stale_builds(out: Path) -> None:
 
 def _build(st, model_dir, lines: TextLines, n: int, out: Path, batch_size: int,
            truncation: bool, max_length: int | None, show_progress: bool | None,
-           world: int = 1) -> dict[str, Any]:
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
-    try:
-        os.chmod(tmp, dir_mode())
-        start = 0
-        bar = progress_bar(n, show_progress)
-        # Plain sequential writes after the .npy header (a memory map would keep every
-        # written page resident, so memory would grow with the corpus).
-        with (tmp / VECTORS_FILE).open("wb") as vectors, \
-                (tmp / TEXTS_FILE).open("w", encoding="utf-8") as texts_out:
-            header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
-                      "fortran_order": False, "shape": (n, st.dim)}
-            np.lib.format.write_array_header_1_0(vectors, header)
-            for numbers, texts, emb in embed_chunks(
-                st, lines, world=world, batch_size=batch_size, truncation=truncation, show_progress=False,
-            ):
-                durable_step(f"write {tmp / VECTORS_FILE}")
-                vectors.write(unit(emb).astype(np.float32).tobytes())  # (b, D) rows
-                start += len(texts)
-                bar.update(len(texts))
-                for number, text in zip(numbers, texts, strict=True):
-                    texts_out.write(json.dumps({"line": number, "text": text}) + "\n")
-        bar.close()
-        if start != n:
-            raise ValueError(f"--corpus {lines.name}: changed while it was read ({start} lines, "
-                             f"expected {n})")
-        meta = {"format": INDEX_FORMAT, "model_dir": str(Path(model_dir).resolve()),
-                "model_id": model_identity(model_dir),
-                "corpus": lines.name if lines.name == "-" else str(Path(lines.name).resolve()),
-                "n": n, "dim": st.dim, "max_length": max_length, "truncation": truncation,
-                "pooling": list(st.pooling)}
-        durable_step(f"write {tmp / INDEX_FILE}")
-        (tmp / INDEX_FILE).write_bytes(json_bytes(meta))
-        for path in tmp.iterdir():
-            os.chmod(path, file_mode())
-            with path.open("rb") as f:
+           world: int = 1, dtype: str | None = None) -> dict[str, Any]:
+    from tformer.training.distributed import broadcast_int
+
+    work = out.parent / f".{out.name}.build"
+    meta = {"format": INDEX_FORMAT, "model_dir": str(Path(model_dir).resolve()),
+            "model_id": model_identity(model_dir),
+            "corpus": lines.name if lines.name == "-" else str(Path(lines.name).resolve()),
+            "n": n, "dim": st.dim, "max_length": max_length, "truncation": truncation,
+            "pooling": list(st.pooling), "dtype": dtype}
+    # What the rows depend on: a build resumes only for the same (the corpus by its bytes).
+    identity = {**meta, "model_dir": None, "corpus": lines.digest()}
+    for entry in leftovers(work, BUILD_PROGRESS):  # a progress record a kill cut short
+        entry.unlink(missing_ok=True)
+    done, sizes = _resumable(work, identity)
+    if done is None:
+        done, sizes = 0, _start(work, n, st.dim)
+    elif done:
+        print(f"tformer index: resuming {out} after {done} of {n} lines", file=sys.stderr)
+    done = broadcast_int(done, world)
+    bar = progress_bar(n, show_progress)
+    bar.update(done)
+    # Plain writes after what was recorded (a memory map would keep every written page
+    # resident, so memory would grow with the corpus); a chunk cut short is written again.
+    with (work / VECTORS_FILE).open("r+b") as vectors, (work / TEXTS_FILE).open("r+b") as texts_out:
+        for f, size in zip((vectors, texts_out), sizes, strict=True):
+            f.truncate(size)
+            f.seek(size)
+        for numbers, texts, emb in embed_chunks(
+            st, ((k, t) for k, t in lines if k > done), world=world, batch_size=batch_size,
+            truncation=truncation, show_progress=False,
+        ):
+            durable_step(f"write {work / VECTORS_FILE}")
+            vectors.write(unit(emb).astype(np.float32).tobytes())  # (b, D) rows
+            texts_out.write("".join(json.dumps({"line": k, "text": t}) + "\n"
+                                    for k, t in zip(numbers, texts, strict=True)).encode())
+            for f in (vectors, texts_out):
+                f.flush()
                 os.fsync(f.fileno())
-        fsync_dir(tmp)
-        publish_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            done += len(texts)
+            write_json_atomic(work / BUILD_PROGRESS, {"identity": identity, "done": done,
+                                                      "sizes": [vectors.tell(), texts_out.tell()]})
+            bar.update(len(texts))
+    bar.close()
+    if done != n:
+        shutil.rmtree(work, ignore_errors=True)
+        raise ValueError(f"--corpus {lines.name}: changed while it was read ({done} lines, "
+                         f"expected {n})")
+    durable_step(f"write {work / INDEX_FILE}")
+    (work / INDEX_FILE).write_bytes(json_bytes(meta))
+    (work / BUILD_PROGRESS).unlink()
+    for path in work.iterdir():
+        os.chmod(path, file_mode())
+        with path.open("rb") as f:
+            os.fsync(f.fileno())
+    fsync_dir(work)
+    publish_dir(work, out)
     return meta
+
+
+def _resumable(work: Path, identity: dict[str, Any]) -> tuple[int | None, list[int]]:
+    """(lines done, [vectors bytes, texts bytes]) an interrupted build of the same identity
+    recorded in ``work``; (None, []) when there is none to resume."""
+    try:
+        saved = json.loads((work / BUILD_PROGRESS).read_text())
+        sizes = [int(x) for x in saved["sizes"]]
+        ok = (saved["identity"] == identity and len(sizes) == 2
+              and (work / VECTORS_FILE).stat().st_size >= sizes[0]
+              and (work / TEXTS_FILE).stat().st_size >= sizes[1])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, []
+    return (int(saved["done"]), sizes) if ok else (None, [])
+
+
+def _start(work: Path, n: int, dim: int) -> list[int]:
+    """A new build folder: vectors.npy's header for (n, dim) rows, an empty texts.jsonl."""
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    os.chmod(work, dir_mode())
+    with (work / VECTORS_FILE).open("wb") as f:
+        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
+                  "fortran_order": False, "shape": (n, dim)}
+        np.lib.format.write_array_header_1_0(f, header)
+        head = f.tell()
+    (work / TEXTS_FILE).write_bytes(b"")
+    return [head, 0]
 
 
 class Index:
