@@ -103,3 +103,29 @@ def test_non_finite_probabilities_are_refused_not_printed_as_nan(classification_
         rc, out, err = run_cli(capsys, "predict", broken, "the cat", "--format", fmt)
         assert_one_line_error(rc, err, "predict", r"expected finite probabilities, got \[nan")
         assert "NaN" not in out and out == ""
+
+
+def test_inputs_are_read_a_window_at_a_time_not_held_whole(tmp_path):
+    """predict and generate read --file a window of batches at a time: memory does not grow
+    with its lines (a 1M-line file held 111 MB more than a 10k one)."""
+    import argparse
+    import tracemalloc
+
+    from tformer.commands._inputs import input_windows
+    from tformer.text.batches import SORT_WINDOW
+
+    f = tmp_path / "many.txt"
+    f.write_text("".join(f"line number {i} of many\n" for i in range(100_000)))
+    args = argparse.Namespace(inputs=["first"], file=str(f))
+    tracemalloc.start()
+    try:
+        seen, starts = 0, []
+        for start, texts in input_windows(args, "inputs", "TEXT", 32):
+            starts.append(start)
+            assert texts[0] == ("first" if start == 0 else f"line number {start - 1} of many")
+            seen += len(texts)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert seen == 100_001 and starts[:2] == [0, 32 * SORT_WINDOW]
+    assert peak < 2_000_000, peak  # the whole list alone would be ~7 MB

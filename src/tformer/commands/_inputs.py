@@ -10,6 +10,7 @@ traceback later.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 from collections.abc import Iterator
@@ -70,20 +71,42 @@ def file_lines(args: argparse.Namespace) -> TextLines | None:
     return TextLines(args.file, "--file") if args.file is not None else None
 
 
-def input_texts(args: argparse.Namespace, positional: str, metavar: str, minimum: int = 1
-                ) -> list[str]:
-    """The texts given as arguments (``args.<positional>``), then --file's lines."""
+def input_texts(args: argparse.Namespace, positional: str, metavar: str, minimum: int = 1,
+                maximum: int | None = None, why: str = "") -> list[str]:
+    """The texts given as arguments (``args.<positional>``), then --file's lines; past
+    ``maximum`` refused (saying ``why``) before the file is held: counted as it is read."""
     texts = list(getattr(args, positional))
-    if getattr(args, "file", None) is not None:
-        texts += file_lines(args).texts()
+    lines = file_lines(args) if getattr(args, "file", None) is not None else None
+    if maximum is not None:
+        check_count(len(texts) + (lines.count() if lines else 0), metavar, minimum, maximum, why)
+    if lines is not None:
+        texts += lines.texts()
     check_count(len(texts), metavar, minimum)
     return texts
 
 
-def check_count(n: int, metavar: str, minimum: int = 1) -> None:
+def input_windows(args: argparse.Namespace, positional: str, metavar: str, batch_size: int
+                  ) -> Iterator[tuple[int, list[str]]]:
+    """(index of its first input, its texts) for each run of SORT_WINDOW batches of the texts
+    given as arguments, then of --file's lines. The file is checked whole first (one pass that
+    keeps nothing: a blank line fails before any output), then read a window at a time, so
+    memory does not grow with its lines."""
+    given = list(getattr(args, positional))
+    lines = file_lines(args) if getattr(args, "file", None) is not None else None
+    check_count(len(given) + (lines.count() if lines is not None else 0), metavar)
+    texts = itertools.chain(given, (t for _, t in lines) if lines is not None else ())
+    start, step = 0, batch_size * SORT_WINDOW
+    while chunk := list(itertools.islice(texts, step)):
+        yield start, chunk
+        start += len(chunk)
+
+
+def check_count(n: int, metavar: str, minimum: int = 1, maximum: int | None = None, why: str = "") -> None:
     if n < minimum:
         raise ValueError(f"{metavar}: expected at least {minimum} text(s) as arguments or in "
                          f"--file, got {n}")
+    if maximum is not None and n > maximum:
+        raise ValueError(f"{metavar}: expected at most {maximum} texts{why}, got {n}")
 
 
 # Valid inside a JSON string, but line breaks to str.splitlines() and JavaScript: escaped, so
@@ -103,9 +126,3 @@ def json_line(record: dict[str, Any], what: str) -> str:
     return line
 
 
-def windows(count: int, batch_size: int) -> Iterator[tuple[int, int]]:
-    """(start, stop) of each run of inputs a command hands the model at once: SORT_WINDOW
-    batches, which prediction sorts by length together (its output comes in input order)."""
-    step = batch_size * SORT_WINDOW
-    for start in range(0, count, step):
-        yield start, min(start + step, count)

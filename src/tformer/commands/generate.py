@@ -8,8 +8,9 @@ data use the tokenizer saved in RUN_DIR.
 from __future__ import annotations
 
 import argparse
+import itertools
 
-from tformer.commands._inputs import add_device, add_threads, check_options, device_of, input_texts, windows
+from tformer.commands._inputs import add_device, add_threads, check_options, device_of, input_windows
 
 HELP = "run a trained model on inputs (arguments or --file, one per line)"
 
@@ -35,10 +36,11 @@ def run(args: argparse.Namespace) -> int:
     from tformer.runs import load_run
 
     check_options(args)
-    texts = input_texts(args, "inputs", "INPUT")
+    inputs = input_windows(args, "inputs", "INPUT", args.batch_size)
+    first = next(inputs)  # the inputs checked before the run loads
     run = load_run(args.run_dir, needs="answers", device=device_of(args))
     options = {"beam_size": args.beam_size, "length_penalty": args.length_penalty, "max_len": args.max_len}
-    for start, stop in windows(len(texts), args.batch_size):
-        for out in run.answers(texts[start:stop], batch_size=args.batch_size, **options):
+    for _, texts in itertools.chain([first], inputs):
+        for out in run.answers(texts, batch_size=args.batch_size, **options):
             print(out, flush=True)
     return 0

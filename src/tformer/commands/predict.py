@@ -10,6 +10,7 @@ broken checkpoint) are refused, never printed as NaN.
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 
 from tformer.commands._inputs import (
@@ -17,9 +18,8 @@ from tformer.commands._inputs import (
     add_threads,
     check_options,
     device_of,
-    input_texts,
+    input_windows,
     json_line,
-    windows,
 )
 
 HELP = "classify texts with a classification run (label per line, or JSONL with probabilities)"
@@ -41,10 +41,10 @@ def run(args: argparse.Namespace) -> int:
     from tformer.runs import load_run
 
     check_options(args)
-    texts = input_texts(args, "inputs", "TEXT")
+    inputs = input_windows(args, "inputs", "TEXT", args.batch_size)
+    first = next(inputs)  # the inputs checked before the run loads
     run = load_run(args.run_dir, needs="predict", device=device_of(args))
-    for start, stop in windows(len(texts), args.batch_size):
-        chunk = texts[start:stop]
+    for start, chunk in itertools.chain([first], inputs):
         split = [t.partition("\t") if run.pairs else (t, "", "") for t in chunk]  # text, tab, text_pair
         pairs = [pair for _, _, pair in split]
         answers = run.predict([text for text, _, _ in split], pairs if any(pairs) else None,

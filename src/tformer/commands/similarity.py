@@ -36,12 +36,9 @@ def cosine_matrix(emb):
 
 def run(args: argparse.Namespace) -> int:
     check_options(args)
-    texts = input_texts(args, "texts", "TEXT", minimum=2)
-    if len(texts) > MAX_TEXTS:
-        raise ValueError(
-            f"TEXT: expected at most {MAX_TEXTS} texts (the matrix is printed), got {len(texts)}; "
-            "for more, use `tformer search` or `tformer embed --out`"
-        )
+    texts = input_texts(args, "texts", "TEXT", minimum=2, maximum=MAX_TEXTS,
+                        why=" (the matrix is printed; for more, use `tformer search` or "
+                            "`tformer embed --out`)")
     with one_line_warnings("similarity"):
         st = load_sentence_encoder(args)
         emb = st.encode(texts, batch_size=args.batch_size, truncation=not args.no_truncate)
