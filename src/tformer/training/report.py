@@ -17,7 +17,7 @@ from tqdm import tqdm
 from tformer.errors import require
 from tformer.storage.files import write_atomic
 from tformer.storage.rundir import read_metrics
-from tformer.training.verdict import MIN_VERDICT_EXAMPLES, PERFECT, beats_baseline, too_few
+from tformer.verdict import MIN_VERDICT_EXAMPLES, PERFECT, beats_baseline, too_few
 from tformer.viz.plots import save_figure, subplots
 
 TENSORBOARD_DIR = "tensorboard"  # RUN/tensorboard/: `tensorboard --logdir RUN` shows the run
