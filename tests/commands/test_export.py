@@ -420,6 +420,27 @@ def test_an_export_older_than_the_file_list_is_replaced_only_by_the_same_files(c
     assert rc == 2 and "model.safetensors" in err and (out / "model.safetensors").is_file()
 
 
+@pytest.mark.parametrize("option", ["--hf", "--onnx"])
+def test_a_second_export_to_the_same_out_is_refused_while_the_first_runs(capsys, tmp_path, runs,
+                                                                        monkeypatch, option):
+    """Two exports at once both said "wrote" and one result was silently lost."""
+    out, second = tmp_path / "out", []
+
+    def start_another_export(what):  # while the first publishes
+        if not second:
+            monkeypatch.setattr(files, "fault_hook", None)
+            second.append(_run(capsys, "export", runs["scratch"], option, out))
+
+    monkeypatch.setattr(files, "fault_hook", start_another_export)
+    rc, _, err = _run(capsys, "export", runs["finetuned"], option, out)
+    assert rc == 0, err
+    rc2, _, err2 = second[0]
+    assert rc2 == 2 and err2.count("\n") == 1, err2
+    assert f"{option} {out}: is being written by another tformer process (pid {os.getpid()})" in err2
+    assert str(runs["finetuned"]) in (out / "README.md").read_text()  # the first export, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
 def _snapshot(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
 
