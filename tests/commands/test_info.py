@@ -36,3 +36,16 @@ def test_sizes_past_what_torch_can_represent_are_one_line(tmp_path, capsys):
     assert main(["info", str(tmp_path / "c.json")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "would exceed 2**63 bytes" in err
+
+
+def test_a_metrics_line_cut_short_is_a_warning_not_an_error(tmp_path, capsys, classification_run):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(classification_run, run)
+    metrics = run / "metrics.jsonl"
+    text = metrics.read_text()
+    metrics.write_text(text + text.splitlines()[0][:20])  # a write a crash cut short
+    assert main(["info", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "1 line(s) cut short" in out and "test" in out

@@ -98,8 +98,17 @@ def _run_rows(run_dir, saved) -> list[tuple[str, str]]:
         rows.append(("objective", f"{train['task']} (synthetic task)"))
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file():
-        tests = [json.loads(line) for line in metrics.read_text().splitlines() if '"test"' in line]
-        tests = [t for t in tests if t.get("split") == "test"]
+        tests, cut = [], 0
+        for line in metrics.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # a line a crash cut short: `--resume` cuts it back
+                cut += 1
+                continue
+            if isinstance(record, dict) and record.get("split") == "test":
+                tests.append(record)
+        if cut:
+            rows.append(("warning", f"{metrics}: {cut} line(s) cut short (a write a crash interrupted)"))
         if tests:
             t = tests[-1]
             shown = ", ".join(f"{k} {t[k]:.4f}" for k in ("bleu", "chrf", "exact_match", "accuracy",
