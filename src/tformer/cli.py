@@ -59,6 +59,20 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     return parser, commands
 
 
+def _os_error(e: OSError) -> str:
+    """The machine's refusal in one line, naming the file: the error's own, or for a full disk
+    or a read-only filesystem met by a plain write (no file in the error), the write begun last."""
+    import errno
+
+    from tformer.storage import files
+
+    if e.filename:
+        return f"{e.filename}: {e.strerror or e}"
+    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG) and files.last_step:
+        return f"{e.strerror or e} ({files.last_step})"
+    return str(e.strerror or e)
+
+
 def main(argv: list[str] | None = None) -> int:
     started = command_started(argv)
     parser, commands = build_parser()
@@ -87,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tformer {args.command}: error: {e}", file=sys.stderr)
         return 2
     except OS_ERRORS as e:
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"tformer {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
+        print(f"tformer {args.command}: error: {_os_error(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"tformer {args.command}: interrupted", file=sys.stderr)

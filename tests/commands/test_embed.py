@@ -208,3 +208,17 @@ def test_kill_at_every_write_step_keeps_the_old_file_and_resumes(capsys, tmp_pat
         assert ("resuming" in err) == (k > 3), (k, err)  # after the first recorded chunk
         assert out.read_bytes() == expected, k
         assert sorted(p.name for p in tmp_path.iterdir()) == ["e.npy", "t.txt"], k
+
+
+def test_a_full_disk_names_the_file_being_written(capsys, tmp_path, monkeypatch):
+    """A plain write's ENOSPC names no file: the command line names the write it began last."""
+    import errno
+
+    def full(what):
+        raise OSError(errno.ENOSPC, "No space left on device")  # as f.write raises it: no filename
+
+    monkeypatch.setattr(files, "fault_hook", full)
+    out = tmp_path / "e.npy"
+    rc, _, err = run_cli(capsys, "embed", st_dir(), "a dog", "--out", out)
+    assert rc == 1 and err.count("\n") == 1, err
+    assert err.startswith("tformer embed: error: No space left on device (write ") and "e.npy" in err, err

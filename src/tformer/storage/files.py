@@ -63,7 +63,14 @@ def uncounted() -> Iterator[None]:
         fault_hook = saved
 
 
+# The write the process began last ("write PATH", "rename PATH"): a full disk's OSError from a
+# plain file write names no file; the command line names this one instead.
+last_step: str | None = None
+
+
 def durable_step(what: str) -> None:
+    global last_step
+    last_step = what
     if fault_hook is not None:
         fault_hook(what)
 
