@@ -77,7 +77,7 @@ def test_generate_prints_one_line_per_input(run_dir, capsys):
     (["generate", "{run}", "3 x 4"], "'x' in '3 x 4' is not in the vocabulary"),
     (["generate", "{run}", "1" * 40], "this model takes at most"),
     (["train", "--resume", "{run}", "--lr", "0.5"], "lr: cannot change when resuming"),
-    (["eval", "{bad}"], "does not fit its config.json"),
+    (["eval", "{bad}"], "model.safetensors: not a readable safetensors file"),
 ])
 def test_bad_input_is_one_line_error(argv, message, run_dir, tmp_path, capsys):
     (tmp_path / "c.json").write_text('{"bogus": 1}')

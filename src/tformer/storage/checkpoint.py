@@ -129,14 +129,15 @@ def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str
 def load_weights(model: nn.Module, path: Path) -> dict[str, str]:
     """Load `path` into `model`; a file that does not fit is a user error, not a crash."""
     try:
-        weights, meta = read_safetensors(path)
+        weights, meta = read_safetensors(path)  # an unreadable file says so, naming it
         check_finite(weights, str(path))
+    except ValueError as e:
+        raise ValueError(f"RUN_DIR: {e}") from None
+    try:
         model.load_state_dict(weights, strict=True)
     except RuntimeError as e:
         first = str(e).strip().splitlines()[0]
         raise ValueError(f"RUN_DIR: {path} does not fit its config.json ({first})") from None
-    except ValueError as e:
-        raise ValueError(f"RUN_DIR: {path} does not fit its config.json ({e})") from None
     return meta
 
 
