@@ -49,3 +49,17 @@ def test_a_metrics_line_cut_short_is_a_warning_not_an_error(tmp_path, capsys, cl
     assert main(["info", str(run)]) == 0
     out = capsys.readouterr().out
     assert "1 line(s) cut short" in out and "test" in out
+
+
+def test_a_weights_file_cut_short_is_a_warning(tmp_path, capsys, classification_run):
+    import shutil
+
+    from tformer.storage.checkpoint import check_run_dir
+
+    run = tmp_path / "run"
+    shutil.copytree(classification_run, run)
+    weights = check_run_dir(run) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-5])
+    assert main(["info", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert f"{weights}: not a readable safetensors file" in out

@@ -85,6 +85,15 @@ def _run_rows(run_dir, saved) -> list[tuple[str, str]]:
         return []
     train = json.loads((saved / "train_config.json").read_text())
     rows = []
+    weights = saved / "model.safetensors"
+    try:  # its header only: a file cut short (a copy, a full disk) shows here, not at first use
+        from safetensors import safe_open
+
+        with safe_open(str(weights), framework="numpy"):
+            pass
+    except Exception as e:  # safetensors' own error types vary across versions
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        rows.append(("warning", f"{weights}: not a readable safetensors file ({first})"))
     if train.get("data"):
         data = json.loads((run_dir / "data.json").read_text()) if (run_dir / "data.json").is_file() else {}
         objective = data.get("objective", "?")
