@@ -148,3 +148,11 @@ def test_a_test_of_too_few_examples_draws_no_verdict():
     enough = with_baseline({"split": "test", "bleu": 2.02, "examples": 10}, "bleu",
                            {"baseline": 0.0, "baseline_by": "copying the source"})
     assert enough["beats_baseline"] and baseline_verdict(enough).startswith("the model learned")
+
+
+def test_the_summary_names_the_step_whose_weights_were_tested():
+    from tformer.training.report import summary
+
+    record = {"step": 1077, "tested_step": 217, "wall_seconds": 88.0, "accuracy": 0.68, "macro_f1": 0.5}
+    assert "after 1077 steps, 88.0 s (the best validated weights tested: step 217)" in summary(record, "accuracy")
+    assert "tested" not in summary({**record, "tested_step": 1077}, "accuracy")

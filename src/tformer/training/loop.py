@@ -265,12 +265,14 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     if writer:
         bar.status("saving")
         _checkpoint(run_dir, model, optimizer, config, state, best=False)
+    tested_step = state["step"]
     if (run_dir / "best.safetensors").is_file():
         load_weights(model, run_dir / "best.safetensors")  # test the best validated weights
+        tested_step = state.get("best_step", tested_step)
     test, shown = objective.evaluate(model, "test", deadline=budget.test_deadline(),
                                      progress=lambda done, of: bar.status("testing", done, of))
     bar.close()
-    record = {"split": "test", "task": config.name, "step": state["step"], **test,
+    record = {"split": "test", "task": config.name, "step": state["step"], "tested_step": tested_step, **test,
               "test_examples": budget.test_examples, "wall_seconds": round(wall(), 2),
               "stopped_by": stop_reason, "valid_share": round(budget.valid_share(), 4),
               "parameters": n_params, "device": str(device)}

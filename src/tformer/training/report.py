@@ -180,6 +180,8 @@ def sample_table(rows: list[tuple[str, str, str]], n: int = 6) -> str:
 
 def summary(record: dict[str, Any], key: str) -> str:
     done = f"after {record['step']} steps, {record['wall_seconds']:.1f} s"
+    if record.get("tested_step", record["step"]) != record["step"]:
+        done += f" (the best validated weights tested: step {record['tested_step']})"
     of = record.get("test_examples")
     if of is not None and record.get("examples", of) < of:  # the test's deadline cut it
         done += f"; scored {record['examples']:,} of {of:,} test examples in the time left"
