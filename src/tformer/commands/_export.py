@@ -29,8 +29,7 @@ def run(args: argparse.Namespace) -> int:
     runs is refused naming its pid (else both said "wrote" and one result was silently lost)."""
     with contextlib.ExitStack() as held:
         for option, out in (("--hf", args.hf), ("--onnx", args.onnx)):
-            if out is not None:
-                Path(out).parent.mkdir(parents=True, exist_ok=True)
+            if out is not None and Path(out).parent.is_dir():  # else the export refuses or makes it
                 held.enter_context(output_lock(Path(out), option))
         return _export(args)
 
