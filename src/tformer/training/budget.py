@@ -65,6 +65,7 @@ class Budget:
         self.timed = math.isfinite(self.seconds)
         self.train_started = time.perf_counter() - started  # tokenizer and setup come first
         self.step_seconds: float | None = None  # wall time per update (exponential average)
+        self.last_step_seconds: float | None = None
         self.examples_per_step: float | None = None
         self.train_records = train_records
         self.valid_seconds_per_example: float | None = None
@@ -121,6 +122,7 @@ class Budget:
         now = self.now()
         wall = seconds if self._last_step_end is None else max(now - self._last_step_end, seconds)
         self._last_step_end = now
+        self.last_step_seconds = wall  # the latest alone: past the first steps' warm-up
         a = 0.1  # smooth, but follow a machine that speeds up after warm-up or slows under load
         def average(old: float | None, new: float) -> float:
             return new if old is None else (1 - a) * old + a * new
