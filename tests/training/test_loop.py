@@ -254,11 +254,13 @@ def test_a_timed_run_says_its_pace_early_and_when_it_buys_few_updates():
     learned nothing, with no word of it until the end: the pace is said after 3 steps."""
     from types import SimpleNamespace
 
+    from tformer.training.budget import Budget
     from tformer.training.loop import pace
 
     def budget(per: float, left: float):
-        return SimpleNamespace(last_step_seconds=per, config=SimpleNamespace(steps=10**6),
-                               train_deadline=lambda: left, now=lambda: 0.0)
+        b = Budget(SimpleNamespace(steps=10**6, epochs=None, max_minutes=1), 0.0)
+        b.last_step_seconds, b.train_deadline, b.now = per, lambda: left, lambda: 0.0
+        return b
 
     assert pace(budget(0.004, 8.0), 3) == "pace: 4 ms a step, about 2,003 updates in the budget"
     few = pace(budget(3.2, 60.0), 3)

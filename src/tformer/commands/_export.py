@@ -14,27 +14,15 @@ run directory from a model directory and exports the latter.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 from pathlib import Path
 
 from tformer.export import onnx as tonnx
 from tformer.formats import hf_bert
 from tformer.storage.checkpoint import latest_checkpoint
-from tformer.storage.locks import output_lock
 
 
 def run(args: argparse.Namespace) -> int:
-    """One export writes an output at a time: a second export to the same --hf/--onnx while one
-    runs is refused naming its pid (else both said "wrote" and one result was silently lost)."""
-    with contextlib.ExitStack() as held:
-        for option, out in (("--hf", args.hf), ("--onnx", args.onnx)):
-            if out is not None and Path(out).parent.is_dir():  # else the export refuses or makes it
-                held.enter_context(output_lock(Path(out), option))
-        return _export(args)
-
-
-def _export(args: argparse.Namespace) -> int:
     directory = Path(args.model_dir)
     if _is_run_dir(directory):
         return _export_run(directory, args)

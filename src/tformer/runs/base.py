@@ -23,6 +23,7 @@ from torch import nn
 
 from tformer.devices import model_device
 from tformer.export.model_card import HUB_NAME, Card
+from tformer.storage.locks import output_lock
 from tformer.training.command import train_command
 from tformer.training.config import TrainConfig
 from tformer.training.objectives import Objective
@@ -110,13 +111,17 @@ class Run(ABC):
         option, target = ("--hf", hf) if hf is not None else ("--onnx", onnx)
         card = self.card(shlex.join(["tformer", "export", str(self.path), option, str(target)]))
         device = model_device(self.model)
-        self.model.cpu()  # exports are traced and checked on the CPU, whatever device runs the model
-        try:
-            if hf is not None:
-                return self.export_hf(Path(hf), card)
-            return self.export_onnx(Path(onnx), card, opset)
-        finally:
-            self.model.to(device)
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+        # One export writes a folder at a time: a second one to it while this runs is refused
+        # naming this pid (both said "wrote" before, and one result was silently lost).
+        with output_lock(Path(target), option):
+            self.model.cpu()  # exports are traced and checked on the CPU, whatever device runs the model
+            try:
+                if hf is not None:
+                    return self.export_hf(Path(hf), card)
+                return self.export_onnx(Path(onnx), card, opset)
+            finally:
+                self.model.to(device)
 
     @abstractmethod
     def export_hf(self, out: Path, card: Card) -> Path:

@@ -135,15 +135,17 @@ class Budget:
         self._last_step_end = None
 
     # The plan ----------------------------------------------------------------------------------
-    def planned_steps(self, step: int) -> int:
+    def planned_steps(self, step: int, per_step: float | None = None) -> int:
         """The step count the schedule plans for: --steps, or fewer where the clock or the
-        epochs end first (re-estimated at every call from the measured step time)."""
+        epochs end first (re-estimated at every call from the measured step time, or at
+        ``per_step`` seconds a step)."""
         total = self.config.steps
         if self.config.epochs is not None and self.train_records and self.examples_per_step:
             total = min(total, math.ceil(self.config.epochs * self.train_records / self.examples_per_step))
-        if self.timed and self.step_seconds:
+        per_step = per_step or self.step_seconds
+        if self.timed and per_step:
             left = max(self.train_deadline() - self.now(), 0.0)
-            total = min(total, step + int(left / self.step_seconds))
+            total = min(total, step + int(left / per_step))
         return max(total, step, 1)
 
     def seconds_left(self) -> float:

@@ -310,7 +310,7 @@ def pace(budget, step: int) -> str:
     """One line, early in a timed run: its step time (the latest step's: the first ones carry
     the warm-up) and the updates the budget buys at it."""
     per = budget.last_step_seconds
-    planned = min(budget.config.steps, step + int(max(budget.train_deadline() - budget.now(), 0.0) / per))
+    planned = budget.planned_steps(step, per)
     few = "; few to learn from: a longer --max-minutes learns more" if planned < FEW_UPDATES else ""
     return f"pace: {per * 1000:,.0f} ms a step, about {planned:,} updates in the budget{few}"
 
