@@ -352,7 +352,7 @@ def _timed(report: Report, name: str, model: Seq2SeqTransformer, runs: dict, ct2
         "tokens/s counts each contender's generated tokens; greedy outputs may not differ, beam "
         "outputs may: the searches stop by different rules (tformer: once a source's best "
         "finished hypothesis scores at least its best live beam; HF: once 4 are finished and the "
-        "worst of them does; CTranslate2: once the best candidate is EOS), so a peer's differing "
+        "worst of them does; CTranslate2: once 4 are finished, whatever their scores), so a peer's differing "
         "rows are scored under the model as the searches rank them; CTranslate2 in its own process "
         f"({', '.join(f'{k}={v}' for k, v in peers.CT2_ENV.items())}).")
     # issue 33: greedy and beam 4 at least 1.25x CTranslate2's; greedy at least HF generate's

@@ -202,8 +202,10 @@ def beam_search(
     so with length_penalty 0 nothing better can come; with a positive one a live prefix's
     average could still rise, and stopping is a heuristic. It sits between the peers': Hugging
     Face's default waits until K hypotheses are finished and the worst of them scores as high
-    (it can return K; it runs longer and may find a better one), CTranslate2 stops once the best
-    candidate is EOS (sooner; it may return a worse one). At max_len or the `deadline` (a
+    (it can return K; it runs longer and may find a better one), CTranslate2 (as fairseq and
+    Marian) once K hypotheses are finished, whatever their scores (sooner on a near-flat
+    distribution, where EOS is often among the K best; it may return a worse one; on a trained
+    model it measured later, see benchmarks/README.md). At max_len or the `deadline` (a
     time.perf_counter() reading), the live prefixes count as hypotheses as they are.
     length_penalty 0 ranks hypotheses by total log-probability, which favours short outputs; 1
     by the per-token average. A source that has stopped leaves the batch with its best
