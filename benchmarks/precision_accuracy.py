@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    reference = SentenceEncoder.from_pretrained(args.model_dir)
+    reference = SentenceEncoder.from_pretrained(args.model_dir, device="cpu")
     if args.text_file:
         texts = TextLines(args.text_file, "TEXT_FILE").texts()
     else:
@@ -54,12 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     for precision in ("bf16", "int8"):
         plain = contextlib.nullcontext()
         if precision == "int8" and args.int8_bits:
-            low = SentenceEncoder.from_pretrained(args.model_dir)
+            low = SentenceEncoder.from_pretrained(args.model_dir, device="cpu")
             int8.quantize(low.model, bits=args.int8_bits)
             if args.int8_bits > int8.exact_bits():
                 plain = kernels.readable()  # float sums of the integers: exact, as VNNI's
         else:
-            low = SentenceEncoder.from_pretrained(args.model_dir, dtype=precision)
+            low = SentenceEncoder.from_pretrained(args.model_dir, dtype=precision, device="cpu")
         with plain:
             emb = low.encode(texts, show_progress=False)
         cos = (fp32 * emb).sum(axis=1) / (

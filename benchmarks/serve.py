@@ -96,7 +96,7 @@ class Server:
 
 def tformer_server(model: Path, dtype: str, flags: tuple[str, ...] = ()) -> Server:
     argv = [sys.executable, "-m", "tformer", "serve", str(model), "--port", "0", "--threads", str(THREADS),
-            "--dtype", dtype, *flags]
+            "--dtype", dtype, "--device", "cpu", *flags]  # the peers serve on the CPU
     name = f"tformer serve ({dtype}{', ' + ' '.join(flags) if flags else ''})"
     return Server(name, argv, {}, "/v1/embeddings", None)
 

@@ -120,3 +120,14 @@ def test_cpu_info_names_the_isa():
     assert cpu and set(isa) <= {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile",
                                 "amx_bf16", "amx_int8"}
     assert has_bf16() == bool({"avx512_bf16", "amx_bf16"} & set(isa))
+
+
+def test_tformer_contenders_run_on_the_cpu_where_torch_sees_a_gpu(tiny, monkeypatch):
+    """The CPU suite times every contender on the CPU: on a GPU machine, SentenceEncoder's
+    default device ("auto") would have timed tformer on the GPU against CPU peers (it did, on
+    an H200 host: 41x ONNX Runtime)."""
+    paths, _, texts, _, expected = tiny
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    runner = peers.BY_NAME["tformer fp32"].load(paths, 1)  # "auto" here: cuda:0, absent from this build
+    np.testing.assert_allclose(runner.encode(texts), expected["sentences"], atol=FP32)

@@ -67,7 +67,8 @@ def _tformer(dtype: str | None, skip_padding: bool | None = None) -> Callable[[P
         from tformer.embeddings.sentence import SentenceEncoder
 
         torch.set_num_threads(threads)
-        kwargs = {} if dtype is None else {"dtype": dtype}
+        # The CPU suite: on a machine with a GPU, "auto" would time the GPU against CPU peers.
+        kwargs = {"device": "cpu"} if dtype is None else {"dtype": dtype, "device": "cpu"}
         try:
             st = SentenceEncoder.from_pretrained(paths.model, **kwargs)
         except (TypeError, ValueError, RuntimeError, AttributeError) as e:
