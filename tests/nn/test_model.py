@@ -174,6 +174,24 @@ def test_bad_masks(tiny_config):
         enc(ids, torch.zeros(2, 5))
 
 
+
+@pytest.mark.parametrize("impl", ["torch", "reference"])
+def test_a_bad_source_or_memory_mask_is_named_as_the_caller_passed_it(tiny_config, impl):
+    """Seq2SeqTransformer's src_attention_mask and Decoder's memory_attention_mask: the error
+    names the argument given, not the encoder's own attention_mask."""
+    from tformer import reference
+
+    cls, to = ((Seq2SeqTransformer, torch.from_numpy) if impl == "torch"
+               else (reference.Seq2SeqTransformer, np.asarray))
+    model = cls(tiny_config)
+    src, tgt, wide = (to(np.zeros(shape, dtype=np.int64)) for shape in ((2, 4), (2, 3), (2, 5)))
+    with pytest.raises(ValueError, match=r"^src_attention_mask: expected shape \(B, S\) = \(2, 4\), got \(2, 5\)$"):
+        model(src, tgt, src_attention_mask=wide == 0)
+    memory = model.encode(src).last_hidden_state  # (2, 4, D)
+    with pytest.raises(ValueError, match=r"^memory_attention_mask: expected shape \(B, S\) = \(2, 4\), got \(2, 5\)$"):
+        model.decode(tgt, memory, memory_attention_mask=wide == 0)
+
+
 def test_sequence_longer_than_learned_positions(tiny_config):
     enc = Encoder(tiny_config.replace(positional="learned", max_len=8))
     with pytest.raises(ValueError, match="sequence length 9 exceeds max_len 8"):

@@ -204,6 +204,7 @@ def make_mask(
     s: int,
     causal: bool = False,
     device: torch.device | None = None,
+    name: str = "attention_mask",
 ) -> Mask | None:
     """Combine padding, general and causal masks into one ``Mask``, or None for no mask.
 
@@ -212,14 +213,15 @@ def make_mask(
         attn_mask: broadcastable to (B, T, S); True = query t may attend key s.
         causal: also forbid attending to later positions (decoder self-attention).
         device: where the mask should live (the activations' device).
+        name: the padding mask's argument, as its errors name it.
     """
     allowed: Tensor | None = None
     padding: Tensor | None = None
     if attention_mask is not None:
-        padding = as_bool(attention_mask, "attention_mask").to(device)
+        padding = as_bool(attention_mask, name).to(device)
         if padding.shape != (batch, s):
             raise ValueError(
-                f"attention_mask: expected shape (B, S) = ({batch}, {s}), "
+                f"{name}: expected shape (B, S) = ({batch}, {s}), "
                 f"got {tuple(padding.shape)}"
             )
         allowed = padding[:, None, None, :]  # (B, 1, 1, S)

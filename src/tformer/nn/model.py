@@ -246,7 +246,8 @@ class Decoder(nn.Module):
         # One new query (a cached decoding step) may attend every key: no causal mask to build.
         self_mask = make_mask(attention_mask, None, b, t, past + t, causal=t > 1, device=h.device)
         # Bm memory rows may serve B = g * Bm target rows (beam search; MultiHeadAttention).
-        memory_mask = make_mask(memory_attention_mask, None, bm, t, s, device=h.device)
+        memory_mask = make_mask(memory_attention_mask, None, bm, t, s, device=h.device,
+                                name="memory_attention_mask")
 
         hidden = [h] if output_hidden_states else None
         self_attns = [] if output_attentions else None
@@ -304,6 +305,8 @@ class Seq2SeqTransformer(nn.Module):
     ) -> EncoderOutput:
         """(B, S) source ids -> EncoderOutput with last_hidden_state (B, S, D)."""
         check_token_ids(src_ids, self.config.vocab_size, "src_ids")
+        b, s = src_ids.shape
+        make_mask(src_attention_mask, None, b, s, s, name="src_attention_mask")  # its errors, named
         x = self.src_emb(src_ids) * self.config.embedding_scale  # (B, S, D)
         return self.encoder(x, attention_mask=src_attention_mask, **kwargs)
 

@@ -104,14 +104,15 @@ def make_mask(
     t: int,
     s: int,
     causal: bool = False,
+    name: str = "attention_mask",
 ) -> Mask | None:
     """Combine padding, general and causal masks into one ``Mask``, or None for no mask."""
     allowed = padding = None
     if attention_mask is not None:
-        padding = as_bool(attention_mask, "attention_mask")
+        padding = as_bool(attention_mask, name)
         if padding.shape != (batch, s):
             raise ValueError(
-                f"attention_mask: expected shape (B, S) = ({batch}, {s}), "
+                f"{name}: expected shape (B, S) = ({batch}, {s}), "
                 f"got {tuple(padding.shape)}"
             )
         allowed = padding[:, None, None, :]  # (B, 1, 1, S)

@@ -259,7 +259,7 @@ class Decoder(Module):
             raise ValueError("memory: expected the encoder output (B, S, D), got None")
         self_mask = make_mask(attention_mask, None, b, t, past + t, causal=True)
         # Bm memory rows may serve B = g * Bm target rows (beam search; MultiHeadAttention).
-        memory_mask = make_mask(memory_attention_mask, None, bm, t, s)
+        memory_mask = make_mask(memory_attention_mask, None, bm, t, s, name="memory_attention_mask")
 
         hidden = [h] if output_hidden_states else None
         self_attns = [] if output_attentions else None
@@ -298,7 +298,8 @@ class Decoder(Module):
         check_embeddings(memory, c.d_model, "memory")
         b, t, _ = h.shape
         self_mask = make_mask(attention_mask, None, b, t, t, causal=True)
-        memory_mask = make_mask(memory_attention_mask, None, b, t, memory.shape[1])
+        memory_mask = make_mask(memory_attention_mask, None, b, t, memory.shape[1],
+                                name="memory_attention_mask")
         layer_caches = []
         for layer in self.layers:
             h, layer_cache = layer.forward_train(h, memory, self_mask, memory_mask, rng)
@@ -353,6 +354,8 @@ class Seq2SeqTransformer(Module):
     def encode(self, src_ids, src_attention_mask=None, **kwargs) -> EncoderOutput:
         src_ids = np.asarray(src_ids)
         check_token_ids(src_ids, self.config.vocab_size, "src_ids")
+        b, s = src_ids.shape
+        make_mask(src_attention_mask, None, b, s, s, name="src_attention_mask")  # its errors, named
         x = self.src_emb(src_ids) * self.dtype.type(self.config.embedding_scale)  # (B, S, D)
         return self.encoder(x, attention_mask=src_attention_mask, **kwargs)
 
