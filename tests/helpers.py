@@ -83,3 +83,24 @@ def data_objective(data, config):
     from tformer.training.sources import FileSource
 
     return OBJECTIVES[data.fields.objective](FileSource(data, config))
+
+
+def write_run(run_dir, checkpoint_model, best_model=None):
+    """A run directory as `tformer train` leaves it: a published checkpoint of
+    `checkpoint_model` and, when given, best.safetensors holding `best_model`'s weights."""
+    import torch
+    from safetensors.torch import save_file
+
+    from tformer.storage.checkpoint import save_checkpoint
+
+    class _Config:  # the TrainConfig's place: only its to_dict is written
+        def to_dict(self):
+            return {}
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    opt = torch.optim.SGD(checkpoint_model.parameters(), lr=0.1)
+    save_checkpoint(run_dir, checkpoint_model, opt, _Config(), {"step": 7})
+    if best_model is not None:
+        save_file({k: v.detach().contiguous() for k, v in best_model.state_dict().items()},
+                  str(run_dir / "best.safetensors"))
+    return run_dir

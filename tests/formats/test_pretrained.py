@@ -387,3 +387,29 @@ def test_empty_vocab_txt_is_a_clear_error(tmp_path):
     (d / "vocab.txt").write_text("")
     with pytest.raises(ValueError, match=r"vocab\.txt: expected a WordPiece vocabulary .* got an empty file"):
         load_tokenizer(d)
+
+
+def test_a_run_directory_gives_its_encoder_and_a_translation_run_is_refused(tmp_path):
+    """A trained classifier's or sentence model's run: its encoder, with the weights
+    tformer.load_run reads (best.safetensors); the head is left out, as a BERT checkpoint's
+    masked-LM head is. A source+target run has no encoder of that shape: one line naming load_run."""
+    from helpers import write_run
+
+    from tformer.nn.model import EncoderClassifier, Seq2SeqTransformer
+    from tformer.storage.checkpoint_names import latest_checkpoint
+
+    config = TransformerConfig(d_model=16, n_heads=2, d_ff=32, n_layers=2, dropout=0.0, vocab_size=40,
+                               max_len=16)
+    torch.manual_seed(0)
+    saved, best = EncoderClassifier(config.replace(n_classes=3)), EncoderClassifier(config.replace(n_classes=3))
+    run = write_run(tmp_path / "cls", saved, best)
+    encoder = from_pretrained(run)
+    ids = torch.randint(4, 40, (2, 6))
+    with torch.no_grad():
+        assert torch.equal(encoder(ids).last_hidden_state, best.eval().encoder(ids).last_hidden_state)
+    checkpoint = latest_checkpoint(run)  # a checkpoint directory itself: its own weights
+    assert torch.equal(from_pretrained(checkpoint).tok_emb.weight, saved.encoder.tok_emb.weight)
+    translation = write_run(tmp_path / "s2s", Seq2SeqTransformer(config))
+    with pytest.raises(ValueError, match=r"^\S+model\.safetensors: expected an encoder's weights, got a "
+                                         r"Seq2SeqTransformer's .*tformer\.load_run\(RUN_DIR\)$"):
+        from_pretrained(translation)

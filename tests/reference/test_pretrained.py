@@ -82,3 +82,44 @@ def test_loads_and_runs_without_torch():
         "assert out.last_hidden_state.shape == (2, 5, 32), out.last_hidden_state.shape\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _tiny(cls, seed, **config):
+    from tformer.config import TransformerConfig
+
+    torch.manual_seed(seed)
+    c = TransformerConfig(d_model=16, n_heads=2, d_ff=32, n_layers=2, dropout=0.0, vocab_size=40,
+                          max_len=16, **config)
+    return cls(c).eval()
+
+
+@pytest.mark.parametrize("kind", ["Seq2SeqTransformer", "EncoderClassifier", "SentenceModel"])
+def test_a_run_directory_loads_as_the_model_its_weights_are_for(tmp_path, kind):
+    """A trained run (tformer.load_run's weights: best.safetensors, else the newest checkpoint)
+    becomes the NumPy model of its kind, with torch's outputs (float64, 1e-10)."""
+    from helpers import write_run
+
+    from tformer import reference
+    from tformer.nn import model as torch_model
+    from tformer.training.objectives.embedding import SentenceModel
+
+    torch_cls = {"Seq2SeqTransformer": torch_model.Seq2SeqTransformer,
+                 "EncoderClassifier": torch_model.EncoderClassifier,
+                 "SentenceModel": lambda c: SentenceModel(c, ("mean",))}[kind]
+    extra = {"n_classes": 3} if kind == "EncoderClassifier" else {}
+    saved, best = (_tiny(torch_cls, seed, **extra) for seed in (0, 1))
+    ids = torch.randint(4, 40, (2, 6))
+    for run, expected in ((write_run(tmp_path / "with-best", saved, best), best),
+                          (write_run(tmp_path / "checkpoint-only", saved), saved)):
+        ref = from_pretrained(run, dtype=np.float64)
+        if kind == "SentenceModel":  # an embedding run: its encoder (pooling has no weights)
+            assert type(ref) is reference.Encoder
+            torch_out, ref_out = expected.encoder.double()(ids).last_hidden_state, ref(ids.numpy()).last_hidden_state
+        elif kind == "Seq2SeqTransformer":
+            assert type(ref) is reference.Seq2SeqTransformer
+            torch_out = expected.double()(ids, ids[:, :4]).logits
+            ref_out = ref(ids.numpy(), ids[:, :4].numpy()).logits
+        else:
+            assert type(ref) is reference.EncoderClassifier
+            torch_out, ref_out = expected.double()(ids).logits, ref(ids.numpy()).logits
+        np.testing.assert_allclose(ref_out, torch_out.detach().numpy(), atol=1e-10, err_msg=f"{run}")

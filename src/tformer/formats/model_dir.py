@@ -75,3 +75,17 @@ def read_model_dir(directory: str | Path | ModelDir) -> ModelDir:
             "tformer config (d_model, n_heads, ...), got neither"
         )
     return ModelDir(Path(directory), layout, raw)
+
+
+def tformer_model_class(keys) -> str:
+    """Which of tformer's models a tformer state dict's tensor names belong to: a trained
+    run saves "Seq2SeqTransformer" (decoder.*), "EncoderClassifier" (encoder.*, head.*) or
+    "SentenceModel" (an embedding run: an Encoder under encoder.*); save_pretrained an "Encoder"."""
+    keys = list(keys)
+    if any(k.startswith("decoder.") for k in keys):
+        return "Seq2SeqTransformer"
+    if any(k.startswith("head.") for k in keys):
+        return "EncoderClassifier"
+    if keys and all(k.startswith("encoder.") for k in keys):
+        return "SentenceModel"
+    return "Encoder"

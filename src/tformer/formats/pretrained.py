@@ -28,9 +28,10 @@ from torch import nn
 
 from tformer.config import TransformerConfig
 from tformer.formats import hf_bert, hf_xlm
-from tformer.formats.model_dir import ModelDir, read_model_dir
+from tformer.formats.model_dir import ModelDir, read_model_dir, tformer_model_class
 from tformer.formats.st_layout import read_layout
 from tformer.stats import check_fits
+from tformer.storage.checkpoint_names import latest_checkpoint
 from tformer.storage.files import json_bytes, write_dir_atomic
 
 
@@ -39,12 +40,24 @@ def read_pretrained(
 ) -> tuple[TransformerConfig, dict[str, torch.Tensor], Path]:
     """The config, the state dict under our keys, and the weights' path, of a BERT-format or
     tformer directory. ``Encoder.from_pretrained`` builds the model from them; it passes its
-    class, whose shapes (built on the meta device) the file's are checked against first."""
+    class, whose shapes (built on the meta device) the file's are checked against first.
+
+    A run directory written by `tformer train` gives its encoder, with the weights
+    tformer.load_run reads (the best validated ones, else the newest checkpoint's): a
+    classifier's head is left out, as a BERT checkpoint's masked-LM head is; a source+target
+    run's weights are refused, naming tformer.load_run."""
+    if not isinstance(directory, ModelDir) and (saved := latest_checkpoint(directory)) is not None:
+        best = Path(directory) / "best.safetensors"
+        weights = best if best.is_file() else saved / hf_bert.WEIGHTS_FILE
+        config = tformer_config(read_model_dir(saved))
+        return config, _encoder_state(config, [weights], saved, model_cls), weights
     md = read_model_dir(directory)
     if md.is_bert:
         config, state = _load_hf(md, allow_pickle)
     else:
-        config, state = _load_tformer(md, allow_pickle, model_cls)
+        config = tformer_config(md)
+        files = hf_bert.weight_files(md.model_dir, allow_pickle)
+        state = _encoder_state(config, files, md.model_dir, model_cls)
     return config, state, md.model_dir / hf_bert.WEIGHTS_FILE
 
 
@@ -155,14 +168,27 @@ def _xlm_token_types(md: ModelDir) -> bool:
     return "token_type_ids" in (names or ())
 
 
-def _load_tformer(md: ModelDir, allow_pickle: bool, model_cls: type[nn.Module]):
-    config, model_dir = tformer_config(md), md.model_dir
-    files = hf_bert.weight_files(model_dir, allow_pickle)
+def _encoder_state(config: TransformerConfig, files: list[Path], model_dir: Path,
+                   model_cls: type[nn.Module]) -> dict[str, torch.Tensor]:
+    """The encoder's tensors in tformer weight files: an Encoder's, or the encoder of a trained
+    classifier or sentence model (``formats.model_dir.tformer_model_class``)."""
     if all(p.suffix == ".safetensors" for p in files):  # shapes from the headers, nothing loaded
-        shapes = {k: v for p in files for k, v in _header_shapes(p).items()}
+        shapes = _encoder_keys({k: v for p in files for k, v in _header_shapes(p).items()}, files[0])
         _check_sizes(config, shapes, r"layers\.(\d+)\.", "n_layers", model_dir, str(files[0]))
         _check_shapes(model_cls, config, shapes, str(files[0]))
-    return config, _read_weights(files)
+    return _encoder_keys(_read_weights(files), files[0])
+
+
+def _encoder_keys(state: dict, source: Path) -> dict:
+    """`state` (tensors or shapes) under an Encoder's keys: a trained run's model keeps its
+    encoder under "encoder." (a classifier's head is left out); a translation model has none."""
+    kind = tformer_model_class(state)
+    if kind == "Seq2SeqTransformer":
+        raise ValueError(f"{source}: expected an encoder's weights, got a Seq2SeqTransformer's (a "
+                         "source+target run): load the run with tformer.load_run(RUN_DIR)")
+    if kind == "Encoder":
+        return state
+    return {k.removeprefix("encoder."): v for k, v in state.items() if k.startswith("encoder.")}
 
 
 def _header_shapes(path: Path) -> dict[str, tuple[int, ...]]:

@@ -21,7 +21,6 @@ the other way round (``load_state_dict`` copies into the model wherever it is).
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -31,13 +30,12 @@ from safetensors.torch import save as st_save
 from torch import nn
 
 from tformer.devices import model_device
+from tformer.storage.checkpoint_names import CHECKPOINTS, POINTER, latest_checkpoint
+from tformer.storage.checkpoint_names import published as _published
 from tformer.storage.files import json_bytes, remove_temp_files, write_atomic, write_new_dir
 
-CHECKPOINTS = "checkpoints"
-POINTER = "latest"
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "train_config.json")
 STATE_FILES = ("optimizer.safetensors", "trainer_state.json")
-_NAME = re.compile(r"step-(\d+)(?:\.(\d+))?$")  # step-000400, or step-000400.1 if re-saved
 
 
 def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -69,18 +67,6 @@ def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opti
     write_atomic(root / POINTER, (name + "\n").encode())
     _prune(root, keep, name)
     return root / name
-
-
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest published checkpoint directory of the run, or None."""
-    root = Path(run_dir) / CHECKPOINTS
-    pointer = root / POINTER
-    if pointer.is_file():
-        name = pointer.read_text().strip()
-        if _NAME.match(name) and (root / name).is_dir():
-            return root / name
-    found = _published(root)  # pointer lost: the newest rename is complete too
-    return root / found[-1] if found else None
 
 
 def check_run_dir(run_dir: str | Path) -> Path:
@@ -178,20 +164,6 @@ def load_training_state(run_dir: Path, model: nn.Module, optimizer: torch.optim.
         raise ValueError(f"resume: {ckpt / 'optimizer.safetensors'} does not fit this model "
                          f"({type(e).__name__}: {e})") from None
     return state
-
-
-def _published(root: Path) -> list[str]:
-    """Names of the published checkpoints under `root`, oldest first."""
-    if not root.is_dir():
-        return []
-    names = [p.name for p in root.iterdir() if _NAME.match(p.name) and p.is_dir()]
-    return sorted(names, key=_order)
-
-
-def _order(name: str) -> tuple[int, int]:
-    m = _NAME.match(name)
-    assert m is not None
-    return int(m.group(1)), int(m.group(2) or 0)
 
 
 def _free_name(root: Path, step: int) -> str:
