@@ -38,7 +38,8 @@ def _polynomial(coefficients: tuple[float, ...], x: np.ndarray) -> np.ndarray:
 
 
 # float32 needs 7 significant digits, not 16: the rational function Eigen and XLA use for float
-# erf, x P(x^2) / Q(x^2) on [-4, 4] (beyond, erf is +-1 in float32), max error ~1e-7: one
+# erf, x P(x^2) / Q(x^2) on [-4, 4] (beyond, erf is +-1 in float32), max abs error 4.5e-7 (a few
+# float32 steps near +-1; measured against math.erf on 2M points of [-4.5, 4.5]): one
 # polynomial pair over every element instead of two, ~4x cheaper than the double version.
 _ERF32_P = (-1.60960333262415e-02, -2.95459980854025e-03, -7.34990630326855e-04,
             -5.69250639462346e-05, -2.10102402082508e-06, 2.77068142495902e-08,
