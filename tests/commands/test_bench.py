@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 
 import pytest
 
 from tformer.bench import workloads
+from tformer.bench.harness import Report, Row
 from tformer.cli import main
 from tformer.kernels.machine import NO_BF16, cpu_info, has_bf16
 
@@ -23,7 +27,7 @@ def _run(tmp_path, capsys, *extra):
 
 def test_quick_subset_prints_the_table_and_json(tmp_path, capsys):
     table, data = _run(tmp_path, capsys, "--only", *SUBSET)
-    assert set(data) == {"machine", "rows", "targets", "notes"}
+    assert set(data) == {"machine", "rows", "targets", "notes", "interrupted"} and data["interrupted"] is None
     assert {"cpu", "isa", "torch", "threads", "onednn_linear"} <= set(data["machine"])
     row_keys = {"workload", "contender", "median_ms", "spread", "tokens_per_s", "vs_tformer", "cores",
                 "roofline", "peak_mib", "note"}
@@ -86,3 +90,42 @@ def test_model_dir_encodes_with_the_given_model(tmp_path, capsys):
     assert any(f"{model} (trained weights)" in note for note in data["notes"])
     assert main(["bench", "--only", "sentences-minilm", "--model-dir", str(tmp_path)]) == 2
     assert f"--model-dir {tmp_path}: expected a model directory with a config.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
+def test_a_stopped_bench_prints_and_saves_the_workloads_that_finished(tmp_path, capsys, monkeypatch, stop):
+    """Minutes of measuring are not lost to Ctrl-C or to `timeout`'s SIGTERM: the finished
+    workloads' table and JSON, the one that was running named, exit status 130."""
+
+    def stopped() -> Report:
+        if stop == "sigterm":
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises before this ends
+        raise KeyboardInterrupt
+
+    never = pytest.fail
+    suite = {"first": lambda: Report(rows=[Row("first", "tformer", 1.0)]), "second": stopped, "third": never}
+    monkeypatch.setattr(workloads, "suite", lambda s: suite)
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--quick", "--json", str(out)]) == 130
+    captured = capsys.readouterr()
+    assert "| first | tformer |" in captured.out and "interrupted during second" in captured.out
+    assert captured.err.rstrip().endswith("tformer bench: interrupted")
+    data = json.loads(out.read_text())
+    assert data["interrupted"] == "second" and [r["workload"] for r in data["rows"]] == ["first"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
+
+
+def test_json_replaces_its_own_results_and_refuses_any_other_file(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(workloads, "suite", lambda s: {"first": lambda: Report(rows=[Row("first", "a", 1.0)])})
+    out = tmp_path / "bench.json"
+    for _ in range(2):  # the second run replaces the first's results
+        assert main(["bench", "--quick", "--json", str(out)]) == 0
+    capsys.readouterr()
+    mine = tmp_path / "notes.json"
+    mine.write_text('{"my": "notes"}\n')
+    assert main(["bench", "--quick", "--json", str(mine)]) == 2
+    err = capsys.readouterr().err.strip()  # refused before any workload ran
+    assert err == (f"tformer bench: error: --json {mine}: exists and is not a results file `tformer bench "
+                   "--json` wrote; pick another name, or move it away first")
+    assert mine.read_text() == '{"my": "notes"}\n'

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,7 @@ import torch
 
 from tformer.bench import corpus
 from tformer.bench import models as M
-from tformer.bench.harness import Report, Row, Target, measure, paired_ratio
+from tformer.bench.harness import Report, Row, Target, measure, paired_ratio, run_workloads
 from tformer.bench.rows import Settings, timed_rows
 from tformer.devices import half_dtype, half_name, synchronize
 from tformer.nn.model import Encoder
@@ -44,13 +45,9 @@ PEER_MIN_COSINE = 0.99
 
 def run(s: Settings, device: torch.device, only: list[str] | None,
         progress: Callable[[str], None] | None = None) -> Report:
-    report = Report()
-    for name, fn in (("device-train", train_step), ("device-sentences", sentences)):
-        if only and name not in only:
-            continue
-        if progress:
-            progress(name)
-        report.extend(fn(s, device))
+    work = (("device-train", train_step), ("device-sentences", sentences))
+    report = run_workloads(((name, partial(fn, s, device)) for name, fn in work if not only or name in only),
+                           progress)
     if s.quick:
         for target in report.targets:
             target.not_judged = "n/a (--quick sizes)"

@@ -12,8 +12,9 @@ import json
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from tformer.kernels.machine import ISA_FLAGS, cpu_info
 
@@ -124,6 +125,7 @@ class Report:
     targets: list[Target] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     machine: dict = field(default_factory=dict)
+    interrupted: str | None = None  # the workload that was running when the bench was stopped
 
     def extend(self, other: Report) -> None:
         self.rows += other.rows
@@ -136,6 +138,7 @@ class Report:
             "rows": [asdict(r) for r in self.rows],
             "targets": [dict(asdict(t), met=t.met) for t in self.targets],
             "notes": self.notes,
+            "interrupted": self.interrupted,
         }
         return json.dumps(data, indent=2)
 
@@ -197,3 +200,32 @@ def _num(value: float | None, fmt: str) -> str:
 
 def _md_row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
+
+
+def run_workloads(work: Iterable[tuple[str, Callable[[], Report]]],
+                  progress: Callable[[str], None] | None = None) -> Report:
+    """Each workload's report, in order. Stopped (Ctrl-C, or SIGTERM, which `tformer bench` turns
+    into the same), the report of those that finished, naming the one that was running: a long
+    run cut short keeps what it measured."""
+    report = Report()
+    for name, fn in work:
+        if progress:
+            progress(name)
+        try:
+            part = fn()
+        except KeyboardInterrupt:
+            report.interrupted = name
+            report.notes.append(f"interrupted during {name}: the tables hold the workloads that finished "
+                                "before it")
+            break
+        report.extend(part)
+    return report
+
+
+def is_bench_json(path: Path) -> bool:
+    """A results file `tformer bench --json` wrote (its keys), which a new run may replace."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(data, dict) and {"machine", "rows", "targets", "notes"} <= set(data)

@@ -20,7 +20,7 @@ from tformer.bench import models as M
 from tformer.bench import runtimes
 from tformer.bench.decode_peers import decoding as decoding_vs_peers
 from tformer.bench.decoding import decode
-from tformer.bench.harness import Report, Row, Target, measure, paired_ratio
+from tformer.bench.harness import Report, Row, Target, measure, paired_ratio, run_workloads
 from tformer.bench.roofline import gemm_throughput
 from tformer.bench.rows import Settings, checked, timed_rows
 from tformer.bench.training import training
@@ -230,13 +230,7 @@ def run(s: Settings, only: list[str] | None = None, progress: Callable[[str], No
     unknown = sorted(set(only or []) - set(work))
     if unknown:
         raise ValueError(f"--only: unknown workload(s) {', '.join(unknown)}; known: {', '.join(work)}")
-    report = Report()
-    for key, fn in work.items():
-        if only and key not in only:
-            continue
-        if progress:
-            progress(key)
-        report.extend(fn())
+    report = run_workloads(((key, fn) for key, fn in work.items() if not only or key in only), progress)
     if s.quick:
         for target in report.targets:
             target.not_judged = "n/a (--quick sizes)"

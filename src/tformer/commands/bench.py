@@ -9,6 +9,7 @@ cores used. See benchmarks/README.md for the workloads and how to read the table
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -35,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sentences-minilm: encode with this BERT-format or sentence-transformers "
                         "directory instead of a random-weight one of all-MiniLM-L6-v2's shape (the "
                         "int8 and bf16 cosines mean something only on trained weights)")
-    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON (a file an earlier "
+                   "--json wrote is replaced; any other is refused)")
     from tformer.commands._inputs import add_device
 
     add_device(p)
@@ -67,6 +69,12 @@ def run(args: argparse.Namespace) -> int:
     if args.model_dir is not None and not (Path(args.model_dir) / "config.json").is_file():
         raise FileNotFoundError(f"--model-dir {args.model_dir}: expected a model directory with a "
                                 "config.json, found none")
+    if args.json:  # refused now, not after minutes of measuring
+        from tformer.bench.harness import is_bench_json
+        from tformer.storage.files import refuse_foreign
+
+        refuse_foreign(Path(args.json), "--json", is_bench_json,
+                       "a results file `tformer bench --json` wrote")
     settings = workloads.Settings(quick=args.quick, rounds=args.rounds, threads=args.threads,
                                   contenders=args.contenders, model_dir=args.model_dir)
     start = time.perf_counter()
@@ -79,9 +87,15 @@ def run(args: argparse.Namespace) -> int:
         if unknown:
             raise ValueError(f"--only: on {device} expected workloads from "
                              f"{', '.join(device_workloads.NAMES)}, got {', '.join(unknown)}")
-        report = device_workloads.run(settings, device, args.only, progress)
-    else:
-        report = workloads.run(settings, args.only, progress)
+    # `timeout` and job schedulers stop a run with SIGTERM: as Ctrl-C, the finished workloads print.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        if on_device:
+            report = device_workloads.run(settings, device, args.only, progress)
+        else:
+            report = workloads.run(settings, args.only, progress)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     report.machine = machine_info(args.threads)
     report.machine["mode"] = "quick (tiny sizes: timings mean nothing)" if args.quick else "full"
     if on_device:
@@ -102,6 +116,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nKernel choices measured on this device ({autotune.cache_path()}):")
     print("\n".join(f"- {line}" for line in choices) or "- none yet (no training step ran)")
     if args.json:
-        with open(args.json, "w") as f:
-            f.write(report.to_json() + "\n")
+        from tformer.storage.files import write_atomic
+
+        write_atomic(args.json, (report.to_json() + "\n").encode())
+    if report.interrupted:
+        raise KeyboardInterrupt  # the command's one line, exit status 130
     return 0
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
