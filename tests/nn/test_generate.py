@@ -200,8 +200,11 @@ def test_generation_stops_at_its_deadline_with_the_rows_as_they_are(random_model
     cut = greedy_search(model, src, mask, max_len=16, eos_id=-1, deadline=2.5)
     assert cut.sequences.shape == (src.size(0), 4)  # steps at ticks 0..3: the fourth passes 2.5
     assert torch.equal(cut.sequences, full.sequences[:, :4])
+    assert full.complete and not cut.complete  # cut outputs say so: they are not the model's ends
     beam = beam_search(model, src, mask, beam_size=2, max_len=16, eos_id=-1, deadline=next(clock) + 0.5)
-    assert beam.sequences.shape == (src.size(0), 1)
+    assert beam.sequences.shape == (src.size(0), 1) and not beam.complete
+    # A search that ends (max_len) at the step that passes the deadline was not cut.
+    assert greedy_search(model, src, mask, max_len=4, eos_id=-1, deadline=next(clock) + 3.5).complete
 
 
 # The rule of beam_search spelled out one source at a time, with Python lists and no cache (the

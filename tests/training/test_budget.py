@@ -475,3 +475,26 @@ def test_a_data_file_changed_while_the_run_trains_stops_it_before_any_result(tmp
                                          r"were published"):
         train(config, **QUIET)
     assert not any(r["split"] == "test" for r in _lines(tmp_path / "run"))
+
+
+def test_the_checkpoints_saved_before_the_test_do_not_eat_its_time():
+    """After the last validation come two checkpoint saves, then the test, then the plots and
+    outputs. The test's deadline keeps back only what follows it: one that also kept the saves'
+    time was passed before a 1-minute seq2seq run's test began."""
+    from types import SimpleNamespace
+
+    from tformer.training.budget import SAVE_SECONDS, Budget
+
+    budget = Budget(SimpleNamespace(steps=10**6, epochs=None, max_minutes=1), 100.0)
+    budget.saved(1.5)  # each checkpoint took 1.5 s
+    budget.valid_seconds_per_example, budget.test_examples = 0.01, 100
+    end = 100.0 + 60
+    assert budget.test_deadline() == end - SAVE_SECONDS
+    # A validation that ends at its deadline, then the two saves: the test still has its estimate.
+    test_starts = budget.valid_deadline() + 2 * 1.5
+    assert budget.test_seconds() > 0
+    assert budget.test_deadline() - test_starts == pytest.approx(budget.test_seconds())
+    # The training deadline keeps all of it back: the last validation, two saves, the test, the rest.
+    assert budget.seconds - budget.train_deadline() == pytest.approx(
+        budget.valid_seconds_per_example * (budget.valid_sample or 0) * 1.2 + 2 * 1.5
+        + budget.test_seconds() + SAVE_SECONDS)

@@ -51,3 +51,20 @@ def test_under_a_deadline_the_order_is_kept_and_a_prefix_is_predicted(tmp_path, 
     got = objective.predict(model, examples, batch_size=8, max_len=6, deadline=deadline)
     monkeypatch.undo()
     assert got == objective.predict(model, examples[:8], batch_size=8, max_len=6)
+
+
+def test_the_first_batch_runs_to_its_end_and_a_batch_the_deadline_cuts_is_left_out(tmp_path, monkeypatch):
+    """Outputs cut mid-generation are not predictions: a timed seq2seq run's test began at its
+    deadline and scored each output's first token (BLEU 0, "did not learn", where eval gave 97).
+    The first batch decodes to its end whatever the time; a later one the deadline cuts is
+    dropped, and the examples before it are scored."""
+    from tformer.nn import generate as gen
+
+    objective, model = _objective_and_model(tmp_path)
+    examples = objective.examples("train")[:40]
+    deadline = time.perf_counter() + 1000  # predict's own clock never stops a batch from starting
+    monkeypatch.setattr(gen, "time", SimpleNamespace(perf_counter=lambda: deadline + 1))  # generation's: past
+    got = objective.predict(model, examples, batch_size=8, max_len=6, deadline=deadline)
+    monkeypatch.undo()
+    assert got == objective.predict(model, examples[:8], batch_size=8, max_len=6)  # whole outputs
+    assert any(len(out) > 1 for out in got)  # not cut after their first token

@@ -35,12 +35,15 @@ from tformer.text.specials import BOS, EOS, PAD  # defaults; callers pass their 
 @dataclass
 class GenerationOutput:
     """sequences (B, L): generated ids after BOS, the EOS included when produced, PAD after it.
-    scores (B,): sum of token log-probabilities (beam search: before the length penalty)."""
+    scores (B,): sum of token log-probabilities (beam search: before the length penalty).
+    complete: False when the deadline stopped the search with rows still going (their outputs
+    are cut, not finished: a score of them would judge outputs the model never ended)."""
 
     sequences: Tensor
     scores: Tensor
     eos_id: int = EOS
     pad_id: int = PAD
+    complete: bool = True
 
     def tolist(self) -> list[list[int]]:
         """Per row, the ids up to and including the first EOS (PAD stripped)."""
@@ -135,7 +138,7 @@ def greedy_search(
     rows = torch.arange(b, device=device)  # (B',) the rows still in the batch, as rows of B
     done = torch.zeros(b, dtype=torch.bool, device=device)  # (B',) produced EOS
     past = None
-    length = 0
+    length, cut = 0, False
     for step in range(max_len):
         length = step + 1
         step_in = tokens[rows, step : step + 1] if use_cache else tokens[rows, : step + 1]
@@ -151,7 +154,10 @@ def greedy_search(
         tokens[rows, step + 1] = best
         done |= best == eos_id
         finished = int(done.sum())  # the step's one device sync
-        if finished == rows.numel() or _past(deadline):
+        if finished == rows.numel():
+            break
+        if _past(deadline) and step + 1 < max_len:
+            cut = True
             break
         if use_cache and finished * _DROP_SHARE >= rows.numel():
             keep = (~done).nonzero()[:, 0]  # (B'',)
@@ -159,7 +165,7 @@ def greedy_search(
             past = _select(past, keep, max_len)
             mask = None if mask is None else mask[keep]
     model.train(was_training)
-    return GenerationOutput(tokens[:, 1 : length + 1], scores, eos_id, pad_id)
+    return GenerationOutput(tokens[:, 1 : length + 1], scores, eos_id, pad_id, complete=not cut)
 
 
 def _past(deadline: float | None) -> bool:
@@ -246,7 +252,7 @@ def beam_search(
 
     past = None
     kept = None  # each beam's best tokens: K + 1 of them (at most one is EOS), or all V
-    length = 0
+    length, cut = 0, False
     for step in range(max_len):
         n, length = srcs.numel(), step + 1
         out = model.decode(tokens[:, -1:], memory, memory_attention_mask=mask,
@@ -284,7 +290,10 @@ def beam_search(
         past = out.past_key_values if step else _with_room(out.past_key_values, max_len)
         past = _reorder_cache(past, beam)
         leaving = int(stopped.sum())  # the step's one device sync
-        if leaving == n or step + 1 == max_len or _past(deadline):
+        if leaving == n or step + 1 == max_len:
+            break
+        if _past(deadline):
+            cut = True
             break
         if leaving * _DROP_SHARE >= n:
             write_out(stopped.nonzero()[:, 0])
@@ -305,7 +314,7 @@ def beam_search(
     hyp_scores = torch.where(use_live, scores.view(n, k)[rows, live], hyp_scores)
     write_out(rows)
     model.train(was_training)
-    return GenerationOutput(out_tokens[:, :length], out_scores, eos_id, pad_id)
+    return GenerationOutput(out_tokens[:, :length], out_scores, eos_id, pad_id, complete=not cut)
 
 
 def _select_beams(cache: tuple[LayerCache, ...], beams: Tensor, rows: Tensor,

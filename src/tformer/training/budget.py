@@ -15,7 +15,9 @@ gets fewer steps, not an overrun. Validation is scheduled by time, on a fixed sa
 that it costs at most VALID_SHARE of the budget, and time is kept back for the final test
 (estimated from validation's own speed, at most TEST_SHARE of the budget) and for saving. The
 test and each validation also stop at their deadline, scoring the examples done by then (the
-test line says how many), so a wrong estimate costs examples, never the budget.
+test line says how many), so a wrong estimate costs examples, never the budget. Only whole
+outputs are scored: the first batch decodes to its end, and a later one the deadline cuts is
+left out (tformer.training.objectives.base.Objective.predict).
 Without --max-minutes, validation runs every --eval-every steps, as before.
 """
 
@@ -83,9 +85,14 @@ class Budget:
     def now(self) -> float:
         return time.perf_counter() - self.started
 
+    def saves_seconds(self) -> float:
+        """The run's last two checkpoints (its last validation's and the end's), saved before the test."""
+        return 2 * max(self.save_seconds, SAVE_SECONDS / 2)
+
     def publish_seconds(self) -> float:
-        """Kept back for what follows the test: the last checkpoint, the plots, the outputs."""
-        return 2 * max(self.save_seconds, SAVE_SECONDS / 2) + SAVE_SECONDS
+        """Kept back for saving: the last two checkpoints, then (after the test) the plots, the
+        outputs and the metrics line."""
+        return self.saves_seconds() + SAVE_SECONDS
 
     def test_seconds(self) -> float:
         """Kept back for the final test: its examples at validation's latest speed (5% of the
@@ -105,12 +112,14 @@ class Budget:
         return self.seconds - self.reserve()
 
     def test_deadline(self) -> float:
-        """When the final test stops predicting, whatever it has left (as a perf_counter time)."""
-        return self.started + self.seconds - self.publish_seconds()
+        """When the final test stops predicting, whatever it has left (as a perf_counter time):
+        only what follows it keeps its time, the checkpoints were saved before it (a deadline
+        that also kept theirs started a 1-minute run's test past it)."""
+        return self.started + self.seconds - SAVE_SECONDS
 
     def valid_deadline(self) -> float:
-        """When a validation stops predicting: the test and saving keep their time."""
-        return self.test_deadline() - self.test_seconds()
+        """When a validation stops predicting: the two saves and the test keep their time."""
+        return self.test_deadline() - self.test_seconds() - self.saves_seconds()
 
     def out_of_time(self) -> bool:
         """Would one more step end past the training deadline?"""

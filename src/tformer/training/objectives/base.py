@@ -54,6 +54,10 @@ def validation_sample(split: str, examples: list) -> list:
     return examples[:EVAL_SAMPLE] if split == "validation" else examples
 
 
+class DeadlinePassed(Exception):
+    """predict_batch's outputs were cut by the deadline before they ended: not predictions."""
+
+
 class Objective(ABC):
     """A kind of model and what it learns from its source. Subclasses set the class attributes
     and define the abstract methods: model_config, build_model, encode, collate, loss,
@@ -150,8 +154,10 @@ class Objective(ABC):
         to the model's device. Each window of SORT_WINDOW batches is sorted by length first, so
         a batch pads little and its rows finish decoding together. With a `deadline` (a
         time.perf_counter() reading) the examples keep their order and no batch starts that
-        would end past it, by the last batch's time (the first always runs): the predictions of
-        a prefix of examples. `progress(done, total)` is called after each batch."""
+        would end past it, by the last batch's time: the predictions of a prefix of examples.
+        The first batch always runs to its end; a later one that the deadline cuts (a decoder's
+        outputs stopped before their end: ``DeadlinePassed``) is left out, so that every scored
+        prediction is one the model finished. `progress(done, total)` is called after each batch."""
         out: list = []
         batch_seconds = 0.0
         device = model_device(model)
@@ -163,12 +169,17 @@ class Objective(ABC):
                     order.sort(key=lambda i: encoded[i].cost)
                 preds: list = [None] * len(encoded)
                 for i in range(0, len(order), batch_size):
-                    if (out or i) and deadline is not None and time.perf_counter() + batch_seconds > deadline:
+                    first = not out and not i
+                    if not first and deadline is not None and time.perf_counter() + batch_seconds > deadline:
                         return out + preds[:i]  # the order was kept: a prefix
                     t = time.perf_counter()
                     rows = order[i : i + batch_size]
                     batch = self.collate([encoded[r] for r in rows]).to(device)
-                    predicted = self.predict_batch(model, batch, **self._bounded(options, deadline))
+                    try:
+                        predicted = self.predict_batch(model, batch,
+                                                       **self._bounded(options, None if first else deadline))
+                    except DeadlinePassed:
+                        return out + preds[:i]
                     for r, pred in zip(rows, predicted, strict=True):
                         preds[r] = pred
                     batch_seconds = time.perf_counter() - t
@@ -178,7 +189,8 @@ class Objective(ABC):
         return out
 
     def _bounded(self, options: dict[str, Any], deadline: float | None) -> dict[str, Any]:
-        """predict_batch's options under a deadline (a decoder's: generation stops there)."""
+        """predict_batch's options under a deadline (a decoder's: generation stops there, and
+        predict_batch raises DeadlinePassed)."""
         return options
 
     def evaluate(self, model: nn.Module, split: str, examples: list | None = None,

@@ -18,7 +18,7 @@ from tformer.nn.model import Seq2SeqTransformer
 from tformer.text.batches import Seq2SeqBatch, seq2seq_arrays
 from tformer.training.examples import Seq2SeqExample
 from tformer.training.losses import seq2seq_loss
-from tformer.training.objectives.base import Objective
+from tformer.training.objectives.base import DeadlinePassed, Objective
 
 # Generation stops after LENGTH_A * (source tokens) + LENGTH_B tokens (and at the run's max
 # length), as Marian (--max-length-factor) and fairseq (--max-len-a/b) bound theirs: an untrained
@@ -76,13 +76,15 @@ class Seq2Seq(Objective):
                       deadline: float | None = None) -> list[list[int]]:
         """Generated ids (up to EOS) per example; max_len: the most tokens (default: bounded by
         the batch's longest source, ``generation_limit``); deadline: a time.perf_counter()
-        reading at which generation stops, the outputs cut where they are."""
+        reading at which generation stops: DeadlinePassed where it cut outputs short."""
         s = self.source
         if max_len is None:
             max_len = generation_limit(int(batch.src_mask.sum(dim=1).max()), s.max_new_tokens)
         out = generate(model, batch.src, batch.src_mask, beam_size=beam_size, max_len=max_len,
                        length_penalty=length_penalty, bos_id=s.bos_id, eos_id=s.eos_id, pad_id=s.pad_id,
                        deadline=deadline)
+        if not out.complete:
+            raise DeadlinePassed
         return out.tolist()
 
     def _bounded(self, options: dict[str, Any], deadline: float | None) -> dict[str, Any]:
