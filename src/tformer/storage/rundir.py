@@ -136,7 +136,7 @@ def _results(run_dir: Path) -> list[str]:
     with it. A run killed before its first checkpoint has none of them (it starts again from
     nothing); a finished one whose checkpoints were removed still has them."""
     names = [n for n in ("curves.png", "confusion.png", "modules.json") if (run_dir / n).exists()]
-    if any(r.get("split") in ("test", "eval") for r in read_metrics(run_dir / "metrics.jsonl")):
+    if any(r.get("split") in ("test", "eval") for r in _records(run_dir / "metrics.jsonl")):
         names += ["metrics.jsonl"] + [n for n in ("best.safetensors",) if (run_dir / n).exists()]
     return names
 
@@ -151,7 +151,13 @@ def discard_unstarted(run_dir: Path) -> None:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl; a line cut short by a crash is skipped."""
+    """The training records of a metrics.jsonl (each with its step); a line cut short by a crash
+    is skipped."""
+    return [r for r in _records(path) if isinstance(r.get("step"), int)]
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    """Every record of a metrics.jsonl, `tformer eval`'s (no step) too."""
     if not path.is_file():
         return []
     records = []
@@ -160,7 +166,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(record, dict) and isinstance(record.get("step"), int):
+        if isinstance(record, dict):
             records.append(record)
     return records
 
@@ -171,13 +177,15 @@ def resume_metrics(path: Path, state: dict[str, Any], limits: dict[str, Any]) ->
     A run that had finished there (its last checkpoint says what stopped it, and `limits`, the
     resumed run's steps, max_minutes, epochs and patience, raise none of them: ``finished``)
     returns its test record, and nothing is written: metrics.jsonl stays byte for byte. Any other
-    drops the lines written after the checkpoint, and its test line (a new one comes at the end)."""
+    drops the lines written after the checkpoint, and its test line (a new one comes at the end);
+    the user's `tformer eval` lines stay where they are."""
     step = int(state["step"])
     records = read_metrics(path)
     tests = [r for r in records if r.get("split") == "test" and r["step"] == step]
     if tests and finished(state, limits):
         return tests[-1]
-    kept = [r for r in records if r["step"] <= step and r.get("split") != "test"]
+    kept = [r for r in _records(path) if r.get("split") == "eval" or (
+        isinstance(r.get("step"), int) and r["step"] <= step and r.get("split") != "test")]
     write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
     return None
 

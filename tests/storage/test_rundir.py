@@ -1,0 +1,36 @@
+"""tformer.storage.rundir: metrics.jsonl made to agree with the checkpoint a run resumes."""
+
+from __future__ import annotations
+
+import json
+
+from tformer.storage.rundir import read_metrics, resume_metrics
+
+
+def _write(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_a_resumed_run_drops_what_followed_its_checkpoint_and_keeps_the_users_eval_lines(tmp_path):
+    """`train --resume` rewrote metrics.jsonl from the training records only, and the lines
+    `tformer eval --data` had appended (they have no step) were gone."""
+    path = tmp_path / "metrics.jsonl"
+    train = [{"split": "train", "step": s, "loss": 1.0 / s} for s in (10, 20, 30)]
+    test = {"split": "test", "step": 30, "accuracy": 0.9}
+    evaluated = {"split": "eval", "data": "mine.jsonl", "accuracy": 0.8}
+    _write(path, [*train, test, evaluated])
+    assert resume_metrics(path, {"step": 20}, {}) is None  # interrupted at 20: trains on
+    kept = [json.loads(line) for line in path.read_text().splitlines()]
+    assert kept == [*train[:2], evaluated]
+    assert read_metrics(path) == train[:2]  # the training records, each with its step
+
+
+def test_a_finished_run_resumed_with_the_same_limits_changes_nothing(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    records = [{"split": "train", "step": 5, "loss": 0.5}, {"split": "test", "step": 5, "accuracy": 1.0},
+               {"split": "eval", "accuracy": 0.7}]
+    _write(path, records)
+    before = path.read_bytes()
+    state = {"step": 5, "stopped_by": "steps"}
+    assert resume_metrics(path, state, {"steps": 5}) == records[1]
+    assert path.read_bytes() == before
