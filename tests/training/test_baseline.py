@@ -103,6 +103,16 @@ def test_the_progress_line_counts_steps_then_says_what_runs(capsys):
     bar.close()
 
 
+def test_a_timed_runs_progress_line_has_no_total_until_a_step_is_timed(tmp_path, capsys):
+    """A timed data run plans 10**9 steps until its step time is known: the line said
+    0/1000000000 steps; it says 0/? until the first step gives the budget's total."""
+    data = write(tmp_path / "d.jsonl", seq2seq_rows(300))
+    config = resolve_config({"data": str(data), **TINY, "max_minutes": 0.1, "out": str(tmp_path / "run")})
+    train(config, progress=True, log=lambda line: None)
+    err = capsys.readouterr().err
+    assert "0/? steps" in err and "1000000000" not in err
+
+
 def test_evaluation_reports_its_progress_batch_by_batch(tmp_path):
     """What the progress line shows while a test or a validation runs: every batch."""
     from tformer.training.objectives import make_objective

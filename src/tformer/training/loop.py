@@ -177,7 +177,9 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     previous_wall = float(state["wall_seconds"])
     budget = Budget(config, started, objective.train_records, spent=previous_wall)
     budget.test_examples = len(objective.examples("test"))
-    bar = Progress(budget.planned_steps(state["step"]), state["step"], disabled=not progress or not writer,
+    # A timed run's total is known once a step is timed: until then "?" (it showed 0/1000000000).
+    planned = None if budget.timed else budget.planned_steps(state["step"])
+    bar = Progress(planned, state["step"], disabled=not progress or not writer,
                    ends_at=started + budget.seconds if budget.timed else None)
     meter = Meter()
     stop_reason = "steps"

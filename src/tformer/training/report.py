@@ -122,7 +122,7 @@ class Progress:
     example by example (validating 320/500, testing 64/1,000): it moves until the command ends.
     Redrawn a few times a second on a terminal; in a log file, every 30 s is plenty."""
 
-    def __init__(self, total: int, step: int, disabled: bool, ends_at: float | None = None) -> None:
+    def __init__(self, total: int | None, step: int, disabled: bool, ends_at: float | None = None) -> None:
         self.interval = 0.1 if sys.stderr.isatty() else 30
         self.ends_at = ends_at  # a time.perf_counter() reading: the budget's end, if timed
         eta = "" if ends_at is not None else "<{remaining}"  # a timed run says when it ends
