@@ -498,3 +498,12 @@ def test_the_checkpoints_saved_before_the_test_do_not_eat_its_time():
     assert budget.seconds - budget.train_deadline() == pytest.approx(
         budget.valid_seconds_per_example * (budget.valid_sample or 0) * 1.2 + 2 * 1.5
         + budget.test_seconds() + SAVE_SECONDS)
+
+
+def test_an_untimed_run_validates_its_last_step(tmp_path):
+    """--steps 3 with --eval-every 2: the step-2 weights were tested, the last step never validated."""
+    data = write(tmp_path / "d.jsonl", classification_rows(300))
+    config = resolve_config({"data": str(data), **TINY, "steps": 3, "eval_every": 2, "out": str(tmp_path / "run")})
+    train(config, **QUIET)
+    valid = [r["step"] for r in _lines(tmp_path / "run") if r["split"] == "validation"]
+    assert valid == [2, 3]

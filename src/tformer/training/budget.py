@@ -171,8 +171,8 @@ class Budget:
         return max(train / VALIDATIONS, cost / VALID_SHARE)
 
     def should_validate(self, step: int, last_step: bool) -> bool:
-        if not self.timed:
-            return step % self.config.eval_every == 0
+        if not self.timed:  # and the last step: the weights tested are never older than they must be
+            return step % self.config.eval_every == 0 or last_step
         if last_step:
             return True
         # A scheduled one due within half an interval of the deadline is left to the last
