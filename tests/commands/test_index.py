@@ -156,3 +156,55 @@ def test_kill_at_every_write_step_keeps_the_old_index_and_the_next_build_resumes
         assert rc == 0 and ("resuming" in err) == (3 < k < steps), (k, err)
         assert {p.name: p.read_bytes() for p in idx.iterdir() if p.name != "index.json"} == expected, k
         assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "count", "idx", "old.txt"], k
+
+
+def test_a_rebuild_refuses_an_index_folder_holding_the_users_files(capsys, tmp_path):
+    """A rebuild swaps the folder whole: a file the user put beside the index (a README) would
+    be deleted with it, so the build is refused, naming it, and nothing changes."""
+    idx = tmp_path / "idx"
+    corpus = _corpus(tmp_path, SENTENCES)
+    assert _build(capsys, corpus, idx)[0] == 0
+    (idx / "README.txt").write_text("what this index is for")
+    rc, _, err = _build(capsys, corpus, idx)
+    assert_one_line_error(rc, err, "index", r"--out .*idx: exists and holds README\.txt; a rebuild "
+                                            r"replaces an index folder whole")
+    assert (idx / "README.txt").read_text() == "what this index is for"
+    (idx / "README.txt").unlink()
+    assert _build(capsys, corpus, idx)[0] == 0  # an index's own files only: rebuilt
+
+
+@pytest.mark.parametrize("edit", ["no model_id", "model_dir null", "n a string"])
+def test_an_edited_index_json_is_a_one_line_error(capsys, tmp_path, edit):
+    idx = tmp_path / "idx"
+    assert _build(capsys, _corpus(tmp_path, SENTENCES), idx)[0] == 0
+    meta = json.loads((idx / "index.json").read_text())
+    key, value = {"no model_id": ("model_id", None), "model_dir null": ("model_dir", None),
+                  "n a string": ("n", "5")}[edit]
+    if value is None and edit == "no model_id":
+        del meta[key]
+    else:
+        meta[key] = value
+    (idx / "index.json").write_text(json.dumps(meta))
+    rc, _, err = run_cli(capsys, "search", idx, "a dog")
+    assert_one_line_error(rc, err, "search", rf"idx/index\.json: {key}: expected (a string|an integer), got "
+                                             rf"{value!r} \(edited or damaged: rebuild the index\)")
+
+
+def test_a_column_major_vectors_file_is_refused_not_misread(capsys, tmp_path):
+    import numpy as np
+
+    idx = tmp_path / "idx"
+    assert _build(capsys, _corpus(tmp_path, SENTENCES), idx)[0] == 0
+    vectors = np.load(idx / "vectors.npy")
+    np.save(idx / "vectors.npy", np.asfortranarray(vectors))
+    rc, _, err = run_cli(capsys, "search", idx, "a dog")
+    assert_one_line_error(rc, err, "search", r"idx/vectors\.npy: expected a row-major \(C order\) array, "
+                                             r"got Fortran order")
+
+
+def test_a_moved_model_directory_is_named_not_hashed(capsys, tmp_path):
+    idx = tmp_path / "idx"
+    assert _build(capsys, _corpus(tmp_path, SENTENCES), idx)[0] == 0
+    rc, _, err = run_cli(capsys, "search", idx, "a dog", "--model", tmp_path / "gone")
+    assert_one_line_error(rc, err, "search", r"the model .*gone: no such directory; pass --model with "
+                                             r"the one the index was built with")

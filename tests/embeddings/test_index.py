@@ -91,6 +91,12 @@ def test_index_build_refuses_a_path_that_is_not_an_index(tmp_path):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("mine")
     (tmp_path / "c.txt").write_text("a\nb\n")
-    with pytest.raises(ValueError, match=r"exists and is not a tformer index"):
+    with pytest.raises(ValueError, match=r"exists and holds notes\.txt; a rebuild replaces"):
         build_index(None, tmp_path, tmp_path / "c.txt", tmp_path / "mine")
     assert (tmp_path / "mine" / "notes.txt").read_text() == "mine"
+    # A file that only happens to be named index.json is no index: the folder stays whole.
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "index.json").write_text('{"pages": []}')
+    with pytest.raises(ValueError, match=r"site: exists and is not a tformer index"):
+        build_index(None, tmp_path, tmp_path / "c.txt", tmp_path / "site")
+    assert (tmp_path / "site" / "index.json").read_text() == '{"pages": []}'

@@ -162,8 +162,7 @@ def build_index(st, model_dir: str | Path, corpus: str | Path, out: str | Path,
             pass  # rank 0 gathers and writes
         return None
     out = Path(out)
-    if out.exists() and not (out / INDEX_FILE).is_file():
-        raise ValueError(f"--out {out}: exists and is not a tformer index; expected a new path")
+    check_replaceable(out)
     lines = corpus if isinstance(corpus, TextLines) else TextLines(corpus, "--corpus")
     n = lines.count()
     if n == 0:
@@ -270,6 +269,34 @@ def _start(work: Path, n: int, dim: int) -> list[int]:
     return [head, 0]
 
 
+def check_replaceable(out: Path) -> None:
+    """`out` is new, or an index an earlier build wrote, holding its files only: a rebuild swaps
+    the folder whole, so anything else in it would be deleted (a folder holding a file that
+    happened to be named index.json, and the user's README beside it, was)."""
+    if not out.exists():
+        return
+    ours = {INDEX_FILE, VECTORS_FILE, TEXTS_FILE}
+    others = sorted(p.name for p in out.iterdir() if p.name not in ours) if out.is_dir() else []
+    if not out.is_dir() or others or not _is_index_json(out / INDEX_FILE):
+        what = f"holds {', '.join(others[:3])}{' ...' if len(others) > 3 else ''}" if others else \
+            "is not a tformer index"
+        raise ValueError(f"--out {out}: exists and {what}; a rebuild replaces an index folder whole: "
+                         "expected a new path or an index `tformer index build` wrote")
+
+
+def _is_index_json(path: Path) -> bool:
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("format") == INDEX_FORMAT
+
+
+# index.json's fields a search reads, and their types (a hand-edited one is one line, not a KeyError)
+_META_TYPES = {"model_dir": (str, "a string"), "model_id": (str, "a string"), "n": (int, "an integer"),
+               "dim": (int, "an integer")}
+
+
 class Index:
     """A built index: its metadata, and a streamed top-k search over its vectors."""
 
@@ -281,6 +308,11 @@ class Index:
             raise ValueError(f"INDEX {self.path}: not a readable tformer index ({e})") from None
         if not isinstance(self.meta, dict) or self.meta.get("format") != INDEX_FORMAT:
             raise ValueError(f"INDEX {self.path / INDEX_FILE}: expected format {INDEX_FORMAT}")
+        for key, (kind, named) in _META_TYPES.items():
+            value = self.meta.get(key)
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise ValueError(f"INDEX {self.path / INDEX_FILE}: {key}: expected {named}, got "
+                                 f"{value!r} (edited or damaged: rebuild the index)")
 
     @staticmethod
     def is_index(path: str | Path) -> bool:
@@ -288,6 +320,9 @@ class Index:
 
     def check_model(self, model_dir: str | Path) -> None:
         """Refuse a model other than the one that built the index."""
+        if not Path(model_dir).is_dir():  # moved or mistyped: its identity would hash nothing
+            raise ValueError(f"INDEX {self.path}: the model {model_dir}: no such directory; pass --model "
+                             f"with the one the index was built with ({self.meta['model_dir']})")
         got = model_identity(model_dir)
         if got != self.meta["model_id"]:
             raise ValueError(
@@ -305,9 +340,12 @@ class Index:
                 version = np.lib.format.read_magic(f)
                 read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                                else np.lib.format.read_array_header_2_0)
-                shape, _, dtype = read_header(f)
+                shape, fortran, dtype = read_header(f)
             except ValueError as e:
                 raise ValueError(f"INDEX {path}: expected a .npy array, got {e}") from None
+            if fortran:  # read row by row below: a column-major file would be read as garbage
+                raise ValueError(f"INDEX {path}: expected a row-major (C order) array, got Fortran order "
+                                 "(damaged: rebuild the index)")
             if shape != (self.meta["n"], self.meta["dim"]) or dtype != np.float32:
                 raise ValueError(f"INDEX {path}: expected float32 {self.meta['n']} x "
                                  f"{self.meta['dim']}, got {dtype} {shape}")
