@@ -85,7 +85,26 @@ def test_long_text_truncates_with_a_warning_or_fails_with_no_truncate(capsys):
         "maximum length (16 tokens; the longest has 102)"
     )
     rc, _, err = _run(capsys, "embed", st_dir(), "a dog", LONG, "--no-truncate")
-    _one_line_error(rc, err, "embed", r"texts\[1\]: expected at most 16 tokens .* got 102")
+    _one_line_error(rc, err, "embed", r"input 2: expected at most 16 tokens .* got 102")
+
+
+def test_a_files_long_lines_are_counted_once_and_named_by_line(capsys, tmp_path, monkeypatch):
+    """A file is embedded a chunk at a time: 3 long lines of 9 in chunks of 2 gave a warning a
+    chunk ("1 of 2 texts", the same words twice, shown once), and --no-truncate named a text's
+    place in its chunk. One warning for the file, naming the lines; the error names the line."""
+    import tformer.embeddings.index
+
+    monkeypatch.setattr(tformer.embeddings.index, "CHUNK", 2)
+    lines = ["a dog"] * 9
+    for i in (0, 4, 6):
+        lines[i] = LONG
+    (tmp_path / "t.txt").write_text("\n".join(lines) + "\n")
+    rc, _, err = _run(capsys, "embed", st_dir(), "--file", tmp_path / "t.txt", "--out", tmp_path / "e.npy")
+    assert rc == 0 and err.count("warning") == 1
+    assert ("warning: 3 of 9 texts are longer than the model's maximum length (16 tokens; the longest "
+            "has 102), so they were truncated: inputs 1, 5, 7") in err
+    rc, _, err = _run(capsys, "embed", st_dir(), "--file", tmp_path / "t.txt", "--no-truncate")
+    _one_line_error(rc, err, "embed", r"input 1: expected at most 16 tokens .* got 102")
 
 
 # similarity and search --------------------------------------------------------------------------

@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import sys
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from tformer.storage.files import (
 )
 from tformer.storage.locks import leftovers, output_lock
 from tformer.text.lines import TextLines
+from tformer.text.tokenizer import TextTooLong
 
 CHUNK = 1024  # texts embedded (and held) at a time
 BLOCK = 8192  # corpus vectors compared with the queries at a time
@@ -67,9 +69,20 @@ def embed_chunks(st, numbered: Iterable[tuple[int, str]], size: int | None = Non
     """(line numbers, texts, (n, D) float32 embeddings) a chunk at a time, in input order.
     A non-finite embedding (broken weights) is refused: it would rank or print as NaN.
     With several ranks (torchrun) each embeds its share, and rank 0 yields every chunk
-    (tformer.embeddings.shards); the others yield nothing but must iterate to the end."""
-    def encode(texts: list[str]) -> np.ndarray:
-        return st.encode(texts, **encode_kw)
+    (tformer.embeddings.shards); the others yield nothing but must iterate to the end.
+    Texts longer than the model's maximum: one warning at the end naming their inputs (not
+    one a chunk), or, with truncation=False, an error naming the input."""
+    long: list[tuple[int | None, int]] = []  # (input number, token count) of the truncated texts
+
+    def encode(texts: list[str], numbers: list[int] | None = None) -> np.ndarray:
+        def noted(indices: list[int], lengths: list[int]) -> None:
+            long.extend((numbers[i] if numbers else None, n) for i, n in zip(indices, lengths, strict=True))
+
+        try:
+            return st.encode(texts, on_long=noted, **encode_kw)
+        except TextTooLong as e:
+            raise ValueError(f"{f'input {numbers[e.index]}' if numbers else f'texts[{e.index}]'}: "
+                             f"{e.expected()}") from None
 
     pieces = chunks(numbered, size or CHUNK)
     if world > 1:
@@ -77,13 +90,23 @@ def embed_chunks(st, numbered: Iterable[tuple[int, str]], size: int | None = Non
 
         embedded = sharded_chunks(encode, pieces, rank, world, st.dim)
     else:
-        embedded = (([n for n, _ in c], [t for _, t in c], encode([t for _, t in c])) for c in pieces)
+        embedded = (([n for n, _ in c], [t for _, t in c], encode([t for _, t in c], [n for n, _ in c]))
+                    for c in pieces)
+    total = 0
     for numbers, texts, emb in embedded:
         bad = ~np.isfinite(emb).all(axis=1)
         if bad.any():
             raise ValueError(f"input {numbers[int(bad.argmax())]}: expected a finite embedding, "
                              "got NaN or infinity (the model's weights are not finite)")
+        total += len(texts)
         yield numbers, texts, emb
+    if long:
+        named = [str(n) for n, _ in long if n is not None]
+        inputs = f": inputs {', '.join(named[:5])}{', ...' if len(named) > 5 else ''}" if named else ""
+        longest = max(n for _, n in long)
+        warnings.warn(f"{len(long)} of {total} texts are longer than the model's maximum length "
+                      f"({st.tokenizer.max_length} tokens; the longest has {longest}), so they were "
+                      f"truncated{inputs} (--no-truncate raises instead)", UserWarning, stacklevel=2)
 
 
 def progress_bar(total: int, show: bool | None):

@@ -13,7 +13,7 @@ Reimers & Gurevych 2019 (Sentence-BERT) found mean pooling the best default.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -88,12 +88,14 @@ class SentenceEncoder:
         normalize: bool | None = None,
         show_progress: bool | None = None,
         truncation: bool = True,
+        on_long: Callable[[list[int], list[int]], None] | None = None,
     ) -> np.ndarray:
         """Embed texts in batches (similar lengths together), in the input order.
 
         ``normalize``: None follows the directory; ``show_progress``: None shows a bar from
         ``PROGRESS_MIN_BATCHES`` batches on. Texts longer than the model's maximum length
-        are truncated with one warning, or raise ValueError with ``truncation=False``.
+        are truncated with one warning (or ``on_long(indices, token counts)`` in its place), or
+        raise ValueError (TextTooLong) with ``truncation=False``.
 
         Shape:
             returns (N, dim) float32, N = len(texts)
@@ -105,7 +107,7 @@ class SentenceEncoder:
         if len(texts) == 0:
             return np.empty((0, self.dim), dtype=np.float32)
         encoded = self.tokenizer.encode(texts)  # also checks texts
-        self.tokenizer.check_lengths([e.full for e in encoded], truncation)  # one warning for all
+        self.tokenizer.check_lengths([e.full for e in encoded], truncation, on_long)  # one warning for all
         order = np.argsort([-len(e.ids) for e in encoded], kind="stable")  # longest first
         n_batches = -(-len(texts) // batch_size)
         if show_progress is None:

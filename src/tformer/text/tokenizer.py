@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,18 @@ import numpy as np
 
 from tformer.formats.model_dir import ModelDir, read_model_dir
 from tformer.text.batches import EncodedText, encoder_arrays
+
+
+class TextTooLong(ValueError):
+    """A text longer than the model's maximum length, where truncation was not allowed."""
+
+    def __init__(self, index: int, length: int, limit: int) -> None:
+        self.index, self.length, self.limit = index, length, limit
+        super().__init__(f"texts[{index}]: {self.expected()}")
+
+    def expected(self) -> str:
+        return (f"expected at most {self.limit} tokens (the model's maximum length), got {self.length}; "
+                "shorten it or allow truncation")
 
 
 class Tokenizer:
@@ -185,8 +197,11 @@ class Tokenizer:
                 raise TypeError(f"{name}[{i}]: expected a str, got {type(t).__name__}")
         return [t.lower() for t in texts] if self.lowercase else texts
 
-    def check_lengths(self, lengths: Sequence[int], truncation: bool = True) -> list[int]:
-        """Indices of texts longer than ``max_length``: one warning, or ValueError if not truncating.
+    def check_lengths(self, lengths: Sequence[int], truncation: bool = True,
+                      on_long: Callable[[list[int], list[int]], None] | None = None) -> list[int]:
+        """Indices of texts longer than ``max_length``: one warning, or TextTooLong (a
+        ValueError) if not truncating. ``on_long(indices, lengths)`` takes the warning's place
+        (a caller that checks a file chunk by chunk warns once, naming lines).
 
         ``lengths``: token counts before truncation (``EncodedText.full``).
         """
@@ -195,11 +210,10 @@ class Tokenizer:
         if not long:
             return long
         if not truncation:
-            i = long[0]
-            raise ValueError(
-                f"texts[{i}]: expected at most {m} tokens (the model's maximum length), "
-                f"got {lengths[i]}; shorten it or allow truncation"
-            )
+            raise TextTooLong(long[0], lengths[long[0]], m)
+        if on_long is not None:
+            on_long(long, [lengths[i] for i in long])
+            return long
         warnings.warn(
             f"{len(long)} of {len(lengths)} texts are longer than the model's maximum length "
             f"({m} tokens; the longest has {max(lengths[i] for i in long)}), so they were "
