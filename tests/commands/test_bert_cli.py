@@ -134,6 +134,17 @@ def test_search_finds_the_line_itself_first(capsys, tmp_path):
     _one_line_error(rc, err, "search", r"--top-k: expected >= 1, got 0")
 
 
+def test_search_prints_each_result_on_one_line(capsys, tmp_path):
+    """A form feed or U+2028 inside a corpus line was printed raw: a line-based reader
+    (str.splitlines) saw more result lines than results. They print escaped."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("a\x0cb\nline\u2028two\nthird\n", encoding="utf-8")
+    rc, out, _ = _run(capsys, "search", bert_dir(), "--corpus", corpus, "a\u2029query", "-k", 3)
+    assert rc == 0 and len(out.splitlines()) == 4
+    assert out.splitlines()[0] == "query: a\\u2029query"
+    assert {"line 1: a\\x0cb", "line 2: line\\u2028two"} <= {line.split("  ", 2)[-1] for line in out.splitlines()}
+
+
 def test_index_build_then_search_gives_what_search_on_the_corpus_gives(capsys, tmp_path,
                                                                        monkeypatch):
     import tformer.embeddings.index

@@ -15,12 +15,13 @@ from tformer.commands._inputs import add_device, add_threads, device_of
 DTYPES = ("auto", "fp32", "bf16", "int8")  # tformer.nn.precision.CHOICES, without importing torch
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, batch: bool = True) -> None:
+def add_model_arguments(parser: argparse.ArgumentParser, batch: bool = True, index: bool = False) -> None:
     parser.add_argument(
         "model_dir",
         metavar="MODEL_DIR",
         help="a BERT-format or sentence-transformers directory "
-        "(config.json, model.safetensors, tokenizer.json or vocab.txt)",
+        "(config.json, model.safetensors, tokenizer.json or vocab.txt)"
+        + (", or an INDEX that `tformer index build` wrote (then no --corpus)" if index else ""),
     )
     parser.add_argument(
         "--allow-pickle",
@@ -81,5 +82,13 @@ def one_line_warnings(command: str) -> Iterator[None]:
                     print(f"tformer {command}: warning: {message}", file=sys.stderr)
 
 
+# Characters str.splitlines() breaks at, other than "\n" (a line of the input never holds one):
+# printed raw, one result became several lines to a line-based reader.
+_LINE_BREAKS = str.maketrans({c: f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}"
+                              for c in "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
+
+
 def short(text: str, width: int = 60) -> str:
+    """`text` on one line (line-breaking characters escaped), cut to `width`."""
+    text = text.translate(_LINE_BREAKS)
     return text if len(text) <= width else text[: width - 3] + "..."

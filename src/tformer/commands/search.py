@@ -24,7 +24,7 @@ HELP = "semantic search: the lines of a corpus file (or an index) closest to a q
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_model_arguments(parser)
+    add_model_arguments(parser, index=True)
     parser.add_argument("queries", nargs="*", metavar="QUERY", help="one or more queries")
     parser.add_argument("--file", default=None,
                         help="read queries from FILE, one per line ('-': standard input)")
