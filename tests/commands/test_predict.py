@@ -129,3 +129,14 @@ def test_inputs_are_read_a_window_at_a_time_not_held_whole(tmp_path):
         tracemalloc.stop()
     assert seen == 100_001 and starts[:2] == [0, 32 * SORT_WINDOW]
     assert peak < 2_000_000, peak  # the whole list alone would be ~7 MB
+
+
+@pytest.mark.parametrize("command", ["embed", "search"])
+def test_a_classification_run_named_as_a_sentence_model_says_which_command_takes_it(
+        classification_run, capsys, command):
+    """`tformer embed RUN` on a classifier's run said "RUN/config.json: no such file"."""
+    extra = ["--corpus", str(classification_run / "data.json")] if command == "search" else []
+    rc, _, err = run_cli(capsys, command, classification_run, "a text", *extra)
+    assert_one_line_error(rc, err, command, rf"MODEL_DIR: {classification_run} is data .*classification "
+                                            rf"into .*, not a sentence embedding model: use `tformer "
+                                            rf"predict {classification_run}`")

@@ -57,11 +57,30 @@ def load_sentence_encoder(args: argparse.Namespace):
     from tformer.nn.precision import resolve_precision
 
     device = device_of(args)
+    check_not_another_run(args.model_dir)
     args.dtype, _ = resolve_precision(args.dtype, device)  # what runs here (an output's identity names it)
     return SentenceEncoder.from_pretrained(
         args.model_dir, allow_pickle=args.allow_pickle, max_length=args.max_length,
         dtype=args.dtype, device=device,
     )
+
+
+def check_not_another_run(model_dir: str) -> None:
+    """A run directory that is no sentence model (a classifier's, a translator's: no config.json
+    beside its checkpoints, no modules.json either) named as one: say which command takes it, not
+    "config.json: no such file"."""
+    from pathlib import Path
+
+    from tformer.storage.checkpoint_names import latest_checkpoint
+
+    path = Path(model_dir)
+    layout = (path / "config.json").exists() or (path / "modules.json").exists()  # an embedding run's too
+    if not layout and latest_checkpoint(path) is not None:
+        from tformer.runs import load_run
+
+        run = load_run(path, device="cpu")
+        raise ValueError(f"MODEL_DIR: {path} is {run.objective.description}, not a sentence embedding model: "
+                         f"use `tformer {run.verb} {path}`")
 
 
 @contextlib.contextmanager
