@@ -366,3 +366,15 @@ def test_model_too_large_is_refused_before_allocating(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "model: " in err and "GiB" in err and "available" in err
     assert not out.exists()
+
+
+def test_a_run_stopped_before_its_first_checkpoint_says_so_on_resume(tmp_path):
+    """Ctrl-C before the first save left the run's own files (data.json, metrics.jsonl) and no
+    checkpoints folder: --resume said "not a checkpoint ... expected a directory written by
+    `tformer train`", which it was."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "data.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"is a run stopped before its first checkpoint: nothing to load or "
+                                         r"resume; start it again with `tformer train --out "):
+        check_run_dir(out)
