@@ -10,6 +10,9 @@ def test_info_prints_sizes(tmp_path, capsys):
     assert main(["info", str(tmp_path / "c.json"), "--seq-len", "128"]) == 0
     out = capsys.readouterr().out
     assert "18,914,304" in out and "FLOPs per token" in out and "activation memory" in out
+    for option in ("--seq-len", "--batch"):  # --seq-len 0 was read as "not given"
+        assert main(["info", str(tmp_path / "c.json"), option, "0"]) == 2
+        assert capsys.readouterr().err.strip() == f"tformer info: error: {option}: expected a positive int, got 0"
 
 
 def test_bad_config_is_one_line_error(tmp_path):

@@ -43,9 +43,11 @@ def run(args: argparse.Namespace) -> int:
         kind = dict(run_rows).get("objective", "")
         args.model = ("seq2seq" if kind.startswith(("seq2seq", "copy", "reverse", "sort", "add"))
                       else "classifier" if config.n_classes else "encoder")
+    if args.seq_len is not None and args.seq_len <= 0:  # 0 read as "not given" and used max_len
+        raise ValueError(f"--seq-len: expected a positive int, got {args.seq_len}")
+    if args.batch <= 0:
+        raise ValueError(f"--batch: expected a positive int, got {args.batch}")
     seq = args.seq_len or config.max_len
-    if seq <= 0 or args.batch <= 0:
-        raise ValueError(f"--seq-len/--batch: expected positive values, got {seq}/{args.batch}")
     params = parameter_count(config, args.model)
     flops = flops_per_token(config, seq, args.model)
     act = activation_bytes(config, seq, args.batch)
