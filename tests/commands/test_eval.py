@@ -29,6 +29,15 @@ def test_threads_and_a_valid_json_record(classification_run, capsys):
     assert json.loads(out.splitlines()[-1])["split"] == "test" and torch.get_num_threads() == 1
 
 
+def test_the_verdict_behind_beats_baseline_is_said(classification_run, capsys):
+    """`eval --limit 5` printed beats_baseline: false beside any accuracy, with no word of why
+    (5 examples are too few to tell): the verdict line says it, on stderr."""
+    rc, out, err = run_cli(capsys, "eval", classification_run, "--limit", 5, "--samples", 0)
+    assert rc == 0 and json.loads(out.splitlines()[-1])["beats_baseline"] is False
+    assert err.startswith("tformer eval: warning: the test scored 5 example(s), too few to tell whether "
+                          "the model learned")
+
+
 def test_a_non_finite_metric_is_refused_not_printed_as_nan(classification_run, capsys, tmp_path):
     broken = tmp_path / "run"
     shutil.copytree(classification_run, broken)

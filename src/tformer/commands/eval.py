@@ -4,6 +4,7 @@ for a run on your data, on any file with the training file's fields (--data FILE
 from __future__ import annotations
 
 import argparse
+import sys
 
 from tformer.commands._inputs import add_device, add_threads, check_options, device_of, json_line
 
@@ -27,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tformer.runs import load_run
-    from tformer.training.report import append_jsonl, sample_table, with_baseline
+    from tformer.training.report import append_jsonl, baseline_verdict, sample_table, with_baseline
 
     check_options(args)
     run = load_run(args.run_dir, device=device_of(args))
@@ -50,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
     line = json_line(record, f"RUN_DIR {args.run_dir}: metrics {metrics}")
     print(f"{split} {key}: {metrics[key]:.4f}")
     print(line)
+    verdict = baseline_verdict(record)  # what beats_baseline means here (too few examples: no verdict)
+    if verdict:
+        print(f"tformer eval: {verdict}", file=sys.stderr)
     if args.data is not None:
         append_jsonl(Path(args.run_dir) / "metrics.jsonl", {**record, "split": "eval", "data": split})
     return 0
