@@ -100,3 +100,22 @@ def test_index_build_refuses_a_path_that_is_not_an_index(tmp_path):
     with pytest.raises(ValueError, match=r"site: exists and is not a tformer index"):
         build_index(None, tmp_path, tmp_path / "c.txt", tmp_path / "site")
     assert (tmp_path / "site" / "index.json").read_text() == '{"pages": []}'
+
+
+
+def test_a_partial_output_with_nothing_recorded_is_not_said_to_be_for_other_inputs(tmp_path):
+    """A first chunk that failed (a full disk) left a .partial and no progress record: the rerun
+    said "starting over: its interrupted part was for other inputs or options", which it was not.
+    Only a recorded part for another identity is discarded with that message."""
+    from tformer.embeddings.output import open_output
+
+    out = tmp_path / "e.npy"
+    identity = {"n": 2, "dim": 2, "model": "m"}
+    out.with_name("e.npy.partial").write_bytes(b"\0" * 10)  # no e.npy.partial.json beside it
+    with pytest.raises(KeyboardInterrupt), open_output(out, identity) as w:
+        assert w.done == 0 and not w.discarded
+        w.write(["a"], np.zeros((1, 2), dtype=np.float32))  # one row recorded, then stopped
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), open_output(out, {**identity, "model": "other"}) as w:
+        assert w.done == 0 and w.discarded  # recorded, for another model: discarded, and said
+        raise KeyboardInterrupt

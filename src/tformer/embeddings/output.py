@@ -39,7 +39,8 @@ class _Output:
         if saved is not None and saved.get("identity") == identity and self.partial.is_file():
             self.done, self.bytes = int(saved["done"]), int(saved["bytes"])
         else:
-            self.discarded = self.partial.is_file()  # an interrupted file for other inputs
+            # an interrupted file for other inputs (one with no progress recorded holds nothing)
+            self.discarded = self.partial.is_file() and saved is not None
             self._start()
         self.f = self.partial.open("r+b")
         if out.suffix == ".jsonl":
