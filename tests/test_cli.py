@@ -25,6 +25,21 @@ def test_user_errors_are_one_line(monkeypatch, capsys, error):
     assert err == f"tformer info: error: {error}\n"
 
 
+@pytest.mark.parametrize("below", ["", "sub/"])
+def test_a_file_where_an_output_folder_is_needed_is_named(tmp_path, capsys, below):
+    """`embed --out afile/e.npy` with afile a file said "[Errno 17] File exists: 'afile'"."""
+    (tmp_path / "afile").write_text("mine")
+    (tmp_path / "t.txt").write_text("a text\n")
+    out = tmp_path / "afile" / f"{below}e.jsonl"
+    from hf_bert_fixtures import st_dir
+
+    assert cli.main(["embed", str(st_dir()), "--file", str(tmp_path / "t.txt"), "--out", str(out)]) == 2
+    wanted = f" (for {out.parent})" if below else ""
+    assert capsys.readouterr().err == (f"tformer embed: error: {tmp_path / 'afile'}: is a file, where a "
+                                       f"folder is needed{wanted}\n")
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
 @pytest.mark.parametrize("error", [TypeError("unsupported operand"), KeyError("step"), AttributeError("x")])
 def test_programming_errors_keep_their_traceback(monkeypatch, error):
     _command_raising(monkeypatch, error)

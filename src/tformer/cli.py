@@ -66,6 +66,12 @@ def _os_error(e: OSError) -> str:
 
     from tformer.storage import files
 
+    if e.errno in (errno.EEXIST, errno.ENOTDIR) and e.filename:
+        path = Path(e.filename)
+        blocking = next((q for q in (path, *path.parents) if q.exists()), None)  # the nearest that is
+        if blocking is not None and not blocking.is_dir():
+            wanted = f" (for {path})" if blocking != path else ""
+            return f"{blocking}: is a file, where a folder is needed{wanted}"
     if e.filename:
         return f"{e.filename}: {e.strerror or e}"
     if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG) and files.last_step:
@@ -98,7 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         _quiet_stdout()
         return 1
     except USER_ERRORS as e:
-        print(f"tformer {args.command}: error: {e}", file=sys.stderr)
+        # A raw OS refusal (errno set: mkdir met a file where a folder was needed) reads as the
+        # machine's, naming the path; tformer's own (no errno) as written.
+        shown = _os_error(e) if isinstance(e, OSError) and e.errno is not None else e
+        print(f"tformer {args.command}: error: {shown}", file=sys.stderr)
         return 2
     except OS_ERRORS as e:
         print(f"tformer {args.command}: error: {_os_error(e)}", file=sys.stderr)
