@@ -84,12 +84,12 @@ def check_run_dir(run_dir: str | Path) -> Path:
             f"RUN_DIR: {run_dir} has no complete checkpoint (its first save was interrupted); "
             f"start it again with `tformer train --out {run_dir}`"
         )
-    if any((run_dir / name).is_file() for name in ("data.json", "metrics.jsonl")):  # a run's own files
-        raise ValueError(
+    missing = [f for f in CHECKPOINT_FILES if not (run_dir / f).is_file()]
+    if missing and any((run_dir / name).is_file() for name in ("data.json", "metrics.jsonl")):
+        raise ValueError(  # a run's own files, and no checkpoint of any layout
             f"RUN_DIR: {run_dir} is a run stopped before its first checkpoint: nothing to load or "
             f"resume; start it again with `tformer train --out {run_dir}`"
         )
-    missing = [f for f in CHECKPOINT_FILES if not (run_dir / f).is_file()]
     if missing:
         raise ValueError(
             f"RUN_DIR: {run_dir} is not a checkpoint (missing {', '.join(missing)}); "
