@@ -66,3 +66,21 @@ def test_a_weights_file_cut_short_is_a_warning(tmp_path, capsys, classification_
     assert main(["info", str(run)]) == 0
     out = capsys.readouterr().out
     assert f"{weights}: not a readable safetensors file" in out
+
+
+def test_info_says_which_steps_weights_were_tested(tmp_path, capsys, classification_run):
+    """A run tests its best validated weights: info showed "(step 1630, 57 s)" and not that the
+    weights of step 490 were the ones tested."""
+    import json
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(classification_run, run)
+    metrics = run / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    test = json.loads(lines[-1])
+    assert test["split"] == "test"
+    for tested, said in ((test["step"], ""), (1, "; the weights of step 1 tested")):
+        metrics.write_text("\n".join(lines[:-1] + [json.dumps({**test, "tested_step": tested})]) + "\n")
+        assert main(["info", str(run)]) == 0
+        assert f"(step {test['step']}, {test['wall_seconds']:.0f} s{said})" in capsys.readouterr().out

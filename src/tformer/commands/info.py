@@ -125,7 +125,9 @@ def _run_rows(run_dir, saved) -> list[tuple[str, str]]:
             shown = ", ".join(f"{k} {t[k]:.4f}" for k in ("bleu", "chrf", "exact_match", "accuracy",
                                                           "macro_f1", "recall_at_1", "mrr_at_10")
                               if k in t)
-            rows.append(("test", f"{shown} (step {t['step']}, {t['wall_seconds']:.0f} s)"))
+            tested = t.get("tested_step", t["step"])  # the best validated weights, when not the last
+            weights = f"; the weights of step {tested} tested" if tested != t["step"] else ""
+            rows.append(("test", f"{shown} (step {t['step']}, {t['wall_seconds']:.0f} s{weights})"))
             verdict = baseline_verdict(t)
             if verdict:  # a run that did not beat its trivial baseline says so (older runs: none)
                 rows.append(("warning" if verdict.startswith("warning") else "baseline",
