@@ -507,3 +507,24 @@ def test_an_untimed_run_validates_its_last_step(tmp_path):
     train(config, **QUIET)
     valid = [r["step"] for r in _lines(tmp_path / "run") if r["split"] == "validation"]
     assert valid == [2, 3]
+
+
+def test_a_timed_runs_test_measures_no_new_kernel_choice(tmp_path, monkeypatch):
+    """The final test is the budget's last work: a run's first test on a machine spent 9 s of a
+    570 s budget timing kernels for its decoding shapes, past the budget's end. It runs with no
+    measuring allowance (a shape not yet known runs its default kernel)."""
+    from tformer.kernels import autotune
+    from tformer.training.objectives.base import Objective
+
+    evaluate = Objective.evaluate
+    allowance = {}
+
+    def recording(self, model, split, *args, **kwargs):
+        allowance[split] = autotune._allowance["left"]
+        return evaluate(self, model, split, *args, **kwargs)
+
+    monkeypatch.setattr(Objective, "evaluate", recording)
+    data = write(tmp_path / "d.jsonl", seq2seq_rows(300))
+    config = resolve_config({"data": str(data), **TINY, "max_minutes": 0.1, "out": str(tmp_path / "run")})
+    train(config, **QUIET)
+    assert allowance["test"] == 0.0 and allowance["validation"] > 0
