@@ -208,3 +208,24 @@ def test_a_moved_model_directory_is_named_not_hashed(capsys, tmp_path):
     rc, _, err = run_cli(capsys, "search", idx, "a dog", "--model", tmp_path / "gone")
     assert_one_line_error(rc, err, "search", r"the model .*gone: no such directory; pass --model with "
                                              r"the one the index was built with")
+
+
+def test_search_embeds_the_queries_in_the_precision_the_index_was_built_in(capsys, tmp_path, monkeypatch):
+    """`--dtype auto` resolves per machine (bf16 where it is native and faster, else fp32): the
+    queries of an index built in fp32 were embedded in bf16 here. They follow index.json now,
+    unless --dtype says otherwise."""
+    from tformer.commands import search
+
+    seen = []
+    load = search.load_sentence_encoder
+
+    def recording(args):
+        seen.append(args.dtype)
+        return load(args)
+
+    monkeypatch.setattr(search, "load_sentence_encoder", recording)
+    idx = tmp_path / "idx"
+    assert _build(capsys, _corpus(tmp_path, SENTENCES), idx, "--dtype", "fp32")[0] == 0
+    assert run_cli(capsys, "search", idx, "a dog")[0] == 0
+    assert run_cli(capsys, "search", idx, "a dog", "--dtype", "bf16")[0] == 0
+    assert seen == ["fp32", "bf16"]

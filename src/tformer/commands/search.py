@@ -61,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
         args.model_dir = model_dir
         if args.max_length is None:  # embed the queries as the corpus was
             args.max_length = index.meta.get("max_length")
+        if args.dtype == "auto" and index.meta.get("dtype") in ("fp32", "bf16"):
+            args.dtype = index.meta["dtype"]  # and in its precision (auto's may differ by machine)
         with one_line_warnings("search"):
             st = load_sentence_encoder(args)
             queries = st.encode(queries_text, batch_size=args.batch_size, truncation=truncation)
