@@ -76,11 +76,11 @@ def check_not_another_run(model_dir: str) -> None:
     path = Path(model_dir)
     layout = (path / "config.json").exists() or (path / "modules.json").exists()  # an embedding run's too
     if not layout and latest_checkpoint(path) is not None:
-        from tformer.runs import load_run
+        from tformer.runs import describe_run
 
-        run = load_run(path, device="cpu")
-        raise ValueError(f"MODEL_DIR: {path} is {run.objective.description}, not a sentence embedding model: "
-                         f"use `tformer {run.verb} {path}`")
+        what, verb = describe_run(path)  # its weights are not read for an error
+        raise ValueError(f"MODEL_DIR: {path} is {what}, not a sentence embedding model: "
+                         f"use `tformer {verb} {path}`")
 
 
 @contextlib.contextmanager

@@ -2,7 +2,7 @@
 
     for numbers, texts, emb in embed_chunks(st, TextLines(path, "--corpus")): ...  # flat memory
     best = TopK(queries, k); best.add(block, first_index); best.result()
-    build_index(st, MODEL_DIR, corpus, INDEX); Index(INDEX).search(unit(st.encode(queries)), k)
+    build_index(st, MODEL_DIR, corpus, INDEX); Index(INDEX).search(st.encode(queries), k)
 
 Memory grows with the chunk size and k, never with the number of lines: texts are read
 lazily, embedded ``CHUNK`` at a time, and queries x corpus is computed a block at a time

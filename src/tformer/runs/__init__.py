@@ -30,6 +30,13 @@ RUNS: dict[str, type[Run]] = {"classification": ClassificationRun, "seq2seq": Se
                               "embedding": EmbeddingRun}
 
 
+def describe_run(path: str | Path) -> tuple[str, str]:
+    """(what the run in `path` is, the command that takes it), read without its weights."""
+    path = Path(path)
+    objective = make_objective(read_train_config(check_run_dir(path)), path, existing=True)
+    return objective.description, RUNS[objective.kind].verb
+
+
 def load_run(path: str | Path, needs: str | None = None, device: str | object = "auto") -> Run:
     """The run in a directory written by `tformer train` (or tformer.train): its model (eval
     mode, frozen), objective and TrainConfig. The weights are the best validated ones
@@ -55,4 +62,5 @@ def load_run(path: str | Path, needs: str | None = None, device: str | object = 
     return cls(path, model.to(device).eval().requires_grad_(False), objective, config)
 
 
-__all__ = ["RUNS", "AttentionInput", "ClassificationRun", "EmbeddingRun", "Run", "Seq2SeqRun", "load_run"]
+__all__ = ["RUNS", "AttentionInput", "ClassificationRun", "EmbeddingRun", "Run", "Seq2SeqRun", "describe_run",
+           "load_run"]
