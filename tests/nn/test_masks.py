@@ -52,3 +52,47 @@ def test_numpy_masks_mirror_torch():
     n = np_masks.make_mask(am, gm, 2, 3, 5, causal=True)
     assert np.array_equal(t.allowed.numpy(), n.allowed)
     assert np.array_equal(np_masks.causal_mask(2, 5), masks.causal_mask(2, 5).numpy())
+
+
+@pytest.mark.parametrize("impl", [masks, np_masks], ids=["torch", "reference"])
+@pytest.mark.parametrize("bad", [2, -1, 101])
+def test_integer_masks_hold_only_zero_and_one(impl, bad):
+    """Token ids passed for a mask (or a -1 sentinel) are refused, naming the argument and the
+    value, by the converter and by every model argument alike."""
+    to = torch.tensor if impl is masks else np.array
+    mask = to([[1, 1, 0], [1, bad, 0]])
+    with pytest.raises(ValueError, match=rf"^attention_mask: expected only 0 and 1 .*got {bad}$"):
+        impl.from_hf_attention_mask(mask)
+    with pytest.raises(ValueError, match=rf"^attention_mask: expected only 0 and 1 .*got {bad}$"):
+        impl.make_mask(mask, None, 2, 3, 3)
+    with pytest.raises(ValueError, match=rf"^attn_mask: expected only 0 and 1 .*got {bad}$"):
+        impl.make_mask(None, mask, 2, 3, 3)
+
+
+@pytest.mark.parametrize("impl", [masks, np_masks], ids=["torch", "reference"])
+def test_hf_masks_of_every_dtype_convert(impl):
+    to = torch.tensor if impl is masks else np.array
+    want = [[True, True, False]]
+    for mask in (to([[1, 1, 0]]), to([[1.0, 1.0, 0.0]]), to([[True, True, False]])):
+        assert impl.from_hf_attention_mask(mask).tolist() == want
+    with pytest.raises(ValueError, match=r"^attention_mask: expected only 0 and 1 .*got 0.5$"):
+        impl.from_hf_attention_mask(to([[1.0, 0.5, 0.0]]))
+
+
+@pytest.mark.parametrize("impl", [masks, np_masks], ids=["torch", "reference"])
+def test_hf_extended_additive_mask_is_an_attn_mask(impl):
+    """HF's 4-D additive masks, (B, 1, 1, S) padding and (B, 1, T, S) general, converted by
+    from_additive_mask, are accepted as attn_mask and block what the 3-D form blocks."""
+    to = torch.tensor if impl is masks else np.array
+    real = np.array([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=bool)  # (B, S)
+    general = np.tril(np.ones((4, 4), dtype=bool))[None] & real[:, None, :]  # (B, T, S)
+    neg = np.finfo(np.float32).min
+    for four_d, three_d in ((real[:, None, None, :], real[:, None, :]), (general[:, None], general)):
+        additive = to(np.where(four_d, 0.0, neg).astype(np.float32))
+        ours = impl.make_mask(None, impl.from_additive_mask(additive), 2, 4, 4)
+        want = impl.make_mask(None, to(three_d), 2, 4, 4)
+        assert np.array_equal(np.asarray(ours.allowed), np.asarray(want.allowed))
+    with pytest.raises(ValueError, match=r"attn_mask: .*or \(B, 1, T, S\), got \(2, 2, 4, 4\)"):
+        impl.make_mask(None, to(np.ones((2, 2, 4, 4), dtype=bool)), 2, 4, 4)
+    with pytest.raises(ValueError, match=r"attention_mask: .*got \(2, 1, 1, 4\); pass a \(B, 1, T, S\) mask as attn_mask"):
+        impl.make_mask(to(real[:, None, None, :]), None, 2, 4, 4)

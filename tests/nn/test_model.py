@@ -168,7 +168,7 @@ def test_bad_masks(tiny_config):
     ids = torch.randint(0, 50, (2, 5))
     with pytest.raises(ValueError, match=r"attention_mask: expected shape \(B, S\) = \(2, 5\), got \(2, 6\)"):
         enc(ids, torch.ones(2, 6, dtype=torch.bool))
-    with pytest.raises(ValueError, match=r"attn_mask: .*\(2, 5, 5\), got \(3, 5, 5\)"):
+    with pytest.raises(ValueError, match=r"attn_mask: .*\(2, 5, 5\) or \(B, 1, T, S\), got \(3, 5, 5\)"):
         enc(ids, attn_mask=torch.ones(3, 5, 5, dtype=torch.bool))
     with pytest.raises(TypeError, match="attention_mask: expected a bool or 0/1 integer mask"):
         enc(ids, torch.zeros(2, 5))

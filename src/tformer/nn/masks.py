@@ -36,11 +36,22 @@ def from_key_padding_mask(key_padding_mask: Tensor) -> Tensor:
 
 
 def from_hf_attention_mask(attention_mask: Tensor) -> Tensor:
-    """HuggingFace ``attention_mask`` (1 = real, 0 = pad) -> bool (True = real)."""
-    if attention_mask.is_floating_point():
-        if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
-            raise ValueError("attention_mask: expected only 0 and 1 values")
+    """HuggingFace ``attention_mask`` (1 = real, 0 = pad; int, float or bool) -> bool (True = real)."""
+    if attention_mask.dtype == torch.bool:
+        return attention_mask
+    _check_zero_one(attention_mask, "attention_mask")
     return attention_mask != 0
+
+
+def _check_zero_one(mask: Tensor, name: str) -> None:
+    """Refuse a mask holding anything but 0 and 1 (token ids passed by mistake, a -1 sentinel,
+    a soft weight), naming the first such value. Skipped where values cannot be read (tracing)."""
+    if not values_readable(mask):
+        return
+    bad = (mask != 0) & (mask != 1)
+    if bool(bad.any()):
+        value = mask[bad][0].item()
+        raise ValueError(f"{name}: expected only 0 and 1 (or bool; 1 = may attend), got {value}")
 
 
 def from_additive_mask(mask: Tensor) -> Tensor:
@@ -70,7 +81,8 @@ def causal_mask(t: int, s: int | None = None, device: torch.device | None = None
 
 
 def as_bool(mask: Tensor, name: str) -> Tensor:
-    """Accept bool or 0/1 integer masks in our polarity; reject floats (likely additive)."""
+    """Accept bool or 0/1 integer masks in our polarity; reject floats (likely additive) and
+    integers other than 0 and 1 (likely token ids)."""
     if mask.dtype == torch.bool:
         return mask
     if mask.is_floating_point():
@@ -78,6 +90,7 @@ def as_bool(mask: Tensor, name: str) -> Tensor:
             f"{name}: expected a bool or 0/1 integer mask (True = may attend), got {mask.dtype}; "
             "convert additive masks with tformer.nn.masks.from_additive_mask"
         )
+    _check_zero_one(mask, name)
     return mask != 0
 
 
@@ -221,21 +234,23 @@ def make_mask(
         padding = as_bool(attention_mask, name).to(device)
         if padding.shape != (batch, s):
             raise ValueError(
-                f"{name}: expected shape (B, S) = ({batch}, {s}), "
-                f"got {tuple(padding.shape)}"
+                f"{name}: expected shape (B, S) = ({batch}, {s}), got {tuple(padding.shape)}"
+                + ("; pass a (B, 1, T, S) mask as attn_mask" if padding.ndim == 4 else "")
             )
         allowed = padding[:, None, None, :]  # (B, 1, 1, S)
     if attn_mask is not None:
         attn_mask = as_bool(attn_mask, "attn_mask").to(device)
         if attn_mask.dim() == 2:
             attn_mask = attn_mask[None]  # (1, T, S)
+        elif attn_mask.dim() == 4 and attn_mask.shape[1] == 1:
+            attn_mask = attn_mask[:, 0]  # (B|1, 1, T|1, S): HF's extended mask, one for all heads
         ok = attn_mask.dim() == 3 and all(
             a in (1, b) for a, b in zip(attn_mask.shape, (batch, t, s), strict=True)
         )
         if not ok:
             raise ValueError(
-                f"attn_mask: expected a shape broadcastable to (B, T, S) = ({batch}, {t}, {s}), "
-                f"got {tuple(attn_mask.shape)}"
+                f"attn_mask: expected a shape broadcastable to (B, T, S) = ({batch}, {t}, {s}) "
+                f"or (B, 1, T, S), got {tuple(attn_mask.shape)}"
             )
         general = attn_mask[:, None]  # (B|1, 1, T|1, S|1)
         allowed = general if allowed is None else allowed & general

@@ -116,7 +116,7 @@ class Encoder(nn.Module):
             x: (B, S) token ids when config.vocab_size is set, else (B, S, D) embeddings
                (``input_ids=`` is accepted too, so ``model(**tokenizer(texts))`` works)
             attention_mask: (B, S), True/1 = real token
-            attn_mask: broadcastable to (B, S, S), True = may attend
+            attn_mask: broadcastable to (B, S, S) or (B, 1, S, S), True = may attend
             token_type_ids: (B, S), only with config.type_vocab_size
             returns EncoderOutput with last_hidden_state (B, S, D)
         """

@@ -24,11 +24,21 @@ def from_key_padding_mask(key_padding_mask: np.ndarray) -> np.ndarray:
 
 
 def from_hf_attention_mask(attention_mask: np.ndarray) -> np.ndarray:
-    """HuggingFace ``attention_mask`` (1 = real, 0 = pad) -> bool (True = real)."""
-    if np.issubdtype(attention_mask.dtype, np.floating):
-        if not ((attention_mask == 0) | (attention_mask == 1)).all():
-            raise ValueError("attention_mask: expected only 0 and 1 values")
+    """HuggingFace ``attention_mask`` (1 = real, 0 = pad; int, float or bool) -> bool (True = real)."""
+    attention_mask = np.asarray(attention_mask)
+    if attention_mask.dtype == np.bool_:
+        return attention_mask
+    _check_zero_one(attention_mask, "attention_mask")
     return attention_mask != 0
+
+
+def _check_zero_one(mask: np.ndarray, name: str) -> None:
+    """Refuse a mask holding anything but 0 and 1 (token ids passed by mistake, a -1 sentinel,
+    a soft weight), naming the first such value."""
+    bad = (mask != 0) & (mask != 1)
+    if bad.any():
+        value = mask[bad][0].item()
+        raise ValueError(f"{name}: expected only 0 and 1 (or bool; 1 = may attend), got {value}")
 
 
 def from_additive_mask(mask: np.ndarray) -> np.ndarray:
@@ -51,6 +61,8 @@ def causal_mask(t: int, s: int | None = None) -> np.ndarray:
 
 
 def as_bool(mask: np.ndarray, name: str) -> np.ndarray:
+    """Accept bool or 0/1 integer masks in our polarity; reject floats (likely additive) and
+    integers other than 0 and 1 (likely token ids)."""
     mask = np.asarray(mask)
     if mask.dtype == np.bool_:
         return mask
@@ -59,6 +71,7 @@ def as_bool(mask: np.ndarray, name: str) -> np.ndarray:
             f"{name}: expected a bool or 0/1 integer mask (True = may attend), got {mask.dtype}; "
             "convert additive masks with tformer.reference.masks.from_additive_mask"
         )
+    _check_zero_one(mask, name)
     return mask != 0
 
 
@@ -112,21 +125,23 @@ def make_mask(
         padding = as_bool(attention_mask, name)
         if padding.shape != (batch, s):
             raise ValueError(
-                f"{name}: expected shape (B, S) = ({batch}, {s}), "
-                f"got {tuple(padding.shape)}"
+                f"{name}: expected shape (B, S) = ({batch}, {s}), got {tuple(padding.shape)}"
+                + ("; pass a (B, 1, T, S) mask as attn_mask" if padding.ndim == 4 else "")
             )
         allowed = padding[:, None, None, :]  # (B, 1, 1, S)
     if attn_mask is not None:
         attn_mask = as_bool(attn_mask, "attn_mask")
         if attn_mask.ndim == 2:
             attn_mask = attn_mask[None]  # (1, T, S)
+        elif attn_mask.ndim == 4 and attn_mask.shape[1] == 1:
+            attn_mask = attn_mask[:, 0]  # (B|1, 1, T|1, S): HF's extended mask, one for all heads
         ok = attn_mask.ndim == 3 and all(
             a in (1, b) for a, b in zip(attn_mask.shape, (batch, t, s), strict=True)
         )
         if not ok:
             raise ValueError(
-                f"attn_mask: expected a shape broadcastable to (B, T, S) = ({batch}, {t}, {s}), "
-                f"got {tuple(attn_mask.shape)}"
+                f"attn_mask: expected a shape broadcastable to (B, T, S) = ({batch}, {t}, {s}) "
+                f"or (B, 1, T, S), got {tuple(attn_mask.shape)}"
             )
         general = attn_mask[:, None]  # (B|1, 1, T|1, S|1)
         allowed = general if allowed is None else allowed & general
