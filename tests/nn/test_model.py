@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import assert_close, padding_mask
+from helpers import assert_close, copy_weights, padding_mask
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -79,6 +79,46 @@ def test_fully_masked_rows_are_finite(tiny_config, seed, norm_first, fused):
     assert torch.isfinite(out).all()
     out.sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in enc.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("path", ["packed", "padded", "weights", "reference"])
+def test_nan_or_inf_stored_at_padding_reaches_no_real_token(tiny_config, path):
+    """Embeddings passed in may hold anything at padding (0 x NaN is NaN in weights @ v): each
+    row's real tokens equal that row run alone, unpadded, on every path; the encoder's input,
+    a decoder's left-padded target and its memory alike. float64, tolerance 1e-10; no positions,
+    so that a left-padded row alone is the same sequence."""
+    from tformer import reference
+    from tformer.nn.model import Decoder
+
+    torch.manual_seed(0)
+    config = tiny_config.replace(vocab_size=None, dropout=0.0, positional="none")
+    enc, dec = Encoder(config).eval().double(), Decoder(config).eval().double()
+    lengths = [3, 5]
+    mask = torch.from_numpy(padding_mask(lengths, 5))  # (B, S)
+    x = torch.randn(2, 5, 32, dtype=torch.float64)
+    x[0, 3], x[0, 4] = float("nan"), float("inf")  # at padding
+    kwargs = {"padded": {"skip_padding": False}, "weights": {"output_attentions": True}}.get(path, {})
+    if path == "reference":
+        mirrors = reference.Encoder(config, dtype=np.float64), reference.Decoder(config, dtype=np.float64)
+        copy_weights(enc, mirrors[0]), copy_weights(dec, mirrors[1])
+        run_enc = lambda x, m: torch.from_numpy(mirrors[0](x.numpy(), m.numpy()).last_hidden_state)  # noqa: E731
+        run_dec = lambda y, mem, ym, mm: torch.from_numpy(mirrors[1](  # noqa: E731
+            y.numpy(), mem.numpy(), ym.numpy(), mm.numpy()).last_hidden_state)
+    else:
+        run_enc = lambda x, m: enc(x, m, **kwargs).last_hidden_state  # noqa: E731
+        run_dec = lambda y, mem, ym, mm: dec(  # noqa: E731
+            y, mem, ym, mm, output_attentions=path == "weights").last_hidden_state
+    y = torch.randn(2, 5, 32, dtype=torch.float64)
+    y[0, :2] = float("nan")  # the target's padding, on the left as in batched generation
+    y_mask = mask.flip(1)
+    with torch.no_grad():
+        out, dec_out = run_enc(x, mask), run_dec(y, x, y_mask, mask)
+        for i, n in enumerate(lengths):
+            real = torch.ones(1, n, dtype=torch.bool)
+            alone = run_enc(x[i : i + 1, :n], real)
+            assert_close(out[i : i + 1, :n], alone, np.float64, what=f"encoder row {i}")
+            alone = run_dec(y[i : i + 1, 5 - n :], x[i : i + 1, :n], real, real)
+            assert_close(dec_out[i : i + 1, 5 - n :], alone, np.float64, what=f"decoder row {i}")
 
 
 def test_query_with_nothing_to_attend_gets_zero_attention(tiny_config):

@@ -143,12 +143,14 @@ class Mask:
     ``allowed`` (B|1, 1, T|1, S) bool, True = query t may attend key s.
     ``padding`` (B, S) bool, True = real token, when the mask came from an ``attention_mask``
     over the queries' own sequence (encoder self-attention); it is what pooling and
-    unpadded execution read. Derived facts are computed on first use and kept (by hand, not
+    unpadded execution read. ``keys`` (B, S) bool, True = real key, whenever the mask came from
+    an ``attention_mask``. Derived facts are computed on first use and kept (by hand, not
     functools.cached_property, whose lock torch.compile cannot trace).
     """
 
-    def __init__(self, allowed: Tensor, padding: Tensor | None = None) -> None:
-        self.allowed, self.padding = allowed, padding
+    def __init__(self, allowed: Tensor, padding: Tensor | None = None,
+                 keys: Tensor | None = None) -> None:
+        self.allowed, self.padding, self.keys = allowed, padding, keys
         self._known: dict[str, object] = {}
 
     def _once(self, name: str, compute):
@@ -200,6 +202,19 @@ class Mask:
         if self.padding is None:
             return h
         return h.masked_fill(~self.padding[..., None], 0.0)
+
+    def zero_padded_keys(self, x: Tensor) -> Tensor:
+        """(B, L, D) with the positions of padded keys set to zero, x holding the last L of the
+        S key positions (a decoder's new ones after its cache); a no-op without ``keys``.
+
+        A blocked key gets weight 0, but 0 x NaN is NaN: a NaN or inf stored at padding (in
+        embeddings passed in) would reach the real tokens through weights @ v on the padded
+        paths. The models call this once, on their inputs.
+        """
+        if self.keys is None:
+            return x
+        real = self.keys[:, self.keys.size(1) - x.size(1) :]  # (B, L)
+        return x.masked_fill(~real[..., None], 0.0)
 
 
 def as_mask(mask: Mask | Tensor | None) -> Mask | None:
@@ -260,4 +275,4 @@ def make_mask(
     if allowed is None:
         return None
     # Padding describes the queries too only when they are the keys' own positions.
-    return Mask(allowed, padding if t == s and not causal else None)
+    return Mask(allowed, padding if t == s and not causal else None, padding)

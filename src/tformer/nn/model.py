@@ -134,6 +134,8 @@ class Encoder(nn.Module):
         layer_mask = mask.packing if packed else mask
         if packed:
             h = mask.packing.pack(h)  # (N, D)
+        elif mask is not None:
+            h = mask.zero_padded_keys(h)  # what padding held (a NaN too) reaches no real token
         for layer in self.layers:
             h, weights = layer(h, layer_mask, need_weights=output_attentions)
             if hidden is not None:
@@ -248,6 +250,12 @@ class Decoder(nn.Module):
         # Bm memory rows may serve B = g * Bm target rows (beam search; MultiHeadAttention).
         memory_mask = make_mask(memory_attention_mask, None, bm, t, s, device=h.device,
                                 name="memory_attention_mask")
+        # What padding held (a NaN too) reaches no real token (Mask.zero_padded_keys); with a
+        # cache the memory was read at step 0.
+        if self_mask is not None:
+            h = self_mask.zero_padded_keys(h)
+        if memory is not None and memory_mask is not None and not past_key_values:
+            memory = memory_mask.zero_padded_keys(memory)
 
         hidden = [h] if output_hidden_states else None
         self_attns = [] if output_attentions else None

@@ -81,10 +81,12 @@ class Mask:
 
     ``allowed`` (B|1, 1, T|1, S) bool, True = query t may attend key s.
     ``padding`` (B, S) bool, True = real token, when the queries are the keys' own positions.
+    ``keys`` (B, S) bool, True = real key, whenever the mask came from an ``attention_mask``.
     """
 
     allowed: np.ndarray | None
     padding: np.ndarray | None = None
+    keys: np.ndarray | None = None
 
     @cached_property
     def attends_nothing(self) -> np.ndarray | None:
@@ -101,6 +103,19 @@ class Mask:
         if self.padding is None:
             return h
         return np.where(self.padding[..., None], h, 0.0).astype(h.dtype, copy=False)
+
+    def zero_padded_keys(self, x: np.ndarray) -> np.ndarray:
+        """(B, L, D) with the positions of padded keys set to zero, x holding the last L of the
+        S key positions (a decoder's new ones after its cache); a no-op without ``keys``.
+
+        A blocked key gets weight 0, but 0 x NaN is NaN: a NaN or inf stored at padding (in
+        embeddings passed in) would reach the real tokens through weights @ v. The models call
+        this once, on their inputs.
+        """
+        if self.keys is None:
+            return x
+        real = self.keys[:, self.keys.shape[1] - x.shape[1] :]  # (B, L)
+        return np.where(real[..., None], x, 0.0).astype(x.dtype, copy=False)
 
 
 def as_mask(mask: Mask | np.ndarray | None) -> Mask | None:
@@ -151,4 +166,4 @@ def make_mask(
     if allowed is None:
         return None
     # Padding describes the queries too only when they are the keys' own positions.
-    return Mask(allowed, padding if t == s and not causal else None)
+    return Mask(allowed, padding if t == s and not causal else None, padding)

@@ -112,6 +112,8 @@ class Encoder(Module):
         # Padded positions hold zeros in every output (their values are nobody's business).
         unpad = mask.zero_padding if mask else (lambda t: t)
         hidden = [unpad(h)] if output_hidden_states else None
+        if mask is not None:
+            h = mask.zero_padded_keys(h)  # what padding held (a NaN too) reaches no real token
         attentions = [] if output_attentions else None
         for layer in self.layers:
             h, weights = layer(h, mask, need_weights=output_attentions)
@@ -170,6 +172,8 @@ class Encoder(Module):
         h, embed_cache = self.embed_train(x, token_type_ids, rng)  # (B, S, D)
         b, s, _ = h.shape
         mask = make_mask(attention_mask, attn_mask, b, s, s)
+        if mask is not None:
+            h = mask.zero_padded_keys(h)  # as in forward; padding gets no gradient either way
         layer_caches = []
         for layer in self.layers:
             h, _, layer_cache = layer.forward_train(h, mask, rng)
@@ -260,6 +264,12 @@ class Decoder(Module):
         self_mask = make_mask(attention_mask, None, b, t, past + t, causal=True)
         # Bm memory rows may serve B = g * Bm target rows (beam search; MultiHeadAttention).
         memory_mask = make_mask(memory_attention_mask, None, bm, t, s, name="memory_attention_mask")
+        # What padding held (a NaN too) reaches no real token (Mask.zero_padded_keys); with a
+        # cache the memory was read at step 0.
+        if self_mask is not None:
+            h = self_mask.zero_padded_keys(h)
+        if memory is not None and memory_mask is not None and not past_key_values:
+            memory = memory_mask.zero_padded_keys(memory)
 
         hidden = [h] if output_hidden_states else None
         self_attns = [] if output_attentions else None
@@ -300,6 +310,10 @@ class Decoder(Module):
         self_mask = make_mask(attention_mask, None, b, t, t, causal=True)
         memory_mask = make_mask(memory_attention_mask, None, b, t, memory.shape[1],
                                 name="memory_attention_mask")
+        if self_mask is not None:  # as in forward
+            h = self_mask.zero_padded_keys(h)
+        if memory_mask is not None:
+            memory = memory_mask.zero_padded_keys(memory)
         layer_caches = []
         for layer in self.layers:
             h, layer_cache = layer.forward_train(h, memory, self_mask, memory_mask, rng)
@@ -307,20 +321,24 @@ class Decoder(Module):
         norm_cache = None
         if self.final_norm is not None:
             h, norm_cache = self.final_norm.forward_train(h)
-        return h, (x, drop_cache, layer_caches, norm_cache)
+        return h, (x, drop_cache, layer_caches, norm_cache, self_mask, memory_mask)
 
     def backward(self, dh, cache, grads: dict, prefix: str = ""):
         """Shape: dh (B, T, D) -> dx (B, T, D) or None (token ids), dmemory (B, S, D).
 
         Every layer reads the same memory, so its gradient is the sum over the layers.
         """
-        x, drop_cache, layer_caches, norm_cache = cache
+        x, drop_cache, layer_caches, norm_cache, self_mask, memory_mask = cache
         if self.final_norm is not None:
             dh = self.final_norm.backward(dh, norm_cache, grads, prefix + "final_norm.")
         dmemory = 0.0
         for i in reversed(range(len(self.layers))):
             dh, dmem = self.layers[i].backward(dh, layer_caches[i], grads, f"{prefix}layers.{i}.")
             dmemory = dmemory + dmem
+        if self_mask is not None:  # the zeros written at padding are constants
+            dh = self_mask.zero_padded_keys(dh)
+        if memory_mask is not None:
+            dmemory = memory_mask.zero_padded_keys(dmemory)
         dh = self.dropout.backward(dh, drop_cache)
         if isinstance(self.pos_emb, LearnedPositionalEmbedding):
             self.pos_emb.backward(dh, 0, grads, prefix + "pos_emb.")
