@@ -66,3 +66,16 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_an_export_says_one_line(tmp_path, capfd):
+    """torch.onnx's talk about its own workings (skipped torchvision ops, renamed dynamic axes,
+    deprecated pytree classes) is not the user's business: the export prints its one line."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["export", str(st_dir("mean", True)), "--onnx", str(tmp_path / "m.onnx")]) == 0
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("wrote "), err
+    assert not [str(w.message) for w in caught]

@@ -22,10 +22,13 @@ model card; an embedding folder is also a sentence-transformers directory (modul
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import sys
 import tempfile
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -160,10 +163,27 @@ def is_tformer_onnx(path: Path) -> bool:
     return any(p.key == "producer" and p.value == PRODUCER for p in model.metadata_props)
 
 
+@contextlib.contextmanager
+def quiet_exporter() -> Iterator[None]:
+    """Silence what torch.onnx's exporter says about its own workings (the torchvision ops it
+    skips, dynamic axes it renames, deprecated pytree classes): not the user's business, and
+    every export is checked in onnxruntime anyway. Its errors still raise."""
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            for category in (UserWarning, FutureWarning, DeprecationWarning):
+                warnings.simplefilter("ignore", category)
+            yield
+    finally:
+        logger.setLevel(level)
+
+
 def _trace(graph: nn.Module, inputs: dict[str, Tensor], dynamic: dict, path: Path, opset: int) -> None:
     """Trace ``graph`` at ``inputs`` and save the ONNX program to ``path``."""
     graph.eval()
-    with torch.no_grad():
+    with torch.no_grad(), quiet_exporter():
         program = torch.onnx.export(
             graph, (), kwargs=inputs, dynamo=True, dynamic_shapes=dynamic, opset_version=opset,
             input_names=list(inputs), output_names=graph.output_names, verbose=False,

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from tformer.errors import require
 from tformer.export.export_dir import check_destination, publish_export
 from tformer.export.model_card import Card, render
-from tformer.export.onnx import EXTRA, _compare, _ragged_mask, _session, _trace
+from tformer.export.onnx import EXTRA, _compare, _ragged_mask, _session, _trace, quiet_exporter
 
 FILES = ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx")
 
@@ -127,7 +127,7 @@ def _trace_all(model: nn.Module, scratch: Path, opset: int) -> None:
     _trace(DecoderGraph(model), first, first_shapes, scratch / FILES[1], opset)
     graph = DecoderWithPastGraph(model).eval()
     caches = [{0: batch, 2: past if k % 4 < 2 else src} for k in range(len(later["past"]))]
-    with torch.no_grad():
+    with torch.no_grad(), quiet_exporter():
         program = torch.onnx.export(
             graph, (later["input_ids"], later["encoder_attention_mask"], *later["past"]), dynamo=True,
             dynamic_shapes=({0: batch, 1: tgt}, {0: batch, 1: src}, tuple(caches)),  # *past: one tuple
