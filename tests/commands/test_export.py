@@ -523,3 +523,24 @@ def test_a_checkpoint_or_an_hf_export_given_as_model_dir_is_refused_naming_what_
     rc, _, err = _run(capsys, "export", hf, "--onnx", tmp_path / "a.onnx")
     assert rc == 2 and err.count("\n") == 1 and "BertForSequenceClassification directory" in err
     assert "tformer export RUN --onnx" in err and not (tmp_path / "a.onnx").exists()
+
+
+def test_a_fine_tuned_embedding_runs_onnx_card_pads_with_its_own_token(capsys, tmp_path):
+    """A BERT tokenizer pads with [PAD], not <pad>: the card's code runs as it is and gives
+    `tformer embed`'s vectors (<= 1e-5) for its two texts."""
+    data = write(tmp_path / "pairs.jsonl", embedding_rows(40))
+    run = tmp_path / "ft-emb"
+    assert main(["train", "--data", str(data), "--out", str(run), "--from-pretrained", str(bert_dir()),
+                 "--max-length", "16", *TINY[TINY.index("--steps"):]]) == 0
+    out = tmp_path / "onnx"
+    rc, _, err = _run(capsys, "export", run, "--onnx", out)
+    assert rc == 0, err
+    code = (out / "README.md").read_text()
+    assert 'token_to_id("[PAD]")' in code
+    card = out / "README.md"
+    card.write_text(code.replace("L2-normalised\n", "L2-normalised\nprint(sentences.tolist())\n", 1))
+    got = np.array(json.loads(_card_code(card, out)))
+    rc, expected, _ = _run(capsys, "embed", run, "some text", "another text")
+    assert rc == 0
+    expected = np.array([json.loads(line)["embedding"] for line in expected.splitlines()])
+    assert np.abs(got - expected).max() <= PROB_TOLERANCE

@@ -39,20 +39,22 @@ class EmbeddingRun(Run):
         files["README.md"] = render(card, "an ONNX sentence-embedding folder (model.onnx: "
                                           "sentence_embedding), also a sentence-transformers directory "
                                           "for its ONNX backend",
-                                    ONNX_USAGE, library_name="sentence-transformers",
+                                    ONNX_USAGE.replace("PAD_TOKEN", tok.backend.id_to_token(tok.pad_id)),
+                                    library_name="sentence-transformers",
                                     pipeline_tag="sentence-similarity", tags=("onnx",))
         written = publish_export(out, files, "--onnx")
         tonnx.report(f"{written}/", diff)
         return written
 
 
+# PAD_TOKEN: the run's padding token (<pad>, or a fine-tuned BERT's [PAD]), filled in per run.
 ONNX_USAGE = """
 import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
 tokenizer = Tokenizer.from_file("DIR/tokenizer.json")  # cuts texts at the run's max_length
-tokenizer.enable_padding(pad_id=tokenizer.token_to_id("<pad>"))
+tokenizer.enable_padding(pad_id=tokenizer.token_to_id("PAD_TOKEN"), pad_token="PAD_TOKEN")
 session = ort.InferenceSession("DIR/model.onnx")
 batch = tokenizer.encode_batch(["some text", "another text"])
 feed = {"input_ids": [e.ids for e in batch], "attention_mask": [e.attention_mask for e in batch],
