@@ -502,6 +502,9 @@ def test_a_kill_mid_export_leaves_the_old_export(capsys, tmp_path, runs):
                            str(out)], env=env, capture_output=True, text=True)
     assert proc.returncode == -9, proc.stderr
     assert _snapshot(out) == old
+    # The killed export's hidden temp folder goes with the next export to the same folder.
+    assert _run(capsys, "export", runs["finetuned"], "--hf", out)[0] == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
 
 
 def test_exporters_do_not_import_training():

@@ -79,3 +79,20 @@ def test_an_export_says_one_line(tmp_path, capfd):
     err = capfd.readouterr().err
     assert err.count("\n") == 1 and err.startswith("wrote "), err
     assert not [str(w.message) for w in caught]
+
+
+def test_a_killed_export_leaves_the_old_file_and_the_next_one_its_temp_file(tmp_path, capsys):
+    """A real SIGKILL just before the rename: the earlier export stays whole, and the hidden temp
+    file (as large as the model) is removed by the next export to that name."""
+    import subprocess
+
+    out = _export(tmp_path, bert_dir(), capsys)
+    old = out.read_bytes()
+    env = dict(os.environ, TFORMER_KILL_AT_WRITE="1")
+    proc = subprocess.run([sys.executable, "-m", "tformer", "export", str(bert_dir()), "--onnx", str(out)],
+                          env=env, capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr
+    assert out.read_bytes() == old
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # what the kill left
+    _export(tmp_path, bert_dir(), capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]

@@ -39,7 +39,7 @@ from tformer.errors import require
 from tformer.formats.st_layout import read_layout
 from tformer.nn.model import Encoder
 from tformer.storage.files import replaced_on_success
-from tformer.storage.locks import output_lock
+from tformer.storage.locks import output_lock, remove_leftovers
 
 EXTRA = "onnx"
 TOLERANCE = 1e-4  # max abs difference, float32, tformer vs onnxruntime
@@ -221,9 +221,11 @@ def export_onnx(graph: OnnxGraph | str | Path, out: str | Path, opset: int = 18)
     batch, seq = torch.export.Dim("batch"), torch.export.Dim("sequence", max=graph.config.max_len)
     dynamic = {name: {0: batch, 1: seq} for name in graph.input_names}
     # One writer of `out` at a time; published only once onnxruntime agrees.
-    with output_lock(out, "--onnx"), replaced_on_success(out) as tmp:
-        _trace(graph, inputs, dynamic, tmp, opset)
-        diff = check_onnx(tmp, graph)
+    with output_lock(out, "--onnx"):
+        remove_leftovers(out)  # of an export killed before this one
+        with replaced_on_success(out) as tmp:
+            _trace(graph, inputs, dynamic, tmp, opset)
+            diff = check_onnx(tmp, graph)
     return diff
 
 

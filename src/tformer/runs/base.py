@@ -12,6 +12,7 @@ asks which kind it is.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
@@ -23,7 +24,7 @@ from torch import nn
 
 from tformer.devices import model_device
 from tformer.export.model_card import HUB_NAME, Card
-from tformer.storage.locks import output_lock
+from tformer.storage.locks import output_lock, remove_leftovers
 from tformer.training.command import train_command
 from tformer.training.config import TrainConfig
 from tformer.training.objectives import Objective
@@ -115,6 +116,7 @@ class Run(ABC):
         # One export writes a folder at a time: a second one to it while this runs is refused
         # naming this pid (both said "wrote" before, and one result was silently lost).
         with output_lock(Path(target), option):
+            remove_leftovers(Path(os.path.realpath(target)))  # of an export killed before this one
             self.model.cpu()  # exports are traced and checked on the CPU, whatever device runs the model
             try:
                 if hf is not None:

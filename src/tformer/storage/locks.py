@@ -17,6 +17,7 @@ import errno
 import fcntl
 import os
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,6 +73,16 @@ def leftovers(directory: Path, name: str) -> list[Path]:
     exact pattern leaves another name's (``NAME.v2``) alone."""
     pattern = re.compile(rf"\.{re.escape(name)}\.[a-z0-9_]{{8}}\.(tmp|old)")
     return [p for p in directory.glob(f".{glob_escape(name)}.*") if pattern.fullmatch(p.name)]
+
+
+def remove_leftovers(out: Path) -> None:
+    """Remove the ``leftovers`` of earlier writers of `out` that were killed (a hidden temp
+    file or folder as large as the output, on each kill): call it holding the lock on `out`."""
+    for entry in leftovers(out.parent, out.name):
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def glob_escape(name: str) -> str:
