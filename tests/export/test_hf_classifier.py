@@ -102,3 +102,27 @@ def test_export_refuses_a_classifier_without_the_bert_pooler_naming_the_field(tm
         export_classifier(tmp_path / "hf", EncoderClassifier(config), tokenizer, ["a", "b"], 16,
                           Card(name="x", kind="classification"))
     assert not (tmp_path / "hf").exists()
+
+
+def test_an_export_transformers_does_not_reproduce_is_not_written(classifier_run, tmp_path, monkeypatch):
+    """BertForSequenceClassification is checked in transformers before publishing, as XLM is:
+    one weight off, nothing written; else the logits of padded batches agree (<= 1e-4)."""
+    from tformer.export import hf_classifier
+    from tformer.runs import load_run
+
+    run = load_run(classifier_run)
+    written, diff = hf_classifier.export_classifier(tmp_path / "ok", run.model, run.tokenizer.backend,
+                                                    tuple(run.labels), 16, run.card("x"))
+    assert written.is_dir() and diff <= hf_classifier.TOLERANCE
+    to_hf = hf_classifier.classifier_state_to_hf
+
+    def off(state, config):
+        out = to_hf(state, config)
+        out["classifier.bias"] = out["classifier.bias"] + 1e-3
+        return out
+
+    monkeypatch.setattr(hf_classifier, "classifier_state_to_hf", off)
+    with pytest.raises(ValueError, match=r"^--hf: the BertForSequenceClassification export gives logits "
+                                         r".* away from tformer's .*expected <= 1e-04; nothing was written$"):
+        run.export(hf=tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()

@@ -37,7 +37,7 @@ def seq2seq(**changes) -> Seq2SeqTransformer:
 
 def export(model, path):
     card = Card(name="tiny", kind="seq2seq", max_length=12)
-    return hf_seq2seq.export_seq2seq(path, model, tiny_tokenizer(), 12, card)
+    return hf_seq2seq.export_seq2seq(path, model, tiny_tokenizer(), 12, card)[0]
 
 
 @pytest.mark.parametrize("changes", [
@@ -96,3 +96,21 @@ def test_the_key_table_covers_the_state_dict_exactly():
     for changes in ({}, {"norm_first": True, "final_norm": True, "tie_output": False}):
         model = seq2seq(**changes)
         hf_seq2seq.verify(model.state_dict(), model.config)
+
+
+def test_an_export_transformers_does_not_reproduce_is_not_written(tmp_path, monkeypatch):
+    """The files are loaded in transformers before publishing: one weight off, nothing written."""
+    to_hf = hf_seq2seq.to_hf
+
+    def off(state, config):
+        out = to_hf(state, config)
+        key = next(k for k in out if k.endswith("fc2.bias"))
+        out[key] = out[key].clone()
+        out[key][0] += 1e-2  # one unit: a shift of them all is what a LayerNorm takes out
+        return out
+
+    monkeypatch.setattr(hf_seq2seq, "to_hf", off)
+    with pytest.raises(ValueError, match=r"^--hf: the MarianMTModel export gives logits .* away from "
+                                         r"tformer's .*expected <= 1e-04; nothing was written$"):
+        export(seq2seq(), tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()

@@ -4,7 +4,9 @@
   transformers BertForSequenceClassification directory (AutoModelForSequenceClassification
   loads it): the encoder through hf_bert's key table, plus one row for the head. The
   classifier must pool with the BERT pooler (``config.pooler``): that is what the HF class
-  computes. `export_classifier` publishes it whole (``export_dir.publish_export``).
+  computes. `export_classifier` loads the files in transformers, which must give tformer's
+  logits on padded batches (``tformer.export.hf_check``), then publishes them whole
+  (``export_dir.publish_export``).
 - `tokenizer_files(backend, max_length, ...)`: tokenizer.json (truncating at the run's
   max_length) and a tokenizer_config.json, so AutoTokenizer tokenizes as the run did.
 - `save_sentence_layout(model, run_dir, max_length)`: an embedding model in the
@@ -19,13 +21,15 @@ directory is the CLI's job (``tformer.commands.export``).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import torch
 from safetensors.torch import save as st_save
 from tokenizers import Tokenizer, processors
 
 from tformer.export.export_dir import publish_export
+from tformer.export.hf_check import loaded_in_transformers, max_difference
 from tformer.export.model_card import Card, render
 from tformer.formats import hf_bert
 from tformer.formats.pretrained import export_hf
@@ -34,7 +38,8 @@ from tformer.storage.files import json_bytes, write_atomic, write_json_atomic
 
 # (their key, our key): the classification head; the encoder's rows are hf_bert's, under "bert.".
 HEAD_ROWS = (("classifier.weight", "head.weight"), ("classifier.bias", "head.bias"))
-TOLERANCE = 1e-5  # max abs difference of probabilities, float32, tformer vs transformers
+ARCHITECTURE = "BertForSequenceClassification"
+TOLERANCE = 1e-4  # max abs difference of logits, float32, tformer vs transformers (padded batches)
 SPECIAL_NAMES = {"pad_token": ("<pad>", "[PAD]"), "cls_token": ("<s>", "[CLS]"),
                  "sep_token": ("</s>", "[SEP]"), "unk_token": ("<unk>", "[UNK]"),
                  "mask_token": ("<mask>", "[MASK]"), "bos_token": ("<s>",), "eos_token": ("</s>",)}
@@ -93,10 +98,39 @@ def classifier_files(model, tokenizer, labels: Sequence[str], max_length: int,
     return files
 
 
+def check_in_transformers(files: Mapping[str, bytes], model) -> float:
+    """The max abs difference of logits between ``files`` loaded by transformers and ``model``,
+    on padded batches with both token types; raises above TOLERANCE."""
+    config, worst = model.config, 0.0
+    generator = torch.Generator().manual_seed(0)
+    training = model.training
+    model.eval()
+    try:
+        with loaded_in_transformers(files, "AutoModelForSequenceClassification", ARCHITECTURE) as (theirs, _):
+            for b, s in ((1, 1), (3, min(17, config.max_len))):
+                ids = torch.randint(0, config.vocab_size, (b, s), generator=generator)  # (B, S)
+                lengths = torch.clamp(s - 5 * torch.arange(b), min=1)  # ragged padding
+                mask = (torch.arange(s)[None, :] < lengths[:, None]).long()  # (B, S)
+                types = torch.zeros_like(ids)
+                if config.type_vocab_size > 1:
+                    types[:, s // 2 :] = 1  # the second text of a pair
+                with torch.no_grad():
+                    ours = model(ids, mask, types if config.type_vocab_size else None).logits  # (B, C)
+                    got = theirs(input_ids=ids, attention_mask=mask,
+                                 **({"token_type_ids": types} if config.type_vocab_size else {})).logits
+                worst = max(worst, max_difference(got, ours, "logits", ARCHITECTURE, TOLERANCE))
+    finally:
+        model.train(training)
+    return worst
+
+
 def export_classifier(out: str | Path, model, tokenizer, labels: Sequence[str], max_length: int,
-                      card: Card) -> Path:
-    """Publish ``out`` as a BertForSequenceClassification directory (see classifier_files)."""
-    return publish_export(out, classifier_files(model, tokenizer, labels, max_length, card), "--hf")
+                      card: Card) -> tuple[Path, float]:
+    """Publish ``out`` as a BertForSequenceClassification directory (see classifier_files) once
+    transformers gives tformer's logits; returns (out, max abs diff)."""
+    files = classifier_files(model, tokenizer, labels, max_length, card)
+    diff = check_in_transformers(files, model)
+    return publish_export(out, files, "--hf"), diff
 
 
 def tokenizer_files(backend, max_length: int, template: str | None = None,

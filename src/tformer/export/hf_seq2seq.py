@@ -13,7 +13,9 @@ the same in any basis of the residual stream, so the export permutes that basis
 Configs neither class can express are refused naming the field (``check_expressible``).
 
 The conversion is a table of (their key, our key, part of a fused tensor, residual axes)
-rows, and ``verify`` checks that the key sets match before anything is written.
+rows, and ``verify`` checks that the key sets match; then the files are loaded in transformers,
+which must give tformer's logits on a padded batch (``check_in_transformers``), before anything
+is written.
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ from torch import Tensor
 
 from tformer.config import TransformerConfig
 from tformer.export.export_dir import publish_export
+from tformer.export.hf_check import loaded_in_transformers, max_difference
 from tformer.export.hf_classifier import tokenizer_files
 from tformer.export.model_card import Card, render
 from tformer.formats.hf_bert import TO_HF_ACTIVATION, WEIGHTS_FILE
 from tformer.nn.positional import sinusoidal_table
 from tformer.storage.files import json_bytes
 
+TOLERANCE = 1e-4  # max abs difference of logits, float32, tformer vs transformers (|logits| ~ 10s)
 # (their key, our key, part, residual axes). part: (i, n) takes the i-th of n equal row blocks
 # of a fused projection (qkv_proj: q, k, v; kv_proj: k, v); residual axes are permuted.
 Row = tuple[str, str, tuple[int, int] | None, tuple[int, ...]]
@@ -218,6 +222,34 @@ def seq2seq_files(model, tokenizer, max_length: int, card: Card) -> dict[str, by
     return files
 
 
-def export_seq2seq(out: str | Path, model, tokenizer, max_length: int, card: Card) -> Path:
-    """Publish ``out`` as an AutoModelForSeq2SeqLM directory (see seq2seq_files)."""
-    return publish_export(out, seq2seq_files(model, tokenizer, max_length, card), "--hf")
+def check_in_transformers(files: Mapping[str, bytes], model, pad_id: int, bos_id: int, eos_id: int) -> float:
+    """The max abs difference of logits between ``files`` loaded by transformers and ``model``
+    (teacher-forced, on a padded batch of sources); raises above TOLERANCE."""
+    c, name = model.config, architecture(model.config)
+    g = torch.Generator().manual_seed(0)
+    b, s, t = 3, min(11, c.max_len), min(6, c.max_len)
+    src = torch.randint(0, c.vocab_size, (b, s), generator=g)  # (B, S): tokens, </s>, padding
+    lengths = torch.clamp(s - 4 * torch.arange(b), min=1)  # ragged padding
+    mask = (torch.arange(s)[None, :] < lengths[:, None]).long()  # (B, S)
+    src = src.masked_fill(mask == 0, pad_id)
+    src[torch.arange(b), lengths - 1] = eos_id
+    tgt = torch.randint(0, c.target_vocab_size, (b, t), generator=g)  # (B, T)
+    tgt[:, 0] = bos_id
+    training = model.training
+    model.eval()
+    try:
+        with loaded_in_transformers(files, "AutoModelForSeq2SeqLM", name) as (theirs, _), torch.no_grad():
+            got = theirs(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits  # (B, T, V)
+            ours = model(src, tgt, mask).logits
+    finally:
+        model.train(training)
+    return max_difference(got, ours, "logits", name, TOLERANCE)
+
+
+def export_seq2seq(out: str | Path, model, tokenizer, max_length: int, card: Card) -> tuple[Path, float]:
+    """Publish ``out`` as an AutoModelForSeq2SeqLM directory (see seq2seq_files) once transformers
+    gives tformer's logits; returns (out, max abs diff)."""
+    files = seq2seq_files(model, tokenizer, max_length, card)
+    ids = [tokenizer.token_to_id(token) for token in ("<pad>", "<s>", "</s>")]
+    diff = check_in_transformers(files, model, *ids)
+    return publish_export(out, files, "--hf"), diff

@@ -19,7 +19,6 @@ the padding, and its card says so.
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import torch
 from safetensors.torch import save as st_save
 
 from tformer.export.export_dir import publish_export
+from tformer.export.hf_check import loaded_in_transformers
 from tformer.export.hf_classifier import tokenizer_files
 from tformer.export.model_card import Card, render
 from tformer.formats import hf_xlm
@@ -88,37 +88,27 @@ def classifier_files(model, tokenizer, labels: Sequence[str], pairs: bool = Fals
 def check_in_transformers(files: dict[str, bytes], model, tokenizer, pairs: bool = False) -> float:
     """Load ``files`` as transformers does and compare with ``model``: the max abs difference of
     logits on unpadded inputs (raises above TOLERANCE, or when the tokenizer's ids differ)."""
-    try:
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
-        from transformers.utils import logging
-    except ImportError:
-        raise ValueError("--hf: the export is checked in transformers before it is written; "
-                         "pip install 'tformer[hf]'") from None
     config = model.config
     token_types = hf_xlm.carries_token_types(config, pairs)
-    bar = logging.is_progress_bar_enabled()
-    logging.disable_progress_bar()  # transformers' "Loading weights" bar is not the user's business
-    try:
-        with tempfile.TemporaryDirectory(prefix="tformer-xlm-") as tmp:
-            for name, data in files.items():
-                (Path(tmp) / name).write_bytes(data)
-            theirs, info = AutoModelForSequenceClassification.from_pretrained(
-                tmp, output_loading_info=True, local_files_only=True)
-            their_tokenizer = AutoTokenizer.from_pretrained(tmp, local_files_only=True)
-    finally:
-        if bar:
-            logging.enable_progress_bar()
-    unloaded = {k: v for k, v in info.items() if v}  # missing, unexpected or mismatched keys
-    if type(theirs).__name__ != hf_xlm.ARCHITECTURE or unloaded:
-        raise ValueError(f"--hf: transformers loaded a {type(theirs).__name__} "
-                         f"({unloaded or 'every weight'}); expected a {hf_xlm.ARCHITECTURE} with all")
+    architecture = hf_xlm.ARCHITECTURE
+    with loaded_in_transformers(files, "AutoModelForSequenceClassification",
+                                architecture) as (theirs, folder):
+        from transformers import AutoTokenizer
+
+        their_tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        return _compare(theirs, their_tokenizer, model, tokenizer, token_types)
+
+
+def _compare(theirs, their_tokenizer, model, tokenizer, token_types: bool) -> float:
+    """check_in_transformers' comparison: the tokens of CHECK_TEXTS, and the logits of random
+    unpadded inputs of lengths 1 .. max_len."""
+    config = model.config
     for text in CHECK_TEXTS:
         (ours,) = tokenizer.encode([text])
         got = their_tokenizer(text, truncation=True)
         if got["input_ids"] != ours.ids or ("token_type_ids" in got) != token_types:
             raise ValueError(f"--hf: transformers' tokenizer gives {dict(got)} for {text!r}, "
                              f"tformer's ids {ours.ids}")
-    theirs.eval()
     worst = 0.0
     generator = torch.Generator().manual_seed(0)
     for length in sorted({1, 2, config.max_len // 2, config.max_len} - {0}):

@@ -53,16 +53,17 @@ class ClassificationRun(Run):
         tok = self.tokenizer
         if self.model.config.pooler:
             try:
-                written = hf_classifier.export_classifier(out, self.model, tok.backend, tuple(self.labels),
-                                                          tok.max_length, card)
+                written, diff = hf_classifier.export_classifier(out, self.model, tok.backend,
+                                                                tuple(self.labels), tok.max_length, card)
             except ValueError as e:  # "config.norm_first: a BERT export needs ...": name the option
                 field, _, rest = str(e).partition(": ")
                 if not field.startswith("config."):
                     raise
                 raise ValueError(f"--hf: {self.path}: {_option(field[len('config.'):])}: "
                                  f"BertForSequenceClassification: {rest}; export it with --onnx") from None
-            print(f"wrote {written}/ (BertForSequenceClassification; AutoModelForSequenceClassification."
-                  "from_pretrained loads it)", file=sys.stderr)
+            print(f"wrote {written}/ (BertForSequenceClassification, max abs diff {diff:.1e} on the logits "
+                  "against tformer; AutoModelForSequenceClassification.from_pretrained loads it)",
+                  file=sys.stderr)
             return written
         try:
             written, diff = hf_xlm.export_classifier(out, self.model, tok, tuple(self.labels), card,

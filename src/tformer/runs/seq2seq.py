@@ -52,9 +52,10 @@ class Seq2SeqRun(Run):
         if tok is None:
             raise ValueError(f"--hf: {self.path} is a synthetic-task run ({self.config.task}) with no text "
                              "tokenizer for transformers; export it with --onnx")
-        written = hf_seq2seq.export_seq2seq(out, self.model, tok.backend, tok.max_length, card)
-        print(f"wrote {written}/ ({hf_seq2seq.architecture(self.model.config)}; "
-              "AutoModelForSeq2SeqLM.from_pretrained loads it)", file=sys.stderr)
+        written, diff = hf_seq2seq.export_seq2seq(out, self.model, tok.backend, tok.max_length, card)
+        print(f"wrote {written}/ ({hf_seq2seq.architecture(self.model.config)}, max abs diff {diff:.1e} "
+              "on the logits against tformer; AutoModelForSeq2SeqLM.from_pretrained loads it)",
+              file=sys.stderr)
         return written
 
     def export_onnx(self, out: Path, card: Card, opset: int) -> Path:
