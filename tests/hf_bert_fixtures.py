@@ -88,10 +88,11 @@ def write_tokenizer(directory: Path) -> None:
 
 def build_bert(arch: str = "BertModel", seed: int = 0, **overrides):
     """A random-weight transformers BERT (eval mode) with the tiny config."""
-    from transformers import BertForMaskedLM, BertModel
+    from transformers import BertForMaskedLM, BertForSequenceClassification, BertModel
 
     torch.manual_seed(seed)
-    cls = {"BertModel": BertModel, "BertForMaskedLM": BertForMaskedLM}[arch]
+    cls = {"BertModel": BertModel, "BertForMaskedLM": BertForMaskedLM,
+           "BertForSequenceClassification": BertForSequenceClassification}[arch]
     model = cls(tiny_bert_config(**overrides))
     with torch.no_grad():  # non-trivial LayerNorm affine parameters
         for name, p in model.named_parameters():

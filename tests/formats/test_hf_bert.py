@@ -167,8 +167,9 @@ def test_activations(act, ours):
     "change, message",
     [
         (
-            {"architectures": ["BertForSequenceClassification"]},
-            r"architectures: expected one of BertModel, BertForMaskedLM, got 'BertForSequence",
+            {"architectures": ["BertForQuestionAnswering"]},
+            r"architectures: expected one of BertModel, BertForMaskedLM, BertForSequenceClassification, "
+            r"got 'BertForQuestion",
         ),
         ({"model_type": "roberta"}, r"model_type: expected 'bert', got 'roberta'"),
         ({"hidden_act": "swish"}, r"hidden_act: expected one of .* got 'swish'"),

@@ -71,6 +71,28 @@ def test_masked_lm_checkpoint_loads_without_its_head():
     assert ours.pooler_output is None
 
 
+def test_sequence_classifier_checkpoint_loads_its_encoder_without_its_head(tmp_path):
+    """A BertForSequenceClassification directory (what `export --hf` writes for a classifier
+    with BERT's pooler) gives its encoder: transformers' BertModel numbers, pooler included, in
+    PyTorch and in the NumPy mirror (float32, 1e-5)."""
+    import numpy as np
+
+    from tformer import reference
+
+    d = make_bert_dir(tmp_path / "clf", arch="BertForSequenceClassification", seed=3, num_labels=3)
+    keys = load_file(str(d / "model.safetensors")).keys()
+    assert any(k.startswith("classifier.") for k in keys)
+    model = from_pretrained(d)
+    batch, ours, theirs = _run_both(d, model=model)
+    real = batch["attention_mask"].bool()
+    assert_close(ours.last_hidden_state, theirs.last_hidden_state, where=real, what="last_hidden_state")
+    assert_close(ours.pooler_output, theirs.pooler_output, what="pooler_output")
+    mirror = reference.from_pretrained(d)(*(batch[k].numpy() for k in ("input_ids", "attention_mask")),
+                                          token_type_ids=batch["token_type_ids"].numpy())
+    assert_close(mirror.last_hidden_state, theirs.last_hidden_state, np.float32, where=real,
+                 what="NumPy mirror")
+
+
 @pytest.mark.parametrize("act", ["gelu_new", "relu"])
 def test_other_activations_match(tmp_path, act):
     d = make_bert_dir(tmp_path / act, hidden_act=act, layer_norm_eps=1e-6)

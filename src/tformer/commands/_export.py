@@ -53,7 +53,7 @@ def _refuse_non_model_dirs(directory: Path) -> None:
             architectures = json.loads(config.read_text()).get("architectures") or []
         except (json.JSONDecodeError, AttributeError):
             return
-        if architectures and architectures[0] not in hf_bert.ARCHITECTURES:
+        if architectures and architectures[0] not in hf_bert.ENCODER_ARCHITECTURES:
             raise ValueError(f"MODEL_DIR: {directory} is a transformers {architectures[0]} directory; "
                              "export the run it came from: tformer export RUN --onnx OUT")
 

@@ -57,12 +57,16 @@ POOLER_ROWS: list[tuple[str | tuple[str, ...], str]] = [
 ]
 
 # Tensors a BERT checkpoint may hold that tformer's encoder does not use: the masked-LM
-# and next-sentence heads of BertForMaskedLM / BertForPreTraining ("cls.*"), and index
+# and next-sentence heads of BertForMaskedLM / BertForPreTraining ("cls.*"), the head of
+# BertForSequenceClassification ("classifier.*": a fine-tune starts its own), and index
 # buffers some transformers versions save ("embeddings.position_ids" = arange(max_len)).
-IGNORED_PREFIXES = ("cls.",)
+IGNORED_PREFIXES = ("cls.", "classifier.")
 IGNORED_KEYS = ("embeddings.position_ids", "embeddings.token_type_ids")
 
-ARCHITECTURES = ("BertModel", "BertForMaskedLM")
+# The encoders alone, and a classifier's encoder (what `export --hf` writes for a classifier
+# with BERT's pooler: it fine-tunes further, or embeds, without its head).
+ENCODER_ARCHITECTURES = ("BertModel", "BertForMaskedLM")
+ARCHITECTURES = (*ENCODER_ARCHITECTURES, "BertForSequenceClassification")
 # HF "gelu" is the exact erf GELU; "gelu_new" and "gelu_pytorch_tanh" the tanh approximation.
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 TO_HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}
@@ -131,15 +135,17 @@ def parameter_count(config: TransformerConfig) -> int:
 
 # Loading: their state dict -> ours ---------------------------------------------------------
 def clean_state_dict(state: Mapping[str, Any], source: str = WEIGHTS_FILE) -> dict[str, Any]:
-    """Strip the "bert." prefix (BertForMaskedLM) and drop what the encoder does not use.
+    """Strip the "bert." prefix (BertForMaskedLM, BertForSequenceClassification) and drop what
+    the encoder does not use.
 
-    Dropped: ``cls.*`` (the masked-LM / next-sentence heads) and the index buffers
+    Dropped: ``cls.*`` (the masked-LM / next-sentence heads), ``classifier.*`` (a sequence
+    classifier's head) and the index buffers
     ``embeddings.position_ids`` / ``embeddings.token_type_ids``. Old TF-converted
     checkpoints name LayerNorm parameters ``gamma``/``beta``; they are renamed.
     """
     prefixed = [k for k in state if k.startswith("bert.")]
-    if prefixed and len(prefixed) != len([k for k in state if not k.startswith("cls.")]):
-        bare = sorted(k for k in state if not k.startswith(("bert.", "cls.")))
+    if prefixed and len(prefixed) != len([k for k in state if not k.startswith(IGNORED_PREFIXES)]):
+        bare = sorted(k for k in state if not k.startswith(("bert.", *IGNORED_PREFIXES)))
         raise ValueError(
             f"{source}: expected every encoder tensor under one prefix ('bert.' or none), "
             f"got both, e.g. {prefixed[0]!r} and {bare[0]!r}"

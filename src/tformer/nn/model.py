@@ -161,10 +161,11 @@ class Encoder(nn.Module):
     ) -> Encoder:
         """An Encoder (in eval mode) with the weights of a BERT-format or tformer directory.
 
-        BertForMaskedLM checkpoints load their encoder ("bert.*"); the masked-LM head ("cls.*")
-        is left out. A pooler is built only when the checkpoint holds one. ``dtype``: a
-        precision, "fp32", "bf16" or "int8" (see ``to_precision``), or a torch dtype for every
-        parameter; None keeps float32 (half-precision checkpoints are widened).
+        BertForMaskedLM and BertForSequenceClassification checkpoints load their encoder
+        ("bert.*"); the heads ("cls.*", "classifier.*") are left out. A pooler is built only
+        when the checkpoint holds one. ``dtype``: a precision, "fp32", "bf16" or "int8" (see
+        ``to_precision``), or a torch dtype for every parameter; None keeps float32
+        (half-precision checkpoints are widened).
         """
         config, state, source = read_pretrained(path, cls, allow_pickle=allow_pickle)
         model = cls(config)
