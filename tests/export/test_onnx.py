@@ -96,3 +96,24 @@ def test_a_killed_export_leaves_the_old_file_and_the_next_one_its_temp_file(tmp_
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # what the kill left
     _export(tmp_path, bert_dir(), capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
+
+
+def test_a_symlinked_onnx_file_is_followed_and_stays_a_link(tmp_path, capsys):
+    """As a linked folder is: the export the link names is replaced, the link stays a link; a
+    link to nowhere names the missing folder, and a link to a user's file is refused."""
+    target = _export(tmp_path, bert_dir(), capsys)
+    link = tmp_path / "link.onnx"
+    link.symlink_to(target.name)
+    os.utime(target, (0, 0))
+    assert main(["export", str(st_dir("mean", True)), "--onnx", str(link)]) == 0
+    assert link.is_symlink() and target.stat().st_mtime > 0  # the target was written anew
+    assert "sentence_embedding" in [o.name for o in ort.InferenceSession(str(link)).get_outputs()]
+    dangling = tmp_path / "dangling.onnx"
+    dangling.symlink_to(tmp_path / "nowhere" / "m.onnx")
+    assert main(["export", str(bert_dir()), "--onnx", str(dangling)]) == 2
+    assert "nowhere does not exist" in capsys.readouterr().err and dangling.is_symlink()
+    (tmp_path / "mine.txt").write_text("a user's file")
+    mine = tmp_path / "mine.onnx"
+    mine.symlink_to("mine.txt")
+    assert main(["export", str(bert_dir()), "--onnx", str(mine)]) == 2
+    assert mine.is_symlink() and (tmp_path / "mine.txt").read_text() == "a user's file"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sys
 import tempfile
 import warnings
@@ -213,6 +214,8 @@ def export_onnx(graph: OnnxGraph | str | Path, out: str | Path, opset: int = 18)
     require("onnx", EXTRA, "ONNX export")
     require("onnxscript", EXTRA, "ONNX export")
     out = Path(out)
+    if out.is_symlink():  # the file the link names is checked and replaced; the link stays a link
+        out = Path(os.path.realpath(out))
     _check_out(out)
     if not isinstance(graph, nn.Module):
         graph = graph_for(graph)
