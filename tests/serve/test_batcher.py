@@ -1,9 +1,11 @@
-"""The batcher alone (no server, no model): batches packed by tokens in arrival order, keyed
-settings kept apart, cancelled jobs skipped and their places freed, a bounded queue."""
+"""The batcher alone (no server, no model): batches packed by tokens in fair order (a small
+request is not held up by a big one), keyed settings kept apart, cancelled jobs skipped and
+their places freed, a bounded queue."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -38,10 +40,47 @@ def _run_batches(jobs: list[tuple[list[int], object]], max_batch_tokens: int = 1
     return seen, results, depth
 
 
-def test_batches_fill_the_token_budget_in_arrival_order_longest_first():
+def test_batches_fill_the_token_budget_in_fair_order_longest_first():
+    # Start tags (tokens before each input in its request): 3@0 5@3 | 4@0 | 2@0 9@2; batches
+    # take them by tag, arrival breaking ties, and stop at the first input that does not fit.
     seen, results, depth = _run_batches([([3, 5], None), ([4], None), ([2, 9], None)])
-    assert [b for b, _ in seen] == [["text5", "text3"], ["text4", "text2"], ["text9"]]
+    assert [b for b, _ in seen] == [["text4", "text3", "text2"], ["text9"], ["text5"]]
     assert results == ["text3", "text5", "text4", "text2", "text9"] and depth == 0
+
+
+def test_a_small_request_is_not_held_up_by_a_big_one_already_running():
+    """A one-input request that arrives while a 12-input request's first batch runs goes into
+    the next batch, not after all of the big request's (arrival order put it last)."""
+    seen: list[list[str]] = []
+    small_queued = threading.Event()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        batcher = Batcher(lambda payloads, key: seen.append(list(payloads)) or payloads, 8, max_wait_ms=0,
+                          max_queue=100, metrics=Metrics())
+        big = batcher.submit([Item(2, 2, f"big{i}") for i in range(12)])
+        small: list[asyncio.Future] = []
+
+        def submit_small():
+            small.extend(batcher.submit([Item(1, 1, "small")]))
+            small_queued.set()
+
+        def run(payloads, key):
+            if not seen:  # the first batch is in the model: the small request arrives now
+                loop.call_soon_threadsafe(submit_small)
+                assert small_queued.wait(10)
+            seen.append(list(payloads))
+            return payloads
+
+        batcher.run = run
+        batcher.start()
+        await asyncio.gather(*big)
+        await asyncio.gather(*small)
+        await batcher.stop()
+
+    asyncio.run(main())
+    assert seen[0] == ["big0", "big1", "big2", "big3"]
+    assert "small" in seen[1] and len(seen) == 4, seen
 
 
 def test_different_settings_never_share_a_batch():

@@ -1,11 +1,19 @@
 """Dynamic batching: inputs that arrive close together run through the model as one batch.
 
 Every input text is a job with a future. The batch loop waits for a first job, then for up to
-``max_wait`` seconds (counted from that job's arrival) while fewer than ``max_batch_tokens``
-tokens are waiting; it then takes jobs in arrival order (the oldest always goes next, so none
-starves) until the token budget is spent, sorts them by length and runs them in the model
-thread. The encoder runs the real tokens only (packed, see ``tformer.nn.masks.Packing``), so the
-budget counts real tokens and a batch's answers are those of each input run alone.
+``max_wait`` seconds (counted from the oldest job's arrival) while fewer than ``max_batch_tokens``
+tokens are waiting; it then takes jobs in fair order until the token budget is spent, sorts them
+by length and runs them in the model thread. The encoder runs the real tokens only (packed, see
+``tformer.nn.masks.Packing``), so the budget counts real tokens and a batch's answers are those
+of each input run alone.
+
+Fair order is start-time fair queuing over requests, counted in tokens (Goyal, Vin and Cheng
+1996, "Start-time fair queueing"): a request's jobs get start tags ``V``, ``V + n_1``,
+``V + n_1 + n_2``, ... where ``V`` is the largest tag the model has taken so far, and batches
+take jobs by tag (arrival breaks ties). A request of 256 long texts runs in several batches; a
+one-text request that arrives meanwhile gets the tag of the jobs now running, so it goes into
+the next batch instead of after all 256 (plain arrival order made it wait for the whole big
+request). No job starves: every tag is finite and ``V`` only grows.
 
 While a batch runs, new jobs queue up; under load the next batch is ready the moment the model
 is free. The queue is bounded: ``submit`` refuses (``QueueFull``) jobs past ``max_queue``
@@ -16,7 +24,7 @@ once and is skipped when batches are taken.
 from __future__ import annotations
 
 import asyncio
-import collections
+import bisect
 import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
@@ -44,7 +52,13 @@ class Job:
     item: Item
     key: Hashable  # jobs batch together only with the same key (e.g. generation settings)
     future: asyncio.Future
+    tag: int = 0  # the fair-order start tag (see the module's docstring)
+    seq: int = 0  # arrival order, which breaks ties between equal tags
     arrived: float = field(default_factory=time.monotonic)
+
+    @property
+    def order(self) -> tuple[int, int]:
+        return self.tag, self.seq
 
 
 class Batcher:
@@ -59,7 +73,9 @@ class Batcher:
         self.max_wait = max_wait_ms / 1000
         self.depth = 0  # jobs admitted and not yet answered or cancelled
         self.seconds_per_token = 1e-4  # a running estimate, for Retry-After
-        self._waiting: collections.deque[Job] = collections.deque()
+        self._waiting: list[Job] = []  # sorted by Job.order
+        self._virtual = 0  # V: the largest start tag taken into a batch
+        self._seq = 0
         self._running: list[Job] = []  # the batch in the model
         self._arrived = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="tformer-model", initializer=thread_init)
@@ -72,12 +88,14 @@ class Batcher:
             self.metrics.rejected.inc()
             raise QueueFull(self.depth, self.max_queue, self.retry_after())
         loop = asyncio.get_running_loop()
-        futures = []
+        futures, tag = [], self._virtual
         for item in items:
-            job = Job(item, key, loop.create_future())
+            job = Job(item, key, loop.create_future(), tag, self._seq)
             job.future.add_done_callback(self._done)
-            self._waiting.append(job)
+            bisect.insort(self._waiting, job, key=lambda j: j.order)
             futures.append(job.future)
+            tag += item.n
+            self._seq += 1
         self.depth += len(items)
         self.metrics.queue_depth.set(self.depth)
         self._arrived.set()
@@ -107,7 +125,7 @@ class Batcher:
             if not job.future.done():
                 job.future.set_exception(ShuttingDown("server: shutting down, the grace period is over; "
                                                       "retry on another server"))
-        self._waiting.clear()
+        self._waiting = []
 
     async def stop(self) -> None:
         """Answer what is queued (the server stops taking requests first), then stop."""
@@ -150,7 +168,7 @@ class Batcher:
         while not self._live():
             self._arrived.clear()
             await self._arrived.wait()
-        deadline = self._waiting[0].arrived + self.max_wait
+        deadline = min(j.arrived for j in self._waiting) + self.max_wait
         while self._tokens_waiting() < self.max_batch_tokens:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -166,32 +184,32 @@ class Batcher:
 
     def _live(self) -> bool:
         """Drop cancelled jobs from the front; whether any job is waiting."""
-        while self._waiting and self._waiting[0].future.done():
-            self._waiting.popleft()
+        first = next((i for i, j in enumerate(self._waiting) if not j.future.done()), len(self._waiting))
+        del self._waiting[:first]
         return bool(self._waiting)
 
     def _tokens_waiting(self) -> int:
         return sum(j.item.n for j in self._waiting if not j.future.done())
 
     def _take(self) -> list[Job]:
-        """The oldest job, then later ones with its key, in arrival order, within the budget;
-        the batch sorted by length (longest first)."""
+        """The first job in fair order, then later ones with its key, in that order, within the
+        budget; the batch sorted by length (longest first)."""
         if not self._live():
             return []
         key, budget = self._waiting[0].key, self.max_batch_tokens
-        batch, rest, used = [], collections.deque(), 0
-        while self._waiting:
-            job = self._waiting.popleft()
+        batch, rest, used = [], [], 0
+        for i, job in enumerate(self._waiting):
             if job.future.done():
                 continue
-            if job.key != key or (batch and used + job.item.n > budget):
+            if job.key != key:
                 rest.append(job)
-                if job.key == key:
-                    break  # arrival order: a later, shorter job must not jump this one
                 continue
+            if batch and used + job.item.n > budget:
+                rest.extend(self._waiting[i:])  # fair order: a later, shorter job must not jump this one
+                break
             batch.append(job)
             used += job.item.n
-        rest.extend(self._waiting)
         self._waiting = rest
+        self._virtual = max(self._virtual, *(j.tag for j in batch))
         batch.sort(key=lambda j: -j.item.n)
         return batch
