@@ -179,8 +179,10 @@ async def _starlette_error(request: Request, exc: HTTPException) -> Response:
     """Starlette's own refusals (a path no route has, a method its route does not take) in the
     JSON every other error has; the 405's Allow header kept."""
     where = f"{request.method} {request.url.path[:200]}"
+    # Starlette spells the header "Allow"
+    allow = next((v for k, v in (exc.headers or {}).items() if k.lower() == "allow"), "?")
     message = {404: f"{where}: no such endpoint (GET /info lists this server's)",
-               405: f"{where}: method not allowed (allowed: {(exc.headers or {}).get('allow', '?')})"}
+               405: f"{where}: method not allowed (allowed: {allow})"}
     return error(RequestError(exc.status_code, None, message.get(exc.status_code, f"{where}: {exc.detail}")),
                  exc.headers)
 
