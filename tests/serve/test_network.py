@@ -1,5 +1,6 @@
 """Nothing stays open forever and nothing stalls the event loop: header and body deadlines,
-a bound on connections, tokenization in the tokenizer threads, long texts windowed exactly."""
+a bound on connections, malformed HTTP answered in JSON, tokenization in the tokenizer threads,
+long texts windowed exactly."""
 
 from __future__ import annotations
 
@@ -67,6 +68,26 @@ def test_connections_past_the_bound_get_503(quick_server):
             pass
         assert time.monotonic() < deadline, "the server did not take connections again"
         time.sleep(0.05)
+
+
+def _json_error(answer: bytes) -> dict:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"content-type: application/json" in head, answer[:300]
+    return json.loads(body)["error"]
+
+
+@pytest.mark.parametrize("sent", [
+    b"GARBAGE\r\n\r\n",
+    b"POST /embed HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: abc\r\n\r\n",
+    b"GET /health?\xff HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+    b"POST /embed HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+])
+def test_malformed_http_gets_the_json_400(quick_server, sent):
+    with socket.create_connection(("127.0.0.1", quick_server.port)) as sock:
+        sock.sendall(sent)
+        answer = _closed_after(sock)
+    assert answer.startswith(b"HTTP/1.1 400 ") and _json_error(answer)["code"] == 400
+    assert quick_server.request("GET", "/health")[0] == 200
 
 
 def test_tokenizing_runs_off_the_event_loop(embedding_dir, monkeypatch):

@@ -8,6 +8,7 @@ uvicorn closes a connection only after a keep-alive pause between requests
                        byte (or of the connection, for its first request): 408, then closed
     --body-timeout     its body within this many seconds of its headers: 408, then closed
     --max-connections  connections past this many (per worker) get 503 and are closed at once
+    malformed HTTP     400 with the JSON error every answer has (uvicorn's own is plain text)
     SIGTERM            connections still reading a request are closed at once (they hold no
                        work); requests in the model get up to --grace-period seconds, then
                        503 (``Limits.begin_drain``), so nothing waits on uvicorn's own cancel
@@ -48,6 +49,8 @@ def _reply(status: bytes, message: str, kind: str, extra: bytes = b"") -> bytes:
 
 TIMEOUT = _reply(b"408 Request Timeout", "request: its headers or body did not arrive in time "
                  "(--header-timeout / --body-timeout)", "invalid_request_error")
+MALFORMED = _reply(b"400 Bad Request", "request: expected HTTP/1.1 (its request line, headers, "
+                   "Content-Length or chunks could not be parsed)", "invalid_request_error")
 BUSY = _reply(b"503 Service Unavailable", "server: too many open connections (--max-connections), or "
               "shutting down; retry", "overloaded", b"retry-after: 1\r\n")
 
@@ -73,6 +76,10 @@ class GuardedProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         self._received = True
         super().data_received(data)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to bytes its parser refuses, in the JSON every answer has."""
+        self._refuse(MALFORMED)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -126,4 +133,11 @@ class GuardedProtocol(HttpToolsProtocol):
             return
         if self._received:  # a client that sent nothing at all is just closed
             self.transport.write(TIMEOUT)
+        self.transport.close()
+
+    def _refuse(self, reply: bytes) -> None:
+        self._disarm()
+        if self.transport.is_closing():
+            return
+        self.transport.write(reply)
         self.transport.close()
