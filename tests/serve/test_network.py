@@ -1,9 +1,10 @@
 """Nothing stays open forever and nothing stalls the event loop: header and body deadlines,
-a bound on connections, malformed HTTP answered in JSON, tokenization in the tokenizer threads,
-long texts windowed exactly."""
+a bound on connections and on a request's head, malformed HTTP answered in JSON, tokenization
+in the tokenizer threads, long texts windowed exactly."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import threading
@@ -14,6 +15,7 @@ import pytest
 from hf_bert_fixtures import WORDS
 from serve_fixtures import serve
 
+from tformer.serve.connections import MAX_HEAD_BYTES
 from tformer.serve.models import windows
 
 
@@ -74,6 +76,32 @@ def _json_error(answer: bytes) -> dict:
     head, _, body = answer.partition(b"\r\n\r\n")
     assert b"content-type: application/json" in head, answer[:300]
     return json.loads(body)["error"]
+
+
+@pytest.mark.parametrize("head", [
+    b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Long: " + b"a" * MAX_HEAD_BYTES + b"\r\n\r\n",
+    b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"X-Many: a\r\n" * (MAX_HEAD_BYTES // 10) + b"\r\n",
+    b"GET /health?" + b"q" * MAX_HEAD_BYTES + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+])
+def test_a_request_head_past_the_limit_gets_431(quick_server, head):
+    """Without a bound the parser joined the pieces of an endless header for --header-timeout
+    seconds, holding the event loop (and every other client) that long."""
+    with socket.create_connection(("127.0.0.1", quick_server.port)) as sock:
+        try:
+            sock.sendall(head)
+        except OSError:  # closed while still sending: the answer was written first
+            pass
+        answer = _closed_after(sock)
+    assert answer.startswith(b"HTTP/1.1 431 ") and _json_error(answer)["code"] == 431
+    # a real client's request with a long (but allowed) head, and many pipelined in one write
+    conn = http.client.HTTPConnection("127.0.0.1", quick_server.port, timeout=10)
+    conn.request("GET", "/health", headers={"X-Long": "a" * (MAX_HEAD_BYTES // 2)})
+    assert conn.getresponse().status == 200
+    conn.close()
+    one = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: " + b"p" * 1000 + b"\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", quick_server.port)) as sock:
+        sock.sendall(one * 99 + one.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
+        assert _closed_after(sock).count(b"HTTP/1.1 200 ") == 100
 
 
 @pytest.mark.parametrize("sent", [

@@ -8,6 +8,10 @@ uvicorn closes a connection only after a keep-alive pause between requests
                        byte (or of the connection, for its first request): 408, then closed
     --body-timeout     its body within this many seconds of its headers: 408, then closed
     --max-connections  connections past this many (per worker) get 503 and are closed at once
+    MAX_HEAD_BYTES     a request line and headers past 64 KiB get 431 and are closed: the parser
+                       keeps them in memory, joining each piece to the last (a client streaming
+                       headers for --header-timeout seconds held the event loop, and every other
+                       client, for that long)
     malformed HTTP     400 with the JSON error every answer has (uvicorn's own is plain text)
     SIGTERM            connections still reading a request are closed at once (they hold no
                        work); requests in the model get up to --grace-period seconds, then
@@ -29,6 +33,9 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from tformer.serve.schema import RequestError
 
 STATE_KEY = "tformer.connections"
+# Most bytes of a request line and headers. nginx allows 32 KiB (4 x 8k buffers), Node.js 16 KiB,
+# hyper (TEI's server) about 400 KiB; the clients here send well under 1 KiB.
+MAX_HEAD_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,8 @@ def _reply(status: bytes, message: str, kind: str, extra: bytes = b"") -> bytes:
 
 TIMEOUT = _reply(b"408 Request Timeout", "request: its headers or body did not arrive in time "
                  "(--header-timeout / --body-timeout)", "invalid_request_error")
+HEAD_TOO_LARGE = _reply(b"431 Request Header Fields Too Large", f"request: expected a request line and "
+                        f"headers of at most {MAX_HEAD_BYTES} bytes, got more", "invalid_request_error")
 MALFORMED = _reply(b"400 Bad Request", "request: expected HTTP/1.1 (its request line, headers, "
                    "Content-Length or chunks could not be parsed)", "invalid_request_error")
 BUSY = _reply(b"503 Service Unavailable", "server: too many open connections (--max-connections), or "
@@ -63,6 +72,10 @@ class GuardedProtocol(HttpToolsProtocol):
         self._timer: asyncio.TimerHandle | None = None
         self._reading = False  # between a request's first byte and its last
         self._received = False
+        self._in_head = True  # the parser is reading a request line and headers (or waits for them)
+        self._head_bytes = 0  # bytes received since then
+        self._head_size = 0  # the parsed head's URL and headers, in bytes
+        self._refusal = MALFORMED  # what a parser error answers
         limits = self._limits()
         if limits is None:
             return
@@ -75,20 +88,40 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         self._received = True
+        if self._in_head:
+            self._head_bytes += len(data)
         super().data_received(data)
+        # A head still incomplete, counted after parsing: a piece that completed a request's
+        # headers reset the count, so pipelined requests in one piece are not taken for one head.
+        if self._in_head and self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
+            self._refuse(HEAD_TOO_LARGE)
 
     def send_400_response(self, msg: str) -> None:
-        """uvicorn's answer to bytes its parser refuses, in the JSON every answer has."""
-        self._refuse(MALFORMED)
+        """uvicorn's answer to bytes its parser refuses (or a callback of ours stopped), in the
+        JSON every answer has."""
+        self._refuse(self._refusal)
+
+    def on_url(self, url: bytes) -> None:
+        self._head_size += len(url)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_size += len(name) + len(value) + 4  # ": " and CRLF
+        super().on_header(name, value)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._reading = True
+        self._in_head = True
         limits = self._limits()
         if limits is not None:
             self._arm(limits.header_timeout)
 
     def on_headers_complete(self) -> None:
+        size, self._in_head, self._head_bytes, self._head_size = self._head_size, False, 0, 0
+        if size > MAX_HEAD_BYTES:  # a whole head in one piece: stop the parser (send_400_response)
+            self._refusal = HEAD_TOO_LARGE
+            raise ValueError(f"request head: {size} bytes")
         super().on_headers_complete()
         limits = self._limits()
         if limits is not None and self._reading:
@@ -96,6 +129,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._reading = False
+        self._in_head, self._head_bytes = True, 0
         self._disarm()
         super().on_message_complete()
 
