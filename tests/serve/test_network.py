@@ -118,6 +118,19 @@ def test_malformed_http_gets_the_json_400(quick_server, sent):
     assert quick_server.request("GET", "/health")[0] == 200
 
 
+def test_a_body_refused_by_its_length_gets_one_answer(quick_server):
+    """413 for the declared length; the client sends on and stops: closed after --body-timeout
+    without a second (408) answer to the same request."""
+    with socket.create_connection(("127.0.0.1", quick_server.port)) as sock:
+        sock.sendall(b"POST /embed HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 99999999999\r\n\r\n{")
+        sock.settimeout(10)
+        first = sock.recv(4096)
+        sock.sendall(b"x" * 1000)  # more of the body, after the answer
+        answer = first + _closed_after(sock)
+    assert answer.startswith(b"HTTP/1.1 413 ") and answer.count(b"HTTP/1.1 ") == 1, answer
+
+
 def test_tokenizing_runs_off_the_event_loop(embedding_dir, monkeypatch):
     """A request's tokenization blocks until /health has been answered: on the event loop that
     could never happen (the loop would be the one blocked)."""

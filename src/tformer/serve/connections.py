@@ -165,7 +165,10 @@ class GuardedProtocol(HttpToolsProtocol):
         self._timer = None
         if self.transport.is_closing():
             return
-        if self._received:  # a client that sent nothing at all is just closed
+        # A client that sent nothing at all is just closed; so is one still sending a body that
+        # was already answered (a 413 for its declared length): one request, one answer.
+        answered = not self._in_head and self.cycle is not None and self.cycle.response_started
+        if self._received and not answered:
             self.transport.write(TIMEOUT)
         self.transport.close()
 
