@@ -1,5 +1,5 @@
-"""A real `tformer serve` process: SIGTERM with requests in flight answers them all, then the
-process exits 0; a stalled client is dropped at once; requests still waiting when the grace
+"""A real `tformer serve` process: SIGTERM (or Ctrl-C) with requests in flight answers them all,
+then the process exits 0; a stalled client is dropped at once; requests still waiting when the grace
 period ends get 503; no traceback in any case; --workers 2 serves behind one port."""
 
 from __future__ import annotations
@@ -41,9 +41,10 @@ def _start(directory, *flags: str) -> tuple[subprocess.Popen, int]:
         time.sleep(0.1)
 
 
-def _terminate_with_queued(proc: subprocess.Popen, port: int, texts: list[str], within: float) -> list:
+def _terminate_with_queued(proc: subprocess.Popen, port: int, texts: list[str], within: float,
+                           sig: int = signal.SIGTERM) -> list:
     """Send one /embed request per text from its own thread, wait (at most `within` s) until all
-    are queued, SIGTERM the server, then collect the answers: (status, headers, body) each."""
+    are queued, signal the server (SIGTERM), then collect the answers: (status, headers, body) each."""
     answers: list = []
     threads = [threading.Thread(target=lambda t=t: answers.append(request(port, "POST", "/embed", {"inputs": t})))
                for t in texts]
@@ -54,17 +55,18 @@ def _terminate_with_queued(proc: subprocess.Popen, port: int, texts: list[str], 
         assert time.monotonic() < deadline, f"the {len(texts)} requests were not queued in time"
         time.sleep(0.02)
     assert not answers  # all queued, none answered yet
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     for t in threads:
         t.join(timeout=20)
     return answers
 
 
-def test_sigterm_drains_requests_in_flight_then_exits_0(embedding_dir):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])  # Ctrl-C ended with 130
+def test_sigterm_drains_requests_in_flight_then_exits_0(embedding_dir, sig):
     proc, port = _start(embedding_dir, "--max-wait-ms", "3000")  # the requests wait for company
     try:
         answers = _terminate_with_queued(proc, port, ["a dog", "the cat sat on the mat", "one two three", "stars"],
-                                         within=2.5)
+                                         within=2.5, sig=sig)
         code = proc.wait(timeout=20)
     finally:
         if proc.poll() is None:

@@ -8,7 +8,9 @@ On SIGTERM uvicorn stops accepting; connections still reading a request are clos
 requests in flight get --grace-period seconds to be answered (their jobs are already queued:
 the batcher answers them; after that they get 503), the app's shutdown runs, and the command
 returns. uvicorn then raises the signal again for the handler that was there before it; ours
-ignores it, so the command ends with status 0 after a drain (connections.py).
+ignores it, so the command ends with status 0 after a drain (connections.py). Ctrl-C (SIGINT)
+drains the same way and ends the same way; a second Ctrl-C stops at once (uvicorn's force
+exit), and the requests still open get 503 (app.py).
 """
 
 from __future__ import annotations
@@ -45,18 +47,25 @@ def serve(config: ServeConfig) -> int:
           f"{service.config.device}) on "
           f"http://{shown}:{port} with {config.workers} worker(s) x {config.threads_per_worker} "
           f"thread(s); endpoints {', '.join(sorted(endpoints(service)))}", file=sys.stderr, flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: None)  # what uvicorn re-raises into after the drain
-    if config.workers == 1:
-        server = uvicorn.Server(uvicorn_config(app, config))
-        server.run(sockets=[sock])
-        return 0
-    del app, service  # each worker loads its own copy
-    from uvicorn.supervisors import Multiprocess
+    # What uvicorn re-raises the signal into after the drain: nothing, so a drain ends with 0
+    # (Ctrl-C's KeyboardInterrupt would make it 130, "interrupted", though every request was answered).
+    drained = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        if config.workers == 1:
+            server = uvicorn.Server(uvicorn_config(app, config))
+            server.run(sockets=[sock])
+            return 0
+        del app, service  # each worker loads its own copy
+        from uvicorn.supervisors import Multiprocess
 
-    os.environ[ENV] = config.to_json()
-    uv_config = uvicorn_config("tformer.serve.app:app_from_env", config, factory=True, workers=config.workers)
-    Multiprocess(uv_config, sockets=[sock]).run()
-    return 0
+        os.environ[ENV] = config.to_json()
+        uv_config = uvicorn_config("tformer.serve.app:app_from_env", config, factory=True,
+                                   workers=config.workers)
+        Multiprocess(uv_config, sockets=[sock]).run()
+        return 0
+    finally:
+        for sig, handler in drained.items():
+            signal.signal(sig, handler)
 
 
 def uvicorn_config(app: Any, config: ServeConfig, **options: Any):
