@@ -42,9 +42,10 @@ def _start(directory, *flags: str) -> tuple[subprocess.Popen, int]:
 
 
 def _terminate_with_queued(proc: subprocess.Popen, port: int, texts: list[str], within: float,
-                           sig: int = signal.SIGTERM) -> list:
+                           sig: int = signal.SIGTERM, twice: bool = False) -> list:
     """Send one /embed request per text from its own thread, wait (at most `within` s) until all
-    are queued, signal the server (SIGTERM), then collect the answers: (status, headers, body) each."""
+    are queued, signal the server (SIGTERM; `twice`: again once it stopped listening), then
+    collect the answers: (status, headers, body) each."""
     answers: list = []
     threads = [threading.Thread(target=lambda t=t: answers.append(request(port, "POST", "/embed", {"inputs": t})))
                for t in texts]
@@ -56,6 +57,14 @@ def _terminate_with_queued(proc: subprocess.Popen, port: int, texts: list[str], 
         time.sleep(0.02)
     assert not answers  # all queued, none answered yet
     proc.send_signal(sig)
+    while twice:  # the first signal was seen once the port refuses connections
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        except OSError:
+            proc.send_signal(sig)
+            break
+        assert time.monotonic() < deadline + 10, "the server kept listening after the first signal"
+        time.sleep(0.02)
     for t in threads:
         t.join(timeout=20)
     return answers
@@ -66,7 +75,7 @@ def test_sigterm_drains_requests_in_flight_then_exits_0(embedding_dir, sig):
     proc, port = _start(embedding_dir, "--max-wait-ms", "3000")  # the requests wait for company
     try:
         answers = _terminate_with_queued(proc, port, ["a dog", "the cat sat on the mat", "one two three", "stars"],
-                                         within=2.5, sig=sig)
+                                         2.5, sig)
         code = proc.wait(timeout=20)
     finally:
         if proc.poll() is None:
@@ -122,3 +131,18 @@ def test_requests_still_waiting_after_the_grace_period_get_503(embedding_dir):
     err = proc.stderr.read()
     assert sorted(a[0] for a in answers) == [503, 503] and answers[0][2]["error"]["type"] == "overloaded"
     assert code == 0 and "Traceback" not in err and "CancelledError" not in err, err
+
+
+def test_a_second_ctrl_c_stops_at_once_and_open_requests_get_503(embedding_dir):
+    """uvicorn's force exit cancels the requests still open: they got its plain-text 500."""
+    proc, port = _start(embedding_dir, "--max-wait-ms", "60000")
+    try:
+        answers = _terminate_with_queued(proc, port, ["a dog", "the cat"], 10, signal.SIGINT, twice=True)
+        code = proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read()
+    assert sorted(a[0] for a in answers) == [503, 503], answers
+    assert answers[0][2]["error"]["message"].startswith("server: stopped at once"), answers
+    assert code == 130 and "interrupted (stopped at once" in err, err

@@ -109,6 +109,9 @@ class Service:
         except (ClientGone, ClientDisconnect):
             self.metrics.disconnected.inc()
             response = Response(status_code=CLIENT_GONE)
+        except asyncio.CancelledError:  # uvicorn's forced exit (a second Ctrl-C) cancels what is open
+            response = error(RequestError(503, None, "server: stopped at once (forced exit); retry on "
+                                          "another server", "overloaded"), {"Retry-After": "1"})
         except Exception as e:  # a bug, or the model failed: logged with its traceback; no detail leaks
             log.exception("%s: internal error", path)
             response = error(RequestError(500, None, f"internal error ({type(e).__name__}); the server's "
@@ -165,7 +168,13 @@ async def _wait_or_disconnect(request: Request, futures: list[asyncio.Future]) -
 
     results = asyncio.gather(*futures)
     watcher = asyncio.ensure_future(disconnected())
-    done, _ = await asyncio.wait({results, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    try:
+        done, _ = await asyncio.wait({results, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the server stops at once: the jobs' places are freed too
+        results.cancel()
+        results.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: not logged
+        watcher.cancel()
+        raise
     if results in done:
         watcher.cancel()
         return results.result()

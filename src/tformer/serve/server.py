@@ -10,7 +10,7 @@ the batcher answers them; after that they get 503), the app's shutdown runs, and
 returns. uvicorn then raises the signal again for the handler that was there before it; ours
 ignores it, so the command ends with status 0 after a drain (connections.py). Ctrl-C (SIGINT)
 drains the same way and ends the same way; a second Ctrl-C stops at once (uvicorn's force
-exit), and the requests still open get 503 (app.py).
+exit): the requests still open get 503 (app.py) and the command ends with 130.
 """
 
 from __future__ import annotations
@@ -54,6 +54,9 @@ def serve(config: ServeConfig) -> int:
         if config.workers == 1:
             server = uvicorn.Server(uvicorn_config(app, config))
             server.run(sockets=[sock])
+            if server.force_exit:  # a second Ctrl-C: the requests still open got 503
+                print("tformer serve: interrupted (stopped at once, without the drain)", file=sys.stderr)
+                return 130
             return 0
         del app, service  # each worker loads its own copy
         from uvicorn.supervisors import Multiprocess
