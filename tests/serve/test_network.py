@@ -159,6 +159,36 @@ def test_tokenizing_runs_off_the_event_loop(embedding_dir, monkeypatch):
     assert result[0][0] == 200 and threads[0].startswith("tformer-tokenize")
 
 
+def test_a_large_body_being_tokenized_does_not_hold_up_small_ones(embedding_dir, monkeypatch):
+    """While large bodies hold every tokenizer thread (a text of one 15 MB word takes about a
+    minute), a small request is still tokenized and answered: it has threads of its own."""
+    from tformer.serve.app import SMALL_BODY_BYTES
+
+    live = serve(embedding_dir, tokenization_workers=1)
+    served = live.app.state.service.served
+    large_started, release = threading.Event(), threading.Event()
+    items = served.items
+
+    def held_items(inputs, truncate):
+        if sum(map(len, inputs)) > SMALL_BODY_BYTES:
+            large_started.set()
+            assert release.wait(20), "the test did not release the large request"
+        return items(inputs, truncate)
+
+    monkeypatch.setattr(served, "items", held_items)
+    large: list = []
+    worker = threading.Thread(target=lambda: large.append(live.post("/embed", {"inputs": "x" * 2 * SMALL_BODY_BYTES})))
+    try:
+        worker.start()
+        assert large_started.wait(20)
+        small = live.request("POST", "/embed", {"inputs": "a dog"}, timeout=10)  # the large one still held
+    finally:
+        release.set()
+        worker.join(30)
+        live.close()
+    assert small[0] == 200 and large[0][0] == 200
+
+
 def test_a_long_text_is_tokenized_only_as_far_as_the_limit_needs(embedding_server):
     served = embedding_server.app.state.service.served
     rng = np.random.default_rng(0)

@@ -58,7 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", default=None,
                         help="the model name in answers and /info (default: the directory's name)")
     parser.add_argument("--tokenization-workers", type=int, default=2,
-                        help="threads that tokenize requests, off the event loop (default 2)")
+                        help="threads that tokenize requests, off the event loop (default 2); as many "
+                        "again tokenize bodies over 64 KiB, so that large requests never hold up small ones")
     net = parser.add_argument_group("the open network")
     net.add_argument("--allowed-hosts", nargs="+", default=[], metavar="HOST",
                      help="Host header names accepted beside --host and localhost's names "

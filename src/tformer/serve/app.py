@@ -4,8 +4,9 @@
 
 A request's body is read (within --body-timeout: connections.py) and checked (schema), its
 texts tokenized in a small pool of tokenizer threads (never in the event loop: a 5 MB text must
-not hold up /health), queued as jobs (``Batcher``), and its answer sent when all its jobs are
-done. Errors are JSON naming the field; nothing a client sends reaches a 5xx.
+not hold up /health; and bodies over ``SMALL_BODY_BYTES`` in a pool of their own, so that large
+ones never hold up small ones), queued as jobs (``Batcher``), and its answer sent when all its
+jobs are done. Errors are JSON naming the field; nothing a client sends reaches a 5xx.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ from tformer.serve.schema import RequestError
 
 log = logging.getLogger("tformer.serve")
 MAX_BODY_BYTES = 16 * 1024 * 1024
+# Bodies up to this size are tokenized in threads of their own, in ~50 ms at most (a 64 KiB
+# word); larger ones can take a minute (a 15 MB word is tokenized whole: models.windows), and
+# two of them held both threads while every small request waited (56 s, all-MiniLM-L6-v2).
+SMALL_BODY_BYTES = 64 * 1024
 # A status for the log and /metrics only: the client that would read it has gone (nginx's 499).
 CLIENT_GONE = 499
 
@@ -54,6 +59,8 @@ class Service:
                                self.metrics, thread_init=self._thread_init)
         self.tokenizers = ThreadPoolExecutor(config.tokenization_workers,
                                              thread_name_prefix="tformer-tokenize")
+        self.large_tokenizers = ThreadPoolExecutor(config.tokenization_workers,
+                                                   thread_name_prefix="tformer-tokenize-large")
         self._drain: asyncio.TimerHandle | None = None
 
     def _thread_init(self) -> None:
@@ -76,20 +83,22 @@ class Service:
         started = time.perf_counter()
         try:
             _check_content_type(request)
-            body = schema.parse_json(await _read_body(request))
+            raw = await _read_body(request)
+            body = schema.parse_json(raw)
             inputs, key, truncate, extra = endpoint.parse(body)
             loop = asyncio.get_running_loop()
+            tokenizers = self.tokenizers if len(raw) <= SMALL_BODY_BYTES else self.large_tokenizers
             if endpoint.tokenize_only:
                 def listed() -> Response:  # written in the thread too: a long answer must not hold up /health
                     return endpoint.respond(self.served.tokenize(inputs, key), [], extra)
 
                 try:
-                    response = await loop.run_in_executor(self.tokenizers, listed)
+                    response = await loop.run_in_executor(tokenizers, listed)
                 except InputRefused as e:
                     raise RequestError(e.status, "inputs", str(e)) from None
             else:
                 try:
-                    items = await loop.run_in_executor(self.tokenizers, self.served.items, inputs, truncate)
+                    items = await loop.run_in_executor(tokenizers, self.served.items, inputs, truncate)
                 except InputRefused as e:
                     raise RequestError(e.status, "input" if "input" in body else "inputs", str(e)) from None
                 results = await _wait_or_disconnect(request, self.batcher.submit(items, key))
@@ -214,7 +223,8 @@ def create_app(config: ServeConfig, served: Served | None = None) -> Starlette:
         service.batcher.start()
         yield {connections.STATE_KEY: limits}  # the lifespan state: uvicorn hands it to each connection
         await service.batcher.stop()  # uvicorn has answered its connections: nothing waits
-        service.tokenizers.shutdown(wait=False, cancel_futures=True)
+        for pool in (service.tokenizers, service.large_tokenizers):
+            pool.shutdown(wait=False, cancel_futures=True)
 
     app = Starlette(routes=routes.routes(service), lifespan=lifespan, middleware=exposure.middleware(config),
                     exception_handlers={HTTPException: _starlette_error})
