@@ -33,7 +33,7 @@ from tformer.serve.batcher import Batcher, QueueFull, ShuttingDown
 from tformer.serve.config import ServeConfig
 from tformer.serve.endpoint import Endpoint, error
 from tformer.serve.metrics import Metrics
-from tformer.serve.models import InputRefused, Served, load_served
+from tformer.serve.models import InputRefused, Item, Served, load_served
 from tformer.serve.schema import RequestError
 
 log = logging.getLogger("tformer.serve")
@@ -84,25 +84,18 @@ class Service:
         try:
             _check_content_type(request)
             raw = await _read_body(request)
-            body = schema.parse_json(raw)
-            inputs, key, truncate, extra = endpoint.parse(body)
             loop = asyncio.get_running_loop()
             tokenizers = self.tokenizers if len(raw) <= SMALL_BODY_BYTES else self.large_tokenizers
-            if endpoint.tokenize_only:
-                def listed() -> Response:  # written in the thread too: a long answer must not hold up /health
-                    return endpoint.respond(self.served.tokenize(inputs, key), [], extra)
-
-                try:
-                    response = await loop.run_in_executor(tokenizers, listed)
-                except InputRefused as e:
-                    raise RequestError(e.status, "inputs", str(e)) from None
+            # Parsing and checking run in the tokenizer threads too: on the event loop, a 14 MB
+            # body of empty lists held /health for 12 s.
+            read = await loop.run_in_executor(tokenizers, self._read, raw, endpoint)
+            if isinstance(read, Response):  # /tokenize: answered in the thread
+                response = read
             else:
-                try:
-                    items = await loop.run_in_executor(tokenizers, self.served.items, inputs, truncate)
-                except InputRefused as e:
-                    raise RequestError(e.status, "input" if "input" in body else "inputs", str(e)) from None
+                items, key, extra = read
                 results = await _wait_or_disconnect(request, self.batcher.submit(items, key))
-                response = endpoint.respond(results, items, extra)
+                # written in the thread too: 256 vectors of JSON must not hold up /health
+                response = await loop.run_in_executor(tokenizers, endpoint.respond, results, items, extra)
                 truncated = [i for i, item in enumerate(items) if item.truncated]
                 if truncated:
                     response.headers["X-Truncated-Inputs"] = ",".join(map(str, truncated))
@@ -128,6 +121,19 @@ class Service:
         self.metrics.requests.inc(endpoint=path, code=str(response.status_code))
         self.metrics.latency.observe(time.perf_counter() - started, endpoint=path)
         return response
+
+    def _read(self, raw: bytes, endpoint: Endpoint) -> tuple[list[Item], Any, dict] | Response:
+        """In a tokenizer thread: the body parsed and checked, its inputs tokenized (items, the
+        batch key, the endpoint's extra); or, for /tokenize, the answer itself."""
+        body = schema.parse_json(raw)
+        inputs, key, truncate, extra = endpoint.parse(body)
+        try:
+            if endpoint.tokenize_only:
+                return endpoint.respond(self.served.tokenize(inputs, key), [], extra)
+            return self.served.items(inputs, truncate), key, extra
+        except InputRefused as e:
+            field = "inputs" if endpoint.tokenize_only or "input" not in body else "input"
+            raise RequestError(e.status, field, str(e)) from None
 
     def info(self) -> dict[str, Any]:
         """GET /info: TEI's (or TGI's) fields, then tformer's; no filesystem paths."""
