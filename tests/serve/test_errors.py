@@ -44,6 +44,10 @@ LONG = " ".join(WORDS[:30])  # over the 16 tokens of the test directory
     ("/embed", b'{"inputs": ["a", "b\\ud800c"]}', 422, "inputs[1]", "inputs[1]: expected valid Unicode text"),
     ("/embed", b'{"inputs": "a", "\\udfff": 1}', 422, "body.<key>", "body.<key>: expected valid Unicode text"),
     ("/embed", b'\xff\xfe{}', 400, "body", "body: expected a JSON object, got malformed JSON"),
+    ("/embed", b'{"inputs": "a", "normalize": -1234567890123456789012345678901234}', 400, "body",
+     "body: expected numbers of at most 32 characters, got an integer of 35"),
+    ("/embed", b'{"inputs": ["a", {"t": ["\\ud800"]}]}', 422, "inputs[1].t[0]", "inputs[1].t[0]: expected valid"),
+    ("/", b'{"inputs": {"source_sentence": "a", "\\udfff": 1}}', 422, "inputs.<key>", "inputs.<key>: expected"),
 ])
 def test_bad_input_is_a_json_error_naming_the_field(small_server, path, body, status, field, message):
     raw = body if isinstance(body, bytes) else None
@@ -145,6 +149,17 @@ def test_no_body_reaches_a_5xx_on_any_endpoint(embedding_server, classification_
             assert 400 <= status < 500 and headers["content-type"] == "application/json", (path, status)
             if status != 404:
                 assert answer["error"]["param"] in ("body", "inputs", "input", "prompt"), (path, answer)
+
+
+def test_long_digit_runs_in_texts_and_millions_of_values_are_fine(small_server):
+    """Integers are checked one by one only where the body has a run of 33+ digits, which a
+    text may hold; a body of millions of values is checked without a name made for each."""
+    digits = "call 12345678901234567890123456789012345678901234567890 now"
+    assert request(small_server.port, "POST", "/embed", {"inputs": digits})[0] == 200
+    ids = request(small_server.port, "POST", "/embed", {"inputs": [[1] * 2_000_000]})
+    assert ids[0] == 200 and ids[1]["x-truncated-inputs"] == "0"
+    status, _, answer = request(small_server.port, "POST", "/embed", {"inputs": "a", "x": [[]] * 1_000_000})
+    assert status == 422 and answer["error"]["param"] == "x"
 
 
 def test_a_path_or_method_the_server_lacks_is_a_json_error(small_server):
