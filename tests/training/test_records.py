@@ -163,3 +163,28 @@ def test_a_seed_out_of_range_is_named(seed):
 
     with pytest.raises(ValueError, match=rf"^seed: expected 0\.\.{2**63 - 1}, got {seed}$"):
         TrainConfig(task="reverse", seed=seed)
+
+
+@pytest.mark.parametrize("name, text", [("h.csv", "text,label\n"), ("h.tsv", "text\tlabel\r\n\r\n")])
+def test_a_header_row_alone_is_named_as_such_not_as_an_empty_file(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError, match=r"expected at least one record, got only the header row \(text, label\)"):
+        peek_fields(path)
+
+
+@pytest.mark.parametrize("text, message", [
+    # A quote never closed: lenient csv ran to the end of the file, one field of every line after.
+    ('text,label\n"first,a\nsecond,b\nthird,a\n',
+     r"d.csv:2: expected a closing '\"' for the quoted field opened in this row, got the end of the file "
+     r"\(line 4\)"),
+    ('text,label\nfirst,a\nsecond,"b\nthird,a\n', r"d.csv:3: expected a closing '\"'"),
+    # Closed by a later line's quote: lenient csv merged three rows into a well-formed-looking one.
+    ('text,label\nfirst,a\n"second,b\nthird,a\n"fourth",b\n',
+     r"d.csv:5: not valid CSV \(',' expected after '\"'\) \(in the row starting on line 3\)"),
+])
+def test_a_csv_quote_left_open_is_named_not_read_as_other_rows(tmp_path, text, message):
+    path = tmp_path / "d.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        list(read_records(path))

@@ -41,6 +41,7 @@ from tformer.training.records import (
     file_digest,
     file_stat,
     indexed_records,
+    no_records,
     parse_columns,
     peek_fields,
     read_records,
@@ -204,7 +205,7 @@ class TextData:
                     candidates = [c for c in candidates if c[0] < 2 * split_fraction(n)]
             sample.offer(n, key, u, [v for k, v in record.items() if k != "label"])
         if n == 0:
-            raise ValueError(f"{path}: expected at least one record, got an empty file")
+            raise ValueError(f"{path}: expected at least one record, got {no_records(path)}")
         if fields.objective == "classification" and len(labels) < 2:
             raise ValueError(f"{path}: label: expected at least 2 distinct labels, got {sorted(labels)}")
         data.labels, data.pairs = sorted(labels), pairs

@@ -221,11 +221,18 @@ def _records(path: Path, f, fmt: str, header: list[str] | None, offset: int, lin
             if not any(c.strip() for c in row):
                 continue
             if len(row) != len(header):
+                spans = (f" (the row runs to line {tracked.line}: a quoted field holds the line "
+                         "breaks between)" if tracked.line > start_line else "")
                 raise ValueError(f"{path}:{start_line}: expected {len(header)} "
-                                 f"columns ({', '.join(header)}), got {len(row)}")
+                                 f"columns ({', '.join(header)}), got {len(row)}{spans}")
             yield start_line, start, dict(zip(header, row, strict=True))
     except csv.Error as e:
-        raise ValueError(f"{path}:{tracked.line}: not valid {fmt.upper()} ({e})") from None
+        start_line = tracked.start[0] if tracked.start else tracked.line
+        if tracked.ended:  # the file ended inside a quoted field: its quote never closed
+            raise ValueError(f"{path}:{start_line}: expected a closing '\"' for the quoted field "
+                             f"opened in this row, got the end of the file (line {tracked.line})") from None
+        where = f" (in the row starting on line {start_line})" if start_line < tracked.line else ""
+        raise ValueError(f"{path}:{tracked.line}: not valid {fmt.upper()} ({e}){where}") from None
 
 
 class _Tracked:
@@ -236,12 +243,19 @@ class _Tracked:
         self.lines = lines
         self.start: tuple[int, int] | None = None  # (line number, offset) of the row's first line
         self.line = 0
+        # Whether csv asked for a line past the file's end inside a row: it only does inside a
+        # quoted field (a row ends with its line otherwise).
+        self.ended = False
 
     def __iter__(self) -> _Tracked:
         return self
 
     def __next__(self) -> str:
-        line_no, offset, text = next(self.lines)
+        try:
+            line_no, offset, text = next(self.lines)
+        except StopIteration:
+            self.ended = self.start is not None
+            raise
         if self.start is None:
             self.start = (line_no, offset)
         self.line = line_no
@@ -250,7 +264,10 @@ class _Tracked:
 
 def _reader(lines, fmt: str):
     if fmt == "csv":
-        return csv.reader(lines)
+        # strict: RFC 4180's quoting, or an error naming the line. Lenient csv reads a quote that
+        # is never closed, or closed mid-field (`"a,b\nc"d`), as text running across line breaks,
+        # silently merging rows into one field.
+        return csv.reader(lines, strict=True)
     return csv.reader(lines, delimiter="\t", quoting=csv.QUOTE_NONE)
 
 
@@ -284,7 +301,19 @@ def peek_fields(path: str | Path, columns: str | None = None) -> Fields:
     """The objective of a file, from its first record's field names."""
     for line_no, record in read_records(path, columns):
         return fields_of(list(record), f"{path}:{line_no}")
-    raise ValueError(f"{path}: expected at least one record, got an empty file")
+    raise ValueError(f"{path}: expected at least one record, got {no_records(path)}")
+
+
+def no_records(path: str | Path) -> str:
+    """What a file without a record holds, for "expected at least one record, got ...": a CSV/TSV
+    file's header row alone, or nothing (blank lines at most)."""
+    path = Path(path)
+    fmt = FORMATS.get(path.suffix.lower())
+    if fmt in ("csv", "tsv"):
+        with path.open("rb") as f:
+            header = _header(path, f, fmt)
+        return f"only the header row ({', '.join(header)})"
+    return "an empty file"
 
 
 def split_of(key: str, seed: int, fraction: float) -> str:
