@@ -261,6 +261,7 @@ def resolve_config(*layers: dict[str, Any], objective: str | None = None) -> Tra
     for layer in layers:
         check_keys(layer)
         merged.update(layer)
+    given = dict(merged)  # what the user set, before the choices that follow from it
     if SIZE_OPTIONS & set(merged) or "model" in merged:
         merged.setdefault("auto_size", False)  # sizes given: the user's flags win
     if "max_length" in merged:
@@ -276,6 +277,7 @@ def resolve_config(*layers: dict[str, Any], objective: str | None = None) -> Tra
     if merged.get("data"):
         objective = objective or peek_fields(merged["data"], merged.get("columns")).objective
         _check_layers(merged, objective)
+        _check_read(given, objective, merged)
         preset = dict(OBJECTIVE_PRESETS[objective])
         if merged.get("from_pretrained"):
             preset.update(FINETUNE_PRESET)
@@ -287,6 +289,7 @@ def resolve_config(*layers: dict[str, Any], objective: str | None = None) -> Tra
     task = merged.get("task", TrainConfig.task)
     if task not in TASKS:
         raise ValueError(f"task: expected one of {', '.join(TASKS)}; got {task!r}")
+    _check_read(given, TASKS[task].kind)
     return TrainConfig.from_flat({**PRESETS.get(task, {}), **merged})
 
 
@@ -302,6 +305,46 @@ def _check_layers(given: dict[str, Any], objective: str) -> None:
     elif objective == "embedding" and given.get("norm_first"):
         raise ValueError("norm_first: an embedding run is saved as a sentence-transformers BERT, which is "
                          "post-norm; expected False, got True")
+
+
+# Options a run of one kind never reads: given, they are refused (naming the option), not
+# accepted and silently ignored. The synthetic tasks bring their own vocabulary, lengths and
+# splits; a file run has no generated splits; a fine-tune keeps its checkpoint's tokenizer,
+# sizes, layers and pooling.
+TASK_ONLY = ("task", "valid_size", "test_size")
+DATA_ONLY = ("valid", "test", "columns", "tokenizer", "vocab_size", "lowercase", "max_length", "max_tokens",
+             "auto_length", "auto_size")  # (--epochs and --from-pretrained: __post_init__ refuses them)
+PRETRAINED_KEEPS = ("tokenizer", "vocab_size", "lowercase", "auto_length", "auto_size", "dropout", "pooling",
+                    *sorted(SIZE_OPTIONS))
+
+
+def _check_read(given: dict[str, Any], objective: str, merged: dict[str, Any] | None = None) -> None:
+    """Refuse options in ``given`` that a run of ``objective`` (a data run when ``merged``
+    holds its resolved data options, else a synthetic task's kind) would not read."""
+    def refuse(name: str, why: str) -> None:
+        raise ValueError(f"{name}: {why}; expected no --{name.replace('_', '-')}, got {given[name]!r}")
+
+    if merged is None:
+        task = given.get("task", TrainConfig.task)
+        for name in DATA_ONLY:
+            if name in given:
+                refuse(name, f"the synthetic task {task} brings its own data, tokenizer and lengths "
+                             "(it is read by runs on --data)")
+    else:
+        for name in TASK_ONLY:
+            if name in given:
+                refuse(name, f"a run on --data {merged['data']} learns from its file (it is read by "
+                             "the synthetic tasks)")
+        pretrained = merged.get("from_pretrained")
+        for name in PRETRAINED_KEEPS if pretrained else ():
+            if name in given:
+                refuse(name, f"a fine-tune keeps the tokenizer, sizes, dropout and pooling of {pretrained}")
+        preset = {**OBJECTIVE_PRESETS[objective], **(FINETUNE_PRESET if pretrained else {})}
+        if "batch_size" in given and merged.get("max_tokens", preset.get("max_tokens")) is not None:
+            refuse("batch_size", f"batches hold --max-tokens {merged.get('max_tokens', preset.get('max_tokens'))} "
+                                 "tokens here (--max-tokens none: --batch-size examples)")
+    if "pooling" in given and objective != "classification":
+        refuse("pooling", f"a {objective} model has no classifier head to pool for")
 
 
 def resume_config(run_dir: str | Path, *layers: dict[str, Any]) -> TrainConfig:

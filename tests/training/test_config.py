@@ -1,0 +1,47 @@
+"""The training configuration: options a run would not read are refused, not ignored."""
+
+import pytest
+from text_fixtures import classification_rows, embedding_rows, seq2seq_rows, write
+
+from tformer.training import resolve_config
+
+FINE_TUNE = "/nonexistent/model"  # never opened: the options are refused before
+
+
+@pytest.mark.parametrize("rows, options, message", [
+    (classification_rows, {"task": "reverse"}, r"task: a run on --data .* expected no --task, got 'reverse'"),
+    (classification_rows, {"valid_size": 10}, r"valid_size: .* expected no --valid-size, got 10"),
+    (seq2seq_rows, {"pooling": "mean"}, r"pooling: a seq2seq model has no classifier head .* got 'mean'"),
+    (embedding_rows, {"batch_size": 64},
+     r"batch_size: batches hold --max-tokens 4096 tokens here .* expected no --batch-size, got 64"),
+    (classification_rows, {"from_pretrained": FINE_TUNE, "dropout": 0.3},
+     r"dropout: a fine-tune keeps the tokenizer, sizes, dropout and pooling of /nonexistent/model; "
+     r"expected no --dropout, got 0.3"),
+    (classification_rows, {"from_pretrained": FINE_TUNE, "vocab_size": 300}, r"vocab_size: a fine-tune keeps"),
+    (classification_rows, {"from_pretrained": FINE_TUNE, "d_model": 64}, r"d_model: a fine-tune keeps"),
+])
+def test_a_data_run_refuses_options_it_would_not_read(tmp_path, rows, options, message):
+    data = write(tmp_path / "d.jsonl", rows(20))
+    with pytest.raises(ValueError, match=message):
+        resolve_config({"data": str(data), **options})
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"columns": "a=b"}, r"columns: the synthetic task reverse brings its own data, tokenizer and lengths"),
+    ({"vocab_size": 9}, r"vocab_size: the synthetic task reverse .* expected no --vocab-size, got 9"),
+    ({"max_length": 20}, r"max_length: the synthetic task reverse"),
+    ({"task": "sort", "pooling": "mean"}, r"pooling: a seq2seq model has no classifier head"),
+])
+def test_a_synthetic_task_refuses_the_data_options(options, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_config({"task": "reverse"}, options)
+
+
+def test_the_options_a_run_reads_are_taken(tmp_path):
+    data = write(tmp_path / "d.jsonl", classification_rows(20))
+    assert resolve_config({"data": str(data), "pooling": "cls", "batch_size": 8}).batch_size == 8
+    assert resolve_config({"data": str(data), "from_pretrained": FINE_TUNE, "batch_size": 8,
+                           "max_length": 32}).max_length == 32
+    emb = write(tmp_path / "e.jsonl", embedding_rows(20))
+    assert resolve_config({"data": str(emb), "max_tokens": None, "batch_size": 8}).batch_size == 8
+    assert resolve_config({"task": "listops", "pooling": "mean", "valid_size": 8}).model.pooling == "mean"
