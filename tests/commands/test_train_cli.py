@@ -115,3 +115,21 @@ def test_train_help_shows_each_objectives_real_defaults(capsys):
     pooling = OBJECTIVE_PRESETS["classification"]["pooling"]
     assert f"pooler: a BertForSequenceClassification) (default: classification {pooling};" in text
     assert "usage: tformer train (--data FILE | --task NAME) [options]" in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-minutes", "-1"], "tformer train: error: --max-minutes: expected a positive number, got -1.0"),
+    (["--lr", "inf"], "tformer train: error: --lr: expected a finite number, got inf"),
+    (["--vocab-size", "8"], "tformer train: error: --vocab-size: the synthetic task reverse"),
+    (["--config", "{cfg}"], "tformer train: error: {cfg}: max_minutes: expected a positive number, got -2"),
+])
+def test_train_errors_name_the_option_as_the_user_wrote_it(tmp_path, capsys, argv, message):
+    """The command line's `--max-minutes`, or the config file's key, as the inference commands
+    name `--threads` (the library's errors name the field: max_minutes)."""
+    cfg = tmp_path / "c.json"
+    cfg.write_text('{"max_minutes": -2}')
+    argv = [a.format(cfg=cfg) for a in argv]
+    assert main(["train", "--task", "reverse", "--out", str(tmp_path / "run"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(message.format(cfg=cfg)), err
+    assert not (tmp_path / "run").exists()

@@ -370,7 +370,7 @@ def test_a_budget_too_small_to_honour_is_refused_up_front_in_one_line(tmp_path, 
     data = write(tmp_path / "d.jsonl", classification_rows(50))
     assert main(["train", "--data", str(data), "--out", str(tmp_path / "run"), "--max-minutes", "0.02"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "max_minutes: 0.02 (1 s) is too short to honour here" in err, err
+    assert err.count("\n") == 1 and "--max-minutes: 0.02 (1 s) is too short to honour here" in err, err
     assert "expected at least --max-minutes " in err
     assert not (tmp_path / "run").exists()
 

@@ -131,6 +131,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Train; an error about an option names it as the user wrote it: `--max-minutes` on the
+    command line, `FILE: max_minutes` in the --config file (the library names the field)."""
+    from tformer.errors import BadType
+    from tformer.training.config import MODEL_OPTIONS, TrainConfig
+
+    try:
+        return _run(args)
+    except (ValueError, BadType) as e:
+        fields = {f.name for f in dataclasses.fields(TrainConfig)} | set(MODEL_OPTIONS) | {"resume"}
+        name, sep, rest = str(e).partition(": ")
+        if sep and name in fields and len(e.args) == 1:
+            if name in vars(args) or name == "resume":  # (options not given are not in args)
+                e.args = (f"--{name.replace('_', '-')}: {rest}",)
+            elif args.config:
+                e.args = (f"{args.config}: {name}: {rest}",)
+        raise
+
+
+def _run(args: argparse.Namespace) -> int:
     from tformer.devices import check_spec, resolve_device
     from tformer.training.config import (
         MODEL_OPTIONS,
