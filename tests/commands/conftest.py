@@ -22,7 +22,7 @@ def classification_run(tmp_path_factory):
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         assert main(["train", "--data", str(data), "--out", str(out), "--steps", "2",
                      "--d-model", "16", "--n-heads", "2", "--d-ff", "32", "--n-layers", "1",
-                     "--vocab-size", "120", "--max-tokens", "256", "--eval-every", "2",
+                     "--vocab-size", "260", "--max-tokens", "256", "--eval-every", "2",
                      "--threads", "1", "--quiet"]) == 0
     torch.set_num_threads(threads)
     return out

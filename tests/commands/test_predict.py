@@ -34,7 +34,7 @@ def test_a_tab_separates_a_pair_only_for_a_run_trained_on_pairs(classification_r
     pair_run = tmp_path / "pairs"
     data = write(tmp_path / "pairs.jsonl", classification_rows(80, pair=True))
     assert run_cli(capsys, "train", "--data", data, "--out", pair_run, "--steps", "1", "--d-model", "16",
-                   "--n-heads", "2", "--d-ff", "32", "--n-layers", "1", "--vocab-size", "120",
+                   "--n-heads", "2", "--d-ff", "32", "--n-layers", "1", "--vocab-size", "260",
                    "--threads", "1", "--quiet")[0] == 0
     from tformer.runs import load_run
 

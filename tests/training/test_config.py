@@ -45,3 +45,10 @@ def test_the_options_a_run_reads_are_taken(tmp_path):
     emb = write(tmp_path / "e.jsonl", embedding_rows(20))
     assert resolve_config({"data": str(emb), "max_tokens": None, "batch_size": 8}).batch_size == 8
     assert resolve_config({"task": "listops", "pooling": "mean", "valid_size": 8}).model.pooling == "mean"
+
+
+def test_a_bpe_vocabulary_below_the_byte_alphabet_is_refused_before_the_data_is_read(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "a", "label": "x"}\n')
+    with pytest.raises(ValueError, match=r"vocab_size: expected at least 260 for the bpe tokenizer"):
+        resolve_config({"data": str(data), "vocab_size": 5})

@@ -200,6 +200,6 @@ def test_a_small_file_holds_out_at_least_one_record_in_each_split(tmp_path):
     assert small_file_fraction([0.9], SPLIT_FRACTION, {"test"}) == SPLIT_FRACTION  # none can: the error
     example = Path(__file__).parents[2] / "examples" / "en_de.jsonl"
     for path in (example, write(tmp_path / "c.jsonl", classification_rows(30))):
-        data = TextData.build(resolve_config({"data": str(path), "vocab_size": 120}), None, write=False)
+        data = TextData.build(resolve_config({"data": str(path), "vocab_size": 260}), None, write=False)
         test, valid = data.held_out("test"), data.held_out("validation")
         assert test and valid and len(test) + len(valid) <= 0.5 * data.identity["data"]["records"]

@@ -43,7 +43,7 @@ def test_a_run_trains_on_the_device_records_it_and_loads_on_any(tmp_path, device
 def test_a_classification_run_on_the_device_predicts_and_evaluates(tmp_path, device):
     data = write(tmp_path / "d.jsonl", classification_rows(80))
     run = tformer.train(data=str(data), out=str(tmp_path / "c"), device=str(device), steps=2, d_model=16,
-                        n_heads=2, d_ff=32, n_layers=1, vocab_size=120, max_tokens=256, eval_every=2,
+                        n_heads=2, d_ff=32, n_layers=1, vocab_size=260, max_tokens=256, eval_every=2,
                         threads=1, progress=False, log=lambda *a: None)
     assert next(run.model.parameters()).device == device
     on_cpu = tformer.load_run(tmp_path / "c", device="cpu")

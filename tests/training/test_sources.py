@@ -12,7 +12,7 @@ from tformer.config import TransformerConfig
 from tformer.storage.checkpoint import check_run_dir
 from tformer.training import resolve_config, resume_config, train
 
-TINY = {"steps": 2, "d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1, "vocab_size": 120,
+TINY = {"steps": 2, "d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1, "vocab_size": 260,
         "max_tokens": 256, "eval_every": 2, "threads": 1}
 
 

@@ -37,3 +37,16 @@ def test_a_lowercasing_tokenizer_lowercases_in_training_and_from_its_saved_file(
         assert tok.pieces(["MiXeD CaSe"]) == tok.pieces(["mixed case"])
     cased = run_tokenizer(train_tokenizer(iter(corpus), kind, 400), max_length=200)
     assert cased.pieces(["MiXeD CaSe"]) != cased.pieces(["mixed case"])
+
+
+@pytest.mark.parametrize("kind, size, message", [
+    ("bpe", 5, r"vocab_size: expected at least 260 for the bpe tokenizer \(its 256-byte alphabet and 4 special "
+               r"tokens\), got 5"),
+    ("wordpiece", 5, r"vocab_size: expected at least \d+ for the wordpiece tokenizer on this data .* got 5"),
+    ("unigram", 5, r"vocab_size: expected room for every character of the data .* unigram tokenizer, got 5"),
+])
+def test_a_vocabulary_smaller_than_the_alphabet_is_refused_not_enlarged(kind, size, message):
+    """The trainers would make one as large as their alphabet, silently (bpe: 260 for 5)."""
+    with pytest.raises(ValueError, match=message):
+        train_tokenizer(iter(["the cat sat on the mat", "a dog ran"]), kind, size)
+

@@ -33,6 +33,7 @@ TOKENIZERS = ("bpe", "wordpiece", "unigram")
 # Refused before anything is built: the tokenizer trainer's memory grows with the vocabulary
 # (a billion-token request aborts the process), and a learned position table with max_length.
 MAX_VOCAB = 1 << 20
+BPE_MIN_VOCAB = 256 + 4  # byte-level BPE starts from every byte, and tformer's 4 specials (subwords.py)
 MAX_LENGTH = 8192
 # Options that may differ when resuming; changing any other would make the resumed run
 # a different experiment than the one its checkpoint started.
@@ -183,6 +184,9 @@ class TrainConfig:
             raise ValueError("epochs: synthetic tasks are endless streams; --epochs needs --data")
         if self.from_pretrained is not None and self.data is None:
             raise ValueError("from_pretrained: fine-tuning needs your data too (--data FILE)")
+        if self.data is not None and self.tokenizer == "bpe" and self.vocab_size < BPE_MIN_VOCAB:
+            raise ValueError(f"vocab_size: expected at least {BPE_MIN_VOCAB} for the bpe tokenizer (its "
+                             f"256-byte alphabet and 4 special tokens), got {self.vocab_size}")
 
     def reports(self) -> tuple[str, ...]:
         """--report-to's destinations ("tensorboard", "csv"); () for none."""

@@ -21,7 +21,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from tformer.text.specials import BOS, EOS
 from tformer.text.tokenizer import Tokenizer, load_tokenizer, pad_id_of
-from tformer.training.config import MAX_VOCAB
+from tformer.training.config import BPE_MIN_VOCAB, MAX_VOCAB
 
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0-3: tformer.text.specials' PAD, BOS, EOS, UNK
 
@@ -31,6 +31,9 @@ def train_tokenizer(texts: Iterable[str], scheme: str, vocab_size: int, lowercas
     lowercases every text first (in training and in every later use of the saved file)."""
     if not len(SPECIALS) < vocab_size <= MAX_VOCAB:
         raise ValueError(f"vocab_size: expected {len(SPECIALS) + 1}..{MAX_VOCAB}, got {vocab_size}")
+    if scheme == "bpe" and vocab_size < BPE_MIN_VOCAB:  # (the trainer would make it 260, silently)
+        raise ValueError(f"vocab_size: expected at least {BPE_MIN_VOCAB} for the bpe tokenizer (its "
+                         f"256-byte alphabet and {len(SPECIALS)} special tokens), got {vocab_size}")
     specials = list(SPECIALS)
     if scheme == "bpe":
         tok = Backend(models.BPE())
@@ -54,7 +57,17 @@ def train_tokenizer(texts: Iterable[str], scheme: str, vocab_size: int, lowercas
                                           unk_token="<unk>", show_progress=False)
     if lowercase:
         tok.normalizer = normalizers.Lowercase()
-    tok.train_from_iterator(texts, trainer=trainer)
+    try:
+        tok.train_from_iterator(texts, trainer=trainer)
+    except Exception as e:  # tokenizers' own error type; unigram: "... not large enough to contain all chars"
+        if "not large enough" not in str(e):
+            raise
+        raise ValueError(f"vocab_size: expected room for every character of the data and {len(SPECIALS)} "
+                         f"special tokens in the {scheme} tokenizer, got {vocab_size}") from None
+    if tok.get_vocab_size() > vocab_size:  # wordpiece keeps every character it saw, whatever the size
+        raise ValueError(f"vocab_size: expected at least {tok.get_vocab_size()} for the {scheme} tokenizer "
+                         f"on this data (every character it holds and {len(SPECIALS)} special tokens), "
+                         f"got {vocab_size}")
     for i, s in enumerate(specials):
         assert tok.token_to_id(s) == i, (s, tok.token_to_id(s))
     tok.post_processor = processors.TemplateProcessing(
