@@ -61,7 +61,7 @@ def test_eval_data_takes_the_canonical_field_names_or_the_runs_columns(capsys, t
     run = tmp_path / "run"
     rc, _, err = run_cli(capsys, "train", "--data", data, "--columns", "sentence=text,category=label",
                          "--out", run, "--steps", 2, "--d-model", 16, "--n-heads", 2, "--d-ff", 32,
-                         "--n-layers", 1, "--vocab-size", 120, "--max-tokens", 256, "--eval-every", 2,
+                         "--n-layers", 1, "--vocab-size", 260, "--max-tokens", 256, "--eval-every", 2,
                          "--threads", 1, "--quiet")
     assert rc == 0, err
     results = []
@@ -75,3 +75,23 @@ def test_eval_data_takes_the_canonical_field_names_or_the_runs_columns(capsys, t
     rc, _, err = run_cli(capsys, "eval", run, "--data", other)
     assert_one_line_error(rc, err, "eval", r"other\.jsonl:1: expected the fields text, label or the run's "
                                            r"--columns 'sentence=text,category=label', got label, words")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--split", "validation", "--data", "{data}"],
+     r"--split: --data .*train.jsonl is evaluated whole; expected no --split with --data, got validation"),
+    (["--beam-size", "4"], r"--beam-size: .* is a classification run, which does not generate \(only seq2seq "
+                           r"runs search\); expected no --beam-size, got 4"),
+])
+def test_options_that_would_do_nothing_are_refused(classification_run, capsys, argv, message):
+    data = classification_run.parent / "train.jsonl"
+    rc, out, err = run_cli(capsys, "eval", classification_run, *[a.format(data=data) for a in argv])
+    assert_one_line_error(rc, err, "eval", message)
+    assert out == ""
+
+
+def test_the_verdict_names_what_was_scored(classification_run, capsys):
+    """`eval --split validation` said "the model learned: test accuracy ..." of the validation split."""
+    rc, out, err = run_cli(capsys, "eval", classification_run, "--split", "validation", "--samples", 0)
+    assert rc == 0 and json.loads(out.splitlines()[-1])["split"] == "validation"
+    assert "validation accuracy" in err and "test accuracy" not in err, err

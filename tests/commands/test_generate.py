@@ -58,3 +58,12 @@ def test_threads_default_to_the_cores_other_processes_leave_free(monkeypatch, ot
     monkeypatch.setattr(torch, "set_num_threads", chosen.append)
     _inputs.check_options(argparse.Namespace(threads=given))
     assert chosen == [threads]
+
+
+@pytest.mark.parametrize("option, value", [("--beam-size", 2), ("--max-len", 5), ("--length-penalty", 0.5)])
+def test_decoding_options_for_a_run_that_does_not_generate_are_refused(classification_run, capsys, option,
+                                                                      value):
+    rc, out, err = run_cli(capsys, "generate", classification_run, "the cat", option, value)
+    assert_one_line_error(rc, err, "generate", rf"{option}: .* is a classification run, which does not "
+                                               rf"generate .* expected no {option}, got {value}")
+    assert out == ""

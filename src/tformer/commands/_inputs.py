@@ -66,6 +66,23 @@ def check_options(args: argparse.Namespace) -> None:
         torch.set_num_threads(free_threads(torch.get_num_threads(), others_running(5, 0.01)))
 
 
+# Options only a run that generates (seq2seq) reads, with the value each means when not given.
+DECODING = {"beam_size": 1, "length_penalty": 1.0, "max_len": None}
+
+
+def check_decoding_options(args: argparse.Namespace, run: Any) -> None:
+    """Refuse decoding options given for a run that does not generate (a classifier, an
+    embedding model): they would be accepted and do nothing."""
+    if run.decodes:
+        return
+    for dest, unset in DECODING.items():
+        value = getattr(args, dest, unset)
+        if value != unset:
+            flag = "--" + dest.replace("_", "-")
+            raise ValueError(f"{flag}: {args.run_dir} is a {run.kind} run, which does not generate "
+                             f"(only seq2seq runs search); expected no {flag}, got {value}")
+
+
 def file_lines(args: argparse.Namespace) -> TextLines | None:
     """--file's lines ('-': standard input), or None without --file."""
     return TextLines(args.file, "--file") if args.file is not None else None

@@ -6,14 +6,22 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tformer.commands._inputs import add_device, add_threads, check_options, device_of, json_line
+from tformer.commands._inputs import (
+    add_device,
+    add_threads,
+    check_decoding_options,
+    check_options,
+    device_of,
+    json_line,
+)
 
 HELP = "evaluate a trained run on its test or validation split, or on a file (--data)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by `tformer train`")
-    parser.add_argument("--split", choices=("test", "validation"), default="test")
+    parser.add_argument("--split", choices=("test", "validation"), default=None,
+                        help="the run's own held-out split to evaluate (default: test; not with --data)")
     parser.add_argument("--data", metavar="FILE", default=None,
                         help="runs on your data: evaluate on this JSONL/CSV/TSV file instead; "
                              "the result is appended to RUN_DIR/metrics.jsonl")
@@ -31,7 +39,11 @@ def run(args: argparse.Namespace) -> int:
     from tformer.training.report import append_jsonl, baseline_verdict, sample_table, with_baseline
 
     check_options(args)
+    if args.data is not None and args.split is not None:  # one of the two would be ignored
+        raise ValueError(f"--split: --data {args.data} is evaluated whole; expected no --split with "
+                         f"--data, got {args.split}")
     run = load_run(args.run_dir, device=device_of(args))
+    check_decoding_options(args, run)
     if args.data is not None:
         if run.config.data is None:
             raise ValueError(f"--data: {args.run_dir} trained on task {run.config.task}, not on files")
@@ -40,9 +52,9 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--data: {args.data} holds no records")
         split = str(args.data)
     else:
-        examples = run.examples(args.split)[: args.limit]
-        split = args.split
-    metrics, rows = run.score(examples, args.split, beam_size=args.beam_size)
+        split = args.split or "test"
+        examples = run.examples(split)[: args.limit]
+    metrics, rows = run.score(examples, split, beam_size=args.beam_size)
     if rows and args.samples:
         print(sample_table(rows, n=args.samples))
     key = run.main_metric

@@ -10,7 +10,14 @@ from __future__ import annotations
 import argparse
 import itertools
 
-from tformer.commands._inputs import add_device, add_threads, check_options, device_of, input_windows
+from tformer.commands._inputs import (
+    add_device,
+    add_threads,
+    check_decoding_options,
+    check_options,
+    device_of,
+    input_windows,
+)
 
 HELP = "run a trained model on inputs (arguments or --file, one per line)"
 
@@ -39,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     inputs = input_windows(args, "inputs", "INPUT", args.batch_size)
     first = next(inputs)  # the inputs checked before the run loads
     run = load_run(args.run_dir, needs="answers", device=device_of(args))
+    check_decoding_options(args, run)
     options = {"beam_size": args.beam_size, "length_penalty": args.length_penalty, "max_len": args.max_len}
     for _, texts in itertools.chain([first], inputs):
         for out in run.answers(texts, batch_size=args.batch_size, **options):

@@ -217,16 +217,19 @@ def baseline_verdict(record: dict[str, Any]) -> str | None:
     name = NAMES.get(key, key)
     ours, theirs = f"{record[key]:.{digits}f}", f"{record['baseline']:.{digits}f}"
     by = record.get("baseline_by", "a trivial prediction")
+    # What was scored: the test split, the validation split, or a file (`eval --data`).
+    test = record.get("data") or record.get("split") or "test"
     if too_few(record):
-        return (f"warning: the test scored {record['examples']} example(s), too few to tell whether the "
-                f"model learned (test {name} {ours}; the baseline of {by}: {name} {theirs}); give a --test "
+        return (f"warning: the {test} scored {record['examples']} example(s), too few to tell whether the "
+                f"model learned ({test} {name} {ours}; the baseline of {by}: {name} {theirs}); give a --test "
                 f"file of {MIN_VERDICT_EXAMPLES} or more, or more --data")
     if record["baseline"] >= PERFECT.get(key, float("inf")) and record[key] >= record["baseline"]:
-        return (f"the model matched a perfect baseline: test {name} {ours}, as {by} scores ({name} "
-                f"{theirs}); this test split is too easy to show what it learned")
+        return (f"the model matched a perfect baseline: {test} {name} {ours}, as {by} scores ({name} "
+                f"{theirs}); this {test + ' split' if test in ('test', 'validation') else 'file'} is too easy to "
+                "show what it learned")
     if record.get("beats_baseline", beats_baseline(record[key], record["baseline"], key)):
-        return f"the model learned: test {name} {ours} beats the baseline of {by} ({name} {theirs})"
-    return (f"warning: the model did not learn: test {name} {ours} does not beat the baseline of {by} "
+        return f"the model learned: {test} {name} {ours} beats the baseline of {by} ({name} {theirs})"
+    return (f"warning: the model did not learn: {test} {name} {ours} does not beat the baseline of {by} "
             f"({name} {theirs}); a longer --max-minutes (or a quieter machine) trains more")
 
 
