@@ -138,10 +138,11 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         return _run(args)
-    except (ValueError, BadType) as e:
+    except (ValueError, BadType, OSError) as e:
         fields = {f.name for f in dataclasses.fields(TrainConfig)} | set(MODEL_OPTIONS) | {"resume"}
         name, sep, rest = str(e).partition(": ")
-        if sep and name in fields and len(e.args) == 1:
+        ours = len(e.args) == 1 and not (isinstance(e, OSError) and e.errno is not None)  # not the OS's
+        if sep and name in fields and ours:
             if name in vars(args) or name == "resume":  # (options not given are not in args)
                 e.args = (f"--{name.replace('_', '-')}: {rest}",)
             elif args.config:
