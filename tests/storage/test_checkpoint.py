@@ -167,11 +167,12 @@ def test_second_run_on_the_same_out_refuses_naming_the_holder(tmp_path, capsys):
         while latest_checkpoint(out) is None:  # it holds the lock and has saved
             assert proc.poll() is None
             time.sleep(0.01)
-        for argv in (["train", "--out", str(out), "--steps", "4"],
-                     ["train", "--resume", str(out)]):
+        for argv, flag in ((["train", "--out", str(out), "--steps", "4"], "--out"),
+                           (["train", "--resume", str(out)], "--resume")):  # the option the user typed
             assert main(argv) == 2
             err = capsys.readouterr().err
             assert err.count("\n") == 1 and f"in use by another tformer process (pid {proc.pid})" in err
+            assert err.startswith(f"tformer train: error: {flag}: {out} is in use"), err
     finally:
         proc.kill()
         proc.wait()
