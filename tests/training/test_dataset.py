@@ -203,3 +203,18 @@ def test_a_small_file_holds_out_at_least_one_record_in_each_split(tmp_path):
         data = TextData.build(resolve_config({"data": str(path), "vocab_size": 260}), None, write=False)
         test, valid = data.held_out("test"), data.held_out("validation")
         assert test and valid and len(test) + len(valid) <= 0.5 * data.identity["data"]["records"]
+
+
+@pytest.mark.parametrize("n", [40, 3000])  # a small file (its own held-out share) and a larger one
+def test_a_label_whose_records_are_all_held_out_is_named(tmp_path, n):
+    """A label whose only texts hash into a held-out split is one the model never trains on: the
+    run says so (it was silent), and a label with a training record is not named."""
+    from tformer.training.records import unit_hash
+
+    held = next(t for t in (f"a rare text {i}" for i in range(10_000)) if unit_hash(f"{t}\t", 0) < 0.01)
+    rows = classification_rows(n) + [{"text": held, "label": "rare"}, {"text": "a b", "label": "seen"},
+                                     {"text": "the mat", "label": "seen"}, {"text": "dog cat", "label": "seen"}]
+    path = write(tmp_path / "d.jsonl", rows)
+    data = TextData.build(resolve_config({"data": str(path), "vocab_size": 260}), None, write=False)
+    assert data.untrained == {"rare": ["test"]}
+    assert "rare" in data.labels and [r["text"] for r in data.held_out("test") if r["label"] == "rare"] == [held]

@@ -190,3 +190,15 @@ def test_the_precision_decision_takes_each_fastest_round_and_measures_noise_agai
         "small to gain what the casts cost)")
     saved = json.loads(autotune.cache_path().read_text())
     assert [v["seconds"] for k, v in saved.items() if "train-precision" in k] == [{"fp32": 1.0, "bf16": 0.5}]
+
+
+def test_a_label_no_training_record_has_is_warned_of_when_the_run_starts(tmp_path):
+    from tformer.training.records import unit_hash
+
+    held = next(t for t in (f"a rare text {i}" for i in range(10_000)) if unit_hash(f"{t}\t", 0) < 0.01)
+    data = write(tmp_path / "d.jsonl", classification_rows(60) + [{"text": held, "label": "rare"}])
+    logged = []
+    train(resolve_config({"data": str(data), **TINY, "steps": 1, "threads": 1, "out": str(tmp_path / "run")}),
+          progress=False, log=logged.append)
+    assert ("warning: no training record has the label 'rare' (only in test): the model cannot learn it; "
+            "add training records of it, or give --valid/--test files") in logged

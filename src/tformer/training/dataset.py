@@ -124,6 +124,9 @@ class TextData:
         self._held_out_keys: set[str] | None = None
         self._places: np.ndarray | None = None  # (N, 2) training records' (line, offset)
         self._stats: dict[str, tuple[int, int] | None] = {}  # path -> (size, mtime) when digested
+        # Labels no training record has, and the held-out splits holding them (a new run's scan
+        # finds them: the model cannot learn them).
+        self.untrained: dict[str, list[str]] = {}
 
     # Building -------------------------------------------------------------------------------
     @classmethod
@@ -184,6 +187,7 @@ class TextData:
         given_keys = {fields.input_key(r) for records in given.values() for r in records}
         hashed = {s for s, p in (("validation", config.valid), ("test", config.test)) if p is None}
         labels: set[str] = set()
+        trained: set[str] = set()  # labels of records that are surely training records
         pairs = False
         candidates: list[tuple[float, Record]] = []  # (u, record) that may be held out
         sample = _TokenizerSample(seed)
@@ -202,7 +206,11 @@ class TextData:
             if hashed and (n <= SMALL or u < 2 * split_fraction(n)):
                 candidates.append((u, dict(record, line=str(line_no))))
                 if n == SMALL + 1 or (len(candidates) > 4 * SPLIT_CAP and n % 1024 == 0):
+                    dropped = [c for c in candidates if c[0] >= 2 * split_fraction(n)]
+                    trained.update(r["label"] for _, r in dropped if "label" in r)
                     candidates = [c for c in candidates if c[0] < 2 * split_fraction(n)]
+            elif "label" in record:
+                trained.add(record["label"])
             sample.offer(n, key, u, [v for k, v in record.items() if k != "label"])
         if n == 0:
             raise ValueError(f"{path}: expected at least one record, got {no_records(path)}")
@@ -219,6 +227,10 @@ class TextData:
         for split in hashed:
             records = [r for u, r in candidates if split_of_unit(u, f) == split]
             data._held_out[split] = data._nonempty(split, records)
+        trained.update(r["label"] for u, r in candidates if "label" in r and split_of_unit(u, f) == "train")
+        data.untrained = {label: sorted({s for s, rs in data._held_out.items() for r in rs
+                                         if r["label"] == label})
+                          for label in sorted(labels - trained)}
         data.identity = {name: {"path": str(p), "blake2b": data._digest(p)}
                          for name, p in (("data", config.data), ("valid", config.valid),
                                          ("test", config.test)) if p is not None}

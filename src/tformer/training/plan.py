@@ -195,6 +195,12 @@ def make_plan(objective: Objective, resume: bool, world: int, started: float, lo
         if run_dir is not None:
             write_json_atomic(run_dir / "data.json", objective.source.data.describe())  # resuming reads it
         chose("max length", why, " (--max-length sets it)")
+    untrained = getattr(getattr(objective.source, "data", None), "untrained", None)
+    if untrained and not resume:
+        names = ", ".join(f"{label!r} (only in {' and '.join(splits) or 'held-out records'})"
+                          for label, splits in untrained.items())
+        log(f"warning: no training record has the label {names}: the model cannot learn it; add "
+            "training records of it, or give --valid/--test files")
     if config.data is not None and (not resume or config.max_tokens is None):
         sample = objective.encode(next(objective.source.data.epoch_pools()))  # a sample of the file
         cut = truncated([ex.longest for ex in sample], objective.tokenizer.max_length)
