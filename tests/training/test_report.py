@@ -66,3 +66,15 @@ def test_report_to_names_what_it_takes_and_a_missing_tensorboard_names_its_extra
                          "--n-layers", 1, "--quiet")
     assert_one_line_error(rc, err, "train", r"pip install 'tformer\[tensorboard\]'")
     assert not run.exists()
+
+
+def test_a_confusion_matrix_of_labels_the_font_lacks_draws_without_warnings(tmp_path):
+    """Labels such as 好/坏 printed one matplotlib UserWarning per missing glyph at the end of a run."""
+    import warnings
+
+    from tformer.training.report import plot_confusion
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plot_confusion([[3, 1], [0, 4]], ["好", "坏"], tmp_path / "confusion.png")
+    assert (tmp_path / "confusion.png").stat().st_size > 0

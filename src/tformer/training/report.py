@@ -9,6 +9,7 @@ import json
 import math
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -270,5 +271,8 @@ def plot_confusion(matrix: list[list[int]], labels: list[str], path: Path) -> No
         for i in range(n):
             for j in range(n):
                 ax.text(j, i, str(matrix[i][j]), ha="center", va="center", fontsize=8)
-    fig.tight_layout()
-    save_figure(fig, path)
+    with warnings.catch_warnings():  # labels in a script the font lacks (好, 坏) draw as boxes, quietly:
+        # matplotlib's warning per character named report.py's line to the user, not the label
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from font", category=UserWarning)
+        fig.tight_layout()
+        save_figure(fig, path)
