@@ -218,3 +218,19 @@ def test_a_label_whose_records_are_all_held_out_is_named(tmp_path, n):
     data = TextData.build(resolve_config({"data": str(path), "vocab_size": 260}), None, write=False)
     assert data.untrained == {"rare": ["test"]}
     assert "rare" in data.labels and [r["text"] for r in data.held_out("test") if r["label"] == "rare"] == [held]
+
+
+def test_a_given_held_out_file_without_records_is_named_not_blamed_on_the_split(tmp_path):
+    train = write(tmp_path / "train.csv", classification_rows(40))
+    (tmp_path / "test.csv").write_text("text,label\n")
+    with pytest.raises(ValueError, match=r"test.csv: expected at least one record, got only the header row "
+                                         r"\(text, label\)$"):
+        TextData.build(resolve_config({"data": str(train), "test": str(tmp_path / "test.csv")}), None, write=False)
+
+
+def test_a_training_file_wholly_held_out_by_the_given_files_is_named(tmp_path):
+    """--test FILE equal to --data: training skips every record; it said the validation split was empty."""
+    train = write(tmp_path / "train.csv", classification_rows(40))
+    with pytest.raises(ValueError, match=r"train.csv: expected training records, got none: the input text of "
+                                         r"each of its 40 record\(s\) is held out by --test .*train.csv$"):
+        TextData.build(resolve_config({"data": str(train), "test": str(train)}), None, write=False)

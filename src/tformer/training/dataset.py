@@ -191,7 +191,7 @@ class TextData:
         pairs = False
         candidates: list[tuple[float, Record]] = []  # (u, record) that may be held out
         sample = _TokenizerSample(seed)
-        n = 0
+        n = n_given = 0
         for line_no, record in data._checked(path):
             n += 1
             if "label" in record:
@@ -199,6 +199,7 @@ class TextData:
             pairs = pairs or "text_pair" in record
             key = fields.input_key(record)
             if key in given_keys:
+                n_given += 1
                 continue
             u = unit_hash(key, seed)
             # The final fraction is at most split_fraction(n so far), or small_file_fraction's for a
@@ -214,6 +215,10 @@ class TextData:
             sample.offer(n, key, u, [v for k, v in record.items() if k != "label"])
         if n == 0:
             raise ValueError(f"{path}: expected at least one record, got {no_records(path)}")
+        if given and n == n_given:  # training skips records whose input a given file holds
+            files = ", ".join(f"--{s} {p}" for s, p in (("valid", config.valid), ("test", config.test)) if p)
+            raise ValueError(f"{path}: expected training records, got none: the input text of each of its "
+                             f"{n} record(s) is held out by {files}")
         if fields.objective == "classification" and len(labels) < 2:
             raise ValueError(f"{path}: label: expected at least 2 distinct labels, got {sorted(labels)}")
         data.labels, data.pairs = sorted(labels), pairs
@@ -294,6 +299,9 @@ class TextData:
 
     def _nonempty(self, split: str, records: list[Record]) -> list[Record]:
         if not records:
+            path = self.config.valid if split == "validation" else self.config.test
+            if path is not None:  # a file given for it holds none
+                raise ValueError(f"{path}: expected at least one record, got {no_records(path)}")
             raise ValueError(f"{split}: expected at least one record, got none (the split of "
                              f"{self.config.data} is empty: add --valid/--test files)")
         return records
