@@ -13,7 +13,7 @@ FINE_TUNE = "/nonexistent/model"  # never opened: the options are refused before
     (classification_rows, {"valid_size": 10}, r"valid_size: .* expected no --valid-size, got 10"),
     (seq2seq_rows, {"pooling": "mean"}, r"pooling: a seq2seq model has no classifier head .* got 'mean'"),
     (embedding_rows, {"batch_size": 64},
-     r"batch_size: batches hold --max-tokens 4096 tokens here .* expected no --batch-size, got 64"),
+     r"batch_size: an embedding run's batches hold --max-tokens 4096 tokens .* expected no --batch-size, got 64"),
     (classification_rows, {"from_pretrained": FINE_TUNE, "dropout": 0.3},
      r"dropout: a fine-tune keeps the tokenizer, sizes, dropout and pooling of /nonexistent/model; "
      r"expected no --dropout, got 0.3"),
@@ -45,6 +45,11 @@ def test_the_options_a_run_reads_are_taken(tmp_path):
     emb = write(tmp_path / "e.jsonl", embedding_rows(20))
     assert resolve_config({"data": str(emb), "max_tokens": None, "batch_size": 8}).batch_size == 8
     assert resolve_config({"task": "listops", "pooling": "mean", "valid_size": 8}).model.pooling == "mean"
+    # Turning off a choice such a run never makes asks for nothing (a saved config holds it so).
+    assert resolve_config({"task": "reverse", "d_model": 32, "auto_size": False}).auto_size is False
+    assert resolve_config({"data": str(data), "from_pretrained": FINE_TUNE, "auto_length": False}).max_length
+    with pytest.raises(ValueError, match=r"auto_size: the synthetic task reverse .* got True"):
+        resolve_config({"task": "reverse", "auto_size": True})
 
 
 def test_a_bpe_vocabulary_below_the_byte_alphabet_is_refused_before_the_data_is_read(tmp_path):

@@ -326,6 +326,8 @@ def _check_read(given: dict[str, Any], objective: str, merged: dict[str, Any] | 
     """Refuse options in ``given`` that a run of ``objective`` (a data run when ``merged``
     holds its resolved data options, else a synthetic task's kind) would not read."""
     def refuse(name: str, why: str) -> None:
+        if name in ("auto_size", "auto_length") and given[name] is False:
+            return  # switching off a choice that is not made asks for nothing (a saved config holds it)
         raise ValueError(f"{name}: {why}; expected no --{name.replace('_', '-')}, got {given[name]!r}")
 
     if merged is None:
@@ -343,10 +345,11 @@ def _check_read(given: dict[str, Any], objective: str, merged: dict[str, Any] | 
         for name in PRETRAINED_KEEPS if pretrained else ():
             if name in given:
                 refuse(name, f"a fine-tune keeps the tokenizer, sizes, dropout and pooling of {pretrained}")
+        # (Given with --max-tokens too, as a saved run's command gives both: the count it chose.)
         preset = {**OBJECTIVE_PRESETS[objective], **(FINETUNE_PRESET if pretrained else {})}
-        if "batch_size" in given and merged.get("max_tokens", preset.get("max_tokens")) is not None:
-            refuse("batch_size", f"batches hold --max-tokens {merged.get('max_tokens', preset.get('max_tokens'))} "
-                                 "tokens here (--max-tokens none: --batch-size examples)")
+        if "batch_size" in given and "max_tokens" not in given and preset.get("max_tokens") is not None:
+            refuse("batch_size", f"an {objective} run's batches hold --max-tokens {preset['max_tokens']} tokens "
+                                 "(--max-tokens none: --batch-size examples)")
     if "pooling" in given and objective != "classification":
         refuse("pooling", f"a {objective} model has no classifier head to pool for")
 
