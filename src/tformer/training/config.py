@@ -73,7 +73,7 @@ class TrainConfig:
 
     # What to learn: a synthetic task, or your own files.
     task: str | None = _f("reverse", "synthetic task: copy, reverse, sort, add (seq2seq); listops, "
-                          "brackets (classification); ignored with --data")
+                          "brackets (classification); not with --data")
     data: str | None = _f(None, "training file (JSONL, CSV or TSV with a header); its fields choose "
                           "the objective: source+target, text+label[+text_pair], "
                           "anchor+positive[+negative]")
