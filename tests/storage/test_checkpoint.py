@@ -252,7 +252,7 @@ def test_read_only_parent_is_one_line(tmp_path, capsys, monkeypatch):
 def test_invalid_model_config_leaves_no_out_folder(tmp_path, capsys):
     out = tmp_path / "never"
     assert main(["train", "--out", str(out), "--d-model", "30", "--n-heads", "4"]) == 2
-    assert "d_model: expected a multiple of n_heads" in capsys.readouterr().err
+    assert "--d-model: expected a multiple of n_heads" in capsys.readouterr().err
     assert not out.exists()
 
 

@@ -44,7 +44,7 @@ def test_an_embedding_run_honours_activation_and_refuses_pre_norm_up_front(tmp_p
     assert json.loads((tmp_path / "relu" / "0_Transformer" / "config.json").read_text())["hidden_act"] == "relu"
     data = write(tmp_path / "e.jsonl", embedding_rows(80))
     rc, _, err = run_cli(capsys, "train", "--data", data, "--out", tmp_path / "pre", "--norm-first", "--quiet")
-    assert_one_line_error(rc, err, "train", r"norm_first: .*sentence-transformers.*expected False, got True")
+    assert_one_line_error(rc, err, "train", r"--norm-first: .*sentence-transformers.*expected False, got True")
     assert not (tmp_path / "pre").exists()
 
 
