@@ -348,8 +348,8 @@ def _check_read(given: dict[str, Any], objective: str, merged: dict[str, Any] | 
         # (Given with --max-tokens too, as a saved run's command gives both: the count it chose.)
         preset = {**OBJECTIVE_PRESETS[objective], **(FINETUNE_PRESET if pretrained else {})}
         if "batch_size" in given and "max_tokens" not in given and preset.get("max_tokens") is not None:
-            refuse("batch_size", f"an {objective} run's batches hold --max-tokens {preset['max_tokens']} tokens "
-                                 "(--max-tokens none: --batch-size examples)")
+            refuse("batch_size", f"an {objective} run's batches hold --max-tokens {preset['max_tokens']} "
+                                 "tokens (--max-tokens none: --batch-size examples)")
     if "pooling" in given and objective != "classification":
         refuse("pooling", f"a {objective} model has no classifier head to pool for")
 

@@ -225,9 +225,9 @@ def baseline_verdict(record: dict[str, Any]) -> str | None:
                 f"model learned ({test} {name} {ours}; the baseline of {by}: {name} {theirs}); give a --test "
                 f"file of {MIN_VERDICT_EXAMPLES} or more, or more --data")
     if record["baseline"] >= PERFECT.get(key, float("inf")) and record[key] >= record["baseline"]:
+        scored = f"{test} split" if test in ("test", "validation") else "file"
         return (f"the model matched a perfect baseline: {test} {name} {ours}, as {by} scores ({name} "
-                f"{theirs}); this {test + ' split' if test in ('test', 'validation') else 'file'} is too easy to "
-                "show what it learned")
+                f"{theirs}); this {scored} is too easy to show what it learned")
     if record.get("beats_baseline", beats_baseline(record[key], record["baseline"], key)):
         return f"the model learned: {test} {name} {ours} beats the baseline of {by} ({name} {theirs})"
     return (f"warning: the model did not learn: {test} {name} {ours} does not beat the baseline of {by} "
