@@ -123,6 +123,7 @@ def test_train_help_shows_each_objectives_real_defaults(capsys):
     (["--vocab-size", "8"], "tformer train: error: --vocab-size: the synthetic task reverse"),
     (["--config", "{cfg}"], "tformer train: error: {cfg}: max_minutes: expected a positive number, got -2"),
     (["--max-minutes", "1", "--out", "{cfg}"], "tformer train: error: --out: {cfg} is a file; expected a new"),
+    (["--resume", "{cfg}"], "tformer train: error: --resume: {cfg} is not a directory"),
 ])
 def test_train_errors_name_the_option_as_the_user_wrote_it(tmp_path, capsys, argv, message):
     """The command line's `--max-minutes`, or the config file's key, as the inference commands

@@ -142,8 +142,8 @@ def run(args: argparse.Namespace) -> int:
         fields = {f.name for f in dataclasses.fields(TrainConfig)} | set(MODEL_OPTIONS) | {"resume"}
         name, sep, rest = str(e).partition(": ")
         ours = len(e.args) == 1 and not (isinstance(e, OSError) and e.errno is not None)  # not the OS's
-        if name == "out" and "out" not in vars(args) and args.resume:  # the run dir came as --resume's
-            name = "resume"
+        if args.resume is not None and (name == "RUN_DIR" or (name == "out" and "out" not in vars(args))):
+            name = "resume" if args.resume else "out"  # the run directory, as the user gave it
         if sep and name in fields and ours:
             if name in vars(args) or name == "resume":  # (options not given are not in args)
                 e.args = (f"--{name.replace('_', '-')}: {rest}",)
