@@ -21,11 +21,9 @@ from tformer.config import FieldType, TransformerConfig, check_known_keys, field
 from tformer.errors import BadType
 from tformer.kernels.machine import check_threads
 from tformer.tasks import TASKS, Task
-from tformer.training.presets import FINETUNE_PRESET, OBJECTIVE_PRESETS, PRESETS, TIMED_STEPS
+from tformer.training.presets import FINETUNE_PRESET, OBJECTIVE_PRESETS, PRESETS, SIZE_OPTIONS, TIMED_STEPS
 from tformer.training.records import peek_fields
-
-# The options that size the model: given any of them, the size is the user's, not chosen.
-SIZE_OPTIONS = {"d_model", "n_heads", "d_ff", "n_layers", "n_decoder_layers"}
+from tformer.training.unread import check_layers, check_read
 
 SCHEDULES = ("inverse_sqrt", "cosine", "linear")
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -280,8 +278,8 @@ def resolve_config(*layers: dict[str, Any], objective: str | None = None) -> Tra
                 pass  # __post_init__ names the field and the bad value
     if merged.get("data"):
         objective = objective or peek_fields(merged["data"], merged.get("columns")).objective
-        _check_layers(merged, objective)
-        _check_read(given, objective, merged)
+        check_layers(merged, objective)
+        check_read(given, objective, merged)
         preset = dict(OBJECTIVE_PRESETS[objective])
         if merged.get("from_pretrained"):
             preset.update(FINETUNE_PRESET)
@@ -293,65 +291,8 @@ def resolve_config(*layers: dict[str, Any], objective: str | None = None) -> Tra
     task = merged.get("task", TrainConfig.task)
     if task not in TASKS:
         raise ValueError(f"task: expected one of {', '.join(TASKS)}; got {task!r}")
-    _check_read(given, TASKS[task].kind)
+    check_read(given, TASKS[task].kind, task=task)
     return TrainConfig.from_flat({**PRESETS.get(task, {}), **merged})
-
-
-def _check_layers(given: dict[str, Any], objective: str) -> None:
-    """Refuse layer options a data run cannot honour, before anything is made: a fine-tune keeps
-    the pretrained model's layers, and an embedding run's directory is a sentence-transformers
-    model holding a BERT (post-norm). Elsewhere --norm-first and --activation are honoured."""
-    if given.get("from_pretrained"):
-        for name in ("norm_first", "activation"):
-            if name in given:
-                raise ValueError(f"{name}: a fine-tune keeps the layers of {given['from_pretrained']}; "
-                                 f"expected no --{name.replace('_', '-')}, got {given[name]!r}")
-    elif objective == "embedding" and given.get("norm_first"):
-        raise ValueError("norm_first: an embedding run is saved as a sentence-transformers BERT, which is "
-                         "post-norm; expected False, got True")
-
-
-# Options a run of one kind never reads: given, they are refused (naming the option), not
-# accepted and silently ignored. The synthetic tasks bring their own vocabulary, lengths and
-# splits; a file run has no generated splits; a fine-tune keeps its checkpoint's tokenizer,
-# sizes, layers and pooling.
-TASK_ONLY = ("task", "valid_size", "test_size")
-DATA_ONLY = ("valid", "test", "columns", "tokenizer", "vocab_size", "lowercase", "max_length", "max_tokens",
-             "auto_length", "auto_size")  # (--epochs and --from-pretrained: __post_init__ refuses them)
-PRETRAINED_KEEPS = ("tokenizer", "vocab_size", "lowercase", "auto_length", "auto_size", "dropout", "pooling",
-                    *sorted(SIZE_OPTIONS))
-
-
-def _check_read(given: dict[str, Any], objective: str, merged: dict[str, Any] | None = None) -> None:
-    """Refuse options in ``given`` that a run of ``objective`` (a data run when ``merged``
-    holds its resolved data options, else a synthetic task's kind) would not read."""
-    def refuse(name: str, why: str) -> None:
-        if name in ("auto_size", "auto_length") and given[name] is False:
-            return  # switching off a choice that is not made asks for nothing (a saved config holds it)
-        raise ValueError(f"{name}: {why}; expected no --{name.replace('_', '-')}, got {given[name]!r}")
-
-    if merged is None:
-        task = given.get("task", TrainConfig.task)
-        for name in DATA_ONLY:
-            if name in given:
-                refuse(name, f"the synthetic task {task} brings its own data, tokenizer and lengths "
-                             "(it is read by runs on --data)")
-    else:
-        for name in TASK_ONLY:
-            if name in given:
-                refuse(name, f"a run on --data {merged['data']} learns from its file (it is read by "
-                             "the synthetic tasks)")
-        pretrained = merged.get("from_pretrained")
-        for name in PRETRAINED_KEEPS if pretrained else ():
-            if name in given:
-                refuse(name, f"a fine-tune keeps the tokenizer, sizes, dropout and pooling of {pretrained}")
-        # (Given with --max-tokens too, as a saved run's command gives both: the count it chose.)
-        preset = {**OBJECTIVE_PRESETS[objective], **(FINETUNE_PRESET if pretrained else {})}
-        if "batch_size" in given and "max_tokens" not in given and preset.get("max_tokens") is not None:
-            refuse("batch_size", f"an {objective} run's batches hold --max-tokens {preset['max_tokens']} "
-                                 "tokens (--max-tokens none: --batch-size examples)")
-    if "pooling" in given and objective != "classification":
-        refuse("pooling", f"a {objective} model has no classifier head to pool for")
 
 
 def resume_config(run_dir: str | Path, *layers: dict[str, Any]) -> TrainConfig:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 import heapq
 import json
-import math
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +35,7 @@ from tformer.storage.files import write_atomic, write_json_atomic
 from tformer.text.tokenizer import Tokenizer
 from tformer.training.records import (
     FIELDS,
+    SMALL,
     Fields,
     Record,
     file_digest,
@@ -46,6 +46,7 @@ from tformer.training.records import (
     peek_fields,
     read_records,
     records_at,
+    small_file_fraction,
     split_of,
     split_of_unit,
     unit_hash,
@@ -60,27 +61,6 @@ POOL = 4096  # records sorted together for length bucketing
 
 def split_fraction(n_records: int) -> float:
     return min(SPLIT_FRACTION, SPLIT_CAP / max(n_records, 1))
-
-
-# A file of at most SMALL records may get a larger held-out share, up to SMALL_FRACTION each,
-# where 5% of it hashed into a split leaves that split empty (a 40-line file: 2 records each,
-# on average, and none at times).
-SMALL, SMALL_FRACTION = 1000, 0.25
-
-
-def small_file_fraction(units: list[float], fraction: float, splits: set[str]) -> float:
-    """The smallest fraction >= ``fraction`` (at most SMALL_FRACTION) at which each hashed split
-    in ``splits`` and training get a record of a small file whose records hash to ``units``;
-    ``fraction`` when none does (the error then asks for --valid/--test files)."""
-    def fills(f: float) -> bool:
-        got = {split_of_unit(u, f) for u in units}
-        return "train" in got and splits <= got
-
-    if fills(fraction):
-        return fraction
-    # A split changes only where f passes a unit u (test: u < f) or u / 2 (validation: u < 2f).
-    edges = sorted({math.nextafter(x, 1.0) for u in units for x in (u, u / 2)})
-    return next((f for f in edges if fraction < f <= SMALL_FRACTION and fills(f)), fraction)
 
 
 class _TokenizerSample:

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# The options that size the model: given any of them, the size is the user's, not chosen.
+SIZE_OPTIONS = {"d_model", "n_heads", "d_ff", "n_layers", "n_decoder_layers"}
+
 # Per-task defaults, applied over TrainConfig's and under a config file and the command
 # line. Tuned with short runs on 2 busy CPU cores to reach the targets: the
 # algorithmic classification tasks learn better without dropout and with pre-norm (which

@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -323,6 +324,27 @@ def split_of(key: str, seed: int, fraction: float) -> str:
 
 def split_of_unit(u: float, fraction: float) -> str:
     return "test" if u < fraction else "validation" if u < 2 * fraction else "train"
+
+
+# A file of at most SMALL records may get a larger held-out share, up to SMALL_FRACTION each,
+# where 5% of it hashed into a split leaves that split empty (a 40-line file: 2 records each,
+# on average, and none at times).
+SMALL, SMALL_FRACTION = 1000, 0.25
+
+
+def small_file_fraction(units: list[float], fraction: float, splits: set[str]) -> float:
+    """The smallest fraction >= ``fraction`` (at most SMALL_FRACTION) at which each hashed split
+    in ``splits`` and training get a record of a small file whose records hash to ``units``;
+    ``fraction`` when none does (the error then asks for --valid/--test files)."""
+    def fills(f: float) -> bool:
+        got = {split_of_unit(u, f) for u in units}
+        return "train" in got and splits <= got
+
+    if fills(fraction):
+        return fraction
+    # A split changes only where f passes a unit u (test: u < f) or u / 2 (validation: u < 2f).
+    edges = sorted({math.nextafter(x, 1.0) for u in units for x in (u, u / 2)})
+    return next((f for f in edges if fraction < f <= SMALL_FRACTION and fills(f)), fraction)
 
 
 def unit_hash(key: str, seed: int | str) -> float:

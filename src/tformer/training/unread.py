@@ -1,0 +1,68 @@
+"""Options a run would not read are refused, naming them, not accepted and silently ignored.
+
+    check_layers(merged, objective)       # layer options a data run cannot honour
+    check_read(given, objective, merged)  # options of another kind of run (tformer.training.config)
+
+`given`: the options as the user set them (a --config file's and the command line's, before the
+choices that follow from them); the errors name the field (the CLI names it as its flag).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tformer.training.presets import FINETUNE_PRESET, OBJECTIVE_PRESETS, SIZE_OPTIONS
+
+# The synthetic tasks bring their own vocabulary, lengths and splits; a file run has no generated
+# splits; a fine-tune keeps its checkpoint's tokenizer, sizes, layers and pooling.
+TASK_ONLY = ("task", "valid_size", "test_size")
+DATA_ONLY = ("valid", "test", "columns", "tokenizer", "vocab_size", "lowercase", "max_length", "max_tokens",
+             "auto_length", "auto_size")  # (--epochs and --from-pretrained: __post_init__ refuses them)
+PRETRAINED_KEEPS = ("tokenizer", "vocab_size", "lowercase", "auto_length", "auto_size", "dropout", "pooling",
+                    *sorted(SIZE_OPTIONS))
+
+
+def check_read(given: dict[str, Any], objective: str, merged: dict[str, Any] | None = None,
+               task: str | None = None) -> None:
+    """Refuse options in ``given`` that a run of ``objective`` would not read: a data run when
+    ``merged`` holds its resolved options, else the synthetic ``task`` (of kind ``objective``)."""
+    def refuse(name: str, why: str) -> None:
+        if name in ("auto_size", "auto_length") and given[name] is False:
+            return  # switching off a choice that is not made asks for nothing (a saved config holds it)
+        raise ValueError(f"{name}: {why}; expected no --{name.replace('_', '-')}, got {given[name]!r}")
+
+    if merged is None:
+        for name in DATA_ONLY:
+            if name in given:
+                refuse(name, f"the synthetic task {task} brings its own data, tokenizer and lengths "
+                             "(it is read by runs on --data)")
+    else:
+        for name in TASK_ONLY:
+            if name in given:
+                refuse(name, f"a run on --data {merged['data']} learns from its file (it is read by "
+                             "the synthetic tasks)")
+        pretrained = merged.get("from_pretrained")
+        for name in PRETRAINED_KEEPS if pretrained else ():
+            if name in given:
+                refuse(name, f"a fine-tune keeps the tokenizer, sizes, dropout and pooling of {pretrained}")
+        # (Given with --max-tokens too, as a saved run's command gives both: the count it chose.)
+        preset = {**OBJECTIVE_PRESETS[objective], **(FINETUNE_PRESET if pretrained else {})}
+        if "batch_size" in given and "max_tokens" not in given and preset.get("max_tokens") is not None:
+            refuse("batch_size", f"an {objective} run's batches hold --max-tokens {preset['max_tokens']} "
+                                 "tokens (--max-tokens none: --batch-size examples)")
+    if "pooling" in given and objective != "classification":
+        refuse("pooling", f"a {objective} model has no classifier head to pool for")
+
+
+def check_layers(given: dict[str, Any], objective: str) -> None:
+    """Refuse layer options a data run cannot honour, before anything is made: a fine-tune keeps
+    the pretrained model's layers, and an embedding run's directory is a sentence-transformers
+    model holding a BERT (post-norm). Elsewhere --norm-first and --activation are honoured."""
+    if given.get("from_pretrained"):
+        for name in ("norm_first", "activation"):
+            if name in given:
+                raise ValueError(f"{name}: a fine-tune keeps the layers of {given['from_pretrained']}; "
+                                 f"expected no --{name.replace('_', '-')}, got {given[name]!r}")
+    elif objective == "embedding" and given.get("norm_first"):
+        raise ValueError("norm_first: an embedding run is saved as a sentence-transformers BERT, which is "
+                         "post-norm; expected False, got True")
