@@ -42,6 +42,7 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 # word); larger ones can take a minute (a 15 MB word is tokenized whole: models.windows), and
 # two of them held both threads while every small request waited (56 s, all-MiniLM-L6-v2).
 SMALL_BODY_BYTES = 64 * 1024
+SMALL_ANSWER_ITEMS = 8  # answers of at most this many inputs are written on the event loop
 # A status for the log and /metrics only: the client that would read it has gone (nginx's 499).
 CLIENT_GONE = 499
 
@@ -94,8 +95,12 @@ class Service:
             else:
                 items, key, extra = read
                 results = await _wait_or_disconnect(request, self.batcher.submit(items, key))
-                # written in the thread too: 256 vectors of JSON must not hold up /health
-                response = await loop.run_in_executor(tokenizers, endpoint.respond, results, items, extra)
+                # A long answer is written in the thread too (256 vectors of JSON must not hold
+                # up /health); a short one here, without a second hand-off to a thread.
+                if len(items) <= SMALL_ANSWER_ITEMS:
+                    response = endpoint.respond(results, items, extra)
+                else:
+                    response = await loop.run_in_executor(tokenizers, endpoint.respond, results, items, extra)
                 truncated = [i for i, item in enumerate(items) if item.truncated]
                 if truncated:
                     response.headers["X-Truncated-Inputs"] = ",".join(map(str, truncated))
