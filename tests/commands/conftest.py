@@ -26,3 +26,30 @@ def classification_run(tmp_path_factory):
                      "--threads", "1", "--quiet"]) == 0
     torch.set_num_threads(threads)
     return out
+
+
+@pytest.fixture(scope="session")
+def task_runs(tmp_path_factory):
+    """name -> a tiny run of that synthetic task (reverse, listops, ...), trained once for the
+    session on first use. Read-only."""
+    import contextlib
+    import io
+
+    from tformer.cli import main
+
+    runs = {}
+
+    def get(task: str):
+        if task not in runs:
+            out = tmp_path_factory.mktemp("tasks") / task
+            threads = torch.get_num_threads()
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                assert main(["train", "--task", task, "--out", str(out), "--steps", "2", "--d-model", "16",
+                             "--n-heads", "2", "--d-ff", "32", "--n-layers", "1", "--batch-size", "8",
+                             "--valid-size", "8", "--test-size", "8", "--eval-every", "2",
+                             "--threads", "1", "--quiet"]) == 0
+            torch.set_num_threads(threads)
+            runs[task] = out
+        return runs[task]
+
+    return get

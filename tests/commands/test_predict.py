@@ -140,3 +140,13 @@ def test_a_classification_run_named_as_a_sentence_model_says_which_command_takes
     assert_one_line_error(rc, err, command, rf"MODEL_DIR: {classification_run} is data .*classification "
                                             rf"into .*, not a sentence embedding model: use `tformer "
                                             rf"predict {classification_run}`")
+
+
+def test_a_synthetic_task_classifier_predicts_one_label_per_input(task_runs, capsys):
+    # ClassificationRun.pairs read the data file's fields, which a task run has none of: a traceback.
+    rc, out, err = run_cli(capsys, "predict", task_runs("listops"), "[MAX 1 2 ]", "[MIN 3 4 ]",
+                           "--format", "jsonl", "--threads", "1")
+    assert rc == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r["text"] for r in rows] == ["[MAX 1 2 ]", "[MIN 3 4 ]"]
+    assert all(r["label"] in r["probabilities"] for r in rows)

@@ -15,6 +15,7 @@ from tformer.formats.hf_xlm import ARCHITECTURE, Inexpressible
 from tformer.runs.base import Run, texts_of
 from tformer.storage.files import json_bytes
 from tformer.training.config import MODEL_OPTIONS
+from tformer.training.sources import FileSource
 
 
 class ClassificationRun(Run):
@@ -26,8 +27,10 @@ class ClassificationRun(Run):
 
     @property
     def pairs(self) -> bool:
-        """Whether the run was trained on text pairs (its data had a text_pair field)."""
-        return bool(self.objective.source.data.pairs)
+        """Whether the run was trained on text pairs (its data had a text_pair field; a synthetic
+        task has no data file, and single inputs)."""
+        source = self.objective.source
+        return isinstance(source, FileSource) and bool(source.data.pairs)
 
     def _labels(self) -> tuple[str, ...]:
         return tuple(self.labels) if self.tokenizer is not None else ()
