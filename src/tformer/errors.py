@@ -15,6 +15,21 @@ class BadType(TypeError):
     """A value of the wrong type in something the user wrote (a config file, an option)."""
 
 
+def shown(text: str, width: int = 60) -> str:
+    """`text` quoted for an error message, cut past `width` characters: one line of a file
+    may be megabytes, and the message stays one readable line."""
+    return repr(text) if len(text) <= width else f"{text[:width]!r}... ({len(text):,} characters)"
+
+
+class BadInput(ValueError):
+    """One of the texts given to a run (``run.generate([...])``, ``tformer generate``) cannot be
+    read by its model; ``index`` says which, so a command can name the argument or FILE:LINE."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(f"inputs[{index}]: {reason}")
+        self.index, self.reason = index, reason
+
+
 class MissingExtra(ImportError):
     """An optional dependency is not installed; the message names the extra that installs it."""
 

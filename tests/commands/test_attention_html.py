@@ -161,7 +161,7 @@ def test_bad_arguments(capsys, tmp_path, reverse_run):
     assert "--layer: expected 0..1, got 2" in error(
         reverse_run, "3 1", "--html", tmp_path / "a.html", "--layer", 2
     )
-    assert "input: 'x' in '3 x' is not in the vocabulary" in error(
+    assert "TEXT: 'x' in '3 x' is not in the vocabulary" in error(
         reverse_run, "3 x", "--html", tmp_path / "a.html"
     )
     assert not (tmp_path / "a.html").exists()

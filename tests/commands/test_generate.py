@@ -67,3 +67,27 @@ def test_decoding_options_for_a_run_that_does_not_generate_are_refused(classific
     assert_one_line_error(rc, err, "generate", rf"{option}: .* is a classification run, which does not "
                                                rf"generate .* expected no {option}, got {value}")
     assert out == ""
+
+
+def test_an_input_the_model_cannot_read_is_named_by_its_argument_or_file_line(task_runs, capsys, tmp_path):
+    # The error said "input: 'x' in '...'" and printed the whole line: in a long file, no way to find it.
+    run = task_runs("reverse")
+    lines = tmp_path / "in.txt"
+    lines.write_text("1 2\n3 4\n" + "7 " * 5000 + "\n")
+    rc, _, err = run_cli(capsys, "generate", run, "1 2", "--file", lines, "--threads", "1")
+    assert_one_line_error(rc, err, "generate", rf"--file {lines}:3: expected at most \d+ tokens with "
+                                               r"specials \(this model's length\), got 5001 in '7 7 7")
+    assert len(err) < 300, err
+    rc, _, err = run_cli(capsys, "generate", run, "1 2", "3 x", "--threads", "1")
+    assert_one_line_error(rc, err, "generate", r"^tformer generate: error: INPUT 2: 'x' in '3 x' is not in "
+                                               r"the vocabulary")
+    lines.write_text("1 2\n" * 600 + "1 y 2\n")  # past the first window of inputs (512)
+    rc, out, err = run_cli(capsys, "generate", run, "--file", lines, "--threads", "1", "--batch-size", "8")
+    assert_one_line_error(rc, err, "generate", rf"--file {lines}:601: 'y' in '1 y 2' is not in")
+    assert len(out.splitlines()) % 128 == 0  # whole windows before it, each line whole
+
+
+def test_stdin_input_errors_name_standard_input_and_line(task_runs, capsys, monkeypatch):
+    stdin_bytes(monkeypatch, b"1 2\n1 z\n")
+    rc, _, err = run_cli(capsys, "generate", task_runs("reverse"), "--file", "-", "--threads", "1")
+    assert_one_line_error(rc, err, "generate", r"--file standard input:2: 'z' in '1 z' is not in")

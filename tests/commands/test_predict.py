@@ -150,3 +150,10 @@ def test_a_synthetic_task_classifier_predicts_one_label_per_input(task_runs, cap
     rows = [json.loads(line) for line in out.splitlines()]
     assert [r["text"] for r in rows] == ["[MAX 1 2 ]", "[MIN 3 4 ]"]
     assert all(r["label"] in r["probabilities"] for r in rows)
+
+
+def test_an_input_a_task_classifier_cannot_read_names_its_file_line(task_runs, capsys, tmp_path):
+    lines = tmp_path / "in.txt"
+    lines.write_text("[MAX 1 2 ]\n[MAX 1 q ]\n")
+    rc, _, err = run_cli(capsys, "predict", task_runs("listops"), "--file", lines, "--threads", "1")
+    assert_one_line_error(rc, err, "predict", rf"--file {lines}:2: 'q' in '\[MAX 1 q \]' is not in")

@@ -75,7 +75,7 @@ def test_generate_prints_one_line_per_input(run_dir, capsys):
     (["eval", "{tmp}"], "is not a checkpoint (missing config.json"),
     (["generate", "{tmp}", "1 2"], "is not a checkpoint"),
     (["generate", "{run}", "3 x 4"], "'x' in '3 x 4' is not in the vocabulary"),
-    (["generate", "{run}", "1" * 40], "this model takes at most"),
+    (["generate", "{run}", "1" * 40], "expected at most 18 tokens with specials"),
     (["train", "--resume", "{run}", "--lr", "0.5"], "lr: cannot change when resuming"),
     (["eval", "{bad}"], "model.safetensors: not a readable safetensors file"),
 ])

@@ -16,9 +16,10 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from tformer.errors import BadInput
 from tformer.kernels.machine import check_threads, free_threads, others_running
 from tformer.text.batches import SORT_WINDOW
-from tformer.text.lines import TextLines
+from tformer.text.lines import STDIN, TextLines
 
 # dest -> the smallest value it takes (options a command does not have are skipped).
 MINIMUMS = {"batch_size": 1, "threads": 1, "top_k": 1, "beam_size": 1, "max_len": 1,
@@ -116,6 +117,18 @@ def input_windows(args: argparse.Namespace, positional: str, metavar: str, batch
     while chunk := list(itertools.islice(texts, step)):
         yield start, chunk
         start += len(chunk)
+
+
+def located(args: argparse.Namespace, positional: str, metavar: str, start: int, error: BadInput
+            ) -> ValueError:
+    """`error` about input `error.index` of the window from input `start` (input_windows), naming
+    where that input came from: its argument (INPUT 2) or its line (--file FILE:LINE; every line
+    is an input, a blank one being an error)."""
+    index, given = start + error.index, len(getattr(args, positional))
+    if index < given:
+        return ValueError(f"{metavar} {index + 1}: {error.reason}")
+    name = "standard input" if args.file == STDIN else args.file
+    return ValueError(f"--file {name}:{index - given + 1}: {error.reason}")
 
 
 def check_count(n: int, metavar: str, minimum: int = 1, maximum: int | None = None, why: str = "") -> None:

@@ -15,6 +15,7 @@ import argparse
 import sys
 
 from tformer.commands._pretrained import add_model_arguments
+from tformer.errors import BadInput
 
 HELP = (
     "draw a model's attention weights for a text: layers x heads heatmaps to a PNG (--out), "
@@ -65,7 +66,10 @@ def run(args: argparse.Namespace) -> int:
         from tformer.runs import load_run
 
         run = load_run(args.model_dir, device=device_of(args))
-        maps = run_maps(run.attention_input(args.text, args.max_length))
+        try:
+            maps = run_maps(run.attention_input(args.text, args.max_length))
+        except BadInput as e:
+            raise ValueError(f"TEXT: {e.reason}") from None
     else:
         maps = bert_maps(args)
     check_options(maps, args.layer, args.head)

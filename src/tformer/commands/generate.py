@@ -17,7 +17,9 @@ from tformer.commands._inputs import (
     check_options,
     device_of,
     input_windows,
+    located,
 )
+from tformer.errors import BadInput
 
 HELP = "run a trained model on inputs (arguments or --file, one per line)"
 
@@ -48,7 +50,11 @@ def run(args: argparse.Namespace) -> int:
     run = load_run(args.run_dir, needs="answers", device=device_of(args))
     check_decoding_options(args, run)
     options = {"beam_size": args.beam_size, "length_penalty": args.length_penalty, "max_len": args.max_len}
-    for _, texts in itertools.chain([first], inputs):
-        for out in run.answers(texts, batch_size=args.batch_size, **options):
+    for start, texts in itertools.chain([first], inputs):
+        try:
+            outs = run.answers(texts, batch_size=args.batch_size, **options)
+        except BadInput as e:
+            raise located(args, "inputs", "INPUT", start, e) from None
+        for out in outs:
             print(out, flush=True)
     return 0

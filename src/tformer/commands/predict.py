@@ -20,7 +20,9 @@ from tformer.commands._inputs import (
     device_of,
     input_windows,
     json_line,
+    located,
 )
+from tformer.errors import BadInput
 
 HELP = "classify texts with a classification run (label per line, or JSONL with probabilities)"
 
@@ -47,8 +49,11 @@ def run(args: argparse.Namespace) -> int:
     for start, chunk in itertools.chain([first], inputs):
         split = [t.partition("\t") if run.pairs else (t, "", "") for t in chunk]  # text, tab, text_pair
         pairs = [pair for _, _, pair in split]
-        answers = run.predict([text for text, _, _ in split], pairs if any(pairs) else None,
-                              batch_size=args.batch_size)
+        try:
+            answers = run.predict([text for text, _, _ in split], pairs if any(pairs) else None,
+                                  batch_size=args.batch_size)
+        except BadInput as e:
+            raise located(args, "inputs", "TEXT", start, e) from None
         for n, (t, answer) in enumerate(zip(chunk, answers, strict=True), start):
             probs = answer["probabilities"]
             if not all(math.isfinite(p) for p in probs.values()):

@@ -6,6 +6,7 @@ padding masks are ``ids != PAD``); the task's symbols follow in the order given.
 
 from __future__ import annotations
 
+from tformer.errors import shown
 from tformer.text.specials import BOS, EOS, PAD, UNK
 
 __all__ = ["BOS", "EOS", "PAD", "SPECIALS", "UNK", "Tokenizer"]
@@ -52,7 +53,7 @@ class Tokenizer:
             if i is None or i < len(SPECIALS):
                 if strict:
                     raise ValueError(
-                        f"input: {tok!r} in {text!r} is not in the vocabulary; "
+                        f"input: {shown(tok)} in {shown(text)} is not in the vocabulary; "
                         f"expected symbols from: {' '.join(self.symbols)}"
                     )
                 i = UNK

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tformer.config import TransformerConfig, bert_layout
+from tformer.errors import BadInput, shown
 from tformer.tasks import Example, Task
 from tformer.tasks.base import sequence_metrics
 from tformer.text.batches import EncodedText
@@ -81,13 +82,16 @@ class TaskSource:
         """Examples of texts a user gives (the task's symbols only: a one-line error else)."""
         if pairs is not None and any(pairs):
             raise ValueError(f"pairs: {self.description} takes single inputs, got pairs")
-        for text in texts:
-            n = len(self.task.tokenizer.encode(text, strict=True))
+        for i, text in enumerate(texts):
+            try:
+                n = len(self.task.tokenizer.encode(text, strict=True))
+            except ValueError as e:
+                raise BadInput(i, str(e).removeprefix("input: ")) from None
             if not n:
-                raise ValueError(f"input: expected at least one symbol, got {text!r}")
+                raise BadInput(i, f"expected at least one symbol, got {text!r}")
             if n + 1 > self.task.max_len:  # with its EOS (or BOS)
-                raise ValueError(f"input: {text!r} is {n + 1} tokens with specials; this model takes "
-                                 f"at most {self.task.max_len}")
+                raise BadInput(i, f"expected at most {self.task.max_len} tokens with specials (this "
+                                  f"model's length), got {n + 1} in {shown(text)}")
         return [Example(text) for text in texts]
 
     def read_examples(self, data: Data) -> list:
