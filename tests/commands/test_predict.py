@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 
@@ -10,6 +11,7 @@ import torch
 from cli_helpers import NOT_LINE_BREAKS, assert_one_line_error, run_cli, stdin_bytes
 from safetensors.torch import load_file, save_file
 
+from tformer.cli import main
 from tformer.storage.checkpoint import check_run_dir
 
 
@@ -157,3 +159,30 @@ def test_an_input_a_task_classifier_cannot_read_names_its_file_line(task_runs, c
     lines.write_text("[MAX 1 2 ]\n[MAX 1 q ]\n")
     rc, _, err = run_cli(capsys, "predict", task_runs("listops"), "--file", lines, "--threads", "1")
     assert_one_line_error(rc, err, "predict", rf"--file {lines}:2: 'q' in '\[MAX 1 q \]' is not in")
+
+
+class _InterruptedOut(io.StringIO):
+    """Standard output on which the k-th write is interrupted (Ctrl-C: KeyboardInterrupt)."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__()
+        self.k = k
+
+    def write(self, s: str) -> int:
+        self.k -= 1
+        if self.k == 0:
+            raise KeyboardInterrupt
+        return super().write(s)
+
+
+@pytest.mark.parametrize("command", ["predict", "generate"])
+def test_ctrl_c_leaves_whole_lines_and_exit_status_130(classification_run, capsys, monkeypatch, command):
+    # print() wrote a row and its newline apart: interrupted between, the output ended in half a row.
+    for k in range(1, 6):  # 5 rows
+        out = _InterruptedOut(k)
+        monkeypatch.setattr("sys.stdout", out)
+        rc = main([command, str(classification_run), "a", "b", "c", "d", "e", "--threads", "1",
+                   *(["--format", "jsonl"] if command == "predict" else [])])
+        assert rc == 130
+        assert out.getvalue().endswith("\n") or not out.getvalue(), (k, out.getvalue())
+        assert f"tformer {command}: interrupted" in capsys.readouterr().err

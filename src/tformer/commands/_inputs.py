@@ -13,7 +13,8 @@ import argparse
 import itertools
 import json
 import math
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from tformer.errors import BadInput
@@ -129,6 +130,15 @@ def located(args: argparse.Namespace, positional: str, metavar: str, start: int,
         return ValueError(f"{metavar} {index + 1}: {error.reason}")
     name = "standard input" if args.file == STDIN else args.file
     return ValueError(f"--file {name}:{index - given + 1}: {error.reason}")
+
+
+def print_lines(lines: Iterable[str]) -> None:
+    """Each line to standard output in one write with its newline, then a flush: a Ctrl-C
+    lands between lines, never between a line and its newline (print() writes them apart, so
+    an interrupted output could end in half a row), and what was printed is out."""
+    for line in lines:
+        sys.stdout.write(f"{line}\n")
+    sys.stdout.flush()
 
 
 def check_count(n: int, metavar: str, minimum: int = 1, maximum: int | None = None, why: str = "") -> None:

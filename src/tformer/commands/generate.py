@@ -18,6 +18,7 @@ from tformer.commands._inputs import (
     device_of,
     input_windows,
     located,
+    print_lines,
 )
 from tformer.errors import BadInput
 
@@ -55,6 +56,5 @@ def run(args: argparse.Namespace) -> int:
             outs = run.answers(texts, batch_size=args.batch_size, **options)
         except BadInput as e:
             raise located(args, "inputs", "INPUT", start, e) from None
-        for out in outs:
-            print(out, flush=True)
+        print_lines(outs)
     return 0

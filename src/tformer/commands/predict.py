@@ -21,6 +21,7 @@ from tformer.commands._inputs import (
     input_windows,
     json_line,
     located,
+    print_lines,
 )
 from tformer.errors import BadInput
 
@@ -54,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
                                   batch_size=args.batch_size)
         except BadInput as e:
             raise located(args, "inputs", "TEXT", start, e) from None
+        rows = []
         for n, (t, answer) in enumerate(zip(chunk, answers, strict=True), start):
             probs = answer["probabilities"]
             if not all(math.isfinite(p) for p in probs.values()):
@@ -61,9 +63,10 @@ def run(args: argparse.Namespace) -> int:
                                  f"{list(probs.values())} for input {n + 1} (the weights are not "
                                  "finite: was its training diverging?)")
             if args.format == "text":
-                print(answer["label"])
+                rows.append(answer["label"])
             else:
                 shown = {name: round(p, 6) for name, p in probs.items()}
-                print(json_line({"text": t, "label": answer["label"], "probabilities": shown},
-                                f"input {n + 1}"))
+                rows.append(json_line({"text": t, "label": answer["label"], "probabilities": shown},
+                                      f"input {n + 1}"))
+        print_lines(rows)
     return 0
