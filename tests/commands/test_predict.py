@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 
 import pytest
@@ -186,3 +187,22 @@ def test_ctrl_c_leaves_whole_lines_and_exit_status_130(classification_run, capsy
         assert rc == 130
         assert out.getvalue().endswith("\n") or not out.getvalue(), (k, out.getvalue())
         assert f"tformer {command}: interrupted" in capsys.readouterr().err
+
+
+def test_inputs_longer_than_the_run_reads_are_cut_with_one_warning_naming_them(classification_run, capsys,
+                                                                                  tmp_path):
+    # A run on your data cut such an input to its maximum length without a word: a label for a
+    # text's first few hundred tokens, given as the label for all of it.
+    from tformer.runs import load_run
+
+    limit = load_run(classification_run).tokenizer.max_length
+    lines = tmp_path / "in.txt"
+    lines.write_text("the cat\n" + "the big dog " * limit + "\nriver road\n" + "a cat " * limit + "\n")
+    rc, out, err = run_cli(capsys, "predict", classification_run, "the dog " * limit, "--file", lines,
+                           "--batch-size", "1", "--threads", "1")  # windows of 16: one warning for all
+    assert rc == 0 and len(out.splitlines()) == 5, err
+    assert re.fullmatch(rf"tformer predict: warning: 3 of 5 inputs are longer than the run's maximum length "
+                        rf"\({limit} tokens; the longest has \d+\), so they were truncated: TEXT 1, "
+                        rf"--file {re.escape(str(lines))}:2, --file {re.escape(str(lines))}:4\n", err), err
+    rc, out, err = run_cli(capsys, "predict", classification_run, "the cat", "--threads", "1")
+    assert rc == 0 and err == ""

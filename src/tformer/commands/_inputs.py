@@ -120,16 +120,24 @@ def input_windows(args: argparse.Namespace, positional: str, metavar: str, batch
         start += len(chunk)
 
 
-def located(args: argparse.Namespace, positional: str, metavar: str, start: int, error: BadInput
-            ) -> ValueError:
-    """`error` about input `error.index` of the window from input `start` (input_windows), naming
-    where that input came from: its argument (INPUT 2) or its line (--file FILE:LINE; every line
-    is an input, a blank one being an error)."""
-    index, given = start + error.index, len(getattr(args, positional))
+def located(args: argparse.Namespace, positional: str, metavar: str, index: int, message: str = ""
+            ) -> str:
+    """Where input `index` (counted over the arguments, then --file's lines) came from: its
+    argument (INPUT 2) or its line (--file FILE:LINE; every line is an input, a blank one being
+    an error), then ": message"."""
+    given = len(getattr(args, positional))
     if index < given:
-        return ValueError(f"{metavar} {index + 1}: {error.reason}")
-    name = "standard input" if args.file == STDIN else args.file
-    return ValueError(f"--file {name}:{index - given + 1}: {error.reason}")
+        where = f"{metavar} {index + 1}"
+    else:
+        where = f"--file {'standard input' if args.file == STDIN else args.file}:{index - given + 1}"
+    return f"{where}: {message}" if message else where
+
+
+def bad_input(args: argparse.Namespace, positional: str, metavar: str, start: int, error: BadInput
+              ) -> ValueError:
+    """`error` about input `error.index` of the window from input `start` (input_windows),
+    naming its argument or line."""
+    return ValueError(located(args, positional, metavar, start + error.index, error.reason))
 
 
 def print_lines(lines: Iterable[str]) -> None:
@@ -139,6 +147,30 @@ def print_lines(lines: Iterable[str]) -> None:
     for line in lines:
         sys.stdout.write(f"{line}\n")
     sys.stdout.flush()
+
+
+class Truncations:
+    """The inputs a run cut to its maximum length, noted a window at a time and told in one
+    warning at the end, naming their arguments or lines (the first few)."""
+
+    SHOWN = 5
+
+    def __init__(self, args: argparse.Namespace, positional: str, metavar: str) -> None:
+        self.args, self.positional, self.metavar = args, positional, metavar
+        self.long: list[tuple[int, int]] = []  # (input index, token count)
+
+    def note(self, start: int, long: list[tuple[int, int]]) -> None:
+        self.long += [(start + i, n) for i, n in long]
+
+    def warn(self, total: int, max_length: int) -> None:
+        if not self.long:
+            return
+        named = [located(self.args, self.positional, self.metavar, i) for i, _ in self.long[: self.SHOWN]]
+        more = ", ..." if len(self.long) > self.SHOWN else ""
+        print(f"tformer {self.args.command}: warning: {len(self.long)} of {total} inputs are longer "
+              f"than the run's maximum length ({max_length} tokens; the longest has "
+              f"{max(n for _, n in self.long)}), so they were truncated: {', '.join(named)}{more}",
+              file=sys.stderr)
 
 
 def check_count(n: int, metavar: str, minimum: int = 1, maximum: int | None = None, why: str = "") -> None:

@@ -11,13 +11,14 @@ import argparse
 import itertools
 
 from tformer.commands._inputs import (
+    Truncations,
     add_device,
     add_threads,
+    bad_input,
     check_decoding_options,
     check_options,
     device_of,
     input_windows,
-    located,
     print_lines,
 )
 from tformer.errors import BadInput
@@ -51,10 +52,14 @@ def run(args: argparse.Namespace) -> int:
     run = load_run(args.run_dir, needs="answers", device=device_of(args))
     check_decoding_options(args, run)
     options = {"beam_size": args.beam_size, "length_penalty": args.length_penalty, "max_len": args.max_len}
+    cut, total = Truncations(args, "inputs", "INPUT"), 0
     for start, texts in itertools.chain([first], inputs):
+        cut.note(start, run.truncated(texts))
+        total += len(texts)
         try:
             outs = run.answers(texts, batch_size=args.batch_size, **options)
         except BadInput as e:
-            raise located(args, "inputs", "INPUT", start, e) from None
+            raise bad_input(args, "inputs", "INPUT", start, e) from None
         print_lines(outs)
+    cut.warn(total, run.tokenizer.max_length if run.tokenizer else 0)
     return 0

@@ -14,13 +14,14 @@ import itertools
 import math
 
 from tformer.commands._inputs import (
+    Truncations,
     add_device,
     add_threads,
+    bad_input,
     check_options,
     device_of,
     input_windows,
     json_line,
-    located,
     print_lines,
 )
 from tformer.errors import BadInput
@@ -47,14 +48,17 @@ def run(args: argparse.Namespace) -> int:
     inputs = input_windows(args, "inputs", "TEXT", args.batch_size)
     first = next(inputs)  # the inputs checked before the run loads
     run = load_run(args.run_dir, needs="predict", device=device_of(args))
+    cut, total = Truncations(args, "inputs", "TEXT"), 0
     for start, chunk in itertools.chain([first], inputs):
         split = [t.partition("\t") if run.pairs else (t, "", "") for t in chunk]  # text, tab, text_pair
         pairs = [pair for _, _, pair in split]
+        cut.note(start, run.truncated([text for text, _, _ in split], [p or None for p in pairs]))
+        total += len(chunk)
         try:
             answers = run.predict([text for text, _, _ in split], pairs if any(pairs) else None,
                                   batch_size=args.batch_size)
         except BadInput as e:
-            raise located(args, "inputs", "TEXT", start, e) from None
+            raise bad_input(args, "inputs", "TEXT", start, e) from None
         rows = []
         for n, (t, answer) in enumerate(zip(chunk, answers, strict=True), start):
             probs = answer["probabilities"]
@@ -69,4 +73,5 @@ def run(args: argparse.Namespace) -> int:
                 rows.append(json_line({"text": t, "label": answer["label"], "probabilities": shown},
                                       f"input {n + 1}"))
         print_lines(rows)
+    cut.warn(total, run.tokenizer.max_length if run.tokenizer else 0)
     return 0

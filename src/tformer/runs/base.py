@@ -73,6 +73,19 @@ class Run(ABC):
         """The run's text tokenizer (tformer.text.tokenizer), or None for a synthetic task."""
         return self.objective.tokenizer
 
+    def truncated(self, texts: list[str], pairs: list[str | None] | None = None) -> list[tuple[int, int]]:
+        """(index, token count) of each text longer than the run reads: cut to its maximum
+        length when it runs (a command warns, naming them). A synthetic task refuses such an
+        input instead (BadInput): none here."""
+        tok = self.tokenizer
+        if tok is None or tok.max_length is None:
+            return []
+        if self.decodes:  # an encoder-decoder reads the text's pieces and EOS (Seq2SeqRun._input_ids)
+            counts = [len(e.ids) + 1 for e in tok.backend.encode_batch(texts, add_special_tokens=False)]
+        else:
+            counts = [e.full for e in tok.encode(texts, pairs)]
+        return [(i, n) for i, n in enumerate(counts) if n > tok.max_length]
+
     @property
     def main_metric(self) -> str:
         return self.objective.main_metric
