@@ -26,3 +26,12 @@ def test_failed_config_save_keeps_the_previous_config(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         TransformerConfig(d_model=128, n_heads=4).save(path)
     assert TransformerConfig.load(path).d_model == 64
+
+
+def test_a_folder_that_refuses_the_temp_file_is_reported_by_the_path_asked_for(tmp_path):
+    # mkstemp's error named ".a.png.x1y2.tmp": on a read-only folder, `attention --out ro/a.png`
+    # said "ro/.a.png.oo4huqdy.tmp: Read-only file system", a file the user never named.
+    target = tmp_path / "missing" / "a.png"
+    with pytest.raises(FileNotFoundError) as caught:
+        write_atomic(target, b"x")
+    assert caught.value.filename == str(target)

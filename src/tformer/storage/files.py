@@ -125,7 +125,7 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
 
 def _fill_temp_dir(path: Path, files: Mapping[str, bytes]) -> Path:
     """A hidden temp directory beside `path` holding `files`, each fsynced."""
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    tmp = Path(_named(path, tempfile.mkdtemp, dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     try:
         os.chmod(tmp, dir_mode())  # mkdtemp's is 0700
         folders = {tmp}
@@ -225,7 +225,7 @@ def replaced_on_success(path: str | Path):
     """Yield a temp path beside `path`; when the block succeeds it is renamed over `path`
     (for writers that need a file name, such as numpy's memmap), else removed."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _named(path, tempfile.mkstemp, dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
         os.chmod(tmp, file_mode())
@@ -238,6 +238,15 @@ def replaced_on_success(path: str | Path):
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def _named(path: Path, make: Callable[..., Any], **kw: Any) -> Any:
+    """make(**kw) (a temp file or folder beside `path`); a refusal (a read-only or missing
+    folder) names `path`, the file the user asked for, not a hidden temp name they never gave."""
+    try:
+        return make(**kw)
+    except OSError as e:
+        raise type(e)(e.errno, e.strerror, str(path)) from None
 
 
 def new_run_dir(name: str) -> Path:
