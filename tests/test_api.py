@@ -116,8 +116,8 @@ def test_a_str_is_one_input_and_empty_inputs_are_refused_as_the_cli_refuses_them
             run.predict(bad)
     with pytest.raises(TypeError, match=r"texts: expected a str or an iterable of str, got bytes"):
         run.predict(b"a cat")
-    assert main(["predict", str(tmp_path / "run"), ""]) == 2  # the command line refuses it too
-    assert "expected a non-empty text" in capsys.readouterr().err
+    assert main(["predict", str(tmp_path / "run"), ""]) == 2  # the command line refuses it too,
+    assert "TEXT 1: expected a text, got ''" in capsys.readouterr().err  # naming the argument
 
 
 def test_one_rule_for_labels_whole_numbers_are_their_integer_text(tmp_path):

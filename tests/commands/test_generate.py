@@ -91,3 +91,10 @@ def test_stdin_input_errors_name_standard_input_and_line(task_runs, capsys, monk
     stdin_bytes(monkeypatch, b"1 2\n1 z\n")
     rc, _, err = run_cli(capsys, "generate", task_runs("reverse"), "--file", "-", "--threads", "1")
     assert_one_line_error(rc, err, "generate", r"--file standard input:2: 'z' in '1 z' is not in")
+
+
+@pytest.mark.parametrize("command,metavar", [("generate", "INPUT"), ("predict", "TEXT")])
+def test_a_blank_argument_is_named_as_the_argument(classification_run, capsys, command, metavar):
+    # It said "texts[0]: expected a non-empty text" (the library's list, not the command line).
+    rc, _, err = run_cli(capsys, command, classification_run, "a cat", " ", "--threads", "1")
+    assert_one_line_error(rc, err, command, rf"error: {metavar} 2: expected a text, got ' '")

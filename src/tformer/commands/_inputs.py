@@ -111,6 +111,10 @@ def input_windows(args: argparse.Namespace, positional: str, metavar: str, batch
     keeps nothing: a blank line fails before any output), then read a window at a time, so
     memory does not grow with its lines."""
     given = list(getattr(args, positional))
+    for i, text in enumerate(given):  # as a blank line is (tformer.text.lines)
+        if not text.strip():
+            raise ValueError(f"{metavar} {i + 1}: expected a text, got {text!r} (every argument is one "
+                             "input)")
     lines = file_lines(args) if getattr(args, "file", None) is not None else None
     check_count(len(given) + (lines.count() if lines is not None else 0), metavar)
     texts = itertools.chain(given, (t for _, t in lines) if lines is not None else ())
