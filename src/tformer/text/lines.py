@@ -15,11 +15,16 @@ silently goes missing. A final newline ends the last line; it does not start a b
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 STDIN = "-"
+CHUNK = 1 << 20  # bytes read at a time from spooled standard input
 
 
 class TextLines:
@@ -27,9 +32,11 @@ class TextLines:
 
     def __init__(self, path: str | Path, option: str) -> None:
         self.name, self.option = str(path), option
-        self._stdin: bytes | None = None
-        if self.name == STDIN:
-            self._stdin = sys.stdin.buffer.read()  # read once: a pipe cannot be read twice
+        self._stdin: BinaryIO | None = None
+        if self.name == STDIN:  # a pipe cannot be read twice: spooled to an unnamed temp file,
+            self._stdin = tempfile.TemporaryFile()  # not memory (it held 5x the input's bytes)
+            shutil.copyfileobj(sys.stdin.buffer, self._stdin, 1 << 20)
+            self._stdin.flush()
         elif Path(path).is_dir():
             raise IsADirectoryError(f"{option} {path}: expected a file of texts, one per line, "
                                     "got a directory")
@@ -38,8 +45,7 @@ class TextLines:
 
     def _raw(self) -> Iterator[bytes]:
         if self._stdin is not None:
-            lines = self._stdin.split(b"\n")
-            yield from lines[:-1] if self._stdin.endswith(b"\n") or not self._stdin else lines
+            yield from _lines_from_start(self._stdin.fileno())
             return
         with open(self.name, "rb") as f:
             for raw in f:  # binary files split at b"\n" only
@@ -72,3 +78,19 @@ class TextLines:
         for raw in self._raw():
             h.update(raw + b"\n")
         return h.hexdigest()[:16]
+
+
+def _lines_from_start(fd: int) -> Iterator[bytes]:
+    """The lines of an open file, without their b"\\n", read from its start by pread: each pass
+    has its own offset, so passes (count, then texts) never disturb each other."""
+    offset, pending = 0, []  # pending: the pieces of a line not ended yet
+    while chunk := os.pread(fd, CHUNK, offset):
+        offset += len(chunk)
+        *ended, tail = chunk.split(b"\n")
+        if ended:
+            ended[0] = b"".join([*pending, ended[0]])
+            pending = []
+            yield from ended
+        pending.append(tail)
+    if last := b"".join(pending):
+        yield last
