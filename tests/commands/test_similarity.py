@@ -21,3 +21,16 @@ def test_out_of_range_options_are_one_line_errors(capsys):
     assert_one_line_error(rc, err, "similarity", r"--batch-size: expected >= 1, got 0")
     rc, _, err = run_cli(capsys, "similarity", st_dir(), "a", "b", "--threads", 0)
     assert_one_line_error(rc, err, "similarity", r"--threads: expected >= 1, got 0")
+
+
+def test_long_texts_are_named_as_the_matrix_names_them_and_where_they_came_from(capsys, tmp_path):
+    # The warning said "2 of 3 texts are longer ...", not which; --no-truncate said "texts[1]".
+    long = " ".join(["cat"] * 100)
+    f = tmp_path / "t.txt"
+    f.write_text(f"a dog\n{long}\n")
+    rc, out, err = run_cli(capsys, "similarity", st_dir(), long, "--file", f)
+    assert rc == 0 and out.count("\n") == 3 + 1 + 3, err
+    assert err.count("\n") == 1 and err.startswith("tformer similarity: warning: 2 of 3 texts are longer"), err
+    assert f"so they were truncated: [0] (TEXT 1), [2] (--file {f}:2)" in err
+    rc, _, err = run_cli(capsys, "similarity", st_dir(), "a cat", "--file", f, "--no-truncate")
+    assert_one_line_error(rc, err, "similarity", rf"error: --file {f}:2: expected at most \d+ tokens")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-from tformer.commands._inputs import check_options, input_texts
+from tformer.commands._inputs import check_options, input_texts, located
 from tformer.commands._pretrained import (
     add_model_arguments,
     load_sentence_encoder,
@@ -39,9 +40,23 @@ def run(args: argparse.Namespace) -> int:
     texts = input_texts(args, "texts", "TEXT", minimum=2, maximum=MAX_TEXTS,
                         why=" (the matrix is printed; for more, use `tformer search` or "
                             "`tformer embed --out`)")
+    from tformer.text.tokenizer import TextTooLong
+
+    long: list[tuple[int, int]] = []  # (index, token count) of the texts cut to the model's length
     with one_line_warnings("similarity"):
         st = load_sentence_encoder(args)
-        emb = st.encode(texts, batch_size=args.batch_size, truncation=not args.no_truncate)
+        try:
+            emb = st.encode(texts, batch_size=args.batch_size, truncation=not args.no_truncate,
+                            on_long=lambda indices, counts: long.extend(zip(indices, counts, strict=True)))
+        except TextTooLong as e:
+            raise ValueError(located(args, "texts", "TEXT", e.index, e.expected())) from None
+    if long:  # named as the matrix names them, and where each came from
+        named = ", ".join(f"[{i}] ({located(args, 'texts', 'TEXT', i)})" for i, _ in long[:5])
+        longest = max(n for _, n in long)
+        print(f"tformer similarity: warning: {len(long)} of {len(texts)} texts are longer than the model's "
+              f"maximum length ({st.tokenizer.max_length} tokens; the longest has {longest}), "
+              f"so they were truncated: {named}{', ...' if len(long) > 5 else ''} (--no-truncate refuses "
+              "instead)", file=sys.stderr)
     sims = cosine_matrix(emb)
     for i, text in enumerate(texts):
         print(f"[{i}] {short(text)}")
