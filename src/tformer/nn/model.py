@@ -251,11 +251,9 @@ class Decoder(nn.Module):
         # Bm memory rows may serve B = g * Bm target rows (beam search; MultiHeadAttention).
         memory_mask = make_mask(memory_attention_mask, None, bm, t, s, device=h.device,
                                 name="memory_attention_mask")
-        # What padding held (a NaN too) reaches no real token (Mask.zero_padded_keys); with a
-        # cache the memory was read at step 0.
-        if self_mask is not None:
-            h = self_mask.zero_padded_keys(h)
-        if memory is not None and memory_mask is not None and not past_key_values:
+        # What padding held (a NaN too) reaches no real token (Mask.zero_padded_keys).
+        h = h if self_mask is None else self_mask.zero_padded_keys(h)
+        if memory is not None and memory_mask is not None and not past_key_values:  # (step 0)
             memory = memory_mask.zero_padded_keys(memory)
 
         hidden = [h] if output_hidden_states else None
@@ -332,16 +330,12 @@ class Seq2SeqTransformer(nn.Module):
         """(B, T) target ids (the new ones when a cache is given) -> logits (B, T, V)."""
         check_token_ids(tgt_ids, self.config.target_vocab_size, "tgt_ids")
         y = self.target_embedding(tgt_ids) * self.config.embedding_scale  # (B, T, D)
-        out = self.decoder(
-            y, memory, tgt_attention_mask, memory_attention_mask, past_key_values, use_cache,
-            output_attentions,
-        )
+        out = self.decoder(y, memory, tgt_attention_mask, memory_attention_mask, past_key_values,
+                           use_cache, output_attentions)
         h = out.last_hidden_state
         weight = self.lm_head.weight if self.lm_head is not None else self.target_embedding.weight
         logits = kernels.linear_weights(h, weight)  # (B, T, V): tied to the embedding (§3.4) or not
-        return Seq2SeqOutput(
-            logits, out.past_key_values, None, out.attentions, out.cross_attentions
-        )
+        return Seq2SeqOutput(logits, out.past_key_values, None, out.attentions, out.cross_attentions)
 
     def forward(
         self,
@@ -359,10 +353,8 @@ class Seq2SeqTransformer(nn.Module):
             returns Seq2SeqOutput with logits (B, T, V)
         """
         memory = self.encode(src_ids, src_attention_mask).last_hidden_state  # (B, S, D)
-        out = self.decode(
-            tgt_ids, memory, src_attention_mask, tgt_attention_mask,
-            output_attentions=output_attentions,
-        )
+        out = self.decode(tgt_ids, memory, src_attention_mask, tgt_attention_mask,
+                          output_attentions=output_attentions)
         out.encoder_last_hidden_state = memory
         return out
 
