@@ -36,6 +36,8 @@ def test_the_verdict_behind_beats_baseline_is_said(classification_run, capsys):
     assert rc == 0 and json.loads(out.splitlines()[-1])["beats_baseline"] is False
     assert err.startswith("tformer eval: warning: the test scored 3 example(s), too few to tell whether "
                           "the model learned")
+    # eval's own way to more examples, not training's (--test / --data of train)
+    assert err.rstrip().endswith("a larger --limit or --data file") and "--test" not in err
 
 
 def test_a_non_finite_metric_is_refused_not_printed_as_nan(classification_run, capsys, tmp_path):

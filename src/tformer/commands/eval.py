@@ -37,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tformer.runs import load_run
     from tformer.training.report import append_jsonl, baseline_verdict, sample_table, with_baseline
+    from tformer.verdict import MIN_VERDICT_EXAMPLES
 
     check_options(args)
     if args.data is not None and args.split is not None:  # one of the two would be ignored
@@ -63,7 +64,9 @@ def run(args: argparse.Namespace) -> int:
     line = json_line(record, f"RUN_DIR {args.run_dir}: metrics {metrics}")
     print(f"{split} {key}: {metrics[key]:.4f}")
     print(line)
-    verdict = baseline_verdict(record)  # what beats_baseline means here (too few examples: no verdict)
+    # What beats_baseline means here (too few examples: no verdict, and eval's own way to more).
+    more = f"score {MIN_VERDICT_EXAMPLES} or more: a larger --limit or --data file"
+    verdict = baseline_verdict(record, more)
     if verdict:
         print(f"tformer eval: {verdict}", file=sys.stderr)
     if args.data is not None:

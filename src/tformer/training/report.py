@@ -208,9 +208,13 @@ def with_baseline(record: dict[str, Any], key: str, baseline: dict[str, Any]) ->
             "beats_baseline": beats_baseline(record[key], baseline["baseline"], key) and not too_few(record)}
 
 
-def baseline_verdict(record: dict[str, Any]) -> str | None:
+TRAIN_MORE_EXAMPLES = f"give a --test file of {MIN_VERDICT_EXAMPLES} or more, or more --data"
+
+
+def baseline_verdict(record: dict[str, Any], more_examples: str = TRAIN_MORE_EXAMPLES) -> str | None:
     """One line on whether a test record beat its baseline: "the model learned: ..." or
-    "warning: the model did not learn: ..."; None for a record without a baseline (older runs)."""
+    "warning: the model did not learn: ..."; None for a record without a baseline (older runs).
+    ``more_examples``: how to score enough examples for a verdict, in the caller's options."""
     key = record.get("main_metric")
     if key is None or record.get("baseline") is None or key not in record:
         return None
@@ -222,8 +226,8 @@ def baseline_verdict(record: dict[str, Any]) -> str | None:
     test = record.get("data") or record.get("split") or "test"
     if too_few(record):
         return (f"warning: the {test} scored {record['examples']} example(s), too few to tell whether the "
-                f"model learned ({test} {name} {ours}; the baseline of {by}: {name} {theirs}); give a --test "
-                f"file of {MIN_VERDICT_EXAMPLES} or more, or more --data")
+                f"model learned ({test} {name} {ours}; the baseline of {by}: {name} {theirs}); "
+                f"{more_examples}")
     if record["baseline"] >= PERFECT.get(key, float("inf")) and record[key] >= record["baseline"]:
         scored = f"{test} split" if test in ("test", "validation") else "file"
         return (f"the model matched a perfect baseline: {test} {name} {ours}, as {by} scores ({name} "
