@@ -34,3 +34,10 @@ def test_long_texts_are_named_as_the_matrix_names_them_and_where_they_came_from(
     assert f"so they were truncated: [0] (TEXT 1), [2] (--file {f}:2)" in err
     rc, _, err = run_cli(capsys, "similarity", st_dir(), "a cat", "--file", f, "--no-truncate")
     assert_one_line_error(rc, err, "similarity", rf"error: --file {f}:2: expected at most \d+ tokens")
+
+
+def test_a_blank_argument_is_refused_naming_it(capsys):
+    # It was embedded ([CLS] [SEP] alone) and given a row, where predict and generate refuse it.
+    rc, out, err = run_cli(capsys, "similarity", st_dir(), "a cat", "")
+    assert_one_line_error(rc, err, "similarity", r"error: TEXT 2: expected a text, got ''")
+    assert out == ""

@@ -90,11 +90,22 @@ def file_lines(args: argparse.Namespace) -> TextLines | None:
     return TextLines(args.file, "--file") if args.file is not None else None
 
 
+def _given(args: argparse.Namespace, positional: str, metavar: str) -> list[str]:
+    """The texts given as arguments, a blank one refused naming it, as a blank line is
+    (tformer.text.lines)."""
+    given = list(getattr(args, positional))
+    for i, text in enumerate(given):
+        if not text.strip():
+            raise ValueError(f"{metavar} {i + 1}: expected a text, got {text!r} (every argument is one "
+                             "input)")
+    return given
+
+
 def input_texts(args: argparse.Namespace, positional: str, metavar: str, minimum: int = 1,
                 maximum: int | None = None, why: str = "") -> list[str]:
     """The texts given as arguments (``args.<positional>``), then --file's lines; past
     ``maximum`` refused (saying ``why``) before the file is held: counted as it is read."""
-    texts = list(getattr(args, positional))
+    texts = _given(args, positional, metavar)
     lines = file_lines(args) if getattr(args, "file", None) is not None else None
     if maximum is not None:
         check_count(len(texts) + (lines.count() if lines else 0), metavar, minimum, maximum, why)
@@ -110,11 +121,7 @@ def input_windows(args: argparse.Namespace, positional: str, metavar: str, batch
     given as arguments, then of --file's lines. The file is checked whole first (one pass that
     keeps nothing: a blank line fails before any output), then read a window at a time, so
     memory does not grow with its lines."""
-    given = list(getattr(args, positional))
-    for i, text in enumerate(given):  # as a blank line is (tformer.text.lines)
-        if not text.strip():
-            raise ValueError(f"{metavar} {i + 1}: expected a text, got {text!r} (every argument is one "
-                             "input)")
+    given = _given(args, positional, metavar)
     lines = file_lines(args) if getattr(args, "file", None) is not None else None
     check_count(len(given) + (lines.count() if lines is not None else 0), metavar)
     texts = itertools.chain(given, (t for _, t in lines) if lines is not None else ())
