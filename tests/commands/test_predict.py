@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import re
@@ -206,3 +207,19 @@ def test_inputs_longer_than_the_run_reads_are_cut_with_one_warning_naming_them(c
                         rf"--file {re.escape(str(lines))}:2, --file {re.escape(str(lines))}:4\n", err), err
     rc, out, err = run_cli(capsys, "predict", classification_run, "the cat", "--threads", "1")
     assert rc == 0 and err == ""
+
+
+class _FullDiskOut(io.StringIO):
+    """Standard output redirected to a file on a full disk."""
+
+    def write(self, s: str) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("command", ["predict", "generate"])
+def test_a_full_disk_under_standard_output_is_named(classification_run, capsys, monkeypatch, command):
+    # It said only "No space left on device", naming nothing.
+    monkeypatch.setattr("sys.stdout", _FullDiskOut())
+    rc = main([command, str(classification_run), "a", "b", "--threads", "1"])
+    err = capsys.readouterr().err
+    assert rc == 1 and err == f"tformer {command}: error: standard output: No space left on device\n", err

@@ -155,9 +155,16 @@ def print_lines(lines: Iterable[str]) -> None:
     """Each line to standard output in one write with its newline, then a flush: a Ctrl-C
     lands between lines, never between a line and its newline (print() writes them apart, so
     an interrupted output could end in half a row), and what was printed is out."""
-    for line in lines:
-        sys.stdout.write(f"{line}\n")
-    sys.stdout.flush()
+    try:
+        for line in lines:
+            sys.stdout.write(f"{line}\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise  # the reader went away: tformer.cli says nothing
+    except OSError as e:
+        if e.errno is not None and not e.filename:  # a full disk under `> out.txt`: name it
+            e.filename = "standard output"
+        raise
 
 
 class Truncations:
