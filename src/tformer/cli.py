@@ -7,6 +7,7 @@ and `run(args) -> int`, so commands import their heavy dependencies only when us
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
 import os
 import sys
@@ -80,6 +81,31 @@ def _os_error(e: OSError) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; its exit status. Called without `argv` (the `tformer` script, `python -m
+    tformer`) it is the whole process and ends it itself (``exit_now``)."""
+    rc = _command(argv)
+    if argv is None:
+        exit_now(rc)
+    return rc
+
+
+def exit_now(rc: int) -> None:
+    """End the process with status `rc` without tearing the interpreter down: Python's own exit
+    frees every module and collects all garbage, which with torch, tokenizers and matplotlib
+    loaded took 6 s after a 60 s training run on a busy 2-core machine, past its budget. What
+    an exit owes still happens: the atexit functions (temporary files', tqdm's, torch.distributed's
+    and multiprocessing's cleanups), then the standard streams are flushed."""
+    try:
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+    except BrokenPipeError:  # the reader went away: nothing more to say to it
+        pass
+    finally:
+        os._exit(rc)
+
+
+def _command(argv: list[str] | None) -> int:
     started = command_started(argv)
     parser, commands = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -158,4 +184,4 @@ def _quiet_stdout() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -265,3 +265,19 @@ def test_a_timed_run_says_its_pace_early_and_when_it_buys_few_updates():
     assert pace(budget(0.004, 8.0), 3) == "pace: 4 ms a step, about 2,003 updates in the budget"
     few = pace(budget(3.2, 60.0), 3)
     assert few.startswith("pace: 3,200 ms a step, about 21 updates in the budget; few to learn from")
+
+
+def test_the_curves_are_drawn_before_the_final_test(tmp_path, monkeypatch):
+    """curves.png shows training and validation only: drawn before the test, whose deadline then
+    counts its time, so a timed run's end keeps back only what follows the test."""
+    from tformer.training import loop
+    from tformer.training.objectives.base import Objective
+
+    order = []
+    plot, evaluate = loop.plot_curves, Objective.evaluate
+    monkeypatch.setattr(loop, "plot_curves", lambda *a: (order.append("curves"), plot(*a))[1])
+    monkeypatch.setattr(Objective, "evaluate",
+                        lambda self, model, split, *a, **k: (order.append(split),
+                                                             evaluate(self, model, split, *a, **k))[1])
+    out, _ = _train(tmp_path, classification_rows(), ".jsonl")
+    assert order[-2:] == ["curves", "test"] and (out / "curves.png").is_file()

@@ -270,6 +270,10 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     if writer:
         bar.status("saving")
         _checkpoint(run_dir, model, optimizer, config, state, best=False)
+        # The curves show training and validation only: drawn before the test, whose deadline
+        # then counts their time (importing matplotlib and drawing took 4.5 s after a 60 s run's
+        # test on a busy 2-core machine, which kept 2 s back for everything after it).
+        plot_curves(metrics_path, run_dir / "curves.png", key)
     tested_step = state["step"]
     if (run_dir / "best.safetensors").is_file():
         load_weights(model, run_dir / "best.safetensors")  # test the best validated weights
@@ -298,7 +302,6 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
         log(verdict)
     reporter.write(record)
     reporter.close()
-    plot_curves(metrics_path, run_dir / "curves.png", key)
     objective.save_outputs(model, run_dir, shown)
     log(f"wrote {run_dir}/ (checkpoint, metrics.jsonl, curves.png)")
     return record
