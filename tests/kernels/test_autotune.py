@@ -149,8 +149,9 @@ def test_the_fastest_round_decides_and_a_noisy_measurement_is_taken_again():
 
 
 def test_kernel_choices_stop_measuring_when_their_allowance_is_spent(monkeypatch):
-    """A timed run bounds what its kernel choices cost: past the allowance a new shape class
-    runs the default (the first candidate), remembered nowhere, so a later run measures it."""
+    """A timed run bounds what its kernel choices cost: a measurement that reaches the end of the
+    allowance is abandoned there (one took 4.6 s of a run allowed 3 s), and past it a new shape
+    class runs the default (the first candidate), remembered nowhere, so a later run measures it."""
     clock = {"now": 0.0}
 
     def measure(call):
@@ -162,9 +163,13 @@ def test_kernel_choices_stop_measuring_when_their_allowance_is_spent(monkeypatch
     monkeypatch.setattr(autotune, "time", SimpleNamespace(perf_counter=lambda: clock["now"],
                                                           strftime=time.strftime))
     with autotune.measuring(5.0):
-        assert autotune.choose("k", "first", candidates, measure) == "fast"  # measured: 12 s
+        assert autotune.choose("k", "first", candidates, measure) == "default"  # 12 s to measure
+        assert clock["now"] <= 6.0  # given up at the allowance's end, one measurement past it
         assert autotune.choose("k", "second", candidates, measure) == "default"  # none left
-        assert autotune.choose("k", "first", candidates, measure) == "fast"  # known still
-    assert autotune.known("k", "second") is None  # not remembered as measured
+    assert autotune.known("k", "first") is None and autotune.known("k", "second") is None
     autotune._defaults.clear()
+    with autotune.measuring(20.0):
+        assert autotune.choose("k", "first", candidates, measure) == "fast"  # measured: 12 s
+    with autotune.measuring(0.0):
+        assert autotune.choose("k", "first", candidates, measure) == "fast"  # known still
     assert autotune.choose("k", "second", candidates, measure) == "fast"  # no limit: measured

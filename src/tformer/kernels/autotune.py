@@ -98,7 +98,8 @@ def choose(name: str, shape_class: str, candidates: Candidates | Callable[[], Ca
         t = time.perf_counter()
         try:
             return decide(candidates() if callable(candidates) else candidates,
-                          measure or (lambda call: _time_once(call, device)))
+                          measure or (lambda call: _time_once(call, device)),
+                          deadline=t + _allowance["left"])
         finally:
             _allowance["left"] -= time.perf_counter() - t
 
@@ -106,12 +107,15 @@ def choose(name: str, shape_class: str, candidates: Candidates | Callable[[], Ca
     if key in _defaults:
         return _defaults[key]
     choices = None if callable(candidates) else set(candidates)
-    if _allowance["left"] <= 0 and known(name, shape_class, choices, device) is None:
-        # Nothing left to measure with: the default, for this process only (a run with time
-        # to spare measures it later).
-        _defaults[key] = next(iter(candidates() if callable(candidates) else candidates))
-        return _defaults[key]
-    return recall(name, shape_class, decide_now, choices, device)["choice"]
+    if _allowance["left"] > 0 or known(name, shape_class, choices, device) is not None:
+        try:
+            return recall(name, shape_class, decide_now, choices, device)["choice"]
+        except OutOfTime:
+            pass  # the measurement was abandoned half-way: nothing is remembered of it
+    # Nothing left to measure with: the default, for this process only (a run with time to
+    # spare measures it later).
+    _defaults[key] = next(iter(candidates() if callable(candidates) else candidates))
+    return _defaults[key]
 
 
 @contextlib.contextmanager
@@ -163,19 +167,30 @@ def _memory_key(name: str, shape_class: str, device: torch.device) -> str:
     return key if device.type == "cpu" else f"{device} | {key}"
 
 
-def decide(candidates: dict[str, Callable[[], Any]], measure: Callable[[Callable[[], Any]], float]
-           ) -> dict[str, Any]:
+class OutOfTime(Exception):
+    """A measurement reached its deadline before its end (``decide``)."""
+
+
+def decide(candidates: dict[str, Callable[[], Any]], measure: Callable[[Callable[[], Any]], float],
+           deadline: float = math.inf) -> dict[str, Any]:
     """Time every candidate (interleaved rounds, the fastest of each: other work on the machine
     only ever adds time); rounds whose spread says the machine was busy are measured again
-    once. The default (first) wins ties."""
+    once. The default (first) wins ties. Past `deadline` (a time.perf_counter() reading) it
+    gives up, raising OutOfTime: on a busy machine one decision took 4.6 s of a timed run
+    whose measurements were allowed 3 s in all (``measuring``)."""
+    def timed(call: Callable[[], Any]) -> float:
+        if time.perf_counter() > deadline:
+            raise OutOfTime
+        return measure(call)
+
     names = list(candidates)
     for n in names:
-        measure(candidates[n])  # warm-up: kernel creation, first-touch allocation
+        timed(candidates[n])  # warm-up: kernel creation, first-touch allocation
     times: dict[str, list[float]] = {n: [] for n in names}
     for _ in range(2):
         for _ in range(ROUNDS):
             for n in names:
-                times[n].append(measure(candidates[n]))
+                times[n].append(timed(candidates[n]))
         if not noisy(times):
             break
     fastest = {n: min(t) for n, t in times.items()}

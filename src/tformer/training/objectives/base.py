@@ -32,6 +32,10 @@ from tformer.training.sources import Data, FileSource, TaskSource
 # this many examples of the validation split; the test split is always scored whole.
 EVAL_SAMPLE = 500
 PREDICT_BATCH = 64  # examples per forward when predicting
+# Under a deadline the first batch, which runs to its end whatever the time, holds this many: an
+# untrained decoder's 64 outputs run to the length limit (13 s past a 60 s run's deadline on a
+# busy 2-core machine).
+FIRST_BATCH_UNDER_DEADLINE = 8
 
 Source = TaskSource | FileSource
 Progress = Callable[[int, int], None]  # (examples done, examples in all)
@@ -155,9 +159,10 @@ class Objective(ABC):
         a batch pads little and its rows finish decoding together. With a `deadline` (a
         time.perf_counter() reading) the examples keep their order and no batch starts that
         would end past it, by the last batch's time: the predictions of a prefix of examples.
-        The first batch always runs to its end; a later one that the deadline cuts (a decoder's
-        outputs stopped before their end: ``DeadlinePassed``) is left out, so that every scored
-        prediction is one the model finished. `progress(done, total)` is called after each batch."""
+        The first batch always runs to its end (under a deadline it is a small one:
+        FIRST_BATCH_UNDER_DEADLINE); a later one that the deadline cuts (a decoder's outputs
+        stopped before their end: ``DeadlinePassed``) is left out, so that every scored prediction
+        is one the model finished. `progress(done, total)` is called after each batch."""
         out: list = []
         batch_seconds = 0.0
         device = model_device(model)
@@ -168,12 +173,14 @@ class Objective(ABC):
                 if deadline is None:
                     order.sort(key=lambda i: encoded[i].cost)
                 preds: list = [None] * len(encoded)
-                for i in range(0, len(order), batch_size):
+                i = 0
+                while i < len(order):
                     first = not out and not i
                     if not first and deadline is not None and time.perf_counter() + batch_seconds > deadline:
                         return out + preds[:i]  # the order was kept: a prefix
                     t = time.perf_counter()
-                    rows = order[i : i + batch_size]
+                    size = min(batch_size, FIRST_BATCH_UNDER_DEADLINE) if first and deadline else batch_size
+                    rows = order[i : i + size]
                     batch = self.collate([encoded[r] for r in rows]).to(device)
                     try:
                         predicted = self.predict_batch(model, batch,
@@ -185,6 +192,7 @@ class Objective(ABC):
                     batch_seconds = time.perf_counter() - t
                     if progress is not None:
                         progress(len(out) + i + len(rows), len(examples))
+                    i += len(rows)
                 out += preds
         return out
 
