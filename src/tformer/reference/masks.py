@@ -16,6 +16,7 @@ _ADDITIVE_BLOCKED = -1e4
 
 def from_key_padding_mask(key_padding_mask: np.ndarray) -> np.ndarray:
     """PyTorch's ``key_padding_mask`` (True = pad) -> ``attention_mask`` (True = real)."""
+    key_padding_mask = np.asarray(key_padding_mask)
     if key_padding_mask.dtype != np.bool_:
         raise TypeError(
             f"key_padding_mask: expected a bool array (True = pad), got {key_padding_mask.dtype}"
@@ -43,6 +44,7 @@ def _check_zero_one(mask: np.ndarray, name: str) -> None:
 
 def from_additive_mask(mask: np.ndarray) -> np.ndarray:
     """Additive float mask (0 = attend, -inf or very negative = blocked) -> bool."""
+    mask = np.asarray(mask)
     if not np.issubdtype(mask.dtype, np.floating):
         raise TypeError(f"mask: expected a float additive mask, got {mask.dtype}")
     blocked = mask <= _ADDITIVE_BLOCKED
