@@ -4,7 +4,9 @@ Inputs users bring:
 - ``attention_mask`` (B, S): True/1 = real token, False/0 = padding (HuggingFace's polarity).
 - ``attn_mask`` broadcastable to (B, T, S): True = query t may attend key s.
 Converters take the other conventions at the boundary: PyTorch's ``key_padding_mask``
-(True = pad) and additive float masks (0 = attend, -inf = blocked).
+(True = pad) and additive float masks (0 = attend, -inf = blocked). PyTorch's boolean
+``attn_mask`` of nn.MultiheadAttention / nn.Transformer is True = blocked too: pass ``~attn_mask``
+(F.scaled_dot_product_attention's is True = may attend, as ours).
 
 ``make_mask`` turns them, once, into a ``Mask``: the one object layers, pooling and the
 classifier consume. It holds what attention needs (``allowed``, and lazily the rows that may
@@ -31,6 +33,8 @@ def from_key_padding_mask(key_padding_mask: Tensor) -> Tensor:
     if key_padding_mask.dtype != torch.bool:
         raise TypeError(
             f"key_padding_mask: expected a bool tensor (True = pad), got {key_padding_mask.dtype}"
+            + ("; a float one is additive: convert it with from_additive_mask"
+               if key_padding_mask.is_floating_point() else "")
         )
     return ~key_padding_mask
 

@@ -20,6 +20,8 @@ def from_key_padding_mask(key_padding_mask: np.ndarray) -> np.ndarray:
     if key_padding_mask.dtype != np.bool_:
         raise TypeError(
             f"key_padding_mask: expected a bool array (True = pad), got {key_padding_mask.dtype}"
+            + ("; a float one is additive: convert it with from_additive_mask"
+               if np.issubdtype(key_padding_mask.dtype, np.floating) else "")
         )
     return ~key_padding_mask
 
