@@ -256,3 +256,17 @@ def test_edge_shapes_backward_match_torch(d_model, n_heads, lengths, norm_first)
                 assert np.abs(grads[key]).max() <= 1e-12, (name, key)
             else:
                 assert relative_error(grads[key], p.grad) <= GRAD_RTOL, (name, key)
+
+
+def test_decoder_names_a_cache_of_the_wrong_depth_as_torch_does():
+    """past_key_values holding fewer layers than the decoder: one line naming it, in NumPy as
+    in PyTorch (it was an IndexError, and extra layers were silently ignored)."""
+    config = _config(vocab_size=None)
+    theirs, ours = _pair("Decoder", config)
+    x, memory = np.ones((1, 1, 16)), np.ones((1, 3, 16))
+    past = ours(x, memory, use_cache=True).past_key_values
+    torch_past = theirs(torch.from_numpy(x), torch.from_numpy(memory), use_cache=True).past_key_values
+    for model, cache, to in ((ours, past, np.asarray), (theirs, torch_past, torch.from_numpy)):
+        for wrong in (cache[:1], cache + cache[:1]):
+            with pytest.raises(ValueError, match=r"^past_key_values: expected 2 layers, got [13]$"):
+                model(to(x), to(memory), past_key_values=wrong)
