@@ -122,3 +122,20 @@ def test_pytorch_masks_convert_as_model_md_says():
     for impl, to in ((masks, torch.tensor), (np_masks, np.array)):
         with pytest.raises(TypeError, match="; a float one is additive: convert it with from_additive_mask$"):
             impl.from_key_padding_mask(to([[0.0, float("-inf")]]))
+
+
+@pytest.mark.parametrize("impl", [masks, np_masks], ids=["torch", "reference"])
+def test_a_float_zero_one_mask_is_pointed_to_from_hf_attention_mask(impl):
+    """A float 1/0 mask (HF's polarity) passed as a model mask, or to from_additive_mask, is
+    pointed to the converter that takes it (it was told to use from_additive_mask, which then
+    called it a bias)."""
+    to = torch.tensor if impl is masks else np.array
+    hf = to([[1.0, 1.0, 0.0]])
+    with pytest.raises(TypeError, match=r"convert a 0/1 float mask with .*\.from_hf_attention_mask, "
+                                        r"an additive one with from_additive_mask$"):
+        impl.make_mask(hf, None, 1, 3, 3)
+    with pytest.raises(ValueError, match=r"^mask: expected an additive mask .*got one of only 0 and 1 "
+                                         r"\(1 = attend\): convert it with from_hf_attention_mask$"):
+        impl.from_additive_mask(hf)
+    assert impl.from_hf_attention_mask(hf).tolist() == [[True, True, False]]
+    assert impl.from_additive_mask(to([[0.0, 0.0, 0.0]])).tolist() == [[True, True, True]]

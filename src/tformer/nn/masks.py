@@ -67,6 +67,9 @@ def from_additive_mask(mask: Tensor) -> Tensor:
         raise TypeError(f"mask: expected a float additive mask, got {mask.dtype}")
     blocked = mask <= _ADDITIVE_BLOCKED
     if not bool(((mask == 0) | blocked).all()):
+        if bool(((mask == 0) | (mask == 1)).all()):  # HF's polarity, not an additive mask
+            raise ValueError("mask: expected an additive mask (0 = attend, -inf = blocked), got "
+                             "one of only 0 and 1 (1 = attend): convert it with from_hf_attention_mask")
         raise ValueError(
             "mask: an additive mask must hold only 0 (attend) and -inf or <= -1e4 (blocked); "
             "this one holds other values (a bias), which a boolean mask cannot express"
@@ -92,7 +95,8 @@ def as_bool(mask: Tensor, name: str) -> Tensor:
     if mask.is_floating_point():
         raise TypeError(
             f"{name}: expected a bool or 0/1 integer mask (True = may attend), got {mask.dtype}; "
-            "convert additive masks with tformer.nn.masks.from_additive_mask"
+            "convert a 0/1 float mask with tformer.nn.masks.from_hf_attention_mask, an additive "
+            "one with from_additive_mask"
         )
     _check_zero_one(mask, name)
     return mask != 0
