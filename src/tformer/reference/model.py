@@ -310,6 +310,7 @@ class Decoder(Module):
         h, drop_cache = self.dropout.forward_train(h, rng)
         memory = np.asarray(memory)
         check_embeddings(memory, c.d_model, "memory")
+        memory = memory.astype(self.dtype, copy=False)  # as in forward
         b, t, _ = h.shape
         self_mask = make_mask(attention_mask, None, b, t, t, causal=True)
         memory_mask = make_mask(memory_attention_mask, None, b, t, memory.shape[1],
