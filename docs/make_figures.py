@@ -196,7 +196,8 @@ def main() -> None:
     args = parser.parse_args()
     root, only = Path(args.runs), set(args.only.split(","))
     root.mkdir(parents=True, exist_ok=True)
-    train_all({**(NORM_RUNS if "norm" in only else {}), **TASK_RUNS}, root)  # two at a time
+    tasks = TASK_RUNS if only & {"attention", "page"} else {}  # positions need no run
+    train_all({**(NORM_RUNS if "norm" in only else {}), **tasks}, root)  # two at a time
     np.set_printoptions(precision=3, suppress=True)
     if "positions" in only:
         positions_figures()

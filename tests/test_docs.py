@@ -49,3 +49,20 @@ def test_blocks_pairs_code_with_the_output_right_after_it():
     first, second = tour_runner.blocks(text)
     assert (first.code, first.line, first.output) == ("print(1)\n", 3, "1\n")
     assert (second.code, second.output) == ("x = 2\n", None)  # prose between: not its output
+
+
+@pytest.mark.parametrize(("only", "needs"), [("positions", ()), ("norm", ("NORM_RUNS",)),
+                                            ("attention", ("TASK_RUNS",))])
+def test_make_figures_trains_only_the_runs_its_figures_need(only, needs, tmp_path, monkeypatch):
+    """`make_figures.py --only positions` trained reverse and copy (16 minutes) for pictures
+    that need no run."""
+    spec = importlib.util.spec_from_file_location("make_figures", DOCS / "make_figures.py")
+    make_figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_figures)
+    trained = set()
+    monkeypatch.setattr(make_figures, "train_all", lambda runs, root: trained.update(runs) or {})
+    for figure in ("positions_figures", "attention_figures", "page_screenshot", "norm_figure"):
+        monkeypatch.setattr(make_figures, figure, lambda *a: None)
+    monkeypatch.setattr(sys, "argv", ["make_figures.py", "--runs", str(tmp_path), "--only", only])
+    make_figures.main()
+    assert trained == {name for runs in needs for name in getattr(make_figures, runs)}

@@ -96,3 +96,46 @@ def test_hf_extended_additive_mask_is_an_attn_mask(impl):
         impl.make_mask(None, to(np.ones((2, 2, 4, 4), dtype=bool)), 2, 4, 4)
     with pytest.raises(ValueError, match=r"attention_mask: .*got \(2, 1, 1, 4\); pass a \(B, 1, T, S\) mask as attn_mask"):
         impl.make_mask(to(real[:, None, None, :]), None, 2, 4, 4)
+
+
+def test_pytorch_masks_convert_as_model_md_says():
+    """nn.MultiheadAttention's bool attn_mask (True = blocked) is ~attn_mask; its float masks
+    (generate_square_subsequent_mask, a float key_padding_mask) go through from_additive_mask;
+    what they block is what torch's own attention blocks (its weights are 0 exactly there)."""
+    torch.manual_seed(0)
+    t = 4
+    bool_attn = torch.rand(t, t) < 0.3
+    bool_attn.fill_diagonal_(False)  # every query keeps a key: torch gives NaN otherwise
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(t)  # 0 / -inf
+    float_kpm = torch.tensor([[0.0, 0.0, 0.0, float("-inf")], [0.0] * t])
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    x = torch.randn(2, t, 8)
+    for theirs, converted in (
+        (dict(attn_mask=bool_attn), dict(attn_mask=~bool_attn)),
+        (dict(attn_mask=causal), dict(attn_mask=masks.from_additive_mask(causal))),
+        (dict(key_padding_mask=float_kpm),
+         dict(attention_mask=masks.from_additive_mask(float_kpm))),
+    ):
+        _, weights = mha(x, x, x, average_attn_weights=False, **theirs)  # (B, H, T, S)
+        ours = masks.make_mask(converted.get("attention_mask"), converted.get("attn_mask"), 2, t, t)
+        assert torch.equal(ours.allowed.expand(2, 2, t, t), weights != 0)
+    for impl, to in ((masks, torch.tensor), (np_masks, np.array)):
+        with pytest.raises(TypeError, match="; a float one is additive: convert it with from_additive_mask$"):
+            impl.from_key_padding_mask(to([[0.0, float("-inf")]]))
+
+
+@pytest.mark.parametrize("impl", [masks, np_masks], ids=["torch", "reference"])
+def test_a_float_zero_one_mask_is_pointed_to_from_hf_attention_mask(impl):
+    """A float 1/0 mask (HF's polarity) passed as a model mask, or to from_additive_mask, is
+    pointed to the converter that takes it (it was told to use from_additive_mask, which then
+    called it a bias)."""
+    to = torch.tensor if impl is masks else np.array
+    hf = to([[1.0, 1.0, 0.0]])
+    with pytest.raises(TypeError, match=r"convert a 0/1 float mask with .*\.from_hf_attention_mask, "
+                                        r"an additive one with from_additive_mask$"):
+        impl.make_mask(hf, None, 1, 3, 3)
+    with pytest.raises(ValueError, match=r"^mask: expected an additive mask .*got one of only 0 and 1 "
+                                         r"\(1 = attend\): convert it with from_hf_attention_mask$"):
+        impl.from_additive_mask(hf)
+    assert impl.from_hf_attention_mask(hf).tolist() == [[True, True, False]]
+    assert impl.from_additive_mask(to([[0.0, 0.0, 0.0]])).tolist() == [[True, True, True]]

@@ -132,3 +132,33 @@ def test_a_memory_row_shared_by_its_beams_matches_torch():
     assert relative_error(out.output, repeated) <= 1e-12
     assert out.present[0].shape == (B, heads, S, d // heads)
     assert relative_error(ours(x, None, mask, past_key_value=out.present).output, expected) <= 1e-12
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (((B, H, T, DH), (B, H, S, DH), (B, H, S + 1, DH)),
+     rf"^v: expected shape \(B, H, S, Dh\) = \({B}, {H}, {S}, {DH}\), got \({B}, {H}, {S + 1}, {DH}\)$"),
+    (((B, H, T, DH), (B, H, S, DH - 1), (B, H, S, DH)), r"^k: expected shape \(B, H, S, Dh\)"),
+    (((T, DH), (B, H, S, DH), (B, H, S, DH)), rf"^q: expected shape \(B, H, T, Dh\), got \({T}, {DH}\)$"),
+    (((B, H, T, DH), (B, H, S, DH), (B, H, S, DH), (T, S - 1)),
+     rf"^mask: expected a shape broadcastable to \(B, H, T, S\) = \({B}, {H}, {T}, {S}\), "
+     rf"got \({T}, {S - 1}\)$"),
+])
+def test_sdpa_names_a_misshapen_argument(args, message):
+    """One line naming the argument, not NumPy's matmul or broadcasting error."""
+    arrays = [np.ones(shape) for shape in args[:3]] + [np.ones(shape, bool) for shape in args[3:]]
+    for sdpa in (scaled_dot_product_attention, scaled_dot_product_attention_train):
+        with pytest.raises(ValueError, match=message):
+            sdpa(*arrays)
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_multi_head_attention_names_a_misshapen_input(cross):
+    mha = MultiHeadAttention(12, 3, cross=cross)
+    memory = np.ones((B, S, 12))
+    with pytest.raises(ValueError, match=r"^x: expected shape \(B, S, D\) with D = 12, got \(2, 4, 8\)$"):
+        mha(np.ones((B, T, 8)), memory)
+    with pytest.raises(ValueError, match=r"^x: expected shape \(B, S, D\) with D = 12, got \(4, 12\)$"):
+        mha.forward_train(np.ones((T, 12)), memory)
+    if cross:
+        with pytest.raises(ValueError, match=r"^memory: expected shape \(B, S, D\) with D = 12"):
+            mha(np.ones((B, T, 12)), np.ones((B, S, 8)))

@@ -29,3 +29,14 @@ def test_greedy_search_matches_torch():
     np.testing.assert_array_equal(got.sequences, expected.sequences.numpy())
     assert got.tolist() == expected.tolist()
     np.testing.assert_allclose(got.scores, expected.scores.numpy(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("max_len", [0, -1, 2.5, True])
+def test_greedy_search_refuses_a_max_len_as_torch_does(max_len):
+    """max_len 0 returned empty sequences without a word (torch's refuses it)."""
+    config = TransformerConfig(d_model=8, n_heads=2, d_ff=16, n_layers=1, vocab_size=12)
+    src = np.ones((2, 3), dtype=np.int64)
+    for search, model, ids in ((greedy_search, Seq2SeqTransformer(config), src),
+                               (torch_greedy, TorchSeq2Seq(config).eval(), torch.from_numpy(src))):
+        with pytest.raises(ValueError, match=rf"^max_len: expected a positive int, got {max_len!r}$"):
+            search(model, ids, max_len=max_len)

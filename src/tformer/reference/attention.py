@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tformer.reference.inputs import check_embeddings
 from tformer.reference.masks import Mask, as_mask
 from tformer.reference.module import Linear, Module, keep_scaled
 
@@ -20,6 +21,23 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     e = np.exp(x - x.max(axis=axis, keepdims=True))
     e /= e.sum(axis=axis, keepdims=True)
     return e
+
+
+def check_qkv(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Mask | None) -> None:
+    """One line naming the argument for mis-shaped inputs, not NumPy's matmul or broadcasting
+    error. Shape: q (B, H, T, Dh); k, v (B, H, S, Dh); mask broadcastable to (B, H, T, S)."""
+    for name, x, n in (("q", q, "T"), ("k", k, "S")):
+        if x.ndim != 4:
+            raise ValueError(f"{name}: expected shape (B, H, {n}, Dh), got {x.shape}")
+    (b, h, t, dh), s = q.shape, k.shape[2]
+    for name, x in (("k", k), ("v", v)):
+        if x.shape != (b, h, s, dh):
+            raise ValueError(f"{name}: expected shape (B, H, S, Dh) = {(b, h, s, dh)}, got {x.shape}")
+    allowed = () if mask is None else mask.allowed.shape
+    trailing = (b, h, t, s)[4 - len(allowed) :] if len(allowed) <= 4 else None
+    if trailing is None or any(m not in (1, n) for m, n in zip(allowed, trailing, strict=True)):
+        raise ValueError(f"mask: expected a shape broadcastable to (B, H, T, S) = {(b, h, t, s)}, "
+                         f"got {allowed}")
 
 
 def scaled_dot_product_attention(
@@ -37,6 +55,7 @@ def scaled_dot_product_attention(
         returns output (B, H, T, Dh) and weights (B, H, T, S) or None
     """
     mask = as_mask(mask)
+    check_qkv(q, k, v, mask)
     scores = q @ k.swapaxes(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, S)
     if mask is not None:
         scores = np.where(mask.allowed, scores, np.finfo(scores.dtype).min)
@@ -53,6 +72,7 @@ def scaled_dot_product_attention_train(q, k, v, mask=None, dropout_p: float = 0.
     Shape: as scaled_dot_product_attention; returns out (B, H, T, Dh), weights, cache.
     """
     mask = as_mask(mask)
+    check_qkv(q, k, v, mask)
     root = math.sqrt(q.shape[-1])
     scores = q @ k.swapaxes(-2, -1) / root  # (B, H, T, S)
     if mask is not None:
@@ -168,6 +188,9 @@ class MultiHeadAttention(Module):
             share a memory row); mask: broadcastable to (B, H, T, S) (cross: (Bm, H, T, S))
             returns output (B, T, D), weights (B, H, T, S) or None, present (k, v) or None
         """
+        check_embeddings(x, self.d_model, "x")
+        if memory is not None:
+            check_embeddings(memory, self.d_model, "memory")
         g = 1  # query rows per memory row
         if self.cross:
             q = self._split_heads(self.q_proj(x))  # (B, H, T, Dh)
@@ -201,6 +224,9 @@ class MultiHeadAttention(Module):
 
         Shape: x (B, T, D); memory (B, S, D) when cross -> output (B, T, D), weights, cache
         """
+        check_embeddings(x, self.d_model, "x")
+        if memory is not None:
+            check_embeddings(memory, self.d_model, "memory")
         if self.cross:
             q = self._split_heads(self.q_proj(x))  # (B, H, T, Dh)
             kv = self.kv_proj(memory)  # (B, S, 2D)

@@ -37,6 +37,8 @@ def greedy_search(model, src_ids: np.ndarray, src_attention_mask: np.ndarray | N
     Shape:
         src_ids, src_attention_mask: (B, S) -> sequences (B, L <= max_len), scores (B,)
     """
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+        raise ValueError(f"max_len: expected a positive int, got {max_len!r}")
     b = src_ids.shape[0]
     memory = model.encode(src_ids, src_attention_mask).last_hidden_state  # (B, S, D)
     tokens = np.full((b, 1), bos_id, dtype=np.int64)  # (B, 1)

@@ -16,9 +16,12 @@ _ADDITIVE_BLOCKED = -1e4
 
 def from_key_padding_mask(key_padding_mask: np.ndarray) -> np.ndarray:
     """PyTorch's ``key_padding_mask`` (True = pad) -> ``attention_mask`` (True = real)."""
+    key_padding_mask = np.asarray(key_padding_mask)
     if key_padding_mask.dtype != np.bool_:
         raise TypeError(
             f"key_padding_mask: expected a bool array (True = pad), got {key_padding_mask.dtype}"
+            + ("; a float one is additive: convert it with from_additive_mask"
+               if np.issubdtype(key_padding_mask.dtype, np.floating) else "")
         )
     return ~key_padding_mask
 
@@ -43,10 +46,14 @@ def _check_zero_one(mask: np.ndarray, name: str) -> None:
 
 def from_additive_mask(mask: np.ndarray) -> np.ndarray:
     """Additive float mask (0 = attend, -inf or very negative = blocked) -> bool."""
+    mask = np.asarray(mask)
     if not np.issubdtype(mask.dtype, np.floating):
         raise TypeError(f"mask: expected a float additive mask, got {mask.dtype}")
     blocked = mask <= _ADDITIVE_BLOCKED
     if not ((mask == 0) | blocked).all():
+        if ((mask == 0) | (mask == 1)).all():  # HF's polarity, not an additive mask
+            raise ValueError("mask: expected an additive mask (0 = attend, -inf = blocked), got "
+                             "one of only 0 and 1 (1 = attend): convert it with from_hf_attention_mask")
         raise ValueError(
             "mask: an additive mask must hold only 0 (attend) and -inf or <= -1e4 (blocked); "
             "this one holds other values (a bias), which a boolean mask cannot express"
@@ -69,7 +76,8 @@ def as_bool(mask: np.ndarray, name: str) -> np.ndarray:
     if np.issubdtype(mask.dtype, np.floating):
         raise TypeError(
             f"{name}: expected a bool or 0/1 integer mask (True = may attend), got {mask.dtype}; "
-            "convert additive masks with tformer.reference.masks.from_additive_mask"
+            "convert a 0/1 float mask with tformer.reference.masks.from_hf_attention_mask, an additive "
+            "one with from_additive_mask"
         )
     _check_zero_one(mask, name)
     return mask != 0

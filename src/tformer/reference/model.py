@@ -249,6 +249,10 @@ class Decoder(Module):
     ) -> DecoderOutput:
         """Shape: x (B, T) ids or (B, T, D); memory (Bm, S, D), Bm dividing B
         (each memory row serves B / Bm consecutive rows) -> last_hidden_state (B, T, D)."""
+        if past_key_values is not None and len(past_key_values) != len(self.layers):
+            raise ValueError(
+                f"past_key_values: expected {len(self.layers)} layers, got {len(past_key_values)}"
+            )
         past = past_key_values[0][0].shape[2] if past_key_values else 0
         h = self.embed(x, offset=past)  # (B, T, D)
         b, t, _ = h.shape
@@ -306,6 +310,7 @@ class Decoder(Module):
         h, drop_cache = self.dropout.forward_train(h, rng)
         memory = np.asarray(memory)
         check_embeddings(memory, c.d_model, "memory")
+        memory = memory.astype(self.dtype, copy=False)  # as in forward
         b, t, _ = h.shape
         self_mask = make_mask(attention_mask, None, b, t, t, causal=True)
         memory_mask = make_mask(memory_attention_mask, None, b, t, memory.shape[1],

@@ -21,18 +21,22 @@ def sinusoidal_table(n_positions: int, d_model: int) -> np.ndarray:
 
 
 class SinusoidalPositionalEncoding(Module):
+    """Fixed sinusoids (§3.5); no parameters. Extends past ``max_len`` by computing more rows."""
+
     def __init__(self, d_model: int, max_len: int):
         self.d_model, self.max_len = d_model, max_len
         self._table = sinusoidal_table(max_len, d_model)
 
     def forward(self, seq_len: int, offset: int = 0, dtype=np.float32) -> np.ndarray:
-        """Returns (S, D) in ``dtype``."""
+        """Returns (S, D) in ``dtype``: the rows of positions offset .. offset + S - 1."""
         end = offset + seq_len
         table = self._table if end <= len(self._table) else sinusoidal_table(end, self.d_model)
         return table[offset:end].astype(dtype)
 
 
 class LearnedPositionalEmbedding(Module):
+    """A trained (max_len, D) table, as in BERT; cannot go past max_len."""
+
     def __init__(self, max_len: int, d_model: int):
         self.max_len = max_len
         self.weight = np.zeros((max_len, d_model), np.float32)
