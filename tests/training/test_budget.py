@@ -531,3 +531,21 @@ def test_a_timed_runs_test_measures_no_new_kernel_choice(tmp_path, monkeypatch):
     config = resolve_config({"data": str(data), **TINY, "max_minutes": 0.1, "out": str(tmp_path / "run")})
     train(config, **QUIET)
     assert allowance["test"] == 0.0 and allowance["validation"] > 0
+
+
+def test_an_evaluation_computes_its_loss_before_the_predictions_its_deadline_bounds(tmp_path):
+    """The teacher-forced loss (of up to EVAL_SAMPLE examples) comes first, so the deadline counts
+    its time: after the predictions it took a busy machine's final test 5.7 s past its deadline."""
+    from tformer.training.dataset import TextData
+
+    config = resolve_config({"data": str(write(tmp_path / "d.jsonl", classification_rows(300))),
+                             **TINY})
+    objective = data_objective(TextData.build(config, None, write=False), config)
+    model = objective.build_model()
+    order = []
+    loss, predict = objective.loss, objective.predict
+    objective.loss = lambda *a, **k: (order.append("loss"), loss(*a, **k))[1]
+    objective.predict = lambda *a, **k: (order.append("predict"), predict(*a, **k))[1]
+    metrics, _ = objective.evaluate(model, "test", deadline=time.perf_counter())  # due now
+    assert order == ["loss", "predict"] and math.isfinite(metrics["loss"])
+    assert metrics["examples"] == FIRST_BATCH_UNDER_DEADLINE  # the first batch only

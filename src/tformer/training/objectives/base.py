@@ -205,15 +205,18 @@ class Objective(ABC):
                  deadline: float | None = None, progress: Progress | None = None,
                  **options: Any) -> tuple[dict[str, float], list]:
         """Metrics on a held-out split (or on `examples`), with the teacher-forced, unsmoothed
-        loss of the first EVAL_SAMPLE; and what each prediction shows. With a `deadline`, the
-        examples predicted by then are scored (``predict``): metrics["examples"] says how many."""
+        loss of its first EVAL_SAMPLE; and what each prediction shows. With a `deadline`, the
+        examples predicted by then are scored (``predict``): metrics["examples"] says how many.
+        The loss comes first, so the deadline counts its time (after the predictions, it took a
+        busy machine's test 5.7 s past its deadline)."""
         examples = validation_sample(split, self.examples(split)) if examples is None else examples
+        with evaluating(model):
+            batch = self.collate(self.encode(examples[:EVAL_SAMPLE])).to(model_device(model))
+            loss = self.loss(model, batch)[0].item()
         preds = self.predict(model, examples, deadline=deadline, progress=progress, **options)
         scored = examples[: len(preds)]
         metrics, shown = self.score(scored, preds)
-        with evaluating(model):
-            batch = self.collate(self.encode(scored[:EVAL_SAMPLE])).to(model_device(model))
-            metrics["loss"] = self.loss(model, batch)[0].item()
+        metrics["loss"] = loss
         metrics["examples"] = len(scored)
         return metrics, shown
 
