@@ -229,3 +229,23 @@ def test_search_embeds_the_queries_in_the_precision_the_index_was_built_in(capsy
     assert run_cli(capsys, "search", idx, "a dog")[0] == 0
     assert run_cli(capsys, "search", idx, "a dog", "--dtype", "bf16")[0] == 0
     assert seen == ["fp32", "bf16"]
+
+
+def test_an_index_of_a_run_still_searches_after_eval_appends_to_its_metrics(capsys, tmp_path):
+    """The model's identity hashed every file of the run, metrics.jsonl and the run's lock
+    included: `tformer eval RUN --data` changed it, and every index of the run was refused."""
+    from text_fixtures import embedding_rows, write
+
+    data = write(tmp_path / "pairs.jsonl", embedding_rows(40))
+    run = tmp_path / "run"
+    assert run_cli(capsys, "train", "--data", data, "--out", run, "--steps", 2, "--d-model", 16,
+                   "--n-heads", 2, "--d-ff", 32, "--n-layers", 1, "--vocab-size", 260,
+                   "--threads", 1, "--quiet")[0] == 0
+    rows = embedding_rows(40)
+    idx = tmp_path / "idx"
+    corpus = _corpus(tmp_path, [r["anchor"] for r in rows[:5]])
+    assert run_cli(capsys, "index", "build", run, "--corpus", corpus, "--out", idx)[0] == 0
+    assert run_cli(capsys, "eval", run, "--data", data)[0] == 0
+    rc, out, err = run_cli(capsys, "search", idx, rows[0]["anchor"], "-k", 1)
+    assert rc == 0, err
+    assert out.splitlines()[1].endswith(f"line 1: {rows[0]['anchor']}")

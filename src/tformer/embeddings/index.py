@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from tformer.storage.checkpoint_names import CHECKPOINTS
 from tformer.storage.files import (
     dir_mode,
     durable_step,
@@ -154,16 +155,25 @@ class TopK:
         return self.scores, self.rows
 
 
+# A run's records beside its model, not read to embed (`eval --data` appends to metrics.jsonl)
+RUN_RECORDS = {"metrics.jsonl", "curves.png", "confusion.png", "data.json", "best.safetensors", CHECKPOINTS}
+
+
 def model_identity(model_dir: str | Path) -> str:
-    """A hash of every file of the model directory (config, weights, tokenizer, pooling)."""
+    """A hash of the model directory's files (config, weights, tokenizer, pooling), not of a
+    run's records (RUN_RECORDS) nor of hidden files (a run's lock holds its user's pid)."""
     root = Path(model_dir)
     digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and _embeds(p.relative_to(root).parts)):
         digest.update(str(path.relative_to(root)).encode() + b"\0")
         with path.open("rb") as f:
             while block := f.read(1 << 20):
                 digest.update(block)
     return digest.hexdigest()[:16]
+
+
+def _embeds(parts: tuple[str, ...]) -> bool:
+    return parts[0] not in RUN_RECORDS and not any(part.startswith(".") for part in parts)
 
 
 def build_index(st, model_dir: str | Path, corpus: str | Path, out: str | Path,
