@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
             queries = _embed_queries(st, args, queries_text)
             best, first = TopK(queries, args.top_k), 0
             bar = progress_bar(n, args.progress)
-            for _, texts, docs in embed_chunks(st, corpus,
+            for _, texts, docs in embed_chunks(st, corpus, where=corpus.at,
                                                batch_size=args.batch_size, show_progress=False,
                                                truncation=truncation):
                 best.add(docs, first)  # (Q, b) similarities at a time, never (Q, N)

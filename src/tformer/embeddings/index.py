@@ -27,7 +27,7 @@ import os
 import shutil
 import sys
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +66,15 @@ def chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
 
 
 def embed_chunks(st, numbered: Iterable[tuple[int, str]], size: int | None = None, rank: int = 0,
-                 world: int = 1, **encode_kw) -> Iterator[tuple[list[int], list[str], np.ndarray]]:
+                 world: int = 1, where: Callable[[int], str] = "input {}".format,
+                 **encode_kw) -> Iterator[tuple[list[int], list[str], np.ndarray]]:
     """(line numbers, texts, (n, D) float32 embeddings) a chunk at a time, in input order.
     A non-finite embedding (broken weights) is refused: it would rank or print as NaN.
     With several ranks (torchrun) each embeds its share, and rank 0 yields every chunk
     (tformer.embeddings.shards); the others yield nothing but must iterate to the end.
     Texts longer than the model's maximum: one warning at the end naming their inputs (not
-    one a chunk), or, with truncation=False, an error naming the input."""
+    one a chunk), or, with truncation=False, an error naming the input. ``where(number)``
+    names input `number` in these messages (a command's: "--corpus c.txt:3")."""
     long: list[tuple[int | None, int]] = []  # (input number, token count) of the truncated texts
 
     def encode(texts: list[str], numbers: list[int] | None = None) -> np.ndarray:
@@ -82,7 +84,7 @@ def embed_chunks(st, numbered: Iterable[tuple[int, str]], size: int | None = Non
         try:
             return st.encode(texts, on_long=noted, **encode_kw)
         except TextTooLong as e:
-            raise ValueError(f"{f'input {numbers[e.index]}' if numbers else f'texts[{e.index}]'}: "
+            raise ValueError(f"{where(numbers[e.index]) if numbers else f'texts[{e.index}]'}: "
                              f"{e.expected()}") from None
 
     pieces = chunks(numbered, size or CHUNK)
@@ -97,13 +99,13 @@ def embed_chunks(st, numbered: Iterable[tuple[int, str]], size: int | None = Non
     for numbers, texts, emb in embedded:
         bad = ~np.isfinite(emb).all(axis=1)
         if bad.any():
-            raise ValueError(f"input {numbers[int(bad.argmax())]}: expected a finite embedding, "
+            raise ValueError(f"{where(numbers[int(bad.argmax())])}: expected a finite embedding, "
                              "got NaN or infinity (the model's weights are not finite)")
         total += len(texts)
         yield numbers, texts, emb
     if long:
-        named = [str(n) for n, _ in long if n is not None]
-        inputs = f": inputs {', '.join(named[:5])}{', ...' if len(named) > 5 else ''}" if named else ""
+        named = [where(n) for n, _ in long if n is not None]
+        inputs = f": {', '.join(named[:5])}{', ...' if len(named) > 5 else ''}" if named else ""
         longest = max(n for _, n in long)
         warnings.warn(f"{len(long)} of {total} texts are longer than the model's maximum length "
                       f"({st.tokenizer.max_length} tokens; the longest has {longest}), so they were "
@@ -191,7 +193,8 @@ def build_index(st, model_dir: str | Path, corpus: str | Path, out: str | Path,
         lines = corpus if isinstance(corpus, TextLines) else TextLines(corpus, "--corpus")
         done = broadcast_int(0, world)  # rank 0's lines already embedded
         for _ in embed_chunks(st, ((k, t) for k, t in lines if k > done), rank=rank, world=world,
-                              batch_size=batch_size, truncation=truncation, show_progress=False):
+                              where=lines.at, batch_size=batch_size, truncation=truncation,
+                              show_progress=False):
             pass  # rank 0 gathers and writes
         return None
     out = Path(out)
@@ -243,7 +246,7 @@ def _build(st, model_dir, lines: TextLines, n: int, out: Path, batch_size: int,
             f.truncate(size)
             f.seek(size)
         for numbers, texts, emb in embed_chunks(
-            st, ((k, t) for k, t in lines if k > done), world=world, batch_size=batch_size,
+            st, ((k, t) for k, t in lines if k > done), world=world, where=lines.at, batch_size=batch_size,
             truncation=truncation, show_progress=False,
         ):
             durable_step(f"write {work / VECTORS_FILE}")
