@@ -5,9 +5,10 @@
     build_index(st, MODEL_DIR, corpus, INDEX); Index(INDEX).search(st.encode(queries), k)
 
 Memory grows with the chunk size and k, never with the number of lines: texts are read
-lazily, embedded ``CHUNK`` at a time, and queries x corpus is computed a block at a time
-with a running top-k (not the (Q + N) x (Q + N) matrix). Under torchrun the chunks are shared
-out among the ranks and written by rank 0 (tformer.embeddings.shards).
+lazily, embedded ``CHUNK`` at a time, and queries x corpus is computed ``QUERIES`` x ``BLOCK``
+at a time with a running top-k (not the (Q + N) x (Q + N) matrix; per query, k scores are
+kept). Under torchrun the chunks are shared out among the ranks and written by rank 0
+(tformer.embeddings.shards).
 
 An index directory holds ``vectors.npy`` (N, D float32, L2-normalised), ``texts.jsonl``
 ({"line", "text"} per corpus line) and ``index.json`` (the model directory, a hash of its
@@ -49,6 +50,7 @@ from tformer.text.tokenizer import TextTooLong
 
 CHUNK = 1024  # texts embedded (and held) at a time
 BLOCK = 8192  # corpus vectors compared with the queries at a time
+QUERIES = 256  # queries compared with a block at a time (the scores held: QUERIES x BLOCK)
 INDEX_FILE, VECTORS_FILE, TEXTS_FILE = "index.json", "vectors.npy", "texts.jsonl"
 BUILD_PROGRESS = "progress.json"  # in the build folder: what it embeds, and how far it got
 INDEX_FORMAT = 1
@@ -141,16 +143,18 @@ class TopK:
 
     def add(self, block: np.ndarray, first: int, normalized: bool = False) -> None:
         """block: (b, D) corpus vectors, rows first .. first + b - 1."""
-        block = block if normalized else unit(block)
-        sims = self.q @ block.T.astype(np.float32)  # (Q, b)
-        rows = np.broadcast_to(np.arange(first, first + len(block)), sims.shape)
-        scores = np.concatenate([self.scores, sims], axis=1)  # (Q, <=k + b)
-        ids = np.concatenate([self.rows, rows], axis=1)
-        keep = np.empty((len(scores), min(self.k, scores.shape[1])), dtype=np.int64)
-        for i in range(len(scores)):
-            keep[i] = np.lexsort((ids[i], -scores[i]))[: keep.shape[1]]  # score desc, row asc
-        self.scores = np.take_along_axis(scores, keep, axis=1)
-        self.rows = np.take_along_axis(ids, keep, axis=1)
+        block = (block if normalized else unit(block)).astype(np.float32)
+        width = min(self.k, self.scores.shape[1] + len(block))
+        scores = np.empty((len(self.q), width), dtype=np.float32)
+        rows = np.empty((len(self.q), width), dtype=np.int64)
+        for q in (slice(s, s + QUERIES) for s in range(0, len(self.q), QUERIES)):
+            sims = self.q[q] @ block.T  # (q, b)
+            both = np.concatenate([self.scores[q], sims], axis=1)  # (q, <=k + b)
+            ids = np.concatenate([self.rows[q], np.broadcast_to(np.arange(first, first + len(block)),
+                                                                sims.shape)], axis=1)
+            keep = np.lexsort((ids, -both), axis=1)[:, :width]  # score desc, row asc
+            scores[q], rows[q] = np.take_along_axis(both, keep, axis=1), np.take_along_axis(ids, keep, axis=1)
+        self.scores, self.rows = scores, rows
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         """(scores, rows), each (Q, k), best first."""
