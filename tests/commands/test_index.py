@@ -249,3 +249,23 @@ def test_an_index_of_a_run_still_searches_after_eval_appends_to_its_metrics(caps
     rc, out, err = run_cli(capsys, "search", idx, rows[0]["anchor"], "-k", 1)
     assert rc == 0, err
     assert out.splitlines()[1].endswith(f"line 1: {rows[0]['anchor']}")
+
+
+def test_a_search_reads_the_index_it_opened_while_a_rebuild_replaces_it(capsys, tmp_path, monkeypatch):
+    """A rebuild published during a search: the search read the old vectors, then the new
+    texts.jsonl, and printed every result beside another corpus's line, score 1.0 and all."""
+    idx = tmp_path / "idx"
+    assert _build(capsys, _corpus(tmp_path, SENTENCES), idx)[0] == 0
+    blocks = tformer.embeddings.index.Index.blocks
+
+    def rebuilt_meanwhile(self, *args):
+        monkeypatch.setattr(tformer.embeddings.index.Index, "blocks", blocks)
+        other = _corpus(tmp_path, [s.upper() + " again" for s in SENTENCES], "other.txt")
+        assert _build(capsys, other, idx)[0] == 0
+        return blocks(self, *args)
+
+    monkeypatch.setattr(tformer.embeddings.index.Index, "blocks", rebuilt_meanwhile)
+    rc, out, err = run_cli(capsys, "search", idx, SENTENCES[2], "-k", 1)
+    assert rc == 0, err
+    assert out.splitlines()[1] == f"  1. 1.0000  line 3: {SENTENCES[2]}"
+    assert _texts(idx)[2] == SENTENCES[2].upper() + " again"  # the rebuild was published

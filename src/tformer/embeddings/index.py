@@ -343,8 +343,17 @@ class Index:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         try:
-            self.meta = json.loads((self.path / INDEX_FILE).read_text())
-        except (OSError, json.JSONDecodeError) as e:
+            # Its files opened together, through the folder, and read from these handles: a
+            # rebuild that swaps the folder during a search leaves it reading the index it opened
+            # (it read the old vectors, then the new texts: every result named another line).
+            folder = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                self.files = {name: open(name, "rb", opener=lambda n, flags: os.open(n, flags, dir_fd=folder))
+                              for name in (INDEX_FILE, VECTORS_FILE, TEXTS_FILE)}
+            finally:
+                os.close(folder)
+            self.meta = json.loads(self.files[INDEX_FILE].read())
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"INDEX {self.path}: not a readable tformer index ({e})") from None
         if not isinstance(self.meta, dict) or self.meta.get("format") != INDEX_FORMAT:
             raise ValueError(f"INDEX {self.path / INDEX_FILE}: expected format {INDEX_FORMAT}")
@@ -374,47 +383,48 @@ class Index:
     def blocks(self, size: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
         """(first row, (b, D) vectors), read with plain reads (not a memory map), so memory
         stays flat however large the index is."""
-        path = self.path / VECTORS_FILE
-        with path.open("rb") as f:
-            try:
-                version = np.lib.format.read_magic(f)
-                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                               else np.lib.format.read_array_header_2_0)
-                shape, fortran, dtype = read_header(f)
-            except ValueError as e:
-                raise ValueError(f"INDEX {path}: expected a .npy array, got {e}") from None
-            if fortran:  # read row by row below: a column-major file would be read as garbage
-                raise ValueError(f"INDEX {path}: expected a row-major (C order) array, got Fortran order "
-                                 "(damaged: rebuild the index)")
-            if shape != (self.meta["n"], self.meta["dim"]) or dtype != np.float32:
-                raise ValueError(f"INDEX {path}: expected float32 {self.meta['n']} x "
-                                 f"{self.meta['dim']}, got {dtype} {shape}")
-            n, d = shape
-            expected, got = f.tell() + n * d * 4, os.fstat(f.fileno()).st_size
-            if got != expected:
-                raise ValueError(f"INDEX {path}: expected {expected} bytes ({n} x {d} float32), "
-                                 f"got {got} (truncated or damaged: rebuild the index)")
-            size = size or BLOCK
-            for first in range(0, n, size):
-                b = min(size, n - first)
-                yield first, np.fromfile(f, dtype=np.float32, count=b * d).reshape(b, d)
+        path, f = self.path / VECTORS_FILE, self.files[VECTORS_FILE]
+        f.seek(0)
+        try:
+            version = np.lib.format.read_magic(f)
+            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                           else np.lib.format.read_array_header_2_0)
+            shape, fortran, dtype = read_header(f)
+        except ValueError as e:
+            raise ValueError(f"INDEX {path}: expected a .npy array, got {e}") from None
+        if fortran:  # read row by row below: a column-major file would be read as garbage
+            raise ValueError(f"INDEX {path}: expected a row-major (C order) array, got Fortran order "
+                             "(damaged: rebuild the index)")
+        if shape != (self.meta["n"], self.meta["dim"]) or dtype != np.float32:
+            raise ValueError(f"INDEX {path}: expected float32 {self.meta['n']} x "
+                             f"{self.meta['dim']}, got {dtype} {shape}")
+        n, d = shape
+        expected, got = f.tell() + n * d * 4, os.fstat(f.fileno()).st_size
+        if got != expected:
+            raise ValueError(f"INDEX {path}: expected {expected} bytes ({n} x {d} float32), "
+                             f"got {got} (truncated or damaged: rebuild the index)")
+        size = size or BLOCK
+        for first in range(0, n, size):
+            b = min(size, n - first)
+            yield first, np.fromfile(f, dtype=np.float32, count=b * d).reshape(b, d)
 
     def texts(self, rows: set[int]) -> dict[int, tuple[int, str]]:
         """{row: (line number, text)} for the wanted rows, one streamed pass."""
-        path = self.path / TEXTS_FILE
+        path, f = self.path / TEXTS_FILE, self.files[TEXTS_FILE]
+        f.seek(0)
         found: dict[int, tuple[int, str]] = {}
         count = 0
-        with path.open(encoding="utf-8", errors="replace") as f:  # a cut character: the count
-            for row, line in enumerate(f):
-                count += 1
-                if row in rows:
-                    try:
-                        record = json.loads(line)
-                        found[row] = (int(record["line"]), str(record["text"]))
-                    except (ValueError, KeyError, TypeError):
-                        raise ValueError(f"INDEX {path}:{row + 1}: expected a JSON object with "
-                                         f"\"line\" and \"text\", got {line[:60]!r} (damaged: "
-                                         "rebuild the index)") from None
+        for row, raw in enumerate(f):
+            count += 1
+            if row in rows:
+                line = raw.decode("utf-8", errors="replace")  # a cut character: the count
+                try:
+                    record = json.loads(line)
+                    found[row] = (int(record["line"]), str(record["text"]))
+                except (ValueError, KeyError, TypeError):
+                    raise ValueError(f"INDEX {path}:{row + 1}: expected a JSON object with "
+                                     f"\"line\" and \"text\", got {line[:60]!r} (damaged: "
+                                     "rebuild the index)") from None
         if count != self.meta["n"]:
             raise ValueError(f"INDEX {path}: expected {self.meta['n']} lines (index.json), got "
                              f"{count} (truncated or damaged: rebuild the index)")
