@@ -243,3 +243,14 @@ def test_a_full_disk_names_the_file_being_written(capsys, tmp_path, monkeypatch)
     rc, _, err = run_cli(capsys, "embed", st_dir(), "a dog", "--out", out)
     assert rc == 1 and err.count("\n") == 1, err
     assert err.startswith("tformer embed: error: No space left on device (write ") and "e.npy" in err, err
+
+
+def test_a_symlinked_out_replaces_the_file_it_names_and_stays_a_link(capsys, tmp_path):
+    # The link itself was replaced by the new file; the file it named kept the old embeddings.
+    target, link = tmp_path / "target.npy", tmp_path / "link.npy"
+    assert run_cli(capsys, "embed", st_dir(), "a dog", "--out", target)[0] == 0
+    link.symlink_to(target)
+    rc, _, err = run_cli(capsys, "embed", st_dir(), *SENTENCES[:3], "--out", link)
+    assert rc == 0, err
+    assert link.is_symlink() and np.load(target).shape == (3, 32)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.npy", "target.npy"]

@@ -269,3 +269,16 @@ def test_a_search_reads_the_index_it_opened_while_a_rebuild_replaces_it(capsys, 
     assert rc == 0, err
     assert out.splitlines()[1] == f"  1. 1.0000  line 3: {SENTENCES[2]}"
     assert _texts(idx)[2] == SENTENCES[2].upper() + " again"  # the rebuild was published
+
+
+def test_a_symlinked_out_rebuilds_the_index_it_names_and_stays_a_link(capsys, tmp_path):
+    """The link was swapped out for the new folder and left behind as .link.build, naming the
+    old index: the target kept the old index, and every later build failed ('File exists')."""
+    target, link = tmp_path / "target", tmp_path / "link"
+    assert _build(capsys, _corpus(tmp_path, OLD_CORPUS, "old.txt"), target)[0] == 0
+    link.symlink_to(target, target_is_directory=True)
+    for _ in range(2):
+        rc, _, err = _build(capsys, _corpus(tmp_path, SENTENCES), link)
+        assert rc == 0, err
+    assert link.is_symlink() and _texts(target) == SENTENCES
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "link", "old.txt", "target"]

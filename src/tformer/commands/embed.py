@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
 
     check_options(args)
     out = Path(args.out) if args.out else None
+    if out is not None and out.is_symlink():  # the file the link names is replaced; the link stays
+        out = Path(os.path.realpath(out))
     if out is not None and out.suffix not in (".npy", ".jsonl"):
         raise ValueError(f"--out: expected a .npy or .jsonl file name, got {str(out)!r}")
     if out is not None and out.is_dir():

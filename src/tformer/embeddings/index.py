@@ -202,6 +202,8 @@ def build_index(st, model_dir: str | Path, corpus: str | Path, out: str | Path,
             pass  # rank 0 gathers and writes
         return None
     out = Path(out)
+    if out.is_symlink():  # the folder the link names is rebuilt; the link stays a link (it was
+        out = Path(os.path.realpath(out))  # swapped out, and left as .OUT.build: the next build failed)
     check_replaceable(out)
     lines = corpus if isinstance(corpus, TextLines) else TextLines(corpus, "--corpus")
     n = lines.count()
