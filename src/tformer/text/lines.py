@@ -40,8 +40,11 @@ class TextLines:
         elif Path(path).is_dir():
             raise IsADirectoryError(f"{option} {path}: expected a file of texts, one per line, "
                                     "got a directory")
-        elif not Path(path).is_file():
+        elif not Path(path).exists():
             raise FileNotFoundError(f"{option} {path}: no such file")
+        elif not Path(path).is_file():  # a pipe (<(cmd), /dev/stdin) is gone once read: counted, then nothing
+            raise ValueError(f"{option} {path}: expected a regular file (read twice), got a pipe or device; "
+                             f"for a pipe, give '{STDIN}' and pipe it to standard input")
 
     def _raw(self) -> Iterator[bytes]:
         if self._stdin is not None:
