@@ -282,3 +282,12 @@ def test_a_symlinked_out_rebuilds_the_index_it_names_and_stays_a_link(capsys, tm
         assert rc == 0, err
     assert link.is_symlink() and _texts(target) == SENTENCES
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "link", "old.txt", "target"]
+
+
+def test_an_empty_folder_at_out_is_built_into(capsys, tmp_path):
+    # `mkdir idx` first was refused: "exists and is not a tformer index" (an export takes it).
+    idx = tmp_path / "idx"
+    idx.mkdir()
+    rc, _, err = _build(capsys, _corpus(tmp_path, SENTENCES), idx)
+    assert rc == 0, err
+    assert _texts(idx) == SENTENCES

@@ -315,8 +315,8 @@ def check_replaceable(out: Path) -> None:
     """`out` is new, or an index an earlier build wrote, holding its files only: a rebuild swaps
     the folder whole, so anything else in it would be deleted (a folder holding a file that
     happened to be named index.json, and the user's README beside it, was)."""
-    if not out.exists():
-        return
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return  # new, or an empty folder (`mkdir INDEX` first): nothing to lose, as for an export
     ours = {INDEX_FILE, VECTORS_FILE, TEXTS_FILE}
     others = sorted(p.name for p in out.iterdir() if p.name not in ours) if out.is_dir() else []
     if not out.is_dir() or others or not _is_index_json(out / INDEX_FILE):
