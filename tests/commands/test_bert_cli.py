@@ -85,7 +85,7 @@ def test_long_text_truncates_with_a_warning_or_fails_with_no_truncate(capsys):
         "maximum length (16 tokens; the longest has 102)"
     )
     rc, _, err = _run(capsys, "embed", st_dir(), "a dog", LONG, "--no-truncate")
-    _one_line_error(rc, err, "embed", r"input 2: expected at most 16 tokens .* got 102")
+    _one_line_error(rc, err, "embed", r"TEXT 2: expected at most 16 tokens .* got 102")
 
 
 def test_a_files_long_lines_are_counted_once_and_named_by_line(capsys, tmp_path, monkeypatch):
@@ -98,13 +98,27 @@ def test_a_files_long_lines_are_counted_once_and_named_by_line(capsys, tmp_path,
     lines = ["a dog"] * 9
     for i in (0, 4, 6):
         lines[i] = LONG
-    (tmp_path / "t.txt").write_text("\n".join(lines) + "\n")
-    rc, _, err = _run(capsys, "embed", st_dir(), "--file", tmp_path / "t.txt", "--out", tmp_path / "e.npy")
+    f = tmp_path / "t.txt"
+    f.write_text("\n".join(lines) + "\n")
+    rc, _, err = _run(capsys, "embed", st_dir(), "--file", f, "--out", tmp_path / "e.npy")
     assert rc == 0 and err.count("warning") == 1
     assert ("warning: 3 of 9 texts are longer than the model's maximum length (16 tokens; the longest "
-            "has 102), so they were truncated: inputs 1, 5, 7") in err
-    rc, _, err = _run(capsys, "embed", st_dir(), "--file", tmp_path / "t.txt", "--no-truncate")
-    _one_line_error(rc, err, "embed", r"input 1: expected at most 16 tokens .* got 102")
+            f"has 102), so they were truncated: --file {f}:1, --file {f}:5, --file {f}:7") in err
+    rc, _, err = _run(capsys, "embed", st_dir(), "--file", f, "--no-truncate")
+    _one_line_error(rc, err, "embed", rf"--file {f}:1: expected at most 16 tokens .* got 102")
+    # An argument first: the file's line 1 is input 2, named by its line ("input 2" said neither).
+    rc, _, err = _run(capsys, "embed", st_dir(), "a cat", "--file", f, "--no-truncate")
+    _one_line_error(rc, err, "embed", rf"--file {f}:1: expected at most 16 tokens .* got 102")
+
+
+def test_index_and_search_name_a_long_corpus_line_by_file_and_line(capsys, tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(f"a dog\n{LONG}\n")
+    for argv in (["index", "build", st_dir(), "--out", tmp_path / "idx"], ["search", st_dir(), "q"]):
+        rc, _, err = _run(capsys, *argv, "--corpus", corpus, "--no-truncate")
+        _one_line_error(rc, err, argv[0], rf"--corpus {corpus}:2: expected at most 16 tokens .* got 102")
+        rc, _, err = _run(capsys, *argv, "--corpus", corpus)
+        assert rc == 0 and f"so they were truncated: --corpus {corpus}:2 (" in err, err
 
 
 # similarity and search --------------------------------------------------------------------------

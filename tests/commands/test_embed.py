@@ -68,6 +68,27 @@ def test_out_of_range_options_are_one_line_errors(capsys, option, value):
     assert_one_line_error(rc, err, "embed", rf"{option}: expected >= 1, got {value}")
 
 
+@pytest.mark.parametrize("command", ["embed", "similarity", "search", "index", "attention"])
+@pytest.mark.parametrize("value, says", [(1000, r"expected at most 16 \(the model's maximum length\), got 1000"),
+                                         (2, r"expected more than the 2 special tokens")])
+def test_a_max_length_the_model_cannot_take_names_the_option(capsys, tmp_path, command, value, says):
+    # It named the library's argument: "max_length: expected at most 16 ...".
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a dog\n")
+    argv = {"embed": ["a dog"], "similarity": ["a dog", "a cat"], "search": ["a dog", "--corpus", corpus],
+            "index": ["--corpus", corpus, "--out", tmp_path / "idx"],
+            "attention": ["a dog", "--out", tmp_path / "a.png"]}[command]
+    head = ["index", "build"] if command == "index" else [command]
+    rc, _, err = run_cli(capsys, *head, st_dir(), *argv, "--max-length", value)
+    assert_one_line_error(rc, err, command, rf"error: --max-length: {says}")
+
+
+def test_a_max_length_below_a_runs_specials_names_the_option(capsys, classification_run, tmp_path):
+    rc, _, err = run_cli(capsys, "attention", classification_run, "a b", "--max-length", 1,
+                         "--out", tmp_path / "a.png")
+    assert_one_line_error(rc, err, "attention", r"error: --max-length: expected more than")
+
+
 def _full_disk_at(k):
     calls = []
 
@@ -222,3 +243,14 @@ def test_a_full_disk_names_the_file_being_written(capsys, tmp_path, monkeypatch)
     rc, _, err = run_cli(capsys, "embed", st_dir(), "a dog", "--out", out)
     assert rc == 1 and err.count("\n") == 1, err
     assert err.startswith("tformer embed: error: No space left on device (write ") and "e.npy" in err, err
+
+
+def test_a_symlinked_out_replaces_the_file_it_names_and_stays_a_link(capsys, tmp_path):
+    # The link itself was replaced by the new file; the file it named kept the old embeddings.
+    target, link = tmp_path / "target.npy", tmp_path / "link.npy"
+    assert run_cli(capsys, "embed", st_dir(), "a dog", "--out", target)[0] == 0
+    link.symlink_to(target)
+    rc, _, err = run_cli(capsys, "embed", st_dir(), *SENTENCES[:3], "--out", link)
+    assert rc == 0, err
+    assert link.is_symlink() and np.load(target).shape == (3, 32)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.npy", "target.npy"]

@@ -229,3 +229,65 @@ def test_search_embeds_the_queries_in_the_precision_the_index_was_built_in(capsy
     assert run_cli(capsys, "search", idx, "a dog")[0] == 0
     assert run_cli(capsys, "search", idx, "a dog", "--dtype", "bf16")[0] == 0
     assert seen == ["fp32", "bf16"]
+
+
+def test_an_index_of_a_run_still_searches_after_eval_appends_to_its_metrics(capsys, tmp_path):
+    """The model's identity hashed every file of the run, metrics.jsonl and the run's lock
+    included: `tformer eval RUN --data` changed it, and every index of the run was refused."""
+    from text_fixtures import embedding_rows, write
+
+    data = write(tmp_path / "pairs.jsonl", embedding_rows(40))
+    run = tmp_path / "run"
+    assert run_cli(capsys, "train", "--data", data, "--out", run, "--steps", 2, "--d-model", 16,
+                   "--n-heads", 2, "--d-ff", 32, "--n-layers", 1, "--vocab-size", 260,
+                   "--threads", 1, "--quiet")[0] == 0
+    rows = embedding_rows(40)
+    idx = tmp_path / "idx"
+    corpus = _corpus(tmp_path, [r["anchor"] for r in rows[:5]])
+    assert run_cli(capsys, "index", "build", run, "--corpus", corpus, "--out", idx)[0] == 0
+    assert run_cli(capsys, "eval", run, "--data", data)[0] == 0
+    rc, out, err = run_cli(capsys, "search", idx, rows[0]["anchor"], "-k", 1)
+    assert rc == 0, err
+    assert out.splitlines()[1].endswith(f"line 1: {rows[0]['anchor']}")
+
+
+def test_a_search_reads_the_index_it_opened_while_a_rebuild_replaces_it(capsys, tmp_path, monkeypatch):
+    """A rebuild published during a search: the search read the old vectors, then the new
+    texts.jsonl, and printed every result beside another corpus's line, score 1.0 and all."""
+    idx = tmp_path / "idx"
+    assert _build(capsys, _corpus(tmp_path, SENTENCES), idx)[0] == 0
+    blocks = tformer.embeddings.index.Index.blocks
+
+    def rebuilt_meanwhile(self, *args):
+        monkeypatch.setattr(tformer.embeddings.index.Index, "blocks", blocks)
+        other = _corpus(tmp_path, [s.upper() + " again" for s in SENTENCES], "other.txt")
+        assert _build(capsys, other, idx)[0] == 0
+        return blocks(self, *args)
+
+    monkeypatch.setattr(tformer.embeddings.index.Index, "blocks", rebuilt_meanwhile)
+    rc, out, err = run_cli(capsys, "search", idx, SENTENCES[2], "-k", 1)
+    assert rc == 0, err
+    assert out.splitlines()[1] == f"  1. 1.0000  line 3: {SENTENCES[2]}"
+    assert _texts(idx)[2] == SENTENCES[2].upper() + " again"  # the rebuild was published
+
+
+def test_a_symlinked_out_rebuilds_the_index_it_names_and_stays_a_link(capsys, tmp_path):
+    """The link was swapped out for the new folder and left behind as .link.build, naming the
+    old index: the target kept the old index, and every later build failed ('File exists')."""
+    target, link = tmp_path / "target", tmp_path / "link"
+    assert _build(capsys, _corpus(tmp_path, OLD_CORPUS, "old.txt"), target)[0] == 0
+    link.symlink_to(target, target_is_directory=True)
+    for _ in range(2):
+        rc, _, err = _build(capsys, _corpus(tmp_path, SENTENCES), link)
+        assert rc == 0, err
+    assert link.is_symlink() and _texts(target) == SENTENCES
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "link", "old.txt", "target"]
+
+
+def test_an_empty_folder_at_out_is_built_into(capsys, tmp_path):
+    # `mkdir idx` first was refused: "exists and is not a tformer index" (an export takes it).
+    idx = tmp_path / "idx"
+    idx.mkdir()
+    rc, _, err = _build(capsys, _corpus(tmp_path, SENTENCES), idx)
+    assert rc == 0, err
+    assert _texts(idx) == SENTENCES

@@ -60,3 +60,24 @@ def test_bad_options_are_one_line_errors(capsys, tmp_path, argv, pattern):
 def test_no_query_is_a_one_line_error(capsys, tmp_path):
     rc, _, err = run_cli(capsys, "search", bert_dir(), "--corpus", _corpus(tmp_path, ["a"]))
     assert_one_line_error(rc, err, "search", r"QUERY: expected at least 1 text\(s\)")
+
+
+def test_a_long_query_is_named_by_its_argument_or_line(capsys, tmp_path):
+    # --no-truncate said "texts[0]" (the library's list index), and the truncation warning
+    # "1 of 2 texts are longer", beside the corpus's own warning, not which query.
+    long = " ".join(["cat"] * 100)
+    queries = tmp_path / "q.txt"
+    queries.write_text(f"a dog\n{long}\n")
+    corpus = _corpus(tmp_path, SENTENCES)
+    rc, out, err = run_cli(capsys, "search", bert_dir(), long, "--file", queries, "--corpus", corpus)
+    assert rc == 0 and out.count("query: ") == 3, err
+    assert err.count("\n") == 1, err
+    assert err.startswith("tformer search: warning: 2 of 3 queries are longer"), err
+    assert err.rstrip().endswith(f"truncated: QUERY 1, --file {queries}:2 (--no-truncate refuses instead)"), err
+    rc, _, err = run_cli(capsys, "search", bert_dir(), "a cat", "--file", queries, "--corpus", corpus,
+                         "--no-truncate")
+    assert_one_line_error(rc, err, "search", rf"error: --file {queries}:2: expected at most \d+ tokens")
+    rc, _, err = run_cli(capsys, "index", "build", bert_dir(), "--corpus", corpus, "--out", tmp_path / "idx")
+    assert rc == 0, err
+    rc, _, err = run_cli(capsys, "search", tmp_path / "idx", long, "--no-truncate")
+    assert_one_line_error(rc, err, "search", r"error: QUERY 1: expected at most \d+ tokens")

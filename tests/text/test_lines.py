@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from cli_helpers import NOT_LINE_BREAKS, stdin_bytes
 
@@ -91,3 +93,12 @@ def test_stdin_is_not_held_in_memory(monkeypatch):
     lines = TextLines("-", "--file")
     held = sum(len(v) for v in vars(lines).values() if isinstance(v, (bytes, bytearray, str, list)))
     assert held < 1000 and lines.count() == 100_000
+
+
+def test_a_pipe_is_not_said_to_be_missing(tmp_path):
+    # `--file <(cmd)` or --file /dev/stdin: "no such file", of a file that is there.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match=r"--file .*fifo: expected a regular file \(read twice\), got a "
+                                         r"pipe or device; for a pipe, give '-'"):
+        TextLines(fifo, "--file")

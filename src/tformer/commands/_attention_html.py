@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from tformer.commands._inputs import device_of
-from tformer.commands._pretrained import one_line_warnings
+from tformer.commands._pretrained import max_length_option, one_line_warnings
 from tformer.devices import model_device
 from tformer.nn.generate import generate
 from tformer.nn.model import from_pretrained
@@ -48,7 +48,8 @@ def bert_maps(args: argparse.Namespace) -> list[AttentionMaps]:
     with one_line_warnings("attention"):
         device = device_of(args)
         model = from_pretrained(args.model_dir, allow_pickle=args.allow_pickle).to(device)
-        tok = load_tokenizer(args.model_dir, max_length=args.max_length)
+        with max_length_option():
+            tok = load_tokenizer(args.model_dir, max_length=args.max_length)
         batch = {k: v.to(device) for k, v in tok([args.text], truncation=not args.no_truncate).items()}
     tokens = [tok.token_text(i) for i in batch["input_ids"][0].tolist()]
     check_page_size(_encoder_page_weights(model.config, len(tokens)))

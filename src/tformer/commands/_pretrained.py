@@ -59,10 +59,22 @@ def load_sentence_encoder(args: argparse.Namespace):
     device = device_of(args)
     check_not_another_run(args.model_dir)
     args.dtype, _ = resolve_precision(args.dtype, device)  # what runs here (an output's identity names it)
-    return SentenceEncoder.from_pretrained(
-        args.model_dir, allow_pickle=args.allow_pickle, max_length=args.max_length,
-        dtype=args.dtype, device=device,
-    )
+    with max_length_option():
+        return SentenceEncoder.from_pretrained(
+            args.model_dir, allow_pickle=args.allow_pickle, max_length=args.max_length,
+            dtype=args.dtype, device=device,
+        )
+
+
+@contextlib.contextmanager
+def max_length_option() -> Iterator[None]:
+    """The tokenizer's max_length errors named as the user wrote it: --max-length."""
+    try:
+        yield
+    except ValueError as e:
+        if not str(e).startswith("max_length: "):
+            raise
+        raise ValueError(f"--max-length: {str(e).removeprefix('max_length: ')}") from None
 
 
 def check_not_another_run(model_dir: str) -> None:

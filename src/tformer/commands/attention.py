@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     # `tformer train --engine numpy` never imports torch (tformer.cli builds every parser).
     from tformer.commands import _inputs
     from tformer.commands._attention_html import bert_maps, check_options, is_run_dir, run_maps, write_html
+    from tformer.commands._pretrained import max_length_option
     from tformer.viz.plots import plot_attention, save_figure
 
     _inputs.check_options(args)  # --threads, as every command that runs a model
@@ -67,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
 
         run = load_run(args.model_dir, device=device_of(args))
         try:
-            maps = run_maps(run.attention_input(args.text, args.max_length))
+            with max_length_option():
+                maps = run_maps(run.attention_input(args.text, args.max_length))
         except BadInput as e:
             raise ValueError(f"TEXT: {e.reason}") from None
     else:

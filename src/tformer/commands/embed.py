@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from tformer.commands._inputs import check_count, check_options, device_of, file_lines, json_line
+from tformer.commands._inputs import check_count, check_options, device_of, file_lines, json_line, located
 from tformer.commands._pretrained import (
     add_model_arguments,
     load_sentence_encoder,
@@ -68,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
 
     check_options(args)
     out = Path(args.out) if args.out else None
+    if out is not None and out.is_symlink():  # the file the link names is replaced; the link stays
+        out = Path(os.path.realpath(out))
     if out is not None and out.suffix not in (".npy", ".jsonl"):
         raise ValueError(f"--out: expected a .npy or .jsonl file name, got {str(out)!r}")
     if out is not None and out.is_dir():
@@ -88,7 +91,8 @@ def _embed(args: argparse.Namespace, out: Path | None, lines, n: int, rank: int,
         st = load_sentence_encoder(args)
         normalize = st.normalize if args.normalize is None else args.normalize
         encode = dict(batch_size=args.batch_size, normalize=normalize, show_progress=False,
-                      truncation=not args.no_truncate, rank=rank, world=world)
+                      truncation=not args.no_truncate, rank=rank, world=world,
+                      where=lambda number: located(args, "texts", "TEXT", number - 1))  # TEXT 1, --file f:2
         if out is None:
             for numbers, texts, emb in embed_chunks(st, numbered_inputs(args, lines), **encode):
                 for number, text, vec in zip(numbers, texts, emb.tolist(), strict=True):

@@ -11,8 +11,9 @@ grow with its length; with an index nothing is embedded but the queries.
 from __future__ import annotations
 
 import argparse
+import sys
 
-from tformer.commands._inputs import check_options, input_texts
+from tformer.commands._inputs import check_options, input_texts, located
 from tformer.commands._pretrained import (
     add_model_arguments,
     load_sentence_encoder,
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
             args.dtype = index.meta["dtype"]  # and in its precision (auto's may differ by machine)
         with one_line_warnings("search"):
             st = load_sentence_encoder(args)
-            queries = st.encode(queries_text, batch_size=args.batch_size, truncation=truncation)
+            queries = _embed_queries(st, args, queries_text)
         scores, rows = index.search(queries, args.top_k)
         found = index.texts(set(rows.ravel().tolist()))
     else:
@@ -78,10 +79,10 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--corpus {args.corpus}: expected at least one line, got none")
         with one_line_warnings("search"):
             st = load_sentence_encoder(args)
-            queries = st.encode(queries_text, batch_size=args.batch_size, truncation=truncation)
+            queries = _embed_queries(st, args, queries_text)
             best, first = TopK(queries, args.top_k), 0
             bar = progress_bar(n, args.progress)
-            for _, texts, docs in embed_chunks(st, corpus,
+            for _, texts, docs in embed_chunks(st, corpus, where=corpus.at,
                                                batch_size=args.batch_size, show_progress=False,
                                                truncation=truncation):
                 best.add(docs, first)  # (Q, b) similarities at a time, never (Q, N)
@@ -99,3 +100,22 @@ def run(args: argparse.Namespace) -> int:
             number, text = found[int(row)]
             print(f"{rank:>3}. {score:.4f}  line {number}: {short(text, 80)}")
     return 0
+
+
+def _embed_queries(st, args: argparse.Namespace, texts: list[str]):
+    """(Q, D) embeddings of the queries; one that is too long is named by its argument or --file
+    line (the library's message said 'texts[0]', and its warning did not say which)."""
+    from tformer.text.tokenizer import TextTooLong
+
+    long: list[int] = []
+    try:
+        emb = st.encode(texts, batch_size=args.batch_size, truncation=not args.no_truncate,
+                        on_long=lambda indices, counts: long.extend(indices))
+    except TextTooLong as e:
+        raise ValueError(located(args, "queries", "QUERY", e.index, e.expected())) from None
+    if long:
+        named = ", ".join(located(args, "queries", "QUERY", i) for i in long[:5])
+        print(f"tformer search: warning: {len(long)} of {len(texts)} queries are longer than the "
+              f"model's maximum length ({st.tokenizer.max_length} tokens), so they were truncated: "
+              f"{named}{', ...' if len(long) > 5 else ''} (--no-truncate refuses instead)", file=sys.stderr)
+    return emb

@@ -5,9 +5,10 @@
     build_index(st, MODEL_DIR, corpus, INDEX); Index(INDEX).search(st.encode(queries), k)
 
 Memory grows with the chunk size and k, never with the number of lines: texts are read
-lazily, embedded ``CHUNK`` at a time, and queries x corpus is computed a block at a time
-with a running top-k (not the (Q + N) x (Q + N) matrix). Under torchrun the chunks are shared
-out among the ranks and written by rank 0 (tformer.embeddings.shards).
+lazily, embedded ``CHUNK`` at a time, and queries x corpus is computed ``QUERIES`` x ``BLOCK``
+at a time with a running top-k (not the (Q + N) x (Q + N) matrix; per query, k scores are
+kept). Under torchrun the chunks are shared out among the ranks and written by rank 0
+(tformer.embeddings.shards).
 
 An index directory holds ``vectors.npy`` (N, D float32, L2-normalised), ``texts.jsonl``
 ({"line", "text"} per corpus line) and ``index.json`` (the model directory, a hash of its
@@ -27,12 +28,13 @@ import os
 import shutil
 import sys
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tformer.storage.checkpoint_names import CHECKPOINTS
 from tformer.storage.files import (
     dir_mode,
     durable_step,
@@ -48,6 +50,7 @@ from tformer.text.tokenizer import TextTooLong
 
 CHUNK = 1024  # texts embedded (and held) at a time
 BLOCK = 8192  # corpus vectors compared with the queries at a time
+QUERIES = 256  # queries compared with a block at a time (the scores held: QUERIES x BLOCK)
 INDEX_FILE, VECTORS_FILE, TEXTS_FILE = "index.json", "vectors.npy", "texts.jsonl"
 BUILD_PROGRESS = "progress.json"  # in the build folder: what it embeds, and how far it got
 INDEX_FORMAT = 1
@@ -65,13 +68,15 @@ def chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
 
 
 def embed_chunks(st, numbered: Iterable[tuple[int, str]], size: int | None = None, rank: int = 0,
-                 world: int = 1, **encode_kw) -> Iterator[tuple[list[int], list[str], np.ndarray]]:
+                 world: int = 1, where: Callable[[int], str] = "input {}".format,
+                 **encode_kw) -> Iterator[tuple[list[int], list[str], np.ndarray]]:
     """(line numbers, texts, (n, D) float32 embeddings) a chunk at a time, in input order.
     A non-finite embedding (broken weights) is refused: it would rank or print as NaN.
     With several ranks (torchrun) each embeds its share, and rank 0 yields every chunk
     (tformer.embeddings.shards); the others yield nothing but must iterate to the end.
     Texts longer than the model's maximum: one warning at the end naming their inputs (not
-    one a chunk), or, with truncation=False, an error naming the input."""
+    one a chunk), or, with truncation=False, an error naming the input. ``where(number)``
+    names input `number` in these messages (a command's: "--corpus c.txt:3")."""
     long: list[tuple[int | None, int]] = []  # (input number, token count) of the truncated texts
 
     def encode(texts: list[str], numbers: list[int] | None = None) -> np.ndarray:
@@ -81,7 +86,7 @@ def embed_chunks(st, numbered: Iterable[tuple[int, str]], size: int | None = Non
         try:
             return st.encode(texts, on_long=noted, **encode_kw)
         except TextTooLong as e:
-            raise ValueError(f"{f'input {numbers[e.index]}' if numbers else f'texts[{e.index}]'}: "
+            raise ValueError(f"{where(numbers[e.index]) if numbers else f'texts[{e.index}]'}: "
                              f"{e.expected()}") from None
 
     pieces = chunks(numbered, size or CHUNK)
@@ -96,13 +101,13 @@ def embed_chunks(st, numbered: Iterable[tuple[int, str]], size: int | None = Non
     for numbers, texts, emb in embedded:
         bad = ~np.isfinite(emb).all(axis=1)
         if bad.any():
-            raise ValueError(f"input {numbers[int(bad.argmax())]}: expected a finite embedding, "
+            raise ValueError(f"{where(numbers[int(bad.argmax())])}: expected a finite embedding, "
                              "got NaN or infinity (the model's weights are not finite)")
         total += len(texts)
         yield numbers, texts, emb
     if long:
-        named = [str(n) for n, _ in long if n is not None]
-        inputs = f": inputs {', '.join(named[:5])}{', ...' if len(named) > 5 else ''}" if named else ""
+        named = [where(n) for n, _ in long if n is not None]
+        inputs = f": {', '.join(named[:5])}{', ...' if len(named) > 5 else ''}" if named else ""
         longest = max(n for _, n in long)
         warnings.warn(f"{len(long)} of {total} texts are longer than the model's maximum length "
                       f"({st.tokenizer.max_length} tokens; the longest has {longest}), so they were "
@@ -138,32 +143,43 @@ class TopK:
 
     def add(self, block: np.ndarray, first: int, normalized: bool = False) -> None:
         """block: (b, D) corpus vectors, rows first .. first + b - 1."""
-        block = block if normalized else unit(block)
-        sims = self.q @ block.T.astype(np.float32)  # (Q, b)
-        rows = np.broadcast_to(np.arange(first, first + len(block)), sims.shape)
-        scores = np.concatenate([self.scores, sims], axis=1)  # (Q, <=k + b)
-        ids = np.concatenate([self.rows, rows], axis=1)
-        keep = np.empty((len(scores), min(self.k, scores.shape[1])), dtype=np.int64)
-        for i in range(len(scores)):
-            keep[i] = np.lexsort((ids[i], -scores[i]))[: keep.shape[1]]  # score desc, row asc
-        self.scores = np.take_along_axis(scores, keep, axis=1)
-        self.rows = np.take_along_axis(ids, keep, axis=1)
+        block = (block if normalized else unit(block)).astype(np.float32)
+        width = min(self.k, self.scores.shape[1] + len(block))
+        scores = np.empty((len(self.q), width), dtype=np.float32)
+        rows = np.empty((len(self.q), width), dtype=np.int64)
+        for q in (slice(s, s + QUERIES) for s in range(0, len(self.q), QUERIES)):
+            sims = self.q[q] @ block.T  # (q, b)
+            both = np.concatenate([self.scores[q], sims], axis=1)  # (q, <=k + b)
+            ids = np.concatenate([self.rows[q], np.broadcast_to(np.arange(first, first + len(block)),
+                                                                sims.shape)], axis=1)
+            keep = np.lexsort((ids, -both), axis=1)[:, :width]  # score desc, row asc
+            scores[q], rows[q] = np.take_along_axis(both, keep, axis=1), np.take_along_axis(ids, keep, axis=1)
+        self.scores, self.rows = scores, rows
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         """(scores, rows), each (Q, k), best first."""
         return self.scores, self.rows
 
 
+# A run's records beside its model, not read to embed (`eval --data` appends to metrics.jsonl)
+RUN_RECORDS = {"metrics.jsonl", "curves.png", "confusion.png", "data.json", "best.safetensors", CHECKPOINTS}
+
+
 def model_identity(model_dir: str | Path) -> str:
-    """A hash of every file of the model directory (config, weights, tokenizer, pooling)."""
+    """A hash of the model directory's files (config, weights, tokenizer, pooling), not of a
+    run's records (RUN_RECORDS) nor of hidden files (a run's lock holds its user's pid)."""
     root = Path(model_dir)
     digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and _embeds(p.relative_to(root).parts)):
         digest.update(str(path.relative_to(root)).encode() + b"\0")
         with path.open("rb") as f:
             while block := f.read(1 << 20):
                 digest.update(block)
     return digest.hexdigest()[:16]
+
+
+def _embeds(parts: tuple[str, ...]) -> bool:
+    return parts[0] not in RUN_RECORDS and not any(part.startswith(".") for part in parts)
 
 
 def build_index(st, model_dir: str | Path, corpus: str | Path, out: str | Path,
@@ -181,10 +197,13 @@ def build_index(st, model_dir: str | Path, corpus: str | Path, out: str | Path,
         lines = corpus if isinstance(corpus, TextLines) else TextLines(corpus, "--corpus")
         done = broadcast_int(0, world)  # rank 0's lines already embedded
         for _ in embed_chunks(st, ((k, t) for k, t in lines if k > done), rank=rank, world=world,
-                              batch_size=batch_size, truncation=truncation, show_progress=False):
+                              where=lines.at, batch_size=batch_size, truncation=truncation,
+                              show_progress=False):
             pass  # rank 0 gathers and writes
         return None
     out = Path(out)
+    if out.is_symlink():  # the folder the link names is rebuilt; the link stays a link (it was
+        out = Path(os.path.realpath(out))  # swapped out, and left as .OUT.build: the next build failed)
     check_replaceable(out)
     lines = corpus if isinstance(corpus, TextLines) else TextLines(corpus, "--corpus")
     n = lines.count()
@@ -233,7 +252,7 @@ def _build(st, model_dir, lines: TextLines, n: int, out: Path, batch_size: int,
             f.truncate(size)
             f.seek(size)
         for numbers, texts, emb in embed_chunks(
-            st, ((k, t) for k, t in lines if k > done), world=world, batch_size=batch_size,
+            st, ((k, t) for k, t in lines if k > done), world=world, where=lines.at, batch_size=batch_size,
             truncation=truncation, show_progress=False,
         ):
             durable_step(f"write {work / VECTORS_FILE}")
@@ -296,8 +315,8 @@ def check_replaceable(out: Path) -> None:
     """`out` is new, or an index an earlier build wrote, holding its files only: a rebuild swaps
     the folder whole, so anything else in it would be deleted (a folder holding a file that
     happened to be named index.json, and the user's README beside it, was)."""
-    if not out.exists():
-        return
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return  # new, or an empty folder (`mkdir INDEX` first): nothing to lose, as for an export
     ours = {INDEX_FILE, VECTORS_FILE, TEXTS_FILE}
     others = sorted(p.name for p in out.iterdir() if p.name not in ours) if out.is_dir() else []
     if not out.is_dir() or others or not _is_index_json(out / INDEX_FILE):
@@ -326,8 +345,17 @@ class Index:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         try:
-            self.meta = json.loads((self.path / INDEX_FILE).read_text())
-        except (OSError, json.JSONDecodeError) as e:
+            # Its files opened together, through the folder, and read from these handles: a
+            # rebuild that swaps the folder during a search leaves it reading the index it opened
+            # (it read the old vectors, then the new texts: every result named another line).
+            folder = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                self.files = {name: open(name, "rb", opener=lambda n, flags: os.open(n, flags, dir_fd=folder))
+                              for name in (INDEX_FILE, VECTORS_FILE, TEXTS_FILE)}
+            finally:
+                os.close(folder)
+            self.meta = json.loads(self.files[INDEX_FILE].read())
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"INDEX {self.path}: not a readable tformer index ({e})") from None
         if not isinstance(self.meta, dict) or self.meta.get("format") != INDEX_FORMAT:
             raise ValueError(f"INDEX {self.path / INDEX_FILE}: expected format {INDEX_FORMAT}")
@@ -357,47 +385,48 @@ class Index:
     def blocks(self, size: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
         """(first row, (b, D) vectors), read with plain reads (not a memory map), so memory
         stays flat however large the index is."""
-        path = self.path / VECTORS_FILE
-        with path.open("rb") as f:
-            try:
-                version = np.lib.format.read_magic(f)
-                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                               else np.lib.format.read_array_header_2_0)
-                shape, fortran, dtype = read_header(f)
-            except ValueError as e:
-                raise ValueError(f"INDEX {path}: expected a .npy array, got {e}") from None
-            if fortran:  # read row by row below: a column-major file would be read as garbage
-                raise ValueError(f"INDEX {path}: expected a row-major (C order) array, got Fortran order "
-                                 "(damaged: rebuild the index)")
-            if shape != (self.meta["n"], self.meta["dim"]) or dtype != np.float32:
-                raise ValueError(f"INDEX {path}: expected float32 {self.meta['n']} x "
-                                 f"{self.meta['dim']}, got {dtype} {shape}")
-            n, d = shape
-            expected, got = f.tell() + n * d * 4, os.fstat(f.fileno()).st_size
-            if got != expected:
-                raise ValueError(f"INDEX {path}: expected {expected} bytes ({n} x {d} float32), "
-                                 f"got {got} (truncated or damaged: rebuild the index)")
-            size = size or BLOCK
-            for first in range(0, n, size):
-                b = min(size, n - first)
-                yield first, np.fromfile(f, dtype=np.float32, count=b * d).reshape(b, d)
+        path, f = self.path / VECTORS_FILE, self.files[VECTORS_FILE]
+        f.seek(0)
+        try:
+            version = np.lib.format.read_magic(f)
+            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                           else np.lib.format.read_array_header_2_0)
+            shape, fortran, dtype = read_header(f)
+        except ValueError as e:
+            raise ValueError(f"INDEX {path}: expected a .npy array, got {e}") from None
+        if fortran:  # read row by row below: a column-major file would be read as garbage
+            raise ValueError(f"INDEX {path}: expected a row-major (C order) array, got Fortran order "
+                             "(damaged: rebuild the index)")
+        if shape != (self.meta["n"], self.meta["dim"]) or dtype != np.float32:
+            raise ValueError(f"INDEX {path}: expected float32 {self.meta['n']} x "
+                             f"{self.meta['dim']}, got {dtype} {shape}")
+        n, d = shape
+        expected, got = f.tell() + n * d * 4, os.fstat(f.fileno()).st_size
+        if got != expected:
+            raise ValueError(f"INDEX {path}: expected {expected} bytes ({n} x {d} float32), "
+                             f"got {got} (truncated or damaged: rebuild the index)")
+        size = size or BLOCK
+        for first in range(0, n, size):
+            b = min(size, n - first)
+            yield first, np.fromfile(f, dtype=np.float32, count=b * d).reshape(b, d)
 
     def texts(self, rows: set[int]) -> dict[int, tuple[int, str]]:
         """{row: (line number, text)} for the wanted rows, one streamed pass."""
-        path = self.path / TEXTS_FILE
+        path, f = self.path / TEXTS_FILE, self.files[TEXTS_FILE]
+        f.seek(0)
         found: dict[int, tuple[int, str]] = {}
         count = 0
-        with path.open(encoding="utf-8", errors="replace") as f:  # a cut character: the count
-            for row, line in enumerate(f):
-                count += 1
-                if row in rows:
-                    try:
-                        record = json.loads(line)
-                        found[row] = (int(record["line"]), str(record["text"]))
-                    except (ValueError, KeyError, TypeError):
-                        raise ValueError(f"INDEX {path}:{row + 1}: expected a JSON object with "
-                                         f"\"line\" and \"text\", got {line[:60]!r} (damaged: "
-                                         "rebuild the index)") from None
+        for row, raw in enumerate(f):
+            count += 1
+            if row in rows:
+                line = raw.decode("utf-8", errors="replace")  # a cut character: the count
+                try:
+                    record = json.loads(line)
+                    found[row] = (int(record["line"]), str(record["text"]))
+                except (ValueError, KeyError, TypeError):
+                    raise ValueError(f"INDEX {path}:{row + 1}: expected a JSON object with "
+                                     f"\"line\" and \"text\", got {line[:60]!r} (damaged: "
+                                     "rebuild the index)") from None
         if count != self.meta["n"]:
             raise ValueError(f"INDEX {path}: expected {self.meta['n']} lines (index.json), got "
                              f"{count} (truncated or damaged: rebuild the index)")

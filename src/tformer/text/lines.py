@@ -40,8 +40,11 @@ class TextLines:
         elif Path(path).is_dir():
             raise IsADirectoryError(f"{option} {path}: expected a file of texts, one per line, "
                                     "got a directory")
-        elif not Path(path).is_file():
+        elif not Path(path).exists():
             raise FileNotFoundError(f"{option} {path}: no such file")
+        elif not Path(path).is_file():  # a pipe (<(cmd), /dev/stdin) is gone once read: counted, then nothing
+            raise ValueError(f"{option} {path}: expected a regular file (read twice), got a pipe or device; "
+                             f"for a pipe, give '{STDIN}' and pipe it to standard input")
 
     def _raw(self) -> Iterator[bytes]:
         if self._stdin is not None:
@@ -51,18 +54,21 @@ class TextLines:
             for raw in f:  # binary files split at b"\n" only
                 yield raw[:-1] if raw.endswith(b"\n") else raw
 
+    def at(self, number: int) -> str:
+        """Where line `number` is, as errors name it: "--corpus c.txt:3"."""
+        return f"{self.option} {'standard input' if self._stdin is not None else self.name}:{number}"
+
     def __iter__(self) -> Iterator[tuple[int, str]]:
         """(line number from 1, text), the line ending removed; a blank line is an error."""
-        where = "standard input" if self._stdin is not None else self.name
         for number, raw in enumerate(self._raw(), start=1):
             raw = raw[:-1] if raw.endswith(b"\r") else raw
             try:
                 text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as e:
-                raise ValueError(f"{self.option} {where}:{number}: expected UTF-8 text, "
+                raise ValueError(f"{self.at(number)}: expected UTF-8 text, "
                                  f"got byte {raw[e.start]:#04x} at column {e.start + 1}") from None
             if not text.strip():
-                raise ValueError(f"{self.option} {where}:{number}: expected a text, got a blank "
+                raise ValueError(f"{self.at(number)}: expected a text, got a blank "
                                  "line (every line is one input)")
             yield number, text
 
