@@ -93,8 +93,9 @@ def test_a_files_long_lines_are_counted_once_and_named_by_line(capsys, tmp_path,
     chunk ("1 of 2 texts", the same words twice, shown once), and --no-truncate named a text's
     place in its chunk. One warning for the file, naming the lines; the error names the line."""
     import tformer.embeddings.index
+    import tformer.embeddings.stream
 
-    monkeypatch.setattr(tformer.embeddings.index, "CHUNK", 2)
+    monkeypatch.setattr(tformer.embeddings.stream, "CHUNK", 2)
     lines = ["a dog"] * 9
     for i in (0, 4, 6):
         lines[i] = LONG
@@ -162,12 +163,13 @@ def test_search_prints_each_result_on_one_line(capsys, tmp_path):
 def test_index_build_then_search_gives_what_search_on_the_corpus_gives(capsys, tmp_path,
                                                                        monkeypatch):
     import tformer.embeddings.index
+    import tformer.embeddings.stream
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(SENTENCES) + "\n")
     rc, whole, _ = _run(capsys, "search", bert_dir(), "--corpus", corpus, SENTENCES[3], "a cat",
                         "-k", 3)
-    monkeypatch.setattr(tformer.embeddings.index, "CHUNK", 2)  # the corpus in 3 chunks, blocks of 2
+    monkeypatch.setattr(tformer.embeddings.stream, "CHUNK", 2)  # the corpus in 3 chunks, blocks of 2
     monkeypatch.setattr(tformer.embeddings.index, "BLOCK", 2)
     rc, direct, _ = _run(capsys, "search", bert_dir(), "--corpus", corpus, SENTENCES[3], "a cat",
                          "-k", 3)
@@ -199,9 +201,10 @@ def test_embed_out_errors_are_one_line(capsys, tmp_path):
 
 def test_embed_streams_and_resumes_an_interrupted_file(capsys, tmp_path, monkeypatch):
     import tformer.embeddings.index
+    import tformer.embeddings.stream
     from tformer.storage import files
 
-    monkeypatch.setattr(tformer.embeddings.index, "CHUNK", 2)
+    monkeypatch.setattr(tformer.embeddings.stream, "CHUNK", 2)
     lines = tmp_path / "lines.txt"
     lines.write_text("\n".join(SENTENCES) + "\n")
     out = tmp_path / "e.npy"

@@ -13,6 +13,7 @@ from helpers import assert_close
 from hf_bert_fixtures import SENTENCES, st_dir
 
 import tformer.embeddings.index
+import tformer.embeddings.stream
 from tformer.embeddings.sentence import SentenceEncoder
 from tformer.storage import files
 
@@ -32,7 +33,7 @@ def _expected(texts, dtype="fp32"):
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(tformer.embeddings.index, "CHUNK", 2)  # 5 texts: chunks of 2, 2, 1
+    monkeypatch.setattr(tformer.embeddings.stream, "CHUNK", 2)  # 5 texts: chunks of 2, 2, 1
 
 
 def test_every_file_line_is_one_row(capsys, tmp_path):

@@ -11,6 +11,7 @@ from cli_helpers import assert_one_line_error, killed_at, run_cli, stdin_bytes
 from hf_bert_fixtures import SENTENCES, bert_dir
 
 import tformer.embeddings.index
+import tformer.embeddings.stream
 from tformer.storage import files
 
 OLD_CORPUS = ["a dog", "the cat sat on the mat"]
@@ -18,7 +19,7 @@ OLD_CORPUS = ["a dog", "the cat sat on the mat"]
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(tformer.embeddings.index, "CHUNK", 2)
+    monkeypatch.setattr(tformer.embeddings.stream, "CHUNK", 2)
 
 
 def _corpus(tmp_path, lines, name="corpus.txt"):

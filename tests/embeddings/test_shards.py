@@ -16,7 +16,7 @@ import pytest
 from hf_bert_fixtures import st_dir
 
 from tformer.embeddings import shards
-from tformer.embeddings.index import CHUNK
+from tformer.embeddings.stream import CHUNK
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 TORCHRUN = Path(sys.executable).parent / "torchrun"

@@ -83,8 +83,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _embed(args: argparse.Namespace, out: Path | None, lines, n: int, rank: int, world: int) -> int:
-    from tformer.embeddings.index import embed_chunks, model_identity, progress_bar
+    from tformer.embeddings.index import model_identity
     from tformer.embeddings.output import open_output
+    from tformer.embeddings.stream import embed_chunks, progress_bar
     from tformer.training.distributed import broadcast_int
 
     with one_line_warnings("embed"):

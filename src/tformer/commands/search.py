@@ -45,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.embeddings.index import Index, TopK, embed_chunks, progress_bar
+    from tformer.embeddings.index import Index
+    from tformer.embeddings.stream import TopK, embed_chunks, progress_bar
     from tformer.text.lines import TextLines
 
     check_options(args)
