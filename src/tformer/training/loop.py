@@ -163,6 +163,8 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
                 log(verdict)
             return done
         state.pop("stopped_by", None)  # trains on
+        if writer and state.get("best_step") == state["step"]:
+            _save_best(run_dir, model)  # a kill may have come before they were written (_checkpoint)
         check_minimum(config, started, spent=float(state["wall_seconds"]))
     state["precision"] = plan.half if bf16 else "fp32"
     state["device"] = str(device)
@@ -379,8 +381,14 @@ def _track_best(state: dict[str, Any], by: str, value: float) -> bool:
 def _checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig,
                 state: dict[str, Any], best: bool) -> None:
     """Every file the loop writes about the model goes through here (tformer.storage.checkpoint owns
-    the format): the checkpoint, and the best validated weights."""
-    if best:
-        weights = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-        write_atomic(run_dir / "best.safetensors", st_save(weights))
+    the format): the checkpoint, then the best validated weights. In this order a kill between
+    the two leaves a checkpoint whose best step is its own, and its resume rewrites them (best
+    weights written first would be of a step the resumed run never reaches)."""
     save_checkpoint(run_dir, model, optimizer, config, state, keep=config.keep)
+    if best:
+        _save_best(run_dir, model)
+
+
+def _save_best(run_dir: Path, model: nn.Module) -> None:
+    weights = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    write_atomic(run_dir / "best.safetensors", st_save(weights))
