@@ -312,3 +312,29 @@ def test_best_weights_killed_between_their_write_and_the_checkpoint_match_the_re
         best = load_file(str(run / "best.safetensors"))
         kept = load_file(str(run / "checkpoints" / f"step-{test['tested_step']:06d}" / "model.safetensors"))
         assert all(torch.equal(best[key], kept[key]) for key in kept), (k, test["tested_step"])
+
+
+def test_ctrl_c_says_how_to_resume_the_run(tmp_path, monkeypatch, capsys):
+    import tformer.training.loop as loop
+
+    saves = []
+
+    def save_then_ctrl_c(*args, **kwargs):
+        saves.append(1)
+        if len(saves) == 2:  # Ctrl-C during the second save: the first is kept
+            raise KeyboardInterrupt
+        return save(*args, **kwargs)
+
+    save = loop.save_checkpoint
+    monkeypatch.setattr(loop, "save_checkpoint", save_then_ctrl_c)
+    out = tmp_path / "run"
+    argv = ["train", "--task", "reverse", "--steps", "4", "--eval-every", "2", "--out", str(out), "--d-model",
+            "16", "--n-heads", "2", "--d-ff", "32", "--n-layers", "1", "--batch-size", "8", "--valid-size", "8",
+            "--test-size", "8", "--threads", "1", "--quiet"]
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert err == f"tformer train: interrupted; {out} keeps its last checkpoint; resume with " \
+                  f"`tformer train --resume {out}`\n"
+    monkeypatch.setattr(loop, "save_checkpoint", save)
+    assert main(["train", "--resume", str(out), "--quiet"]) == 0
+    assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 4
