@@ -338,3 +338,26 @@ def test_ctrl_c_says_how_to_resume_the_run(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(loop, "save_checkpoint", save)
     assert main(["train", "--resume", str(out), "--quiet"]) == 0
     assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 4
+
+
+def test_a_run_that_had_ended_and_was_interrupted_in_its_test_only_tests_when_resumed(
+        tmp_path, monkeypatch, capsys):
+    """Its last checkpoint says what stopped it (here --patience: a learning rate too small to
+    move the weights improves nothing; a timed run's clock too, whose resume was refused as out
+    of time): the resume trains no step more, it tests."""
+    import tformer.training.loop as loop
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    out = tmp_path / "run"
+    argv = ["train", "--task", "reverse", "--steps", "20", "--eval-every", "1", "--patience", "1", "--lr", "1e-30",
+            "--out", str(out), "--d-model", "16", "--n-heads", "2", "--d-ff", "32", "--n-layers", "1",
+            "--batch-size", "8", "--valid-size", "8", "--test-size", "8", "--threads", "1", "--quiet"]
+    with monkeypatch.context() as m:
+        m.setattr(loop, "with_baseline", ctrl_c)  # after the test is scored, before it is written
+        assert main(argv) == 130
+    assert json.loads((check_run_dir(out) / "trainer_state.json").read_text())["stopped_by"] == "patience"
+    assert main(["train", "--resume", str(out), "--quiet"]) == 0
+    test = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert (test["split"], test["step"], test["stopped_by"]) == ("test", 2, "patience")

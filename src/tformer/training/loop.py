@@ -60,7 +60,7 @@ from tformer.storage.checkpoint import (
     save_checkpoint,
 )
 from tformer.storage.files import new_run_dir, write_atomic
-from tformer.storage.rundir import discard_unstarted, open_run_dir, resume_metrics
+from tformer.storage.rundir import discard_unstarted, finished, open_run_dir, resume_metrics
 from tformer.training.budget import PROBE, Budget, check_minimum
 from tformer.training.config import TrainConfig
 from tformer.training.distributed import any_rank, barrier, rank_and_world
@@ -153,6 +153,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     model = objective.build_model(saved).to(device)
     optimizer = make_optimizer(model, config)
     state: dict[str, Any] = {"step": 0, "wall_seconds": 0.0, "schedule": config.schedule}
+    ended = None  # what stopped a resumed run that had ended, killed in its test: it only tests
     if resume:
         state = load_training_state(run_dir, model, optimizer)
         state.setdefault("best_by", objective.main_metric)  # what picked the best before best_by
@@ -167,10 +168,12 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
             if verdict:
                 log(verdict)
             return done
-        state.pop("stopped_by", None)  # trains on
+        ended = state["stopped_by"] if finished(state, _limits(config)) else None
+        state.pop("stopped_by", None)  # trains on (or, having ended, tests)
         if writer and state.get("best_step") == state["step"]:
             _save_best(run_dir, model)  # a kill may have come before they were written (_checkpoint)
-        check_minimum(config, started, spent=float(state["wall_seconds"]))
+        if ended is None:
+            check_minimum(config, started, spent=float(state["wall_seconds"]))
     state["precision"] = plan.half if bf16 else "fp32"
     state["device"] = str(device)
     scaler = grad_scaler(model, bf16)  # fp16 only
@@ -189,7 +192,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     bar = Progress(planned, state["step"], disabled=not progress or not writer,
                    ends_at=started + budget.seconds if budget.timed else None)
     meter = Meter()
-    stop_reason = "steps"
+    stop_reason = ended or "steps"
     batches = objective.train_batches(state["step"] * config.accumulate * world, rank, world)
 
     def wall() -> float:
@@ -201,7 +204,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     # the run unvalidated when the deadline fell between the two).
     time_up = budget.out_of_time()
     first_step = state["step"]
-    while state["step"] < config.steps:
+    while ended is None and state["step"] < config.steps:
         if any_rank(time_up, world):
             stop_reason = "max_minutes"
             break
