@@ -34,3 +34,16 @@ def test_a_finished_run_resumed_with_the_same_limits_changes_nothing(tmp_path):
     state = {"step": 5, "stopped_by": "steps"}
     assert resume_metrics(path, state, {"steps": 5}) == records[1]
     assert path.read_bytes() == before
+
+
+def test_discard_unstarted_leaves_a_run_another_process_trains_in(tmp_path):
+    from tformer.storage.rundir import RunLock, discard_unstarted
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "tokenizer.json").write_text("{}")
+    with RunLock(run):  # (its own descriptor: conflicts as another process's lock would)
+        discard_unstarted(run)
+        assert (run / "tokenizer.json").is_file()
+    discard_unstarted(run)  # nobody's: removed
+    assert not run.exists()

@@ -144,10 +144,15 @@ def _results(run_dir: Path) -> list[str]:
 def discard_unstarted(run_dir: Path) -> None:
     """Remove a run directory this process created if it holds nothing but what a run writes
     before its first step (the lock, the tokenizer, data.json): a bad data file leaves no
-    half-made run behind. Anything else in it, and it stays."""
-    names = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
-    if names <= {LOCK_FILE, "tokenizer.json", "data.json"}:
-        shutil.rmtree(run_dir, ignore_errors=True)
+    half-made run behind. Anything else in it, and it stays; so does one another process
+    trains in (two runs started together into one new --out: the one refused made it too)."""
+    try:
+        lock = RunLock(run_dir)
+    except ValueError:  # in use, or not there
+        return
+    with lock:
+        if {p.name for p in run_dir.iterdir()} <= {LOCK_FILE, "tokenizer.json", "data.json"}:
+            shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
