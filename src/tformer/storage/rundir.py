@@ -74,9 +74,12 @@ def check_unlocked(run_dir: str | Path) -> None:
 
 
 def is_run_dir(path: Path) -> bool:
-    """True for a directory tformer train wrote (or began to write)."""
-    return ((path / LOCK_FILE).exists() or (path / CHECKPOINTS).is_dir()
-            or (path / "trainer_state.json").is_file())
+    """True for a directory tformer train wrote (or began to write): its lock file, a published
+    checkpoint, or an older run's checkpoint files at its top level. Not for any folder that has
+    a `checkpoints/` or a `trainer_state.json` (a project's, a Hugging Face Trainer's): a fresh
+    run clears what a run of its own left, and those are the user's files."""
+    return ((path / LOCK_FILE).exists() or latest_checkpoint(path) is not None
+            or all((path / name).is_file() for name in ("trainer_state.json", "train_config.json")))
 
 
 def check_out(run_dir: Path) -> None:
