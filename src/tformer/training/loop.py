@@ -125,8 +125,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
         raise
     except KeyboardInterrupt:  # Ctrl-C: what was published stays; say how to go on from it
         if writer and latest_checkpoint(run_dir) is not None:
-            raise KeyboardInterrupt(f"{run_dir} keeps its last checkpoint; resume with "
-                                    f"`tformer train --resume {run_dir}`") from None
+            raise KeyboardInterrupt(f"{run_dir} keeps its last checkpoint; resume with `tformer train "
+                                    f"--resume {run_dir}`") from None
         raise
     finally:
         torch.set_num_threads(threads)  # the plan may have chosen fewer: the caller's again
@@ -153,7 +153,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     model = objective.build_model(saved).to(device)
     optimizer = make_optimizer(model, config)
     state: dict[str, Any] = {"step": 0, "wall_seconds": 0.0, "schedule": config.schedule}
-    ended = None  # what stopped a resumed run that had ended, killed in its test: it only tests
+    ended = None  # what stopped a resumed run that had ended, and was killed in its test
     if resume:
         state = load_training_state(run_dir, model, optimizer)
         state.setdefault("best_by", objective.main_metric)  # what picked the best before best_by
@@ -172,7 +172,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
         state.pop("stopped_by", None)  # trains on (or, having ended, tests)
         if writer and state.get("best_step") == state["step"]:
             _save_best(run_dir, model)  # a kill may have come before they were written (_checkpoint)
-        if ended is None:
+        if ended is None:  # (else only the test is left)
             check_minimum(config, started, spent=float(state["wall_seconds"]))
     state["precision"] = plan.half if bf16 else "fp32"
     state["device"] = str(device)
@@ -388,10 +388,8 @@ def _track_best(state: dict[str, Any], by: str, value: float) -> bool:
 
 def _checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig,
                 state: dict[str, Any], best: bool) -> None:
-    """Every file the loop writes about the model goes through here (tformer.storage.checkpoint owns
-    the format): the checkpoint, then the best validated weights. In this order a kill between
-    the two leaves a checkpoint whose best step is its own, and its resume rewrites them (best
-    weights written first would be of a step the resumed run never reaches)."""
+    """Every file the loop writes about the model: the checkpoint, then the best weights (a kill
+    between them leaves a checkpoint at its best step, whose resume rewrites them)."""
     save_checkpoint(run_dir, model, optimizer, config, state, keep=config.keep)
     if best:
         _save_best(run_dir, model)
