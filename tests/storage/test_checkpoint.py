@@ -395,3 +395,9 @@ def test_a_step_saved_again_after_its_first_was_pruned_takes_the_next_name_and_k
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["latest", "step-000002.2"]
     assert latest_checkpoint(tmp_path).name == "step-000002.2"
+
+
+def test_a_damaged_latest_pointer_is_read_as_a_missing_one(tmp_path):
+    (tmp_path / "checkpoints" / "step-000002").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "latest").write_bytes(b"\xff\xfe\x00bad")  # was a UnicodeDecodeError
+    assert latest_checkpoint(tmp_path).name == "step-000002"
