@@ -128,3 +128,27 @@ def test_one_rule_for_labels_whole_numbers_are_their_integer_text(tmp_path):
     run = tformer.train(data=rows, out=str(tmp_path / "run"), **TINY)
     assert run.labels == ["1", "true"]
     assert set(run.predict("a big cat")[0]["probabilities"]) == {"1", "true"}
+
+
+def test_a_train_refused_because_another_process_took_its_out_first_leaves_that_run_alone(
+        tmp_path, monkeypatch):
+    """Two trains started together into one new out: both saw no folder. The one refused as
+    "in use" removed it as its own failed run, while the other trained in it."""
+    import tformer.api as api
+    from tformer.storage.rundir import RunLock
+
+    out = tmp_path / "run"
+    peer = []
+
+    def the_other_process_starts_first(*args, **kwargs):  # between the check and the lock
+        out.mkdir()
+        peer.append(RunLock(out))  # (a second flock, on its own descriptor, conflicts as a process's)
+        (out / "tokenizer.json").write_text("{}")
+        return real(*args, **kwargs)
+
+    real = api._train
+    monkeypatch.setattr(api, "_train", the_other_process_starts_first)
+    with pytest.raises(ValueError, match="is in use by another tformer process"):
+        tformer.train(data=write(tmp_path / "d.jsonl", classification_rows(20)), out=str(out), **TINY)
+    assert (out / "tokenizer.json").is_file()
+    peer[0].release()

@@ -91,3 +91,13 @@ def test_every_activation_has_a_kernel_and_a_mirror():
     from tformer.reference import feedforward as ref_feedforward
 
     assert tuple(kernels.ACTIVATIONS) == ACTIVATIONS == tuple(ref_feedforward.ACTIVATIONS)
+
+
+@pytest.mark.parametrize("data, message", [({"d_model": -3}, "d_model: expected a positive int, got -3"),
+                                           ({"d_modle": 64}, "unknown key"),
+                                           ({"d_model": "wide"}, "d_model")])
+def test_a_config_file_holding_a_bad_value_is_named(tmp_path, data, message):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=f"^{path}: .*{message}"):
+        TransformerConfig.load(path)

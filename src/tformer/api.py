@@ -27,7 +27,7 @@ from tformer.kernels.allocator import keep_freed_memory
 from tformer.runs import ClassificationRun, EmbeddingRun, Run, Seq2SeqRun, load_run
 from tformer.storage.checkpoint import latest_checkpoint
 from tformer.storage.files import new_run_dir, write_atomic
-from tformer.storage.rundir import open_run_dir
+from tformer.storage.rundir import RunLock, open_run_dir
 from tformer.training.config import TrainConfig, check_keys, resolve_config
 from tformer.training.loop import train as _train
 from tformer.training.records import Record
@@ -80,8 +80,13 @@ def train(data: Data | None = None, valid: Data | None = None, test: Data | None
 
 def _remove(created: list[Path]) -> None:
     """The run directory this call created, and the folders above it that it created while
-    they are empty."""
-    shutil.rmtree(created[0], ignore_errors=True)
+    they are empty. Not a run another process trains in: it made the folder at the same moment."""
+    try:
+        lock = RunLock(created[0])
+    except ValueError:  # in use by that other process
+        return
+    with lock:
+        shutil.rmtree(created[0], ignore_errors=True)
     for folder in created[1:]:
         try:
             folder.rmdir()

@@ -138,8 +138,8 @@ def _command(argv: list[str] | None) -> int:
     except OS_ERRORS as e:
         print(f"tformer {args.command}: error: {_os_error(e)}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"tformer {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # (its message, if any, says how to go on)
+        print(f"tformer {args.command}: interrupted" + (f"; {e}" if str(e) else ""), file=sys.stderr)
         return 130
 
 

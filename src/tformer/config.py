@@ -129,7 +129,10 @@ class TransformerConfig:
             raise ValueError(f"{path}: not valid JSON ({e})") from None
         if not isinstance(data, dict):
             raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
-        return cls.from_dict(data)
+        try:
+            return cls.from_dict(data)
+        except (ValueError, TypeError) as e:  # a file edited or damaged: name it, not just the key
+            raise ValueError(f"{path}: {e}") from None
 
 
 # BERT's layout (Devlin et al. 2019): learned positions, two token types, a LayerNorm over the

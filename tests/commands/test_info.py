@@ -84,3 +84,17 @@ def test_info_says_which_steps_weights_were_tested(tmp_path, capsys, classificat
         metrics.write_text("\n".join(lines[:-1] + [json.dumps({**test, "tested_step": tested})]) + "\n")
         assert main(["info", str(run)]) == 0
         assert f"(step {test['step']}, {test['wall_seconds']:.0f} s{said})" in capsys.readouterr().out
+
+
+def test_a_run_with_a_damaged_train_config_or_data_json_is_named_in_one_line(tmp_path, capsys):
+    ckpt = tmp_path / "run" / "checkpoints" / "step-000001"
+    ckpt.mkdir(parents=True)
+    TransformerConfig(d_model=32, n_heads=2).save(ckpt / "config.json")
+    for path, text in [(ckpt / "train_config.json", '{"data": "x.csv", "lr'),
+                       (tmp_path / "run" / "data.json", '{"objective": "classif')]:
+        (ckpt / "train_config.json").write_text('{"data": "x.csv"}')
+        path.write_text(text)
+        assert main(["info", str(tmp_path / "run")]) == 2
+        assert capsys.readouterr().err.startswith(f"tformer info: error: {path}: not valid JSON (")
+    (ckpt / "train_config.json").write_text('{"lr": 0.1}')  # neither data nor task: no KeyError
+    assert main(["info", str(tmp_path / "run")]) == 0

@@ -77,6 +77,8 @@ def test_generate_prints_one_line_per_input(run_dir, capsys):
     (["generate", "{run}", "3 x 4"], "'x' in '3 x 4' is not in the vocabulary"),
     (["generate", "{run}", "1" * 40], "expected at most 18 tokens with specials"),
     (["train", "--resume", "{run}", "--lr", "0.5"], "lr: cannot change when resuming"),
+    (["train", "--resume", "{run}", "--out", "{tmp}/elsewhere"],
+     "--out: a resumed run stays in its directory ({run}); expected no --out or that one, got {tmp}/elsewhere"),
     (["eval", "{bad}"], "model.safetensors: not a readable safetensors file"),
 ])
 def test_bad_input_is_one_line_error(argv, message, run_dir, tmp_path, capsys):
@@ -86,6 +88,7 @@ def test_bad_input_is_one_line_error(argv, message, run_dir, tmp_path, capsys):
     (check_run_dir(bad) / "model.safetensors").write_bytes(b"not safetensors")
     (bad / "best.safetensors").unlink(missing_ok=True)  # so the checkpoint's weights are loaded
     argv = [a.format(cfg=tmp_path / "c.json", tmp=tmp_path, run=run_dir, bad=bad) for a in argv]
+    message = message.format(tmp=tmp_path, run=run_dir)
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err and message in err

@@ -379,3 +379,25 @@ def test_a_run_stopped_before_its_first_checkpoint_says_so_on_resume(tmp_path):
     with pytest.raises(ValueError, match=r"is a run stopped before its first checkpoint: nothing to load or "
                                          r"resume; start it again with `tformer train --out "):
         check_run_dir(out)
+
+
+def test_a_step_saved_again_after_its_first_was_pruned_takes_the_next_name_and_keeps_one(
+        tmp_path, tiny_config):
+    """(A resume at the step a run ended on saves that step once more.) The name of a pruned
+    checkpoint was taken again, ordered before the one kept: --keep 1 kept two."""
+    from tformer.nn.model import Encoder
+    from tformer.storage.checkpoint import save_checkpoint
+
+    model = Encoder(tiny_config)
+    optimizer = torch.optim.AdamW(model.parameters())
+    for _ in range(3):
+        save_checkpoint(tmp_path, model, optimizer, _config(**TINY), {"step": 2}, keep=1)
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["latest", "step-000002.2"]
+    assert latest_checkpoint(tmp_path).name == "step-000002.2"
+
+
+def test_a_damaged_latest_pointer_is_read_as_a_missing_one(tmp_path):
+    (tmp_path / "checkpoints" / "step-000002").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "latest").write_bytes(b"\xff\xfe\x00bad")  # was a UnicodeDecodeError
+    assert latest_checkpoint(tmp_path).name == "step-000002"

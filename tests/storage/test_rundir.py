@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tformer.storage.rundir import read_metrics, resume_metrics
 
 
@@ -34,3 +36,31 @@ def test_a_finished_run_resumed_with_the_same_limits_changes_nothing(tmp_path):
     state = {"step": 5, "stopped_by": "steps"}
     assert resume_metrics(path, state, {"steps": 5}) == records[1]
     assert path.read_bytes() == before
+
+
+def test_discard_unstarted_leaves_a_run_another_process_trains_in(tmp_path):
+    from tformer.storage.rundir import RunLock, discard_unstarted
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "tokenizer.json").write_text("{}")
+    with RunLock(run):  # (its own descriptor: conflicts as another process's lock would)
+        discard_unstarted(run)
+        assert (run / "tokenizer.json").is_file()
+    discard_unstarted(run)  # nobody's: removed
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("files", [
+    {"checkpoints/epoch1.pt": "w", "config.json": "{}"},  # a project's own checkpoints/ folder
+    {"config.json": "{}", "trainer_state.json": "{}", "pytorch_model.bin": "b"},  # a HF Trainer's
+])
+def test_out_with_a_checkpoints_folder_or_trainer_state_of_another_tool_is_refused_untouched(tmp_path, files):
+    from tformer.storage.rundir import open_run_dir
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    with pytest.raises(ValueError, match="is not empty and not a tformer run directory"):
+        open_run_dir(tmp_path, resume=False)
+    assert {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()} == set(files)

@@ -281,3 +281,83 @@ def test_the_curves_are_drawn_before_the_final_test(tmp_path, monkeypatch):
                                                              evaluate(self, model, split, *a, **k))[1])
     out, _ = _train(tmp_path, classification_rows(), ".jsonl")
     assert order[-2:] == ["curves", "test"] and (out / "curves.png").is_file()
+
+
+def test_best_weights_killed_between_their_write_and_the_checkpoint_match_the_resumed_state(tmp_path):
+    """best.safetensors and the checkpoint that records its step are written one after the other:
+    a kill between the two must not leave best weights of a step the resumed run never saw."""
+    from cli_helpers import killed_at
+
+    from tformer.storage import files
+
+    out = tmp_path / "run"
+    argv = ["train", "--task", "reverse", "--steps", "3", "--out", str(out), "--keep", "9",
+            "--d-model", "16", "--n-heads", "2", "--d-ff", "32", "--n-layers", "1", "--batch-size", "8",
+            "--valid-size", "8", "--test-size", "8", "--eval-every", "1", "--threads", "1", "--quiet"]
+    seen: list[str] = []
+    files.fault_hook = seen.append
+    try:
+        assert main(argv) == 0  # learns where the third validation's writes come
+    finally:
+        files.fault_hook = None
+    third = [i for i, what in enumerate(seen, 1) if "step-000003" in what][0]
+    best_after = [i for i, what in enumerate(seen, 1) if i > third and "best.safetensors" in what]
+    for k in [third, *best_after[:1]]:  # at checkpoint 3's first write, and at best's after it
+        run = tmp_path / f"k{k}"
+        assert killed_at(k, [*argv[:6], str(run), *argv[7:]]), k
+        resumed_at = json.loads((check_run_dir(run) / "trainer_state.json").read_text())["step"]
+        # resumed without a step more: the test scores best.safetensors as the state's best step
+        assert main(["train", "--resume", str(run), "--steps", str(resumed_at), "--quiet"]) == 0
+        test = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+        best = load_file(str(run / "best.safetensors"))
+        kept = load_file(str(run / "checkpoints" / f"step-{test['tested_step']:06d}" / "model.safetensors"))
+        assert all(torch.equal(best[key], kept[key]) for key in kept), (k, test["tested_step"])
+
+
+def test_ctrl_c_says_how_to_resume_the_run(tmp_path, monkeypatch, capsys):
+    import tformer.training.loop as loop
+
+    saves = []
+
+    def save_then_ctrl_c(*args, **kwargs):
+        saves.append(1)
+        if len(saves) == 2:  # Ctrl-C during the second save: the first is kept
+            raise KeyboardInterrupt
+        return save(*args, **kwargs)
+
+    save = loop.save_checkpoint
+    monkeypatch.setattr(loop, "save_checkpoint", save_then_ctrl_c)
+    out = tmp_path / "run"
+    argv = ["train", "--task", "reverse", "--steps", "4", "--eval-every", "2", "--out", str(out), "--d-model",
+            "16", "--n-heads", "2", "--d-ff", "32", "--n-layers", "1", "--batch-size", "8", "--valid-size", "8",
+            "--test-size", "8", "--threads", "1", "--quiet"]
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert err == f"tformer train: interrupted; {out} keeps its last checkpoint; resume with " \
+                  f"`tformer train --resume {out}`\n"
+    monkeypatch.setattr(loop, "save_checkpoint", save)
+    assert main(["train", "--resume", str(out), "--quiet"]) == 0
+    assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 4
+
+
+def test_a_run_that_had_ended_and_was_interrupted_in_its_test_only_tests_when_resumed(
+        tmp_path, monkeypatch, capsys):
+    """Its last checkpoint says what stopped it (here --patience: a learning rate too small to
+    move the weights improves nothing; a timed run's clock too, whose resume was refused as out
+    of time): the resume trains no step more, it tests."""
+    import tformer.training.loop as loop
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    out = tmp_path / "run"
+    argv = ["train", "--task", "reverse", "--steps", "20", "--eval-every", "1", "--patience", "1", "--lr", "1e-30",
+            "--out", str(out), "--d-model", "16", "--n-heads", "2", "--d-ff", "32", "--n-layers", "1",
+            "--batch-size", "8", "--valid-size", "8", "--test-size", "8", "--threads", "1", "--quiet"]
+    with monkeypatch.context() as m:
+        m.setattr(loop, "with_baseline", ctrl_c)  # after the test is scored, before it is written
+        assert main(argv) == 130
+    assert json.loads((check_run_dir(out) / "trainer_state.json").read_text())["stopped_by"] == "patience"
+    assert main(["train", "--resume", str(out), "--quiet"]) == 0
+    test = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert (test["split"], test["step"], test["stopped_by"]) == ("test", 2, "patience")

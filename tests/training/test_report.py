@@ -78,3 +78,15 @@ def test_a_confusion_matrix_of_labels_the_font_lacks_draws_without_warnings(tmp_
         warnings.simplefilter("error")
         plot_confusion([[3, 1], [0, 4]], ["好", "坏"], tmp_path / "confusion.png")
     assert (tmp_path / "confusion.png").stat().st_size > 0
+
+
+def test_a_line_appended_after_one_a_crash_cut_short_is_kept_whole(tmp_path):
+    from tformer.storage.rundir import read_metrics
+    from tformer.training.report import append_jsonl
+
+    path = tmp_path / "metrics.jsonl"
+    append_jsonl(path, {"split": "train", "step": 1})
+    with path.open("a") as f:
+        f.write('{"split": "train", "st')  # killed, or the disk full, mid-line
+    append_jsonl(path, {"split": "eval", "step": 2})  # tformer eval --data, say
+    assert read_metrics(path) == [{"split": "train", "step": 1}, {"split": "eval", "step": 2}]

@@ -85,7 +85,7 @@ def _run_rows(run_dir, saved) -> list[tuple[str, str]]:
 
     if not (saved / "train_config.json").is_file():
         return []
-    train = json.loads((saved / "train_config.json").read_text())
+    train = _read_json(saved / "train_config.json")
     rows = []
     weights = saved / "model.safetensors"
     try:  # its header only: a file cut short (a copy, a full disk) shows here, not at first use
@@ -97,7 +97,7 @@ def _run_rows(run_dir, saved) -> list[tuple[str, str]]:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         rows.append(("warning", f"{weights}: not a readable safetensors file ({first})"))
     if train.get("data"):
-        data = json.loads((run_dir / "data.json").read_text()) if (run_dir / "data.json").is_file() else {}
+        data = _read_json(run_dir / "data.json") if (run_dir / "data.json").is_file() else {}
         objective = data.get("objective", "?")
         if data.get("labels"):
             objective += f" ({len(data['labels'])} labels: {', '.join(data['labels'][:8])})"
@@ -106,7 +106,7 @@ def _run_rows(run_dir, saved) -> list[tuple[str, str]]:
         if train.get("from_pretrained"):
             rows.append(("fine-tuned from", train["from_pretrained"]))
     else:
-        rows.append(("objective", f"{train['task']} (synthetic task)"))
+        rows.append(("objective", f"{train.get('task', '?')} (synthetic task)"))
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file():
         tests, cut = [], 0
@@ -133,3 +133,16 @@ def _run_rows(run_dir, saved) -> list[tuple[str, str]]:
                 rows.append(("warning" if verdict.startswith("warning") else "baseline",
                              verdict.removeprefix("warning: ")))
     return rows
+
+
+def _read_json(path) -> dict:
+    """A run's JSON file; a damaged one is named in one line."""
+    import json
+
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data

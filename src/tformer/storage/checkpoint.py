@@ -30,7 +30,7 @@ from safetensors.torch import save as st_save
 from torch import nn
 
 from tformer.devices import model_device
-from tformer.storage.checkpoint_names import CHECKPOINTS, POINTER, latest_checkpoint
+from tformer.storage.checkpoint_names import CHECKPOINTS, POINTER, latest_checkpoint, order
 from tformer.storage.checkpoint_names import published as _published
 from tformer.storage.files import json_bytes, remove_temp_files, write_atomic, write_new_dir
 
@@ -173,11 +173,15 @@ def load_training_state(run_dir: Path, model: nn.Module, optimizer: torch.optim.
 
 def _free_name(root: Path, step: int) -> str:
     """step-NNNNNN, or step-NNNNNN.k when that step was saved before (a rename cannot
-    replace a directory, and the old one must stay until the new one is published)."""
-    name, k = f"step-{step:06d}", 0
-    while (root / name).exists():
+    replace a directory, and the old one must stay until the new one is published): k past
+    every published one, so the new name orders last (a pruned name taken again ordered first)."""
+    base = f"step-{step:06d}"
+    saved = [order(n)[1] for n in _published(root) if order(n)[0] == step]
+    k = max(saved) + 1 if saved else 0
+    name = f"{base}.{k}" if k else base
+    while (root / name).exists():  # (not a checkpoint: something else of that name)
         k += 1
-        name = f"step-{step:06d}.{k}"
+        name = f"{base}.{k}"
     return name
 
 

@@ -34,7 +34,7 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     root = Path(run_dir) / CHECKPOINTS
     pointer = root / POINTER
     if pointer.is_file():
-        name = pointer.read_text().strip()
+        name = pointer.read_text(errors="replace").strip()  # damaged: no name, as if missing
         if NAME.match(name) and (root / name).is_dir():
             return root / name
     found = published(root)  # pointer lost: the newest rename is complete too

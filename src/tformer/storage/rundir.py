@@ -74,9 +74,12 @@ def check_unlocked(run_dir: str | Path) -> None:
 
 
 def is_run_dir(path: Path) -> bool:
-    """True for a directory tformer train wrote (or began to write)."""
-    return ((path / LOCK_FILE).exists() or (path / CHECKPOINTS).is_dir()
-            or (path / "trainer_state.json").is_file())
+    """True for a directory tformer train wrote (or began to write): its lock file, a published
+    checkpoint, or an older run's checkpoint files at its top level. Not for any folder that has
+    a `checkpoints/` or a `trainer_state.json` (a project's, a Hugging Face Trainer's): a fresh
+    run clears what a run of its own left, and those are the user's files."""
+    return ((path / LOCK_FILE).exists() or latest_checkpoint(path) is not None
+            or all((path / name).is_file() for name in ("trainer_state.json", "train_config.json")))
 
 
 def check_out(run_dir: Path) -> None:
@@ -144,10 +147,15 @@ def _results(run_dir: Path) -> list[str]:
 def discard_unstarted(run_dir: Path) -> None:
     """Remove a run directory this process created if it holds nothing but what a run writes
     before its first step (the lock, the tokenizer, data.json): a bad data file leaves no
-    half-made run behind. Anything else in it, and it stays."""
-    names = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
-    if names <= {LOCK_FILE, "tokenizer.json", "data.json"}:
-        shutil.rmtree(run_dir, ignore_errors=True)
+    half-made run behind. Anything else in it, and it stays; so does one another process
+    trains in (two runs started together into one new --out: the one refused made it too)."""
+    try:
+        lock = RunLock(run_dir)
+    except ValueError:  # in use, or not there
+        return
+    with lock:
+        if {p.name for p in run_dir.iterdir()} <= {LOCK_FILE, "tokenizer.json", "data.json"}:
+            shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

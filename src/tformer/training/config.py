@@ -311,6 +311,9 @@ def resume_config(run_dir: str | Path, *layers: dict[str, Any]) -> TrainConfig:
     changes: dict[str, Any] = {}
     for layer in layers:
         changes.update(layer)
+    if changes.get("out") is not None and Path(changes["out"]).resolve() != Path(run_dir).resolve():
+        raise ValueError(f"out: a resumed run stays in its directory ({run_dir}); expected no --out "
+                         f"or that one, got {changes['out']}")  # (it was silently ignored)
     changes["out"] = str(Path(run_dir))
     check_keys(changes)
     for name, value in changes.items():

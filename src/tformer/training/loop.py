@@ -60,7 +60,7 @@ from tformer.storage.checkpoint import (
     save_checkpoint,
 )
 from tformer.storage.files import new_run_dir, write_atomic
-from tformer.storage.rundir import discard_unstarted, open_run_dir, resume_metrics
+from tformer.storage.rundir import discard_unstarted, finished, open_run_dir, resume_metrics
 from tformer.training.budget import PROBE, Budget, check_minimum
 from tformer.training.config import TrainConfig
 from tformer.training.distributed import any_rank, barrier, rank_and_world
@@ -123,6 +123,11 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
         if created and latest_checkpoint(run_dir) is None:
             discard_unstarted(run_dir)  # e.g. a bad data file: no directory holding only a lock
         raise
+    except KeyboardInterrupt:  # Ctrl-C: what was published stays; say how to go on from it
+        if writer and latest_checkpoint(run_dir) is not None:
+            raise KeyboardInterrupt(f"{run_dir} keeps its last checkpoint; resume with `tformer train "
+                                    f"--resume {run_dir}`") from None
+        raise
     finally:
         torch.set_num_threads(threads)  # the plan may have chosen fewer: the caller's again
 
@@ -148,6 +153,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     model = objective.build_model(saved).to(device)
     optimizer = make_optimizer(model, config)
     state: dict[str, Any] = {"step": 0, "wall_seconds": 0.0, "schedule": config.schedule}
+    ended = None  # what stopped a resumed run that had ended, and was killed in its test
     if resume:
         state = load_training_state(run_dir, model, optimizer)
         state.setdefault("best_by", objective.main_metric)  # what picked the best before best_by
@@ -162,8 +168,12 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
             if verdict:
                 log(verdict)
             return done
-        state.pop("stopped_by", None)  # trains on
-        check_minimum(config, started, spent=float(state["wall_seconds"]))
+        ended = state["stopped_by"] if finished(state, _limits(config)) else None
+        state.pop("stopped_by", None)  # trains on (or, having ended, tests)
+        if writer and state.get("best_step") == state["step"]:
+            _save_best(run_dir, model)  # a kill may have come before they were written (_checkpoint)
+        if ended is None:  # (else only the test is left)
+            check_minimum(config, started, spent=float(state["wall_seconds"]))
     state["precision"] = plan.half if bf16 else "fp32"
     state["device"] = str(device)
     scaler = grad_scaler(model, bf16)  # fp16 only
@@ -182,7 +192,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     bar = Progress(planned, state["step"], disabled=not progress or not writer,
                    ends_at=started + budget.seconds if budget.timed else None)
     meter = Meter()
-    stop_reason = "steps"
+    stop_reason = ended or "steps"
     batches = objective.train_batches(state["step"] * config.accumulate * world, rank, world)
 
     def wall() -> float:
@@ -194,7 +204,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     # the run unvalidated when the deadline fell between the two).
     time_up = budget.out_of_time()
     first_step = state["step"]
-    while state["step"] < config.steps:
+    while ended is None and state["step"] < config.steps:
         if any_rank(time_up, world):
             stop_reason = "max_minutes"
             break
@@ -378,9 +388,13 @@ def _track_best(state: dict[str, Any], by: str, value: float) -> bool:
 
 def _checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig,
                 state: dict[str, Any], best: bool) -> None:
-    """Every file the loop writes about the model goes through here (tformer.storage.checkpoint owns
-    the format): the checkpoint, and the best validated weights."""
-    if best:
-        weights = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-        write_atomic(run_dir / "best.safetensors", st_save(weights))
+    """Every file the loop writes about the model: the checkpoint, then the best weights (a kill
+    between them leaves a checkpoint at its best step, whose resume rewrites them)."""
     save_checkpoint(run_dir, model, optimizer, config, state, keep=config.keep)
+    if best:
+        _save_best(run_dir, model)
+
+
+def _save_best(run_dir: Path, model: nn.Module) -> None:
+    weights = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    write_atomic(run_dir / "best.safetensors", st_save(weights))

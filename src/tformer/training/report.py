@@ -27,10 +27,17 @@ CSV_COLUMNS = ("split", "step", "name", "value")
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    """One JSON line; a number that is not finite is written as null (JSON has no NaN)."""
+    """One JSON line; a number that is not finite is written as null (JSON has no NaN). After a
+    line a crash cut short it starts a line of its own (glued to it, it was unreadable: lost)."""
     clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
-    with path.open("a") as f:
-        f.write(json.dumps(clean, allow_nan=False) + "\n")
+    line = (json.dumps(clean, allow_nan=False) + "\n").encode()
+    with path.open("ab+") as f:  # (it appends wherever it reads)
+        size = f.seek(0, 2)
+        if size:
+            f.seek(size - 1)
+            if f.read(1) != b"\n":
+                line = b"\n" + line
+        f.write(line)
 
 
 def check_reports(config) -> None:
