@@ -67,6 +67,10 @@ def test_a_run_that_does_not_beat_its_baseline_warns_in_the_run_in_info_and_in_t
     printed = capsys.readouterr().out
     warning = [line for line in printed.splitlines() if line.startswith("warning: the model did not learn")]
     assert len(warning) == 1 and "does not beat the baseline of the majority class (accuracy 1.0000)" in warning[0]
+    # How to train more follows what stopped it, --steps here (it said "a longer --max-minutes").
+    assert warning[0].endswith("; a larger --steps trains more")
+    assert main(["eval", str(out)]) == 0
+    assert capsys.readouterr().err.rstrip().endswith("; a larger --steps trains more")
     assert main(["info", str(out)]) == 0
     info = capsys.readouterr().out
     assert any(line.startswith("warning") and "does not beat the baseline of the majority class" in line

@@ -66,9 +66,23 @@ def run(args: argparse.Namespace) -> int:
     print(line)
     # What beats_baseline means here (too few examples: no verdict, and eval's own way to more).
     more = f"score {MIN_VERDICT_EXAMPLES} or more: a larger --limit or --data file"
-    verdict = baseline_verdict(record, more)
+    verdict = baseline_verdict(record, more, stopped_by=_stopped_by(args.run_dir))
     if verdict:
         print(f"tformer eval: {verdict}", file=sys.stderr)
     if args.data is not None:
         append_jsonl(Path(args.run_dir) / "metrics.jsonl", {**record, "split": "eval", "data": split})
     return 0
+
+
+def _stopped_by(run_dir: str) -> str | None:
+    """What ended the run's training ("steps", "max_minutes", ...), as its newest checkpoint
+    says; None where it does not say."""
+    import json
+
+    from tformer.storage.checkpoint import check_run_dir
+
+    try:
+        state = json.loads((check_run_dir(run_dir) / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return state.get("stopped_by") if isinstance(state, dict) else None

@@ -218,10 +218,12 @@ def with_baseline(record: dict[str, Any], key: str, baseline: dict[str, Any]) ->
 TRAIN_MORE_EXAMPLES = f"give a --test file of {MIN_VERDICT_EXAMPLES} or more, or more --data"
 
 
-def baseline_verdict(record: dict[str, Any], more_examples: str = TRAIN_MORE_EXAMPLES) -> str | None:
+def baseline_verdict(record: dict[str, Any], more_examples: str = TRAIN_MORE_EXAMPLES,
+                     stopped_by: str | None = None) -> str | None:
     """One line on whether a test record beat its baseline: "the model learned: ..." or
     "warning: the model did not learn: ..."; None for a record without a baseline (older runs).
-    ``more_examples``: how to score enough examples for a verdict, in the caller's options."""
+    ``more_examples``: how to score enough examples for a verdict, in the caller's options;
+    ``stopped_by``: what ended the run's training (else the record's), for how to train more."""
     key = record.get("main_metric")
     if key is None or record.get("baseline") is None or key not in record:
         return None
@@ -241,8 +243,12 @@ def baseline_verdict(record: dict[str, Any], more_examples: str = TRAIN_MORE_EXA
                 f"{theirs}); this {scored} is too easy to show what it learned")
     if record.get("beats_baseline", beats_baseline(record[key], record["baseline"], key)):
         return f"the model learned: {test} {name} {ours} beats the baseline of {by} ({name} {theirs})"
+    flag = {"steps": "--steps", "epochs": "--epochs", "patience": "--patience"}.get(
+        stopped_by or record.get("stopped_by"))
+    more = (f"a larger {flag} trains more" if flag
+            else "a longer --max-minutes (or a quieter machine) trains more")
     return (f"warning: the model did not learn: {test} {name} {ours} does not beat the baseline of {by} "
-            f"({name} {theirs}); a longer --max-minutes (or a quieter machine) trains more")
+            f"({name} {theirs}); {more}")
 
 
 def plot_curves(metrics_path: Path, png_path: Path, key: str) -> None:
