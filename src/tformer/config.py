@@ -7,7 +7,6 @@ classifier, BERT-style encoder); each field says which part reads it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import typing
 from collections.abc import Iterable
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tformer.errors import BadType
-from tformer.storage.files import write_json_atomic
+from tformer.storage.files import read_json_object, write_json_atomic
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 POSITIONALS = ("sinusoidal", "learned", "none")
@@ -122,13 +121,9 @@ class TransformerConfig:
     def load(cls, path: str | Path) -> TransformerConfig:
         path = Path(path)
         try:
-            data = json.loads(path.read_text())
+            data = read_json_object(path)
         except FileNotFoundError:
             raise FileNotFoundError(f"{path}: no such config file") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
         try:
             return cls.from_dict(data)
         except (ValueError, TypeError) as e:  # a file edited or damaged: name it, not just the key

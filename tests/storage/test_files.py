@@ -3,7 +3,7 @@ import os
 import pytest
 
 from tformer import TransformerConfig
-from tformer.storage.files import write_atomic
+from tformer.storage.files import read_json_object, write_atomic
 
 
 def test_failed_write_keeps_the_previous_file(tmp_path, monkeypatch):
@@ -35,3 +35,16 @@ def test_a_folder_that_refuses_the_temp_file_is_reported_by_the_path_asked_for(t
     with pytest.raises(FileNotFoundError) as caught:
         write_atomic(target, b"x")
     assert caught.value.filename == str(target)
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'{"a": 1', "not valid JSON"), (b"\xff\xfe{}", "not valid JSON"),
+    (b"[1, 2]", "expected a JSON object, got list")])
+def test_a_damaged_json_file_is_named_in_one_line(tmp_path, content, message):
+    path = tmp_path / "state.json"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=f"^{path}: {message}") as caught:
+        read_json_object(path)
+    assert "\n" not in str(caught.value)
+    path.write_text('{"a": 1}')
+    assert read_json_object(path) == {"a": 1}

@@ -77,12 +77,10 @@ def run(args: argparse.Namespace) -> int:
 def _stopped_by(run_dir: str) -> str | None:
     """What ended the run's training ("steps", "max_minutes", ...), as its newest checkpoint
     says; None where it does not say."""
-    import json
-
     from tformer.storage.checkpoint import check_run_dir
+    from tformer.storage.files import read_json_object
 
     try:
-        state = json.loads((check_run_dir(run_dir) / "trainer_state.json").read_text())
+        return read_json_object(check_run_dir(run_dir) / "trainer_state.json").get("stopped_by")
     except (OSError, ValueError):
         return None
-    return state.get("stopped_by") if isinstance(state, dict) else None

@@ -81,11 +81,12 @@ def _run_rows(run_dir, saved) -> list[tuple[str, str]]:
     """What a training run learned and how far it got (empty for a plain model directory)."""
     import json
 
+    from tformer.storage.files import read_json_object
     from tformer.training.report import baseline_verdict
 
     if not (saved / "train_config.json").is_file():
         return []
-    train = _read_json(saved / "train_config.json")
+    train = read_json_object(saved / "train_config.json")
     rows = []
     weights = saved / "model.safetensors"
     try:  # its header only: a file cut short (a copy, a full disk) shows here, not at first use
@@ -97,7 +98,7 @@ def _run_rows(run_dir, saved) -> list[tuple[str, str]]:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         rows.append(("warning", f"{weights}: not a readable safetensors file ({first})"))
     if train.get("data"):
-        data = _read_json(run_dir / "data.json") if (run_dir / "data.json").is_file() else {}
+        data = read_json_object(run_dir / "data.json") if (run_dir / "data.json").is_file() else {}
         objective = data.get("objective", "?")
         if data.get("labels"):
             objective += f" ({len(data['labels'])} labels: {', '.join(data['labels'][:8])})"
@@ -133,16 +134,3 @@ def _run_rows(run_dir, saved) -> list[tuple[str, str]]:
                 rows.append(("warning" if verdict.startswith("warning") else "baseline",
                              verdict.removeprefix("warning: ")))
     return rows
-
-
-def _read_json(path) -> dict:
-    """A run's JSON file; a damaged one is named in one line."""
-    import json
-
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tformer.config import TransformerConfig, bert_layout
+from tformer.storage.files import read_json_object
 
 # Rows: (HF key or keys stacked along rows, tformer key). "{i}" is the layer index.
 EMBEDDING_ROWS: list[tuple[str | tuple[str, ...], str]] = [
@@ -341,13 +342,7 @@ def read_config(model_dir: Path) -> dict[str, Any]:
             f"{path}: no such file; a model directory needs config.json "
             "(a BERT checkpoint or one saved by tformer)"
         )
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
+    return read_json_object(path)
 
 
 def weight_files(model_dir: Path, allow_pickle: bool = False) -> list[Path]:

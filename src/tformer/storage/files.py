@@ -119,6 +119,18 @@ def json_bytes(obj: Any) -> bytes:
     return (json.dumps(obj, indent=2) + "\n").encode()
 
 
+def read_json_object(path: str | Path) -> dict[str, Any]:
+    """The JSON object a file holds; one line naming the file where it is not JSON (or not
+    UTF-8) or holds something other than an object (a file edited or damaged by hand)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     write_atomic(path, json_bytes(obj))
 
