@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,12 +64,11 @@ def numbered_inputs(args: argparse.Namespace, lines) -> Iterator[tuple[int, str]
 
 
 def run(args: argparse.Namespace) -> int:
+    from tformer.storage.files import replaced_path
     from tformer.training.distributed import process_group
 
     check_options(args)
-    out = Path(args.out) if args.out else None
-    if out is not None and out.is_symlink():  # the file the link names is replaced; the link stays
-        out = Path(os.path.realpath(out))
+    out = replaced_path(args.out) if args.out else None  # a link's target: the link stays a link
     if out is not None and out.suffix not in (".npy", ".jsonl"):
         raise ValueError(f"--out: expected a .npy or .jsonl file name, got {str(out)!r}")
     if out is not None and out.is_dir():

@@ -38,6 +38,7 @@ from tformer.storage.files import (
     fsync_dir,
     json_bytes,
     publish_dir,
+    replaced_path,
     write_json_atomic,
 )
 from tformer.storage.locks import leftovers, output_lock
@@ -88,9 +89,7 @@ def build_index(st, model_dir: str | Path, corpus: str | Path, out: str | Path,
                               show_progress=False):
             pass  # rank 0 gathers and writes
         return None
-    out = Path(out)
-    if out.is_symlink():  # the folder the link names is rebuilt; the link stays a link (it was
-        out = Path(os.path.realpath(out))  # swapped out, and left as .OUT.build: the next build failed)
+    out = replaced_path(out)  # a link's target is rebuilt: the link stays a link
     check_replaceable(out)
     lines = corpus if isinstance(corpus, TextLines) else TextLines(corpus, "--corpus")
     n = lines.count()

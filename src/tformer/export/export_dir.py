@@ -19,7 +19,7 @@ import os
 from collections.abc import Collection, Mapping
 from pathlib import Path
 
-from tformer.storage.files import write_dir_atomic
+from tformer.storage.files import replaced_path, write_dir_atomic
 
 # The model card's first line after its YAML header (or its first line, in older exports):
 # this folder is tformer's to replace.
@@ -83,9 +83,7 @@ def check_destination(out: str | Path, option: str, files: Collection[str] | Non
     export holding files it did not write (an older export, which lists nothing: files not
     among ``files``, the paths this export writes, once they are known); returns the folder to
     write (a link's target)."""
-    out = Path(out)
-    if out.is_symlink():
-        out = Path(os.path.realpath(out))  # the folder the link names (it may not exist yet)
+    out = replaced_path(out)  # the folder a link names (it may not exist yet)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"{option}: expected a folder to write, got the file {out}")
     if not out.is_dir() or not any(out.iterdir()):

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import sys
 import tempfile
 import warnings
@@ -39,7 +38,7 @@ from tformer.embeddings.sentence import pool
 from tformer.errors import require
 from tformer.formats.st_layout import read_layout
 from tformer.nn.model import Encoder
-from tformer.storage.files import replaced_on_success
+from tformer.storage.files import replaced_on_success, replaced_path
 from tformer.storage.locks import output_lock, remove_leftovers
 
 EXTRA = "onnx"
@@ -213,9 +212,7 @@ def export_onnx(graph: OnnxGraph | str | Path, out: str | Path, opset: int = 18)
     ``graph``: an OnnxGraph/ClassifierGraph, or a model directory (see ``graph_for``)."""
     require("onnx", EXTRA, "ONNX export")
     require("onnxscript", EXTRA, "ONNX export")
-    out = Path(out)
-    if out.is_symlink():  # the file the link names is checked and replaced; the link stays a link
-        out = Path(os.path.realpath(out))
+    out = replaced_path(out)  # a link's target: the link stays a link
     _check_out(out)
     if not isinstance(graph, nn.Module):
         graph = graph_for(graph)

@@ -119,6 +119,14 @@ def json_bytes(obj: Any) -> bytes:
     return (json.dumps(obj, indent=2) + "\n").encode()
 
 
+def replaced_path(out: str | Path) -> Path:
+    """The path an output written to ``out`` replaces: the file or folder a link there names (it
+    may not exist yet), so the link stays a link; else ``out``. Replacing the link itself left
+    its target holding the old output (and a build beside it named after the link)."""
+    out = Path(out)
+    return Path(os.path.realpath(out)) if out.is_symlink() else out
+
+
 def read_json_object(path: str | Path) -> dict[str, Any]:
     """The JSON object a file holds; one line naming the file where it is not JSON (or not
     UTF-8) or holds something other than an object (a file edited or damaged by hand)."""
