@@ -16,8 +16,8 @@ that it costs at most VALID_SHARE of the budget, and time is kept back for the f
 (estimated from validation's own speed, at most TEST_SHARE of the budget) and for saving. The
 test and each validation also stop at their deadline, scoring the examples done by then (the
 test line says how many), so a wrong estimate costs examples, never the budget. Only whole
-outputs are scored: the first batch decodes to its end, and a later one the deadline cuts is
-left out (tformer.training.objectives.base.Objective.predict).
+outputs are scored: the first batch (a small one) decodes to its end, and a later one the
+deadline cuts is left out (tformer.training.objectives.base.Objective.predict).
 Without --max-minutes, validation runs every --eval-every steps, as before.
 """
 
