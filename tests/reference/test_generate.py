@@ -1,4 +1,6 @@
-"""NumPy greedy search against tformer.nn.generate's, on the same weights (float64)."""
+"""NumPy greedy and beam search against tformer.nn.generate's, on the same weights (float64)."""
+
+import re
 
 import numpy as np
 import pytest
@@ -6,10 +8,13 @@ import torch
 from helpers import copy_weights, padding_mask
 
 from tformer import TransformerConfig
+from tformer.nn.generate import beam_search as torch_beam
 from tformer.nn.generate import greedy_search as torch_greedy
 from tformer.nn.model import Seq2SeqTransformer as TorchSeq2Seq
-from tformer.reference.generate import greedy_search
+from tformer.reference.generate import beam_search, generate, greedy_search
 from tformer.reference.model import Seq2SeqTransformer
+from tformer.tasks import EOS, get_task
+from tformer.training import forward_loss
 
 # Small tensors: one torch thread is as fast, and polite to a shared machine.
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -40,3 +45,93 @@ def test_greedy_search_refuses_a_max_len_as_torch_does(max_len):
                                (torch_greedy, TorchSeq2Seq(config).eval(), torch.from_numpy(src))):
         with pytest.raises(ValueError, match=rf"^max_len: expected a positive int, got {max_len!r}$"):
             search(model, ids, max_len=max_len)
+
+
+def _models(config, seed):
+    torch.manual_seed(seed)
+    theirs = TorchSeq2Seq(config).double().eval()
+    ours = Seq2SeqTransformer(config, np.float64)
+    copy_weights(theirs, ours)
+    return theirs, ours
+
+
+@pytest.fixture(scope="module")
+def trained(one_thread):
+    """A briefly trained reverse model (tests/nn/test_generate.py's) in both engines, in
+    float64: its outputs stop (EOS) at different steps per source but it is still unsure, so
+    beam search and greedy disagree on some sources."""
+    task = get_task("reverse", valid_size=10, test_size=10)
+    torch.manual_seed(0)
+    config = TransformerConfig(d_model=32, n_heads=4, d_ff=64, n_layers=1, dropout=0.0,
+                               vocab_size=len(task.tokenizer), max_len=task.max_len)
+    theirs = TorchSeq2Seq(config)
+    opt = torch.optim.Adam(theirs.parameters(), lr=3e-3)
+    for step in range(120):
+        loss, _ = forward_loss(theirs, task.collate(task.train_batch(step, 32)))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    theirs = theirs.double().eval()
+    ours = Seq2SeqTransformer(config, np.float64)
+    copy_weights(theirs, ours)
+    batch = task.collate(task.split("test")[:10])  # varied lengths -> padded sources
+    return theirs, ours, batch.src.numpy(), batch.src_mask.numpy()
+
+
+@pytest.mark.parametrize("beam_size, length_penalty", [(2, 1.0), (4, 1.0), (4, 0.0), (5, 0.6), (3, 2.0)])
+def test_beam_search_matches_torch(trained, beam_size, length_penalty):
+    """The readable search (one source at a time, every one of the K * V candidates ranked)
+    returns torch's batched search's hypotheses: same tokens, same sequence length, scores to
+    float64 rounding."""
+    theirs, ours, src, mask = trained
+    expected = torch_beam(theirs, torch.from_numpy(src), torch.from_numpy(mask),
+                          beam_size=beam_size, max_len=14, length_penalty=length_penalty)
+    got = beam_search(ours, src, mask, beam_size=beam_size, max_len=14,
+                      length_penalty=length_penalty)
+    np.testing.assert_array_equal(got.sequences, expected.sequences.numpy())
+    assert got.tolist() == expected.tolist()
+    np.testing.assert_allclose(got.scores, expected.scores.numpy(), rtol=1e-12, atol=1e-12)
+    # The comparison means something: outputs of several lengths, some ended by EOS and some
+    # cut at max_len, and not greedy's everywhere.
+    rows = got.tolist()
+    assert len({len(row) for row in rows}) >= 3
+    assert any(row[-1] == EOS for row in rows) and any(row[-1] != EOS for row in rows)
+    assert rows != greedy_search(ours, src, mask, max_len=14).tolist()
+
+
+def test_beam_search_of_one_beam_is_greedy(trained):
+    _, ours, src, mask = trained
+    greedy = greedy_search(ours, src, mask, max_len=14)
+    beam = beam_search(ours, src, mask, beam_size=1, max_len=14, length_penalty=0.0)
+    assert beam.tolist() == greedy.tolist()
+    np.testing.assert_allclose(beam.scores, greedy.scores, rtol=1e-12)
+    assert generate(ours, src, mask, max_len=14).tolist() == greedy.tolist()
+    assert generate(ours, src, mask, beam_size=3, max_len=14).tolist() == \
+        beam_search(ours, src, mask, beam_size=3, max_len=14).tolist()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(beam_size=0), "beam_size: expected a positive int, got 0"),
+    (dict(beam_size=2.0), "beam_size: expected a positive int, got 2.0"),
+    (dict(length_penalty="1"), "length_penalty: expected a number"),
+    (dict(length_penalty=1e6), "length_penalty: expected a number"),
+    (dict(max_len=0), "max_len: expected a positive int, got 0"),
+])
+def test_beam_search_refuses_arguments_as_torch_does(kwargs, message):
+    config = TransformerConfig(d_model=8, n_heads=2, d_ff=16, n_layers=1, vocab_size=12)
+    src = np.ones((2, 3), dtype=np.int64)
+    for search, model, ids in ((beam_search, Seq2SeqTransformer(config), src),
+                               (torch_beam, TorchSeq2Seq(config).eval(), torch.from_numpy(src))):
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+            search(model, ids, **kwargs)
+
+
+def test_a_mask_of_another_shape_is_refused_as_torch_does():
+    config = TransformerConfig(d_model=8, n_heads=2, d_ff=16, n_layers=1, vocab_size=12)
+    src, mask = np.ones((2, 3), dtype=np.int64), np.ones((2, 4), dtype=bool)
+    message = "src_attention_mask: expected shape (B, S) = (2, 3), got (2, 4)"
+    for search in (greedy_search, beam_search):
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            search(Seq2SeqTransformer(config), src, mask)
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        torch_beam(TorchSeq2Seq(config).eval(), torch.from_numpy(src), torch.from_numpy(mask))

@@ -19,7 +19,6 @@ Shape legend: B batch, K beams, S source length, L generated length, D model dim
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -29,6 +28,7 @@ from torch import Tensor
 from tformer import kernels
 from tformer.nn.attention import with_room
 from tformer.nn.layers import LayerCache
+from tformer.search_args import check_beam_size, check_length_penalty, check_max_len
 from tformer.text.specials import BOS, EOS, PAD  # defaults; callers pass their tokenizer's ids
 
 
@@ -62,21 +62,7 @@ def _check(src_ids: Tensor, src_attention_mask: Tensor | None, max_len: int) -> 
             f"src_attention_mask: expected shape (B, S) = {tuple(src_ids.shape)}, "
             f"got {tuple(src_attention_mask.shape)}"
         )
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
-        raise ValueError(f"max_len: expected a positive int, got {max_len!r}")
-
-
-def check_length_penalty(length_penalty: float, max_len: int) -> None:
-    """Refuse a length penalty that no length up to ``max_len`` can be raised to: a score divided
-    by an overflowed (inf) or underflowed (0) power would rank every hypothesis alike."""
-    try:
-        ok = (isinstance(length_penalty, int | float) and not isinstance(length_penalty, bool)
-              and math.isfinite(float(max_len) ** abs(length_penalty)))
-    except OverflowError:
-        ok = False
-    if not ok:
-        raise ValueError(f"length_penalty: expected a number with max_len ** |length_penalty| finite "
-                         f"(max_len {max_len}), got {length_penalty!r}")
+    check_max_len(max_len)
 
 
 def _reorder_cache(cache: tuple[LayerCache, ...], beam: Tensor) -> tuple[LayerCache, ...]:
@@ -134,7 +120,7 @@ def greedy_search(
     mask = src_attention_mask
     tokens = torch.full((b, max_len + 1), pad_id, dtype=torch.long, device=device)  # (B, 1 + L)
     tokens[:, 0] = bos_id
-    scores = torch.zeros(b, device=device)
+    scores = torch.zeros(b, dtype=_score_dtype(memory), device=device)
     rows = torch.arange(b, device=device)  # (B',) the rows still in the batch, as rows of B
     done = torch.zeros(b, dtype=torch.bool, device=device)  # (B',) produced EOS
     past = None
@@ -147,7 +133,7 @@ def greedy_search(
         past = out.past_key_values if use_cache else None
         if use_cache and step == 0:
             past = _with_room(past, max_len)
-        logp = out.logits[:, -1].float().log_softmax(dim=-1)  # (B', V)
+        logp = out.logits[:, -1].to(scores.dtype).log_softmax(dim=-1)  # (B', V)
         best = logp.argmax(dim=-1)  # (B',)
         scores.index_add_(0, rows, torch.where(done, 0.0, logp.gather(1, best[:, None])[:, 0]))
         best = best.masked_fill(done, pad_id)  # finished rows only pad
@@ -166,6 +152,12 @@ def greedy_search(
             mask = None if mask is None else mask[keep]
     model.train(was_training)
     return GenerationOutput(tokens[:, 1 : length + 1], scores, eos_id, pad_id, complete=not cut)
+
+
+def _score_dtype(memory: Tensor) -> torch.dtype:
+    """Log-probabilities are summed in float32 at least (a bf16 model's too), in float64 for a
+    float64 model."""
+    return torch.promote_types(memory.dtype, torch.float32)
 
 
 def _past(deadline: float | None) -> bool:
@@ -221,8 +213,7 @@ def beam_search(
         src_ids, src_attention_mask: (B, S) -> sequences (B, L <= max_len), scores (B,)
     """
     _check(src_ids, src_attention_mask, max_len)
-    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
-        raise ValueError(f"beam_size: expected a positive int, got {beam_size!r}")
+    check_beam_size(beam_size)
     check_length_penalty(length_penalty, max_len)
     was_training = model.training
     model.eval()
@@ -233,17 +224,17 @@ def beam_search(
     mask = src_attention_mask  # (B, S)
     tokens = torch.full((b * k, 1), bos_id, dtype=torch.long, device=device)  # (B*K, 1 + step)
     # Only beam 0 is live at the start; the others are copies that must not be picked twice.
-    scores = torch.full((b, k), float("-inf"), device=device)
+    scores = torch.full((b, k), float("-inf"), dtype=_score_dtype(memory), device=device)
     scores[:, 0] = 0.0
     scores = scores.view(-1)  # (B*K,)
     srcs = torch.arange(b, device=device)  # (B',) rows of B still searching
     stopped = torch.zeros(b, dtype=torch.bool, device=device)  # (B',) no live beam can win any more
     # Each source's best finished hypothesis so far: tokens, total and length-penalised score.
     hyp_tokens = torch.full((b, max_len), pad_id, dtype=torch.long, device=device)  # (B', L)
-    hyp_scores = torch.zeros(b, device=device)
-    hyp_final = torch.full((b,), float("-inf"), device=device)
+    hyp_scores = torch.zeros(b, dtype=scores.dtype, device=device)
+    hyp_final = torch.full((b,), float("-inf"), dtype=scores.dtype, device=device)
     out_tokens = torch.full((b, max_len), pad_id, dtype=torch.long, device=device)  # (B, L)
-    out_scores = torch.zeros(b, device=device)
+    out_scores = torch.zeros(b, dtype=scores.dtype, device=device)
 
     def write_out(rows: Tensor) -> None:
         """The hypotheses of the rows ``rows`` (of B') are final: copy them to the output."""
@@ -257,7 +248,7 @@ def beam_search(
         n, length = srcs.numel(), step + 1
         out = model.decode(tokens[:, -1:], memory, memory_attention_mask=mask,
                            past_key_values=past, use_cache=True)
-        logp = out.logits[:, -1].float().log_softmax(dim=-1)  # (B'*K, V)
+        logp = out.logits[:, -1].to(scores.dtype).log_softmax(dim=-1)  # (B'*K, V)
         kept = kept or min(k + 1, logp.size(-1))
         # A source's K best candidates that are not EOS, and any EOS among its K best, are
         # among its beams' own K + 1 best tokens: a beam's candidates rank as its log-probs do.

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tformer.nn.generate import check_length_penalty
+from tformer.search_args import check_length_penalty
 from tformer.serve import schema
 from tformer.serve.endpoint import Endpoint, Service, json_response
 from tformer.serve.models import Item
