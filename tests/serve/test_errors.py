@@ -113,6 +113,8 @@ def _wait_for_depth(live, depth: int, timeout: float = 10) -> None:
     (["serve", "{dir}", "--max-client-batch", "2000"],
      "--max-client-batch: expected at most --max-queue (1024): a request that large could never be queued, got 2000"),
     (["serve", "{dir}", "--header-timeout", "0"], "--header-timeout: expected a positive number, got 0"),
+    (["serve", "{dir}", "--max-connections-per-client", "600"],
+     "--max-connections-per-client: expected at most --max-connections (512), got 600"),
     (["serve", "{dir}", "--allowed-hosts", "http://x.org"], "--allowed-hosts: expected host names"),
     (["serve", "{dir}", "--cors-origin", "https://a.org/page"], "--cors-origin: expected an origin"),
     (["serve", "{dir}/nope"], "MODEL_DIR_OR_RUN: no such directory"),

@@ -154,7 +154,9 @@ class Service:
                        "max_client_batch": c.max_client_batch, "truncate": c.truncate,
                        "max_body_bytes": MAX_BODY_BYTES, "header_timeout": c.header_timeout,
                        "body_timeout": c.body_timeout, "keep_alive_timeout": c.keep_alive_timeout,
-                       "max_connections": c.max_connections, "grace_period": c.grace_period},
+                       "max_connections": c.max_connections,
+                       "max_connections_per_client": c.connections_per_client,
+                       "grace_period": c.grace_period},
             **served.describe(),
         }
 
@@ -226,7 +228,7 @@ def create_app(config: ServeConfig, served: Served | None = None) -> Starlette:
     served = served or load_served(config.model, config.dtype, config.max_input_tokens, device)
     service = Service(config, served)
     limits = connections.Limits(config.header_timeout, config.body_timeout, config.max_connections,
-                                service.begin_drain)
+                                config.connections_per_client, service.begin_drain)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

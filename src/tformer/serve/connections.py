@@ -8,6 +8,10 @@ uvicorn closes a connection only after a keep-alive pause between requests
                        byte (or of the connection, for its first request): 408, then closed
     --body-timeout     its body within this many seconds of its headers: 408, then closed
     --max-connections  connections past this many (per worker) get 503 and are closed at once
+    --max-connections-per-client
+                       so do connections past this many from one client address (per worker):
+                       512 slow connections from one address (headers sent a byte at a time)
+                       took every place, and every other client got 503 until they timed out
     MAX_HEAD_BYTES     a request line and headers past 64 KiB get 431 and are closed: the parser
                        keeps them in memory, joining each piece to the last (a client streaming
                        headers for --header-timeout seconds held the event loop, and every other
@@ -48,6 +52,7 @@ class Limits:
     header_timeout: float
     body_timeout: float
     max_connections: int
+    max_connections_per_client: int
     begin_drain: Callable[[], None]  # called on SIGTERM, before uvicorn waits for requests
 
 
@@ -67,6 +72,8 @@ MALFORMED = _reply(b"400 Bad Request", "request: expected HTTP/1.1 (its request 
                    "Content-Length or chunks could not be parsed)", "invalid_request_error")
 BUSY = _reply(b"503 Service Unavailable", "server: too many open connections (--max-connections), or "
               "shutting down; retry", "overloaded", b"retry-after: 1\r\n")
+CLIENT_BUSY = _reply(b"503 Service Unavailable", "server: too many open connections from your address "
+                     "(--max-connections-per-client); retry", "overloaded", b"retry-after: 1\r\n")
 
 
 class GuardedProtocol(HttpToolsProtocol):
@@ -85,12 +92,25 @@ class GuardedProtocol(HttpToolsProtocol):
         limits = self._limits()
         if limits is None:
             return
+        refusal = None
         if len(self.connections) > limits.max_connections:
+            refusal = BUSY
+        elif self._from_this_client() > limits.max_connections_per_client:
+            refusal = CLIENT_BUSY
+        if refusal is not None:
             self.connections.discard(self)
-            transport.write(BUSY)
+            transport.write(refusal)
             transport.close()
             return
         self._arm(limits.header_timeout)
+
+    def _from_this_client(self) -> int:
+        """Open connections from this one's address, itself included (a count, not kept: it
+        cannot drift; a few hundred comparisons per new connection)."""
+        if not self.client:  # a Unix socket: no address to share
+            return 1
+        host = self.client[0]
+        return sum(1 for c in self.connections if c.client and c.client[0] == host)
 
     def data_received(self, data: bytes) -> None:
         if self._lingering:
