@@ -321,3 +321,26 @@ def test_one_client_with_many_slow_connections_does_not_lock_others_out(embeddin
         for sock in slow:
             sock.close()
         live.close()
+
+
+def test_a_client_that_never_reads_its_answer_is_dropped(embedding_dir):
+    """An answer the client leaves unread (/tokenize's ~70 bytes a token: megabytes) filled the
+    server's write buffer and stayed there, the connection open, for ever; now it is dropped
+    once the client has taken nothing for --body-timeout seconds."""
+    live = serve(embedding_dir, body_timeout=0.5)
+    body = json.dumps({"inputs": ["a " * 500] * 256}).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel keeps little of it
+    try:
+        sock.connect(("127.0.0.1", live.port))
+        sock.sendall(b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        connections = live.server.server_state.connections
+        deadline = time.monotonic() + 30
+        while connections:  # bounded: the server drops it, or the test fails at the deadline
+            assert time.monotonic() < deadline, "the unread answer's connection stayed open"
+            time.sleep(0.1)
+        assert live.request("GET", "/health")[0] == 200
+    finally:
+        sock.close()
+        live.close()

@@ -70,7 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     net.add_argument("--header-timeout", type=float, default=10.0,
                      help="seconds a request's headers may take to arrive (default 10): then 408, closed")
     net.add_argument("--body-timeout", type=float, default=30.0,
-                     help="seconds a request's body may take after its headers (default 30)")
+                     help="seconds a request's body may take after its headers, and an answer the "
+                     "client leaves unread (default 30)")
     net.add_argument("--keep-alive-timeout", type=int, default=5,
                      help="seconds an idle connection stays open between requests (default 5)")
     net.add_argument("--max-connections", type=int, default=512,
