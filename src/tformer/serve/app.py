@@ -166,6 +166,12 @@ def _check_content_type(request: Request) -> None:
     if media_type != "application/json":
         raise RequestError(415, "Content-Type", f"Content-Type: expected application/json, got "
                            f"{media_type[:60] or 'nothing'!r}")
+    # A compressed body was read as JSON and refused as malformed ("can't decode byte 0x8b"),
+    # which sent the client looking at its JSON; nothing here decompresses (RFC 9110 §15.5.16).
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("identity", ""):
+        raise RequestError(415, "Content-Encoding", f"Content-Encoding: expected identity (an "
+                           f"uncompressed body), got {encoding[:60]!r}")
 
 
 async def _read_body(request: Request) -> bytes:
