@@ -64,3 +64,14 @@ def test_a_compressed_body_is_refused_naming_content_encoding(embedding_server):
     status, _, _ = request(embedding_server.port, "POST", "/embed", {"inputs": "a"},
                            headers={"Content-Encoding": "identity"})
     assert status == 200
+
+
+def test_two_host_headers_are_a_400(embedding_server):
+    """RFC 9112 §3.2: the allow-list read the first Host header, a proxy in front may read the last."""
+    for hosts in ([b"127.0.0.1", b"evil.example"], [b"127.0.0.1", b"127.0.0.1"]):
+        head = b"GET /health HTTP/1.1\r\n" + b"".join(b"Host: %s\r\n" % h for h in hosts)
+        with socket.create_connection(("127.0.0.1", embedding_server.port)) as sock:
+            sock.sendall(head + b"Connection: close\r\n\r\n")
+            [(status, body)] = _responses(_until_closed(sock))
+        assert status == 400 and json.loads(body)["error"]["message"] == "Host: expected one Host header, got 2"
+    assert embedding_server.request("GET", "/health")[0] == 200
