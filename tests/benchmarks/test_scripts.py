@@ -28,7 +28,7 @@ def _run(script: str, *args: str, timeout: float = 300) -> str:
 
 def test_every_script_has_a_smoke_run():
     scripts = {p.relative_to(BENCH).as_posix() for p in BENCH.rglob("*.py")}
-    covered = {*(s for s, _ in BENCH_SUITE), "serve.py", "classifier_pooling.py", "precision_accuracy.py",
+    covered = {*(s for s, _ in BENCH_SUITE), "serve.py", "serve_wait.py", "classifier_pooling.py", "precision_accuracy.py",
                "precision_training.py", "search_memory.py", "train_own_data.py", "data/build_datasets.py",
                "budget.py", "decode_run.py"}
     assert scripts == covered, f"scripts without a smoke run: {sorted(scripts - covered)}"
@@ -49,6 +49,12 @@ def test_bench_suite_script(script):
 def test_serve(tmp_path):
     out = _run("serve.py", "--quick")
     assert "| tformer serve (fp32) | 64 |" in out
+
+
+def test_serve_wait():
+    pytest.importorskip("openai")
+    out = _run("serve_wait.py", "--model-dir", str(st_dir()), "--samples", "2", "--max-batch-tokens", "512")
+    assert "| 2 samples |" in out
 
 
 def test_classifier_pooling(tmp_path):

@@ -48,44 +48,86 @@ def test_batches_fill_the_token_budget_in_fair_order_longest_first():
     assert results == ["text3", "text5", "text4", "text2", "text9"] and depth == 0
 
 
-def test_a_small_request_is_not_held_up_by_a_big_one_already_running():
-    """A one-input request that arrives while a 12-input request's first batch runs goes into
-    the next batch, not after all of the big request's (arrival order put it last)."""
+def _with_arrivals(big: int, arrivals: dict[int, list[str]], max_batch_tokens: int = 8) -> list[list[str]]:
+    """The batches run (as payload lists) for one request of ``big`` 2-token texts queued at the
+    start, and one-token requests that arrive while batch i is in the model (``arrivals[i]``:
+    their names, one request each). Deterministic: no clock, the arrivals are queued before
+    the batch they arrive during returns."""
     seen: list[list[str]] = []
-    small_queued = threading.Event()
 
     async def main():
         loop = asyncio.get_running_loop()
-        batcher = Batcher(lambda payloads, key: seen.append(list(payloads)) or payloads, 8, max_wait_ms=0,
-                          max_queue=100, metrics=Metrics())
-        big = batcher.submit([Item(2, 2, f"big{i}") for i in range(12)])
-        small: list[asyncio.Future] = []
+        batcher = Batcher(lambda p, k: p, max_batch_tokens, max_wait_ms=0, max_queue=100, metrics=Metrics())
+        futures = batcher.submit([Item(2, 2, f"big{i}") for i in range(big)])
+        queued = threading.Event()
 
-        def submit_small():
-            small.extend(batcher.submit([Item(1, 1, "small")]))
-            small_queued.set()
+        def submit(names):
+            for name in names:
+                futures.extend(batcher.submit([Item(1, 1, name)]))
+            queued.set()
 
         def run(payloads, key):
-            if not seen:  # the first batch is in the model: the small request arrives now
-                loop.call_soon_threadsafe(submit_small)
-                assert small_queued.wait(10)
+            names = arrivals.get(len(seen), [])
+            if names:  # this batch is in the model: the requests arrive now
+                queued.clear()
+                loop.call_soon_threadsafe(submit, names)
+                assert queued.wait(10)
             seen.append(list(payloads))
             return payloads
 
         batcher.run = run
         batcher.start()
-        await asyncio.gather(*big)
-        await asyncio.gather(*small)
+        while not all(f.done() for f in futures):  # futures grows while batches run
+            await asyncio.gather(*list(futures))
         await batcher.stop()
 
     asyncio.run(main())
-    assert seen[0] == ["big0", "big1", "big2", "big3"]
-    assert "small" in seen[1] and len(seen) == 4, seen
+    return seen
+
+
+def test_a_short_request_waits_for_the_running_batch_only():
+    """A one-input request that arrives while a 12-input request's first batch runs gets a batch
+    of its own next (short-request lane), not a place in the next full batch (fair order alone
+    made it wait for two batches) nor after all 12 (arrival order)."""
+    seen = _with_arrivals(12, {0: ["small"]})
+    assert seen == [["big0", "big1", "big2", "big3"], ["small"], ["big4", "big5", "big6", "big7"],
+                    ["big8", "big9", "big10", "big11"]]
+
+
+def test_short_requests_arriving_all_along_do_not_starve_a_large_one():
+    """Short requests arriving during every batch: short-only batches never follow each other
+    while the large request waits; it gets every other batch, and the short ones that arrived
+    during a short-only batch lead the next full one (fair order)."""
+    seen = _with_arrivals(12, {i: [f"s{i}a", f"s{i}b"] for i in range(6)})
+    assert seen[:5] == [["big0", "big1", "big2", "big3"], ["s0a", "s0b"], ["big4", "big5", "big6", "s1a", "s1b"],
+                        ["s2a", "s2b"], ["big7", "big8", "big9", "s3a", "s3b"]], seen
+    assert sum(p.startswith("big") for batch in seen for p in batch) == 12
+    big_batches = [i for i, batch in enumerate(seen) if any(p.startswith("big") for p in batch)]
+    assert all(b - a <= 2 for a, b in zip(big_batches, big_batches[1:], strict=False)), seen
+
+
+def test_only_short_requests_waiting_fill_one_batch():
+    """The lane splits nothing when no large job waits: short requests alone batch as before."""
+    seen, _, _ = _run_batches([([1], None), ([1], None), ([1], None)], max_batch_tokens=8)
+    assert [b for b, _ in seen] == [["text1", "text1", "text1"]]
 
 
 def test_different_settings_never_share_a_batch():
-    seen, _, _ = _run_batches([([1], "greedy"), ([1], "beam"), ([2], "greedy")])
-    assert seen == [(["text2", "text1"], "greedy"), (["text1"], "beam")]
+    seen: list[tuple[list[str], str]] = []
+
+    async def main():
+        batcher = Batcher(lambda p, k: seen.append((list(p), k)) or p, 10, max_wait_ms=0, max_queue=100,
+                          metrics=Metrics())
+        futures = [f for n, key in [(1, "greedy"), (1, "beam"), (2, "greedy"), (8, "beam")]
+                   for f in batcher.submit([Item(n, n, f"{key}{n}")], key)]
+        batcher.start()
+        results = await asyncio.gather(*futures)
+        await batcher.stop()
+        return results
+
+    assert asyncio.run(main()) == ["greedy1", "beam1", "greedy2", "beam8"]
+    assert all(p.startswith(key) for batch, key in seen for p in batch), seen
+    assert sorted(p for batch, _ in seen for p in batch) == ["beam1", "beam8", "greedy1", "greedy2"]
 
 
 def test_a_cancelled_job_is_skipped_and_frees_its_place():

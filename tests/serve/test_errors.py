@@ -35,7 +35,9 @@ LONG = " ".join(WORDS[:30])  # over the 16 tokens of the test directory
     ("/v1/embeddings", {"input": "a", "dimensions": 8}, 422, "dimensions", "dimensions: expected 32..32"),
     ("/v1/embeddings", {"input": [[1, 2, 999]]}, 422, "input[0][2]", "input[0][2]: expected a token id in 0..99"),
     ("/embed", {"inputs": "a", "truncation_direction": "left"}, 422, "truncation_direction",
-     "truncation_direction: expected one of right, Right"),
+     'truncation_direction: expected one of right, Right, got "left"'),  # as JSON spells it, not 'left'
+    ("/embed", {"inputs": "a", "truncation_direction": True}, 422, "truncation_direction",
+     "truncation_direction: expected one of right, Right, got true"),  # not Python's True
     ("/predict", {"inputs": "a"}, 404, None, "/predict: this server holds the embedding model"),
     ("/embed", {"inputs": "a", "x": {"y": {"z": {"w": {"v": {"u": {"t": {"s": {"r": 1}}}}}}}}}, 400, "body",
      "body: expected JSON nested at most 8 deep"),
@@ -113,6 +115,8 @@ def _wait_for_depth(live, depth: int, timeout: float = 10) -> None:
     (["serve", "{dir}", "--max-client-batch", "2000"],
      "--max-client-batch: expected at most --max-queue (1024): a request that large could never be queued, got 2000"),
     (["serve", "{dir}", "--header-timeout", "0"], "--header-timeout: expected a positive number, got 0"),
+    (["serve", "{dir}", "--max-connections-per-client", "600"],
+     "--max-connections-per-client: expected at most --max-connections (512), got 600"),
     (["serve", "{dir}", "--allowed-hosts", "http://x.org"], "--allowed-hosts: expected host names"),
     (["serve", "{dir}", "--cors-origin", "https://a.org/page"], "--cors-origin: expected an origin"),
     (["serve", "{dir}/nope"], "MODEL_DIR_OR_RUN: no such directory"),

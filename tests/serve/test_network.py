@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import selectors
 import socket
 import threading
 import time
@@ -21,7 +22,8 @@ from tformer.serve.models import windows
 
 @pytest.fixture(scope="module")
 def quick_server(embedding_dir):
-    live = serve(embedding_dir, header_timeout=0.5, body_timeout=0.5, max_connections=4)
+    live = serve(embedding_dir, header_timeout=0.5, body_timeout=0.5, max_connections=4,
+                 max_connections_per_client=4)
     yield live
     live.close()
 
@@ -279,3 +281,66 @@ def test_a_long_text_without_whitespace_is_cut_inside_a_word(embedding_server):
         assert tokenizer.encode([kept[0]])[0].ids == tokenizer.encode([text])[0].ids  # cut at 16
     status, headers, _ = embedding_server.post("/embed", {"inputs": "日本語" * 100_000})
     assert status == 200 and headers["x-truncated-inputs"] == "0"
+
+
+def test_one_client_with_many_slow_connections_does_not_lock_others_out(embedding_dir):
+    """512 connections from one address (127.0.0.2), each sending its headers a byte at a time,
+    with the default limits: a real client (the openai package) on another address is still
+    answered. Before the per-client bound the 512 took every place (--max-connections) and it
+    got 503 until they timed out."""
+    openai = pytest.importorskip("openai")
+    live = serve(embedding_dir)  # the default limits: 512 connections, 128 per client
+    head = b"POST /embed HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    slow: list[socket.socket] = []
+    try:
+        for _ in range(512):
+            sock = socket.socket()
+            sock.bind(("127.0.0.2", 0))
+            sock.connect(("127.0.0.1", live.port))
+            slow.append(sock)
+        for i in range(8):  # the headers, a byte at a time on every connection
+            for sock in slow:
+                try:
+                    sock.send(head[i:i + 1])
+                except OSError:  # refused and closed: past its share
+                    pass
+        client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0, timeout=30)
+        answer = client.embeddings.create(input="a dog", model="any")
+        assert len(answer.data) == 1
+        refused, pending = 0, selectors.DefaultSelector()
+        for sock in slow:
+            pending.register(sock, selectors.EVENT_READ)
+        deadline = time.monotonic() + 10
+        while refused < 512 - 128 and time.monotonic() < deadline:  # bounded: the 503s are already sent
+            for key, _ in pending.select(0.5):
+                refused += key.fileobj.recv(64).startswith(b"HTTP/1.1 503 ")
+                pending.unregister(key.fileobj)
+        pending.close()
+        assert refused == 512 - 128
+    finally:
+        for sock in slow:
+            sock.close()
+        live.close()
+
+
+def test_a_client_that_never_reads_its_answer_is_dropped(embedding_dir):
+    """An answer the client leaves unread (/tokenize's ~70 bytes a token: megabytes) filled the
+    server's write buffer and stayed there, the connection open, for ever; now it is dropped
+    once the client has taken nothing for --body-timeout seconds."""
+    live = serve(embedding_dir, body_timeout=0.5)
+    body = json.dumps({"inputs": ["a " * 500] * 256}).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel keeps little of it
+    try:
+        sock.connect(("127.0.0.1", live.port))
+        sock.sendall(b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        connections = live.server.server_state.connections
+        deadline = time.monotonic() + 30
+        while connections:  # bounded: the server drops it, or the test fails at the deadline
+            assert time.monotonic() < deadline, "the unread answer's connection stayed open"
+            time.sleep(0.1)
+        assert live.request("GET", "/health")[0] == 200
+    finally:
+        sock.close()
+        live.close()

@@ -70,11 +70,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     net.add_argument("--header-timeout", type=float, default=10.0,
                      help="seconds a request's headers may take to arrive (default 10): then 408, closed")
     net.add_argument("--body-timeout", type=float, default=30.0,
-                     help="seconds a request's body may take after its headers (default 30)")
+                     help="seconds a request's body may take after its headers, and an answer the "
+                     "client leaves unread (default 30)")
     net.add_argument("--keep-alive-timeout", type=int, default=5,
                      help="seconds an idle connection stays open between requests (default 5)")
     net.add_argument("--max-connections", type=int, default=512,
                      help="open connections per worker; more get 503 and are closed (default 512)")
+    net.add_argument("--max-connections-per-client", type=int, default=None,
+                     help="open connections from one client address, per worker; more get 503 and are "
+                     "closed (default a quarter of --max-connections; behind a proxy, which is one "
+                     "address for all its clients, set it to --max-connections)")
     net.add_argument("--grace-period", type=float, default=20.0,
                      help="on SIGTERM, seconds the requests in the model get to finish (default 20); "
                      "then they get 503")
@@ -99,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
         tokenization_workers=args.tokenization_workers, allowed_hosts=tuple(args.allowed_hosts),
         cors_origins=tuple(args.cors_origins), header_timeout=args.header_timeout,
         body_timeout=args.body_timeout, keep_alive_timeout=args.keep_alive_timeout,
-        max_connections=args.max_connections, grace_period=args.grace_period,
+        max_connections=args.max_connections,
+        max_connections_per_client=args.max_connections_per_client, grace_period=args.grace_period,
     )
     return serve(config)

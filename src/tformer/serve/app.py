@@ -154,7 +154,9 @@ class Service:
                        "max_client_batch": c.max_client_batch, "truncate": c.truncate,
                        "max_body_bytes": MAX_BODY_BYTES, "header_timeout": c.header_timeout,
                        "body_timeout": c.body_timeout, "keep_alive_timeout": c.keep_alive_timeout,
-                       "max_connections": c.max_connections, "grace_period": c.grace_period},
+                       "max_connections": c.max_connections,
+                       "max_connections_per_client": c.connections_per_client,
+                       "grace_period": c.grace_period},
             **served.describe(),
         }
 
@@ -164,6 +166,12 @@ def _check_content_type(request: Request) -> None:
     if media_type != "application/json":
         raise RequestError(415, "Content-Type", f"Content-Type: expected application/json, got "
                            f"{media_type[:60] or 'nothing'!r}")
+    # A compressed body was read as JSON and refused as malformed ("can't decode byte 0x8b"),
+    # which sent the client looking at its JSON; nothing here decompresses (RFC 9110 §15.5.16).
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("identity", ""):
+        raise RequestError(415, "Content-Encoding", f"Content-Encoding: expected identity (an "
+                           f"uncompressed body), got {encoding[:60]!r}")
 
 
 async def _read_body(request: Request) -> bytes:
@@ -226,7 +234,7 @@ def create_app(config: ServeConfig, served: Served | None = None) -> Starlette:
     served = served or load_served(config.model, config.dtype, config.max_input_tokens, device)
     service = Service(config, served)
     limits = connections.Limits(config.header_timeout, config.body_timeout, config.max_connections,
-                                service.begin_drain)
+                                config.connections_per_client, service.begin_drain)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

@@ -15,6 +15,14 @@ one-text request that arrives meanwhile gets the tag of the jobs now running, so
 the next batch instead of after all 256 (plain arrival order made it wait for the whole big
 request). No job starves: every tag is finite and ``V`` only grows.
 
+Fair order alone still made a short request wait for two batches: the one in the model, then
+the next, which it shared with a full budget of the large requests' texts (all-MiniLM-L6-v2,
+median 2.0 batches). So short requests (at most ``max_batch_tokens / SHORT_SHARE`` tokens in
+all) have a lane: when both short and other jobs wait, the next batch takes only short ones
+(still in fair order), and it runs in a few milliseconds; a short request then waits about the
+batch in the model, at most. Two short-only batches never follow each other while other jobs
+wait, so a stream of short requests cannot starve a large one: it gets every other batch.
+
 While a batch runs, new jobs queue up; under load the next batch is ready the moment the model
 is free. The queue is bounded: ``submit`` refuses (``QueueFull``) jobs past ``max_queue``
 waiting or running. A job whose future is cancelled (its client went away) frees its place at
@@ -33,6 +41,9 @@ from typing import Any
 
 from tformer.serve.metrics import Metrics
 from tformer.serve.models import Item
+
+# A request of at most max_batch_tokens / SHORT_SHARE tokens is short: it gets the short lane.
+SHORT_SHARE = 8
 
 
 class QueueFull(Exception):
@@ -54,6 +65,7 @@ class Job:
     future: asyncio.Future
     tag: int = 0  # the fair-order start tag (see the module's docstring)
     seq: int = 0  # arrival order, which breaks ties between equal tags
+    request_tokens: int = 0  # the tokens of the whole request the job is part of
     arrived: float = field(default_factory=time.monotonic)
 
     @property
@@ -71,11 +83,13 @@ class Batcher:
         self.run, self.metrics = run, metrics
         self.max_batch_tokens, self.max_queue = max_batch_tokens, max_queue
         self.max_wait = max_wait_ms / 1000
+        self.short_tokens = max_batch_tokens // SHORT_SHARE  # a request this small is short
         self.depth = 0  # jobs admitted and not yet answered or cancelled
         self.seconds_per_token = 1e-4  # a running estimate, for Retry-After
         self._waiting: list[Job] = []  # sorted by Job.order
         self._virtual = 0  # V: the largest start tag taken into a batch
         self._seq = 0
+        self._short_last = False  # the last batch took short requests only, past others waiting
         self._running: list[Job] = []  # the batch in the model
         self._arrived = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="tformer-model", initializer=thread_init)
@@ -88,9 +102,9 @@ class Batcher:
             self.metrics.rejected.inc()
             raise QueueFull(self.depth, self.max_queue, self.retry_after())
         loop = asyncio.get_running_loop()
-        futures, tag = [], self._virtual
+        futures, tag, tokens = [], self._virtual, sum(item.n for item in items)
         for item in items:
-            job = Job(item, key, loop.create_future(), tag, self._seq)
+            job = Job(item, key, loop.create_future(), tag, self._seq, tokens)
             job.future.add_done_callback(self._done)
             bisect.insort(self._waiting, job, key=lambda j: j.order)
             futures.append(job.future)
@@ -193,23 +207,26 @@ class Batcher:
 
     def _take(self) -> list[Job]:
         """The first job in fair order, then later ones with its key, in that order, within the
-        budget; the batch sorted by length (longest first)."""
+        budget; only short requests' jobs if both short and other jobs wait and the last batch
+        was not short-only (the lane: see the module's docstring); the batch sorted by length
+        (longest first)."""
         if not self._live():
             return []
-        key, budget = self._waiting[0].key, self.max_batch_tokens
-        batch, rest, used = [], [], 0
-        for i, job in enumerate(self._waiting):
-            if job.future.done():
-                continue
+        jobs = [j for j in self._waiting if not j.future.done()]
+        short = [j for j in jobs if j.request_tokens <= self.short_tokens]
+        self._short_last = bool(short) and len(short) < len(jobs) and not self._short_last
+        lane = short if self._short_last else jobs
+        key, budget = lane[0].key, self.max_batch_tokens
+        batch, used = [], 0
+        for job in lane:
             if job.key != key:
-                rest.append(job)
                 continue
             if batch and used + job.item.n > budget:
-                rest.extend(self._waiting[i:])  # fair order: a later, shorter job must not jump this one
-                break
+                break  # fair order: a later, shorter job must not jump this one
             batch.append(job)
             used += job.item.n
-        self._waiting = rest
+        taken = {id(j) for j in batch}
+        self._waiting = [j for j in jobs if id(j) not in taken]
         self._virtual = max(self._virtual, *(j.tag for j in batch))
         batch.sort(key=lambda j: -j.item.n)
         return batch

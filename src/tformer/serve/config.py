@@ -40,6 +40,7 @@ class ServeConfig:
     body_timeout: float = 30.0
     keep_alive_timeout: int = 5
     max_connections: int = 512
+    max_connections_per_client: int | None = None  # one address's share; default a quarter
     grace_period: float = 20.0
     allowed_hosts: tuple[str, ...] = ()  # beside the bind address and localhost's names; "*": any
     cors_origins: tuple[str, ...] = ()  # none: no CORS headers (browsers refuse other origins)
@@ -59,7 +60,8 @@ class ServeConfig:
                     "--tokenization-workers": self.tokenization_workers,
                     "--header-timeout": self.header_timeout, "--body-timeout": self.body_timeout,
                     "--keep-alive-timeout": self.keep_alive_timeout,
-                    "--max-connections": self.max_connections}
+                    "--max-connections": self.max_connections,
+                    "--max-connections-per-client": self.max_connections_per_client}
         for flag, value in positive.items():
             if value is not None and not value > 0:
                 raise ValueError(f"{flag}: expected a positive number, got {value}")
@@ -72,6 +74,9 @@ class ServeConfig:
         if self.max_input_tokens is not None and self.max_input_tokens > self.max_batch_tokens:
             raise ValueError(f"--max-input-tokens: expected at most --max-batch-tokens "
                              f"({self.max_batch_tokens}), got {self.max_input_tokens}")
+        if self.connections_per_client > self.max_connections:
+            raise ValueError(f"--max-connections-per-client: expected at most --max-connections "
+                             f"({self.max_connections}), got {self.max_connections_per_client}")
         if self.max_client_batch > self.max_queue:
             raise ValueError(f"--max-client-batch: expected at most --max-queue ({self.max_queue}): a "
                              f"request that large could never be queued, got {self.max_client_batch}")
@@ -89,6 +94,11 @@ class ServeConfig:
         """Each worker's share of the threads (at least one)."""
         total = self.threads or os.cpu_count() or 1
         return max(1, total // self.workers)
+
+    @property
+    def connections_per_client(self) -> int:
+        """One client address's share of --max-connections (default a quarter of it)."""
+        return self.max_connections_per_client or max(1, self.max_connections // 4)
 
     @property
     def model_name(self) -> str:

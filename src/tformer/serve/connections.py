@@ -6,8 +6,15 @@ uvicorn closes a connection only after a keep-alive pause between requests
 
     --header-timeout   a request's headers must arrive within this many seconds of its first
                        byte (or of the connection, for its first request): 408, then closed
-    --body-timeout     its body within this many seconds of its headers: 408, then closed
+    --body-timeout     its body within this many seconds of its headers: 408, then closed;
+                       and an answer the client stops reading (the write buffer full, nothing
+                       taken for this many seconds) is dropped: a client that never read its
+                       answers held each connection and megabytes of buffer for ever
     --max-connections  connections past this many (per worker) get 503 and are closed at once
+    --max-connections-per-client
+                       so do connections past this many from one client address (per worker):
+                       512 slow connections from one address (headers sent a byte at a time)
+                       took every place, and every other client got 503 until they timed out
     MAX_HEAD_BYTES     a request line and headers past 64 KiB get 431 and are closed: the parser
                        keeps them in memory, joining each piece to the last (a client streaming
                        headers for --header-timeout seconds held the event loop, and every other
@@ -48,6 +55,7 @@ class Limits:
     header_timeout: float
     body_timeout: float
     max_connections: int
+    max_connections_per_client: int
     begin_drain: Callable[[], None]  # called on SIGTERM, before uvicorn waits for requests
 
 
@@ -67,6 +75,8 @@ MALFORMED = _reply(b"400 Bad Request", "request: expected HTTP/1.1 (its request 
                    "Content-Length or chunks could not be parsed)", "invalid_request_error")
 BUSY = _reply(b"503 Service Unavailable", "server: too many open connections (--max-connections), or "
               "shutting down; retry", "overloaded", b"retry-after: 1\r\n")
+CLIENT_BUSY = _reply(b"503 Service Unavailable", "server: too many open connections from your address "
+                     "(--max-connections-per-client); retry", "overloaded", b"retry-after: 1\r\n")
 
 
 class GuardedProtocol(HttpToolsProtocol):
@@ -75,6 +85,8 @@ class GuardedProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._timer: asyncio.TimerHandle | None = None
+        self._send_timer: asyncio.TimerHandle | None = None  # the client takes nothing of the answer
+        self._unsent = 0  # bytes waiting in the write buffer when that timer was armed
         self._reading = False  # between a request's first byte and its last
         self._received = False
         self._in_head = True  # the parser is reading a request line and headers (or waits for them)
@@ -85,12 +97,25 @@ class GuardedProtocol(HttpToolsProtocol):
         limits = self._limits()
         if limits is None:
             return
+        refusal = None
         if len(self.connections) > limits.max_connections:
+            refusal = BUSY
+        elif self._from_this_client() > limits.max_connections_per_client:
+            refusal = CLIENT_BUSY
+        if refusal is not None:
             self.connections.discard(self)
-            transport.write(BUSY)
+            transport.write(refusal)
             transport.close()
             return
         self._arm(limits.header_timeout)
+
+    def _from_this_client(self) -> int:
+        """Open connections from this one's address, itself included (a count, not kept: it
+        cannot drift; a few hundred comparisons per new connection)."""
+        if not self.client:  # a Unix socket: no address to share
+            return 1
+        host = self.client[0]
+        return sum(1 for c in self.connections if c.client and c.client[0] == host)
 
     def data_received(self, data: bytes) -> None:
         if self._lingering:
@@ -143,7 +168,20 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._stop_send_timer()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        """The write buffer is full (the client reads slower than we write): from now on the
+        client must take some of it every --body-timeout seconds."""
+        super().pause_writing()
+        limits = self._limits()
+        if limits is not None:
+            self._arm_send(limits.body_timeout)
+
+    def resume_writing(self) -> None:
+        self._stop_send_timer()
+        super().resume_writing()
 
     def shutdown(self) -> None:
         limits = self._limits()
@@ -168,6 +206,26 @@ class GuardedProtocol(HttpToolsProtocol):
         if timer is not None:
             timer.cancel()
             self._timer = None
+
+    def _arm_send(self, seconds: float) -> None:
+        self._stop_send_timer()
+        self._unsent = self.transport.get_write_buffer_size()
+        self._send_timer = self.loop.call_later(seconds, self._send_expired, seconds)
+
+    def _stop_send_timer(self) -> None:
+        timer = getattr(self, "_send_timer", None)
+        if timer is not None:
+            timer.cancel()
+            self._send_timer = None
+
+    def _send_expired(self, seconds: float) -> None:
+        self._send_timer = None
+        if self.transport.is_closing():
+            return
+        if self.transport.get_write_buffer_size() < self._unsent:  # slow, but reading: wait again
+            self._arm_send(seconds)
+            return
+        self.transport.abort()  # nothing can reach a client that reads nothing: drop the buffer too
 
     def _expired(self) -> None:
         self._timer = None

@@ -49,14 +49,19 @@ class HostGuard:
         self.suffixes = tuple(h[1:] for h in allowed if h.startswith("*."))
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and not self.any:
-            raw = next((v for k, v in scope["headers"] if k == b"host"), b"")
-            host = _bare(_hostname(raw.decode("latin-1").lower()))
-            if not (host in self.allowed or (self.suffixes and host.endswith(self.suffixes))):
-                shown = raw.decode("latin-1")[:100]
-                response = error(RequestError(400, "Host", f"Host: expected one of {', '.join(self.allowed)} "
-                                              f"(widen with --allowed-hosts), got {shown!r}"))
-                await response(scope, receive, send)
+        if scope["type"] == "http":
+            hosts = [v for k, v in scope["headers"] if k == b"host"]
+            refusal = None
+            if len(hosts) > 1:  # RFC 9112 §3.2: a 400; the check below read the first, others the last
+                refusal = f"Host: expected one Host header, got {len(hosts)}"
+            elif not self.any:
+                raw = hosts[0] if hosts else b""
+                host = _bare(_hostname(raw.decode("latin-1").lower()))
+                if not (host in self.allowed or (self.suffixes and host.endswith(self.suffixes))):
+                    refusal = (f"Host: expected one of {', '.join(self.allowed)} (widen with "
+                               f"--allowed-hosts), got {raw.decode('latin-1')[:100]!r}")
+            if refusal is not None:
+                await error(RequestError(400, "Host", refusal))(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

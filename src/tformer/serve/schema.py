@@ -312,7 +312,8 @@ def _ids(value: list, where: str, vocab_size: int) -> None:
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
+    """The value as the client wrote it (JSON: true, null, "text"; not Python's True, None, 'text')."""
+    text = json.dumps(value, ensure_ascii=False)
     return text if len(text) <= 60 else text[:57] + "..."
 
 

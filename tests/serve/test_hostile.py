@@ -1,0 +1,77 @@
+"""A hostile client's requests, over raw sockets: each gets its one-line JSON answer, in order,
+and the server keeps serving."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import socket
+
+from serve_fixtures import request
+
+
+def _post(body: bytes, content_type: bytes = b"application/json", extra: bytes = b"") -> bytes:
+    return (b"POST /embed HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n%s"
+            % (content_type, len(body), extra, body))
+
+
+def _until_closed(sock: socket.socket, limit: float = 30.0) -> bytes:
+    sock.settimeout(limit)
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def _responses(data: bytes) -> list[tuple[int, bytes]]:
+    """(status, body) of each response in a stream of them (each with a Content-Length)."""
+    found = []
+    while data:
+        head, _, rest = data.partition(b"\r\n\r\n")
+        length = int(re.search(rb"(?im)^content-length: *(\d+)", head).group(1))
+        found.append((int(head.split(b" ")[1]), rest[:length]))
+        data = rest[length:]
+    return found
+
+
+def test_pipelined_requests_get_their_answers_in_order(embedding_server):
+    """Good, malformed, wrong-type, large and wrongly-typed requests in one write (and again a
+    byte at a time): one answer each, in order, the errors one-line JSON."""
+    sent = [_post(b'{"inputs": "a"}'), _post(b"{bad"), _post(b'{"inputs": "b"}', b"text/plain"),
+            _post(json.dumps({"inputs": ["x y z " * 200] * 64}).encode()), _post(b'{"inputs": 5}'),
+            _post(b'{"inputs": "last"}', extra=b"Connection: close\r\n")]
+    for pieces in ([b"".join(sent)], [bytes([b]) for b in b"".join(sent[:2] + sent[-1:])]):
+        with socket.create_connection(("127.0.0.1", embedding_server.port)) as sock:
+            for piece in pieces:
+                sock.sendall(piece)
+            answer = _until_closed(sock)
+        answers = _responses(answer)
+        expected = [200, 400, 415, 200, 422, 200] if len(pieces) == 1 else [200, 400, 200]
+        assert [status for status, _ in answers] == expected, answer[:300]
+        for status, body in answers:  # every error one line of JSON that names its code
+            assert status == 200 or (b"\n" not in body and json.loads(body)["error"]["code"] == status)
+    assert embedding_server.request("GET", "/health")[0] == 200
+
+
+def test_a_compressed_body_is_refused_naming_content_encoding(embedding_server):
+    """A gzip body was parsed as JSON and refused as malformed ("can't decode byte 0x8b")."""
+    body = gzip.compress(b'{"inputs": "a"}')
+    status, _, answer = request(embedding_server.port, "POST", "/embed", raw=body,
+                                headers={"Content-Encoding": "gzip"})
+    assert status == 415 and answer["error"]["param"] == "Content-Encoding", answer
+    assert answer["error"]["message"] == "Content-Encoding: expected identity (an uncompressed body), got 'gzip'"
+    status, _, _ = request(embedding_server.port, "POST", "/embed", {"inputs": "a"},
+                           headers={"Content-Encoding": "identity"})
+    assert status == 200
+
+
+def test_two_host_headers_are_a_400(embedding_server):
+    """RFC 9112 §3.2: the allow-list read the first Host header, a proxy in front may read the last."""
+    for hosts in ([b"127.0.0.1", b"evil.example"], [b"127.0.0.1", b"127.0.0.1"]):
+        head = b"GET /health HTTP/1.1\r\n" + b"".join(b"Host: %s\r\n" % h for h in hosts)
+        with socket.create_connection(("127.0.0.1", embedding_server.port)) as sock:
+            sock.sendall(head + b"Connection: close\r\n\r\n")
+            [(status, body)] = _responses(_until_closed(sock))
+        assert status == 400 and json.loads(body)["error"]["message"] == "Host: expected one Host header, got 2"
+    assert embedding_server.request("GET", "/health")[0] == 200
