@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from tformer import __version__
-from tformer.errors import OS_ERRORS, USER_ERRORS  # one line, no traceback
+from tformer.errors import OS_ERRORS, USER_ERRORS, Terminated  # one line, no traceback
 from tformer.kernels.allocator import keep_freed_memory
 
 # (command name, module under tformer.commands)
@@ -139,8 +139,10 @@ def _command(argv: list[str] | None) -> int:
         print(f"tformer {args.command}: error: {_os_error(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:  # (its message, if any, says how to go on)
-        print(f"tformer {args.command}: interrupted" + (f"; {e}" if str(e) else ""), file=sys.stderr)
-        return 130
+        # Ctrl-C: 130; SIGTERM (train takes it as a Ctrl-C): 143, 128 + the signal, as the shells say
+        what, rc = ("terminated", 143) if isinstance(e, Terminated) else ("interrupted", 130)
+        print(f"tformer {args.command}: {what}" + (f"; {e}" if str(e) else ""), file=sys.stderr)
+        return rc
 
 
 def _device_type(args: argparse.Namespace) -> str:

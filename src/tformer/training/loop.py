@@ -123,10 +123,10 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
         if created and latest_checkpoint(run_dir) is None:
             discard_unstarted(run_dir)  # e.g. a bad data file: no directory holding only a lock
         raise
-    except KeyboardInterrupt:  # Ctrl-C: what was published stays; say how to go on from it
+    except KeyboardInterrupt as e:  # Ctrl-C (or SIGTERM): what was published stays; say how to go on
         if writer and latest_checkpoint(run_dir) is not None:
-            raise KeyboardInterrupt(f"{run_dir} keeps its last checkpoint; resume with `tformer train "
-                                    f"--resume {run_dir}`") from None
+            raise type(e)(f"{run_dir} keeps its last checkpoint; resume with `tformer train "
+                          f"--resume {run_dir}`") from None
         raise
     finally:
         torch.set_num_threads(threads)  # the plan may have chosen fewer: the caller's again
