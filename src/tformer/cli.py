@@ -61,8 +61,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
 
 def _os_error(e: OSError) -> str:
-    """The machine's refusal in one line, naming the file: the error's own, or for a full disk
-    or a read-only filesystem met by a plain write (no file in the error), the write begun last."""
+    """The machine's refusal in one line, naming the file (then its notes: what a full disk left,
+    tformer.training.loop): the error's own, or for a full disk or a read-only filesystem met by a
+    plain write (no file in the error), the write begun last."""
+    return "; ".join([_os_refusal(e), *getattr(e, "__notes__", ())])
+
+
+def _os_refusal(e: OSError) -> str:
     import errno
 
     from tformer.storage import files
