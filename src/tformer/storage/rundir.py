@@ -11,6 +11,7 @@ tformer run: ``--out`` refuses any other non-empty directory and touches nothing
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -71,6 +72,21 @@ def check_unlocked(run_dir: str | Path) -> None:
         return  # no lock file: nobody trains there
     _flock_or_explain(fd, Path(run_dir))
     os.close(fd)
+
+
+def holder(run_dir: str | Path) -> str | None:
+    """The pid of the process training in `run_dir` now (as its lock file says), or None."""
+    try:
+        fd = os.open(Path(run_dir) / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return None  # no lock file: nobody trains there
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # (released by the close below)
+    except BlockingIOError:
+        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    finally:
+        os.close(fd)
+    return None
 
 
 def is_run_dir(path: Path) -> bool:
