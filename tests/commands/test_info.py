@@ -137,3 +137,21 @@ def test_a_run_before_its_first_checkpoint_says_so_and_what_it_knows(tmp_path, m
     assert capsys.readouterr().out.startswith(
         f"checkpoint  none yet; in progress (pid {os.getpid()}): its first checkpoint is saved at its first "
         "validation\n")
+
+
+def test_info_reads_the_newer_checkpoint_when_a_live_run_prunes_the_one_it_found(tmp_path, monkeypatch, capsys,
+                                                                                  classification_run):
+    """A run training now publishes a checkpoint and prunes the one before, which info had just
+    found through checkpoints/latest (1 read in 14 failed with 'no such file'): info reads again."""
+    import shutil
+
+    from helpers import prune_at_first_read
+
+    run = tmp_path / "run"
+    shutil.copytree(classification_run, run)
+    assert main(["info", str(run)]) == 0
+    expected = capsys.readouterr().out
+    pruned = prune_at_first_read(monkeypatch)
+    assert main(["info", str(run)]) == 0, capsys.readouterr().err
+    assert len(pruned) == 1 and not pruned[0].exists()
+    assert capsys.readouterr().out == expected

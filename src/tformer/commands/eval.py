@@ -78,9 +78,11 @@ def _stopped_by(run_dir: str) -> str | None:
     """What ended the run's training ("steps", "max_minutes", ...), as its newest checkpoint
     says; None where it does not say."""
     from tformer.storage.checkpoint import check_run_dir
+    from tformer.storage.checkpoint_names import read_latest
     from tformer.storage.files import read_json_object
 
     try:
-        return read_json_object(check_run_dir(run_dir) / "trainer_state.json").get("stopped_by")
+        return read_latest(run_dir, lambda _: read_json_object(check_run_dir(run_dir) / "trainer_state.json")
+                           ).get("stopped_by")
     except (OSError, ValueError):
         return None

@@ -33,16 +33,20 @@ def run(args: argparse.Namespace) -> int:
     path = Path(args.config)
     run_rows = []
     if path.is_dir():
-        from tformer.storage.checkpoint import latest_checkpoint
+        from tformer.storage.checkpoint_names import latest_checkpoint, read_latest
         from tformer.storage.rundir import is_run_dir
 
-        saved = latest_checkpoint(path) or path  # a run: its newest checkpoint's files
-        if saved == path and not (path / "config.json").is_file() and is_run_dir(path):
-            _print(_unsaved_rows(path))  # started, no checkpoint yet: what it does know
+        run_dir = path
+        unsaved = latest_checkpoint(run_dir) is None and not (run_dir / "config.json").is_file()
+        if unsaved and is_run_dir(run_dir):
+            _print(_unsaved_rows(run_dir))  # started, no checkpoint yet: what it does know
             return 0
-        run_rows = _run_rows(path, saved)
-        path = saved / "config.json"
-    config = TransformerConfig.load(path)
+        # A run: its newest checkpoint's files (a model directory: its own), read whole again if a
+        # live run pruned that checkpoint under us.
+        run_rows, config = read_latest(run_dir, lambda saved: (
+            _run_rows(run_dir, saved or run_dir), TransformerConfig.load((saved or run_dir) / "config.json")))
+    else:
+        config = TransformerConfig.load(path)
     if args.model is None:
         kind = dict(run_rows).get("objective", "")
         args.model = ("seq2seq" if kind.startswith(("seq2seq", "copy", "reverse", "sort", "add"))
