@@ -33,11 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import contextlib
     from pathlib import Path
 
     from tformer.runs import load_run
-    from tformer.training.report import append_jsonl, baseline_verdict, sample_table, with_baseline
-    from tformer.verdict import MIN_VERDICT_EXAMPLES
+    from tformer.storage.rundir import RunLock
 
     check_options(args)
     if args.data is not None and args.split is not None:  # one of the two would be ignored
@@ -45,9 +45,22 @@ def run(args: argparse.Namespace) -> int:
                          f"--data, got {args.split}")
     run = load_run(args.run_dir, device=device_of(args))
     check_decoding_options(args, run)
+    if args.data is not None and run.config.data is None:
+        raise ValueError(f"--data: {args.run_dir} trained on task {run.config.task}, not on files")
+    # --data appends to the run's metrics.jsonl: as its one writer (a run training there, a resume
+    # cutting the file back to its checkpoint, another eval --data would interleave with it).
+    busy = "--data appends to its metrics.jsonl, which that process writes: evaluate when it has finished"
+    with RunLock(Path(args.run_dir), "RUN_DIR", busy) if args.data is not None else contextlib.nullcontext():
+        return _evaluate(args, run)
+
+
+def _evaluate(args: argparse.Namespace, run) -> int:
+    from pathlib import Path
+
+    from tformer.training.report import append_jsonl, baseline_verdict, sample_table, with_baseline
+    from tformer.verdict import MIN_VERDICT_EXAMPLES
+
     if args.data is not None:
-        if run.config.data is None:
-            raise ValueError(f"--data: {args.run_dir} trained on task {run.config.task}, not on files")
         examples = run.examples(data=args.data)[: args.limit]
         if not examples:
             raise ValueError(f"--data: {args.data} holds no records")
