@@ -128,3 +128,18 @@ def test_eval_data_appends_to_metrics_only_holding_the_run_lock(classification_r
     assert rc == 0, err
     assert held == [str(os.getpid())] and holder(run) is None  # held while it appended, then released
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["split"] == "eval"
+
+
+def test_eval_data_with_limit_reads_the_file_no_further_than_its_limit(classification_run, capsys, tmp_path):
+    """--limit N scores the first N records and reads no further (it read, checked and held the whole
+    file first: a bad line far past the limit failed it)."""
+    from text_fixtures import classification_rows, write
+
+    run = tmp_path / "run"
+    shutil.copytree(classification_run, run)
+    data = write(tmp_path / "more.jsonl", [*classification_rows(20, seed=3), {"text": "x", "label": "neither"}])
+    rc, out, err = run_cli(capsys, "eval", run, "--data", data, "--limit", 5, "--samples", 0)
+    assert rc == 0, err
+    assert json.loads(out.splitlines()[-1])["examples"] == 5
+    rc, _, err = run_cli(capsys, "eval", run, "--data", data, "--samples", 0)  # read whole: checked whole
+    assert_one_line_error(rc, err, "eval", rf"{data}:21: label 'neither' is not one of the training labels")

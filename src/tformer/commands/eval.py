@@ -26,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="runs on your data: evaluate on this JSONL/CSV/TSV file instead; "
                              "the result is appended to RUN_DIR/metrics.jsonl")
     parser.add_argument("--beam-size", type=int, default=1, help="seq2seq: 1 = greedy (default)")
-    parser.add_argument("--limit", type=int, default=None, help="only the first N examples")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="only the first N examples (a --data file is read no further)")
     parser.add_argument("--samples", type=int, default=6, help="sample rows to print (default 6)")
     add_threads(parser)
     add_device(parser)
@@ -61,13 +62,13 @@ def _evaluate(args: argparse.Namespace, run) -> int:
     from tformer.verdict import MIN_VERDICT_EXAMPLES
 
     if args.data is not None:
-        examples = run.examples(data=args.data)[: args.limit]
+        examples = run.examples(data=args.data, limit=args.limit)  # (the file read no further)
         if not examples:
             raise ValueError(f"--data: {args.data} holds no records")
         split = str(args.data)
     else:
         split = args.split or "test"
-        examples = run.examples(split)[: args.limit]
+        examples = run.examples(split, limit=args.limit)
     metrics, rows = run.score(examples, split, beam_size=args.beam_size)
     if rows and args.samples:
         print(sample_table(rows, n=args.samples))
