@@ -44,32 +44,47 @@ def killed_at(k: int, argv, timeout: float = 120.0) -> bool:
     """Run `tformer ARGV` in a forked child that SIGKILLs itself at its k-th durable write
     step (tformer.storage.files.kill_at): a real kill of a real process, without a new interpreter
     and torch import per step. True if the child died of that SIGKILL."""
+    import signal
+
+    from tformer.storage import files
+
+    return forked_main(argv, files.kill_at(k), timeout=timeout) == -signal.SIGKILL
+
+
+def forked_main(argv, hook, stderr=None, timeout: float = 120.0) -> int:
+    """Run `tformer ARGV` in a forked child whose durable write steps call `hook` (which may
+    signal the process: tformer.storage.files.fault_hook), its stderr to the file `stderr` (else
+    nowhere). Its exit status, or -N where signal N ended it."""
     import os
     import signal
+    import sys
     import time
 
     from tformer.storage import files
 
     pid = os.fork()
     if pid == 0:  # the child: it never returns into pytest
+        rc = 1
         try:
             import torch
 
             torch.set_num_threads(1)  # no thread pool inherited half-made from the parent
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1)
-            os.dup2(devnull, 2)
-            files.fault_hook = files.kill_at(k)
-            main([str(a) for a in argv])
+            os.dup2(os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC) if stderr else devnull, 2)
+            sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)  # not pytest's
+            files.fault_hook = hook
+            rc = main([str(a) for a in argv])
         finally:
-            os._exit(0)
+            sys.stderr.flush()
+            os._exit(rc)
     deadline = time.monotonic() + timeout
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+            return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
         if time.monotonic() > deadline:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            raise AssertionError(f"tformer {argv[0]} did not reach write step {k} in {timeout} s")
+            raise AssertionError(f"tformer {argv[0]} did not end in {timeout} s")
         time.sleep(0.02)

@@ -104,3 +104,28 @@ def write_run(run_dir, checkpoint_model, best_model=None):
         save_file({k: v.detach().contiguous() for k, v in best_model.state_dict().items()},
                   str(run_dir / "best.safetensors"))
     return run_dir
+
+
+def prune_at_first_read(monkeypatch) -> list:
+    """A live run's pruning racing a reader, made deterministic: the first time a file of a published
+    checkpoint (RUN/checkpoints/step-N/NAME) is read as text, the run publishes a newer one (a copy:
+    step-N+1, named by `latest`) and removes step-N, just before the read. Returns the pruned paths."""
+    import shutil
+    from pathlib import Path
+
+    from tformer.storage.checkpoint_names import NAME, POINTER, order
+
+    read_text, pruned = Path.read_text, []
+
+    def racing(self, *args, **kwargs):
+        found = self.parent
+        if not pruned and NAME.match(found.name) and found.parent.name == "checkpoints":
+            newer = found.with_name(f"step-{order(found.name)[0] + 1:06d}")
+            shutil.copytree(found, newer)
+            (found.parent / POINTER).write_text(newer.name + "\n")
+            shutil.rmtree(found)
+            pruned.append(found)
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", racing)
+    return pruned

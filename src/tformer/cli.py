@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from tformer import __version__
-from tformer.errors import OS_ERRORS, USER_ERRORS  # one line, no traceback
+from tformer.errors import OS_ERRORS, USER_ERRORS, Terminated  # one line, no traceback
 from tformer.kernels.allocator import keep_freed_memory
 
 # (command name, module under tformer.commands)
@@ -61,8 +61,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
 
 def _os_error(e: OSError) -> str:
-    """The machine's refusal in one line, naming the file: the error's own, or for a full disk
-    or a read-only filesystem met by a plain write (no file in the error), the write begun last."""
+    """The machine's refusal in one line, naming the file (then its notes: what a full disk left,
+    tformer.training.loop): the error's own, or for a full disk or a read-only filesystem met by a
+    plain write (no file in the error), the write begun last."""
+    return "; ".join([_os_refusal(e), *getattr(e, "__notes__", ())])
+
+
+def _os_refusal(e: OSError) -> str:
     import errno
 
     from tformer.storage import files
@@ -139,8 +144,10 @@ def _command(argv: list[str] | None) -> int:
         print(f"tformer {args.command}: error: {_os_error(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:  # (its message, if any, says how to go on)
-        print(f"tformer {args.command}: interrupted" + (f"; {e}" if str(e) else ""), file=sys.stderr)
-        return 130
+        # Ctrl-C: 130; SIGTERM (train takes it as a Ctrl-C): 143, 128 + the signal, as the shells say
+        what, rc = ("terminated", 143) if isinstance(e, Terminated) else ("interrupted", 130)
+        print(f"tformer {args.command}: {what}" + (f"; {e}" if str(e) else ""), file=sys.stderr)
+        return rc
 
 
 def _device_type(args: argparse.Namespace) -> str:

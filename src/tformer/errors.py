@@ -7,7 +7,11 @@ or option; the file-system errors name the path the user gave.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import signal
+import threading
+from collections.abc import Iterator
 from types import ModuleType
 
 
@@ -43,6 +47,29 @@ def require(module: str, extra: str, purpose: str) -> ModuleType:
             f"{purpose} needs the optional package {module.split('.')[0]}: "
             f"pip install 'tformer[{extra}]'"
         ) from None
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`kill`, `timeout`, a job scheduler) taken as a Ctrl-C: the same safe stop, the same
+    word on how to go on; the command line then exits 143 (128 + 15), as the signal's default would."""
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Within the block SIGTERM raises Terminated where Ctrl-C would raise KeyboardInterrupt (in
+    the main thread, between two bytecodes); the handler before it comes back after."""
+    if threading.current_thread() is not threading.main_thread():  # only there can one be set
+        yield
+        return
+
+    def terminated(signum, frame) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 USER_ERRORS = (

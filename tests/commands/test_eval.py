@@ -97,3 +97,49 @@ def test_the_verdict_names_what_was_scored(classification_run, capsys):
     rc, out, err = run_cli(capsys, "eval", classification_run, "--split", "validation", "--samples", 0)
     assert rc == 0 and json.loads(out.splitlines()[-1])["split"] == "validation"
     assert "validation accuracy" in err and "test accuracy" not in err, err
+
+
+def test_eval_data_appends_to_metrics_only_holding_the_run_lock(classification_run, capsys, tmp_path,
+                                                               monkeypatch):
+    """--data appends its result to the run's metrics.jsonl: refused in one line while another
+    process holds the run (a training run, a resume, another eval --data), which then writes it
+    alone; else it holds the lock while it appends (it appended amid a live run's lines)."""
+    import os
+
+    from text_fixtures import classification_rows, write
+
+    import tformer.training.report as report
+    from tformer.storage.rundir import RunLock, holder
+
+    run = tmp_path / "run"
+    shutil.copytree(classification_run, run)
+    data = write(tmp_path / "more.jsonl", classification_rows(20, seed=3))
+    before = (run / "metrics.jsonl").read_bytes()
+    with RunLock(run):  # as a run training there holds it
+        rc, _, err = run_cli(capsys, "eval", run, "--data", data, "--samples", 0)
+    assert_one_line_error(rc, err, "eval",
+                          rf"RUN_DIR: {run} is in use by another tformer process \(pid {os.getpid()}\); --data "
+                          r"appends to its metrics.jsonl, which that process writes: evaluate when it has finished")
+    assert (run / "metrics.jsonl").read_bytes() == before
+    held = []
+    append = report.append_jsonl
+    monkeypatch.setattr(report, "append_jsonl", lambda *a: (held.append(holder(run)), append(*a)))
+    rc, _, err = run_cli(capsys, "eval", run, "--data", data, "--samples", 0)
+    assert rc == 0, err
+    assert held == [str(os.getpid())] and holder(run) is None  # held while it appended, then released
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["split"] == "eval"
+
+
+def test_eval_data_with_limit_reads_the_file_no_further_than_its_limit(classification_run, capsys, tmp_path):
+    """--limit N scores the first N records and reads no further (it read, checked and held the whole
+    file first: a bad line far past the limit failed it)."""
+    from text_fixtures import classification_rows, write
+
+    run = tmp_path / "run"
+    shutil.copytree(classification_run, run)
+    data = write(tmp_path / "more.jsonl", [*classification_rows(20, seed=3), {"text": "x", "label": "neither"}])
+    rc, out, err = run_cli(capsys, "eval", run, "--data", data, "--limit", 5, "--samples", 0)
+    assert rc == 0, err
+    assert json.loads(out.splitlines()[-1])["examples"] == 5
+    rc, _, err = run_cli(capsys, "eval", run, "--data", data, "--samples", 0)  # read whole: checked whole
+    assert_one_line_error(rc, err, "eval", rf"{data}:21: label 'neither' is not one of the training labels")

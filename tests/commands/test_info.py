@@ -98,3 +98,60 @@ def test_a_run_with_a_damaged_train_config_or_data_json_is_named_in_one_line(tmp
         assert capsys.readouterr().err.startswith(f"tformer info: error: {path}: not valid JSON (")
     (ckpt / "train_config.json").write_text('{"lr": 0.1}')  # neither data nor task: no KeyError
     assert main(["info", str(tmp_path / "run")]) == 0
+
+
+def test_a_run_before_its_first_checkpoint_says_so_and_what_it_knows(tmp_path, monkeypatch, capsys):
+    """Killed in its first save (or still training towards it): no config.json yet, and info says
+    that, whether it trains now, and what its data.json and metrics.jsonl know (it said: no such
+    config file)."""
+    import os
+
+    from text_fixtures import classification_rows, write
+
+    from tformer.storage import files
+    from tformer.storage.rundir import RunLock
+
+    def ctrl_c(what: str) -> None:
+        if "step-000004" in what:
+            raise KeyboardInterrupt
+
+    data = write(tmp_path / "train.jsonl", classification_rows(80))
+    out = tmp_path / "run"
+    with monkeypatch.context() as m:
+        m.setattr(files, "fault_hook", ctrl_c)
+        assert main(["train", "--data", str(data), "--out", str(out), "--steps", "100", "--d-model", "16",
+                     "--n-heads", "2", "--d-ff", "32", "--n-layers", "1", "--vocab-size", "260", "--max-tokens",
+                     "256", "--eval-every", "4", "--log-every", "2", "--threads", "1", "--quiet"]) == 130
+    capsys.readouterr()
+    assert main(["info", str(out)]) == 0
+    rows = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    assert rows == {
+        "checkpoint": "none yet; not running (killed or stopped before its first save): start it again "
+                      f"with `tformer train --out {out}`",
+        "objective": "classification (2 labels: animal, place)", "data": str(data),
+        "tokenizer": "260 tokens (tokenizer.json)",
+        "trained": rows["trained"], "model": "its sizes are saved with its first checkpoint (config.json)"}
+    assert rows["trained"].startswith("4 steps of 100 (loss ")
+    with RunLock(out):  # as a run training there holds it
+        assert main(["info", str(out)]) == 0
+    assert capsys.readouterr().out.startswith(
+        f"checkpoint  none yet; in progress (pid {os.getpid()}): its first checkpoint is saved at its first "
+        "validation\n")
+
+
+def test_info_reads_the_newer_checkpoint_when_a_live_run_prunes_the_one_it_found(tmp_path, monkeypatch, capsys,
+                                                                                  classification_run):
+    """A run training now publishes a checkpoint and prunes the one before, which info had just
+    found through checkpoints/latest (1 read in 14 failed with 'no such file'): info reads again."""
+    import shutil
+
+    from helpers import prune_at_first_read
+
+    run = tmp_path / "run"
+    shutil.copytree(classification_run, run)
+    assert main(["info", str(run)]) == 0
+    expected = capsys.readouterr().out
+    pruned = prune_at_first_read(monkeypatch)
+    assert main(["info", str(run)]) == 0, capsys.readouterr().err
+    assert len(pruned) == 1 and not pruned[0].exists()
+    assert capsys.readouterr().out == expected

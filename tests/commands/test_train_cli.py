@@ -138,3 +138,27 @@ def test_train_errors_name_the_option_as_the_user_wrote_it(tmp_path, capsys, arg
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(message.format(cfg=cfg)), err
     assert not (tmp_path / "run").exists()
+
+
+def test_sigterm_stops_as_ctrl_c_does_and_the_run_resumes(tmp_path):
+    """`kill`, `timeout` and job schedulers stop a run with SIGTERM: the same safe stop and word on
+    how to go on as Ctrl-C, exit status 143 (it was the signal's own, with nothing said)."""
+    import os
+    import signal
+
+    from cli_helpers import forked_main
+
+    def sigterm_in_second_save(what: str) -> None:
+        if "step-000004" in what:  # the first checkpoint (step 2) is published
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    out, err = tmp_path / "run", tmp_path / "stderr"
+    argv = ["train", "--task", "reverse", "--steps", "100", "--out", str(out), *TINY]
+    assert forked_main(argv, sigterm_in_second_save, stderr=err) == 143
+    assert err.read_text() == (f"tformer train: terminated; {out} keeps its last checkpoint; resume with "
+                               f"`tformer train --resume {out}`\n")
+    assert json.loads((check_run_dir(out) / "trainer_state.json").read_text())["step"] == 2
+    assert main(["train", "--resume", str(out), "--steps", "6", "--quiet"]) == 0
+    test = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert (test["split"], test["step"]) == ("test", 6)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler was the command's only

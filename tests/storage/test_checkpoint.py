@@ -401,3 +401,33 @@ def test_a_damaged_latest_pointer_is_read_as_a_missing_one(tmp_path):
     (tmp_path / "checkpoints" / "step-000002").mkdir(parents=True)
     (tmp_path / "checkpoints" / "latest").write_bytes(b"\xff\xfe\x00bad")  # was a UnicodeDecodeError
     assert latest_checkpoint(tmp_path).name == "step-000002"
+
+
+def test_read_latest_reads_again_only_while_a_newer_checkpoint_appears_and_a_bounded_number_of_times(tmp_path):
+    import shutil
+
+    from tformer.storage.checkpoint_names import READ_TRIES, read_latest
+
+    root = tmp_path / "checkpoints"
+    (root / "step-000001").mkdir(parents=True)
+    calls = []
+
+    def damaged(saved):  # the newest checkpoint itself is unreadable: no race, one read, its error
+        calls.append(saved.name)
+        raise ValueError(f"{saved}: not valid JSON")
+
+    with pytest.raises(ValueError, match="step-000001: not valid JSON"):
+        read_latest(tmp_path, damaged)
+    assert calls == ["step-000001"]
+
+    def pruned_every_time(saved):  # a newer one is published during every read: it gives up
+        calls.append(saved.name)
+        step = int(saved.name.split("-")[1])
+        (root / f"step-{step + 1:06d}").mkdir()
+        shutil.rmtree(saved)
+        raise FileNotFoundError(f"{saved}/config.json")
+
+    calls.clear()
+    with pytest.raises(FileNotFoundError, match=f"step-{READ_TRIES:06d}/config.json"):
+        read_latest(tmp_path, pruned_every_time)
+    assert calls == [f"step-{k:06d}" for k in range(1, READ_TRIES + 1)]

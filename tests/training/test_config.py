@@ -1,5 +1,7 @@
 """The training configuration: options a run would not read are refused, not ignored."""
 
+import json
+
 import pytest
 from text_fixtures import classification_rows, embedding_rows, seq2seq_rows, write
 
@@ -57,3 +59,38 @@ def test_a_bpe_vocabulary_below_the_byte_alphabet_is_refused_before_the_data_is_
     data.write_text('{"text": "a", "label": "x"}\n')
     with pytest.raises(ValueError, match=r"vocab_size: expected at least 260 for the bpe tokenizer"):
         resolve_config({"data": str(data), "vocab_size": 5})
+
+
+def test_resuming_with_fewer_steps_than_the_checkpoint_is_refused_and_changes_nothing(tmp_path, monkeypatch,
+                                                                                     capsys):
+    """A run interrupted at step 2 of 100, resumed with --steps 1: refused in one line (it was tested
+    at step 2 and saved again as ended there, its --steps 100 replaced by 1). --steps 2 only tests."""
+    from cli_helpers import assert_one_line_error
+
+    from tformer.cli import main
+    from tformer.storage import files
+    from tformer.storage.checkpoint import check_run_dir
+
+    def ctrl_c(what: str) -> None:
+        if "step-000004" in what:
+            raise KeyboardInterrupt
+
+    out = tmp_path / "run"
+    argv = ["train", "--task", "reverse", "--steps", "100", "--eval-every", "2", "--out", str(out), "--d-model",
+            "16", "--n-heads", "2", "--d-ff", "32", "--n-layers", "1", "--batch-size", "8", "--valid-size", "8",
+            "--test-size", "8", "--threads", "1", "--quiet"]
+    with monkeypatch.context() as m:
+        m.setattr(files, "fault_hook", ctrl_c)
+        assert main(argv) == 130
+    before = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    capsys.readouterr()
+    rc = main(["train", "--resume", str(out), "--steps", "1", "--quiet"])
+    assert_one_line_error(rc, capsys.readouterr().err, "train",
+                          r"--steps: expected at least 2, the step of its checkpoint \(the run was on its way to "
+                          r"100\), got 1: a run does not train backwards; omit --steps to go on, or score it as "
+                          rf"it is with `tformer eval {out}`")
+    assert {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before
+    assert main(["train", "--resume", str(out), "--steps", "2", "--quiet"]) == 0  # its step: tests only
+    test = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert (test["split"], test["step"]) == ("test", 2)
+    assert json.loads((check_run_dir(out) / "trainer_state.json").read_text())["step"] == 2

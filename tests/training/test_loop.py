@@ -361,3 +361,40 @@ def test_a_run_that_had_ended_and_was_interrupted_in_its_test_only_tests_when_re
     assert main(["train", "--resume", str(out), "--quiet"]) == 0
     test = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert (test["split"], test["step"], test["stopped_by"]) == ("test", 2, "patience")
+
+
+@pytest.mark.parametrize("full_at", [2, 4])
+def test_a_full_disk_in_a_save_says_which_checkpoint_is_kept_and_how_to_go_on(tmp_path, monkeypatch, capsys,
+                                                                              full_at):
+    """The save of step `full_at` meets a full disk (its first write fails with ENOSPC, as a
+    plain write does: no file named): the line says what is left (the checkpoint of step 2, or
+    none yet) and the command that goes on from it, which then does."""
+    import errno
+    import os
+
+    from tformer.storage import files
+
+    def full_disk(what: str) -> None:
+        if f"step-{full_at:06d}" in what:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    out = tmp_path / "run"
+    argv = ["train", "--task", "reverse", "--steps", "6", "--eval-every", "2", "--out", str(out), "--d-model",
+            "16", "--n-heads", "2", "--d-ff", "32", "--n-layers", "1", "--batch-size", "8", "--valid-size", "8",
+            "--test-size", "8", "--threads", "1", "--quiet"]
+    with monkeypatch.context() as m:
+        m.setattr(files, "fault_hook", full_disk)
+        assert main(argv) == 1
+    err = capsys.readouterr().err
+    written = f"write {out}/checkpoints/step-{full_at:06d}/config.json"
+    if full_at == 2:
+        assert err == (f"tformer train: error: No space left on device ({written}); {out} has no checkpoint "
+                       "yet (none was saved whole): free some space, then start it again with the same "
+                       "command\n")
+        assert main(argv) == 0
+    else:
+        assert err == (f"tformer train: error: No space left on device ({written}); {out} keeps its last "
+                       f"good checkpoint, of step 2: free some space, then resume with `tformer train "
+                       f"--resume {out}`\n")
+        assert main(["train", "--resume", str(out), "--quiet"]) == 0
+    assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 6

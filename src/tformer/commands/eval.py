@@ -26,18 +26,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="runs on your data: evaluate on this JSONL/CSV/TSV file instead; "
                              "the result is appended to RUN_DIR/metrics.jsonl")
     parser.add_argument("--beam-size", type=int, default=1, help="seq2seq: 1 = greedy (default)")
-    parser.add_argument("--limit", type=int, default=None, help="only the first N examples")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="only the first N examples (a --data file is read no further)")
     parser.add_argument("--samples", type=int, default=6, help="sample rows to print (default 6)")
     add_threads(parser)
     add_device(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    import contextlib
     from pathlib import Path
 
     from tformer.runs import load_run
-    from tformer.training.report import append_jsonl, baseline_verdict, sample_table, with_baseline
-    from tformer.verdict import MIN_VERDICT_EXAMPLES
+    from tformer.storage.rundir import RunLock
 
     check_options(args)
     if args.data is not None and args.split is not None:  # one of the two would be ignored
@@ -45,16 +46,29 @@ def run(args: argparse.Namespace) -> int:
                          f"--data, got {args.split}")
     run = load_run(args.run_dir, device=device_of(args))
     check_decoding_options(args, run)
+    if args.data is not None and run.config.data is None:
+        raise ValueError(f"--data: {args.run_dir} trained on task {run.config.task}, not on files")
+    # --data appends to the run's metrics.jsonl: as its one writer (a run training there, a resume
+    # cutting the file back to its checkpoint, another eval --data would interleave with it).
+    busy = "--data appends to its metrics.jsonl, which that process writes: evaluate when it has finished"
+    with RunLock(Path(args.run_dir), "RUN_DIR", busy) if args.data is not None else contextlib.nullcontext():
+        return _evaluate(args, run)
+
+
+def _evaluate(args: argparse.Namespace, run) -> int:
+    from pathlib import Path
+
+    from tformer.training.report import append_jsonl, baseline_verdict, sample_table, with_baseline
+    from tformer.verdict import MIN_VERDICT_EXAMPLES
+
     if args.data is not None:
-        if run.config.data is None:
-            raise ValueError(f"--data: {args.run_dir} trained on task {run.config.task}, not on files")
-        examples = run.examples(data=args.data)[: args.limit]
+        examples = run.examples(data=args.data, limit=args.limit)  # (the file read no further)
         if not examples:
             raise ValueError(f"--data: {args.data} holds no records")
         split = str(args.data)
     else:
         split = args.split or "test"
-        examples = run.examples(split)[: args.limit]
+        examples = run.examples(split, limit=args.limit)
     metrics, rows = run.score(examples, split, beam_size=args.beam_size)
     if rows and args.samples:
         print(sample_table(rows, n=args.samples))
@@ -78,9 +92,11 @@ def _stopped_by(run_dir: str) -> str | None:
     """What ended the run's training ("steps", "max_minutes", ...), as its newest checkpoint
     says; None where it does not say."""
     from tformer.storage.checkpoint import check_run_dir
+    from tformer.storage.checkpoint_names import read_latest
     from tformer.storage.files import read_json_object
 
     try:
-        return read_json_object(check_run_dir(run_dir) / "trainer_state.json").get("stopped_by")
+        return read_latest(run_dir, lambda _: read_json_object(check_run_dir(run_dir) / "trainer_state.json")
+                           ).get("stopped_by")
     except (OSError, ValueError):
         return None

@@ -33,12 +33,20 @@ def run(args: argparse.Namespace) -> int:
     path = Path(args.config)
     run_rows = []
     if path.is_dir():
-        from tformer.storage.checkpoint import latest_checkpoint
+        from tformer.storage.checkpoint_names import latest_checkpoint, read_latest
+        from tformer.storage.rundir import is_run_dir
 
-        saved = latest_checkpoint(path) or path  # a run: its newest checkpoint's files
-        run_rows = _run_rows(path, saved)
-        path = saved / "config.json"
-    config = TransformerConfig.load(path)
+        run_dir = path
+        unsaved = latest_checkpoint(run_dir) is None and not (run_dir / "config.json").is_file()
+        if unsaved and is_run_dir(run_dir):
+            _print(_unsaved_rows(run_dir))  # started, no checkpoint yet: what it does know
+            return 0
+        # A run: its newest checkpoint's files (a model directory: its own), read whole again if a
+        # live run pruned that checkpoint under us.
+        run_rows, config = read_latest(run_dir, lambda saved: (
+            _run_rows(run_dir, saved or run_dir), TransformerConfig.load((saved or run_dir) / "config.json")))
+    else:
+        config = TransformerConfig.load(path)
     if args.model is None:
         kind = dict(run_rows).get("objective", "")
         args.model = ("seq2seq" if kind.startswith(("seq2seq", "copy", "reverse", "sort", "add"))
@@ -71,10 +79,48 @@ def run(args: argparse.Namespace) -> int:
     choices = autotune.summary(limit=4)
     rows.append(("kernel choices measured here", f"{len(autotune.decisions())} in {autotune.cache_path()}"))
     rows += [("", line) for line in choices]
+    _print(rows)
+    return 0
+
+
+def _print(rows: list[tuple[str, str]]) -> None:
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
-    return 0
+
+
+def _unsaved_rows(run_dir) -> list[tuple[str, str]]:
+    """A run directory before its first checkpoint (the model's sizes and options are saved with
+    it): whether it trains now, what it learns, and how far its log got."""
+    from tformer.storage.rundir import holder, read_metrics
+
+    pid = holder(run_dir)
+    state = (f"in progress (pid {pid}): its first checkpoint is saved at its first validation" if pid else
+             f"not running (killed or stopped before its first save): start it again with "
+             f"`tformer train --out {run_dir}`")
+    rows = [("checkpoint", f"none yet; {state}")]
+    if (run_dir / "data.json").is_file():  # (a synthetic task's run: its task is saved with the checkpoint)
+        rows += _data_rows(run_dir)
+    trained = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("split") == "train"]
+    if trained:
+        t = trained[-1]
+        rows.append(("trained", f"{t['step']} steps of {t.get('planned_steps', '?')} (loss "
+                                f"{t.get('loss', float('nan')):.4f}, {t.get('wall_seconds', 0):.0f} s)"))
+    rows.append(("model", "its sizes are saved with its first checkpoint (config.json)"))
+    return rows
+
+
+def _data_rows(run_dir, data_file: str | None = None) -> list[tuple[str, str]]:
+    """A data run's objective, data file (`data_file`, else as data.json names it) and tokenizer."""
+    from tformer.storage.files import read_json_object
+
+    data = read_json_object(run_dir / "data.json") if (run_dir / "data.json").is_file() else {}
+    objective = data.get("objective", "?")
+    if data.get("labels"):
+        objective += f" ({len(data['labels'])} labels: {', '.join(data['labels'][:8])})"
+    data_file = data_file or data.get("identity", {}).get("data", {}).get("path", "?")
+    return [("objective", objective), ("data", data_file),
+            ("tokenizer", f"{data.get('vocab_size', '?')} tokens (tokenizer.json)")]
 
 
 def _run_rows(run_dir, saved) -> list[tuple[str, str]]:
@@ -98,12 +144,7 @@ def _run_rows(run_dir, saved) -> list[tuple[str, str]]:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         rows.append(("warning", f"{weights}: not a readable safetensors file ({first})"))
     if train.get("data"):
-        data = read_json_object(run_dir / "data.json") if (run_dir / "data.json").is_file() else {}
-        objective = data.get("objective", "?")
-        if data.get("labels"):
-            objective += f" ({len(data['labels'])} labels: {', '.join(data['labels'][:8])})"
-        rows += [("objective", objective), ("data", train["data"]),
-                 ("tokenizer", f"{data.get('vocab_size', '?')} tokens (tokenizer.json)")]
+        rows += _data_rows(run_dir, train["data"])
         if train.get("from_pretrained"):
             rows.append(("fine-tuned from", train["from_pretrained"]))
     else:

@@ -23,6 +23,7 @@ from tformer.runs.embedding import EmbeddingRun
 from tformer.runs.seq2seq import Seq2SeqRun
 from tformer.stats import check_fits
 from tformer.storage.checkpoint import check_run_dir, load_weights
+from tformer.storage.checkpoint_names import read_latest
 from tformer.training.config import read_train_config
 from tformer.training.objectives import make_objective
 
@@ -33,7 +34,8 @@ RUNS: dict[str, type[Run]] = {"classification": ClassificationRun, "seq2seq": Se
 def describe_run(path: str | Path) -> tuple[str, str]:
     """(what the run in `path` is, the command that takes it), read without its weights."""
     path = Path(path)
-    objective = make_objective(read_train_config(check_run_dir(path)), path, existing=True)
+    config = read_latest(path, lambda _: read_train_config(check_run_dir(path)))
+    objective = make_objective(config, path, existing=True)
     return objective.description, RUNS[objective.kind].verb
 
 
@@ -46,8 +48,12 @@ def load_run(path: str | Path, needs: str | None = None, device: str | object = 
     is refused in one line naming the command that fits it.
     device: where the model runs (tformer.devices: auto, cpu, cuda, cuda:N, mps, or a
     torch.device), whatever device trained it: weights are read to the CPU, then moved."""
-    path = Path(path)
-    device = resolve_device(device)
+    path, device = Path(path), resolve_device(device)
+    # A live run may prune the checkpoint being read (it published a newer one): read that one.
+    return read_latest(path, lambda _: _load(path, needs, device))
+
+
+def _load(path: Path, needs: str | None, device) -> Run:
     saved = check_run_dir(path)  # the newest checkpoint's files
     config = read_train_config(saved)
     objective = make_objective(config, path, existing=True)  # tokenizer, labels

@@ -91,9 +91,12 @@ class Run(ABC):
         return self.objective.main_metric
 
     # Evaluation ----------------------------------------------------------------------------
-    def examples(self, split: str = "test", data: Data | None = None) -> list:
-        """A held-out split's examples, or those of `data` (a file or records)."""
-        return self.objective.examples(split) if data is None else self.objective.read_examples(data)
+    def examples(self, split: str = "test", data: Data | None = None, limit: int | None = None) -> list:
+        """A held-out split's examples, or those of `data` (a file or records); only the first
+        `limit` (a file is read no further)."""
+        if data is None:
+            return self.objective.examples(split)[:limit]
+        return self.objective.read_examples(data, limit)
 
     def evaluate(self, data: Data | None = None, split: str = "test", beam_size: int = 1,
                  examples: list | None = None) -> dict[str, float]:

@@ -98,6 +98,17 @@ def check_run_dir(run_dir: str | Path) -> Path:
     return run_dir
 
 
+def after_full_disk(run_dir: Path) -> str:
+    """What a save that met a full disk left (every save is published whole or not at all), and
+    how to go on once there is room: one clause for the error's line."""
+    kept = latest_checkpoint(run_dir)
+    if kept is None:
+        return (f"{run_dir} has no checkpoint yet (none was saved whole): free some space, then "
+                "start it again with the same command")
+    return (f"{run_dir} keeps its last good checkpoint, of step {order(kept.name)[0]}: free some space, "
+            f"then resume with `tformer train --resume {run_dir}`")
+
+
 def check_finite(tensors: dict[str, torch.Tensor], source: str) -> None:
     for key, value in tensors.items():
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):

@@ -63,6 +63,9 @@ def uncounted() -> Iterator[None]:
         fault_hook = saved
 
 
+# A disk (or the user's quota) that is full: what a save that failed on it should say how to get over.
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
+
 # The write the process began last ("write PATH", "rename PATH"): a full disk's OSError from a
 # plain file write names no file; the command line names this one instead.
 last_step: str | None = None

@@ -11,6 +11,7 @@ tformer run: ``--out`` refuses any other non-empty directory and touches nothing
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -31,15 +32,19 @@ RUN_FILES = ("metrics.jsonl", "curves.png", "config.json", "model.safetensors",
 
 
 class RunLock:
-    """An exclusive flock on a run directory, held until release() or the process ends."""
+    """An exclusive flock on a run directory, held until release() or the process ends.
 
-    def __init__(self, run_dir: Path) -> None:
+    option, advice: how a refusal names the directory and what it advises (a training run's
+    --out; `tformer eval --data`, which appends to its metrics.jsonl, names RUN_DIR)."""
+
+    def __init__(self, run_dir: Path, option: str = "out",
+                 advice: str = "wait for it to finish or choose another --out") -> None:
         path = run_dir / LOCK_FILE
         try:
             self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         except OSError as e:
-            raise ValueError(f"out: cannot write in {run_dir} ({e.strerror})") from None
-        _flock_or_explain(self.fd, run_dir)
+            raise ValueError(f"{option}: cannot write in {run_dir} ({e.strerror})") from None
+        _flock_or_explain(self.fd, run_dir, option, advice)
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
 
@@ -55,10 +60,10 @@ class RunLock:
             self.fd = -1
 
 
-def _flock_or_explain(fd: int, run_dir: Path) -> None:
+def _flock_or_explain(fd: int, run_dir: Path, option: str = "out",
+                      advice: str = "wait for it to finish or choose another --out") -> None:
     """Take the lock on `fd`, or close it and say who holds it."""
-    flock_or_explain(fd, f"out: {run_dir} is in use by another tformer process (pid {{pid}}); "
-                         "wait for it to finish or choose another --out")
+    flock_or_explain(fd, f"{option}: {run_dir} is in use by another tformer process (pid {{pid}}); {advice}")
 
 
 def check_unlocked(run_dir: str | Path) -> None:
@@ -71,6 +76,21 @@ def check_unlocked(run_dir: str | Path) -> None:
         return  # no lock file: nobody trains there
     _flock_or_explain(fd, Path(run_dir))
     os.close(fd)
+
+
+def holder(run_dir: str | Path) -> str | None:
+    """The pid of the process training in `run_dir` now (as its lock file says), or None."""
+    try:
+        fd = os.open(Path(run_dir) / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return None  # no lock file: nobody trains there
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # (released by the close below)
+    except BlockingIOError:
+        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    finally:
+        os.close(fd)
+    return None
 
 
 def is_run_dir(path: Path) -> bool:

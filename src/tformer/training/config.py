@@ -300,14 +300,16 @@ def resume_config(run_dir: str | Path, *layers: dict[str, Any]) -> TrainConfig:
     change (the others define the experiment being continued)."""
     # Here: the checkpoint modules import torch, and this module must not (--engine numpy).
     from tformer.storage.checkpoint import check_run_dir
-    from tformer.storage.rundir import check_unlocked
+    from tformer.storage.files import read_json_object
+    from tformer.storage.rundir import check_unlocked, finished
 
     # A run in progress replaces its checkpoints while we read. Under torchrun only rank 0
     # looks: the lock is rank 0's to take, and a rank probing it while its peer did (or
     # already trained) was refused as "in use by another process" (tests/training/test_distributed).
     if int(os.environ.get("RANK", "0")) == 0:
         check_unlocked(run_dir)
-    saved = read_train_config(check_run_dir(run_dir))  # the newest checkpoint's files
+    checkpoint = check_run_dir(run_dir)  # the newest checkpoint's files
+    saved = read_train_config(checkpoint)
     changes: dict[str, Any] = {}
     for layer in layers:
         changes.update(layer)
@@ -323,7 +325,21 @@ def resume_config(run_dir: str | Path, *layers: dict[str, Any]) -> TrainConfig:
                 f"{name}: cannot change when resuming (the run has {had!r}, "
                 f"got {value!r}); only {', '.join(RESUMABLE)} can"
             )
-    return saved.replace(**changes)
+    resumed = saved.replace(**changes)
+    try:
+        state = read_json_object(checkpoint / "trainer_state.json")
+    except (OSError, ValueError):  # missing or damaged: the resume itself says so, in its words
+        state = {}
+    limits = {k: getattr(resumed, k) for k in ("steps", "max_minutes", "epochs", "patience")}
+    # A run that had ended prints its result and changes nothing; one on its way would be tested at
+    # its step and saved as ended there, its own --steps replaced by the smaller one.
+    step = state.get("step")
+    if isinstance(step, int) and resumed.steps < step and not finished(state, limits):
+        raise ValueError(
+            f"steps: expected at least {step}, the step of its checkpoint (the run was on its way to "
+            f"{saved.steps}), got {resumed.steps}: a run does not train backwards; omit --steps to go on, "
+            f"or score it as it is with `tformer eval {run_dir}`")
+    return resumed
 
 
 def read_train_config(run_dir: Path) -> TrainConfig:

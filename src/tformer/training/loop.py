@@ -53,13 +53,14 @@ from tformer.devices import describe, resolve_device
 from tformer.kernels import autotune
 from tformer.stats import check_fits
 from tformer.storage.checkpoint import (
+    after_full_disk,
     check_run_dir,
     latest_checkpoint,
     load_training_state,
     load_weights,
     save_checkpoint,
 )
-from tformer.storage.files import new_run_dir, write_atomic
+from tformer.storage.files import FULL_DISK, new_run_dir, write_atomic
 from tformer.storage.rundir import discard_unstarted, finished, open_run_dir, resume_metrics
 from tformer.training.budget import PROBE, Budget, check_minimum
 from tformer.training.config import TrainConfig
@@ -108,25 +109,24 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
         check_minimum(config, started)  # before anything: nothing can be done in less
     if config.data is None:  # the model is known before any file is touched: check its size
         task = make_objective(config)
-        check_fits(task.model_config(), task.model_kind, training=True,
-                   batch=config.batch_size, what="model")
-    # Rank 0 checks, creates and locks the run directory, until training ends however it ends.
-    created = writer and not run_dir.exists()
-    # New kernel choices (tformer.kernels.autotune) are measured within the probes' share of a
-    # timed run's budget; past it a shape class not yet known runs its default kernel.
+        check_fits(task.model_config(), task.model_kind, training=True, batch=config.batch_size, what="model")
+    created = writer and not run_dir.exists()  # rank 0 creates and locks it until training ends
+    # New kernel choices (autotune) are measured in the probes' share of a timed run's budget, no more.
     measuring = PROBE_SHARE * config.max_minutes * 60 if config.max_minutes else None
     try:
         with open_run_dir(run_dir, resume) if writer else contextlib.nullcontext(), \
                 autotune.measuring(measuring):
             return _train(config, resume, progress, log, rank, world, started, device)
-    except (ValueError, OSError):
+    except (ValueError, OSError) as e:
+        if writer and isinstance(e, OSError) and e.errno in FULL_DISK:  # say what it left, how to go on
+            e.add_note(after_full_disk(run_dir))  # (the command line adds it to the error's line)
         if created and latest_checkpoint(run_dir) is None:
             discard_unstarted(run_dir)  # e.g. a bad data file: no directory holding only a lock
         raise
-    except KeyboardInterrupt:  # Ctrl-C: what was published stays; say how to go on from it
+    except KeyboardInterrupt as e:  # Ctrl-C (or SIGTERM): what was published stays; say how to go on
         if writer and latest_checkpoint(run_dir) is not None:
-            raise KeyboardInterrupt(f"{run_dir} keeps its last checkpoint; resume with `tformer train "
-                                    f"--resume {run_dir}`") from None
+            raise type(e)(f"{run_dir} keeps its last checkpoint; resume with `tformer train "
+                          f"--resume {run_dir}`") from None
         raise
     finally:
         torch.set_num_threads(threads)  # the plan may have chosen fewer: the caller's again

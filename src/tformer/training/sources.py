@@ -14,6 +14,7 @@ metrics (exact match of generated ids; BLEU and chrF of decoded text, macro-F1 o
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,7 @@ class TaskSource:
                                   f"model's length), got {n + 1} in {shown(text)}")
         return [Example(text) for text in texts]
 
-    def read_examples(self, data: Data) -> list:
+    def read_examples(self, data: Data, limit: int | None = None) -> list:
         raise ValueError(f"data: {self.description} evaluates on its own generated splits, not on files")
 
     def summary(self) -> tuple[str, ...]:
@@ -253,10 +254,12 @@ class FileSource:
             lines.append(f"columns renamed: `{c.columns}`")
         return tuple(lines)
 
-    def read_examples(self, data: Data) -> list[Record]:
+    def read_examples(self, data: Data, limit: int | None = None) -> list[Record]:
+        """The first `limit` records (all: None) of a file, read (and checked) no further than
+        them, or of records given as dicts."""
         if isinstance(data, (str, Path)):
-            return list(self.data.read_file(data))
-        return self.data.check_records(data, "data")
+            return list(itertools.islice(self.data.read_file(data), limit))
+        return self.data.check_records(itertools.islice(data, limit), "data")
 
     # Token ids ------------------------------------------------------------------------------
     def field(self, record: Record, name: str) -> str | None:

@@ -148,9 +148,9 @@ class Objective(ABC):
     def examples(self, split: str) -> list:
         return self.source.examples(split)
 
-    def read_examples(self, data: Data) -> list:
-        """Examples of a file or of records with the training file's fields."""
-        return self.source.read_examples(data)
+    def read_examples(self, data: Data, limit: int | None = None) -> list:
+        """Examples of a file or of records with the training file's fields (the first `limit`)."""
+        return self.source.read_examples(data, limit)
 
     def predict(self, model: nn.Module, examples: list, batch_size: int = PREDICT_BATCH,
                 deadline: float | None = None, progress: Progress | None = None, **options: Any) -> list:

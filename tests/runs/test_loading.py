@@ -1,0 +1,42 @@
+"""tformer.runs.load_run: a run directory read whole, even while its run trains on."""
+
+import contextlib
+import io
+import shutil
+
+import pytest
+import torch
+from helpers import prune_at_first_read
+
+from tformer.cli import main
+from tformer.runs import describe_run, load_run
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "reverse"
+    threads = torch.get_num_threads()
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["train", "--task", "reverse", "--steps", "2", "--out", str(out), "--d-model", "16",
+                     "--n-heads", "2", "--d-ff", "32", "--n-layers", "1", "--batch-size", "8", "--valid-size", "8",
+                     "--test-size", "8", "--eval-every", "2", "--threads", "1", "--quiet"]) == 0
+    torch.set_num_threads(threads)
+    return out
+
+
+def test_a_run_loads_from_the_newer_checkpoint_when_a_live_run_prunes_the_one_it_found(
+        tmp_path, monkeypatch, trained):
+    """eval, predict and the server load a run through load_run: the checkpoint it found through
+    checkpoints/latest is pruned by the live run before its files are read; it reads the newer one."""
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    before = load_run(run, device="cpu")
+    pruned = prune_at_first_read(monkeypatch)
+    after = load_run(run, device="cpu")
+    assert len(pruned) == 1 and not pruned[0].exists()
+    assert after.config == before.config
+    theirs = after.model.state_dict()
+    assert all(torch.equal(v, theirs[k]) for k, v in before.model.state_dict().items())
+    monkeypatch.undo()
+    pruned = prune_at_first_read(monkeypatch)
+    assert describe_run(run) == (before.description, "generate") and len(pruned) == 1
