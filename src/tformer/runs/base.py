@@ -126,6 +126,10 @@ class Run(ABC):
             got = "both" if hf is not None else "neither"
             raise ValueError(f"export: expected one of hf= or onnx=, got {got}")
         option, target = ("--hf", hf) if hf is not None else ("--onnx", onnx)
+        if onnx is not None:
+            from tformer.export.onnx import check_opset
+
+            check_opset(opset)  # before the tracing, and before anything is written
         card = self.card(shlex.join(["tformer", "export", str(self.path), option, str(target)]))
         device = model_device(self.model)
         Path(target).parent.mkdir(parents=True, exist_ok=True)
