@@ -168,3 +168,13 @@ def test_transformer_module_in_a_subfolder(tmp_path):
     st = SentenceEncoder.from_pretrained(d)
     assert st.tokenizer.max_length == 16
     assert_close(st.encode(SENTENCES), SentenceEncoder.from_pretrained(st_dir()).encode(SENTENCES))
+
+
+@pytest.mark.parametrize("texts, got", [(5, "int"), (b"a text", "bytes")])
+def test_encode_refuses_texts_that_are_not_str_naming_the_argument(texts, got):
+    # encode(5) said "object of type 'int' has no len()".
+    from tformer.embeddings.sentence import SentenceEncoder
+
+    st = SentenceEncoder.from_pretrained(st_dir("mean", True))
+    with pytest.raises(TypeError, match=rf"^texts: expected a str or an iterable of str, got {got}$"):
+        st.encode(texts)

@@ -117,3 +117,23 @@ def test_a_symlinked_onnx_file_is_followed_and_stays_a_link(tmp_path, capsys):
     mine.symlink_to("mine.txt")
     assert main(["export", str(bert_dir()), "--onnx", str(mine)]) == 2
     assert mine.is_symlink() and (tmp_path / "mine.txt").read_text() == "a user's file"
+
+
+@pytest.mark.parametrize("opset", [17, 13])
+def test_an_opset_the_exporter_cannot_write_is_refused_not_silently_raised(tmp_path, capfd, opset):
+    # torch.onnx writes opset 18 when it cannot convert down to the one asked for; the export
+    # said "wrote" over a file of another opset than --opset named.
+    out = tmp_path / "m.onnx"
+    rc = main(["export", str(bert_dir()), "--onnx", str(out), "--opset", str(opset)])
+    err = capfd.readouterr().err
+    assert rc == 2 and not out.exists()
+    assert err.count("\n") == 1 and "--opset: expected" in err and f"got {opset}" in err, err
+
+
+@pytest.mark.parametrize("opset", ["0", "-1", "1000"])
+def test_an_opset_out_of_range_is_refused_before_tracing(tmp_path, capfd, opset):
+    out = tmp_path / "m.onnx"
+    rc = main(["export", str(bert_dir()), "--onnx", str(out), "--opset", opset])
+    err = capfd.readouterr().err
+    assert rc == 2 and not out.exists()
+    assert err.count("\n") == 1 and err.startswith("tformer export: error: --opset: expected") and opset in err, err

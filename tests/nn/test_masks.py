@@ -139,3 +139,10 @@ def test_a_float_zero_one_mask_is_pointed_to_from_hf_attention_mask(impl):
         impl.from_additive_mask(hf)
     assert impl.from_hf_attention_mask(hf).tolist() == [[True, True, False]]
     assert impl.from_additive_mask(to([[0.0, 0.0, 0.0]])).tolist() == [[True, True, True]]
+
+
+@pytest.mark.parametrize("mask", [[[True, True, False]], np.ones((1, 3), dtype=bool)])
+def test_a_mask_that_is_not_a_tensor_is_refused_naming_the_argument(mask):
+    # It was "'list' object has no attribute 'dtype'".
+    with pytest.raises(TypeError, match=r"^attention_mask: expected a torch.Tensor mask .*got (list|ndarray)$"):
+        masks.as_bool(mask, "attention_mask")

@@ -158,3 +158,11 @@ def test_a_max_length_the_special_tokens_fill_is_refused():
                                          r"text gets \(at least 3\), got 2"):
         load_tokenizer(bert_dir(), max_length=2)
     assert len(load_tokenizer(bert_dir(), max_length=3).encode(["a cat sat"])[0].ids) == 3
+
+
+@pytest.mark.parametrize("texts, got", [(5, "int"), (b"a text", "bytes"), (None, "NoneType")])
+def test_texts_that_are_not_str_are_refused_naming_the_argument(texts, got):
+    # tok(5) said "'int' object is not iterable"; tok(b"..") "texts[0]: expected a str, got int".
+    tok = load_tokenizer(bert_dir())
+    with pytest.raises(TypeError, match=rf"^texts: expected a str or an iterable of str, got {got}$"):
+        tok(texts)

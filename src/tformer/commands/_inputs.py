@@ -108,9 +108,12 @@ def input_texts(args: argparse.Namespace, positional: str, metavar: str, minimum
     texts = _given(args, positional, metavar)
     lines = file_lines(args) if getattr(args, "file", None) is not None else None
     if maximum is not None:
-        check_count(len(texts) + (lines.count() if lines else 0), metavar, minimum, maximum, why)
+        check_count(count_inputs(len(texts), lines), metavar, minimum, maximum, why)
     if lines is not None:
-        texts += lines.texts()
+        read = lines.texts()
+        if not read and not texts:
+            raise empty_file(lines)
+        texts += read
     check_count(len(texts), metavar, minimum)
     return texts
 
@@ -123,7 +126,7 @@ def input_windows(args: argparse.Namespace, positional: str, metavar: str, batch
     memory does not grow with its lines."""
     given = _given(args, positional, metavar)
     lines = file_lines(args) if getattr(args, "file", None) is not None else None
-    check_count(len(given) + (lines.count() if lines is not None else 0), metavar)
+    check_count(count_inputs(len(given), lines), metavar)
     texts = itertools.chain(given, (t for _, t in lines) if lines is not None else ())
     start, step = 0, batch_size * SORT_WINDOW
     while chunk := list(itertools.islice(texts, step)):
@@ -189,6 +192,21 @@ class Truncations:
               f"than the run's maximum length ({max_length} tokens; the longest has "
               f"{max(n for _, n in self.long)}), so they were truncated: {', '.join(named)}{more}",
               file=sys.stderr)
+
+
+def count_inputs(given: int, lines: TextLines | None) -> int:
+    """The inputs: `given` arguments, then --file's lines. A file with no lines and no argument
+    beside it is named in the error (it said only "TEXT: expected at least 1 text(s)")."""
+    if lines is None:
+        return given
+    n = lines.count()
+    if n == 0 and given == 0:
+        raise empty_file(lines)
+    return given + n
+
+
+def empty_file(lines: TextLines) -> ValueError:
+    return ValueError(f"{lines.where()}: expected at least one line of text, got an empty file")
 
 
 def check_count(n: int, metavar: str, minimum: int = 1, maximum: int | None = None, why: str = "") -> None:

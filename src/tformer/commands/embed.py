@@ -19,7 +19,15 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from tformer.commands._inputs import check_count, check_options, device_of, file_lines, json_line, located
+from tformer.commands._inputs import (
+    check_count,
+    check_options,
+    count_inputs,
+    device_of,
+    file_lines,
+    json_line,
+    located,
+)
 from tformer.commands._pretrained import (
     add_model_arguments,
     load_sentence_encoder,
@@ -74,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     if out is not None and out.is_dir():
         raise ValueError(f"--out {out}: is a directory; expected a .npy or .jsonl file name")
     lines = file_lines(args)
-    n = len(args.texts) + (lines.count() if lines is not None else 0)
+    n = count_inputs(len(args.texts), lines)
     check_count(n, "TEXT")
     with process_group(device_of(args)) as (rank, world):  # torchrun: this process's share of the texts
         return _embed(args, out, lines, n, rank, world)

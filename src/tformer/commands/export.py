@@ -46,7 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "XLMForSequenceClassification (mean pooling: exact one text per call, a padded "
                            "batch is refused), seq2seq -> MarianMTModel or Pegasus; with the "
                            "tokenizer (truncating at the run's max_length) and a model card")
-    parser.add_argument("--opset", type=int, default=18, help="ONNX opset version (18)")
+    parser.add_argument("--opset", type=int, default=18,
+                        help="ONNX opset version (18; an older one only where torch.onnx converts the "
+                             "model to it, else refused)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -26,7 +26,7 @@ from tformer.formats.model_dir import read_model_dir
 from tformer.nn.model import Encoder, from_pretrained
 from tformer.nn.pooling import pool
 from tformer.text.batches import EncoderBatch, encoder_batch
-from tformer.text.tokenizer import Tokenizer, load_tokenizer
+from tformer.text.tokenizer import Tokenizer, load_tokenizer, texts_list
 
 # Encode this many batches or more and a progress bar is shown (unless show_progress says).
 PROGRESS_MIN_BATCHES = 8
@@ -100,8 +100,7 @@ class SentenceEncoder:
         Shape:
             returns (N, dim) float32, N = len(texts)
         """
-        if isinstance(texts, str):
-            texts = [texts]
+        texts = texts_list("texts", texts)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
         if len(texts) == 0:

@@ -43,6 +43,7 @@ from tformer.storage.locks import output_lock, remove_leftovers
 
 EXTRA = "onnx"
 TOLERANCE = 1e-4  # max abs difference, float32, tformer vs onnxruntime
+DEFAULT_OPSET = 18  # what torch.onnx's exporter writes natively
 PRODUCER = "tformer"  # the metadata an exported file carries: a file tformer may replace
 
 
@@ -168,16 +169,43 @@ def quiet_exporter() -> Iterator[None]:
     """Silence what torch.onnx's exporter says about its own workings (the torchvision ops it
     skips, dynamic axes it renames, deprecated pytree classes): not the user's business, and
     every export is checked in onnxruntime anyway. Its errors still raise."""
-    logger = logging.getLogger("torch.onnx")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    # onnxscript's version converter logs a traceback when it cannot convert to an older opset,
+    # then goes on at its own opset: check_opset_written says so in one line instead.
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript.version_converter")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL if logger.name.startswith("onnxscript") else logging.ERROR)
     try:
         with warnings.catch_warnings():
             for category in (UserWarning, FutureWarning, DeprecationWarning):
                 warnings.simplefilter("ignore", category)
             yield
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+def check_opset(opset: int) -> None:
+    """Refuse an opset the installed onnx does not define, before anything is traced."""
+    import onnx
+
+    newest = onnx.defs.onnx_opset_version()
+    if isinstance(opset, bool) or not isinstance(opset, int) or not 1 <= opset <= newest:
+        raise ValueError(f"--opset: expected an ONNX opset version in 1..{newest} (the installed onnx's "
+                         f"newest; the exporter writes {DEFAULT_OPSET}), got {opset!r}")
+
+
+def check_opset_written(path: Path, opset: int) -> None:
+    """The file at ``path`` must be at ``opset``: torch.onnx writes its own opset (18) when it
+    cannot convert the graph to an older one, and that file is not what --opset asked for."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    written = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    if written != [opset]:
+        raise ValueError(f"--opset: expected an opset torch.onnx can convert this model to "
+                         f"({DEFAULT_OPSET} or later), got {opset} (it wrote opset "
+                         f"{', '.join(map(str, written))} instead)")
 
 
 def _trace(graph: nn.Module, inputs: dict[str, Tensor], dynamic: dict, path: Path, opset: int) -> None:
@@ -189,6 +217,7 @@ def _trace(graph: nn.Module, inputs: dict[str, Tensor], dynamic: dict, path: Pat
             input_names=list(inputs), output_names=graph.output_names, verbose=False,
         )
     program.save(str(path))
+    check_opset_written(path, opset)
     _mark(path)
 
 
@@ -207,11 +236,12 @@ def report(out, diff: float) -> None:
           file=sys.stderr)
 
 
-def export_onnx(graph: OnnxGraph | str | Path, out: str | Path, opset: int = 18) -> float:
+def export_onnx(graph: OnnxGraph | str | Path, out: str | Path, opset: int = DEFAULT_OPSET) -> float:
     """Write ``out`` atomically; return the max abs difference measured with onnxruntime.
     ``graph``: an OnnxGraph/ClassifierGraph, or a model directory (see ``graph_for``)."""
     require("onnx", EXTRA, "ONNX export")
     require("onnxscript", EXTRA, "ONNX export")
+    check_opset(opset)
     out = replaced_path(out)  # a link's target: the link stays a link
     _check_out(out)
     if not isinstance(graph, nn.Module):
@@ -229,7 +259,7 @@ def export_onnx(graph: OnnxGraph | str | Path, out: str | Path, opset: int = 18)
     return diff
 
 
-def onnx_bytes(graph: OnnxGraph, opset: int = 18) -> tuple[bytes, float]:
+def onnx_bytes(graph: OnnxGraph, opset: int = DEFAULT_OPSET) -> tuple[bytes, float]:
     """The graph's ONNX file, checked in onnxruntime, and the max abs difference measured."""
     require("onnx", EXTRA, "ONNX export")
     require("onnxscript", EXTRA, "ONNX export")

@@ -28,7 +28,15 @@ from torch import Tensor, nn
 from tformer.errors import require
 from tformer.export.export_dir import check_destination, publish_export
 from tformer.export.model_card import Card, render
-from tformer.export.onnx import EXTRA, _compare, _ragged_mask, _session, _trace, quiet_exporter
+from tformer.export.onnx import (
+    EXTRA,
+    _compare,
+    _ragged_mask,
+    _session,
+    _trace,
+    check_opset_written,
+    quiet_exporter,
+)
 
 FILES = ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx")
 
@@ -134,6 +142,7 @@ def _trace_all(model: nn.Module, scratch: Path, opset: int) -> None:
             opset_version=opset,
             input_names=graph.input_names, output_names=graph.output_names, verbose=False)
     program.save(str(scratch / FILES[2]))
+    check_opset_written(scratch / FILES[2], opset)
 
 
 def check_files(scratch: Path, model: nn.Module,

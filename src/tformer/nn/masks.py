@@ -90,6 +90,9 @@ def causal_mask(t: int, s: int | None = None, device: torch.device | None = None
 def as_bool(mask: Tensor, name: str) -> Tensor:
     """Accept bool or 0/1 integer masks in our polarity; reject floats (likely additive) and
     integers other than 0 and 1 (likely token ids)."""
+    if not isinstance(mask, Tensor):  # a list or an array: a bare AttributeError on .dtype
+        raise TypeError(f"{name}: expected a torch.Tensor mask (bool, True = may attend), got "
+                        f"{type(mask).__name__}")
     if mask.dtype == torch.bool:
         return mask
     if mask.is_floating_point():

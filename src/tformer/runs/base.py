@@ -126,6 +126,10 @@ class Run(ABC):
             got = "both" if hf is not None else "neither"
             raise ValueError(f"export: expected one of hf= or onnx=, got {got}")
         option, target = ("--hf", hf) if hf is not None else ("--onnx", onnx)
+        if onnx is not None:
+            from tformer.export.onnx import check_opset
+
+            check_opset(opset)  # before the tracing, and before anything is written
         card = self.card(shlex.join(["tformer", "export", str(self.path), option, str(target)]))
         device = model_device(self.model)
         Path(target).parent.mkdir(parents=True, exist_ok=True)
@@ -227,3 +231,11 @@ def texts_of(texts: str | Iterable[str], name: str = "texts") -> list[str]:
         if not t.strip():
             raise ValueError(f"{where}: expected a non-empty text, got {t!r}")
     return out
+
+
+def check_batch_size(batch_size: int) -> int:
+    """A verb's batch_size, refused in one line naming it as --batch-size is (a 0 was a bare
+    range() error, a negative one an empty answer from generate)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+    return batch_size

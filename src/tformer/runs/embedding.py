@@ -12,7 +12,7 @@ from tformer.export import hf_classifier
 from tformer.export import onnx as tonnx
 from tformer.export.export_dir import publish_export
 from tformer.export.model_card import Card, render
-from tformer.runs.base import Run, texts_of
+from tformer.runs.base import Run, check_batch_size, texts_of
 
 
 class EmbeddingRun(Run):
@@ -20,7 +20,8 @@ class EmbeddingRun(Run):
 
     def embed(self, texts: str | Iterable[str], batch_size: int = 64) -> np.ndarray:
         """(N, D) L2-normalised float32 vectors (one str is one text)."""
-        return self.objective.embed(self.model, texts_of(texts), batch_size=batch_size).numpy()
+        return self.objective.embed(self.model, texts_of(texts),
+                                    batch_size=check_batch_size(batch_size)).numpy()
 
     def export_hf(self, out: Path, card: Card) -> Path:
         raise ValueError(f"--hf: {self.path} is an embedding run, already a sentence-transformers "

@@ -11,7 +11,7 @@ from typing import Any
 from tformer.export import hf_classifier, hf_seq2seq, onnx_seq2seq
 from tformer.export import onnx as tonnx
 from tformer.export.model_card import Card
-from tformer.runs.base import Run, texts_of
+from tformer.runs.base import Run, check_batch_size, texts_of
 from tformer.storage.files import json_bytes
 
 
@@ -34,7 +34,7 @@ class Seq2SeqRun(Run):
         if max_len is not None and not 1 <= max_len <= limit:
             raise ValueError(f"max_len: expected 1..{limit} (the model's positions), got {max_len}")
         return self.objective.generate(self.model, texts_of(inputs, "inputs"), beam_size, length_penalty,
-                                       max_len, batch_size=batch_size)
+                                       max_len, batch_size=check_batch_size(batch_size))
 
     def answers(self, texts: list[str], batch_size: int = 32, **options: Any) -> list[str]:
         """What `tformer generate` prints per input: the output."""

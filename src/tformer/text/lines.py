@@ -54,9 +54,13 @@ class TextLines:
             for raw in f:  # binary files split at b"\n" only
                 yield raw[:-1] if raw.endswith(b"\n") else raw
 
+    def where(self) -> str:
+        """The file as errors name it: "--corpus c.txt" (or "--file standard input")."""
+        return f"{self.option} {'standard input' if self._stdin is not None else self.name}"
+
     def at(self, number: int) -> str:
         """Where line `number` is, as errors name it: "--corpus c.txt:3"."""
-        return f"{self.option} {'standard input' if self._stdin is not None else self.name}:{number}"
+        return f"{self.where()}:{number}"
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
         """(line number from 1, text), the line ending removed; a blank line is an error."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -187,9 +187,7 @@ class Tokenizer:
         return self.backend.decode(list(ids), skip_special_tokens=True)
 
     def _check_texts(self, name: str, texts: str | Sequence[str]) -> list[str]:
-        if isinstance(texts, str):
-            texts = [texts]
-        texts = list(texts)
+        texts = texts_list(name, texts)
         if not texts:
             raise ValueError(f"{name}: expected at least one text, got none")
         for i, t in enumerate(texts):
@@ -223,6 +221,14 @@ class Tokenizer:
         )
         return long
 
+
+
+def texts_list(name: str, texts: str | Iterable[str]) -> list[str]:
+    """One str (one text) or an iterable of texts as a list; bytes or a number refused naming
+    `name` (bytes iterate as ints, a number not at all: both were bare errors)."""
+    if isinstance(texts, (bytes, bytearray)) or not isinstance(texts, (str, Iterable)):
+        raise TypeError(f"{name}: expected a str or an iterable of str, got {type(texts).__name__}")
+    return [texts] if isinstance(texts, str) else list(texts)
 
 
 def _byte_level_alphabet() -> dict[str, int]:
