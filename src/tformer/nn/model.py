@@ -314,6 +314,9 @@ class Seq2SeqTransformer(nn.Module):
     ) -> Seq2SeqOutput:
         """(B, T) target ids (the new ones when a cache is given) -> logits (B, T, V)."""
         check_token_ids(tgt_ids, self.config.target_vocab_size, "tgt_ids")
+        b, t = tgt_ids.shape
+        past = past_key_values[0][0].size(2) if past_key_values else 0
+        make_mask(tgt_attention_mask, None, b, t, past + t, name="tgt_attention_mask")  # its errors, named
         y = self.target_embedding(tgt_ids) * self.config.embedding_scale  # (B, T, D)
         out = self.decoder(y, memory, tgt_attention_mask, memory_attention_mask, past_key_values,
                            use_cache, output_attentions)
