@@ -81,3 +81,29 @@ def test_a_long_query_is_named_by_its_argument_or_line(capsys, tmp_path):
     assert rc == 0, err
     rc, _, err = run_cli(capsys, "search", tmp_path / "idx", long, "--no-truncate")
     assert_one_line_error(rc, err, "search", r"error: QUERY 1: expected at most \d+ tokens")
+
+
+def test_the_corpus_is_read_once(capsys, tmp_path, monkeypatch):
+    """One pass over the corpus (it was read three times: counted, embedded, then again for the
+    winners' texts), with the same results as before."""
+    from tformer.text.lines import TextLines
+
+    passes = []
+    raw = TextLines._raw
+
+    def counted(self):
+        passes.append(self.name)
+        return raw(self)
+
+    monkeypatch.setattr(TextLines, "_raw", counted)
+    corpus = _corpus(tmp_path, SENTENCES * 3)
+    rc, out, err = run_cli(capsys, "search", bert_dir(), "--corpus", corpus, SENTENCES[1], SENTENCES[3],
+                           "-k", 3)
+    assert rc == 0, err
+    assert passes == [str(corpus)]
+    n = len(SENTENCES)
+    assert out.split("\n\n") == [
+        f"query: {SENTENCES[1]}\n" + "\n".join(f"{r:>3}. 1.0000  line {line}: {SENTENCES[1]}"
+                                               for r, line in enumerate((2, 2 + n, 2 + 2 * n), start=1)),
+        f"query: {SENTENCES[3]}\n" + "\n".join(f"{r:>3}. 1.0000  line {line}: {SENTENCES[3]}"
+                                               for r, line in enumerate((4, 4 + n, 4 + 2 * n), start=1)) + "\n"]

@@ -21,6 +21,9 @@ from tformer.commands._pretrained import (
     short,
 )
 
+# Without --progress/--no-progress a bar is shown for a corpus of this many bytes or more.
+PROGRESS_MIN_BYTES = 1 << 16
+
 HELP = "semantic search: the lines of a corpus file (or an index) closest to a query"
 
 
@@ -75,24 +78,28 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--corpus: expected a corpus file with MODEL_DIR {args.model_dir} "
                              "(or give an INDEX from `tformer index build`), got none")
         corpus = TextLines(args.corpus, "--corpus")
-        n = corpus.count()
-        if n == 0:
-            raise ValueError(f"--corpus {args.corpus}: expected at least one line, got none")
         with one_line_warnings("search"):
             st = load_sentence_encoder(args)
             queries = _embed_queries(st, args, queries_text)
             best, first = TopK(queries, args.top_k), 0
-            bar = progress_bar(n, args.progress)
-            for _, texts, docs in embed_chunks(st, corpus, where=corpus.at,
-                                               batch_size=args.batch_size, show_progress=False,
-                                               truncation=truncation):
+            found: dict[int, tuple[int, str]] = {}  # row -> (line number, text), the rows in a top-k
+            # One pass over the corpus (it was read three times: counted, embedded, then
+            # searched for the winners' texts): the bar counts texts without a total.
+            bar = progress_bar(None, args.progress if args.progress is not None
+                               else corpus.size() >= PROGRESS_MIN_BYTES)
+            for numbers, texts, docs in embed_chunks(st, corpus, where=corpus.at,
+                                                     batch_size=args.batch_size, show_progress=False,
+                                                     truncation=truncation):
                 best.add(docs, first)  # (Q, b) similarities at a time, never (Q, N)
+                found.update((first + i, item) for i, item in enumerate(zip(numbers, texts, strict=True)))
+                wanted = set(best.result()[1].ravel().tolist())
+                found = {row: item for row, item in found.items() if row in wanted}  # at most Q x k
                 first += len(texts)
                 bar.update(len(texts))
             bar.close()
+        if first == 0:
+            raise ValueError(f"--corpus {args.corpus}: expected at least one line, got none")
         scores, rows = best.result()
-        wanted = set(rows.ravel().tolist())
-        found = {row: item for row, item in enumerate(corpus) if row in wanted}
     for q, query in enumerate(queries_text):
         if q:
             print()

@@ -84,14 +84,15 @@ def embed_chunks(st, numbered: Iterable[tuple[int, str]], size: int | None = Non
                       f"truncated{inputs} (--no-truncate raises instead)", UserWarning, stacklevel=2)
 
 
-def progress_bar(total: int, show: bool | None):
-    """A progress bar over texts on stderr; None shows it for large inputs."""
+def progress_bar(total: int | None, show: bool | None):
+    """A progress bar over texts on stderr (total None: a count of texts); None shows it for
+    large inputs (of a known total)."""
     import sys
 
     from tqdm.auto import tqdm
 
     return tqdm(total=total, unit="text", file=sys.stderr,
-                disable=not (show if show is not None else total >= 8 * 32))
+                disable=not (show if show is not None else total is not None and total >= 8 * 32))
 
 
 def unit(x: np.ndarray) -> np.ndarray:
