@@ -123,10 +123,35 @@ class TopK:
             both = np.concatenate([self.scores[q], sims], axis=1)  # (q, <=k + b)
             ids = np.concatenate([self.rows[q], np.broadcast_to(np.arange(first, first + len(block)),
                                                                 sims.shape)], axis=1)
-            keep = np.lexsort((ids, -both), axis=1)[:, :width]  # score desc, row asc
+            keep = best_columns(both, width)  # score desc, row asc
             scores[q], rows[q] = np.take_along_axis(both, keep, axis=1), np.take_along_axis(ids, keep, axis=1)
         self.scores, self.rows = scores, rows
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         """(scores, rows), each (Q, k), best first."""
         return self.scores, self.rows
+
+
+def best_columns(scores: np.ndarray, width: int) -> np.ndarray:
+    """Per row, the columns of its ``width`` highest scores, best first, ties to the earlier
+    column: ``np.lexsort((columns, -scores))[:, :width]``, without sorting the whole row.
+
+    TopK's columns hold its kept rows (best first, ties in row order), then the block's rows
+    in order, all of them earlier than the block's: so the earlier column is the earlier row.
+    The width-th score is found by a partition; the columns above it and the first ones equal
+    to it (in column order) are the top; only those are sorted (a stable sort: ties stay in
+    column order). A lexsort of each (QUERIES, k + BLOCK) block was most of a search's time.
+
+    Shape: scores (Q, N), width <= N -> (Q, width) column indices
+    """
+    q, n = scores.shape
+    if width == n:
+        return np.argsort(-scores, axis=1, kind="stable")
+    kth = -np.partition(-scores, width - 1, axis=1)[:, width - 1 : width]  # (Q, 1): the width-th best
+    above = scores > kth  # (Q, N)
+    at = scores == kth
+    room = width - above.sum(axis=1, keepdims=True)  # (Q, 1): ties at kth that make the top
+    chosen = above | (at & (np.cumsum(at, axis=1) <= room))  # exactly width a row
+    columns = np.nonzero(chosen)[1].reshape(q, width)  # in column order
+    order = np.argsort(-np.take_along_axis(scores, columns, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(columns, order, axis=1)
