@@ -39,6 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with an INDEX: the model directory to embed queries with "
                              "(default: the one that built it; another model is refused)")
     parser.add_argument("-k", "--top-k", type=int, default=5, help="results per query (5)")
+    parser.add_argument("--format", choices=FORMATS, default="text",
+                        help="text: a block per query, for reading (default); jsonl: one JSON "
+                             "object per result: query_index, query, rank, score, line, text; "
+                             "tsv: a header, then one tab-separated row per result with those "
+                             "columns (tabs, newlines and backslashes in texts escaped as \\t, "
+                             "\\n, \\r, \\\\)")
     parser.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
@@ -100,14 +106,40 @@ def run(args: argparse.Namespace) -> int:
         if first == 0:
             raise ValueError(f"--corpus {args.corpus}: expected at least one line, got none")
         scores, rows = best.result()
-    for q, query in enumerate(queries_text):
-        if q:
-            print()
-        print(f"query: {short(query)}")
-        for rank, (score, row) in enumerate(zip(scores[q], rows[q], strict=True), start=1):
-            number, text = found[int(row)]
-            print(f"{rank:>3}. {score:.4f}  line {number}: {short(text, 80)}")
+    results = ((q, query, rank, float(score), *found[int(row)])
+               for q, query in enumerate(queries_text)
+               for rank, (score, row) in enumerate(zip(scores[q], rows[q], strict=True), start=1))
+    _print_results(args.format, results)
     return 0
+
+
+FORMATS = ("text", "jsonl", "tsv")
+COLUMNS = ("query_index", "query", "rank", "score", "line", "text")  # a result, as jsonl and tsv give it
+
+
+def _print_results(form: str, results) -> None:
+    """(query index, query, rank, score, line number, text) per result, in the --format asked."""
+    import json
+
+    if form == "tsv":
+        print("\t".join(COLUMNS))
+    for q, query, rank, score, number, text in results:
+        if form == "jsonl":  # the score in full (repr of the float32's double), not to 4 digits
+            print(json.dumps(dict(zip(COLUMNS, (q, query, rank, score, number, text), strict=True)),
+                             ensure_ascii=False))
+        elif form == "tsv":
+            print(f"{q}\t{_tsv(query)}\t{rank}\t{score!r}\t{number}\t{_tsv(text)}")
+        else:
+            if rank == 1:
+                if q:
+                    print()  # a blank line between queries' blocks
+                print(f"query: {short(query)}")
+            print(f"{rank:>3}. {score:.4f}  line {number}: {short(text, 80)}")
+
+
+def _tsv(text: str) -> str:
+    """A field with no tab or line break in it: backslash escapes, as in PostgreSQL's text COPY."""
+    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
 
 
 def _embed_queries(st, args: argparse.Namespace, texts: list[str]):
