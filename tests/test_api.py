@@ -50,6 +50,13 @@ def test_seq2seq_and_embedding_runs_from_files(tmp_path):
     assert isinstance(emb, tformer.EmbeddingRun) and not hasattr(emb, "predict")
     assert vectors.shape == (3, 32) and np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
     assert np.allclose(vectors[0], vectors[2], atol=1e-6)
+    # No texts: (0, D) float32 from every entry point (the run's embed raised; the library's did not)
+    from tformer.embeddings.sentence import SentenceEncoder
+
+    st = SentenceEncoder.from_pretrained(tmp_path / "b")
+    for none in (emb.embed([]), emb.embed(iter(())), st.encode([])):
+        assert none.shape == (0, 32) and none.dtype == np.float32
+    assert emb.dim == st.dim == 32
 
 
 def test_bad_records_name_the_record(tmp_path):

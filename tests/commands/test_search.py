@@ -81,3 +81,63 @@ def test_a_long_query_is_named_by_its_argument_or_line(capsys, tmp_path):
     assert rc == 0, err
     rc, _, err = run_cli(capsys, "search", tmp_path / "idx", long, "--no-truncate")
     assert_one_line_error(rc, err, "search", r"error: QUERY 1: expected at most \d+ tokens")
+
+
+def test_the_corpus_is_read_once(capsys, tmp_path, monkeypatch):
+    """One pass over the corpus (it was read three times: counted, embedded, then again for the
+    winners' texts), with the same results as before."""
+    from tformer.text.lines import TextLines
+
+    passes = []
+    raw = TextLines._raw
+
+    def counted(self):
+        passes.append(self.name)
+        return raw(self)
+
+    monkeypatch.setattr(TextLines, "_raw", counted)
+    corpus = _corpus(tmp_path, SENTENCES * 3)
+    rc, out, err = run_cli(capsys, "search", bert_dir(), "--corpus", corpus, SENTENCES[1], SENTENCES[3],
+                           "-k", 3)
+    assert rc == 0, err
+    assert passes == [str(corpus)]
+    n = len(SENTENCES)
+    assert out.split("\n\n") == [
+        f"query: {SENTENCES[1]}\n" + "\n".join(f"{r:>3}. 1.0000  line {line}: {SENTENCES[1]}"
+                                               for r, line in enumerate((2, 2 + n, 2 + 2 * n), start=1)),
+        f"query: {SENTENCES[3]}\n" + "\n".join(f"{r:>3}. 1.0000  line {line}: {SENTENCES[3]}"
+                                               for r, line in enumerate((4, 4 + n, 4 + 2 * n), start=1)) + "\n"]
+
+
+@pytest.mark.parametrize("form", ["jsonl", "tsv"])
+def test_machine_readable_results_parse_to_what_the_text_shows(capsys, tmp_path, form):
+    import csv
+    import io
+    import json
+
+    lines = [*SENTENCES, "a tab\there, a backslash \\ and\ra carriage return"]
+    corpus = _corpus(tmp_path, lines)
+    queries = [SENTENCES[1], lines[-1]]
+    args = ["search", bert_dir(), "--corpus", corpus, *queries, "-k", 3]
+    rc, text, err = run_cli(capsys, *args)
+    assert rc == 0, err
+    rc, out, err = run_cli(capsys, *args, "--format", form)
+    assert rc == 0, err
+    if form == "jsonl":
+        records = [json.loads(line) for line in out.splitlines()]
+    else:
+        unescape = {"\\t": "\t", "\\n": "\n", "\\r": "\r", "\\\\": "\\"}
+        rows = list(csv.reader(io.StringIO(out), delimiter="\t", quoting=csv.QUOTE_NONE))
+        assert rows[0] == ["query_index", "query", "rank", "score", "line", "text"]
+        import re
+
+        field = lambda s: re.sub(r"\\[tnr\\]", lambda m: unescape[m.group()], s)  # noqa: E731
+        records = [{"query_index": int(q), "query": field(query), "rank": int(r), "score": float(s),
+                    "line": int(n), "text": field(t)} for q, query, r, s, n, t in rows[1:]]
+    assert [(r["query_index"], r["rank"]) for r in records] == [(q, k) for q in range(2) for k in (1, 2, 3)]
+    assert [r["query"] for r in records] == [q for q in queries for _ in range(3)]
+    assert all(r["text"] == lines[r["line"] - 1] for r in records)  # the line's text, exactly
+    assert records[0]["line"] == 2 and records[0]["score"] == pytest.approx(1.0, abs=1e-6)
+    assert any(r["line"] == len(lines) for r in records)  # the line with a tab, a backslash and a CR
+    shown = [f"{r['rank']:>3}. {r['score']:.4f}  line {r['line']}:" for r in records]
+    assert all(s in text for s in shown)  # the same results as the text format prints

@@ -73,3 +73,44 @@ def test_top_k_memory_does_not_depend_on_the_corpus():
         best.add(np.ones((1000, 4), np.float32), first)
         assert best.scores.shape == (2, 3)
     assert best.rows[0].tolist() == [0, 1, 2]  # ties: the earliest rows
+
+
+def _lexsorted_top_k(queries: np.ndarray, corpus: np.ndarray, k: int, block: int):
+    """TopK as it was: a lexsort (score desc, row asc) of each block's whole (Q, k + b) matrix."""
+    q = unit(queries.astype(np.float32))
+    scores, rows = np.empty((len(q), 0), np.float32), np.empty((len(q), 0), np.int64)
+    for first in range(0, len(corpus), block):
+        b = unit(corpus[first : first + block]).astype(np.float32)
+        sims = q @ b.T
+        both = np.concatenate([scores, sims], axis=1)
+        ids = np.concatenate([rows, np.broadcast_to(np.arange(first, first + len(b)), sims.shape)], axis=1)
+        keep = np.lexsort((ids, -both), axis=1)[:, : min(k, both.shape[1])]
+        scores, rows = np.take_along_axis(both, keep, axis=1), np.take_along_axis(ids, keep, axis=1)
+    return scores, rows
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_top_k_is_bit_for_bit_the_lexsorted_top_k_with_many_exact_ties(monkeypatch, seed):
+    """The partition-based top-k keeps the same rows in the same order, and the same scores to
+    the bit, as the lexsort it replaced: corpus rows drawn from a few vectors tie exactly."""
+    monkeypatch.setattr(tformer.embeddings.stream, "QUERIES", 7)
+    rng = np.random.default_rng(seed)
+    pool = rng.integers(-1, 2, (5, 6)).astype(np.float32) + np.eye(5, 6, dtype=np.float32)  # no zero row
+    corpus = pool[rng.integers(0, len(pool), 300)]  # (300, 6): every score tied many times
+    corpus[rng.integers(0, 300, 40)] = rng.standard_normal((40, 6))  # and some that tie with none
+    queries = np.concatenate([rng.standard_normal((10, 6)), pool[:3]]).astype(np.float32)
+    for k, block in ((1, 300), (5, 17), (12, 64), (40, 33), (300, 50), (500, 128)):
+        best = TopK(queries, k)
+        for first in range(0, len(corpus), block):
+            best.add(corpus[first : first + block], first)
+        expected = _lexsorted_top_k(queries, corpus, k, block)
+        for ours, theirs in zip(best.result(), expected, strict=True):
+            assert ours.dtype == theirs.dtype and ours.tobytes() == theirs.tobytes(), (k, block)
+
+
+def test_best_columns_is_a_lexsort_cut_to_width():
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 4, (50, 40)).astype(np.float32)  # ties everywhere
+    for width in (1, 3, 17, 39, 40):
+        expected = np.lexsort((np.broadcast_to(np.arange(40), scores.shape), -scores), axis=1)[:, :width]
+        assert np.array_equal(tformer.embeddings.stream.best_columns(scores, width), expected), width

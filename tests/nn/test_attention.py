@@ -93,3 +93,49 @@ def test_a_memory_row_shared_by_its_beams_equals_the_memory_repeated(dtype, need
     with pytest.raises(ValueError, match=r"memory: expected a batch that divides the query batch "
                                          r"\(6\), got 4"):
         mha(x, torch.randn(4, 5, d, dtype=dtype))
+
+
+# Errors ------------------------------------------------------------------------------------
+_QKV = {"q": (2, 4, 3, 8), "k": (2, 4, 5, 8), "v": (2, 4, 5, 8)}
+_BAD_QKV = [
+    ({"q": (2, 3, 8)}, None), ({"k": (2, 4, 8)}, None), ({"k": (2, 4, 5, 6)}, None),
+    ({"k": (3, 4, 5, 8)}, None), ({"v": (2, 4, 6, 8)}, None), ({"v": (2, 2, 5, 8)}, None),
+    ({}, (2, 1, 3, 4)), ({}, (3, 1, 1, 5)), ({}, (2, 4, 3, 5, 1)), ({}, (4, 5)),
+]
+
+
+@pytest.mark.parametrize(("shapes", "mask"), _BAD_QKV)
+def test_scaled_dot_product_attention_names_a_bad_shape_as_the_reference_does(shapes, mask):
+    """One line naming the argument, the expected and the actual shape, word for word the NumPy
+    reference's, not torch's matmul or broadcasting error."""
+    from tformer.reference.attention import scaled_dot_product_attention as reference
+
+    arrays = {name: np.zeros(shapes.get(name, shape), dtype=np.float32) for name, shape in _QKV.items()}
+    allowed = None if mask is None else np.ones(mask, dtype=bool)
+    with pytest.raises(ValueError) as theirs:
+        reference(arrays["q"], arrays["k"], arrays["v"], allowed)
+    tensors = {name: torch.from_numpy(a) for name, a in arrays.items()}
+    with pytest.raises(ValueError) as ours:
+        scaled_dot_product_attention(tensors["q"], tensors["k"], tensors["v"],
+                                     None if allowed is None else torch.from_numpy(allowed))
+    assert str(ours.value) == str(theirs.value)
+    assert "\n" not in str(ours.value) and str(ours.value).split(":")[0] in ("q", "k", "v", "mask")
+
+
+@pytest.mark.parametrize(("cross", "x", "memory", "mask"), [
+    *((cross, (2, 3, 16), (2, 5, 32), None) for cross in (False, True)),
+    *((cross, (2, 3, 32, 1), (2, 5, 32), None) for cross in (False, True)),
+    (True, (2, 3, 32), (2, 5, 8), None), (True, (2, 3, 32), (3, 5, 32), None),
+    (False, (2, 3, 32), None, (2, 1, 4, 9)), (True, (2, 3, 32), (2, 5, 32), (2, 1, 3, 9)),
+])
+def test_multi_head_attention_names_a_bad_input_as_the_reference_does(cross, x, memory, mask):
+    from tformer import reference
+
+    ours_mha, theirs_mha = MultiHeadAttention(32, 4, cross=cross), reference.MultiHeadAttention(32, 4, cross=cross)
+    arrays = [np.zeros(x, dtype=np.float32), np.zeros(memory, dtype=np.float32) if cross else None,
+              None if mask is None else np.ones(mask, dtype=bool)]
+    with pytest.raises(ValueError) as theirs:
+        theirs_mha(*arrays)
+    with pytest.raises(ValueError) as ours:
+        ours_mha(*(None if a is None else torch.from_numpy(a) for a in arrays))
+    assert str(ours.value) == str(theirs.value)

@@ -217,8 +217,8 @@ def test_bad_masks(tiny_config):
 
 @pytest.mark.parametrize("impl", ["torch", "reference"])
 def test_a_bad_source_or_memory_mask_is_named_as_the_caller_passed_it(tiny_config, impl):
-    """Seq2SeqTransformer's src_attention_mask and Decoder's memory_attention_mask: the error
-    names the argument given, not the encoder's own attention_mask."""
+    """Seq2SeqTransformer's src_attention_mask and tgt_attention_mask, and Decoder's
+    memory_attention_mask: the error names the argument given, not the layers' attention_mask."""
     from tformer import reference
 
     cls, to = ((Seq2SeqTransformer, torch.from_numpy) if impl == "torch"
@@ -230,6 +230,10 @@ def test_a_bad_source_or_memory_mask_is_named_as_the_caller_passed_it(tiny_confi
     memory = model.encode(src).last_hidden_state  # (2, 4, D)
     with pytest.raises(ValueError, match=r"^memory_attention_mask: expected shape \(B, S\) = \(2, 4\), got \(2, 5\)$"):
         model.decode(tgt, memory, memory_attention_mask=wide == 0)
+    for call in (lambda: model(src, tgt, tgt_attention_mask=wide == 0),
+                 lambda: model.decode(tgt, memory, tgt_attention_mask=wide == 0)):
+        with pytest.raises(ValueError, match=r"^tgt_attention_mask: expected shape \(B, S\) = \(2, 3\), got \(2, 5\)$"):
+            call()
 
 
 def test_sequence_longer_than_learned_positions(tiny_config):

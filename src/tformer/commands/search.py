@@ -21,6 +21,9 @@ from tformer.commands._pretrained import (
     short,
 )
 
+# Without --progress/--no-progress a bar is shown for a corpus of this many bytes or more.
+PROGRESS_MIN_BYTES = 1 << 16
+
 HELP = "semantic search: the lines of a corpus file (or an index) closest to a query"
 
 
@@ -36,6 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with an INDEX: the model directory to embed queries with "
                              "(default: the one that built it; another model is refused)")
     parser.add_argument("-k", "--top-k", type=int, default=5, help="results per query (5)")
+    parser.add_argument("--format", choices=FORMATS, default="text",
+                        help="text: a block per query, for reading (default); jsonl: one JSON "
+                             "object per result: query_index, query, rank, score, line, text; "
+                             "tsv: a header, then one tab-separated row per result with those "
+                             "columns (tabs, newlines and backslashes in texts escaped as \\t, "
+                             "\\n, \\r, \\\\)")
     parser.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
@@ -75,32 +84,62 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--corpus: expected a corpus file with MODEL_DIR {args.model_dir} "
                              "(or give an INDEX from `tformer index build`), got none")
         corpus = TextLines(args.corpus, "--corpus")
-        n = corpus.count()
-        if n == 0:
-            raise ValueError(f"--corpus {args.corpus}: expected at least one line, got none")
         with one_line_warnings("search"):
             st = load_sentence_encoder(args)
             queries = _embed_queries(st, args, queries_text)
             best, first = TopK(queries, args.top_k), 0
-            bar = progress_bar(n, args.progress)
-            for _, texts, docs in embed_chunks(st, corpus, where=corpus.at,
-                                               batch_size=args.batch_size, show_progress=False,
-                                               truncation=truncation):
+            found: dict[int, tuple[int, str]] = {}  # row -> (line number, text), the rows in a top-k
+            # One pass over the corpus (it was read three times: counted, embedded, then
+            # searched for the winners' texts): the bar counts texts without a total.
+            bar = progress_bar(None, args.progress if args.progress is not None
+                               else corpus.size() >= PROGRESS_MIN_BYTES)
+            for numbers, texts, docs in embed_chunks(st, corpus, where=corpus.at,
+                                                     batch_size=args.batch_size, show_progress=False,
+                                                     truncation=truncation):
                 best.add(docs, first)  # (Q, b) similarities at a time, never (Q, N)
+                found.update((first + i, item) for i, item in enumerate(zip(numbers, texts, strict=True)))
+                wanted = set(best.result()[1].ravel().tolist())
+                found = {row: item for row, item in found.items() if row in wanted}  # at most Q x k
                 first += len(texts)
                 bar.update(len(texts))
             bar.close()
+        if first == 0:
+            raise ValueError(f"--corpus {args.corpus}: expected at least one line, got none")
         scores, rows = best.result()
-        wanted = set(rows.ravel().tolist())
-        found = {row: item for row, item in enumerate(corpus) if row in wanted}
-    for q, query in enumerate(queries_text):
-        if q:
-            print()
-        print(f"query: {short(query)}")
-        for rank, (score, row) in enumerate(zip(scores[q], rows[q], strict=True), start=1):
-            number, text = found[int(row)]
-            print(f"{rank:>3}. {score:.4f}  line {number}: {short(text, 80)}")
+    results = ((q, query, rank, float(score), *found[int(row)])
+               for q, query in enumerate(queries_text)
+               for rank, (score, row) in enumerate(zip(scores[q], rows[q], strict=True), start=1))
+    _print_results(args.format, results)
     return 0
+
+
+FORMATS = ("text", "jsonl", "tsv")
+COLUMNS = ("query_index", "query", "rank", "score", "line", "text")  # a result, as jsonl and tsv give it
+
+
+def _print_results(form: str, results) -> None:
+    """(query index, query, rank, score, line number, text) per result, in the --format asked."""
+    import json
+
+    if form == "tsv":
+        print("\t".join(COLUMNS))
+    for q, query, rank, score, number, text in results:
+        if form == "jsonl":  # the score in full (repr of the float32's double), not to 4 digits
+            print(json.dumps(dict(zip(COLUMNS, (q, query, rank, score, number, text), strict=True)),
+                             ensure_ascii=False))
+        elif form == "tsv":
+            print(f"{q}\t{_tsv(query)}\t{rank}\t{score!r}\t{number}\t{_tsv(text)}")
+        else:
+            if rank == 1:
+                if q:
+                    print()  # a blank line between queries' blocks
+                print(f"query: {short(query)}")
+            print(f"{rank:>3}. {score:.4f}  line {number}: {short(text, 80)}")
+
+
+def _tsv(text: str) -> str:
+    """A field with no tab or line break in it: backslash escapes, as in PostgreSQL's text COPY."""
+    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
 
 
 def _embed_queries(st, args: argparse.Namespace, texts: list[str]):

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from tformer.text.prefix import longest as longest_count
 from tformer.text.tokenizer import TextTooLong
 
 CHUNK = 1024  # texts embedded (and held) at a time
@@ -77,20 +78,21 @@ def embed_chunks(st, numbered: Iterable[tuple[int, str]], size: int | None = Non
     if long:
         named = [where(n) for n, _ in long if n is not None]
         inputs = f": {', '.join(named[:5])}{', ...' if len(named) > 5 else ''}" if named else ""
-        longest = max(n for _, n in long)
+        longest = longest_count([n for _, n in long])  # (a text cut early: 'N or more')
         warnings.warn(f"{len(long)} of {total} texts are longer than the model's maximum length "
                       f"({st.tokenizer.max_length} tokens; the longest has {longest}), so they were "
                       f"truncated{inputs} (--no-truncate raises instead)", UserWarning, stacklevel=2)
 
 
-def progress_bar(total: int, show: bool | None):
-    """A progress bar over texts on stderr; None shows it for large inputs."""
+def progress_bar(total: int | None, show: bool | None):
+    """A progress bar over texts on stderr (total None: a count of texts); None shows it for
+    large inputs (of a known total)."""
     import sys
 
     from tqdm.auto import tqdm
 
     return tqdm(total=total, unit="text", file=sys.stderr,
-                disable=not (show if show is not None else total >= 8 * 32))
+                disable=not (show if show is not None else total is not None and total >= 8 * 32))
 
 
 def unit(x: np.ndarray) -> np.ndarray:
@@ -121,10 +123,35 @@ class TopK:
             both = np.concatenate([self.scores[q], sims], axis=1)  # (q, <=k + b)
             ids = np.concatenate([self.rows[q], np.broadcast_to(np.arange(first, first + len(block)),
                                                                 sims.shape)], axis=1)
-            keep = np.lexsort((ids, -both), axis=1)[:, :width]  # score desc, row asc
+            keep = best_columns(both, width)  # score desc, row asc
             scores[q], rows[q] = np.take_along_axis(both, keep, axis=1), np.take_along_axis(ids, keep, axis=1)
         self.scores, self.rows = scores, rows
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         """(scores, rows), each (Q, k), best first."""
         return self.scores, self.rows
+
+
+def best_columns(scores: np.ndarray, width: int) -> np.ndarray:
+    """Per row, the columns of its ``width`` highest scores, best first, ties to the earlier
+    column: ``np.lexsort((columns, -scores))[:, :width]``, without sorting the whole row.
+
+    TopK's columns hold its kept rows (best first, ties in row order), then the block's rows
+    in order, all of them earlier than the block's: so the earlier column is the earlier row.
+    The width-th score is found by a partition; the columns above it and the first ones equal
+    to it (in column order) are the top; only those are sorted (a stable sort: ties stay in
+    column order). A lexsort of each (QUERIES, k + BLOCK) block was most of a search's time.
+
+    Shape: scores (Q, N), width <= N -> (Q, width) column indices
+    """
+    q, n = scores.shape
+    if width == n:
+        return np.argsort(-scores, axis=1, kind="stable")
+    kth = -np.partition(-scores, width - 1, axis=1)[:, width - 1 : width]  # (Q, 1): the width-th best
+    above = scores > kth  # (Q, N)
+    at = scores == kth
+    room = width - above.sum(axis=1, keepdims=True)  # (Q, 1): ties at kth that make the top
+    chosen = above | (at & (np.cumsum(at, axis=1) <= room))  # exactly width a row
+    columns = np.nonzero(chosen)[1].reshape(q, width)  # in column order
+    order = np.argsort(-np.take_along_axis(scores, columns, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(columns, order, axis=1)

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from tformer import kernels
 from tformer.kernels.tracing import tracing
 from tformer.nn.dropout import dropout
+from tformer.nn.inputs import check_embeddings
 from tformer.nn.masks import Mask, Packing, as_mask
 
 KeyValue = tuple[Tensor, Tensor]  # cached (k, v), each (B, H, S, Dh)
@@ -74,6 +75,24 @@ def why_not_in_place(past: Tensor, grown_shape: tuple[int, int, int, int]) -> st
     return None
 
 
+def check_qkv(q: Tensor, k: Tensor, v: Tensor, mask: Mask | None) -> None:
+    """One line naming the argument for mis-shaped inputs, not torch's matmul or broadcasting
+    error (the same words as tformer.reference). Shape comparisons only: it runs every call.
+    Shape: q (B, H, T, Dh); k, v (B, H, S, Dh); mask broadcastable to (B, H, T, S)."""
+    for name, x, n in (("q", q, "T"), ("k", k, "S")):
+        if x.dim() != 4:
+            raise ValueError(f"{name}: expected shape (B, H, {n}, Dh), got {tuple(x.shape)}")
+    (b, h, t, dh), s = q.shape, k.shape[2]
+    for name, x in (("k", k), ("v", v)):
+        if x.shape != (b, h, s, dh):
+            raise ValueError(f"{name}: expected shape (B, H, S, Dh) = {(b, h, s, dh)}, got {tuple(x.shape)}")
+    allowed = () if mask is None else tuple(mask.allowed.shape)
+    trailing = (b, h, t, s)[4 - len(allowed) :] if len(allowed) <= 4 else None
+    if trailing is None or any(m not in (1, n) for m, n in zip(allowed, trailing, strict=True)):
+        raise ValueError(f"mask: expected a shape broadcastable to (B, H, T, S) = {(b, h, t, s)}, "
+                         f"got {allowed}")
+
+
 def scaled_dot_product_attention(
     q: Tensor,
     k: Tensor,
@@ -93,6 +112,7 @@ def scaled_dot_product_attention(
         returns: output (B, H, T, Dh) and weights (B, H, T, S) or None
     """
     mask = as_mask(mask)
+    check_qkv(q, k, v, mask)
     allowed = None if mask is None else mask.allowed
     if kernels.why_not_fused_attention(q, k, dropout_p, need_weights) is None:
         out = kernels.attention(q, k, v, allowed, dropout_p)
@@ -205,6 +225,9 @@ class MultiHeadAttention(nn.Module):
         if isinstance(mask, Packing):
             out = self._packed_self_attention(kernels.linear(x, self.qkv_proj), mask, p)
             return AttentionOutput(kernels.linear(out, self.out_proj), None, None)
+        check_embeddings(x, self.d_model, "x")
+        if memory is not None:
+            check_embeddings(memory, self.d_model, "memory")
         mask = as_mask(mask)
         g = 1  # query rows per memory row
         if self.cross:

@@ -16,28 +16,13 @@ from tformer.config import TransformerConfig
 from tformer.formats.model_dir import ModelDir
 from tformer.formats.pretrained import load_state, read_pretrained, save_pretrained
 from tformer.nn.dropout import Dropout
+from tformer.nn.embedding import positional_encoding, token_embedding
 from tformer.nn.inputs import check_embeddings, check_token_ids, one_input
 from tformer.nn.layers import DecoderLayer, EncoderLayer, LayerCache
 from tformer.nn.masks import make_mask
 from tformer.nn.outputs import ClassifierOutput, DecoderOutput, EncoderOutput, Seq2SeqOutput
 from tformer.nn.pooling import pool
-from tformer.nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from tformer.nn.precision import to_precision
-
-
-def _positional(config: TransformerConfig) -> nn.Module | None:
-    if config.positional == "sinusoidal":
-        return SinusoidalPositionalEncoding(config.d_model, config.max_len)
-    if config.positional == "learned":
-        return LearnedPositionalEmbedding(config.max_len, config.d_model)
-    return None
-
-
-def _token_embedding(vocab_size: int, config: TransformerConfig) -> nn.Embedding:
-    emb = nn.Embedding(vocab_size, config.d_model)
-    # With the sqrt(D) scale, std D^-1/2 gives unit-variance inputs; BERT uses 0.02.
-    nn.init.normal_(emb.weight, std=config.d_model**-0.5 if config.scale_embeddings else 0.02)
-    return emb
 
 
 class Encoder(nn.Module):
@@ -46,8 +31,8 @@ class Encoder(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
         c = self.config = config
-        self.tok_emb = _token_embedding(c.vocab_size, c) if c.vocab_size else None
-        self.pos_emb = _positional(c)
+        self.tok_emb = token_embedding(c.vocab_size, c) if c.vocab_size else None
+        self.pos_emb = positional_encoding(c)
         self.type_emb = nn.Embedding(c.type_vocab_size, c.d_model) if c.type_vocab_size else None
         if self.type_emb is not None:
             # BERT initialises every table N(0, 0.02) (Devlin et al. 2019); nn.Embedding's N(0, 1)
@@ -191,8 +176,8 @@ class Decoder(nn.Module):
         super().__init__()
         c = self.config = config
         vocab = c.target_vocab_size
-        self.tok_emb = _token_embedding(vocab, c) if vocab else None
-        self.pos_emb = _positional(c)
+        self.tok_emb = token_embedding(vocab, c) if vocab else None
+        self.pos_emb = positional_encoding(c)
         self.dropout = Dropout(c.dropout)
         self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.decoder_layers))
         self.final_norm = (
@@ -295,8 +280,8 @@ class Seq2SeqTransformer(nn.Module):
             raise ValueError("vocab_size: Seq2SeqTransformer needs a vocabulary, got None")
         self.config = c = config
         stack = c.replace(vocab_size=None, tgt_vocab_size=None, type_vocab_size=0, pooler=False)
-        self.src_emb = _token_embedding(c.vocab_size, c)
-        self.tgt_emb = _token_embedding(c.tgt_vocab_size, c) if c.tgt_vocab_size else None
+        self.src_emb = token_embedding(c.vocab_size, c)
+        self.tgt_emb = token_embedding(c.tgt_vocab_size, c) if c.tgt_vocab_size else None
         self.encoder = Encoder(stack)
         self.decoder = Decoder(stack)
         self.lm_head = (
@@ -329,6 +314,9 @@ class Seq2SeqTransformer(nn.Module):
     ) -> Seq2SeqOutput:
         """(B, T) target ids (the new ones when a cache is given) -> logits (B, T, V)."""
         check_token_ids(tgt_ids, self.config.target_vocab_size, "tgt_ids")
+        b, t = tgt_ids.shape
+        past = past_key_values[0][0].size(2) if past_key_values else 0
+        make_mask(tgt_attention_mask, None, b, t, past + t, name="tgt_attention_mask")  # its errors, named
         y = self.target_embedding(tgt_ids) * self.config.embedding_scale  # (B, T, D)
         out = self.decoder(y, memory, tgt_attention_mask, memory_attention_mask, past_key_values,
                            use_cache, output_attentions)

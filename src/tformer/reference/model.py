@@ -394,6 +394,9 @@ class Seq2SeqTransformer(Module):
     ) -> Seq2SeqOutput:
         tgt_ids = np.asarray(tgt_ids)
         check_token_ids(tgt_ids, self.config.target_vocab_size, "tgt_ids")
+        b, t = tgt_ids.shape
+        past = past_key_values[0][0].shape[2] if past_key_values else 0
+        make_mask(tgt_attention_mask, None, b, t, past + t, name="tgt_attention_mask")  # its errors, named
         y = self.target_embedding(tgt_ids) * self.dtype.type(self.config.embedding_scale)
         out = self.decoder(
             y, memory, tgt_attention_mask, memory_attention_mask, past_key_values, use_cache,

@@ -19,9 +19,19 @@ class EmbeddingRun(Run):
     verb = "embed"
 
     def embed(self, texts: str | Iterable[str], batch_size: int = 64) -> np.ndarray:
-        """(N, D) L2-normalised float32 vectors (one str is one text)."""
-        return self.objective.embed(self.model, texts_of(texts),
-                                    batch_size=check_batch_size(batch_size)).numpy()
+        """(N, D) L2-normalised float32 vectors (one str is one text); no texts: (0, D), as
+        SentenceEncoder.encode([]) gives (it raised here)."""
+        batch_size = check_batch_size(batch_size)
+        if not isinstance(texts, (str, bytes, bytearray)) and isinstance(texts, Iterable):
+            texts = list(texts)
+            if not texts:
+                return np.empty((0, self.dim), dtype=np.float32)
+        return self.objective.embed(self.model, texts_of(texts), batch_size=batch_size).numpy()
+
+    @property
+    def dim(self) -> int:
+        """The length of a vector: the model's width times its pooling modes."""
+        return self.model.config.d_model * len(self.model.pooling)
 
     def export_hf(self, out: Path, card: Card) -> Path:
         raise ValueError(f"--hf: {self.path} is an embedding run, already a sentence-transformers "

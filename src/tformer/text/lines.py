@@ -82,6 +82,12 @@ class TextLines:
     def count(self) -> int:
         return sum(1 for _ in self)
 
+    def size(self) -> int:
+        """Bytes in the file (or in standard input, as read)."""
+        if self._stdin is not None:
+            return os.fstat(self._stdin.fileno()).st_size
+        return os.path.getsize(self.name)
+
     def digest(self) -> str:
         """A hash of the bytes read: an interrupted output resumes only for the same lines."""
         h = hashlib.sha256()

@@ -25,6 +25,7 @@ import numpy as np
 
 from tformer.formats.model_dir import ModelDir, read_model_dir
 from tformer.text.batches import EncodedText, encoder_arrays
+from tformer.text.prefix import AtLeast, edge_chars, longest, pair_window, window
 
 
 class TextTooLong(ValueError):
@@ -65,6 +66,7 @@ class Tokenizer:
         self.backend, self.max_length = backend, max_length
         self.pad_id, self.lowercase = pad_id, lowercase
         self._cutting: Any = None  # a copy of the backend that truncates at max_length
+        self._edge: int | None = None  # tformer.text.prefix.edge_chars, found on first use
 
     def _cutter(self) -> Any:
         if self._cutting is None:
@@ -80,7 +82,9 @@ class Tokenizer:
                ) -> list[EncodedText]:
         """Each text (and pairs[i], its second segment, where not None) on its own, with the
         tokenizer's specials: ids and token types cut to max_length, and ``full``, the token
-        count before the cut (a text is longer than the model takes where full > len(ids))."""
+        count before the cut (a text is longer than the model takes where full > len(ids)).
+        A text far longer than max_length is tokenized only as far as its cut needs
+        (tformer.text.prefix: the same ids); its ``full`` is then an ``AtLeast``."""
         texts = self._check_texts("texts", texts)
         if pairs is None:
             inputs: list = texts
@@ -89,13 +93,48 @@ class Tokenizer:
                 raise ValueError(f"pairs: expected {len(texts)} (one per text), got {len(pairs)}")
             pairs = [p.lower() if p is not None and self.lowercase else p for p in pairs]
             inputs = [t if p is None else (t, p) for t, p in zip(texts, pairs, strict=True)]
+        sure: list[list[int | None]] = [[None]] * len(inputs)  # per segment: tokens known (a prefix)
+        if self.max_length is not None:  # a long text: only the prefix its cut keeps (tformer.text.prefix)
+            inputs, sure = self._windows(inputs)
         encodings = list(self.backend.encode_batch(inputs))
-        full = [len(e.ids) for e in encodings]
+        full = [len(e.ids) if all(n is None for n in known) else self._at_least(e, known)
+                for e, known in zip(encodings, sure, strict=True)]
         long = [i for i, n in enumerate(full) if self.max_length is not None and n > self.max_length]
         if long:  # re-encoded by a backend that truncates (specials kept, pairs cut longest first)
             for i, e in zip(long, self._cutter().encode_batch([inputs[i] for i in long]), strict=True):
                 encodings[i] = e
         return [EncodedText(e.ids, e.type_ids, n) for e, n in zip(encodings, full, strict=True)]
+
+    @property
+    def edge(self) -> int:
+        """Characters at a prefix's end whose tokens may differ from the whole text's."""
+        if self._edge is None:
+            self._edge = edge_chars(self.backend)
+        return self._edge
+
+    def _windows(self, inputs: list) -> tuple[list, list[list[int | None]]]:
+        """Each input with every long segment replaced by the prefix its cut needs, and per
+        segment the tokens that prefix surely shares with the whole (None: the whole segment)."""
+        out, sure = [], []
+        for item in inputs:
+            segments = [item] if isinstance(item, str) else list(item)
+            budget = self.max_length - self.backend.num_special_tokens_to_add(len(segments) == 2)
+            if len(segments) == 2:
+                cut = list(pair_window(self.backend, *segments, budget, self.edge))
+            else:
+                cut = [window(self.backend, segments[0], budget, self.edge)]
+            out.append(cut[0][0] if isinstance(item, str) else tuple(p for p, _ in cut))
+            sure.append([n for _, n in cut])
+        return out, sure
+
+    def _at_least(self, encoding: Any, sure: list[int | None]) -> AtLeast:
+        """The token count of a text (or pair) tokenized as prefixes: specials, each whole
+        segment's tokens and each cut segment's sure tokens."""
+        segments = encoding.sequence_ids
+        n = sum(s is None for s in segments)
+        for i, known in enumerate(sure):
+            n += known if known is not None else sum(s == i for s in segments)
+        return AtLeast(n)
 
     def __call__(
         self,
@@ -178,9 +217,12 @@ class Tokenizer:
 
     def pieces(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids without specials, each cut to max_length - 1 (room for EOS or BOS):
-        what an encoder-decoder reads and predicts."""
+        what an encoder-decoder reads and predicts. A long text is tokenized only as far as
+        its cut needs (tformer.text.prefix)."""
         texts = self._check_texts("texts", texts)
         cut = self.max_length - 1 if self.max_length is not None else None
+        if cut is not None:  # a long text: only the prefix its cut keeps (tformer.text.prefix)
+            texts = [window(self.backend, t, cut, self.edge)[0] for t in texts]
         return [e.ids[:cut] for e in self.backend.encode_batch(texts, add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -214,7 +256,7 @@ class Tokenizer:
             return long
         warnings.warn(
             f"{len(long)} of {len(lengths)} texts are longer than the model's maximum length "
-            f"({m} tokens; the longest has {max(lengths[i] for i in long)}), so they were "
+            f"({m} tokens; the longest has {longest([lengths[i] for i in long])}), so they were "
             "truncated (truncation=False / --no-truncate raises instead)",
             UserWarning,
             stacklevel=4,

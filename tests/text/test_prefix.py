@@ -1,0 +1,150 @@
+"""tformer.text.prefix: a long text tokenized only as far as its cut needs gives the same ids as
+the whole text tokenized and then cut (the independent implementation: the backend with
+truncation on, over the whole text)."""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import pytest
+from hf_bert_fixtures import bert_dir
+
+from tformer.text.prefix import AtLeast, longest
+from tformer.text.tokenizer import Tokenizer, load_tokenizer
+from tformer.training.subwords import run_tokenizer, train_tokenizer
+
+# Pieces that tokenizers split (or do not split) in their own ways; a cut may fall anywhere.
+_RNG = random.Random(0)
+LONG_WORD = "".join(_RNG.choice("abcdefghij") for _ in range(150))  # (not a run of one letter: Unigram's
+CJK = "".join(_RNG.choice("東京北京大学日本語中文") for _ in range(20000))  # ties break by its cache's history)
+LETTERS = "".join(_RNG.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(20000))
+PIECES = ["the", "cat", "sat", "house", "river", "Straße", "naïve", "café", "e\u0301", "東京", "北京大学",
+          "     ", "\t\t", "\n", "\u00a0", "\u3000", "\x1c", "\u200b", "[SEP]", "</s>", "<s>", ",", "!?",
+          "don't", "1234", "😀", LONG_WORD, LONG_WORD[:40], "ab\x1ccd", "%s", " ", " ", " ", "  "]
+MAX_LENGTHS = (3, 5, 8, 16, 64)
+
+
+def texts(seed: int, n: int = 16) -> list[str]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        size = rng.choice([10, 300, 800, 2500, 5000])
+        spaced = i % 3 != 0  # a third with no spaces but those the pieces bring
+        out.append((" " if spaced else "").join(rng.choice(PIECES) for _ in range(size)))
+    out += [CJK, LETTERS, "word " * 4000, " " * 9000 + "end", "[SEP]".join(LETTERS[i:i + 7] for i in range(2000))]
+    return out
+
+
+@functools.cache
+def trained(scheme: str) -> Tokenizer:
+    data = [t.replace("<s>", "").replace("</s>", "") for t in texts(99, 12)]  # (specials in data: refused)
+    backend = train_tokenizer(data, scheme, 400 if scheme == "bpe" else 300)
+    return run_tokenizer(backend, 64)
+
+
+def tokenizers() -> list[tuple[str, Tokenizer]]:
+    return [("bert", load_tokenizer(bert_dir())), *((s, trained(s)) for s in ("bpe", "wordpiece", "unigram"))]
+
+
+def whole_then_cut(tok: Tokenizer, max_length: int, inputs: list) -> list[tuple[list[int], list[int], int]]:
+    """(ids, type ids, token count) of each input tokenized whole, then cut by the backend."""
+    backend = type(tok.backend).from_str(tok.backend.to_str())
+    backend.no_padding()
+    full = [len(e.ids) for e in backend.encode_batch(inputs)]
+    backend.enable_truncation(max_length=max_length)
+    return [(e.ids, e.type_ids, n) for e, n in zip(backend.encode_batch(inputs), full, strict=True)]
+
+
+@pytest.mark.parametrize("max_length", MAX_LENGTHS)
+def test_encode_gives_the_ids_of_the_whole_text_cut(max_length):
+    cut_early = 0
+    for name, base in tokenizers():
+        tok = Tokenizer(base.backend, max_length, base.pad_id, base.lowercase)
+        inputs = [t.lower() for t in texts(max_length)] if tok.lowercase else texts(max_length)
+        for text, ours, (ids, types, n) in zip(inputs, tok.encode(inputs), whole_then_cut(tok, max_length, inputs),
+                                               strict=True):
+            where = f"{name}, max_length {max_length}, text {text[:40]!r} ({len(text)} chars)"
+            assert ours.ids == ids and ours.type_ids == types, where
+            if isinstance(ours.full, AtLeast):  # tokenized as a prefix: a true lower bound past the cut
+                cut_early += 1
+                assert max_length < ours.full <= n, where
+            else:
+                assert ours.full == n, where
+    assert cut_early > 10  # the prefix path was taken
+
+
+@pytest.mark.parametrize("max_length", (16, 64))
+def test_pairs_are_cut_longest_first_as_whole_pairs_are(max_length):
+    # (the backend cuts a pair into every combination of its two segments' overflowing pieces:
+    # whole pairs of texts much longer than this would take gigabytes to cut)
+    rng = random.Random(max_length)
+    for name, base in tokenizers():
+        tok = Tokenizer(base.backend, max_length, base.pad_id, base.lowercase)
+        pool = [t[:1600] for t in texts(7 + max_length)]
+        pool = [t.lower() for t in pool] if tok.lowercase else pool
+        firsts, seconds = list(pool), rng.sample(pool, len(pool))
+        firsts += ["the cat " * 200, "the cat " * 200, "sat"]  # both long, equal; one short, one long
+        seconds += ["the cat " * 201, "the " * 400, "river " * 300]
+        expected = whole_then_cut(tok, max_length, list(zip(firsts, seconds, strict=True)))
+        for a, b, ours, (ids, types, n) in zip(firsts, seconds, tok.encode(firsts, seconds), expected, strict=True):
+            where = f"{name}, max_length {max_length}, pair {a[:30]!r} ({len(a)}), {b[:30]!r} ({len(b)})"
+            assert ours.ids == ids and ours.type_ids == types, where
+            assert ours.full <= n and (ours.full == n or ours.full > max_length), where
+
+
+@pytest.mark.parametrize("max_length", MAX_LENGTHS)
+def test_pieces_are_the_whole_texts_pieces_cut(max_length):
+    for name, base in tokenizers():
+        tok = Tokenizer(base.backend, max_length, base.pad_id, base.lowercase)
+        inputs = texts(50 + max_length)
+        lowered = [t.lower() for t in inputs] if tok.lowercase else inputs
+        expected = [e.ids[: max_length - 1] for e in tok.backend.encode_batch(lowered, add_special_tokens=False)]
+        assert tok.pieces(inputs) == expected, name
+
+
+def test_a_cut_count_prints_as_a_lower_bound():
+    assert f"{AtLeast(20)}" == "20 or more" and AtLeast(20) > 16
+    assert longest([17, 30]) == 30 and not isinstance(longest([17, 30]), AtLeast)
+    assert str(longest([AtLeast(20), 30])) == "30 or more"  # the cut one may be the longest
+
+
+class _Spy:
+    """A backend that records the characters of every text it tokenizes."""
+
+    seen: list[int] = []
+
+    def __init__(self, backend) -> None:
+        self.backend = backend
+
+    @classmethod
+    def from_str(cls, text: str) -> _Spy:
+        from tokenizers import Tokenizer as Backend
+
+        return cls(Backend.from_str(text))
+
+    def __getattr__(self, name: str):
+        return getattr(self.backend, name)
+
+    def encode(self, text, *args, **kwargs):
+        self.seen.append(len(text))
+        return self.backend.encode(text, *args, **kwargs)
+
+    def encode_batch(self, inputs, *args, **kwargs):
+        self.seen.extend(len(x) if isinstance(x, str) else sum(map(len, x)) for x in inputs)
+        return self.backend.encode_batch(inputs, *args, **kwargs)
+
+
+def test_a_long_text_is_tokenized_only_as_far_as_its_cut_needs():
+    base = load_tokenizer(bert_dir())
+    tok = Tokenizer(_Spy(base.backend), 16, base.pad_id, base.lowercase)
+    text = "the cat sat " * 200_000  # 2.4 MB
+    _Spy.seen.clear()
+    (encoded,) = tok.encode([text])
+    assert encoded.ids == tok.encode([text[:2000]])[0].ids and len(encoded.ids) == 16
+    assert isinstance(encoded.full, AtLeast) and encoded.full > 16
+    assert tok.pieces([text]) == tok.pieces([text[:2000]])
+    paired = Tokenizer(tok.backend, 17, base.pad_id, base.lowercase)  # 14 tokens to share: an even split
+    (pair,) = paired.encode([text], [text + "more"])
+    assert len(pair.ids) == 17
+    assert max(_Spy.seen) <= 4 * 64 * 16 * 2, max(_Spy.seen)  # a few windows, never the 2.4 MB
