@@ -129,3 +129,28 @@ def prune_at_first_read(monkeypatch) -> list:
 
     monkeypatch.setattr(Path, "read_text", racing)
     return pruned
+
+
+def briefly_trained_reverse(layers: int = 1):
+    """A reverse-task seq2seq model (d 32) after 120 updates, in eval mode, and a batch of six test
+    sources of varied lengths: its outputs stop (EOS) at different steps but it is still unsure,
+    so beam search and greedy disagree on some sources."""
+    import torch
+
+    from tformer import TransformerConfig
+    from tformer.nn.model import Seq2SeqTransformer
+    from tformer.tasks import get_task
+    from tformer.training import forward_loss
+
+    task = get_task("reverse", valid_size=10, test_size=10)
+    torch.manual_seed(0)
+    config = TransformerConfig(d_model=32, n_heads=4, d_ff=64, n_layers=layers, dropout=0.0,
+                               vocab_size=len(task.tokenizer), max_len=task.max_len)
+    model = Seq2SeqTransformer(config)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for step in range(120):
+        loss, _ = forward_loss(model, task.collate(task.train_batch(step, 32)))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval(), task.collate(task.split("test")[:6])  # varied lengths -> padded sources

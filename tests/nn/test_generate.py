@@ -5,12 +5,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from helpers import briefly_trained_reverse
 
 from tformer import TransformerConfig
 from tformer.nn.generate import beam_search, generate, greedy_search
 from tformer.nn.model import Seq2SeqTransformer
-from tformer.tasks import EOS, PAD, get_task
-from tformer.training import forward_loss
+from tformer.tasks import EOS, PAD
 
 # Small tensors: one thread is as fast, and polite to a shared machine.
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -18,22 +18,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def model_and_batch(one_thread):
-    """A briefly trained reverse model: it stops (EOS) at different steps per row but
-    is still unsure, so beam search and greedy can disagree."""
-    task = get_task("reverse", valid_size=10, test_size=10)
-    torch.manual_seed(0)
-    config = TransformerConfig(d_model=32, n_heads=4, d_ff=64, n_layers=1, dropout=0.0,
-                               vocab_size=len(task.tokenizer), max_len=task.max_len)
-    model = Seq2SeqTransformer(config)
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for step in range(120):
-        loss, _ = forward_loss(model, task.collate(task.train_batch(step, 32)))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
-    batch = task.collate(task.split("test")[:6])  # varied lengths -> padded sources
-    return model, batch
+    """A briefly trained reverse model (tests/helpers.py) and six padded sources."""
+    return briefly_trained_reverse()
 
 
 def test_beam_size_one_equals_greedy(model_and_batch):

@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from helpers import copy_weights, padding_mask
+from helpers import briefly_trained_reverse, copy_weights, padding_mask
 
 from tformer import TransformerConfig
 from tformer.nn.generate import beam_search as torch_beam
@@ -13,8 +13,7 @@ from tformer.nn.generate import greedy_search as torch_greedy
 from tformer.nn.model import Seq2SeqTransformer as TorchSeq2Seq
 from tformer.reference.generate import beam_search, generate, greedy_search
 from tformer.reference.model import Seq2SeqTransformer
-from tformer.tasks import EOS, get_task
-from tformer.training import forward_loss
+from tformer.tasks import EOS
 
 # Small tensors: one torch thread is as fast, and polite to a shared machine.
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -57,24 +56,12 @@ def _models(config, seed):
 
 @pytest.fixture(scope="module")
 def trained(one_thread):
-    """A briefly trained reverse model (tests/nn/test_generate.py's) in both engines, in
-    float64: its outputs stop (EOS) at different steps per source but it is still unsure, so
-    beam search and greedy disagree on some sources."""
-    task = get_task("reverse", valid_size=10, test_size=10)
-    torch.manual_seed(0)
-    config = TransformerConfig(d_model=32, n_heads=4, d_ff=64, n_layers=1, dropout=0.0,
-                               vocab_size=len(task.tokenizer), max_len=task.max_len)
-    theirs = TorchSeq2Seq(config)
-    opt = torch.optim.Adam(theirs.parameters(), lr=3e-3)
-    for step in range(120):
-        loss, _ = forward_loss(theirs, task.collate(task.train_batch(step, 32)))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    theirs = theirs.double().eval()
-    ours = Seq2SeqTransformer(config, np.float64)
+    """A briefly trained reverse model (tests/helpers.py) in both engines, in float64, and six
+    padded sources: its outputs stop (EOS) at different steps per source."""
+    theirs, batch = briefly_trained_reverse()
+    theirs = theirs.double()
+    ours = Seq2SeqTransformer(theirs.config, np.float64)
     copy_weights(theirs, ours)
-    batch = task.collate(task.split("test")[:10])  # varied lengths -> padded sources
     return theirs, ours, batch.src.numpy(), batch.src_mask.numpy()
 
 
