@@ -102,6 +102,10 @@ def test_generate_dispatches_and_checks_arguments(model_and_batch):
         beam_search(model, b.src, b.src_mask, beam_size=0)
     with pytest.raises(ValueError, match=r"src_attention_mask: expected shape \(B, S\)"):
         greedy_search(model, b.src, b.src_mask[:, :2])
+    # A bad length penalty is refused whichever search runs (greedy ignored it: a typo passed).
+    for penalty in (float("nan"), "1"):
+        with pytest.raises(ValueError, match="^length_penalty: expected a number"):
+            generate(model, b.src, b.src_mask, beam_size=1, length_penalty=penalty)
     assert model.training is False
 
 

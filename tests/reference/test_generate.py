@@ -95,6 +95,8 @@ def test_beam_search_of_one_beam_is_greedy(trained):
     assert generate(ours, src, mask, max_len=14).tolist() == greedy.tolist()
     assert generate(ours, src, mask, beam_size=3, max_len=14).tolist() == \
         beam_search(ours, src, mask, beam_size=3, max_len=14).tolist()
+    with pytest.raises(ValueError, match="^length_penalty: expected a number"):
+        generate(ours, src, mask, max_len=14, length_penalty=float("nan"))  # greedy: still refused
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -333,6 +333,7 @@ def generate(
     """Greedy search for beam_size 1, beam search otherwise; the special ids are the
     caller's tokenizer's; generation stops at the `deadline` (a time.perf_counter() reading)."""
     ids = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, deadline=deadline)
+    check_length_penalty(length_penalty, max_len)  # refused alike whichever search runs
     if beam_size == 1:
         return greedy_search(model, src_ids, src_attention_mask, max_len=max_len, **ids)
     return beam_search(model, src_ids, src_attention_mask, beam_size=beam_size,

@@ -166,6 +166,7 @@ def generate(model, src_ids: np.ndarray, src_attention_mask: np.ndarray | None =
     """Greedy search for beam_size 1, beam search otherwise; the special ids are the
     caller's tokenizer's."""
     ids = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    check_length_penalty(length_penalty, max_len)  # refused alike whichever search runs
     if beam_size == 1:
         return greedy_search(model, src_ids, src_attention_mask, max_len=max_len, **ids)
     return beam_search(model, src_ids, src_attention_mask, beam_size=beam_size,
