@@ -1,6 +1,7 @@
 """`tformer train`, `eval` and `generate` end to end, and their one-line errors."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import pytest
 
 from tformer.cli import main
 from tformer.storage.checkpoint import check_run_dir
+from tformer.training.config import RESUMABLE
 
 TINY = ["--d-model", "16", "--n-heads", "2", "--d-ff", "32", "--n-layers", "1",
         "--batch-size", "8", "--valid-size", "16", "--test-size", "16", "--eval-every", "2",
@@ -117,6 +119,8 @@ def test_train_help_shows_each_objectives_real_defaults(capsys):
     assert FINETUNE_PRESET["lr"] is None
     pooling = OBJECTIVE_PRESETS["classification"]["pooling"]
     assert f"pooler: a BertForSequenceClassification) (default: classification {pooling};" in text
+    assert (f"the head's) (default: {DEFAULT_MODEL.dropout} on your data; fine-tuning the pretrained model's; "
+            f"synthetic tasks {DEFAULT_MODEL.dropout} or per task)") in text
     assert "usage: tformer train (--data FILE | --task NAME) [options]" in text
 
 
@@ -162,3 +166,73 @@ def test_sigterm_stops_as_ctrl_c_does_and_the_run_resumes(tmp_path):
     test = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert (test["split"], test["step"]) == ("test", 6)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler was the command's only
+
+
+# A fine-tune of a tiny BERT whose own dropout is 0.05 (hidden states) and 0.15 (attention weights).
+FINE_TUNE = ["--steps", "2", "--eval-every", "2", "--max-length", "16", "--precision", "fp32", "--threads", "1",
+             "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def fine_tune_inputs(tmp_path_factory):
+    from hf_bert_fixtures import make_bert_dir
+    from text_fixtures import classification_rows, write
+
+    root = tmp_path_factory.mktemp("fine-tune")
+    bert = make_bert_dir(root / "bert", hidden_dropout_prob=0.05, attention_probs_dropout_prob=0.15)
+    return ["--data", str(write(root / "train.jsonl", classification_rows(60))), "--from-pretrained", str(bert)]
+
+
+def _model_dropout(run) -> tuple[float, float]:
+    """(dropout, attention_dropout) of the model the run's newest checkpoint holds."""
+    config = json.loads((check_run_dir(run) / "config.json").read_text())
+    return config["dropout"], config["attention_dropout"]
+
+
+def _hf_dropout(run, out) -> tuple[float, float]:
+    assert main(["export", str(run), "--hf", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    return config["hidden_dropout_prob"], config["attention_probs_dropout_prob"]
+
+
+def test_a_fine_tunes_dropout_is_the_given_one_through_resume_export_and_info(tmp_path, capsys,
+                                                                              fine_tune_inputs):
+    out = tmp_path / "run"
+    assert main(["train", *fine_tune_inputs, "--dropout", "0.3", "--out", str(out), *FINE_TUNE]) == 0
+    assert _model_dropout(out) == (0.3, 0.3)
+    saved = json.loads((check_run_dir(out) / "train_config.json").read_text())
+    assert (saved["model"]["dropout"], saved["pretrained_dropout"]) == (0.3, False)
+    assert main(["train", "--resume", str(out), "--steps", "4", "--quiet"]) == 0
+    assert json.loads((check_run_dir(out) / "trainer_state.json").read_text())["step"] == 4
+    assert _model_dropout(out) == (0.3, 0.3)  # saved again from the model the resumed run built
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out), "--steps", "6", "--dropout", "0.2"]) == 2
+    err = capsys.readouterr().err
+    assert err == "tformer train: error: --dropout: cannot change when resuming (the run has 0.3, got 0.2); " \
+                  f"only {', '.join(RESUMABLE)} can\n", err
+    assert _hf_dropout(out, tmp_path / "hf") == (0.3, 0.3)
+    capsys.readouterr()
+    assert main(["info", str(out)]) == 0
+    assert re.search(r"^dropout +0\.3 \(attention weights 0\.3\)$", capsys.readouterr().out, re.M)
+
+
+def test_a_fine_tune_without_dropout_keeps_the_pretrained_models_and_says_so(tmp_path, capsys, fine_tune_inputs):
+    out = tmp_path / "run"
+    assert main(["train", *fine_tune_inputs, "--out", str(out), *FINE_TUNE]) == 0
+    assert "dropout: 0.05 (attention weights 0.15), the pretrained model's own (--dropout sets it)" in \
+        capsys.readouterr().out
+    assert _model_dropout(out) == (0.05, 0.15)
+    assert _hf_dropout(out, tmp_path / "hf") == (0.05, 0.15)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out), "--steps", "4", "--dropout", "0.05"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tformer train: error: --dropout: cannot change when resuming (the run trains with "
+                          f"the dropout of {fine_tune_inputs[3]}, got 0.05)") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("value", ["1", "-0.1"])
+def test_a_fine_tunes_dropout_outside_0_1_is_one_line_naming_it(tmp_path, capsys, fine_tune_inputs, value):
+    assert main(["train", *fine_tune_inputs, "--dropout", value, "--out", str(tmp_path / "run"), *FINE_TUNE]) == 2
+    err = capsys.readouterr().err
+    assert err == f"tformer train: error: --dropout: expected a probability in [0, 1), got {float(value)}\n", err
+    assert not (tmp_path / "run").exists()

@@ -16,11 +16,15 @@ FINE_TUNE = "/nonexistent/model"  # never opened: the options are refused before
     (seq2seq_rows, {"pooling": "mean"}, r"pooling: a seq2seq model has no classifier head .* got 'mean'"),
     (embedding_rows, {"batch_size": 64},
      r"batch_size: an embedding run's batches hold --max-tokens 4096 tokens .* expected no --batch-size, got 64"),
-    (classification_rows, {"from_pretrained": FINE_TUNE, "dropout": 0.3},
-     r"dropout: a fine-tune keeps the tokenizer, sizes, dropout and pooling of /nonexistent/model; "
-     r"expected no --dropout, got 0.3"),
+    (classification_rows, {"from_pretrained": FINE_TUNE, "pooling": "cls"},
+     r"pooling: a fine-tune keeps the tokenizer, sizes and pooling of /nonexistent/model; "
+     r"expected no --pooling, got 'cls'"),
     (classification_rows, {"from_pretrained": FINE_TUNE, "vocab_size": 300}, r"vocab_size: a fine-tune keeps"),
     (classification_rows, {"from_pretrained": FINE_TUNE, "d_model": 64}, r"d_model: a fine-tune keeps"),
+    (classification_rows, {"from_pretrained": FINE_TUNE, "dropout": 0.3, "pretrained_dropout": True},
+     r"dropout: --pretrained-dropout keeps the dropout of /nonexistent/model; expected no --dropout, got 0.3"),
+    (classification_rows, {"pretrained_dropout": True},
+     r"pretrained_dropout: a run from scratch has no pretrained model's dropout to keep .* got True"),
 ])
 def test_a_data_run_refuses_options_it_would_not_read(tmp_path, rows, options, message):
     data = write(tmp_path / "d.jsonl", rows(20))
@@ -33,6 +37,7 @@ def test_a_data_run_refuses_options_it_would_not_read(tmp_path, rows, options, m
     ({"vocab_size": 9}, r"vocab_size: the synthetic task reverse .* expected no --vocab-size, got 9"),
     ({"max_length": 20}, r"max_length: the synthetic task reverse"),
     ({"task": "sort", "pooling": "mean"}, r"pooling: a seq2seq model has no classifier head"),
+    ({"pretrained_dropout": True}, r"pretrained_dropout: a run from scratch has no pretrained model's dropout"),
 ])
 def test_a_synthetic_task_refuses_the_data_options(options, message):
     with pytest.raises(ValueError, match=message):
@@ -52,6 +57,25 @@ def test_the_options_a_run_reads_are_taken(tmp_path):
     assert resolve_config({"data": str(data), "from_pretrained": FINE_TUNE, "auto_length": False}).max_length
     with pytest.raises(ValueError, match=r"auto_size: the synthetic task reverse .* got True"):
         resolve_config({"task": "reverse", "auto_size": True})
+    assert resolve_config({"task": "reverse", "pretrained_dropout": False}).pretrained_dropout is False
+
+
+def test_a_fine_tune_takes_dropout_and_records_that_it_was_given(tmp_path):
+    """Given (--dropout, or the model's options as a whole), a fine-tune's dropout is the user's
+    (pretrained_dropout off); else the pretrained model's, whatever the option's default; the
+    other runs' --dropout is read as before. A probability outside [0, 1) is refused, naming it."""
+    data = write(tmp_path / "d.jsonl", classification_rows(20))
+    tune = {"data": str(data), "from_pretrained": FINE_TUNE}
+    given = resolve_config({**tune, "dropout": 0.3})
+    assert (given.model.dropout, given.pretrained_dropout) == (0.3, False)
+    assert resolve_config(tune).pretrained_dropout is True
+    assert resolve_config({**tune, "model": {"dropout": 0.2}}).pretrained_dropout is False
+    assert resolve_config({**tune, "model": {"d_ff": 64}}).pretrained_dropout is True
+    assert resolve_config({**tune, "dropout": 0.3, "pretrained_dropout": False}).model.dropout == 0.3
+    assert resolve_config({"data": str(data), "dropout": 0.3}).pretrained_dropout is True  # (not read)
+    for bad in (1.0, -0.1):
+        with pytest.raises(ValueError, match=rf"dropout: expected a probability in \[0, 1\), got {bad}"):
+            resolve_config({**tune, "dropout": bad})
 
 
 def test_a_bpe_vocabulary_below_the_byte_alphabet_is_refused_before_the_data_is_read(tmp_path):

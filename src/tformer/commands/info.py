@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         ("model", args.model),
         ("layers x d_model x heads x d_ff",
          f"{config.n_layers} x {config.d_model} x {config.n_heads} x {config.d_ff}"),
+        ("dropout", f"{config.dropout:g} (attention weights {config.attention_dropout:g})"),
         ("parameters", f"{params:,} ({_human(params)})"),
         ("parameter memory (fp32)", f"{params * 4 / 2**20:.1f} MiB"),
         (f"forward FLOPs per token (seq {seq})", f"{flops:,} ({_human(flops, 'FLOP')})"),

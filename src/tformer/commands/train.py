@@ -29,8 +29,8 @@ GROUPS = (
     ("what to learn", ("data", "valid", "test", "columns", "from_pretrained", "task")),
     ("budget and stopping", ("max_minutes", "steps", "epochs", "early_stop", "patience")),
     ("the model (chosen from the budget unless given)",
-     ("d_model", "n_heads", "d_ff", "n_layers", "n_decoder_layers", "dropout", "norm_first", "activation",
-      "pooling", "auto_size")),
+     ("d_model", "n_heads", "d_ff", "n_layers", "n_decoder_layers", "dropout", "pretrained_dropout",
+      "norm_first", "activation", "pooling", "auto_size")),
     ("text", ("tokenizer", "vocab_size", "lowercase", "max_length", "auto_length")),
     ("optimisation", ("lr", "warmup", "schedule", "batch_size", "max_tokens", "accumulate", "weight_decay",
                       "label_smoothing", "clip_grad", "precision", "device", "seed")),
@@ -42,9 +42,11 @@ GROUPS = (
 # Options only your data's runs read (the synthetic tasks bring their own vocabulary, lengths and
 # splits), only the tasks read, and the one only a classifier reads.
 DATA_ONLY = {"data", "valid", "test", "columns", "from_pretrained", "tokenizer", "vocab_size", "lowercase",
-             "max_tokens", "epochs", "auto_length", "auto_size"}
+             "max_tokens", "epochs", "auto_length", "auto_size", "pretrained_dropout"}
 TASKS_ONLY = {"task", "valid_size", "test_size"}
 KINDS_READING = {"pooling": ("classification",)}
+# What a fine-tune takes from its pretrained model where the option is not given.
+FROM_THE_MODEL = {"lr": "by the model's width", "dropout": "the pretrained model's"}
 
 
 def default_text(name: str, base: Any) -> str:
@@ -68,9 +70,10 @@ def default_text(name: str, base: Any) -> str:
                      ", ".join(f"{kind} {v}" for kind, v in data.items()))
         if name == "steps":
             parts[0] += " (with --max-minutes: until the budget ends)"
-        if finetune != base or name in FINETUNE_PRESET:
-            parts.append("fine-tuning " + ("by the model's width" if name == "lr" and finetune is None
-                                            else fmt(finetune)))
+        if name in FROM_THE_MODEL and FINETUNE_PRESET.get(name) is None:
+            parts.append("fine-tuning " + FROM_THE_MODEL[name])
+        elif finetune != base or name in FINETUNE_PRESET:
+            parts.append("fine-tuning " + fmt(finetune))
     if name not in DATA_ONLY:
         parts.append("synthetic tasks " + (fmt(base) if len(tasks) == 1 else f"{fmt(base)} or per task"))
     return "; ".join(parts)

@@ -48,7 +48,8 @@ MODEL_OPTIONS: dict[str, str] = {
     "d_ff": "feed-forward width",
     "n_layers": "encoder layers (and decoder layers unless --n-decoder-layers)",
     "n_decoder_layers": "decoder layers (default: --n-layers)",
-    "dropout": "dropout probability",
+    "dropout": "dropout probability (on a fine-tune, of every dropout of the model: the hidden states', "
+               "the attention weights' and the head's)",
     "norm_first": "pre-norm layers (else post-norm, as in the paper; an encoder's `export --hf` needs "
                   "post-norm)",
     "activation": "feed-forward activation: relu, gelu (exact) or gelu_tanh",
@@ -121,6 +122,8 @@ class TrainConfig:
                                    "its checkpoint had left; one too short is refused)")
     auto_size: bool = _f(True, "with --max-minutes and no size option, a run from scratch takes the "
                          "largest model that gets enough updates in the budget on this machine")
+    pretrained_dropout: bool = _f(True, "a fine-tune trains with the dropout of its --from-pretrained "
+                                  "model (hidden states and attention weights); --dropout turns this off")
     auto_length: bool = _f(True, "with --max-minutes and no --max-length, a run from scratch on data "
                            "whose texts are long takes the longest length (doubling from the preset) "
                            "that still passes over the data twice in the budget on this machine")
@@ -268,6 +271,10 @@ def resolve_config(*layers: dict[str, Any], objective: str | None = None) -> Tra
         merged.setdefault("auto_size", False)  # sizes given: the user's flags win
     if "max_length" in merged:
         merged.setdefault("auto_length", False)
+    model = merged.get("model")
+    if merged.get("from_pretrained") and ("dropout" in merged or isinstance(model, TransformerConfig)
+                                          or (isinstance(model, dict) and "dropout" in model)):
+        merged.setdefault("pretrained_dropout", False)  # a fine-tune's dropout given: the user's
     for name, kind in train_types().items():
         value = merged.get(name)
         # YAML 1.1 reads "1e-3" (no dot) as a string; accept what a user means.
@@ -318,6 +325,10 @@ def resume_config(run_dir: str | Path, *layers: dict[str, Any]) -> TrainConfig:
                          f"or that one, got {changes['out']}")  # (it was silently ignored)
     changes["out"] = str(Path(run_dir))
     check_keys(changes)
+    if "dropout" in changes and saved.from_pretrained and saved.pretrained_dropout:
+        raise ValueError(f"dropout: cannot change when resuming (the run trains with the dropout of "
+                         f"{saved.from_pretrained}, got {changes['dropout']!r}); only "
+                         f"{', '.join(RESUMABLE)} can")
     for name, value in changes.items():
         had = getattr(saved.model if name in MODEL_OPTIONS else saved, name)
         if name not in RESUMABLE and value != had:

@@ -6,10 +6,11 @@
     plan.reasons       # (what, why) per choice, in the order made (the run prints them)
 
 The choices, in order: the threads (one per core that other work leaves free), the fine-tuning
-learning rate (from the width of the model that trains), --max-length (a timed run from scratch
-on long texts: tformer.training.sizing), the batch's tokens (--batch-size examples of the data's
-mean length), the model's size (a timed run from scratch: the largest that gets enough
-updates), the precision (bf16 autocast where a step of this very model is measured faster).
+learning rate (from the width of the model that trains) and dropout (the pretrained model's
+unless given), --max-length (a timed run from scratch on long texts: tformer.training.sizing),
+the batch's tokens (--batch-size examples of the data's mean length), the model's size (a timed
+run from scratch: the largest that gets enough updates), the precision (bf16 autocast where a
+step of this very model is measured faster).
 The loop then builds the objective and the model once, from the plan.
 
 The choices that time steps on this machine (length, size, precision) are probes: together
@@ -186,6 +187,10 @@ def make_plan(objective: Objective, resume: bool, world: int, started: float, lo
         config, why = finetune_lr(config, width)
         objective = objective.with_config(config)
         chose("learning rate", why)
+    if config.from_pretrained and config.pretrained_dropout and not resume:  # (given: the user knows it)
+        own = pretrained_config(config.from_pretrained)
+        chose("dropout", f"{own.dropout:g} (attention weights {own.attention_dropout:g}), the pretrained "
+                         "model's own (--dropout sets it)")
     if wants_auto_length(config, resume, world):
         data = objective.source.data
         config, why = choose_length(config, objective.with_config, next(data.epoch_pools()), seconds_left(),

@@ -14,12 +14,14 @@ from typing import Any
 from tformer.training.presets import FINETUNE_PRESET, OBJECTIVE_PRESETS, SIZE_OPTIONS
 
 # The synthetic tasks bring their own vocabulary, lengths and splits; a file run has no generated
-# splits; a fine-tune keeps its checkpoint's tokenizer, sizes, layers and pooling.
+# splits; a fine-tune keeps its checkpoint's tokenizer, sizes, layers and pooling (its dropout
+# unless --dropout is given: pretrained_dropout), and only a fine-tune has a pretrained dropout.
 TASK_ONLY = ("task", "valid_size", "test_size")
 DATA_ONLY = ("valid", "test", "columns", "tokenizer", "vocab_size", "lowercase", "max_length", "max_tokens",
              "auto_length", "auto_size")  # (--epochs and --from-pretrained: __post_init__ refuses them)
-PRETRAINED_KEEPS = ("tokenizer", "vocab_size", "lowercase", "auto_length", "auto_size", "dropout", "pooling",
+PRETRAINED_KEEPS = ("tokenizer", "vocab_size", "lowercase", "auto_length", "auto_size", "pooling",
                     *sorted(SIZE_OPTIONS))
+SWITCHES_OFF = ("auto_size", "auto_length", "pretrained_dropout")  # False asks for nothing
 
 
 def check_read(given: dict[str, Any], objective: str, merged: dict[str, Any] | None = None,
@@ -27,7 +29,7 @@ def check_read(given: dict[str, Any], objective: str, merged: dict[str, Any] | N
     """Refuse options in ``given`` that a run of ``objective`` would not read: a data run when
     ``merged`` holds its resolved options, else the synthetic ``task`` (of kind ``objective``)."""
     def refuse(name: str, why: str) -> None:
-        if name in ("auto_size", "auto_length") and given[name] is False:
+        if name in SWITCHES_OFF and given[name] is False:
             return  # switching off a choice that is not made asks for nothing (a saved config holds it)
         raise ValueError(f"{name}: {why}; expected no --{name.replace('_', '-')}, got {given[name]!r}")
 
@@ -44,12 +46,17 @@ def check_read(given: dict[str, Any], objective: str, merged: dict[str, Any] | N
         pretrained = merged.get("from_pretrained")
         for name in PRETRAINED_KEEPS if pretrained else ():
             if name in given:
-                refuse(name, f"a fine-tune keeps the tokenizer, sizes, dropout and pooling of {pretrained}")
+                refuse(name, f"a fine-tune keeps the tokenizer, sizes and pooling of {pretrained}")
+        if pretrained and "dropout" in given and given.get("pretrained_dropout") is True:
+            refuse("dropout", f"--pretrained-dropout keeps the dropout of {pretrained}")
         # (Given with --max-tokens too, as a saved run's command gives both: the count it chose.)
         preset = {**OBJECTIVE_PRESETS[objective], **(FINETUNE_PRESET if pretrained else {})}
         if "batch_size" in given and "max_tokens" not in given and preset.get("max_tokens") is not None:
             refuse("batch_size", f"an {objective} run's batches hold --max-tokens {preset['max_tokens']} "
                                  "tokens (--max-tokens none: --batch-size examples)")
+    if "pretrained_dropout" in given and not (merged or {}).get("from_pretrained"):
+        refuse("pretrained_dropout", "a run from scratch has no pretrained model's dropout to keep (it is "
+                                     "read by fine-tunes: --from-pretrained)")
     if "pooling" in given and objective != "classification":
         refuse("pooling", f"a {objective} model has no classifier head to pool for")
 

@@ -102,6 +102,16 @@ class Objective(ABC):
             return pretrained_config(self.config.from_pretrained).d_model
         return self.model_config().d_model
 
+    def finetune_config(self, pretrained: TransformerConfig) -> TransformerConfig:
+        """The pretrained encoder's config as this fine-tune trains it: with --dropout (the
+        config's pretrained_dropout off), that probability for every dropout of the model, the
+        hidden states', the attention weights' and a head's (HF's hidden_dropout_prob and
+        attention_probs_dropout_prob together); else the pretrained model's own."""
+        if self.config.pretrained_dropout:
+            return pretrained
+        p = self.config.model.dropout
+        return pretrained.replace(dropout=p, attention_dropout=p)
+
     @property
     def tokenizer(self):
         """The run's text tokenizer (None for a synthetic task's symbol table)."""

@@ -63,7 +63,8 @@ class Classification(Objective):
     def build_model(self, model_config: TransformerConfig | None = None) -> nn.Module:
         if model_config is None and self.config.from_pretrained:
             encoder = from_pretrained(self.config.from_pretrained)
-            model = EncoderClassifier(encoder.config.replace(n_classes=len(self.labels)))
+            config = self.finetune_config(encoder.config).replace(n_classes=len(self.labels))
+            model = EncoderClassifier(config)
             model.encoder.load_state_dict(encoder.state_dict())
             # The new head starts small (BERT: normal, std 0.02), as transformers initialises it.
             nn.init.normal_(model.head.weight, std=0.02)

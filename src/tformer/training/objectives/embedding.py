@@ -65,7 +65,7 @@ class Embedding(Objective):
         pooling = read_layout(pretrained).pooling if pretrained else ("mean",)
         if model_config is None and pretrained:
             encoder = from_pretrained(pretrained)
-            model = SentenceModel(encoder.config, pooling)
+            model = SentenceModel(self.finetune_config(encoder.config), pooling)
             model.encoder.load_state_dict(encoder.state_dict())
             return model.train()
         return SentenceModel(model_config or self.model_config(), pooling)
