@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from tformer.text.batches import EncodedText, encoder_batch
-from tformer.text.prefix import AtLeast
+from tformer.text.prefix import plus
 
 
 @dataclass
@@ -214,8 +214,7 @@ class Seq2SeqModel(_Run):
 
     def items(self, texts: list[str], truncate: bool) -> list[Item]:
         texts, _, pieces = self.tokenizer.prefixes(texts, specials=False)  # as the run's source reads them
-        full = [AtLeast(n + 1) if isinstance(n, AtLeast) else n + 1 for n in pieces]  # + the source's EOS
-        return self._items(texts, full, truncate)
+        return self._items(texts, [plus(n, 1) for n in pieces], truncate)  # + the source's EOS
 
     def output_tokens(self, outputs: list[str]) -> list[int]:
         """Tokens of each generated text, without its end (re-tokenized: what usage and TGI's
