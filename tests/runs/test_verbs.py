@@ -32,3 +32,40 @@ def test_a_bad_batch_size_is_refused_naming_it(runs, verb, batch_size):
 def test_a_batch_smaller_than_the_inputs_answers_every_input(runs, verb):
     answers = getattr(runs[verb], verb)(["a cat", "the river", "hello"], batch_size=1)
     assert len(answers) == 3
+
+
+@pytest.mark.parametrize("verb", ["predict", "generate"])
+def test_a_long_input_is_counted_only_as_far_as_its_cut_needs(runs, verb, monkeypatch):
+    """What a command warns of (Run.truncated) for a 2 MB input: counted from a few kB (a lower
+    bound, "N or more"), as the model reads it; short ones counted exactly."""
+    from tformer.text.prefix import AtLeast
+
+    run = runs[verb]
+    tok = run.tokenizer
+    seen: list[int] = []
+    backend = tok.backend
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(backend, name)
+
+        def encode_batch(self, inputs, *args, **kwargs):
+            seen.extend(len(x) if isinstance(x, str) else sum(map(len, x)) for x in inputs)
+            return backend.encode_batch(inputs, *args, **kwargs)
+
+        def encode(self, text, *args, **kwargs):
+            seen.append(len(text))
+            return backend.encode(text, *args, **kwargs)
+
+    monkeypatch.setattr(tok, "backend", Spy())
+    long = "The Cat sat on the mat. " * 90_000
+    ((index, count),) = run.truncated([long, "A Cat"])
+    monkeypatch.undo()
+    assert index == 0 and isinstance(count, AtLeast) and count > tok.max_length and max(seen) < 100_000
+    short = "The Cat sat on the mat"  # counted exactly, lowercased as the run's tokenizer does
+    text = short.lower() if tok.lowercase else short
+    whole = len(backend.encode(text, add_special_tokens=verb == "predict").ids) + (verb == "generate")
+    cut = type(tok)(backend, 3, tok.pad_id, tok.lowercase)  # every text past the limit: counted
+    monkeypatch.setattr(run.objective.source, "tokenizer", cut)
+    assert whole > 3 and run.truncated([short]) == [(0, whole)]
+    assert not isinstance(run.truncated([short])[0][1], AtLeast)

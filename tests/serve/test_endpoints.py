@@ -116,6 +116,39 @@ def test_predict_counts_pairs_and_singles_as_the_run_encodes_them(classification
     assert [i.n for i in items] == [len(single.ids), len(pair.ids)]
 
 
+def test_long_inputs_are_counted_at_admission_and_handed_on_as_prefixes(classification_server, seq2seq_server,
+                                                                         monkeypatch):
+    """A 130 kB text (alone, in a pair, as a seq2seq source) is counted at admission as the run
+    counts it (a lower bound: "N or more") and handed to the model thread as the prefix its cut
+    needs (Tokenizer.prefixes): the model's answer is the one for the whole text."""
+    from tformer.serve.models import TooLong
+    from tformer.text.prefix import AtLeast
+
+    long = " ".join(["the cat sat on the mat"] * 6000)
+    served = classification_server.app.state.service.served
+    monkeypatch.setattr(served.objective.source.data, "pairs", True)
+    records = [{"text": long}, {"text": long, "text_pair": long + " dog"}, {"text": "a dog", "text_pair": long},
+               {"text": "a dog", "text_pair": ""}]
+    items = served.items(records, True)
+    # Two long texts share an odd budget only once it is known which is longer (LongestFirst gives
+    # it the odd token): the shorter is then counted whole (tformer.text.prefix.pair_window).
+    even = (served.run_limit - served.tokenizer.backend.num_special_tokens_to_add(True)) % 2 == 0
+    assert [isinstance(i.full, AtLeast) for i in items] == [True, even, True, False]
+    sizes = [len(i.payload["text"]) + len(i.payload.get("text_pair", "")) for i in items]
+    assert sizes[0] < 40_000 and sizes[2] < 40_000 and (sizes[1] < 40_000) == even
+    whole = served.objective.predict(served.model, records)
+    assert np.abs(np.array(served.run([i.payload for i in items])) - whole).max() <= 1e-6
+    counted = served.tokenizer.encode([r["text"] for r in records], [r.get("text_pair") or None for r in records])
+    assert [i.full for i in items] == [e.full for e in counted] and items[3].full == len(counted[3].ids)
+    seq2seq = seq2seq_server.app.state.service.served
+    (item,) = seq2seq.items([long], True)
+    assert isinstance(item.full, AtLeast) and item.full > seq2seq.run_limit and len(item.payload) < 40_000
+    assert seq2seq.run([item.payload], (1, 8, 1.0)) == seq2seq.run([long], (1, 8, 1.0))
+    with pytest.raises(TooLong, match=rf"^input\[0\]: expected at most {seq2seq.run_limit} tokens, "
+                       rf"got {int(item.full)} or more \(send truncate"):
+        seq2seq.items([long], False)
+
+
 def test_generate_speaks_tgi_and_equals_tformer_generate(seq2seq_server, seq2seq_run, capsys):
     texts = ["the cat sat", "東京 %s café", "hello world, fine. yes!"]
     greedy = cli_lines(capsys, ["generate", str(seq2seq_run), *texts])

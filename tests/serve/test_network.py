@@ -17,7 +17,7 @@ from hf_bert_fixtures import WORDS
 from serve_fixtures import serve
 
 from tformer.serve.connections import MAX_HEAD_BYTES
-from tformer.serve.models import windows
+from tformer.text.prefix import AtLeast
 
 
 @pytest.fixture(scope="module")
@@ -232,55 +232,56 @@ def test_a_large_body_being_tokenized_does_not_hold_up_small_ones(embedding_dir,
     assert small[0] == 200 and large[0][0] == 200
 
 
-def test_a_long_text_is_tokenized_only_as_far_as_the_limit_needs(embedding_server):
+class _Spy:
+    """A tokenizer backend that records the characters of every text it tokenizes."""
+
+    def __init__(self, backend) -> None:
+        self.backend, self.seen = backend, []
+
+    def __getattr__(self, name: str):
+        return getattr(self.backend, name)
+
+    def encode(self, text, *args, **kwargs):
+        self.seen.append(len(text))
+        return self.backend.encode(text, *args, **kwargs)
+
+    def encode_batch(self, inputs, *args, **kwargs):
+        self.seen.extend(len(x) if isinstance(x, str) else sum(map(len, x)) for x in inputs)
+        return self.backend.encode_batch(inputs, *args, **kwargs)
+
+
+def _whole_then_cut(tokenizer, text: str) -> list[int]:
+    """The independent cut: the backend's own truncation over the whole text."""
+    backend = type(tokenizer.backend).from_str(tokenizer.backend.to_str())
+    backend.enable_truncation(max_length=tokenizer.max_length)
+    return backend.encode(text.lower() if tokenizer.lowercase else text).ids
+
+
+@pytest.mark.parametrize("text", [
+    " ".join(np.random.default_rng(0).choice(WORDS, 200_000)),  # about 1 MB of words
+    "日本語" * 100_000,  # no whitespace (CJK: each character a word to BERT's pre-tokenizer)
+    "a-" * 100_000,
+    "word " + " " * 5000 + " ".join(["w"] * 20_000),  # a long run of spaces first
+], ids=["words", "cjk", "punctuation", "spaces"])
+def test_a_long_text_is_tokenized_only_as_far_as_the_limit_needs(embedding_server, monkeypatch, text):
+    """The server counts and cuts at admission as `tformer embed` does (Tokenizer.encode,
+    tformer.text.prefix), tokenizing a few kB of a 1 MB text: the same ids as the whole text
+    cut, its count a lower bound, named as one when refused."""
     served = embedding_server.app.state.service.served
-    rng = np.random.default_rng(0)
-    text = " ".join(rng.choice(WORDS, 200_000))  # about 1 MB
-    calls: list[int] = []
-
-    def count(texts):
-        calls.extend(len(t) for t in texts)
-        return served.st.tokenizer.lengths(texts)
-
-    kept, counts, cut = windows([text, "a dog"], 16, count)
-    assert cut == [True, False] and kept[1] == "a dog" and max(calls) < 2_000
-    assert text.startswith(kept[0]) and counts[0] > 16
-    # the same tokens as tokenizing the whole text with the tokenizer's own truncation
-    whole = served.st.tokenizer.encode([text])[0].ids
-    status, headers, by_window = embedding_server.post("/embed", {"inputs": text})
+    tokenizer = served.st.tokenizer
+    spy = _Spy(tokenizer.backend)
+    monkeypatch.setattr(tokenizer, "backend", spy)
+    long, short = served.items([text, "a dog"], True)
+    monkeypatch.undo()
+    assert max(spy.seen) < 20_000 < len(text)
+    assert long.payload.ids == _whole_then_cut(tokenizer, text) and len(long.payload.ids) == 16
+    assert isinstance(long.full, AtLeast) and long.full > 16 and long.truncated
+    assert short.full == len(short.payload.ids) and not short.truncated
+    status, headers, _ = embedding_server.post("/embed", {"inputs": text})
     assert status == 200 and headers["x-truncated-inputs"] == "0"
-    assert served.items([text], True)[0].payload.ids == whole
     status, _, refused = embedding_server.post("/embed", {"inputs": text, "truncate": False})
-    assert status == 413 and "expected at most 16 tokens, got more than" in refused["error"]["message"]
-
-
-def test_windows_grow_until_the_prefix_holds_enough_tokens():
-    lengths = lambda texts: [len(t.split()) for t in texts]  # noqa: E731  one token per word
-    text = "word " + " " * 5000 + " ".join(["w"] * 20_000)  # a long run of spaces first
-    kept, counts, cut = windows([text], 8, lengths)
-    assert cut == [True] and counts[0] > 8 and text.startswith(kept[0])
-    nospace = "x" * 50_000
-    assert windows([nospace], 8, lengths) == ([nospace], [1], [False])  # no whitespace: counted whole
-    one_word = lambda texts: [0] * len(texts)  # noqa: E731  a cut inside the only word keeps nothing
-    assert windows([nospace], 8, lengths, one_word) == ([nospace], [1], [False])
-
-
-def test_a_long_text_without_whitespace_is_cut_inside_a_word(embedding_server):
-    """CJK (each character a word to BERT's pre-tokenizer) has no whitespace to cut at: cut
-    inside, counting the words before the cut one, with the whole text's tokens kept."""
-    tokenizer = embedding_server.app.state.service.served.st.tokenizer
-    calls: list[int] = []
-
-    def words(texts):
-        calls.extend(len(t) for t in texts)
-        return tokenizer.tokens_before_last_word(texts)
-
-    for text in ("日本語" * 100_000, "漢a" * 100_000, "a-" * 100_000):
-        kept, counts, cut = windows([text], 16, tokenizer.lengths, words)
-        assert cut == [True] and counts[0] > 16 and text.startswith(kept[0]) and max(calls) < 5_000
-        assert tokenizer.encode([kept[0]])[0].ids == tokenizer.encode([text])[0].ids  # cut at 16
-    status, headers, _ = embedding_server.post("/embed", {"inputs": "日本語" * 100_000})
-    assert status == 200 and headers["x-truncated-inputs"] == "0"
+    assert status == 413 and refused["error"]["message"].startswith(
+        f"input[0]: expected at most 16 tokens, got {int(long.full)} or more")
 
 
 def test_one_client_with_many_slow_connections_does_not_lock_others_out(embedding_dir):

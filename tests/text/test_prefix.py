@@ -94,6 +94,57 @@ def test_pairs_are_cut_longest_first_as_whole_pairs_are(max_length):
 
 
 @pytest.mark.parametrize("max_length", MAX_LENGTHS)
+def test_short_pairs_are_cut_as_the_backend_cuts_them_at_every_max_length(max_length):
+    """Every LongestFirst case (one short, both past half, equally long, odd budgets, a budget
+    of 0) against the backend's own truncation, on pairs short enough for it to cut."""
+    rng = random.Random(max_length)
+    for name, base in tokenizers():
+        tok = Tokenizer(base.backend, max_length, base.pad_id, base.lowercase)
+        if max_length < tok.backend.num_special_tokens_to_add(True):
+            with pytest.raises(ValueError, match=r"^pairs: a pair has \d special tokens, more than max_length"):
+                tok.encode(["the cat"], ["sat"])
+            assert tok.encode(["the cat"], [None])[0].ids == tok.encode(["the cat"])[0].ids  # no pair: fine
+            continue
+        words = [rng.choice(["the", "cat", "sat", "house", "river", "naïve", "東京", "don't", "!?"])
+                 for _ in range(400)]
+        pool = [" ".join(words[i : i + rng.randint(1, 3 * max_length)]) for i in range(0, 360, 9)]
+        pool = [t.lower() for t in pool] if tok.lowercase else pool
+        firsts, seconds = pool + pool[:8], rng.sample(pool, len(pool)) + pool[:8]  # the last 8: equal
+        expected = whole_then_cut(tok, max_length, list(zip(firsts, seconds, strict=True)))
+        for a, b, ours, (ids, types, n) in zip(firsts, seconds, tok.encode(firsts, seconds), expected, strict=True):
+            assert (ours.ids, ours.type_ids, ours.full) == (ids, types, n), (name, max_length, a, b)
+
+
+def test_a_long_pair_at_a_small_max_length_takes_little_memory(tmp_path):
+    """The backend's truncation makes every combination of a pair's overflowing pieces: for two
+    3000-character CJK texts at max_length 5 that held 3.4 GB (a million combinations of the
+    windows' 1024 tokens each). tformer cuts the encoding itself; a process limited to 1 GB of
+    address space encodes such a pair (it was killed before)."""
+    script = tmp_path / "pair.py"
+    script.write_text(
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+        "from tokenizers import Tokenizer as Backend\n"
+        "from tformer.text.tokenizer import Tokenizer\n"
+        "backend = Backend.from_file(sys.argv[1])\n"
+        "tok = Tokenizer(backend, 5)\n"
+        "text = '東' * 3000\n"
+        "(e,) = tok.encode([text], [text + ' 東京'])\n"
+        "print(len(e.ids), e.full)\n")
+    import subprocess
+    import sys
+
+    base = load_tokenizer(bert_dir())
+    tokenizer_json = tmp_path / "tokenizer.json"
+    base.backend.save(str(tokenizer_json))
+    done = subprocess.run([sys.executable, str(script), str(tokenizer_json)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    kept, full = done.stdout.strip().split(maxsplit=1)
+    assert kept == "5" and full.endswith("or more")
+
+
+@pytest.mark.parametrize("max_length", MAX_LENGTHS)
 def test_pieces_are_the_whole_texts_pieces_cut(max_length):
     for name, base in tokenizers():
         tok = Tokenizer(base.backend, max_length, base.pad_id, base.lowercase)
@@ -101,6 +152,31 @@ def test_pieces_are_the_whole_texts_pieces_cut(max_length):
         lowered = [t.lower() for t in inputs] if tok.lowercase else inputs
         expected = [e.ids[: max_length - 1] for e in tok.backend.encode_batch(lowered, add_special_tokens=False)]
         assert tok.pieces(inputs) == expected, name
+
+
+@pytest.mark.parametrize("max_length", (5, 16, 64))
+def test_prefixes_encode_as_the_whole_texts_do_with_their_counts(max_length):
+    """What a server admits and hands on (Tokenizer.prefixes): texts, pairs and pieces whose
+    encodings are the whole inputs' cut, counted as encode counts them, in fewer characters."""
+    shortened = 0
+    for name, base in tokenizers():
+        tok = Tokenizer(base.backend, max_length, base.pad_id, base.lowercase)
+        inputs = texts(70 + max_length)
+        kept, none, full = tok.prefixes(inputs)
+        assert none is None and [e.full for e in tok.encode(inputs)] == full, name
+        assert [e.ids for e in tok.encode(kept)] == [e.ids for e in tok.encode(inputs)], name
+        kept, _, counts = tok.prefixes(inputs, specials=False)
+        assert tok.pieces(kept) == tok.pieces(inputs), name
+        lowered = [t.lower() for t in inputs] if tok.lowercase else inputs
+        whole = [len(e.ids) for e in tok.backend.encode_batch(lowered, add_special_tokens=False)]
+        for n, m, text in zip(counts, whole, inputs, strict=True):  # a cut one: a true lower bound
+            assert n == m or (isinstance(n, AtLeast) and max_length - 1 < n <= m), (name, text[:40])
+        shortened += sum(len(k) < len(t) for k, t in zip(kept, inputs, strict=True))
+        firsts, seconds = [t[:1600] for t in inputs], [None, *(t[:1600] for t in inputs[1:])]
+        a, b, full = tok.prefixes(firsts, seconds)
+        assert b[0] is None and [e.full for e in tok.encode(firsts, seconds)] == full, name
+        assert [e.ids for e in tok.encode(a, b)] == [e.ids for e in tok.encode(firsts, seconds)], name
+    assert shortened > 10  # the prefix path was taken
 
 
 def test_a_cut_count_prints_as_a_lower_bound():

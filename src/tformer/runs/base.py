@@ -25,6 +25,7 @@ from torch import nn
 from tformer.devices import model_device
 from tformer.export.model_card import HUB_NAME, Card
 from tformer.storage.locks import output_lock, remove_leftovers
+from tformer.text.prefix import plus
 from tformer.training.command import train_command
 from tformer.training.config import TrainConfig
 from tformer.training.objectives import Objective
@@ -81,7 +82,7 @@ class Run(ABC):
         if tok is None or tok.max_length is None:
             return []
         if self.decodes:  # an encoder-decoder reads the text's pieces and EOS (Seq2SeqRun._input_ids)
-            counts = [len(e.ids) + 1 for e in tok.backend.encode_batch(texts, add_special_tokens=False)]
+            counts = [plus(n, 1) for n in tok.prefixes(texts, specials=False)[2]]
         else:
             counts = [e.full for e in tok.encode(texts, pairs)]
         return [(i, n) for i, n in enumerate(counts) if n > tok.max_length]

@@ -13,7 +13,8 @@ items as one batch in the model thread: ``run(payloads, key)``, where ``key`` ho
 that all inputs of a batch share (normalisation; raw scores; beam size and lengths).
 
 A text far longer than the token limit is tokenized only as far as the limit needs
-(``windows``): a 5 MB text costs what a few kB do, and the tokens kept are the same.
+(``Tokenizer.prefixes``, tformer.text.prefix: the one way every command does it): a 5 MB text
+costs what a few kB do, the tokens kept are the same, and the model thread gets the prefix.
 
 A run directory is read by ``tformer.runs.load_run``; the two run classes here wrap its run
 (its tokenizer, labels and objective, which predicts and generates); the embedding class
@@ -22,9 +23,7 @@ reads a sentence-transformers directory itself.
 
 from __future__ import annotations
 
-import re
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ import numpy as np
 import torch
 
 from tformer.text.batches import EncodedText, encoder_batch
+from tformer.text.prefix import plus
 
 
 @dataclass
@@ -84,22 +84,21 @@ class EmbeddingModel:
         self.normalize = self.st.normalize
 
     def items(self, inputs: list[str | list[int]], truncate: bool) -> list[Item]:
-        """Texts as the model reads them, cut as the tokenizer cuts (tformer.text.tokenizer: the
-        one path `tformer embed` takes too), each tokenized only as far as the cut needs
-        (``windows``); a text past the limit is refused unless truncating. Token ids (TEI and
-        OpenAI accept them) are taken as they are."""
+        """Texts as the model reads them, cut as the tokenizer cuts (Tokenizer.encode: the one
+        path `tformer embed` takes too, a long text tokenized only as far as its cut needs); a
+        text past the limit is refused unless truncating. Token ids (TEI and OpenAI accept
+        them) are taken as they are."""
         tokenizer, limit = self.st.tokenizer, self.max_input_tokens
         out: list[Item | None] = [None] * len(inputs)
         index = [i for i, x in enumerate(inputs) if isinstance(x, str)]
         if index:
-            texts, full, cut = windows([inputs[i] for i in index], limit, tokenizer.lengths,
-                                       tokenizer.tokens_before_last_word)
-            _too_long(full, limit, truncate, cut, index)
-            for i, e, n in zip(index, tokenizer.encode(texts), full, strict=True):
-                out[i] = Item(len(e.ids), n, e)
+            encoded = tokenizer.encode([inputs[i] for i in index])
+            _too_long([e.full for e in encoded], limit, truncate, index)
+            for i, e in zip(index, encoded, strict=True):
+                out[i] = Item(len(e.ids), e.full, e)
         for i, ids in enumerate(inputs):
             if not isinstance(ids, str):
-                _too_long([len(ids)], limit, truncate, positions=[i])
+                _too_long([len(ids)], limit, truncate, [i])
                 kept = ids[:limit]
                 out[i] = Item(len(kept), len(ids), EncodedText(kept, [0] * len(kept), len(ids)))
         return out  # type: ignore[return-value]
@@ -147,21 +146,13 @@ class _Run:
         self.run_limit = limit
         self.tokenizer = run.tokenizer  # thread-safe: counting here while the model thread encodes
 
-    def _count(self, texts: list[str], pairs: list[str | None] | None = None) -> list[int]:
-        """Tokens with the tokenizer's specials, before the run's own cut."""
-        return [e.full for e in self.tokenizer.encode(texts, pairs)]
-
-    def _windows(self, texts: list[str]) -> tuple[list[str], list[int], list[bool]]:
-        """The texts as far as the run's cut needs them (see ``windows``) and their token counts."""
-        return windows(texts, self.run_limit, self.tokenizer.lengths, self.tokenizer.tokens_before_last_word)
-
     def tokenize(self, texts: list[str], add_special_tokens: bool) -> list[list[dict[str, Any]]]:
         return _tokens(self.tokenizer, texts, add_special_tokens)
 
-    def _items(self, payloads: list, full: list[int], truncate: bool, cut: list[bool]) -> list[Item]:
+    def _items(self, payloads: list, full: list[int], truncate: bool) -> list[Item]:
         # The run cuts at its own max_length (as `tformer predict` / `generate` do); below that,
         # a lower --max-input-tokens can only refuse: a different cut would differ from the CLI.
-        _too_long(full, self.max_input_tokens, truncate and self.max_input_tokens == self.run_limit, cut)
+        _too_long(full, self.max_input_tokens, truncate and self.max_input_tokens == self.run_limit)
         return [Item(min(n, self.run_limit), n, p) for n, p in zip(full, payloads, strict=True)]
 
 
@@ -182,16 +173,13 @@ class ClassificationModel(_Run):
         if paired and not self.pairs:
             raise InputRefused(f"input[{paired[0]}].text_pair: this run was trained on single texts "
                                "(no text_pair in its data); send the text alone")
-        texts, full, cut = self._windows([r["text"] for r in records])
-        records = [dict(r, text=t) for r, t in zip(records, texts, strict=True)]
-        if paired:  # counted as the run encodes a pair: "<s> a </s> b </s>" (each special once)
-            seconds, _, second_cut = self._windows([records[i]["text_pair"] for i in paired])
-            for i, second, c in zip(paired, seconds, second_cut, strict=True):
-                records[i]["text_pair"], cut[i] = second, cut[i] or c
-            counts = self._count([records[i]["text"] for i in paired], seconds)
-            for i, n in zip(paired, counts, strict=True):
-                full[i] = n
-        return self._items(records, full, truncate, cut)
+        # Counted as the run encodes them (a pair: "<s> a </s> b </s>", cut longest first), and
+        # handed on as far as that cut needs them: the same tokens (Tokenizer.prefixes).
+        texts, pairs, full = self.tokenizer.prefixes([r["text"] for r in records],
+                                                     [r.get("text_pair") or None for r in records])
+        records = [dict(r, text=t, **({"text_pair": p} if p is not None else {}))
+                   for r, t, p in zip(records, texts, pairs, strict=True)]
+        return self._items(records, full, truncate)
 
     def run(self, records: list[dict[str, str]], raw: bool = False) -> list[list[float]]:
         """Class probabilities, as `tformer predict` computes them (the objective's predict); with
@@ -225,17 +213,13 @@ class Seq2SeqModel(_Run):
     kind = "seq2seq"
 
     def items(self, texts: list[str], truncate: bool) -> list[Item]:
-        texts, pieces, cut = windows(texts, self.run_limit, self._count_pieces,
-                                     self.tokenizer.tokens_before_last_word)
-        return self._items(texts, [n + 1 for n in pieces], truncate, cut)  # + the source's EOS
-
-    def _count_pieces(self, texts: list[str]) -> list[int]:
-        return [len(e.ids) for e in self.tokenizer.backend.encode_batch(texts, add_special_tokens=False)]
+        texts, _, pieces = self.tokenizer.prefixes(texts, specials=False)  # as the run's source reads them
+        return self._items(texts, [plus(n, 1) for n in pieces], truncate)  # + the source's EOS
 
     def output_tokens(self, outputs: list[str]) -> list[int]:
         """Tokens of each generated text, without its end (re-tokenized: what usage and TGI's
         details count)."""
-        return self._count_pieces(outputs)
+        return [len(e.ids) for e in self.tokenizer.backend.encode_batch(outputs, add_special_tokens=False)]
 
     @property
     def max_new_tokens(self) -> int:
@@ -297,66 +281,17 @@ def load_served(path: str | Path, dtype: str = "fp32", max_input_tokens: int | N
     return served(run, dtype, max_input_tokens)
 
 
-def _too_long(lengths: list[int], limit: int | None, truncate: bool, cut: list[bool] | None = None,
-              positions: list[int] | None = None) -> list[int]:
+def _too_long(lengths: list[int], limit: int | None, truncate: bool, positions: list[int] | None = None
+              ) -> list[int]:
     """Indices of inputs over the limit; raises TooLong for the first when not truncating.
-    cut[i]: lengths[i] counts a prefix only (the text has more); positions[i]: its index in
-    the request."""
+    lengths[i]: an ``AtLeast`` (printed "n or more") for a text counted only as far as its cut
+    needed; positions[i]: its index in the request."""
     long = [i for i, n in enumerate(lengths) if limit is not None and n > limit]
     if long and not truncate:
         i = long[0]
-        got = f"more than {lengths[i]}" if cut and cut[i] else str(lengths[i])
         raise TooLong(f"input[{positions[i] if positions else i}]: expected at most {limit} tokens, "
-                      f"got {got} (send truncate: true, or shorten it)")
+                      f"got {lengths[i]} (send truncate: true, or shorten it)")
     return long
-
-
-# Long texts -------------------------------------------------------------------------------------
-# Characters of a text tokenized per allowed token at first (4x more each time that was too few).
-WINDOW_CHARS_PER_TOKEN = 16
-_SPACE = re.compile(r"\s")
-
-
-def windows(texts: list[str], limit: int, count: Callable[[list[str]], list[int]],
-            words: Callable[[list[str]], list[int]] | None = None) -> tuple[list[str], list[int], list[bool]]:
-    """Each text, or a prefix of it that holds more than ``limit`` tokens; its token count
-    (a prefix's: a lower bound); whether it was cut.
-
-    A prefix ends at whitespace, where tokenizers split words (BERT's WordPiece, byte-level BPE
-    and SentencePiece's metaspace alike), so its first tokens are the whole text's: cut to the
-    limit, the two give the same tokens. A text with no whitespace past the window (CJK, a URL
-    run) is cut inside a word, and only the tokens of the words before the cut one count
-    (``words``: Tokenizer.tokens_before_last_word; each word is tokenized on its own, so those
-    are the whole text's too). Without ``words``, or with one word only, it is counted whole.
-    """
-    out, counts, cut = list(texts), [0] * len(texts), [False] * len(texts)
-    chars = [max(limit, 64) * WINDOW_CHARS_PER_TOKEN] * len(texts)
-    todo = list(range(len(texts)))
-    while todo:
-        inside = []  # cut inside a word
-        for i in todo:
-            out[i], cut[i] = _prefix(texts[i], chars[i])
-            if not cut[i] and words is not None and len(texts[i]) > chars[i]:
-                out[i], cut[i] = texts[i][: chars[i]], True
-                inside.append(i)
-        spaced = sorted(set(todo) - set(inside))  # cut at whitespace, or whole
-        for i, n in zip(spaced, count([out[i] for i in spaced]) if spaced else [], strict=True):
-            counts[i] = n
-        for i, n in zip(inside, words([out[i] for i in inside]) if inside else [], strict=True):
-            counts[i] = n
-        todo = [i for i in todo if cut[i] and counts[i] <= limit]  # the prefix was too short
-        for i in todo:
-            chars[i] *= 4
-    return out, counts, cut
-
-
-def _prefix(text: str, chars: int) -> tuple[str, bool]:
-    if len(text) <= chars:
-        return text, False
-    space = _SPACE.search(text, chars)
-    if space is None:
-        return text, False
-    return text[: space.start()], True
 
 
 # /tokenize's answer is ~70 bytes of JSON a token (and ~10x that as Python objects before): a

@@ -42,6 +42,11 @@ class AtLeast(int):
         return str(self) if not spec else format(int(self), spec) + " or more"
 
 
+def plus(count: int, extra: int) -> int:
+    """count + extra, still a lower bound where count is one (a seq2seq source's pieces + EOS)."""
+    return AtLeast(count + extra) if isinstance(count, AtLeast) else count + extra
+
+
 def longest(counts: Sequence[int]) -> int:
     """The largest count, an ``AtLeast`` where any count is one (a cut text may be the longest)."""
     top = max(counts)

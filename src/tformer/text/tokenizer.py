@@ -47,7 +47,8 @@ class Tokenizer:
     max_length, and how long it was before the cut. Everything that runs a model on text
     calls it (embedding, prediction, the server, training's batches) and decides itself what
     a cut means: a warning, an error, or nothing. It never switches a setting of the backend
-    (a second backend, made once, cuts), so threads may share a Tokenizer.
+    (it cuts the encodings itself, as the backend's truncation would), so threads may share a
+    Tokenizer.
     """
 
     def __init__(
@@ -65,18 +66,7 @@ class Tokenizer:
                              f"gets (at least {specials + 1}), got {max_length}")
         self.backend, self.max_length = backend, max_length
         self.pad_id, self.lowercase = pad_id, lowercase
-        self._cutting: Any = None  # a copy of the backend that truncates at max_length
         self._edge: int | None = None  # tformer.text.prefix.edge_chars, found on first use
-
-    def _cutter(self) -> Any:
-        if self._cutting is None:
-            cutting = type(self.backend).from_str(self.backend.to_str())
-            try:
-                cutting.enable_truncation(max_length=self.max_length)
-            except Exception as e:  # tokenizers' own error, e.g. max_length below the specials
-                raise ValueError(f"max_length: cannot truncate to {self.max_length} tokens ({e})") from None
-            self._cutting = cutting
-        return self._cutting
 
     def encode(self, texts: str | Sequence[str], pairs: Sequence[str | None] | None = None
                ) -> list[EncodedText]:
@@ -85,25 +75,69 @@ class Tokenizer:
         count before the cut (a text is longer than the model takes where full > len(ids)).
         A text far longer than max_length is tokenized only as far as its cut needs
         (tformer.text.prefix: the same ids); its ``full`` is then an ``AtLeast``."""
+        _, encodings, full = self._encode_prefixes(texts, pairs, specials=True)
+        out = []
+        for e, n in zip(encodings, full, strict=True):
+            long = self.max_length is not None and n > self.max_length
+            out.append(EncodedText(*(self._cut(e) if long else (e.ids, e.type_ids)), n))
+        return out
+
+    def _cut(self, encoding: Any) -> tuple[list[int], list[int]]:
+        """The ids and token types of an encoding (specials included) cut to max_length as the
+        backend's truncation cuts (``longest_first``): the specials and each segment's first
+        tokens. Cut here, not by the backend: it would make every combination of the two
+        segments' overflowing pieces, gigabytes for a long pair and a small max_length."""
+        segments = encoding.sequence_ids  # per token: 0 or 1 (its segment), None (a special)
+        lengths = [sum(s == i for s in segments) for i in range(encoding.n_sequences)]
+        budget = self.max_length - (len(segments) - sum(lengths))
+        keep, ids, types = longest_first(lengths, budget), [], []
+        for token, kind, s in zip(encoding.ids, encoding.type_ids, segments, strict=True):
+            if s is not None:
+                if keep[s] == 0:
+                    continue
+                keep[s] -= 1
+            ids.append(token)
+            types.append(kind)
+        return ids, types
+
+    def prefixes(self, texts: str | Sequence[str], pairs: Sequence[str | None] | None = None,
+                 specials: bool = True) -> tuple[list[str], list[str | None] | None, list[int]]:
+        """The texts (and pairs) as far as their cut at max_length needs them, and each one's
+        token count before the cut (an ``AtLeast`` where a text was cut short): encoding the
+        texts returned gives the ids that encoding the texts given does, at a cost bounded by
+        max_length, not by the texts (a server counts and refuses at admission, and hands on
+        only the prefixes). They come lowercased where the tokenizer lowercases.
+        ``specials=False``: counted and cut as ``pieces`` (no specials, max_length - 1)."""
+        inputs, _, full = self._encode_prefixes(texts, pairs, specials)
+        firsts = [x if isinstance(x, str) else x[0] for x in inputs]
+        if pairs is None:
+            return firsts, None, full
+        return firsts, [None if isinstance(x, str) else x[1] for x in inputs], full
+
+    def _encode_prefixes(self, texts: str | Sequence[str], pairs: Sequence[str | None] | None,
+                         specials: bool) -> tuple[list, list[Any], list[int]]:
+        """The inputs (a text, or a (text, pair) tuple), each long segment replaced by the prefix
+        its cut needs; their encodings, uncut; their token counts before the cut."""
         texts = self._check_texts("texts", texts)
         if pairs is None:
             inputs: list = texts
         else:
             if len(pairs) != len(texts):
                 raise ValueError(f"pairs: expected {len(texts)} (one per text), got {len(pairs)}")
+            added = self.backend.num_special_tokens_to_add(True)
+            paired = any(p is not None for p in pairs)
+            if paired and self.max_length is not None and self.max_length < added:
+                raise ValueError(f"pairs: a pair has {added} special tokens, more than max_length "
+                                 f"({self.max_length}); expected a max_length of at least {added}")
             pairs = [p.lower() if p is not None and self.lowercase else p for p in pairs]
             inputs = [t if p is None else (t, p) for t, p in zip(texts, pairs, strict=True)]
         sure: list[list[int | None]] = [[None]] * len(inputs)  # per segment: tokens known (a prefix)
         if self.max_length is not None:  # a long text: only the prefix its cut keeps (tformer.text.prefix)
-            inputs, sure = self._windows(inputs)
-        encodings = list(self.backend.encode_batch(inputs))
+            inputs, sure = self._windows(inputs, specials)
+        encodings = list(self.backend.encode_batch(inputs, add_special_tokens=specials))
         full = [len(e.ids) if all(n is None for n in known) else self._at_least(e, known)
                 for e, known in zip(encodings, sure, strict=True)]
-        long = [i for i, n in enumerate(full) if self.max_length is not None and n > self.max_length]
-        if long:  # re-encoded by a backend that truncates (specials kept, pairs cut longest first)
-            for i, e in zip(long, self._cutter().encode_batch([inputs[i] for i in long]), strict=True):
-                encodings[i] = e
-        return [EncodedText(e.ids, e.type_ids, n) for e, n in zip(encodings, full, strict=True)]
+        return inputs, encodings, full
 
     @property
     def edge(self) -> int:
@@ -112,13 +146,15 @@ class Tokenizer:
             self._edge = edge_chars(self.backend)
         return self._edge
 
-    def _windows(self, inputs: list) -> tuple[list, list[list[int | None]]]:
+    def _windows(self, inputs: list, specials: bool) -> tuple[list, list[list[int | None]]]:
         """Each input with every long segment replaced by the prefix its cut needs, and per
-        segment the tokens that prefix surely shares with the whole (None: the whole segment)."""
+        segment the tokens that prefix surely shares with the whole (None: the whole segment).
+        Without specials a text is cut at max_length - 1 (``pieces``: room for EOS or BOS)."""
         out, sure = [], []
         for item in inputs:
             segments = [item] if isinstance(item, str) else list(item)
-            budget = self.max_length - self.backend.num_special_tokens_to_add(len(segments) == 2)
+            budget = (self.max_length - self.backend.num_special_tokens_to_add(len(segments) == 2)
+                      if specials else self.max_length - 1)
             if len(segments) == 2:
                 cut = list(pair_window(self.backend, *segments, budget, self.edge))
             else:
@@ -135,6 +171,7 @@ class Tokenizer:
         for i, known in enumerate(sure):
             n += known if known is not None else sum(s == i for s in segments)
         return AtLeast(n)
+
 
     def __call__(
         self,
@@ -165,19 +202,6 @@ class Tokenizer:
 
             out = {k: torch.from_numpy(v) for k, v in out.items()}
         return out
-
-    def lengths(self, texts: str | Sequence[str]) -> list[int]:
-        """Token counts (special tokens included) before any truncation."""
-        return [len(e.ids) for e in self.backend.encode_batch(self._check_texts("texts", texts))]
-
-    def tokens_before_last_word(self, texts: Sequence[str]) -> list[int]:
-        """Per text, its tokens (no specials) in the words before its last one (the
-        pre-tokenizer's words): what a text cut inside its last word shares with the whole."""
-        counts = []
-        for e in self.backend.encode_batch(self._check_texts("texts", texts), add_special_tokens=False):
-            words = [w for w in e.word_ids if w is not None]
-            counts.append(sum(w != words[-1] for w in words) if words else 0)
-        return counts
 
     def tokenize(self, text: str) -> list[str]:
         """The tokens of one text, special tokens included, truncated to ``max_length``."""
@@ -219,11 +243,9 @@ class Tokenizer:
         """Token ids without specials, each cut to max_length - 1 (room for EOS or BOS):
         what an encoder-decoder reads and predicts. A long text is tokenized only as far as
         its cut needs (tformer.text.prefix)."""
-        texts = self._check_texts("texts", texts)
+        _, encodings, _ = self._encode_prefixes(texts, None, specials=False)
         cut = self.max_length - 1 if self.max_length is not None else None
-        if cut is not None:  # a long text: only the prefix its cut keeps (tformer.text.prefix)
-            texts = [window(self.backend, t, cut, self.edge)[0] for t in texts]
-        return [e.ids[:cut] for e in self.backend.encode_batch(texts, add_special_tokens=False)]
+        return [e.ids[:cut] for e in encodings]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=True)
@@ -263,6 +285,24 @@ class Tokenizer:
         )
         return long
 
+
+
+def longest_first(lengths: Sequence[int], budget: int) -> list[int]:
+    """How many tokens of each segment (one or two) a cut to ``budget`` keeps, as the tokenizers
+    library's LongestFirst truncation decides: the shorter segment keeps its tokens and the
+    longer the rest, unless the shorter has more than half, then half each (any odd token to
+    the longer; to the second when they are equally long). Each count may be a lower bound
+    (an ``AtLeast`` from a prefix, tformer.text.prefix) where the text was windowed so that
+    the decision is the same for the true counts."""
+    if len(lengths) == 1:
+        return [min(lengths[0], budget)]
+    first, second = lengths
+    short, long = sorted((first, second))
+    long = short if short > budget else max(short, budget - short)
+    if short + long > budget:
+        short, long = budget // 2, budget // 2 + budget % 2
+    kept = (short, long) if first <= second else (long, short)
+    return [min(first, kept[0]), min(second, kept[1])]
 
 
 def texts_list(name: str, texts: str | Iterable[str]) -> list[str]:
