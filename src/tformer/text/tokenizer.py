@@ -203,6 +203,11 @@ class Tokenizer:
             out = {k: torch.from_numpy(v) for k, v in out.items()}
         return out
 
+    def lengths(self, texts: str | Sequence[str]) -> list[int]:
+        """Token counts (special tokens included) before any truncation, each text tokenized
+        whole (benchmarks sizing their sentences; ``encode`` counts a long text from its prefix)."""
+        return [len(e.ids) for e in self.backend.encode_batch(self._check_texts("texts", texts))]
+
     def tokenize(self, text: str) -> list[str]:
         """The tokens of one text, special tokens included, truncated to ``max_length``."""
         return self.convert_ids_to_tokens(self.encode([text])[0].ids)
