@@ -75,3 +75,20 @@ def test_two_host_headers_are_a_400(embedding_server):
             [(status, body)] = _responses(_until_closed(sock))
         assert status == 400 and json.loads(body)["error"]["message"] == "Host: expected one Host header, got 2"
     assert embedding_server.request("GET", "/health")[0] == 200
+
+
+def test_a_complete_request_is_answered_after_the_client_half_closes(embedding_server):
+    """A client that sends its requests and then shuts its side (FIN, shutdown(SHUT_WR): what
+    `nc -N`, and HTTP/1.0-era tools do) got nothing: the end of its side was taken for a
+    disconnect. Each complete request is answered, then the connection closed; a request cut
+    short by the FIN is closed without an answer (it can never be complete)."""
+    health = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    for sent, expected in ([_post(b'{"inputs": "a"}'), [200]], [health, [200]],
+                           [_post(b'{"inputs": "a"}') + health + _post(b"{bad"), [200, 200, 400]],
+                           [health + _post(b'{"inputs": "a"}')[:-3], [200]]):
+        with socket.create_connection(("127.0.0.1", embedding_server.port)) as sock:
+            sock.sendall(sent)
+            sock.shutdown(socket.SHUT_WR)
+            answer = _until_closed(sock)
+        assert [status for status, _ in _responses(answer)] == expected, (sent[:60], answer[:300])
+    assert embedding_server.request("GET", "/health")[0] == 200

@@ -20,6 +20,8 @@ uvicorn closes a connection only after a keep-alive pause between requests
                        headers for --header-timeout seconds held the event loop, and every other
                        client, for that long)
     malformed HTTP     400 with the JSON error every answer has (uvicorn's own is plain text)
+    half-close         a client that ends its side (FIN) after its requests still gets their
+                       answers, then the connection is closed; a request it cut short gets none
     SIGTERM            connections still reading a request are closed at once (they hold no
                        work); requests in the model get up to --grace-period seconds, then
                        503 (``Limits.begin_drain``), so nothing waits on uvicorn's own cancel
@@ -94,6 +96,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self._head_size = 0  # the parsed head's URL and headers, in bytes
         self._refusal = MALFORMED  # what a parser error answers
         self._lingering = False  # answered and refused: what still arrives is dropped
+        self._complete = None  # the last request received whole (its cycle), for a half-close
         limits = self._limits()
         if limits is None:
             return
@@ -162,9 +165,25 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._reading = False
+        self._complete = self.cycle
         self._in_head, self._head_bytes = True, 0
         self._disarm()
         super().on_message_complete()
+
+    def eof_received(self) -> bool | None:
+        """The client ended its side (FIN) and may still read: its requests received whole are
+        answered, then the connection closed (returning True keeps our side open). uvicorn's
+        own (returning None: asyncio closes at once) took the FIN for a disconnect, and a client
+        that sent a request and shut its side (``nc -N``, ``shutdown(SHUT_WR)``) got nothing."""
+        last = self._complete
+        if self._lingering or last is None or last.response_complete:
+            return None  # refused and answered, or nothing left to answer: closed now
+        cut_short = self.pipeline[0] if self.pipeline else None
+        if cut_short is not None and cut_short[0] is not last:  # a body cut by the FIN: never run
+            self.pipeline.popleft()
+        self._disarm()  # a deadline for the request cut short would cut the answers too
+        last.keep_alive = False  # the cycle closes the connection after its answer
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
