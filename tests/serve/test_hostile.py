@@ -7,6 +7,7 @@ import gzip
 import json
 import re
 import socket
+import time
 
 from serve_fixtures import request
 
@@ -77,11 +78,20 @@ def test_two_host_headers_are_a_400(embedding_server):
     assert embedding_server.request("GET", "/health")[0] == 200
 
 
-def test_a_complete_request_is_answered_after_the_client_half_closes(embedding_server):
+def test_a_complete_request_is_answered_after_the_client_half_closes(embedding_server, monkeypatch):
     """A client that sends its requests and then shuts its side (FIN, shutdown(SHUT_WR): what
-    `nc -N`, and HTTP/1.0-era tools do) got nothing: the end of its side was taken for a
-    disconnect. Each complete request is answered, then the connection closed; a request cut
-    short by the FIN is closed without an answer (it can never be complete)."""
+    `nc -N` does) got nothing: the FIN was taken for a disconnect. Each request received whole
+    is answered, then the connection closed; a request cut short by the FIN gets no answer (it
+    can never be complete). (A FIN once a request waits on the model still cancels it:
+    test_errors.py::test_a_client_that_disconnects_frees_its_place.)"""
+    served = embedding_server.app.state.service.served
+    items = served.items
+
+    def slow_items(inputs, truncate):  # the FIN surely arrives before the request is queued
+        time.sleep(0.2)
+        return items(inputs, truncate)
+
+    monkeypatch.setattr(served, "items", slow_items)
     health = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
     for sent, expected in ([_post(b'{"inputs": "a"}'), [200]], [health, [200]],
                            [_post(b'{"inputs": "a"}') + health + _post(b"{bad"), [200, 200, 400]],

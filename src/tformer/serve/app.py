@@ -94,6 +94,7 @@ class Service:
                 response = read
             else:
                 items, key, extra = read
+                request.scope[connections.FIN_MEANS_GONE] = True  # the client's FIN now cancels
                 results = await _wait_or_disconnect(request, self.batcher.submit(items, key))
                 # A long answer is written in the thread too (256 vectors of JSON must not hold
                 # up /health); a short one here, without a second hand-off to a thread.

@@ -21,7 +21,10 @@ uvicorn closes a connection only after a keep-alive pause between requests
                        client, for that long)
     malformed HTTP     400 with the JSON error every answer has (uvicorn's own is plain text)
     half-close         a client that ends its side (FIN) after its requests still gets their
-                       answers, then the connection is closed; a request it cut short gets none
+                       answers, then the connection is closed; a request it cut short gets none.
+                       But a FIN while a request waits on the model (``FIN_MEANS_GONE`` in its
+                       scope) is a client that gave up (its timeout closed the socket: the two
+                       look the same), as nginx and hyper take it: closed, its jobs cancelled
     SIGTERM            connections still reading a request are closed at once (they hold no
                        work); requests in the model get up to --grace-period seconds, then
                        503 (``Limits.begin_drain``), so nothing waits on uvicorn's own cancel
@@ -42,6 +45,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from tformer.serve.schema import RequestError
 
 STATE_KEY = "tformer.connections"
+# Set in a request's scope by the app once its work is queued: a FIN from now on means the client left.
+FIN_MEANS_GONE = "tformer.fin_means_gone"
 # Most bytes of a request line and headers. nginx allows 32 KiB (4 x 8k buffers), Node.js 16 KiB,
 # hyper (TEI's server) about 400 KiB; the clients here send well under 1 KiB.
 MAX_HEAD_BYTES = 64 * 1024
@@ -96,7 +101,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self._head_size = 0  # the parsed head's URL and headers, in bytes
         self._refusal = MALFORMED  # what a parser error answers
         self._lingering = False  # answered and refused: what still arrives is dropped
-        self._complete = None  # the last request received whole (its cycle), for a half-close
+        self._received_whole: list = []  # the cycles of requests received whole, for a half-close
         limits = self._limits()
         if limits is None:
             return
@@ -165,19 +170,21 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._reading = False
-        self._complete = self.cycle
+        self._received_whole = [c for c in self._received_whole if not c.response_complete] + [self.cycle]
         self._in_head, self._head_bytes = True, 0
         self._disarm()
         super().on_message_complete()
 
     def eof_received(self) -> bool | None:
-        """The client ended its side (FIN) and may still read: its requests received whole are
-        answered, then the connection closed (returning True keeps our side open). uvicorn's
-        own (returning None: asyncio closes at once) took the FIN for a disconnect, and a client
-        that sent a request and shut its side (``nc -N``, ``shutdown(SHUT_WR)``) got nothing."""
-        last = self._complete
-        if self._lingering or last is None or last.response_complete:
-            return None  # refused and answered, or nothing left to answer: closed now
+        """The client ended its side (FIN). Returning None closes the connection at once (asyncio),
+        as uvicorn did: a client that sent a request and shut its side (``nc -N``,
+        ``shutdown(SHUT_WR)``) got nothing. Now the requests it sent whole are answered, then the
+        connection is closed (True keeps our side open); unless one waits on the model, where
+        the FIN means the client left (see the module's docstring)."""
+        unanswered = [c for c in self._received_whole if not c.response_complete]
+        if self._lingering or not unanswered or any(c.scope.get(FIN_MEANS_GONE) for c in unanswered):
+            return None
+        last = unanswered[-1]
         cut_short = self.pipeline[0] if self.pipeline else None
         if cut_short is not None and cut_short[0] is not last:  # a body cut by the FIN: never run
             self.pipeline.popleft()
