@@ -219,10 +219,13 @@ async def _starlette_error(request: Request, exc: HTTPException) -> Response:
     where = f"{request.method} {request.url.path[:200]}"
     # Starlette spells the header "Allow"
     allow = next((v for k, v in (exc.headers or {}).items() if k.lower() == "allow"), "?")
-    message = {404: f"{where}: no such endpoint (GET /info lists this server's)",
-               405: f"{where}: method not allowed (allowed: {allow})"}
-    return error(RequestError(exc.status_code, None, message.get(exc.status_code, f"{where}: {exc.detail}")),
-                 exc.headers)
+    if exc.status_code == 404:
+        message = f"{where}: no such endpoint; this server's are {routes.known(request.app.state.service)}"
+    elif exc.status_code == 405:
+        message = f"{where}: method not allowed (allowed: {allow})"
+    else:
+        message = f"{where}: {exc.detail}"
+    return error(RequestError(exc.status_code, None, message), exc.headers)
 
 
 # The application -------------------------------------------------------------------------------------
@@ -249,6 +252,7 @@ def create_app(config: ServeConfig, served: Served | None = None) -> Starlette:
     app = Starlette(routes=routes.routes(service), lifespan=lifespan, middleware=exposure.middleware(config),
                     exception_handlers={HTTPException: _starlette_error})
     app.state.service = service
+    app.router.redirect_slashes = False  # each path is served with its slash too (routes.py)
     return app
 
 
