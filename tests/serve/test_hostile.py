@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import re
 import socket
 import time
 
-from serve_fixtures import request
+from serve_fixtures import request, serve
+
+from tformer.serve.connections import MAX_PIPELINED
 
 
 def _post(body: bytes, content_type: bytes = b"application/json", extra: bytes = b"") -> bytes:
@@ -102,3 +105,44 @@ def test_a_complete_request_is_answered_after_the_client_half_closes(embedding_s
             answer = _until_closed(sock)
         assert [status for status, _ in _responses(answer)] == expected, (sent[:60], answer[:300])
     assert embedding_server.request("GET", "/health")[0] == 200
+
+
+def test_past_the_pipelined_bound_the_connection_is_answered_and_closed(embedding_server):
+    """uvicorn parsed every request it read and queued them all: 4 MB of pipelined GET /health
+    from clients that read nothing queued 48,000 requests (+150 MB). Past MAX_PIPELINED waiting
+    requests, those are answered, the rest dropped, and the connection closed; the client
+    retries the rest elsewhere (RFC 9112 §9.3.2)."""
+    health = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", embedding_server.port)) as sock:
+        sock.sendall(health * 1000)
+        answers = _responses(_until_closed(sock))
+    assert MAX_PIPELINED < len(answers) < 1000 and {status for status, _ in answers} == {200}, len(answers)
+    assert embedding_server.request("GET", "/health")[0] == 200
+
+
+def test_a_pipelining_client_that_stops_reading_is_dropped_without_an_error(embedding_dir):
+    """When a client that pipelined requests and read nothing was dropped, the request being
+    answered wrote on the closed connection: uvicorn tells only the newest request that its client
+    left, and uvloop raised RuntimeError, logged as an exception in the application."""
+    live = serve(embedding_dir, body_timeout=0.5)
+    errors: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = errors.append
+    logger = logging.getLogger("uvicorn.error")
+    logger.addHandler(handler)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel keeps little of it
+    try:
+        sock.connect(("127.0.0.1", live.port))
+        sock.sendall(_post(json.dumps({"inputs": ["a " * 500] * 256}).encode()).replace(b"/embed", b"/tokenize") * 3)
+        state = live.server.server_state
+        deadline = time.monotonic() + 30
+        while state.connections or state.tasks:  # dropped, and its requests done (or the deadline)
+            assert time.monotonic() < deadline, "the unread answers' connection stayed open"
+            time.sleep(0.1)
+        assert live.request("GET", "/health")[0] == 200
+    finally:
+        sock.close()
+        logger.removeHandler(handler)
+        live.close()
+    assert not errors, [e.getMessage() for e in errors]

@@ -15,6 +15,11 @@ uvicorn closes a connection only after a keep-alive pause between requests
                        so do connections past this many from one client address (per worker):
                        512 slow connections from one address (headers sent a byte at a time)
                        took every place, and every other client got 503 until they timed out
+    MAX_PIPELINED      requests waiting behind the one being answered, on one connection:
+                       past them, those are answered, what else arrives is dropped and the
+                       connection closed (a client must retry what was not answered, RFC 9112
+                       §9.3.2); uvicorn parsed all it read, and 4 MB of pipelined GET /health
+                       from a client that read nothing queued 48,000 requests (+150 MB)
     MAX_HEAD_BYTES     a request line and headers past 64 KiB get 431 and are closed: the parser
                        keeps them in memory, joining each piece to the last (a client streaming
                        headers for --header-timeout seconds held the event loop, and every other
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -50,6 +56,7 @@ FIN_MEANS_GONE = "tformer.fin_means_gone"
 # Most bytes of a request line and headers. nginx allows 32 KiB (4 x 8k buffers), Node.js 16 KiB,
 # hyper (TEI's server) about 400 KiB; the clients here send well under 1 KiB.
 MAX_HEAD_BYTES = 64 * 1024
+MAX_PIPELINED = 128  # no client here pipelines at all; a test sends 100 in one write
 # Seconds a refused connection keeps reading (and dropping) what its client still sends, after
 # the answer and the end of our side (nginx's lingering close): closed at once, the kernel answers
 # that unread data with a reset, and the client could lose the answer (http.client: 9 in 10
@@ -101,7 +108,8 @@ class GuardedProtocol(HttpToolsProtocol):
         self._head_size = 0  # the parsed head's URL and headers, in bytes
         self._refusal = MALFORMED  # what a parser error answers
         self._lingering = False  # answered and refused: what still arrives is dropped
-        self._received_whole: list = []  # the cycles of requests received whole, for a half-close
+        self._dropping = False  # past MAX_PIPELINED: what still arrives is dropped
+        self._received_whole: deque = deque()  # cycles of requests received whole, not yet answered
         limits = self._limits()
         if limits is None:
             return
@@ -126,7 +134,7 @@ class GuardedProtocol(HttpToolsProtocol):
         return sum(1 for c in self.connections if c.client and c.client[0] == host)
 
     def data_received(self, data: bytes) -> None:
-        if self._lingering:
+        if self._lingering or self._dropping:
             return
         self._received = True
         if self._in_head:
@@ -139,7 +147,13 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to bytes its parser refuses (or a callback of ours stopped), in the
-        JSON every answer has."""
+        JSON every answer has; past MAX_PIPELINED, none: the requests queued are answered, the
+        last one closes the connection, and what else arrives is dropped."""
+        if self._refusal is None:
+            self._disarm()  # the deadline of the request refused would cut the answers
+            self._dropping, self._reading, self._in_head = True, False, True
+            self.cycle.keep_alive = False  # the last one queued
+            return
         self._refuse(self._refusal)
 
     def on_url(self, url: bytes) -> None:
@@ -163,6 +177,9 @@ class GuardedProtocol(HttpToolsProtocol):
         if size > MAX_HEAD_BYTES:  # a whole head in one piece: stop the parser (send_400_response)
             self._refusal = HEAD_TOO_LARGE
             raise ValueError(f"request head: {size} bytes")
+        if len(self.pipeline) >= MAX_PIPELINED:  # stop the parser too (send_400_response)
+            self._refusal = None
+            raise ValueError(f"pipelined requests: more than {MAX_PIPELINED}")
         super().on_headers_complete()
         limits = self._limits()
         if limits is not None and self._reading:
@@ -170,7 +187,9 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._reading = False
-        self._received_whole = [c for c in self._received_whole if not c.response_complete] + [self.cycle]
+        while self._received_whole and self._received_whole[0].response_complete:  # answered in order
+            self._received_whole.popleft()
+        self._received_whole.append(self.cycle)
         self._in_head, self._head_bytes = True, 0
         self._disarm()
         super().on_message_complete()
@@ -195,6 +214,13 @@ class GuardedProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._stop_send_timer()
+        # uvicorn tells only the newest request that its client left: one before it, still being
+        # answered (pipelined), wrote on the closed transport (uvloop: RuntimeError, logged as
+        # an exception in the application with its traceback)
+        for cycle in self._received_whole:
+            if not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
         super().connection_lost(exc)
 
     def pause_writing(self) -> None:
