@@ -146,3 +146,31 @@ def test_a_pipelining_client_that_stops_reading_is_dropped_without_an_error(embe
         logger.removeHandler(handler)
         live.close()
     assert not errors, [e.getMessage() for e in errors]
+
+
+def test_a_transfer_coding_other_than_chunked_is_a_501_naming_it(embedding_server):
+    """`Transfer-Encoding: gzip, chunked`: the chunks were joined, the gzip left, and the body
+    refused as malformed JSON, which sent the client looking at its JSON (RFC 9112 §6.1: 501)."""
+    head = (b"POST /embed HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", embedding_server.port)) as sock:
+        sock.sendall(head + b"f\r\n" + b'{"inputs": "a"}' + b"\r\n0\r\n\r\n")
+        [(status, body)] = _responses(_until_closed(sock))
+    answer = json.loads(body)["error"]
+    assert status == 501 and answer["param"] == "Transfer-Encoding", answer
+    assert answer["message"] == "Transfer-Encoding: expected chunked or none, got 'gzip, chunked'"
+    chunked = head.replace(b"gzip, chunked", b"Chunked")  # the one coding there is, in any case
+    with socket.create_connection(("127.0.0.1", embedding_server.port)) as sock:
+        sock.sendall(chunked + b"f\r\n" + b'{"inputs": "a"}' + b"\r\n0\r\n\r\n")
+        assert [status for status, _ in _responses(_until_closed(sock))] == [200]
+
+
+def test_an_http_1_0_request_without_host_is_answered(embedding_server):
+    """HTTP/1.0 has no Host header: a load balancer's check (HAProxy's httpchk sends
+    `OPTIONS / HTTP/1.0` or `GET /health HTTP/1.0`, no Host) got 400 from the Host allow-list.
+    Browsers (what the allow-list is for) always send one; HTTP/1.1 without one is still a 400."""
+    for request_line, expected in ((b"GET /health HTTP/1.0", 200), (b"GET /health HTTP/1.1", 400)):
+        with socket.create_connection(("127.0.0.1", embedding_server.port)) as sock:
+            sock.sendall(request_line + b"\r\nConnection: close\r\n\r\n")
+            [(status, _)] = _responses(_until_closed(sock))
+        assert status == expected, request_line

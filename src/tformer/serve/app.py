@@ -173,6 +173,12 @@ def _check_content_type(request: Request) -> None:
     if encoding not in ("identity", ""):
         raise RequestError(415, "Content-Encoding", f"Content-Encoding: expected identity (an "
                            f"uncompressed body), got {encoding[:60]!r}")
+    # The same for a transfer coding before the chunks ("gzip, chunked": the parser joins the
+    # chunks and leaves the gzip); RFC 9112 §6.1 answers a coding the server lacks with 501.
+    transfer = request.headers.get("transfer-encoding", "chunked")
+    if any(coding.strip().lower() != "chunked" for coding in transfer.split(",")):
+        raise RequestError(501, "Transfer-Encoding", f"Transfer-Encoding: expected chunked or none, "
+                           f"got {transfer[:60]!r}")
 
 
 async def _read_body(request: Request) -> bytes:
