@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tformer.serve import schema
-from tformer.serve.schema import MAX_NUMBER_CHARS, PIECE, RequestError, parse_json
+from tformer.serve.schema import MAX_NUMBER_CHARS, PIECE, RequestError, check_fields, parse_json
 
 
 def test_a_16_mb_body_is_scanned_a_piece_at_a_time(monkeypatch):
@@ -69,3 +69,16 @@ def test_answers_and_errors_are_json_loads_ones(raw):
             parse_json(raw)
         return
     assert parse_json(raw) == expected
+
+
+def test_an_unknown_field_is_the_first_the_client_sent():
+    """The unknown fields were sorted to name the first: 0.9 s holding the GIL (and /health)
+    for a 16 MB body of a million fields. The first in the body is named, found at once."""
+    body = {"inputs": "a", "zeta": 1, "alpha": 2, **{f"k{i}": 0 for i in range(100_000)}}
+    with pytest.raises(RequestError) as refused:
+        check_fields(body, ("inputs", "normalize"))
+    assert refused.value.field == "zeta" and refused.value.message == (
+        "zeta: unknown field; expected fields among inputs, normalize")
+    check_fields({"inputs": "a", "normalize": True}, ("inputs", "normalize"))
+    with pytest.raises(RequestError, match=r"^x{57}\.\.\.: unknown field"):
+        check_fields({"x" * 10_000_000: 1}, ("inputs",))
