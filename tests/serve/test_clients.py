@@ -66,6 +66,10 @@ def test_inference_client_feature_extraction(embedding_server, embedding_dir, ca
     many = client.feature_extraction(texts, normalize=True, truncate=True)
     assert one.shape == (1, cli.shape[1]) and np.abs(one[0] - cli[0]).max() <= TOL
     assert np.abs(many - cli).max() <= TOL
+    # the endpoint's own URL, as a user may copy it, with or without its slash
+    for url in (f"{embedding_server.url}/embed", f"{embedding_server.url}/embed/", f"{embedding_server.url}/"):
+        got = hub.InferenceClient(model=url, timeout=30).feature_extraction(texts[0])
+        assert np.abs(got[0] - cli[0]).max() <= TOL, url
 
 
 def test_inference_client_sentence_similarity(embedding_server, embedding_dir, capsys):

@@ -173,6 +173,27 @@ def test_a_path_or_method_the_server_lacks_is_a_json_error(small_server):
         assert answer["error"]["message"].startswith(f"{method} {path}: "), answer
     _, headers, answer = request(small_server.port, "GET", "/embed")
     assert headers["allow"] == "POST" and "(allowed: POST)" in answer["error"]["message"]
+    _, _, answer = request(small_server.port, "POST", "/embedd", {"inputs": "a"})
+    assert answer["error"]["message"] == ("POST /embedd: no such endpoint; this server's are POST /, /embed, "
+                                          "/tokenize, /v1/embeddings; GET /health, /info, /metrics, /v1/models, "
+                                          "/v1/models/{id}")
+
+
+def test_a_path_with_a_trailing_slash_is_the_same_endpoint(small_server):
+    """POST /embed/ was a 307 to /embed with an empty body: a client that does not follow it
+    (curl without -L) got nothing, one that does sent its body twice. Now each path answers
+    with its slash too, and no path is ever redirected (a Location built from the Host header)."""
+    name = small_server.app.state.service.config.model_name
+    for method, path, body in (("POST", "/embed", {"inputs": "a dog"}), ("POST", "/v1/embeddings", {"input": "a"}),
+                               ("POST", "/tokenize", {"inputs": "a dog"}), ("GET", "/health", None),
+                               ("GET", "/v1/models", None), ("GET", f"/v1/models/{name}", None)):
+        bare = request(small_server.port, method, path, body)
+        slashed = request(small_server.port, method, path + "/", body)
+        assert bare[0] == slashed[0] == 200 and slashed[2] == bare[2], (method, path, slashed)
+    for method, path, status in (("POST", "/embed//", 404), ("GET", "/health//", 404), ("GET", "/embed/", 405),
+                                 ("POST", "/predict/", 404), ("GET", "/v1/models/other/", 404)):
+        got, headers, answer = request(small_server.port, method, path, {"inputs": "a"})
+        assert got == status and "location" not in headers and answer["error"]["code"] == status, (path, answer)
 
 
 def test_tokenize_lists_a_bounded_number_of_tokens(small_server, monkeypatch):

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import re
 import socket
+import time
 
-from serve_fixtures import request
+from serve_fixtures import request, serve
+
+from tformer.serve.connections import MAX_PIPELINED
 
 
 def _post(body: bytes, content_type: bytes = b"application/json", extra: bytes = b"") -> bytes:
@@ -75,3 +79,98 @@ def test_two_host_headers_are_a_400(embedding_server):
             [(status, body)] = _responses(_until_closed(sock))
         assert status == 400 and json.loads(body)["error"]["message"] == "Host: expected one Host header, got 2"
     assert embedding_server.request("GET", "/health")[0] == 200
+
+
+def test_a_complete_request_is_answered_after_the_client_half_closes(embedding_server, monkeypatch):
+    """A client that sends its requests and then shuts its side (FIN, shutdown(SHUT_WR): what
+    `nc -N` does) got nothing: the FIN was taken for a disconnect. Each request received whole
+    is answered, then the connection closed; a request cut short by the FIN gets no answer (it
+    can never be complete). (A FIN once a request waits on the model still cancels it:
+    test_errors.py::test_a_client_that_disconnects_frees_its_place.)"""
+    served = embedding_server.app.state.service.served
+    items = served.items
+
+    def slow_items(inputs, truncate):  # the FIN surely arrives before the request is queued
+        time.sleep(0.2)
+        return items(inputs, truncate)
+
+    monkeypatch.setattr(served, "items", slow_items)
+    health = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    for sent, expected in ([_post(b'{"inputs": "a"}'), [200]], [health, [200]],
+                           [_post(b'{"inputs": "a"}') + health + _post(b"{bad"), [200, 200, 400]],
+                           [health + _post(b'{"inputs": "a"}')[:-3], [200]]):
+        with socket.create_connection(("127.0.0.1", embedding_server.port)) as sock:
+            sock.sendall(sent)
+            sock.shutdown(socket.SHUT_WR)
+            answer = _until_closed(sock)
+        assert [status for status, _ in _responses(answer)] == expected, (sent[:60], answer[:300])
+    assert embedding_server.request("GET", "/health")[0] == 200
+
+
+def test_past_the_pipelined_bound_the_connection_is_answered_and_closed(embedding_server):
+    """uvicorn parsed every request it read and queued them all: 4 MB of pipelined GET /health
+    from clients that read nothing queued 48,000 requests (+150 MB). Past MAX_PIPELINED waiting
+    requests, those are answered, the rest dropped, and the connection closed; the client
+    retries the rest elsewhere (RFC 9112 §9.3.2)."""
+    health = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", embedding_server.port)) as sock:
+        sock.sendall(health * 1000)
+        answers = _responses(_until_closed(sock))
+    assert MAX_PIPELINED < len(answers) < 1000 and {status for status, _ in answers} == {200}, len(answers)
+    assert embedding_server.request("GET", "/health")[0] == 200
+
+
+def test_a_pipelining_client_that_stops_reading_is_dropped_without_an_error(embedding_dir):
+    """When a client that pipelined requests and read nothing was dropped, the request being
+    answered wrote on the closed connection: uvicorn tells only the newest request that its client
+    left, and uvloop raised RuntimeError, logged as an exception in the application."""
+    live = serve(embedding_dir, body_timeout=0.5)
+    errors: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = errors.append
+    logger = logging.getLogger("uvicorn.error")
+    logger.addHandler(handler)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel keeps little of it
+    try:
+        sock.connect(("127.0.0.1", live.port))
+        sock.sendall(_post(json.dumps({"inputs": ["a " * 500] * 256}).encode()).replace(b"/embed", b"/tokenize") * 3)
+        state = live.server.server_state
+        deadline = time.monotonic() + 30
+        while state.connections or state.tasks:  # dropped, and its requests done (or the deadline)
+            assert time.monotonic() < deadline, "the unread answers' connection stayed open"
+            time.sleep(0.1)
+        assert live.request("GET", "/health")[0] == 200
+    finally:
+        sock.close()
+        logger.removeHandler(handler)
+        live.close()
+    assert not errors, [e.getMessage() for e in errors]
+
+
+def test_a_transfer_coding_other_than_chunked_is_a_501_naming_it(embedding_server):
+    """`Transfer-Encoding: gzip, chunked`: the chunks were joined, the gzip left, and the body
+    refused as malformed JSON, which sent the client looking at its JSON (RFC 9112 §6.1: 501)."""
+    head = (b"POST /embed HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", embedding_server.port)) as sock:
+        sock.sendall(head + b"f\r\n" + b'{"inputs": "a"}' + b"\r\n0\r\n\r\n")
+        [(status, body)] = _responses(_until_closed(sock))
+    answer = json.loads(body)["error"]
+    assert status == 501 and answer["param"] == "Transfer-Encoding", answer
+    assert answer["message"] == "Transfer-Encoding: expected chunked or none, got 'gzip, chunked'"
+    chunked = head.replace(b"gzip, chunked", b"Chunked")  # the one coding there is, in any case
+    with socket.create_connection(("127.0.0.1", embedding_server.port)) as sock:
+        sock.sendall(chunked + b"f\r\n" + b'{"inputs": "a"}' + b"\r\n0\r\n\r\n")
+        assert [status for status, _ in _responses(_until_closed(sock))] == [200]
+
+
+def test_an_http_1_0_request_without_host_is_answered(embedding_server):
+    """HTTP/1.0 has no Host header: a load balancer's check (HAProxy's httpchk sends
+    `OPTIONS / HTTP/1.0` or `GET /health HTTP/1.0`, no Host) got 400 from the Host allow-list.
+    Browsers (what the allow-list is for) always send one; HTTP/1.1 without one is still a 400."""
+    for request_line, expected in ((b"GET /health HTTP/1.0", 200), (b"GET /health HTTP/1.1", 400)):
+        with socket.create_connection(("127.0.0.1", embedding_server.port)) as sock:
+            sock.sendall(request_line + b"\r\nConnection: close\r\n\r\n")
+            [(status, _)] = _responses(_until_closed(sock))
+        assert status == expected, request_line

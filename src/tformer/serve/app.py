@@ -94,6 +94,7 @@ class Service:
                 response = read
             else:
                 items, key, extra = read
+                request.scope[connections.FIN_MEANS_GONE] = True  # the client's FIN now cancels
                 results = await _wait_or_disconnect(request, self.batcher.submit(items, key))
                 # A long answer is written in the thread too (256 vectors of JSON must not hold
                 # up /health); a short one here, without a second hand-off to a thread.
@@ -172,6 +173,12 @@ def _check_content_type(request: Request) -> None:
     if encoding not in ("identity", ""):
         raise RequestError(415, "Content-Encoding", f"Content-Encoding: expected identity (an "
                            f"uncompressed body), got {encoding[:60]!r}")
+    # The same for a transfer coding before the chunks ("gzip, chunked": the parser joins the
+    # chunks and leaves the gzip); RFC 9112 §6.1 answers a coding the server lacks with 501.
+    transfer = request.headers.get("transfer-encoding", "chunked")
+    if any(coding.strip().lower() != "chunked" for coding in transfer.split(",")):
+        raise RequestError(501, "Transfer-Encoding", f"Transfer-Encoding: expected chunked or none, "
+                           f"got {transfer[:60]!r}")
 
 
 async def _read_body(request: Request) -> bytes:
@@ -218,10 +225,13 @@ async def _starlette_error(request: Request, exc: HTTPException) -> Response:
     where = f"{request.method} {request.url.path[:200]}"
     # Starlette spells the header "Allow"
     allow = next((v for k, v in (exc.headers or {}).items() if k.lower() == "allow"), "?")
-    message = {404: f"{where}: no such endpoint (GET /info lists this server's)",
-               405: f"{where}: method not allowed (allowed: {allow})"}
-    return error(RequestError(exc.status_code, None, message.get(exc.status_code, f"{where}: {exc.detail}")),
-                 exc.headers)
+    if exc.status_code == 404:
+        message = f"{where}: no such endpoint; this server's are {routes.known(request.app.state.service)}"
+    elif exc.status_code == 405:
+        message = f"{where}: method not allowed (allowed: {allow})"
+    else:
+        message = f"{where}: {exc.detail}"
+    return error(RequestError(exc.status_code, None, message), exc.headers)
 
 
 # The application -------------------------------------------------------------------------------------
@@ -248,6 +258,7 @@ def create_app(config: ServeConfig, served: Served | None = None) -> Starlette:
     app = Starlette(routes=routes.routes(service), lifespan=lifespan, middleware=exposure.middleware(config),
                     exception_handlers={HTTPException: _starlette_error})
     app.state.service = service
+    app.router.redirect_slashes = False  # each path is served with its slash too (routes.py)
     return app
 
 

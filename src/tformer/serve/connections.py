@@ -15,11 +15,21 @@ uvicorn closes a connection only after a keep-alive pause between requests
                        so do connections past this many from one client address (per worker):
                        512 slow connections from one address (headers sent a byte at a time)
                        took every place, and every other client got 503 until they timed out
+    MAX_PIPELINED      requests waiting behind the one being answered, on one connection:
+                       past them, those are answered, what else arrives is dropped and the
+                       connection closed (a client must retry what was not answered, RFC 9112
+                       §9.3.2); uvicorn parsed all it read, and 4 MB of pipelined GET /health
+                       from a client that read nothing queued 48,000 requests (+150 MB)
     MAX_HEAD_BYTES     a request line and headers past 64 KiB get 431 and are closed: the parser
                        keeps them in memory, joining each piece to the last (a client streaming
                        headers for --header-timeout seconds held the event loop, and every other
                        client, for that long)
     malformed HTTP     400 with the JSON error every answer has (uvicorn's own is plain text)
+    half-close         a client that ends its side (FIN) after its requests still gets their
+                       answers, then the connection is closed; a request it cut short gets none.
+                       But a FIN while a request waits on the model (``FIN_MEANS_GONE`` in its
+                       scope) is a client that gave up (its timeout closed the socket: the two
+                       look the same), as nginx and hyper take it: closed, its jobs cancelled
     SIGTERM            connections still reading a request are closed at once (they hold no
                        work); requests in the model get up to --grace-period seconds, then
                        503 (``Limits.begin_drain``), so nothing waits on uvicorn's own cancel
@@ -32,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,9 +51,12 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from tformer.serve.schema import RequestError
 
 STATE_KEY = "tformer.connections"
+# Set in a request's scope by the app once its work is queued: a FIN from now on means the client left.
+FIN_MEANS_GONE = "tformer.fin_means_gone"
 # Most bytes of a request line and headers. nginx allows 32 KiB (4 x 8k buffers), Node.js 16 KiB,
 # hyper (TEI's server) about 400 KiB; the clients here send well under 1 KiB.
 MAX_HEAD_BYTES = 64 * 1024
+MAX_PIPELINED = 128  # no client here pipelines at all; a test sends 100 in one write
 # Seconds a refused connection keeps reading (and dropping) what its client still sends, after
 # the answer and the end of our side (nginx's lingering close): closed at once, the kernel answers
 # that unread data with a reset, and the client could lose the answer (http.client: 9 in 10
@@ -94,6 +108,8 @@ class GuardedProtocol(HttpToolsProtocol):
         self._head_size = 0  # the parsed head's URL and headers, in bytes
         self._refusal = MALFORMED  # what a parser error answers
         self._lingering = False  # answered and refused: what still arrives is dropped
+        self._dropping = False  # past MAX_PIPELINED: what still arrives is dropped
+        self._received_whole: deque = deque()  # cycles of requests received whole, not yet answered
         limits = self._limits()
         if limits is None:
             return
@@ -118,7 +134,7 @@ class GuardedProtocol(HttpToolsProtocol):
         return sum(1 for c in self.connections if c.client and c.client[0] == host)
 
     def data_received(self, data: bytes) -> None:
-        if self._lingering:
+        if self._lingering or self._dropping:
             return
         self._received = True
         if self._in_head:
@@ -131,7 +147,13 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to bytes its parser refuses (or a callback of ours stopped), in the
-        JSON every answer has."""
+        JSON every answer has; past MAX_PIPELINED, none: the requests queued are answered, the
+        last one closes the connection, and what else arrives is dropped."""
+        if self._refusal is None:
+            self._disarm()  # the deadline of the request refused would cut the answers
+            self._dropping, self._reading, self._in_head = True, False, True
+            self.cycle.keep_alive = False  # the last one queued
+            return
         self._refuse(self._refusal)
 
     def on_url(self, url: bytes) -> None:
@@ -155,6 +177,9 @@ class GuardedProtocol(HttpToolsProtocol):
         if size > MAX_HEAD_BYTES:  # a whole head in one piece: stop the parser (send_400_response)
             self._refusal = HEAD_TOO_LARGE
             raise ValueError(f"request head: {size} bytes")
+        if len(self.pipeline) >= MAX_PIPELINED:  # stop the parser too (send_400_response)
+            self._refusal = None
+            raise ValueError(f"pipelined requests: more than {MAX_PIPELINED}")
         super().on_headers_complete()
         limits = self._limits()
         if limits is not None and self._reading:
@@ -162,13 +187,40 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._reading = False
+        while self._received_whole and self._received_whole[0].response_complete:  # answered in order
+            self._received_whole.popleft()
+        self._received_whole.append(self.cycle)
         self._in_head, self._head_bytes = True, 0
         self._disarm()
         super().on_message_complete()
 
+    def eof_received(self) -> bool | None:
+        """The client ended its side (FIN). Returning None closes the connection at once (asyncio),
+        as uvicorn did: a client that sent a request and shut its side (``nc -N``,
+        ``shutdown(SHUT_WR)``) got nothing. Now the requests it sent whole are answered, then the
+        connection is closed (True keeps our side open); unless one waits on the model, where
+        the FIN means the client left (see the module's docstring)."""
+        unanswered = [c for c in self._received_whole if not c.response_complete]
+        if self._lingering or not unanswered or any(c.scope.get(FIN_MEANS_GONE) for c in unanswered):
+            return None
+        last = unanswered[-1]
+        cut_short = self.pipeline[0] if self.pipeline else None
+        if cut_short is not None and cut_short[0] is not last:  # a body cut by the FIN: never run
+            self.pipeline.popleft()
+        self._disarm()  # a deadline for the request cut short would cut the answers too
+        last.keep_alive = False  # the cycle closes the connection after its answer
+        return True
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._stop_send_timer()
+        # uvicorn tells only the newest request that its client left: one before it, still being
+        # answered (pipelined), wrote on the closed transport (uvloop: RuntimeError, logged as
+        # an exception in the application with its traceback)
+        for cycle in self._received_whole:
+            if not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
         super().connection_lost(exc)
 
     def pause_writing(self) -> None:

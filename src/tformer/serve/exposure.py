@@ -6,7 +6,9 @@ meets them:
 
     HostGuard   the Host header must name this server: the bind address or localhost's names,
                 plus --allowed-hosts (example.com, *.example.com, or * for any); else 400.
-                A rebinding page's requests carry its own name, so they stop here.
+                A rebinding page's requests carry its own name, so they stop here. (HTTP/1.0
+                has no Host header: a request without one is let through, as a browser
+                always sends one; a load balancer's check often has none.)
     CORS        off unless --cors-origin names the origins whose pages may read answers
                 (Starlette's CORSMiddleware); without it browsers keep other origins out.
     JSON only   POST bodies must say Content-Type: application/json (app.py, 415): a page
@@ -54,7 +56,7 @@ class HostGuard:
             refusal = None
             if len(hosts) > 1:  # RFC 9112 §3.2: a 400; the check below read the first, others the last
                 refusal = f"Host: expected one Host header, got {len(hosts)}"
-            elif not self.any:
+            elif not self.any and (hosts or scope["http_version"] != "1.0"):
                 raw = hosts[0] if hosts else b""
                 host = _bare(_hostname(raw.decode("latin-1").lower()))
                 if not (host in self.allowed or (self.suffixes and host.endswith(self.suffixes))):

@@ -5,6 +5,11 @@
     seq2seq         POST /generate and / (TGI), /v1/completions (OpenAI), /tokenize
     always          GET /health, /info, /metrics, /v1/models, /v1/models/{id}
 
+Each path answers with a trailing slash too (POST /embed/): Starlette's answer was a 307 redirect
+to the bare path, which a client must follow by sending its body again, and one that does not
+(curl without -L, a hand-written client) got an empty answer. Any other path is a 404 that
+names this server's endpoints.
+
 Each protocol module (openai_api, tei_api, tgi_api) says, per path, how a body is read
 (``parse``) and how results are written (``respond``); ``Service.answer`` (app.py) does the rest.
 A model path of another kind answers 404 naming this server's endpoints.
@@ -26,6 +31,7 @@ from tformer.serve.schema import RequestError
 
 # Every POST path of any kind: a path of another kind is a 404 that names this server's.
 POST_PATHS = ("/v1/embeddings", "/v1/completions", "/embed", "/predict", "/generate", "/tokenize", "/")
+GET_PATHS = ("/health", "/info", "/metrics", "/v1/models")  # and /v1/models/{id}
 
 
 # Each model kind's protocols (each builder gives its endpoints by path), and its /info fields.
@@ -62,16 +68,24 @@ def routes(service: Service) -> list[Route]:
         return JSONResponse({"object": "list", "data": [openai_api.model_card(service, started)]})
 
     def model(request: Request) -> Response:
-        name = request.path_params["name"]
+        name = request.path_params["name"].removesuffix("/")  # /v1/models/{id}/ as /v1/models/{id}
         if name != service.config.model_name:
             held = service.config.model_name
             return error(RequestError(404, "model", f"model: this server holds {held!r}, not {name!r}"))
         return JSONResponse(openai_api.model_card(service, started))
 
+    gets = {"/health": lambda r: JSONResponse({"status": "ok"}),
+            "/info": lambda r: JSONResponse(service.info()),
+            "/metrics": lambda r: PlainTextResponse(service.metrics.render(),
+                                                    media_type="text/plain; version=0.0.4"),
+            "/v1/models": models}
     post = [Route(p, bind(p), methods=["POST"]) for p in POST_PATHS]
-    get = [Route("/health", lambda r: JSONResponse({"status": "ok"})),
-           Route("/info", lambda r: JSONResponse(service.info())),
-           Route("/metrics", lambda r: PlainTextResponse(service.metrics.render(),
-                                                         media_type="text/plain; version=0.0.4")),
-           Route("/v1/models", models), Route("/v1/models/{name:path}", model)]
-    return post + get
+    get = [Route(p, gets[p]) for p in GET_PATHS]
+    slashed = [Route(r.path + "/", r.endpoint, methods=r.methods) for r in post + get if r.path != "/"]
+    # after the others: /v1/models/ is the list, not a model named ""
+    return post + get + slashed + [Route("/v1/models/{name:path}", model)]
+
+
+def known(service: Service) -> str:
+    """This server's endpoints, for a 404: "POST /, /embed, ...; GET /health, ..."."""
+    return f"POST {', '.join(sorted(endpoints(service)))}; GET {', '.join(GET_PATHS)}, /v1/models/{{id}}"
