@@ -154,3 +154,16 @@ def briefly_trained_reverse(layers: int = 1):
         loss.backward()
         opt.step()
     return model.eval(), task.collate(task.split("test")[:6])  # varied lengths -> padded sources
+
+
+# A synthetic-task run small enough for any test: a one-layer model of width 16, batches and
+# held-out splits of 8 examples, one thread, no progress bar.
+TINY_TRAIN = ("--d-model", "16", "--n-heads", "2", "--d-ff", "32", "--n-layers", "1", "--batch-size", "8",
+              "--valid-size", "8", "--test-size", "8", "--threads", "1", "--quiet")
+
+
+def tiny_train_argv(out, *options, task: str = "reverse", steps: int = 2) -> list[str]:
+    """`tformer train` arguments for a tiny run of a synthetic task into `out`, then `options`
+    ("--eval-every", 2, ...; one given again overrides TINY_TRAIN's)."""
+    return ["train", "--task", task, "--steps", str(steps), "--out", str(out), *TINY_TRAIN,
+            *(str(option) for option in options)]

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from tformer import __version__
-from tformer.errors import OS_ERRORS, USER_ERRORS, Terminated  # one line, no traceback
+from tformer.errors import OS_ERRORS, USER_ERRORS, Terminated, sigterm_interrupts  # one line, no traceback
 from tformer.kernels.allocator import keep_freed_memory
 
 # (command name, module under tformer.commands)
@@ -128,7 +128,8 @@ def _command(argv: list[str] | None) -> int:
     try:
         # tformer.kernels.allocator: on the CPU a step's tensors are not faulted in afresh each time
         keep_freed_memory(_device_type(args))
-        rc = int(args._run(args) or 0)
+        with sigterm_interrupts():  # `kill`, `timeout`, a scheduler: every command stops as on Ctrl-C
+            rc = int(args._run(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not at exit
         return rc
     except BrokenPipeError:
@@ -144,7 +145,7 @@ def _command(argv: list[str] | None) -> int:
         print(f"tformer {args.command}: error: {_os_error(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:  # (its message, if any, says how to go on)
-        # Ctrl-C: 130; SIGTERM (train takes it as a Ctrl-C): 143, 128 + the signal, as the shells say
+        # Ctrl-C: 130; SIGTERM (taken as a Ctrl-C): 143, 128 + the signal, as the shells say
         what, rc = ("terminated", 143) if isinstance(e, Terminated) else ("interrupted", 130)
         print(f"tformer {args.command}: {what}" + (f"; {e}" if str(e) else ""), file=sys.stderr)
         return rc

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from helpers import tiny_train_argv
 
 
 @pytest.fixture(scope="session")
@@ -44,10 +45,7 @@ def task_runs(tmp_path_factory):
             out = tmp_path_factory.mktemp("tasks") / task
             threads = torch.get_num_threads()
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                assert main(["train", "--task", task, "--out", str(out), "--steps", "2", "--d-model", "16",
-                             "--n-heads", "2", "--d-ff", "32", "--n-layers", "1", "--batch-size", "8",
-                             "--valid-size", "8", "--test-size", "8", "--eval-every", "2",
-                             "--threads", "1", "--quiet"]) == 0
+                assert main(tiny_train_argv(out, "--eval-every", 2, task=task)) == 0
             torch.set_num_threads(threads)
             runs[task] = out
         return runs[task]

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import tiny_train_argv
 from hf_bert_fixtures import bert_dir
 from text_fixtures import classification_rows, embedding_rows, seq2seq_rows, write
 
@@ -353,9 +354,7 @@ def test_a_symlinked_hf_target_is_followed_and_stays_a_link(capsys, tmp_path, ru
 
 def test_synthetic_task_runs_refuse_hf_in_one_line(capsys, tmp_path):
     run = tmp_path / "rev"
-    assert main(["train", "--task", "reverse", "--steps", "2", "--out", str(run), "--d-model", "16",
-                 "--n-heads", "2", "--d-ff", "32", "--n-layers", "1", "--batch-size", "8", "--valid-size",
-                 "8", "--test-size", "8", "--threads", "1", "--quiet"]) == 0
+    assert main(tiny_train_argv(run)) == 0
     rc, _, err = _run(capsys, "export", run, "--hf", tmp_path / "hf")
     assert rc == 2 and err.count("\n") == 1 and "synthetic-task run" in err
 

@@ -132,6 +132,74 @@ def test_cli_numpy_engine_refuses_resume(tmp_path, capsys):
     assert "numpy engine cannot resume" in capsys.readouterr().err
 
 
+def _numpy_argv(out, *options) -> list[str]:
+    from helpers import tiny_train_argv
+
+    return tiny_train_argv(out, "--engine", "numpy", "--eval-every", 2, *options)
+
+
+@pytest.mark.parametrize("before", ["nothing", "a finished run"])
+def test_a_numpy_run_into_an_out_another_process_trains_in_is_refused_as_a_torch_run_is(tmp_path, capsys,
+                                                                                      before):
+    """Two runs on one --out must not both write (both did: their metrics.jsonl lines interleaved).
+    The NumPy engine takes the torch trainer's run lock, and the second gets its one line, whatever
+    the directory holds, and touches nothing."""
+    import os
+
+    from helpers import tiny_train_argv
+
+    from tformer.cli import main
+    from tformer.storage.rundir import RunLock
+
+    out = tmp_path / "run"
+    out.mkdir()
+    if before == "a finished run":
+        assert main(_numpy_argv(out)) == 0
+    capsys.readouterr()
+    errors = []
+    with RunLock(out):  # another process trains there (a real flock, on another open file)
+        files = {p.name: p.read_bytes() for p in out.iterdir()}
+        for argv in (_numpy_argv(out), tiny_train_argv(out)):  # the NumPy engine, then torch
+            assert main(argv) == 2
+            errors.append(capsys.readouterr().err)
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == files
+    assert errors[0] == errors[1] == (f"tformer train: error: --out: {out} is in use by another tformer "
+                                      f"process (pid {os.getpid()}); wait for it to finish or choose "
+                                      "another --out\n")
+
+
+def test_a_numpy_run_killed_at_any_write_keeps_a_whole_model_or_starts_again(tmp_path, capsys):
+    """kill -9 at each durable write of a NumPy run (its saves at steps 2 and 4 and the final one):
+    the directory holds a whole model that loads (a NumPy run does not resume; the same command is
+    refused), or none, and the same command then starts it again. A model without its
+    train_config.json (killed between the two) was neither: not loadable, and refused as a checkpoint."""
+    from cli_helpers import killed_at
+
+    from tformer.cli import main
+    from tformer.storage import files
+
+    seen: list[str] = []
+    files.fault_hook = seen.append
+    try:
+        assert main(_numpy_argv(tmp_path / "whole", "--log-every", 1, "--steps", 4)) == 0
+    finally:
+        files.fault_hook = None
+    assert len(seen) == 18, seen  # three saves of three files, each written then renamed
+    for k in range(1, len(seen) + 1):
+        out = tmp_path / f"k{k}"
+        assert killed_at(k, _numpy_argv(out, "--log-every", 1, "--steps", 4)), k
+        steps = [r["step"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
+        assert steps == sorted(steps) and steps, k  # whole lines of one run
+        capsys.readouterr()
+        if (out / "model.safetensors").exists():
+            assert load_run(out).config.task == "reverse", k  # loads: config, weights, train config
+            assert main(_numpy_argv(out, "--steps", 4)) == 2, k
+            assert "already holds a checkpoint; choose another --out" in capsys.readouterr().err, k
+        else:
+            assert main(_numpy_argv(out, "--steps", 4)) == 0, k  # starts again from nothing
+            assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["split"] == "test"
+
+
 def _objective(task, config):
     """The PyTorch side's objective of a synthetic task."""
     return {"seq2seq": Seq2Seq, "classification": Classification}[task.kind](TaskSource(task, config))

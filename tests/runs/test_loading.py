@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 import torch
-from helpers import prune_at_first_read
+from helpers import prune_at_first_read, tiny_train_argv
 
 from tformer.cli import main
 from tformer.runs import describe_run, load_run
@@ -17,9 +17,7 @@ def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "reverse"
     threads = torch.get_num_threads()
     with contextlib.redirect_stdout(io.StringIO()):
-        assert main(["train", "--task", "reverse", "--steps", "2", "--out", str(out), "--d-model", "16",
-                     "--n-heads", "2", "--d-ff", "32", "--n-layers", "1", "--batch-size", "8", "--valid-size", "8",
-                     "--test-size", "8", "--eval-every", "2", "--threads", "1", "--quiet"]) == 0
+        assert main(tiny_train_argv(out, "--eval-every", 2)) == 0
     torch.set_num_threads(threads)
     return out
 

@@ -90,6 +90,7 @@ def test_resuming_with_fewer_steps_than_the_checkpoint_is_refused_and_changes_no
     """A run interrupted at step 2 of 100, resumed with --steps 1: refused in one line (it was tested
     at step 2 and saved again as ended there, its --steps 100 replaced by 1). --steps 2 only tests."""
     from cli_helpers import assert_one_line_error
+    from helpers import tiny_train_argv
 
     from tformer.cli import main
     from tformer.storage import files
@@ -100,9 +101,7 @@ def test_resuming_with_fewer_steps_than_the_checkpoint_is_refused_and_changes_no
             raise KeyboardInterrupt
 
     out = tmp_path / "run"
-    argv = ["train", "--task", "reverse", "--steps", "100", "--eval-every", "2", "--out", str(out), "--d-model",
-            "16", "--n-heads", "2", "--d-ff", "32", "--n-layers", "1", "--batch-size", "8", "--valid-size", "8",
-            "--test-size", "8", "--threads", "1", "--quiet"]
+    argv = tiny_train_argv(out, "--eval-every", 2, steps=100)
     with monkeypatch.context() as m:
         m.setattr(files, "fault_hook", ctrl_c)
         assert main(argv) == 130

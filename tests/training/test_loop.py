@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import tiny_train_argv
 from safetensors.torch import load_file
 from text_fixtures import classification_rows, embedding_rows, seq2seq_rows, write
 
@@ -290,21 +291,20 @@ def test_best_weights_killed_between_their_write_and_the_checkpoint_match_the_re
 
     from tformer.storage import files
 
-    out = tmp_path / "run"
-    argv = ["train", "--task", "reverse", "--steps", "3", "--out", str(out), "--keep", "9",
-            "--d-model", "16", "--n-heads", "2", "--d-ff", "32", "--n-layers", "1", "--batch-size", "8",
-            "--valid-size", "8", "--test-size", "8", "--eval-every", "1", "--threads", "1", "--quiet"]
+    def argv(out):
+        return tiny_train_argv(out, "--keep", 9, "--eval-every", 1, steps=3)
+
     seen: list[str] = []
     files.fault_hook = seen.append
     try:
-        assert main(argv) == 0  # learns where the third validation's writes come
+        assert main(argv(tmp_path / "run")) == 0  # learns where the third validation's writes come
     finally:
         files.fault_hook = None
     third = [i for i, what in enumerate(seen, 1) if "step-000003" in what][0]
     best_after = [i for i, what in enumerate(seen, 1) if i > third and "best.safetensors" in what]
     for k in [third, *best_after[:1]]:  # at checkpoint 3's first write, and at best's after it
         run = tmp_path / f"k{k}"
-        assert killed_at(k, [*argv[:6], str(run), *argv[7:]]), k
+        assert killed_at(k, argv(run)), k
         resumed_at = json.loads((check_run_dir(run) / "trainer_state.json").read_text())["step"]
         # resumed without a step more: the test scores best.safetensors as the state's best step
         assert main(["train", "--resume", str(run), "--steps", str(resumed_at), "--quiet"]) == 0
@@ -351,9 +351,7 @@ def test_a_run_that_had_ended_and_was_interrupted_in_its_test_only_tests_when_re
         raise KeyboardInterrupt
 
     out = tmp_path / "run"
-    argv = ["train", "--task", "reverse", "--steps", "20", "--eval-every", "1", "--patience", "1", "--lr", "1e-30",
-            "--out", str(out), "--d-model", "16", "--n-heads", "2", "--d-ff", "32", "--n-layers", "1",
-            "--batch-size", "8", "--valid-size", "8", "--test-size", "8", "--threads", "1", "--quiet"]
+    argv = tiny_train_argv(out, "--eval-every", 1, "--patience", 1, "--lr", "1e-30", steps=20)
     with monkeypatch.context() as m:
         m.setattr(loop, "with_baseline", ctrl_c)  # after the test is scored, before it is written
         assert main(argv) == 130
@@ -379,9 +377,7 @@ def test_a_full_disk_in_a_save_says_which_checkpoint_is_kept_and_how_to_go_on(tm
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     out = tmp_path / "run"
-    argv = ["train", "--task", "reverse", "--steps", "6", "--eval-every", "2", "--out", str(out), "--d-model",
-            "16", "--n-heads", "2", "--d-ff", "32", "--n-layers", "1", "--batch-size", "8", "--valid-size", "8",
-            "--test-size", "8", "--threads", "1", "--quiet"]
+    argv = tiny_train_argv(out, "--eval-every", 2, steps=6)
     with monkeypatch.context() as m:
         m.setattr(files, "fault_hook", full_disk)
         assert main(argv) == 1

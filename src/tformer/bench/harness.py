@@ -126,6 +126,7 @@ class Report:
     notes: list[str] = field(default_factory=list)
     machine: dict = field(default_factory=dict)
     interrupted: str | None = None  # the workload that was running when the bench was stopped
+    stopped_by: KeyboardInterrupt | None = field(default=None, repr=False, compare=False)  # Ctrl-C or SIGTERM
 
     def extend(self, other: Report) -> None:
         self.rows += other.rows
@@ -204,17 +205,17 @@ def _md_row(cells: list[str]) -> str:
 
 def run_workloads(work: Iterable[tuple[str, Callable[[], Report]]],
                   progress: Callable[[str], None] | None = None) -> Report:
-    """Each workload's report, in order. Stopped (Ctrl-C, or SIGTERM, which `tformer bench` turns
-    into the same), the report of those that finished, naming the one that was running: a long
-    run cut short keeps what it measured."""
+    """Each workload's report, in order. Stopped (Ctrl-C, or SIGTERM, which `tformer` turns into
+    the same: tformer.errors.Terminated), the report of those that finished, naming the one that was
+    running and keeping what stopped it: a long run cut short keeps what it measured."""
     report = Report()
     for name, fn in work:
         if progress:
             progress(name)
         try:
             part = fn()
-        except KeyboardInterrupt:
-            report.interrupted = name
+        except KeyboardInterrupt as e:
+            report.interrupted, report.stopped_by = name, e
             report.notes.append(f"interrupted during {name}: the tables hold the workloads that finished "
                                 "before it")
             break

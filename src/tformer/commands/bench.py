@@ -9,7 +9,6 @@ cores used. See benchmarks/README.md for the workloads and how to read the table
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import time
 from pathlib import Path
@@ -87,15 +86,12 @@ def run(args: argparse.Namespace) -> int:
         if unknown:
             raise ValueError(f"--only: on {device} expected workloads from "
                              f"{', '.join(device_workloads.NAMES)}, got {', '.join(unknown)}")
-    # `timeout` and job schedulers stop a run with SIGTERM: as Ctrl-C, the finished workloads print.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        if on_device:
-            report = device_workloads.run(settings, device, args.only, progress)
-        else:
-            report = workloads.run(settings, args.only, progress)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    # Stopped by Ctrl-C, or by SIGTERM (`timeout`, a job scheduler; tformer.cli takes it as Ctrl-C),
+    # the report holds the workloads that finished.
+    if on_device:
+        report = device_workloads.run(settings, device, args.only, progress)
+    else:
+        report = workloads.run(settings, args.only, progress)
     report.machine = machine_info(args.threads)
     report.machine["mode"] = "quick (tiny sizes: timings mean nothing)" if args.quick else "full"
     if on_device:
@@ -119,10 +115,6 @@ def run(args: argparse.Namespace) -> int:
         from tformer.storage.files import write_atomic
 
         write_atomic(args.json, (report.to_json() + "\n").encode())
-    if report.interrupted:
-        raise KeyboardInterrupt  # the command's one line, exit status 130
+    if report.stopped_by is not None:  # the command's one line: Ctrl-C's (130) or SIGTERM's (143)
+        raise report.stopped_by
     return 0
-
-
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt

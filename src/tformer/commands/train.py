@@ -136,12 +136,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Train; an error about an option names it as the user wrote it: `--max-minutes` on the
     command line, `FILE: max_minutes` in the --config file (the library names the field)."""
-    from tformer.errors import BadType, sigterm_interrupts
+    from tformer.errors import BadType
     from tformer.training.config import MODEL_OPTIONS, TrainConfig
 
-    try:
-        with sigterm_interrupts():  # `kill`, `timeout`, a scheduler: stop as Ctrl-C does
-            return _run(args)
+    try:  # (SIGTERM stops it as Ctrl-C does: tformer.cli)
+        return _run(args)
     except (ValueError, BadType, OSError) as e:
         fields = {f.name for f in dataclasses.fields(TrainConfig)} | set(MODEL_OPTIONS) | {"resume"}
         name, sep, rest = str(e).partition(": ")

@@ -17,13 +17,15 @@ same random draws: torch's generator is not NumPy's). Each step is
 The run directory holds what the PyTorch side reads (`tformer eval RUN`, `tformer
 generate RUN`): config.json, model.safetensors (the same keys), train_config.json and
 metrics.jsonl. Not written: the optimizer state (a NumPy run cannot be resumed) and
-curves.png.
+curves.png. As the PyTorch trainer's, the directory is checked, created and locked
+(tformer.storage.rundir: a second run on it is refused in the same one line), and each save
+writes model.safetensors last, each file atomically: a run killed at any moment holds a whole
+model that loads, or none, and then starts again with the same command.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import time
 from pathlib import Path
@@ -39,6 +41,7 @@ from tformer.reference.module import Embedding, LayerNorm, Linear, Module
 from tformer.reference.optim import AdamW, clip_grad_norm_
 from tformer.reference.positional import LearnedPositionalEmbedding
 from tformer.storage.files import json_bytes, new_run_dir, write_atomic
+from tformer.storage.rundir import append_jsonl, check_unlocked, open_run_dir
 from tformer.tasks import Example, SequenceTask, Task, get_task
 from tformer.tasks.tokenizer import PAD
 from tformer.training.config import TrainConfig
@@ -140,16 +143,13 @@ def evaluate(model: Module, task: Task, split: str) -> tuple[dict[str, float], l
 
 # The run directory -----------------------------------------------------------------------
 def save_run(run_dir: Path, model: Module, config: TrainConfig, step: int) -> None:
-    """config.json, model.safetensors (keys as the PyTorch model's), train_config.json."""
+    """config.json, train_config.json, then model.safetensors (keys as the PyTorch model's): the
+    weights last, so that a directory holding them holds the other two (which never change during
+    a run) and loads; before them, it is a run that never saved (check_run_dir, open_run_dir)."""
     write_atomic(run_dir / "config.json", json_bytes(model.config.to_dict()))
+    write_atomic(run_dir / "train_config.json", json_bytes(config.to_dict()))
     weights = {k: np.ascontiguousarray(v) for k, v in model.state_dict().items()}
     write_atomic(run_dir / "model.safetensors", save(weights, metadata={"step": str(step)}))
-    write_atomic(run_dir / "train_config.json", json_bytes(config.to_dict()))
-
-
-def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(record) + "\n")
 
 
 # The loop ------------------------------------------------------------------------------
@@ -173,20 +173,20 @@ def train(config: TrainConfig, progress: bool = True, log=print,
           dtype=np.float32) -> dict[str, Any]:
     """Train, checkpoint, test; return the test record (also the last line of metrics.jsonl).
 
-    `config.threads` sets the BLAS threads (see blas_threads)."""
-    with blas_threads(config.threads):
-        return _train(config, progress, log, dtype)
+    `config.threads` sets the BLAS threads (see blas_threads). The run directory (`config.out`,
+    else a new one under runs/) is locked while the run writes in it."""
+    run_dir = Path(config.out) if config.out else new_run_dir(f"{config.task}-numpy")
+    check_unlocked(run_dir)  # in use: the PyTorch trainer's refusal, before ours of its checkpoint
+    if (run_dir / "model.safetensors").exists():
+        raise ValueError(f"out: {run_dir} already holds a checkpoint; choose another --out")
+    with blas_threads(config.threads), open_run_dir(run_dir, resume=False):
+        return _train(config.replace(out=str(run_dir)), progress, log, dtype)
 
 
 def _train(config: TrainConfig, progress: bool, log, dtype) -> dict[str, Any]:
     started = time.perf_counter()
-    run_dir = Path(config.out) if config.out else new_run_dir(f"{config.task}-numpy")
-    if (run_dir / "model.safetensors").exists():
-        raise ValueError(f"out: {run_dir} already holds a checkpoint; choose another --out")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config = config.replace(out=str(run_dir))
-    metrics_path = run_dir / "metrics.jsonl"
-    metrics_path.unlink(missing_ok=True)
+    run_dir = Path(config.out)
+    metrics_path = run_dir / "metrics.jsonl"  # (open_run_dir removed an unfinished run's)
     task = get_task(config.task, config.seed, config.valid_size, config.test_size)
     model = build_model(config, task, dtype)
     init_weights(model, np.random.default_rng(config.seed))
@@ -217,14 +217,14 @@ def _train(config: TrainConfig, progress: bool, log, dtype) -> dict[str, Any]:
                       "accuracy": sums["accuracy"] / sums["n"],
                       "tokens_per_second": sums["tokens"] / seconds, "lr": lr,
                       "wall_seconds": round(time.perf_counter() - started, 2)}
-            _append_jsonl(metrics_path, record)
+            append_jsonl(metrics_path, record)
             if progress:
                 log(f"step {step}: train loss {record['loss']:.4f} acc {record['accuracy']:.4f} "
                     f"({record['tokens_per_second']:.0f} tok/s)")
             sums = {"loss": 0.0, "accuracy": 0.0, "n": 0, "tokens": 0, "t0": time.perf_counter()}
         if step % config.eval_every == 0:
             valid, _ = evaluate(model, task, "validation")
-            _append_jsonl(metrics_path, {"split": "validation", "step": step, **valid,
+            append_jsonl(metrics_path, {"split": "validation", "step": step, **valid,
                                          "wall_seconds": round(time.perf_counter() - started, 2)})
             log(f"step {step}: validation {key} {valid[key]:.4f} loss {valid['loss']:.4f}")
             save_run(run_dir, model, config, step)
@@ -236,7 +236,7 @@ def _train(config: TrainConfig, progress: bool, log, dtype) -> dict[str, Any]:
     record = {"split": "test", "task": task.name, "step": step, **test,
               "wall_seconds": round(time.perf_counter() - started, 2), "stopped_by": stop_reason,
               "parameters": n_params, "engine": "numpy"}
-    _append_jsonl(metrics_path, record)
+    append_jsonl(metrics_path, record)
     log(f"test {key}: {test[key]:.4f} after {step} steps, {record['wall_seconds']:.1f} s")
     log(f"wrote {run_dir}/ (config.json, model.safetensors, train_config.json, metrics.jsonl)")
     return record

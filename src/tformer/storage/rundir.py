@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
-from tformer.storage.checkpoint import CHECKPOINTS, latest_checkpoint
+from tformer.storage.checkpoint_names import CHECKPOINTS, latest_checkpoint  # (torch-free: the NumPy engine)
 from tformer.storage.files import remove_temp_files, write_atomic
 from tformer.storage.locks import flock_or_explain
 
@@ -176,6 +177,20 @@ def discard_unstarted(run_dir: Path) -> None:
     with lock:
         if {p.name for p in run_dir.iterdir()} <= {LOCK_FILE, "tokenizer.json", "data.json"}:
             shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    """One JSON line; a number that is not finite is written as null (JSON has no NaN). After a
+    line a crash cut short it starts a line of its own (glued to it, it was unreadable: lost)."""
+    clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+    line = (json.dumps(clean, allow_nan=False) + "\n").encode()
+    with path.open("ab+") as f:  # (it appends wherever it reads)
+        size = f.seek(0, 2)
+        if size:
+            f.seek(size - 1)
+            if f.read(1) != b"\n":
+                line = b"\n" + line
+        f.write(line)
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

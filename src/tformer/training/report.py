@@ -17,27 +17,13 @@ from tqdm import tqdm
 
 from tformer.errors import require
 from tformer.storage.files import write_atomic
-from tformer.storage.rundir import read_metrics
+from tformer.storage.rundir import append_jsonl, read_metrics  # (append_jsonl: tformer eval's too)
 from tformer.verdict import MIN_VERDICT_EXAMPLES, PERFECT, beats_baseline, too_few
 from tformer.viz.plots import save_figure, subplots
 
 TENSORBOARD_DIR = "tensorboard"  # RUN/tensorboard/: `tensorboard --logdir RUN` shows the run
 CSV_FILE = "metrics.csv"  # RUN/metrics.csv: one row per scalar
 CSV_COLUMNS = ("split", "step", "name", "value")
-
-
-def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    """One JSON line; a number that is not finite is written as null (JSON has no NaN). After a
-    line a crash cut short it starts a line of its own (glued to it, it was unreadable: lost)."""
-    clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
-    line = (json.dumps(clean, allow_nan=False) + "\n").encode()
-    with path.open("ab+") as f:  # (it appends wherever it reads)
-        size = f.seek(0, 2)
-        if size:
-            f.seek(size - 1)
-            if f.read(1) != b"\n":
-                line = b"\n" + line
-        f.write(line)
 
 
 def check_reports(config) -> None:
