@@ -159,3 +159,16 @@ def test_a_train_refused_because_another_process_took_its_out_first_leaves_that_
         tformer.train(data=write(tmp_path / "d.jsonl", classification_rows(20)), out=str(out), **TINY)
     assert (out / "tokenizer.json").is_file()
     peer[0].release()
+
+
+@pytest.mark.parametrize("options, error, message", [
+    (dict(out=5), TypeError, r"^out: expected a run directory \(str or os\.PathLike\), got int$"),
+    (dict(log=5), TypeError, r"^log: expected a callable taking a line \(e\.g\. print\), got int$"),
+])
+def test_train_refuses_an_argument_of_another_type_before_training(tmp_path, monkeypatch, options, error,
+                                                                   message):
+    # out=5 was pathlib's bare TypeError; log=5 failed at the first line logged, mid-training.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(error, match=message):
+        tformer.train(task="reverse", **{**TINY, "log": print, **options})
+    assert not list(tmp_path.iterdir())

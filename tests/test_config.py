@@ -101,3 +101,19 @@ def test_a_config_file_holding_a_bad_value_is_named(tmp_path, data, message):
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match=f"^{path}: .*{message}"):
         TransformerConfig.load(path)
+
+
+def test_a_config_path_or_dict_of_another_kind_is_refused_naming_it(tmp_path):
+    config = TransformerConfig()
+    # A folder was a bare "[Errno 21] Is a directory" (for save, naming a hidden temp file).
+    with pytest.raises(IsADirectoryError, match=rf"^{tmp_path}: expected a config file \(e\.g\. "
+                                                rf"{tmp_path}/config\.json\), got a directory$"):
+        config.save(tmp_path)
+    with pytest.raises(IsADirectoryError, match=rf"^{tmp_path}: expected a config file"):
+        TransformerConfig.load(tmp_path)
+    for call in (config.save, TransformerConfig.load):
+        with pytest.raises(TypeError, match=r"^path: expected a config file \(str or os\.PathLike\), got int$"):
+            call(5)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(TypeError, match=r"^data: expected a dict of config fields, got list$"):
+        TransformerConfig.from_dict([("d_model", 64)])  # was "'tuple' object ... " from inside

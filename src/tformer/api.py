@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from tformer.devices import resolve_device
+from tformer.errors import BadType, as_path
 from tformer.kernels.allocator import keep_freed_memory
 from tformer.runs import ClassificationRun, EmbeddingRun, Run, Seq2SeqRun, load_run
 from tformer.storage.checkpoint import latest_checkpoint
@@ -31,7 +32,7 @@ from tformer.storage.rundir import RunLock, open_run_dir
 from tformer.training.config import TrainConfig, check_keys, resolve_config
 from tformer.training.loop import train as _train
 from tformer.training.records import Record
-from tformer.training.sources import Data
+from tformer.training.sources import Data, check_data
 
 
 def train(data: Data | None = None, valid: Data | None = None, test: Data | None = None,
@@ -49,6 +50,8 @@ def train(data: Data | None = None, valid: Data | None = None, test: Data | None
     Like the command line, on the CPU it asks glibc's malloc to keep freed memory for reuse in this
     process (tformer.kernels.allocator says why and how to opt out)."""
     progress = progress and not quiet
+    if not callable(log):  # (it failed at the first line logged, once training had started)
+        raise BadType(f"log: expected a callable taking a line (e.g. print), got {type(log).__name__}")
     if "device" in options:  # a torch.device too; the run records it as text
         options["device"] = str(options["device"])
     device = resolve_device(options.get("device", "auto"))  # a missing device: one line, before anything
@@ -59,7 +62,8 @@ def train(data: Data | None = None, valid: Data | None = None, test: Data | None
              if value is not None and not isinstance(value, (str, Path))}  # checked before any file
     name = Path(data).stem if isinstance(data, (str, Path)) else "data" if data is not None else \
         options.get("task", TrainConfig.task)
-    run_dir = Path(options.pop("out", None) or new_run_dir(name))
+    out = options.pop("out", None)
+    run_dir = new_run_dir(name) if out is None else as_path(out, "out", "a run directory")
     created = [p for p in (run_dir, *run_dir.parents) if not p.exists()]  # the run's, and runs/
     try:
         if lines:
@@ -97,10 +101,7 @@ def _remove(created: list[Path]) -> None:
 def _record_lines(name: str, records: Any) -> list[str]:
     """Records given as Python objects, as JSONL lines; refused in one line (naming the
     argument, or the record) when they are not an iterable of dicts of JSON values."""
-    if isinstance(records, (bytes, bytearray, Mapping)) or not isinstance(records, Iterable):
-        hint = " (one record? pass a list of them)" if isinstance(records, Mapping) else ""
-        raise ValueError(f"{name}: expected a file path (str or Path) or records (an iterable of dicts), "
-                         f"got {type(records).__name__}{hint}")
+    check_data(name, records)
     lines = []
     for i, record in enumerate(records):
         if not isinstance(record, Mapping):

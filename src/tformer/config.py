@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tformer.errors import BadType
+from tformer.errors import BadType, as_path
 from tformer.storage.files import read_json_object, write_json_atomic
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
@@ -59,10 +59,10 @@ class TransformerConfig:
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "d_ff", "n_layers", "max_len"):
-            _check_positive(name, getattr(self, name))
+            check_positive(name, getattr(self, name))
         for name in ("vocab_size", "n_decoder_layers", "tgt_vocab_size", "n_classes"):
             if getattr(self, name) is not None:
-                _check_positive(name, getattr(self, name))
+                check_positive(name, getattr(self, name))
         if isinstance(self.type_vocab_size, bool) or not isinstance(self.type_vocab_size, int):
             raise BadType(f"type_vocab_size: expected an int, got {self.type_vocab_size!r}")
         if self.type_vocab_size < 0:
@@ -72,9 +72,7 @@ class TransformerConfig:
                 f"d_model: expected a multiple of n_heads ({self.n_heads}), got {self.d_model}"
             )
         for name in ("dropout", "attention_dropout"):
-            p = getattr(self, name)
-            if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0.0 <= p < 1.0:
-                raise ValueError(f"{name}: expected a probability in [0, 1), got {p!r}")
+            check_probability(name, getattr(self, name))
         if not (isinstance(self.layer_norm_eps, (int, float))
                 and 0 < self.layer_norm_eps < math.inf):
             raise ValueError(f"layer_norm_eps: expected a positive number, got {self.layer_norm_eps!r}")
@@ -107,6 +105,8 @@ class TransformerConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
+        if not isinstance(data, dict):
+            raise BadType(f"data: expected a dict of config fields, got {type(data).__name__}")
         check_known_keys(data, cls)
         return cls(**data)
 
@@ -115,11 +115,11 @@ class TransformerConfig:
 
     def save(self, path: str | Path) -> None:
         """Write JSON atomically: a failed save leaves any previous file whole."""
-        write_json_atomic(path, self.to_dict())
+        write_json_atomic(_config_file(path), self.to_dict())
 
     @classmethod
     def load(cls, path: str | Path) -> TransformerConfig:
-        path = Path(path)
+        path = _config_file(path)
         try:
             data = read_json_object(path)
         except FileNotFoundError:
@@ -128,6 +128,15 @@ class TransformerConfig:
             return cls.from_dict(data)
         except (ValueError, TypeError) as e:  # a file edited or damaged: name it, not just the key
             raise ValueError(f"{path}: {e}") from None
+
+
+def _config_file(path: str | Path) -> Path:
+    """The config file ``path`` names (a folder, such as a model directory, is refused naming it)."""
+    path = as_path(path, "path", "a config file")
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: expected a config file (e.g. {path / 'config.json'}), "
+                                "got a directory")
+    return path
 
 
 # BERT's layout (Devlin et al. 2019): learned positions, two token types, a LayerNorm over the
@@ -199,11 +208,28 @@ def field_types(config_class: type) -> dict[str, FieldType]:
 _UnionType = type(int | None)  # types.UnionType: `X | None` written in an annotation
 
 
-def _check_positive(name: str, value: Any) -> None:
+def check_positive(name: str, value: Any) -> None:
+    """A size (d_model, n_heads, max_len...): the config's check, also the leaves' (a layer
+    built alone got torch's "negative dimension" error, or a ZeroDivisionError)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise BadType(f"{name}: expected a positive int, got {value!r}")
     if value <= 0:
         raise ValueError(f"{name}: expected a positive int, got {value}")
+
+
+def check_probability(name: str, p: Any) -> None:
+    """A dropout probability: in [0, 1), so some activations survive."""
+    if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0.0 <= p < 1.0:
+        raise ValueError(f"{name}: expected a probability in [0, 1), got {p!r}")
+
+
+def check_config(config: Any, name: str = "config") -> TransformerConfig:
+    """A model's config: a TransformerConfig (a dict or a number failed deep inside as an
+    AttributeError); TransformerConfig.from_dict reads a dict."""
+    if not isinstance(config, TransformerConfig):
+        hint = " (TransformerConfig.from_dict reads a dict)" if isinstance(config, dict) else ""
+        raise BadType(f"{name}: expected a TransformerConfig, got {type(config).__name__}{hint}")
+    return config
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import signal
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 
 
@@ -23,6 +25,16 @@ def shown(text: str, width: int = 60) -> str:
     """`text` quoted for an error message, cut past `width` characters: one line of a file
     may be megabytes, and the message stays one readable line."""
     return repr(text) if len(text) <= width else f"{text[:width]!r}... ({len(text):,} characters)"
+
+
+def as_path(value: object, name: str, what: str = "a path") -> Path:
+    """``value`` (a str or os.PathLike) as a Path, refused in one line naming ``name``: a number
+    or bytes was pathlib's bare TypeError, and "" became ".", the current folder."""
+    if isinstance(value, bytes | bytearray) or not isinstance(value, str | os.PathLike):
+        raise BadType(f"{name}: expected {what} (str or os.PathLike), got {type(value).__name__}")
+    if not str(value):  # Path("") is "."
+        raise ValueError(f"{name}: expected {what}, got ''")
+    return Path(value)
 
 
 class BadInput(ValueError):

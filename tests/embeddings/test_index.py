@@ -82,3 +82,35 @@ def test_a_partial_output_with_nothing_recorded_is_not_said_to_be_for_other_inpu
     with pytest.raises(KeyboardInterrupt), open_output(out, {**identity, "model": "other"}) as w:
         assert w.done == 0 and w.discarded  # recorded, for another model: discarded, and said
         raise KeyboardInterrupt
+
+
+def test_a_search_refuses_bad_queries_or_k_naming_them(tmp_path):
+    from hf_bert_fixtures import st_dir
+
+    from tformer.embeddings.index import Index, build_index
+    from tformer.embeddings.sentence import SentenceEncoder
+
+    model = st_dir("mean", True)
+    st = SentenceEncoder.from_pretrained(model)
+    (tmp_path / "c.txt").write_text("a dog\nthe river\na cat\n")
+    build_index(st, model, tmp_path / "c.txt", tmp_path / "index", show_progress=False)
+    index = Index(tmp_path / "index")
+    q = st.encode(["a cat"])  # (1, D)
+    d = q.shape[1]
+    # Each was numpy's error from inside the search (a broadcast, an axis, a reshape), or an
+    # AttributeError; k=0 was "operands could not be broadcast together".
+    for queries, k, error, message in (
+        (q, 0, ValueError, r"^k: expected a positive int, got 0$"),
+        (q, -1, ValueError, r"^k: expected a positive int, got -1$"),
+        (q, "2", ValueError, r"^k: expected a positive int, got '2'$"),
+        (q[0], 2, ValueError, rf"^queries: expected shape \(Q, {d}\) \(the index's vectors\), got \({d},\)$"),
+        (q[:, :5], 2, ValueError, rf"^queries: expected shape \(Q, {d}\) \(the index's vectors\), got \(1, 5\)$"),
+        (np.full_like(q, np.nan), 2, ValueError, r"^queries: expected finite vectors, got NaN or inf$"),
+        (q.tolist(), 2, TypeError, r"^queries: expected a numpy array of vectors \(Q, D\), got list$"),
+    ):
+        with pytest.raises(error, match=message):
+            index.search(queries, k)
+    scores, rows = index.search(q, 10)  # k past the corpus: every row
+    assert rows.shape == (1, 3) and rows[0, 0] == 2
+    with pytest.raises(TypeError, match=r"^path: expected an index directory \(str or os\.PathLike\), got int$"):
+        Index(5)

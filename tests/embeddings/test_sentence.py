@@ -178,3 +178,14 @@ def test_encode_refuses_texts_that_are_not_str_naming_the_argument(texts, got):
     st = SentenceEncoder.from_pretrained(st_dir("mean", True))
     with pytest.raises(TypeError, match=rf"^texts: expected a str or an iterable of str, got {got}$"):
         st.encode(texts)
+
+
+def test_a_sentence_encoder_refuses_a_bad_model_or_pooling_naming_it():
+    st = SentenceEncoder.from_pretrained(st_dir())
+    with pytest.raises(TypeError, match=r"^model: expected an Encoder \(tformer\.from_pretrained\), got int$"):
+        SentenceEncoder(5, st.tokenizer)  # was "'int' object has no attribute 'eval'"
+    with pytest.raises(ValueError, match=r"^pooling: expected at least one of cls, max, mean, mean_sqrt_len, "
+                                         r"got none$"):
+        SentenceEncoder(st.model, st.tokenizer, pooling=[])  # was a (N, 0) embedding
+    one = SentenceEncoder(st.model, st.tokenizer, pooling="max")  # one mode by its name ('m', 'a', 'x' before)
+    assert one.pooling == ("max",) and one.encode("a dog").shape == (1, 32)

@@ -137,3 +137,38 @@ def test_an_opset_out_of_range_is_refused_before_tracing(tmp_path, capfd, opset)
     err = capfd.readouterr().err
     assert rc == 2 and not out.exists()
     assert err.count("\n") == 1 and err.startswith("tformer export: error: --opset: expected") and opset in err, err
+
+
+@pytest.mark.parametrize("opset", [23, 99, 17])
+def test_an_opset_outside_what_the_exporter_and_onnxruntime_support_is_refused_before_tracing(
+        tmp_path, capfd, monkeypatch, opset):
+    # 23 went through tformer's check (1..28, the onnx package's newest) and torch.onnx, then
+    # failed inside onnxruntime with its own multi-line error; 17 was traced and then found at 18.
+    from tformer.export import onnx as tonnx
+    from tformer.export.opsets import supported_opsets
+
+    if opset in supported_opsets():
+        pytest.skip(f"opset {opset} exports and runs with the packages installed here")
+    monkeypatch.setattr(tonnx, "_trace", lambda *a, **k: pytest.fail("traced"))
+    out = tmp_path / "m.onnx"
+    rc = main(["export", str(bert_dir()), "--onnx", str(out), "--opset", str(opset)])
+    err = capfd.readouterr().err
+    assert rc == 2 and not out.exists()
+    assert err.count("\n") == 1 and err.startswith("tformer export: error: --opset: expected an ONNX opset in 18.."), err
+    assert err.rstrip().endswith(f"got {opset}"), err
+
+
+@pytest.mark.parametrize("opset", [22, 23, 25])
+def test_the_supported_opsets_are_those_that_export_and_check(opset):
+    """supported_opsets probes onnxruntime's Attention without torch: a real export at the
+    opsets around the ones it leaves out says whether the probe was right."""
+    from tformer.export import onnx as tonnx
+    from tformer.export.opsets import supported_opsets
+
+    graph = graph_for(bert_dir())
+    if opset in supported_opsets():
+        _, diff = tonnx.onnx_bytes(graph, opset)
+        assert diff <= TOLERANCE
+    else:
+        with pytest.raises(Exception):  # noqa: B017 (onnxruntime's own error class, or check_opset_written)
+            tonnx.onnx_bytes(graph, opset)

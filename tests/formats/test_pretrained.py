@@ -435,3 +435,50 @@ def test_a_run_directory_gives_its_encoder_and_a_translation_run_is_refused(tmp_
     with pytest.raises(ValueError, match=r"^\S+model\.safetensors: expected an encoder's weights, got a "
                                          r"Seq2SeqTransformer's .*tformer\.load_run\(RUN_DIR\)$"):
         from_pretrained(translation)
+
+
+class _RunLike:  # what tformer.load_run gives: a model under .model, a TrainConfig under .config
+    config = object()
+
+    def export(self, **kwargs):
+        raise AssertionError("not called")
+
+
+@pytest.mark.parametrize("write", [save_pretrained, export_hf])
+@pytest.mark.parametrize("model, message", [
+    ("x", r"^model: expected a tformer model \(an nn\.Module with a TransformerConfig, e\.g\. an Encoder\), "
+          r"got str$"),
+    (_RunLike(), r"got _RunLike; a run exports with run\.export\(hf=DIR\), its model is run\.model$"),
+])
+def test_writing_something_other_than_a_model_is_refused_naming_model(tmp_path, write, model, message):
+    # "x" was "'str' object has no attribute 'config'"; a run, an AttributeError about its TrainConfig.
+    with pytest.raises(TypeError, match=message):
+        write(model, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("write", [save_pretrained, export_hf])
+def test_writing_to_a_path_of_another_type_is_refused_naming_it(tmp_path, write):
+    model = Encoder(TransformerConfig(d_model=16, n_heads=2, d_ff=32, n_layers=1, vocab_size=50,
+                                      positional="learned"))
+    with pytest.raises(TypeError, match=r"^directory: expected a directory \(str or os\.PathLike\), got int$"):
+        write(model, 5)
+    with pytest.raises(TypeError, match=r"^tokenizer_dir: expected a model directory \(str or os\.PathLike\), "
+                                        r"got int$"):
+        write(model, tmp_path / "out", tokenizer_dir=5)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("read", [from_pretrained, load_tokenizer, tformer.SentenceEncoder.from_pretrained])
+def test_reading_a_path_of_another_type_is_refused_naming_it(read):
+    # pathlib's bare "expected str, bytes or os.PathLike object, not int" before.
+    with pytest.raises(TypeError, match=r"^(path|directory): expected a model directory \(str or os\.PathLike\), "
+                                        r"got int$"):
+        read(5)
+
+
+def test_from_pretrained_refuses_a_dtype_of_another_type():
+    # 5 reached model.to(5): "Cannot access accelerator device when none is available".
+    with pytest.raises(TypeError, match=r"^dtype: expected a precision \(fp32, bf16, int8\), a torch\.dtype or "
+                                        r"None, got 5$"):
+        from_pretrained(bert_dir(), dtype=5)

@@ -99,3 +99,12 @@ def test_meta_device_forward_gives_shapes(tiny_config):
         ids = torch.zeros(2, 7, dtype=torch.long)
         out = model(ids, torch.ones(2, 7, dtype=torch.bool), skip_padding=False)
     assert out.last_hidden_state.shape == (2, 7, tiny_config.d_model)
+
+
+@pytest.mark.parametrize("module", [5, "encoder", None])
+def test_compile_model_refuses_what_is_not_a_module_naming_it(module):
+    from tformer import compile_model
+
+    # torch.compile's own word was a bare AssertionError from inside dynamo.
+    with pytest.raises(TypeError, match=r"^module: expected a torch\.nn\.Module \(e\.g\. an Encoder\), got "):
+        compile_model(module)

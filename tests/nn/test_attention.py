@@ -139,3 +139,18 @@ def test_multi_head_attention_names_a_bad_input_as_the_reference_does(cross, x, 
     with pytest.raises(ValueError) as ours:
         ours_mha(*(None if a is None else torch.from_numpy(a) for a in arrays))
     assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("args, error, message", [
+    ((0, 1), ValueError, r"^d_model: expected a positive int, got 0$"),  # was built, with 0-wide weights
+    ((16, -2), ValueError, r"^n_heads: expected a positive int, got -2$"),
+    ((16.0, 2), TypeError, r"^d_model: expected a positive int, got 16\.0$"),
+    ((16, 2, 2.0), ValueError, r"^dropout: expected a probability in \[0, 1\), got 2\.0$"),  # was built
+    ((16, 2, float("nan")), ValueError, r"^dropout: expected a probability in \[0, 1\), got nan$"),
+])
+def test_multi_head_attention_refuses_bad_sizes_as_the_reference_does(args, error, message):
+    from tformer.reference.attention import MultiHeadAttention as Mirror
+
+    for cls in (MultiHeadAttention, Mirror):
+        with pytest.raises(error, match=message):
+            cls(*args)

@@ -265,3 +265,15 @@ def test_token_types_cannot_be_passed_positionally_as_a_mask(tiny_config):
         enc(ids, torch.ones(2, 2, dtype=torch.bool), torch.zeros(2, 2, dtype=torch.long))
     assert enc(ids, torch.ones(2, 2, dtype=torch.bool),
                token_type_ids=torch.zeros(2, 2, dtype=torch.long)).last_hidden_state.shape == (2, 2, 32)
+
+
+@pytest.mark.parametrize("cls", [Encoder, EncoderClassifier, Seq2SeqTransformer])
+@pytest.mark.parametrize("config, message", [
+    (5, r"^config: expected a TransformerConfig, got int$"),
+    ({"d_model": 16}, r"^config: expected a TransformerConfig, got dict \(TransformerConfig\.from_dict reads a "
+                      r"dict\)$"),
+])
+def test_a_model_refuses_a_config_of_another_type(cls, config, message):
+    # Was "'int' object has no attribute 'vocab_size'" (or 'n_classes').
+    with pytest.raises(TypeError, match=message):
+        cls(config)

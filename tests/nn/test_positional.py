@@ -1,6 +1,7 @@
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from tformer.nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
@@ -28,3 +29,18 @@ def test_learned_table_rows():
     emb = LearnedPositionalEmbedding(10, 4)
     assert torch.equal(emb(3, offset=2), emb.weight[2:5])
     assert np.isclose(float(emb.weight.detach().std()), 0.02, atol=0.01)
+
+
+@pytest.mark.parametrize("cls, args, message", [
+    ("SinusoidalPositionalEncoding", (0, 16), r"^d_model: expected a positive int, got 0$"),  # ZeroDivisionError
+    ("SinusoidalPositionalEncoding", (16, -1), r"^max_len: expected a positive int, got -1$"),
+    ("LearnedPositionalEmbedding", (-1, 16), r"^max_len: expected a positive int, got -1$"),  # torch's
+    ("LearnedPositionalEmbedding", (16, 0), r"^d_model: expected a positive int, got 0$"),  # "negative dimension"
+])
+def test_positions_refuse_bad_sizes_as_the_reference_does(cls, args, message):
+    from tformer.nn import positional
+    from tformer.reference import positional as mirror
+
+    for module in (positional, mirror):
+        with pytest.raises(ValueError, match=message):
+            getattr(module, cls)(*args)

@@ -38,3 +38,23 @@ def test_a_run_loads_from_the_newer_checkpoint_when_a_live_run_prunes_the_one_it
     monkeypatch.undo()
     pruned = prune_at_first_read(monkeypatch)
     assert describe_run(run) == (before.description, "generate") and len(pruned) == 1
+
+
+@pytest.mark.parametrize("path, error, message", [
+    (5, TypeError, r"^path: expected a run directory \(str or os\.PathLike\), got int$"),
+    (None, TypeError, r"^path: expected a run directory \(str or os\.PathLike\), got NoneType$"),
+    ("", ValueError, r"^path: expected a run directory, got ''$"),  # was read as ".", the current folder
+])
+def test_load_run_refuses_a_path_of_another_type_naming_it(path, error, message):
+    with pytest.raises(error, match=message):
+        load_run(path)
+    with pytest.raises(error, match=message):
+        describe_run(path)
+
+
+@pytest.mark.parametrize("needs", [5, "zz"])
+def test_load_run_refuses_an_unknown_verb(trained, needs):
+    # 5 was getattr's "attribute name must be string"; "zz" told to use another command.
+    with pytest.raises(ValueError, match=rf"^needs: expected a run's method \(predict, generate, embed, \.\.\.\) or "
+                                         rf"None, got {needs!r}$"):
+        load_run(trained, needs=needs)

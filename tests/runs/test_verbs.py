@@ -69,3 +69,67 @@ def test_a_long_input_is_counted_only_as_far_as_its_cut_needs(runs, verb, monkey
     monkeypatch.setattr(run.objective.source, "tokenizer", cut)
     assert whole > 3 and run.truncated([short]) == [(0, whole)]
     assert not isinstance(run.truncated([short])[0][1], AtLeast)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(hf=5), TypeError, r"^hf: expected a folder \(str or os\.PathLike\), got int$"),
+    (dict(onnx=b"out"), TypeError, r"^onnx: expected a folder \(str or os\.PathLike\), got bytes$"),
+    (dict(hf=""), ValueError, r"^hf: expected a folder, got ''$"),
+    (dict(onnx="OUT", opset="18"), ValueError, r"^opset: expected an ONNX opset in 18\.\..+, got '18'$"),
+])
+def test_export_refuses_a_bad_argument_naming_it_before_writing(runs, tmp_path, monkeypatch, kwargs, error,
+                                                                message):
+    # A number for a folder was pathlib's bare "expected str, bytes or os.PathLike object".
+    monkeypatch.chdir(tmp_path)
+    kwargs = {k: "OUT" if v == "OUT" else v for k, v in kwargs.items()}
+    with pytest.raises(error, match=message):
+        runs["predict"].export(**kwargs)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(data=5), r"^data: expected a file path \(str or Path\) or records \(an iterable of dicts\), got int$"),
+    (dict(data=[]), r"^data: expected at least one record, got none$"),
+    (dict(split="nope"), r"^split: expected one of test, validation \(the run's held-out splits\), got 'nope'$"),
+    (dict(split="valid"), r"^split: expected one of test, validation .*got 'valid'$"),
+    (dict(split="train"), r"^split: expected one of test, validation .*got 'train'$"),
+])
+def test_evaluate_refuses_bad_data_or_split_naming_it(runs, kwargs, message):
+    # data=5 was "'int' object is not iterable"; data=[] named "texts"; split="valid" said the
+    # run's split was empty; "train" scored the training records.
+    with pytest.raises(ValueError, match=message):
+        runs["predict"].evaluate(**kwargs)
+
+
+@pytest.mark.parametrize("limit", [0, -1, "a", 2.5])
+def test_examples_refuse_a_bad_limit(runs, limit):
+    with pytest.raises(ValueError, match=rf"^limit: expected a positive int or None, got {limit!r}$"):
+        runs["predict"].examples(limit=limit)
+    assert len(runs["predict"].examples(limit=2)) == 2
+
+
+@pytest.mark.parametrize("pairs, error, message", [
+    (5, TypeError, r"^pairs: expected a str or an iterable of str \(or None\), got int$"),
+    ([1], TypeError, r"^pairs\[0\]: expected a str or None, got int$"),
+    (["x", "y"], ValueError, r"^pairs: expected 1 \(one per text\), got 2$"),
+])
+def test_predict_refuses_bad_pairs_naming_them(runs, pairs, error, message):
+    with pytest.raises(error, match=message):
+        runs["predict"].predict(["a cat"], pairs=pairs)
+
+
+@pytest.mark.parametrize("max_len", ["3", 2.5, True])
+def test_generate_refuses_a_max_len_of_another_type_naming_it(runs, max_len):
+    # "3" was a bare "'<=' not supported between instances of 'int' and 'str'".
+    with pytest.raises(ValueError, match=r"^max_len: expected a positive int, got "):
+        runs["generate"].generate("a cat", max_len=max_len)
+
+
+@pytest.mark.parametrize("text, error, message", [
+    (5, TypeError, r"^text: expected a str, got int$"),
+    (["a", "b"], TypeError, r"^text: expected a str, got list$"),
+    (" ", ValueError, r"^text: expected a non-empty text, got ' '$"),
+])
+def test_attention_input_takes_one_text(runs, text, error, message):
+    with pytest.raises(error, match=message):
+        runs["predict"].attention_input(text)

@@ -166,3 +166,29 @@ def test_texts_that_are_not_str_are_refused_naming_the_argument(texts, got):
     tok = load_tokenizer(bert_dir())
     with pytest.raises(TypeError, match=rf"^texts: expected a str or an iterable of str, got {got}$"):
         tok(texts)
+
+
+@pytest.mark.parametrize("pairs, error, message", [
+    (5, TypeError, r"^pairs: expected a str or an iterable of str \(or None\), got int$"),  # "has no len()"
+    ([5], TypeError, r"^pairs\[0\]: expected a str or None, got int$"),
+    (["a", "b"], ValueError, r"^pairs: expected 1 \(one per text\), got 2$"),
+])
+def test_bad_pairs_are_named(pairs, error, message):
+    with pytest.raises(error, match=message):
+        load_tokenizer(bert_dir()).encode(["a dog"], pairs=pairs)
+
+
+def test_bad_token_ids_are_named():
+    tok = load_tokenizer(bert_dir())
+    ids = tok.encode(["a dog"])[0].ids
+    assert tok.decode(np.array(ids)) == tok.decode(torch.tensor(ids)) == tok.decode(ids) == "a dog"
+    for call, name in ((tok.decode, "ids"), (tok.convert_ids_to_tokens, "ids")):
+        with pytest.raises(ValueError, match=rf"^{name}\[1\]: expected a token id in \[0, {tok.vocab_size}\), "
+                                             r"got -1$"):
+            call([5, -1])  # OverflowError: number too small to fit in target type
+        with pytest.raises(TypeError, match=rf"^{name}\[0\]: expected an int token id, got str$"):
+            call(["a"])
+        with pytest.raises(TypeError, match=rf"^{name}: expected a sequence of token ids \(ints\), got int$"):
+            call(5)  # 'int' object is not iterable
+    with pytest.raises(ValueError, match=r"^token_id: expected a token id in \[0, \d+\), got -1$"):
+        tok.token_text(-1)

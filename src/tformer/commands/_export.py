@@ -18,12 +18,15 @@ import json
 from pathlib import Path
 
 from tformer.export import onnx as tonnx
+from tformer.export.opsets import check_opset
 from tformer.formats import hf_bert
 from tformer.storage.checkpoint import latest_checkpoint
 
 
 def run(args: argparse.Namespace) -> int:
     directory = Path(args.model_dir)
+    if args.onnx is not None:
+        check_opset(args.opset, "--opset")  # named as the command line names it
     if _is_run_dir(directory):
         return _export_run(directory, args)
     _refuse_non_model_dirs(directory)

@@ -47,8 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "batch is refused), seq2seq -> MarianMTModel or Pegasus; with the "
                            "tokenizer (truncating at the run's max_length) and a model card")
     parser.add_argument("--opset", type=int, default=18,
-                        help="ONNX opset version (18; an older one only where torch.onnx converts the "
-                             "model to it, else refused)")
+                        help="ONNX opset version (18; another only where the installed torch.onnx writes "
+                             "it and onnxruntime runs it, else refused before exporting, naming those)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from tformer.embeddings.stream import BLOCK, TopK, embed_chunks, progress_bar, unit
+from tformer.embeddings.stream import BLOCK, TopK, check_queries, embed_chunks, progress_bar, unit
+from tformer.errors import as_path
 from tformer.storage.checkpoint_names import CHECKPOINTS
 from tformer.storage.files import (
     dir_mode,
@@ -229,7 +230,7 @@ class Index:
     """A built index: its metadata, and a streamed top-k search over its vectors."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+        self.path = as_path(path, "path", "an index directory")
         try:
             # Its files opened together, through the folder, and read from these handles: a
             # rebuild that swaps the folder during a search leaves it reading the index it opened
@@ -319,6 +320,8 @@ class Index:
         return found
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, rows), each (Q, min(k, n)): the k rows nearest each query, best first."""
+        check_queries(queries, self.meta["dim"])
         best = TopK(queries, k)
         for first, block in self.blocks():
             best.add(block, first, normalized=True)

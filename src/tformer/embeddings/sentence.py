@@ -25,8 +25,9 @@ from tformer.devices import model_device, resolve_device
 from tformer.formats.model_dir import read_model_dir
 from tformer.nn.model import Encoder, from_pretrained
 from tformer.nn.pooling import pool
+from tformer.text.arguments import texts_list
 from tformer.text.batches import EncoderBatch, encoder_batch
-from tformer.text.tokenizer import Tokenizer, load_tokenizer, texts_list
+from tformer.text.tokenizer import Tokenizer, load_tokenizer
 
 # Encode this many batches or more and a progress bar is shown (unless show_progress says).
 PROGRESS_MIN_BATCHES = 8
@@ -42,6 +43,12 @@ class SentenceEncoder:
         pooling: Sequence[str] = ("mean",),
         normalize: bool = False,
     ) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model: expected an Encoder (tformer.from_pretrained), "
+                            f"got {type(model).__name__}")
+        pooling = (pooling,) if isinstance(pooling, str) else tuple(pooling)  # one mode: its name
+        if not pooling:
+            raise ValueError(f"pooling: expected at least one of {', '.join(POOLING_MODES)}, got none")
         for mode in pooling:
             if mode not in POOLING_MODES:
                 raise ValueError(f"pooling: expected modes from {', '.join(POOLING_MODES)}, got {mode!r}")

@@ -100,6 +100,19 @@ def unit(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
+def check_queries(queries: np.ndarray, dim: int | None = None) -> None:
+    """(Q, D) finite query vectors (D = ``dim`` where given), else one line naming them: a list,
+    one vector (D,) or a NaN were numpy's errors from inside the search."""
+    if not isinstance(queries, np.ndarray) or queries.dtype.kind not in "fiu":
+        got = queries.dtype if isinstance(queries, np.ndarray) else type(queries).__name__
+        raise TypeError(f"queries: expected a numpy array of vectors (Q, D), got {got}")
+    if queries.ndim != 2 or (dim is not None and queries.shape[1] != dim):
+        shape = "(Q, D)" if dim is None else f"(Q, {dim}) (the index's vectors)"
+        raise ValueError(f"queries: expected shape {shape}, got {queries.shape}")
+    if not np.isfinite(queries).all():
+        raise ValueError("queries: expected finite vectors, got NaN or inf")
+
+
 class TopK:
     """The k best corpus rows for each query, kept while blocks of the corpus stream past.
 
@@ -107,6 +120,9 @@ class TopK:
     """
 
     def __init__(self, queries: np.ndarray, k: int) -> None:
+        check_queries(queries)
+        if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
+            raise ValueError(f"k: expected a positive int, got {k!r}")
         self.q = unit(queries.astype(np.float32))  # (Q, D)
         self.k = k
         self.scores = np.empty((len(queries), 0), dtype=np.float32)  # (Q, <=k)

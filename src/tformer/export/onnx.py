@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from tformer.embeddings.sentence import pool
 from tformer.errors import require
+from tformer.export.opsets import DEFAULT_OPSET, check_opset
 from tformer.formats.st_layout import read_layout
 from tformer.nn.model import Encoder
 from tformer.storage.files import replaced_on_success, replaced_path
@@ -43,7 +44,6 @@ from tformer.storage.locks import output_lock, remove_leftovers
 
 EXTRA = "onnx"
 TOLERANCE = 1e-4  # max abs difference, float32, tformer vs onnxruntime
-DEFAULT_OPSET = 18  # what torch.onnx's exporter writes natively
 PRODUCER = "tformer"  # the metadata an exported file carries: a file tformer may replace
 
 
@@ -183,16 +183,6 @@ def quiet_exporter() -> Iterator[None]:
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
-
-
-def check_opset(opset: int) -> None:
-    """Refuse an opset the installed onnx does not define, before anything is traced."""
-    import onnx
-
-    newest = onnx.defs.onnx_opset_version()
-    if isinstance(opset, bool) or not isinstance(opset, int) or not 1 <= opset <= newest:
-        raise ValueError(f"--opset: expected an ONNX opset version in 1..{newest} (the installed onnx's "
-                         f"newest; the exporter writes {DEFAULT_OPSET}), got {opset!r}")
 
 
 def check_opset_written(path: Path, opset: int) -> None:

@@ -27,6 +27,7 @@ from safetensors.torch import save as st_save
 from torch import nn
 
 from tformer.config import TransformerConfig
+from tformer.errors import BadType, as_path
 from tformer.formats import hf_bert, hf_xlm
 from tformer.formats.model_dir import ModelDir, read_model_dir, tformer_model_class
 from tformer.formats.st_layout import read_layout
@@ -86,10 +87,24 @@ def save_pretrained(model: nn.Module, directory: str | Path, tokenizer_dir: str 
     ``tokenizer_dir``: also copy its tokenizer files, so the directory is self-contained.
     The directory is written as a whole (see ``_write_model_dir``).
     """
+    directory = _check_arguments(model, directory, tokenizer_dir)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     files = {"config.json": json_bytes(model.config.to_dict()),
              hf_bert.WEIGHTS_FILE: st_save(state, metadata={"format": "pt"})}
-    _write_model_dir(Path(directory), files, tokenizer_dir)
+    _write_model_dir(directory, files, tokenizer_dir)
+
+
+def _check_arguments(model: nn.Module, directory: str | Path, tokenizer_dir: str | Path | None) -> Path:
+    """save_pretrained's and export_hf's arguments, refused in one line naming them (a run, or
+    anything but a tformer model, failed deep inside with an AttributeError)."""
+    if not isinstance(model, nn.Module) or not isinstance(getattr(model, "config", None), TransformerConfig):
+        hint = ("; a run exports with run.export(hf=DIR), its model is run.model"
+                if hasattr(model, "export") else "")
+        raise BadType(f"model: expected a tformer model (an nn.Module with a TransformerConfig, e.g. "
+                      f"an Encoder), got {type(model).__name__}{hint}")
+    if tokenizer_dir is not None:
+        as_path(tokenizer_dir, "tokenizer_dir", "a model directory")
+    return as_path(directory, "directory", "a directory")
 
 
 def export_hf(model: nn.Module, directory: str | Path, tokenizer_dir: str | Path | None = None) -> None:
@@ -99,12 +114,13 @@ def export_hf(model: nn.Module, directory: str | Path, tokenizer_dir: str | Path
     exports none; transformers then initialises its pooler randomly (and says so).
     ``tokenizer_dir``: also copy its tokenizer files.
     """
+    directory = _check_arguments(model, directory, tokenizer_dir)
     hf_config = hf_bert.config_to_hf(model.config)
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     hf_state = {k: v.contiguous().clone() for k, v in hf_bert.to_hf(state, model.config).items()}
     files = {"config.json": json_bytes(hf_config),
              hf_bert.WEIGHTS_FILE: st_save(hf_state, metadata={"format": "pt"})}
-    _write_model_dir(Path(directory), files, tokenizer_dir)
+    _write_model_dir(directory, files, tokenizer_dir)
 
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tformer.config import POOLING_MODES
+from tformer.errors import as_path
 
 _POOLING_KEYS = {
     "cls": "pooling_mode_cls_token",
@@ -48,7 +49,7 @@ class SentenceLayout:
 
 def read_layout(directory: str | Path) -> SentenceLayout:
     """Read ``modules.json`` (if present) and the files it points to."""
-    directory = Path(directory)
+    directory = as_path(directory, "directory", "a model directory")
     if not directory.exists():
         raise FileNotFoundError(f"{directory}: no such model directory")
     if not directory.is_dir():

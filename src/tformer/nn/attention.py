@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from tformer import kernels
+from tformer.config import check_positive, check_probability
 from tformer.kernels.tracing import tracing
 from tformer.nn.dropout import dropout
 from tformer.nn.inputs import check_embeddings
@@ -181,6 +182,9 @@ class MultiHeadAttention(nn.Module):
         cross: bool = False,
     ) -> None:
         super().__init__()
+        check_positive("d_model", d_model)
+        check_positive("n_heads", n_heads)
+        check_probability("dropout", dropout)
         if d_model % n_heads:
             raise ValueError(
                 f"d_model: expected a multiple of n_heads ({n_heads}), got {d_model}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from tformer import kernels
-from tformer.config import ACTIVATIONS
+from tformer.config import ACTIVATIONS, check_positive
 
 
 class FeedForward(nn.Module):
@@ -17,6 +17,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", bias: bool = True):
         super().__init__()
+        check_positive("d_model", d_model)
+        check_positive("d_ff", d_ff)
         if activation not in ACTIVATIONS:
             raise ValueError(
                 f"activation: expected one of {', '.join(ACTIVATIONS)}; got {activation!r}"

@@ -12,7 +12,8 @@ import torch
 from torch import Tensor, nn
 
 from tformer import kernels
-from tformer.config import TransformerConfig
+from tformer.config import TransformerConfig, check_config
+from tformer.errors import BadType, as_path
 from tformer.formats.model_dir import ModelDir
 from tformer.formats.pretrained import load_state, read_pretrained, save_pretrained
 from tformer.nn.dropout import Dropout
@@ -30,7 +31,7 @@ class Encoder(nn.Module):
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        c = self.config = config
+        c = self.config = check_config(config)
         self.tok_emb = token_embedding(c.vocab_size, c) if c.vocab_size else None
         self.pos_emb = positional_encoding(c)
         self.type_emb = nn.Embedding(c.type_vocab_size, c.d_model) if c.type_vocab_size else None
@@ -152,6 +153,11 @@ class Encoder(nn.Module):
         ``to_precision``), or a torch dtype for every parameter; None keeps float32
         (half-precision checkpoints are widened).
         """
+        if not isinstance(path, ModelDir):
+            path = as_path(path, "path", "a model directory")
+        if dtype is not None and not isinstance(dtype, str | torch.dtype):
+            raise BadType(f"dtype: expected a precision (fp32, bf16, int8), a torch.dtype or None, "
+                          f"got {dtype!r}")
         config, state, source = read_pretrained(path, cls, allow_pickle=allow_pickle)
         model = cls(config)
         load_state(model, state, source)
@@ -174,7 +180,7 @@ class Decoder(nn.Module):
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        c = self.config = config
+        c = self.config = check_config(config)
         vocab = c.target_vocab_size
         self.tok_emb = token_embedding(vocab, c) if vocab else None
         self.pos_emb = positional_encoding(c)
@@ -276,6 +282,7 @@ class Seq2SeqTransformer(nn.Module):
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
+        config = check_config(config)
         if config.vocab_size is None:
             raise ValueError("vocab_size: Seq2SeqTransformer needs a vocabulary, got None")
         self.config = c = config
@@ -358,6 +365,7 @@ class EncoderClassifier(nn.Module):
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
+        config = check_config(config)
         if config.n_classes is None:
             raise ValueError("n_classes: EncoderClassifier needs the number of classes, got None")
         self.config = config

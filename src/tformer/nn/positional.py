@@ -11,6 +11,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from tformer.config import check_positive
+
 
 def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
     """(N, D) float64: PE[pos, 2i] = sin(pos / 10000^(2i/D)), PE[pos, 2i+1] = cos(same)."""
@@ -30,6 +32,8 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     def __init__(self, d_model: int, max_len: int):
         super().__init__()
+        check_positive("d_model", d_model)
+        check_positive("max_len", max_len)
         self.d_model, self.max_len = d_model, max_len
         # A float64 constant, not a buffer: `model.double()` must not see float32-rounded
         # sinusoids, and nothing here belongs in a checkpoint.
@@ -50,6 +54,8 @@ class LearnedPositionalEmbedding(nn.Module):
 
     def __init__(self, max_len: int, d_model: int):
         super().__init__()
+        check_positive("max_len", max_len)
+        check_positive("d_model", d_model)
         self.max_len = max_len
         self.weight = nn.Parameter(torch.empty(max_len, d_model))
         nn.init.normal_(self.weight, std=0.02)

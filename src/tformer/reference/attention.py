@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tformer.config import check_positive, check_probability
 from tformer.reference.inputs import check_embeddings
 from tformer.reference.masks import Mask, as_mask
 from tformer.reference.module import Linear, Module, keep_scaled
@@ -156,6 +157,9 @@ class MultiHeadAttention(Module):
         bias: bool = True,
         cross: bool = False,
     ) -> None:
+        check_positive("d_model", d_model)
+        check_positive("n_heads", n_heads)
+        check_probability("dropout", dropout)
         if d_model % n_heads:
             raise ValueError(
                 f"d_model: expected a multiple of n_heads ({n_heads}), got {d_model}"

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from tformer.config import check_positive
 from tformer.reference.module import Linear, Module
 
 # NumPy has no erf. These are the rational approximations of Hart et al., "Computer
@@ -116,6 +117,8 @@ class FeedForward(Module):
     """Shape: x (B, S, D) -> (B, S, D), through (B, S, F) inside."""
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", bias: bool = True):
+        check_positive("d_model", d_model)
+        check_positive("d_ff", d_ff)
         if activation not in ACTIVATIONS:
             raise ValueError(
                 f"activation: expected one of {', '.join(ACTIVATIONS)}; got {activation!r}"

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from tformer.config import check_positive
 from tformer.reference.module import Module
 
 
@@ -24,6 +25,8 @@ class SinusoidalPositionalEncoding(Module):
     """Fixed sinusoids (§3.5); no parameters. Extends past ``max_len`` by computing more rows."""
 
     def __init__(self, d_model: int, max_len: int):
+        check_positive("d_model", d_model)
+        check_positive("max_len", max_len)
         self.d_model, self.max_len = d_model, max_len
         self._table = sinusoidal_table(max_len, d_model)
 
@@ -38,6 +41,8 @@ class LearnedPositionalEmbedding(Module):
     """A trained (max_len, D) table, as in BERT; cannot go past max_len."""
 
     def __init__(self, max_len: int, d_model: int):
+        check_positive("max_len", max_len)
+        check_positive("d_model", d_model)
         self.max_len = max_len
         self.weight = np.zeros((max_len, d_model), np.float32)
 

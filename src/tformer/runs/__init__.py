@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tformer.config import TransformerConfig
 from tformer.devices import resolve_device
+from tformer.errors import as_path
 from tformer.runs.base import AttentionInput, Run
 from tformer.runs.classification import ClassificationRun
 from tformer.runs.embedding import EmbeddingRun
@@ -33,7 +34,7 @@ RUNS: dict[str, type[Run]] = {"classification": ClassificationRun, "seq2seq": Se
 
 def describe_run(path: str | Path) -> tuple[str, str]:
     """(what the run in `path` is, the command that takes it), read without its weights."""
-    path = Path(path)
+    path = as_path(path, "path", "a run directory")
     config = read_latest(path, lambda _: read_train_config(check_run_dir(path)))
     objective = make_objective(config, path, existing=True)
     return objective.description, RUNS[objective.kind].verb
@@ -44,11 +45,15 @@ def load_run(path: str | Path, needs: str | None = None, device: str | object = 
     mode, frozen), objective and TrainConfig. The weights are the best validated ones
     (best.safetensors: what the run's test result describes), else the newest checkpoint's.
 
-    needs: a verb ("predict", "generate", "embed") the caller will use; a run of another kind
-    is refused in one line naming the command that fits it.
+    needs: a method ("predict", "generate", "embed", "answers"...) the caller will use; a run
+    of a kind without it is refused in one line naming the command that fits it.
     device: where the model runs (tformer.devices: auto, cpu, cuda, cuda:N, mps, or a
     torch.device), whatever device trained it: weights are read to the CPU, then moved."""
-    path, device = Path(path), resolve_device(device)
+    path, device = as_path(path, "path", "a run directory"), resolve_device(device)
+    known = isinstance(needs, str) and any(hasattr(cls, needs) for cls in RUNS.values())
+    if needs is not None and not known:  # (a number was getattr's TypeError)
+        verbs = ", ".join(cls.verb for cls in RUNS.values())
+        raise ValueError(f"needs: expected a run's method ({verbs}, ...) or None, got {needs!r}")
     # A live run may prune the checkpoint being read (it published a newer one): read that one.
     return read_latest(path, lambda _: _load(path, needs, device))
 

@@ -23,13 +23,17 @@ from typing import Any
 from torch import nn
 
 from tformer.devices import model_device
+from tformer.errors import as_path
 from tformer.export.model_card import HUB_NAME, Card
+from tformer.export.opsets import check_opset
 from tformer.storage.locks import output_lock, remove_leftovers
 from tformer.text.prefix import plus
 from tformer.training.command import train_command
 from tformer.training.config import TrainConfig
 from tformer.training.objectives import Objective
 from tformer.training.sources import Data
+
+SPLITS = ("test", "validation")  # what evaluate reads of a run's own data (tformer eval --split)
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,12 @@ class Run(ABC):
     def examples(self, split: str = "test", data: Data | None = None, limit: int | None = None) -> list:
         """A held-out split's examples, or those of `data` (a file or records); only the first
         `limit` (a file is read no further)."""
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"limit: expected a positive int or None, got {limit!r}")
         if data is None:
+            if split not in SPLITS:  # another name read as an empty split ("valid"), or the training one
+                raise ValueError(f"split: expected one of {', '.join(SPLITS)} (the run's held-out "
+                                 f"splits), got {split!r}")
             return self.objective.examples(split)[:limit]
         return self.objective.read_examples(data, limit)
 
@@ -127,22 +136,21 @@ class Run(ABC):
             got = "both" if hf is not None else "neither"
             raise ValueError(f"export: expected one of hf= or onnx=, got {got}")
         option, target = ("--hf", hf) if hf is not None else ("--onnx", onnx)
+        target = as_path(target, option[2:], "a folder")
         if onnx is not None:
-            from tformer.export.onnx import check_opset
-
             check_opset(opset)  # before the tracing, and before anything is written
         card = self.card(shlex.join(["tformer", "export", str(self.path), option, str(target)]))
         device = model_device(self.model)
-        Path(target).parent.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
         # One export writes a folder at a time: a second one to it while this runs is refused
         # naming this pid (both said "wrote" before, and one result was silently lost).
-        with output_lock(Path(target), option):
+        with output_lock(target, option):
             remove_leftovers(Path(os.path.realpath(target)))  # of an export killed before this one
             self.model.cpu()  # exports are traced and checked on the CPU, whatever device runs the model
             try:
                 if hf is not None:
-                    return self.export_hf(Path(hf), card)
-                return self.export_onnx(Path(onnx), card, opset)
+                    return self.export_hf(target, card)
+                return self.export_onnx(target, card, opset)
             finally:
                 self.model.to(device)
 
@@ -188,6 +196,9 @@ class Run(ABC):
     # Attention pictures ----------------------------------------------------------------------
     def attention_input(self, text: str, max_length: int | None = None) -> AttentionInput:
         """`text` tokenized as the run reads it (cut at max_length, where below the run's)."""
+        if not isinstance(text, str):  # one text (texts_of would take a list as several)
+            raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        texts_of(text, "text")  # not blank: nothing to draw
         source = self.objective.source if max_length is None else self.objective.source.cut_at(max_length)
         source.inputs([text], self.objective.inputs)  # a task's symbols only
         ids, types = self._input_ids(source, text)

@@ -14,6 +14,7 @@ from tformer.export.model_card import Card, render
 from tformer.formats.hf_xlm import ARCHITECTURE, Inexpressible
 from tformer.runs.base import Run, check_batch_size, texts_of
 from tformer.storage.files import json_bytes
+from tformer.text.arguments import pairs_list
 from tformer.training.config import MODEL_OPTIONS
 from tformer.training.sources import FileSource
 
@@ -40,7 +41,7 @@ class ClassificationRun(Run):
         """{"label", "probabilities": {label: p}} per text (one str is one text; pairs: each
         text's text_pair, for a run trained on pairs; with one text, one str)."""
         texts = texts_of(texts)
-        pairs = None if pairs is None else [pairs] if isinstance(pairs, str) else list(pairs)
+        pairs = None if pairs is None else pairs_list(pairs, len(texts))
         return self.objective.classify(self.model, texts, pairs, batch_size=check_batch_size(batch_size))
 
     def answers(self, texts: list[str], batch_size: int = 64, **_: Any) -> list[str]:

@@ -12,6 +12,7 @@ from tformer.export import hf_classifier, hf_seq2seq, onnx_seq2seq
 from tformer.export import onnx as tonnx
 from tformer.export.model_card import Card
 from tformer.runs.base import Run, check_batch_size, texts_of
+from tformer.search_args import check_max_len
 from tformer.storage.files import json_bytes
 
 
@@ -31,6 +32,8 @@ class Seq2SeqRun(Run):
         2 x the batch's longest input + 10, at most max_new_tokens: Seq2Seq.predict_batch; at
         most the decoder's positions)."""
         limit = self.model.config.max_len
+        if max_len is not None:
+            check_max_len(max_len)  # its type first: a str was a bare "'<=' not supported"
         if max_len is not None and not 1 <= max_len <= limit:
             raise ValueError(f"max_len: expected 1..{limit} (the model's positions), got {max_len}")
         return self.objective.generate(self.model, texts_of(inputs, "inputs"), beam_size, length_penalty,

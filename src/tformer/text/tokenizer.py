@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from tformer.formats.model_dir import ModelDir, read_model_dir
+from tformer.text.arguments import pairs_list, texts_list, token_ids
 from tformer.text.batches import EncodedText, encoder_arrays
 from tformer.text.prefix import AtLeast, edge_chars, longest, pair_window, window
 
@@ -122,8 +123,7 @@ class Tokenizer:
         if pairs is None:
             inputs: list = texts
         else:
-            if len(pairs) != len(texts):
-                raise ValueError(f"pairs: expected {len(texts)} (one per text), got {len(pairs)}")
+            pairs = pairs_list(pairs, len(texts))
             added = self.backend.num_special_tokens_to_add(True)
             paired = any(p is not None for p in pairs)
             if paired and self.max_length is not None and self.max_length < added:
@@ -213,17 +213,18 @@ class Tokenizer:
         return self.convert_ids_to_tokens(self.encode([text])[0].ids)
 
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
-        return [self.backend.id_to_token(int(i)) or "[?]" for i in ids]
+        return [self.backend.id_to_token(i) or "[?]" for i in self._token_ids(ids)]
 
     def token_text(self, token_id: int) -> str:
         """A token as a reader sees it (attention pictures): the text it decodes to, spaces
         around it trimmed ("the", not byte-level BPE's "Ġthe" or Metaspace's "▁the"); a
         special token as it is ("<s>"); a space or line break as "␣" / "⏎"; a piece of a
         multi-byte character (byte-level BPE) as its bytes ("<e6 9d>")."""
-        raw = self.backend.id_to_token(int(token_id))
+        (token_id,) = self._token_ids([token_id], "token_id")
+        raw = self.backend.id_to_token(token_id)
         if raw is None:
             return "[?]"
-        text = self.backend.decode([int(token_id)], skip_special_tokens=False)
+        text = self.backend.decode([token_id], skip_special_tokens=False)
         if "\ufffd" in text and set(raw) <= set(_BYTE_OF):  # bytes of a character cut apart
             return "<" + " ".join(f"{_BYTE_OF[c]:02x}" for c in raw if _BYTE_OF[c] != 0x20) + ">"
         if not text.strip():
@@ -253,7 +254,10 @@ class Tokenizer:
         return [e.ids[:cut] for e in encodings]
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.backend.decode(list(ids), skip_special_tokens=True)
+        return self.backend.decode(self._token_ids(ids), skip_special_tokens=True)
+
+    def _token_ids(self, ids: Iterable[int], name: str = "ids") -> list[int]:
+        return token_ids(ids, self.vocab_size, name)
 
     def _check_texts(self, name: str, texts: str | Sequence[str]) -> list[str]:
         texts = texts_list(name, texts)
@@ -308,14 +312,6 @@ def longest_first(lengths: Sequence[int], budget: int) -> list[int]:
         short, long = budget // 2, budget // 2 + budget % 2
     kept = (short, long) if first <= second else (long, short)
     return [min(first, kept[0]), min(second, kept[1])]
-
-
-def texts_list(name: str, texts: str | Iterable[str]) -> list[str]:
-    """One str (one text) or an iterable of texts as a list; bytes or a number refused naming
-    `name` (bytes iterate as ints, a number not at all: both were bare errors)."""
-    if isinstance(texts, (bytes, bytearray)) or not isinstance(texts, (str, Iterable)):
-        raise TypeError(f"{name}: expected a str or an iterable of str, got {type(texts).__name__}")
-    return [texts] if isinstance(texts, str) else list(texts)
 
 
 def _byte_level_alphabet() -> dict[str, int]:

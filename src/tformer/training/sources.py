@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,15 @@ from tformer.training.records import Record
 from tformer.training.stream import BatchStream
 
 Data = str | Path | Any  # a file, or records (an iterable of dicts of fields)
+
+
+def check_data(name: str, data: Any) -> None:
+    """`data` (or `valid`, `test`): a file path or records, else refused in one line naming it
+    (a number was a bare "not iterable" from deep inside)."""
+    if isinstance(data, (bytes, bytearray, Mapping)) or not isinstance(data, (str, Path, Iterable)):
+        hint = " (one record? pass a list of them)" if isinstance(data, Mapping) else ""
+        raise ValueError(f"{name}: expected a file path (str or Path) or records (an iterable of dicts), "
+                         f"got {type(data).__name__}{hint}")
 
 
 class TaskSource:
@@ -257,9 +266,13 @@ class FileSource:
     def read_examples(self, data: Data, limit: int | None = None) -> list[Record]:
         """The first `limit` records (all: None) of a file, read (and checked) no further than
         them, or of records given as dicts."""
+        check_data("data", data)
         if isinstance(data, (str, Path)):
             return list(itertools.islice(self.data.read_file(data), limit))
-        return self.data.check_records(itertools.islice(data, limit), "data")
+        records = self.data.check_records(itertools.islice(data, limit), "data")
+        if not records:
+            raise ValueError("data: expected at least one record, got none")
+        return records
 
     # Token ids ------------------------------------------------------------------------------
     def field(self, record: Record, name: str) -> str | None:

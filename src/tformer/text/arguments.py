@@ -1,0 +1,49 @@
+"""The checks of what a caller hands the tokenizer (texts, their pairs, token ids), each refused
+in one line naming the argument: plain Python, shared by the tokenizer, the runs and the
+sentence encoder."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable
+
+
+def texts_list(name: str, texts: str | Iterable[str]) -> list[str]:
+    """One str (one text) or an iterable of texts as a list; bytes or a number refused naming
+    `name` (bytes iterate as ints, a number not at all: both were bare errors)."""
+    if isinstance(texts, (bytes, bytearray)) or not isinstance(texts, (str, Iterable)):
+        raise TypeError(f"{name}: expected a str or an iterable of str, got {type(texts).__name__}")
+    return [texts] if isinstance(texts, str) else list(texts)
+
+
+def pairs_list(pairs: str | Iterable[str | None], n: int) -> list[str | None]:
+    """The second segment of each of `n` texts (None: that text has none; one str: the one
+    text's), as a list; refused in one line naming `pairs` (a number was "has no len()")."""
+    if isinstance(pairs, (bytes, bytearray)) or not isinstance(pairs, (str, Iterable)):
+        raise TypeError(f"pairs: expected a str or an iterable of str (or None), got {type(pairs).__name__}")
+    out = [pairs] if isinstance(pairs, str) else list(pairs)
+    if len(out) != n:
+        raise ValueError(f"pairs: expected {n} (one per text), got {len(out)}")
+    for i, p in enumerate(out):
+        if p is not None and not isinstance(p, str):
+            raise TypeError(f"pairs[{i}]: expected a str or None, got {type(p).__name__}")
+    return out
+
+
+def token_ids(ids: Iterable[int], vocab_size: int, name: str = "ids") -> list[int]:
+    """Token ids as Python ints; a negative one, a number past the tokenizers backend's (u32) or
+    a non-int refused naming it (they were OverflowError or TypeError from the backend). An id
+    past the vocabulary stays the backend's to skip, as a model's output may hold one."""
+    if isinstance(ids, (str, bytes, bytearray)) or not isinstance(ids, Iterable):
+        raise TypeError(f"{name}: expected a sequence of token ids (ints), got {type(ids).__name__}")
+    out = []
+    for i, t in enumerate(ids):
+        where = name if name == "token_id" else f"{name}[{i}]"
+        try:
+            v = operator.index(t)  # an int, a numpy integer, a 0-d integer tensor
+        except TypeError:
+            raise TypeError(f"{where}: expected an int token id, got {type(t).__name__}") from None
+        if not 0 <= v < 2**32:
+            raise ValueError(f"{where}: expected a token id in [0, {vocab_size}), got {v}")
+        out.append(v)
+    return out
