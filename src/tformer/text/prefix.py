@@ -96,6 +96,24 @@ def pair_window(backend: Any, a: str, b: str, budget: int, edge: int = EDGE_CHAR
     return (pa, na), (pb, nb)
 
 
+def longest_first(lengths: Sequence[int], budget: int) -> list[int]:
+    """How many tokens of each segment (one or two) a cut to ``budget`` keeps, as the tokenizers
+    library's LongestFirst truncation decides: the shorter segment keeps its tokens and the
+    longer the rest, unless the shorter has more than half, then half each (any odd token to
+    the longer; to the second when they are equally long). Each count may be a lower bound
+    (an ``AtLeast`` from a prefix, tformer.text.prefix) where the text was windowed so that
+    the decision is the same for the true counts."""
+    if len(lengths) == 1:
+        return [min(lengths[0], budget)]
+    first, second = lengths
+    short, long = sorted((first, second))
+    long = short if short > budget else max(short, budget - short)
+    if short + long > budget:
+        short, long = budget // 2, budget // 2 + budget % 2
+    kept = (short, long) if first <= second else (long, short)
+    return [min(first, kept[0]), min(second, kept[1])]
+
+
 def prefixes(backend: Any, text: str, budget: int, edge: int) -> Iterator[tuple[str, int | None]]:
     """Ever longer prefixes of ``text`` (4x each time) with the tokens each surely shares with
     the whole text; last, the text itself with None."""

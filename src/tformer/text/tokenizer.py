@@ -26,7 +26,7 @@ import numpy as np
 from tformer.formats.model_dir import ModelDir, read_model_dir
 from tformer.text.arguments import pairs_list, texts_list, token_ids
 from tformer.text.batches import EncodedText, encoder_arrays
-from tformer.text.prefix import AtLeast, edge_chars, longest, pair_window, window
+from tformer.text.prefix import AtLeast, edge_chars, longest, longest_first, pair_window, window
 
 
 class TextTooLong(ValueError):
@@ -294,24 +294,6 @@ class Tokenizer:
         )
         return long
 
-
-
-def longest_first(lengths: Sequence[int], budget: int) -> list[int]:
-    """How many tokens of each segment (one or two) a cut to ``budget`` keeps, as the tokenizers
-    library's LongestFirst truncation decides: the shorter segment keeps its tokens and the
-    longer the rest, unless the shorter has more than half, then half each (any odd token to
-    the longer; to the second when they are equally long). Each count may be a lower bound
-    (an ``AtLeast`` from a prefix, tformer.text.prefix) where the text was windowed so that
-    the decision is the same for the true counts."""
-    if len(lengths) == 1:
-        return [min(lengths[0], budget)]
-    first, second = lengths
-    short, long = sorted((first, second))
-    long = short if short > budget else max(short, budget - short)
-    if short + long > budget:
-        short, long = budget // 2, budget // 2 + budget % 2
-    kept = (short, long) if first <= second else (long, short)
-    return [min(first, kept[0]), min(second, kept[1])]
 
 
 def _byte_level_alphabet() -> dict[str, int]:
