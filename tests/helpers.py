@@ -167,3 +167,22 @@ def tiny_train_argv(out, *options, task: str = "reverse", steps: int = 2) -> lis
     ("--eval-every", 2, ...; one given again overrides TINY_TRAIN's)."""
     return ["train", "--task", task, "--steps", str(steps), "--out", str(out), *TINY_TRAIN,
             *(str(option) for option in options)]
+
+
+class SpyBackend:
+    """A tokenizers backend that records the characters of every text it tokenizes (``seen``):
+    for tests that a long text is tokenized only as far as its cut needs."""
+
+    def __init__(self, backend) -> None:
+        self.backend, self.seen = backend, []
+
+    def __getattr__(self, name: str):
+        return getattr(self.backend, name)
+
+    def encode(self, text, *args, **kwargs):
+        self.seen.append(len(text))
+        return self.backend.encode(text, *args, **kwargs)
+
+    def encode_batch(self, inputs, *args, **kwargs):
+        self.seen.extend(len(x) if isinstance(x, str) else sum(map(len, x)) for x in inputs)
+        return self.backend.encode_batch(inputs, *args, **kwargs)

@@ -3,6 +3,7 @@ naming it, as the command line's --batch-size does, instead of a bare range() er
 for generate, an empty answer."""
 
 import pytest
+from helpers import SpyBackend
 from text_fixtures import classification_rows, embedding_rows, seq2seq_rows
 
 import tformer
@@ -42,26 +43,13 @@ def test_a_long_input_is_counted_only_as_far_as_its_cut_needs(runs, verb, monkey
 
     run = runs[verb]
     tok = run.tokenizer
-    seen: list[int] = []
     backend = tok.backend
-
-    class Spy:
-        def __getattr__(self, name):
-            return getattr(backend, name)
-
-        def encode_batch(self, inputs, *args, **kwargs):
-            seen.extend(len(x) if isinstance(x, str) else sum(map(len, x)) for x in inputs)
-            return backend.encode_batch(inputs, *args, **kwargs)
-
-        def encode(self, text, *args, **kwargs):
-            seen.append(len(text))
-            return backend.encode(text, *args, **kwargs)
-
-    monkeypatch.setattr(tok, "backend", Spy())
+    spy = SpyBackend(backend)
+    monkeypatch.setattr(tok, "backend", spy)
     long = "The Cat sat on the mat. " * 90_000
     ((index, count),) = run.truncated([long, "A Cat"])
     monkeypatch.undo()
-    assert index == 0 and isinstance(count, AtLeast) and count > tok.max_length and max(seen) < 100_000
+    assert index == 0 and isinstance(count, AtLeast) and count > tok.max_length and max(spy.seen) < 100_000
     short = "The Cat sat on the mat"  # counted exactly, lowercased as the run's tokenizer does
     text = short.lower() if tok.lowercase else short
     whole = len(backend.encode(text, add_special_tokens=verb == "predict").ids) + (verb == "generate")

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import SpyBackend
 from hf_bert_fixtures import WORDS
 from serve_fixtures import serve
 
@@ -232,24 +233,6 @@ def test_a_large_body_being_tokenized_does_not_hold_up_small_ones(embedding_dir,
     assert small[0] == 200 and large[0][0] == 200
 
 
-class _Spy:
-    """A tokenizer backend that records the characters of every text it tokenizes."""
-
-    def __init__(self, backend) -> None:
-        self.backend, self.seen = backend, []
-
-    def __getattr__(self, name: str):
-        return getattr(self.backend, name)
-
-    def encode(self, text, *args, **kwargs):
-        self.seen.append(len(text))
-        return self.backend.encode(text, *args, **kwargs)
-
-    def encode_batch(self, inputs, *args, **kwargs):
-        self.seen.extend(len(x) if isinstance(x, str) else sum(map(len, x)) for x in inputs)
-        return self.backend.encode_batch(inputs, *args, **kwargs)
-
-
 def _whole_then_cut(tokenizer, text: str) -> list[int]:
     """The independent cut: the backend's own truncation over the whole text."""
     backend = type(tokenizer.backend).from_str(tokenizer.backend.to_str())
@@ -269,7 +252,7 @@ def test_a_long_text_is_tokenized_only_as_far_as_the_limit_needs(embedding_serve
     cut, its count a lower bound, named as one when refused."""
     served = embedding_server.app.state.service.served
     tokenizer = served.st.tokenizer
-    spy = _Spy(tokenizer.backend)
+    spy = SpyBackend(tokenizer.backend)
     monkeypatch.setattr(tokenizer, "backend", spy)
     long, short = served.items([text, "a dog"], True)
     monkeypatch.undo()

@@ -8,6 +8,7 @@ import functools
 import random
 
 import pytest
+from helpers import SpyBackend
 from hf_bert_fixtures import bert_dir
 
 from tformer.text.prefix import AtLeast, longest
@@ -185,37 +186,11 @@ def test_a_cut_count_prints_as_a_lower_bound():
     assert str(longest([AtLeast(20), 30])) == "30 or more"  # the cut one may be the longest
 
 
-class _Spy:
-    """A backend that records the characters of every text it tokenizes."""
-
-    seen: list[int] = []
-
-    def __init__(self, backend) -> None:
-        self.backend = backend
-
-    @classmethod
-    def from_str(cls, text: str) -> _Spy:
-        from tokenizers import Tokenizer as Backend
-
-        return cls(Backend.from_str(text))
-
-    def __getattr__(self, name: str):
-        return getattr(self.backend, name)
-
-    def encode(self, text, *args, **kwargs):
-        self.seen.append(len(text))
-        return self.backend.encode(text, *args, **kwargs)
-
-    def encode_batch(self, inputs, *args, **kwargs):
-        self.seen.extend(len(x) if isinstance(x, str) else sum(map(len, x)) for x in inputs)
-        return self.backend.encode_batch(inputs, *args, **kwargs)
-
-
 def test_a_long_text_is_tokenized_only_as_far_as_its_cut_needs():
     base = load_tokenizer(bert_dir())
-    tok = Tokenizer(_Spy(base.backend), 16, base.pad_id, base.lowercase)
+    spy = SpyBackend(base.backend)
+    tok = Tokenizer(spy, 16, base.pad_id, base.lowercase)
     text = "the cat sat " * 200_000  # 2.4 MB
-    _Spy.seen.clear()
     (encoded,) = tok.encode([text])
     assert encoded.ids == tok.encode([text[:2000]])[0].ids and len(encoded.ids) == 16
     assert isinstance(encoded.full, AtLeast) and encoded.full > 16
@@ -223,4 +198,4 @@ def test_a_long_text_is_tokenized_only_as_far_as_its_cut_needs():
     paired = Tokenizer(tok.backend, 17, base.pad_id, base.lowercase)  # 14 tokens to share: an even split
     (pair,) = paired.encode([text], [text + "more"])
     assert len(pair.ids) == 17
-    assert max(_Spy.seen) <= 4 * 64 * 16 * 2, max(_Spy.seen)  # a few windows, never the 2.4 MB
+    assert max(spy.seen) <= 4 * 64 * 16 * 2, max(spy.seen)  # a few windows, never the 2.4 MB
