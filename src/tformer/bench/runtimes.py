@@ -48,7 +48,8 @@ def sentences(s) -> Report:
         texts = corpus.sentences(n, 3, max_tokens, lambda t: tokenizer.lengths([t])[0])
         inputs = work / "texts.json"
         inputs.write_text(json.dumps(texts))
-        tokens = sum(tokenizer.lengths(texts))
+        lengths = tokenizer.lengths(texts)
+        tokens = sum(lengths)
         report, timings = _compare(s, "sentences-minilm", "sentences", model, inputs, tokens, None)
         for row in report.rows:
             if row.median_ms:
@@ -57,9 +58,13 @@ def sentences(s) -> Report:
             f"sentences-minilm: {n} texts of 3..{max_tokens} tokens (stdlib docstrings, {tokens} tokens), "
             f"batch {peers.BATCH_SIZE}, longest first, mean pooling + L2 normalisation, tokenization "
             f"included (the same `tokenizers` library for all); {weights}.")
-        _targets(report, timings, "sentences-minilm", [
+        goals = _targets(report, timings, "sentences-minilm", [
             ("tformer fp32", "fp32 peers", 1.25), ("tformer bf16", "OpenVINO default precision", 1.3),
             ("tformer int8", "ONNX Runtime int8 (per-channel)", 1.0)])
+        if timings and not s.quick:  # a roofline of microsecond GEMMs would mean nothing
+            batches = -(-n // peers.BATCH_SIZE)
+            _gemm_floors(report, timings, "sentences-minilm", model, lengths, tokens // batches,
+                         goals, s.threads)
     return report
 
 
@@ -81,8 +86,11 @@ def mixed_base(s) -> Report:
             f"mixed-base: BERT-base {corpus.SHAPES['tiny' if s.quick else 'base']}, {batch} x {seq} "
             f"token ids, real lengths {sorted(lengths.tolist())}; tformer fp32 = the DEFAULT forward "
             "(no flag); outputs compared at real tokens.")
-        _targets(report, timings, "mixed-base", [("tformer fp32", "CTranslate2 fp32", 1.25),
-                                                 ("tformer fp32", "HF BertModel sdpa", 1.5)])
+        goals = _targets(report, timings, "mixed-base", [("tformer fp32", "CTranslate2 fp32", 1.25),
+                                                         ("tformer fp32", "HF BertModel sdpa", 1.5)])
+        if timings and not s.quick:
+            _gemm_floors(report, timings, "mixed-base", model, lengths.tolist(), int(mask.sum()),
+                         goals, s.threads)
     return report
 
 
@@ -185,8 +193,10 @@ def _compare_outputs(out: np.ndarray, ref: np.ndarray, mask: np.ndarray | None) 
 
 
 def _targets(report: Report, timings: dict[str, Timing], name: str,
-             goals: list[tuple[str, str, float]]) -> None:
-    """Paired speed ratios: subject >= threshold x the peer ("fp32 peers": the fastest of them)."""
+             goals: list[tuple[str, str, float]]) -> list[tuple[str, str, float]]:
+    """Paired speed ratios: subject >= threshold x the peer ("fp32 peers": the fastest of them).
+    Returns the goals with each peer named."""
+    named = []
     for subject, peer, threshold in goals:
         if peer == "fp32 peers":
             fp32 = [n for n in timings
@@ -197,3 +207,46 @@ def _targets(report: Report, timings: dict[str, Timing], name: str,
             measured = paired_ratio(timings[peer], timings[subject])
         report.targets.append(Target(name, f"{subject} >= {threshold}x the speed of {peer}", measured,
                                      threshold))
+        named.append((subject, peer, threshold))
+    return named
+
+
+def _gemm_floors(report: Report, timings: dict[str, Timing], name: str, model: Path,
+                 lengths: list[int], rows: int, goals: list[tuple[str, str, float]],
+                 threads: int) -> None:
+    """Each fp32 and bf16 row's share of the GEMM roofline, and what a target asks of the rest.
+
+    The floor is the workload's matrix products (projections, feed-forward and attention's two
+    products, each text at its own length: ``stats.flops_per_token``) at the fastest throughput
+    measured here for the layer's shapes at ``rows`` rows (one batch's tokens), fp32 or bf16 as
+    the row computes. No implementation in that precision runs faster than its floor, so a
+    target whose time bound (the peer's time / the ratio) sits near or below the floor cannot be
+    met on this CPU by any implementation; the note says so with the numbers."""
+    import torch  # the main process already holds it; the contenders ran in their own
+
+    from tformer.bench.roofline import gemm_throughput
+    from tformer.formats.pretrained import pretrained_config
+    from tformer.stats import flops_per_token
+
+    config = pretrained_config(model)
+    flops = float(sum(flops_per_token(config, n) * n for n in lengths))
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16} if has_bf16() else {"fp32": torch.float32}
+    floors = {label: flops / (gemm_throughput(config.d_model, config.d_ff, rows, threads,
+                                              dtype)["best"] * 1e9) * 1e3
+              for label, dtype in dtypes.items()}  # ms
+    for row in report.rows:
+        precision = peers.BY_NAME[row.contender].precision if row.contender in peers.BY_NAME else ""
+        if row.workload == name and row.median_ms and precision in floors:
+            row.roofline = floors[precision] / row.median_ms
+    for subject, peer, threshold in goals:
+        label = peers.BY_NAME[subject].precision
+        if label not in floors or peer not in timings:
+            continue
+        bound = timings[peer].median * 1e3 / threshold
+        report.notes.append(
+            f"{name}: {subject} >= {threshold}x {peer} asks for at most {bound:.0f} ms; the "
+            f"{label} GEMM floor is {floors[label]:.0f} ms ({flops / 1e9:.0f} GFLOP of matrix "
+            f"products at the {label} roofline measured at {rows} rows), so the rest of the "
+            f"forward would have to fit in {bound - floors[label]:.0f} ms ({peer} / floor = "
+            f"{timings[peer].median * 1e3 / floors[label]:.2f}x, the most any {label} "
+            "implementation could gain over it here).")
