@@ -92,7 +92,11 @@ def test_predict_answers_teis_shapes_with_tformer_predicts_scores(classification
     status_batch, _, batch = classification_server.post("/predict", {"inputs": [[t] for t in texts]})
     status_raw, _, raw = classification_server.post("/predict", {"inputs": texts[0], "raw_scores": True})
     assert (status, status_batch, status_raw) == (200, 200, 200)
-    assert one == batch[0] and len(batch) == len(texts)
+    assert len(batch) == len(texts)
+    # one text alone and in a batch: the same labels, scores equal up to the kernels' summation
+    # order (the linear and attention kernels are chosen per shape class, measured on the machine)
+    assert [s["label"] for s in one] == [s["label"] for s in batch[0]]
+    assert [s["score"] for s in one] == pytest.approx([s["score"] for s in batch[0]], abs=TOL)
     for served, expected in zip(batch, cli, strict=True):
         assert served[0]["label"] == expected["label"]  # best first
         assert [s["score"] for s in served] == sorted((s["score"] for s in served), reverse=True)
