@@ -93,6 +93,27 @@ def test_two_host_headers_are_a_400(embedding_server):
     assert embedding_server.request("GET", "/health")[0] == 200
 
 
+def test_a_target_that_names_a_host_is_checked_by_it(embedding_server):
+    """`GET http://evil.example/v1/models` with `Host: 127.0.0.1` was answered: uvicorn kept the
+    target's path, dropped its host, and the allow-list read the Host header. The target's host
+    takes the header's place (RFC 9112 §3.2.2)."""
+
+    def get(target: bytes, host: bytes) -> tuple[int, dict]:
+        with socket.create_connection(("127.0.0.1", embedding_server.port)) as sock:
+            sock.sendall(b"GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % (target, host))
+            [(status, body)] = _responses(_until_closed(sock))
+        return status, json.loads(body)
+
+    status, answer = get(b"http://evil.example/v1/models", b"127.0.0.1")
+    assert status == 400 and answer["error"]["param"] == "request target" and answer["error"]["message"] == (
+        "request target: expected one of 127.0.0.1, localhost, ::1 (widen with --allowed-hosts), got 'evil.example'")
+    for target, host, expected in ((b"HTTP://User@Evil.Example:8000/health", b"127.0.0.1", 400),
+                                   (b"http://127.0.0.1:8000/health", b"127.0.0.1", 200),
+                                   (b"http://[::1]/health", b"evil.example", 200),  # the header ignored
+                                   (b"evil.example:443", b"127.0.0.1", 400)):  # authority-form: malformed here
+        assert get(target, host)[0] == expected, target
+
+
 def test_a_complete_request_is_answered_after_the_client_half_closes(embedding_server, monkeypatch):
     """A client that sends its requests and then shuts its side (FIN, shutdown(SHUT_WR): what
     `nc -N` does) got nothing: the FIN was taken for a disconnect. Each request received whole

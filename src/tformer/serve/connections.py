@@ -46,6 +46,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from tformer.serve.schema import RequestError
@@ -53,6 +54,9 @@ from tformer.serve.schema import RequestError
 STATE_KEY = "tformer.connections"
 # Set in a request's scope by the app once its work is queued: a FIN from now on means the client left.
 FIN_MEANS_GONE = "tformer.fin_means_gone"
+# Set in a request's scope here for an absolute-form target (GET http://host/path): its host, which
+# uvicorn drops (it keeps the path) and which takes the Host header's place (RFC 9112 §3.2.2).
+TARGET_HOST = "tformer.target_host"
 # Most bytes of a request line and headers. nginx allows 32 KiB (4 x 8k buffers), Node.js 16 KiB,
 # hyper (TEI's server) about 400 KiB; the clients here send well under 1 KiB.
 MAX_HEAD_BYTES = 64 * 1024
@@ -180,6 +184,8 @@ class GuardedProtocol(HttpToolsProtocol):
         if len(self.pipeline) >= MAX_PIPELINED:  # stop the parser too (send_400_response)
             self._refusal = None
             raise ValueError(f"pipelined requests: more than {MAX_PIPELINED}")
+        if self.url[:1] not in (b"/", b"*"):  # absolute-form (what a client sends a proxy)
+            self.scope[TARGET_HOST] = httptools.parse_url(self.url).host or b""  # no URL: a 400
         super().on_headers_complete()
         limits = self._limits()
         if limits is not None and self._reading:
