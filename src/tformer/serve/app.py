@@ -268,7 +268,8 @@ def create_app(config: ServeConfig, served: Served | None = None) -> Starlette:
     async def lifespan(app):
         await service.batcher.call_in_model_thread(service.warm_up)
         service.batcher.start()
-        yield {connections.STATE_KEY: limits}  # the lifespan state: uvicorn hands it to each connection
+        with connections.repeated_warnings_summarised(logging.getLogger("uvicorn.error")):
+            yield {connections.STATE_KEY: limits}  # the lifespan state: uvicorn hands it to each connection
         await service.batcher.stop()  # uvicorn has answered its connections: nothing waits
         for pool in (service.tokenizers, service.large_tokenizers):
             pool.shutdown(wait=False, cancel_futures=True)
