@@ -39,6 +39,18 @@ def _responses(data: bytes) -> list[tuple[int, bytes]]:
     return found
 
 
+def _one_response(sock: socket.socket, limit: float = 30.0) -> tuple[int, bytes]:
+    """The first response on a connection the client has not finished sending on."""
+    sock.settimeout(limit)
+    data = b""
+    while not (m := re.search(rb"(?is)^HTTP/1.1 (\d+) .*?content-length: *(\d+).*?\r\n\r\n", data)) \
+            or len(data) < m.end() + int(m.group(2)):
+        chunk = sock.recv(65536)
+        assert chunk, data[:300]
+        data += chunk
+    return int(m.group(1)), data[m.end():m.end() + int(m.group(2))]
+
+
 def test_pipelined_requests_get_their_answers_in_order(embedding_server):
     """Good, malformed, wrong-type, large and wrongly-typed requests in one write (and again a
     byte at a time): one answer each, in order, the errors one-line JSON."""
@@ -79,6 +91,27 @@ def test_two_host_headers_are_a_400(embedding_server):
             [(status, body)] = _responses(_until_closed(sock))
         assert status == 400 and json.loads(body)["error"]["message"] == "Host: expected one Host header, got 2"
     assert embedding_server.request("GET", "/health")[0] == 200
+
+
+def test_a_target_that_names_a_host_is_checked_by_it(embedding_server):
+    """`GET http://evil.example/v1/models` with `Host: 127.0.0.1` was answered: uvicorn kept the
+    target's path, dropped its host, and the allow-list read the Host header. The target's host
+    takes the header's place (RFC 9112 §3.2.2)."""
+
+    def get(target: bytes, host: bytes) -> tuple[int, dict]:
+        with socket.create_connection(("127.0.0.1", embedding_server.port)) as sock:
+            sock.sendall(b"GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % (target, host))
+            [(status, body)] = _responses(_until_closed(sock))
+        return status, json.loads(body)
+
+    status, answer = get(b"http://evil.example/v1/models", b"127.0.0.1")
+    assert status == 400 and answer["error"]["param"] == "request target" and answer["error"]["message"] == (
+        "request target: expected one of 127.0.0.1, localhost, ::1 (widen with --allowed-hosts), got 'evil.example'")
+    for target, host, expected in ((b"HTTP://User@Evil.Example:8000/health", b"127.0.0.1", 400),
+                                   (b"http://127.0.0.1:8000/health", b"127.0.0.1", 200),
+                                   (b"http://[::1]/health", b"evil.example", 200),  # the header ignored
+                                   (b"evil.example:443", b"127.0.0.1", 400)):  # authority-form: malformed here
+        assert get(target, host)[0] == expected, target
 
 
 def test_a_complete_request_is_answered_after_the_client_half_closes(embedding_server, monkeypatch):
@@ -174,3 +207,40 @@ def test_an_http_1_0_request_without_host_is_answered(embedding_server):
             sock.sendall(request_line + b"\r\nConnection: close\r\n\r\n")
             [(status, _)] = _responses(_until_closed(sock))
         assert status == expected, request_line
+
+
+def test_a_body_of_more_values_than_a_request_can_use_is_refused_as_it_arrives(embedding_dir, monkeypatch):
+    """16 MB of [1,1,...] (8M token ids) was parsed in one C call that held the GIL, and with it
+    /health and every other client, for 375 ms. A body's commas are counted as it arrives:
+    past what a request can use (--max-client-batch x --max-input-tokens, and a few fields) it
+    is refused with 413 before it is parsed, before the rest of it is even sent, while other
+    clients are answered."""
+    from tformer.serve import schema
+
+    live = serve(embedding_dir, max_client_batch=4, body_timeout=5)
+    max_commas = 4 * 16 + 64  # inputs x tokens (the directory's limit), and the other fields
+    parsed: list[int] = []
+    parse = schema.parse_json
+
+    def spy(raw: bytes) -> dict:
+        parsed.append(len(raw))
+        return parse(raw)
+
+    monkeypatch.setattr(schema, "parse_json", spy)
+    dense = b'{"inputs": [' + b"1," * 4_000_000 + b"1]}"
+    try:
+        with socket.create_connection(("127.0.0.1", live.port)) as sock:
+            sock.sendall(_post(dense)[: 1 << 20])  # 1 MB of the 8 MB: the answer comes first
+            status, body = _one_response(sock)
+            assert live.request("GET", "/health")[0] == 200
+            assert live.post("/embed", {"inputs": "a dog"})[0] == 200
+        assert status == 413 and b"\n" not in body, body
+        assert json.loads(body)["error"] == {
+            "message": f"body: expected at most {max_commas} commas (JSON values: --max-client-batch x "
+                       "--max-input-tokens token ids, and a few fields), got more",
+            "type": "invalid_request_error", "param": "body", "code": 413}
+        assert max(parsed) < 100, parsed  # the small request's body only
+        for inputs, expected in (([[1] * 30] * 4, 200), ([[1] * 200], 413), ("a, " * 200, 413)):
+            assert live.post("/embed", {"inputs": inputs})[0] == expected, inputs
+    finally:
+        live.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import selectors
 import socket
 import threading
@@ -17,7 +18,7 @@ from helpers import SpyBackend
 from hf_bert_fixtures import WORDS
 from serve_fixtures import serve
 
-from tformer.serve.connections import MAX_HEAD_BYTES
+from tformer.serve.connections import MAX_HEAD_BYTES, WARNING_BURST, RepeatedWarnings
 from tformer.text.prefix import AtLeast
 
 
@@ -131,6 +132,56 @@ def test_malformed_http_gets_the_json_400(quick_server, sent):
         answer = _closed_after(sock)
     assert answer.startswith(b"HTTP/1.1 400 ") and _json_error(answer)["code"] == 400
     assert quick_server.request("GET", "/health")[0] == 200
+
+
+def test_garbage_in_a_loop_does_not_flood_the_log(quick_server):
+    """uvicorn logs "Invalid HTTP request received." for each request that does not parse: a
+    client sending garbage in a loop wrote a line a request. Past a few, they are counted."""
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = seen.append
+    logger = logging.getLogger("uvicorn.error")
+    for repeated in logger.filters:  # a new window: earlier tests' garbage is not counted in it
+        if isinstance(repeated, RepeatedWarnings):
+            repeated.seen.clear()
+    logger.addHandler(handler)
+    try:
+        for _ in range(30):
+            with socket.create_connection(("127.0.0.1", quick_server.port)) as sock:
+                sock.sendall(b"GARBAGE\r\n\r\n")
+                assert _closed_after(sock).startswith(b"HTTP/1.1 400 ")
+    finally:
+        logger.removeHandler(handler)
+    assert len(seen) == WARNING_BURST, [r.getMessage() for r in seen]
+    assert quick_server.request("GET", "/health")[0] == 200
+
+
+def test_repeated_warnings_pass_a_few_then_a_count_once_a_window():
+    now = [0.0]
+    repeated = RepeatedWarnings(burst=2, window=60.0, clock=lambda: now[0])
+
+    def passed(msg: str, level: int = logging.WARNING) -> str | None:
+        record = logging.LogRecord("uvicorn.error", level, __file__, 1, msg, (), None)
+        return record.getMessage() if repeated.filter(record) else None
+
+    garbage = "Invalid HTTP request received."
+    assert [passed(garbage) for _ in range(5)] == [garbage, garbage, None, None, None]
+    assert passed("Unsupported upgrade request.") == "Unsupported upgrade request."  # counted apart
+    assert passed("boom", logging.ERROR) == passed("boom", logging.ERROR) == passed("boom", logging.ERROR) == "boom"
+    now[0] = 59.0
+    assert passed(garbage) is None
+    now[0] = 61.5
+    assert passed(garbage) == f"{garbage} (4 more like it in 62 s, not logged)"
+    assert [passed(garbage) for _ in range(3)] == [garbage, None, None]
+    seen: list[str] = []
+    logger = logging.getLogger("test_repeated_warnings")
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger.addHandler(handler)
+    now[0] = 70.0
+    repeated.flush(logger)  # what the server tells of them as it stops
+    logger.removeHandler(handler)
+    assert seen == [f"{garbage} (2 more like it in 8 s, not logged)"]
 
 
 def test_a_body_refused_by_its_length_gets_one_answer(quick_server):

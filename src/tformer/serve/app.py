@@ -43,6 +43,13 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 # two of them held both threads while every small request waited (56 s, all-MiniLM-L6-v2).
 SMALL_BODY_BYTES = 64 * 1024
 SMALL_ANSWER_ITEMS = 8  # answers of at most this many inputs are written on the event loop
+# A body's commas are counted as it arrives: each JSON value past the first in a list or object
+# takes one, and the parser holds the GIL (so the event loop, and /health) for all the values in
+# one call, even in a tokenizer thread: 16 MB of [1,1,...] (8M ids) held /health for 375 ms, 5.6M
+# empty lists for 390 ms. A request needs at most --max-client-batch x --max-input-tokens of them
+# (token ids past the limit are cut), plus a few for its other fields; a text with that many
+# commas is that many tokens to BERT's tokenizer, more than the whole request is given.
+FIELD_COMMAS = 64
 # A status for the log and /metrics only: the client that would read it has gone (nginx's 499).
 CLIENT_GONE = 499
 
@@ -63,6 +70,9 @@ class Service:
         self.large_tokenizers = ThreadPoolExecutor(config.tokenization_workers,
                                                    thread_name_prefix="tformer-tokenize-large")
         self._drain: asyncio.TimerHandle | None = None
+        # A model without a length limit: an input of more tokens than a batch holds is of no use.
+        input_tokens = served.max_input_tokens or config.max_batch_tokens
+        self.max_commas = config.max_client_batch * input_tokens + FIELD_COMMAS
 
     def _thread_init(self) -> None:
         torch.set_num_threads(self.config.threads_per_worker)
@@ -84,7 +94,7 @@ class Service:
         started = time.perf_counter()
         try:
             _check_content_type(request)
-            raw = await _read_body(request)
+            raw = await _read_body(request, self.max_commas)
             loop = asyncio.get_running_loop()
             tokenizers = self.tokenizers if len(raw) <= SMALL_BODY_BYTES else self.large_tokenizers
             # Parsing and checking run in the tokenizer threads too: on the event loop, a 14 MB
@@ -153,7 +163,8 @@ class Service:
             "limits": {"max_batch_tokens": c.max_batch_tokens, "max_wait_ms": c.max_wait_ms,
                        "max_input_tokens": served.max_input_tokens, "max_queue": c.max_queue,
                        "max_client_batch": c.max_client_batch, "truncate": c.truncate,
-                       "max_body_bytes": MAX_BODY_BYTES, "header_timeout": c.header_timeout,
+                       "max_body_bytes": MAX_BODY_BYTES, "max_body_commas": self.max_commas,
+                       "header_timeout": c.header_timeout,
                        "body_timeout": c.body_timeout, "keep_alive_timeout": c.keep_alive_timeout,
                        "max_connections": c.max_connections,
                        "max_connections_per_client": c.connections_per_client,
@@ -181,15 +192,22 @@ def _check_content_type(request: Request) -> None:
                            f"got {transfer[:60]!r}")
 
 
-async def _read_body(request: Request) -> bytes:
+async def _read_body(request: Request, max_commas: int) -> bytes:
+    """The body, refused (413) as soon as it passes MAX_BODY_BYTES or ``max_commas`` (see
+    FIELD_COMMAS): before it is parsed, and before the rest of it is read."""
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > MAX_BODY_BYTES:
         raise RequestError(413, "body", f"body: expected at most {MAX_BODY_BYTES} bytes, got {int(length)}")
-    chunks, size = [], 0
+    chunks, size, commas = [], 0, 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > MAX_BODY_BYTES:
             raise RequestError(413, "body", f"body: expected at most {MAX_BODY_BYTES} bytes, got more")
+        commas += chunk.count(b",")
+        if commas > max_commas:
+            raise RequestError(413, "body", f"body: expected at most {max_commas} commas (JSON values: "
+                               "--max-client-batch x --max-input-tokens token ids, and a few fields), "
+                               "got more")
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -250,7 +268,8 @@ def create_app(config: ServeConfig, served: Served | None = None) -> Starlette:
     async def lifespan(app):
         await service.batcher.call_in_model_thread(service.warm_up)
         service.batcher.start()
-        yield {connections.STATE_KEY: limits}  # the lifespan state: uvicorn hands it to each connection
+        with connections.repeated_warnings_summarised(logging.getLogger("uvicorn.error")):
+            yield {connections.STATE_KEY: limits}  # the lifespan state: uvicorn hands it to each connection
         await service.batcher.stop()  # uvicorn has answered its connections: nothing waits
         for pool in (service.tokenizers, service.large_tokenizers):
             pool.shutdown(wait=False, cancel_futures=True)

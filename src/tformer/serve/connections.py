@@ -24,7 +24,10 @@ uvicorn closes a connection only after a keep-alive pause between requests
                        keeps them in memory, joining each piece to the last (a client streaming
                        headers for --header-timeout seconds held the event loop, and every other
                        client, for that long)
-    malformed HTTP     400 with the JSON error every answer has (uvicorn's own is plain text)
+    malformed HTTP     400 with the JSON error every answer has (uvicorn's own is plain text);
+                       uvicorn's warning for each ("Invalid HTTP request received.") is
+                       summarised (``RepeatedWarnings``): a client sending garbage in a loop
+                       wrote a log line a request
     half-close         a client that ends its side (FIN) after its requests still gets their
                        answers, then the connection is closed; a request it cut short gets none.
                        But a FIN while a request waits on the model (``FIN_MEANS_GONE`` in its
@@ -41,11 +44,15 @@ same class serves one process and each --workers process alike.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from tformer.serve.schema import RequestError
@@ -53,6 +60,9 @@ from tformer.serve.schema import RequestError
 STATE_KEY = "tformer.connections"
 # Set in a request's scope by the app once its work is queued: a FIN from now on means the client left.
 FIN_MEANS_GONE = "tformer.fin_means_gone"
+# Set in a request's scope here for an absolute-form target (GET http://host/path): its host, which
+# uvicorn drops (it keeps the path) and which takes the Host header's place (RFC 9112 §3.2.2).
+TARGET_HOST = "tformer.target_host"
 # Most bytes of a request line and headers. nginx allows 32 KiB (4 x 8k buffers), Node.js 16 KiB,
 # hyper (TEI's server) about 400 KiB; the clients here send well under 1 KiB.
 MAX_HEAD_BYTES = 64 * 1024
@@ -62,6 +72,9 @@ MAX_PIPELINED = 128  # no client here pipelines at all; a test sends 100 in one 
 # that unread data with a reset, and the client could lose the answer (http.client: 9 in 10
 # times, for a 300 kB header).
 LINGER_S = 2.0
+# Of each uvicorn warning (one a malformed request: "Invalid HTTP request received."), this many
+# are logged in each this many seconds; the rest are counted (RepeatedWarnings).
+WARNING_BURST, WARNING_WINDOW_S = 5, 60.0
 
 
 @dataclass(frozen=True)
@@ -91,6 +104,52 @@ BUSY = _reply(b"503 Service Unavailable", "server: too many open connections (--
               "shutting down; retry", "overloaded", b"retry-after: 1\r\n")
 CLIENT_BUSY = _reply(b"503 Service Unavailable", "server: too many open connections from your address "
                      "(--max-connections-per-client); retry", "overloaded", b"retry-after: 1\r\n")
+
+
+class RepeatedWarnings(logging.Filter):
+    """Of each warning (by its format string), the first ``burst`` in a ``window`` of seconds
+    pass; the rest are counted, and the first one after the window passes with that count."""
+
+    def __init__(self, burst: int = WARNING_BURST, window: float = WARNING_WINDOW_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.burst, self.window, self.clock = burst, window, clock
+        self.seen: dict[str, list] = {}  # format string -> [window start, passed, dropped]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING:
+            return True
+        now = self.clock()
+        seen = self.seen.setdefault(str(record.msg), [now, 0, 0])
+        if now - seen[0] >= self.window:
+            if seen[2]:
+                record.msg = f"{record.msg} ({seen[2]} more like it in {now - seen[0]:.0f} s, not logged)"
+            seen[:] = [now, 0, 0]
+        if seen[1] < self.burst:
+            seen[1] += 1
+            return True
+        seen[2] += 1
+        return False
+
+    def flush(self, logger: logging.Logger) -> None:
+        """The counts not yet told (when the server stops)."""
+        now = self.clock()
+        for message, (start, _, dropped) in self.seen.items():
+            if dropped:
+                logger.warning("%s (%d more like it in %.0f s, not logged)", message, dropped, now - start)
+        self.seen.clear()
+
+
+@contextlib.contextmanager
+def repeated_warnings_summarised(logger: logging.Logger) -> Iterator[RepeatedWarnings]:
+    """``RepeatedWarnings`` on uvicorn's logger while the server runs."""
+    repeated = RepeatedWarnings()
+    logger.addFilter(repeated)
+    try:
+        yield repeated
+    finally:
+        logger.removeFilter(repeated)
+        repeated.flush(logger)
 
 
 class GuardedProtocol(HttpToolsProtocol):
@@ -180,6 +239,8 @@ class GuardedProtocol(HttpToolsProtocol):
         if len(self.pipeline) >= MAX_PIPELINED:  # stop the parser too (send_400_response)
             self._refusal = None
             raise ValueError(f"pipelined requests: more than {MAX_PIPELINED}")
+        if self.url[:1] not in (b"/", b"*"):  # absolute-form (what a client sends a proxy)
+            self.scope[TARGET_HOST] = httptools.parse_url(self.url).host or b""  # no URL: a 400
         super().on_headers_complete()
         limits = self._limits()
         if limits is not None and self._reading:

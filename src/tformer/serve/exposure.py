@@ -6,7 +6,9 @@ meets them:
 
     HostGuard   the Host header must name this server: the bind address or localhost's names,
                 plus --allowed-hosts (example.com, *.example.com, or * for any); else 400.
-                A rebinding page's requests carry its own name, so they stop here. (HTTP/1.0
+                A rebinding page's requests carry its own name, so they stop here. An
+                absolute-form target (GET http://example.com/health, what a client sends a
+                proxy) names the host in place of the header (RFC 9112 §3.2.2). (HTTP/1.0
                 has no Host header: a request without one is let through, as a browser
                 always sends one; a load balancer's check often has none.)
     CORS        off unless --cors-origin names the origins whose pages may read answers
@@ -21,6 +23,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 
 from tformer.serve.config import ServeConfig
+from tformer.serve.connections import TARGET_HOST
 from tformer.serve.endpoint import error
 from tformer.serve.schema import RequestError
 
@@ -53,17 +56,21 @@ class HostGuard:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
             hosts = [v for k, v in scope["headers"] if k == b"host"]
-            refusal = None
+            target = scope.get(TARGET_HOST)  # an absolute-form target's host: it replaces Host's
+            field, refusal = "Host", None
             if len(hosts) > 1:  # RFC 9112 §3.2: a 400; the check below read the first, others the last
                 refusal = f"Host: expected one Host header, got {len(hosts)}"
-            elif not self.any and (hosts or scope["http_version"] != "1.0"):
-                raw = hosts[0] if hosts else b""
+            elif not self.any and (hosts or target is not None or scope["http_version"] != "1.0"):
+                if target is not None:
+                    field, raw = "request target", target
+                else:
+                    raw = hosts[0] if hosts else b""
                 host = _bare(_hostname(raw.decode("latin-1").lower()))
                 if not (host in self.allowed or (self.suffixes and host.endswith(self.suffixes))):
-                    refusal = (f"Host: expected one of {', '.join(self.allowed)} (widen with "
+                    refusal = (f"{field}: expected one of {', '.join(self.allowed)} (widen with "
                                f"--allowed-hosts), got {raw.decode('latin-1')[:100]!r}")
             if refusal is not None:
-                await error(RequestError(400, "Host", refusal))(scope, receive, send)
+                await error(RequestError(400, field, refusal))(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
