@@ -4,6 +4,7 @@ truncation on, over the whole text)."""
 
 from __future__ import annotations
 
+import base64
 import functools
 import random
 
@@ -11,7 +12,7 @@ import pytest
 from helpers import SpyBackend
 from hf_bert_fixtures import bert_dir
 
-from tformer.text.prefix import AtLeast, longest
+from tformer.text.prefix import AtLeast, longest, reach
 from tformer.text.tokenizer import Tokenizer, load_tokenizer
 from tformer.training.subwords import run_tokenizer, train_tokenizer
 
@@ -67,9 +68,9 @@ def test_encode_gives_the_ids_of_the_whole_text_cut(max_length):
                                                strict=True):
             where = f"{name}, max_length {max_length}, text {text[:40]!r} ({len(text)} chars)"
             assert ours.ids == ids and ours.type_ids == types, where
-            if isinstance(ours.full, AtLeast):  # tokenized as a prefix: a true lower bound past the cut
-                cut_early += 1
-                assert max_length < ours.full <= n, where
+            if isinstance(ours.full, AtLeast):  # tokenized as a prefix: a true lower bound past the cut,
+                cut_early += 1  # or the whole prefix read (LETTERS, one word: WordPiece's one [UNK])
+                assert ours.full <= n and (ours.full > max_length or ours.full == len(ours.ids)), where
             else:
                 assert ours.full == n, where
     assert cut_early > 10  # the prefix path was taken
@@ -199,3 +200,84 @@ def test_a_long_text_is_tokenized_only_as_far_as_its_cut_needs():
     (pair,) = paired.encode([text], [text + "more"])
     assert len(pair.ids) == 17
     assert max(spy.seen) <= 4 * 64 * 16 * 2, max(spy.seen)  # a few windows, never the 2.4 MB
+
+
+def long_words(size: int) -> list[str]:
+    """Words (no space) that WordPiece, BPE and Unigram each cut into pieces in their own ways."""
+    rng = random.Random(size)
+    return ["".join(rng.choice("abcdefghij") for _ in range(size)), "a" * size, ("ab" * size)[:size],
+            "".join(rng.choice("東京北京大学日本語中文") for _ in range(size)),  # (one word where spaces split)
+            base64.b64encode(rng.randbytes(size)).decode()[:size], rng.randbytes(size).hex()[:size]]
+
+
+@pytest.mark.parametrize("max_length", (3, 16, 64))
+def test_a_long_word_is_cut_inside_with_the_whole_texts_ids(max_length):
+    """A word of more than LONG_WORD_CHARS is cut inside, its pieces ending far from the cut
+    counted: BPE and Unigram give the whole word's first pieces (a piece depends only on the
+    characters near it: within 43 of the cut, measured), WordPiece one [UNK] for the word either
+    way. A word past the reach followed by more words: BPE and Unigram cut inside the word;
+    WordPiece reads the text only to the reach (its [UNK] could run on for megabytes), so its
+    ids are those of that prefix: the words after the [UNK] are lost."""
+    for name, base in tokenizers():
+        tok = Tokenizer(base.backend, max_length, base.pad_id, base.lowercase)
+        far = reach(max_length - tok.backend.num_special_tokens_to_add(False))
+        words = long_words(3000) + long_words(far + 5000)
+        inputs = words + [w + " the cat sat" for w in words[-3:]]
+        inputs = [t.lower() for t in inputs] if tok.lowercase else inputs
+        read = [t[:far] if name in ("bert", "wordpiece") and len(t) > far else t for t in inputs]
+        expected = whole_then_cut(tok, max_length, read)
+        for text, ours, (ids, types, n) in zip(inputs, tok.encode(inputs), expected, strict=True):
+            where = f"{name}, max_length {max_length}, text {text[:20]!r}...{text[-12:]!r} ({len(text)} chars)"
+            assert ours.ids == ids and ours.type_ids == types, where
+            if len(text) > far:  # counted from the prefix read: a lower bound
+                assert isinstance(ours.full, AtLeast) and ours.full <= n, where
+
+
+def pair_cut(tok: Tokenizer, a: str, b: str) -> tuple[list[int], list[int]]:
+    """The pair tokenized whole, cut longest first (Tokenizer._cut: the backend's LongestFirst,
+    checked against it on short pairs above; the backend's own would take gigabytes here)."""
+    return tok._cut(tok.backend.encode(a, b))
+
+
+@pytest.mark.parametrize("max_length", (16, 17, 64, 65))
+def test_two_long_texts_sharing_an_odd_budget_are_read_to_the_reach(max_length):
+    """Of two cut segments, LongestFirst gives an odd budget's last token to the one with more
+    tokens: known once the shorter is read to its end, or both to the reach, where it goes to
+    the one with more tokens in its prefix. Only there can the ids differ from the whole
+    pair's cut, in that token; an even budget is shared alike whichever is longer."""
+    deviations = 0
+    for name, base in tokenizers():
+        tok = Tokenizer(base.backend, max_length, base.pad_id, base.lowercase)
+        budget = max_length - tok.backend.num_special_tokens_to_add(True)
+        far = reach(budget)
+        dense, sparse = "the cat sat " * (far // 8), "the  cat  sat  " * (far // 5)  # sparse: more tokens, later
+        short = "the river sat " * (far // 20)  # shorter than the reach, longer than the first windows
+        pairs = [(dense, sparse), (sparse, dense), (dense, dense + " more"), (dense + " more", dense),
+                 (dense, short), (short, sparse), (short, short + " more")]
+        for (a, b), ours in zip(pairs, tok.encode(*zip(*pairs, strict=True)), strict=True):
+            both_past = len(a) > far and len(b) > far and budget % 2
+            expected = pair_cut(tok, *((a[:far], b[:far]) if both_past else (a, b)))
+            where = f"{name}, max_length {max_length}, pair of {len(a)} and {len(b)} chars"
+            assert (ours.ids, ours.type_ids) == expected, where
+            deviations += expected != pair_cut(tok, a, b)
+            n = len(tok.backend.encode(a, b).ids)
+            assert ours.full == n or (isinstance(ours.full, AtLeast) and ours.full <= n), where
+    assert deviations > 0 if max_length % 2 == 0 else deviations == 0  # (3 specials: 16 and 64 leave odd budgets)
+
+
+def test_a_text_of_megabytes_without_a_cut_in_sight_is_read_only_to_its_reach():
+    """A 4 MB word, a flood of 4 MB of spaces, two 2.4 MB texts sharing an odd budget: each
+    backend call tokenizes at most the reach's characters (a pair: both prefixes), where they
+    were tokenized whole (10 s for a 16 MB word)."""
+    for name, base in tokenizers():
+        spy = SpyBackend(base.backend)
+        for max_length in (16, 17):
+            tok = Tokenizer(spy, max_length, base.pad_id, base.lowercase)
+            far = reach(max_length - tok.backend.num_special_tokens_to_add(True))
+            spy.seen.clear()
+            encoded = tok.encode([LETTERS * 200, " " * 4_000_000 + "end", "a" * 4_000_000])
+            assert max(spy.seen) <= far and all(isinstance(e.full, AtLeast) for e in encoded), (name, spy.seen)
+            long = "the cat sat " * 200_000
+            spy.seen.clear()
+            (pair,) = tok.encode([long], [long + " more"])
+            assert max(spy.seen) <= 2 * far and len(pair.ids) == max_length, (name, max_length, spy.seen)

@@ -9,10 +9,24 @@ until the prefix holds more than ``budget`` tokens that are surely the whole tex
 
 Which tokens of a prefix are the whole text's: the backend normalizes, splits the text into
 words (pre-tokens) and tokenizes each word on its own (WordPiece, BPE, Unigram alike), so only
-the word the prefix cuts can differ. Tokens of the prefix's last word, and tokens ending near
-its end (an added token such as ``[SEP]`` cut in two, or an accent after the cut that would
-have combined), are not counted. The tokens kept after the cut are then the same as whole-text
-tokenization gives (tests/text/test_prefix.py checks it against full tokenization).
+the word the prefix cuts can differ. Tokens ending within EDGE_CHARS of the prefix's end are not
+counted (an added token such as ``[SEP]`` cut in two, an accent after the cut that would have
+combined), nor those of its last word within LONG_WORD_CHARS: so a text that is one word of
+megabytes (a base64 blob; Chinese for a tokenizer that splits only at spaces) is cut inside
+that word, at a short text's cost. Far from the cut a word's pieces are the whole word's:
+WordPiece makes a word of over 100 characters one unknown token (which reaches the cut, so never
+counts), and a BPE or Unigram piece depends only on the characters near it (a few dozen at
+most where we measured; the algorithms do not promise it, so tests/text/test_prefix.py checks
+it). The tokens kept after the cut are then the same as whole-text tokenization gives
+(tests/text/test_prefix.py checks it against full tokenization).
+
+A text is read no further than ``reach(budget)`` characters (READ_CHARS_PER_TOKEN per token
+wanted); one whose cut is not settled by then is taken as that prefix, all its tokens counted.
+Only such texts can get other ids than the whole text cut: a WordPiece word of megabytes (one
+unknown token with no end in sight: the words after it are lost), a flood of spaces, and two
+texts past the reach sharing an odd budget (LongestFirst gives the odd token to the one with
+more tokens, known once the shorter is read to its end; read to the reach, it goes to the one
+with more tokens in its prefix).
 
 A text cut this way has a token count known only from below: ``AtLeast(n)``, an int that
 prints as "n or more", so that a message naming it stays true.
@@ -23,11 +37,16 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-# Characters tokenized per token wanted, at first (4x more each time that was too few).
+# Characters tokenized per token wanted, at first (4x more each time that was too few)...
 WINDOW_CHARS_PER_TOKEN = 16
+# ...and at most (the third window): the cost stays bounded by the cut, whatever the text.
+READ_CHARS_PER_TOKEN = 16 * WINDOW_CHARS_PER_TOKEN
 # Tokens ending within this many characters of a prefix's end are not counted as the whole
 # text's (besides those of its last word), or the longest added token's length if longer.
 EDGE_CHARS = 64
+# Tokens of the word a prefix cuts count only if they end this many characters before its end
+# (or WordPiece's max_input_chars_per_word, if more: a word that long is one unknown token).
+LONG_WORD_CHARS = 1024
 
 
 class AtLeast(int):
@@ -62,11 +81,12 @@ def edge_chars(backend: Any) -> int:
 def window(backend: Any, text: str, budget: int, edge: int = EDGE_CHARS) -> tuple[str, int | None]:
     """``text`` and None when it is short; else a prefix of it whose first ``budget`` + 1
     tokens (no special tokens) are the whole text's, and how many such tokens it holds
-    (more than ``budget``)."""
+    (more than ``budget``); or, where that is not known by ``reach(budget)`` characters, that
+    prefix taken as the text, and its token count."""
     for prefix, sure in prefixes(backend, text, budget, edge):
         if sure is None or sure > budget:
             return prefix, sure
-    raise AssertionError("unreachable: the last prefix is the whole text")
+    return prefix, sure  # read to the reach: the text taken as that prefix
 
 
 def pair_window(backend: Any, a: str, b: str, budget: int, edge: int = EDGE_CHARS
@@ -75,17 +95,21 @@ def pair_window(backend: Any, a: str, b: str, budget: int, edge: int = EDGE_CHAR
     the shorter segment max(its length, budget - its length) and the longer the rest, or when
     both pass half the budget half each with any odd token to the longer (tokenizers'
     LongestFirst): so a cut segment must be known to be the longer one (more sure tokens than
-    the other's whole count) and, for an odd budget, of two cut segments one is taken whole
-    (the shorter: only then is it known which one gets the odd token)."""
+    the other's whole count) and, for an odd budget, of two cut segments one is read to its
+    end (the shorter: only then is it known which one gets the odd token), or both to the
+    reach, where each is taken as read."""
     steps = prefixes(backend, a, budget, edge), prefixes(backend, b, budget, edge)
     (pa, na), (pb, nb) = next(steps[0]), next(steps[1])
-    while na is not None or nb is not None:
-        if na is None or nb is None:  # one whole: the cut one must hold more than it (and budget)
-            whole = len(backend.encode(pa if na is None else pb, add_special_tokens=False).ids)
-            if (na if nb is None else nb) > max(budget, whole):
+    while True:
+        done_a, done_b = _read(pa, na, budget), _read(pb, nb, budget)
+        if done_a and done_b:
+            break
+        if done_a or done_b:  # one read: the cut one must hold more than it (and budget)
+            whole = len(backend.encode(pa if done_a else pb, add_special_tokens=False).ids)
+            if (nb if done_a else na) > max(budget, whole):
                 break
-            pa, na = next(steps[0]) if na is not None else (pa, na)
-            pb, nb = next(steps[1]) if nb is not None else (pb, nb)
+            pa, na = (pa, na) if done_a else next(steps[0])
+            pb, nb = (pb, nb) if done_b else next(steps[1])
             continue
         if na > budget and nb > budget and budget % 2 == 0:
             break
@@ -102,7 +126,7 @@ def longest_first(lengths: Sequence[int], budget: int) -> list[int]:
     longer the rest, unless the shorter has more than half, then half each (any odd token to
     the longer; to the second when they are equally long). Each count may be a lower bound
     (an ``AtLeast`` from a prefix, tformer.text.prefix) where the text was windowed so that
-    the decision is the same for the true counts."""
+    the decision is the same for the true counts, or as read (a text read to its reach)."""
     if len(lengths) == 1:
         return [min(lengths[0], budget)]
     first, second = lengths
@@ -114,24 +138,41 @@ def longest_first(lengths: Sequence[int], budget: int) -> list[int]:
     return [min(first, kept[0]), min(second, kept[1])]
 
 
+def reach(budget: int) -> int:
+    """The most characters of a text read to cut it to ``budget`` tokens."""
+    return max(budget, 64) * READ_CHARS_PER_TOKEN
+
+
 def prefixes(backend: Any, text: str, budget: int, edge: int) -> Iterator[tuple[str, int | None]]:
     """Ever longer prefixes of ``text`` (4x each time) with the tokens each surely shares with
-    the whole text; last, the text itself with None."""
+    the whole text; last, the text itself with None, or its prefix at the reach with its
+    token count (the text is read no further, so it is taken as that prefix)."""
     chars = max(budget, 64) * WINDOW_CHARS_PER_TOKEN
+    long_word = max(LONG_WORD_CHARS, getattr(backend.model, "max_input_chars_per_word", 0))
     while len(text) > chars:
         prefix = text[:chars]
-        yield prefix, _sure_tokens(backend.encode(prefix, add_special_tokens=False), len(prefix) - edge)
+        encoding = backend.encode(prefix, add_special_tokens=False)
+        if chars >= reach(budget):  # no cut in sight (a word or a flood of spaces without end)
+            yield prefix, len(encoding.ids)
+            return
+        yield prefix, _sure_tokens(encoding, len(prefix), edge, long_word)
         chars *= 4
     yield text, None
 
 
-def _sure_tokens(encoding: Any, end: int) -> int:
-    """The leading tokens of a prefix's encoding before its last word, each ending by ``end``."""
+def _read(prefix: str, sure: int | None, budget: int) -> bool:
+    """Whether a segment is read as far as it will be: whole, or its prefix at the reach."""
+    return sure is None or len(prefix) >= reach(budget)
+
+
+def _sure_tokens(encoding: Any, length: int, edge: int, long_word: int) -> int:
+    """The leading tokens of a prefix's encoding that end ``edge`` characters before its end
+    (``long_word`` for those of its last word, the one it may cut)."""
     words = encoding.word_ids
     last = next((w for w in reversed(words) if w is not None), None)
     n = 0
     for word, (_, stop) in zip(words, encoding.offsets, strict=True):
-        if (word is not None and word == last) or stop > end:
+        if stop > length - (max(edge, long_word) if word is not None and word == last else edge):
             break
         n += 1
     return n

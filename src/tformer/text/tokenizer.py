@@ -75,7 +75,8 @@ class Tokenizer:
         tokenizer's specials: ids and token types cut to max_length, and ``full``, the token
         count before the cut (a text is longer than the model takes where full > len(ids)).
         A text far longer than max_length is tokenized only as far as its cut needs
-        (tformer.text.prefix: the same ids); its ``full`` is then an ``AtLeast``."""
+        (tformer.text.prefix: the same ids, but where no cut is in sight by its reach, a bounded
+        number of characters); its ``full`` is then an ``AtLeast``."""
         _, encodings, full = self._encode_prefixes(texts, pairs, specials=True)
         out = []
         for e, n in zip(encodings, full, strict=True):
