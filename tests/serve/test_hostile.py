@@ -211,7 +211,8 @@ def test_an_http_1_0_request_without_host_is_answered(embedding_server):
 
 def test_a_body_of_more_values_than_a_request_can_use_is_refused_as_it_arrives(embedding_dir, monkeypatch):
     """16 MB of [1,1,...] (8M token ids) was parsed in one C call that held the GIL, and with it
-    /health and every other client, for 375 ms. A body's commas are counted as it arrives:
+    /health and every other client, for 375 ms. A body's commas outside strings are counted as
+    it arrives:
     past what a request can use (--max-client-batch x --max-input-tokens, and a few fields) it
     is refused with 413 before it is parsed, before the rest of it is even sent, while other
     clients are answered."""
@@ -240,7 +241,8 @@ def test_a_body_of_more_values_than_a_request_can_use_is_refused_as_it_arrives(e
                        "--max-input-tokens token ids, and a few fields), got more",
             "type": "invalid_request_error", "param": "body", "code": 413}
         assert max(parsed) < 100, parsed  # the small request's body only
-        for inputs, expected in (([[1] * 30] * 4, 200), ([[1] * 200], 413), ("a, " * 200, 413)):
+        for inputs, expected in (([[1] * 30] * 4, 200), ([[1] * 200], 413), (["a"] * 200, 413),
+                                 ("a, " * 200, 200), (['\\", ' * 200], 200)):  # commas in a text
             assert live.post("/embed", {"inputs": inputs})[0] == expected, inputs
     finally:
         live.close()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tformer.serve import schema
 from tformer.serve.schema import MAX_NUMBER_CHARS, PIECE, RequestError, check_fields, parse_json
@@ -90,3 +92,46 @@ def test_millions_of_values_are_checked():
     each (a name per value cost seconds)."""
     body = parse_json(json.dumps({"inputs": [[1] * 2_000_000], "x": [[]] * 1_000_000}).encode())
     assert len(body["inputs"][0]) == 2_000_000 and len(body["x"]) == 1_000_000
+
+
+def _commas_outside_strings(raw: bytes) -> int:
+    """The count, byte by byte (the independent reading ValueCounter's scans must agree with)."""
+    count, in_string, escaped = 0, False, False
+    for byte in raw:
+        if escaped:
+            escaped = False
+        elif in_string and byte == ord("\\"):
+            escaped = True
+        elif byte == ord('"'):
+            in_string = not in_string
+        elif byte == ord(",") and not in_string:
+            count += 1
+    return count
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='ab,"\\ \n\u00e9'),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(alphabet='a,"\\'), inner, max_size=4),
+    max_leaves=30)
+
+
+@given(value=_JSON_VALUES, cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=8))
+@settings(max_examples=300, deadline=None)
+def test_value_counter_counts_commas_outside_strings_however_the_body_arrives(value, cuts):
+    """Commas, quotes and backslashes in texts and keys, cut anywhere (between a backslash and
+    the byte it escapes too): the count equals a byte-by-byte reading's."""
+    raw = json.dumps({"inputs": value}, ensure_ascii=False).encode()
+    counter, start = schema.ValueCounter(), 0
+    for cut in sorted({min(c, len(raw)) for c in cuts}) + [len(raw)]:
+        counter.feed(raw[start:cut])
+        start = cut
+    assert counter.commas == _commas_outside_strings(raw)
+
+
+def test_value_counter_carries_one_backslash_not_a_run():
+    """16 MB of backslashes, fed in chunks, carries at most one to the next chunk (a carried
+    run would be copied again with every chunk: quadratic)."""
+    counter = schema.ValueCounter()
+    for _ in range(100):
+        counter.feed(b"\\" * 65_537)
+        assert len(counter._carry) <= 1

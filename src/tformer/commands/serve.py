@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="most inputs waiting or running; more are refused with 503 (default 1024)")
     parser.add_argument("--max-client-batch", type=int, default=256,
                         help="most inputs in one request (default 256); a body may hold this many times "
-                        "--max-input-tokens commas, plus 64 (413 past that)")
+                        "--max-input-tokens commas outside strings (values), plus 64 (413 past that)")
     parser.add_argument("--no-truncate", dest="truncate", action="store_false",
                         help="refuse (413) inputs over --max-input-tokens instead of cutting them "
                         "(a request's truncate field decides for itself)")

@@ -39,16 +39,16 @@ from tformer.serve.schema import RequestError
 log = logging.getLogger("tformer.serve")
 MAX_BODY_BYTES = 16 * 1024 * 1024
 # Bodies up to this size are tokenized in threads of their own, in ~50 ms at most (a 64 KiB
-# word); larger ones can take a minute (a 15 MB word is tokenized whole: models.windows), and
+# word); larger ones can take a minute (tokenizing a long text's prefix), and
 # two of them held both threads while every small request waited (56 s, all-MiniLM-L6-v2).
 SMALL_BODY_BYTES = 64 * 1024
 SMALL_ANSWER_ITEMS = 8  # answers of at most this many inputs are written on the event loop
-# A body's commas are counted as it arrives: each JSON value past the first in a list or object
-# takes one, and the parser holds the GIL (so the event loop, and /health) for all the values in
-# one call, even in a tokenizer thread: 16 MB of [1,1,...] (8M ids) held /health for 375 ms, 5.6M
-# empty lists for 390 ms. A request needs at most --max-client-batch x --max-input-tokens of them
-# (token ids past the limit are cut), plus a few for its other fields; a text with that many
-# commas is that many tokens to BERT's tokenizer, more than the whole request is given.
+# A body's commas outside strings are counted as it arrives (schema.ValueCounter): each JSON value
+# past the first in a list or object takes one, and the parser holds the GIL (so the event loop,
+# and /health) for all the values in one call, even in a tokenizer thread: 16 MB of [1,1,...] (8M
+# ids) held /health for 375 ms, 5.6M empty lists for 390 ms. A request needs at most
+# --max-client-batch x --max-input-tokens of them (token ids past the limit are cut), plus a few
+# for its other fields. Commas in texts are not values: long texts to be cut are fine.
 FIELD_COMMAS = 64
 # A status for the log and /metrics only: the client that would read it has gone (nginx's 499).
 CLIENT_GONE = 499
@@ -198,13 +198,12 @@ async def _read_body(request: Request, max_commas: int) -> bytes:
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > MAX_BODY_BYTES:
         raise RequestError(413, "body", f"body: expected at most {MAX_BODY_BYTES} bytes, got {int(length)}")
-    chunks, size, commas = [], 0, 0
+    chunks, size, values = [], 0, schema.ValueCounter()
     async for chunk in request.stream():
         size += len(chunk)
         if size > MAX_BODY_BYTES:
             raise RequestError(413, "body", f"body: expected at most {MAX_BODY_BYTES} bytes, got more")
-        commas += chunk.count(b",")
-        if commas > max_commas:
+        if values.feed(chunk) > max_commas:
             raise RequestError(413, "body", f"body: expected at most {max_commas} commas (JSON values: "
                                "--max-client-batch x --max-input-tokens token ids, and a few fields), "
                                "got more")

@@ -77,6 +77,32 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     return body
 
 
+class ValueCounter:
+    """The commas outside strings of a JSON body, counted chunk by chunk as it arrives: each
+    value past the first in a list or object takes one. What the parser costs grows with the
+    values, not the bytes (16 MB in one string parse in 30 ms; 8M numbers in over a second, all
+    in one call that holds the GIL), and commas inside strings are text, not values.
+
+    A string's escapes go first (``\\\\`` then ``\\"``: neither ends a string), so every quote
+    left opens or closes one; an odd run of backslashes at a chunk's end leaves one for the next
+    chunk, as it may escape that chunk's first byte. Each call runs a few C scans of one chunk."""
+
+    def __init__(self) -> None:
+        self.commas = 0
+        self._in_string = False
+        self._carry = b""
+
+    def feed(self, chunk: bytes) -> int:
+        chunk = self._carry + chunk
+        kept = chunk.rstrip(b"\\")
+        self._carry = b"\\" * ((len(chunk) - len(kept)) % 2)  # pairs escape each other
+        chunk = kept
+        parts = chunk.replace(b"\\\\", b"").replace(b'\\"', b"").split(b'"')  # text between quotes
+        self.commas += b"".join(parts[1 if self._in_string else 0 :: 2]).count(b",")
+        self._in_string ^= len(parts) % 2 == 0  # an odd number of quotes
+        return self.commas
+
+
 def _has_long_digits(raw: bytes) -> bool:
     """Whether the body holds a run of more than MAX_NUMBER_CHARS digits; the pieces overlap by
     that much, so that a run across two pieces is found whole. (A regex over 16 MB took 250 ms;
