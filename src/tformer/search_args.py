@@ -20,15 +20,21 @@ def check_max_len(max_len: int, positions: int | None = None) -> None:
         raise ValueError(f"max_len: expected 1..{positions} (the model's positions), got {max_len}")
 
 
-def search_max_len(model: Any, max_len: int | None) -> int:
-    """The most tokens a search of ``model`` generates: ``max_len``, or DEFAULT_MAX_LEN where
-    None, at most the model's positions (config.max_len). Refused in one line: a model that is
-    not an encoder-decoder (an Encoder failed inside the search on a missing ``encode``), and a
-    max_len past the positions (a learned table has no row for them, and the sinusoids of a long
-    one were recomputed at every step, with a cache allocated for all of them)."""
+def check_seq2seq(model: Any) -> None:
+    """A model that searches: an encoder-decoder, with ``encode`` and ``decode`` (a compiled one
+    too). An Encoder failed inside the search on a missing ``encode``."""
     if not (callable(getattr(model, "encode", None)) and callable(getattr(model, "decode", None))):
         raise TypeError(f"model: expected a Seq2SeqTransformer (an encoder-decoder), "
                         f"got {type(model).__name__}")
+
+
+def search_max_len(model: Any, max_len: int | None) -> int:
+    """The most tokens a search of ``model`` generates: ``max_len``, or DEFAULT_MAX_LEN where
+    None, at most the model's positions (config.max_len), as `tformer generate --max-len`.
+    Refused in one line: a model that is not an encoder-decoder (check_seq2seq), and a max_len
+    past the positions (a learned table has no row for them, and the sinusoids of a long one
+    were recomputed at every step, with a cache allocated for all of them)."""
+    check_seq2seq(model)
     positions = model.config.max_len
     if max_len is None:
         return min(DEFAULT_MAX_LEN, positions)

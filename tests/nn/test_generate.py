@@ -368,3 +368,15 @@ def test_a_search_refuses_bad_special_ids_and_deadline_naming_them(search):
         with pytest.raises(error, match=message):
             search(model, src, max_len=4, **kwargs)
     assert search(model, src, max_len=4, eos_id=-1, bos_id=np.int64(1)).sequences.shape == (1, 4)  # -1: no EOS
+
+
+@pytest.mark.parametrize("search", SEARCHES)
+def test_a_search_gives_a_training_model_back_in_training_mode_also_when_it_raises(search):
+    # The model was put in eval mode and left there when model.encode refused the sources: the
+    # next search then saw it as an eval model, and training went on without dropout.
+    model = _small().train()
+    with pytest.raises(TypeError, match="^src_ids: "):
+        search(model, [[5, 6, 7]])
+    assert model.training
+    search(model, torch.tensor([[5, 6, 7]]), max_len=2)
+    assert model.training and all(m.training for m in model.modules())

@@ -19,6 +19,7 @@ Shape legend: B batch, K beams, S source length, L generated length, D model dim
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ from tformer.search_args import (
     check_beam_size,
     check_deadline,
     check_length_penalty,
+    check_seq2seq,
     check_special_ids,
     search_max_len,
 )
@@ -71,6 +73,24 @@ def _check(model, max_len: int | None, bos_id: int, eos_id: int, pad_id: int,
     return max_len
 
 
+def _in_eval_mode(search):
+    """``search`` runs the model in eval mode (no dropout) and gives it back in the mode it came
+    in, also when it raises (model.encode refusing the sources, a Ctrl-C): a training model left
+    in eval mode after an error trained on without dropout."""
+
+    @functools.wraps(search)
+    def run(model, *args, **kwargs) -> GenerationOutput:
+        check_seq2seq(model)  # before .training: None or an Encoder is refused naming `model`
+        was_training = model.training
+        model.eval()
+        try:
+            return search(model, *args, **kwargs)
+        finally:
+            model.train(was_training)
+
+    return run
+
+
 def _reorder_cache(cache: tuple[LayerCache, ...], beam: Tensor) -> tuple[LayerCache, ...]:
     """Keep the self-attention caches of the surviving beams: row i becomes row beam[i], in
     place (the step's caches are new tensors that only this search holds), and only the rows
@@ -96,6 +116,7 @@ def _with_room(cache: tuple[LayerCache, ...], capacity: int) -> tuple[LayerCache
 
 
 @torch.no_grad()
+@_in_eval_mode
 def greedy_search(
     model,
     src_ids: Tensor,
@@ -121,8 +142,6 @@ def greedy_search(
         src_ids, src_attention_mask: (B, S) -> sequences (B, L <= max_len), scores (B,)
     """
     max_len = _check(model, max_len, bos_id, eos_id, pad_id, deadline)
-    was_training = model.training
-    model.eval()
     memory = model.encode(src_ids, src_attention_mask=src_attention_mask).last_hidden_state
     b, device = src_ids.size(0), src_ids.device
     mask = src_attention_mask
@@ -158,7 +177,6 @@ def greedy_search(
             rows, done, memory = rows[keep], done[keep], memory[keep]
             past = _select(past, keep, max_len)
             mask = None if mask is None else mask[keep]
-    model.train(was_training)
     return GenerationOutput(tokens[:, 1 : length + 1], scores, eos_id, pad_id, complete=not cut)
 
 
@@ -184,6 +202,7 @@ def _select(cache: tuple[LayerCache, ...], index: Tensor, capacity: int) -> tupl
 
 
 @torch.no_grad()
+@_in_eval_mode
 def beam_search(
     model,
     src_ids: Tensor,
@@ -223,8 +242,6 @@ def beam_search(
     max_len = _check(model, max_len, bos_id, eos_id, pad_id, deadline)
     check_beam_size(beam_size)
     check_length_penalty(length_penalty, max_len)
-    was_training = model.training
-    model.eval()
     # One memory row per source: its K beams attend to it as one group of queries
     # (MultiHeadAttention), so it is neither repeated K times nor copied when beams move.
     memory = model.encode(src_ids, src_attention_mask=src_attention_mask).last_hidden_state
@@ -312,7 +329,6 @@ def beam_search(
                                          hyp_tokens[:, :length])
     hyp_scores = torch.where(use_live, scores.view(n, k)[rows, live], hyp_scores)
     write_out(rows)
-    model.train(was_training)
     return GenerationOutput(out_tokens[:, :length], out_scores, eos_id, pad_id, complete=not cut)
 
 
