@@ -75,6 +75,11 @@ def test_embed_bad_arguments(capsys, tmp_path):
     _one_line_error(rc, err, "embed", r"--out: expected a \.npy or \.jsonl file name")
     rc, _, err = _run(capsys, "embed", st_dir(), "--file", tmp_path / "none.txt")
     _one_line_error(rc, err, "embed", r"--file .*none\.txt: no such file")
+    # A blank argument was embedded while a blank --file line was refused (and generate, predict,
+    # search and similarity refused a blank argument): refused, naming it, as they do.
+    rc, out, err = _run(capsys, "embed", st_dir(), "a dog", " ")
+    _one_line_error(rc, err, "embed", r"TEXT 2: expected a text, got ' ' \(every argument is one input\)$")
+    assert out == ""
 
 
 def test_long_text_truncates_with_a_warning_or_fails_with_no_truncate(capsys):

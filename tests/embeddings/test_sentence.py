@@ -189,3 +189,36 @@ def test_a_sentence_encoder_refuses_a_bad_model_or_pooling_naming_it():
         SentenceEncoder(st.model, st.tokenizer, pooling=[])  # was a (N, 0) embedding
     one = SentenceEncoder(st.model, st.tokenizer, pooling="max")  # one mode by its name ('m', 'a', 'x' before)
     assert one.pooling == ("max",) and one.encode("a dog").shape == (1, 32)
+
+
+@pytest.mark.parametrize("texts, message", [
+    ([""], r"^texts\[0\]: expected a non-empty text, got ''$"),
+    (["a dog", " \t"], r"^texts\[1\]: expected a non-empty text, got ' \\t'$"),
+    ("  ", r"^texts: expected a non-empty text, got '  '$"),
+])
+def test_encode_refuses_blank_texts_as_run_embed_and_the_cli_do(texts, message):
+    # encode([""]) embedded [CLS] [SEP] while run.embed, `tformer embed --file` and the server refused it.
+    st = SentenceEncoder.from_pretrained(st_dir())
+    with pytest.raises(ValueError, match=message):
+        st.encode(texts)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(on_long=5), r"^on_long: expected a callable \(indices, token counts\) or None, got int$"),
+    (dict(normalize="no"), r"^normalize: expected True or False or None, got 'no'$"),
+    (dict(show_progress="yes"), r"^show_progress: expected True or False or None, got 'yes'$"),
+    (dict(truncation=None), r"^truncation: expected True or False, got None$"),
+])
+def test_encode_refuses_bad_options_naming_them_before_embedding(kwargs, message):
+    # on_long=5 failed only once a text was long ("'int' object is not callable"); normalize="no"
+    # is truthy, and normalised.
+    st = SentenceEncoder.from_pretrained(st_dir())
+    for texts in (["a dog"], []):  # refused even with nothing to embed
+        with pytest.raises(TypeError, match=message):
+            st.encode(texts, **kwargs)
+    with pytest.raises(TypeError, match=r"^normalize: expected True or False, got 'no'$"):
+        SentenceEncoder(st.model, st.tokenizer, normalize="no")
+    calls = []
+    st.encode(["a dog " * 20], on_long=lambda indices, counts: calls.append(indices))  # a callable: taken
+    assert calls == [[0]]
+    assert st.encode(["a dog"], normalize=np.bool_(False), truncation=True).shape == (1, 32)

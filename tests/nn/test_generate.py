@@ -303,3 +303,80 @@ def test_a_length_penalty_no_length_can_be_raised_to_is_refused(penalty):
         check_length_penalty(penalty, 64)
     check_length_penalty(2.0, 64)
     check_length_penalty(0, 64)
+
+
+def _small(positional="sinusoidal", max_len=8):
+    torch.manual_seed(0)
+    return Seq2SeqTransformer(TransformerConfig(d_model=16, n_heads=2, d_ff=32, n_layers=1, dropout=0.0,
+                                                vocab_size=12, max_len=max_len, positional=positional)).eval()
+
+
+SEARCHES = [greedy_search, beam_search, generate]
+
+
+@pytest.mark.parametrize("search", SEARCHES)
+def test_a_search_refuses_sources_that_are_not_tensors_naming_them(search):
+    # A list or a numpy array was "'list' object has no attribute 'dim'"; the models take tensors only.
+    model, src = _small(), torch.tensor([[5, 6, 7]])
+    for bad, got in (([[5, 6, 7]], "list"), (np.array([[5, 6, 7]]), "ndarray")):
+        with pytest.raises(TypeError, match=rf"^src_ids: expected a torch.Tensor of token ids, got {got}$"):
+            search(model, bad)
+    with pytest.raises(TypeError, match=r"^src_attention_mask: expected a torch.Tensor mask .*, got list$"):
+        search(model, src, [[1, 1, 1]])
+
+
+@pytest.mark.parametrize("search", SEARCHES)
+def test_a_search_refuses_a_model_that_is_not_an_encoder_decoder(search):
+    # An Encoder was "'Encoder' object has no attribute 'encode'" from inside the search.
+    from tformer.nn.model import Encoder, EncoderClassifier
+
+    config = TransformerConfig(d_model=16, n_heads=2, d_ff=32, n_layers=1, vocab_size=12, max_len=8)
+    for model in (Encoder(config), EncoderClassifier(config.replace(n_classes=2)), None):
+        name = type(model).__name__
+        with pytest.raises(TypeError, match=rf"^model: expected a Seq2SeqTransformer \(an encoder-decoder\), "
+                                            rf"got {name}$"):
+            search(model, torch.tensor([[5, 6, 7]]))
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+@pytest.mark.parametrize("search", SEARCHES)
+def test_max_len_is_at_most_the_models_positions(search, positional):
+    """Past config.max_len a learned table has no row (an IndexError-like failure at that step),
+    and sinusoids were recomputed every step with a cache allocated for all of max_len: refused
+    as `tformer generate --max-len` refuses it. Without max_len: 64, at most the positions."""
+    model, src = _small(positional, max_len=8), torch.tensor([[5, 6, 7]])
+    with pytest.raises(ValueError, match=r"^max_len: expected 1\.\.8 \(the model's positions\), got 9$"):
+        search(model, src, max_len=9)
+    with pytest.raises(ValueError, match=r"^max_len: expected 1\.\.8 \(the model's positions\), got 1000000$"):
+        search(model, src, max_len=10**6)
+    assert search(model, src, max_len=8, eos_id=-1).sequences.shape == (1, 8)
+    assert search(model, src, eos_id=-1).sequences.shape == (1, 8)  # the default: all 8 positions
+
+
+@pytest.mark.parametrize("search", SEARCHES)
+def test_a_search_refuses_bad_special_ids_and_deadline_naming_them(search):
+    # bos_id 99 was refused as "tgt_ids"; a str id or deadline was a bare TypeError (the
+    # deadline's after the first step).
+    model, src = _small(), torch.tensor([[5, 6, 7]])
+    for kwargs, error, message in [
+        (dict(bos_id=99), ValueError, r"^bos_id: expected a token id in \[0, 12\) \(the target vocabulary\), got 99$"),
+        (dict(pad_id=-1), ValueError, r"^pad_id: expected a token id in \[0, 12\) \(the target vocabulary\), got -1$"),
+        (dict(bos_id="1"), TypeError, r"^bos_id: expected an int token id, got str$"),
+        (dict(eos_id=None), TypeError, r"^eos_id: expected an int token id, got NoneType$"),
+        (dict(deadline="soon"), TypeError, r"^deadline: expected a time.perf_counter\(\) reading \(a float\) or None, got str$"),
+    ]:
+        with pytest.raises(error, match=message):
+            search(model, src, max_len=4, **kwargs)
+    assert search(model, src, max_len=4, eos_id=-1, bos_id=np.int64(1)).sequences.shape == (1, 4)  # -1: no EOS
+
+
+@pytest.mark.parametrize("search", SEARCHES)
+def test_a_search_gives_a_training_model_back_in_training_mode_also_when_it_raises(search):
+    # The model was put in eval mode and left there when model.encode refused the sources: the
+    # next search then saw it as an eval model, and training went on without dropout.
+    model = _small().train()
+    with pytest.raises(TypeError, match="^src_ids: "):
+        search(model, [[5, 6, 7]])
+    assert model.training
+    search(model, torch.tensor([[5, 6, 7]]), max_len=2)
+    assert model.training and all(m.training for m in model.modules())

@@ -124,3 +124,32 @@ def test_a_mask_of_another_shape_is_refused_as_torch_does():
             search(Seq2SeqTransformer(config), src, mask)
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         torch_beam(TorchSeq2Seq(config).eval(), torch.from_numpy(src), torch.from_numpy(mask))
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(max_len=9), ValueError, r"max_len: expected 1..8 (the model's positions), got 9"),
+    (dict(bos_id=12), ValueError, "bos_id: expected a token id in [0, 12) (the target vocabulary), got 12"),
+])
+def test_a_search_refuses_what_the_model_cannot_take_as_torch_does(kwargs, error, message):
+    config = TransformerConfig(d_model=8, n_heads=2, d_ff=16, n_layers=1, vocab_size=12, max_len=8)
+    src = np.ones((2, 3), dtype=np.int64)
+    for search, model, ids in ((greedy_search, Seq2SeqTransformer(config), src),
+                               (beam_search, Seq2SeqTransformer(config), src),
+                               (torch_greedy, TorchSeq2Seq(config).eval(), torch.from_numpy(src))):
+        with pytest.raises(error, match=f"^{re.escape(message)}$"):
+            search(model, ids, **kwargs)
+    # Without max_len: 64, at most the model's 8 positions (the reference's table has no more).
+    assert greedy_search(Seq2SeqTransformer(config), src, eos_id=-1).sequences.shape == (2, 8)
+
+
+def test_a_search_refuses_an_encoder_as_torch_does():
+    from tformer.nn.model import Encoder as TorchEncoder
+    from tformer.reference.model import Encoder
+
+    config = TransformerConfig(d_model=8, n_heads=2, d_ff=16, n_layers=1, vocab_size=12, max_len=8)
+    src = np.ones((2, 3), dtype=np.int64)
+    for search, model, ids in ((greedy_search, Encoder(config), src), (beam_search, Encoder(config), src),
+                               (torch_greedy, TorchEncoder(config), torch.from_numpy(src))):
+        with pytest.raises(TypeError, match=r"^model: expected a Seq2SeqTransformer \(an encoder-decoder\), "
+                                            r"got Encoder$"):
+            search(model, ids)

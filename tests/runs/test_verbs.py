@@ -113,6 +113,14 @@ def test_generate_refuses_a_max_len_of_another_type_naming_it(runs, max_len):
         runs["generate"].generate("a cat", max_len=max_len)
 
 
+def test_generate_refuses_a_max_len_past_the_models_positions(runs):
+    run = runs["generate"]
+    limit = run.model.config.max_len  # as tformer.nn.generate refuses it (one check, search_args)
+    with pytest.raises(ValueError, match=rf"^max_len: expected 1\.\.{limit} \(the model's positions\), "
+                                         rf"got {limit + 1}$"):
+        run.generate("a cat", max_len=limit + 1)
+
+
 @pytest.mark.parametrize("text, error, message", [
     (5, TypeError, r"^text: expected a str, got int$"),
     (["a", "b"], TypeError, r"^text: expected a str, got list$"),

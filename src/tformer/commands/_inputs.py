@@ -90,7 +90,7 @@ def file_lines(args: argparse.Namespace) -> TextLines | None:
     return TextLines(args.file, "--file") if args.file is not None else None
 
 
-def _given(args: argparse.Namespace, positional: str, metavar: str) -> list[str]:
+def given_texts(args: argparse.Namespace, positional: str, metavar: str) -> list[str]:
     """The texts given as arguments, a blank one refused naming it, as a blank line is
     (tformer.text.lines)."""
     given = list(getattr(args, positional))
@@ -105,7 +105,7 @@ def input_texts(args: argparse.Namespace, positional: str, metavar: str, minimum
                 maximum: int | None = None, why: str = "") -> list[str]:
     """The texts given as arguments (``args.<positional>``), then --file's lines; past
     ``maximum`` refused (saying ``why``) before the file is held: counted as it is read."""
-    texts = _given(args, positional, metavar)
+    texts = given_texts(args, positional, metavar)
     lines = file_lines(args) if getattr(args, "file", None) is not None else None
     if maximum is not None:
         check_count(count_inputs(len(texts), lines), metavar, minimum, maximum, why)
@@ -124,7 +124,7 @@ def input_windows(args: argparse.Namespace, positional: str, metavar: str, batch
     given as arguments, then of --file's lines. The file is checked whole first (one pass that
     keeps nothing: a blank line fails before any output), then read a window at a time, so
     memory does not grow with its lines."""
-    given = _given(args, positional, metavar)
+    given = given_texts(args, positional, metavar)
     lines = file_lines(args) if getattr(args, "file", None) is not None else None
     check_count(count_inputs(len(given), lines), metavar)
     texts = itertools.chain(given, (t for _, t in lines) if lines is not None else ())

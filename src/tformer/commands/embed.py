@@ -25,6 +25,7 @@ from tformer.commands._inputs import (
     count_inputs,
     device_of,
     file_lines,
+    given_texts,
     json_line,
     located,
 )
@@ -81,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--out: expected a .npy or .jsonl file name, got {str(out)!r}")
     if out is not None and out.is_dir():
         raise ValueError(f"--out {out}: is a directory; expected a .npy or .jsonl file name")
+    given_texts(args, "texts", "TEXT")  # a blank one refused, as a blank --file line is
     lines = file_lines(args)
     n = count_inputs(len(args.texts), lines)
     check_count(n, "TEXT")

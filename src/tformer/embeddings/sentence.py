@@ -25,7 +25,7 @@ from tformer.devices import model_device, resolve_device
 from tformer.formats.model_dir import read_model_dir
 from tformer.nn.model import Encoder, from_pretrained
 from tformer.nn.pooling import pool
-from tformer.text.arguments import texts_list
+from tformer.text.arguments import check_texts, texts_list
 from tformer.text.batches import EncoderBatch, encoder_batch
 from tformer.text.tokenizer import Tokenizer, load_tokenizer
 
@@ -52,6 +52,7 @@ class SentenceEncoder:
         for mode in pooling:
             if mode not in POOLING_MODES:
                 raise ValueError(f"pooling: expected modes from {', '.join(POOLING_MODES)}, got {mode!r}")
+        _check_flag("normalize", normalize)
         self.model, self.tokenizer = model.eval(), tokenizer
         self.pooling, self.normalize = tuple(pooling), normalize
 
@@ -99,6 +100,8 @@ class SentenceEncoder:
     ) -> np.ndarray:
         """Embed texts in batches (similar lengths together), in the input order.
 
+        A blank text (empty or whitespace only) is refused (ValueError naming it), as
+        ``run.embed``, ``tformer embed`` and the server refuse it: it has nothing to embed.
         ``normalize``: None follows the directory; ``show_progress``: None shows a bar from
         ``PROGRESS_MIN_BATCHES`` batches on. Texts longer than the model's maximum length
         are truncated with one warning (or ``on_long(indices, token counts)`` in its place), or
@@ -107,12 +110,20 @@ class SentenceEncoder:
         Shape:
             returns (N, dim) float32, N = len(texts)
         """
+        one = isinstance(texts, str)
         texts = texts_list("texts", texts)
+        check_texts("texts", texts, one)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+        _check_flag("normalize", normalize, none=True)  # "no" was truthy: it normalised
+        _check_flag("show_progress", show_progress, none=True)
+        _check_flag("truncation", truncation)
+        if on_long is not None and not callable(on_long):  # it failed only once a text was long
+            raise TypeError(f"on_long: expected a callable (indices, token counts) or None, "
+                            f"got {type(on_long).__name__}")
         if len(texts) == 0:
             return np.empty((0, self.dim), dtype=np.float32)
-        encoded = self.tokenizer.encode(texts)  # also checks texts
+        encoded = self.tokenizer.encode(texts)
         self.tokenizer.check_lengths([e.full for e in encoded], truncation, on_long)  # one warning for all
         order = np.argsort([-len(e.ids) for e in encoded], kind="stable")  # longest first
         n_batches = -(-len(texts) // batch_size)
@@ -143,3 +154,9 @@ class SentenceEncoder:
         if self.normalize if normalize is None else normalize:
             emb = torch.nn.functional.normalize(emb, p=2.0, dim=-1)
         return emb.float().cpu()  # pooled in the residual stream's dtype
+
+
+def _check_flag(name: str, value: object, none: bool = False) -> None:
+    """True or False (or None where ``none``): a str such as "no" is truthy, and was taken as yes."""
+    if not (isinstance(value, bool | np.bool_) or (none and value is None)):
+        raise TypeError(f"{name}: expected True or False{' or None' if none else ''}, got {value!r}")

@@ -19,6 +19,7 @@ Shape legend: B batch, K beams, S source length, L generated length, D model dim
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -28,7 +29,14 @@ from torch import Tensor
 from tformer import kernels
 from tformer.nn.attention import with_room
 from tformer.nn.layers import LayerCache
-from tformer.search_args import check_beam_size, check_length_penalty, check_max_len
+from tformer.search_args import (
+    check_beam_size,
+    check_deadline,
+    check_length_penalty,
+    check_seq2seq,
+    check_special_ids,
+    search_max_len,
+)
 from tformer.text.specials import BOS, EOS, PAD  # defaults; callers pass their tokenizer's ids
 
 
@@ -54,15 +62,33 @@ class GenerationOutput:
         return rows
 
 
-def _check(src_ids: Tensor, src_attention_mask: Tensor | None, max_len: int) -> None:
-    if src_ids.dim() != 2:
-        raise ValueError(f"src_ids: expected shape (B, S), got {tuple(src_ids.shape)}")
-    if src_attention_mask is not None and src_attention_mask.shape != src_ids.shape:
-        raise ValueError(
-            f"src_attention_mask: expected shape (B, S) = {tuple(src_ids.shape)}, "
-            f"got {tuple(src_attention_mask.shape)}"
-        )
-    check_max_len(max_len)
+def _check(model, max_len: int | None, bos_id: int, eos_id: int, pad_id: int,
+           deadline: float | None) -> int:
+    """The search's own arguments, refused in one line before anything is computed; returns
+    max_len (by default 64, at most the model's positions). ``src_ids`` and
+    ``src_attention_mask`` are the model's to check (``model.encode``): one message for both."""
+    max_len = search_max_len(model, max_len)
+    check_special_ids(bos_id, eos_id, pad_id, model.config.target_vocab_size)
+    check_deadline(deadline)
+    return max_len
+
+
+def _in_eval_mode(search):
+    """``search`` runs the model in eval mode (no dropout) and gives it back in the mode it came
+    in, also when it raises (model.encode refusing the sources, a Ctrl-C): a training model left
+    in eval mode after an error trained on without dropout."""
+
+    @functools.wraps(search)
+    def run(model, *args, **kwargs) -> GenerationOutput:
+        check_seq2seq(model)  # before .training: None or an Encoder is refused naming `model`
+        was_training = model.training
+        model.eval()
+        try:
+            return search(model, *args, **kwargs)
+        finally:
+            model.train(was_training)
+
+    return run
 
 
 def _reorder_cache(cache: tuple[LayerCache, ...], beam: Tensor) -> tuple[LayerCache, ...]:
@@ -90,11 +116,12 @@ def _with_room(cache: tuple[LayerCache, ...], capacity: int) -> tuple[LayerCache
 
 
 @torch.no_grad()
+@_in_eval_mode
 def greedy_search(
     model,
     src_ids: Tensor,
     src_attention_mask: Tensor | None = None,
-    max_len: int = 64,
+    max_len: int | None = None,
     bos_id: int = BOS,
     eos_id: int = EOS,
     pad_id: int = PAD,
@@ -107,16 +134,16 @@ def greedy_search(
     With the cache, rows that have finished leave the batch (their memory, mask and cache
     rows are dropped), so the last long outputs do not carry the finished ones along.
     ``use_cache=False`` re-runs the decoder over the whole prefix each step, for every row
-    (slow; it exists to check the cached path).
+    (slow; it exists to check the cached path). ``max_len``: the most tokens generated
+    (default 64; at most the model's positions, config.max_len, as `tformer generate
+    --max-len`). ``model`` is a Seq2SeqTransformer, ``src_ids`` a torch.Tensor.
 
     Shape:
         src_ids, src_attention_mask: (B, S) -> sequences (B, L <= max_len), scores (B,)
     """
-    _check(src_ids, src_attention_mask, max_len)
-    was_training = model.training
-    model.eval()
-    b, device = src_ids.size(0), src_ids.device
+    max_len = _check(model, max_len, bos_id, eos_id, pad_id, deadline)
     memory = model.encode(src_ids, src_attention_mask=src_attention_mask).last_hidden_state
+    b, device = src_ids.size(0), src_ids.device
     mask = src_attention_mask
     tokens = torch.full((b, max_len + 1), pad_id, dtype=torch.long, device=device)  # (B, 1 + L)
     tokens[:, 0] = bos_id
@@ -150,7 +177,6 @@ def greedy_search(
             rows, done, memory = rows[keep], done[keep], memory[keep]
             past = _select(past, keep, max_len)
             mask = None if mask is None else mask[keep]
-    model.train(was_training)
     return GenerationOutput(tokens[:, 1 : length + 1], scores, eos_id, pad_id, complete=not cut)
 
 
@@ -176,12 +202,13 @@ def _select(cache: tuple[LayerCache, ...], index: Tensor, capacity: int) -> tupl
 
 
 @torch.no_grad()
+@_in_eval_mode
 def beam_search(
     model,
     src_ids: Tensor,
     src_attention_mask: Tensor | None = None,
     beam_size: int = 4,
-    max_len: int = 64,
+    max_len: int | None = None,
     length_penalty: float = 1.0,
     bos_id: int = BOS,
     eos_id: int = EOS,
@@ -207,20 +234,18 @@ def beam_search(
     time.perf_counter() reading), the live prefixes count as hypotheses as they are.
     length_penalty 0 ranks hypotheses by total log-probability, which favours short outputs; 1
     by the per-token average. A source that has stopped leaves the batch with its best
-    hypothesis (as greedy's rows do).
+    hypothesis (as greedy's rows do). max_len as in greedy_search.
 
     Shape:
         src_ids, src_attention_mask: (B, S) -> sequences (B, L <= max_len), scores (B,)
     """
-    _check(src_ids, src_attention_mask, max_len)
+    max_len = _check(model, max_len, bos_id, eos_id, pad_id, deadline)
     check_beam_size(beam_size)
     check_length_penalty(length_penalty, max_len)
-    was_training = model.training
-    model.eval()
-    b, k, device = src_ids.size(0), beam_size, src_ids.device
     # One memory row per source: its K beams attend to it as one group of queries
     # (MultiHeadAttention), so it is neither repeated K times nor copied when beams move.
     memory = model.encode(src_ids, src_attention_mask=src_attention_mask).last_hidden_state
+    b, k, device = src_ids.size(0), beam_size, src_ids.device
     mask = src_attention_mask  # (B, S)
     tokens = torch.full((b * k, 1), bos_id, dtype=torch.long, device=device)  # (B*K, 1 + step)
     # Only beam 0 is live at the start; the others are copies that must not be picked twice.
@@ -304,7 +329,6 @@ def beam_search(
                                          hyp_tokens[:, :length])
     hyp_scores = torch.where(use_live, scores.view(n, k)[rows, live], hyp_scores)
     write_out(rows)
-    model.train(was_training)
     return GenerationOutput(out_tokens[:, :length], out_scores, eos_id, pad_id, complete=not cut)
 
 
@@ -323,7 +347,7 @@ def generate(
     src_ids: Tensor,
     src_attention_mask: Tensor | None = None,
     beam_size: int = 1,
-    max_len: int = 64,
+    max_len: int | None = None,
     length_penalty: float = 1.0,
     bos_id: int = BOS,
     eos_id: int = EOS,
@@ -331,8 +355,10 @@ def generate(
     deadline: float | None = None,
 ) -> GenerationOutput:
     """Greedy search for beam_size 1, beam search otherwise; the special ids are the
-    caller's tokenizer's; generation stops at the `deadline` (a time.perf_counter() reading)."""
+    caller's tokenizer's; generation stops at the `deadline` (a time.perf_counter() reading).
+    max_len: the most tokens (default 64, at most the model's positions)."""
     ids = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, deadline=deadline)
+    max_len = search_max_len(model, max_len)
     check_length_penalty(length_penalty, max_len)  # refused alike whichever search runs
     if beam_size == 1:
         return greedy_search(model, src_ids, src_attention_mask, max_len=max_len, **ids)

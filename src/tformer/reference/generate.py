@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tformer.reference.loss import log_softmax
-from tformer.search_args import check_beam_size, check_length_penalty, check_max_len
+from tformer.search_args import check_beam_size, check_length_penalty, check_special_ids, search_max_len
 from tformer.tasks.tokenizer import BOS, EOS, PAD
 
 
@@ -38,19 +38,17 @@ class GenerationOutput:
         return rows
 
 
-def _check(src_ids: np.ndarray, src_attention_mask: np.ndarray | None, max_len: int) -> None:
-    if src_ids.ndim != 2:
-        raise ValueError(f"src_ids: expected shape (B, S), got {tuple(src_ids.shape)}")
-    if src_attention_mask is not None and np.shape(src_attention_mask) != src_ids.shape:
-        raise ValueError(
-            f"src_attention_mask: expected shape (B, S) = {tuple(src_ids.shape)}, "
-            f"got {tuple(np.shape(src_attention_mask))}"
-        )
-    check_max_len(max_len)
+def _check(model, max_len: int | None, bos_id: int, eos_id: int, pad_id: int) -> int:
+    """The search's own arguments, refused in one line before anything is computed; returns
+    max_len (by default 64, at most the model's positions). ``src_ids`` and
+    ``src_attention_mask`` are the model's to check (``model.encode``): one message for both."""
+    max_len = search_max_len(model, max_len)
+    check_special_ids(bos_id, eos_id, pad_id, model.config.target_vocab_size)
+    return max_len
 
 
 def greedy_search(model, src_ids: np.ndarray, src_attention_mask: np.ndarray | None = None,
-                  max_len: int = 64, bos_id: int = BOS, eos_id: int = EOS,
+                  max_len: int | None = None, bos_id: int = BOS, eos_id: int = EOS,
                   pad_id: int = PAD) -> GenerationOutput:
     """Pick the most likely token at every step until each row has produced EOS.
 
@@ -58,9 +56,9 @@ def greedy_search(model, src_ids: np.ndarray, src_attention_mask: np.ndarray | N
         src_ids, src_attention_mask: (B, S) -> sequences (B, L <= max_len), scores (B,)
     """
     src_ids = np.asarray(src_ids)
-    _check(src_ids, src_attention_mask, max_len)
-    b = src_ids.shape[0]
+    max_len = _check(model, max_len, bos_id, eos_id, pad_id)
     memory = model.encode(src_ids, src_attention_mask).last_hidden_state  # (B, S, D)
+    b = src_ids.shape[0]
     tokens = np.full((b, 1), bos_id, dtype=np.int64)  # (B, 1)
     scores = np.zeros(b)
     done = np.zeros(b, dtype=bool)
@@ -81,7 +79,7 @@ def greedy_search(model, src_ids: np.ndarray, src_attention_mask: np.ndarray | N
 
 
 def beam_search(model, src_ids: np.ndarray, src_attention_mask: np.ndarray | None = None,
-                beam_size: int = 4, max_len: int = 64, length_penalty: float = 1.0,
+                beam_size: int = 4, max_len: int | None = None, length_penalty: float = 1.0,
                 bos_id: int = BOS, eos_id: int = EOS, pad_id: int = PAD) -> GenerationOutput:
     """Keep the `beam_size` (K) most likely unfinished prefixes per source; return the best
     finished one (the rule of tformer.nn.generate.beam_search, whose docstring compares it with
@@ -98,7 +96,7 @@ def beam_search(model, src_ids: np.ndarray, src_attention_mask: np.ndarray | Non
         src_ids, src_attention_mask: (B, S) -> sequences (B, L <= max_len), scores (B,)
     """
     src_ids = np.asarray(src_ids)
-    _check(src_ids, src_attention_mask, max_len)
+    max_len = _check(model, max_len, bos_id, eos_id, pad_id)
     check_beam_size(beam_size)
     check_length_penalty(length_penalty, max_len)
     memory = model.encode(src_ids, src_attention_mask).last_hidden_state  # (B, S, D)
@@ -161,11 +159,12 @@ def _search_one(model, memory: np.ndarray, mask: np.ndarray | None, k: int, max_
 
 
 def generate(model, src_ids: np.ndarray, src_attention_mask: np.ndarray | None = None,
-             beam_size: int = 1, max_len: int = 64, length_penalty: float = 1.0,
+             beam_size: int = 1, max_len: int | None = None, length_penalty: float = 1.0,
              bos_id: int = BOS, eos_id: int = EOS, pad_id: int = PAD) -> GenerationOutput:
     """Greedy search for beam_size 1, beam search otherwise; the special ids are the
     caller's tokenizer's."""
     ids = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    max_len = search_max_len(model, max_len)
     check_length_penalty(length_penalty, max_len)  # refused alike whichever search runs
     if beam_size == 1:
         return greedy_search(model, src_ids, src_attention_mask, max_len=max_len, **ids)

@@ -27,6 +27,7 @@ from tformer.errors import as_path
 from tformer.export.model_card import HUB_NAME, Card
 from tformer.export.opsets import check_opset
 from tformer.storage.locks import output_lock, remove_leftovers
+from tformer.text.arguments import check_texts
 from tformer.text.prefix import plus
 from tformer.training.command import train_command
 from tformer.training.config import TrainConfig
@@ -236,12 +237,7 @@ def texts_of(texts: str | Iterable[str], name: str = "texts") -> list[str]:
     out = [texts] if isinstance(texts, str) else list(texts)
     if not out:
         raise ValueError(f"{name}: expected at least one text, got none")
-    for i, t in enumerate(out):
-        where = name if isinstance(texts, str) else f"{name}[{i}]"
-        if not isinstance(t, str):
-            raise TypeError(f"{where}: expected a str, got {type(t).__name__}")
-        if not t.strip():
-            raise ValueError(f"{where}: expected a non-empty text, got {t!r}")
+    check_texts(name, out, one=isinstance(texts, str))
     return out
 
 

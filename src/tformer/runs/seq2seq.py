@@ -31,11 +31,8 @@ class Seq2SeqRun(Run):
         """The output text per input (one str is one input); at most max_len tokens (default:
         2 x the batch's longest input + 10, at most max_new_tokens: Seq2Seq.predict_batch; at
         most the decoder's positions)."""
-        limit = self.model.config.max_len
         if max_len is not None:
-            check_max_len(max_len)  # its type first: a str was a bare "'<=' not supported"
-        if max_len is not None and not 1 <= max_len <= limit:
-            raise ValueError(f"max_len: expected 1..{limit} (the model's positions), got {max_len}")
+            check_max_len(max_len, self.model.config.max_len)
         return self.objective.generate(self.model, texts_of(inputs, "inputs"), beam_size, length_penalty,
                                        max_len, batch_size=check_batch_size(batch_size))
 

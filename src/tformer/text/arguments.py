@@ -7,6 +7,8 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable
 
+from tformer.errors import shown
+
 
 def texts_list(name: str, texts: str | Iterable[str]) -> list[str]:
     """One str (one text) or an iterable of texts as a list; bytes or a number refused naming
@@ -14,6 +16,18 @@ def texts_list(name: str, texts: str | Iterable[str]) -> list[str]:
     if isinstance(texts, (bytes, bytearray)) or not isinstance(texts, (str, Iterable)):
         raise TypeError(f"{name}: expected a str or an iterable of str, got {type(texts).__name__}")
     return [texts] if isinstance(texts, str) else list(texts)
+
+
+def check_texts(name: str, texts: list[str], one: bool = False) -> None:
+    """Each a str with text in it, refused naming it (``name`` for ``one`` text given as a str,
+    else ``name[i]``): a blank one (empty or whitespace only) has nothing to answer for or embed,
+    and every command, the server and the runs refuse it (a blank --file line too)."""
+    for i, t in enumerate(texts):
+        where = name if one else f"{name}[{i}]"
+        if not isinstance(t, str):
+            raise TypeError(f"{where}: expected a str, got {type(t).__name__}")
+        if not t.strip():
+            raise ValueError(f"{where}: expected a non-empty text, got {shown(t)}")
 
 
 def pairs_list(pairs: str | Iterable[str | None], n: int) -> list[str | None]:
