@@ -67,6 +67,24 @@ def check_beam_size(beam_size: int) -> None:
         raise ValueError(f"beam_size: expected a positive int, got {beam_size!r}")
 
 
+def check_search_fits(config: Any, sources: int, beam_size: int, max_len: int,
+                      itemsize: int = 4) -> int:
+    """Refuse, before the source is encoded, a search whose state would not fit in memory: per
+    beam, every decoder layer's self-attention keys and values for ``max_len`` positions, and a
+    step's logits and log-probabilities over the target vocabulary (``itemsize`` bytes a value).
+    beam_size 10**7 was killed for memory, with no message. Returns the estimated bytes."""
+    from tformer.stats import available_memory  # arithmetic only: no torch
+
+    rows = sources * beam_size
+    per_row = (config.decoder_layers * 2 * max_len * config.d_model + 3 * config.target_vocab_size) * itemsize
+    need, have = rows * per_row, available_memory()
+    if need > have:
+        raise ValueError(f"beam_size: {sources} sources x {beam_size} beams x {max_len} tokens need "
+                         f"{need / 2**30:,.1f} GiB (caches and log-probabilities); expected at most "
+                         f"the {have / 2**30:,.1f} GiB available")
+    return need
+
+
 def check_length_penalty(length_penalty: float, max_len: int) -> None:
     """Refuse a length penalty that no length up to ``max_len`` can be raised to: a score divided
     by an overflowed (inf) or underflowed (0) power would rank every hypothesis alike."""

@@ -380,3 +380,28 @@ def test_a_search_gives_a_training_model_back_in_training_mode_also_when_it_rais
     assert model.training
     search(model, torch.tensor([[5, 6, 7]]), max_len=2)
     assert model.training and all(m.training for m in model.modules())
+
+
+def test_a_beam_that_cannot_fit_in_memory_is_refused_before_any_work(model_and_batch, monkeypatch):
+    """beam_size 10**7 was killed for memory with no message: the search's state (each beam's
+    self-attention cache for max_len positions, a step's logits and log-probabilities) is
+    estimated first and refused naming beam_size, before the source is encoded. The torch
+    search and the NumPy mirror alike."""
+    from tformer.reference.generate import beam_search as numpy_beam_search
+    from tformer.reference.model import Seq2SeqTransformer as NumpySeq2Seq
+
+    model, b = model_and_batch
+    src, mask = b.src, b.src_mask
+    monkeypatch.setattr(model, "encode", lambda *a, **k: pytest.fail("encoded before the check"))
+    c = model.config
+    need = src.size(0) * 10**7 * (c.decoder_layers * 2 * 8 * c.d_model + 3 * c.target_vocab_size) * 4
+    with pytest.raises(ValueError, match=rf"^beam_size: {src.size(0)} sources x 10000000 beams x 8 tokens "
+                                         rf"need {need / 2**30:,.1f} GiB \(caches and log-probabilities\); "
+                                         r"expected at most the [\d,.]+ GiB available$"):
+        beam_search(model, src, mask, beam_size=10**7, max_len=8)
+    numpy_model = NumpySeq2Seq(c)
+    monkeypatch.setattr(numpy_model, "encode", lambda *a, **k: pytest.fail("encoded before the check"))
+    with pytest.raises(ValueError, match=r"^beam_size: 1 sources x 10000000 beams x 8 tokens need "):
+        numpy_beam_search(numpy_model, src.numpy(), mask.numpy(), beam_size=10**7, max_len=8)
+    monkeypatch.undo()  # a beam that fits is searched
+    assert beam_search(model, src, mask, beam_size=3, max_len=8).sequences.size(0) == src.size(0)

@@ -33,6 +33,7 @@ from tformer.search_args import (
     check_beam_size,
     check_deadline,
     check_length_penalty,
+    check_search_fits,
     check_seq2seq,
     check_special_ids,
     search_max_len,
@@ -242,6 +243,9 @@ def beam_search(
     max_len = _check(model, max_len, bos_id, eos_id, pad_id, deadline)
     check_beam_size(beam_size)
     check_length_penalty(length_penalty, max_len)
+    if isinstance(src_ids, Tensor):  # else model.encode refuses it, naming it
+        check_search_fits(model.config, src_ids.size(0), beam_size, max_len,
+                          torch.finfo(_score_dtype(next(model.parameters()))).bits // 8)
     # One memory row per source: its K beams attend to it as one group of queries
     # (MultiHeadAttention), so it is neither repeated K times nor copied when beams move.
     memory = model.encode(src_ids, src_attention_mask=src_attention_mask).last_hidden_state

@@ -15,7 +15,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from tformer.reference.loss import log_softmax
-from tformer.search_args import check_beam_size, check_length_penalty, check_special_ids, search_max_len
+from tformer.search_args import (
+    check_beam_size,
+    check_length_penalty,
+    check_search_fits,
+    check_special_ids,
+    search_max_len,
+)
 from tformer.tasks.tokenizer import BOS, EOS, PAD
 
 
@@ -99,6 +105,7 @@ def beam_search(model, src_ids: np.ndarray, src_attention_mask: np.ndarray | Non
     max_len = _check(model, max_len, bos_id, eos_id, pad_id)
     check_beam_size(beam_size)
     check_length_penalty(length_penalty, max_len)
+    check_search_fits(model.config, 1, beam_size, max_len, itemsize=8)  # one source at a time
     memory = model.encode(src_ids, src_attention_mask).last_hidden_state  # (B, S, D)
     found = []  # per source: (tokens after BOS, total log-probability, steps it ran)
     for i in range(src_ids.shape[0]):
