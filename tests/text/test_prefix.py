@@ -187,6 +187,26 @@ def test_a_cut_count_prints_as_a_lower_bound():
     assert str(longest([AtLeast(20), 30])) == "30 or more"  # the cut one may be the longest
 
 
+class _NoGilHolding(SpyBackend):
+    """A backend whose ``encode`` (one text: tokenizers holds the GIL through it) must not be
+    called: ``encode_batch`` lets go of it while it works."""
+
+    def encode(self, text, *args, **kwargs):
+        pytest.fail(f"encode held the GIL for {len(text)} characters")
+
+
+def test_prefixes_are_tokenized_without_holding_the_gil():
+    """A 135 kB prefix held the GIL for 43 ms through ``encode``, and with it a server's event
+    loop: long texts and pairs go through ``encode_batch`` only."""
+    base = load_tokenizer(bert_dir())
+    tok = Tokenizer(_NoGilHolding(base.backend), 17, base.pad_id, base.lowercase)
+    text = "the cat sat " * 200_000
+    (encoded,) = tok.encode([text])
+    odd = Tokenizer(tok.backend, 18, base.pad_id, base.lowercase)  # 15 to share: one read whole
+    (pair,) = odd.encode([text], [text[: 2 * len(text) // 3]])
+    assert len(encoded.ids) == 17 and len(pair.ids) == 18 and tok.backend.seen
+
+
 def test_a_long_text_is_tokenized_only_as_far_as_its_cut_needs():
     base = load_tokenizer(bert_dir())
     spy = SpyBackend(base.backend)
