@@ -184,6 +184,9 @@ def test_a_sentence_encoder_refuses_a_bad_model_or_pooling_naming_it():
     st = SentenceEncoder.from_pretrained(st_dir())
     with pytest.raises(TypeError, match=r"^model: expected an Encoder \(tformer\.from_pretrained\), got int$"):
         SentenceEncoder(5, st.tokenizer)  # was "'int' object has no attribute 'eval'"
+    with pytest.raises(TypeError, match=r"^tokenizer: expected a tformer Tokenizer \(tformer\.load_tokenizer\), "
+                                        r"got str$"):
+        SentenceEncoder(st.model, "bert-base-uncased")  # was an AttributeError at the first encode
     with pytest.raises(ValueError, match=r"^pooling: expected at least one of cls, max, mean, mean_sqrt_len, "
                                          r"got none$"):
         SentenceEncoder(st.model, st.tokenizer, pooling=[])  # was a (N, 0) embedding

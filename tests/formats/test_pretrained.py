@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 
 import tformer
 from tformer.config import TransformerConfig
+from tformer.embeddings.sentence import SentenceEncoder
 from tformer.formats.pretrained import export_hf, save_pretrained
 from tformer.nn.model import Encoder, from_pretrained
 from tformer.text.tokenizer import load_tokenizer
@@ -187,6 +188,11 @@ def test_pickle_checkpoint_needs_allow_pickle(tmp_path):
     torch.save(state, d / "pytorch_model.bin")
     with pytest.raises(ValueError, match=r"pytorch_model\.bin: refusing to load a pickle"):
         from_pretrained(d)
+    for truthy in ("no", "false", 1):  # truthy, and would have let the pickle in
+        with pytest.raises(TypeError, match=rf"^allow_pickle: expected True or False, got {truthy!r}$"):
+            from_pretrained(d, allow_pickle=truthy)
+        with pytest.raises(TypeError, match="^allow_pickle: "):
+            SentenceEncoder.from_pretrained(d, allow_pickle=truthy)
     model = from_pretrained(d, allow_pickle=True)
     ref = from_pretrained(bert_dir())
     for k, v in ref.state_dict().items():

@@ -46,6 +46,9 @@ class SentenceEncoder:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model: expected an Encoder (tformer.from_pretrained), "
                             f"got {type(model).__name__}")
+        if not isinstance(tokenizer, Tokenizer):
+            raise TypeError(f"tokenizer: expected a tformer Tokenizer (tformer.load_tokenizer), "
+                            f"got {type(tokenizer).__name__}")
         pooling = (pooling,) if isinstance(pooling, str) else tuple(pooling)  # one mode: its name
         if not pooling:
             raise ValueError(f"pooling: expected at least one of {', '.join(POOLING_MODES)}, got none")

@@ -47,6 +47,7 @@ def read_pretrained(
     tformer.load_run reads (the best validated ones, else the newest checkpoint's): a
     classifier's head is left out, as a BERT checkpoint's masked-LM head is; a source+target
     run's weights are refused, naming tformer.load_run."""
+    hf_bert.check_allow_pickle(allow_pickle)  # before a run directory's weights, which are safetensors
     if not isinstance(directory, ModelDir) and (saved := latest_checkpoint(directory)) is not None:
         best = Path(directory) / "best.safetensors"
         weights = best if best.is_file() else saved / hf_bert.WEIGHTS_FILE
