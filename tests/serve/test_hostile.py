@@ -181,6 +181,28 @@ def test_a_pipelining_client_that_stops_reading_is_dropped_without_an_error(embe
     assert not errors, [e.getMessage() for e in errors]
 
 
+def test_a_protocol_upgrade_on_a_request_with_a_body_is_a_400_naming_it(embedding_server):
+    """`Connection: Upgrade` + `Upgrade: h2c` on a POST: the parser handed the body to the
+    protocol it would switch to, and the request was refused as malformed JSON at char 0. The
+    upgrade is ignored (RFC 9110 §7.8) where there is no body: /health answers."""
+    body = b'{"inputs": "a"}'
+    for upgrade in (b"h2c", b"websocket"):
+        extra = b"Connection: Upgrade, close\r\nUpgrade: %s\r\n" % upgrade
+        with socket.create_connection(("127.0.0.1", embedding_server.port)) as sock:
+            sock.sendall(_post(body, extra=extra))
+            [(status, answer)] = _responses(_until_closed(sock))
+        answer = json.loads(answer)["error"]
+        assert status == 400 and answer["param"] == "Upgrade", answer
+        assert answer["message"] == (f"Upgrade: expected none on a request with a body (the server answers "
+                                     f"in HTTP/1.1), got {upgrade.decode()!r}")
+        with socket.create_connection(("127.0.0.1", embedding_server.port)) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + extra + b"\r\n")
+            assert [status for status, _ in _responses(_until_closed(sock))] == [200]
+    with socket.create_connection(("127.0.0.1", embedding_server.port)) as sock:  # no Connection token
+        sock.sendall(_post(body, extra=b"Upgrade: h2c\r\nConnection: close\r\n"))
+        assert [status for status, _ in _responses(_until_closed(sock))] == [200]
+
+
 def test_a_transfer_coding_other_than_chunked_is_a_501_naming_it(embedding_server):
     """`Transfer-Encoding: gzip, chunked`: the chunks were joined, the gzip left, and the body
     refused as malformed JSON, which sent the client looking at its JSON (RFC 9112 §6.1: 501)."""

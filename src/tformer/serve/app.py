@@ -190,6 +190,13 @@ def _check_content_type(request: Request) -> None:
     if any(coding.strip().lower() != "chunked" for coding in transfer.split(",")):
         raise RequestError(501, "Transfer-Encoding", f"Transfer-Encoding: expected chunked or none, "
                            f"got {transfer[:60]!r}")
+    # A protocol upgrade the server does not speak (h2c, or websocket) is ignored, as RFC 9110
+    # §7.8 allows, but the HTTP parser has handed the bytes after the headers, the body, to the
+    # protocol it would switch to: the body read empty, "malformed JSON (char 0)".
+    connection = {token.strip().lower() for token in request.headers.get("connection", "").split(",")}
+    if "upgrade" in connection and "upgrade" in request.headers:
+        raise RequestError(400, "Upgrade", f"Upgrade: expected none on a request with a body (the server "
+                           f"answers in HTTP/1.1), got {request.headers['upgrade'][:60]!r}")
 
 
 async def _read_body(request: Request, max_commas: int) -> bytes:
