@@ -184,6 +184,25 @@ def test_repeated_warnings_pass_a_few_then_a_count_once_a_window():
     assert seen == [f"{garbage} (2 more like it in 8 s, not logged)"]
 
 
+def test_repeated_warnings_count_a_bounded_number_of_kinds():
+    """A warning formatted in place (f"... {client}") is a kind of its own: the table of kinds
+    stays at WARNING_KINDS (quiet kinds forgotten once their window is over; past that, a new
+    kind passes uncounted) instead of growing with every message."""
+    from tformer.serve.connections import WARNING_KINDS
+
+    now = [0.0]
+    repeated = RepeatedWarnings(burst=1, window=60.0, clock=lambda: now[0])
+
+    def passes(msg: str) -> bool:
+        return repeated.filter(logging.LogRecord("uvicorn.error", logging.WARNING, __file__, 1, msg, (), None))
+
+    assert all(passes(f"client {i} misbehaved") for i in range(WARNING_KINDS + 50))
+    assert len(repeated.seen) == WARNING_KINDS
+    assert not passes("client 0 misbehaved")  # still counted: its window is not over
+    now[0] = 61.0
+    assert passes("a new kind") and len(repeated.seen) == 2  # the quiet ones forgotten, one kept with its count
+
+
 def test_a_body_refused_by_its_length_gets_one_answer(quick_server):
     """413 for the declared length; the client sends on and stops: closed after --body-timeout
     without a second (408) answer to the same request."""

@@ -75,6 +75,7 @@ LINGER_S = 2.0
 # Of each uvicorn warning (one a malformed request: "Invalid HTTP request received."), this many
 # are logged in each this many seconds; the rest are counted (RepeatedWarnings).
 WARNING_BURST, WARNING_WINDOW_S = 5, 60.0
+WARNING_KINDS = 256  # most kinds of warning counted at once (a message formatted in place is one each)
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,12 @@ class RepeatedWarnings(logging.Filter):
         if record.levelno != logging.WARNING:
             return True
         now = self.clock()
-        seen = self.seen.setdefault(str(record.msg), [now, 0, 0])
+        key = str(record.msg)
+        if key not in self.seen and len(self.seen) >= WARNING_KINDS:  # messages formatted in place
+            self._forget_quiet(now)  # each a kind of its own: the table stays bounded
+            if len(self.seen) >= WARNING_KINDS:
+                return True
+        seen = self.seen.setdefault(key, [now, 0, 0])
         if now - seen[0] >= self.window:
             if seen[2]:
                 record.msg = f"{record.msg} ({seen[2]} more like it in {now - seen[0]:.0f} s, not logged)"
@@ -130,6 +136,12 @@ class RepeatedWarnings(logging.Filter):
             return True
         seen[2] += 1
         return False
+
+    def _forget_quiet(self, now: float) -> None:
+        """Drop the kinds whose window has passed with nothing left untold."""
+        for key in [k for k, (start, _, dropped) in self.seen.items()
+                    if now - start >= self.window and not dropped]:
+            del self.seen[key]
 
     def flush(self, logger: logging.Logger) -> None:
         """The counts not yet told (when the server stops)."""
