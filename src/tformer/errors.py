@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
+
 
 class BadType(TypeError):
     """A value of the wrong type in something the user wrote (a config file, an option)."""
@@ -48,6 +50,13 @@ class BadInput(ValueError):
 
 class MissingExtra(ImportError):
     """An optional dependency is not installed; the message names the extra that installs it."""
+
+
+def check_flag(name: str, value: object, none: bool = False) -> None:
+    """True or False (or None where ``none``); a numpy bool too. A str such as "no" is truthy,
+    and was taken as yes (``allow_pickle="no"`` let a pickle in)."""
+    if not (isinstance(value, bool | np.bool_) or (none and value is None)):
+        raise TypeError(f"{name}: expected True or False{' or None' if none else ''}, got {value!r}")
 
 
 def require(module: str, extra: str, purpose: str) -> ModuleType:

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from tformer.config import POOLING_MODES
 from tformer.devices import model_device, resolve_device
+from tformer.errors import check_flag
 from tformer.formats.model_dir import read_model_dir
 from tformer.nn.model import Encoder, from_pretrained
 from tformer.nn.pooling import pool
@@ -55,7 +56,7 @@ class SentenceEncoder:
         for mode in pooling:
             if mode not in POOLING_MODES:
                 raise ValueError(f"pooling: expected modes from {', '.join(POOLING_MODES)}, got {mode!r}")
-        _check_flag("normalize", normalize)
+        check_flag("normalize", normalize)
         self.model, self.tokenizer = model.eval(), tokenizer
         self.pooling, self.normalize = tuple(pooling), normalize
 
@@ -118,9 +119,9 @@ class SentenceEncoder:
         check_texts("texts", texts, one)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
-        _check_flag("normalize", normalize, none=True)  # "no" was truthy: it normalised
-        _check_flag("show_progress", show_progress, none=True)
-        _check_flag("truncation", truncation)
+        check_flag("normalize", normalize, none=True)  # "no" was truthy: it normalised
+        check_flag("show_progress", show_progress, none=True)
+        check_flag("truncation", truncation)
         if on_long is not None and not callable(on_long):  # it failed only once a text was long
             raise TypeError(f"on_long: expected a callable (indices, token counts) or None, "
                             f"got {type(on_long).__name__}")
@@ -158,8 +159,3 @@ class SentenceEncoder:
             emb = torch.nn.functional.normalize(emb, p=2.0, dim=-1)
         return emb.float().cpu()  # pooled in the residual stream's dtype
 
-
-def _check_flag(name: str, value: object, none: bool = False) -> None:
-    """True or False (or None where ``none``): a str such as "no" is truthy, and was taken as yes."""
-    if not (isinstance(value, bool | np.bool_) or (none and value is None)):
-        raise TypeError(f"{name}: expected True or False{' or None' if none else ''}, got {value!r}")

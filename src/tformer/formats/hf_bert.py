@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tformer.config import TransformerConfig, bert_layout
+from tformer.errors import check_flag
 from tformer.storage.files import read_json_object
 
 # Rows: (HF key or keys stacked along rows, tformer key). "{i}" is the layer index.
@@ -345,18 +346,12 @@ def read_config(model_dir: Path) -> dict[str, Any]:
     return read_json_object(path)
 
 
-def check_allow_pickle(allow_pickle: object) -> None:
-    """True or False, nothing else: "no" or "false" is truthy, and would have let a pickle in."""
-    if not isinstance(allow_pickle, bool):
-        raise TypeError(f"allow_pickle: expected True or False, got {allow_pickle!r}")
-
-
 def weight_files(model_dir: Path, allow_pickle: bool = False) -> list[Path]:
     """The files holding the weights: safetensors (one or sharded), else pytorch_model.bin.
 
     The pickle file is refused unless ``allow_pickle``: unpickling runs arbitrary code.
     """
-    check_allow_pickle(allow_pickle)
+    check_flag("allow_pickle", allow_pickle)
     model_dir = Path(model_dir)
     single, index = model_dir / WEIGHTS_FILE, model_dir / WEIGHTS_INDEX_FILE
     if single.is_file():

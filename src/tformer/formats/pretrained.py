@@ -27,7 +27,7 @@ from safetensors.torch import save as st_save
 from torch import nn
 
 from tformer.config import TransformerConfig
-from tformer.errors import BadType, as_path
+from tformer.errors import BadType, as_path, check_flag
 from tformer.formats import hf_bert, hf_xlm
 from tformer.formats.model_dir import ModelDir, read_model_dir, tformer_model_class
 from tformer.formats.st_layout import read_layout
@@ -47,7 +47,7 @@ def read_pretrained(
     tformer.load_run reads (the best validated ones, else the newest checkpoint's): a
     classifier's head is left out, as a BERT checkpoint's masked-LM head is; a source+target
     run's weights are refused, naming tformer.load_run."""
-    hf_bert.check_allow_pickle(allow_pickle)  # before a run directory's weights, which are safetensors
+    check_flag("allow_pickle", allow_pickle)  # before a run directory's weights, which are safetensors
     if not isinstance(directory, ModelDir) and (saved := latest_checkpoint(directory)) is not None:
         best = Path(directory) / "best.safetensors"
         weights = best if best.is_file() else saved / hf_bert.WEIGHTS_FILE
