@@ -245,7 +245,7 @@ def beam_search(
     check_length_penalty(length_penalty, max_len)
     if isinstance(src_ids, Tensor):  # else model.encode refuses it, naming it
         check_search_fits(model.config, src_ids.size(0), beam_size, max_len,
-                          torch.finfo(_score_dtype(next(model.parameters()))).bits // 8)
+                          _score_dtype(next(model.parameters())).itemsize)
     # One memory row per source: its K beams attend to it as one group of queries
     # (MultiHeadAttention), so it is neither repeated K times nor copied when beams move.
     memory = model.encode(src_ids, src_attention_mask=src_attention_mask).last_hidden_state
