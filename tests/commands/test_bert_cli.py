@@ -117,6 +117,44 @@ def test_a_files_long_lines_are_counted_once_and_named_by_line(capsys, tmp_path,
     _one_line_error(rc, err, "embed", rf"--file {f}:1: expected at most 16 tokens .* got 102")
 
 
+UNREAD = "a" * 40_000 + " hello world"  # one [UNK] to the reach (16,384 characters), the rest never read
+READ_ONLY = "read only to its first 16,384 characters of 40,012 (tokenizing stops there when no cut to 16"
+
+
+def test_a_text_read_only_to_its_reach_is_named_as_cut_by_every_embedding_command(capsys, tmp_path):
+    """Its prefix held 3 tokens, under the 16 of the directory: the commands embedded [CLS]
+    [UNK] [SEP] and dropped "hello world" with no word, and --no-truncate took it. Now each
+    warns that it was read only so far (its token count is not known), or refuses it in one line."""
+    rc, out, err = _run(capsys, "embed", st_dir(), UNREAD, "a dog")
+    assert rc == 0 and len(out.splitlines()) == 2
+    assert err == ("tformer embed: warning: 1 of 2 texts were read only to their first 16,384 characters "
+                   "(of 40,012 in the longest: tokenizing stops there when no cut to 16 tokens is in sight), "
+                   "so they were truncated: TEXT 1 (--no-truncate raises instead)\n"), err
+    rc, _, err = _run(capsys, "embed", st_dir(), "a dog", UNREAD, "--no-truncate")
+    _one_line_error(rc, err, "embed", rf"error: TEXT 2: {re.escape(READ_ONLY)} tokens is in sight\), so the "
+                                      r"rest would be lost; shorten it or allow truncation$")
+    rc, _, err = _run(capsys, "similarity", st_dir(), UNREAD, "a dog")
+    assert rc == 0 and "warning: 1 of 2 texts were read only to their first 16,384 characters" in err, err
+    assert "so they were truncated: [0] (TEXT 1) (" in err, err
+    rc, _, err = _run(capsys, "similarity", st_dir(), "a dog", UNREAD, "--no-truncate")
+    _one_line_error(rc, err, "similarity", rf"error: TEXT 2: {re.escape(READ_ONLY)}")
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(f"a dog\n{UNREAD}\n")
+    for argv in (["index", "build", st_dir(), "--out", tmp_path / "idx"], ["search", st_dir(), "q"]):
+        rc, _, err = _run(capsys, *argv, "--corpus", corpus, "--no-truncate")
+        _one_line_error(rc, err, argv[0], rf"--corpus {corpus}:2: {re.escape(READ_ONLY)}")
+        rc, _, err = _run(capsys, *argv, "--corpus", corpus)
+        assert rc == 0 and "were read only to their first 16,384 characters" in err, err
+        assert f"so they were truncated: --corpus {corpus}:2 (" in err, err
+    clean = tmp_path / "clean.txt"
+    clean.write_text("a dog\nthe cat\n")
+    rc, _, err = _run(capsys, "search", st_dir(), UNREAD, "--corpus", clean)
+    assert rc == 0 and "1 of 1 queries were read only to their first 16,384 characters" in err, err
+    assert err.rstrip().endswith("so they were truncated: QUERY 1 (--no-truncate refuses instead)"), err
+    rc, _, err = _run(capsys, "search", st_dir(), UNREAD, "--corpus", clean, "--no-truncate")
+    _one_line_error(rc, err, "search", rf"error: QUERY 1: {re.escape(READ_ONLY)}")
+
+
 def test_index_and_search_name_a_long_corpus_line_by_file_and_line(capsys, tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text(f"a dog\n{LONG}\n")

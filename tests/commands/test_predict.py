@@ -209,6 +209,32 @@ def test_inputs_longer_than_the_run_reads_are_cut_with_one_warning_naming_them(c
     assert rc == 0 and err == ""
 
 
+def test_an_input_read_only_to_its_reach_is_named_as_cut(classification_run, capsys, monkeypatch):
+    """Under a WordPiece tokenizer a word of 40,000 characters is one [UNK] with no end in sight:
+    read only to its reach, its 3 tokens were under the run's maximum length, and predict gave a
+    label for its first word alone without a word. (A run's byte-level BPE counts every space,
+    so its cut is always in sight: BERT's tokenizer stands in, its ids within the run's vocabulary.)"""
+    from hf_bert_fixtures import bert_dir
+
+    import tformer.runs
+    from tformer.text.tokenizer import load_tokenizer
+
+    bert, load = load_tokenizer(bert_dir()), tformer.runs.load_run
+
+    def with_bert(*args, **kwargs):
+        run = load(*args, **kwargs)
+        run.objective.source.tokenizer = bert
+        return run
+
+    monkeypatch.setattr(tformer.runs, "load_run", with_bert)
+    rc, out, err = run_cli(capsys, "predict", classification_run, "a dog", "a" * 40_000 + " hello world",
+                           "--threads", "1")
+    assert rc == 0 and len(out.splitlines()) == 2, err
+    assert err == ("tformer predict: warning: 1 of 2 inputs were read only to their first 16,384 characters "
+                   "(of 40,012 in the longest: tokenizing stops there when no cut to 64 tokens is in sight), "
+                   "so they were truncated: TEXT 2\n"), err
+
+
 class _FullDiskOut(io.StringIO):
     """Standard output redirected to a file on a full disk."""
 

@@ -59,6 +59,23 @@ def test_a_long_input_is_counted_only_as_far_as_its_cut_needs(runs, verb, monkey
     assert not isinstance(run.truncated([short])[0][1], AtLeast)
 
 
+@pytest.mark.parametrize("verb", ["predict", "generate"])
+def test_an_input_read_only_to_its_reach_is_counted_as_cut(runs, verb, monkeypatch):
+    """Run.truncated, what predict and generate warn of: a word of 40,000 characters that a
+    WordPiece tokenizer makes one [UNK] (read only to its reach, "hello world" never read) was
+    not named, its few tokens under the maximum length. (The runs' byte-level BPE counts every
+    space, so its cut is always in sight: BERT's tokenizer stands in.)"""
+    from hf_bert_fixtures import bert_dir
+
+    from tformer.text.prefix import Unread
+    from tformer.text.tokenizer import load_tokenizer
+
+    bert = load_tokenizer(bert_dir())
+    monkeypatch.setattr(runs[verb].objective.source, "tokenizer", bert)
+    ((index, count),) = runs[verb].truncated(["a dog", "a" * 40_000 + " hello world", "the cat" + " " * 40_000])
+    assert index == 1 and isinstance(count, Unread) and count <= bert.max_length and count.chars == 40_012
+
+
 @pytest.mark.parametrize("kwargs, error, message", [
     (dict(hf=5), TypeError, r"^hf: expected a folder \(str or os\.PathLike\), got int$"),
     (dict(onnx=b"out"), TypeError, r"^onnx: expected a folder \(str or os\.PathLike\), got bytes$"),

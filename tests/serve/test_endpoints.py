@@ -120,6 +120,16 @@ def test_predict_counts_pairs_and_singles_as_the_run_encodes_them(classification
     assert [i.n for i in items] == [len(single.ids), len(pair.ids)]
 
 
+def test_a_text_read_only_to_its_reach_is_told_as_truncated(embedding_server):
+    """A word of 40,000 characters is one [UNK] to the reach, "hello world" after it never read:
+    3 tokens, under the 16 of the directory, so it was not named as truncated."""
+    texts = ["a dog", "a" * 40_000 + " hello world"]
+    status, headers, _ = embedding_server.post("/embed", {"inputs": texts})
+    assert status == 200 and headers["x-truncated-inputs"] == "1"
+    status, _, openai = embedding_server.post("/v1/embeddings", {"input": texts})
+    assert status == 200 and openai["truncated_inputs"] == [1]
+
+
 def test_long_inputs_are_counted_at_admission_and_handed_on_as_prefixes(classification_server, seq2seq_server,
                                                                          monkeypatch):
     """A 130 kB text (alone, in a pair, as a seq2seq source) is counted at admission as the run

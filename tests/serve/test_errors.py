@@ -29,6 +29,9 @@ LONG = " ".join(WORDS[:30])  # over the 16 tokens of the test directory
     ("/embed", {"inputs": "a", "normalize": "yes"}, 422, "normalize", "normalize: expected true or false"),
     ("/embed", {"inputs": ["a"] * 5}, 413, "inputs", "inputs: expected at most 4 inputs per request"),
     ("/embed", {"inputs": LONG, "truncate": False}, 413, "inputs", "input[0]: expected at most 16 tokens, got"),
+    ("/embed", {"inputs": ["a", "a" * 40_000 + " hello world"], "truncate": False}, 413, "inputs",
+     "input[1]: read only to its first 16,384 characters of 40,012 (tokenizing stops there when no cut to 16 "
+     "tokens is in sight), so the rest would be lost (send truncate: true, or shorten it)"),  # (3 tokens: under 16)
     ("/v1/embeddings", {"input": "a", "encoding_format": "int8"}, 422, "encoding_format",
      "encoding_format: expected one of float, base64"),
     ("/v1/embeddings", {"input": [["a"]]}, 422, "input[0][0]", "input[0][0]: expected a token id, got a string"),

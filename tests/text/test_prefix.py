@@ -5,14 +5,16 @@ truncation on, over the whole text)."""
 from __future__ import annotations
 
 import base64
+import copy
 import functools
+import pickle
 import random
 
 import pytest
 from helpers import SpyBackend
 from hf_bert_fixtures import bert_dir
 
-from tformer.text.prefix import AtLeast, longest, reach
+from tformer.text.prefix import AtLeast, Unread, cut_reason, is_cut, longest, plus, reach
 from tformer.text.tokenizer import Tokenizer, load_tokenizer
 from tformer.training.subwords import run_tokenizer, train_tokenizer
 
@@ -185,6 +187,61 @@ def test_a_cut_count_prints_as_a_lower_bound():
     assert f"{AtLeast(20)}" == "20 or more" and AtLeast(20) > 16
     assert longest([17, 30]) == 30 and not isinstance(longest([17, 30]), AtLeast)
     assert str(longest([AtLeast(20), 30])) == "30 or more"  # the cut one may be the longest
+
+
+def test_an_unread_count_prints_as_a_lower_bound_and_keeps_its_flag():
+    """A text read only to its reach: its count prints as any lower bound, is cut whatever it
+    is, and stays an ``Unread`` through copies, pickles and a seq2seq source's + EOS."""
+    n = Unread(3, 16384, 40012)
+    assert f"{n}" == str(n) == repr(n) == "3 or more" and n == 3 and f"{n:>3}" == "  3 or more"
+    assert is_cut(n, 64) and not is_cut(n, None) and not is_cut(AtLeast(3), 64) and is_cut(AtLeast(65), 64)
+    for same in (copy.copy(n), copy.deepcopy(n), pickle.loads(pickle.dumps(n)), plus(n, 0)):
+        assert isinstance(same, Unread) and (int(same), same.read, same.chars) == (3, 16384, 40012)
+    assert isinstance(plus(n, 1), Unread) and plus(n, 1) == 4 and plus(n, 1).read == 16384
+    assert cut_reason([n], 64) == (
+        "were read only to their first 16,384 characters (of 40,012 in the longest: tokenizing stops "
+        "there when no cut to 64 tokens is in sight), so they were truncated")
+    assert cut_reason([Unread(70, 20000, 90000), n, Unread(2, 20000, 50000)], 64) == (
+        "are longer than the model's maximum length (64 tokens; the longest has 70 or more) or were "
+        "read only to their first 16,384 to 20,000 characters (2 of them, of 50,000 in the longest: "
+        "tokenizing stops there when no cut to 64 tokens is in sight), so they were truncated")
+    assert cut_reason([70, 80], 64) == ("are longer than the model's maximum length (64 tokens; the "
+                                        "longest has 80), so they were truncated")  # (as before)
+    assert n.lost(64).startswith("read only to its first 16,384 characters of 40,012 (")
+    assert Unread(3, 10, 20, 1).lost(64).startswith("its pair read only to its first 10 characters of 20 (")
+
+
+def test_a_text_read_only_to_its_reach_is_cut_whatever_its_count():
+    """A WordPiece word of 40,000 characters (one [UNK], no end in sight) is read only to its
+    reach: "hello world" after it was dropped, and with 3 tokens in all (under max_length) the
+    text was not seen as cut: no warning, and truncation=False let it through. Its count is now
+    an ``Unread``, cut whatever it is; alone or in a pair (naming the segment). The rest is
+    scanned, never tokenized."""
+    base = load_tokenizer(bert_dir())
+    spy = SpyBackend(base.backend)
+    tok = Tokenizer(spy, base.max_length, base.pad_id, base.lowercase)
+    far = reach(tok.max_length - 2)
+    for text in ["a" * 40_000 + " hello world", " " * 40_000 + "end", "the cat" + " " * 40_000 + "x"]:
+        spy.seen.clear()
+        (alone,) = tok.encode([text])
+        assert max(spy.seen) <= far, spy.seen
+        full = alone.full
+        assert isinstance(full, Unread) and full <= tok.max_length and alone.truncated, (text[:9], full)
+        assert (full.read, full.chars, full.segment) == (far, len(text), None)
+        (second,), (first,) = tok.encode(["a dog"], [text]), tok.encode([text], ["a dog"])
+        assert isinstance(second.full, Unread) and second.full.segment == 1 and second.truncated
+        assert isinstance(first.full, Unread) and first.full.segment == 0 and first.truncated
+        kept, _, counts = tok.prefixes([text], specials=False)  # (a seq2seq source's count)
+        assert isinstance(counts[0], Unread) and kept[0] == text[:far]
+
+
+def test_only_whitespace_past_the_reach_loses_nothing_and_is_not_flagged():
+    tok = load_tokenizer(bert_dir())
+    far = reach(tok.max_length - 2)
+    for text in ["a" * far + " " * 20_000, "the cat" + " \n\t\u3000" * 10_000]:
+        (encoded,) = tok.encode([text])
+        assert isinstance(encoded.full, AtLeast) and not isinstance(encoded.full, Unread), text[:9]
+        assert not encoded.truncated and encoded.ids == tok.backend.encode(text).ids  # the whole text's
 
 
 class _NoGilHolding(SpyBackend):

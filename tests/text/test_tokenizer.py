@@ -78,6 +78,36 @@ def test_no_truncation_raises_naming_the_text():
         tok(["a dog", long], truncation=False)
 
 
+def test_a_text_read_only_to_its_reach_warns_or_is_refused():
+    """A text read only to its reach with more than whitespace after it (an "a" word of 40,000
+    characters: one [UNK], then "hello world") came back as [CLS] [UNK] [SEP]: the rest was
+    dropped without a warning, and truncation=False took it. Now it warns as a cut, saying how
+    far it was read (not a token count it does not know), or is refused in one line."""
+    tok = load_tokenizer(bert_dir())
+    text = "a" * 40_000 + " hello world"
+    with pytest.warns(UserWarning) as caught:
+        batch = tok([text, "a dog"])
+    assert str(caught[0].message) == (
+        "1 of 2 texts were read only to their first 16,384 characters (of 40,012 in the longest: "
+        "tokenizing stops there when no cut to 64 tokens is in sight), so they were truncated "
+        "(truncation=False / --no-truncate raises instead)")
+    assert tok.convert_ids_to_tokens(batch["input_ids"][0, :3]) == ["[CLS]", "[UNK]", "[SEP]"]
+    with pytest.raises(ValueError, match=r"^texts\[1\]: read only to its first 16,384 characters of 40,012 "
+                                         r"\(tokenizing stops there when no cut to 64 tokens is in sight\), so "
+                                         r"the rest would be lost; shorten it or allow truncation$"):
+        tok(["a dog", text], truncation=False)
+    with pytest.raises(ValueError, match=r"^texts\[0\]: its pair read only to its first 16,384 characters"):
+        tok(["a dog"], [text], truncation=False)
+    long = " ".join(["cat"] * 100)
+    with pytest.warns(UserWarning, match=r"^2 of 3 texts are longer than the model's maximum length \(64 "
+                                         r"tokens; the longest has 102\) or were read only to their first "
+                                         r"16,384 characters \(1 of them, of 40,012 in the longest"):
+        tok([text, "a dog", long])
+    with warnings.catch_warnings():  # only whitespace past the reach: nothing lost
+        warnings.simplefilter("error")
+        tok(["the cat" + " " * 40_000], truncation=False)
+
+
 def test_short_texts_do_not_warn():
     tok = load_tokenizer(bert_dir())
     with warnings.catch_warnings():

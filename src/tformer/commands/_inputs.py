@@ -21,6 +21,7 @@ from tformer.errors import BadInput
 from tformer.kernels.machine import check_threads, free_threads, others_running
 from tformer.text.batches import SORT_WINDOW
 from tformer.text.lines import STDIN, TextLines
+from tformer.text.prefix import cut_reason
 
 # dest -> the smallest value it takes (options a command does not have are skipped).
 MINIMUMS = {"batch_size": 1, "threads": 1, "top_k": 1, "beam_size": 1, "max_len": 1,
@@ -188,10 +189,9 @@ class Truncations:
             return
         named = [located(self.args, self.positional, self.metavar, i) for i, _ in self.long[: self.SHOWN]]
         more = ", ..." if len(self.long) > self.SHOWN else ""
-        print(f"tformer {self.args.command}: warning: {len(self.long)} of {total} inputs are longer "
-              f"than the run's maximum length ({max_length} tokens; the longest has "
-              f"{max(n for _, n in self.long)}), so they were truncated: {', '.join(named)}{more}",
-              file=sys.stderr)
+        why = cut_reason([n for _, n in self.long], max_length, "the run's")
+        print(f"tformer {self.args.command}: warning: {len(self.long)} of {total} inputs {why}: "
+              f"{', '.join(named)}{more}", file=sys.stderr)
 
 
 def count_inputs(given: int, lines: TextLines | None) -> int:

@@ -32,7 +32,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, batch: bool = True, ind
     parser.add_argument(
         "--no-truncate",
         action="store_true",
-        help="fail on a text longer than the model's maximum length instead of truncating it with a warning",
+        help="fail on a text longer than the model's maximum length (or read only in part: no cut in "
+        "sight by 256 characters a token) instead of truncating it with a warning",
     )
     parser.add_argument(
         "--max-length", type=int, default=None, help="truncate to fewer tokens than the model allows"

@@ -145,17 +145,18 @@ def _tsv(text: str) -> str:
 def _embed_queries(st, args: argparse.Namespace, texts: list[str]):
     """(Q, D) embeddings of the queries; one that is too long is named by its argument or --file
     line (the library's message said 'texts[0]', and its warning did not say which)."""
+    from tformer.text.prefix import cut_reason
     from tformer.text.tokenizer import TextTooLong
 
-    long: list[int] = []
+    long: list[tuple[int, int]] = []  # (index, token count) of the queries cut
     try:
         emb = st.encode(texts, batch_size=args.batch_size, truncation=not args.no_truncate,
-                        on_long=lambda indices, counts: long.extend(indices))
+                        on_long=lambda indices, counts: long.extend(zip(indices, counts, strict=True)))
     except TextTooLong as e:
         raise ValueError(located(args, "queries", "QUERY", e.index, e.expected())) from None
     if long:
-        named = ", ".join(located(args, "queries", "QUERY", i) for i in long[:5])
-        print(f"tformer search: warning: {len(long)} of {len(texts)} queries are longer than the "
-              f"model's maximum length ({st.tokenizer.max_length} tokens), so they were truncated: "
+        named = ", ".join(located(args, "queries", "QUERY", i) for i, _ in long[:5])
+        why = cut_reason([n for _, n in long], st.tokenizer.max_length)
+        print(f"tformer search: warning: {len(long)} of {len(texts)} queries {why}: "
               f"{named}{', ...' if len(long) > 5 else ''} (--no-truncate refuses instead)", file=sys.stderr)
     return emb

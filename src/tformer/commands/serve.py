@@ -54,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="most inputs in one request (default 256); a body may hold this many times "
                         "--max-input-tokens commas outside strings (values), plus 64 (413 past that)")
     parser.add_argument("--no-truncate", dest="truncate", action="store_false",
-                        help="refuse (413) inputs over --max-input-tokens instead of cutting them "
+                        help="refuse (413) inputs over --max-input-tokens (or read only in part: no cut "
+                        "in sight by 256 characters a token) instead of cutting them "
                         "(a request's truncate field decides for itself)")
     parser.add_argument("--name", default=None,
                         help="the model name in answers and /info (default: the directory's name)")

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     texts = input_texts(args, "texts", "TEXT", minimum=2, maximum=MAX_TEXTS,
                         why=" (the matrix is printed; for more, use `tformer search` or "
                             "`tformer embed --out`)")
-    from tformer.text.prefix import longest as longest_count
+    from tformer.text.prefix import cut_reason
     from tformer.text.tokenizer import TextTooLong
 
     long: list[tuple[int, int]] = []  # (index, token count) of the texts cut to the model's length
@@ -53,11 +53,9 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(located(args, "texts", "TEXT", e.index, e.expected())) from None
     if long:  # named as the matrix names them, and where each came from
         named = ", ".join(f"[{i}] ({located(args, 'texts', 'TEXT', i)})" for i, _ in long[:5])
-        longest = longest_count([n for _, n in long])  # (a text cut early: 'N or more')
-        print(f"tformer similarity: warning: {len(long)} of {len(texts)} texts are longer than the model's "
-              f"maximum length ({st.tokenizer.max_length} tokens; the longest has {longest}), "
-              f"so they were truncated: {named}{', ...' if len(long) > 5 else ''} (--no-truncate refuses "
-              "instead)", file=sys.stderr)
+        why = cut_reason([n for _, n in long], st.tokenizer.max_length)  # (a text cut early: 'N or more')
+        print(f"tformer similarity: warning: {len(long)} of {len(texts)} texts {why}: {named}"
+              f"{', ...' if len(long) > 5 else ''} (--no-truncate refuses instead)", file=sys.stderr)
     sims = cosine_matrix(emb)
     for i, text in enumerate(texts):
         print(f"[{i}] {short(text)}")

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tformer.text.prefix import longest as longest_count
+from tformer.text.prefix import cut_reason
 from tformer.text.tokenizer import TextTooLong
 
 CHUNK = 1024  # texts embedded (and held) at a time
@@ -78,10 +78,9 @@ def embed_chunks(st, numbered: Iterable[tuple[int, str]], size: int | None = Non
     if long:
         named = [where(n) for n, _ in long if n is not None]
         inputs = f": {', '.join(named[:5])}{', ...' if len(named) > 5 else ''}" if named else ""
-        longest = longest_count([n for _, n in long])  # (a text cut early: 'N or more')
-        warnings.warn(f"{len(long)} of {total} texts are longer than the model's maximum length "
-                      f"({st.tokenizer.max_length} tokens; the longest has {longest}), so they were "
-                      f"truncated{inputs} (--no-truncate raises instead)", UserWarning, stacklevel=2)
+        why = cut_reason([n for _, n in long], st.tokenizer.max_length)  # (a text cut early: 'N or more')
+        warnings.warn(f"{len(long)} of {total} texts {why}{inputs} (--no-truncate raises instead)",
+                      UserWarning, stacklevel=2)
 
 
 def progress_bar(total: int | None, show: bool | None):

@@ -28,7 +28,7 @@ from tformer.export.model_card import HUB_NAME, Card
 from tformer.export.opsets import check_opset
 from tformer.storage.locks import output_lock, remove_leftovers
 from tformer.text.arguments import check_texts
-from tformer.text.prefix import plus
+from tformer.text.prefix import is_cut, plus
 from tformer.training.command import train_command
 from tformer.training.config import TrainConfig
 from tformer.training.objectives import Objective
@@ -80,9 +80,10 @@ class Run(ABC):
         return self.objective.tokenizer
 
     def truncated(self, texts: list[str], pairs: list[str | None] | None = None) -> list[tuple[int, int]]:
-        """(index, token count) of each text longer than the run reads: cut to its maximum
-        length when it runs (a command warns, naming them). A synthetic task refuses such an
-        input instead (BadInput): none here."""
+        """(index, token count) of each text longer than the run reads, or read only to its
+        reach (an ``Unread`` count, tformer.text.prefix): cut to its maximum length when it
+        runs (a command warns, naming them). A synthetic task refuses such an input instead
+        (BadInput): none here."""
         tok = self.tokenizer
         if tok is None or tok.max_length is None:
             return []
@@ -90,7 +91,7 @@ class Run(ABC):
             counts = [plus(n, 1) for n in tok.prefixes(texts, specials=False)[2]]
         else:
             counts = [e.full for e in tok.encode(texts, pairs)]
-        return [(i, n) for i, n in enumerate(counts) if n > tok.max_length]
+        return [(i, n) for i, n in enumerate(counts) if is_cut(n, tok.max_length)]
 
     @property
     def main_metric(self) -> str:

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from tformer.text.batches import EncodedText, encoder_batch
-from tformer.text.prefix import plus
+from tformer.text.prefix import Unread, is_cut, plus
 
 
 @dataclass
@@ -40,8 +40,9 @@ class Item:
     """One input text as the batcher sees it.
 
     n: tokens the model will run (after any cut); full: tokens before the cut (at least, for
-    a text tokenized only as far as the limit needed); payload: what the model's ``run`` needs
-    (token ids, or the text itself)."""
+    a text tokenized only as far as the limit needed; an ``Unread`` for one read only to its
+    reach, cut whatever its count); payload: what the model's ``run`` needs (token ids, or the
+    text itself)."""
 
     n: int
     full: int
@@ -49,7 +50,7 @@ class Item:
 
     @property
     def truncated(self) -> bool:
-        return self.full > self.n
+        return is_cut(self.full, self.n)
 
 
 class InputRefused(ValueError):
@@ -283,14 +284,18 @@ def load_served(path: str | Path, dtype: str = "fp32", max_input_tokens: int | N
 
 def _too_long(lengths: list[int], limit: int | None, truncate: bool, positions: list[int] | None = None
               ) -> list[int]:
-    """Indices of inputs over the limit; raises TooLong for the first when not truncating.
-    lengths[i]: an ``AtLeast`` (printed "n or more") for a text counted only as far as its cut
-    needed; positions[i]: its index in the request."""
-    long = [i for i, n in enumerate(lengths) if limit is not None and n > limit]
+    """Indices of inputs over the limit (or read only to their reach: an ``Unread``); raises
+    TooLong for the first when not truncating. lengths[i]: an ``AtLeast`` (printed "n or
+    more") for a text counted only as far as its cut needed; positions[i]: its index in the
+    request."""
+    long = [i for i, n in enumerate(lengths) if is_cut(n, limit)]
     if long and not truncate:
         i = long[0]
-        raise TooLong(f"input[{positions[i] if positions else i}]: expected at most {limit} tokens, "
-                      f"got {lengths[i]} (send truncate: true, or shorten it)")
+        n, where = lengths[i], f"input[{positions[i] if positions else i}]"
+        if isinstance(n, Unread) and n <= limit:  # its count does not say it
+            raise TooLong(f"{where}: {n.lost(limit)} (send truncate: true, or shorten it)")
+        raise TooLong(f"{where}: expected at most {limit} tokens, got {n} (send truncate: true, or "
+                      "shorten it)")
     return long
 
 

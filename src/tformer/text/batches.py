@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tformer.text.prefix import is_cut
 from tformer.text.specials import PAD
 
 if TYPE_CHECKING:
@@ -141,7 +142,8 @@ class EncodedText:
 
     @property
     def truncated(self) -> bool:
-        return self.full is not None and self.full > len(self.ids)
+        """Cut: more tokens than it keeps, or read only to its reach (tformer.text.prefix.Unread)."""
+        return self.full is not None and is_cut(self.full, len(self.ids))
 
 
 def seq2seq_arrays(sources: list[list[int]], targets: list[list[int]], bos: int, eos: int,

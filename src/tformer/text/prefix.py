@@ -23,10 +23,15 @@ it). The tokens kept after the cut are then the same as whole-text tokenization 
 A text is read no further than ``reach(budget)`` characters (READ_CHARS_PER_TOKEN per token
 wanted); one whose cut is not settled by then is taken as that prefix, all its tokens counted.
 Only such texts can get other ids than the whole text cut: a WordPiece word of megabytes (one
-unknown token with no end in sight: the words after it are lost), a flood of spaces, and two
-texts past the reach sharing an odd budget (LongestFirst gives the odd token to the one with
-more tokens, known once the shorter is read to its end; read to the reach, it goes to the one
-with more tokens in its prefix).
+unknown token with no end in sight: the words after it are never read), a flood of spaces,
+and two texts past the reach sharing an odd budget (LongestFirst gives the odd token to the
+one with more tokens, known once the shorter is read to its end; read to the reach, it goes to
+the one with more tokens in its prefix). Such a text is flagged as cut whatever its count
+(``is_cut``), unless all it holds past the reach is whitespace: its count is an ``Unread``,
+which says how far it was read, so a warning names it and ``truncation=False`` refuses it
+(its prefix may hold fewer tokens than max_length: without the flag the rest was lost
+silently). Telling takes a scan of the rest for a character other than whitespace, never its
+tokenization.
 
 A text cut this way has a token count known only from below: ``AtLeast(n)``, an int that
 prints as "n or more", so that a message naming it stays true.
@@ -34,6 +39,7 @@ prints as "n or more", so that a message naming it stays true.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -61,8 +67,63 @@ class AtLeast(int):
         return str(self) if not spec else format(int(self), spec) + " or more"
 
 
+class Unread(AtLeast):
+    """The token count of a text read only to its reach: its first ``read`` of ``chars``
+    characters, no cut in sight by then, and more than whitespace after them, never tokenized.
+    It is cut (``is_cut``) whatever its count; ``segment`` says which of a pair (0 or 1) was
+    read so, None for a text alone."""
+
+    def __new__(cls, n: int, read: int, chars: int, segment: int | None = None) -> Unread:
+        self = super().__new__(cls, n)
+        self.read, self.chars, self.segment = read, chars, segment
+        return self
+
+    def __getnewargs__(self) -> tuple[int, int, int, int | None]:  # (copy and pickle)
+        return int(self), self.read, self.chars, self.segment
+
+    def plus(self, extra: int) -> Unread:
+        return Unread(int(self) + extra, self.read, self.chars, self.segment)
+
+    def lost(self, limit: int) -> str:
+        """What a refusal says: "read only to its first 16,384 characters of 40,012 (...), so
+        the rest would be lost"."""
+        whose = "" if self.segment is None else ("its text " if self.segment == 0 else "its pair ")
+        return (f"{whose}read only to its first {self.read:,} characters of {self.chars:,} (tokenizing "
+                f"stops there when no cut to {limit} tokens is in sight), so the rest would be lost")
+
+
+def is_cut(count: int, limit: int | None) -> bool:
+    """Whether a text of ``count`` tokens (``EncodedText.full``) is cut at ``limit``: it has more,
+    or it was read only to its reach (an ``Unread``: what lies past it is lost, however few
+    tokens the prefix held)."""
+    return limit is not None and (count > limit or isinstance(count, Unread))
+
+
+def cut_reason(counts: Sequence[int], limit: int, whose: str = "the model's") -> str:
+    """Why texts were cut (each one ``is_cut``), as a warning says it after "k of N texts":
+    longer than the limit (the longest one's count), or else read only to the reach (how far:
+    their count does not say it), or both; ends in "so they were truncated"."""
+    long = [n for n in counts if n > limit]
+    unread = [n for n in counts if isinstance(n, Unread) and n <= limit]
+    reasons = []
+    if long:
+        reasons.append(f"are longer than {whose} maximum length ({limit} tokens; the longest has "
+                       f"{longest(long)})")
+    if unread:
+        first, last = min(n.read for n in unread), max(n.read for n in unread)
+        read = f"{first:,}" if first == last else f"{first:,} to {last:,}"  # (a pair's budget differs)
+        some = f"{len(unread)} of them, " if long else ""
+        most = max(n.chars for n in unread)
+        reasons.append(f"were read only to their first {read} characters ({some}of {most:,} in the "
+                       f"longest: tokenizing stops there when no cut to {limit} tokens is in sight)")
+    return " or ".join(reasons) + ", so they were truncated"
+
+
 def plus(count: int, extra: int) -> int:
-    """count + extra, still a lower bound where count is one (a seq2seq source's pieces + EOS)."""
+    """count + extra, still a lower bound where count is one (a seq2seq source's pieces + EOS),
+    still read only to its reach where count was (``Unread``)."""
+    if isinstance(count, Unread):
+        return count.plus(extra)
     return AtLeast(count + extra) if isinstance(count, AtLeast) else count + extra
 
 
@@ -82,7 +143,8 @@ def window(backend: Any, text: str, budget: int, edge: int = EDGE_CHARS) -> tupl
     """``text`` and None when it is short; else a prefix of it whose first ``budget`` + 1
     tokens (no special tokens) are the whole text's, and how many such tokens it holds
     (more than ``budget``); or, where that is not known by ``reach(budget)`` characters, that
-    prefix taken as the text, and its token count."""
+    prefix taken as the text, and its token count (an ``Unread`` where more than whitespace
+    follows the prefix)."""
     for prefix, sure in prefixes(backend, text, budget, edge):
         if sure is None or sure > budget:
             return prefix, sure
@@ -146,18 +208,30 @@ def reach(budget: int) -> int:
 def prefixes(backend: Any, text: str, budget: int, edge: int) -> Iterator[tuple[str, int | None]]:
     """Ever longer prefixes of ``text`` (4x each time) with the tokens each surely shares with
     the whole text; last, the text itself with None, or its prefix at the reach with its
-    token count (the text is read no further, so it is taken as that prefix)."""
+    token count (the text is read no further, so it is taken as that prefix: ``_as_read``)."""
     chars = max(budget, 64) * WINDOW_CHARS_PER_TOKEN
     long_word = max(LONG_WORD_CHARS, getattr(backend.model, "max_input_chars_per_word", 0))
     while len(text) > chars:
         prefix = text[:chars]
         encoding = _encode(backend, prefix)
         if chars >= reach(budget):  # no cut in sight (a word or a flood of spaces without end)
-            yield prefix, len(encoding.ids)
+            yield prefix, _as_read(text, prefix, len(encoding.ids))
             return
         yield prefix, _sure_tokens(encoding, len(prefix), edge, long_word)
         chars *= 4
     yield text, None
+
+
+_NOT_SPACE = re.compile(r"\S")
+
+
+def _as_read(text: str, prefix: str, count: int) -> int:
+    """The token count of ``text`` taken as its ``prefix`` (read to the reach): an ``Unread``
+    where anything but whitespace follows the prefix (lost), else ``count`` (nothing lost). A
+    scan for one such character, from the prefix's end; the rest is never tokenized."""
+    if _NOT_SPACE.search(text, len(prefix)) is None:
+        return count
+    return Unread(count, len(prefix), len(text))
 
 
 def _encode(backend: Any, text: str) -> Any:

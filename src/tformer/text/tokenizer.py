@@ -26,17 +26,29 @@ import numpy as np
 from tformer.formats.model_dir import ModelDir, read_model_dir
 from tformer.text.arguments import pairs_list, texts_list, token_ids
 from tformer.text.batches import EncodedText, encoder_arrays
-from tformer.text.prefix import AtLeast, edge_chars, longest, longest_first, pair_window, window
+from tformer.text.prefix import (
+    AtLeast,
+    Unread,
+    cut_reason,
+    edge_chars,
+    is_cut,
+    longest_first,
+    pair_window,
+    window,
+)
 
 
 class TextTooLong(ValueError):
-    """A text longer than the model's maximum length, where truncation was not allowed."""
+    """A text longer than the model's maximum length, or read only to its reach (``Unread``:
+    the rest would be lost), where truncation was not allowed."""
 
     def __init__(self, index: int, length: int, limit: int) -> None:
         self.index, self.length, self.limit = index, length, limit
         super().__init__(f"texts[{index}]: {self.expected()}")
 
     def expected(self) -> str:
+        if isinstance(self.length, Unread) and self.length <= self.limit:  # its count does not say it
+            return f"{self.length.lost(self.limit)}; shorten it or allow truncation"
         return (f"expected at most {self.limit} tokens (the model's maximum length), got {self.length}; "
                 "shorten it or allow truncation")
 
@@ -76,7 +88,8 @@ class Tokenizer:
         count before the cut (a text is longer than the model takes where full > len(ids)).
         A text far longer than max_length is tokenized only as far as its cut needs
         (tformer.text.prefix: the same ids, but where no cut is in sight by its reach, a bounded
-        number of characters); its ``full`` is then an ``AtLeast``."""
+        number of characters); its ``full`` is then an ``AtLeast`` (an ``Unread``, cut whatever
+        its count, where more than whitespace was left unread)."""
         _, encodings, full = self._encode_prefixes(texts, pairs, specials=True)
         out = []
         for e, n in zip(encodings, full, strict=True):
@@ -166,11 +179,16 @@ class Tokenizer:
 
     def _at_least(self, encoding: Any, sure: list[int | None]) -> AtLeast:
         """The token count of a text (or pair) tokenized as prefixes: specials, each whole
-        segment's tokens and each cut segment's sure tokens."""
+        segment's tokens and each cut segment's sure tokens; an ``Unread`` where a segment was
+        read only to its reach with more than whitespace after it (the first such one named)."""
         segments = encoding.sequence_ids
         n = sum(s is None for s in segments)
         for i, known in enumerate(sure):
             n += known if known is not None else sum(s == i for s in segments)
+        unread = [(i, k) for i, k in enumerate(sure) if isinstance(k, Unread)]
+        if unread:
+            i, k = unread[0]
+            return Unread(n, k.read, k.chars, i if len(sure) == 2 else None)
         return AtLeast(n)
 
 
@@ -183,7 +201,8 @@ class Tokenizer:
     ) -> dict[str, Any]:
         """Tokenize a batch: pad to the longest, truncate to ``max_length`` with a warning.
 
-        With ``truncation=False`` a text longer than ``max_length`` raises ValueError.
+        With ``truncation=False`` a text longer than ``max_length`` (or read only to its reach,
+        tformer.text.prefix) raises ValueError.
         ``return_tensors``: "pt" (torch int64) or "np" (numpy int64).
 
         Shape:
@@ -271,14 +290,16 @@ class Tokenizer:
 
     def check_lengths(self, lengths: Sequence[int], truncation: bool = True,
                       on_long: Callable[[list[int], list[int]], None] | None = None) -> list[int]:
-        """Indices of texts longer than ``max_length``: one warning, or TextTooLong (a
-        ValueError) if not truncating. ``on_long(indices, lengths)`` takes the warning's place
-        (a caller that checks a file chunk by chunk warns once, naming lines).
+        """Indices of texts cut: longer than ``max_length``, or read only to their reach with
+        more than whitespace left (an ``Unread`` count, tformer.text.prefix): one warning, or
+        TextTooLong (a ValueError) if not truncating. ``on_long(indices, lengths)`` takes the
+        warning's place (a caller that checks a file chunk by chunk warns once, naming lines;
+        ``cut_reason`` words it).
 
         ``lengths``: token counts before truncation (``EncodedText.full``).
         """
         m = self.max_length
-        long = [i for i, n in enumerate(lengths) if m is not None and n > m]
+        long = [i for i, n in enumerate(lengths) if is_cut(n, m)]
         if not long:
             return long
         if not truncation:
@@ -287,9 +308,8 @@ class Tokenizer:
             on_long(long, [lengths[i] for i in long])
             return long
         warnings.warn(
-            f"{len(long)} of {len(lengths)} texts are longer than the model's maximum length "
-            f"({m} tokens; the longest has {longest([lengths[i] for i in long])}), so they were "
-            "truncated (truncation=False / --no-truncate raises instead)",
+            f"{len(long)} of {len(lengths)} texts {cut_reason([lengths[i] for i in long], m)} "
+            "(truncation=False / --no-truncate raises instead)",
             UserWarning,
             stacklevel=4,
         )
