@@ -48,6 +48,19 @@ def embedding_rows(n: int = 120, seed: int = 0) -> list[dict[str, str]]:
     return rows
 
 
+def near_pair_rows(n: int = 120, seed: int = 0, words: tuple[str, ...] = WORDS) -> list[dict[str, str]]:
+    """anchor -> positive pairs that a pretrained encoder already ranks well: the positive is the
+    anchor with one of its six words replaced (`words`: a pretrained model's, to avoid [UNK]s)."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        anchor = [rng.choice(words) for _ in range(6)]
+        positive = anchor.copy()
+        positive[rng.randrange(6)] = rng.choice(words)
+        rows.append({"anchor": " ".join(anchor), "positive": " ".join(positive)})
+    return rows
+
+
 def write(path: Path, rows: list[dict[str, str]]) -> Path:
     """Write rows as JSONL, CSV or TSV, as the suffix says."""
     path = Path(path)

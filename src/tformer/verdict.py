@@ -19,6 +19,12 @@ def too_few(record: dict[str, Any]) -> bool:
     return record.get("examples", MIN_VERDICT_EXAMPLES) < MIN_VERDICT_EXAMPLES
 
 
+def tested_as_it_was(record: dict[str, Any]) -> bool:
+    """Whether a test record's weights are its pretrained model's as they were: a fine-tune
+    validated at step 0 (its pretrained_validation) none of whose steps beat that on validation."""
+    return "pretrained_validation" in record and record.get("tested_step") == 0
+
+
 def beats_baseline(value: float, baseline: float, key: str) -> bool:
     """Whether a test score beats its trivial baseline (higher is better; a perfect baseline is
     matched by a perfect score)."""

@@ -44,3 +44,16 @@ def test_the_baseline_is_compared_and_a_run_that_did_not_beat_it_says_so():
     card = _card(kind="seq2seq", main_metric="bleu", metrics=record)
     assert "did not beat its baseline (test bleu 3; baseline (copying the source): 5)" in card
     assert "No baseline recorded" in _card(metrics={"split": "test", "recall_at_1": 0.5})
+
+
+def test_a_fine_tune_that_kept_its_pretrained_weights_says_so():
+    """A sentence-embedding fine-tune none of whose steps beat the pretrained model on validation
+    tests (and exports) the pretrained weights: tested_step 0; the card says so with both scores."""
+    record = {"split": "test", "step": 6, "tested_step": 0, "mrr_at_10": 0.83, "baseline": 0.5,
+              "baseline_by": "token overlap", "main_metric": "mrr_at_10", "pretrained_validation": 0.8113,
+              "tuned_validation": 0.5569, "tuned_step": 2}
+    card = _card(kind="embedding", main_metric="mrr_at_10", metrics=record, base_model="models/bert")
+    assert "These are the base model's weights as they were: no fine-tuning step improved on its " \
+           "validation score (0.8113; the best fine-tuned step's: 0.5569)." in card
+    assert "base model's weights" not in _card(kind="embedding", main_metric="mrr_at_10",
+                                               metrics={**record, "tested_step": 2})

@@ -549,3 +549,45 @@ def test_an_evaluation_computes_its_loss_before_the_predictions_its_deadline_bou
     metrics, _ = objective.evaluate(model, "test", deadline=time.perf_counter())  # due now
     assert order == ["loss", "predict"] and math.isfinite(metrics["loss"])
     assert metrics["examples"] == FIRST_BATCH_UNDER_DEADLINE  # the first batch only
+
+
+def test_a_timed_fine_tune_validated_at_step_0_still_ends_within_its_budget(tmp_path, embedding_fine_tune, capsys):
+    """A sentence-embedding fine-tune validates its pretrained model before the first update: that
+    validation is paid from the budget (the clock, validation's share, the test's reserve), and
+    the pace line, the planned steps and the end on time stand as for any timed run."""
+    config = resolve_config({**embedding_fine_tune, "max_length": 16, "threads": 1, "precision": "fp32",
+                             "max_minutes": 0.25, "steps": 100_000, "log_every": 1,
+                             "out": str(tmp_path / "run")})
+    started = time.perf_counter()
+    record = train(config, progress=False, log=lambda *a: None)
+    seconds = time.perf_counter() - started
+    assert seconds <= 0.25 * 60 * 1.05, seconds
+    assert record["stopped_by"] == "max_minutes"
+    lines = _lines(tmp_path / "run")
+    validations = [r for r in lines if r["split"] == "validation"]
+    assert validations[0]["step"] == 0 and validations[-1]["step"] == record["step"], validations
+    assert [r["step"] for r in validations].count(0) == 1
+    assert record["pretrained_validation"] == validations[0]["mrr_at_10"]
+    assert record["valid_share"] <= 2 * VALID_SHARE, record
+    train_lines = [r for r in lines if r["split"] == "train"]
+    first, last = train_lines[0], train_lines[-1]
+    assert first["step"] == 1 and first["planned_steps"] == 100_000, first  # none timed before step 1
+    assert last["planned_steps"] <= 1.01 * last["step"] + 2, last
+    pace = [line for line in capsys.readouterr().out.splitlines() if line.startswith("pace: ")]
+    assert len(pace) == 1 and "updates in the budget" in pace[0], pace
+
+
+def test_a_run_validated_at_step_0_sizes_its_validation_sample_for_one_validation_more():
+    """Validation's share of the budget holds with the step-0 validation counted: the sample a
+    validation scores is sized for VALIDATIONS + 1 of them, not VALIDATIONS."""
+    from types import SimpleNamespace
+
+    from tformer.training.budget import VALIDATIONS, Budget
+
+    config = SimpleNamespace(steps=10**6, epochs=None, max_minutes=10)
+    sizes = []
+    for validates_start in (False, True):
+        budget = Budget(config, time.perf_counter(), validates_start=validates_start)
+        budget.probed(1.0, 1000)  # 1 ms an example
+        sizes.append(budget.valid_sample)
+    assert sizes[1] == pytest.approx(sizes[0] * VALIDATIONS / (VALIDATIONS + 1), abs=2), sizes

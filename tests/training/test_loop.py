@@ -394,3 +394,113 @@ def test_a_full_disk_in_a_save_says_which_checkpoint_is_kept_and_how_to_go_on(tm
                        f"--resume {out}`\n")
         assert main(["train", "--resume", str(out), "--quiet"]) == 0
     assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 6
+
+
+# A fine-tune whose model is whole from the start (Objective.starts_complete) --------------------
+START = {"steps": 4, "eval_every": 2, "log_every": 2, "max_length": 16, "threads": 1, "precision": "fp32"}
+
+
+def _fine_tune_argv(options: dict[str, str], out, *extra) -> list[str]:
+    given = [x for name, value in options.items() for x in (f"--{name.replace('_', '-')}", value)]
+    return ["train", *given, "--out", str(out), "--max-length", "16", "--threads", "1", "--precision", "fp32",
+            "--quiet", *(str(x) for x in extra)]
+
+
+def _validated_steps(run) -> list[int]:
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["step"] for r in lines if r["split"] == "validation"]
+
+
+@pytest.mark.parametrize("run, validated", [("embedding fine-tune", True), ("classification fine-tune", False),
+                                            ("embedding from scratch", False)])
+def test_only_a_fine_tune_whose_model_is_whole_is_validated_before_its_first_update(
+        tmp_path, embedding_fine_tune, run, validated):
+    """A sentence-embedding fine-tune adds no parameter to its pretrained encoder: it is validated
+    at step 0. A classification fine-tune's new head, and a model from scratch, start random."""
+    options = {**embedding_fine_tune, **START, "out": str(tmp_path / "run")}
+    if run == "classification fine-tune":
+        options |= {"data": str(write(tmp_path / "c.jsonl", classification_rows())), "valid": None, "test": None}
+    elif run == "embedding from scratch":
+        options |= {"from_pretrained": None, "d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1,
+                    "vocab_size": 300, "max_tokens": 512}
+    logged = []
+    record = train(resolve_config(options), progress=False, log=logged.append)
+    steps = _validated_steps(tmp_path / "run")
+    assert steps == ([0, 2, 4] if validated else [2, 4]), steps
+    assert ("pretrained_validation" in record) == validated, record
+    if validated:  # the test record says how the weights tested compare to the start
+        lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+        start = next(r for r in lines if r["split"] == "validation" and r["step"] == 0)
+        assert record["pretrained_validation"] == start["mrr_at_10"]
+        tested = record["tested_step"]
+        said = [line for line in logged if line.startswith("test recall@1")]
+        if tested:
+            assert f"validation MRR@10 went from {start['mrr_at_10']:.4f} (the pretrained model) to " \
+                   f"{record['tuned_validation']:.4f} (step {tested}" in said[0], said
+        else:
+            assert "the weights tested are the pretrained model's as it was" in said[0], said
+
+
+def test_a_fine_tune_that_only_hurts_tests_the_pretrained_weights_and_says_so(tmp_path, embedding_fine_tune,
+                                                                             capsys):
+    """--lr 1.0 wrecks the encoder at its first update (every text one vector): no later step beats
+    the pretrained model's validation, so its weights, as they were, are the ones tested, kept
+    and evaluated, and the summary and the verdict say so, with both scores."""
+    from tformer.nn.model import from_pretrained
+    from tformer.runs import load_run
+
+    out = tmp_path / "run"
+    assert main(_fine_tune_argv(embedding_fine_tune, out, "--lr", "1.0", "--steps", 6, "--eval-every", 2)) == 0
+    shown = capsys.readouterr().out
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    valid = {r["step"]: r["mrr_at_10"] for r in lines if r["split"] == "validation"}
+    test = lines[-1]
+    assert test["tested_step"] == 0 and test["step"] == 6, test
+    assert max(valid[s] for s in (2, 4, 6)) < valid[0], valid  # every fine-tuned step is worse
+    best_step = max((2, 4, 6), key=lambda s: (valid[s], -s))
+    assert (test["pretrained_validation"], test["tuned_validation"], test["tuned_step"]) == \
+        (valid[0], valid[best_step], best_step)
+    assert (f"after 6 steps, {test['wall_seconds']:.1f} s; the weights tested are the pretrained model's as it "
+            f"was: no fine-tuning step improved on its validation MRR@10 {valid[0]:.4f} (the best, step "
+            f"{best_step}'s: {valid[best_step]:.4f})") in shown, shown
+    assert "the pretrained model, as it was (no fine-tuning step improved on it)" in shown, shown  # the verdict
+    pretrained = from_pretrained(embedding_fine_tune["from_pretrained"]).state_dict()
+    best = load_file(str(out / "best.safetensors"))
+    assert best.keys() == {f"encoder.{k}" for k in pretrained}
+    assert all(torch.equal(best[f"encoder.{k}"], v) for k, v in pretrained.items())
+    run = load_run(out)  # what eval, embed and export read: the same weights
+    assert all(torch.equal(run.model.encoder.state_dict()[k], v) for k, v in pretrained.items())
+    assert main(["eval", str(out)]) == 0
+    assert capsys.readouterr().out.startswith(f"test mrr_at_10: {test['mrr_at_10']:.4f}\n")
+    assert main(["info", str(out)]) == 0
+    assert "the pretrained model's weights, as they were, tested" in capsys.readouterr().out
+
+
+def test_a_fine_tune_killed_after_its_step_0_checkpoint_resumes_without_validating_step_0_again(
+        tmp_path, embedding_fine_tune):
+    """A real kill right after step 0's checkpoint and best weights are written: the resumed run
+    trains on from step 0 (bit for bit as a run never killed) and validates steps 2 and 4 only."""
+    from cli_helpers import killed_at
+
+    from tformer.storage import files
+
+    def argv(out):
+        return _fine_tune_argv(embedding_fine_tune, out, "--steps", 4, "--eval-every", 2, "--keep", 9)
+
+    seen: list[str] = []
+    files.fault_hook = seen.append
+    try:
+        assert main(argv(tmp_path / "straight")) == 0
+    finally:
+        files.fault_hook = None
+    first_best = next(i for i, what in enumerate(seen, 1) if "best.safetensors" in what)
+    after = next(i for i, what in enumerate(seen, 1) if i > first_best and "best.safetensors" not in what)
+    run = tmp_path / "killed"
+    assert killed_at(after, argv(run))
+    state = json.loads((check_run_dir(run) / "trainer_state.json").read_text())
+    assert (state["step"], state["best_step"]) == (0, 0), state  # (metrics.jsonl may be ahead of it)
+    assert main(["train", "--resume", str(run), "--quiet"]) == 0
+    assert _validated_steps(run) == _validated_steps(tmp_path / "straight") == [0, 2, 4]
+    a = load_file(str(check_run_dir(tmp_path / "straight") / "model.safetensors"))
+    b = load_file(str(check_run_dir(run) / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -25,7 +25,7 @@ from typing import Any
 
 from tformer import __version__
 from tformer.export.export_dir import MARKER
-from tformer.verdict import too_few
+from tformer.verdict import tested_as_it_was, too_few
 
 # tformer's metric names -> the Hub's (the `evaluate` library's metric ids).
 HUB_METRICS = {"accuracy": "accuracy", "macro_f1": "f1", "bleu": "bleu", "chrf": "chrf",
@@ -83,6 +83,18 @@ def baseline_lines(metrics: dict[str, Any], key: str | None) -> list[str]:
             "the task: train longer or on more data before using it."]
 
 
+def start_lines(metrics: dict[str, Any]) -> list[str]:
+    """A fine-tune whose steps all scored below its pretrained model on validation: its weights
+    are that model's as it was (tformer.training.loop validates a sentence-embedding fine-tune at
+    step 0 and keeps the best)."""
+    if not tested_as_it_was(metrics):
+        return []
+    start, tuned = metrics["pretrained_validation"], metrics.get("tuned_validation")
+    best = f"; the best fine-tuned step's: {tuned:.4g}" if isinstance(tuned, (int, float)) else ""
+    return ["", f"These are the base model's weights as they were: no fine-tuning step improved on its "
+                f"validation score ({start:.4g}{best})."]
+
+
 def _yaml_list(name: str, items: list[str]) -> list[str]:
     return [f"{name}:", *[f"- {json.dumps(item)}" for item in items]] if items else []
 
@@ -128,7 +140,7 @@ def render(card: Card, fmt: str, usage: str, library_name: str = "transformers",
         lines.append(f"- labels ({len(card.labels)}): {', '.join(card.labels)}")
     lines += ["", "## Test metrics", ""]
     if shown:
-        lines += [*baseline_lines(card.metrics, card.main_metric), "",
+        lines += [*baseline_lines(card.metrics, card.main_metric), *start_lines(card.metrics), "",
                   f"```json\n{json.dumps(shown, indent=2, sort_keys=True)}\n```"]
     else:
         lines.append("none recorded (the run has no test record)")

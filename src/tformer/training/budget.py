@@ -18,6 +18,9 @@ test and each validation also stop at their deadline, scoring the examples done 
 test line says how many), so a wrong estimate costs examples, never the budget. Only whole
 outputs are scored: the first batch (a small one) decodes to its end, and a later one the
 deadline cuts is left out (tformer.training.objectives.base.Objective.predict).
+A fine-tune whose model is whole before training (a sentence-embedding one) is also validated
+before its first update: that validation's time counts like any other's (the clock, the share,
+the test's reserve from its rate), and the sample is sized for one validation more.
 Without --max-minutes, validation runs every --eval-every steps, as before.
 """
 
@@ -59,10 +62,15 @@ def check_minimum(config, started: float, spent: float = 0.0) -> None:
 
 class Budget:
     """The clock and the plan of one run (all times in seconds since the command started).
-    `spent`: the wall seconds a resumed run used before (its budget is what is left)."""
+    `spent`: the wall seconds a resumed run used before (its budget is what is left).
+    `validates_start`: the run validates its starting model before the first update (a
+    fine-tune whose model is whole from the start: Objective.starts_complete); that validation
+    counts in validation's share, as one more of those the sample is sized for."""
 
-    def __init__(self, config, started: float, train_records: int | None = None, spent: float = 0.0) -> None:
+    def __init__(self, config, started: float, train_records: int | None = None, spent: float = 0.0,
+                 validates_start: bool = False) -> None:
         self.config, self.started = config, started
+        self.validations = VALIDATIONS + int(validates_start)  # what the sample is sized for
         self.seconds = config.max_minutes * 60 - spent if config.max_minutes else math.inf
         self.timed = math.isfinite(self.seconds)
         self.train_started = time.perf_counter() - started  # tokenizer and setup come first
@@ -188,7 +196,7 @@ class Budget:
         self.valid_spent += seconds
         self.valid_seconds_per_example = seconds / max(examples, 1)
         train = max(self.train_deadline() - self.train_started, 1e-3)
-        self.valid_sample = max(MIN_SAMPLE, int(VALID_SHARE * train / VALIDATIONS
+        self.valid_sample = max(MIN_SAMPLE, int(VALID_SHARE * train / self.validations
                                                 / self.valid_seconds_per_example))
 
     def sample_size(self, available: int) -> int:

@@ -61,7 +61,7 @@ from tformer.storage.checkpoint import (
     save_checkpoint,
 )
 from tformer.storage.files import FULL_DISK, new_run_dir, write_atomic
-from tformer.storage.rundir import discard_unstarted, finished, open_run_dir, resume_metrics
+from tformer.storage.rundir import discard_unstarted, finished, open_run_dir, read_metrics, resume_metrics
 from tformer.training.budget import PROBE, Budget, check_minimum
 from tformer.training.config import TrainConfig
 from tformer.training.distributed import any_rank, barrier, rank_and_world
@@ -185,7 +185,9 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
 
     key = objective.main_metric
     previous_wall = float(state["wall_seconds"])
-    budget = Budget(config, started, objective.train_records, spent=previous_wall)
+    validates_start = objective.starts_complete and not resume  # (a resumed run validated it)
+    budget = Budget(config, started, objective.train_records, spent=previous_wall,
+                    validates_start=validates_start)
     budget.test_examples = len(objective.examples("test"))
     # A timed run's total is known once a step is timed: until then "?" (it showed 0/1000000000).
     planned = None if budget.timed else budget.planned_steps(state["step"])
@@ -197,6 +199,36 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
 
     def wall() -> float:
         return previous_wall + budget.now()
+
+    def validate() -> dict[str, float]:
+        """Validate the weights as they are, record it, keep them if they are the best yet, and
+        checkpoint (every rank validates and tracks the best; rank 0 writes)."""
+        objective.source.check_unchanged(thorough=False)  # batches read from a changed file
+        valid = _validate(model, objective, budget, bar)
+        bar.status("training")
+        if writer:
+            reporter.write({"split": "validation", "step": state["step"], **valid,
+                            "valid_share": round(budget.valid_share(), 4),
+                            "wall_seconds": round(wall(), 2)})
+            what = " (the pretrained model, as it is)" if state["step"] == 0 else ""
+            bar.write(f"step {state['step']}{what}: validation {key} {valid[key]:.4f} "
+                      f"loss {valid['loss']:.4f}")
+        state["wall_seconds"] = wall()
+        improved = _track_best(state, *_selection(objective, valid))
+        if writer:
+            bar.status("saving")
+            t = time.perf_counter()
+            _checkpoint(run_dir, model, optimizer, config, state, best=improved)
+            budget.saved(time.perf_counter() - t)
+        budget.paused()
+        return valid
+
+    if validates_start:
+        # The model is already whole for its objective: validated before the first update, it is
+        # the best until a step beats it, so a fine-tune that only hurts (too high a --lr, too
+        # few or noisy records) tests the model it started from, never worse weights.
+        validate()
+        bar.status("training")
 
     # The clock is read once a step (and again after a validation, which takes time): a step it
     # did not call the last is never followed by a stop without one more step, so the step the
@@ -239,23 +271,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
         else:
             bar.stepped(state["step"], budget.planned_steps(state["step"]))
         if any_rank(budget.should_validate(state["step"], last), world):
-            objective.source.check_unchanged(thorough=False)  # batches read from a changed file
-            valid = _validate(model, objective, budget, bar)
-            bar.status("training")
-            if writer:
-                reporter.write({"split": "validation", "step": state["step"], **valid,
-                                "valid_share": round(budget.valid_share(), 4),
-                                "wall_seconds": round(wall(), 2)})
-                bar.write(f"step {state['step']}: validation {key} {valid[key]:.4f} "
-                          f"loss {valid['loss']:.4f}")
-            state["wall_seconds"] = wall()
-            improved = _track_best(state, *_selection(objective, valid))
-            if writer:
-                bar.status("saving")
-                t = time.perf_counter()
-                _checkpoint(run_dir, model, optimizer, config, state, best=improved)
-                budget.saved(time.perf_counter() - t)
-            budget.paused()
+            valid = validate()
             time_up = budget.out_of_time()
             if config.early_stop is not None and valid[key] >= config.early_stop:
                 stop_reason = "early_stop"
@@ -301,7 +317,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     if not writer:
         return record
     scored = objective.examples("test")[: test["examples"]]
-    record = with_baseline(record, key, objective.baseline(scored))
+    record = with_baseline(record, key, objective.baseline(scored)) | _from_start(metrics_path, objective)
     objective.source.check_unchanged()  # before anything is published
     rows = objective.sample_rows(scored, shown)
     if rows:
@@ -371,6 +387,24 @@ def _selection(objective: Objective, valid: dict[str, float]) -> tuple[str, floa
     (a sequence-to-sequence run's: its teacher-forced loss, lower is better)."""
     by = objective.best_by
     return by, -valid[by] if by == "loss" else valid[by]
+
+
+def _from_start(metrics_path: Path, objective: Objective) -> dict[str, Any]:
+    """How a run validated at step 0 (``Objective.starts_complete``) compares to its start, for
+    its test record: the main metric of the pretrained model as it was (pretrained_validation)
+    and of the best fine-tuned weights by the same selection (tuned_validation, at tuned_step;
+    absent where no step was validated); {} for a run not validated at step 0."""
+    validations = [r for r in read_metrics(metrics_path) if r.get("split") == "validation"]
+    start = [r for r in validations if r["step"] == 0]
+    if not start:
+        return {}
+    key = objective.main_metric
+    found = {"pretrained_validation": start[-1][key]}
+    tuned = [r for r in validations if r["step"] > 0]
+    if tuned:  # the first of the best, as _track_best keeps it
+        best = max(tuned, key=lambda r: _selection(objective, r)[1])
+        found |= {"tuned_validation": best[key], "tuned_step": best["step"]}
+    return found
 
 
 def _track_best(state: dict[str, Any], by: str, value: float) -> bool:

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from tformer.errors import require
 from tformer.storage.files import write_atomic
 from tformer.storage.rundir import append_jsonl, read_metrics  # (append_jsonl: tformer eval's too)
-from tformer.verdict import MIN_VERDICT_EXAMPLES, PERFECT, beats_baseline, too_few
+from tformer.verdict import MIN_VERDICT_EXAMPLES, PERFECT, beats_baseline, tested_as_it_was, too_few
 from tformer.viz.plots import save_figure, subplots
 
 TENSORBOARD_DIR = "tensorboard"  # RUN/tensorboard/: `tensorboard --logdir RUN` shows the run
@@ -174,7 +174,10 @@ def sample_table(rows: list[tuple[str, str, str]], n: int = 6) -> str:
 
 def summary(record: dict[str, Any], key: str) -> str:
     done = f"after {record['step']} steps, {record['wall_seconds']:.1f} s"
-    if record.get("tested_step", record["step"]) != record["step"]:
+    start = from_start(record, key)
+    if start:
+        done += f"; {start}"
+    elif record.get("tested_step", record["step"]) != record["step"]:
         done += f" (the best validated weights tested: step {record['tested_step']})"
     of = record.get("test_examples")
     if of is not None and record.get("examples", of) < of:  # the test's deadline cut it
@@ -192,6 +195,27 @@ def summary(record: dict[str, Any], key: str) -> str:
 
 
 NAMES = {"accuracy": "accuracy", "exact_match": "exact match", "mrr_at_10": "MRR@10", "bleu": "BLEU"}
+
+
+def from_start(record: dict[str, Any], key: str) -> str | None:
+    """How a test record's weights compare on validation to the pretrained model the run started
+    from (a run validated at step 0: tformer.training.loop._from_start); None for any other."""
+    start = record.get("pretrained_validation")
+    if start is None:
+        return None
+    name = NAMES.get(key, key)
+    tuned, step = record.get("tuned_validation"), record.get("tuned_step")
+    if tested_as_it_was(record):
+        if tuned is None:
+            return (f"the weights tested are the pretrained model's as it was (validation {name} "
+                    f"{start:.4f}): no fine-tuning step was validated")
+        return (f"the weights tested are the pretrained model's as it was: no fine-tuning step improved "
+                f"on its validation {name} {start:.4f} (the best, step {step}'s: {tuned:.4f})")
+    if tuned is None:
+        return None
+    tested = record.get("tested_step", record["step"])
+    which = f"step {tested}" + ("" if tested == record["step"] else ": the best validated weights, tested")
+    return f"validation {name} went from {start:.4f} (the pretrained model) to {tuned:.4f} ({which})"
 
 
 def with_baseline(record: dict[str, Any], key: str, baseline: dict[str, Any]) -> dict[str, Any]:
@@ -227,7 +251,14 @@ def baseline_verdict(record: dict[str, Any], more_examples: str = TRAIN_MORE_EXA
         scored = f"{test} split" if test in ("test", "validation") else "file"
         return (f"the model matched a perfect baseline: {test} {name} {ours}, as {by} scores ({name} "
                 f"{theirs}); this {scored} is too easy to show what it learned")
-    if record.get("beats_baseline", beats_baseline(record[key], record["baseline"], key)):
+    beats = record.get("beats_baseline", beats_baseline(record[key], record["baseline"], key))
+    if tested_as_it_was(record):  # nothing learned here: no fine-tuning step was kept
+        kept = "the pretrained model, as it was (no fine-tuning step improved on it)"
+        if beats:
+            return f"{kept}: {test} {name} {ours} beats the baseline of {by} ({name} {theirs})"
+        return (f"warning: {kept}, does not beat the baseline: {test} {name} {ours} against {theirs} for "
+                f"{by}; a lower --lr, or more or cleaner data, may let fine-tuning help")
+    if beats:
         return f"the model learned: {test} {name} {ours} beats the baseline of {by} ({name} {theirs})"
     flag = {"steps": "--steps", "epochs": "--epochs", "patience": "--patience"}.get(
         stopped_by or record.get("stopped_by"))

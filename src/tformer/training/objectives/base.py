@@ -95,6 +95,14 @@ class Objective(ABC):
         """What picks the best weights: the main metric, unless a subclass says otherwise."""
         return self.main_metric
 
+    @property
+    def starts_complete(self) -> bool:
+        """Whether the model is whole for this objective before its first update: a pretrained
+        model that the objective adds no parameter to. The loop then validates it at step 0, so
+        a fine-tune that only hurts still tests the model it started from. False unless a
+        subclass says (a new head, or a model from scratch, starts random)."""
+        return False
+
     def model_width(self) -> int:
         """d_model of the model this objective trains: a pretrained encoder's own, else the
         run's (what the fine-tuning learning rate scales with)."""

@@ -56,6 +56,11 @@ class Embedding(Objective):
     def what(self) -> str:
         return "sentence embeddings (anchor -> positive, in-batch negatives)"
 
+    @property
+    def starts_complete(self) -> bool:
+        """A pretrained encoder and a pooling: no new parameter, a sentence model already."""
+        return bool(self.config.from_pretrained)
+
     def model_config(self) -> TransformerConfig:
         return self.source.encoder_config()
 
