@@ -46,11 +46,23 @@ def classification_metrics(predicted: list[int], actual: list[int], n_classes: i
 def retrieval_metrics(anchors: Tensor, positives: Tensor) -> dict[str, float]:
     """Anchor i should retrieve positive i among all positives (cosine similarity).
 
+    A positive that scores the same as others is ranked as a random order of the tied ones
+    would rank it, on average: recall@1 is 1 / (ties + 1) where none scores higher, MRR@10 the
+    mean of the reciprocal ranks it could take. Counting ties in its favour gave a model that
+    maps every text to one vector MRR@10 1.0, and token overlap (where an anchor sharing no
+    token with any positive ties them all at 0) a baseline no model could beat.
+
     Shape:
         anchors, positives: (N, D), L2-normalised
     """
     scores = anchors @ positives.T  # (N, N)
     own = scores.diagonal()[:, None]  # (N, 1)
-    rank = (scores > own).sum(dim=1)  # (N,) 0 = first
-    mrr = torch.where(rank < 10, 1.0 / (rank + 1).float(), torch.zeros_like(own[:, 0]))
-    return {"recall_at_1": (rank == 0).float().mean().item(), "mrr_at_10": mrr.mean().item()}
+    above = (scores > own).sum(dim=1)  # (N,) positives ranked before it
+    ties = (scores == own).sum(dim=1) - 1  # (N,) the others scoring as it does
+    # harmonic[n] = 1 + 1/2 + ... + 1/n, for the ranks 1..10 MRR@10 counts
+    harmonic = torch.cat([torch.zeros(1, dtype=torch.float64),
+                          (1.0 / torch.arange(1, 11, dtype=torch.float64)).cumsum(0)])
+    first, last = above.clamp(max=10), (above + ties + 1).clamp(max=10)  # ranks first+1 .. last
+    mrr = (harmonic[last] - harmonic[first]) / (ties + 1)  # (N,) the mean over the tied places
+    recall = torch.where(above == 0, 1.0 / (ties + 1).double(), 0.0)
+    return {"recall_at_1": recall.mean().item(), "mrr_at_10": mrr.mean().item()}

@@ -1,0 +1,69 @@
+"""The metrics against their definitions, computed another way."""
+
+import itertools
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tformer.training.evaluation import retrieval_metrics
+
+
+def _by_every_order(scores: torch.Tensor) -> tuple[float, float]:
+    """recall@1 and MRR@10 averaged over every order of each anchor's tied positives (the
+    definition of random tie-breaking), one anchor at a time, in plain Python."""
+    recalls, rrs = [], []
+    for i, row in enumerate(scores.tolist()):
+        tied = [j for j, s in enumerate(row) if s == row[i]]
+        above = sum(s > row[i] for s in row)
+        places = [above + order.index(i) for order in itertools.permutations(tied)]  # 0-based ranks
+        recalls.append(sum(p == 0 for p in places) / len(places))
+        rrs.append(sum(1 / (p + 1) if p < 10 else 0.0 for p in places) / len(places))
+    return sum(recalls) / len(recalls), sum(rrs) / len(rrs)
+
+
+def test_a_model_that_maps_every_text_to_one_vector_scores_as_a_random_order():
+    n = 5
+    same = F.normalize(torch.ones(n, 4), dim=-1)
+    metrics = retrieval_metrics(same, same)
+    assert metrics["recall_at_1"] == pytest.approx(1 / n)  # was 1.0: every tie counted for it
+    assert metrics["mrr_at_10"] == pytest.approx(sum(1 / r for r in range(1, n + 1)) / n)
+
+
+def test_without_ties_the_ranks_are_the_plain_ones():
+    g = torch.Generator().manual_seed(0)
+    a, p = F.normalize(torch.randn(30, 8, generator=g), dim=-1), F.normalize(torch.randn(30, 8, generator=g), dim=-1)
+    scores = a @ p.T
+    rank = (scores > scores.diagonal()[:, None]).sum(1)
+    metrics = retrieval_metrics(a, p)
+    assert metrics["recall_at_1"] == pytest.approx((rank == 0).float().mean().item())
+    assert metrics["mrr_at_10"] == pytest.approx(sum(1 / (r + 1) for r in rank.tolist() if r < 10) / 30)
+
+
+def _tied_cases(count: int, n: int = 12) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(anchors, positives) of few distinct vectors (0/1 bags, as the token-overlap baseline
+    makes), so that many scores tie, yet no anchor ties with more than 8 positives (every order
+    of them is enumerated): the first ``count`` such draws."""
+    cases, rng = [], random.Random(0)
+    while len(cases) < count:
+        bags = torch.tensor([[float(rng.random() < 0.4) for _ in range(3)] for _ in range(2 * n)])
+        a, p = F.normalize(bags[:n], dim=-1), F.normalize(bags[n:], dim=-1)
+        scores = a @ p.T
+        if max(int((row == row[i]).sum()) for i, row in enumerate(scores)) <= 8:
+            cases.append((a, p))
+    return cases
+
+
+def test_ties_score_as_the_mean_over_every_order_of_the_tied_positives():
+    cases = _tied_cases(8)
+    past_ten = 0  # anchors that some order of their ties puts past rank 10 (MRR@10's cut)
+    for a, p in cases:
+        scores = a @ p.T
+        recall, mrr = _by_every_order(scores)
+        metrics = retrieval_metrics(a, p)
+        assert metrics["recall_at_1"] == pytest.approx(recall, abs=1e-12)
+        assert metrics["mrr_at_10"] == pytest.approx(mrr, abs=1e-12)
+        own = scores.diagonal()[:, None]
+        past_ten += int(((scores >= own).sum(1) > 10).sum())
+    assert past_ten > 0  # the cut at 10 was exercised
