@@ -21,6 +21,7 @@ from tformer.errors import BadInput
 from tformer.kernels.machine import check_threads, free_threads, others_running
 from tformer.text.batches import SORT_WINDOW
 from tformer.text.lines import STDIN, TextLines
+from tformer.text.prefix import LongTexts
 
 # dest -> the smallest value it takes (options a command does not have are skipped).
 MINIMUMS = {"batch_size": 1, "threads": 1, "top_k": 1, "beam_size": 1, "max_len": 1,
@@ -172,26 +173,23 @@ def print_lines(lines: Iterable[str]) -> None:
 
 class Truncations:
     """The inputs a run cut to its maximum length, noted a window at a time and told in one
-    warning at the end, naming their arguments or lines (the first few)."""
-
-    SHOWN = 5
+    warning at the end, naming their arguments or lines (the first few: only those are kept)."""
 
     def __init__(self, args: argparse.Namespace, positional: str, metavar: str) -> None:
         self.args, self.positional, self.metavar = args, positional, metavar
-        self.long: list[tuple[int, int]] = []  # (input index, token count)
+        self.long = LongTexts()  # of input indices
 
     def note(self, start: int, long: list[tuple[int, int]]) -> None:
-        self.long += [(start + i, n) for i, n in long]
+        for i, n in long:
+            self.long.note(start + i, n)
 
     def warn(self, total: int, max_length: int) -> None:
-        if not self.long:
+        if not self.long.count:
             return
-        named = [located(self.args, self.positional, self.metavar, i) for i, _ in self.long[: self.SHOWN]]
-        more = ", ..." if len(self.long) > self.SHOWN else ""
-        print(f"tformer {self.args.command}: warning: {len(self.long)} of {total} inputs are longer "
+        named = self.long.places(lambda i: located(self.args, self.positional, self.metavar, i))
+        print(f"tformer {self.args.command}: warning: {self.long.count} of {total} inputs are longer "
               f"than the run's maximum length ({max_length} tokens; the longest has "
-              f"{max(n for _, n in self.long)}), so they were truncated: {', '.join(named)}{more}",
-              file=sys.stderr)
+              f"{self.long.longest()}), so they were truncated: {named}", file=sys.stderr)
 
 
 def count_inputs(given: int, lines: TextLines | None) -> int:

@@ -40,24 +40,26 @@ def run(args: argparse.Namespace) -> int:
     texts = input_texts(args, "texts", "TEXT", minimum=2, maximum=MAX_TEXTS,
                         why=" (the matrix is printed; for more, use `tformer search` or "
                             "`tformer embed --out`)")
-    from tformer.text.prefix import longest as longest_count
+    from tformer.text.prefix import LongTexts
     from tformer.text.tokenizer import TextTooLong
 
-    long: list[tuple[int, int]] = []  # (index, token count) of the texts cut to the model's length
+    long = LongTexts()  # of the texts' indices
+
+    def noted(indices: list[int], counts: list[int]) -> None:
+        for i, n in zip(indices, counts, strict=True):
+            long.note(i, n)
+
     with one_line_warnings("similarity"):
         st = load_sentence_encoder(args)
         try:
-            emb = st.encode(texts, batch_size=args.batch_size, truncation=not args.no_truncate,
-                            on_long=lambda indices, counts: long.extend(zip(indices, counts, strict=True)))
+            emb = st.encode(texts, batch_size=args.batch_size, truncation=not args.no_truncate, on_long=noted)
         except TextTooLong as e:
             raise ValueError(located(args, "texts", "TEXT", e.index, e.expected())) from None
-    if long:  # named as the matrix names them, and where each came from
-        named = ", ".join(f"[{i}] ({located(args, 'texts', 'TEXT', i)})" for i, _ in long[:5])
-        longest = longest_count([n for _, n in long])  # (a text cut early: 'N or more')
-        print(f"tformer similarity: warning: {len(long)} of {len(texts)} texts are longer than the model's "
-              f"maximum length ({st.tokenizer.max_length} tokens; the longest has {longest}), "
-              f"so they were truncated: {named}{', ...' if len(long) > 5 else ''} (--no-truncate refuses "
-              "instead)", file=sys.stderr)
+    if long.count:  # named as the matrix names them, and where each came from
+        named = long.places(lambda i: f"[{i}] ({located(args, 'texts', 'TEXT', i)})")
+        print(f"tformer similarity: warning: {long.count} of {len(texts)} texts are longer than the model's "
+              f"maximum length ({st.tokenizer.max_length} tokens; the longest has {long.longest()}), "
+              f"so they were truncated: {named} (--no-truncate refuses instead)", file=sys.stderr)
     sims = cosine_matrix(emb)
     for i, text in enumerate(texts):
         print(f"[{i}] {short(text)}")

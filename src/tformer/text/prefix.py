@@ -72,6 +72,36 @@ def longest(counts: Sequence[int]) -> int:
     return AtLeast(top) if any(isinstance(n, AtLeast) for n in counts) else top
 
 
+class LongTexts:
+    """The texts cut to a model's maximum length, as one warning tells of them: how many, the
+    longest (``longest``'s way) and where the first SHOWN are. Only those are kept, so a file
+    of a million long lines holds five places, not a million."""
+
+    SHOWN = 5
+
+    def __init__(self) -> None:
+        self.count = self.top = self.named = 0
+        self.early = False  # whether a count is an AtLeast
+        self.first: list[Any] = []  # where the first SHOWN named ones are
+
+    def note(self, where: Any, tokens: int) -> None:
+        """One more cut text of `tokens` tokens, found at `where` (None: somewhere unnamed)."""
+        self.count += 1
+        self.top = max(self.top, int(tokens))
+        self.early = self.early or isinstance(tokens, AtLeast)
+        if where is not None:
+            self.named += 1
+            if len(self.first) < self.SHOWN:
+                self.first.append(where)
+
+    def longest(self) -> int:
+        return AtLeast(self.top) if self.early else self.top
+
+    def places(self, name: Any = str) -> str:
+        """The first SHOWN places, named by `name`, and ", ..." where more were named."""
+        return ", ".join(name(where) for where in self.first) + (", ..." if self.named > self.SHOWN else "")
+
+
 def edge_chars(backend: Any) -> int:
     """How near a prefix's end a token may not count: EDGE_CHARS, or the longest added token."""
     added = [len(t.content) for t in backend.get_added_tokens_decoder().values()]
