@@ -28,3 +28,30 @@ def test_an_empty_file_beside_arguments_is_no_error(classification_run, capsys, 
     empty.write_bytes(b"")
     assert main(["predict", str(classification_run), "a cat", "--file", str(empty)]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 1
+
+
+def test_truncations_keep_a_few_places_however_many_inputs_are_cut(capsys):
+    """predict and generate noted every cut input (its index and token count) until the warning at
+    the end: memory grew with the file's long lines. They keep the first few places, the count
+    and the longest; the warning says the same."""
+    import argparse
+
+    from tformer.commands._inputs import Truncations
+
+    args = argparse.Namespace(command="predict", inputs=["a long one"], file="f.txt")
+    cut = Truncations(args, "inputs", "TEXT", 64)
+    for start in range(0, 3000, 1000):  # three windows of 1000 inputs, every one cut
+        cut.note(start, [(i, 70 + (start + i) % 5) for i in range(1000)])
+
+    def held(obj) -> int:
+        """The items of the lists an object keeps, and its parts keep (not the arguments)."""
+        parts = [v for v in vars(obj).values() if v is not args]
+        return sum(len(v) if isinstance(v, list) else held(v) for v in parts if isinstance(v, list)
+                   or hasattr(v, "__dict__"))
+
+    assert held(cut) <= 5
+    cut.warn(3000)
+    assert capsys.readouterr().err == (
+        "tformer predict: warning: 3000 of 3000 inputs are longer than the run's maximum length (64 tokens; "
+        "the longest has 74), so they were truncated: TEXT 1, --file f.txt:1, --file f.txt:2, --file f.txt:3, "
+        "--file f.txt:4, ...\n")

@@ -114,3 +114,30 @@ def test_best_columns_is_a_lexsort_cut_to_width():
     for width in (1, 3, 17, 39, 40):
         expected = np.lexsort((np.broadcast_to(np.arange(40), scores.shape), -scores), axis=1)[:, :width]
         assert np.array_equal(tformer.embeddings.stream.best_columns(scores, width), expected), width
+
+
+def test_embed_chunks_warn_of_every_cut_text_keeping_a_few_places():
+    """The warning after a stream of long texts counts them all and names the first five, as
+    LongTexts keeps them (a (number, tokens) pair per cut text was kept to the end before)."""
+    import warnings
+    from types import SimpleNamespace
+
+    from tformer.embeddings.stream import embed_chunks
+    from tformer.text.prefix import AtLeast
+
+    class Cutting:  # every text cut; its count as the tokenizer would give it
+        dim, tokenizer = 2, SimpleNamespace(max_length=16)
+
+        def encode(self, texts, on_long, **_):
+            on_long(list(range(len(texts))), [AtLeast(40) if t == "x 7" else 20 for t in texts])
+            return np.ones((len(texts), 2), dtype=np.float32)
+
+    numbered = [(n, f"x {n}") for n in range(1, 41)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert sum(len(t) for _, t, _ in embed_chunks(Cutting(), numbered, size=8)) == 40
+    (warning,) = caught
+    assert str(warning.message) == (
+        "40 of 40 texts are longer than the model's maximum length (16 tokens; the longest has 40 or more), "
+        "so they were truncated: input 1, input 2, input 3, input 4, input 5, ... (--no-truncate raises "
+        "instead)")

@@ -1,15 +1,17 @@
 """The model a fine-tune builds (tformer.training.objectives): --dropout, where given, is the
-probability of every dropout of the model; else the pretrained model's own stand."""
+probability of every dropout of the model; else the pretrained model's own stand. A streamed
+evaluation (evaluate_stream) holds a window of examples and scores them all."""
 
+import numpy as np
 import pytest
 from hf_bert_fixtures import make_bert_dir
-from text_fixtures import classification_rows, embedding_rows, write
+from text_fixtures import classification_rows, embedding_rows, seq2seq_rows, write
 from torch import nn
 
 from tformer.nn.attention import MultiHeadAttention
 from tformer.nn.dropout import Dropout
 from tformer.training import resolve_config
-from tformer.training.objectives import make_objective
+from tformer.training.objectives import base, make_objective
 
 # The pretrained model's own, each unlike the other and unlike --dropout's default (0.1).
 HIDDEN, ATTENTION = 0.05, 0.15
@@ -61,3 +63,69 @@ def test_a_fine_tune_without_dropout_keeps_the_pretrained_models_own(tmp_path, p
 def test_dropout_zero_turns_every_dropout_of_a_fine_tune_off(tmp_path, pretrained):
     found = dropouts(fine_tune(tmp_path, pretrained, classification_rows, dropout=0.0))
     assert found and set(found.values()) == {0.0}, found
+
+
+TINY = {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "vocab_size": 300, "max_tokens": 256,
+        "threads": 1, "precision": "fp32"}
+
+
+def data_run(tmp_path, rows):
+    """An objective on a file of `rows(300)` (not trained) and its model."""
+    config = resolve_config({"data": str(write(tmp_path / "train.jsonl", rows(300))), **TINY})
+    objective = make_objective(config)
+    return objective, objective.build_model()
+
+
+@pytest.mark.parametrize("rows", [seq2seq_rows, classification_rows, embedding_rows])
+def test_a_tally_of_windows_scores_as_score_and_baseline_of_the_whole_list(tmp_path, rows):
+    objective, model = data_run(tmp_path, rows)
+    examples = objective.examples("test")
+    preds = objective.predict(model, examples)
+    if rows is seq2seq_rows:  # every other output right: BLEU above 0
+        eos = objective.source.eos_id
+        preds = [e.target + [eos] if i % 2 else p
+                 for i, (e, p) in enumerate(zip(objective.encode(examples), preds, strict=True))]
+    tally = objective.tally()
+    for start in range(0, len(examples), 7):
+        tally.add(examples[start : start + 7], preds[start : start + 7])
+    metrics = objective.score(examples, preds)[0]
+    assert tally.metrics() == metrics and metrics[objective.main_metric] > 0
+    assert tally.baseline() == objective.baseline(examples)
+
+
+@pytest.mark.parametrize("rows", [seq2seq_rows, classification_rows])
+def test_evaluate_stream_reads_a_window_ahead_at_most_and_keeps_counts_only(tmp_path, monkeypatch, rows):
+    """`tformer eval --data` held every record of the file, every prediction and sacrebleu's
+    caches of them all (1.7 GB at 10^5 seq2seq records): it reads, predicts and scores a window
+    at a time, and what it keeps between windows (the tally) does not grow with the records."""
+    monkeypatch.setattr(base, "STREAM_WINDOW", 8, raising=False)
+    objective, model = data_run(tmp_path, rows)
+    predict, tally = objective.predict, objective.tally
+    tallies = []
+
+    def evaluated(n: int) -> tuple[list[int], dict]:
+        """How many records were read past those predicted at each predict call; the metrics."""
+        data = write(tmp_path / f"eval{n}.jsonl", rows(n, seed=5))
+        read, predicted, ahead = [0], [0], []
+
+        def reader():
+            for record in objective.read_examples(str(data)):
+                read[0] += 1
+                yield record
+
+        def spy(model, examples, **options):
+            ahead.append(read[0] - predicted[0])
+            predicted[0] += len(examples)
+            return predict(model, examples, **options)
+
+        objective.predict = spy
+        objective.tally = lambda: tallies.append(tally()) or tallies[-1]
+        metrics, _, shown = objective.evaluate_stream(model, reader(), samples=3)
+        assert len(shown) == 3 and predicted[0] == n == metrics["examples"]
+        return ahead, metrics
+
+    ahead, _ = evaluated(40)
+    assert ahead == [8] * 5  # a window read, predicted, then the next
+    evaluated(16)
+    held = [{k: np.shape(v) for k, v in vars(t).items() if isinstance(v, (list, np.ndarray))} for t in tallies]
+    assert held[0] == held[1] and held[0], held  # counts of a fixed shape, no list of examples

@@ -21,7 +21,7 @@ from tformer.errors import BadInput
 from tformer.kernels.machine import check_threads, free_threads, others_running
 from tformer.text.batches import SORT_WINDOW
 from tformer.text.lines import STDIN, TextLines
-from tformer.text.prefix import cut_reason
+from tformer.text.prefix import LongTexts
 
 # dest -> the smallest value it takes (options a command does not have are skipped).
 MINIMUMS = {"batch_size": 1, "threads": 1, "top_k": 1, "beam_size": 1, "max_len": 1,
@@ -172,26 +172,25 @@ def print_lines(lines: Iterable[str]) -> None:
 
 
 class Truncations:
-    """The inputs a run cut to its maximum length, noted a window at a time and told in one
-    warning at the end, naming their arguments or lines (the first few)."""
+    """The inputs a run cut to its maximum length (``max_length`` tokens), noted a window at a
+    time and told in one warning at the end, naming their arguments or lines (the first few:
+    only those are kept)."""
 
-    SHOWN = 5
-
-    def __init__(self, args: argparse.Namespace, positional: str, metavar: str) -> None:
+    def __init__(self, args: argparse.Namespace, positional: str, metavar: str, max_length: int) -> None:
         self.args, self.positional, self.metavar = args, positional, metavar
-        self.long: list[tuple[int, int]] = []  # (input index, token count)
+        self.long = LongTexts(max_length)  # of input indices
 
     def note(self, start: int, long: list[tuple[int, int]]) -> None:
-        self.long += [(start + i, n) for i, n in long]
+        for i, n in long:
+            self.long.note(start + i, n)
 
-    def warn(self, total: int, max_length: int) -> None:
-        if not self.long:
+    def warn(self, total: int) -> None:
+        if not self.long.count:
             return
-        named = [located(self.args, self.positional, self.metavar, i) for i, _ in self.long[: self.SHOWN]]
-        more = ", ..." if len(self.long) > self.SHOWN else ""
-        why = cut_reason([n for _, n in self.long], max_length, "the run's")
-        print(f"tformer {self.args.command}: warning: {len(self.long)} of {total} inputs {why}: "
-              f"{', '.join(named)}{more}", file=sys.stderr)
+        named = self.long.places(lambda i: located(self.args, self.positional, self.metavar, i))
+        why = self.long.reason("the run's")
+        print(f"tformer {self.args.command}: warning: {self.long.count} of {total} inputs {why}: {named}",
+              file=sys.stderr)
 
 
 def count_inputs(given: int, lines: TextLines | None) -> int:

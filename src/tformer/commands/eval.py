@@ -1,5 +1,9 @@
 """`tformer eval RUN_DIR`: metrics of a trained run on its test (or validation) split, or,
-for a run on your data, on any file with the training file's fields (--data FILE)."""
+for a run on your data, on any file with the training file's fields (--data FILE).
+
+A --data file is checked whole first, then read, predicted and scored a window of records at
+a time (the metrics are sums of counts: tformer.training.evaluation), so memory does not grow
+with it; an embedding run's metrics rank among every record, so it holds their vectors."""
 
 from __future__ import annotations
 
@@ -62,19 +66,21 @@ def _evaluate(args: argparse.Namespace, run) -> int:
     from tformer.verdict import MIN_VERDICT_EXAMPLES
 
     if args.data is not None:
-        examples = run.examples(data=args.data, limit=args.limit)  # (the file read no further)
-        if not examples:
+        # Checked whole first, keeping nothing (a bad record fails before any decoding), then
+        # read again a window at a time as it is scored: memory does not grow with the file.
+        if not sum(1 for _ in run.example_stream(data=args.data, limit=args.limit)):
             raise ValueError(f"--data: {args.data} holds no records")
+        examples = run.example_stream(data=args.data, limit=args.limit)  # (read no further than --limit)
         split = str(args.data)
     else:
         split = args.split or "test"
-        examples = run.examples(split, limit=args.limit)
-    metrics, rows = run.score(examples, split, beam_size=args.beam_size)
-    if rows and args.samples:
+        examples = run.example_stream(split, limit=args.limit)
+    metrics, baseline, rows = run.score_stream(examples, beam_size=args.beam_size, samples=args.samples)
+    if rows:
         print(sample_table(rows, n=args.samples))
     key = run.main_metric
-    record = with_baseline({"split": split, "task": run.config.name, "examples": len(examples), **metrics},
-                           key, run.baseline(examples))
+    record = with_baseline({"split": split, "task": run.config.name, "examples": metrics["examples"],
+                            **metrics}, key, baseline)
     line = json_line(record, f"RUN_DIR {args.run_dir}: metrics {metrics}")
     print(f"{split} {key}: {metrics[key]:.4f}")
     print(line)

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     run = load_run(args.run_dir, needs="answers", device=device_of(args))
     check_decoding_options(args, run)
     options = {"beam_size": args.beam_size, "length_penalty": args.length_penalty, "max_len": args.max_len}
-    cut, total = Truncations(args, "inputs", "INPUT"), 0
+    cut, total = Truncations(args, "inputs", "INPUT", run.tokenizer.max_length if run.tokenizer else 0), 0
     for start, texts in itertools.chain([first], inputs):
         cut.note(start, run.truncated(texts))
         total += len(texts)
@@ -61,5 +61,5 @@ def run(args: argparse.Namespace) -> int:
         except BadInput as e:
             raise bad_input(args, "inputs", "INPUT", start, e) from None
         print_lines(outs)
-    cut.warn(total, run.tokenizer.max_length if run.tokenizer else 0)
+    cut.warn(total)
     return 0

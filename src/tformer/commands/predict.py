@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     inputs = input_windows(args, "inputs", "TEXT", args.batch_size)
     first = next(inputs)  # the inputs checked before the run loads
     run = load_run(args.run_dir, needs="predict", device=device_of(args))
-    cut, total = Truncations(args, "inputs", "TEXT"), 0
+    cut, total = Truncations(args, "inputs", "TEXT", run.tokenizer.max_length if run.tokenizer else 0), 0
     for start, chunk in itertools.chain([first], inputs):
         split = [t.partition("\t") if run.pairs else (t, "", "") for t in chunk]  # text, tab, text_pair
         pairs = [pair for _, _, pair in split]
@@ -73,5 +73,5 @@ def run(args: argparse.Namespace) -> int:
                 rows.append(json_line({"text": t, "label": answer["label"], "probabilities": shown},
                                       f"input {n + 1}"))
         print_lines(rows)
-    cut.warn(total, run.tokenizer.max_length if run.tokenizer else 0)
+    cut.warn(total)
     return 0

@@ -40,22 +40,24 @@ def run(args: argparse.Namespace) -> int:
     texts = input_texts(args, "texts", "TEXT", minimum=2, maximum=MAX_TEXTS,
                         why=" (the matrix is printed; for more, use `tformer search` or "
                             "`tformer embed --out`)")
-    from tformer.text.prefix import cut_reason
+    from tformer.text.prefix import LongTexts
     from tformer.text.tokenizer import TextTooLong
 
-    long: list[tuple[int, int]] = []  # (index, token count) of the texts cut to the model's length
+    def noted(indices: list[int], counts: list[int]) -> None:
+        for i, n in zip(indices, counts, strict=True):
+            long.note(i, n)
+
     with one_line_warnings("similarity"):
         st = load_sentence_encoder(args)
+        long = LongTexts(st.tokenizer.max_length or 0)  # of the texts' indices
         try:
-            emb = st.encode(texts, batch_size=args.batch_size, truncation=not args.no_truncate,
-                            on_long=lambda indices, counts: long.extend(zip(indices, counts, strict=True)))
+            emb = st.encode(texts, batch_size=args.batch_size, truncation=not args.no_truncate, on_long=noted)
         except TextTooLong as e:
             raise ValueError(located(args, "texts", "TEXT", e.index, e.expected())) from None
-    if long:  # named as the matrix names them, and where each came from
-        named = ", ".join(f"[{i}] ({located(args, 'texts', 'TEXT', i)})" for i, _ in long[:5])
-        why = cut_reason([n for _, n in long], st.tokenizer.max_length)  # (a text cut early: 'N or more')
-        print(f"tformer similarity: warning: {len(long)} of {len(texts)} texts {why}: {named}"
-              f"{', ...' if len(long) > 5 else ''} (--no-truncate refuses instead)", file=sys.stderr)
+    if long.count:  # named as the matrix names them, and where each came from
+        named = long.places(lambda i: f"[{i}] ({located(args, 'texts', 'TEXT', i)})")
+        print(f"tformer similarity: warning: {long.count} of {len(texts)} texts {long.reason()}: {named} "
+              "(--no-truncate refuses instead)", file=sys.stderr)
     sims = cosine_matrix(emb)
     for i, text in enumerate(texts):
         print(f"[{i}] {short(text)}")

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tformer.text.prefix import cut_reason
+from tformer.text.prefix import LongTexts
 from tformer.text.tokenizer import TextTooLong
 
 CHUNK = 1024  # texts embedded (and held) at a time
@@ -47,11 +47,13 @@ def embed_chunks(st, numbered: Iterable[tuple[int, str]], size: int | None = Non
     Texts longer than the model's maximum: one warning at the end naming their inputs (not
     one a chunk), or, with truncation=False, an error naming the input. ``where(number)``
     names input `number` in these messages (a command's: "--corpus c.txt:3")."""
-    long: list[tuple[int | None, int]] = []  # (input number, token count) of the truncated texts
+    # the truncated texts: their input numbers (none under torchrun's shards)
+    long = LongTexts(st.tokenizer.max_length or 0)
 
     def encode(texts: list[str], numbers: list[int] | None = None) -> np.ndarray:
         def noted(indices: list[int], lengths: list[int]) -> None:
-            long.extend((numbers[i] if numbers else None, n) for i, n in zip(indices, lengths, strict=True))
+            for i, n in zip(indices, lengths, strict=True):
+                long.note(numbers[i] if numbers else None, n)
 
         try:
             return st.encode(texts, on_long=noted, **encode_kw)
@@ -75,11 +77,9 @@ def embed_chunks(st, numbered: Iterable[tuple[int, str]], size: int | None = Non
                              "got NaN or infinity (the model's weights are not finite)")
         total += len(texts)
         yield numbers, texts, emb
-    if long:
-        named = [where(n) for n, _ in long if n is not None]
-        inputs = f": {', '.join(named[:5])}{', ...' if len(named) > 5 else ''}" if named else ""
-        why = cut_reason([n for _, n in long], st.tokenizer.max_length)  # (a text cut early: 'N or more')
-        warnings.warn(f"{len(long)} of {total} texts {why}{inputs} (--no-truncate raises instead)",
+    if long.count:
+        inputs = f": {long.places(where)}" if long.named else ""
+        warnings.warn(f"{long.count} of {total} texts {long.reason()}{inputs} (--no-truncate raises instead)",
                       UserWarning, stacklevel=2)
 
 

@@ -15,7 +15,7 @@ import json
 import os
 import shlex
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,13 +101,18 @@ class Run(ABC):
     def examples(self, split: str = "test", data: Data | None = None, limit: int | None = None) -> list:
         """A held-out split's examples, or those of `data` (a file or records); only the first
         `limit` (a file is read no further)."""
+        return list(self.example_stream(split, data, limit))
+
+    def example_stream(self, split: str = "test", data: Data | None = None, limit: int | None = None
+                       ) -> Iterator:
+        """examples(), a file's read (and checked) one record at a time as they are taken."""
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise ValueError(f"limit: expected a positive int or None, got {limit!r}")
         if data is None:
             if split not in SPLITS:  # another name read as an empty split ("valid"), or the training one
                 raise ValueError(f"split: expected one of {', '.join(SPLITS)} (the run's held-out "
                                  f"splits), got {split!r}")
-            return self.objective.examples(split)[:limit]
+            return iter(self.objective.examples(split)[:limit])
         return self.objective.read_examples(data, limit)
 
     def evaluate(self, data: Data | None = None, split: str = "test", beam_size: int = 1,
@@ -122,6 +127,12 @@ class Run(ABC):
         metrics, shown = self.objective.evaluate(self.model, split, examples=examples,
                                                  **self._decoding(beam_size))
         return metrics, self.objective.sample_rows(examples, shown)
+
+    def score_stream(self, examples: Iterable, beam_size: int = 1, samples: int = 0
+                     ) -> tuple[dict[str, float], dict[str, Any], list[tuple[str, str, str]]]:
+        """(metrics, baseline, the first `samples` sample rows) of examples taken a window at a
+        time (example_stream): memory does not grow with them (``Objective.evaluate_stream``)."""
+        return self.objective.evaluate_stream(self.model, examples, samples, **self._decoding(beam_size))
 
     def baseline(self, examples: list) -> dict[str, Any]:
         """The trivial baseline of `examples` on the main metric (``Objective.baseline``)."""

@@ -15,6 +15,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+import numpy as np
+
 from tformer.tasks.tokenizer import Tokenizer
 from tformer.text.batches import EncoderBatch, Seq2SeqBatch, encoder_arrays, pad, seq2seq_arrays
 from tformer.text.specials import BOS, EOS
@@ -180,6 +182,12 @@ def sequence_metrics(predictions: list[list[int]], targets: list[list[int]]) -> 
     Both are compared with the EOS included (a prediction that never stops is wrong),
     position by position; generated ids after the first EOS are ignored.
     """
+    return sequence_scores(sequence_counts(predictions, targets))
+
+
+def sequence_counts(predictions: list[list[int]], targets: list[list[int]]) -> np.ndarray:
+    """What sequence_metrics scores: [exact matches, right tokens, target tokens, targets],
+    counts that add over windows of predictions."""
     exact = right = total = 0
     for pred, tgt in zip(predictions, targets, strict=True):
         if EOS in pred:
@@ -188,5 +196,9 @@ def sequence_metrics(predictions: list[list[int]], targets: list[list[int]]) -> 
         exact += pred == tgt
         right += sum(p == t for p, t in zip(pred, tgt, strict=False))
         total += len(tgt)
-    n = max(len(targets), 1)
-    return {"exact_match": exact / n, "accuracy": right / max(total, 1)}
+    return np.array([exact, right, total, len(targets)], dtype=np.int64)
+
+
+def sequence_scores(counts: np.ndarray) -> dict[str, float]:
+    exact, right, total, n = counts.tolist()
+    return {"exact_match": exact / max(n, 1), "accuracy": right / max(total, 1)}

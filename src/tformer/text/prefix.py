@@ -102,22 +102,11 @@ def is_cut(count: int, limit: int | None) -> bool:
 def cut_reason(counts: Sequence[int], limit: int, whose: str = "the model's") -> str:
     """Why texts were cut (each one ``is_cut``), as a warning says it after "k of N texts":
     longer than the limit (the longest one's count), or else read only to the reach (how far:
-    their count does not say it), or both; ends in "so they were truncated"."""
-    long = [n for n in counts if n > limit]
-    unread = [n for n in counts if isinstance(n, Unread) and n <= limit]
-    reasons = []
-    if long:
-        reasons.append(f"are longer than {whose} maximum length ({limit} tokens; the longest has "
-                       f"{longest(long)})")
-    if unread:
-        first, last = min(n.read for n in unread), max(n.read for n in unread)
-        read = f"{first:,}" if first == last else f"{first:,} to {last:,}"  # (a pair's budget differs)
-        some = f"{len(unread)} of them, " if long else ""
-        most = max(n.chars for n in unread)
-        reasons.append(f"were read only to their first {read} characters ({some}of {most:,} in the "
-                       f"longest: tokenizing stops there when no cut to {limit} tokens is in sight)")
-    return " or ".join(reasons) + ", so they were truncated"
-
+    their count does not say it), or both; ends in "so they were truncated" (``LongTexts``)."""
+    long = LongTexts(limit)
+    for n in counts:
+        long.note(None, n)
+    return long.reason(whose)
 
 def plus(count: int, extra: int) -> int:
     """count + extra, still a lower bound where count is one (a seq2seq source's pieces + EOS),
@@ -132,6 +121,61 @@ def longest(counts: Sequence[int]) -> int:
     top = max(counts)
     return AtLeast(top) if any(isinstance(n, AtLeast) for n in counts) else top
 
+
+class LongTexts:
+    """The texts cut to a model's maximum length (``limit`` tokens), as one warning tells of
+    them: how many; of those longer than the limit, the longest (``longest``'s way); of those
+    read only to their reach (``Unread``, at most ``limit`` tokens), how far and how long; and
+    where the first SHOWN are. Only those are kept, so a file of a million long lines holds five
+    places, not a million."""
+
+    SHOWN = 5
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.count = self.named = 0
+        self.first: list[Any] = []  # where the first SHOWN named ones are
+        self.long = self.top = 0  # longer than the limit: how many, the most tokens
+        self.early = False  # whether one of those counts is an AtLeast
+        self.unread = self.read_max = self.chars = 0  # Unread within the limit: how many, how far, how long
+        self.read_min: int | None = None
+
+    def note(self, where: Any, tokens: int) -> None:
+        """One more cut text of `tokens` tokens, found at `where` (None: somewhere unnamed)."""
+        self.count += 1
+        if tokens > self.limit:
+            self.long += 1
+            self.top = max(self.top, int(tokens))
+            self.early = self.early or isinstance(tokens, AtLeast)
+        elif isinstance(tokens, Unread):
+            self.unread += 1
+            self.read_min = tokens.read if self.read_min is None else min(self.read_min, tokens.read)
+            self.read_max, self.chars = max(self.read_max, tokens.read), max(self.chars, tokens.chars)
+        if where is not None:
+            self.named += 1
+            if len(self.first) < self.SHOWN:
+                self.first.append(where)
+
+    def longest(self) -> int:
+        return AtLeast(self.top) if self.early else self.top
+
+    def places(self, name: Any = str) -> str:
+        """The first SHOWN places, named by `name`, and ", ..." where more were named."""
+        return ", ".join(name(where) for where in self.first) + (", ..." if self.named > self.SHOWN else "")
+
+    def reason(self, whose: str = "the model's") -> str:
+        """Why they were cut, as ``cut_reason`` says it."""
+        reasons = []
+        if self.long:
+            reasons.append(f"are longer than {whose} maximum length ({self.limit} tokens; the longest has "
+                           f"{self.longest()})")
+        if self.unread:
+            first, last = self.read_min, self.read_max
+            read = f"{first:,}" if first == last else f"{first:,} to {last:,}"  # (a pair's budget differs)
+            some = f"{self.unread} of them, " if self.long else ""
+            reasons.append(f"were read only to their first {read} characters ({some}of {self.chars:,} in the "
+                           f"longest: tokenizing stops there when no cut to {self.limit} tokens is in sight)")
+        return " or ".join(reasons) + ", so they were truncated"
 
 def edge_chars(backend: Any) -> int:
     """How near a prefix's end a token may not count: EDGE_CHARS, or the longest added token."""

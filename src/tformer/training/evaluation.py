@@ -8,18 +8,54 @@ of each anchor retrieving its own positive among all the split's positives.
 
 from __future__ import annotations
 
+import numpy as np
 import sacrebleu
 import torch
 from torch import Tensor
 
 
 def text_metrics(hypotheses: list[str], references: list[str]) -> dict[str, float]:
+    return text_scores(text_counts(hypotheses, references))
+
+
+# What the corpus scores of outputs are computed from, one int64 array that adds: the counts of
+# two sets of outputs sum to the counts of both, so an evaluation may take its outputs a window
+# at a time (tformer eval --data) and still score the whole corpus. Laid out as sacrebleu's
+# sentence statistics summed, BLEU's (hypothesis and reference lengths, then n-gram matches and
+# totals per order: 2 + 2 x 4) then chrF's (hypothesis, reference and matched n-grams per order:
+# 3 x 6), then exact matches and outputs. sacrebleu's corpus_score sums the same statistics
+# (_aggregate_and_compute) and scores the sum.
+def text_counts(hypotheses: list[str], references: list[str]) -> np.ndarray:
+    """BLEU's and chrF's statistics, exact matches and pairs, summed over the pairs (layout above)."""
+    metrics = _metrics()
+    sums = [np.zeros(width, dtype=np.int64) for width in _widths(*metrics)]
+    if hypotheses:
+        sums = [np.sum(metric._extract_corpus_statistics(hypotheses, [references]), axis=0, dtype=np.int64)
+                for metric in metrics]
+    exact = sum(h == r for h, r in zip(hypotheses, references, strict=True))
+    return np.concatenate([*sums, [exact, len(references)]])
+
+
+def text_scores(counts: np.ndarray) -> dict[str, float]:
+    """BLEU, chrF (sacrebleu: 0-100) and exact match of text_counts, summed over any windows."""
+    bleu, chrf = _metrics()
+    split = _widths(bleu, chrf)[0]
+    exact, n = counts[-2:].tolist()
     return {
-        "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
-        "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score,
-        "exact_match": sum(h == r for h, r in zip(hypotheses, references, strict=True))
-        / max(len(references), 1),
+        "bleu": bleu._compute_score_from_stats(counts[:split].tolist()).score,
+        "chrf": chrf._compute_score_from_stats(counts[split:-2].tolist()).score,
+        "exact_match": exact / max(n, 1),
     }
+
+
+def _metrics() -> tuple[sacrebleu.BLEU, sacrebleu.CHRF]:
+    """sacrebleu's defaults, as corpus_bleu and corpus_chrf use them."""
+    return sacrebleu.BLEU(), sacrebleu.CHRF()
+
+
+def _widths(bleu: sacrebleu.BLEU, chrf: sacrebleu.CHRF) -> tuple[int, int]:
+    """How many numbers a sentence's statistics hold: BLEU's, chrF's (the layout above)."""
+    return 2 + 2 * bleu.max_ngram_order, 3 * (chrf.char_order + chrf.word_order)
 
 
 def confusion(predicted: list[int], actual: list[int], n_classes: int) -> list[list[int]]:
@@ -31,16 +67,23 @@ def confusion(predicted: list[int], actual: list[int], n_classes: int) -> list[l
 
 
 def classification_metrics(predicted: list[int], actual: list[int], n_classes: int) -> dict[str, float]:
-    m = confusion(predicted, actual, n_classes)
+    return confusion_metrics(confusion(predicted, actual, n_classes))
+
+
+def confusion_metrics(m: list[list[int]] | np.ndarray) -> dict[str, float]:
+    """Accuracy and macro-F1 of a confusion matrix (matrix[true][predicted] counts: matrices of
+    two sets of predictions add up to the matrix of both)."""
+    m = np.asarray(m, dtype=np.int64)
+    n_classes = len(m)
     f1s = []
     for c in range(n_classes):
-        tp = m[c][c]
-        fp = sum(m[a][c] for a in range(n_classes)) - tp
-        fn = sum(m[c]) - tp
+        tp = int(m[c, c])
+        fp = int(m[:, c].sum()) - tp
+        fn = int(m[c].sum()) - tp
         if tp + fp + fn:  # a label absent from both predictions and truth is left out
             f1s.append(2 * tp / (2 * tp + fp + fn))
-    right = sum(m[c][c] for c in range(n_classes))
-    return {"accuracy": right / max(len(actual), 1), "macro_f1": sum(f1s) / max(len(f1s), 1)}
+    right = int(np.trace(m))
+    return {"accuracy": right / max(int(m.sum()), 1), "macro_f1": sum(f1s) / max(len(f1s), 1)}
 
 
 def retrieval_metrics(anchors: Tensor, positives: Tensor) -> dict[str, float]:

@@ -19,10 +19,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from tformer.config import TransformerConfig, bert_layout
 from tformer.errors import BadInput, shown
 from tformer.tasks import Example, Task
-from tformer.tasks.base import sequence_metrics
+from tformer.tasks.base import sequence_counts, sequence_scores
 from tformer.text.batches import EncodedText
 from tformer.text.specials import BOS, EOS, PAD
 from tformer.text.tokenizer import Tokenizer
@@ -104,7 +106,7 @@ class TaskSource:
                                   f"model's length), got {n + 1} in {shown(text)}")
         return [Example(text) for text in texts]
 
-    def read_examples(self, data: Data, limit: int | None = None) -> list:
+    def read_examples(self, data: Data, limit: int | None = None) -> Iterator:
         raise ValueError(f"data: {self.description} evaluates on its own generated splits, not on files")
 
     def summary(self) -> tuple[str, ...]:
@@ -141,22 +143,45 @@ class TaskSource:
     # Scores ---------------------------------------------------------------------------------
     def score_sequences(self, ids: list[list[int]], examples: list[Example]) -> tuple[dict[str, float], list]:
         """Exact match and token accuracy of generated ids; the predictions shown: decoded."""
-        metrics = sequence_metrics(ids, self.pieces([ex.target for ex in examples]))
-        return metrics, [self.decode(p) for p in ids]
+        counts, shown = self.sequence_counts(ids, examples)
+        return self.sequence_scores(counts), shown
 
-    def score_classes(self, predicted: list[int], examples: list[Example]) -> dict[str, float]:
-        right = sum(p == ex.label for p, ex in zip(predicted, examples, strict=True))
-        return {"accuracy": right / max(len(examples), 1)}
+    def sequence_counts(self, ids: list[list[int]], examples: list[Example]) -> tuple[np.ndarray, list[str]]:
+        """What score_sequences scores (counts that add over windows of examples), and the
+        predictions shown."""
+        counts = sequence_counts(ids, self.pieces([ex.target for ex in examples]))
+        return counts, [self.decode(p) for p in ids]
 
-    def majority(self, examples: list[Example]) -> float:
-        """Accuracy on `examples` of always predicting the majority label of a large training sample."""
-        label = self.task.majority_baseline()["label"]
-        return sum(ex.label == label for ex in examples) / max(len(examples), 1)
+    def sequence_scores(self, counts: np.ndarray) -> dict[str, float]:
+        return sequence_scores(counts)
+
+    def copy_counts(self, examples: list[Example]) -> np.ndarray:
+        """sequence_counts of each source given as its own output."""
+        copied = [ids + [self.eos_id] for ids in self.pieces([ex.source for ex in examples])]
+        return self.sequence_counts(copied, examples)[0]
 
     def copy_score(self, examples: list[Example]) -> float:
         """Exact match of each source given as its own output."""
-        copied = [ids + [self.eos_id] for ids in self.pieces([ex.source for ex in examples])]
-        return self.score_sequences(copied, examples)[0][self.sequence_metric]
+        return self.sequence_scores(self.copy_counts(examples))[self.sequence_metric]
+
+    def score_classes(self, predicted: list[int], examples: list[Example]) -> dict[str, float]:
+        return self.class_scores(self.class_counts(predicted, examples))
+
+    def class_counts(self, predicted: list[int], examples: list[Example]) -> np.ndarray:
+        """The confusion matrix (matrix[true][predicted]: matrices of windows add up)."""
+        return np.array(evaluation.confusion(predicted, self.label_ids(examples), self.task.n_classes))
+
+    def class_scores(self, matrix: np.ndarray) -> dict[str, float]:
+        return {"accuracy": int(np.trace(matrix)) / max(int(matrix.sum()), 1)}
+
+    def majority(self, examples: list[Example]) -> float:
+        """Accuracy on `examples` of always predicting the majority label of a large training sample."""
+        return self.majority_of(np.bincount(self.label_ids(examples), minlength=self.task.n_classes))
+
+    def majority_of(self, label_counts: np.ndarray) -> float:
+        """majority() of examples whose labels are counted (label_counts[c]: examples of label c)."""
+        label = self.task.majority_baseline()["label"]
+        return int(label_counts[label]) / max(int(label_counts.sum()), 1)
 
     def row(self, example: Example, shown: str) -> tuple[str, str, str]:
         """(input, prediction, target) for the sample table."""
@@ -263,16 +288,16 @@ class FileSource:
             lines.append(f"columns renamed: `{c.columns}`")
         return tuple(lines)
 
-    def read_examples(self, data: Data, limit: int | None = None) -> list[Record]:
-        """The first `limit` records (all: None) of a file, read (and checked) no further than
-        them, or of records given as dicts."""
+    def read_examples(self, data: Data, limit: int | None = None) -> Iterator[Record]:
+        """The first `limit` records (all: None) of a file, read (and checked) one at a time as
+        they are taken and no further than them, or of records given as dicts."""
         check_data("data", data)
         if isinstance(data, (str, Path)):
-            return list(itertools.islice(self.data.read_file(data), limit))
+            return itertools.islice(self.data.read_file(data), limit)
         records = self.data.check_records(itertools.islice(data, limit), "data")
         if not records:
             raise ValueError("data: expected at least one record, got none")
-        return records
+        return iter(records)
 
     # Token ids ------------------------------------------------------------------------------
     def field(self, record: Record, name: str) -> str | None:
@@ -306,25 +331,46 @@ class FileSource:
     # Scores ---------------------------------------------------------------------------------
     def score_sequences(self, ids: list[list[int]], records: list[Record]) -> tuple[dict[str, float], list]:
         """BLEU, chrF and exact match of the decoded outputs (sacrebleu: comparable across papers)."""
+        counts, texts = self.sequence_counts(ids, records)
+        return self.sequence_scores(counts), texts
+
+    def sequence_counts(self, ids: list[list[int]], records: list[Record]) -> tuple[np.ndarray, list[str]]:
+        """What score_sequences scores (counts that add over windows of records:
+        evaluation.text_counts), and the decoded outputs."""
         texts = [self.decode(p) for p in ids]
-        return evaluation.text_metrics(texts, [r["target"] for r in records]), texts
+        return evaluation.text_counts(texts, [r["target"] for r in records]), texts
 
-    def score_classes(self, predicted: list[int], records: list[Record]) -> dict[str, float]:
-        actual = [self.data.label_ids[r["label"]] for r in records]
-        return evaluation.classification_metrics(predicted, actual, len(self.labels))
+    def sequence_scores(self, counts: np.ndarray) -> dict[str, float]:
+        return evaluation.text_scores(counts)
 
-    def majority(self, records: list[Record]) -> float:
-        """Accuracy on `records` of always predicting their most frequent label."""
-        counts: dict[str, int] = {}
-        for r in records:
-            counts[r["label"]] = counts.get(r["label"], 0) + 1
-        return max(counts.values(), default=0) / max(sum(counts.values()), 1)
+    def copy_counts(self, records: list[Record]) -> np.ndarray:
+        """sequence_counts of each source given as its own output."""
+        return evaluation.text_counts([r["source"] for r in records], [r["target"] for r in records])
 
     def copy_score(self, records: list[Record]) -> float:
         """BLEU of each source given as its own output (the sources of a translation share its
         names, numbers and placeholders: what a model must beat to have learnt anything)."""
-        return evaluation.text_metrics([r["source"] for r in records],
-                                       [r["target"] for r in records])[self.sequence_metric]
+        return self.sequence_scores(self.copy_counts(records))[self.sequence_metric]
+
+    def score_classes(self, predicted: list[int], records: list[Record]) -> dict[str, float]:
+        return self.class_scores(self.class_counts(predicted, records))
+
+    def class_counts(self, predicted: list[int], records: list[Record]) -> np.ndarray:
+        """The confusion matrix (matrix[true][predicted]: matrices of windows add up)."""
+        actual = [self.data.label_ids[r["label"]] for r in records]
+        return np.array(evaluation.confusion(predicted, actual, len(self.labels)))
+
+    def class_scores(self, matrix: np.ndarray) -> dict[str, float]:
+        return evaluation.confusion_metrics(matrix)
+
+    def majority(self, records: list[Record]) -> float:
+        """Accuracy on `records` of always predicting their most frequent label."""
+        actual = [self.data.label_ids[r["label"]] for r in records]
+        return self.majority_of(np.bincount(actual, minlength=len(self.labels)))
+
+    def majority_of(self, label_counts: np.ndarray) -> float:
+        """majority() of records whose labels are counted (label_counts[c]: records of label c)."""
+        return int(label_counts.max(initial=0)) / max(int(label_counts.sum()), 1)
 
     def check_unchanged(self, thorough: bool = True) -> None:
         """Refuse data files that changed since the run started (TextData.check_unchanged)."""

@@ -13,9 +13,10 @@ asks which it has; a trained run (tformer.runs) has the verbs of its kind.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,9 @@ from tformer.training.sources import Data, FileSource, TaskSource
 # this many examples of the validation split; the test split is always scored whole.
 EVAL_SAMPLE = 500
 PREDICT_BATCH = 64  # examples per forward when predicting
+# Examples a streamed evaluation (evaluate_stream) holds at a time: whole windows of predict's,
+# so that it forms the same batches as evaluate, and at least the EVAL_SAMPLE of the loss.
+STREAM_WINDOW = 4 * PREDICT_BATCH * SORT_WINDOW
 # Under a deadline the first batch, which runs to its end whatever the time, holds this many: an
 # untrained decoder's 64 outputs run to the length limit (13 s past a 60 s run's deadline on a
 # busy 2-core machine).
@@ -56,6 +60,45 @@ def evaluating(model: nn.Module) -> Iterator[nn.Module]:
 def validation_sample(split: str, examples: list) -> list:
     """What an evaluation scores: the validation split's first EVAL_SAMPLE, the test split whole."""
     return examples[:EVAL_SAMPLE] if split == "validation" else examples
+
+
+class Tally(ABC):
+    """The metrics and trivial baseline of examples scored a window at a time
+    (Objective.evaluate_stream): the same numbers as score() and baseline() of them all. An
+    objective whose metrics are sums of counts keeps only the counts, so that memory does not
+    grow with the examples."""
+
+    @abstractmethod
+    def add(self, examples: list, preds: list) -> None:
+        """A window of examples and their predictions."""
+
+    @abstractmethod
+    def metrics(self) -> dict[str, float]:
+        """score()'s metrics of every example added."""
+
+    @abstractmethod
+    def baseline(self) -> dict[str, Any]:
+        """baseline() of every example added."""
+
+
+class KeptTally(Tally):
+    """Every window kept and scored together at the end: for metrics that need them all (an
+    embedding's: each anchor ranks among every positive)."""
+
+    def __init__(self, objective: Objective) -> None:
+        self.objective = objective
+        self.examples: list = []
+        self.preds: list = []
+
+    def add(self, examples: list, preds: list) -> None:
+        self.examples += examples
+        self.preds += preds
+
+    def metrics(self) -> dict[str, float]:
+        return self.objective.score(self.examples, self.preds)[0]
+
+    def baseline(self) -> dict[str, Any]:
+        return self.objective.baseline(self.examples)
 
 
 class DeadlinePassed(Exception):
@@ -166,8 +209,9 @@ class Objective(ABC):
     def examples(self, split: str) -> list:
         return self.source.examples(split)
 
-    def read_examples(self, data: Data, limit: int | None = None) -> list:
-        """Examples of a file or of records with the training file's fields (the first `limit`)."""
+    def read_examples(self, data: Data, limit: int | None = None) -> Iterator:
+        """Examples of a file or of records with the training file's fields (the first `limit`),
+        a file's read as they are taken."""
         return self.source.read_examples(data, limit)
 
     def predict(self, model: nn.Module, examples: list, batch_size: int = PREDICT_BATCH,
@@ -228,15 +272,44 @@ class Objective(ABC):
         The loss comes first, so the deadline counts its time (after the predictions, it took a
         busy machine's test 5.7 s past its deadline)."""
         examples = validation_sample(split, self.examples(split)) if examples is None else examples
-        with evaluating(model):
-            batch = self.collate(self.encode(examples[:EVAL_SAMPLE])).to(model_device(model))
-            loss = self.loss(model, batch)[0].item()
+        loss = self._sample_loss(model, examples)
         preds = self.predict(model, examples, deadline=deadline, progress=progress, **options)
         scored = examples[: len(preds)]
         metrics, shown = self.score(scored, preds)
         metrics["loss"] = loss
         metrics["examples"] = len(scored)
         return metrics, shown
+
+    def _sample_loss(self, model: nn.Module, examples: list) -> float:
+        """The teacher-forced, unsmoothed loss of the first EVAL_SAMPLE examples."""
+        with evaluating(model):
+            batch = self.collate(self.encode(examples[:EVAL_SAMPLE])).to(model_device(model))
+            return self.loss(model, batch)[0].item()
+
+    def tally(self) -> Tally:
+        """What evaluate_stream scores with: by default, every window kept (KeptTally)."""
+        return KeptTally(self)
+
+    def evaluate_stream(self, model: nn.Module, examples: Iterable, samples: int = 0, **options: Any
+                        ) -> tuple[dict[str, float], dict[str, Any], list[tuple[str, str, str]]]:
+        """evaluate's metrics of `examples` (a list, or records read as they come), with the
+        baseline's (``baseline``) and the sample rows of the first `samples`; the examples are
+        read, predicted and scored STREAM_WINDOW at a time, so memory does not grow with them
+        where the metrics are sums (``tally``). No deadline: every example is scored."""
+        tally, rows, loss, n = self.tally(), [], None, 0
+        examples = iter(examples)
+        while window := list(itertools.islice(examples, STREAM_WINDOW)):
+            if loss is None:  # of the first EVAL_SAMPLE, as evaluate's
+                loss = self._sample_loss(model, window)
+            preds = self.predict(model, window, **options)
+            tally.add(window, preds)
+            if len(rows) < samples:
+                first = window[: samples - len(rows)]
+                rows += self.sample_rows(first, self.score(first, preds[: len(first)])[1])
+            n += len(window)
+        if loss is None:
+            raise ValueError("examples: expected at least one example, got none")
+        return {**tally.metrics(), "loss": loss, "examples": n}, tally.baseline(), rows
 
     def baseline(self, examples: list) -> dict[str, Any]:
         """The trivial baseline's score on `examples` under the main metric, as ``baseline``,

@@ -7,6 +7,7 @@ Scored by accuracy (and macro-F1 on your files) against the majority-class basel
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
@@ -17,8 +18,10 @@ from tformer.text.batches import EncoderBatch, encoder_batch
 from tformer.training import evaluation
 from tformer.training.examples import LabeledExample
 from tformer.training.losses import classification_loss
-from tformer.training.objectives.base import Objective
+from tformer.training.objectives.base import Objective, Tally
 from tformer.training.report import plot_confusion
+
+MAJORITY = "the majority class"  # the trivial baseline
 
 
 class Classification(Objective):
@@ -93,7 +96,10 @@ class Classification(Objective):
         return self.source.score_classes(predicted, examples), [self.labels[c] for c in predicted]
 
     def _baseline(self, examples: list) -> tuple[float, str]:
-        return self.source.majority(examples), "the majority class"
+        return self.source.majority(examples), MAJORITY
+
+    def tally(self) -> ConfusionTally:
+        return ConfusionTally(self)
 
     def classify(self, model: nn.Module, texts: list[str], pairs: list[str | None] | None = None,
                  batch_size: int = 64) -> list[dict]:
@@ -109,6 +115,24 @@ class Classification(Objective):
         actual = self.source.label_ids(examples)
         matrix = evaluation.confusion([ids[s] for s in shown], actual, len(self.labels))
         plot_confusion(matrix, self.labels, run_dir / "confusion.png")
+
+
+class ConfusionTally(Tally):
+    """The confusion matrix of the predictions, summed window by window: the metrics, and the
+    majority class's accuracy from its rows (the true labels' counts), of them all."""
+
+    def __init__(self, objective: Classification) -> None:
+        self.source = objective.source
+        self.matrix: Any = 0  # (labels, labels) np.ndarray after the first window
+
+    def add(self, examples: list, preds: list) -> None:
+        self.matrix = self.matrix + self.source.class_counts([argmax(p) for p in preds], examples)
+
+    def metrics(self) -> dict[str, float]:
+        return self.source.class_scores(self.matrix)
+
+    def baseline(self) -> dict[str, Any]:
+        return {"baseline": self.source.majority_of(self.matrix.sum(axis=1)), "baseline_by": MAJORITY}
 
 
 def argmax(values: list[float]) -> int:

@@ -18,13 +18,16 @@ from tformer.nn.model import Seq2SeqTransformer
 from tformer.text.batches import Seq2SeqBatch, seq2seq_arrays
 from tformer.training.examples import Seq2SeqExample
 from tformer.training.losses import seq2seq_loss
-from tformer.training.objectives.base import DeadlinePassed, Objective
+from tformer.training.objectives.base import DeadlinePassed, Objective, Tally
 
 # Generation stops after LENGTH_A * (source tokens) + LENGTH_B tokens (and at the run's max
 # length), as Marian (--max-length-factor) and fairseq (--max-len-a/b) bound theirs: an untrained
 # or looping model decoded every test sentence to 128 tokens, 200 s after a 3-minute budget.
 # Targets of 2x their source and 10 more hold every pair of the English -> German catalogs.
 LENGTH_A, LENGTH_B = 2.0, 10
+
+
+COPYING = "copying the source"  # the trivial baseline
 
 
 def generation_limit(source_tokens: int, max_new_tokens: int) -> int:
@@ -92,7 +95,10 @@ class Seq2Seq(Objective):
 
     def _baseline(self, examples: list) -> tuple[float, str]:
         """Copying the source: the score of each source given as its own output."""
-        return self.source.copy_score(examples), "copying the source"
+        return self.source.copy_score(examples), COPYING
+
+    def tally(self) -> SequenceTally:
+        return SequenceTally(self)
 
     def score(self, examples: list, preds: list[list[int]]) -> tuple[dict[str, float], list[str]]:
         return self.source.score_sequences(preds, examples)
@@ -103,3 +109,23 @@ class Seq2Seq(Objective):
         ids = self.predict(model, self.source.inputs(texts, self.inputs), batch_size=batch_size,
                            beam_size=beam_size, length_penalty=length_penalty, max_len=max_len)
         return [self.source.decode(p) for p in ids]
+
+
+class SequenceTally(Tally):
+    """The source's sequence counts of the outputs and of the copied sources (the baseline),
+    summed window by window: the corpus scores of them all, and nothing else kept."""
+
+    def __init__(self, objective: Seq2Seq) -> None:
+        self.source, self.metric = objective.source, objective.main_metric
+        self.outputs: Any = 0  # np.ndarray after the first window
+        self.copies: Any = 0
+
+    def add(self, examples: list, preds: list) -> None:
+        self.outputs = self.outputs + self.source.sequence_counts(preds, examples)[0]
+        self.copies = self.copies + self.source.copy_counts(examples)
+
+    def metrics(self) -> dict[str, float]:
+        return self.source.sequence_scores(self.outputs)
+
+    def baseline(self) -> dict[str, Any]:
+        return {"baseline": self.source.sequence_scores(self.copies)[self.metric], "baseline_by": COPYING}
