@@ -471,7 +471,9 @@ def test_a_fine_tune_that_only_hurts_tests_the_pretrained_weights_and_says_so(tm
     run = load_run(out)  # what eval, embed and export read: the same weights
     assert all(torch.equal(run.model.encoder.state_dict()[k], v) for k, v in pretrained.items())
     assert main(["eval", str(out)]) == 0
-    assert capsys.readouterr().out.startswith(f"test mrr_at_10: {test['mrr_at_10']:.4f}\n")
+    evaluated = capsys.readouterr()
+    assert evaluated.out.startswith(f"test mrr_at_10: {test['mrr_at_10']:.4f}\n")
+    assert "the pretrained model, as it was (no fine-tuning step improved on it)" in evaluated.err  # not "learned"
     assert main(["info", str(out)]) == 0
     assert "the pretrained model's weights, as they were, tested" in capsys.readouterr().out
 

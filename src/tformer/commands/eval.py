@@ -80,7 +80,7 @@ def _evaluate(args: argparse.Namespace, run) -> int:
         print(sample_table(rows, n=args.samples))
     key = run.main_metric
     record = with_baseline({"split": split, "task": run.config.name, "examples": metrics["examples"],
-                            **metrics}, key, baseline)
+                            **metrics, **_weights_as_they_were(args.run_dir)}, key, baseline)
     line = json_line(record, f"RUN_DIR {args.run_dir}: metrics {metrics}")
     print(f"{split} {key}: {metrics[key]:.4f}")
     print(line)
@@ -92,6 +92,23 @@ def _evaluate(args: argparse.Namespace, run) -> int:
     if args.data is not None:
         append_jsonl(Path(args.run_dir) / "metrics.jsonl", {**record, "split": "eval", "data": split})
     return 0
+
+
+def _weights_as_they_were(run_dir: str) -> dict:
+    """Where the run's own test found its weights to be its pretrained model's as it was (a
+    fine-tune none of whose steps beat its start on validation: tformer.verdict), what that
+    record says of them, so that eval's verdict says so too instead of "the model learned";
+    else {}."""
+    from pathlib import Path
+
+    from tformer.storage.rundir import read_metrics
+    from tformer.verdict import tested_as_it_was
+
+    tests = [r for r in read_metrics(Path(run_dir) / "metrics.jsonl") if r.get("split") == "test"]
+    if not tests or not tested_as_it_was(tests[-1]):
+        return {}
+    keys = ("tested_step", "pretrained_validation", "tuned_validation", "tuned_step")
+    return {k: tests[-1][k] for k in keys if k in tests[-1]}
 
 
 def _stopped_by(run_dir: str) -> str | None:
