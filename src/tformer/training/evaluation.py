@@ -90,6 +90,11 @@ def confusion_metrics(m: list[list[int]] | np.ndarray) -> dict[str, float]:
 # N x N of them (10^4 records held 1.7 GB, 2 x 10^4 5.5 GB: 10^5 would have needed over 100).
 RANK_SCORES = 1 << 24
 
+# A token shared by more than 1 / DENSE_PAIRS of all (anchor, positive) pairs is counted by a
+# matrix product (~10^10 multiply-adds a second on 2 cores) rather than scattered adds (~10^8):
+# a ratio, not a tuning, and either way the counts are the same.
+DENSE_PAIRS = 100
+
 
 def retrieval_metrics(anchors: Tensor, positives: Tensor) -> dict[str, float]:
     """Anchor i should retrieve positive i among all positives (cosine similarity).
@@ -106,17 +111,83 @@ def retrieval_metrics(anchors: Tensor, positives: Tensor) -> dict[str, float]:
     Shape:
         anchors, positives: (N, D), L2-normalised
     """
+    def scores(start: int, stop: int) -> Tensor:  # (b, N)
+        return anchors[start:stop] @ positives.T
+
+    return ranked(scores, len(anchors), len(positives), anchors.device)
+
+
+def token_overlap_metrics(anchors: list[set[int]], positives: list[set[int]]) -> dict[str, float]:
+    """retrieval_metrics of texts as sets of tokens, scored by the cosine of their 0/1 bags:
+    shared tokens / sqrt(the two sizes) (0 where a text has none).
+
+    The bags are never held dense, (N, V) of them: 10^5 records over a 3 x 10^4-token
+    vocabulary would be 12 GB. Shared tokens are counted a block of anchors at a time, two
+    ways that give the same whole numbers: the most frequent tokens (where nearly every pair
+    shares some) as a matrix product of their dense columns, the rest through an inverted index
+    (token -> the positives that hold it), whose work is the pairs that do share a token. An
+    anchor's positives are ranked by shared^2 / the positive's size, in float64: the cosine's
+    square times the anchor's size, the same along the anchor's row, so the same order; and a
+    correctly rounded division of whole numbers, so equal cosines tie exactly (1/sqrt(2) and
+    2/sqrt(8), computed, may round apart).
+    """
+    n_anchors, n = len(anchors), len(positives)
+    vocab = {t: i for i, t in enumerate(sorted(set().union(*anchors, *positives)))}
+    anchor_ids = [np.fromiter((vocab[t] for t in a), dtype=np.int64, count=len(a)) for a in anchors]
+    lengths = np.array([len(p) for p in positives], dtype=np.int64)  # (N,)
+    owner = np.repeat(np.arange(n), lengths)  # (nnz,) each positive token's positive
+    tokens = np.fromiter((vocab[t] for p in positives for t in p), dtype=np.int64,
+                         count=int(lengths.sum()))
+    order = np.argsort(tokens, kind="stable")
+    holders = owner[order]  # positives, grouped by token
+    # token t's positives: holders[starts[t] : starts[t + 1]]
+    starts = np.searchsorted(tokens[order], np.arange(len(vocab) + 1))
+    # A dense column costs a block's b x N multiply-adds at GEMM speed; the index, one scattered
+    # add per sharing pair. Columns go dense, most shared first, while a pair count is worth it,
+    # and no more than fit RANK_SCORES (the (N, F) dense positives).
+    in_anchors = np.bincount(np.concatenate([*anchor_ids, np.zeros(0, np.int64)]), minlength=len(vocab))
+    pairs = in_anchors * np.diff(starts)  # (V,) the sharing pairs each token makes
+    by_pairs = np.argsort(-pairs, kind="stable")[: RANK_SCORES // max(n, 1)]
+    dense = by_pairs[pairs[by_pairs] * DENSE_PAIRS > n_anchors * n]  # (F,)
+    column = np.full(len(vocab), -1)
+    column[dense] = np.arange(len(dense))
+    dense_positives = torch.zeros(n, len(dense))  # (N, F)
+    is_dense = column[tokens] >= 0
+    dense_positives[torch.from_numpy(owner[is_dense]), torch.from_numpy(column[tokens[is_dense]])] = 1.0
+    sizes = torch.from_numpy(lengths).double().clamp(min=1)  # (N,) an empty text scores 0
+
+    def scores(start: int, stop: int) -> Tensor:  # (b, N)
+        block = anchor_ids[start:stop]
+        sparse = [np.concatenate([holders[starts[t] : starts[t + 1]] for t in ids if column[t] < 0]
+                                 or [np.zeros(0, np.int64)]) + row * n for row, ids in enumerate(block)]
+        shared = torch.from_numpy(np.bincount(np.concatenate(sparse), minlength=len(block) * n)
+                                  .reshape(len(block), n)).double()  # (b, N) tokens in common
+        if len(dense):
+            bags = torch.zeros(len(block), len(dense))  # (b, F)
+            for row, ids in enumerate(block):
+                bags[row, torch.from_numpy(column[ids][column[ids] >= 0])] = 1.0
+            shared += bags @ dense_positives.T  # whole numbers below 2^24: exact
+        return shared.square_().div_(sizes)  # (b, N), in place: blocks are large
+
+    # A block holds its counts (int64), its scores (float64) and the dense part's product.
+    return ranked(scores, n_anchors, 5 * n)
+
+
+def ranked(scores, n_anchors: int, width: int, device: torch.device | str = "cpu") -> dict[str, float]:
+    """recall@1 and MRR@10 of anchor i retrieving item i (ties as retrieval_metrics says), from
+    scores(start, stop) -> (stop - start, N): anchors start..stop against every item, called on
+    blocks of anchors that hold at most RANK_SCORES numbers of `width` per anchor."""
     # Filled in place, block by block: a small tensor kept per block (a list to concatenate)
     # stopped the allocator reusing the freed blocks of scores, +9 GB at 10^5 anchors of width 300.
-    above = torch.empty(len(anchors), dtype=torch.long, device=anchors.device)  # (N,) ranked before it
+    above = torch.empty(n_anchors, dtype=torch.long, device=device)  # (N,) ranked before it
     ties = torch.empty_like(above)  # (N,) the others scoring as it does
-    block = max(1, RANK_SCORES // max(len(positives), 1))
-    for start in range(0, len(anchors), block):
-        scores = anchors[start : start + block] @ positives.T  # (b, N)
-        rows = torch.arange(len(scores), device=scores.device)
-        own = scores[rows, start + rows][:, None]  # (b, 1): each anchor's own positive
-        above[start : start + block] = (scores > own).sum(dim=1)
-        ties[start : start + block] = (scores == own).sum(dim=1) - 1
+    block = max(1, RANK_SCORES // max(width, 1))
+    for start in range(0, n_anchors, block):
+        block_scores = scores(start, min(start + block, n_anchors))  # (b, N)
+        rows = torch.arange(len(block_scores), device=block_scores.device)
+        own = block_scores[rows, start + rows][:, None]  # (b, 1): each anchor's own item
+        above[start : start + block] = (block_scores > own).sum(dim=1)
+        ties[start : start + block] = (block_scores == own).sum(dim=1) - 1
     # harmonic[n] = 1 + 1/2 + ... + 1/n, for the ranks 1..10 MRR@10 counts
     harmonic = torch.cat([torch.zeros(1, dtype=torch.float64),
                           (1.0 / torch.arange(1, 11, dtype=torch.float64)).cumsum(0)])

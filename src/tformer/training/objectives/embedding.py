@@ -116,15 +116,7 @@ class Embedding(Objective):
         specials = {self.source.bos_id, self.source.eos_id, self.source.pad_id}
         anchors = [set(e.anchor.ids) - specials for e in encoded]
         positives = [set(e.positive.ids) - specials for e in encoded]
-        index = {t: i for i, t in enumerate(sorted(set().union(*anchors, *positives)))}
-
-        def bags(sets: list[set[int]]) -> Tensor:  # (N, V') rows of 0/1, L2-normalised
-            out = torch.zeros(len(sets), max(len(index), 1))
-            for row, tokens in enumerate(sets):
-                out[row, [index[t] for t in tokens]] = 1.0
-            return F.normalize(out, dim=-1)
-
-        return evaluation.retrieval_metrics(bags(anchors), bags(positives))[self.main_metric], "token overlap"
+        return evaluation.token_overlap_metrics(anchors, positives)[self.main_metric], "token overlap"
 
     def embed(self, model: nn.Module, texts: list[str], batch_size: int = 64) -> Tensor:
         """(N, D) normalised embeddings of texts, on the CPU."""
