@@ -55,3 +55,15 @@ def test_truncations_keep_a_few_places_however_many_inputs_are_cut(capsys):
         "tformer predict: warning: 3000 of 3000 inputs are longer than the run's maximum length (64 tokens; "
         "the longest has 74), so they were truncated: TEXT 1, --file f.txt:1, --file f.txt:2, --file f.txt:3, "
         "--file f.txt:4, ...\n")
+
+
+@pytest.mark.parametrize("command", ["predict", "generate"])
+def test_an_argument_that_is_not_utf8_is_named_as_a_bad_line_is(classification_run, capsys, command):
+    """An argument's non-UTF-8 byte reaches Python as a lone surrogate (PEP 383): the tokenizer
+    raised a TypeError with a traceback."""
+    import os
+
+    text = os.fsdecode(b"caf\xe9")  # what sys.argv holds for the bytes c a f 0xe9
+    rc = main([command, str(classification_run), "fine", text])
+    assert_one_line_error(rc, capsys.readouterr().err, command,
+                          r"(TEXT|INPUT) 2: expected UTF-8 text, got byte 0xe9 at column 4$")

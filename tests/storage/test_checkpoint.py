@@ -381,6 +381,26 @@ def test_a_run_stopped_before_its_first_checkpoint_says_so_on_resume(tmp_path):
         check_run_dir(out)
 
 
+def test_a_run_training_towards_its_first_checkpoint_is_not_called_stopped(tmp_path):
+    """eval/predict on a run that trains now, before its first save, said it "is a run stopped
+    before its first checkpoint ... start it again with `tformer train --out`", which the lock
+    then refuses: it says that it trains, and its pid."""
+    from tformer.storage.rundir import RunLock
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "data.json").write_text("{}")
+    with RunLock(out):  # (held by this process: another's check names it as a trainer's)
+        child = subprocess.run([sys.executable, "-c", "import sys; from tformer.storage.checkpoint import "
+                                "check_run_dir; check_run_dir(sys.argv[1])", str(out)],
+                               capture_output=True, text=True)
+        with pytest.raises(ValueError, match="is a run stopped before its first checkpoint"):
+            check_run_dir(out)  # its own lock: not another trainer
+    assert f"RUN_DIR: {out} is training now (pid {os.getpid()}) and has no checkpoint yet" in child.stderr
+    with pytest.raises(ValueError, match="is a run stopped before its first checkpoint"):
+        check_run_dir(out)  # released: stopped
+
+
 def test_a_step_saved_again_after_its_first_was_pruned_takes_the_next_name_and_keeps_one(
         tmp_path, tiny_config):
     """(A resume at the step a run ended on saves that step once more.) The name of a pruned

@@ -64,3 +64,17 @@ def test_out_with_a_checkpoints_folder_or_trainer_state_of_another_tool_is_refus
     with pytest.raises(ValueError, match="is not empty and not a tformer run directory"):
         open_run_dir(tmp_path, resume=False)
     assert {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()} == set(files)
+
+
+def test_an_out_that_is_not_utf8_is_refused_before_training(tmp_path):
+    """safetensors opens only UTF-8 paths: a run trained to the end, then failed to load its own
+    best weights for the test ("not a readable safetensors file")."""
+    import os
+
+    from tformer.storage.rundir import check_out
+
+    out = tmp_path / os.fsdecode(b"run\xe9")
+    with pytest.raises(ValueError, match=r"^out: expected a path in UTF-8 \(safetensors opens no other\), "
+                                         r"got b'.*run\\xe9'$"):
+        check_out(out)
+    assert not out.exists()

@@ -411,6 +411,29 @@ def test_a_resumed_timed_run_gets_the_time_its_checkpoint_had_left(tmp_path, mon
         train(resume_config(tmp_path / "run"), resume=True, **QUIET)
 
 
+def test_a_resumed_timed_runs_first_step_keeps_to_its_schedule(tmp_path):
+    """Until a resumed timed run had timed a step, its schedule planned for --steps: the linear
+    decay went back to its peak for the first step after the checkpoint (lr 2.3e-4 at step
+    2,361 of ~4,100, then 5.0e-4 at 2,362). The checkpoint keeps the pace it planned with."""
+    from tformer.storage.checkpoint import check_run_dir
+
+    data = write(tmp_path / "d.jsonl", classification_rows(200))
+    run = tmp_path / "run"
+    config = resolve_config({"data": str(data), **TINY, "max_minutes": 0.2, "steps": 100_000,
+                             "log_every": 1, "out": str(run)})
+    train(config, **QUIET)
+    state_path = check_run_dir(run) / "trainer_state.json"
+    state = json.loads(state_path.read_text())
+    del state["stopped_by"]  # as a checkpoint saved while it trained: interrupted after it
+    state["wall_seconds"] = 4.0
+    state_path.write_text(json.dumps(state))
+    train(resume_config(run), resume=True, **QUIET)
+    resumed = [r for r in _lines(run) if r["split"] == "train" and r["step"] > state["step"]]
+    first = resumed[0]
+    assert first["step"] == state["step"] + 1 and first["planned_steps"] < 100_000, first
+    assert first["lr"] < 0.9 * config.lr, first  # well into the decay, as before the stop
+
+
 @pytest.mark.parametrize("stop", ["max_minutes", "epochs", "steps"])
 def test_resuming_a_finished_run_changes_nothing_and_says_so(tmp_path, stop):
     """Whatever stopped it (the clock, the epochs, the steps), a finished run resumed under the

@@ -4,7 +4,7 @@ import random
 
 import pytest
 from helpers import data_objective
-from text_fixtures import classification_rows, seq2seq_rows, write
+from text_fixtures import classification_rows, embedding_rows, seq2seq_rows, write
 
 from tformer.training import resolve_config
 from tformer.training.dataset import TextData
@@ -234,3 +234,21 @@ def test_a_training_file_wholly_held_out_by_the_given_files_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"train.csv: expected training records, got none: the input text of "
                                          r"each of its 40 record\(s\) is held out by --test .*train.csv$"):
         TextData.build(resolve_config({"data": str(train), "test": str(train)}), None, write=False)
+
+
+def test_a_fine_tunes_max_length_past_its_models_is_refused_not_lowered_unsaid(tmp_path):
+    """--max-length 1000 on all-MiniLM-L6-v2 (at most 256) trained at 256 without a word; the
+    preset's length (not the user's) is still lowered to the model's quietly."""
+    from hf_bert_fixtures import MAX_POSITIONS, bert_dir
+
+    data = write(tmp_path / "d.jsonl", classification_rows(40))
+    given = {"data": str(data), "from_pretrained": str(bert_dir())}
+    with pytest.raises(ValueError, match=rf"^max_length: expected at most {MAX_POSITIONS} \(the maximum length "
+                                         rf"of .*bert\), got {MAX_POSITIONS + 1}$"):
+        TextData.build(resolve_config({**given, "max_length": MAX_POSITIONS + 1}), None, write=False)
+    ok = TextData.build(resolve_config({**given, "max_length": MAX_POSITIONS}), None, write=False)
+    assert ok.tokenizer.max_length == MAX_POSITIONS
+    pairs = write(tmp_path / "e.jsonl", embedding_rows(40))
+    preset = resolve_config({"data": str(pairs), "from_pretrained": str(bert_dir())})
+    assert preset.max_length > MAX_POSITIONS  # (else the next line tests nothing)
+    assert TextData.build(preset, None, write=False).tokenizer.max_length == MAX_POSITIONS

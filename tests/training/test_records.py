@@ -188,3 +188,38 @@ def test_a_csv_quote_left_open_is_named_not_read_as_other_rows(tmp_path, text, m
     path.write_text(text)
     with pytest.raises(ValueError, match=message):
         list(read_records(path))
+
+
+def test_a_json_escape_of_half_a_surrogate_pair_is_named_with_its_line(tmp_path):
+    """'\\ud800' is valid JSON but no UTF-8 text: training failed at hashing the record, with
+    only "'utf-8' codec can't encode character '\\ud800' ...": no file, line or field."""
+    from tformer.training.records import FIELDS
+
+    with pytest.raises(ValueError, match=r"^f\.jsonl:3: text: expected text UTF-8 can encode, got a lone "
+                                         r"surrogate '\\ud800' at character 3$"):
+        FIELDS["classification"].check("f.jsonl:3", json.loads('{"text": "ab\\ud800c", "label": "x"}'))
+    assert FIELDS["classification"].check("f", json.loads('{"text": "\\ud83d\\ude00", "label": "x"}')) == {
+        "text": "\U0001f600", "label": "x"}  # a whole pair is one character
+
+
+def test_a_rename_onto_a_column_the_file_has_is_refused_not_one_silently_dropped(tmp_path):
+    """`--columns summary=text` on a file that has a text column too kept the file's text and
+    dropped the summary without a word (the rename did nothing)."""
+    path = write(tmp_path / "d.csv", [{"summary": "s", "text": "t", "label": "l"}])
+    with pytest.raises(ValueError, match=r"d\.csv:2: columns: expected summary=text to name a new column, got "
+                                         r"'text' in the file too \(rename that one as well, e\.g\. text=old_text\)$"):
+        next(read_records(path, "summary=text"))
+    assert [r for _, r in read_records(path, "summary=text,text=old")] == [
+        {"text": "s", "old": "t", "label": "l"}]
+    assert [r for _, r in read_records(path, "summary=label,label=text,text=summary")] == [
+        {"label": "s", "summary": "t", "text": "l"}]  # a rotation loses nothing
+
+
+def test_a_column_renamed_twice_is_refused():
+    """'Text=text,Text=label' kept the second silently; the error then named fields the user
+    never wrote (got Label, label)."""
+    from tformer.training.records import parse_columns
+
+    with pytest.raises(ValueError, match=r"^columns: expected each column renamed once, got 'Text' twice in "
+                                         r"'Text=text,Text=label'$"):
+        parse_columns("Text=text,Text=label")

@@ -99,7 +99,19 @@ def given_texts(args: argparse.Namespace, positional: str, metavar: str) -> list
         if not text.strip():
             raise ValueError(f"{metavar} {i + 1}: expected a text, got {text!r} (every argument is one "
                              "input)")
+        _check_utf8(f"{metavar} {i + 1}", text)
     return given
+
+
+def _check_utf8(name: str, text: str) -> None:
+    """Refuse an argument that was not UTF-8: Python hands its bytes over as lone surrogates
+    (PEP 383), which no tokenizer takes; named as a --file line's bad byte is."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad, column = ord(text[e.start]), len(text[:e.start].encode()) + 1
+        got = f"byte {bad - 0xDC00:#04x}" if 0xDC80 <= bad <= 0xDCFF else f"a lone surrogate {chr(bad)!r}"
+        raise ValueError(f"{name}: expected UTF-8 text, got {got} at column {column}") from None
 
 
 def input_texts(args: argparse.Namespace, positional: str, metavar: str, minimum: int = 1,

@@ -21,6 +21,7 @@ the other way round (``load_state_dict`` copies into the model wherever it is).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from tformer.devices import model_device
 from tformer.storage.checkpoint_names import CHECKPOINTS, POINTER, latest_checkpoint, order
 from tformer.storage.checkpoint_names import published as _published
 from tformer.storage.files import json_bytes, remove_temp_files, write_atomic, write_new_dir
+from tformer.storage.rundir import holder
 
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "train_config.json")
 STATE_FILES = ("optimizer.safetensors", "trainer_state.json")
@@ -79,6 +81,12 @@ def check_run_dir(run_dir: str | Path) -> Path:
     found = latest_checkpoint(run_dir)
     if found is not None:
         return found
+    pid = holder(run_dir)
+    if pid not in (None, str(os.getpid())):  # not stopped: training towards its first checkpoint now
+        raise ValueError(
+            f"RUN_DIR: {run_dir} is training now (pid {pid}) and has no checkpoint yet: nothing to "
+            "load until its first validation saves one (`tformer info` shows how far it got)"
+        )
     if (run_dir / CHECKPOINTS).is_dir():
         raise ValueError(
             f"RUN_DIR: {run_dir} has no complete checkpoint (its first save was interrupted); "

@@ -104,7 +104,14 @@ def is_run_dir(path: Path) -> bool:
 
 
 def check_out(run_dir: Path) -> None:
-    """Refuse an --out that is a file, or a non-empty directory that is not a tformer run."""
+    """Refuse an --out that is a file, or a non-empty directory that is not a tformer run, or
+    a path that is not UTF-8 (safetensors opens no other: the run would train, then fail to load
+    its own best weights for the test)."""
+    try:
+        str(run_dir).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"out: expected a path in UTF-8 (safetensors opens no other), got "
+                         f"{os.fsencode(run_dir)!r}") from None
     if run_dir.exists() and not run_dir.is_dir():
         raise NotADirectoryError(f"out: {run_dir} is a file; expected a new, empty or run directory")
     if run_dir.is_dir() and not is_run_dir(run_dir):

@@ -63,18 +63,22 @@ def check_minimum(config, started: float, spent: float = 0.0) -> None:
 class Budget:
     """The clock and the plan of one run (all times in seconds since the command started).
     `spent`: the wall seconds a resumed run used before (its budget is what is left).
+    `pace`: a resumed run's seconds a step when it was saved.
     `validates_start`: the run validates its starting model before the first update (a
     fine-tune whose model is whole from the start: Objective.starts_complete); that validation
     counts in validation's share, as one more of those the sample is sized for."""
 
     def __init__(self, config, started: float, train_records: int | None = None, spent: float = 0.0,
-                 validates_start: bool = False) -> None:
+                 validates_start: bool = False, pace: float | None = None) -> None:
         self.config, self.started = config, started
         self.validations = VALIDATIONS + int(validates_start)  # what the sample is sized for
         self.seconds = config.max_minutes * 60 - spent if config.max_minutes else math.inf
         self.timed = math.isfinite(self.seconds)
         self.train_started = time.perf_counter() - started  # tokenizer and setup come first
         self.step_seconds: float | None = None  # wall time per update (exponential average)
+        # A resumed run's pace when it stopped: its schedule's first step plans with it, not with
+        # --steps (its linear decay went back to the peak: 2.3e-4 -> 5e-4 at step 2,362 of ~4,100).
+        self.resumed_pace = pace
         self.last_step_seconds: float | None = None
         self.examples_per_step: float | None = None
         self.train_records = train_records
@@ -159,7 +163,7 @@ class Budget:
         total = self.config.steps
         if self.config.epochs is not None and self.train_records and self.examples_per_step:
             total = min(total, math.ceil(self.config.epochs * self.train_records / self.examples_per_step))
-        per_step = per_step or self.step_seconds
+        per_step = per_step or self.step_seconds or self.resumed_pace
         if self.timed and per_step:
             left = max(self.train_deadline() - self.now(), 0.0)
             total = min(total, step + int(left / per_step))

@@ -121,6 +121,9 @@ class TextData:
         data, sample = cls._scan(config)
         if config.from_pretrained:
             backend, limit = pretrained_backend(Path(config.from_pretrained))
+            if limit and config.max_length > limit and not config.auto_length:  # the user's, not a preset's
+                raise ValueError(f"max_length: expected at most {limit} (the maximum length of "
+                                 f"{config.from_pretrained}), got {config.max_length}")
             max_length = min(config.max_length, limit) if limit else config.max_length
         else:
             backend = train_tokenizer(sample, config.tokenizer, config.vocab_size, config.lowercase)

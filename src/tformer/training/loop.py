@@ -187,7 +187,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     previous_wall = float(state["wall_seconds"])
     validates_start = objective.starts_complete and not resume  # (a resumed run validated it)
     budget = Budget(config, started, objective.train_records, spent=previous_wall,
-                    validates_start=validates_start)
+                    validates_start=validates_start, pace=state.get("step_seconds"))
     budget.test_examples = len(objective.examples("test"))
     # A timed run's total is known once a step is timed: until then "?" (it showed 0/1000000000).
     planned = None if budget.timed else budget.planned_steps(state["step"])
@@ -214,6 +214,8 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
             bar.write(f"step {state['step']}{what}: validation {key} {valid[key]:.4f} "
                       f"loss {valid['loss']:.4f}")
         state["wall_seconds"] = wall()
+        if budget.step_seconds is not None:  # the pace a resume plans its first step with
+            state["step_seconds"] = budget.step_seconds
         improved = _track_best(state, *_selection(objective, valid))
         if writer:
             bar.status("saving")

@@ -63,8 +63,19 @@ class Fields:
                 raise ValueError(f"{where}: {name}: expected a string, got {type(value).__name__}")
             if not value.strip():
                 raise ValueError(f"{where}: {name}: expected text, got an empty string")
+            _check_encodable(where, name, value)
             out[name] = value
         return out
+
+
+def _check_encodable(where: str, name: str, value: str) -> None:
+    """Refuse a string UTF-8 cannot hold: JSON's \\ud800-style escapes can spell half of a UTF-16
+    pair (a lone surrogate), which no tokenizer, hash or output file can encode."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{where}: {name}: expected text UTF-8 can encode, got a lone surrogate "
+                         f"{value[e.start]!r} at character {e.start + 1}") from None
 
 
 def label_name(value: Any, where: str) -> Any:
@@ -114,6 +125,8 @@ def parse_columns(spec: str | None) -> dict[str, str]:
         if part.count("=") != 1 or not all(s.strip() for s in part.split("=")):
             raise ValueError(f"columns: expected 'theirs=ours,...', got {spec!r}")
         theirs, ours = (s.strip() for s in part.split("="))
+        if theirs in out:
+            raise ValueError(f"columns: expected each column renamed once, got {theirs!r} twice in {spec!r}")
         if ours in out.values():
             raise ValueError(f"columns: expected one column per field, got two for {ours!r} in {spec!r}")
         out[theirs] = ours
@@ -138,7 +151,7 @@ def indexed_records(path: str | Path, columns: str | None = None
             if first and rename:
                 _check_renamed(path, line_no, rename, record)
                 first = False
-            yield line_no, offset, {rename.get(k, k): v for k, v in record.items()}
+            yield line_no, offset, _renamed(path, line_no, rename, record)
 
 
 def records_at(path: str | Path, columns: str | None, places) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -150,7 +163,7 @@ def records_at(path: str | Path, columns: str | None, places) -> Iterator[tuple[
         header = _header(path, f, fmt)
         for line_no, offset in places:
             for found, _, record in _records(path, f, fmt, header, int(offset), int(line_no)):
-                yield found, {rename.get(k, k): v for k, v in record.items()}
+                yield found, _renamed(path, found, rename, record)
                 break
             else:
                 raise ValueError(f"{path}:{line_no}: no record at byte {offset} any more (the file "
@@ -283,6 +296,18 @@ def _check_renamed(path: Path, line_no: int, rename: dict[str, str], record: dic
     if missing:
         raise ValueError(f"{path}:{line_no}: columns: expected columns {', '.join(missing)} to rename, "
                          f"got {', '.join(sorted(record)) or 'none'}")
+
+
+def _renamed(path: Path, line_no: int, rename: dict[str, str], record: dict[str, Any]) -> dict[str, Any]:
+    """The record under the names --columns gives; a new name that the record holds as a column
+    of its own (not renamed away) is refused, never one of the two values silently dropped."""
+    out = {rename.get(k, k): v for k, v in record.items()}
+    if len(out) < len(record):
+        theirs, ours = next((t, o) for t, o in rename.items()
+                            if t in record and o in record and o not in rename)
+        raise ValueError(f"{path}:{line_no}: columns: expected {theirs}={ours} to name a new column, got "
+                         f"{ours!r} in the file too (rename that one as well, e.g. {ours}=old_{ours})")
+    return out
 
 
 def _jsonl(path: Path, lines) -> Iterator[tuple[int, int, dict[str, Any]]]:
