@@ -249,6 +249,16 @@ def test_a_full_disk_names_the_file_being_written(capsys, tmp_path, monkeypatch)
     assert err.startswith("tformer embed: error: No space left on device (write ") and "e.npy" in err, err
 
 
+@pytest.mark.parametrize("name", ["e.npy/", "e.jsonl/"])
+def test_an_out_named_as_a_folder_is_refused(capsys, tmp_path, name):
+    """`--out e.npy/` names a folder: pathlib dropped the slash, and a file e.npy was written."""
+    out = f"{tmp_path}{os.sep}{name}"  # as typed: tmp_path / name would drop the slash
+    rc, _, err = run_cli(capsys, "embed", st_dir(), "a dog", "--out", out)
+    assert_one_line_error(rc, err, "embed", r"--out: expected a \.npy or \.jsonl file name, got the folder "
+                                            r"name '.*e\.\w+/'")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_disk_full_before_the_first_row_names_the_file(capsys, tmp_path, monkeypatch):
     """The .npy header is written before any row: on a disk already full it failed there, and the
     line named no file ("tformer embed: error: No space left on device")."""
