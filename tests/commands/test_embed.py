@@ -285,3 +285,10 @@ def test_a_symlinked_out_replaces_the_file_it_names_and_stays_a_link(capsys, tmp
     assert rc == 0, err
     assert link.is_symlink() and np.load(target).shape == (3, 32)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.npy", "target.npy"]
+
+
+def test_an_empty_out_is_refused_not_printed(capsys):
+    """`--out ""` (an unset shell variable) printed the embeddings to stdout and exited 0."""
+    rc, out, err = run_cli(capsys, "embed", st_dir(), "a dog", "--out", "")
+    assert_one_line_error(rc, err, "embed", r"--out: expected a \.npy or \.jsonl file name, got ''$")
+    assert out == ""

@@ -314,3 +314,16 @@ def test_an_empty_folder_at_out_is_built_into(capsys, tmp_path):
     rc, _, err = _build(capsys, _corpus(tmp_path, SENTENCES), idx)
     assert rc == 0, err
     assert _texts(idx) == SENTENCES
+
+
+def test_an_out_naming_the_current_folder_is_one_line(capsys, tmp_path, monkeypatch):
+    """`--out .` in an empty folder reached the lock, which raised pathlib's "PosixPath('.') has an
+    empty name" (and `--out ""` is "." too)."""
+    corpus = _corpus(tmp_path, SENTENCES)
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    for out in (".", ""):
+        rc, _, err = _build(capsys, corpus, out)
+        assert_one_line_error(rc, err, "index", r"--out: expected the name of a file or folder to write, got '\.'")
+    assert list(here.iterdir()) == []

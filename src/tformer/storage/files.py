@@ -127,6 +127,8 @@ def check_file_name(out: str | os.PathLike, option: str, expected: str) -> None:
     ("out/") names a folder, which pathlib forgets (Path("out/") == Path("out")), so
     `export MODEL_DIR --onnx out/` wrote a file `out` and said "wrote out/"."""
     name = os.fspath(out)
+    if not name:  # Path("") is ".", the current folder
+        raise ValueError(f"{option}: expected {expected}, got ''")
     if name.endswith(tuple(filter(None, (os.sep, os.altsep)))):
         raise IsADirectoryError(f"{option}: expected {expected}, got the folder name {name!r}")
 
