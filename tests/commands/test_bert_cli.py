@@ -257,7 +257,7 @@ def test_embed_streams_and_resumes_an_interrupted_file(capsys, tmp_path, monkeyp
 
     def full_disk(what):
         calls.append(what)
-        if len(calls) == 4:  # the second chunk
+        if len(calls) == 5:  # the second chunk (after the header)
             raise OSError(28, "No space left on device", what.split(" ", 1)[1])
 
     monkeypatch.setattr(files, "fault_hook", full_disk)

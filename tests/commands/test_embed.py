@@ -106,7 +106,7 @@ def test_resume_with_another_dtype_starts_over_not_mixing_rows(capsys, tmp_path,
     f = tmp_path / "t.txt"
     f.write_text("\n".join(SENTENCES) + "\n")
     out = tmp_path / "e.npy"
-    hook, _ = _full_disk_at(4)  # the second chunk: one chunk of int8 rows is recorded
+    hook, _ = _full_disk_at(5)  # the second chunk (after the header): one chunk of int8 rows is recorded
     monkeypatch.setattr(files, "fault_hook", hook)
     rc, _, _ = run_cli(capsys, "embed", st_dir(), "--file", f, "--out", out, "--dtype", "int8")
     assert rc == 1
@@ -115,7 +115,7 @@ def test_resume_with_another_dtype_starts_over_not_mixing_rows(capsys, tmp_path,
     assert rc == 0 and "resuming" not in err and "starting" in err and "over" in err
     assert_close(np.load(out), _expected(SENTENCES))  # every row fp32
     # The same dtype does resume.
-    monkeypatch.setattr(files, "fault_hook", _full_disk_at(4)[0])
+    monkeypatch.setattr(files, "fault_hook", _full_disk_at(5)[0])
     run_cli(capsys, "embed", st_dir(), "--file", f, "--out", out, "--dtype", "int8")
     monkeypatch.setattr(files, "fault_hook", None)
     rc, _, err = run_cli(capsys, "embed", st_dir(), "--file", f, "--out", out, "--dtype", "int8")
@@ -128,7 +128,7 @@ def test_an_output_names_the_precision_that_ran_so_auto_resumes_as_fp32(capsys, 
     f = tmp_path / "t.txt"
     f.write_text("\n".join(SENTENCES) + "\n")
     out = tmp_path / "e.npy"
-    monkeypatch.setattr(files, "fault_hook", _full_disk_at(4)[0])
+    monkeypatch.setattr(files, "fault_hook", _full_disk_at(5)[0])
     rc, _, _ = run_cli(capsys, "embed", st_dir(), "--file", f, "--out", out)  # auto: fp32 here
     assert rc == 1
     monkeypatch.setattr(files, "fault_hook", None)
@@ -180,7 +180,7 @@ def test_full_disk_at_every_write_step_keeps_the_old_file_and_resumes(capsys, tm
     # .jsonl rows differed in their last digits on a 2-core AMD EPYC Zen 4 running the suite).
     argv = ["embed", st_dir(), "--file", f, "--out", out, "--threads", 1]
     steps = _count_steps(capsys, argv, monkeypatch)
-    assert steps == 3 * 3 + 1  # per chunk: rows, progress temp, its rename; then the publish
+    assert steps == 1 + 3 * 3 + 1  # the header; per chunk: rows, progress temp, its rename; the publish
     expected = out.read_bytes()
     for k in range(1, steps + 1):
         old = _old_output(out)
@@ -230,7 +230,7 @@ def test_kill_at_every_write_step_keeps_the_old_file_and_resumes(capsys, tmp_pat
         assert out.read_bytes() == old  # never half a new file
         rc, _, err = run_cli(capsys, *argv)
         assert rc == 0, err
-        assert ("resuming" in err) == (k > 3), (k, err)  # after the first recorded chunk
+        assert ("resuming" in err) == (k > 4), (k, err)  # after the first recorded chunk
         assert out.read_bytes() == expected, k
         assert sorted(p.name for p in tmp_path.iterdir()) == ["e.npy", "t.txt"], k
 
@@ -249,6 +249,33 @@ def test_a_full_disk_names_the_file_being_written(capsys, tmp_path, monkeypatch)
     assert err.startswith("tformer embed: error: No space left on device (write ") and "e.npy" in err, err
 
 
+@pytest.mark.parametrize("name", ["e.npy/", "e.jsonl/"])
+def test_an_out_named_as_a_folder_is_refused(capsys, tmp_path, name):
+    """`--out e.npy/` names a folder: pathlib dropped the slash, and a file e.npy was written."""
+    out = f"{tmp_path}{os.sep}{name}"  # as typed: tmp_path / name would drop the slash
+    rc, _, err = run_cli(capsys, "embed", st_dir(), "a dog", "--out", out)
+    assert_one_line_error(rc, err, "embed", r"--out: expected a \.npy or \.jsonl file name, got the folder "
+                                            r"name '.*e\.\w+/'")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_disk_full_before_the_first_row_names_the_file(capsys, tmp_path, monkeypatch):
+    """The .npy header is written before any row: on a disk already full it failed there, and the
+    line named no file ("tformer embed: error: No space left on device")."""
+    import errno
+
+    def full(f, header):
+        raise OSError(errno.ENOSPC, "No space left on device")  # as a plain write raises it: no filename
+
+    monkeypatch.setattr(np.lib.format, "write_array_header_1_0", full)
+    monkeypatch.setattr(files, "last_step", None)  # as in a fresh process: no write begun yet
+    out = tmp_path / "e.npy"
+    rc, _, err = run_cli(capsys, "embed", st_dir(), "a dog", "--out", out)
+    assert rc == 1 and err.count("\n") == 1, err
+    assert err.startswith("tformer embed: error: No space left on device (write ") and "e.npy.partial)" in err, err
+    assert not out.exists()
+
+
 def test_a_symlinked_out_replaces_the_file_it_names_and_stays_a_link(capsys, tmp_path):
     # The link itself was replaced by the new file; the file it named kept the old embeddings.
     target, link = tmp_path / "target.npy", tmp_path / "link.npy"
@@ -258,3 +285,10 @@ def test_a_symlinked_out_replaces_the_file_it_names_and_stays_a_link(capsys, tmp
     assert rc == 0, err
     assert link.is_symlink() and np.load(target).shape == (3, 32)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.npy", "target.npy"]
+
+
+def test_an_empty_out_is_refused_not_printed(capsys):
+    """`--out ""` (an unset shell variable) printed the embeddings to stdout and exited 0."""
+    rc, out, err = run_cli(capsys, "embed", st_dir(), "a dog", "--out", "")
+    assert_one_line_error(rc, err, "embed", r"--out: expected a \.npy or \.jsonl file name, got ''$")
+    assert out == ""

@@ -547,3 +547,11 @@ def test_a_fine_tuned_embedding_runs_onnx_card_pads_with_its_own_token(capsys, t
     assert rc == 0
     expected = np.array([json.loads(line)["embedding"] for line in expected.splitlines()])
     assert np.abs(got - expected).max() <= PROB_TOLERANCE
+
+
+def test_an_onnx_folder_naming_the_current_folder_is_one_line(capsys, classification_run, tmp_path, monkeypatch):
+    """`export RUN --onnx .` reached the lock, which raised pathlib's "PosixPath('.') has an empty name"."""
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = _run(capsys, "export", classification_run, "--onnx", ".")
+    assert rc == 2 and err == "tformer export: error: --onnx: expected the name of a file or folder to write, got '.'\n", err
+    assert list(tmp_path.iterdir()) == []

@@ -111,7 +111,7 @@ def test_full_disk_at_every_write_step_keeps_the_old_index_and_resumes(capsys, t
     idx = tmp_path / "idx"
     corpus = _corpus(tmp_path, SENTENCES)
     steps = _steps(capsys, corpus, tmp_path / "count", monkeypatch)
-    assert steps == 3 * 3 + 1 + 1  # per chunk: vectors, the progress temp, its rename; index.json; publish
+    assert steps == 1 + 3 * 3 + 1 + 1  # the header; per chunk: vectors, the progress temp, its rename; index.json; publish
     # One thread for every build: left to the machine's load, a resumed build may take another
     # thread count than the first and sum in another order (tests/commands/test_embed.py).
     assert _build(capsys, corpus, tmp_path / "count", "--threads", 1)[0] == 0
@@ -134,10 +134,29 @@ def test_full_disk_at_every_write_step_keeps_the_old_index_and_resumes(capsys, t
         rc, _, err = _build(capsys, corpus, idx, "--threads", 1)  # the same build again: resumed where recorded
         assert rc == 0, err
         # after the first recorded chunk; a failed publish (the last step) embeds again
-        assert ("resuming" in err) == (3 < k < steps), (k, err)
+        assert ("resuming" in err) == (4 < k < steps), (k, err)
         assert {p.name: p.read_bytes() for p in idx.iterdir() if p.name != "index.json"} == expected, k
         assert sorted(p.name for p in tmp_path.iterdir()) == [
             "corpus.txt", "count", "idx", "old.txt"], k  # nothing half-built left beside it
+
+
+def test_a_disk_full_before_the_first_vector_names_the_file(capsys, tmp_path, monkeypatch):
+    """vectors.npy's header is written before any row: on a disk already full it failed there, and
+    the line named no file ("tformer index: error: No space left on device")."""
+    import errno
+
+    import numpy as np
+
+    def full(f, header):
+        raise OSError(errno.ENOSPC, "No space left on device")  # as a plain write raises it: no filename
+
+    monkeypatch.setattr(np.lib.format, "write_array_header_1_0", full)
+    monkeypatch.setattr(files, "last_step", None)  # as in a fresh process: no write begun yet
+    rc, _, err = _build(capsys, _corpus(tmp_path, SENTENCES), tmp_path / "idx")
+    assert rc == 1 and err.count("\n") == 1, err
+    assert err.startswith("tformer index: error: No space left on device (write ") and \
+        ".idx.build/vectors.npy)" in err, err
+    assert not (tmp_path / "idx").exists()
 
 
 def test_kill_at_every_write_step_keeps_the_old_index_and_the_next_build_resumes(
@@ -157,7 +176,7 @@ def test_kill_at_every_write_step_keeps_the_old_index_and_the_next_build_resumes
         rc, out, err = run_cli(capsys, "search", idx, "a dog", "-k", 1)
         assert rc == 0 and "line 1: a dog" in out, err
         rc, _, err = run_cli(capsys, *argv)
-        assert rc == 0 and ("resuming" in err) == (3 < k < steps), (k, err)
+        assert rc == 0 and ("resuming" in err) == (4 < k < steps), (k, err)
         assert {p.name: p.read_bytes() for p in idx.iterdir() if p.name != "index.json"} == expected, k
         assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "count", "idx", "old.txt"], k
 
@@ -295,3 +314,16 @@ def test_an_empty_folder_at_out_is_built_into(capsys, tmp_path):
     rc, _, err = _build(capsys, _corpus(tmp_path, SENTENCES), idx)
     assert rc == 0, err
     assert _texts(idx) == SENTENCES
+
+
+def test_an_out_naming_the_current_folder_is_one_line(capsys, tmp_path, monkeypatch):
+    """`--out .` in an empty folder reached the lock, which raised pathlib's "PosixPath('.') has an
+    empty name" (and `--out ""` is "." too)."""
+    corpus = _corpus(tmp_path, SENTENCES)
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    for out in (".", ""):
+        rc, _, err = _build(capsys, corpus, out)
+        assert_one_line_error(rc, err, "index", r"--out: expected the name of a file or folder to write, got '\.'")
+    assert list(here.iterdir()) == []

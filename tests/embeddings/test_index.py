@@ -22,7 +22,7 @@ def test_embed_output_resumes_and_publishes_atomically(tmp_path, suffix):
 
     def full_disk(what):
         calls.append(what)
-        if len(calls) == 4:  # the second chunk (each: rows, then its progress record)
+        if len(calls) == 5:  # the second chunk (after the header; each: rows, then its progress record)
             raise OSError(28, "No space left on device")
 
     files.fault_hook = full_disk

@@ -54,6 +54,17 @@ def test_onnx_export_errors_are_one_line(tmp_path, capsys):
     assert rc == 2 and "no such model directory" in capsys.readouterr().err
 
 
+def test_a_folder_name_is_refused_not_written_as_a_file(tmp_path, capsys):
+    """`--onnx out/` names a folder: pathlib dropped the slash, so a file `out` was written and the
+    line said "wrote out/"."""
+    out = str(tmp_path / "out") + os.sep
+    rc = main(["export", str(bert_dir()), "--onnx", out])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == (f"tformer export: error: --onnx: expected a file path like model.onnx (a model "
+                               f"directory exports one file), got the folder name {out!r}\n"), err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_missing_extra_names_it(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "onnxscript", None)  # import onnxscript now fails
     rc = main(["export", str(bert_dir()), "--onnx", str(tmp_path / "m.onnx")])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -63,3 +64,12 @@ def test_a_folder_it_cannot_write_in_is_named_not_the_lock_file(tmp_path):
         pass
     assert type(caught.value) is OSError and caught.value.errno is None  # the CLI's exit 1
     assert str(caught.value) == f"--out {out}: cannot write in {out.parent} (No such file or directory)"
+
+
+@pytest.mark.parametrize("out", [".", "..", "/", "idx/.."])
+def test_an_out_that_names_no_entry_is_refused_naming_the_option(out):
+    """An output is built beside its name and swapped in by it: a path with no name ("." and the
+    like) raised pathlib's "PosixPath('.') has an empty name", naming no option."""
+    with pytest.raises(ValueError, match=r"^--out: expected the name of a file or folder to write, got '"):
+        with output_lock(Path(out), "--out"):
+            pass

@@ -73,11 +73,13 @@ def numbered_inputs(args: argparse.Namespace, lines) -> Iterator[tuple[int, str]
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.storage.files import replaced_path
+    from tformer.storage.files import check_file_name, replaced_path
     from tformer.training.distributed import process_group
 
     check_options(args)
-    out = replaced_path(args.out) if args.out else None  # a link's target: the link stays a link
+    if args.out is not None:  # --out "" (an unset shell variable) printed to stdout instead
+        check_file_name(args.out, "--out", "a .npy or .jsonl file name")
+    out = replaced_path(args.out) if args.out is not None else None  # a link's target: the link stays a link
     if out is not None and out.suffix not in (".npy", ".jsonl"):
         raise ValueError(f"--out: expected a .npy or .jsonl file name, got {str(out)!r}")
     if out is not None and out.is_dir():

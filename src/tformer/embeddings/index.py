@@ -189,6 +189,7 @@ def _start(work: Path, n: int, dim: int) -> list[int]:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
     os.chmod(work, dir_mode())
+    durable_step(f"write {work / VECTORS_FILE}")  # its header: a full disk here names the file too
     with (work / VECTORS_FILE).open("wb") as f:
         header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
                   "fortran_order": False, "shape": (n, dim)}

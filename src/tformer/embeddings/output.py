@@ -50,6 +50,7 @@ class _Output:
     def _start(self) -> None:
         self.progress.unlink(missing_ok=True)
         n, dim = self.identity["n"], self.identity["dim"]
+        durable_step(f"write {self.partial}")  # its header: a full disk here names the file too
         with self.partial.open("wb") as f:
             os.fchmod(f.fileno(), file_mode())
             if self.out.suffix == ".npy":

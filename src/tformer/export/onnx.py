@@ -39,7 +39,7 @@ from tformer.errors import require
 from tformer.export.opsets import DEFAULT_OPSET, check_opset
 from tformer.formats.st_layout import read_layout
 from tformer.nn.model import Encoder
-from tformer.storage.files import replaced_on_success, replaced_path
+from tformer.storage.files import check_file_name, replaced_on_success, replaced_path
 from tformer.storage.locks import output_lock, remove_leftovers
 
 EXTRA = "onnx"
@@ -232,6 +232,7 @@ def export_onnx(graph: OnnxGraph | str | Path, out: str | Path, opset: int = DEF
     require("onnx", EXTRA, "ONNX export")
     require("onnxscript", EXTRA, "ONNX export")
     check_opset(opset)
+    check_file_name(out, "--onnx", "a file path like model.onnx (a model directory exports one file)")
     out = replaced_path(out)  # a link's target: the link stays a link
     _check_out(out)
     if not isinstance(graph, nn.Module):

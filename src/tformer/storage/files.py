@@ -122,6 +122,17 @@ def json_bytes(obj: Any) -> bytes:
     return (json.dumps(obj, indent=2) + "\n").encode()
 
 
+def check_file_name(out: str | os.PathLike, option: str, expected: str) -> None:
+    """An output that is one file, named as the user wrote it: a name ending in a separator
+    ("out/") names a folder, which pathlib forgets (Path("out/") == Path("out")), so
+    `export MODEL_DIR --onnx out/` wrote a file `out` and said "wrote out/"."""
+    name = os.fspath(out)
+    if not name:  # Path("") is ".", the current folder
+        raise ValueError(f"{option}: expected {expected}, got ''")
+    if name.endswith(tuple(filter(None, (os.sep, os.altsep)))):
+        raise IsADirectoryError(f"{option}: expected {expected}, got the folder name {name!r}")
+
+
 def replaced_path(out: str | Path) -> Path:
     """The path an output written to ``out`` replaces: the file or folder a link there names (it
     may not exist yet), so the link stays a link; else ``out``. Replacing the link itself left

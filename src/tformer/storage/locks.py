@@ -41,7 +41,11 @@ def flock_or_explain(fd: int, busy: str) -> None:
 
 @contextlib.contextmanager
 def output_lock(out: Path, option: str) -> Iterator[None]:
-    """Hold the lock on `out` for the block, or raise ValueError naming who holds it."""
+    """Hold the lock on `out` for the block, or raise ValueError naming who holds it. An `out`
+    that names no entry of a folder ("", ".", "..", "/") is refused: an output is built beside
+    its name and swapped in by it (the lock's own name raised "PosixPath('.') has an empty name")."""
+    if Path(out).name in ("", ".."):
+        raise ValueError(f"{option}: expected the name of a file or folder to write, got {str(out)!r}")
     path = lock_path(out)
     while True:
         try:
