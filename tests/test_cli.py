@@ -107,3 +107,23 @@ def test_the_command_ends_its_process_without_tearing_the_interpreter_down(tmp_p
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.startswith("tformer info: error:")
     assert "torn down" not in bad.stderr and bad.stdout.endswith("atexit ran")
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["embed", "", "a text"], "MODEL_DIR"),  # said "config.json: no such file"
+    (["search", "/nowhere", "--model", "", "q"], "--model"),  # took the index's own model
+    (["train", "--data", ""], "--data"),  # named a file '.'
+    (["train", "--data", "d.jsonl", "--out", ""], "--out"),
+    (["predict", "", "x"], "RUN_DIR"),
+    (["index", "build", "m", "--corpus", "c.txt", "--out", ""], "--out"),  # a sub-command's too
+    (["export", "m", "--onnx", ""], "--onnx"),
+])
+def test_an_empty_path_argument_is_refused_naming_it(tmp_path, monkeypatch, capsys, argv, named):
+    """"" (an unset shell variable) is not the current folder: refused before anything runs,
+    naming the argument, whatever the command."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"tformer {argv[0]}: error: {named}: expected a path, got '' (an unset shell "
+                   "variable?); '.' names the current folder")
+    assert list(tmp_path.iterdir()) == []  # nothing written

@@ -60,6 +60,27 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     return parser, commands
 
 
+# The arguments that name a file or folder, by their dest in every command: "" there was read
+# as ".", the current folder (MODEL_DIR "" said "config.json: no such file", `search --model ""`
+# took the index's own model, `train --data ""` named a file '.').
+PATH_ARGUMENTS = frozenset({"config", "run_dir", "model_dir", "model", "file", "corpus", "data",
+                            "valid", "test", "from_pretrained", "out", "html", "onnx", "hf", "json",
+                            "index"})
+
+
+def _empty_path(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """The first path argument given as "", named as the user wrote it (--data, MODEL_DIR), or
+    None; a sub-command's (`index build`) too."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(args, action.dest, None) or "")
+            if chosen is not None and (found := _empty_path(chosen, args)):
+                return found
+        elif action.dest in PATH_ARGUMENTS and getattr(args, action.dest, None) == "":
+            return action.option_strings[0] if action.option_strings else (action.metavar or action.dest.upper())
+    return None
+
+
 def _os_error(e: OSError) -> str:
     """The machine's refusal in one line, naming the file (then its notes: what a full disk left,
     tformer.training.loop): the error's own, or for a full disk or a read-only filesystem met by a
@@ -123,6 +144,10 @@ def _command(argv: list[str] | None) -> int:
         args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()
+        return 2
+    if empty := _empty_path(commands[args.command], args):
+        print(f"tformer {args.command}: error: {empty}: expected a path, got '' (an unset shell "
+              "variable?); '.' names the current folder", file=sys.stderr)
         return 2
     args.started = started  # what a budget (train --max-minutes) counts from
     try:
