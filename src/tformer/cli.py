@@ -77,7 +77,8 @@ def _empty_path(parser: argparse.ArgumentParser, args: argparse.Namespace) -> st
             if chosen is not None and (found := _empty_path(chosen, args)):
                 return found
         elif action.dest in PATH_ARGUMENTS and getattr(args, action.dest, None) == "":
-            return action.option_strings[0] if action.option_strings else (action.metavar or action.dest.upper())
+            named = action.option_strings[0] if action.option_strings else action.metavar
+            return named or action.dest.upper()
     return None
 
 
