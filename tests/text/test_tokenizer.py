@@ -190,6 +190,13 @@ def test_a_max_length_the_special_tokens_fill_is_refused():
     assert len(load_tokenizer(bert_dir(), max_length=3).encode(["a cat sat"])[0].ids) == 3
 
 
+@pytest.mark.parametrize("max_length", [0, 1, -3])
+def test_every_max_length_too_short_names_the_same_floor(max_length):
+    """1 said "expected an int >= 2" and 2 "at least 3": one floor, the special tokens' + 1."""
+    with pytest.raises(ValueError, match=rf"\(at least 3\), got {max_length}$"):
+        load_tokenizer(bert_dir(), max_length=max_length)
+
+
 @pytest.mark.parametrize("texts, got", [(5, "int"), (b"a text", "bytes"), (None, "NoneType")])
 def test_texts_that_are_not_str_are_refused_naming_the_argument(texts, got):
     # tok(5) said "'int' object is not iterable"; tok(b"..") "texts[0]: expected a str, got int".

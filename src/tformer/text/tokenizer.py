@@ -347,8 +347,8 @@ def load_tokenizer(directory: str | Path | ModelDir, max_length: int | None = No
     if md.layout.max_seq_length is not None:
         limit = md.layout.max_seq_length if limit is None else min(limit, md.layout.max_seq_length)
     if max_length is not None:
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
-            raise ValueError(f"max_length: expected an int >= 2, got {max_length!r}")
+        if isinstance(max_length, bool) or not isinstance(max_length, int):
+            raise ValueError(f"max_length: expected an int, got {max_length!r}")
         if limit is not None and max_length > limit:
             raise ValueError(
                 f"max_length: expected at most {limit} (the model's maximum length), got {max_length}"
