@@ -108,3 +108,14 @@ def test_the_page_matches_the_runs_encoder(capsys, tmp_path, runs):
     expected = torch.stack([a[0] for a in out.attentions]).double().numpy()
     got = np.array(read_page_data(page)["groups"][0]["weights"])
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
+
+
+def test_help_says_a_run_directory_is_taken(capsys):
+    """docs/cli.md shows `tformer attention MODEL_DIR|RUN_DIR`; its --help named only a
+    BERT-format or sentence-transformers directory."""
+    with pytest.raises(SystemExit):
+        main(["attention", "--help"])
+    assert "or a run directory of `tformer train` (any kind)" in " ".join(capsys.readouterr().out.split())
+    with pytest.raises(SystemExit):
+        main(["embed", "--help"])  # embed takes a sentence model only (an embedding run is one)
+    assert "run directory" not in capsys.readouterr().out

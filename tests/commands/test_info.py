@@ -155,3 +155,48 @@ def test_info_reads_the_newer_checkpoint_when_a_live_run_prunes_the_one_it_found
     assert main(["info", str(run)]) == 0, capsys.readouterr().err
     assert len(pruned) == 1 and not pruned[0].exists()
     assert capsys.readouterr().out == expected
+
+
+def _rows(out: str) -> dict[str, str]:
+    return dict(line.split("  ", 1) for line in out.splitlines() if line.strip() and not line.startswith(" "))
+
+
+def test_info_describes_a_sentence_transformers_directory(capsys):
+    """The model a user is about to fine-tune or embed with: info said "config: unknown key(s)
+    _name_or_path, architectures, ..." of its BERT config.json."""
+    from hf_bert_fixtures import ST_MAX_SEQ_LENGTH, VOCAB, st_dir
+
+    assert main(["info", str(st_dir())]) == 0
+    rows = {k.strip(): v.strip() for k, v in _rows(capsys.readouterr().out).items()}
+    assert rows["model directory"] == "sentence-transformers: a BERT-format encoder (BertModel)"
+    assert rows["max length"] == f"{ST_MAX_SEQ_LENGTH} tokens (sentence_bert_config.json); positions: 64"
+    assert rows["tokenizer"] == f"{len(VOCAB)} tokens (tokenizer.json)"
+    assert rows["pooling"] == "mean, L2-normalized"
+    assert "--from-pretrained DIR" in rows["use with"] and "embed" in rows["use with"]
+    assert rows["layers x d_model x heads x d_ff"] == "2 x 32 x 4 x 64"
+    assert rows[f"forward FLOPs per token (seq {ST_MAX_SEQ_LENGTH})"]  # the length it runs at
+
+
+def test_info_describes_a_bert_directory_and_one_without_a_tokenizer(tmp_path, capsys):
+    from hf_bert_fixtures import bert_dir, copy_dir
+
+    assert main(["info", str(bert_dir())]) == 0
+    rows = {k.strip(): v.strip() for k, v in _rows(capsys.readouterr().out).items()}
+    assert rows["model directory"] == "a BERT-format encoder (BertModel)"
+    assert rows["max length"] == "64 tokens"
+    assert rows["pooling"].startswith("mean (no modules.json")
+    bare = copy_dir(bert_dir(), tmp_path / "bare")
+    for name in ("tokenizer.json", "vocab.txt"):
+        (bare / name).unlink()
+    assert main(["info", str(bare)]) == 0  # its sizes still, and what the commands will miss
+    rows = {k.strip(): v.strip() for k, v in _rows(capsys.readouterr().out).items()}
+    assert "no such file (nor vocab.txt)" in rows["warning"] and rows["max length"] == "64 tokens (positions: 64)"
+
+
+def test_a_directory_neither_run_nor_model_is_one_line(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("x")
+    assert main(["info", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"tformer info: error: config: {tmp_path}: expected a run "
+                                                   "directory (checkpoints/), a model directory")
+    assert err.strip().endswith("got a directory holding none of them")

@@ -236,3 +236,29 @@ def test_a_fine_tunes_dropout_outside_0_1_is_one_line_naming_it(tmp_path, capsys
     err = capsys.readouterr().err
     assert err == f"tformer train: error: --dropout: expected a probability in [0, 1), got {float(value)}\n", err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_given_to_from_pretrained_says_what_it_is_and_what_to_do(tmp_path, capsys, classification_run,
+                                                                      run_dir):
+    """A classification run (or one of its checkpoints) named by --from-pretrained said
+    "RUN/config.json: no such file" (the checkpoint: "tokenizer.json: no such file")."""
+    from text_fixtures import classification_rows, write
+
+    data = write(tmp_path / "train.jsonl", classification_rows(40))
+    todo = (f"write its encoder as one with `tformer export {classification_run} --hf DIR` (pip install "
+            "'tformer[hf]'), then give --from-pretrained DIR\n")
+    saved = check_run_dir(classification_run)
+    for given, what in [(classification_run, f"{classification_run} is a tformer run (classification)"),
+                        (saved, f"{saved} is a checkpoint of the tformer run {classification_run} "
+                                "(classification)")]:
+        assert main(["train", "--data", str(data), "--from-pretrained", str(given), "--out",
+                     str(tmp_path / "run"), "--steps", "2", "--quiet"]) == 2
+        assert capsys.readouterr().err == (f"tformer train: error: --from-pretrained: {what}, not a model "
+                                           f"directory; {todo}")
+        assert not (tmp_path / "run").exists()
+    assert main(["train", "--data", str(data), "--from-pretrained", str(run_dir), "--out", str(tmp_path / "run"),
+                 "--steps", "2", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tformer train: error: --from-pretrained: {run_dir} is a tformer run (a synthetic "
+                          "task's), not a model directory; fine-tuning starts from an encoder: ") and \
+        err.count("\n") == 1, err

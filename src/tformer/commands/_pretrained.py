@@ -15,13 +15,16 @@ from tformer.commands._inputs import add_device, add_threads, device_of
 DTYPES = ("auto", "fp32", "bf16", "int8")  # tformer.nn.precision.CHOICES, without importing torch
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, batch: bool = True, index: bool = False) -> None:
+def add_model_arguments(parser: argparse.ArgumentParser, batch: bool = True, index: bool = False,
+                        runs: bool = False) -> None:
+    """runs: the command takes any run directory of `tformer train` too (attention)."""
     parser.add_argument(
         "model_dir",
         metavar="MODEL_DIR",
         help="a BERT-format or sentence-transformers directory "
         "(config.json, model.safetensors, tokenizer.json or vocab.txt)"
-        + (", or an INDEX that `tformer index build` wrote (then no --corpus)" if index else ""),
+        + (", or an INDEX that `tformer index build` wrote (then no --corpus)" if index else "")
+        + (", or a run directory of `tformer train` (any kind)" if runs else ""),
     )
     parser.add_argument(
         "--allow-pickle",

@@ -28,7 +28,7 @@ MAX_TOKENS_ONE_MAP = 128
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_model_arguments(parser, batch=False)
+    add_model_arguments(parser, batch=False, runs=True)
     parser.add_argument("text", metavar="TEXT", help="the text to look at")
     parser.add_argument("--out", default=None, help="the PNG file to write")
     parser.add_argument(

@@ -1,15 +1,19 @@
-"""`tformer info CONFIG.json | RUN_DIR`: parameter count, FLOPs per token and activation memory;
-for a training run also what it learned, on what, and its last test result."""
+"""`tformer info CONFIG.json | RUN_DIR | MODEL_DIR`: parameter count, FLOPs per token and activation
+memory; for a training run also what it learned, on what, and its last test result; for a model
+directory (BERT-format, sentence-transformers, tformer's own) what it is, its maximum length,
+tokenizer and pooling, and the commands that take it."""
 
 from __future__ import annotations
 
 import argparse
 
-HELP = "print parameter count, FLOPs per token and activation memory for a config"
+HELP = ("describe a config, a run or a model directory: parameter count, FLOPs per token and "
+        "activation memory")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="a tformer config.json (or a run/model directory holding one)")
+    p.add_argument("config", help="a tformer config.json, a run directory of `tformer train`, or a "
+                   "model directory (BERT-format, sentence-transformers, or tformer's own)")
     p.add_argument("--model", default=None, choices=["encoder", "seq2seq", "classifier"],
                    help="which model the config describes (default: a run's own, else encoder)")
     p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: max_len)")
@@ -32,19 +36,22 @@ def run(args: argparse.Namespace) -> int:
 
     path = Path(args.config)
     run_rows = []
+    seq_default = None  # the length the estimates use without --seq-len (else the config's max_len)
     if path.is_dir():
         from tformer.storage.checkpoint_names import latest_checkpoint, read_latest
         from tformer.storage.rundir import is_run_dir
 
         run_dir = path
-        unsaved = latest_checkpoint(run_dir) is None and not (run_dir / "config.json").is_file()
-        if unsaved and is_run_dir(run_dir):
+        if not is_run_dir(run_dir):  # a model directory: read as the commands that take it read it
+            run_rows, config, seq_default = _model_rows(run_dir)
+        elif latest_checkpoint(run_dir) is None and not (run_dir / "config.json").is_file():
             _print(_unsaved_rows(run_dir))  # started, no checkpoint yet: what it does know
             return 0
-        # A run: its newest checkpoint's files (a model directory: its own), read whole again if a
-        # live run pruned that checkpoint under us.
-        run_rows, config = read_latest(run_dir, lambda saved: (
-            _run_rows(run_dir, saved or run_dir), TransformerConfig.load((saved or run_dir) / "config.json")))
+        else:  # a run: its newest checkpoint's files (an older run's: its own), read whole again
+            # if a live run pruned that checkpoint under us
+            run_rows, config = read_latest(run_dir, lambda saved: (
+                _run_rows(run_dir, saved or run_dir),
+                TransformerConfig.load((saved or run_dir) / "config.json")))
     else:
         config = TransformerConfig.load(path)
     if args.model is None:
@@ -55,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--seq-len: expected a positive int, got {args.seq_len}")
     if args.batch <= 0:
         raise ValueError(f"--batch: expected a positive int, got {args.batch}")
-    seq = args.seq_len or config.max_len
+    seq = args.seq_len or seq_default or config.max_len
     params = parameter_count(config, args.model)
     flops = flops_per_token(config, seq, args.model)
     act = activation_bytes(config, seq, args.batch)
@@ -88,6 +95,59 @@ def _print(rows: list[tuple[str, str]]) -> None:
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
+
+
+# What a model directory is, as the layout says (tformer.formats.st_layout, model_dir).
+_MODEL_COMMANDS = ("tformer embed | similarity | search | index build | attention | serve DIR; "
+                   "tformer train --data FILE --from-pretrained DIR; tformer export DIR --onnx OUT.onnx")
+
+
+def _model_rows(directory):
+    """A model directory's rows, its TransformerConfig and the length its estimates use: read by
+    tformer.formats (the layout, config.json) and the tokenizer reader, as embed, serve and
+    `train --from-pretrained` read it. Neither a run nor a model: one line naming what it lacks."""
+    from tformer.formats.model_dir import read_model_dir
+    from tformer.formats.pretrained import pretrained_config
+    from tformer.text.tokenizer import load_tokenizer
+
+    if not any((directory / name).is_file() for name in ("config.json", "modules.json")):
+        raise ValueError(f"config: {directory}: expected a run directory (checkpoints/), a model directory "
+                         "(config.json; sentence-transformers: modules.json) or a config.json file, "
+                         "got a directory holding none of them")
+    md = read_model_dir(directory)
+    config = pretrained_config(md)
+    sentence = (directory / "modules.json").is_file()
+    arch = ", ".join(md.config_json.get("architectures") or []) or md.config_json.get("model_type")
+    what = ("the encoder of an XLM classifier `tformer export --hf` wrote" if md.is_xlm
+            else f"a BERT-format encoder ({arch})" if md.is_bert
+            else "a tformer encoder (save_pretrained)")
+    if sentence:
+        what = f"sentence-transformers: {what}"
+    if md.model_dir != directory:
+        what += f", in {md.model_dir.relative_to(directory)}/"
+    rows = [("model directory", what)]
+    positions = md.position_limit
+    limit = "" if positions is None else f"positions: {positions}"
+    try:
+        tokenizer = load_tokenizer(md)
+    except FileNotFoundError as e:  # the commands need one: say so, the sizes still print
+        rows.append(("warning", str(e)))
+        tokenizer = None
+    if tokenizer is not None and tokenizer.max_length is not None:
+        source = " (sentence_bert_config.json)" if md.layout.max_seq_length == tokenizer.max_length else ""
+        rows.append(("max length", f"{tokenizer.max_length} tokens{source}"
+                                   + (f"; {limit}" if limit and positions != tokenizer.max_length else "")))
+    elif limit:
+        rows.append(("max length", f"{positions} tokens ({limit})"))
+    if tokenizer is not None:
+        file = md.find("tokenizer.json") or md.find("vocab.txt")
+        lower = ", lowercased" if tokenizer.lowercase else ""
+        rows.append(("tokenizer", f"{tokenizer.vocab_size:,} tokens ({file.name}{lower})"))
+    pooling = " + ".join(md.layout.pooling) + (", L2-normalized" if md.layout.normalize else "")
+    rows.append(("pooling", pooling if sentence else f"{pooling} (no modules.json: as sentence-transformers "
+                                                     "pools a plain model)"))
+    rows.append(("use with", _MODEL_COMMANDS))
+    return rows, config, tokenizer.max_length if tokenizer is not None else None
 
 
 def _unsaved_rows(run_dir) -> list[tuple[str, str]]:

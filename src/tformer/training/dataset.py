@@ -86,6 +86,36 @@ class _TokenizerSample:
         return [(u, texts) for _, _, u, texts, _ in sorted(self._heap, key=lambda e: e[1])]
 
 
+def check_not_a_run(path: Path) -> None:
+    """A classifier's or translator's run directory (or a checkpoint of a run) named by
+    --from-pretrained, refused in one line saying what it is and what to do (it was "RUN/config.json:
+    no such file"): a run keeps its model in checkpoints/ and its tokenizer at its top, so no model
+    directory reader takes it. An embedding run's top is a sentence-transformers directory: taken."""
+    from tformer.storage.checkpoint_names import CHECKPOINTS
+    from tformer.storage.rundir import is_run_dir
+
+    run = path.parent.parent if path.parent.name == CHECKPOINTS else path
+    if not path.is_dir() or not is_run_dir(run):
+        return  # a model directory (or not one at all: its reader says what it lacks)
+    if (path / "config.json").is_file() and (path / "tokenizer.json").is_file():
+        return  # a run's folder holding both: an embedding run's top, an older run's (files at its top)
+    try:
+        objective = json.loads((run / "data.json").read_text()).get("objective", "?")
+    except (OSError, ValueError, AttributeError):
+        objective = "a synthetic task's"  # (its task is in its checkpoint: seq2seq, never an encoder)
+    what = (f"{path} is a tformer run ({objective})" if run == path
+            else f"{path} is a checkpoint of the tformer run {run} ({objective})")
+    if objective == "embedding":
+        todo = f"give the run itself: --from-pretrained {run} (a sentence-transformers directory)"
+    elif objective == "classification":
+        todo = (f"write its encoder as one with `tformer export {run} --hf DIR` (pip install "
+                "'tformer[hf]'), then give --from-pretrained DIR")
+    else:
+        todo = ("fine-tuning starts from an encoder: a BERT-format or sentence-transformers directory, "
+                "an embedding run, or a classification run's `tformer export RUN --hf` folder")
+    raise ValueError(f"from_pretrained: {what}, not a model directory; {todo}")
+
+
 class TextData:
     """The held-out splits and the training stream of a data run, with its tokenizer.
 
@@ -120,6 +150,7 @@ class TextData:
             return data
         data, sample = cls._scan(config)
         if config.from_pretrained:
+            check_not_a_run(Path(config.from_pretrained))
             backend, limit = pretrained_backend(Path(config.from_pretrained))
             if limit and config.max_length > limit and not config.auto_length:  # the user's, not a preset's
                 raise ValueError(f"max_length: expected at most {limit} (the maximum length of "
