@@ -128,8 +128,8 @@ def token_overlap_metrics(anchors: list[set[int]], positives: list[set[int]]) ->
     (token -> the positives that hold it), whose work is the pairs that do share a token. An
     anchor's positives are ranked by shared^2 / the positive's size, in float64: the cosine's
     square times the anchor's size, the same along the anchor's row, so the same order; and a
-    correctly rounded division of whole numbers, so equal cosines tie exactly (1/sqrt(2) and
-    2/sqrt(8), computed, may round apart).
+    correctly rounded division of whole numbers, so equal cosines tie exactly (float32 bags
+    scored 2/sqrt(24) and 3/sqrt(54) one ulp apart).
     """
     n_anchors, n = len(anchors), len(positives)
     vocab = {t: i for i, t in enumerate(sorted(set().union(*anchors, *positives)))}
