@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from tformer import cli
-from tformer.training.objectives.classification import Classification
+from tformer.kinds.classification import Classification
 
 POOLINGS = ("cls", "mean", "cls-uniform")
 

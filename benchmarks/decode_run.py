@@ -33,7 +33,7 @@ CONTENDERS = ("tformer greedy", "tformer beam 4", "CTranslate2 greedy", "CTransl
 def inputs(run_dir: str, count: int) -> tuple[list[str], list[str], list[list[int]], int, int]:
     """The first `count` test examples: sources, references, encoder ids (+ EOS), the EOS id
     and the run's max_new_tokens."""
-    from tformer.runs import load_run
+    from tformer.kinds import load_run
 
     run = load_run(run_dir, needs="generate", device="cpu")
     examples = run.examples("test")[:count]
@@ -75,7 +75,7 @@ def worker(args) -> None:
         import torch
 
         from tformer.kernels.allocator import keep_freed_memory
-        from tformer.runs import load_run
+        from tformer.kinds import load_run
 
         keep_freed_memory()  # as the command line does
         torch.set_num_threads(spec["threads"])
@@ -143,7 +143,7 @@ def main() -> None:
             done = subprocess.run([sys.executable, __file__, "--worker", str(path)], check=True,
                                   capture_output=True, text=True)
             results[name] = json.loads(done.stdout.strip().splitlines()[-1])
-    from tformer.runs import load_run
+    from tformer.kinds import load_run
 
     source = load_run(args.run, needs="generate", device="cpu").objective.source
 

@@ -84,10 +84,11 @@ def _chosen(run_dir: Path) -> dict:
 # Hugging Face: its usual recipe -----------------------------------------------------------------
 def split_records(run_dir: Path, data: Path, seed: int = 0) -> dict[str, list[dict]]:
     """tformer's train/validation/test split of `data`, from the run's data.json."""
-    from tformer.training.records import FIELDS, read_records, split_of
+    from tformer.kinds import kind_named
+    from tformer.training.records import read_records, split_of
 
     info = json.loads((run_dir / "data.json").read_text())
-    fields = FIELDS[info["objective"]]
+    fields = kind_named(info["objective"]).fields
     splits: dict[str, list[dict]] = {"train": [], "validation": [], "test": []}
     for _, record in read_records(data):
         splits[split_of(fields.input_key(record), seed, float(info["split_fraction"]))].append(record)

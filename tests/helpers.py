@@ -78,11 +78,19 @@ def finite_difference(loss_fn, array: np.ndarray, index: tuple, h: float = 1e-6)
 
 
 def data_objective(data, config):
-    """The objective of a data run's TextData under `config` (as tformer.training builds it)."""
-    from tformer.training.objectives import OBJECTIVES
+    """The objective of a data run's TextData under `config` (as tformer.kinds builds it)."""
+    from tformer.kinds import kind_named
     from tformer.training.sources import FileSource
 
-    return OBJECTIVES[data.fields.objective](FileSource(data, config))
+    return kind_named(data.fields.objective).objective(FileSource(data, config))
+
+
+def build_data(config, run_dir=None, write=True):
+    """TextData.build with the fields of the config's kind (as tformer.kinds.make_objective calls it)."""
+    from tformer.kinds import kind_of_config
+    from tformer.training.dataset import TextData
+
+    return TextData.build(config, kind_of_config(config, run_dir).fields, run_dir, write=write)
 
 
 def write_run(run_dir, checkpoint_model, best_model=None):

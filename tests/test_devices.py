@@ -156,7 +156,7 @@ def test_the_server_embeds_on_the_device_as_the_cpu_does(device):
     from hf_bert_fixtures import st_dir
 
     from tformer.embeddings.sentence import SentenceEncoder
-    from tformer.serve.models import load_served
+    from tformer.kinds import load_served
 
     served = load_served(st_dir(), "fp32", None, device)
     assert devices.model_device(served.st.model) == device

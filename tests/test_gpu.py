@@ -18,8 +18,8 @@ from hf_bert_fixtures import st_dir
 from text_fixtures import seq2seq_rows, write
 
 from tformer.config import TransformerConfig
+from tformer.kinds import make_objective, resolve_config
 from tformer.nn.model import Encoder
-from tformer.training import make_objective, resolve_config
 from tformer.training.steps import grad_scaler, make_optimizer, train_step
 
 pytestmark = pytest.mark.gpu

@@ -5,6 +5,7 @@
 
     run = tformer.train(data="train.jsonl", max_minutes=10)   # or data=[{...}, ...]
     run.predict(["a text"])            # run.generate / run.embed / run.evaluate
+    tformer.ClassificationRun          # each kind's Run class, from tformer.kinds
 
 Everything but the config is imported lazily, so `tformer.reference` works without torch.
 """
@@ -41,11 +42,8 @@ _LAZY = {
     "load_tokenizer": "tformer.text.tokenizer",
     "SentenceEncoder": "tformer.embeddings.sentence",
     "train": "tformer.api",
-    "load_run": "tformer.runs",
-    "Run": "tformer.runs",
-    "ClassificationRun": "tformer.runs",
-    "Seq2SeqRun": "tformer.runs",
-    "EmbeddingRun": "tformer.runs",
+    "load_run": "tformer.kinds",
+    "Run": "tformer.kinds",
 }
 
 __all__ = ["TransformerConfig", *_LAZY]
@@ -54,6 +52,10 @@ __all__ = ["TransformerConfig", *_LAZY]
 def __getattr__(name: str):
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name.endswith("Run"):  # a kind's Run class: tformer.kinds knows them all
+        kinds = importlib.import_module("tformer.kinds")
+        if name in kinds.run_classes():
+            return kinds.run_classes()[name]
     raise AttributeError(f"module 'tformer' has no attribute {name!r}")
 
 

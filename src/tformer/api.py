@@ -8,7 +8,7 @@
     run = tformer.load_run("runs/x")  # the same object for a run directory
     tformer.train(..., device="cuda"); tformer.load_run("runs/x", device="cpu")  # tformer.devices
 
-The run is of its kind's class (tformer.runs): a ClassificationRun predicts, a Seq2SeqRun
+The run is of its kind's class (tformer.kinds): a ClassificationRun predicts, a Seq2SeqRun
 generates, an EmbeddingRun embeds. `data`, `valid` and `test` take a file path (JSONL/CSV/TSV)
 or records (a list or any iterable of dicts with the objective's fields); records are written
 once into RUN/data/*.jsonl, so the run resumes and evaluates from its own copy like a file run.
@@ -25,12 +25,12 @@ from typing import Any
 from tformer.devices import resolve_device
 from tformer.errors import BadType, as_path
 from tformer.kernels.allocator import keep_freed_memory
-from tformer.runs import ClassificationRun, EmbeddingRun, Run, Seq2SeqRun, load_run
+from tformer.kinds import Run, load_run, resolve_config
+from tformer.kinds import train as train_run
 from tformer.storage.checkpoint import latest_checkpoint
 from tformer.storage.files import new_run_dir, write_atomic
 from tformer.storage.rundir import RunLock, open_run_dir
-from tformer.training.config import TrainConfig, check_keys, resolve_config
-from tformer.training.loop import train as _train
+from tformer.training.config import TrainConfig, check_keys
 from tformer.training.records import Record
 from tformer.training.sources import Data, check_data
 
@@ -72,7 +72,7 @@ def train(data: Data | None = None, valid: Data | None = None, test: Data | None
             if value is not None:
                 options[key] = str(value)
         config = resolve_config(options, {"out": str(run_dir)})
-        record = _train(config, progress=progress, log=log)
+        record = train_run(config, progress=progress, log=log)
     except BaseException:
         if created and run_dir.is_dir() and latest_checkpoint(run_dir) is None:
             _remove(created)
@@ -128,4 +128,4 @@ def _write_records(run_dir: Path, lines: dict[str, list[str]]) -> dict[str, Path
     return written
 
 
-__all__ = ["ClassificationRun", "Data", "EmbeddingRun", "Record", "Run", "Seq2SeqRun", "load_run", "train"]
+__all__ = ["Data", "Record", "Run", "load_run", "train"]

@@ -19,8 +19,9 @@ from tformer.storage.files import read_json_object, write_json_atomic
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 POSITIONALS = ("sinusoidal", "learned", "none")
-POOLINGS = ("cls", "mean")  # a classifier's (config.pooling)
 # Every pooling tformer.nn.pooling knows, in the order sentence-transformers concatenates them.
+# config.pooling names one, or several joined by "+" ("mean+max"): the same meaning for a
+# classifier's head and for sentence embeddings (BERT's pooler is another layer: config.pooler).
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len")
 
 
@@ -53,7 +54,7 @@ class TransformerConfig:
     n_decoder_layers: int | None = None  # None: as many as n_layers
     tgt_vocab_size: int | None = None  # None: source and target share one vocabulary
     tie_output: bool = True  # output projection shares the target embedding (§3.4)
-    # Sequence classification head.
+    # Sequence heads: classes, and the pooling of the token vectors into one per text.
     n_classes: int | None = None
     pooling: str = "cls"
 
@@ -78,7 +79,10 @@ class TransformerConfig:
             raise ValueError(f"layer_norm_eps: expected a positive number, got {self.layer_norm_eps!r}")
         _check_choice("activation", self.activation, ACTIVATIONS)
         _check_choice("positional", self.positional, POSITIONALS)
-        _check_choice("pooling", self.pooling, POOLINGS)
+        if not isinstance(self.pooling, str) or not self.pooling or any(
+                mode not in POOLING_MODES for mode in self.pooling.split("+")):
+            raise ValueError(f"pooling: expected one of {', '.join(POOLING_MODES)} (or several joined by "
+                             f"'+'); got {self.pooling!r}")
         if self.type_vocab_size and self.vocab_size is None:
             raise ValueError("type_vocab_size: token types need token ids, so set vocab_size too")
 
@@ -94,6 +98,11 @@ class TransformerConfig:
     @property
     def target_vocab_size(self) -> int | None:
         return self.vocab_size if self.tgt_vocab_size is None else self.tgt_vocab_size
+
+    @property
+    def pooling_modes(self) -> tuple[str, ...]:
+        """The pooling's modes, in sentence-transformers' order of concatenation."""
+        return tuple(self.pooling.split("+"))
 
     @property
     def embedding_scale(self) -> float:

@@ -99,3 +99,8 @@ USER_ERRORS = (
 )
 # The machine refusing (a full disk, a read-only folder, permissions): one line too, exit 1.
 OS_ERRORS = (OSError,)
+
+
+def a(word: str) -> str:
+    """``word`` with its indefinite article, for messages: "an embedding", "a seq2seq"."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"

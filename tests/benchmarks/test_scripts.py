@@ -104,7 +104,7 @@ def test_train_own_data(tmp_path):
 
 def test_decode_run(tmp_path):
     """A tiny seq2seq run (2 steps) decoded by tformer (and CTranslate2 where installed)."""
-    from tformer.training import resolve_config, train
+    from tformer.kinds import resolve_config, train
 
     data = write(tmp_path / "d.jsonl", seq2seq_rows(300))
     train(resolve_config({"data": str(data), "d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1,

@@ -11,9 +11,9 @@ from browser_helpers import browser_report
 from hf_bert_fixtures import bert_dir
 
 from tformer.cli import main
+from tformer.kinds import load_run
 from tformer.nn.generate import generate
 from tformer.nn.model import from_pretrained
-from tformer.runs import load_run
 from tformer.tasks.tokenizer import BOS, EOS
 from tformer.text.tokenizer import load_tokenizer
 from tformer.viz.html import read_page_data

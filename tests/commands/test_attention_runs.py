@@ -96,7 +96,7 @@ def test_the_page_follows_the_umask(capsys, tmp_path, runs):
 
 def test_the_page_matches_the_runs_encoder(capsys, tmp_path, runs):
     """The weights on the page are the encoder's, for the tokens the run would see."""
-    from tformer.runs import load_run
+    from tformer.kinds import load_run
 
     page = tmp_path / "a.html"
     assert _run(capsys, "attention", runs["classification"], "a big red house", "--html", page)[0] == 0

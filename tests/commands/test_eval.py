@@ -153,8 +153,8 @@ def test_eval_data_reads_the_file_a_window_at_a_time_and_scores_it_whole(classif
     further ahead; the record covers every line (the baseline's majority too)."""
     from text_fixtures import classification_rows, write
 
+    from tformer.training import objective as base
     from tformer.training.dataset import TextData
-    from tformer.training.objectives import base
 
     monkeypatch.setattr(base, "STREAM_WINDOW", 8, raising=False)
     rows = classification_rows(30, seed=3)

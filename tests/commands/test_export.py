@@ -141,8 +141,9 @@ def test_the_card_opens_with_hub_metadata_and_gives_the_train_command_that_made_
     import dataclasses
 
     from tformer.cli import build_parser
+    from tformer.kinds import resolve_config
     from tformer.storage.checkpoint import check_run_dir
-    from tformer.training.config import MODEL_OPTIONS, TrainConfig, read_train_config, resolve_config
+    from tformer.training.config import MODEL_OPTIONS, TrainConfig, read_train_config
 
     run, out = runs[kind], tmp_path / "hf"
     assert _run(capsys, "export", run, "--hf", out)[0] == 0
@@ -161,7 +162,7 @@ def test_the_card_opens_with_hub_metadata_and_gives_the_train_command_that_made_
 def test_the_card_keeps_the_test_record_after_an_eval_of_another_file(capsys, tmp_path, runs):
     import shutil
 
-    from tformer.runs import load_run
+    from tformer.kinds import load_run
 
     run = tmp_path / "run"
     shutil.copytree(runs["finetuned"], run)

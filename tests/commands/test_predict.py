@@ -40,7 +40,7 @@ def test_a_tab_separates_a_pair_only_for_a_run_trained_on_pairs(classification_r
     assert run_cli(capsys, "train", "--data", data, "--out", pair_run, "--steps", "1", "--d-model", "16",
                    "--n-heads", "2", "--d-ff", "32", "--n-layers", "1", "--vocab-size", "260",
                    "--threads", "1", "--quiet")[0] == 0
-    from tformer.runs import load_run
+    from tformer.kinds import load_run
 
     run = load_run(pair_run)
     assert run.pairs and not load_run(classification_run).pairs
@@ -194,7 +194,7 @@ def test_inputs_longer_than_the_run_reads_are_cut_with_one_warning_naming_them(c
                                                                                   tmp_path):
     # A run on your data cut such an input to its maximum length without a word: a label for a
     # text's first few hundred tokens, given as the label for all of it.
-    from tformer.runs import load_run
+    from tformer.kinds import load_run
 
     limit = load_run(classification_run).tokenizer.max_length
     lines = tmp_path / "in.txt"
@@ -216,17 +216,17 @@ def test_an_input_read_only_to_its_reach_is_named_as_cut(classification_run, cap
     so its cut is always in sight: BERT's tokenizer stands in, its ids within the run's vocabulary.)"""
     from hf_bert_fixtures import bert_dir
 
-    import tformer.runs
+    import tformer.kinds
     from tformer.text.tokenizer import load_tokenizer
 
-    bert, load = load_tokenizer(bert_dir()), tformer.runs.load_run
+    bert, load = load_tokenizer(bert_dir()), tformer.kinds.load_run
 
     def with_bert(*args, **kwargs):
         run = load(*args, **kwargs)
         run.objective.source.tokenizer = bert
         return run
 
-    monkeypatch.setattr(tformer.runs, "load_run", with_bert)
+    monkeypatch.setattr(tformer.kinds, "load_run", with_bert)
     rc, out, err = run_cli(capsys, "predict", classification_run, "a dog", "a" * 40_000 + " hello world",
                            "--threads", "1")
     assert rc == 0 and len(out.splitlines()) == 2, err

@@ -43,7 +43,7 @@ def test_finetuning_lowers_the_loss(classifier_run):
 def test_hf_export_gives_the_same_logits(classifier_run, tmp_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from tformer.runs import load_run
+    from tformer.kinds import load_run
 
     out = tmp_path / "hf"
     assert main(["export", str(classifier_run), "--hf", str(out)]) == 0
@@ -108,7 +108,7 @@ def test_an_export_transformers_does_not_reproduce_is_not_written(classifier_run
     """BertForSequenceClassification is checked in transformers before publishing, as XLM is:
     one weight off, nothing written; else the logits of padded batches agree (<= 1e-4)."""
     from tformer.export import hf_classifier
-    from tformer.runs import load_run
+    from tformer.kinds import load_run
 
     run = load_run(classifier_run)
     written, diff = hf_classifier.export_classifier(tmp_path / "ok", run.model, run.tokenizer.backend,

@@ -103,7 +103,7 @@ def test_a_run_directory_loads_as_the_model_its_weights_are_for(tmp_path, kind):
 
     from tformer import reference
     from tformer.nn import model as torch_model
-    from tformer.training.objectives.embedding import SentenceModel
+    from tformer.nn.heads import SentenceModel
 
     torch_cls = {"Seq2SeqTransformer": torch_model.Seq2SeqTransformer,
                  "EncoderClassifier": torch_model.EncoderClassifier,

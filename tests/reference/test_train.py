@@ -10,12 +10,13 @@ import pytest
 import torch
 from helpers import assert_close, copy_weights, relative_error
 
+from tformer.kinds import load_run
+from tformer.kinds.classification import Classification
+from tformer.kinds.seq2seq import Seq2Seq
 from tformer.reference import train as numpy_train
-from tformer.runs import load_run
 from tformer.tasks import get_task
 from tformer.training import steps as torch_train
 from tformer.training.config import TrainConfig
-from tformer.training.objectives import Classification, Seq2Seq
 from tformer.training.schedule import learning_rate
 from tformer.training.sources import TaskSource
 

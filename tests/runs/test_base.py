@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tformer.runs.base import hub_name, texts_of
+from tformer.kinds.run import hub_name, texts_of
 
 
 def test_a_str_is_one_text_and_blank_or_missing_texts_are_refused():

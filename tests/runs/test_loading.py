@@ -1,4 +1,4 @@
-"""tformer.runs.load_run: a run directory read whole, even while its run trains on."""
+"""tformer.kinds.load_run: a run directory read whole, even while its run trains on."""
 
 import contextlib
 import io
@@ -9,7 +9,7 @@ import torch
 from helpers import prune_at_first_read, tiny_train_argv
 
 from tformer.cli import main
-from tformer.runs import describe_run, load_run
+from tformer.kinds import describe_run, load_run
 
 
 @pytest.fixture(scope="module")

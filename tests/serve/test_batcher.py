@@ -9,9 +9,9 @@ import threading
 
 import pytest
 
+from tformer.kinds.serving import Item
 from tformer.serve.batcher import Batcher, QueueFull
 from tformer.serve.metrics import Metrics
-from tformer.serve.models import Item
 
 
 def _items(*lengths: int) -> list[Item]:

@@ -135,7 +135,7 @@ def test_long_inputs_are_counted_at_admission_and_handed_on_as_prefixes(classifi
     """A 130 kB text (alone, in a pair, as a seq2seq source) is counted at admission as the run
     counts it (a lower bound: "N or more") and handed to the model thread as the prefix its cut
     needs (Tokenizer.prefixes): the model's answer is the one for the whole text."""
-    from tformer.serve.models import TooLong
+    from tformer.kinds.serving import TooLong
     from tformer.text.prefix import AtLeast, reach
 
     long = " ".join(["the cat sat on the mat"] * 6000)
@@ -182,7 +182,7 @@ def test_generate_speaks_tgi_and_equals_tformer_generate(seq2seq_server, seq2seq
 
 
 def test_generate_cuts_at_a_stop_sequence():
-    from tformer.serve.models import Item
+    from tformer.kinds.serving import Item
     from tformer.serve.tgi_api import _answer
 
     class Served:  # counts words as tokens

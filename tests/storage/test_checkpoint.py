@@ -15,11 +15,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tformer.cli import main
+from tformer.kinds import train
 from tformer.storage import files
 from tformer.storage.checkpoint import check_run_dir, latest_checkpoint
 from tformer.storage.rundir import LOCK_FILE, read_metrics
 from tformer.training.config import TrainConfig, resume_config
-from tformer.training.loop import train
 
 TINY = dict(task="reverse", d_model=16, n_heads=2, d_ff=32, n_layers=1, batch_size=8,
             valid_size=8, test_size=8, eval_every=2, log_every=1, threads=1, warmup=4,

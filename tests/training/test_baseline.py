@@ -8,7 +8,7 @@ import pytest
 from text_fixtures import classification_rows, embedding_rows, seq2seq_rows, write
 
 from tformer.cli import main
-from tformer.training import resolve_config, train
+from tformer.kinds import resolve_config, train
 from tformer.training.report import Progress, baseline_verdict, beats_baseline
 
 TINY = {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "vocab_size": 300, "max_tokens": 256,
@@ -36,7 +36,7 @@ def test_every_test_line_records_its_baseline_and_whether_the_model_beat_it(tmp_
 def test_the_baselines_are_what_they_say(tmp_path):
     """Copying the source scores the copy task perfectly; the majority class scores its share;
     token overlap ranks identical texts first."""
-    from tformer.training.objectives import make_objective
+    from tformer.kinds import make_objective
 
     copy = make_objective(resolve_config({"task": "copy"}))
     test = copy.examples("test")
@@ -56,8 +56,8 @@ def test_the_baselines_are_what_they_say(tmp_path):
 
 def test_a_run_that_does_not_beat_its_baseline_warns_in_the_run_in_info_and_in_the_model_card(
         tmp_path, monkeypatch, capsys):
-    from tformer.runs import load_run
-    from tformer.training.objectives import Classification
+    from tformer.kinds import load_run
+    from tformer.kinds.classification import Classification
 
     monkeypatch.setattr(Classification, "_baseline", lambda self, examples: (1.0, "the majority class"))
     data = write(tmp_path / "d.jsonl", classification_rows(200))
@@ -119,7 +119,7 @@ def test_a_timed_runs_progress_line_has_no_total_until_a_step_is_timed(tmp_path,
 
 def test_evaluation_reports_its_progress_batch_by_batch(tmp_path):
     """What the progress line shows while a test or a validation runs: every batch."""
-    from tformer.training.objectives import make_objective
+    from tformer.kinds import make_objective
 
     data = write(tmp_path / "d.jsonl", seq2seq_rows(3000))
     objective = make_objective(resolve_config({"data": str(data), **TINY}))
@@ -134,8 +134,8 @@ def test_generation_in_evaluation_is_bounded_by_the_source_length(tmp_path):
     """An untrained model decodes up to 2 x its source + 10 tokens, not the run's max length."""
     import torch
 
-    from tformer.training.objectives import make_objective
-    from tformer.training.objectives.seq2seq import generation_limit
+    from tformer.kinds import make_objective
+    from tformer.kinds.seq2seq import generation_limit
 
     assert generation_limit(5, 128) == 20 and generation_limit(100, 128) == 128
     data = write(tmp_path / "d.jsonl", seq2seq_rows(300))

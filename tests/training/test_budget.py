@@ -6,14 +6,14 @@ import math
 import time
 
 import pytest
-from helpers import data_objective
+from helpers import build_data, data_objective
 from text_fixtures import classification_rows, seq2seq_rows, write
 
-from tformer.runs import load_run
-from tformer.training import resolve_config, resume_config, train
+from tformer.kinds import load_run, resolve_config, train
+from tformer.training import resume_config
 from tformer.training.budget import VALID_SHARE
 from tformer.training.config import TIMED_STEPS
-from tformer.training.objectives.base import FIRST_BATCH_UNDER_DEADLINE
+from tformer.training.objective import FIRST_BATCH_UNDER_DEADLINE
 from tformer.training.schedule import WARMUP_SHARE, learning_rate
 
 QUIET = dict(progress=False, log=lambda *a: None)
@@ -540,7 +540,7 @@ def test_a_timed_runs_test_measures_no_new_kernel_choice(tmp_path, monkeypatch):
     570 s budget timing kernels for its decoding shapes, past the budget's end. It runs with no
     measuring allowance (a shape not yet known runs its default kernel)."""
     from tformer.kernels import autotune
-    from tformer.training.objectives.base import Objective
+    from tformer.training.objective import Objective
 
     evaluate = Objective.evaluate
     allowance = {}
@@ -559,11 +559,10 @@ def test_a_timed_runs_test_measures_no_new_kernel_choice(tmp_path, monkeypatch):
 def test_an_evaluation_computes_its_loss_before_the_predictions_its_deadline_bounds(tmp_path):
     """The teacher-forced loss (of up to EVAL_SAMPLE examples) comes first, so the deadline counts
     its time: after the predictions it took a busy machine's final test 5.7 s past its deadline."""
-    from tformer.training.dataset import TextData
 
     config = resolve_config({"data": str(write(tmp_path / "d.jsonl", classification_rows(300))),
                              **TINY})
-    objective = data_objective(TextData.build(config, None, write=False), config)
+    objective = data_objective(build_data(config, None, write=False), config)
     model = objective.build_model()
     order = []
     loss, predict = objective.loss, objective.predict

@@ -5,7 +5,7 @@ import json
 import pytest
 from text_fixtures import classification_rows, embedding_rows, seq2seq_rows, write
 
-from tformer.training import resolve_config
+from tformer.kinds import resolve_config
 
 FINE_TUNE = "/nonexistent/model"  # never opened: the options are refused before
 
@@ -13,7 +13,7 @@ FINE_TUNE = "/nonexistent/model"  # never opened: the options are refused before
 @pytest.mark.parametrize("rows, options, message", [
     (classification_rows, {"task": "reverse"}, r"task: a run on --data .* expected no --task, got 'reverse'"),
     (classification_rows, {"valid_size": 10}, r"valid_size: .* expected no --valid-size, got 10"),
-    (seq2seq_rows, {"pooling": "mean"}, r"pooling: a seq2seq model has no classifier head .* got 'mean'"),
+    (seq2seq_rows, {"pooling": "mean"}, r"pooling: a seq2seq run does not read it \(only a classification run does\); expected no --pooling, got 'mean'"),
     (embedding_rows, {"batch_size": 64},
      r"batch_size: an embedding run's batches hold --max-tokens 4096 tokens .* expected no --batch-size, got 64"),
     (classification_rows, {"from_pretrained": FINE_TUNE, "pooling": "cls"},
@@ -36,7 +36,7 @@ def test_a_data_run_refuses_options_it_would_not_read(tmp_path, rows, options, m
     ({"columns": "a=b"}, r"columns: the synthetic task reverse brings its own data, tokenizer and lengths"),
     ({"vocab_size": 9}, r"vocab_size: the synthetic task reverse .* expected no --vocab-size, got 9"),
     ({"max_length": 20}, r"max_length: the synthetic task reverse"),
-    ({"task": "sort", "pooling": "mean"}, r"pooling: a seq2seq model has no classifier head"),
+    ({"task": "sort", "pooling": "mean"}, r"pooling: a seq2seq run does not read it"),
     ({"pretrained_dropout": True}, r"pretrained_dropout: a run from scratch has no pretrained model's dropout"),
 ])
 def test_a_synthetic_task_refuses_the_data_options(options, message):

@@ -3,24 +3,24 @@
 import random
 
 import pytest
-from helpers import data_objective
+from helpers import build_data, data_objective
 from text_fixtures import classification_rows, embedding_rows, seq2seq_rows, write
 
-from tformer.training import resolve_config
+from tformer.kinds import kind_of_config, resolve_config
+from tformer.kinds.seq2seq import FIELDS as SEQ2SEQ_FIELDS
 from tformer.training.dataset import TextData
 from tformer.training.examples import Seq2SeqExample
-from tformer.training.records import FIELDS
 from tformer.training.stream import bucket
 
-input_key = FIELDS["seq2seq"].input_key
+input_key = SEQ2SEQ_FIELDS.input_key
 
 
 def _error(tmp_path, name, text, **config):
     path = tmp_path / name
     path.write_text(text, encoding="utf-8")
     with pytest.raises(ValueError) as e:
-        TextData.build(resolve_config({"data": str(path), **config}), tmp_path / "run", write=False)
-        data = TextData.build(resolve_config({"data": str(path), **config}), None, write=False)
+        build_data(resolve_config({"data": str(path), **config}), tmp_path / "run", write=False)
+        data = build_data(resolve_config({"data": str(path), **config}), None, write=False)
         data.held_out("test")
     message = str(e.value)
     assert "\n" not in message
@@ -34,7 +34,7 @@ def _error(tmp_path, name, text, **config):
     ("empty.jsonl", '{"text": "a", "label": "x"}\n{"text": " ", "label": "y"}\n',
      "empty.jsonl:2: text: expected text, got an empty string"),
     ("cols.csv", "source,target\na,b\nc,d,e\n", "cols.csv:3: expected 2 columns"),
-    ("none.jsonl", '{"question": "a", "answer": "b"}\n', "none.jsonl:1: expected fields source+target"),
+    ("none.jsonl", '{"question": "a", "answer": "b"}\n', "none.jsonl:1: expected fields text+label, source+target"),
     ("one.jsonl", '{"text": "a", "label": "x"}\n{"text": "b", "label": "x"}\n',
      "label: expected at least 2 distinct labels"),
     ("type.jsonl", '{"text": ["a"], "label": "x"}\n', "type.jsonl:1: text: expected a string, got list"),
@@ -48,20 +48,20 @@ def test_unknown_label_in_valid_names_its_line(tmp_path):
     valid = tmp_path / "v.jsonl"
     valid.write_text('{"text": "a cat", "label": "animal"}\n{"text": "x", "label": "plant"}\n')
     with pytest.raises(ValueError, match=r"v.jsonl:2: label 'plant' is not one of the training labels"):
-        TextData.build(resolve_config({"data": str(train), "valid": str(valid)}), None, write=False)
+        build_data(resolve_config({"data": str(train), "valid": str(valid)}), None, write=False)
 
 
 def test_seeded_split_keeps_each_text_in_one_split(tmp_path):
     rows = seq2seq_rows(400)
     rows += rows[:100]  # duplicated sources must still land in a single split
     path = write(tmp_path / "d.jsonl", rows)
-    data = TextData.build(resolve_config({"data": str(path), "vocab_size": 300}), None, write=False)
+    data = build_data(resolve_config({"data": str(path), "vocab_size": 300}), None, write=False)
     keys = {s: {input_key(r) for r in data.held_out(s)} for s in ("validation", "test")}
     keys["train"] = {input_key(r) for pool in data.epoch_pools() for r in pool}
     assert keys["validation"] and keys["test"]
     assert not (keys["train"] & keys["test"] or keys["train"] & keys["validation"]
                 or keys["validation"] & keys["test"])
-    other = TextData.build(resolve_config({"data": str(path), "vocab_size": 300, "seed": 1}), None,
+    other = build_data(resolve_config({"data": str(path), "vocab_size": 300, "seed": 1}), None,
                            write=False)
     assert {input_key(r) for r in other.held_out("test")} != keys["test"]  # the seed chooses
 
@@ -70,7 +70,7 @@ def test_given_valid_file_removes_its_texts_from_training(tmp_path):
     rows = seq2seq_rows(50)
     train = write(tmp_path / "t.jsonl", rows)
     valid = write(tmp_path / "v.jsonl", rows[:5])
-    data = TextData.build(resolve_config({"data": str(train), "valid": str(valid), "vocab_size": 300}),
+    data = build_data(resolve_config({"data": str(train), "valid": str(valid), "vocab_size": 300}),
                           None, write=False)
     train_keys = {input_key(r) for pool in data.epoch_pools() for r in pool}
     assert not train_keys & {r["source"] for r in rows[:5]}
@@ -91,7 +91,7 @@ def test_batches_respect_the_token_budget_and_bucket_by_length():
 def test_train_stream_is_seeded_and_resumable(tmp_path):
     path = write(tmp_path / "d.jsonl", seq2seq_rows(200))
     config = resolve_config({"data": str(path), "vocab_size": 300, "max_tokens": 200})
-    data = data_objective(TextData.build(config, None, write=False), config)
+    data = data_objective(build_data(config, None, write=False), config)
     first = [b.src for _, b in zip(range(30), data.train_batches(0), strict=False)]
     again = [b.src for _, b in zip(range(10), data.train_batches(20), strict=False)]
     assert all(a.equal(b) for a, b in zip(first[20:], again, strict=True))
@@ -102,7 +102,7 @@ def test_train_stream_is_seeded_and_resumable(tmp_path):
 def _objective(tmp_path, rows, **options):
     path = write(tmp_path / "d.jsonl", rows)
     config = resolve_config({"data": str(path), "vocab_size": 300, **options})
-    return data_objective(TextData.build(config, None, write=False), config)
+    return data_objective(build_data(config, None, write=False), config)
 
 
 def test_a_text_pair_is_encoded_whatever_its_neighbour_holds(tmp_path):
@@ -130,7 +130,7 @@ def test_the_file_is_read_once_to_build_a_run(tmp_path, monkeypatch):
     real = dataset.read_records
     monkeypatch.setattr(dataset, "read_records", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
     path = write(tmp_path / "d.jsonl", seq2seq_rows(200))
-    data = TextData.build(resolve_config({"data": str(path), "vocab_size": 300}), None, write=False)
+    data = build_data(resolve_config({"data": str(path), "vocab_size": 300}), None, write=False)
     assert data.held_out("test") and data.held_out("validation")
     assert len(reads) == 1  # the objective's peek reads one line and stops; no second pass
 
@@ -140,11 +140,11 @@ def test_resume_refuses_a_changed_data_file_and_keeps_the_runs_labels(tmp_path):
     config = resolve_config({"data": str(path), "vocab_size": 300})
     run = tmp_path / "run"
     run.mkdir()
-    TextData.build(config, run)
+    build_data(config, run)
     saved = (run / "data.json").read_bytes()
     write(path, classification_rows(80) + [{"text": "zzz", "label": "zzz"}])
     with pytest.raises(ValueError, match=r"data: .*d.jsonl changed since the run started"):
-        TextData.build(config, run)
+        build_data(config, run)
     assert (run / "data.json").read_bytes() == saved  # never rewritten
 
 
@@ -154,7 +154,7 @@ def test_a_file_sorted_by_label_trains_on_every_label_in_every_pool(tmp_path, mo
     monkeypatch.setattr(dataset, "POOL", 50)
     rows = sorted(classification_rows(400), key=lambda r: r["label"])  # all "animal", then "place"
     config = resolve_config({"data": str(write(tmp_path / "d.jsonl", rows)), "vocab_size": 300})
-    data = TextData.build(config, None, write=False)
+    data = build_data(config, None, write=False)
     epochs = [list(data.epoch_pools(epoch)) for epoch in (0, 1)]
     held_out = {r["text"] for split in ("validation", "test") for r in data.held_out(split)}
     train = sorted(str(r) for r in rows if r["text"] not in held_out)  # the file minus held-out
@@ -175,14 +175,14 @@ def test_the_tokenizer_learns_from_all_of_a_sorted_file_not_its_first_lines(tmp_
 
     rows = sorted(classification_rows(400), key=lambda r: r["label"])  # all "animal", then "place"
     config = resolve_config({"data": str(write(tmp_path / "d.jsonl", rows)), "vocab_size": 300})
-    _, everything = TextData._scan(config)
+    _, everything = TextData._scan(config, kind_of_config(config).fields)
     monkeypatch.setattr(dataset, "TOKENIZER_SAMPLE", 60)
-    _, sample = TextData._scan(config)
+    _, sample = TextData._scan(config, kind_of_config(config).fields)
     assert 40 <= len(sample) <= 60 and set(sample) <= set(everything)  # held-out texts stay out
     words = " ".join(sample).split()
     assert set(ANIMALS) & set(words) and set(PLACES) & set(words)  # the first lines: animals only
     monkeypatch.setattr(dataset, "TOKENIZER_CHARS", 500)
-    _, sample = TextData._scan(config)
+    _, sample = TextData._scan(config, kind_of_config(config).fields)
     assert 400 <= sum(map(len, sample)) <= 500
 
 
@@ -200,7 +200,7 @@ def test_a_small_file_holds_out_at_least_one_record_in_each_split(tmp_path):
     assert small_file_fraction([0.9], SPLIT_FRACTION, {"test"}) == SPLIT_FRACTION  # none can: the error
     example = Path(__file__).parents[2] / "examples" / "en_de.jsonl"
     for path in (example, write(tmp_path / "c.jsonl", classification_rows(30))):
-        data = TextData.build(resolve_config({"data": str(path), "vocab_size": 260}), None, write=False)
+        data = build_data(resolve_config({"data": str(path), "vocab_size": 260}), None, write=False)
         test, valid = data.held_out("test"), data.held_out("validation")
         assert test and valid and len(test) + len(valid) <= 0.5 * data.identity["data"]["records"]
 
@@ -215,7 +215,7 @@ def test_a_label_whose_records_are_all_held_out_is_named(tmp_path, n):
     rows = classification_rows(n) + [{"text": held, "label": "rare"}, {"text": "a b", "label": "seen"},
                                      {"text": "the mat", "label": "seen"}, {"text": "dog cat", "label": "seen"}]
     path = write(tmp_path / "d.jsonl", rows)
-    data = TextData.build(resolve_config({"data": str(path), "vocab_size": 260}), None, write=False)
+    data = build_data(resolve_config({"data": str(path), "vocab_size": 260}), None, write=False)
     assert data.untrained == {"rare": ["test"]}
     assert "rare" in data.labels and [r["text"] for r in data.held_out("test") if r["label"] == "rare"] == [held]
 
@@ -225,7 +225,7 @@ def test_a_given_held_out_file_without_records_is_named_not_blamed_on_the_split(
     (tmp_path / "test.csv").write_text("text,label\n")
     with pytest.raises(ValueError, match=r"test.csv: expected at least one record, got only the header row "
                                          r"\(text, label\)$"):
-        TextData.build(resolve_config({"data": str(train), "test": str(tmp_path / "test.csv")}), None, write=False)
+        build_data(resolve_config({"data": str(train), "test": str(tmp_path / "test.csv")}), None, write=False)
 
 
 def test_a_training_file_wholly_held_out_by_the_given_files_is_named(tmp_path):
@@ -233,7 +233,7 @@ def test_a_training_file_wholly_held_out_by_the_given_files_is_named(tmp_path):
     train = write(tmp_path / "train.csv", classification_rows(40))
     with pytest.raises(ValueError, match=r"train.csv: expected training records, got none: the input text of "
                                          r"each of its 40 record\(s\) is held out by --test .*train.csv$"):
-        TextData.build(resolve_config({"data": str(train), "test": str(train)}), None, write=False)
+        build_data(resolve_config({"data": str(train), "test": str(train)}), None, write=False)
 
 
 def test_a_fine_tunes_max_length_past_its_models_is_refused_not_lowered_unsaid(tmp_path):
@@ -245,10 +245,10 @@ def test_a_fine_tunes_max_length_past_its_models_is_refused_not_lowered_unsaid(t
     given = {"data": str(data), "from_pretrained": str(bert_dir())}
     with pytest.raises(ValueError, match=rf"^max_length: expected at most {MAX_POSITIONS} \(the maximum length "
                                          rf"of .*bert\), got {MAX_POSITIONS + 1}$"):
-        TextData.build(resolve_config({**given, "max_length": MAX_POSITIONS + 1}), None, write=False)
-    ok = TextData.build(resolve_config({**given, "max_length": MAX_POSITIONS}), None, write=False)
+        build_data(resolve_config({**given, "max_length": MAX_POSITIONS + 1}), None, write=False)
+    ok = build_data(resolve_config({**given, "max_length": MAX_POSITIONS}), None, write=False)
     assert ok.tokenizer.max_length == MAX_POSITIONS
     pairs = write(tmp_path / "e.jsonl", embedding_rows(40))
     preset = resolve_config({"data": str(pairs), "from_pretrained": str(bert_dir())})
     assert preset.max_length > MAX_POSITIONS  # (else the next line tests nothing)
-    assert TextData.build(preset, None, write=False).tokenizer.max_length == MAX_POSITIONS
+    assert build_data(preset, None, write=False).tokenizer.max_length == MAX_POSITIONS

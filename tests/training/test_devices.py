@@ -10,9 +10,10 @@ import torch
 from text_fixtures import classification_rows, write
 
 import tformer
+from tformer.kinds import make_objective, resolve_config, train
 from tformer.storage.checkpoint import check_run_dir
-from tformer.training import make_objective, resolve_config, resume_config, train
 from tformer.training import precision as training_precision
+from tformer.training import resume_config
 from tformer.training.steps import make_optimizer, train_step
 
 TINY = {"d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1, "batch_size": 8, "valid_size": 16,

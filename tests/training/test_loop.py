@@ -11,8 +11,9 @@ from safetensors.torch import load_file
 from text_fixtures import classification_rows, embedding_rows, seq2seq_rows, write
 
 from tformer.cli import main
+from tformer.kinds import resolve_config, train
 from tformer.storage.checkpoint import check_run_dir
-from tformer.training import resolve_config, resume_config, train
+from tformer.training import resume_config
 from tformer.training.precision import bf16_supported
 
 TINY = ["--d-model", "32", "--n-heads", "2", "--d-ff", "64", "--n-layers", "1", "--vocab-size", "300",
@@ -198,7 +199,7 @@ def test_out_refuses_a_finished_run_whose_checkpoints_were_removed(tmp_path, cap
 
 
 def test_a_non_finite_validation_is_never_kept_as_a_good_checkpoint(tmp_path, monkeypatch):
-    from tformer.training.objectives import Classification
+    from tformer.kinds.classification import Classification
 
     data = write(tmp_path / "d.jsonl", classification_rows())
     config = resolve_config({"data": str(data), "d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1,
@@ -225,8 +226,9 @@ def test_best_weights_of_a_seq2seq_run_follow_the_validation_loss_not_bleu():
     """The validation sample's BLEU moves by a point between neighbouring validations; the
     teacher-forced loss decides which weights are kept for sequence-to-sequence runs, the
     main metric for the others (accuracy keeps rising while an overfitting loss turns)."""
+    from tformer.kinds.classification import Classification
+    from tformer.kinds.seq2seq import Seq2Seq
     from tformer.training.loop import _selection, _track_best
-    from tformer.training.objectives import Classification, Seq2Seq
 
     state = {"step": 1222}
     seq2seq = Seq2Seq.__new__(Seq2Seq)  # _selection reads class attributes only
@@ -272,7 +274,7 @@ def test_the_curves_are_drawn_before_the_final_test(tmp_path, monkeypatch):
     """curves.png shows training and validation only: drawn before the test, whose deadline then
     counts its time, so a timed run's end keeps back only what follows the test."""
     from tformer.training import loop
-    from tformer.training.objectives.base import Objective
+    from tformer.training.objective import Objective
 
     order = []
     plot, evaluate = loop.plot_curves, Objective.evaluate
@@ -446,8 +448,8 @@ def test_a_fine_tune_that_only_hurts_tests_the_pretrained_weights_and_says_so(tm
     """--lr 1.0 wrecks the encoder at its first update (every text one vector): no later step beats
     the pretrained model's validation, so its weights, as they were, are the ones tested, kept
     and evaluated, and the summary and the verdict say so, with both scores."""
+    from tformer.kinds import load_run
     from tformer.nn.model import from_pretrained
-    from tformer.runs import load_run
 
     out = tmp_path / "run"
     assert main(_fine_tune_argv(embedding_fine_tune, out, "--lr", "1.0", "--steps", 6, "--eval-every", 2)) == 0

@@ -8,10 +8,10 @@ from hf_bert_fixtures import make_bert_dir
 from text_fixtures import classification_rows, embedding_rows, seq2seq_rows, write
 from torch import nn
 
+from tformer.kinds import make_objective, resolve_config
 from tformer.nn.attention import MultiHeadAttention
 from tformer.nn.dropout import Dropout
-from tformer.training import resolve_config
-from tformer.training.objectives import base, make_objective
+from tformer.training import objective as base
 
 # The pretrained model's own, each unlike the other and unlike --dropout's default (0.1).
 HIDDEN, ATTENTION = 0.05, 0.15

@@ -12,7 +12,7 @@ from hf_bert_fixtures import make_bert_dir
 from text_fixtures import classification_rows, write
 
 from tformer.kernels import autotune
-from tformer.training import resolve_config, train
+from tformer.kinds import resolve_config, train
 from tformer.training.sizing import StepTimes
 
 TINY = {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "vocab_size": 300, "max_tokens": 256}

@@ -6,8 +6,7 @@ from types import SimpleNamespace
 import torch
 from text_fixtures import seq2seq_rows, write
 
-from tformer.training import resolve_config
-from tformer.training.objectives import make_objective
+from tformer.kinds import make_objective, resolve_config
 
 TINY = {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "vocab_size": 300, "max_tokens": 256,
         "threads": 1, "precision": "fp32"}
@@ -42,7 +41,7 @@ def test_predictions_come_in_input_order_from_batches_sorted_by_length(tmp_path,
 
 def test_under_a_deadline_the_order_is_kept_and_a_prefix_is_predicted(tmp_path, monkeypatch):
     """A deadline that the second batch would pass: the first batch_size examples, as given."""
-    from tformer.training.objectives import base
+    from tformer.training import objective as base
 
     objective, model = _objective_and_model(tmp_path)
     examples = objective.examples("train")[:40]

@@ -6,7 +6,8 @@ import tracemalloc
 import pytest
 from text_fixtures import classification_rows, embedding_rows, write
 
-from tformer.training.records import indexed_records, peek_fields, read_records, records_at
+from tformer.kinds import kind_of_data
+from tformer.training.records import indexed_records, read_records, records_at
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".tsv"])
@@ -19,9 +20,9 @@ def test_formats_read_the_same_records(tmp_path, suffix):
 def test_columns_rename_and_fields_choose_the_objective(tmp_path):
     path = write(tmp_path / "d.csv", [{"en": "a", "fr": "b"}])
     assert [r for _, r in read_records(path, "en=source,fr=target")] == [{"source": "a", "target": "b"}]
-    assert peek_fields(path, "en=source,fr=target").objective == "seq2seq"
-    assert peek_fields(write(tmp_path / "c.jsonl", classification_rows(1))).objective == "classification"
-    assert peek_fields(write(tmp_path / "e.tsv", embedding_rows(1))).objective == "embedding"
+    assert kind_of_data(path, "en=source,fr=target").name == "seq2seq"
+    assert kind_of_data(write(tmp_path / "c.jsonl", classification_rows(1))).name == "classification"
+    assert kind_of_data(write(tmp_path / "e.tsv", embedding_rows(1))).name == "embedding"
 
 
 def test_reading_streams_the_file(tmp_path):
@@ -130,10 +131,10 @@ def test_a_label_is_a_class_name_by_one_rule(value, name):
 
 @pytest.mark.parametrize("value", [2.5, float("nan"), float("inf"), [1], {"a": 1}])
 def test_labels_that_are_not_class_names_are_refused_naming_the_line(value):
-    from tformer.training.records import FIELDS
+    from tformer.kinds.classification import FIELDS
 
     with pytest.raises(ValueError, match=r"f\.jsonl:3: label: expected a class name"):
-        FIELDS["classification"].check("f.jsonl:3", {"text": "a", "label": value})
+        FIELDS.check("f.jsonl:3", {"text": "a", "label": value})
 
 
 @pytest.mark.parametrize("suffix, header", [(".csv", "text,label,text"), (".tsv", "text\tlabel\ttext")])
@@ -145,16 +146,16 @@ def test_a_column_named_twice_in_the_header_is_refused(tmp_path, suffix, header)
     with pytest.raises(ValueError, match=r"d\.(csv|tsv):1: expected each column name once, got 'text' more"):
         next(read_records(path))
     with pytest.raises(ValueError, match=r":1: expected each column name once"):
-        peek_fields(path)
+        kind_of_data(path)
 
 
 def test_a_null_field_is_named_as_null_not_as_missing():
-    from tformer.training.records import FIELDS
+    from tformer.kinds.classification import FIELDS
 
     with pytest.raises(ValueError, match=r"^f\.jsonl:3: label: expected a value, got null$"):
-        FIELDS["classification"].check("f.jsonl:3", {"text": "a", "label": None})
+        FIELDS.check("f.jsonl:3", {"text": "a", "label": None})
     with pytest.raises(ValueError, match=r"^f\.jsonl:3: missing field 'label' \(the record has text\)$"):
-        FIELDS["classification"].check("f.jsonl:3", {"text": "a"})
+        FIELDS.check("f.jsonl:3", {"text": "a"})
 
 
 @pytest.mark.parametrize("seed", [-1, 2**63])
@@ -170,7 +171,7 @@ def test_a_header_row_alone_is_named_as_such_not_as_an_empty_file(tmp_path, name
     path = tmp_path / name
     path.write_text(text)
     with pytest.raises(ValueError, match=r"expected at least one record, got only the header row \(text, label\)"):
-        peek_fields(path)
+        kind_of_data(path)
 
 
 @pytest.mark.parametrize("text, message", [
@@ -193,12 +194,12 @@ def test_a_csv_quote_left_open_is_named_not_read_as_other_rows(tmp_path, text, m
 def test_a_json_escape_of_half_a_surrogate_pair_is_named_with_its_line(tmp_path):
     """'\\ud800' is valid JSON but no UTF-8 text: training failed at hashing the record, with
     only "'utf-8' codec can't encode character '\\ud800' ...": no file, line or field."""
-    from tformer.training.records import FIELDS
+    from tformer.kinds.classification import FIELDS
 
     with pytest.raises(ValueError, match=r"^f\.jsonl:3: text: expected text UTF-8 can encode, got a lone "
                                          r"surrogate '\\ud800' at character 3$"):
-        FIELDS["classification"].check("f.jsonl:3", json.loads('{"text": "ab\\ud800c", "label": "x"}'))
-    assert FIELDS["classification"].check("f", json.loads('{"text": "\\ud83d\\ude00", "label": "x"}')) == {
+        FIELDS.check("f.jsonl:3", json.loads('{"text": "ab\\ud800c", "label": "x"}'))
+    assert FIELDS.check("f", json.loads('{"text": "\\ud83d\\ude00", "label": "x"}')) == {
         "text": "\U0001f600", "label": "x"}  # a whole pair is one character
 
 

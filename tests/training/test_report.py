@@ -9,7 +9,7 @@ import pytest
 from cli_helpers import assert_one_line_error, run_cli
 from text_fixtures import classification_rows, write
 
-from tformer.training.config import resolve_config
+from tformer.kinds import resolve_config
 
 TINY = ["--d-model", "16", "--n-heads", "2", "--d-ff", "32", "--n-layers", "1", "--vocab-size", "260",
         "--max-tokens", "256", "--eval-every", "4", "--log-every", "2", "--threads", "1", "--quiet"]

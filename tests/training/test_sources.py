@@ -9,8 +9,9 @@ from text_fixtures import classification_rows, embedding_rows, write
 
 import tformer
 from tformer.config import TransformerConfig
+from tformer.kinds import resolve_config, train
 from tformer.storage.checkpoint import check_run_dir
-from tformer.training import resolve_config, resume_config, train
+from tformer.training import resume_config
 
 TINY = {"steps": 2, "d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1, "vocab_size": 260,
         "max_tokens": 256, "eval_every": 2, "threads": 1}

@@ -7,20 +7,11 @@ import torch
 from safetensors.torch import load_file
 
 from tformer import TransformerConfig
+from tformer.kinds import load_run, resolve_config, train
 from tformer.nn.model import EncoderClassifier, Seq2SeqTransformer
-from tformer.runs import load_run
 from tformer.storage.checkpoint import check_run_dir
 from tformer.tasks import get_task
-from tformer.training import (
-    PRESETS,
-    TrainConfig,
-    forward_loss,
-    learning_rate,
-    make_optimizer,
-    resolve_config,
-    resume_config,
-    train,
-)
+from tformer.training import PRESETS, TrainConfig, forward_loss, learning_rate, make_optimizer, resume_config
 
 # A config small enough to train a few steps in well under a second.
 TINY = dict(d_model=16, n_heads=2, d_ff=32, n_layers=1, batch_size=8, valid_size=16,
@@ -103,7 +94,7 @@ def test_config_layers_presets_file_and_command_line():
     ({"lr": "fast"}, "lr: expected float | None, got 'fast'"),
     ({"label_smoothing": 1.0}, r"label_smoothing: expected a value in \[0, 1\), got 1.0"),
     ({"norm_first": 1}, "norm_first: expected bool, got 1"),
-    ({"pooling": "max"}, "pooling: expected one of cls, mean; got 'max'"),
+    ({"pooling": "avg"}, r"pooling: expected one of cls, max, mean, mean_sqrt_len \(or several joined by '\+'\); got 'avg'"),
     ({"early_stop": 2.0}, r"early_stop: expected a metric in \(0, 1\] or None, got 2.0"),
 ])
 def test_train_config_errors_name_the_field(change, message):

@@ -12,7 +12,7 @@ self-attention) or a run directory of `tformer train`, of any kind:
 
 The page's size is estimated from the token counts and refused in one line before anything
 is built (``tformer.viz.html.check_page_size``). A run gives its text as its model reads it
-(``Run.attention_input``: tformer.runs); this module draws from those plain values.
+(``Run.attention_input``: tformer.kinds); this module draws from those plain values.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import torch
 from tformer.commands._inputs import device_of
 from tformer.commands._pretrained import max_length_option, one_line_warnings
 from tformer.devices import model_device
+from tformer.kinds.run import AttentionInput
 from tformer.nn.generate import generate
 from tformer.nn.model import from_pretrained
-from tformer.runs.base import AttentionInput
 from tformer.storage.checkpoint import latest_checkpoint
 from tformer.text.tokenizer import load_tokenizer
 from tformer.viz.html import AttentionMaps, check_page_size, write_attention_page

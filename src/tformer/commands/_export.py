@@ -7,7 +7,7 @@ refused). HF directories carry the run's tokenizer, truncating at the run's max_
 model card. Embedding runs need no --hf export: the run directory is already a
 sentence-transformers model.
 
-A run's exports are its own (tformer.runs: each kind writes its formats); this module tells a
+A run's exports are its own (tformer.kinds: each kind writes its formats); this module tells a
 run directory from a model directory and exports the latter.
 """
 
@@ -62,7 +62,7 @@ def _refuse_non_model_dirs(directory: Path) -> None:
 
 
 def _export_run(run_dir: Path, args: argparse.Namespace) -> int:
-    from tformer.runs import load_run
+    from tformer.kinds import load_run
 
     # Exports are traced and checked on the CPU, whatever device the machine has.
     load_run(run_dir, device="cpu").export(hf=args.hf, onnx=args.onnx, opset=args.opset)

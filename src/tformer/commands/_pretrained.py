@@ -92,7 +92,7 @@ def check_not_another_run(model_dir: str) -> None:
     path = Path(model_dir)
     layout = (path / "config.json").exists() or (path / "modules.json").exists()  # an embedding run's too
     if not layout and latest_checkpoint(path) is not None:
-        from tformer.runs import describe_run
+        from tformer.kinds import describe_run
 
         what, verb = describe_run(path)  # its weights are not read for an error
         raise ValueError(f"MODEL_DIR: {path} is {what}, not a sentence embedding model: "

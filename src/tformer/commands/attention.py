@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--html: expected a .html file name, got {args.html!r}")
     if is_run_dir(args.model_dir):
         from tformer.commands._inputs import device_of
-        from tformer.runs import load_run
+        from tformer.kinds import load_run
 
         run = load_run(args.model_dir, device=device_of(args))
         try:

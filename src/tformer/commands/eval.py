@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     import contextlib
     from pathlib import Path
 
-    from tformer.runs import load_run
+    from tformer.kinds import load_run
     from tformer.storage.rundir import RunLock
 
     check_options(args)

@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.runs import load_run
+    from tformer.kinds import load_run
 
     check_options(args)
     inputs = input_windows(args, "inputs", "INPUT", args.batch_size)

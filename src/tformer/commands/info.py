@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from tformer.stats import activation_bytes, flops_per_token, parameter_count
 
     path = Path(args.config)
-    run_rows = []
+    run_rows, architecture = [], None
     seq_default = None  # the length the estimates use without --seq-len (else the config's max_len)
     if path.is_dir():
         from tformer.storage.checkpoint_names import latest_checkpoint, read_latest
@@ -49,15 +49,14 @@ def run(args: argparse.Namespace) -> int:
             return 0
         else:  # a run: its newest checkpoint's files (an older run's: its own), read whole again
             # if a live run pruned that checkpoint under us
-            run_rows, config = read_latest(run_dir, lambda saved: (
+            run_rows, config, architecture = read_latest(run_dir, lambda saved: (
                 _run_rows(run_dir, saved or run_dir),
-                TransformerConfig.load((saved or run_dir) / "config.json")))
+                TransformerConfig.load((saved or run_dir) / "config.json"),
+                _architecture(run_dir, saved or run_dir)))
     else:
         config = TransformerConfig.load(path)
     if args.model is None:
-        kind = dict(run_rows).get("objective", "")
-        args.model = ("seq2seq" if kind.startswith(("seq2seq", "copy", "reverse", "sort", "add"))
-                      else "classifier" if config.n_classes else "encoder")
+        args.model = architecture or ("classifier" if config.n_classes else "encoder")
     if args.seq_len is not None and args.seq_len <= 0:  # 0 read as "not given" and used max_len
         raise ValueError(f"--seq-len: expected a positive int, got {args.seq_len}")
     if args.batch <= 0:
@@ -89,6 +88,16 @@ def run(args: argparse.Namespace) -> int:
     rows += [("", line) for line in choices]
     _print(rows)
     return 0
+
+
+def _architecture(run_dir, saved) -> str | None:
+    """The model a run's kind trains, as tformer.stats sizes it (None: not a run tformer knows)."""
+    from tformer.kinds import kind_of_config
+    from tformer.training.config import read_train_config
+
+    if not (saved / "train_config.json").is_file():
+        return None
+    return kind_of_config(read_train_config(saved), run_dir).objective.model_kind
 
 
 def _print(rows: list[tuple[str, str]]) -> None:

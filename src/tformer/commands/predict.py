@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.runs import load_run
+    from tformer.kinds import load_run
 
     check_options(args)
     inputs = input_windows(args, "inputs", "TEXT", args.batch_size)

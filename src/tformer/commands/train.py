@@ -44,7 +44,6 @@ GROUPS = (
 DATA_ONLY = {"data", "valid", "test", "columns", "from_pretrained", "tokenizer", "vocab_size", "lowercase",
              "max_tokens", "epochs", "auto_length", "auto_size", "pretrained_dropout"}
 TASKS_ONLY = {"task", "valid_size", "test_size"}
-KINDS_READING = {"pooling": ("classification",)}
 # What a fine-tune takes from its pretrained model where the option is not given.
 FROM_THE_MODEL = {"lr": "by the model's width", "dropout": "the pretrained model's"}
 
@@ -52,13 +51,15 @@ FROM_THE_MODEL = {"lr": "by the model's width", "dropout": "the pretrained model
 def default_text(name: str, base: Any) -> str:
     """What a run gets for option `name` when it is not given: per kind of data, for a
     fine-tune, and for the synthetic tasks, where those differ (tformer.training.presets)."""
-    from tformer.training.presets import FINETUNE_PRESET, OBJECTIVE_PRESETS, PRESETS
+    from tformer.kinds import KINDS
+    from tformer.training.presets import FINETUNE_PRESET, PRESETS
 
     def fmt(value: Any) -> str:
         return "none" if value is None else str(value)
 
-    kinds = KINDS_READING.get(name, tuple(OBJECTIVE_PRESETS))
-    data = {kind: fmt(OBJECTIVE_PRESETS[kind].get(name, base)) for kind in kinds}
+    readers = [k for k in KINDS.values() if name in k.reads]  # an option only some kinds read
+    kinds = {k.name: k.objective.preset for k in readers or KINDS.values()}
+    data = {kind: fmt(preset.get(name, base)) for kind, preset in kinds.items()}
     tasks = {fmt(preset.get(name, base)) for preset in PRESETS.values()} | {fmt(base)}
     finetune = FINETUNE_PRESET.get(name, base)
     if name in TASKS_ONLY or (set(data.values()) == tasks == {fmt(base)} and finetune == base):
@@ -108,6 +109,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "reference (its own backward pass and AdamW; torch is never "
                              "imported; no --resume)")
     types = train_types()
+    bases: dict[str, Any] = {}  # option -> the field's default, said per kind when help is shown
+    parser.formatter_class = _with_defaults(bases)
     fields = {f.name: f for f in dataclasses.fields(TrainConfig) if f.name != "model"}
     fields.update({f.name: f for f in dataclasses.fields(TransformerConfig) if f.name in MODEL_OPTIONS})
     grouped = [name for _, names in GROUPS for name in names]
@@ -123,7 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 default, text = f.default, field_help(f)
             kind = types[name]
             if "(default:" not in text:  # (a help that says its own default keeps it)
-                text = f"{text} (default: {default_text(name, default)})"
+                bases[name] = default
             kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": text}
             flag = "--" + name.replace("_", "-")
             if kind.base is bool:
@@ -131,6 +134,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             else:
                 cast = _optional(kind.base) if kind.optional else kind.base
                 group.add_argument(flag, type=cast, metavar=name.upper(), **kw)
+
+
+def _with_defaults(bases: dict[str, Any]) -> type[argparse.HelpFormatter]:
+    """A help formatter that ends each option's help with its defaults per kind (default_text):
+    worked out only when --help is shown, since the kinds' presets import torch, and `tformer
+    train --engine numpy` must not."""
+
+    class WithDefaults(argparse.HelpFormatter):
+        def _get_help_string(self, action: argparse.Action) -> str:
+            if action.dest not in bases:
+                return action.help or ""
+            return f"{action.help} (default: {default_text(action.dest, bases[action.dest])})"
+
+    return WithDefaults
 
 
 def run(args: argparse.Namespace) -> int:
@@ -157,13 +174,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from tformer.devices import check_spec, resolve_device
-    from tformer.training.config import (
-        MODEL_OPTIONS,
-        TrainConfig,
-        load_config_file,
-        resolve_config,
-        resume_config,
-    )
+    from tformer.kinds import resolve_config
+    from tformer.training.config import MODEL_OPTIONS, TrainConfig, load_config_file, resume_config
 
     fields = {f.name for f in dataclasses.fields(TrainConfig)} | set(MODEL_OPTIONS)
     given = {k: v for k, v in vars(args).items() if k in fields}  # only options on the command line
@@ -182,8 +194,8 @@ def _run(args: argparse.Namespace) -> int:
                              f"got {config.device!r}")
         train_numpy(config, progress=not args.quiet)
         return 0
+    from tformer.kinds import train
     from tformer.training.distributed import finish
-    from tformer.training.loop import train
 
     if "device" in given:  # one this machine lacks: one line, before anything is made
         resolve_device(given["device"], "--device")

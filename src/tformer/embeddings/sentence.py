@@ -24,8 +24,8 @@ from tformer.config import POOLING_MODES
 from tformer.devices import model_device, resolve_device
 from tformer.errors import check_flag
 from tformer.formats.model_dir import read_model_dir
+from tformer.nn.heads import SentenceModel
 from tformer.nn.model import Encoder, from_pretrained
-from tformer.nn.pooling import pool
 from tformer.text.arguments import check_texts, texts_list
 from tformer.text.batches import EncoderBatch, encoder_batch
 from tformer.text.tokenizer import Tokenizer, load_tokenizer
@@ -35,30 +35,49 @@ PROGRESS_MIN_BATCHES = 8
 
 
 class SentenceEncoder:
-    """An Encoder, its tokenizer and the directory's pooling, with a batched ``encode``."""
+    """A SentenceModel (an Encoder, the directory's pooling and normalisation: tformer.nn.heads)
+    and its tokenizer, with a batched ``encode``. ``model``: an Encoder, pooled as ``pooling``
+    and ``normalize`` say; or a SentenceModel (an embedding run's), which says both itself."""
 
     def __init__(
         self,
-        model: Encoder,
+        model: Encoder | SentenceModel,
         tokenizer: Tokenizer,
         pooling: Sequence[str] = ("mean",),
         normalize: bool = False,
     ) -> None:
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model: expected an Encoder (tformer.from_pretrained), "
-                            f"got {type(model).__name__}")
         if not isinstance(tokenizer, Tokenizer):
             raise TypeError(f"tokenizer: expected a tformer Tokenizer (tformer.load_tokenizer), "
                             f"got {type(tokenizer).__name__}")
-        pooling = (pooling,) if isinstance(pooling, str) else tuple(pooling)  # one mode: its name
-        if not pooling:
-            raise ValueError(f"pooling: expected at least one of {', '.join(POOLING_MODES)}, got none")
-        for mode in pooling:
-            if mode not in POOLING_MODES:
-                raise ValueError(f"pooling: expected modes from {', '.join(POOLING_MODES)}, got {mode!r}")
-        check_flag("normalize", normalize)
-        self.model, self.tokenizer = model.eval(), tokenizer
-        self.pooling, self.normalize = tuple(pooling), normalize
+        if isinstance(model, SentenceModel):
+            self.sentence = model.eval()
+        elif isinstance(model, Encoder):
+            pooling = (pooling,) if isinstance(pooling, str) else tuple(pooling)  # one mode: its name
+            if not pooling:
+                raise ValueError(f"pooling: expected at least one of {', '.join(POOLING_MODES)}, got none")
+            for mode in pooling:
+                if mode not in POOLING_MODES:
+                    raise ValueError(f"pooling: expected modes from {', '.join(POOLING_MODES)}, got {mode!r}")
+            check_flag("normalize", normalize)
+            config = model.config.replace(pooling="+".join(pooling))
+            self.sentence = SentenceModel(config, normalize, encoder=model).eval()
+        else:
+            raise TypeError(f"model: expected an Encoder (tformer.from_pretrained) or a SentenceModel, "
+                            f"got {type(model).__name__}")
+        self.tokenizer = tokenizer
+
+    @property
+    def model(self) -> Encoder:
+        """The encoder (its pooling and normalisation: ``pooling``, ``normalize``)."""
+        return self.sentence.encoder
+
+    @property
+    def pooling(self) -> tuple[str, ...]:
+        return self.sentence.pooling
+
+    @property
+    def normalize(self) -> bool:
+        return self.sentence.normalize
 
     @classmethod
     def from_pretrained(
@@ -90,7 +109,7 @@ class SentenceEncoder:
 
     @property
     def dim(self) -> int:
-        return self.model.config.d_model * len(self.pooling)
+        return self.sentence.dim
 
     @torch.inference_mode()
     def encode(
@@ -152,10 +171,7 @@ class SentenceEncoder:
             batch.input_ids (B, S) -> (B, dim) float32
         """
         batch = batch.to(model_device(self.model))  # to a GPU pinned, without blocking
-        enc = self.model(batch.input_ids, attention_mask=batch.attention_mask,
-                         token_type_ids=batch.token_type_ids)
-        emb = pool(enc.last_hidden_state, enc.mask, self.pooling)  # (B, dim)
-        if self.normalize if normalize is None else normalize:
-            emb = torch.nn.functional.normalize(emb, p=2.0, dim=-1)
+        emb = self.sentence(batch.input_ids, batch.attention_mask, batch.token_type_ids,
+                            normalize)  # (B, dim)
         return emb.float().cpu()  # pooled in the residual stream's dtype
 

@@ -12,7 +12,7 @@ command that made it and how to load it.
     <!-- tformer export -->          (export_dir.MARKER: this folder is tformer's to replace)
     # run-name ...
 
-The exporters take a ``Card`` (plain values: the run reads them, ``tformer.runs``), so this
+The exporters take a ``Card`` (plain values: the run reads them, ``tformer.kinds``), so this
 module knows nothing of run directories.
 """
 

@@ -34,11 +34,11 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from tformer.embeddings.sentence import pool
 from tformer.errors import require
 from tformer.export.opsets import DEFAULT_OPSET, check_opset
 from tformer.formats.st_layout import read_layout
 from tformer.nn.model import Encoder
+from tformer.nn.pooling import pool
 from tformer.storage.files import check_file_name, replaced_on_success, replaced_path
 from tformer.storage.locks import output_lock, remove_leftovers
 
@@ -353,3 +353,37 @@ def check_onnx(path: str | Path, graph: OnnxGraph,
     return worst
 
 
+# How an exported folder is used, for its model card (each kind names its own).
+CLASSIFIER_USAGE = """
+import json
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+tokenizer = Tokenizer.from_file("DIR/tokenizer.json")  # cuts texts at the run's max_length
+session = ort.InferenceSession("DIR/model.onnx")
+labels = json.load(open("DIR/config.json"))["id2label"]
+enc = tokenizer.encode("some text")
+feed = {"input_ids": [enc.ids], "attention_mask": [enc.attention_mask], "token_type_ids": [enc.type_ids]}
+(logits,) = session.run(None, {i.name: np.array(feed[i.name], dtype=np.int64) for i in session.get_inputs()})
+probs = np.exp(logits - logits.max(-1, keepdims=True))
+probs /= probs.sum(-1, keepdims=True)
+print(labels[str(int(probs[0].argmax()))], probs[0])
+"""
+
+# PAD_TOKEN: the run's padding token (<pad>, or a fine-tuned BERT's [PAD]), filled in per run.
+SENTENCE_USAGE = """
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+tokenizer = Tokenizer.from_file("DIR/tokenizer.json")  # cuts texts at the run's max_length
+tokenizer.enable_padding(pad_id=tokenizer.token_to_id("PAD_TOKEN"), pad_token="PAD_TOKEN")
+session = ort.InferenceSession("DIR/model.onnx")
+batch = tokenizer.encode_batch(["some text", "another text"])
+feed = {"input_ids": [e.ids for e in batch], "attention_mask": [e.attention_mask for e in batch],
+        "token_type_ids": [e.type_ids for e in batch]}
+inputs = {i.name: np.array(feed[i.name], dtype=np.int64) for i in session.get_inputs()}
+tokens, sentences = session.run(None, inputs)  # sentences: (2, dim), L2-normalised
+# or, with sentence-transformers[onnx]: SentenceTransformer("DIR", backend="onnx").encode([...])
+"""

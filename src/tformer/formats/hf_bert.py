@@ -298,8 +298,18 @@ def _tformer_config(hf: Mapping[str, Any], act: str, has_pooler: bool) -> Transf
     )
 
 
+class NotBert(ValueError):
+    """A setting a BERT export cannot express: ``field`` (a TransformerConfig field), what BERT
+    needs, and what the model has (the error carries them: a caller names the option)."""
+
+    def __init__(self, field: str, need: str, got: Any) -> None:
+        super().__init__(f"config.{field}: a BERT export needs {need}, got {got!r}")
+        self.field, self.need, self.got = field, need, got
+
+
 def config_to_hf(config: TransformerConfig) -> dict[str, Any]:
-    """TransformerConfig -> a BERT ``config.json`` dict; configs BERT cannot express raise."""
+    """TransformerConfig -> a BERT ``config.json`` dict; configs BERT cannot express raise
+    NotBert."""
     needs = {
         "vocab_size": (config.vocab_size is not None, "set (token ids)"),
         "positional": (config.positional == "learned", "'learned'"),
@@ -312,7 +322,7 @@ def config_to_hf(config: TransformerConfig) -> dict[str, Any]:
     }
     for name, (ok, want) in needs.items():
         if not ok:
-            raise ValueError(f"config.{name}: a BERT export needs {want}, got {getattr(config, name)!r}")
+            raise NotBert(name, want, getattr(config, name))
     return {
         "architectures": ["BertModel"],
         "model_type": "bert",

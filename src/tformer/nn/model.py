@@ -359,8 +359,8 @@ class EncoderClassifier(nn.Module):
 
     Pooled: the BERT pooler's output (tanh(W h[CLS]), Devlin et al. 2019 §3) when the config
     has one, so a fine-tuned model is a transformers BertForSequenceClassification; else
-    ``config.pooling`` ("cls": the first position, "mean": over real tokens). Dropout before
-    the head, as BERT's classifier has it.
+    ``config.pooling`` ("cls": the first position, "mean": over real tokens; several modes
+    joined by "+" are concatenated). Dropout before the head, as BERT's classifier has it.
     """
 
     def __init__(self, config: TransformerConfig):
@@ -371,7 +371,8 @@ class EncoderClassifier(nn.Module):
         self.config = config
         self.encoder = Encoder(config)
         self.dropout = Dropout(config.dropout)
-        self.head = nn.Linear(config.d_model, config.n_classes)
+        width = config.d_model if config.pooler else config.d_model * len(config.pooling_modes)
+        self.head = nn.Linear(width, config.n_classes)
 
     def forward(
         self,
@@ -392,5 +393,5 @@ class EncoderClassifier(nn.Module):
         )
         pooled = out.pooler_output  # (B, D) or None
         if pooled is None:
-            pooled = pool(out.last_hidden_state, out.mask, [self.config.pooling])  # (B, D)
+            pooled = pool(out.last_hidden_state, out.mask, self.config.pooling_modes)  # (B, D)
         return ClassifierOutput(self.head(self.dropout(pooled)), out.hidden_states, out.attentions)

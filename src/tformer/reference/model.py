@@ -469,8 +469,8 @@ class EncoderClassifier(Module):
 
     Pooled: the BERT pooler's output (tanh(W h[CLS]), Devlin et al. 2019 §3) when the config
     has one, so a fine-tuned model is a transformers BertForSequenceClassification; else
-    ``config.pooling`` ("cls": the first position, "mean": over real tokens). Dropout before
-    the head, as BERT's classifier has it.
+    ``config.pooling`` ("cls": the first position, "mean": over real tokens; several modes
+    joined by "+" are concatenated). Dropout before the head, as BERT's classifier has it.
     """
 
     def __init__(self, config: TransformerConfig, dtype=np.float32):
@@ -480,7 +480,8 @@ class EncoderClassifier(Module):
         self.dtype = np.dtype(dtype)
         self.encoder = Encoder(config, dtype)
         self.dropout = Dropout(config.dropout)
-        self.head = Linear(config.d_model, config.n_classes)
+        width = config.d_model if config.pooler else config.d_model * len(config.pooling_modes)
+        self.head = Linear(width, config.n_classes)
         self.astype(self.dtype)
 
     def forward(
@@ -502,7 +503,7 @@ class EncoderClassifier(Module):
         )
         pooled = out.pooler_output  # (B, D) or None
         if pooled is None:
-            pooled = pool(out.last_hidden_state, out.mask, [self.config.pooling])  # (B, D)
+            pooled = pool(out.last_hidden_state, out.mask, self.config.pooling_modes)  # (B, D)
         return ClassifierOutput(self.head(self.dropout(pooled)), out.hidden_states, out.attentions)
 
     def forward_train(self, x, attention_mask=None, token_type_ids=None, rng=None):
@@ -514,7 +515,7 @@ class EncoderClassifier(Module):
                                                     token_type_ids=token_type_ids, rng=rng)
         pooled = out.pooler_output  # (B, D) or None
         if pooled is None:
-            pooled = pool(out.last_hidden_state, out.mask, [self.config.pooling])  # (B, D)
+            pooled = pool(out.last_hidden_state, out.mask, self.config.pooling_modes)  # (B, D)
         dropped, drop_cache = self.dropout.forward_train(pooled, rng)
         return self.head(dropped), (enc_cache, out, dropped, drop_cache)
 
@@ -531,5 +532,5 @@ class EncoderClassifier(Module):
         if out.pooler_output is not None:
             return self.encoder.backward(np.zeros_like(h), enc_cache, grads, prefix + "encoder.",
                                          dpooled=dpooled)
-        dh = pool_backward(dpooled, h, out.mask, [self.config.pooling])  # (B, S, D)
+        dh = pool_backward(dpooled, h, out.mask, self.config.pooling_modes)  # (B, S, D)
         return self.encoder.backward(dh, enc_cache, grads, prefix + "encoder.")

@@ -27,13 +27,15 @@ from starlette.responses import Response
 
 import tformer
 from tformer.devices import resolve_device
+from tformer.kinds import load_served
+from tformer.kinds.run import Run
+from tformer.kinds.serving import InputRefused, Item
 from tformer.nn.precision import resolve_precision
 from tformer.serve import connections, exposure, routes, schema
 from tformer.serve.batcher import Batcher, QueueFull, ShuttingDown
 from tformer.serve.config import ServeConfig
 from tformer.serve.endpoint import Endpoint, error
 from tformer.serve.metrics import Metrics
-from tformer.serve.models import InputRefused, Item, Served, load_served
 from tformer.serve.schema import RequestError
 
 log = logging.getLogger("tformer.serve")
@@ -61,17 +63,19 @@ class ClientGone(Exception):
 class Service:
     """The model, its batcher, the tokenizer threads and the metrics of one worker."""
 
-    def __init__(self, config: ServeConfig, served: Served) -> None:
+    def __init__(self, config: ServeConfig, served: Run) -> None:
         self.config, self.served, self.metrics = config, served, Metrics()
-        self.batcher = Batcher(served.run, config.max_batch_tokens, config.max_wait_ms, config.max_queue,
-                               self.metrics, thread_init=self._thread_init)
+        # The model-dir case cut its tokenizer at --max-input-tokens; a run refuses past it.
+        self.input_limit = config.max_input_tokens or served.max_input_tokens
+        self.batcher = Batcher(served.run_batch, config.max_batch_tokens, config.max_wait_ms,
+                               config.max_queue, self.metrics, thread_init=self._thread_init)
         self.tokenizers = ThreadPoolExecutor(config.tokenization_workers,
                                              thread_name_prefix="tformer-tokenize")
         self.large_tokenizers = ThreadPoolExecutor(config.tokenization_workers,
                                                    thread_name_prefix="tformer-tokenize-large")
         self._drain: asyncio.TimerHandle | None = None
         # A model without a length limit: an input of more tokens than a batch holds is of no use.
-        input_tokens = served.max_input_tokens or config.max_batch_tokens
+        input_tokens = self.input_limit or config.max_batch_tokens
         self.max_commas = config.max_client_batch * input_tokens + FIELD_COMMAS
 
     def _thread_init(self) -> None:
@@ -146,7 +150,7 @@ class Service:
         try:
             if endpoint.tokenize_only:
                 return endpoint.respond(self.served.tokenize(inputs, key), [], extra)
-            return self.served.items(inputs, truncate), key, extra
+            return self.served.admit(inputs, truncate, self.input_limit), key, extra
         except InputRefused as e:
             field = "inputs" if endpoint.tokenize_only or "input" not in body else "input"
             raise RequestError(e.status, field, str(e)) from None
@@ -155,13 +159,13 @@ class Service:
         """GET /info: TEI's (or TGI's) fields, then tformer's; no filesystem paths."""
         c, served = self.config, self.served
         return {
-            **routes.INFO[served.kind](self),
+            **routes.info(self),
             "version": tformer.__version__, "sha": None, "docker_label": None,
             "model": c.model_name, "kind": served.kind, "endpoints": sorted(routes.endpoints(self)),
             "dtype": c.dtype, "device": c.device, "torch": torch.__version__, "threads": c.threads_per_worker,
             "workers": c.workers,
             "limits": {"max_batch_tokens": c.max_batch_tokens, "max_wait_ms": c.max_wait_ms,
-                       "max_input_tokens": served.max_input_tokens, "max_queue": c.max_queue,
+                       "max_input_tokens": self.input_limit, "max_queue": c.max_queue,
                        "max_client_batch": c.max_client_batch, "truncate": c.truncate,
                        "max_body_bytes": MAX_BODY_BYTES, "max_body_commas": self.max_commas,
                        "header_timeout": c.header_timeout,
@@ -259,13 +263,13 @@ async def _starlette_error(request: Request, exc: HTTPException) -> Response:
 
 
 # The application -------------------------------------------------------------------------------------
-def create_app(config: ServeConfig, served: Served | None = None) -> Starlette:
+def create_app(config: ServeConfig, served: Run | None = None) -> Starlette:
     """The application for one worker; loads the model unless given one."""
     torch.set_num_threads(config.threads_per_worker)
     # "auto" becomes what runs here, so that /info names it.
     device = resolve_device(config.device, "--device")
     config = dataclasses.replace(config, device=str(device), dtype=resolve_precision(config.dtype, device)[0])
-    served = served or load_served(config.model, config.dtype, config.max_input_tokens, device)
+    served = served or load_served(config.model, device, config.dtype, config.max_input_tokens)
     service = Service(config, served)
     limits = connections.Limits(config.header_timeout, config.body_timeout, config.max_connections,
                                 config.connections_per_client, service.begin_drain)

@@ -39,8 +39,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from tformer.kinds.serving import Item
 from tformer.serve.metrics import Metrics
-from tformer.serve.models import Item
 
 # A request of at most max_batch_tokens / SHORT_SHARE tokens is short: it gets the short lane.
 SHORT_SHARE = 8

@@ -11,9 +11,10 @@ from typing import Any, Protocol
 from starlette.requests import Request
 from starlette.responses import Response
 
+from tformer.kinds.run import Run
+from tformer.kinds.serving import Item
 from tformer.serve.config import ServeConfig
 from tformer.serve.metrics import Metrics
-from tformer.serve.models import Item, Served
 from tformer.serve.schema import RequestError
 
 
@@ -32,7 +33,8 @@ class Service(Protocol):
     """What the protocol modules need from the app's service (tformer.serve.app.Service)."""
 
     config: ServeConfig
-    served: Served
+    served: Run  # the run (or model directory) served: tformer.kinds
+    input_limit: int  # the most tokens an input is read to (--max-input-tokens, else the run's)
     metrics: Metrics
 
     async def answer(self, request: Request, path: str, endpoint: Endpoint) -> Response: ...

@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from tformer.kinds.serving import Item
 from tformer.serve import schema
 from tformer.serve.endpoint import Endpoint, Service, json_response
-from tformer.serve.models import Item
 
 COMPLETION_FIELDS = ("prompt", "model", "max_tokens", "stop", "n", "echo", "stream", "user", "seed",
                      "temperature", "top_p", "best_of", "logprobs", "presence_penalty", "frequency_penalty",

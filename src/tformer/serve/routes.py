@@ -1,9 +1,15 @@
-"""Which endpoints a server has: the protocols its model kind speaks, and the plain GETs.
+"""Which endpoints a server has: the protocols its run answers, and the plain GETs.
 
-    embedding       POST /v1/embeddings (OpenAI), /embed, / and /tokenize (TEI)
-    classification  POST /predict, / and /tokenize (TEI; / also Hugging Face's task API)
-    seq2seq         POST /generate and / (TGI), /v1/completions (OpenAI), /tokenize
-    always          GET /health, /info, /metrics, /v1/models, /v1/models/{id}
+    openai.embeddings   POST /v1/embeddings (OpenAI)
+    openai.completions  POST /v1/completions (OpenAI)
+    tei.embed           POST /embed and / (TEI; / also Hugging Face's task API)
+    tei.predict         POST /predict and / (TEI; / also Hugging Face's task API)
+    tei.tokenize        POST /tokenize (TEI)
+    tgi.generate        POST /generate and / (TGI)
+    always              GET /health, /info, /metrics, /v1/models, /v1/models/{id}
+
+Each kind's Run class names the protocols it answers (``Run.protocols``, tformer.kinds) and
+whose /info fields it gives (``Run.info_protocol``); nothing here asks which kind it is.
 
 Each path answers with a trailing slash too (POST /embed/): Starlette's answer was a 307 redirect
 to the bare path, which a client must follow by sending its body again, and one that does not
@@ -34,19 +40,24 @@ POST_PATHS = ("/v1/embeddings", "/v1/completions", "/embed", "/predict", "/gener
 GET_PATHS = ("/health", "/info", "/metrics", "/v1/models")  # and /v1/models/{id}
 
 
-# Each model kind's protocols (each builder gives its endpoints by path), and its /info fields.
-PROTOCOLS: dict[str, tuple[Callable[[Service], dict[str, Endpoint]], ...]] = {
-    "embedding": (openai_api.embeddings, tei_api.embedding, tei_api.tokenize),
-    "classification": (tei_api.classification, tei_api.tokenize),
-    "seq2seq": (tgi_api.generation, openai_api.completions, tei_api.tokenize),
+# The protocols a run may answer, by name (each builder gives its endpoints by path), and the
+# /info fields of each family.
+PROTOCOLS: dict[str, Callable[[Service], dict[str, Endpoint]]] = {
+    "openai.embeddings": openai_api.embeddings, "openai.completions": openai_api.completions,
+    "tei.embed": tei_api.embedding, "tei.predict": tei_api.classification, "tei.tokenize": tei_api.tokenize,
+    "tgi.generate": tgi_api.generation,
 }
-INFO: dict[str, Callable[[Service], dict[str, Any]]] = {
-    "embedding": tei_api.info, "classification": tei_api.info, "seq2seq": tgi_api.info}
+INFO: dict[str, Callable[[Service], dict[str, Any]]] = {"tei": tei_api.info, "tgi": tgi_api.info}
 
 
 def endpoints(service: Service) -> dict[str, Endpoint]:
-    """The model endpoints of this server's kind, by path."""
-    return {path: e for build in PROTOCOLS[service.served.kind] for path, e in build(service).items()}
+    """The model endpoints of this server's run, by path."""
+    return {path: e for name in service.served.protocols for path, e in PROTOCOLS[name](service).items()}
+
+
+def info(service: Service) -> dict[str, Any]:
+    """The /info fields of the protocol family the run speaks (TEI's or TGI's)."""
+    return INFO[service.served.info_protocol](service)
 
 
 def routes(service: Service) -> list[Route]:

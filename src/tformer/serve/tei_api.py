@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from tformer.kinds.serving import Item
 from tformer.serve import schema
 from tformer.serve.endpoint import Endpoint, Service, json_response
-from tformer.serve.models import Item
 
 EMBED_FIELDS = ("inputs", "normalize", "truncate", "truncation_direction", "prompt_name", "dimensions",
                 "encoding_format")
@@ -140,7 +140,7 @@ def info(service: Service) -> dict[str, Any]:
     return {
         "model_id": c.model_name, "model_sha": None, "model_dtype": c.dtype,
         "model_type": served.tei_model_type(), "max_concurrent_requests": c.max_connections,
-        "max_input_length": served.max_input_tokens, "max_batch_tokens": c.max_batch_tokens,
+        "max_input_length": service.input_limit, "max_batch_tokens": c.max_batch_tokens,
         "max_batch_requests": None, "max_client_batch_size": c.max_client_batch,
         "auto_truncate": c.truncate, "tokenization_workers": c.tokenization_workers,
     }

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from tformer.kinds.serving import Item
 from tformer.search_args import check_length_penalty
 from tformer.serve import schema
 from tformer.serve.endpoint import Endpoint, Service, json_response
-from tformer.serve.models import Item
 
 MAX_STOP = 4  # TGI's default --max-stop-sequences
 SAMPLING = ("do_sample", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
@@ -104,6 +104,6 @@ def info(service: Service) -> dict[str, Any]:
     """The fields of TGI's /info, for a seq2seq run."""
     c, served = service.config, service.served
     return {"model_id": c.model_name, "model_dtype": c.dtype, "model_device_type": c.device.split(":")[0],
-            "max_input_tokens": served.max_input_tokens,
-            "max_total_tokens": served.max_input_tokens + served.max_target_tokens,
+            "max_input_tokens": service.input_limit,
+            "max_total_tokens": service.input_limit + served.max_target_tokens,
             "max_best_of": 1, "max_stop_sequences": MAX_STOP, "max_client_batch_size": c.max_client_batch}

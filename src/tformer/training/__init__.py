@@ -1,6 +1,7 @@
-"""Training: config, data, sources, objectives, the plan, the loop, evaluation, report.
+"""Training: config, data, sources, the objective every kind shares, the plan, the loop,
+evaluation, report. What is kind-specific lives in each kind's module (tformer.kinds).
 
-    from tformer.training import resolve_config, train
+    from tformer.kinds import resolve_config, train
     record = train(resolve_config({"data": "train.jsonl", "max_minutes": 10}))
 
 Names are imported on first use, so ``tformer.training.config`` stays torch-free (the NumPy
@@ -13,11 +14,11 @@ import importlib
 
 # public name -> module that defines it
 _LAZY = {
-    "OBJECTIVE_PRESETS": "presets", "PRESETS": "presets", "RESUMABLE": "config",
+    "PRESETS": "presets", "RESUMABLE": "config",
     "SCHEDULES": "config", "TrainConfig": "config", "load_config_file": "config",
-    "resolve_config": "config", "resume_config": "config", "learning_rate": "schedule",
-    "train": "loop", "make_optimizer": "steps", "make_objective": "objectives", "make_plan": "plan",
-    "Objective": "objectives", "evaluating": "objectives", "forward_loss": "losses",
+    "resume_config": "config", "learning_rate": "schedule",
+    "make_optimizer": "steps", "make_plan": "plan",
+    "Objective": "objective", "evaluating": "objective", "forward_loss": "losses",
 }
 __all__ = sorted(_LAZY)
 

@@ -17,7 +17,7 @@ that it costs at most VALID_SHARE of the budget, and time is kept back for the f
 test and each validation also stop at their deadline, scoring the examples done by then (the
 test line says how many), so a wrong estimate costs examples, never the budget. Only whole
 outputs are scored: the first batch (a small one) decodes to its end, and a later one the
-deadline cuts is left out (tformer.training.objectives.base.Objective.predict).
+deadline cuts is left out (tformer.training.objective.Objective.predict).
 A fine-tune whose model is whole before training (a sentence-embedding one) is also validated
 before its first update: that validation's time counts like any other's (the clock, the share,
 the test's reserve from its rate), and the sample is sized for one validation more.
@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import time
 
-from tformer.training.objectives.base import EVAL_SAMPLE
+from tformer.training.objective import EVAL_SAMPLE
 
 VALID_SHARE = 0.05  # validations' share of a timed run's wall time, at most (about)
 VALIDATIONS = 5  # validations a timed run aims for (the last at the end of training)

@@ -15,11 +15,12 @@ from tformer.training.config import MODEL_OPTIONS, TrainConfig, resolve_config
 COMMAND_BASE = ("data", "task", "from_pretrained", "max_minutes", "columns", "valid", "test")
 
 
-def train_command(config: TrainConfig, objective: str | None = None) -> str:
+def train_command(config: TrainConfig, objective=None) -> str:
     """A `tformer train` command that trains ``config`` again: the options that choose the
     preset, then every option whose value differs from what those alone resolve to (a choice
     the run made itself, such as the size picked for --max-minutes, as the option it became).
-    ``objective``: a data run's objective (its data file need not be there any more)."""
+    ``objective``: a data run's Objective class (its kind's preset; its data file need not be
+    there any more)."""
     base = {k: getattr(config, k) for k in COMMAND_BASE if getattr(config, k) is not None}
     base.pop("task" if config.data is not None else "data", None)
     default = resolve_config(base, objective=objective if config.data is not None else None)

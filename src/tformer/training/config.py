@@ -21,8 +21,7 @@ from tformer.config import FieldType, TransformerConfig, check_known_keys, field
 from tformer.errors import BadType
 from tformer.kernels.machine import check_threads
 from tformer.tasks import TASKS, Task
-from tformer.training.presets import FINETUNE_PRESET, OBJECTIVE_PRESETS, PRESETS, SIZE_OPTIONS, TIMED_STEPS
-from tformer.training.records import peek_fields
+from tformer.training.presets import FINETUNE_PRESET, PRESETS, SIZE_OPTIONS, TIMED_STEPS
 from tformer.training.unread import check_layers, check_read
 
 SCHEDULES = ("inverse_sqrt", "cosine", "linear")
@@ -258,10 +257,11 @@ def _model(base: TransformerConfig | dict[str, Any], options: dict[str, Any]) ->
     return base.replace(**options)
 
 
-def resolve_config(*layers: dict[str, Any], objective: str | None = None) -> TrainConfig:
+def resolve_config(*layers: dict[str, Any], objective=None) -> TrainConfig:
     """TrainConfig defaults < the preset < each of `layers` in turn (a config file's dict,
-    then the options given on the command line). Unknown keys are an error. ``objective``:
-    a data run's objective, when known (else read from the data file's field names)."""
+    then the options given on the command line). Unknown keys are an error. ``objective``: a
+    data run's Objective class (its kind's preset and refusals: tformer.training.objective),
+    which tformer.kinds.resolve_config finds from the data file's field names."""
     merged: dict[str, Any] = {}
     for layer in layers:
         check_keys(layer)
@@ -284,10 +284,12 @@ def resolve_config(*layers: dict[str, Any], objective: str | None = None) -> Tra
             except ValueError:
                 pass  # __post_init__ names the field and the bad value
     if merged.get("data"):
-        objective = objective or peek_fields(merged["data"], merged.get("columns")).objective
+        if objective is None:
+            raise TypeError("resolve_config: a run on --data needs its kind's objective "
+                            "(tformer.kinds.resolve_config reads it from the data file's fields)")
         check_layers(merged, objective)
         check_read(given, objective, merged)
-        preset = dict(OBJECTIVE_PRESETS[objective])
+        preset = dict(objective.preset)
         if merged.get("from_pretrained"):
             preset.update(FINETUNE_PRESET)
         if merged.get("max_minutes") is not None:
@@ -298,7 +300,7 @@ def resolve_config(*layers: dict[str, Any], objective: str | None = None) -> Tra
     task = merged.get("task", TrainConfig.task)
     if task not in TASKS:
         raise ValueError(f"task: expected one of {', '.join(TASKS)}; got {task!r}")
-    check_read(given, TASKS[task].kind, task=task)
+    check_read(given, None, task=task)
     return TrainConfig.from_flat({**PRESETS.get(task, {}), **merged})
 
 

@@ -34,7 +34,6 @@ import numpy as np
 from tformer.storage.files import write_atomic, write_json_atomic
 from tformer.text.tokenizer import Tokenizer
 from tformer.training.records import (
-    FIELDS,
     SMALL,
     Fields,
     Record,
@@ -43,7 +42,6 @@ from tformer.training.records import (
     indexed_records,
     no_records,
     parse_columns,
-    peek_fields,
     read_records,
     records_at,
     small_file_fraction,
@@ -86,36 +84,6 @@ class _TokenizerSample:
         return [(u, texts) for _, _, u, texts, _ in sorted(self._heap, key=lambda e: e[1])]
 
 
-def check_not_a_run(path: Path) -> None:
-    """A classifier's or translator's run directory (or a checkpoint of a run) named by
-    --from-pretrained, refused in one line saying what it is and what to do (it was "RUN/config.json:
-    no such file"): a run keeps its model in checkpoints/ and its tokenizer at its top, so no model
-    directory reader takes it. An embedding run's top is a sentence-transformers directory: taken."""
-    from tformer.storage.checkpoint_names import CHECKPOINTS
-    from tformer.storage.rundir import is_run_dir
-
-    run = path.parent.parent if path.parent.name == CHECKPOINTS else path
-    if not path.is_dir() or not is_run_dir(run):
-        return  # a model directory (or not one at all: its reader says what it lacks)
-    if (path / "config.json").is_file() and (path / "tokenizer.json").is_file():
-        return  # a run's folder holding both: an embedding run's top, an older run's (files at its top)
-    try:
-        objective = json.loads((run / "data.json").read_text()).get("objective", "?")
-    except (OSError, ValueError, AttributeError):
-        objective = "a synthetic task's"  # (its task is in its checkpoint: seq2seq, never an encoder)
-    what = (f"{path} is a tformer run ({objective})" if run == path
-            else f"{path} is a checkpoint of the tformer run {run} ({objective})")
-    if objective == "embedding":
-        todo = f"give the run itself: --from-pretrained {run} (a sentence-transformers directory)"
-    elif objective == "classification":
-        todo = (f"write its encoder as one with `tformer export {run} --hf DIR` (pip install "
-                "'tformer[hf]'), then give --from-pretrained DIR")
-    else:
-        todo = ("fine-tuning starts from an encoder: a BERT-format or sentence-transformers directory, "
-                "an embedding run, or a classification run's `tformer export RUN --hf` folder")
-    raise ValueError(f"from_pretrained: {what}, not a model directory; {todo}")
-
-
 class TextData:
     """The held-out splits and the training stream of a data run, with its tokenizer.
 
@@ -140,17 +108,16 @@ class TextData:
 
     # Building -------------------------------------------------------------------------------
     @classmethod
-    def build(cls, config, run_dir: Path | None = None, write: bool = True) -> TextData:
+    def build(cls, config, fields: Fields, run_dir: Path | None = None, write: bool = True) -> TextData:
         """A new run's data (one pass over the file, a tokenizer trained or loaded), written to
         run_dir as tokenizer.json and data.json; or, where run_dir holds them (resuming),
         the run's own, after checking that the data files are the ones it started with."""
         if run_dir is not None and (run_dir / "data.json").is_file():
-            data = cls.from_run(run_dir, config)
+            data = cls.from_run(run_dir, config, fields)
             data.check_identity()
             return data
-        data, sample = cls._scan(config)
+        data, sample = cls._scan(config, fields)
         if config.from_pretrained:
-            check_not_a_run(Path(config.from_pretrained))
             backend, limit = pretrained_backend(Path(config.from_pretrained))
             if limit and config.max_length > limit and not config.auto_length:  # the user's, not a preset's
                 raise ValueError(f"max_length: expected at most {limit} (the maximum length of "
@@ -172,12 +139,12 @@ class TextData:
         return other
 
     @classmethod
-    def from_run(cls, run_dir: Path, config) -> TextData:
-        """The tokenizer, labels and identity of a run, without reading its data files."""
+    def from_run(cls, run_dir: Path, config, fields: Fields) -> TextData:
+        """The tokenizer, labels and identity of a run, without reading its data files (its kind's
+        ``fields``: data.json names the kind, tformer.kinds reads it first)."""
         path = run_dir / "data.json"
         try:
             info = json.loads(path.read_text())
-            fields = FIELDS[info["objective"]]
             tokenizer = run_tokenizer(load_backend(run_dir / "tokenizer.json"), info["max_length"])
             return cls(config, fields, tokenizer, list(info["labels"]), float(info["split_fraction"]),
                        info.get("identity"), bool(info.get("pairs", True)))  # older runs: not recorded
@@ -190,11 +157,10 @@ class TextData:
                 "vocab_size": self.tokenizer.vocab_size, "identity": self.identity, "pairs": self.pairs}
 
     @classmethod
-    def _scan(cls, config) -> tuple[TextData, list[str]]:
-        """One pass over the training file: fields, labels, the held-out records (both hashed
-        splits' candidates), and the tokenizer's sample (texts of training records)."""
+    def _scan(cls, config, fields: Fields) -> tuple[TextData, list[str]]:
+        """One pass over the training file: labels, the held-out records (both hashed splits'
+        candidates), and the tokenizer's sample (texts of training records)."""
         path, seed = Path(config.data), config.seed
-        fields = peek_fields(path, config.columns)
         data = cls(config, fields, None, [], SPLIT_FRACTION)  # type: ignore[arg-type]
         given = {s: list(data.read_file(p, check_labels=False))  # --valid/--test files
                  for s, p in (("validation", config.valid), ("test", config.test)) if p is not None}
@@ -208,8 +174,7 @@ class TextData:
         n = n_given = 0
         for line_no, record in data._checked(path):
             n += 1
-            if "label" in record:
-                labels.add(record["label"])
+            labels.update(fields.labels_of(record))
             pairs = pairs or "text_pair" in record
             key = fields.input_key(record)
             if key in given_keys:
@@ -222,19 +187,20 @@ class TextData:
                 candidates.append((u, dict(record, line=str(line_no))))
                 if n == SMALL + 1 or (len(candidates) > 4 * SPLIT_CAP and n % 1024 == 0):
                     dropped = [c for c in candidates if c[0] >= 2 * split_fraction(n)]
-                    trained.update(r["label"] for _, r in dropped if "label" in r)
+                    trained.update(label for _, r in dropped for label in fields.labels_of(r))
                     candidates = [c for c in candidates if c[0] < 2 * split_fraction(n)]
-            elif "label" in record:
-                trained.add(record["label"])
-            sample.offer(n, key, u, [v for k, v in record.items() if k != "label"])
+            else:
+                trained.update(fields.labels_of(record))
+            sample.offer(n, key, u, fields.texts_of(record))
         if n == 0:
             raise ValueError(f"{path}: expected at least one record, got {no_records(path)}")
         if given and n == n_given:  # training skips records whose input a given file holds
             files = ", ".join(f"--{s} {p}" for s, p in (("valid", config.valid), ("test", config.test)) if p)
             raise ValueError(f"{path}: expected training records, got none: the input text of each of its "
                              f"{n} record(s) is held out by {files}")
-        if fields.objective == "classification" and len(labels) < 2:
-            raise ValueError(f"{path}: label: expected at least 2 distinct labels, got {sorted(labels)}")
+        if len(labels) < fields.min_labels:
+            raise ValueError(f"{path}: {fields.label}: expected at least {fields.min_labels} distinct "
+                             f"labels, got {sorted(labels)}")
         data.labels, data.pairs = sorted(labels), pairs
         data.label_ids = {name: i for i, name in enumerate(data.labels)}
         data.fraction = f = split_fraction(n)
@@ -246,9 +212,10 @@ class TextData:
         for split in hashed:
             records = [r for u, r in candidates if split_of_unit(u, f) == split]
             data._held_out[split] = data._nonempty(split, records)
-        trained.update(r["label"] for u, r in candidates if "label" in r and split_of_unit(u, f) == "train")
+        trained.update(label for u, r in candidates if split_of_unit(u, f) == "train"
+                       for label in fields.labels_of(r))
         data.untrained = {label: sorted({s for s, rs in data._held_out.items() for r in rs
-                                         if r["label"] == label})
+                                         if label in fields.labels_of(r)})
                           for label in sorted(labels - trained)}
         data.identity = {name: {"path": str(p), "blake2b": data._digest(p)}
                          for name, p in (("data", config.data), ("valid", config.valid),
@@ -358,9 +325,10 @@ class TextData:
 
     def _check_labels(self, path, records: list[Record]) -> None:
         for record in records:
-            if "label" in record and record["label"] not in self.label_ids:
-                raise ValueError(f"{path}:{record['line']}: label {record['label']!r} is not one of the "
-                                 f"training labels ({', '.join(self.labels)})")
+            for label in self.fields.labels_of(record):
+                if label not in self.label_ids:
+                    raise ValueError(f"{path}:{record['line']}: {self.fields.label} {label!r} is not one of "
+                                     f"the training labels ({', '.join(self.labels)})")
 
     def _checked(self, path: Path) -> Iterator[tuple[int, Record]]:
         for line_no, record in read_records(path, self._columns_of(path)):

@@ -1,7 +1,6 @@
 """The training loop: one loop for every source (synthetic task or your own files).
 
-    record = train(resolve_config({"task": "reverse"}))
-    record = train(resolve_config({"data": "train.jsonl"}))
+    record = train(config, make_objective)      # tformer.kinds.train passes the kinds' make_objective
 
 A run directory holds everything about one run:
     checkpoints/step-N/    one checkpoint, published whole (see tformer.storage.checkpoint):
@@ -41,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,7 @@ from tformer.storage.rundir import discard_unstarted, finished, open_run_dir, re
 from tformer.training.budget import PROBE, Budget, check_minimum
 from tformer.training.config import TrainConfig
 from tformer.training.distributed import any_rank, barrier, rank_and_world
-from tformer.training.objectives import Objective, make_objective
+from tformer.training.objective import Objective
 from tformer.training.plan import PROBE_SHARE, make_plan
 from tformer.training.report import (
     Meter,
@@ -83,10 +83,12 @@ from tformer.training.steps import grad_scaler, make_optimizer, train_step
 
 
 # The loop ----------------------------------------------------------------------------------------
-def train(config: TrainConfig, resume: bool = False, progress: bool = True,
-          log=print, started: float | None = None) -> dict[str, Any]:
+def train(config: TrainConfig, make_objective: Callable[..., Objective], resume: bool = False,
+          progress: bool = True, log=print, started: float | None = None) -> dict[str, Any]:
     """Train, checkpoint, test; return the test record (also the last line of metrics.jsonl).
 
+    make_objective(config, run_dir=None, write=True): the objective of the config's kind
+    (tformer.kinds.make_objective, decided where the command starts; the loop never asks which).
     resume: continue the run in `config.out` from its checkpoint.
     started: when the command started (a time.perf_counter() reading; `tformer train` passes
     the process's start): --max-minutes counts from there. Default: now.
@@ -116,7 +118,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
     try:
         with open_run_dir(run_dir, resume) if writer else contextlib.nullcontext(), \
                 autotune.measuring(measuring):
-            return _train(config, resume, progress, log, rank, world, started, device)
+            return _train(config, make_objective, resume, progress, log, rank, world, started, device)
     except (ValueError, OSError) as e:
         if writer and isinstance(e, OSError) and e.errno in FULL_DISK:  # say what it left, how to go on
             e.add_note(after_full_disk(run_dir))  # (the command line adds it to the error's line)
@@ -132,8 +134,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True,
         torch.set_num_threads(threads)  # the plan may have chosen fewer: the caller's again
 
 
-def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, world: int,
-           started: float, device: torch.device) -> dict[str, Any]:
+def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume: bool, progress: bool,
+           log, rank: int, world: int, started: float, device: torch.device) -> dict[str, Any]:
     writer = rank == 0
     run_dir = Path(config.out)
     metrics_path = run_dir / "metrics.jsonl"

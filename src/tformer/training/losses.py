@@ -13,7 +13,7 @@ from tformer.text.specials import PAD
 MNR_SCALE = 20.0  # similarity scale of the ranking loss (sentence-transformers' default)
 
 
-def _at_least_fp32(x: Tensor) -> Tensor:
+def at_least_fp32(x: Tensor) -> Tensor:
     """The loss in fp32 under bf16 autocast; float64 (gradient checks) stays float64."""
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
@@ -24,7 +24,7 @@ def seq2seq_loss(model: nn.Module, batch: Seq2SeqBatch, label_smoothing: float =
     logits = model(batch.src, batch.tgt_in, src_attention_mask=batch.src_mask,
                    tgt_attention_mask=batch.tgt_mask).logits  # (B, T, V)
     labels = batch.labels  # (B, T)
-    loss = F.cross_entropy(_at_least_fp32(logits.flatten(0, 1)), labels.flatten(), ignore_index=pad_id,
+    loss = F.cross_entropy(at_least_fp32(logits.flatten(0, 1)), labels.flatten(), ignore_index=pad_id,
                            label_smoothing=label_smoothing)
     real = labels != pad_id
     # max's indices: argmax itself runs 2.4x slower on bf16 logits (autocast) on CPU
@@ -36,7 +36,7 @@ def classification_loss(model: nn.Module, batch: EncoderBatch,
                         label_smoothing: float = 0.0) -> tuple[Tensor, float]:
     """Cross-entropy over the classes, and accuracy for logging."""
     logits = model(batch.input_ids, batch.attention_mask, batch.token_type_ids).logits  # (B, C)
-    loss = F.cross_entropy(_at_least_fp32(logits), batch.labels, label_smoothing=label_smoothing)
+    loss = F.cross_entropy(at_least_fp32(logits), batch.labels, label_smoothing=label_smoothing)
     return loss, (logits.argmax(-1) == batch.labels).float().mean().item()
 
 

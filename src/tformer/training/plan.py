@@ -38,7 +38,7 @@ from tformer.kernels.machine import free_threads, others_running
 from tformer.stats import check_fits, flops_per_token
 from tformer.storage.files import write_json_atomic
 from tformer.training.distributed import any_rank
-from tformer.training.objectives import Objective
+from tformer.training.objective import Objective
 from tformer.training.precision import ROUNDS, choose_precision, confirm_bf16, precision_why, step_class
 from tformer.training.sizing import (
     PROBE_STEPS,

@@ -1,6 +1,7 @@
 """The defaults a run starts from, under a config file and the command line: per synthetic
-task (PRESETS), per objective of a data run (OBJECTIVE_PRESETS) and for a fine-tune
-(FINETUNE_PRESET). Flat option names, as on the command line (--d-model: "d_model").
+task (PRESETS) and for a fine-tune (FINETUNE_PRESET); each kind of data run declares its own in
+its module (tformer.kinds: ``Kind.preset``), sized by the reasoning below. Flat option names,
+as on the command line (--d-model: "d_model").
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 # BERT recipe). So batches are counted in examples (--batch-size; --max-tokens none makes the
 # token budget that many examples of the data's mean length); embeddings keep 4,096 tokens,
 # as in-batch negatives want large batches.
-# Per-objective defaults for your own data, sized for a 2-core CPU and ~10 minutes. The
+# The kinds' defaults for your own data (tformer.kinds), sized for a 2-core CPU and ~10 minutes. The
 # budget is compute: 2 AVX2 cores do very roughly 50-100 GFLOP/s, 30-60 TFLOP in 10 minutes.
 # A d_model-256, 3+3-layer model with an 8k vocabulary costs ~45 MFLOP per token trained
 # (forward + backward), so about 200 updates of 4k tokens: far too few to learn to
@@ -47,22 +48,6 @@ PRESETS: dict[str, dict[str, Any]] = {
 # it trains stably at a high learning rate without a long warmup (Xiong et al. 2020).
 # The encoders are BERT-shaped (post-norm, GELU; see sources.FileSource.encoder_config) so they
 # export; --norm-first and --activation are honoured (a pre-norm encoder's `export --hf` is refused).
-OBJECTIVE_PRESETS: dict[str, dict[str, Any]] = {
-    "seq2seq": {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 3, "norm_first": True,
-                "vocab_size": 4000, "lr": 1e-3, "warmup": 400, "schedule": "linear", "steps": 20000,
-                "max_tokens": None, "batch_size": 40, "eval_every": 250, "log_every": 50,
-                "patience": 8},
-    "classification": {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 2, "activation": "gelu",
-                       "vocab_size": 4000,
-                       "lr": 5e-4, "warmup": 200, "schedule": "linear", "pooling": "mean", "steps": 10000,
-                       "max_tokens": None, "batch_size": 32, "eval_every": 250, "patience": 8,
-                       "max_length": 64},
-    "embedding": {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 2, "activation": "gelu",
-                  "vocab_size": 4000,
-                  "lr": 5e-4, "warmup": 200, "schedule": "linear", "steps": 10000, "max_tokens": 4096,
-                  "eval_every": 250,
-                  "label_smoothing": 0.0, "patience": 8},
-}
 TIMED_STEPS = 10**9  # --steps of a timed data run given none: the budget ends it
 
 # Fine-tuning a pretrained encoder: the BERT recipe (Devlin et al. 2019, §A.3): a small

@@ -1,7 +1,7 @@
 """Reading your files: JSONL, CSV and TSV records, their fields, and the seeded split.
 
     for line_no, record in read_records("train.csv", columns="en=source,fr=target"): ...
-    fields = fields_of(record, "train.csv:2")     # the objective the field names choose
+    where, names = first_names("train.csv")       # what chooses the kind (tformer.kinds)
 
 Files are read one line at a time (a file larger than memory works). Every error names the
 file and line. JSONL: one object per line, blank lines skipped. CSV: RFC 4180 quoting, a
@@ -33,16 +33,28 @@ Record = dict[str, str]  # an objective's fields as non-empty strings (+ "line" 
 
 @dataclass(frozen=True)
 class Fields:
-    """The fields of one objective: required, optional, and those whose text decides the
-    split (the model's input: no input text may be in two splits)."""
+    """The fields of one kind of record (each kind declares its own, tformer.kinds): required,
+    optional, those whose text decides the split (the model's input: no input text may be in
+    two splits), and the one holding a class label, if any. A kind whose records hold more than
+    strings (lists, numbers) subclasses it and reads them in ``check``."""
 
-    objective: str
+    objective: str  # the kind's name, as data.json records it
     required: tuple[str, ...]
     optional: tuple[str, ...] = ()
     input_fields: tuple[str, ...] = ()
+    label: str | None = None  # the field naming a class (read by ``label_name``'s rule)
+    min_labels: int = 0  # distinct labels a training file must have
 
     def input_key(self, record: Record) -> str:
         return "\t".join(record.get(name, "") for name in self.input_fields)
+
+    def labels_of(self, record: Record) -> tuple[str, ...]:
+        """The class names a record holds (its label's, for the run's label list)."""
+        return (record[self.label],) if self.label is not None and self.label in record else ()
+
+    def texts_of(self, record: Record) -> list[str]:
+        """The texts of a record a tokenizer learns from (all but its label)."""
+        return [v for k, v in record.items() if k != self.label and k != "line" and isinstance(v, str)]
 
     def check(self, where: str, record: dict[str, Any]) -> Record:
         """The record's fields as non-empty strings (a label by ``label_name``'s rule); errors
@@ -57,18 +69,18 @@ class Fields:
                     raise ValueError(f"{where}: {name}: expected a value, got null")
                 raise ValueError(f"{where}: missing field {name!r} (the record has "
                                  f"{', '.join(sorted(record)) or 'none'})")
-            if name == "label":
+            if name == self.label:
                 value = label_name(value, where)
             if not isinstance(value, str):
                 raise ValueError(f"{where}: {name}: expected a string, got {type(value).__name__}")
             if not value.strip():
                 raise ValueError(f"{where}: {name}: expected text, got an empty string")
-            _check_encodable(where, name, value)
+            check_encodable(where, name, value)
             out[name] = value
         return out
 
 
-def _check_encodable(where: str, name: str, value: str) -> None:
+def check_encodable(where: str, name: str, value: str) -> None:
     """Refuse a string UTF-8 cannot hold: JSON's \\ud800-style escapes can spell half of a UTF-16
     pair (a lone surrogate), which no tokenizer, hash or output file can encode."""
     try:
@@ -94,26 +106,6 @@ def label_name(value: Any, where: str) -> Any:
         return str(int(value))
     raise ValueError(f"{where}: label: expected a class name (a string, a whole number such as 1 or 1.0, "
                      f"or true/false), got {value!r}")
-
-
-# The field names choose the objective (first match).
-OBJECTIVE_FIELDS = (
-    Fields("seq2seq", ("source", "target"), (), ("source",)),
-    Fields("classification", ("text", "label"), ("text_pair",), ("text", "text_pair")),
-    Fields("embedding", ("anchor", "positive"), ("negative",), ("anchor",)),
-)
-FIELDS = {f.objective: f for f in OBJECTIVE_FIELDS}
-
-
-def fields_of(names, where: str) -> Fields:
-    """The objective the field names choose (source+target, text+label, anchor+positive)."""
-    for fields in OBJECTIVE_FIELDS:
-        if set(fields.required) <= set(names):
-            return fields
-    raise ValueError(
-        f"{where}: expected fields source+target, text+label or anchor+positive, got "
-        f"{', '.join(sorted(names)) or 'none'} (rename columns with --columns theirs=ours)"
-    )
 
 
 def parse_columns(spec: str | None) -> dict[str, str]:
@@ -323,10 +315,10 @@ def _jsonl(path: Path, lines) -> Iterator[tuple[int, int, dict[str, Any]]]:
         yield line_no, offset, record
 
 
-def peek_fields(path: str | Path, columns: str | None = None) -> Fields:
-    """The objective of a file, from its first record's field names."""
+def first_names(path: str | Path, columns: str | None = None) -> tuple[str, list[str]]:
+    """("file:line", field names) of a file's first record: what chooses its kind (tformer.kinds)."""
     for line_no, record in read_records(path, columns):
-        return fields_of(list(record), f"{path}:{line_no}")
+        return f"{path}:{line_no}", list(record)
     raise ValueError(f"{path}: expected at least one record, got {no_records(path)}")
 
 

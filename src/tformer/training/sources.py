@@ -3,12 +3,12 @@
     source = TaskSource(get_task("reverse", seed), config)   # generated splits, batches by step
     source = FileSource(TextData.build(config, run_dir))     # your files, length-bucketed batches
 
-An objective (tformer.training.objectives: one per kind of model) asks its source for held-out
-examples, training batches, token ids, and scores; it never asks which source it has. What the
-two differ in: examples (a task's ``Example``, a file's record dict), tokenizers (a task's
-symbol table with tformer's specials, a file's trained or pretrained subwords), the model's
-layout (a task's plain encoder; a file's BERT layout for encoders, so that they export) and
-metrics (exact match of generated ids; BLEU and chrF of decoded text, macro-F1 of labels).
+An objective (tformer.training.objective; one per kind, tformer.kinds) asks its source for
+held-out examples, training batches and token ids, and scores them itself. What the two differ
+in: examples (a task's ``Example``, a file's record dict), tokenizers (a task's symbol table
+with tformer's specials, a file's trained or pretrained subwords; ``tokenizer`` is None for a
+task) and the model's layout (a task's plain encoder; a file's BERT layout for encoders, so
+that they export).
 """
 
 from __future__ import annotations
@@ -19,16 +19,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from tformer.config import TransformerConfig, bert_layout
 from tformer.errors import BadInput, shown
 from tformer.tasks import Example, Task
-from tformer.tasks.base import sequence_counts, sequence_scores
 from tformer.text.batches import EncodedText
 from tformer.text.specials import BOS, EOS, PAD
 from tformer.text.tokenizer import Tokenizer
-from tformer.training import evaluation
 from tformer.training.dataset import TextData
 from tformer.training.records import Record
 from tformer.training.stream import BatchStream
@@ -51,7 +47,6 @@ class TaskSource:
     specials (PAD, BOS, EOS)."""
 
     bos_id, eos_id, pad_id = BOS, EOS, PAD
-    sequence_metric = "exact_match"  # generation is scored by whole-sequence exact match
     train_records = None  # an endless stream
 
     def __init__(self, task: Task, config) -> None:
@@ -140,48 +135,9 @@ class TaskSource:
     def cut_at(self, max_length: int) -> TaskSource:
         return self  # a task's inputs are short by construction
 
-    # Scores ---------------------------------------------------------------------------------
-    def score_sequences(self, ids: list[list[int]], examples: list[Example]) -> tuple[dict[str, float], list]:
-        """Exact match and token accuracy of generated ids; the predictions shown: decoded."""
-        counts, shown = self.sequence_counts(ids, examples)
-        return self.sequence_scores(counts), shown
-
-    def sequence_counts(self, ids: list[list[int]], examples: list[Example]) -> tuple[np.ndarray, list[str]]:
-        """What score_sequences scores (counts that add over windows of examples), and the
-        predictions shown."""
-        counts = sequence_counts(ids, self.pieces([ex.target for ex in examples]))
-        return counts, [self.decode(p) for p in ids]
-
-    def sequence_scores(self, counts: np.ndarray) -> dict[str, float]:
-        return sequence_scores(counts)
-
-    def copy_counts(self, examples: list[Example]) -> np.ndarray:
-        """sequence_counts of each source given as its own output."""
-        copied = [ids + [self.eos_id] for ids in self.pieces([ex.source for ex in examples])]
-        return self.sequence_counts(copied, examples)[0]
-
-    def copy_score(self, examples: list[Example]) -> float:
-        """Exact match of each source given as its own output."""
-        return self.sequence_scores(self.copy_counts(examples))[self.sequence_metric]
-
-    def score_classes(self, predicted: list[int], examples: list[Example]) -> dict[str, float]:
-        return self.class_scores(self.class_counts(predicted, examples))
-
-    def class_counts(self, predicted: list[int], examples: list[Example]) -> np.ndarray:
-        """The confusion matrix (matrix[true][predicted]: matrices of windows add up)."""
-        return np.array(evaluation.confusion(predicted, self.label_ids(examples), self.task.n_classes))
-
-    def class_scores(self, matrix: np.ndarray) -> dict[str, float]:
-        return {"accuracy": int(np.trace(matrix)) / max(int(matrix.sum()), 1)}
-
-    def majority(self, examples: list[Example]) -> float:
-        """Accuracy on `examples` of always predicting the majority label of a large training sample."""
-        return self.majority_of(np.bincount(self.label_ids(examples), minlength=self.task.n_classes))
-
-    def majority_of(self, label_counts: np.ndarray) -> float:
-        """majority() of examples whose labels are counted (label_counts[c]: examples of label c)."""
-        label = self.task.majority_baseline()["label"]
-        return int(label_counts[label]) / max(int(label_counts.sum()), 1)
+    def targets(self, examples: list[Example]) -> list[str]:
+        """Each example's target as text (a task's symbols), for the sample table."""
+        return [ex.target or str(ex.label) for ex in examples]
 
     def row(self, example: Example, shown: str) -> tuple[str, str, str]:
         """(input, prediction, target) for the sample table."""
@@ -199,8 +155,6 @@ class TaskSource:
 class FileSource:
     """Your own files (tformer.training.dataset.TextData): the held-out splits, the training
     stream of length-bucketed batches, the run's tokenizer and label names."""
-
-    sequence_metric = "bleu"
 
     def __init__(self, data: TextData, config=None) -> None:
         self.config = data.config if config is None else config
@@ -313,7 +267,9 @@ class FileSource:
         return self.tokenizer.encode(texts, pairs)
 
     def label_ids(self, records: list[Record]) -> list[int]:
-        return [self.data.label_ids.get(r.get("label", ""), -1) for r in records]
+        """Each record's class id (-1: none, a text to predict)."""
+        label = self.data.fields.label
+        return [self.data.label_ids.get(r.get(label, ""), -1) for r in records]
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)
@@ -327,50 +283,6 @@ class FileSource:
         other.tokenizer = Tokenizer(self.tokenizer.backend, min(max_length, self.tokenizer.max_length),
                                     self.tokenizer.pad_id)
         return other
-
-    # Scores ---------------------------------------------------------------------------------
-    def score_sequences(self, ids: list[list[int]], records: list[Record]) -> tuple[dict[str, float], list]:
-        """BLEU, chrF and exact match of the decoded outputs (sacrebleu: comparable across papers)."""
-        counts, texts = self.sequence_counts(ids, records)
-        return self.sequence_scores(counts), texts
-
-    def sequence_counts(self, ids: list[list[int]], records: list[Record]) -> tuple[np.ndarray, list[str]]:
-        """What score_sequences scores (counts that add over windows of records:
-        evaluation.text_counts), and the decoded outputs."""
-        texts = [self.decode(p) for p in ids]
-        return evaluation.text_counts(texts, [r["target"] for r in records]), texts
-
-    def sequence_scores(self, counts: np.ndarray) -> dict[str, float]:
-        return evaluation.text_scores(counts)
-
-    def copy_counts(self, records: list[Record]) -> np.ndarray:
-        """sequence_counts of each source given as its own output."""
-        return evaluation.text_counts([r["source"] for r in records], [r["target"] for r in records])
-
-    def copy_score(self, records: list[Record]) -> float:
-        """BLEU of each source given as its own output (the sources of a translation share its
-        names, numbers and placeholders: what a model must beat to have learnt anything)."""
-        return self.sequence_scores(self.copy_counts(records))[self.sequence_metric]
-
-    def score_classes(self, predicted: list[int], records: list[Record]) -> dict[str, float]:
-        return self.class_scores(self.class_counts(predicted, records))
-
-    def class_counts(self, predicted: list[int], records: list[Record]) -> np.ndarray:
-        """The confusion matrix (matrix[true][predicted]: matrices of windows add up)."""
-        actual = [self.data.label_ids[r["label"]] for r in records]
-        return np.array(evaluation.confusion(predicted, actual, len(self.labels)))
-
-    def class_scores(self, matrix: np.ndarray) -> dict[str, float]:
-        return evaluation.confusion_metrics(matrix)
-
-    def majority(self, records: list[Record]) -> float:
-        """Accuracy on `records` of always predicting their most frequent label."""
-        actual = [self.data.label_ids[r["label"]] for r in records]
-        return self.majority_of(np.bincount(actual, minlength=len(self.labels)))
-
-    def majority_of(self, label_counts: np.ndarray) -> float:
-        """majority() of records whose labels are counted (label_counts[c]: records of label c)."""
-        return int(label_counts.max(initial=0)) / max(int(label_counts.sum()), 1)
 
     def check_unchanged(self, thorough: bool = True) -> None:
         """Refuse data files that changed since the run started (TextData.check_unchanged)."""

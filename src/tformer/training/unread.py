@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tformer.training.presets import FINETUNE_PRESET, OBJECTIVE_PRESETS, SIZE_OPTIONS
+from tformer.errors import a
+from tformer.training.presets import FINETUNE_PRESET, SIZE_OPTIONS
 
 # The synthetic tasks bring their own vocabulary, lengths and splits; a file run has no generated
 # splits; a fine-tune keeps its checkpoint's tokenizer, sizes, layers and pooling (its dropout
@@ -24,10 +25,11 @@ PRETRAINED_KEEPS = ("tokenizer", "vocab_size", "lowercase", "auto_length", "auto
 SWITCHES_OFF = ("auto_size", "auto_length", "pretrained_dropout")  # False asks for nothing
 
 
-def check_read(given: dict[str, Any], objective: str, merged: dict[str, Any] | None = None,
+def check_read(given: dict[str, Any], objective, merged: dict[str, Any] | None = None,
                task: str | None = None) -> None:
-    """Refuse options in ``given`` that a run of ``objective`` would not read: a data run when
-    ``merged`` holds its resolved options, else the synthetic ``task`` (of kind ``objective``)."""
+    """Refuse options in ``given`` that a run would not read: a data run of ``objective``'s kind
+    (its Objective class) when ``merged`` holds its resolved options, else the synthetic
+    ``task``. Options that only another kind reads are refused by tformer.kinds, which knows them all."""
     def refuse(name: str, why: str) -> None:
         if name in SWITCHES_OFF and given[name] is False:
             return  # switching off a choice that is not made asks for nothing (a saved config holds it)
@@ -50,26 +52,28 @@ def check_read(given: dict[str, Any], objective: str, merged: dict[str, Any] | N
         if pretrained and "dropout" in given and given.get("pretrained_dropout") is True:
             refuse("dropout", f"--pretrained-dropout keeps the dropout of {pretrained}")
         # (Given with --max-tokens too, as a saved run's command gives both: the count it chose.)
-        preset = {**OBJECTIVE_PRESETS[objective], **(FINETUNE_PRESET if pretrained else {})}
+        preset = {**objective.preset, **(FINETUNE_PRESET if pretrained else {})}
         if "batch_size" in given and "max_tokens" not in given and preset.get("max_tokens") is not None:
-            refuse("batch_size", f"an {objective} run's batches hold --max-tokens {preset['max_tokens']} "
-                                 "tokens (--max-tokens none: --batch-size examples)")
+            refuse("batch_size", f"{a(objective.kind)} run's batches hold --max-tokens "
+                                 f"{preset['max_tokens']} tokens (--max-tokens none: --batch-size examples)")
     if "pretrained_dropout" in given and not (merged or {}).get("from_pretrained"):
         refuse("pretrained_dropout", "a run from scratch has no pretrained model's dropout to keep (it is "
                                      "read by fine-tunes: --from-pretrained)")
-    if "pooling" in given and objective != "classification":
-        refuse("pooling", f"a {objective} model has no classifier head to pool for")
 
 
-def check_layers(given: dict[str, Any], objective: str) -> None:
+def check_layers(given: dict[str, Any], objective) -> None:
     """Refuse layer options a data run cannot honour, before anything is made: a fine-tune keeps
-    the pretrained model's layers, and an embedding run's directory is a sentence-transformers
-    model holding a BERT (post-norm). Elsewhere --norm-first and --activation are honoured."""
+    the pretrained model's layers, and a kind may refuse layers it cannot save (``refuses``:
+    an embedding run's directory is a sentence-transformers BERT, post-norm). Elsewhere
+    --norm-first and --activation are honoured."""
     if given.get("from_pretrained"):
         for name in ("norm_first", "activation"):
             if name in given:
                 raise ValueError(f"{name}: a fine-tune keeps the layers of {given['from_pretrained']}; "
                                  f"expected no --{name.replace('_', '-')}, got {given[name]!r}")
-    elif objective == "embedding" and given.get("norm_first"):
-        raise ValueError("norm_first: an embedding run is saved as a sentence-transformers BERT, which is "
-                         "post-norm; expected False, got True")
+        return
+    for name, why in objective.refuses.items():
+        value = given.get(name)
+        if value:
+            expected = "False" if isinstance(value, bool) else f"no --{name.replace('_', '-')}"
+            raise ValueError(f"{name}: {why}; expected {expected}, got {value!r}")

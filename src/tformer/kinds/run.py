@@ -1,12 +1,12 @@
 """A trained run: its model, objective and options, with the verbs of its kind.
 
-    run = load_run("runs/x")        # tformer.runs: a ClassificationRun, Seq2SeqRun or EmbeddingRun
+    run = load_run("runs/x")        # tformer.kinds: the Run class of the run's kind
     run.evaluate()                  # every kind: metrics on the test split (or on data=...)
     run.export(hf="out/")           # every kind its formats (transformers, ONNX)
 
-The subclasses add their own verb: ``predict`` (classification), ``generate`` (seq2seq),
-``embed`` (embedding). The commands, the server and the Python API ask the run; none of them
-asks which kind it is.
+Each kind's module subclasses Run with its own verb (``predict``, ``generate``, ``embed``...),
+its exports and what the server asks of it (``admit``, ``run_batch``: tformer.kinds.serving).
+The commands, the server and the Python API ask the run; none of them asks which kind it is.
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ from tformer.devices import model_device
 from tformer.errors import as_path
 from tformer.export.model_card import HUB_NAME, Card
 from tformer.export.opsets import check_opset
+from tformer.kinds.serving import Item, token_lists
 from tformer.storage.locks import output_lock, remove_leftovers
 from tformer.text.arguments import check_texts
 from tformer.text.prefix import is_cut, plus
 from tformer.training.command import train_command
 from tformer.training.config import TrainConfig
-from tformer.training.objectives import Objective
+from tformer.training.objective import Objective
 from tformer.training.sources import Data
 
 SPLITS = ("test", "validation")  # what evaluate reads of a run's own data (tformer eval --split)
@@ -56,7 +57,13 @@ class Run(ABC):
     """A run directory's model (eval mode, frozen: its weights run packed, see tformer.kernels),
     objective and TrainConfig."""
 
+    kind = ""  # the kind's name (tformer.kinds)
     verb = ""  # the command that runs this kind on inputs (its error messages name it)
+    pipeline_tag = ""  # what its exports' model cards name as their Hub task
+    # The server protocols it answers (names tformer.serve.routes knows: "tei.predict", ...),
+    # and whose /info fields it gives ("tei" or "tgi").
+    protocols: tuple[str, ...] = ("tei.tokenize",)
+    info_protocol = "tei"
 
     def __init__(self, path: str | Path, model: nn.Module, objective: Objective, config: TrainConfig,
                  record: dict[str, Any] | None = None) -> None:
@@ -64,11 +71,16 @@ class Run(ABC):
         self.record = record  # the test record of the training that made it, if this process trained it
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({str(self.path)!r}: {self.objective.description})"
+        return f"{type(self).__name__}({str(self.path)!r}: {self.description})"
 
-    @property
-    def kind(self) -> str:
-        return self.objective.kind
+    @classmethod
+    def pretrained_advice(cls, run: Path, kind=None) -> str:
+        """What to do with a run of this kind that --from-pretrained named (a kind whose run is
+        a model directory itself says to give it; tformer.kinds.check_not_a_run)."""
+        if kind is not None and kind.run is not cls:
+            return kind.run.pretrained_advice(run, kind)
+        return ("fine-tuning starts from an encoder: a BERT-format or sentence-transformers directory, "
+                "an embedding run, or a classification run's `tformer export RUN --hf` folder")
 
     @property
     def description(self) -> str:
@@ -183,7 +195,7 @@ class Run(ABC):
                     data=c.data if c.data else f"synthetic task {c.task}",
                     metrics=self.test_record(), labels=self._labels(),
                     max_length=tok.max_length if tok is not None else None, command=command,
-                    train_command=train_command(c, self.kind), base_model=c.from_pretrained,
+                    train_command=train_command(c, type(self.objective)), base_model=c.from_pretrained,
                     base_model_id=hub_name(c.from_pretrained),
                     data_summary=self.objective.source.summary(), main_metric=self.main_metric)
 
@@ -204,6 +216,44 @@ class Run(ABC):
                 return {}
             if not (isinstance(record, dict) and record.get("split") == "eval"):
                 return record if isinstance(record, dict) and record.get("split") == "test" else {}
+        return {}
+
+    # Serving (tformer.kinds.serving) ---------------------------------------------------------
+    @property
+    def max_input_tokens(self) -> int:
+        """The most tokens an input is read to (the server's limit; --max-input-tokens lowers it
+        for serving only by refusing longer inputs, tformer.kinds.serving.input_limit)."""
+        return self.tokenizer.max_length
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    @abstractmethod
+    def admit(self, inputs: list, truncate: bool, limit: int | None = None) -> list[Item]:
+        """A request's inputs as the model reads them (tokenized in the server's tokenizer
+        threads: the batcher packs batches by their token counts); one past ``limit`` (default:
+        the run's own) is refused unless ``truncate`` (TooLong)."""
+
+    @abstractmethod
+    def run_batch(self, payloads: list, key: Any) -> list:
+        """One batch of admitted inputs' payloads, answered in their order, as the command line
+        answers them; ``key``: what the batch's inputs share (each protocol's settings)."""
+
+    def tokenize(self, texts: list[str], add_special_tokens: bool) -> list[list[dict[str, Any]]]:
+        """/tokenize: each text's tokens with their character offsets."""
+        return token_lists(self.tokenizer, texts, add_special_tokens)
+
+    @abstractmethod
+    def warm_up(self) -> None:
+        """One small batch before serving: the first request should not pay for kernel setup."""
+
+    def describe(self) -> dict[str, Any]:
+        """tformer's own /info fields of this kind."""
+        return {}
+
+    def tei_model_type(self) -> dict[str, Any]:
+        """TEI's /info model_type."""
         return {}
 
     # Attention pictures ----------------------------------------------------------------------

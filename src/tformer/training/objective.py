@@ -1,13 +1,14 @@
 """What every objective shares: the source it learns from, batches, prediction and evaluation.
 
-    objective = make_objective(config, run_dir)          # tformer.training.objectives
+    objective = make_objective(config, run_dir)          # tformer.kinds
     model = objective.build_model()
     for batch in objective.train_batches(start): loss, acc = objective.loss(model, batch)
     metrics, shown = objective.evaluate(model, "validation")
 
-One subclass per kind of model (Seq2Seq, Classification, Embedding), each taking a typed
-source (tformer.training.sources: a synthetic task or your files). The training loop never
-asks which it has; a trained run (tformer.runs) has the verbs of its kind.
+One subclass per kind, in the kind's own module (tformer.kinds: classification, seq2seq,
+embedding...), each taking a typed source (tformer.training.sources: a synthetic task or your
+files). The training loop never asks which it has; a trained run (tformer.kinds.run) has the
+verbs of its kind.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import contextlib
 import itertools
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from tformer.config import TransformerConfig
 from tformer.devices import model_device
 from tformer.formats.pretrained import pretrained_config
 from tformer.text.batches import SORT_WINDOW
+from tformer.training.records import Fields
 from tformer.training.sources import Data, FileSource, TaskSource
 
 # Validation decodes (seq2seq) and the teacher-forced loss of every evaluation use at most
@@ -110,8 +112,14 @@ class Objective(ABC):
     and define the abstract methods: model_config, build_model, encode, collate, loss,
     predict_batch, score and _baseline."""
 
-    kind = ""  # "seq2seq", "classification" or "embedding": reports, run directories
-    model_kind = ""  # what tformer.stats sizes: "seq2seq", "classifier" or "encoder"
+    kind = ""  # the kind's name (tformer.kinds): reports, run directories
+    model_kind = ""  # the architecture tformer.stats sizes: "seq2seq", "classifier" or "encoder"
+    # A data run's kind declares what its files hold and its defaults, under a config file and
+    # the command line (flat option names, as on the command line: --d-model is "d_model").
+    fields: Fields | None = None  # a synthetic task's only kind: None
+    preset: Mapping[str, Any] = {}
+    reads: tuple[str, ...] = ()  # options only this kind reads (the other kinds refuse them)
+    refuses: Mapping[str, str] = {}  # options this kind refuses set (to a true value): name -> why
     inputs = ("text",)  # the fields a user's input texts fill (a tab separates the second)
 
     def __init__(self, source: Source) -> None:

@@ -1,0 +1,53 @@
+"""Encoders with a head for one job, built on tformer.nn.model's Encoder (transformers' BertFor...).
+
+    SentenceModel   encoder + pooling (+ L2 normalisation): one vector per text
+                    (sentence-transformers' Transformer -> Pooling -> Normalize)
+
+Shape legend: B batch, S length, D model dim. Masks: True = real token (tformer.nn.masks).
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tformer.config import TransformerConfig, check_config
+from tformer.nn.model import Encoder
+from tformer.nn.pooling import pool
+
+
+class SentenceModel(nn.Module):
+    """An encoder and ``config.pooling`` (sentence-transformers' modes, several concatenated), L2
+    normalised where ``normalize``: one vector per text. An embedding run trains it (its ranking
+    loss compares cosines) and every embedding of a text runs its forward: `tformer embed`, the
+    run's ``embed``, the server and evaluation. ``encoder``: an Encoder of ``config`` to wrap
+    (a loaded one), instead of a new one."""
+
+    def __init__(self, config: TransformerConfig, normalize: bool = True,
+                 encoder: Encoder | None = None) -> None:
+        super().__init__()
+        self.config, self.normalize = check_config(config), normalize
+        self.encoder = Encoder(config) if encoder is None else encoder
+
+    @property
+    def pooling(self) -> tuple[str, ...]:
+        return self.config.pooling_modes
+
+    @property
+    def dim(self) -> int:
+        """The length of a vector: the width times the pooling's modes."""
+        return self.config.d_model * len(self.pooling)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                token_type_ids: Tensor | None = None, normalize: bool | None = None) -> Tensor:
+        """normalize: None follows the model's own.
+
+        Shape:
+            input_ids (B, S); attention_mask (B, S) -> (B, D * len(pooling))
+        """
+        types = token_type_ids if self.config.type_vocab_size else None
+        out = self.encoder(input_ids, attention_mask, token_type_ids=types)
+        emb = pool(out.last_hidden_state, out.mask, self.pooling)  # (B, D')
+        if self.normalize if normalize is None else normalize:
+            emb = F.normalize(emb, p=2.0, dim=-1)
+        return emb
