@@ -73,5 +73,5 @@ def serve(model, **settings) -> Live:
     from tformer.serve.app import create_app
     from tformer.serve.config import ServeConfig
 
-    config = ServeConfig(model=str(model), **{"threads": 1, **settings})
+    config = ServeConfig(model=str(model), **{"threads": 1, **settings}).decide()
     return Live(create_app(config), config)

@@ -72,7 +72,7 @@ def train(data: Data | None = None, valid: Data | None = None, test: Data | None
             if value is not None:
                 options[key] = str(value)
         config = resolve_config(options, {"out": str(run_dir)})
-        record = train_run(config, progress=progress, log=log)
+        record = train_run(config, progress=progress, log=log, device=device)
     except BaseException:
         if created and run_dir.is_dir() and latest_checkpoint(run_dir) is None:
             _remove(created)

@@ -57,13 +57,24 @@ def add_model_arguments(parser: argparse.ArgumentParser, batch: bool = True, ind
 
 
 def load_sentence_encoder(args: argparse.Namespace):
+    """MODEL_DIR's SentenceEncoder: an embedding run's own (its run's one forward, read from the
+    run directory alone: tformer.kinds), or a BERT-format or sentence-transformers directory's;
+    on --device, in --dtype (decided here, once: an output's identity names it)."""
+    from pathlib import Path
+
     from tformer.embeddings.sentence import SentenceEncoder
     from tformer.nn.precision import resolve_precision
+    from tformer.storage.rundir import is_run_dir
 
     device = device_of(args)
     check_not_another_run(args.model_dir)
-    args.dtype, _ = resolve_precision(args.dtype, device)  # what runs here (an output's identity names it)
+    args.dtype, _ = resolve_precision(args.dtype, device)
     with max_length_option():
+        if is_run_dir(Path(args.model_dir)):
+            from tformer.kinds import load_run
+
+            run = load_run(args.model_dir, needs="embed", device=device, dtype=args.dtype)
+            return run.encoder.at_most(args.max_length)
         return SentenceEncoder.from_pretrained(
             args.model_dir, allow_pickle=args.allow_pickle, max_length=args.max_length,
             dtype=args.dtype, device=device,
@@ -82,21 +93,19 @@ def max_length_option() -> Iterator[None]:
 
 
 def check_not_another_run(model_dir: str) -> None:
-    """A run directory that is no sentence model (a classifier's, a translator's: no config.json
-    beside its checkpoints, no modules.json either) named as one: say which command takes it, not
-    "config.json: no such file"."""
+    """A run directory of another kind (a classifier's, a translator's) named as a sentence
+    model: say which command takes it, not "config.json: no such file"."""
     from pathlib import Path
 
+    from tformer.kinds import describe_run
     from tformer.storage.checkpoint_names import latest_checkpoint
 
     path = Path(model_dir)
-    layout = (path / "config.json").exists() or (path / "modules.json").exists()  # an embedding run's too
-    if not layout and latest_checkpoint(path) is not None:
-        from tformer.kinds import describe_run
-
+    if latest_checkpoint(path) is not None:
         what, verb = describe_run(path)  # its weights are not read for an error
-        raise ValueError(f"MODEL_DIR: {path} is {what}, not a sentence embedding model: "
-                         f"use `tformer {verb} {path}`")
+        if verb != "embed":
+            raise ValueError(f"MODEL_DIR: {path} is {what}, not a sentence embedding model: "
+                             f"use `tformer {verb} {path}`")
 
 
 @contextlib.contextmanager

@@ -90,16 +90,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     for name, value in KERNEL_CACHE.items():  # before this process's first oneDNN call; a user's own stays
         os.environ.setdefault(name, value)
-    from tformer.commands._inputs import device_of
-    from tformer.nn.precision import resolve_precision
     from tformer.serve.config import ServeConfig
     from tformer.serve.server import serve
 
-    # "auto" is decided once, here, so that every worker process runs the same device and precision.
-    device = device_of(args)
     config = ServeConfig(
-        model=args.model, host=args.host, port=args.port, dtype=resolve_precision(args.dtype, device)[0],
-        device=str(device), threads=args.threads,
+        model=args.model, host=args.host, port=args.port, dtype=args.dtype, device=args.device,
+        threads=args.threads,
         workers=args.workers, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
         max_input_tokens=args.max_input_tokens, max_queue=args.max_queue,
         max_client_batch=args.max_client_batch, truncate=args.truncate, name=args.name,
@@ -109,4 +105,5 @@ def run(args: argparse.Namespace) -> int:
         max_connections=args.max_connections,
         max_connections_per_client=args.max_connections_per_client, grace_period=args.grace_period,
     )
-    return serve(config)
+    # "auto" is decided once, here, so that every worker process runs the same device and precision.
+    return serve(config.decide())

@@ -197,8 +197,6 @@ def _run(args: argparse.Namespace) -> int:
     from tformer.kinds import train
     from tformer.training.distributed import finish
 
-    if "device" in given:  # one this machine lacks: one line, before anything is made
-        resolve_device(given["device"], "--device")
     if args.resume is not None:
         run_dir = args.resume or given.get("out") or from_file.get("out")
         if not run_dir:
@@ -206,8 +204,11 @@ def _run(args: argparse.Namespace) -> int:
         config = resume_config(run_dir, from_file, given)
     else:
         config = resolve_config(from_file, given)
+    # Decided once, here (one this machine lacks: one line, before anything is made); under
+    # torchrun each rank's process decides its own GPU.
+    device = resolve_device(config.device, "--device")
     # --max-minutes counts the whole command: the interpreter's start and the imports too.
     train(config, resume=args.resume is not None, progress=not args.quiet,
-          started=getattr(args, "started", None))
+          started=getattr(args, "started", None), device=device)
     finish(int(os.environ.get("WORLD_SIZE", "1")))  # torchrun: the ranks end together
     return 0

@@ -66,6 +66,12 @@ class SentenceEncoder:
                             f"got {type(model).__name__}")
         self.tokenizer = tokenizer
 
+    def at_most(self, max_length: int | None) -> SentenceEncoder:
+        """This encoder with its texts cut at ``max_length`` (None: this one), at most its own."""
+        if max_length is None:
+            return self
+        return SentenceEncoder(self.sentence, self.tokenizer.at_most(max_length))
+
     @property
     def model(self) -> Encoder:
         """The encoder (its pooling and normalisation: ``pooling``, ``normalize``)."""

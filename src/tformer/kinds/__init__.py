@@ -23,6 +23,7 @@ from typing import Any
 from tformer.config import TransformerConfig
 from tformer.devices import resolve_device
 from tformer.errors import a, as_path
+from tformer.formats.model_dir import read_model_dir
 from tformer.kinds import classification, embedding, seq2seq
 from tformer.kinds.base import Kind
 from tformer.kinds.run import AttentionInput, Run
@@ -116,28 +117,34 @@ def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
 
 
 def make_objective(config: TrainConfig, run_dir: Path | None = None, write: bool = True,
-                   existing: bool = False) -> Objective:
+                   existing: bool = False, resume: bool = False) -> Objective:
     """The objective a config trains: on its synthetic task's, or on your data (its tokenizer
     trained and written to run_dir; with `existing`, read back from run_dir without the data
-    files)."""
+    files). A new fine-tune reads its base model's folder once, here; a resumed or existing run
+    reads nothing of it (its own directory holds all it needs)."""
     kind = kind_of_config(config, run_dir)
+    pretrained = None
     if config.data is None:
         source = TaskSource(get_task(config.task, config.seed, config.valid_size, config.test_size), config)
     elif existing:
         source = FileSource(TextData.from_run(run_dir, config, kind.fields), config)
     else:
-        if config.from_pretrained and not (run_dir is not None and (run_dir / "data.json").is_file()):
+        if config.from_pretrained and not resume:  # the base model's folder, read once here
             check_not_a_run(Path(config.from_pretrained))
-        source = FileSource(TextData.build(config, kind.fields, run_dir, write=write), config)
-    return kind.objective(source)
+            pretrained = read_model_dir(config.from_pretrained)
+        source = FileSource(TextData.build(config, kind.fields, run_dir, write=write, pretrained=pretrained),
+                            config)
+    return kind.objective(source, pretrained)
 
 
 def train(config: TrainConfig, resume: bool = False, progress: bool = True, log=print,
-          started: float | None = None) -> dict[str, Any]:
-    """tformer.training.loop.train with the kinds' objectives: the test record."""
+          started: float | None = None, device=None) -> dict[str, Any]:
+    """tformer.training.loop.train with the kinds' objectives: the test record. device: where
+    it trains, as the command decided it (None: config.device's)."""
     from tformer.training.loop import train as train_loop
 
-    return train_loop(config, make_objective, resume=resume, progress=progress, log=log, started=started)
+    return train_loop(config, make_objective, resume=resume, progress=progress, log=log, started=started,
+                      device=device)
 
 
 def check_not_a_run(path: Path) -> None:
@@ -199,7 +206,7 @@ def _load(path: Path, needs: str | None, device, dtype: str) -> Run:
     cls = kind_named(objective.kind).run
     if needs is not None and not hasattr(cls, needs):
         raise ValueError(f"RUN_DIR: {path} is {objective.description}: use `tformer {cls.verb} {path}`")
-    model_config = TransformerConfig.load(saved / "config.json")
+    model_config = objective.saved_config(TransformerConfig.load(saved / "config.json"), path)
     check_fits(model_config, objective.model_kind, what=str(saved / "config.json"))
     model = objective.build_model(model_config)
     best = path / "best.safetensors"

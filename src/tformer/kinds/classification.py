@@ -96,8 +96,8 @@ class Classification(Objective):
                                           pooler=pooling == "cls")
 
     def build_model(self, model_config: TransformerConfig | None = None) -> nn.Module:
-        if model_config is None and self.config.from_pretrained:
-            encoder = from_pretrained(self.config.from_pretrained)
+        if model_config is None and self.pretrained is not None:
+            encoder = from_pretrained(self.pretrained)
             config = self.finetune_config(encoder.config).replace(n_classes=len(self.labels))
             model = EncoderClassifier(config)
             model.encoder.load_state_dict(encoder.state_dict())

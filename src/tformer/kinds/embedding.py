@@ -75,15 +75,21 @@ class Embedding(Objective):
     def build_model(self, model_config: TransformerConfig | None = None) -> nn.Module:
         """From scratch, mean pooling; a fine-tune keeps its directory's pooling; a run's saved
         config says its own (config.pooling: the run needs nothing else to load)."""
-        if model_config is None and self.config.from_pretrained:
-            pretrained = self.config.from_pretrained
-            encoder = from_pretrained(pretrained)
-            pooling = "+".join(read_layout(pretrained).pooling)
+        if model_config is None and self.pretrained is not None:
+            encoder = from_pretrained(self.pretrained)
+            pooling = "+".join(self.pretrained.layout.pooling)
             config = self.finetune_config(encoder.config).replace(pooling=pooling)
             model = SentenceModel(config)
             model.encoder.load_state_dict(encoder.state_dict())
             return model.train()
         return SentenceModel(model_config or self.model_config())
+
+    def saved_config(self, model_config: TransformerConfig, run_dir: Path) -> TransformerConfig:
+        """A finished run's pooling as its own sentence-transformers files say (runs written
+        before config.pooling held it kept it only there)."""
+        if (run_dir / "modules.json").is_file():
+            return model_config.replace(pooling="+".join(read_layout(run_dir).pooling))
+        return model_config
 
     def encode(self, examples: list) -> list[PairExample]:
         enc = self.source.encode_texts

@@ -124,7 +124,7 @@ class Seq2Seq(Objective):
         return self.source.seq2seq_config()
 
     def build_model(self, model_config: TransformerConfig | None = None) -> nn.Module:
-        if model_config is None and self.config.from_pretrained:
+        if model_config is None and self.pretrained is not None:
             raise ValueError("from_pretrained: fine-tuning needs an encoder objective "
                              "(text+label or anchor+positive); source+target trains from scratch")
         return Seq2SeqTransformer(model_config or self.model_config())

@@ -1,6 +1,6 @@
 """The ASGI application: routes by what the directory holds, each request through the batcher.
 
-    app = create_app(ServeConfig(model="runs/my-run"))   # loads the model; uvicorn serves it
+    app = create_app(ServeConfig(model="runs/my-run").decide())   # loads the model; uvicorn serves it
 
 A request's body is read (within --body-timeout: connections.py) and checked (schema), its
 texts tokenized in a small pool of tokenizer threads (never in the event loop: a 5 MB text must
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,11 +25,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 import tformer
-from tformer.devices import resolve_device
 from tformer.kinds import load_served
 from tformer.kinds.run import Run
 from tformer.kinds.serving import InputRefused, Item
-from tformer.nn.precision import resolve_precision
 from tformer.serve import connections, exposure, routes, schema
 from tformer.serve.batcher import Batcher, QueueFull, ShuttingDown
 from tformer.serve.config import ServeConfig
@@ -264,12 +261,13 @@ async def _starlette_error(request: Request, exc: HTTPException) -> Response:
 
 # The application -------------------------------------------------------------------------------------
 def create_app(config: ServeConfig, served: Run | None = None) -> Starlette:
-    """The application for one worker; loads the model unless given one."""
+    """The application for one worker of a decided config (``ServeConfig.decide``: its device
+    and precision are what runs); loads the model unless given one."""
+    if not config.decided:
+        raise ValueError(f"config: expected a decided ServeConfig (ServeConfig.decide()), got dtype "
+                         f"{config.dtype!r} on device {config.device!r}")
     torch.set_num_threads(config.threads_per_worker)
-    # "auto" becomes what runs here, so that /info names it.
-    device = resolve_device(config.device, "--device")
-    config = dataclasses.replace(config, device=str(device), dtype=resolve_precision(config.dtype, device)[0])
-    served = served or load_served(config.model, device, config.dtype, config.max_input_tokens)
+    served = served or load_served(config.model, config.device, config.dtype, config.max_input_tokens)
     service = Service(config, served)
     limits = connections.Limits(config.header_timeout, config.body_timeout, config.max_connections,
                                 config.connections_per_client, service.begin_drain)

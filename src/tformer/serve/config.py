@@ -89,6 +89,21 @@ class ServeConfig:
                 raise ValueError(f"--cors-origin: expected an origin such as https://app.example.com (no "
                                  f"path) or *, got {origin!r}")
 
+    def decide(self) -> ServeConfig:
+        """This config with "auto" decided for this machine: the device, then the precision that
+        runs there (tformer.devices, tformer.nn.precision). `tformer serve` decides it once, where
+        it starts, so that every worker runs the same device and precision (each deciding "auto"
+        on its own could measure differently); /info names what runs."""
+        from tformer.devices import resolve_device
+        from tformer.nn.precision import resolve_precision
+
+        device = resolve_device(self.device, "--device")
+        return dataclasses.replace(self, device=str(device), dtype=resolve_precision(self.dtype, device)[0])
+
+    @property
+    def decided(self) -> bool:
+        return "auto" not in (self.dtype, self.device)
+
     @property
     def threads_per_worker(self) -> int:
         """Each worker's share of the threads (at least one)."""

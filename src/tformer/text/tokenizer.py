@@ -81,6 +81,18 @@ class Tokenizer:
         self.pad_id, self.lowercase = pad_id, lowercase
         self._edge: int | None = None  # tformer.text.prefix.edge_chars, found on first use
 
+    def at_most(self, max_length: int | None) -> Tokenizer:
+        """This tokenizer cutting at ``max_length`` (None: this one), which may lower its maximum
+        length (the model's), never raise it: the one check of a --max-length for every command."""
+        if max_length is None:
+            return self
+        if isinstance(max_length, bool) or not isinstance(max_length, int):
+            raise ValueError(f"max_length: expected an int, got {max_length!r}")
+        if self.max_length is not None and max_length > self.max_length:
+            raise ValueError(f"max_length: expected at most {self.max_length} (the model's maximum length), "
+                             f"got {max_length}")
+        return Tokenizer(self.backend, max_length, self.pad_id, self.lowercase)
+
     def encode(self, texts: str | Sequence[str], pairs: Sequence[str | None] | None = None
                ) -> list[EncodedText]:
         """Each text (and pairs[i], its second segment, where not None) on its own, with the
@@ -346,14 +358,6 @@ def load_tokenizer(directory: str | Path | ModelDir, max_length: int | None = No
     limit = md.position_limit
     if md.layout.max_seq_length is not None:
         limit = md.layout.max_seq_length if limit is None else min(limit, md.layout.max_seq_length)
-    if max_length is not None:
-        if isinstance(max_length, bool) or not isinstance(max_length, int):
-            raise ValueError(f"max_length: expected an int, got {max_length!r}")
-        if limit is not None and max_length > limit:
-            raise ValueError(
-                f"max_length: expected at most {limit} (the model's maximum length), got {max_length}"
-            )
-        limit = max_length
 
     from tokenizers import Tokenizer as Backend
 
@@ -380,7 +384,8 @@ def load_tokenizer(directory: str | Path | ModelDir, max_length: int | None = No
             f"{md.model_dir / 'tokenizer.json'}: no such file (nor vocab.txt); "
             "the model directory needs a tokenizer"
         )
-    return Tokenizer(backend, limit, pad_id_of(backend), lowercase=md.layout.do_lower_case)
+    tokenizer = Tokenizer(backend, limit, pad_id_of(backend), lowercase=md.layout.do_lower_case)
+    return tokenizer.at_most(max_length)
 
 
 def _tokenizer_config(model_dir: Path) -> dict[str, Any]:

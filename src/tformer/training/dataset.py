@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from tformer.formats.model_dir import ModelDir, read_model_dir
 from tformer.storage.files import write_atomic, write_json_atomic
 from tformer.text.tokenizer import Tokenizer
 from tformer.training.records import (
@@ -108,7 +109,8 @@ class TextData:
 
     # Building -------------------------------------------------------------------------------
     @classmethod
-    def build(cls, config, fields: Fields, run_dir: Path | None = None, write: bool = True) -> TextData:
+    def build(cls, config, fields: Fields, run_dir: Path | None = None, write: bool = True,
+              pretrained: ModelDir | None = None) -> TextData:
         """A new run's data (one pass over the file, a tokenizer trained or loaded), written to
         run_dir as tokenizer.json and data.json; or, where run_dir holds them (resuming),
         the run's own, after checking that the data files are the ones it started with."""
@@ -117,8 +119,8 @@ class TextData:
             data.check_identity()
             return data
         data, sample = cls._scan(config, fields)
-        if config.from_pretrained:
-            backend, limit = pretrained_backend(Path(config.from_pretrained))
+        if config.from_pretrained:  # its directory, read once where the command started
+            backend, limit = pretrained_backend(pretrained or read_model_dir(config.from_pretrained))
             if limit and config.max_length > limit and not config.auto_length:  # the user's, not a preset's
                 raise ValueError(f"max_length: expected at most {limit} (the maximum length of "
                                  f"{config.from_pretrained}), got {config.max_length}")

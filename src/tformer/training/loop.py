@@ -84,17 +84,20 @@ from tformer.training.steps import grad_scaler, make_optimizer, train_step
 
 # The loop ----------------------------------------------------------------------------------------
 def train(config: TrainConfig, make_objective: Callable[..., Objective], resume: bool = False,
-          progress: bool = True, log=print, started: float | None = None) -> dict[str, Any]:
+          progress: bool = True, log=print, started: float | None = None,
+          device: torch.device | None = None) -> dict[str, Any]:
     """Train, checkpoint, test; return the test record (also the last line of metrics.jsonl).
 
-    make_objective(config, run_dir=None, write=True): the objective of the config's kind
+    make_objective(config, run_dir=None, write=True, resume=False): the objective of the config's kind
     (tformer.kinds.make_objective, decided where the command starts; the loop never asks which).
     resume: continue the run in `config.out` from its checkpoint.
     started: when the command started (a time.perf_counter() reading; `tformer train` passes
     the process's start): --max-minutes counts from there. Default: now.
+    device: where it trains, decided where the command starts (default: config.device's, under
+    torchrun this rank's GPU).
     """
     started = time.perf_counter() if started is None else started
-    device = resolve_device(config.device)  # under torchrun: this rank's GPU
+    device = resolve_device(config.device) if device is None else device  # torchrun: this rank's GPU
     rank, world = rank_and_world(device)
     writer = rank == 0
     if not writer:
@@ -140,10 +143,10 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
     run_dir = Path(config.out)
     metrics_path = run_dir / "metrics.jsonl"
     # Rank 0 trains the tokenizer and writes it; the others wait, then read that very file.
-    objective = make_objective(config, run_dir) if writer else None
+    objective = make_objective(config, run_dir, resume=resume) if writer else None
     barrier(world)
     if objective is None:
-        objective = make_objective(config, run_dir, write=False)
+        objective = make_objective(config, run_dir, write=False, resume=resume)
     if not resume:
         check_minimum(config, started)
     plan, objective = make_plan(objective, resume, world, started, log, run_dir if writer else None, device)

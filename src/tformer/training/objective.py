@@ -14,6 +14,7 @@ verbs of its kind.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import time
 from abc import ABC, abstractmethod
@@ -26,6 +27,7 @@ from torch import Tensor, nn
 
 from tformer.config import TransformerConfig
 from tformer.devices import model_device
+from tformer.formats.model_dir import ModelDir
 from tformer.formats.pretrained import pretrained_config
 from tformer.text.batches import SORT_WINDOW
 from tformer.training.records import Fields
@@ -122,12 +124,20 @@ class Objective(ABC):
     refuses: Mapping[str, str] = {}  # options this kind refuses set (to a true value): name -> why
     inputs = ("text",)  # the fields a user's input texts fill (a tab separates the second)
 
-    def __init__(self, source: Source) -> None:
-        self.source, self.config = source, source.config
+    def __init__(self, source: Source, pretrained: ModelDir | None = None) -> None:
+        """pretrained: a new fine-tune's --from-pretrained directory, read once where the command
+        starts (tformer.kinds.make_objective); None for a run from scratch, and for a run read
+        back from its directory, which needs nothing of its base model's."""
+        self.source, self.config, self.pretrained = source, source.config, pretrained
 
     def with_config(self, config) -> Objective:
         """This objective under other training options: what a plan probes and settles on."""
-        return type(self)(self.source.with_config(config))
+        return type(self)(self.source.with_config(config), self.pretrained)
+
+    @functools.cached_property
+    def base_config(self) -> TransformerConfig | None:
+        """The pretrained model's config (its config.json, read once), or None (no base read)."""
+        return None if self.pretrained is None else pretrained_config(self.pretrained)
 
     @property
     def description(self) -> str:
@@ -157,9 +167,7 @@ class Objective(ABC):
     def model_width(self) -> int:
         """d_model of the model this objective trains: a pretrained encoder's own, else the
         run's (what the fine-tuning learning rate scales with)."""
-        if self.config.from_pretrained:
-            return pretrained_config(self.config.from_pretrained).d_model
-        return self.model_config().d_model
+        return (self.base_config or self.model_config()).d_model
 
     def finetune_config(self, pretrained: TransformerConfig) -> TransformerConfig:
         """The pretrained encoder's config as this fine-tune trains it: with --dropout (the
@@ -184,6 +192,11 @@ class Objective(ABC):
     @abstractmethod
     def model_config(self) -> TransformerConfig:
         """The model's TransformerConfig: the run's sizes, the source's vocabulary and lengths."""
+
+    def saved_config(self, model_config: TransformerConfig, run_dir: Path) -> TransformerConfig:
+        """The config of a run's saved model (its checkpoint's config.json), as the run directory
+        says it (a kind may read more of it there; never of any other folder)."""
+        return model_config
 
     @abstractmethod
     def build_model(self, model_config: TransformerConfig | None = None) -> nn.Module:

@@ -32,7 +32,6 @@ from pathlib import Path
 import torch
 
 from tformer.devices import half_name, resolve_device
-from tformer.formats.pretrained import pretrained_config
 from tformer.kernels import autotune
 from tformer.kernels.machine import free_threads, others_running
 from tformer.stats import check_fits, flops_per_token
@@ -159,7 +158,7 @@ def make_plan(objective: Objective, resume: bool, world: int, started: float, lo
     """The plan of a run of `objective` (its config as given), and the objective under it.
     Each choice is logged as it is made; choices that time steps measure on the run's device."""
     config = objective.config
-    device = device or resolve_device(config.device)
+    device = device or resolve_device(config.device)  # (the loop passes the command's)
     half = half_name(device)
     reasons: list[tuple[str, str]] = []
 
@@ -188,13 +187,13 @@ def make_plan(objective: Objective, resume: bool, world: int, started: float, lo
         objective = objective.with_config(config)
         chose("learning rate", why)
     if config.from_pretrained and config.pretrained_dropout and not resume:  # (given: the user knows it)
-        own = pretrained_config(config.from_pretrained)
+        own = objective.base_config
         chose("dropout", f"{own.dropout:g} (attention weights {own.attention_dropout:g}), the pretrained "
                          "model's own (--dropout sets it)")
     if wants_auto_length(config, resume, world):
         data = objective.source.data
         config, why = choose_length(config, objective.with_config, next(data.epoch_pools()), seconds_left(),
-                                    partial(probes.step_seconds, step=probe_step(config, bf16)),
+                                    partial(probes.step_seconds, step=probe_step(config, bf16, device)),
                                     objective.train_records or 1, probes.not_paid())
         objective = objective.with_config(config)
         if run_dir is not None:
@@ -216,7 +215,7 @@ def make_plan(objective: Objective, resume: bool, world: int, started: float, lo
             objective = objective.with_config(config)
             chose("batch", why)
     if wants_auto_size(config, resume, world):
-        step = probe_step(config, bf16)
+        step = probe_step(config, bf16, device)
         config, why = choose_size(config, objective.with_config, seconds_left(),
                                   partial(probes.step_seconds, step=step, batches=objective.train_batches(0)),
                                   probes.not_paid(), measure_rungs=measures_rungs(device))
@@ -249,7 +248,7 @@ def _confirm_bf16(objective: Objective, probes: Probes) -> tuple[bool, str]:
     batch = functools.cache(lambda: next(objective.train_batches(0)))
 
     def stepper(bf16: bool):
-        model, step = objective.build_model(), probe_step(config, bf16)
+        model, step = objective.build_model(), probe_step(config, bf16, device)
         return lambda: step(model, batch(), objective)
 
     t = time.perf_counter()
@@ -267,7 +266,7 @@ def _batch(config) -> str:
 def _work(objective: Objective) -> float:
     """A step's FLOPs per token against the smallest seq2seq model's (a probe's unit of work)."""
     c = objective.model_config()
-    if objective.config.from_pretrained:  # its own sizes
-        c = pretrained_config(objective.config.from_pretrained)
+    if objective.base_config is not None:  # a fine-tune's own sizes
+        c = objective.base_config
     base = flops_per_token(c.replace(**BASE_SIZES), 64, "seq2seq")
     return flops_per_token(c, 64, objective.model_kind) / base

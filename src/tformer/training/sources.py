@@ -24,7 +24,6 @@ from tformer.errors import BadInput, shown
 from tformer.tasks import Example, Task
 from tformer.text.batches import EncodedText
 from tformer.text.specials import BOS, EOS, PAD
-from tformer.text.tokenizer import Tokenizer
 from tformer.training.dataset import TextData
 from tformer.training.records import Record
 from tformer.training.stream import BatchStream
@@ -280,8 +279,7 @@ class FileSource:
     def cut_at(self, max_length: int) -> FileSource:
         """This source with its texts cut at max_length tokens, where that is below the run's."""
         other = copy.copy(self)
-        other.tokenizer = Tokenizer(self.tokenizer.backend, min(max_length, self.tokenizer.max_length),
-                                    self.tokenizer.pad_id)
+        other.tokenizer = self.tokenizer.at_most(min(max_length, self.tokenizer.max_length))
         return other
 
     def check_unchanged(self, thorough: bool = True) -> None:

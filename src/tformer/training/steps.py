@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tformer.devices import half_dtype, model_device, needs_grad_scaler, resolve_device, synchronize
+from tformer.devices import half_dtype, model_device, needs_grad_scaler, synchronize
 from tformer.training.distributed import average_gradients, sum_over_ranks
 
 
@@ -77,10 +77,9 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, objective, ba
     return total_loss / config.accumulate, total_acc / config.accumulate, int(tokens), examples
 
 
-def probe_step(config, bf16: bool):
+def probe_step(config, bf16: bool, device: torch.device):
     """`step(model, batch, objective)`: one update of a throwaway model, as train_step does it,
     on the run's device (the model is moved there on its first step), timed to its end there."""
-    device = resolve_device(config.device)
     # by model: each model kept alive here, so that no later model reuses its id
     optimizers: dict[int, tuple[nn.Module, torch.optim.Optimizer, torch.amp.GradScaler | None]] = {}
 

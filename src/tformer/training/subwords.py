@@ -19,6 +19,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from tformer.formats.model_dir import ModelDir
 from tformer.text.specials import BOS, EOS
 from tformer.text.tokenizer import Tokenizer, load_tokenizer, pad_id_of
 from tformer.training.config import BPE_MIN_VOCAB, MAX_VOCAB
@@ -83,7 +84,7 @@ def load_backend(path: Path) -> Backend:
         raise ValueError(f"{path}: not a tokenizers file ({e})") from None
 
 
-def pretrained_backend(model_dir: Path) -> tuple[Backend, int | None]:
+def pretrained_backend(model_dir: Path | ModelDir) -> tuple[Backend, int | None]:
     """A pretrained directory's tokenizer backend (lowercasing baked into its normaliser, so
     the run's tokenizer.json alone tokenizes the same) and its maximum length."""
     tok = load_tokenizer(model_dir)

@@ -1,4 +1,4 @@
-"""tformer.runs.base: what every kind of run shares (inputs as the command line takes them, the
+"""tformer.kinds.run: what every kind of run shares (inputs as the command line takes them, the
 base model a card names)."""
 
 import json

@@ -1,4 +1,4 @@
-"""tformer.runs: each kind's verb (predict, generate, embed) refuses a bad batch_size in one line
+"""tformer.kinds: each kind's verb (predict, generate, embed) refuses a bad batch_size in one line
 naming it, as the command line's --batch-size does, instead of a bare range() error or,
 for generate, an empty answer."""
 
