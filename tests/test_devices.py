@@ -158,9 +158,9 @@ def test_the_server_embeds_on_the_device_as_the_cpu_does(device):
     from tformer.embeddings.sentence import SentenceEncoder
     from tformer.kinds import load_served
 
-    served = load_served(st_dir(), "fp32", None, device)
-    assert devices.model_device(served.st.model) == device
+    served = load_served(st_dir(), device, "fp32", None)
+    assert devices.model_device(served.encoder.model) == device
     texts = ["a dog runs", "the cat sat on the mat"]
-    got = served.run([item.payload for item in served.items(texts, True)], True)
+    got = served.run_batch([item.payload for item in served.admit(texts, True)], True)
     expected = SentenceEncoder.from_pretrained(st_dir(), dtype="fp32", device="cpu").encode(texts)
     assert max(abs(g - e).max() for g, e in zip(got, expected, strict=True)) <= 1e-5

@@ -115,7 +115,7 @@ def test_predict_counts_pairs_and_singles_as_the_run_encodes_them(classification
     assert body["error"]["message"].startswith("input[0].text_pair: this run was trained on single texts")
     monkeypatch.setattr(served.objective.source.data, "pairs", True)
     tokenizer = served.tokenizer
-    items = served.items([{"text": "the cat"}, {"text": "the cat", "text_pair": "a dog"}], True)
+    items = served.admit([{"text": "the cat"}, {"text": "the cat", "text_pair": "a dog"}], True)
     single, pair = tokenizer.encode(["the cat", "the cat"], [None, "a dog"])
     assert [i.n for i in items] == [len(single.ids), len(pair.ids)]
 
@@ -135,6 +135,7 @@ def test_long_inputs_are_counted_at_admission_and_handed_on_as_prefixes(classifi
     """A 130 kB text (alone, in a pair, as a seq2seq source) is counted at admission as the run
     counts it (a lower bound: "N or more") and handed to the model thread as the prefix its cut
     needs (Tokenizer.prefixes): the model's answer is the one for the whole text."""
+    from tformer.kinds.classification import probabilities
     from tformer.kinds.serving import TooLong
     from tformer.text.prefix import AtLeast, reach
 
@@ -143,24 +144,24 @@ def test_long_inputs_are_counted_at_admission_and_handed_on_as_prefixes(classifi
     monkeypatch.setattr(served.objective.source.data, "pairs", True)
     records = [{"text": long}, {"text": long, "text_pair": long + " dog"}, {"text": "a dog", "text_pair": long},
                {"text": "a dog", "text_pair": ""}]
-    items = served.items(records, True)
+    items = served.admit(records, True)
     # Two long texts sharing an odd budget (LongestFirst gives the odd token to the longer) are read
     # no further than the reach either (tformer.text.prefix.pair_window): each then taken as read.
-    budget = served.run_limit - served.tokenizer.backend.num_special_tokens_to_add(True)
+    budget = served.max_input_tokens - served.tokenizer.backend.num_special_tokens_to_add(True)
     assert [isinstance(i.full, AtLeast) for i in items] == [True, True, True, False]
     sizes = [len(i.payload["text"]) + len(i.payload.get("text_pair", "")) for i in items]
     assert sizes[0] < 40_000 and sizes[1] <= 2 * reach(budget) < len(long) and sizes[2] < 40_000
-    whole = served.objective.predict(served.model, records)
-    assert np.abs(np.array(served.run([i.payload for i in items])) - whole).max() <= 1e-6
+    whole = probabilities(served.objective.predict(served.model, records))  # (its logits)
+    assert np.abs(np.array(served.run_batch([i.payload for i in items])) - whole).max() <= 1e-6
     counted = served.tokenizer.encode([r["text"] for r in records], [r.get("text_pair") or None for r in records])
     assert [i.full for i in items] == [e.full for e in counted] and items[3].full == len(counted[3].ids)
     seq2seq = seq2seq_server.app.state.service.served
-    (item,) = seq2seq.items([long], True)
-    assert isinstance(item.full, AtLeast) and item.full > seq2seq.run_limit and len(item.payload) < 40_000
-    assert seq2seq.run([item.payload], (1, 8, 1.0)) == seq2seq.run([long], (1, 8, 1.0))
-    with pytest.raises(TooLong, match=rf"^input\[0\]: expected at most {seq2seq.run_limit} tokens, "
+    (item,) = seq2seq.admit([long], True)
+    assert isinstance(item.full, AtLeast) and item.full > seq2seq.max_input_tokens and len(item.payload) < 40_000
+    assert seq2seq.run_batch([item.payload], (1, 8, 1.0)) == seq2seq.run_batch([long], (1, 8, 1.0))
+    with pytest.raises(TooLong, match=rf"^input\[0\]: expected at most {seq2seq.max_input_tokens} tokens, "
                        rf"got {int(item.full)} or more \(send truncate"):
-        seq2seq.items([long], False)
+        seq2seq.admit([long], False)
 
 
 def test_generate_speaks_tgi_and_equals_tformer_generate(seq2seq_server, seq2seq_run, capsys):

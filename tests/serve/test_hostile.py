@@ -121,13 +121,13 @@ def test_a_complete_request_is_answered_after_the_client_half_closes(embedding_s
     can never be complete). (A FIN once a request waits on the model still cancels it:
     test_errors.py::test_a_client_that_disconnects_frees_its_place.)"""
     served = embedding_server.app.state.service.served
-    items = served.items
+    items = served.admit
 
-    def slow_items(inputs, truncate):  # the FIN surely arrives before the request is queued
+    def slow_items(inputs, truncate, limit=None):  # the FIN surely arrives before the request is queued
         time.sleep(0.2)
-        return items(inputs, truncate)
+        return items(inputs, truncate, limit)
 
-    monkeypatch.setattr(served, "items", slow_items)
+    monkeypatch.setattr(served, "admit", slow_items)
     health = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
     for sent, expected in ([_post(b'{"inputs": "a"}'), [200]], [health, [200]],
                            [_post(b'{"inputs": "a"}') + health + _post(b"{bad"), [200, 200, 400]],

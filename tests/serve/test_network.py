@@ -222,15 +222,15 @@ def test_tokenizing_runs_off_the_event_loop(embedding_dir, monkeypatch):
     live = serve(embedding_dir)
     served = live.app.state.service.served
     tokenizing, answered, threads = threading.Event(), threading.Event(), []
-    items = served.items
+    items = served.admit
 
-    def slow_items(inputs, truncate):
+    def slow_items(inputs, truncate, limit=None):
         threads.append(threading.current_thread().name)
         tokenizing.set()
         assert answered.wait(20), "/health was not answered while a request was being tokenized"
-        return items(inputs, truncate)
+        return items(inputs, truncate, limit)
 
-    monkeypatch.setattr(served, "items", slow_items)
+    monkeypatch.setattr(served, "admit", slow_items)
     try:
         result = []
         worker = threading.Thread(target=lambda: result.append(live.post("/embed", {"inputs": "a dog"})))
@@ -281,15 +281,15 @@ def test_a_large_body_being_tokenized_does_not_hold_up_small_ones(embedding_dir,
     live = serve(embedding_dir, tokenization_workers=1)
     served = live.app.state.service.served
     large_started, release = threading.Event(), threading.Event()
-    items = served.items
+    items = served.admit
 
-    def held_items(inputs, truncate):
+    def held_items(inputs, truncate, limit=None):
         if sum(map(len, inputs)) > SMALL_BODY_BYTES:
             large_started.set()
             assert release.wait(20), "the test did not release the large request"
-        return items(inputs, truncate)
+        return items(inputs, truncate, limit)
 
-    monkeypatch.setattr(served, "items", held_items)
+    monkeypatch.setattr(served, "admit", held_items)
     large: list = []
     worker = threading.Thread(target=lambda: large.append(live.post("/embed", {"inputs": "x" * 2 * SMALL_BODY_BYTES})))
     try:
@@ -321,10 +321,10 @@ def test_a_long_text_is_tokenized_only_as_far_as_the_limit_needs(embedding_serve
     tformer.text.prefix), tokenizing a few kB of a 1 MB text: the same ids as the whole text
     cut, its count a lower bound, named as one when refused."""
     served = embedding_server.app.state.service.served
-    tokenizer = served.st.tokenizer
+    tokenizer = served.tokenizer
     spy = SpyBackend(tokenizer.backend)
     monkeypatch.setattr(tokenizer, "backend", spy)
-    long, short = served.items([text, "a dog"], True)
+    long, short = served.admit([text, "a dog"], True)
     monkeypatch.undo()
     assert max(spy.seen) < 20_000 < len(text)
     assert long.payload.ids == _whole_then_cut(tokenizer, text) and len(long.payload.ids) == 16

@@ -109,8 +109,8 @@ class Seq2Seq(Objective):
     # instead of 23.9): the loss is the steadier judge.
     best_by = "loss"
 
-    def __init__(self, source) -> None:
-        super().__init__(source)
+    def __init__(self, source, pretrained=None) -> None:
+        super().__init__(source, pretrained)
         self.scores = IdScores() if source.tokenizer is None else TextScores()
 
     def what(self) -> str:
