@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tformer.errors import BadType, as_path
+from tformer.errors import BadType, FieldError, as_path
 from tformer.storage.files import read_json_object, write_json_atomic
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
@@ -65,26 +65,25 @@ class TransformerConfig:
             if getattr(self, name) is not None:
                 check_positive(name, getattr(self, name))
         if isinstance(self.type_vocab_size, bool) or not isinstance(self.type_vocab_size, int):
-            raise BadType(f"type_vocab_size: expected an int, got {self.type_vocab_size!r}")
+            raise BadType("type_vocab_size", f"expected an int, got {self.type_vocab_size!r}")
         if self.type_vocab_size < 0:
-            raise ValueError(f"type_vocab_size: expected >= 0, got {self.type_vocab_size}")
+            raise FieldError("type_vocab_size", f"expected >= 0, got {self.type_vocab_size}")
         if self.d_model % self.n_heads:
-            raise ValueError(
-                f"d_model: expected a multiple of n_heads ({self.n_heads}), got {self.d_model}"
-            )
+            raise FieldError("d_model", f"expected a multiple of n_heads ({self.n_heads}), "
+                                        f"got {self.d_model}")
         for name in ("dropout", "attention_dropout"):
             check_probability(name, getattr(self, name))
         if not (isinstance(self.layer_norm_eps, (int, float))
                 and 0 < self.layer_norm_eps < math.inf):
-            raise ValueError(f"layer_norm_eps: expected a positive number, got {self.layer_norm_eps!r}")
+            raise FieldError("layer_norm_eps", f"expected a positive number, got {self.layer_norm_eps!r}")
         _check_choice("activation", self.activation, ACTIVATIONS)
         _check_choice("positional", self.positional, POSITIONALS)
         if not isinstance(self.pooling, str) or not self.pooling or any(
                 mode not in POOLING_MODES for mode in self.pooling.split("+")):
-            raise ValueError(f"pooling: expected one of {', '.join(POOLING_MODES)} (or several joined by "
+            raise FieldError("pooling", f"expected one of {', '.join(POOLING_MODES)} (or several joined by "
                              f"'+'); got {self.pooling!r}")
         if self.type_vocab_size and self.vocab_size is None:
-            raise ValueError("type_vocab_size: token types need token ids, so set vocab_size too")
+            raise FieldError("type_vocab_size", "token types need token ids, so set vocab_size too")
 
     # Derived sizes -------------------------------------------------------------
     @property
@@ -115,7 +114,7 @@ class TransformerConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
         if not isinstance(data, dict):
-            raise BadType(f"data: expected a dict of config fields, got {type(data).__name__}")
+            raise BadType("data", f"expected a dict of config fields, got {type(data).__name__}")
         check_known_keys(data, cls)
         return cls(**data)
 
@@ -135,7 +134,9 @@ class TransformerConfig:
             raise FileNotFoundError(f"{path}: no such config file") from None
         try:
             return cls.from_dict(data)
-        except (ValueError, TypeError) as e:  # a file edited or damaged: name it, not just the key
+        except (FieldError, BadType) as e:  # a file edited or damaged: name it, not just the key
+            raise e.named(f"{path}: {e.field}") from None
+        except (ValueError, TypeError) as e:
             raise ValueError(f"{path}: {e}") from None
 
 
@@ -195,7 +196,7 @@ class FieldType:
             return
         want = (int, float) if self.base is float else self.base
         if isinstance(value, bool) != (self.base is bool) or not isinstance(value, want):
-            raise BadType(f"{name}: expected {self}, got {value!r}")
+            raise BadType(name, f"expected {self}, got {value!r}")
 
 
 def field_types(config_class: type) -> dict[str, FieldType]:
@@ -221,15 +222,15 @@ def check_positive(name: str, value: Any) -> None:
     """A size (d_model, n_heads, max_len...): the config's check, also the leaves' (a layer
     built alone got torch's "negative dimension" error, or a ZeroDivisionError)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BadType(f"{name}: expected a positive int, got {value!r}")
+        raise BadType(name, f"expected a positive int, got {value!r}")
     if value <= 0:
-        raise ValueError(f"{name}: expected a positive int, got {value}")
+        raise FieldError(name, f"expected a positive int, got {value}")
 
 
 def check_probability(name: str, p: Any) -> None:
     """A dropout probability: in [0, 1), so some activations survive."""
     if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0.0 <= p < 1.0:
-        raise ValueError(f"{name}: expected a probability in [0, 1), got {p!r}")
+        raise FieldError(name, f"expected a probability in [0, 1), got {p!r}")
 
 
 def check_config(config: Any, name: str = "config") -> TransformerConfig:
@@ -237,10 +238,10 @@ def check_config(config: Any, name: str = "config") -> TransformerConfig:
     AttributeError); TransformerConfig.from_dict reads a dict."""
     if not isinstance(config, TransformerConfig):
         hint = " (TransformerConfig.from_dict reads a dict)" if isinstance(config, dict) else ""
-        raise BadType(f"{name}: expected a TransformerConfig, got {type(config).__name__}{hint}")
+        raise BadType(name, f"expected a TransformerConfig, got {type(config).__name__}{hint}")
     return config
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise ValueError(f"{name}: expected one of {', '.join(choices)}; got {value!r}")
+        raise FieldError(name, f"expected one of {', '.join(choices)}; got {value!r}")

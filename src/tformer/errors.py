@@ -19,8 +19,35 @@ from types import ModuleType
 import numpy as np
 
 
-class BadType(TypeError):
+class _Named:
+    """An error about one named field or option: ``field`` (its name where it is checked) and
+    ``detail`` (what was expected and what came); the message is "field: detail". A caller that
+    knows the field by another name (a command's --flag, a file's key) says it with ``named``,
+    never by parsing the message."""
+
+    def __init__(self, field: str, detail: str) -> None:
+        super().__init__(f"{field}: {detail}")
+        self.field, self.detail = field, detail
+
+    def named(self, name: str):
+        """The same error with the field called ``name`` (raise it ``from None``)."""
+        return type(self)(name, self.detail)
+
+
+class FieldError(_Named, ValueError):
+    """A bad value of a named field or option (a config's, a command's, a file's)."""
+
+
+class BadType(_Named, TypeError):
     """A value of the wrong type in something the user wrote (a config file, an option)."""
+
+
+class FieldNotFound(_Named, FileNotFoundError):
+    """A path a named field or option gave that is not there."""
+
+
+class FieldNotADirectory(_Named, NotADirectoryError):
+    """A path a named field or option gave that is a file where a directory is expected."""
 
 
 def shown(text: str, width: int = 60) -> str:
@@ -33,9 +60,9 @@ def as_path(value: object, name: str, what: str = "a path") -> Path:
     """``value`` (a str or os.PathLike) as a Path, refused in one line naming ``name``: a number
     or bytes was pathlib's bare TypeError, and "" became ".", the current folder."""
     if isinstance(value, bytes | bytearray) or not isinstance(value, str | os.PathLike):
-        raise BadType(f"{name}: expected {what} (str or os.PathLike), got {type(value).__name__}")
+        raise BadType(name, f"expected {what} (str or os.PathLike), got {type(value).__name__}")
     if not str(value):  # Path("") is "."
-        raise ValueError(f"{name}: expected {what}, got ''")
+        raise FieldError(name, f"expected {what}, got ''")
     return Path(value)
 
 

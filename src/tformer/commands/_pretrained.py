@@ -84,12 +84,14 @@ def load_sentence_encoder(args: argparse.Namespace):
 @contextlib.contextmanager
 def max_length_option() -> Iterator[None]:
     """The tokenizer's max_length errors named as the user wrote it: --max-length."""
+    from tformer.errors import FieldError
+
     try:
         yield
-    except ValueError as e:
-        if not str(e).startswith("max_length: "):
+    except FieldError as e:
+        if e.field != "max_length":
             raise
-        raise ValueError(f"--max-length: {str(e).removeprefix('max_length: ')}") from None
+        raise e.named("--max-length") from None
 
 
 def check_not_another_run(model_dir: str) -> None:

@@ -153,22 +153,21 @@ def _with_defaults(bases: dict[str, Any]) -> type[argparse.HelpFormatter]:
 def run(args: argparse.Namespace) -> int:
     """Train; an error about an option names it as the user wrote it: `--max-minutes` on the
     command line, `FILE: max_minutes` in the --config file (the library names the field)."""
-    from tformer.errors import BadType
+    from tformer.errors import BadType, FieldError
     from tformer.training.config import MODEL_OPTIONS, TrainConfig
 
     try:  # (SIGTERM stops it as Ctrl-C does: tformer.cli)
         return _run(args)
-    except (ValueError, BadType, OSError) as e:
+    except (FieldError, BadType) as e:
         fields = {f.name for f in dataclasses.fields(TrainConfig)} | set(MODEL_OPTIONS) | {"resume"}
-        name, sep, rest = str(e).partition(": ")
-        ours = len(e.args) == 1 and not (isinstance(e, OSError) and e.errno is not None)  # not the OS's
+        name = e.field
         if args.resume is not None and (name == "RUN_DIR" or (name == "out" and "out" not in vars(args))):
             name = "resume" if args.resume else "out"  # the run directory, as the user gave it
-        if sep and name in fields and ours:
+        if name in fields:
             if name in vars(args) or name == "resume":  # (options not given are not in args)
-                e.args = (f"--{name.replace('_', '-')}: {rest}",)
-            elif args.config:
-                e.args = (f"{args.config}: {name}: {rest}",)
+                raise e.named(f"--{name.replace('_', '-')}") from None
+            if args.config:
+                raise e.named(f"{args.config}: {name}") from None
         raise
 
 

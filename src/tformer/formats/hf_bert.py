@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tformer.config import TransformerConfig, bert_layout
-from tformer.errors import check_flag
+from tformer.errors import BadType, FieldError, check_flag
 from tformer.storage.files import read_json_object
 
 # Rows: (HF key or keys stacked along rows, tformer key). "{i}" is the layer index.
@@ -263,11 +263,12 @@ def config_from_hf(hf: Mapping[str, Any], has_pooler: bool, source: str = "confi
             raise ValueError(f"{source}: missing key {key!r}")
     try:
         return _tformer_config(hf, act, has_pooler)
-    except (ValueError, TypeError) as e:
+    except (FieldError, BadType) as e:
         # Name BERT's key, not ours: the user edits config.json, not a TransformerConfig.
-        field, _, rest = str(e).partition(": ")
-        key = CONFIG_KEYS.get(field)
-        raise type(e)(f"{source}: {key}: {rest}" if key else f"{source}: {e}") from None
+        key = CONFIG_KEYS.get(e.field)
+        raise e.named(f"{source}: {key}" if key else f"{source}: {e.field}") from None
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"{source}: {e}") from None
 
 
 # tformer field -> the BERT config.json key it comes from (for error messages).

@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from tformer.config import TransformerConfig, bert_layout
+from tformer.errors import BadType, FieldError
 from tformer.nn.positional import sinusoidal_table
 
 ARCHITECTURE = "XLMForSequenceClassification"
@@ -301,10 +302,11 @@ def config_from_hf(hf: Mapping[str, Any], source: str = "config.json") -> Transf
             layer_norm_eps=hf.get("layer_norm_eps", 1e-12), max_len=hf["max_position_embeddings"],
             vocab_size=hf["vocab_size"], type_vocab_size=2, pooler=False,
         )
-    except (ValueError, TypeError) as e:  # name XLM's key: the user edits config.json
-        field, _, rest = str(e).partition(": ")
-        key = CONFIG_KEYS.get(field)
-        raise type(e)(f"{source}: {key}: {rest}" if key else f"{source}: {e}") from None
+    except (FieldError, BadType) as e:  # name XLM's key: the user edits config.json
+        key = CONFIG_KEYS.get(e.field)
+        raise e.named(f"{source}: {key}" if key else f"{source}: {e.field}") from None
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"{source}: {e}") from None
     d_ff = hf.get("tformer_d_ff", config.d_ff)  # the units the run trained, of XLM's 4 * emb_dim
     if isinstance(d_ff, bool) or not isinstance(d_ff, int) or not 0 < d_ff <= config.d_ff:
         raise ValueError(f"{source}: tformer_d_ff: expected the feed-forward units the run trained, an "

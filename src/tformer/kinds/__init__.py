@@ -22,7 +22,7 @@ from typing import Any
 
 from tformer.config import TransformerConfig
 from tformer.devices import resolve_device
-from tformer.errors import a, as_path
+from tformer.errors import FieldError, a, as_path
 from tformer.formats.model_dir import read_model_dir
 from tformer.kinds import classification, embedding, seq2seq
 from tformer.kinds.base import Kind
@@ -88,7 +88,7 @@ def kind_of_config(config: TrainConfig, run_dir: Path | None = None) -> Kind:
         try:
             name = read_json_object(run_dir / "data.json")["objective"]
         except (KeyError, ValueError) as e:
-            raise ValueError(f"RUN_DIR: {run_dir / 'data.json'} is not a tformer data.json ({e})") from None
+            raise FieldError("RUN_DIR", f"{run_dir / 'data.json'} is not a tformer data.json ({e})") from None
         return kind_named(name, f"RUN_DIR: {run_dir / 'data.json'}: objective")
     return kind_of_data(config.data, config.columns)
 
@@ -205,7 +205,7 @@ def _load(path: Path, needs: str | None, device, dtype: str) -> Run:
     objective = make_objective(config, path, existing=True)  # tokenizer, labels
     cls = kind_named(objective.kind).run
     if needs is not None and not hasattr(cls, needs):
-        raise ValueError(f"RUN_DIR: {path} is {objective.description}: use `tformer {cls.verb} {path}`")
+        raise FieldError("RUN_DIR", f"{path} is {objective.description}: use `tformer {cls.verb} {path}`")
     model_config = objective.saved_config(TransformerConfig.load(saved / "config.json"), path)
     check_fits(model_config, objective.model_kind, what=str(saved / "config.json"))
     model = objective.build_model(model_config)
@@ -227,9 +227,9 @@ def load_served(path: str | Path, device, dtype: str = "fp32", max_input_tokens:
     if not is_run_dir(path):
         try:
             run = MODEL_DIR_KIND.run.from_model_dir(path, device, dtype, max_input_tokens)
-        except ValueError as e:  # the library names its argument; the user gave the flag
-            if str(e).startswith("max_length:"):
-                raise ValueError("--max-input-tokens:" + str(e).removeprefix("max_length:")) from None
+        except FieldError as e:  # the library names its argument; the user gave the flag
+            if e.field == "max_length":
+                raise e.named("--max-input-tokens") from None
             raise
         return run
     run = load_run(path, device=device, dtype=dtype)

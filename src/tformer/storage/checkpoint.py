@@ -31,6 +31,7 @@ from safetensors.torch import save as st_save
 from torch import nn
 
 from tformer.devices import model_device
+from tformer.errors import FieldError, FieldNotFound
 from tformer.storage.checkpoint_names import CHECKPOINTS, POINTER, latest_checkpoint, order
 from tformer.storage.checkpoint_names import published as _published
 from tformer.storage.files import json_bytes, remove_temp_files, write_atomic, write_new_dir
@@ -77,30 +78,30 @@ def check_run_dir(run_dir: str | Path) -> Path:
     run written before checkpoints were directories."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"RUN_DIR: {run_dir} is not a directory")
+        raise FieldNotFound("RUN_DIR", f"{run_dir} is not a directory")
     found = latest_checkpoint(run_dir)
     if found is not None:
         return found
     pid = holder(run_dir)
     if pid not in (None, str(os.getpid())):  # not stopped: training towards its first checkpoint now
-        raise ValueError(
-            f"RUN_DIR: {run_dir} is training now (pid {pid}) and has no checkpoint yet: nothing to "
+        raise FieldError(
+            "RUN_DIR", f"{run_dir} is training now (pid {pid}) and has no checkpoint yet: nothing to "
             "load until its first validation saves one (`tformer info` shows how far it got)"
         )
     if (run_dir / CHECKPOINTS).is_dir():
-        raise ValueError(
-            f"RUN_DIR: {run_dir} has no complete checkpoint (its first save was interrupted); "
+        raise FieldError(
+            "RUN_DIR", f"{run_dir} has no complete checkpoint (its first save was interrupted); "
             f"start it again with `tformer train --out {run_dir}`"
         )
     missing = [f for f in CHECKPOINT_FILES if not (run_dir / f).is_file()]
     if missing and any((run_dir / name).is_file() for name in ("data.json", "metrics.jsonl")):
-        raise ValueError(  # a run's own files, and no checkpoint of any layout
-            f"RUN_DIR: {run_dir} is a run stopped before its first checkpoint: nothing to load or "
+        raise FieldError(  # a run's own files, and no checkpoint of any layout
+            "RUN_DIR", f"{run_dir} is a run stopped before its first checkpoint: nothing to load or "
             f"resume; start it again with `tformer train --out {run_dir}`"
         )
     if missing:
-        raise ValueError(
-            f"RUN_DIR: {run_dir} is not a checkpoint (missing {', '.join(missing)}); "
+        raise FieldError(
+            "RUN_DIR", f"{run_dir} is not a checkpoint (missing {', '.join(missing)}); "
             "expected a directory written by `tformer train`"
         )
     return run_dir
@@ -142,12 +143,12 @@ def load_weights(model: nn.Module, path: Path) -> dict[str, str]:
         weights, meta = read_safetensors(path)  # an unreadable file says so, naming it
         check_finite(weights, str(path))
     except ValueError as e:
-        raise ValueError(f"RUN_DIR: {e}") from None
+        raise FieldError("RUN_DIR", f"{e}") from None
     try:
         model.load_state_dict(weights, strict=True)
     except RuntimeError as e:
         first = str(e).strip().splitlines()[0]
-        raise ValueError(f"RUN_DIR: {path} does not fit its config.json ({first})") from None
+        raise FieldError("RUN_DIR", f"{path} does not fit its config.json ({first})") from None
     return meta
 
 
@@ -158,19 +159,19 @@ def load_training_state(run_dir: Path, model: nn.Module, optimizer: torch.optim.
     ckpt = check_run_dir(run_dir)
     path = ckpt / "trainer_state.json"
     if not path.is_file():
-        raise ValueError(f"resume: {ckpt} has no trainer_state.json, so it cannot be resumed")
+        raise FieldError("resume", f"{ckpt} has no trainer_state.json, so it cannot be resumed")
     try:
         state = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"resume: {path} is not valid JSON ({e})") from None
+        raise FieldError("resume", f"{path} is not valid JSON ({e})") from None
     if not isinstance(state, dict) or not isinstance(state.get("step"), int):
-        raise ValueError(f"resume: {path}: expected an object with an integer 'step', "
+        raise FieldError("resume", f"{path}: expected an object with an integer 'step', "
                          f"got {str(state)[:60]}")
     wmeta = load_weights(model, ckpt / "model.safetensors")
     tensors, ometa = read_safetensors(ckpt / "optimizer.safetensors")
     steps = {str(state["step"]), wmeta.get("step"), ometa.get("step")}
     if len(steps) != 1:
-        raise ValueError(f"resume: checkpoint files in {ckpt} are from different steps {steps}")
+        raise FieldError("resume", f"checkpoint files in {ckpt} are from different steps {steps}")
     opt_state: dict[int, dict[str, torch.Tensor]] = {}
     try:
         for key, value in tensors.items():
@@ -185,7 +186,7 @@ def load_training_state(run_dir: Path, model: nn.Module, optimizer: torch.optim.
         if device.type == "cuda" and "rng.cuda" in tensors:  # resumed on a GPU, as it trained
             torch.cuda.set_rng_state(tensors["rng.cuda"], device)
     except (KeyError, ValueError, RuntimeError, TypeError) as e:
-        raise ValueError(f"resume: {ckpt / 'optimizer.safetensors'} does not fit this model "
+        raise FieldError("resume", f"{ckpt / 'optimizer.safetensors'} does not fit this model "
                          f"({type(e).__name__}: {e})") from None
     return state
 

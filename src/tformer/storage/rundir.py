@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from tformer.errors import FieldError, FieldNotADirectory
 from tformer.storage.checkpoint_names import CHECKPOINTS, latest_checkpoint  # (torch-free: the NumPy engine)
 from tformer.storage.files import remove_temp_files, write_atomic
 from tformer.storage.locks import flock_or_explain
@@ -110,16 +111,16 @@ def check_out(run_dir: Path) -> None:
     try:
         str(run_dir).encode("utf-8")
     except UnicodeEncodeError:
-        raise ValueError(f"out: expected a path in UTF-8 (safetensors opens no other), got "
+        raise FieldError("out", f"expected a path in UTF-8 (safetensors opens no other), got "
                          f"{os.fsencode(run_dir)!r}") from None
     if run_dir.exists() and not run_dir.is_dir():
-        raise NotADirectoryError(f"out: {run_dir} is a file; expected a new, empty or run directory")
+        raise FieldNotADirectory("out", f"{run_dir} is a file; expected a new, empty or run directory")
     if run_dir.is_dir() and not is_run_dir(run_dir):
         names = sorted(p.name for p in run_dir.iterdir())
         if names:
             shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-            raise ValueError(
-                f"out: {run_dir} is not empty and not a tformer run directory (holds {shown}); "
+            raise FieldError(
+                "out", f"{run_dir} is not empty and not a tformer run directory (holds {shown}); "
                 "expected a new or empty directory, so nothing of yours is overwritten"
             )
 
@@ -129,28 +130,28 @@ def open_run_dir(run_dir: Path, resume: bool) -> RunLock:
     run that never completed a checkpoint left there. The caller holds the lock."""
     if resume:
         if not is_run_dir(run_dir):
-            raise ValueError(f"resume: {run_dir} is not a tformer run directory")
+            raise FieldError("resume", f"{run_dir} is not a tformer run directory")
     else:
         check_out(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ValueError(f"out: cannot create {run_dir} ({e.strerror})") from None
+        raise FieldError("out", f"cannot create {run_dir} ({e.strerror})") from None
     lock = RunLock(run_dir)
     try:
         if resume:
             if (run_dir / CHECKPOINTS).is_dir():
                 remove_temp_files(run_dir / CHECKPOINTS)
         elif latest_checkpoint(run_dir) is not None or (run_dir / "model.safetensors").exists():
-            raise ValueError(
-                f"out: {run_dir} already holds a checkpoint; resume it with --resume {run_dir} "
+            raise FieldError(
+                "out", f"{run_dir} already holds a checkpoint; resume it with --resume {run_dir} "
                 "or choose another --out"
             )
         else:  # a run whose first save never completed: start it again from nothing
             kept = _results(run_dir)
             if kept:
-                raise ValueError(
-                    f"out: {run_dir} holds results of an earlier run ({', '.join(kept)}) but no "
+                raise FieldError(
+                    "out", f"{run_dir} holds results of an earlier run ({', '.join(kept)}) but no "
                     "checkpoint to resume; move them away or choose another --out")
             shutil.rmtree(run_dir / CHECKPOINTS, ignore_errors=True)
             for name in RUN_FILES:

@@ -6,7 +6,7 @@ padding masks are ``ids != PAD``); the task's symbols follow in the order given.
 
 from __future__ import annotations
 
-from tformer.errors import shown
+from tformer.errors import FieldError, shown
 from tformer.text.specials import BOS, EOS, PAD, UNK
 
 __all__ = ["BOS", "EOS", "PAD", "SPECIALS", "UNK", "Tokenizer"]
@@ -52,8 +52,8 @@ class Tokenizer:
             i = self._ids.get(tok)
             if i is None or i < len(SPECIALS):
                 if strict:
-                    raise ValueError(
-                        f"input: {shown(tok)} in {shown(text)} is not in the vocabulary; "
+                    raise FieldError(
+                        "input", f"{shown(tok)} in {shown(text)} is not in the vocabulary; "
                         f"expected symbols from: {' '.join(self.symbols)}"
                     )
                 i = UNK

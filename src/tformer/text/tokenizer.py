@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from tformer.errors import FieldError
 from tformer.formats.model_dir import ModelDir, read_model_dir
 from tformer.text.arguments import pairs_list, texts_list, token_ids
 from tformer.text.batches import EncodedText, encoder_arrays
@@ -75,7 +76,7 @@ class Tokenizer:
         backend.no_truncation()  # we truncate ourselves, to max_length, and say so
         specials = backend.num_special_tokens_to_add(False)
         if max_length is not None and max_length <= specials:  # the cut could keep no token of a text
-            raise ValueError(f"max_length: expected more than the {specials} special tokens each text "
+            raise FieldError("max_length", f"expected more than the {specials} special tokens each text "
                              f"gets (at least {specials + 1}), got {max_length}")
         self.backend, self.max_length = backend, max_length
         self.pad_id, self.lowercase = pad_id, lowercase
@@ -87,10 +88,10 @@ class Tokenizer:
         if max_length is None:
             return self
         if isinstance(max_length, bool) or not isinstance(max_length, int):
-            raise ValueError(f"max_length: expected an int, got {max_length!r}")
+            raise FieldError("max_length", f"expected an int, got {max_length!r}")
         if self.max_length is not None and max_length > self.max_length:
-            raise ValueError(f"max_length: expected at most {self.max_length} (the model's maximum length), "
-                             f"got {max_length}")
+            raise FieldError("max_length", f"expected at most {self.max_length} (the model's maximum "
+                                           f"length), got {max_length}")
         return Tokenizer(self.backend, max_length, self.pad_id, self.lowercase)
 
     def encode(self, texts: str | Sequence[str], pairs: Sequence[str | None] | None = None

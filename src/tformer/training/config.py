@@ -18,7 +18,7 @@ from typing import Any
 
 from tformer import devices
 from tformer.config import FieldType, TransformerConfig, check_known_keys, field_types
-from tformer.errors import BadType
+from tformer.errors import BadType, FieldError
 from tformer.kernels.machine import check_threads
 from tformer.tasks import TASKS, Task
 from tformer.training.presets import FINETUNE_PRESET, PRESETS, SIZE_OPTIONS, TIMED_STEPS
@@ -140,13 +140,13 @@ class TrainConfig:
         if isinstance(self.model, dict):  # read back from train_config.json
             object.__setattr__(self, "model", TransformerConfig.from_dict(self.model))
         if not isinstance(self.model, TransformerConfig):
-            raise BadType(f"model: expected a TransformerConfig, got {type(self.model).__name__}")
+            raise BadType("model", f"expected a TransformerConfig, got {type(self.model).__name__}")
         if self.data is None and self.task not in TASKS:
-            raise ValueError(f"task: expected one of {', '.join(TASKS)}; got {self.task!r}")
+            raise FieldError("task", f"expected one of {', '.join(TASKS)}; got {self.task!r}")
         devices.check_spec(self.device)
         for name, choices in (("schedule", SCHEDULES), ("tokenizer", TOKENIZERS), ("precision", PRECISIONS)):
             if getattr(self, name) not in choices:
-                raise ValueError(f"{name}: expected one of {', '.join(choices)}; "
+                raise FieldError(name, f"expected one of {', '.join(choices)}; "
                                  f"got {getattr(self, name)!r}")
         for f in dataclasses.fields(self):
             name, value, kind = f.name, getattr(self, f.name), train_types()[f.name]
@@ -154,38 +154,38 @@ class TrainConfig:
                 continue
             kind.check(name, value)
             if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"{name}: expected a finite number, got {value}")
+                raise FieldError(name, f"expected a finite number, got {value}")
         positive = ("steps", "batch_size", "eval_every", "log_every", "valid_size", "test_size", "threads",
                     "vocab_size", "max_length", "max_tokens", "accumulate", "patience", "keep", "epochs")
         for name in positive:
             value = getattr(self, name)
             if value is not None and value <= 0:
-                raise ValueError(f"{name}: expected a positive number, got {value}")
+                raise FieldError(name, f"expected a positive number, got {value}")
         check_threads(self.threads, "threads")
         if not 0 <= self.seed < 2**63:  # what numpy (non-negative) and torch (64 bits) both take
-            raise ValueError(f"seed: expected 0..{2**63 - 1}, got {self.seed}")
+            raise FieldError("seed", f"expected 0..{2**63 - 1}, got {self.seed}")
         for name, limit in (("vocab_size", MAX_VOCAB), ("max_length", MAX_LENGTH)):
             if getattr(self, name) > limit:
-                raise ValueError(f"{name}: expected at most {limit}, got {getattr(self, name)}")
+                raise FieldError(name, f"expected at most {limit}, got {getattr(self, name)}")
         for name in ("lr", "max_minutes"):
             value = getattr(self, name)
             if value is not None and not value > 0:
-                raise ValueError(f"{name}: expected a positive number, got {value}")
+                raise FieldError(name, f"expected a positive number, got {value}")
         for name in ("warmup", "weight_decay", "clip_grad"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name}: expected >= 0, got {getattr(self, name)}")
+                raise FieldError(name, f"expected >= 0, got {getattr(self, name)}")
         if self.early_stop is not None and not (self.early_stop > 0 and
                                                 (self.data is not None or self.early_stop <= 1)):
-            raise ValueError(f"early_stop: expected a metric in (0, 1] or None, got {self.early_stop}")
+            raise FieldError("early_stop", f"expected a metric in (0, 1] or None, got {self.early_stop}")
         if not 0 <= self.label_smoothing < 1:
-            raise ValueError(f"label_smoothing: expected a value in [0, 1), got {self.label_smoothing}")
+            raise FieldError("label_smoothing", f"expected a value in [0, 1), got {self.label_smoothing}")
         self.reports()  # --report-to names only what tformer writes
         if self.epochs is not None and self.data is None:
-            raise ValueError("epochs: synthetic tasks are endless streams; --epochs needs --data")
+            raise FieldError("epochs", "synthetic tasks are endless streams; --epochs needs --data")
         if self.from_pretrained is not None and self.data is None:
-            raise ValueError("from_pretrained: fine-tuning needs your data too (--data FILE)")
+            raise FieldError("from_pretrained", "fine-tuning needs your data too (--data FILE)")
         if self.data is not None and self.tokenizer == "bpe" and self.vocab_size < BPE_MIN_VOCAB:
-            raise ValueError(f"vocab_size: expected at least {BPE_MIN_VOCAB} for the bpe tokenizer (its "
+            raise FieldError("vocab_size", f"expected at least {BPE_MIN_VOCAB} for the bpe tokenizer (its "
                              f"256-byte alphabet and 4 special tokens), got {self.vocab_size}")
 
     def reports(self) -> tuple[str, ...]:
@@ -195,7 +195,7 @@ class TrainConfig:
             return ()
         unknown = [n for n in names if n not in REPORT_TO]
         if unknown or len(set(names)) != len(names):
-            raise ValueError(f"report_to: expected none or some of {', '.join(REPORT_TO)} "
+            raise FieldError("report_to", f"expected none or some of {', '.join(REPORT_TO)} "
                              f"(comma-separated, each once), got {self.report_to!r}")
         return tuple(names)
 
@@ -299,7 +299,7 @@ def resolve_config(*layers: dict[str, Any], objective=None) -> TrainConfig:
         return TrainConfig.from_flat({**preset, "task": None, **merged})
     task = merged.get("task", TrainConfig.task)
     if task not in TASKS:
-        raise ValueError(f"task: expected one of {', '.join(TASKS)}; got {task!r}")
+        raise FieldError("task", f"expected one of {', '.join(TASKS)}; got {task!r}")
     check_read(given, None, task=task)
     return TrainConfig.from_flat({**PRESETS.get(task, {}), **merged})
 
@@ -323,19 +323,19 @@ def resume_config(run_dir: str | Path, *layers: dict[str, Any]) -> TrainConfig:
     for layer in layers:
         changes.update(layer)
     if changes.get("out") is not None and Path(changes["out"]).resolve() != Path(run_dir).resolve():
-        raise ValueError(f"out: a resumed run stays in its directory ({run_dir}); expected no --out "
+        raise FieldError("out", f"a resumed run stays in its directory ({run_dir}); expected no --out "
                          f"or that one, got {changes['out']}")  # (it was silently ignored)
     changes["out"] = str(Path(run_dir))
     check_keys(changes)
     if "dropout" in changes and saved.from_pretrained and saved.pretrained_dropout:
-        raise ValueError(f"dropout: cannot change when resuming (the run trains with the dropout of "
+        raise FieldError("dropout", f"cannot change when resuming (the run trains with the dropout of "
                          f"{saved.from_pretrained}, got {changes['dropout']!r}); only "
                          f"{', '.join(RESUMABLE)} can")
     for name, value in changes.items():
         had = getattr(saved.model if name in MODEL_OPTIONS else saved, name)
         if name not in RESUMABLE and value != had:
-            raise ValueError(
-                f"{name}: cannot change when resuming (the run has {had!r}, "
+            raise FieldError(
+                name, f"cannot change when resuming (the run has {had!r}, "
                 f"got {value!r}); only {', '.join(RESUMABLE)} can"
             )
     resumed = saved.replace(**changes)
@@ -348,8 +348,8 @@ def resume_config(run_dir: str | Path, *layers: dict[str, Any]) -> TrainConfig:
     # its step and saved as ended there, its own --steps replaced by the smaller one.
     step = state.get("step")
     if isinstance(step, int) and resumed.steps < step and not finished(state, limits):
-        raise ValueError(
-            f"steps: expected at least {step}, the step of its checkpoint (the run was on its way to "
+        raise FieldError(
+            "steps", f"expected at least {step}, the step of its checkpoint (the run was on its way to "
             f"{saved.steps}), got {resumed.steps}: a run does not train backwards; omit --steps to go on, "
             f"or score it as it is with `tformer eval {run_dir}`")
     return resumed
@@ -363,7 +363,7 @@ def read_train_config(run_dir: Path) -> TrainConfig:
             saved["precision"] = "bf16" if saved.pop("bf16") else "fp32"
         return TrainConfig(**saved)
     except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as e:
-        raise ValueError(f"RUN_DIR: {path} is not a valid TrainConfig ({e})") from None
+        raise FieldError("RUN_DIR", f"{path} is not a valid TrainConfig ({e})") from None
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
@@ -381,12 +381,12 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
             mark = getattr(e, "problem_mark", None)
             where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
             problem = getattr(e, "problem", None) or type(e).__name__
-            raise ValueError(f"config: {where}: expected valid YAML, got {problem}") from None
+            raise FieldError("config", f"{where}: expected valid YAML, got {problem}") from None
     else:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
-            raise ValueError(f"config: {path} is not valid JSON ({e})") from None
+            raise FieldError("config", f"{path} is not valid JSON ({e})") from None
     if not isinstance(data, dict):
-        raise ValueError(f"config: {path} must hold a mapping of options, got {type(data).__name__}")
+        raise FieldError("config", f"{path} must hold a mapping of options, got {type(data).__name__}")
     return data

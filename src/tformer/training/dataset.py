@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from tformer.errors import FieldError
 from tformer.formats.model_dir import ModelDir, read_model_dir
 from tformer.storage.files import write_atomic, write_json_atomic
 from tformer.text.tokenizer import Tokenizer
@@ -151,7 +152,7 @@ class TextData:
             return cls(config, fields, tokenizer, list(info["labels"]), float(info["split_fraction"]),
                        info.get("identity"), bool(info.get("pairs", True)))  # older runs: not recorded
         except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"RUN_DIR: {path} is not a tformer data.json ({e})") from None
+            raise FieldError("RUN_DIR", f"{path} is not a tformer data.json ({e})") from None
 
     def describe(self) -> dict[str, Any]:
         return {"objective": self.fields.objective, "labels": self.labels,

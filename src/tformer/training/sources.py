@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tformer.config import TransformerConfig, bert_layout
-from tformer.errors import BadInput, shown
+from tformer.errors import BadInput, FieldError, shown
 from tformer.tasks import Example, Task
 from tformer.text.batches import EncodedText
 from tformer.text.specials import BOS, EOS, PAD
@@ -91,8 +91,8 @@ class TaskSource:
         for i, text in enumerate(texts):
             try:
                 n = len(self.task.tokenizer.encode(text, strict=True))
-            except ValueError as e:
-                raise BadInput(i, str(e).removeprefix("input: ")) from None
+            except FieldError as e:
+                raise BadInput(i, e.detail) from None
             if not n:
                 raise BadInput(i, f"expected at least one symbol, got {text!r}")
             if n + 1 > self.task.max_len:  # with its EOS (or BOS)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tformer.errors import a
+from tformer.errors import FieldError, a
 from tformer.training.presets import FINETUNE_PRESET, SIZE_OPTIONS
 
 # The synthetic tasks bring their own vocabulary, lengths and splits; a file run has no generated
@@ -33,7 +33,7 @@ def check_read(given: dict[str, Any], objective, merged: dict[str, Any] | None =
     def refuse(name: str, why: str) -> None:
         if name in SWITCHES_OFF and given[name] is False:
             return  # switching off a choice that is not made asks for nothing (a saved config holds it)
-        raise ValueError(f"{name}: {why}; expected no --{name.replace('_', '-')}, got {given[name]!r}")
+        raise FieldError(name, f"{why}; expected no --{name.replace('_', '-')}, got {given[name]!r}")
 
     if merged is None:
         for name in DATA_ONLY:
@@ -69,11 +69,11 @@ def check_layers(given: dict[str, Any], objective) -> None:
     if given.get("from_pretrained"):
         for name in ("norm_first", "activation"):
             if name in given:
-                raise ValueError(f"{name}: a fine-tune keeps the layers of {given['from_pretrained']}; "
+                raise FieldError(name, f"a fine-tune keeps the layers of {given['from_pretrained']}; "
                                  f"expected no --{name.replace('_', '-')}, got {given[name]!r}")
         return
     for name, why in objective.refuses.items():
         value = given.get(name)
         if value:
             expected = "False" if isinstance(value, bool) else f"no --{name.replace('_', '-')}"
-            raise ValueError(f"{name}: {why}; expected {expected}, got {value!r}")
+            raise FieldError(name, f"{why}; expected {expected}, got {value!r}")
