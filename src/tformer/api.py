@@ -51,7 +51,7 @@ def train(data: Data | None = None, valid: Data | None = None, test: Data | None
     process (tformer.kernels.allocator says why and how to opt out)."""
     progress = progress and not quiet
     if not callable(log):  # (it failed at the first line logged, once training had started)
-        raise BadType(f"log: expected a callable taking a line (e.g. print), got {type(log).__name__}")
+        raise BadType("log", f"expected a callable taking a line (e.g. print), got {type(log).__name__}")
     if "device" in options:  # a torch.device too; the run records it as text
         options["device"] = str(options["device"])
     device = resolve_device(options.get("device", "auto"))  # a missing device: one line, before anything

@@ -135,7 +135,7 @@ class TransformerConfig:
         try:
             return cls.from_dict(data)
         except (FieldError, BadType) as e:  # a file edited or damaged: name it, not just the key
-            raise e.named(f"{path}: {e.field}") from None
+            raise FieldError(f"{path}: {e.field}", e.detail) from None
         except (ValueError, TypeError) as e:
             raise ValueError(f"{path}: {e}") from None
 

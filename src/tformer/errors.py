@@ -19,7 +19,7 @@ from types import ModuleType
 import numpy as np
 
 
-class _Named:
+class NamedError(Exception):
     """An error about one named field or option: ``field`` (its name where it is checked) and
     ``detail`` (what was expected and what came); the message is "field: detail". A caller that
     knows the field by another name (a command's --flag, a file's key) says it with ``named``,
@@ -34,19 +34,19 @@ class _Named:
         return type(self)(name, self.detail)
 
 
-class FieldError(_Named, ValueError):
+class FieldError(NamedError, ValueError):
     """A bad value of a named field or option (a config's, a command's, a file's)."""
 
 
-class BadType(_Named, TypeError):
+class BadType(NamedError, TypeError):
     """A value of the wrong type in something the user wrote (a config file, an option)."""
 
 
-class FieldNotFound(_Named, FileNotFoundError):
+class FieldNotFound(NamedError, FileNotFoundError):
     """A path a named field or option gave that is not there."""
 
 
-class FieldNotADirectory(_Named, NotADirectoryError):
+class FieldNotADirectory(NamedError, NotADirectoryError):
     """A path a named field or option gave that is a file where a directory is expected."""
 
 

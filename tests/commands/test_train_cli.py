@@ -105,8 +105,11 @@ def test_bad_input_from_a_real_process(tmp_path):
 
 def test_train_help_shows_each_objectives_real_defaults(capsys):
     """--help says what a run on your data gets, not only the synthetic tasks' defaults: the
-    presets of training.config, option by option."""
-    from tformer.training.config import DEFAULT_MODEL, FINETUNE_PRESET, OBJECTIVE_PRESETS
+    presets of each kind (tformer.kinds), option by option."""
+    from tformer.kinds import KINDS
+    from tformer.training.config import DEFAULT_MODEL, FINETUNE_PRESET
+
+    OBJECTIVE_PRESETS = {name: kind.objective.preset for name, kind in KINDS.items()}
 
     with pytest.raises(SystemExit):
         main(["train", "--help"])

@@ -153,12 +153,12 @@ def _with_defaults(bases: dict[str, Any]) -> type[argparse.HelpFormatter]:
 def run(args: argparse.Namespace) -> int:
     """Train; an error about an option names it as the user wrote it: `--max-minutes` on the
     command line, `FILE: max_minutes` in the --config file (the library names the field)."""
-    from tformer.errors import BadType, FieldError
+    from tformer.errors import NamedError
     from tformer.training.config import MODEL_OPTIONS, TrainConfig
 
     try:  # (SIGTERM stops it as Ctrl-C does: tformer.cli)
         return _run(args)
-    except (FieldError, BadType) as e:
+    except NamedError as e:
         fields = {f.name for f in dataclasses.fields(TrainConfig)} | set(MODEL_OPTIONS) | {"resume"}
         name = e.field
         if args.resume is not None and (name == "RUN_DIR" or (name == "out" and "out" not in vars(args))):
@@ -173,7 +173,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from tformer.devices import check_spec, resolve_device
-    from tformer.kinds import resolve_config
     from tformer.training.config import MODEL_OPTIONS, TrainConfig, load_config_file, resume_config
 
     fields = {f.name for f in dataclasses.fields(TrainConfig)} | set(MODEL_OPTIONS)
@@ -183,17 +182,21 @@ def _run(args: argparse.Namespace) -> int:
         check_spec(given["device"], "--device")
     if args.engine == "numpy":  # the NumPy reference trains; torch is never imported
         from tformer.reference.train import train as train_numpy
+        from tformer.training.config import resolve_config as resolve_task_config
 
         if args.resume is not None:
             raise ValueError("--resume: the numpy engine cannot resume a run (no optimizer "
                              "state is saved); use --engine torch")
-        config = resolve_config(from_file, given)
+        if given.get("data") or from_file.get("data"):  # (the kinds of data runs are torch's)
+            raise ValueError("--engine: the numpy engine trains the synthetic tasks (--task); "
+                             "expected torch for --data, got numpy")
+        config = resolve_task_config(from_file, given)
         if config.device not in ("auto", "cpu"):
             raise ValueError(f"--device: the numpy engine runs on the CPU; expected auto or cpu, "
                              f"got {config.device!r}")
         train_numpy(config, progress=not args.quiet)
         return 0
-    from tformer.kinds import train
+    from tformer.kinds import resolve_config, train
     from tformer.training.distributed import finish
 
     if args.resume is not None:

@@ -101,7 +101,7 @@ def _check_arguments(model: nn.Module, directory: str | Path, tokenizer_dir: str
     if not isinstance(model, nn.Module) or not isinstance(getattr(model, "config", None), TransformerConfig):
         hint = ("; a run exports with run.export(hf=DIR), its model is run.model"
                 if hasattr(model, "export") else "")
-        raise BadType(f"model: expected a tformer model (an nn.Module with a TransformerConfig, e.g. "
+        raise BadType("model", f"expected a tformer model (an nn.Module with a TransformerConfig, e.g. "
                       f"an Encoder), got {type(model).__name__}{hint}")
     if tokenizer_dir is not None:
         as_path(tokenizer_dir, "tokenizer_dir", "a model directory")

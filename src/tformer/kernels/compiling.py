@@ -19,7 +19,7 @@ def compile_model(module: nn.Module, **kwargs) -> nn.Module:
     """``torch.compile(module, **kwargs)``, with a clear error up front when the machine has no
     C++ compiler: inductor, torch.compile's CPU backend, builds C++ at run time."""
     if not isinstance(module, nn.Module):  # torch.compile's own word was a bare AssertionError
-        raise BadType(f"module: expected a torch.nn.Module (e.g. an Encoder), got {type(module).__name__}")
+        raise BadType("module", f"expected a torch.nn.Module (e.g. an Encoder), got {type(module).__name__}")
     cxx = inductor.cpp.cxx[-1] if isinstance(inductor.cpp.cxx, tuple) else inductor.cpp.cxx
     found = [c for c in (cxx, "g++", "clang++") if c and shutil.which(c)]
     if kwargs.get("backend", "inductor") == "inductor" and not found:

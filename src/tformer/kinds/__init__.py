@@ -105,7 +105,7 @@ def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
     else:
         task = merged.get("task", TrainConfig.task)
         if task not in TASKS:
-            raise ValueError(f"task: expected one of {', '.join(TASKS)}; got {task!r}")
+            raise FieldError("task", f"expected one of {', '.join(TASKS)}; got {task!r}")
         kind = kind_named(TASKS[task].kind)
     for other in KINDS.values():
         for name in other.reads:
@@ -162,10 +162,10 @@ def check_not_a_run(path: Path) -> None:
         kind = kind_named(read_json_object(run / "data.json")["objective"])
     except (OSError, ValueError, KeyError):
         kind = None  # a synthetic task's run (its task is in its checkpoint: never an encoder's data)
-    job = kind.name if kind else "a synthetic task"
+    job = kind.name if kind else "a synthetic task's"
     what = (f"{path} is a tformer run ({job})" if run == path
             else f"{path} is a checkpoint of the tformer run {run} ({job})")
-    raise ValueError(f"from_pretrained: {what}, not a model directory; {Run.pretrained_advice(run, kind)}")
+    raise FieldError("from_pretrained", f"{what}, not a model directory; {Run.pretrained_advice(run, kind)}")
 
 
 def describe_run(path: str | Path) -> tuple[str, str]:

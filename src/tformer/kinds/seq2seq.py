@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tformer.config import TransformerConfig
+from tformer.errors import FieldError
 from tformer.export import hf_classifier, hf_seq2seq, onnx_seq2seq
 from tformer.export import onnx as tonnx
 from tformer.export.model_card import Card
@@ -125,7 +126,7 @@ class Seq2Seq(Objective):
 
     def build_model(self, model_config: TransformerConfig | None = None) -> nn.Module:
         if model_config is None and self.pretrained is not None:
-            raise ValueError("from_pretrained: fine-tuning needs an encoder objective "
+            raise FieldError("from_pretrained", "fine-tuning needs an encoder objective "
                              "(text+label or anchor+positive); source+target trains from scratch")
         return Seq2SeqTransformer(model_config or self.model_config())
 

@@ -156,7 +156,7 @@ class Encoder(nn.Module):
         if not isinstance(path, ModelDir):
             path = as_path(path, "path", "a model directory")
         if dtype is not None and not isinstance(dtype, str | torch.dtype):
-            raise BadType(f"dtype: expected a precision (fp32, bf16, int8), a torch.dtype or None, "
+            raise BadType("dtype", f"expected a precision (fp32, bf16, int8), a torch.dtype or None, "
                           f"got {dtype!r}")
         config, state, source = read_pretrained(path, cls, allow_pickle=allow_pickle)
         model = cls(config)

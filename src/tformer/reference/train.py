@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save
 
+from tformer.errors import FieldError
 from tformer.reference.generate import greedy_search
 from tformer.reference.loss import cross_entropy, cross_entropy_backward
 from tformer.reference.model import EncoderClassifier, Seq2SeqTransformer
@@ -164,7 +165,7 @@ def blas_threads(n: int | None):
     try:  # a dependency, but the engine runs without it when --threads is not given
         from threadpoolctl import threadpool_limits
     except ImportError:
-        raise ValueError("threads: the numpy engine sets BLAS threads with threadpoolctl "
+        raise FieldError("threads", "the numpy engine sets BLAS threads with threadpoolctl "
                          "(pip install threadpoolctl), which is not installed") from None
     return threadpool_limits(limits=n, user_api="blas")
 
@@ -178,7 +179,7 @@ def train(config: TrainConfig, progress: bool = True, log=print,
     run_dir = Path(config.out) if config.out else new_run_dir(f"{config.task}-numpy")
     check_unlocked(run_dir)  # in use: the PyTorch trainer's refusal, before ours of its checkpoint
     if (run_dir / "model.safetensors").exists():
-        raise ValueError(f"out: {run_dir} already holds a checkpoint; choose another --out")
+        raise FieldError("out", f"{run_dir} already holds a checkpoint; choose another --out")
     with blas_threads(config.threads), open_run_dir(run_dir, resume=False):
         return _train(config.replace(out=str(run_dir)), progress, log, dtype)
 

@@ -8,6 +8,7 @@ seq2seq: copy, reverse, sort, add. classification: listops, brackets.
 
 from __future__ import annotations
 
+from tformer.errors import FieldError
 from tformer.tasks.addition import AddTask
 from tformer.tasks.base import ClassificationTask, Example, SequenceTask, Task, sequence_metrics
 from tformer.tasks.brackets import BracketsTask
@@ -24,7 +25,7 @@ TASKS: dict[str, type[Task]] = {
 def get_task(name: str, seed: int = 0, valid_size: int = 500, test_size: int = 1000) -> Task:
     """Build the task called `name` (see TASKS) with splits drawn from `seed`."""
     if name not in TASKS:
-        raise ValueError(f"task: expected one of {', '.join(TASKS)}; got {name!r}")
+        raise FieldError("task", f"expected one of {', '.join(TASKS)}; got {name!r}")
     return TASKS[name](seed=seed, valid_size=valid_size, test_size=test_size)
 
 

@@ -123,7 +123,7 @@ class TextData:
         if config.from_pretrained:  # its directory, read once where the command started
             backend, limit = pretrained_backend(pretrained or read_model_dir(config.from_pretrained))
             if limit and config.max_length > limit and not config.auto_length:  # the user's, not a preset's
-                raise ValueError(f"max_length: expected at most {limit} (the maximum length of "
+                raise FieldError("max_length", f"expected at most {limit} (the maximum length of "
                                  f"{config.from_pretrained}), got {config.max_length}")
             max_length = min(config.max_length, limit) if limit else config.max_length
         else:

@@ -50,6 +50,7 @@ from torch import nn
 
 from tformer.config import TransformerConfig
 from tformer.devices import describe, resolve_device
+from tformer.errors import FieldError
 from tformer.kernels import autotune
 from tformer.stats import check_fits
 from tformer.storage.checkpoint import (
@@ -107,7 +108,7 @@ def train(config: TrainConfig, make_objective: Callable[..., Objective], resume:
         torch.set_num_threads(config.threads)
     run_dir = Path(config.out) if config.out else new_run_dir(config.name)
     if world > 1 and config.out is None:
-        raise ValueError("out: data-parallel runs need --out (every rank must agree on it)")
+        raise FieldError("out", "data-parallel runs need --out (every rank must agree on it)")
     config = config.replace(out=str(run_dir))
     check_reports(config)  # --report-to tensorboard without its package: one line, nothing made
     if not resume:

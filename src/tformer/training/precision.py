@@ -20,6 +20,7 @@ import torch
 
 from tformer.config import TransformerConfig
 from tformer.devices import gpu_name, half_name
+from tformer.errors import FieldError
 from tformer.kernels import autotune
 from tformer.kernels.machine import NO_BF16, has_bf16
 from tformer.nn.model import Encoder
@@ -40,19 +41,19 @@ def choose_precision(requested: str, device: torch.device = _CPU) -> tuple[str, 
     if device.type == "cuda":
         half = half_name(device)
         if requested == "bf16" and half != "bf16":
-            raise ValueError(f"precision: this GPU ({gpu_name(device)}) has no bf16 units; expected "
+            raise FieldError("precision", f"this GPU ({gpu_name(device)}) has no bf16 units; expected "
                              "auto (fp16 autocast with a GradScaler) or fp32, got bf16")
         why = "asked for" if requested == "bf16" else (
             f"{half} autocast on {gpu_name(device)} (a step of this model is timed before it is kept)")
         return half, why
     if device.type != "cpu":
         if requested == "bf16":
-            raise ValueError(f"precision: bf16 autocast is not supported on {device.type} here; "
+            raise FieldError("precision", f"bf16 autocast is not supported on {device.type} here; "
                              "expected auto or fp32, got bf16")
         return "fp32", f"mixed precision on {device.type} is not measured here"
     if requested == "bf16":
         if not bf16_supported():
-            raise ValueError("precision: this CPU cannot run bfloat16 matrix products under autocast "
+            raise FieldError("precision", "this CPU cannot run bfloat16 matrix products under autocast "
                              "(oneDNN found no kernel); expected --precision fp32 or auto, got bf16")
         return "bf16", "asked for"
     if not has_bf16():

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tformer.errors import FieldError
+
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
 
 Record = dict[str, str]  # an objective's fields as non-empty strings (+ "line" when held out)
@@ -115,12 +117,13 @@ def parse_columns(spec: str | None) -> dict[str, str]:
         if not part.strip():
             continue
         if part.count("=") != 1 or not all(s.strip() for s in part.split("=")):
-            raise ValueError(f"columns: expected 'theirs=ours,...', got {spec!r}")
+            raise FieldError("columns", f"expected 'theirs=ours,...', got {spec!r}")
         theirs, ours = (s.strip() for s in part.split("="))
         if theirs in out:
-            raise ValueError(f"columns: expected each column renamed once, got {theirs!r} twice in {spec!r}")
+            raise FieldError("columns", f"expected each column renamed once, got {theirs!r} twice in "
+                                        f"{spec!r}")
         if ours in out.values():
-            raise ValueError(f"columns: expected one column per field, got two for {ours!r} in {spec!r}")
+            raise FieldError("columns", f"expected one column per field, got two for {ours!r} in {spec!r}")
         out[theirs] = ours
     return out
 

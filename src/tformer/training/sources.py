@@ -101,7 +101,7 @@ class TaskSource:
         return [Example(text) for text in texts]
 
     def read_examples(self, data: Data, limit: int | None = None) -> Iterator:
-        raise ValueError(f"data: {self.description} evaluates on its own generated splits, not on files")
+        raise FieldError("data", f"{self.description} evaluates on its own generated splits, not on files")
 
     def summary(self) -> tuple[str, ...]:
         """What a model card says of the data (one line each)."""
@@ -249,7 +249,7 @@ class FileSource:
             return itertools.islice(self.data.read_file(data), limit)
         records = self.data.check_records(itertools.islice(data, limit), "data")
         if not records:
-            raise ValueError("data: expected at least one record, got none")
+            raise FieldError("data", "expected at least one record, got none")
         return iter(records)
 
     # Token ids ------------------------------------------------------------------------------

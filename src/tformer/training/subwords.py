@@ -19,6 +19,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from tformer.errors import FieldError
 from tformer.formats.model_dir import ModelDir
 from tformer.text.specials import BOS, EOS
 from tformer.text.tokenizer import Tokenizer, load_tokenizer, pad_id_of
@@ -31,9 +32,9 @@ def train_tokenizer(texts: Iterable[str], scheme: str, vocab_size: int, lowercas
     """A subword tokenizer (HF `tokenizers`) trained on `texts`; `lowercase`: its normalizer
     lowercases every text first (in training and in every later use of the saved file)."""
     if not len(SPECIALS) < vocab_size <= MAX_VOCAB:
-        raise ValueError(f"vocab_size: expected {len(SPECIALS) + 1}..{MAX_VOCAB}, got {vocab_size}")
+        raise FieldError("vocab_size", f"expected {len(SPECIALS) + 1}..{MAX_VOCAB}, got {vocab_size}")
     if scheme == "bpe" and vocab_size < BPE_MIN_VOCAB:  # (the trainer would make it 260, silently)
-        raise ValueError(f"vocab_size: expected at least {BPE_MIN_VOCAB} for the bpe tokenizer (its "
+        raise FieldError("vocab_size", f"expected at least {BPE_MIN_VOCAB} for the bpe tokenizer (its "
                          f"256-byte alphabet and {len(SPECIALS)} special tokens), got {vocab_size}")
     specials = list(SPECIALS)
     if scheme == "bpe":
@@ -63,10 +64,10 @@ def train_tokenizer(texts: Iterable[str], scheme: str, vocab_size: int, lowercas
     except Exception as e:  # tokenizers' own error type; unigram: "... not large enough to contain all chars"
         if "not large enough" not in str(e):
             raise
-        raise ValueError(f"vocab_size: expected room for every character of the data and {len(SPECIALS)} "
+        raise FieldError("vocab_size", f"expected room for every character of the data and {len(SPECIALS)} "
                          f"special tokens in the {scheme} tokenizer, got {vocab_size}") from None
     if tok.get_vocab_size() > vocab_size:  # wordpiece keeps every character it saw, whatever the size
-        raise ValueError(f"vocab_size: expected at least {tok.get_vocab_size()} for the {scheme} tokenizer "
+        raise FieldError("vocab_size", f"expected at least {tok.get_vocab_size()} for the {scheme} tokenizer "
                          f"on this data (every character it holds and {len(SPECIALS)} special tokens), "
                          f"got {vocab_size}")
     for i, s in enumerate(specials):
