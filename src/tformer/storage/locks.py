@@ -21,21 +21,24 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from tformer.errors import FieldError
+
 
 def lock_path(out: Path) -> Path:
     return out.with_name(f".{out.name}.lock")
 
 
-def flock_or_explain(fd: int, busy: str) -> None:
-    """Take an exclusive lock on `fd` without waiting; else close it and raise ValueError(busy),
-    with {pid} in `busy` replaced by the holder's pid (written in the lock file)."""
+def flock_or_explain(fd: int, option: str, busy: str) -> None:
+    """Take an exclusive lock on `fd` without waiting; else close it and raise a FieldError
+    naming `option`, saying `busy` with {pid} replaced by the holder's pid (written in the lock
+    file)."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
         if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise ValueError(busy.format(pid=holder)) from None
+            raise FieldError(option, busy.format(pid=holder)) from None
         raise
 
 
@@ -52,8 +55,8 @@ def output_lock(out: Path, option: str) -> Iterator[None]:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         except OSError as e:  # the folder is missing, read-only or not a filesystem for files
             raise OSError(f"{option} {out}: cannot write in {out.parent} ({e.strerror})") from None
-        flock_or_explain(fd, f"{option} {out}: is being written by another tformer process "
-                             f"(pid {{pid}}); wait for it to finish or choose another {option}")
+        flock_or_explain(fd, f"{option} {out}", "is being written by another tformer process (pid {pid}); "
+                                                f"wait for it to finish or choose another {option}")
         try:
             same = os.fstat(fd).st_ino == os.stat(path).st_ino
         except FileNotFoundError:

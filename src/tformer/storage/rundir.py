@@ -65,7 +65,7 @@ class RunLock:
 def _flock_or_explain(fd: int, run_dir: Path, option: str = "out",
                       advice: str = "wait for it to finish or choose another --out") -> None:
     """Take the lock on `fd`, or close it and say who holds it."""
-    flock_or_explain(fd, f"{option}: {run_dir} is in use by another tformer process (pid {{pid}}); {advice}")
+    flock_or_explain(fd, option, f"{run_dir} is in use by another tformer process (pid {{pid}}); {advice}")
 
 
 def check_unlocked(run_dir: str | Path) -> None:
