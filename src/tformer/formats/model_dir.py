@@ -63,6 +63,14 @@ class ModelDir:
         return None
 
 
+def weights_metadata(path: Path) -> dict[str, str]:
+    """A safetensors file's metadata (its header only; {} when it has none)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as f:
+        return f.metadata() or {}
+
+
 def read_model_dir(directory: str | Path | ModelDir) -> ModelDir:
     """The layout and config.json of a model directory (a ModelDir is handed back as it is)."""
     if isinstance(directory, ModelDir):
@@ -77,10 +85,14 @@ def read_model_dir(directory: str | Path | ModelDir) -> ModelDir:
     return ModelDir(Path(directory), layout, raw)
 
 
-def tformer_model_class(keys) -> str:
-    """Which of tformer's models a tformer state dict's tensor names belong to: a trained
-    run saves "Seq2SeqTransformer" (decoder.*), "EncoderClassifier" (encoder.*, head.*) or
-    "SentenceModel" (an embedding run: an Encoder under encoder.*); save_pretrained an "Encoder"."""
+def tformer_model_class(keys, metadata: dict[str, str] | None = None) -> str:
+    """Which of tformer's models a tformer weights file is for: the class its metadata names
+    (every checkpoint and best.safetensors says it, tformer.storage.checkpoint.weights_metadata);
+    for files written before they said, guessed from the tensor names: "Seq2SeqTransformer"
+    (decoder.*), "EncoderClassifier" (encoder.*, head.*), "SentenceModel" (an embedding run: an
+    Encoder under encoder.*), else save_pretrained's "Encoder"."""
+    if metadata and metadata.get("model"):
+        return metadata["model"]
     keys = list(keys)
     if any(k.startswith("decoder.") for k in keys):
         return "Seq2SeqTransformer"

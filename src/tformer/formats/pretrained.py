@@ -29,7 +29,7 @@ from torch import nn
 from tformer.config import TransformerConfig
 from tformer.errors import BadType, as_path, check_flag
 from tformer.formats import hf_bert, hf_xlm
-from tformer.formats.model_dir import ModelDir, read_model_dir, tformer_model_class
+from tformer.formats.model_dir import ModelDir, read_model_dir, tformer_model_class, weights_metadata
 from tformer.formats.st_layout import read_layout
 from tformer.stats import check_fits
 from tformer.storage.checkpoint_names import latest_checkpoint
@@ -199,7 +199,8 @@ def _encoder_state(config: TransformerConfig, files: list[Path], model_dir: Path
 def _encoder_keys(state: dict, source: Path) -> dict:
     """`state` (tensors or shapes) under an Encoder's keys: a trained run's model keeps its
     encoder under "encoder." (a classifier's head is left out); a translation model has none."""
-    kind = tformer_model_class(state)
+    metadata = weights_metadata(source) if source.suffix == ".safetensors" and source.is_file() else None
+    kind = tformer_model_class(state, metadata)
     if kind == "Seq2SeqTransformer":
         raise ValueError(f"{source}: expected an encoder's weights, got a Seq2SeqTransformer's (a "
                          "source+target run): load the run with tformer.load_run(RUN_DIR)")

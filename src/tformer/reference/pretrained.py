@@ -18,7 +18,7 @@ import numpy as np
 
 from tformer.config import TransformerConfig
 from tformer.formats import hf_bert
-from tformer.formats.model_dir import read_model_dir, tformer_model_class
+from tformer.formats.model_dir import read_model_dir, tformer_model_class, weights_metadata
 from tformer.reference.model import Encoder, EncoderClassifier, Seq2SeqTransformer
 from tformer.storage.checkpoint_names import latest_checkpoint
 
@@ -57,7 +57,7 @@ def _tformer_model(config_path: Path, files: list[Path], dtype) -> Model:
         config = TransformerConfig.load(config_path)
     except (ValueError, TypeError) as e:
         raise ValueError(f"{config_path}: {e}") from None
-    kind = tformer_model_class(state)
+    kind = tformer_model_class(state, weights_metadata(files[0]))
     if kind == "SentenceModel":  # an embedding run: its encoder, the pooling has no weights
         state = {k.removeprefix("encoder."): v for k, v in state.items()}
     cls = {"Seq2SeqTransformer": Seq2SeqTransformer, "EncoderClassifier": EncoderClassifier}.get(

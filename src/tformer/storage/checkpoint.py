@@ -41,6 +41,12 @@ CHECKPOINT_FILES = ("config.json", "model.safetensors", "train_config.json")
 STATE_FILES = ("optimizer.safetensors", "trainer_state.json")
 
 
+def weights_metadata(model, **more: str) -> dict[str, str]:
+    """What a weights file says of itself: the model class its tensors are for (read back by
+    tformer.formats.model_dir.tformer_model_class: never guessed from tensor names)."""
+    return {"format": "pt", "model": type(model).__name__, **more}
+
+
 def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
                     config: Any, state: dict[str, Any], keep: int = 1) -> Path:
     """Publish a new checkpoint of the run; keep the newest `keep`. Returns its directory."""
@@ -57,7 +63,7 @@ def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opti
     meta = {"step": str(step), "param_groups": json.dumps(opt["param_groups"])}
     files = {
         "config.json": json_bytes(model.config.to_dict()),
-        "model.safetensors": st_save(weights, metadata={"step": str(step)}),
+        "model.safetensors": st_save(weights, metadata=weights_metadata(model, step=str(step))),
         "train_config.json": json_bytes(config.to_dict()),
         "optimizer.safetensors": st_save(tensors, metadata=meta),
         "trainer_state.json": json_bytes(state),

@@ -60,6 +60,7 @@ from tformer.storage.checkpoint import (
     load_training_state,
     load_weights,
     save_checkpoint,
+    weights_metadata,
 )
 from tformer.storage.files import FULL_DISK, new_run_dir, write_atomic
 from tformer.storage.rundir import discard_unstarted, finished, open_run_dir, read_metrics, resume_metrics
@@ -439,4 +440,4 @@ def _checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimize
 
 def _save_best(run_dir: Path, model: nn.Module) -> None:
     weights = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    write_atomic(run_dir / "best.safetensors", st_save(weights))
+    write_atomic(run_dir / "best.safetensors", st_save(weights, metadata=weights_metadata(model)))
