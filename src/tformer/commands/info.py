@@ -93,10 +93,12 @@ def run(args: argparse.Namespace) -> int:
 def _architecture(run_dir, saved) -> str | None:
     """The model a run's kind trains, as tformer.stats sizes it (None: not a run tformer knows)."""
     from tformer.kinds import kind_of_config
+    from tformer.storage.files import read_json_object
     from tformer.training.config import read_train_config
 
-    if not (saved / "train_config.json").is_file():
-        return None
+    path = saved / "train_config.json"
+    if not path.is_file() or not {"data", "task"} & set(read_json_object(path)):
+        return None  # (a config that names neither: its defaults say nothing of this run)
     return kind_of_config(read_train_config(saved), run_dir).objective.model_kind
 
 
