@@ -11,9 +11,9 @@ from text_fixtures import classification_rows, seq2seq_rows, write
 
 from tformer.runs import load_run
 from tformer.training import resolve_config, resume_config, train
-from tformer.training.plan import VALID_SHARE
 from tformer.training.config import TIMED_STEPS
 from tformer.training.objectives.base import FIRST_BATCH_UNDER_DEADLINE
+from tformer.training.plan import VALID_SHARE
 from tformer.training.schedule import WARMUP_SHARE, learning_rate
 
 QUIET = dict(progress=False, log=lambda *a: None)

@@ -230,9 +230,9 @@ def test_best_weights_of_a_seq2seq_run_follow_the_validation_loss_not_bleu():
     """The validation sample's BLEU moves by a point between neighbouring validations; the
     teacher-forced loss decides which weights are kept for sequence-to-sequence runs, the
     main metric for the others (accuracy keeps rising while an overfitting loss turns)."""
+    from tformer.training.objectives import Classification, Seq2Seq
     from tformer.training.validation import selection as _selection
     from tformer.training.validation import track_best as _track_best
-    from tformer.training.objectives import Classification, Seq2Seq
 
     state = {"step": 1222}
     seq2seq = Seq2Seq.__new__(Seq2Seq)  # _selection reads class attributes only

@@ -3,10 +3,7 @@ loaded model's width; and make_plan as an object: a data summary and a machine's
 choices out (no training, no timing: the speeds are made up here)."""
 
 import importlib.util
-import json
 import math
-import time
-from types import SimpleNamespace
 
 import pytest
 from hf_bert_fixtures import make_bert_dir

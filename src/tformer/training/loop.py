@@ -79,7 +79,14 @@ from tformer.training.report import (
 )
 from tformer.training.schedule import learning_rate
 from tformer.training.steps import grad_scaler, make_optimizer, train_step
-from tformer.training.validation import checkpoint, from_start, save_best, score_validation, selection, track_best
+from tformer.training.validation import (
+    checkpoint,
+    from_start,
+    save_best,
+    score_validation,
+    selection,
+    track_best,
+)
 
 
 # The loop ----------------------------------------------------------------------------------------

@@ -19,7 +19,6 @@ import torch
 
 from tformer.config import TransformerConfig
 from tformer.devices import gpu_name, half_name
-from tformer.kernels import autotune
 from tformer.kernels.machine import NO_BF16, has_bf16
 from tformer.nn.model import Encoder
 from tformer.nn.precision import MIN_SPEEDUP, bf16_speedup

@@ -21,7 +21,8 @@ from tformer.training.objectives import Objective
 from tformer.training.report import Progress
 
 
-def score_validation(model: nn.Module, objective: Objective, budget: Budget, bar: Progress) -> dict[str, float]:
+def score_validation(model: nn.Module, objective: Objective, budget: Budget,
+                     bar: Progress) -> dict[str, float]:
     """Metrics on the validation sample; a timed run first times a few examples to size it."""
     examples = objective.examples("validation")
     deadline = budget.valid_deadline() if budget.timed else None
