@@ -159,7 +159,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     config, bf16, why_precision = plan.config, plan.bf16, plan.why("precision")  # bf16: 16-bit autocast
     check_fits(objective.model_config(), objective.model_kind, training=True, what="model")
     if not resume:  # what the chosen model costs to build, step and save: refused before building it
-        check_affordable(config, started, objective.model_config(), objective.model_kind, plan)
+        check_affordable(config, started, data.model_for(config), data.kind, plan)
     torch.manual_seed(config.seed)
     # A resumed run builds the model its checkpoint holds (before --activation, a data encoder's
     # train_config.json said relu for the GELU it built).

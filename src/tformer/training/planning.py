@@ -26,6 +26,7 @@ from tformer.kernels import autotune
 from tformer.kernels.machine import free_threads, has_bf16, others_running
 from tformer.stats import flops_per_token
 from tformer.storage.files import write_json_atomic
+from tformer.text.tokenizer import load_tokenizer
 from tformer.training.objectives import Objective
 from tformer.training.plan import DataSummary, make_plan
 from tformer.training.precision import choose_precision, precision_why, step_class
@@ -149,14 +150,17 @@ def precision_key(config, model, kind: str) -> str:
 def summarize(objective: Objective) -> DataSummary:
     """The plan's view of the data: a sample's token counts at AUTO_LENGTH_LIMIT, the splits."""
     config = objective.config
+    limit = AUTO_LENGTH_LIMIT
+    if config.from_pretrained:  # its tokenizer's limit (all-MiniLM-L6-v2: 256 of 512 positions)
+        limit = min(limit, load_tokenizer(config.from_pretrained).max_length or limit)
     texts: tuple = ()
     if config.data is not None:
-        wide = objective.with_config(config.replace(max_length=AUTO_LENGTH_LIMIT))
+        wide = objective.with_config(config.replace(max_length=limit))
         encoded = wide.encode(next(objective.source.data.epoch_pools()))
         texts = tuple(tuple(n for n in (ex.longest, ex.cost - ex.longest) if n > 0) for ex in encoded)
     model = objective.model_config()
     if config.from_pretrained:
-        model = pretrained_config(config.from_pretrained).replace(n_classes=model.n_classes)
+        model = pretrained_config(config.from_pretrained).replace(n_classes=model.n_classes, max_len=limit)
     return DataSummary(objective.model_kind, model, texts, objective.train_records or 0,
                        len(objective.examples("validation")), len(objective.examples("test")),
                        bool(config.from_pretrained))
