@@ -564,3 +564,27 @@ def test_a_run_validated_at_step_0_sizes_its_validation_sample_for_one_validatio
         sizes.append(budget.valid_sample)
     assert budget.planned_validations == 2 < VALIDATIONS
     assert sizes[1] == pytest.approx(sizes[0] * 2 / 3, abs=2), sizes
+
+
+def test_a_run_whose_first_updates_are_far_slower_than_planned_chooses_its_size_again(
+        tmp_path, monkeypatch, probes_paid):
+    """A seq2seq plan sized its model from a 150 ms probe step and ran 467 ms a step. The run's
+    own first updates time the pace; far off the plan's, the size is chosen again (once), the
+    run starts over with it, and the run directory holds the model that trained."""
+    from tformer.training import planning, sizing
+
+    monkeypatch.setattr(sizing, "LADDER", SMALL_LADDER)
+    monkeypatch.setattr(sizing, "MIN_STEPS", 10_000)
+    planned = {32: 1e-7, 48: 1e-5}  # seconds an update, as the (made-up) machine estimates them
+    monkeypatch.setattr(planning.MachineSpeeds, "step_seconds",
+                        lambda self, config, model, *a: planned[model.d_model])
+    data = write(tmp_path / "d.jsonl", classification_rows(400))
+    logged = []
+    config = resolve_config({"data": str(data), "vocab_size": 300, "max_tokens": 256, "threads": 1,
+                             "max_minutes": 0.5, "precision": "fp32", "out": str(tmp_path / "run")})
+    train(config, progress=False, log=logged.append)
+    size = next(line for line in logged if line.startswith("model size: "))
+    assert size.startswith("model size: d_model 48"), logged
+    again = [line for line in logged if line.startswith("re-plan: ")]
+    assert len(again) == 1 and "model size d_model 32" in again[0], logged
+    assert load_run(tmp_path / "run").config.model.d_model == 32

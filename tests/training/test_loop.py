@@ -261,8 +261,7 @@ def test_a_timed_run_says_its_pace_early_and_when_it_buys_few_updates():
     learned nothing, with no word of it until the end: the pace is said after 3 steps."""
     from types import SimpleNamespace
 
-    from tformer.training.budget import Budget
-    from tformer.training.loop import pace
+    from tformer.training.budget import Budget, pace
 
     def budget(per: float, left: float):
         b = Budget(SimpleNamespace(steps=10**6, epochs=None, max_minutes=1), 0.0)

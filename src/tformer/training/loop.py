@@ -60,7 +60,15 @@ from tformer.storage.checkpoint import (
 )
 from tformer.storage.files import FULL_DISK, new_run_dir
 from tformer.storage.rundir import RunLock, discard_unstarted, finished, open_run_dir, resume_metrics
-from tformer.training.budget import KERNEL_SHARE, Budget, NoUpdate, check_affordable, check_minimum
+from tformer.training.budget import (
+    KERNEL_SHARE,
+    PACE_AFTER,
+    Budget,
+    NoUpdate,
+    check_affordable,
+    check_minimum,
+    pace,
+)
 from tformer.training.config import TrainConfig
 from tformer.training.distributed import any_rank, barrier, rank_and_world
 from tformer.training.first_steps import FirstSteps
@@ -157,6 +165,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     plan, objective, speeds, data = plan_run(objective, resume, world, started, log,
                                              run_dir if writer else None, device)
     config, bf16, why_precision = plan.config, plan.bf16, plan.why("precision")  # bf16: 16-bit autocast
+    bf16 = any_rank(bf16, world)  # every rank trains in the same precision
     check_fits(objective.model_config(), objective.model_kind, training=True, what="model")
     if not resume:  # what the chosen model costs to build, step and save: refused before building it
         check_affordable(config, started, data.model_for(config), data.kind, plan)
@@ -203,8 +212,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     budget = Budget(config, started, objective.train_records, spent=previous_wall,
                     validates_start=validates_start, pace=state.get("step_seconds"), plan=plan)
     budget.test_examples = len(objective.examples("test"))
-    # A timed run's bar runs on time (its step count is re-estimated as it goes: 706 -> 1622 ->
-    # 599 steps made its percentage go backwards); an untimed one's on steps.
+    # A timed run's bar runs on time (its step count moves with the pace: report.Progress).
     bar = Progress(None if budget.timed else budget.planned_steps(state["step"]), state["step"],
                    disabled=not progress or not writer,
                    ends_at=started + budget.seconds if budget.timed else None)
@@ -339,10 +347,8 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     if writer:
         bar.status("saving")
         checkpoint(run_dir, model, optimizer, config, state, best=False)
-        # The curves show training and validation only: drawn before the test, whose deadline
-        # then counts their time (importing matplotlib and drawing took 4.5 s after a 60 s run's
-        # test on a busy 2-core machine, which kept 2 s back for everything after it); their
-        # time is what the outputs after the test (a confusion matrix) are expected to take.
+        # The curves: drawn before the test, whose deadline then counts their time (4.5 s after a
+        # 60 s run's test on a busy 2-core machine), and keeps as much for a confusion matrix.
         t = time.perf_counter()
         plot_curves(metrics_path, run_dir / "curves.png", key)
         budget.plotted(time.perf_counter() - t)
@@ -377,22 +383,6 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     objective.save_outputs(model, run_dir, shown)
     log(f"wrote {run_dir}/ (checkpoint, metrics.jsonl, curves.png)")
     return record
-
-
-# After this many steps of a timed run, its pace is said: how many updates the budget buys.
-PACE_AFTER = 3
-# Fewer planned updates than this are said to be few (a 1.5-minute fine-tune of a 22 M-parameter
-# model on one busy core got 21, and learned nothing, with no word of it until the end).
-FEW_UPDATES = 100
-
-
-def pace(budget, step: int) -> str:
-    """One line, early in a timed run: its step time (the latest step's: the first ones carry
-    the warm-up) and the updates the budget buys at it."""
-    per = budget.last_step_seconds
-    planned = budget.planned_steps(step, per)
-    few = "; few to learn from: a longer --max-minutes learns more" if planned < FEW_UPDATES else ""
-    return f"pace: {per * 1000:,.0f} ms a step, about {planned:,} updates in the budget{few}"
 
 
 def _limits(config: TrainConfig) -> dict[str, Any]:
