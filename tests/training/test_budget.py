@@ -303,6 +303,8 @@ def test_the_step_the_clock_makes_last_is_validated_once_and_ends_the_run(tmp_pa
 
     monkeypatch.setattr(Budget, "validated", freeing)
     monkeypatch.setattr(Budget, "reserve", lambda self: max(reserve(self) - freed["seconds"], 0.0))
+    deadline = Budget.valid_deadline  # (the time freed moves validation's deadline as well)
+    monkeypatch.setattr(Budget, "valid_deadline", lambda self: deadline(self) + freed["seconds"])
     data = write(tmp_path / "d.jsonl", classification_rows(400))
     config = resolve_config({"data": str(data), **TINY, "max_minutes": 0.3, "steps": 100_000,
                              "out": str(tmp_path / "run")})
@@ -311,7 +313,7 @@ def test_the_step_the_clock_makes_last_is_validated_once_and_ends_the_run(tmp_pa
     validations = [r["step"] for r in lines if r["split"] == "validation"]
     assert record["stopped_by"] == "max_minutes"
     assert validations[-1] == record["step"], validations  # the last step is validated ...
-    assert record["step"] - validations[-2] > 5, validations  # ... and only once near the end
+    assert len(validations) < 2 or record["step"] - validations[-2] > 5, validations  # ... only once near the end
 
 
 def test_a_budget_too_small_to_honour_is_refused_up_front_in_one_line(tmp_path, capsys):

@@ -105,3 +105,21 @@ def test_a_one_minute_run_beside_two_busy_processes_ends_within_two_seconds_of_i
         for p in busy:
             p.kill()
     assert seconds <= 62.0, seconds
+
+
+def test_a_last_validation_past_its_deadline_is_not_run_and_the_last_weights_are_tested(tmp_path, monkeypatch):
+    """A machine far busier than planned: the last validation would eat the test's time (a
+    1.5-minute fine-tune validated at 73.6 s of 90 and ended at 137 s). It is left out, and the
+    weights tested are the last ones, not an older best."""
+    from tformer.training.budget import Budget
+
+    monkeypatch.setattr(Budget, "valid_deadline", lambda self: self.started + 20.0 if self.valid_sample is None
+                        else time.perf_counter() - 1.0)  # the first validation in time, none after
+    data = write(tmp_path / "d.jsonl", classification_rows(400))
+    record = train(resolve_config({"data": str(data), **TINY, "max_minutes": 0.4, "out": str(tmp_path / "run")}),
+                   progress=False, log=lambda *a: None)
+    import json
+
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    validated = [r["step"] for r in lines if r["split"] == "validation"]
+    assert validated and validated[-1] < record["step"] == record["tested_step"], (validated, record)

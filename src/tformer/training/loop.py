@@ -353,7 +353,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
         plot_curves(metrics_path, run_dir / "curves.png", key)
         budget.plotted(time.perf_counter() - t)
     tested_step = state["step"]
-    if (run_dir / "best.safetensors").is_file():
+    if (run_dir / "best.safetensors").is_file() and not budget.skipped_last:
         load_weights(model, run_dir / "best.safetensors")  # test the best validated weights
         tested_step = state.get("best_step", tested_step)
     # The test is a timed run's last work: it measures no new kernel choice (a run's first test

@@ -194,6 +194,8 @@ def replan(plan: Plan, data: DataSummary, speeds: Speeds, measured: float, secon
     expected = plan.step_seconds
     if not plan.sized or expected is None or not math.isfinite(seconds):
         return None
+    if seconds < 0.5 * plan.extra.get("seconds", 0.0):  # too late for starting over to pay
+        return None
     ratio = measured / expected
     if 1 / REPLAN_RATIO <= ratio <= REPLAN_RATIO:
         return None

@@ -198,6 +198,7 @@ def plan_run(objective: Objective, resume: bool, world: int, started: float, log
     speeds = MachineSpeeds(device, slowdown if device.type == "cpu" else 1.0, objective.with_config)
     data = summarize(objective)
     plan = make_plan(config, data, speeds, budget, resume, world, half_name(device))
+    plan.extra.update(slowdown=speeds.slowdown, test_examples=data.test_examples)  # (check_affordable's)
     notes = {"max length": " (--max-length sets it)", "model size": " (size options turn this off)"}
     for what, why in plan.reasons:
         if what != "precision" and not resume:  # the loop prints it (a resumed run keeps its own)
