@@ -116,8 +116,9 @@ def test_auto_precision_keeps_bf16_only_where_this_model_trains_faster_in_it(
         tmp_path, monkeypatch, bf16_seconds, expected):
     """auto predicts bf16 from a generic product, then the run's first updates alternate bf16 and
     fp32 (each a real update) and keep the faster: a model too small to gain goes on in fp32; a
-    resumed run keeps what it chose; a new run of the same model on this machine takes the
-    remembered choice (tformer.kernels.autotune) and alternates nothing."""
+    resumed run keeps what it chose; a new run of the same model on this machine alternates its
+    first updates the same way (its numbers do not depend on what the machine remembers), then
+    takes the remembered choice (tformer.kernels.autotune) without a new line."""
     import tformer.training.precision as training_precision
     from tformer.kernels import autotune
     from tformer.training import first_steps
@@ -130,9 +131,9 @@ def test_auto_precision_keeps_bf16_only_where_this_model_trains_faster_in_it(
     used = []
     real = first_steps.FirstSteps.stepped
 
-    def timed(self, bf16, seconds, tokens, left):  # 1 s per fp32 update, bf16_seconds per bf16 one
+    def timed(self, bf16, seconds, tokens, left, update):  # 1 s per fp32 update, bf16_seconds per bf16
         used.append(bf16)
-        return real(self, bf16, bf16_seconds if bf16 else 1.0, tokens, left)
+        return real(self, bf16, bf16_seconds if bf16 else 1.0, tokens, left, update)
 
     monkeypatch.setattr(first_steps.FirstSteps, "stepped", timed)
     data = write(tmp_path / "d.jsonl", classification_rows())
@@ -157,7 +158,7 @@ def test_auto_precision_keeps_bf16_only_where_this_model_trains_faster_in_it(
     logged.clear()
     used.clear()
     train(config.replace(out=str(tmp_path / "run2")), progress=False, log=logged.append)
-    assert set(used) == {expected == "bf16"}
+    assert used[:rounds] == [True, False] * (rounds // 2) and set(used[rounds:]) == {expected == "bf16"}
     chosen = [line for line in logged if line.startswith("precision: ")]
     assert len(chosen) == 1 and chosen[0].startswith(f"precision: {expected} ("), chosen
     assert any("train-precision | classifier d32 h2 ff64 L1 vocab " in key

@@ -102,7 +102,7 @@ class Speeds:
         return self.per_token * tokens * width / (self.bf16_speedup if precision == "bf16" else 1.0)
 
     def precision(self, config, model, kind):
-        return self.kind, "made up", not self.known
+        return self.kind, "made up", True
 
 
 def _summary(n_texts=400, long=0.5, train=4000, pretrained=False, kind="classifier"):
@@ -160,10 +160,10 @@ def test_a_slower_machine_gets_a_smaller_model_and_a_faster_one_a_larger(data_fi
     assert sizes == sorted(sizes) and sizes[0] == 128 < sizes[-1], sizes
 
 
-def test_a_remembered_precision_is_not_confirmed_and_fp32_plans_fp32_steps(data_file):
+def test_the_speeds_precision_is_the_plans_and_fp32_plans_fp32_steps(data_file):
     from tformer.training.plan import make_plan
 
-    assert not make_plan(_config(3), _summary(), Speeds(known=True), 180.0).confirm_precision
+    assert make_plan(_config(3), _summary(), Speeds(), 180.0).confirm_precision
     speeds = Speeds(precision="fp32", known=True)
     plan = make_plan(_config(3), _summary(), speeds, 180.0)
     assert plan.precision == "fp32" and {p for _, _, p in speeds.asked} == {"fp32"}
@@ -240,6 +240,7 @@ def test_the_first_steps_keep_the_faster_precision_and_remember_it(tmp_path, mon
     for half, device, bf16_seconds, kept in (("bf16", torch.device("cpu"), 0.4, True),
                                              ("fp16", torch.device("cuda", 0), 0.4, True),
                                              ("bf16", torch.device("cpu"), 1.2, False)):
+        autotune.forget()  # each case a machine of its own
         plan = make_plan(_config(3, max_length=64), summary, Speeds(), 180.0, half=half)
         first = FirstSteps(plan, None, summary, device, plan.bf16, confirm=True, replans=False)
         line = None
@@ -249,5 +250,6 @@ def test_the_first_steps_keep_the_faster_precision_and_remember_it(tmp_path, mon
                                     1000, 100.0)
         assert first.bf16 is kept and line.startswith(f"precision: {half if kept else 'fp32'} from here on")
         assert first.precision(99) is kept  # from here on
-    assert any(k.startswith("Fake GPU, sm_75 | ") and "train-precision | classifier d" in k
-               for k in autotune.decisions()), list(autotune.decisions())
+        if device.type == "cuda":  # remembered under the GPU's own key
+            assert any(k.startswith("Fake GPU, sm_75 | ") and "train-precision" in k for k in autotune.decisions())
+    assert any("train-precision | classifier d" in k for k in autotune.decisions())

@@ -24,6 +24,7 @@ from tformer.training.plan import Plan, replan
 from tformer.training.precision import MIN_STEP_SPEEDUP, precision_why
 
 CONFIRM_ROUNDS = 3  # updates of each precision (the first of each left out)
+CONFIRM_UPDATES = 2 * CONFIRM_ROUNDS
 REPLAN_AFTER = 5  # updates in the kept precision that time the pace
 
 
@@ -42,15 +43,17 @@ class FirstSteps:
         self.replans = replans
 
     def precision(self, update: int) -> bool:
-        """16-bit autocast for the `update`-th update of this process (1-based)?"""
-        return update % 2 == 1 if self.confirming else self.bf16
+        """16-bit autocast for the run's `update`-th update (1-based)? By the run's count, so that
+        a run resumed within its first CONFIRM_UPDATES alternates as the same run straight would."""
+        return update % 2 == 1 if self.confirming and update <= CONFIRM_UPDATES else self.bf16
 
-    def stepped(self, bf16: bool, seconds: float, tokens: int,
-                seconds_left: float) -> tuple[str | None, Plan | None]:
-        """(a line to print, a new plan) after an update of `tokens` tokens took `seconds`."""
+    def stepped(self, bf16: bool, seconds: float, tokens: int, seconds_left: float,
+                update: int = 0) -> tuple[str | None, Plan | None]:
+        """(a line to print, a new plan) after the run's `update`-th update (of `tokens` tokens)
+        took `seconds`."""
         if self.confirming:
             self.times[bf16].append(seconds / max(tokens, 1))
-            if min(len(t) for t in self.times.values()) < CONFIRM_ROUNDS:
+            if update < CONFIRM_UPDATES and min(len(t) for t in self.times.values()) < CONFIRM_ROUNDS:
                 return None, None
             return self._keep(), None
         if not self.pacing:
@@ -74,17 +77,23 @@ class FirstSteps:
         self.plan = new
         return line, new
 
-    def _keep(self) -> str:
+    def _keep(self) -> str | None:
         """Keep the faster precision; remember it; the line that says so."""
         from tformer.training.planning import precision_key
 
         self.confirming = False
         half = self.plan.half
+        config = self.plan.config
+        key = precision_key(config, self.data.model_for(config), self.data.kind)
+        known = autotune.known("train-precision", key, {"fp32", half}, self.device)
+        if known is not None:  # remembered: its choice, as the plan said it (nothing new to say)
+            self.bf16 = known["choice"] == half
+            return None
+        if min(len(t) for t in self.times.values()) < 2:  # (a resume saw too few of them: as it was)
+            return None
         fp32, sixteen = min(self.times[False][1:]), min(self.times[True][1:])
         self.bf16 = fp32 >= MIN_STEP_SPEEDUP * sixteen
-        config = self.plan.config
         decision = autotune.decision(half if self.bf16 else "fp32", {"fp32": fp32, half: sixteen})
-        key = precision_key(config, self.data.model_for(config), self.data.kind)
         autotune.remember("train-precision", key, decision, self.device)
         rounds = 2 * CONFIRM_ROUNDS
         return (f"precision: {half if self.bf16 else 'fp32'} from here on, timed on the first {rounds} "

@@ -71,7 +71,7 @@ from tformer.training.budget import (
 )
 from tformer.training.config import TrainConfig
 from tformer.training.distributed import any_rank, barrier, rank_and_world
-from tformer.training.first_steps import FirstSteps
+from tformer.training.first_steps import CONFIRM_UPDATES, FirstSteps
 from tformer.training.objectives import make_objective
 from tformer.training.planning import plan_run
 from tformer.training.report import (
@@ -217,7 +217,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
                    disabled=not progress or not writer,
                    ends_at=started + budget.seconds if budget.timed else None)
     first = FirstSteps(plan, speeds, data, device, bf16,
-                       confirm=plan.confirm_precision and not resume and world == 1,
+                       confirm=plan.confirm_precision and world == 1 and state["step"] < CONFIRM_UPDATES,
                        replans=plan.sized and world == 1 and budget.timed)
     meter = Meter()
     stop_reason = ended or "steps"
@@ -273,14 +273,15 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
             break
         total = budget.planned_steps(state["step"])
         lr = learning_rate(config, state["step"] + 1, total)
-        half = first.precision(state["step"] - first_step + 1)
+        half = first.precision(state["step"] + 1)  # (by the run's step: a resume alternates alike)
         t = time.perf_counter()
         loss, acc, tokens, examples = train_step(model, optimizer, objective, batches, config, lr,
                                                  world, half, scaler)
         seconds = time.perf_counter() - t
         budget.stepped(seconds, examples)
         state["step"] += 1
-        line, new = first.stepped(half, seconds, tokens, budget.train_deadline() - budget.now())
+        left = budget.train_deadline() - budget.now()
+        line, new = first.stepped(half, seconds, tokens, left, state["step"])
         if line:
             (bar.write if progress and writer else log)(line)
         bf16 = first.bf16

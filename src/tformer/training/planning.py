@@ -100,10 +100,12 @@ class MachineSpeeds:
         precision, why = choose_precision(config.precision, self.device)
         if config.precision != "auto" or precision == "fp32":
             return precision, why, False
+        # The first updates alternate the two either way, so that a run's numbers do not depend on
+        # what this machine remembers (a resume, or the same run again, gives the same weights).
         known = autotune.known("train-precision", precision_key(config, model, kind), {"fp32", precision},
                                self.device)
         if known is not None:
-            return known["choice"], precision_why(known, precision), False
+            return known["choice"], precision_why(known, precision), True
         return precision, f"{why}; the run's first updates time both precisions and keep the faster", True
 
     def learned(self, kind: str, precision: str, seconds: float, model, tokens: float, length: float) -> None:
