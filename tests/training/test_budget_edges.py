@@ -123,3 +123,21 @@ def test_a_last_validation_past_its_deadline_is_not_run_and_the_last_weights_are
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     validated = [r["step"] for r in lines if r["split"] == "validation"]
     assert validated and validated[-1] < record["step"] == record["tested_step"], (validated, record)
+
+
+def test_a_test_that_begins_past_its_time_scores_only_its_first_batch():
+    """The test's loss pass over its first examples has no deadline: a 2.5-minute run at load 14
+    began its test of 234 examples past its budget and ended 34 s later. It now scores what the
+    time left pays for, at the last validation's rate (or the plan's), at least a first batch."""
+    from types import SimpleNamespace
+
+    from tformer.training.budget import FIRST_TEST_BATCH, Budget
+
+    config = SimpleNamespace(steps=10**6, epochs=None, max_minutes=1.0)
+    budget = Budget(config, time.perf_counter() - 59.0)  # 1 s left
+    assert budget.test_fits(234, planned=0.01) == FIRST_TEST_BATCH
+    budget = Budget(config, time.perf_counter())  # 58 s to the test's deadline
+    budget.valid_seconds_per_example = 0.1
+    assert 400 <= budget.test_fits(10_000) <= 484 and budget.test_fits(234) == 234
+    untimed = Budget(SimpleNamespace(steps=10, epochs=None, max_minutes=None), time.perf_counter())
+    assert untimed.test_fits(10_000, planned=1.0) == 10_000

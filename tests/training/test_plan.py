@@ -182,10 +182,10 @@ def test_validation_scores_enough_examples_for_its_choice_to_mean_something(data
 
 
 def test_the_tests_time_is_kept_back_from_the_start(data_file):
-    from tformer.training.plan import TEST_SHARE, make_plan
+    from tformer.training.plan import TEST_MARGIN, TEST_SHARE, make_plan
 
     plan = make_plan(_config(3), _summary(), Speeds(), 180.0)
-    assert plan.test_seconds == pytest.approx(260 * plan.example_seconds * 1.5)
+    assert plan.test_seconds == pytest.approx(260 * plan.example_seconds * TEST_MARGIN)
     slow = make_plan(_config(3), _summary(), Speeds(1e-2), 180.0)
     assert slow.test_seconds == TEST_SHARE * 180.0  # at most its share
 

@@ -31,11 +31,12 @@ import time
 
 # (torch-free, so that `tformer train` can refuse a budget before importing torch; the untimed
 # sample is the objectives' EVAL_SAMPLE, the same 500: tests/training/test_plan.py checks)
-from tformer.training.plan import TEST_SHARE, VALID_MAX, VALIDATIONS, validation_plan
+from tformer.training.plan import TEST_MARGIN, TEST_SHARE, VALID_MAX, VALIDATIONS, validation_plan
 
 EVAL_SAMPLE = VALID_MAX
 
 PROBE = 32  # examples the first validation times before choosing its sample size
+FIRST_TEST_BATCH = 8  # the test always scores this many (its first batch runs whatever the clock)
 SAVE_SECONDS = 2.0  # kept back for the last checkpoint and the plots, before measuring
 # The least a timed run needs after reading its data: a few updates, a test of one batch and
 # saving (the last checkpoint, the curves).
@@ -191,6 +192,19 @@ class Budget:
 
     def train_deadline(self) -> float:
         return self.seconds - self.reserve()
+
+    def test_fits(self, examples: int, planned: float | None = None) -> int:
+        """How many of the test's `examples` its time left pays for (all, untimed): at the latest
+        validation's seconds an example (its loss pass included), else at `planned` seconds a
+        prediction (the plan's) x TEST_MARGIN; at least FIRST_TEST_BATCH. The test's loss pass
+        over its first examples has no deadline: a 2.5-minute run's test of 234 examples began
+        past its budget on a machine at load 14 and ended 34 s later; now it scores 8."""
+        per = self.valid_seconds_per_example
+        per = 1.2 * per if per is not None else (TEST_MARGIN * planned if planned else None)
+        if not self.timed or per is None:
+            return examples
+        left = self.test_deadline() - time.perf_counter()
+        return min(examples, max(FIRST_TEST_BATCH, int(left / per)))
 
     def test_deadline(self) -> float:
         """When the final test stops predicting, whatever it has left (as a perf_counter time):

@@ -170,8 +170,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     if not resume:  # what the chosen model costs to build, step and save: refused before building it
         check_affordable(config, started, data.model_for(config), data.kind, plan)
     torch.manual_seed(config.seed)
-    # A resumed run builds the model its checkpoint holds (before --activation, a data encoder's
-    # train_config.json said relu for the GELU it built).
+    # A resumed run builds the model its checkpoint holds (a data encoder's config once said relu).
     saved = TransformerConfig.load(check_run_dir(run_dir) / "config.json") if resume else None
     model = objective.build_model(saved).to(device)
     optimizer = make_optimizer(model, config)
@@ -357,10 +356,11 @@ def _train(config: TrainConfig, resume: bool, progress: bool, log, rank: int, wo
     if (run_dir / "best.safetensors").is_file() and not budget.skipped_last:
         load_weights(model, run_dir / "best.safetensors")  # test the best validated weights
         tested_step = state.get("best_step", tested_step)
-    # The test is a timed run's last work: it measures no new kernel choice (a run's first test
-    # on a machine spent 9 s of a 570 s budget timing its decoding shapes, past the budget's end).
+    # The test measures no new kernel choice (9 s of a 570 s budget went to timing decoding
+    # shapes) and scores what its time left pays for (its loss pass has no deadline of its own).
+    tested = objective.examples("test")[: budget.test_fits(budget.test_examples, plan.example_seconds)]
     with autotune.measuring(0.0) if budget.timed else contextlib.nullcontext():
-        test, shown = objective.evaluate(model, "test", deadline=budget.test_deadline(),
+        test, shown = objective.evaluate(model, "test", examples=tested, deadline=budget.test_deadline(),
                                          progress=lambda done, of: bar.status("testing", done, of))
     bar.close()
     record = {"split": "test", "task": config.name, "step": state["step"], "tested_step": tested_step, **test,

@@ -50,6 +50,7 @@ VALID_MAX = 500
 VALIDATIONS = 5  # the most a timed run makes (the last at the end of training)
 MIN_VALIDATIONS = 2  # the fewest: one mid-way and the last
 TEST_SHARE = 0.15  # the final test's share of the budget, at most
+TEST_MARGIN = 2.5  # the test's examples at ~2.5x a prediction each: its loss pass, then predictions
 # Predicting one example against a training step's share of one: a forward is ~1/3 of a step's
 # FLOPs; a decoder's greedy outputs take a pass per token, small products that run far below the
 # rate a step's large ones reach (measured on 2 cores: ~4x a step's share per example).
@@ -129,7 +130,7 @@ def make_plan(config, data: DataSummary, speeds: Speeds, seconds: float, resume:
     its budget (math.inf: untimed). Measures nothing; `config` has its threads and learning rate."""
     reasons: list[tuple[str, str]] = []
     timed = math.isfinite(seconds)
-    training = 0.9 * seconds if timed else math.inf  # (what the probes' choices plan for)
+    training = 0.9 * seconds if timed else math.inf  # (the rest: validations, the test, saving)
     precision, why_precision, confirm = speeds.precision(config, data.model_for(config), data.kind)
 
     def with_batch(c):
@@ -156,14 +157,14 @@ def make_plan(config, data: DataSummary, speeds: Speeds, seconds: float, resume:
         config, why = choose_size(config, training, step, "not known on this machine")
         reasons.append(("model size", why))
     reasons.append(("precision", why_precision))
-    per_step = step(config)
+    per_step = step(config) if data.texts else None  # (a synthetic task's: measured as it runs)
     share = PREDICT_COST.get(data.kind, PREDICT_COST_DEFAULT)
     per_example = None if per_step is None else share * per_step / max(config.batch_size, 1)
     validations, sample, test = VALIDATIONS, None, None
     if timed and per_example is not None:
         validations, sample, why = validation_plan(training, per_example, data.valid_examples)
         reasons.append(("validation", why))
-        test = min(data.test_examples * per_example * 1.5, TEST_SHARE * seconds)
+        test = min(data.test_examples * per_example * TEST_MARGIN, TEST_SHARE * seconds)
     return Plan(config, precision, tuple(reasons), half, confirm, per_step, per_example, validations,
                 sample, test, sized, {"seconds": training})
 
