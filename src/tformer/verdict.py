@@ -29,3 +29,54 @@ def beats_baseline(value: float, baseline: float, key: str) -> bool:
     """Whether a test score beats its trivial baseline (higher is better; a perfect baseline is
     matched by a perfect score)."""
     return value > baseline or value >= PERFECT.get(key, float("inf"))
+
+
+# The verdict's margin. A score and its baseline measured on the same n examples differ by chance:
+# on random labels, 1 seed in 8 "beat" the majority class (0.7059 against 0.6471 on 17 examples).
+# Per example, a score in [0, 1] (accuracy, exact match, MRR@10; BLEU / 100, whose corpus score
+# moves like a mean of its sentences') and the baseline's differ by D in [-1, 1], whose mean d is
+# the gain; whatever the pairing, E[D^2] <= E|D| <= min(m + b, 2 - m - b) for means m and b, so
+# the gain's standard error is at most sqrt((min(m + b, 2 - m - b) - d^2) / n). That bound needs
+# only the two scores and n (no per-example scores), and is never smaller than the truth: a
+# verdict drawn from it errs toward "cannot tell".
+Z = 1.96  # a 95% interval
+MIN_GAIN = 0.02  # "did not learn": the interval rules out a gain of more than 2 points
+SCALE = {"bleu": 100.0, "chrf": 100.0}
+LEARNED, NOT_LEARNED, CANNOT_TELL = "learned", "did not learn", "cannot tell"
+
+
+def gain_interval(value: float, baseline: float, key: str, examples: int) -> tuple[float, float]:
+    """The 95% interval of the gain over the baseline (in the metric's units), from the bound."""
+    scale = SCALE.get(key, 1.0)
+    m, b = min(max(value / scale, 0.0), 1.0), min(max(baseline / scale, 0.0), 1.0)
+    d = m - b
+    var = max(min(m + b, 2 - m - b) - d * d, 0.0)
+    half = Z * (var / max(examples, 1)) ** 0.5
+    return (d - half) * scale, (d + half) * scale
+
+
+def judge(value: float, baseline: float, key: str, examples: int) -> tuple[str, tuple[float, float]]:
+    """(LEARNED, NOT_LEARNED or CANNOT_TELL, the gain's interval): learned only when the whole
+    interval is above 0; did not learn only when it rules out a gain of MIN_GAIN; else cannot tell.
+    A perfect baseline matched by a perfect score counts as learned (it cannot be beaten)."""
+    if baseline >= PERFECT.get(key, float("inf")) and value >= baseline:
+        return LEARNED, (0.0, 0.0)
+    low, high = gain_interval(value, baseline, key, examples)
+    if examples < MIN_VERDICT_EXAMPLES:
+        return CANNOT_TELL, (low, high)
+    if low > 0:
+        return LEARNED, (low, high)
+    if high < MIN_GAIN * SCALE.get(key, 1.0):
+        return NOT_LEARNED, (low, high)
+    return CANNOT_TELL, (low, high)
+
+
+def verdict_of(record: dict[str, Any]) -> str | None:
+    """A test record's verdict: its own, else (records written before verdicts had a margin)
+    from its beats_baseline; None where it has no baseline."""
+    if record.get("verdict") in (LEARNED, NOT_LEARNED, CANNOT_TELL):
+        return record["verdict"]
+    if too_few(record):
+        return CANNOT_TELL
+    beats = record.get("beats_baseline")
+    return None if beats is None else LEARNED if beats else NOT_LEARNED

@@ -10,6 +10,7 @@ from text_fixtures import classification_rows, embedding_rows, seq2seq_rows, wri
 from tformer.cli import main
 from tformer.kinds import resolve_config, train
 from tformer.training.report import Progress, baseline_verdict, beats_baseline
+from tformer.verdict import judge
 
 TINY = {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "vocab_size": 300, "max_tokens": 256,
         "threads": 1, "precision": "fp32", "eval_every": 1000}
@@ -29,7 +30,9 @@ def test_every_test_line_records_its_baseline_and_whether_the_model_beat_it(tmp_
     key, by = BY[kind]
     assert last["split"] == "test" and last == json.loads(json.dumps(record))
     assert last["main_metric"] == key and last["baseline_by"] == by and 0 <= last["baseline"]
-    assert last["beats_baseline"] == beats_baseline(last[key], last["baseline"], key)
+    verdict, interval = judge(last[key], last["baseline"], key, last["examples"])
+    assert last["verdict"] == verdict and last["gain_interval"] == pytest.approx(list(interval), abs=1e-4)
+    assert last["beats_baseline"] == {"learned": True, "did not learn": False}.get(verdict)
     assert baseline_verdict(last) in logged
 
 
@@ -70,7 +73,7 @@ def test_a_run_that_does_not_beat_its_baseline_warns_in_the_run_in_info_and_in_t
     # How to train more follows what stopped it, --steps here (it said "a longer --max-minutes").
     assert warning[0].endswith("; a larger --steps trains more")
     assert main(["eval", str(out)]) == 0
-    assert capsys.readouterr().err.rstrip().endswith("; a larger --steps trains more")
+    assert "; a larger --steps trains more" in capsys.readouterr().err
     assert main(["info", str(out)]) == 0
     info = capsys.readouterr().out
     assert any(line.startswith("warning") and "does not beat the baseline of the majority class" in line
@@ -107,14 +110,28 @@ def test_the_progress_line_counts_steps_then_says_what_runs(capsys):
     bar.close()
 
 
-def test_a_timed_runs_progress_line_has_no_total_until_a_step_is_timed(tmp_path, capsys):
-    """A timed data run plans 10**9 steps until its step time is known: the line said
-    0/1000000000 steps; it says 0/? until the first step gives the budget's total."""
+def test_a_timed_runs_progress_bar_runs_on_time_and_its_total_never_moves(tmp_path, capsys, monkeypatch):
+    """A timed run's step count is an estimate that moves with the pace (706 -> 1622 -> 599 ->
+    1268 steps: its percentage went backwards); its bar's axis is the budget's seconds, which
+    do not, and the steps made are shown beside. (It said 0/1000000000 steps once, then 0/?.)"""
+    from tformer.training import report
+
+    totals = []
+    real = report.Progress.stepped
+
+    def recording(self, step, total, **shown):
+        real(self, step, total, **shown)
+        totals.append((self.bar.total, self.bar.n))
+
+    monkeypatch.setattr(report.Progress, "stepped", recording)
     data = write(tmp_path / "d.jsonl", seq2seq_rows(300))
-    config = resolve_config({"data": str(data), **TINY, "max_minutes": 0.1, "out": str(tmp_path / "run")})
+    config = resolve_config({"data": str(data), **TINY, "max_minutes": 0.15, "out": str(tmp_path / "run")})
     train(config, progress=True, log=lambda line: None)
     err = capsys.readouterr().err
-    assert "0/? steps" in err and "1000000000" not in err
+    assert len({total for total, _ in totals}) == 1 and totals[0][0] <= 9, totals  # seconds, fixed
+    done = [n for _, n in totals]
+    assert done == sorted(done), done  # never backwards
+    assert "1000000000" not in err and "/? steps" not in err and ", ends in 0:" in err
 
 
 def test_evaluation_reports_its_progress_batch_by_batch(tmp_path):
@@ -155,12 +172,12 @@ def test_a_test_of_too_few_examples_draws_no_verdict():
 
     record = with_baseline({"split": "test", "bleu": 2.02, "examples": 1}, "bleu",
                            {"baseline": 0.0, "baseline_by": "copying the source"})
-    assert record["beats_baseline"] is False
+    assert record["beats_baseline"] is None and record["verdict"] == "cannot tell"  # unknown, not "no"
     assert baseline_verdict(record).startswith("warning: the test scored 1 example(s), too few to tell "
                                                "whether the model learned (test BLEU 2.02;")
     assert "too few to tell" in baseline_lines(record, "bleu")[0]
-    enough = with_baseline({"split": "test", "bleu": 2.02, "examples": 10}, "bleu",
-                           {"baseline": 0.0, "baseline_by": "copying the source"})
+    enough = with_baseline({"split": "test", "bleu": 25.0, "examples": 100}, "bleu",
+                           {"baseline": 3.0, "baseline_by": "copying the source"})
     assert enough["beats_baseline"] and baseline_verdict(enough).startswith("the model learned")
 
 

@@ -71,22 +71,6 @@ def test_the_precision_is_chosen_for_the_device(monkeypatch):
         training_precision.choose_precision("bf16", mps)
 
 
-def test_a_gpu_without_bf16_confirms_fp16_by_timing_the_model(tmp_path, monkeypatch):
-    """The step timing is remembered under the GPU's own key, and named fp16."""
-    from tformer.kernels import autotune
-
-    monkeypatch.setenv("TFORMER_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(autotune, "_memory", {})
-    monkeypatch.setattr(autotune, "gpu_name", lambda device: "Fake GPU, sm_75")
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
-    monkeypatch.setattr(training_precision, "measure_bf16",  # the 16-bit step 0.4 s, fp32's 1 s
-                        lambda stepper, deadline=None: autotune.decision("bf16", {"fp32": 1.0, "bf16": 0.4}))
-    keep, why = training_precision.confirm_bf16(None, "seq2seq d16", device=torch.device("cuda", 0))
-    assert keep and why == "native fp16: a training step of this model takes 0.40x fp32's time here (2.5x faster)"
-    assert any(k.startswith("Fake GPU, sm_75 | ") and k.endswith("train-precision | seq2seq d16")
-               for k in autotune.decisions())
-
-
 def test_grad_scaler_steps_equal_plain_steps_where_nothing_overflows(tmp_path):
     """fp16's loss scaling is a power of two: scaled, unscaled before clipping, the update is
     the plain one, bit for bit (the scaler path of train_step, run on the CPU)."""

@@ -96,7 +96,8 @@ def test_data_run_resume_is_bit_for_bit(tmp_path):
     base = resolve_config({"data": str(data), "d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1,
                            "vocab_size": 300, "max_tokens": 256, "eval_every": 4, "threads": 1,
                            "dropout": 0.3, "accumulate": 2, "patience": None,
-                           "schedule": "inverse_sqrt"})  # a schedule that does not depend on --steps
+                           "schedule": "inverse_sqrt",  # a schedule that does not depend on --steps
+                           "precision": "fp32"})  # (auto's first updates are timed: machine-dependent)
     train(base.replace(steps=8, out=str(tmp_path / "straight")), **QUIET)
     train(base.replace(steps=4, out=str(tmp_path / "resumed")), **QUIET)
     train(resume_config(tmp_path / "resumed", {"steps": 8}), resume=True, **QUIET)
@@ -114,48 +115,53 @@ def test_bf16_autocast_trains(tmp_path):
 @pytest.mark.parametrize("bf16_seconds, expected", [(0.5, "bf16"), (1.2, "fp32")])
 def test_auto_precision_keeps_bf16_only_where_this_model_trains_faster_in_it(
         tmp_path, monkeypatch, bf16_seconds, expected):
-    """auto picks bf16 from a generic product, then times the run's own model both ways: a
-    model too small to gain stays fp32; a resumed run keeps what it chose; a new run of the same
-    model on this machine takes the remembered choice (tformer.kernels.autotune), measuring nothing."""
+    """auto predicts bf16 from a generic product, then the run's first updates alternate bf16 and
+    fp32 (each a real update) and keep the faster: a model too small to gain goes on in fp32; a
+    resumed run keeps what it chose; a new run of the same model on this machine alternates its
+    first updates the same way (its numbers do not depend on what the machine remembers), then
+    takes the remembered choice (tformer.kernels.autotune) without a new line."""
     import tformer.training.precision as training_precision
     from tformer.kernels import autotune
+    from tformer.training import first_steps
 
     monkeypatch.setenv("TFORMER_CACHE_DIR", str(tmp_path / "cache"))  # a cache of its own
     monkeypatch.setattr(autotune, "_memory", {})
     monkeypatch.setattr(training_precision, "has_bf16", lambda: True)
     monkeypatch.setattr(training_precision, "bf16_speedup", lambda **_: 2.0)
     monkeypatch.setattr(training_precision, "bf16_supported", lambda: True)
-    timed = []
+    used = []
+    real = first_steps.FirstSteps.stepped
 
-    def fake_measure(stepper, deadline=None):  # 1 s per fp32 step, bf16_seconds per bf16 step
-        timed.extend([False, True])
-        choice = "bf16" if 1.0 >= training_precision.MIN_STEP_SPEEDUP * bf16_seconds else "fp32"
-        return autotune.decision(choice, {"fp32": 1.0, "bf16": bf16_seconds})
+    def timed(self, bf16, seconds, tokens, left, update):  # 1 s per fp32 update, bf16_seconds per bf16
+        used.append(bf16)
+        return real(self, bf16, bf16_seconds if bf16 else 1.0, tokens, left, update)
 
-    monkeypatch.setattr(training_precision, "measure_bf16", fake_measure)
+    monkeypatch.setattr(first_steps.FirstSteps, "stepped", timed)
     data = write(tmp_path / "d.jsonl", classification_rows())
     logged = []
+    rounds = 2 * first_steps.CONFIRM_ROUNDS
     config = resolve_config({"data": str(data), "d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1,
-                             "vocab_size": 300, "max_tokens": 512, "steps": 4, "threads": 1,
+                             "vocab_size": 300, "max_tokens": 512, "steps": rounds + 2, "threads": 1,
                              "out": str(tmp_path / "run")})
     train(config, progress=False, log=logged.append)
-    assert sorted(timed) == [False, True]
-    chosen = [line for line in logged if line.startswith("precision: ")]
-    assert len(chosen) == 1 and chosen[0].startswith(f"precision: {expected} (")
-    assert "training step of this model" in chosen[0]
+    assert used[:rounds] == [True, False] * (rounds // 2) and set(used[rounds:]) == {expected == "bf16"}
+    kept = [line for line in logged if line.startswith(f"precision: {expected} from here on, timed on the")]
+    assert len(kept) == 1 and "training step of this model" in kept[0], logged
     state = json.loads((check_run_dir(tmp_path / "run") / "trainer_state.json").read_text())
     assert state["precision"] == expected
     logged.clear()
-    train(resume_config(tmp_path / "run", {"steps": 6}), resume=True, progress=False, log=logged.append)
+    used.clear()
+    train(resume_config(tmp_path / "run", {"steps": rounds + 4}), resume=True, progress=False, log=logged.append)
     assert [line for line in logged if line.startswith("precision: ")] == [
         f"precision: {expected} (as the run chose when it started)"]
-    assert len(timed) == 2  # nothing measured again
+    assert set(used) == {expected == "bf16"}  # nothing alternated again
     monkeypatch.setattr(autotune, "_memory", {})  # a new process: the choice comes from the file
     logged.clear()
+    used.clear()
     train(config.replace(out=str(tmp_path / "run2")), progress=False, log=logged.append)
-    assert len(timed) == 2
+    assert used[:rounds] == [True, False] * (rounds // 2) and set(used[rounds:]) == {expected == "bf16"}
     chosen = [line for line in logged if line.startswith("precision: ")]
-    assert len(chosen) == 1 and chosen[0].startswith(f"precision: {expected} (")
+    assert len(chosen) == 1 and chosen[0].startswith(f"precision: {expected} ("), chosen
     assert any("train-precision | classifier d32 h2 ff64 L1 vocab " in key
                and key.endswith(" batch 512 tokens") for key in autotune.decisions())
 
@@ -228,7 +234,8 @@ def test_best_weights_of_a_seq2seq_run_follow_the_validation_loss_not_bleu():
     main metric for the others (accuracy keeps rising while an overfitting loss turns)."""
     from tformer.kinds.classification import Classification
     from tformer.kinds.seq2seq import Seq2Seq
-    from tformer.training.loop import _selection, _track_best
+    from tformer.training.validation import selection as _selection
+    from tformer.training.validation import track_best as _track_best
 
     state = {"step": 1222}
     seq2seq = Seq2Seq.__new__(Seq2Seq)  # _selection reads class attributes only
@@ -257,8 +264,7 @@ def test_a_timed_run_says_its_pace_early_and_when_it_buys_few_updates():
     learned nothing, with no word of it until the end: the pace is said after 3 steps."""
     from types import SimpleNamespace
 
-    from tformer.training.budget import Budget
-    from tformer.training.loop import pace
+    from tformer.training.budget import Budget, pace
 
     def budget(per: float, left: float):
         b = Budget(SimpleNamespace(steps=10**6, epochs=None, max_minutes=1), 0.0)
@@ -317,7 +323,7 @@ def test_best_weights_killed_between_their_write_and_the_checkpoint_match_the_re
 
 
 def test_ctrl_c_says_how_to_resume_the_run(tmp_path, monkeypatch, capsys):
-    import tformer.training.loop as loop
+    import tformer.training.validation as loop  # (where the loop's checkpoints are written)
 
     saves = []
 

@@ -1,11 +1,9 @@
-"""The plan: threads from the cores other work leaves free, probes within their share of the
-budget and remembered, the fine-tuning learning rate from the loaded model's width, and a
-precision decision that noise does not flip."""
+"""The plan: threads from the cores other work leaves free, the fine-tuning learning rate from the
+loaded model's width; and make_plan as an object: a data summary and a machine's speeds in, the
+choices out (no training, no timing: the speeds are made up here)."""
 
 import importlib.util
-import json
-import time
-from types import SimpleNamespace
+import math
 
 import pytest
 from hf_bert_fixtures import make_bert_dir
@@ -13,7 +11,6 @@ from text_fixtures import classification_rows, write
 
 from tformer.kernels import autotune
 from tformer.kinds import resolve_config, train
-from tformer.training.sizing import StepTimes
 
 TINY = {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "vocab_size": 300, "max_tokens": 256}
 
@@ -30,9 +27,9 @@ def test_threads_are_the_cores_other_work_leaves_free(tmp_path, monkeypatch, oth
     """Two threads on cores shared with two busy processes made each step 2-3x slower than one."""
     import torch
 
-    from tformer.training import plan
+    from tformer.training import planning
 
-    monkeypatch.setattr(plan, "others_running", lambda: others)
+    monkeypatch.setattr(planning, "others_running", lambda: others)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     chosen = []
     monkeypatch.setattr(torch, "set_num_threads", chosen.append)
@@ -50,92 +47,6 @@ def test_threads_are_the_cores_other_work_leaves_free(tmp_path, monkeypatch, oth
     train(resolve_config({"data": str(data), **TINY, "steps": 1, "threads": 1, "out": str(tmp_path / "r2")}),
           progress=False, log=logged.append)
     assert not any(x.startswith("threads: ") for x in logged)  # given: not chosen
-
-
-def test_probes_the_budget_cannot_pay_for_are_not_made_and_the_lines_say_so(tmp_path, monkeypatch,
-                                                                         fresh_cache):
-    from tformer.training import plan
-
-    monkeypatch.setattr(plan, "time_steps", lambda *a, **k: pytest.fail("measured a step"))
-    monkeypatch.setattr(plan, "others_running", lambda: 0.0)
-    data = write(tmp_path / "d.jsonl", classification_rows(200))
-    logged = []
-    config = resolve_config({"data": str(data), "vocab_size": 300, "max_tokens": 256, "max_minutes": 0.2,
-                             "out": str(tmp_path / "run")})
-    assert config.auto_size
-    train(config, progress=False, log=logged.append)
-    size = next(x for x in logged if x.startswith("model size: "))
-    assert size.startswith("model size: d_model 128, 2 layers: the smallest; the step time is not measured: "
-                           "5% of the budget (0.6 s) pays for no more probes here"), size
-
-
-def test_a_probe_is_remembered_so_a_second_run_measures_nothing(tmp_path, monkeypatch, fresh_cache):
-    from tformer.training import plan
-
-    timed = []
-
-    def fake_time_steps(objective, step, batches=None, deadline=None):
-        timed.append(objective.config.model.d_model)
-        return StepTimes(0.01, 0.0)
-
-    monkeypatch.setattr(plan, "time_steps", fake_time_steps)
-    monkeypatch.setattr(plan, "FIRST_CALL_SECONDS", 0.0)
-    monkeypatch.setattr(plan, "others_running", lambda: 0.0)
-    data = write(tmp_path / "d.jsonl", classification_rows(200))
-    config = resolve_config({"data": str(data), "vocab_size": 300, "max_tokens": 256, "max_minutes": 0.2,
-                             "precision": "fp32", "out": str(tmp_path / "run")})
-    logged = []
-    train(config, progress=False, log=logged.append)
-    assert timed == [128]  # the smallest rung, measured
-    assert any(x.startswith("model size: ") and "smallest measured 10 ms a step" in x for x in logged)
-    monkeypatch.setattr(autotune, "_memory", {})  # a new process: the file remembers
-    train(config.replace(out=str(tmp_path / "run2")), progress=False, log=logged.append)
-    assert timed == [128]
-
-
-def test_a_measured_first_step_replaces_the_guess_of_what_the_next_probe_costs(monkeypatch, fresh_cache):
-    """Before any probe a new model's first step is guessed at FIRST_CALL_SECONDS (a CPU's
-    kernel choices); once one is measured on the run's device, that is used (a warm GPU's first
-    steps cost little, and the guess left a short run's larger rungs unmeasured)."""
-    from tformer.training import plan
-
-    monkeypatch.setattr(plan, "_work", lambda objective: 1.0)
-    monkeypatch.setattr(plan, "time_steps", lambda *a, **k: StepTimes(0.01, 0.2))
-    config = resolve_config({"data": None, "task": "reverse", "max_minutes": 1.0})
-    objective = SimpleNamespace(config=config, model_kind="seq2seq", model_config=lambda: config.model)
-    probes = plan.Probes(100.0)  # 5 s for probes
-    assert not probes.affords(objective, models=2)  # 2 x (3 s + 4 steps)
-    assert probes.step_seconds(objective, step=None) == 0.01
-    assert probes.first_call == 0.2
-    assert probes.affords(objective, models=2)  # 2 x (0.2 s + 4 x 0.01 s)
-
-
-def test_off_the_cpu_the_first_probe_s_start_is_not_charged_to_the_probes(monkeypatch, fresh_cache):
-    """A GPU's first step in a process loads its kernels (5.4 s on an H200, then 12 ms a
-    step): the run pays it once, so it neither spends the probes' share nor sets what the next
-    model's first step is expected to cost. (A device without CUDA calls stands in for one.)"""
-    import torch
-
-    from tformer.training import plan
-
-    starts = iter([5.0, 0.2])
-
-    def fake_time_steps(*args, **kwargs):
-        first = next(starts)
-        time.sleep(first / 100)  # the probe's wall time, mostly its first step
-        return StepTimes(0.01, first / 100)
-
-    monkeypatch.setattr(plan, "_work", lambda objective: 1.0)
-    monkeypatch.setattr(plan, "time_steps", fake_time_steps)
-    config = resolve_config({"data": None, "task": "reverse", "max_minutes": 1.0})
-    objective = SimpleNamespace(config=config, model_kind="seq2seq", model_config=lambda: config.model)
-    probes = plan.Probes(100.0, device=torch.device("mps"))
-    probes.step_seconds(objective, step=None)
-    assert probes.first_call is None and probes.spent < 0.01  # the start: not charged
-    bigger = SimpleNamespace(config=config.replace(d_model=256), model_kind="seq2seq",
-                             model_config=lambda: config.model.replace(d_model=256))
-    probes.step_seconds(bigger, step=None)
-    assert probes.first_call == 0.002 and probes.spent >= 0.002  # a later model's first step: charged
 
 
 def test_fine_tuning_takes_its_learning_rate_from_the_loaded_models_width(tmp_path):
@@ -164,34 +75,6 @@ def test_fine_tuning_all_minilm_l6_v2_prints_its_learning_rate_for_width_384(tmp
     assert "learning rate: 5.8e-05 for a 384-wide model (--lr sets it)" in logged, logged
 
 
-def test_the_precision_decision_takes_each_fastest_round_and_measures_noise_again(fresh_cache, monkeypatch):
-    """bf16 measured at 0.66x, then 2.08x, of fp32 for the same model between runs: rounds are
-    interleaved, each precision counts its fastest (load only adds time), and rounds that spread
-    are measured again; the line says which is faster, and by how much."""
-    from tformer.training import precision
-
-    clock = {"now": 0.0}
-    fp32 = iter([1.0] + [1.0, 3.0, 3.0, 3.0] + [1.0] * 10)  # warm-up, then a busy burst
-    bf16 = iter([1.0] + [0.5] * 20)
-    calls = {False: 0, True: 0}
-
-    def stepper(use_bf16):
-        def step():
-            calls[use_bf16] += 1
-            clock["now"] += next(bf16 if use_bf16 else fp32)
-        return step
-
-    monkeypatch.setattr(precision, "time", SimpleNamespace(perf_counter=lambda: clock["now"]))
-    chosen, why = precision.confirm_bf16(stepper, "shape")
-    assert chosen and calls == {False: 1 + 2 * precision.ROUNDS, True: 1 + 2 * precision.ROUNDS}
-    assert why == "native bf16: a training step of this model takes 0.50x fp32's time here (2.0x faster)"
-    assert precision.precision_why(autotune.decision("fp32", {"fp32": 1.0, "bf16": 1.25})) == (
-        "bf16 autocast makes a training step of this model 1.2x slower here (its matrix products are too "
-        "small to gain what the casts cost)")
-    saved = json.loads(autotune.cache_path().read_text())
-    assert [v["seconds"] for k, v in saved.items() if "train-precision" in k] == [{"fp32": 1.0, "bf16": 0.5}]
-
-
 def test_a_label_no_training_record_has_is_warned_of_when_the_run_starts(tmp_path):
     from tformer.training.records import unit_hash
 
@@ -202,3 +85,171 @@ def test_a_label_no_training_record_has_is_warned_of_when_the_run_starts(tmp_pat
           progress=False, log=logged.append)
     assert ("warning: no training record has the label 'rare' (only in test): the model cannot learn it; "
             "add training records of it, or give --valid/--test files") in logged
+
+
+# make_plan as an object -------------------------------------------------------------------------
+class Speeds:
+    """A machine whose update takes `per_token` seconds a token (x `slow` in bf16's absence) and
+    whose bf16 is `bf16_speedup` faster; it records what the plan asked."""
+
+    def __init__(self, per_token=1e-5, bf16_speedup=2.0, known=False, precision="bf16"):
+        self.per_token, self.bf16_speedup, self.known, self.kind = per_token, bf16_speedup, known, precision
+        self.asked = []
+
+    def step_seconds(self, config, model, kind, tokens, length, precision):
+        self.asked.append((config.max_length, model.d_model, precision))
+        width = (model.d_model / 128) ** 2 * model.n_layers / 2  # a step's work grows with the model
+        return self.per_token * tokens * width / (self.bf16_speedup if precision == "bf16" else 1.0)
+
+    def precision(self, config, model, kind):
+        return self.kind, "made up", True
+
+
+def _summary(n_texts=400, long=0.5, train=4000, pretrained=False, kind="classifier"):
+    """Half the texts 300 tokens long, half 20 (a man-page-like file), or all short."""
+    from tformer.config import TransformerConfig
+    from tformer.training.plan import DataSummary
+
+    texts = tuple((300,) if i < long * n_texts else (20,) for i in range(n_texts))
+    model = TransformerConfig(d_model=384 if pretrained else 128, n_heads=4, d_ff=512, n_layers=6 if pretrained
+                              else 2, vocab_size=4000, n_classes=6, max_len=512)
+    return DataSummary(kind, model, texts, train, 250, 260, pretrained)
+
+
+def _config(minutes, **options):
+    return resolve_config({"data": "d.jsonl", "max_minutes": minutes, **options}, objective="classification")
+
+
+@pytest.fixture
+def data_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "d.jsonl", classification_rows(40))
+
+
+def test_the_plan_is_a_frozen_value_of_choices_and_their_reasons(data_file):
+    import dataclasses
+
+    from tformer.training.plan import make_plan
+
+    speeds = Speeds()
+    plan = make_plan(_config(3), _summary(), speeds, 180.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.precision = "fp32"
+    assert [what for what, _ in plan.reasons] == ["max length", "batch", "model size", "precision", "validation"]
+    assert plan.precision == "bf16" and plan.confirm_precision  # predicted: the first steps confirm it
+    assert plan.step_seconds == pytest.approx(speeds.step_seconds(
+        plan.config, _summary().model_for(plan.config), "classifier", plan.config.max_tokens, 0, "bf16"))
+    assert all(p == "bf16" for _, _, p in speeds.asked)  # every step time asked in the plan's precision
+
+
+@pytest.mark.parametrize("per_token, length", [(1e-7, 512), (2.3e-4, 256), (1e-3, 64)])
+def test_the_length_is_the_longest_the_budget_passes_over_the_data_twice(data_file, per_token, length):
+    from tformer.training.plan import make_plan
+
+    plan = make_plan(_config(3), _summary(), Speeds(per_token), 180.0)
+    assert plan.config.max_length == length, plan.why("max length")
+    mean = _summary().mean_cost(length)
+    assert plan.config.max_tokens == math.ceil(32 * mean)  # 32 examples of the mean length there
+
+
+def test_a_slower_machine_gets_a_smaller_model_and_a_faster_one_a_larger(data_file):
+    from tformer.training.plan import make_plan
+
+    sizes = [make_plan(_config(5, max_length=64), _summary(long=0), Speeds(p), 300.0).config.model.d_model
+             for p in (1e-2, 1e-5, 1e-8)]
+    assert sizes == sorted(sizes) and sizes[0] == 128 < sizes[-1], sizes
+
+
+def test_the_speeds_precision_is_the_plans_and_fp32_plans_fp32_steps(data_file):
+    from tformer.training.plan import make_plan
+
+    assert make_plan(_config(3), _summary(), Speeds(), 180.0).confirm_precision
+    speeds = Speeds(precision="fp32", known=True)
+    plan = make_plan(_config(3), _summary(), speeds, 180.0)
+    assert plan.precision == "fp32" and {p for _, _, p in speeds.asked} == {"fp32"}
+
+
+def test_validation_scores_enough_examples_for_its_choice_to_mean_something(data_file):
+    """Fewer validations before fewer examples: at least VALID_MIN each (all of a smaller split)."""
+    from tformer.training.plan import MIN_VALIDATIONS, VALID_MIN, VALIDATIONS, validation_plan
+
+    assert validation_plan(600.0, 0.001, 5000)[:2] == (VALIDATIONS, 500)  # cheap: 5 of 500
+    count, sample, why = validation_plan(60.0, 0.01, 5000)  # 3 s for validation: 300 examples
+    assert (count, sample) == (MIN_VALIDATIONS, 150) and "the budget pays for no more" in why
+    count, sample, _ = validation_plan(180.0, 0.01, 5000)  # 9 s: 900 examples
+    assert count == 3 and sample == VALID_MIN
+    assert validation_plan(180.0, 0.001, 120)[1] == 120  # a small split: all of it
+
+
+def test_the_tests_time_is_kept_back_from_the_start(data_file):
+    from tformer.training.plan import TEST_MARGIN, TEST_SHARE, make_plan
+
+    plan = make_plan(_config(3), _summary(), Speeds(), 180.0)
+    assert plan.test_seconds == pytest.approx(260 * plan.example_seconds * TEST_MARGIN)
+    slow = make_plan(_config(3), _summary(), Speeds(1e-2), 180.0)
+    assert slow.test_seconds == TEST_SHARE * 180.0  # at most its share
+
+
+def test_a_fine_tune_keeps_its_models_sizes_and_chooses_its_length_within_its_positions(data_file):
+    from tformer.training.plan import make_plan
+
+    config = _config(3, from_pretrained="somewhere", lr=5e-5)
+    speeds = Speeds(1e-7)
+    plan = make_plan(config, _summary(pretrained=True), speeds, 180.0)
+    assert "model size" not in dict(plan.reasons) and {d for _, d, _ in speeds.asked} == {384}
+    assert plan.config.max_length == 512  # fast: whole texts
+
+
+def test_an_untimed_run_plans_no_validation_sizes_and_no_test_reserve(data_file):
+    from tformer.training.plan import make_plan
+
+    config = resolve_config({"data": "d.jsonl", "max_length": 64, "steps": 10}, objective="classification")
+    plan = make_plan(config, _summary(), Speeds(), math.inf)
+    assert plan.valid_sample is None and plan.test_seconds is None and not plan.sized
+    assert "validation" not in dict(plan.reasons)
+
+
+@pytest.mark.parametrize("measured, replanned", [(0.9, False), (50.0, True)])
+def test_the_size_is_chosen_again_when_the_first_real_steps_disagree(data_file, measured, replanned):
+    """A seq2seq plan sized its model from a 150 ms probe step and ran 467 ms a step: a model
+    chosen for three times the updates it got. The real pace chooses again, once."""
+    from tformer.training.plan import make_plan, replan
+
+    speeds, summary = Speeds(1e-6), _summary(long=0)
+    plan = make_plan(_config(5, max_length=64), summary, speeds, 300.0)
+    assert plan.config.model.d_model > 128
+    new = replan(plan, summary, speeds, measured * plan.step_seconds, 250.0)
+    if replanned:
+        assert new.config.model.d_model < plan.config.model.d_model and "model size" in dict(new.reasons)
+        assert new.step_seconds < measured * plan.step_seconds
+    else:
+        assert new is None
+
+
+def test_the_first_steps_keep_the_faster_precision_and_remember_it(tmp_path, monkeypatch, fresh_cache):
+    """The first updates alternate 16-bit and fp32 autocast (each a real update) and keep the
+    faster by its fastest time per token, each's first (its kernels' creation) left out; the
+    choice is remembered under the device's own key and named for it (fp16 on a GPU without bf16)."""
+    import torch
+
+    from tformer.training.first_steps import CONFIRM_ROUNDS, FirstSteps
+    from tformer.training.plan import make_plan
+
+    monkeypatch.setattr(autotune, "gpu_name", lambda device: "Fake GPU, sm_75")
+    summary = _summary(long=0)
+    for half, device, bf16_seconds, kept in (("bf16", torch.device("cpu"), 0.4, True),
+                                             ("fp16", torch.device("cuda", 0), 0.4, True),
+                                             ("bf16", torch.device("cpu"), 1.2, False)):
+        autotune.forget()  # each case a machine of its own
+        plan = make_plan(_config(3, max_length=64), summary, Speeds(), 180.0, half=half)
+        first = FirstSteps(plan, None, summary, device, plan.bf16, confirm=True, replans=False)
+        line = None
+        for update in range(1, 2 * CONFIRM_ROUNDS + 1):
+            bf16 = first.precision(update)
+            line, _ = first.stepped(bf16, (5.0 if update <= 2 else 1.0) * (bf16_seconds if bf16 else 1.0),
+                                    1000, 100.0)
+        assert first.bf16 is kept and line.startswith(f"precision: {half if kept else 'fp32'} from here on")
+        assert first.precision(99) is kept  # from here on
+        if device.type == "cuda":  # remembered under the GPU's own key
+            assert any(k.startswith("Fake GPU, sm_75 | ") and "train-precision" in k for k in autotune.decisions())
+    assert any("train-precision | classifier d" in k for k in autotune.decisions())

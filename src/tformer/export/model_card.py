@@ -25,7 +25,7 @@ from typing import Any
 
 from tformer import __version__
 from tformer.export.export_dir import MARKER
-from tformer.verdict import tested_as_it_was, too_few
+from tformer.verdict import CANNOT_TELL, LEARNED, tested_as_it_was, too_few, verdict_of
 
 # tformer's metric names -> the Hub's (the `evaluate` library's metric ids).
 HUB_METRICS = {"accuracy": "accuracy", "macro_f1": "f1", "bleu": "bleu", "chrf": "chrf",
@@ -77,8 +77,14 @@ def baseline_lines(metrics: dict[str, Any], key: str | None) -> list[str]:
     if too_few(metrics):
         return [f"> **Warning:** the test scored {metrics['examples']} example(s), too few to tell "
                 f"whether this model learned ({compared})."]
-    if metrics.get("beats_baseline", ours > value):
+    verdict = verdict_of(metrics) or (LEARNED if ours > value else None)
+    if verdict == LEARNED:
         return [f"The model {'matches' if ours == value else 'beats'} its baseline: {compared}."]
+    if verdict == CANNOT_TELL:
+        low, high = (metrics.get("gain_interval") or [None, None])[:2]
+        within = f" (the gain's 95% interval: {low:+.4g} to {high:+.4g})" if low is not None else ""
+        return [f"> **Warning:** the test cannot tell whether this model learned: {compared}{within} is "
+                "within the test's noise. Test it on more examples before using it."]
     return [f"> **Warning:** this model did not beat its baseline ({compared}). It has not learned "
             "the task: train longer or on more data before using it."]
 

@@ -147,6 +147,14 @@ def recall(name: str, shape_class: str, decide_now: Callable[[], dict[str, Any]]
     return decision
 
 
+def remember(name: str, shape_class: str, decision: dict[str, Any], device: torch.device = _CPU) -> None:
+    """Keep `decision` (``decision()``'s dict) for this device and shape class, replacing what
+    was remembered: for a number that each run measures afresh (a training step's rate, which
+    tformer.training.planning estimates the next run's steps with)."""
+    _memory[_memory_key(name, shape_class, device)] = decision
+    _remember(f"{machine_key(device)} | {name} | {shape_class}", decision, device)
+
+
 def known(name: str, shape_class: str, choices: set[str] | None = None,
           device: torch.device = _CPU) -> dict[str, Any] | None:
     """The remembered decision for this device and shape class, or None: nothing is measured

@@ -29,33 +29,85 @@ from __future__ import annotations
 import math
 import time
 
-from tformer.training.objective import EVAL_SAMPLE
+# (torch-free, so that `tformer train` can refuse a budget before importing torch; the untimed
+# sample is the objectives' EVAL_SAMPLE, the same 500: tests/training/test_plan.py checks)
+from tformer.training.plan import TEST_MARGIN, TEST_SHARE, VALID_MAX, VALIDATIONS, validation_plan
 
-VALID_SHARE = 0.05  # validations' share of a timed run's wall time, at most (about)
-VALIDATIONS = 5  # validations a timed run aims for (the last at the end of training)
+EVAL_SAMPLE = VALID_MAX
+
 PROBE = 32  # examples the first validation times before choosing its sample size
-MIN_SAMPLE = 32
-TEST_SHARE = 0.15  # the final test's share of the budget, at most: a slower test scores fewer examples
+FIRST_TEST_BATCH = 8  # the test always scores this many (its first batch runs whatever the clock)
 SAVE_SECONDS = 2.0  # kept back for the last checkpoint and the plots, before measuring
 # The least a timed run needs after reading its data: a few updates, a test of one batch and
 # saving (the last checkpoint, the curves).
 MIN_AFTER_SETUP = 5.0
+# Reading the data and building the objective, at the least (a first check before them): 3-17 s
+# on 2 busy cores with the tokenizer's training.
+MIN_SETUP = 3.0
+KERNEL_SHARE = 0.05  # new kernel choices (autotune) are measured in this share of a timed budget
+MIN_UPDATES = 10  # the fewest updates a model must afford in its budget to be built at all
+FIRST_STEP_SECONDS = 2.0  # a new model's first update beyond a steady one (kernels, first touch), alone
+SAVE_BYTES_PER_SECOND = 100e6  # writing a checkpoint, at least (a busy disk; weights + 2 moments)
+BUILD_SECONDS_PER_PARAMETER = 5e-8  # initialising a model (~1 s for 20 M parameters on one core)
 
 
-def check_minimum(config, started: float, spent: float = 0.0) -> None:
-    """Refuse, in one line, a budget too small to honour: what is left of --max-minutes after
-    starting and reading the data (`started`: when the command started; `spent`: the seconds a
-    resumed run already used) must pay for MIN_AFTER_SETUP more."""
+class NoUpdate(ValueError):
+    """A timed run ran out of time before its first update: nothing is tested or kept."""
+
+    def __init__(self, config, seconds: float) -> None:
+        super().__init__(
+            f"max_minutes: {config.max_minutes:g} ({config.max_minutes * 60:.0f} s) ran out before the first "
+            f"update here ({seconds:.1f} s spent starting, reading the data and building the model); nothing "
+            f"was trained or kept: expected a longer --max-minutes (or a quieter machine)")
+
+
+def check_affordable(config, started: float, model_config, kind: str, plan) -> None:
+    """Refuse, before it is built, a model its budget cannot pay for: building it, its first
+    update's kernels (FIRST_STEP_SECONDS, as slowed by other work), MIN_UPDATES updates at the
+    plan's pace, the least a validation and the test score (a probe's and a first batch's
+    predictions, the test's loss over up to VALID_MAX examples), its first checkpoint and the last
+    one (weights and the optimizer's two moments at SAVE_BYTES_PER_SECOND) must fit what is left
+    (--max-minutes 0.2 with --d-model 1024 --n-layers 8 took 82.7 s: one 20 s step, then 50 s
+    saving 3.6 GB; a 1.5-minute fine-tune of all-MiniLM-L6-v2 with ten other threads on 2 cores
+    made 1 update in 74 s and ended at 137 s)."""
+    from tformer.stats import parameter_count
+
     if config.max_minutes is None:
         return
-    setup = time.perf_counter() - started
+    params = parameter_count(model_config, kind)
+    build = BUILD_SECONDS_PER_PARAMETER * params
+    save = 2 * (3 * 4 * params) / SAVE_BYTES_PER_SECOND
+    steps = MIN_UPDATES * (plan.step_seconds or 0.0) + FIRST_STEP_SECONDS * plan.extra.get("slowdown", 1.0)
+    examples = 2 * (PROBE + 8) + min(VALID_MAX, plan.extra.get("test_examples", 0))
+    scoring = examples * (plan.example_seconds or 0.0)
+    left = config.max_minutes * 60 - (time.perf_counter() - started) - MIN_AFTER_SETUP
+    need = build + steps + save + scoring
+    if need <= left:
+        return
+    raise ValueError(
+        f"max_minutes: {config.max_minutes:g} is too short for this model ({params / 1e6:,.1f} M parameters) "
+        f"here: building it takes ~{build:.0f} s, its first {MIN_UPDATES} updates ~{steps:.0f} s, the least "
+        f"validation and test ~{scoring:.0f} s and saving it ~{save:.0f} s, {need:.0f} s where "
+        f"{max(left, 0):.0f} s are left; expected a smaller model or at least "
+        f"--max-minutes {math.ceil((config.max_minutes * 60 - left + need) / 6) / 10:g}")
+
+
+def check_minimum(config, started: float, spent: float = 0.0, before_setup: bool = False) -> None:
+    """Refuse, in one line, a budget too small to honour: what is left of --max-minutes after
+    starting and reading the data (`started`: when the command started; `spent`: the seconds a
+    resumed run already used) must pay for MIN_AFTER_SETUP more; `before_setup` (the data not
+    read yet), for MIN_SETUP more too (a 6 s budget was refused after 11.5 s of reading the data)."""
+    if config.max_minutes is None:
+        return
+    setup = time.perf_counter() - started + (MIN_SETUP if before_setup else 0.0)
     need = spent + setup + MIN_AFTER_SETUP
     if config.max_minutes * 60 >= need:
         return
     used = f"the run has used {spent:.0f} s, and " if spent else ""
     raise ValueError(
         f"max_minutes: {config.max_minutes:g} ({config.max_minutes * 60:.0f} s) is too short to honour "
-        f"here: {used}starting and reading the data took {setup:.1f} s, and a few updates, a test and "
+        f"here: {used}starting and reading the data {'take at least' if before_setup else 'took'} "
+        f"{setup:.1f} s, and a few updates, a test and "
         f"saving need about {MIN_AFTER_SETUP:.0f} s more; expected at least --max-minutes "
         f"{math.ceil(need / 6) / 10:g}")
 
@@ -69,9 +121,15 @@ class Budget:
     counts in validation's share, as one more of those the sample is sized for."""
 
     def __init__(self, config, started: float, train_records: int | None = None, spent: float = 0.0,
-                 validates_start: bool = False, pace: float | None = None) -> None:
+                 validates_start: bool = False, pace: float | None = None, plan=None) -> None:
         self.config, self.started = config, started
-        self.validations = VALIDATIONS + int(validates_start)  # what the sample is sized for
+        self.planned_validations = plan.validations if plan is not None else VALIDATIONS
+        self.validates_start = validates_start
+        self.validations = self.planned_validations + int(validates_start)  # what the sample is sized for
+        # The test's time, kept back from the start: the plan's estimate until validation measures it.
+        self.planned_test = plan.test_seconds if plan is not None else None
+        self.plot_seconds = 0.0  # the curves' drawing: what the outputs after the test take
+        self.skipped_last = False  # the last validation was past its deadline: the last weights are tested
         self.seconds = config.max_minutes * 60 - spent if config.max_minutes else math.inf
         self.timed = math.isfinite(self.seconds)
         self.train_started = time.perf_counter() - started  # tokenizer and setup come first
@@ -93,6 +151,15 @@ class Budget:
     def saved(self, seconds: float) -> None:
         self.save_seconds = max(self.save_seconds, seconds)
 
+    def plotted(self, seconds: float) -> None:
+        """The curves took `seconds` to draw: the confusion matrix after the test will take as long."""
+        self.plot_seconds = seconds
+
+    def restarted(self) -> None:
+        """A re-plan built a new model: the pace is measured again."""
+        self.step_seconds = self.last_step_seconds = self.examples_per_step = None
+        self._last_step_end = None
+
     # The clock -------------------------------------------------------------------------------
     def now(self) -> float:
         return time.perf_counter() - self.started
@@ -110,7 +177,10 @@ class Budget:
         """Kept back for the final test: its examples at validation's latest speed (5% of the
         budget before any is measured), at most TEST_SHARE of the budget."""
         per = self.valid_seconds_per_example
-        estimate = 0.05 * self.seconds if per is None else per * self.test_examples * 1.2
+        if per is not None:
+            estimate = per * self.test_examples * 1.2
+        else:
+            estimate = 0.05 * self.seconds if self.planned_test is None else self.planned_test
         return min(estimate, TEST_SHARE * self.seconds)
 
     def reserve(self) -> float:
@@ -123,11 +193,24 @@ class Budget:
     def train_deadline(self) -> float:
         return self.seconds - self.reserve()
 
+    def test_fits(self, examples: int, planned: float | None = None) -> int:
+        """How many of the test's `examples` its time left pays for (all, untimed): at the latest
+        validation's seconds an example (its loss pass included), else at `planned` seconds a
+        prediction (the plan's) x TEST_MARGIN; at least FIRST_TEST_BATCH. The test's loss pass
+        over its first examples has no deadline: a 2.5-minute run's test of 234 examples began
+        past its budget on a machine at load 14 and ended 34 s later; now it scores 8."""
+        per = self.valid_seconds_per_example
+        per = 1.2 * per if per is not None else (TEST_MARGIN * planned if planned else None)
+        if not self.timed or per is None:
+            return examples
+        left = self.test_deadline() - time.perf_counter()
+        return min(examples, max(FIRST_TEST_BATCH, int(left / per)))
+
     def test_deadline(self) -> float:
         """When the final test stops predicting, whatever it has left (as a perf_counter time):
         only what follows it keeps its time, the checkpoints were saved before it (a deadline
         that also kept theirs started a 1-minute run's test past it)."""
-        return self.started + self.seconds - SAVE_SECONDS
+        return self.started + self.seconds - SAVE_SECONDS - 1.5 * self.plot_seconds
 
     def valid_deadline(self) -> float:
         """When a validation stops predicting: the two saves and the test keep their time."""
@@ -178,15 +261,18 @@ class Budget:
         train = max(self.train_deadline() - self.train_started, 1e-3)
         per = self.valid_seconds_per_example
         if per is None or self.valid_sample is None:
-            return train / VALIDATIONS
-        cost = per * self.valid_sample
-        return max(train / VALIDATIONS, cost / VALID_SHARE)
+            return train / self.planned_validations
+        return train / self.planned_validations
 
     def should_validate(self, step: int, last_step: bool) -> bool:
         if not self.timed:  # and the last step: the weights tested are never older than they must be
             return step % self.config.eval_every == 0 or last_step
         if last_step:
-            return True
+            # Past validation's deadline (a machine far busier than planned) the last validation
+            # is not run: the test's time is kept, and the last weights are tested (the schedule
+            # decayed to them), not an older best.
+            self.skipped_last = time.perf_counter() >= self.valid_deadline()
+            return not self.skipped_last
         # A scheduled one due within half an interval of the deadline is left to the last
         # step's (a run validated at 283 s and again at 286 s of 300, ten steps apart).
         now = self.now()
@@ -200,8 +286,13 @@ class Budget:
         self.valid_spent += seconds
         self.valid_seconds_per_example = seconds / max(examples, 1)
         train = max(self.train_deadline() - self.train_started, 1e-3)
-        self.valid_sample = max(MIN_SAMPLE, int(VALID_SHARE * train / self.validations
-                                                / self.valid_seconds_per_example))
+        # Sized at the measured speed, by the plan's rule: fewer validations, not fewer examples.
+        count, self.valid_sample, _ = validation_plan(train, self.valid_seconds_per_example, self.available,
+                                                      int(self.validates_start))
+        self.planned_validations = count
+        self.validations = count + int(self.validates_start)
+
+    available = EVAL_SAMPLE  # validation examples the loop has (it sets this before validating)
 
     def sample_size(self, available: int) -> int:
         """How many validation examples each validation scores: the same every time."""
@@ -221,3 +312,19 @@ class Budget:
     def valid_share(self) -> float:
         """Validation's share of the wall time so far."""
         return self.valid_spent / max(self.now(), 1e-9)
+
+
+# After this many steps of a timed run, its pace is said: how many updates the budget buys.
+PACE_AFTER = 3
+# Fewer planned updates than this are said to be few (a 1.5-minute fine-tune of a 22 M-parameter
+# model on one busy core got 21, and learned nothing, with no word of it until the end).
+FEW_UPDATES = 100
+
+
+def pace(budget, step: int) -> str:
+    """One line, early in a timed run: its step time (the latest step's: the first ones carry
+    the warm-up) and the updates the budget buys at it."""
+    per = budget.last_step_seconds
+    planned = budget.planned_steps(step, per)
+    few = "; few to learn from: a longer --max-minutes learns more" if planned < FEW_UPDATES else ""
+    return f"pace: {per * 1000:,.0f} ms a step, about {planned:,} updates in the budget{few}"

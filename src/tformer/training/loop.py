@@ -39,14 +39,13 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save as st_save
-from torch import nn
 
 from tformer.config import TransformerConfig
 from tformer.devices import describe, resolve_device
@@ -59,16 +58,23 @@ from tformer.storage.checkpoint import (
     latest_checkpoint,
     load_training_state,
     load_weights,
-    save_checkpoint,
-    weights_metadata,
 )
-from tformer.storage.files import FULL_DISK, new_run_dir, write_atomic
-from tformer.storage.rundir import discard_unstarted, finished, open_run_dir, read_metrics, resume_metrics
-from tformer.training.budget import PROBE, Budget, check_minimum
+from tformer.storage.files import FULL_DISK, new_run_dir
+from tformer.storage.rundir import RunLock, discard_unstarted, finished, open_run_dir, resume_metrics
+from tformer.training.budget import (
+    KERNEL_SHARE,
+    PACE_AFTER,
+    Budget,
+    NoUpdate,
+    check_affordable,
+    check_minimum,
+    pace,
+)
 from tformer.training.config import TrainConfig
 from tformer.training.distributed import any_rank, barrier, rank_and_world
+from tformer.training.first_steps import CONFIRM_UPDATES, FirstSteps
 from tformer.training.objective import Objective
-from tformer.training.plan import PROBE_SHARE, make_plan
+from tformer.training.planning import plan_run
 from tformer.training.report import (
     Meter,
     Progress,
@@ -82,6 +88,14 @@ from tformer.training.report import (
 )
 from tformer.training.schedule import learning_rate
 from tformer.training.steps import grad_scaler, make_optimizer, train_step
+from tformer.training.validation import (
+    checkpoint,
+    from_start,
+    save_best,
+    score_validation,
+    selection,
+    track_best,
+)
 
 
 # The loop ----------------------------------------------------------------------------------------
@@ -113,13 +127,13 @@ def train(config: TrainConfig, make_objective: Callable[..., Objective], resume:
     config = config.replace(out=str(run_dir))
     check_reports(config)  # --report-to tensorboard without its package: one line, nothing made
     if not resume:
-        check_minimum(config, started)  # before anything: nothing can be done in less
+        check_minimum(config, started, before_setup=True)  # before anything: nothing can be done in less
     if config.data is None:  # the model is known before any file is touched: check its size
         task = make_objective(config)
         check_fits(task.model_config(), task.model_kind, training=True, batch=config.batch_size, what="model")
     created = writer and not run_dir.exists()  # rank 0 creates and locks it until training ends
-    # New kernel choices (autotune) are measured in the probes' share of a timed run's budget, no more.
-    measuring = PROBE_SHARE * config.max_minutes * 60 if config.max_minutes else None
+    # New kernel choices (autotune) are measured in KERNEL_SHARE of a timed run's budget, no more.
+    measuring = KERNEL_SHARE * config.max_minutes * 60 if config.max_minutes else None
     try:
         with open_run_dir(run_dir, resume) if writer else contextlib.nullcontext(), \
                 autotune.measuring(measuring):
@@ -129,6 +143,9 @@ def train(config: TrainConfig, make_objective: Callable[..., Objective], resume:
             e.add_note(after_full_disk(run_dir))  # (the command line adds it to the error's line)
         if created and latest_checkpoint(run_dir) is None:
             discard_unstarted(run_dir)  # e.g. a bad data file: no directory holding only a lock
+        elif created and isinstance(e, NoUpdate):  # its step-0 checkpoint is no run: nothing kept
+            with contextlib.suppress(ValueError), RunLock(run_dir):
+                shutil.rmtree(run_dir, ignore_errors=True)
         raise
     except KeyboardInterrupt as e:  # Ctrl-C (or SIGTERM): what was published stays; say how to go on
         if writer and latest_checkpoint(run_dir) is not None:
@@ -151,11 +168,15 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
         objective = make_objective(config, run_dir, write=False, resume=resume)
     if not resume:
         check_minimum(config, started)
-    plan, objective = make_plan(objective, resume, world, started, log, run_dir if writer else None, device)
+    plan, objective, speeds, data = plan_run(objective, resume, world, started, log,
+                                             run_dir if writer else None, device)
     config, bf16, why_precision = plan.config, plan.bf16, plan.why("precision")  # bf16: 16-bit autocast
+    bf16 = any_rank(bf16, world)  # every rank trains in the same precision
+    check_fits(objective.model_config(), objective.model_kind, training=True, what="model")
+    if not resume:  # what the chosen model costs to build, step and save: refused before building it
+        check_affordable(config, started, data.model_for(config), data.kind, plan)
     torch.manual_seed(config.seed)
-    # A resumed run builds the model its checkpoint holds (before --activation, a data encoder's
-    # train_config.json said relu for the GELU it built).
+    # A resumed run builds the model its checkpoint holds (a data encoder's config once said relu).
     saved = TransformerConfig.load(check_run_dir(run_dir) / "config.json") if resume else None
     model = objective.build_model(saved).to(device)
     optimizer = make_optimizer(model, config)
@@ -178,7 +199,7 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
         ended = state["stopped_by"] if finished(state, _limits(config)) else None
         state.pop("stopped_by", None)  # trains on (or, having ended, tests)
         if writer and state.get("best_step") == state["step"]:
-            _save_best(run_dir, model)  # a kill may have come before they were written (_checkpoint)
+            save_best(run_dir, model)  # a kill may have come before they were written (checkpoint)
         if ended is None:  # (else only the test is left)
             check_minimum(config, started, spent=float(state["wall_seconds"]))
     state["precision"] = plan.half if bf16 else "fp32"
@@ -194,12 +215,15 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
     previous_wall = float(state["wall_seconds"])
     validates_start = objective.starts_complete and not resume  # (a resumed run validated it)
     budget = Budget(config, started, objective.train_records, spent=previous_wall,
-                    validates_start=validates_start, pace=state.get("step_seconds"))
+                    validates_start=validates_start, pace=state.get("step_seconds"), plan=plan)
     budget.test_examples = len(objective.examples("test"))
-    # A timed run's total is known once a step is timed: until then "?" (it showed 0/1000000000).
-    planned = None if budget.timed else budget.planned_steps(state["step"])
-    bar = Progress(planned, state["step"], disabled=not progress or not writer,
+    # A timed run's bar runs on time (its step count moves with the pace: report.Progress).
+    bar = Progress(None if budget.timed else budget.planned_steps(state["step"]), state["step"],
+                   disabled=not progress or not writer,
                    ends_at=started + budget.seconds if budget.timed else None)
+    first = FirstSteps(plan, speeds, data, device, bf16,
+                       confirm=plan.confirm_precision and world == 1 and state["step"] < CONFIRM_UPDATES,
+                       replans=plan.sized and world == 1 and budget.timed)
     meter = Meter()
     stop_reason = ended or "steps"
     batches = objective.train_batches(state["step"] * config.accumulate * world, rank, world)
@@ -211,7 +235,7 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
         """Validate the weights as they are, record it, keep them if they are the best yet, and
         checkpoint (every rank validates and tracks the best; rank 0 writes)."""
         objective.source.check_unchanged(thorough=False)  # batches read from a changed file
-        valid = _validate(model, objective, budget, bar)
+        valid = score_validation(model, objective, budget, bar)
         bar.status("training")
         if writer:
             reporter.write({"split": "validation", "step": state["step"], **valid,
@@ -223,11 +247,11 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
         state["wall_seconds"] = wall()
         if budget.step_seconds is not None:  # the pace a resume plans its first step with
             state["step_seconds"] = budget.step_seconds
-        improved = _track_best(state, *_selection(objective, valid))
+        improved = track_best(state, *selection(objective, valid), int(valid.get("examples", 0)))
         if writer:
             bar.status("saving")
             t = time.perf_counter()
-            _checkpoint(run_dir, model, optimizer, config, state, best=improved)
+            checkpoint(run_dir, model, optimizer, config, state, best=improved)
             budget.saved(time.perf_counter() - t)
         budget.paused()
         return valid
@@ -254,11 +278,32 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
             break
         total = budget.planned_steps(state["step"])
         lr = learning_rate(config, state["step"] + 1, total)
+        half = first.precision(state["step"] + 1)  # (by the run's step: a resume alternates alike)
         t = time.perf_counter()
         loss, acc, tokens, examples = train_step(model, optimizer, objective, batches, config, lr,
-                                                 world, bf16, scaler)
-        budget.stepped(time.perf_counter() - t, examples)
+                                                 world, half, scaler)
+        seconds = time.perf_counter() - t
+        budget.stepped(seconds, examples)
         state["step"] += 1
+        left = budget.train_deadline() - budget.now()
+        line, new = first.stepped(half, seconds, tokens, left, state["step"])
+        if line:
+            (bar.write if progress and writer else log)(line)
+        bf16 = first.bf16
+        state["precision"] = plan.half if bf16 else "fp32"
+        if new is not None:  # the real pace called for another size: built again, from step 0
+            plan, config = new, new.config
+            objective = objective.with_config(config)
+            torch.manual_seed(config.seed)
+            model = objective.build_model().to(device)
+            optimizer, meter = make_optimizer(model, config), Meter()
+            batches = objective.train_batches(0, rank, world)
+            state["step"] = first_step = 0
+            budget.restarted()
+            n_params = sum(p.numel() for p in model.parameters())
+            bar.write(f"{objective.description}; {n_params:,} parameters")
+            time_up = budget.out_of_time()
+            continue
         if not math.isfinite(loss):
             bar.close()
             raise ValueError(
@@ -299,24 +344,29 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
                 stop_reason = "max_minutes"
                 break
             bar.status("training")
+    if budget.timed and state["step"] == 0 and ended is None:
+        bar.close()  # out of time before the first update: nothing to test or keep
+        raise NoUpdate(config, budget.now())
     state["wall_seconds"] = wall()
     state["stopped_by"] = stop_reason
     state["limits"] = _limits(config)
     if writer:
         bar.status("saving")
-        _checkpoint(run_dir, model, optimizer, config, state, best=False)
-        # The curves show training and validation only: drawn before the test, whose deadline
-        # then counts their time (importing matplotlib and drawing took 4.5 s after a 60 s run's
-        # test on a busy 2-core machine, which kept 2 s back for everything after it).
+        checkpoint(run_dir, model, optimizer, config, state, best=False)
+        # The curves: drawn before the test, whose deadline then counts their time (4.5 s after a
+        # 60 s run's test on a busy 2-core machine), and keeps as much for a confusion matrix.
+        t = time.perf_counter()
         plot_curves(metrics_path, run_dir / "curves.png", key)
+        budget.plotted(time.perf_counter() - t)
     tested_step = state["step"]
-    if (run_dir / "best.safetensors").is_file():
+    if (run_dir / "best.safetensors").is_file() and not budget.skipped_last:
         load_weights(model, run_dir / "best.safetensors")  # test the best validated weights
         tested_step = state.get("best_step", tested_step)
-    # The test is a timed run's last work: it measures no new kernel choice (a run's first test
-    # on a machine spent 9 s of a 570 s budget timing its decoding shapes, past the budget's end).
+    # The test measures no new kernel choice (9 s of a 570 s budget went to timing decoding
+    # shapes) and scores what its time left pays for (its loss pass has no deadline of its own).
+    tested = objective.examples("test")[: budget.test_fits(budget.test_examples, plan.example_seconds)]
     with autotune.measuring(0.0) if budget.timed else contextlib.nullcontext():
-        test, shown = objective.evaluate(model, "test", deadline=budget.test_deadline(),
+        test, shown = objective.evaluate(model, "test", examples=tested, deadline=budget.test_deadline(),
                                          progress=lambda done, of: bar.status("testing", done, of))
     bar.close()
     record = {"split": "test", "task": config.name, "step": state["step"], "tested_step": tested_step, **test,
@@ -326,7 +376,7 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
     if not writer:
         return record
     scored = objective.examples("test")[: test["examples"]]
-    record = with_baseline(record, key, objective.baseline(scored)) | _from_start(metrics_path, objective)
+    record = with_baseline(record, key, objective.baseline(scored)) | from_start(metrics_path, objective)
     objective.source.check_unchanged()  # before anything is published
     rows = objective.sample_rows(scored, shown)
     if rows:
@@ -342,22 +392,6 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
     return record
 
 
-# After this many steps of a timed run, its pace is said: how many updates the budget buys.
-PACE_AFTER = 3
-# Fewer planned updates than this are said to be few (a 1.5-minute fine-tune of a 22 M-parameter
-# model on one busy core got 21, and learned nothing, with no word of it until the end).
-FEW_UPDATES = 100
-
-
-def pace(budget, step: int) -> str:
-    """One line, early in a timed run: its step time (the latest step's: the first ones carry
-    the warm-up) and the updates the budget buys at it."""
-    per = budget.last_step_seconds
-    planned = budget.planned_steps(step, per)
-    few = "; few to learn from: a longer --max-minutes learns more" if planned < FEW_UPDATES else ""
-    return f"pace: {per * 1000:,.0f} ms a step, about {planned:,} updates in the budget{few}"
-
-
 def _limits(config: TrainConfig) -> dict[str, Any]:
     """What may stop a run (its checkpoint keeps them: a resume that raises none has nothing to do)."""
     return {"steps": config.steps, "max_minutes": config.max_minutes, "epochs": config.epochs,
@@ -370,74 +404,3 @@ def _to_train_more(state: dict[str, Any]) -> str:
     return f"to train more, resume with a larger {flag}" if flag else "it stopped early, at its target"
 
 
-def _validate(model: nn.Module, objective: Objective, budget: Budget, bar: Progress) -> dict[str, float]:
-    """Metrics on the validation sample; a timed run first times a few examples to size it."""
-    examples = objective.examples("validation")
-    deadline = budget.valid_deadline() if budget.timed else None
-    if budget.needs_probe():
-        t = time.perf_counter()
-        probe = examples[:PROBE]
-        bar.status("timing validation")
-        objective.evaluate(model, "validation", examples=probe, deadline=deadline)
-        budget.probed(time.perf_counter() - t, len(probe))
-    sample = examples[: budget.sample_size(len(examples))]
-    t = time.perf_counter()
-    valid, _ = objective.evaluate(model, "validation", examples=sample, deadline=deadline,
-                                  progress=lambda done, of: bar.status("validating", done, of))
-    budget.validated(time.perf_counter() - t, valid["examples"])
-    if not all(math.isfinite(v) for v in valid.values()):
-        raise ValueError(f"validation: expected finite outputs, got {valid}; stopped, keeping the "
-                         "last good checkpoint (if any); try a lower --lr")
-    return valid
-
-
-def _selection(objective: Objective, valid: dict[str, float]) -> tuple[str, float]:
-    """(what picks the best weights, its score: higher is better): the objective's ``best_by``
-    (a sequence-to-sequence run's: its teacher-forced loss, lower is better)."""
-    by = objective.best_by
-    return by, -valid[by] if by == "loss" else valid[by]
-
-
-def _from_start(metrics_path: Path, objective: Objective) -> dict[str, Any]:
-    """How a run validated at step 0 (``Objective.starts_complete``) compares to its start, for
-    its test record: the main metric of the pretrained model as it was (pretrained_validation)
-    and of the best fine-tuned weights by the same selection (tuned_validation, at tuned_step;
-    absent where no step was validated); {} for a run not validated at step 0."""
-    validations = [r for r in read_metrics(metrics_path) if r.get("split") == "validation"]
-    start = [r for r in validations if r["step"] == 0]
-    if not start:
-        return {}
-    key = objective.main_metric
-    found = {"pretrained_validation": start[-1][key]}
-    tuned = [r for r in validations if r["step"] > 0]
-    if tuned:  # the first of the best, as _track_best keeps it
-        best = max(tuned, key=lambda r: _selection(objective, r)[1])
-        found |= {"tuned_validation": best[key], "tuned_step": best["step"]}
-    return found
-
-
-def _track_best(state: dict[str, Any], by: str, value: float) -> bool:
-    """Record a new best validation score (higher is better); count validations since. A run
-    resumed with another selection (a seq2seq run an older version picked by BLEU) starts over."""
-    if state.get("best_by") != by:
-        state["best"], state["best_by"] = None, by
-    best = state.get("best")
-    if best is None or value > best:
-        state["best"], state["best_step"], state["since_best"] = value, state["step"], 0
-        return True
-    state["since_best"] = state.get("since_best", 0) + 1
-    return False
-
-
-def _checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig,
-                state: dict[str, Any], best: bool) -> None:
-    """Every file the loop writes about the model: the checkpoint, then the best weights (a kill
-    between them leaves a checkpoint at its best step, whose resume rewrites them)."""
-    save_checkpoint(run_dir, model, optimizer, config, state, keep=config.keep)
-    if best:
-        _save_best(run_dir, model)
-
-
-def _save_best(run_dir: Path, model: nn.Module) -> None:
-    weights = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    write_atomic(run_dir / "best.safetensors", st_save(weights, metadata=weights_metadata(model)))

@@ -1,66 +1,103 @@
 """The training plan: every choice a run makes before its first update, made once, with why.
 
-    plan = make_plan(objective, resume=False, world=1, started=t0, log=print)
-    plan.config        # the options as settled: threads, learning rate, length, batch, sizes
+    plan = make_plan(config, data, speeds, seconds)   # pure: a data summary and a machine's speeds in
+    plan.config        # the options as settled: length, batch, sizes
     plan.precision     # "fp32", "bf16" (or "fp16": a CUDA GPU without bf16)
     plan.reasons       # (what, why) per choice, in the order made (the run prints them)
+    plan.validations, plan.valid_sample, plan.test_seconds, plan.step_seconds
 
-The choices, in order: the threads (one per core that other work leaves free), the fine-tuning
-learning rate (from the width of the model that trains) and dropout (the pretrained model's
-unless given), --max-length (a timed run from scratch on long texts: tformer.training.sizing),
-the batch's tokens (--batch-size examples of the data's mean length), the model's size (a timed
-run from scratch: the largest that gets enough updates), the precision (bf16 autocast where a
-step of this very model is measured faster).
-The loop then builds the objective and the model once, from the plan.
+``make_plan`` measures nothing: what it knows of the machine comes in `speeds` (``Speeds``: the
+seconds a step of a given model takes, and the precision), what it knows of the data in `data`
+(``DataSummary``: each sampled example's token counts, the splits' sizes, the model as
+configured). tformer.training.planning gathers both for a real run (estimates from FLOPs at
+the rate this machine's own steps measured, remembered across runs) and the loop runs the plan;
+tests hand it made-up speeds and assert on the choices.
 
-The choices that time steps on this machine (length, size, precision) are probes: together
-they spend at most PROBE_SHARE of a timed run's budget, each is remembered per machine, thread
-count and shape (tformer.kernels.autotune) so that a second run measures nothing, and one the
-budget cannot pay for is not made: the default stands (the preset length, the smallest model,
-fp32), and the line says so.
+The choices, in order: --max-length (a timed run on long texts: the longest that still passes
+over the data often enough, tformer.training.sizing), the batch's tokens (--batch-size examples
+of the data's mean length at that length), the model's size (a timed run from scratch: the
+largest that gets enough updates), the precision (the speeds' answer: remembered, or predicted
+where bf16 products are faster and then confirmed by the run's first real steps), validation
+(how often and on how many examples: enough for a choice between checkpoints to mean something)
+and the time kept back for the final test.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-import time
-from dataclasses import dataclass
-from functools import partial
-from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Protocol
 
-import torch
-
-from tformer.devices import half_name, resolve_device
-from tformer.kernels import autotune
-from tformer.kernels.machine import free_threads, others_running
-from tformer.stats import check_fits, flops_per_token
-from tformer.storage.files import write_json_atomic
-from tformer.training.distributed import any_rank
-from tformer.training.objective import Objective
-from tformer.training.precision import ROUNDS, choose_precision, confirm_bf16, precision_why, step_class
+from tformer.config import TransformerConfig
 from tformer.training.sizing import (
-    PROBE_STEPS,
+    AUTO_LENGTH_LIMIT,
+    LADDER,
     batch_tokens,
     choose_length,
     choose_size,
-    finetune_lr,
-    measures_rungs,
-    time_steps,
-    truncated,
     wants_auto_length,
     wants_auto_size,
 )
-from tformer.training.steps import probe_step
 
-PROBE_SHARE = 0.05  # of a timed run's budget, at most, for measuring steps before training
-# What a probe is expected to cost before it runs (on 2 quiet cores, no kernel choice remembered):
-# each new model's first step, its kernels chosen and its memory first touched, 2-3 s (until a
-# probe has measured it on the run's device); then a step of the smallest seq2seq model
-# (d_model 128, 2+2 layers) ~0.1 s, larger ones by their FLOPs.
-FIRST_CALL_SECONDS = 3.0
-BASE_STEP_SECONDS = 0.1
-BASE_SIZES = {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 2, "n_decoder_layers": None}
+SIZES = ("d_model", "n_heads", "d_ff", "n_layers", "n_decoder_layers")
+# Validation. A choice between two checkpoints on n examples is noise unless they differ by more
+# than ~2 sqrt(2 p (1 - p) / n): 0.2 at n = 32 (a fine-tune's tested weights were picked at 0.969
+# against 0.938), 0.06 at n = 300. So each validation scores at least VALID_MIN examples (all of a
+# smaller split), and a short run validates fewer times rather than on fewer examples.
+VALID_SHARE = 0.05  # validations' share of the training time, at most (about)
+VALID_MIN = 300
+VALID_MAX = 500
+VALIDATIONS = 5  # the most a timed run makes (the last at the end of training)
+MIN_VALIDATIONS = 2  # the fewest: one mid-way and the last
+TEST_SHARE = 0.15  # the final test's share of the budget, at most
+TEST_MARGIN = 2.5  # the test's examples at ~2.5x a prediction each: its loss pass, then predictions
+# Predicting one example against a training step's share of one: a forward is ~1/3 of a step's
+# FLOPs; a decoder's greedy outputs take a pass per token, small products that run far below the
+# rate a step's large ones reach (measured on 2 cores: ~4x a step's share per example).
+PREDICT_COST = {"seq2seq": 4.0}
+PREDICT_COST_DEFAULT = 0.5
+
+
+@dataclass(frozen=True)
+class DataSummary:
+    """What the plan knows of the data: `texts`, a sample of training examples, each the token
+    counts of its texts (specials included, uncut up to AUTO_LENGTH_LIMIT); the splits' sizes;
+    `model`, the model as configured (a fine-tune's: the pretrained one, whose sizes stand)."""
+
+    kind: str  # what tformer.stats sizes: "seq2seq", "classifier" or "encoder"
+    model: TransformerConfig
+    texts: tuple[tuple[int, ...], ...]
+    train_examples: int
+    valid_examples: int
+    test_examples: int
+    pretrained: bool = False
+
+    def cut_share(self, length: int) -> float:
+        """The share of the sampled examples whose longest text `length` cuts."""
+        return sum(max(t) >= length for t in self.texts) / max(len(self.texts), 1)
+
+    def mean_cost(self, length: int) -> float:
+        """Tokens per example at `length` (each text cut there): what a batch's tokens count."""
+        return sum(sum(min(n, length) for n in t) for t in self.texts) / max(len(self.texts), 1)
+
+    def model_for(self, config) -> TransformerConfig:
+        """The model `config` trains: its sizes (a fine-tune keeps the pretrained model's)."""
+        if self.pretrained:
+            return self.model
+        return self.model.replace(**{k: getattr(config.model, k) for k in SIZES},
+                                  max_len=config.max_length)
+
+
+class Speeds(Protocol):
+    """What a plan knows of the machine (tformer.training.planning.MachineSpeeds measures it)."""
+
+    def step_seconds(self, config, model: TransformerConfig, kind: str, tokens: float, length: float,
+                     precision: str) -> float | None:
+        """Seconds an update of `model` takes on batches of `tokens` tokens, `length` tokens an
+        example, as the machine runs now; None where not known (and too dear to find out)."""
+
+    def precision(self, config, model: TransformerConfig, kind: str) -> tuple[str, str, bool]:
+        """(the precision, why, whether the run's first steps should confirm it)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +106,14 @@ class Plan:
     precision: str  # "fp32", "bf16" or "fp16"
     reasons: tuple[tuple[str, str], ...] = ()  # (what was chosen, why), in the order chosen
     half: str = "bf16"  # the device's 16-bit autocast type (fp16 on a CUDA GPU without bf16)
+    confirm_precision: bool = False  # the first real steps time both precisions, then keep the faster
+    step_seconds: float | None = None  # an update's expected seconds (the re-plan compares the real ones)
+    example_seconds: float | None = None  # a validation or test example's expected seconds
+    validations: int = VALIDATIONS  # a timed run's validations (the last at its end)
+    valid_sample: int | None = None  # examples each validation scores (None: sized by the loop's probe)
+    test_seconds: float | None = None  # kept back for the final test from the start
+    sized: bool = False  # the model's size was chosen here (a re-plan may choose again)
+    extra: dict = field(default_factory=dict, compare=False)  # for the re-plan: the budget it planned for
 
     @property
     def bf16(self) -> bool:
@@ -79,194 +124,101 @@ class Plan:
         return dict(self.reasons).get(what)
 
 
-class Probes:
-    """The plan's measurements of this machine: PROBE_SHARE of `seconds` (the budget) at most,
-    each remembered (a second run pays nothing). `slowdown`: how much slower than alone this
-    process runs now (other work on its cores, ``choose_threads``): a step time is remembered
-    as it would run alone (measured / slowdown) and used as it runs now (x slowdown)."""
-
-    def __init__(self, seconds: float, slowdown: float = 1.0, device: torch.device | None = None) -> None:
-        self.allowance, self.slowdown = PROBE_SHARE * seconds, slowdown
-        self.device = device or torch.device("cpu")  # where the steps run; remembered per device
-        self.spent = 0.0
-        self.per_work: float | None = None  # measured seconds per step per unit of _work, now
-        self.first_call: float | None = None  # measured: a new model's first step beyond a steady one
-        self.probed = False  # whether a step was timed yet in this process
-
-    def left(self) -> float:
-        return self.allowance - self.spent
-
-    def affords(self, objective: Objective, models: int = 1, steps: int = 1 + PROBE_STEPS) -> bool:
-        """Whether timing `steps` updates of `models` new models of `objective` fits what is left."""
-        per_step = (self.per_work or BASE_STEP_SECONDS * self.slowdown) * _work(objective)  # (as loaded)
-        first = FIRST_CALL_SECONDS * self.slowdown if self.first_call is None else self.first_call
-        return models * (first + steps * per_step) <= self.left()
-
-    def step_seconds(self, objective: Objective, step, batches=None) -> float | None:
-        """Seconds per update of `objective`'s model (``time_steps``) on this machine as loaded
-        now: remembered (as it would run alone), else measured now if what is left pays for it,
-        else None."""
-        key = step_class(objective.model_kind, objective.model_config(), _batch(objective.config))
-        known = autotune.known("train-step", key, device=self.device)
-        if known is not None:
-            return known["seconds"]["step"] * self.slowdown
-        if not self.affords(objective):
-            return None
-        t = time.perf_counter()
-        seconds, first = time_steps(objective, step, batches, deadline=t + self.left())
-        spent = time.perf_counter() - t
-        if self.device.type != "cpu" and not self.probed:
-            # A GPU's first step in a process loads its kernels and libraries (5.4 s on an H200,
-            # its steps then 12 ms): the run pays that once, probed or not, so the probes' share
-            # is not charged for it, nor is it what the next model's first step will cost.
-            spent = max(0.0, spent - first)
-        else:
-            self.first_call = first
-        self.spent += spent
-        self.probed = True
-        self.per_work = seconds / _work(objective)
-        alone = autotune.decision("measured", {"step": seconds / self.slowdown})
-        remembered = autotune.recall("train-step", key, lambda: alone, device=self.device)
-        return remembered["seconds"]["step"] * self.slowdown
-
-    def not_paid(self) -> str:
-        return (f"not measured: {PROBE_SHARE:.0%} of the budget ({self.allowance:.1f} s) pays for no more "
-                "probes here; a run with a longer --max-minutes measures it, and runs after it reuse that")
-
-
-def choose_threads(config, world: int) -> tuple[object, str | None, float]:
-    """(the config with its threads, why or None where given, how much slower than alone this
-    process will run): one thread per core that other processes leave free, at least one. Two
-    threads sharing their cores with two busy processes made a training step 2-3x slower than one
-    thread did (OpenMP's threads wait for the slowest at every product)."""
-    cores = torch.get_num_threads()
-    if config.threads is not None or world > 1:
-        return config, None, 1.0
-    others = others_running()
-    threads = free_threads(cores, others)
-    slowdown = max(1.0, (others + threads) / cores)
-    if threads == cores:
-        why = f"{threads}, one per core (--threads sets it)"
-    else:
-        why = (f"{threads} of {cores}: {others:g} threads of other processes are running on this "
-               "machine's cores (--threads sets it)")
-    return config.replace(threads=threads), why, slowdown
-
-
-def make_plan(objective: Objective, resume: bool, world: int, started: float, log=print,
-              run_dir: Path | None = None, device=None) -> tuple[Plan, Objective]:
-    """The plan of a run of `objective` (its config as given), and the objective under it.
-    Each choice is logged as it is made; choices that time steps measure on the run's device."""
-    config = objective.config
-    device = device or resolve_device(config.device)  # (the loop passes the command's)
-    half = half_name(device)
+def make_plan(config, data: DataSummary, speeds: Speeds, seconds: float, resume: bool = False,
+              world: int = 1, half: str = "bf16") -> Plan:
+    """The plan of a run of `config` on `data` on a machine of `speeds`, with `seconds` left of
+    its budget (math.inf: untimed). Measures nothing; `config` has its threads and learning rate."""
     reasons: list[tuple[str, str]] = []
+    timed = math.isfinite(seconds)
+    training = 0.9 * seconds if timed else math.inf  # (the rest: validations, the test, saving)
+    precision, why_precision, confirm = speeds.precision(config, data.model_for(config), data.kind)
 
-    def chose(what: str, why: str, note: str = "") -> None:
-        reasons.append((what, why))
-        log(f"{what}: {why}{note}")
+    def with_batch(c):
+        return c if config.max_tokens is not None else batch_tokens(c.replace(max_tokens=None),
+                                                                    [data.mean_cost(c.max_length)])[0]
 
-    config, why_threads, slowdown = choose_threads(config, world)
-    if why_threads is not None:
-        torch.set_num_threads(config.threads)
-        objective = objective.with_config(config)
-        chose("threads", why_threads)
-    budget = config.max_minutes * 60 if config.max_minutes else math.inf
-    # Other processes on the CPU's cores slow a CPU step; a GPU's step is its own.
-    probes = Probes(budget, slowdown if device.type == "cpu" else 1.0, device)
+    def step(c) -> float | None:
+        tokens = c.max_tokens if c.max_tokens else c.batch_size * data.mean_cost(c.max_length)
+        return speeds.step_seconds(c, data.model_for(c), data.kind, tokens,
+                                   data.mean_cost(c.max_length), precision)
 
-    precision, why_precision = choose_precision(config.precision, device)  # the device's answer
-    bf16 = precision != "fp32"  # 16-bit autocast: bf16, or fp16 on a GPU without it
-
-    def seconds_left() -> float:  # training time the probes may plan for
-        return 0.9 * (budget - (time.perf_counter() - started))
-
-    if config.lr is None:  # resumed runs saved theirs
-        width = objective.model_width()
-        config, why = finetune_lr(config, width)
-        objective = objective.with_config(config)
-        chose("learning rate", why)
-    if config.from_pretrained and config.pretrained_dropout and not resume:  # (given: the user knows it)
-        own = objective.base_config
-        chose("dropout", f"{own.dropout:g} (attention weights {own.attention_dropout:g}), the pretrained "
-                         "model's own (--dropout sets it)")
-    if wants_auto_length(config, resume, world):
-        data = objective.source.data
-        config, why = choose_length(config, objective.with_config, next(data.epoch_pools()), seconds_left(),
-                                    partial(probes.step_seconds, step=probe_step(config, bf16, device)),
-                                    objective.train_records or 1, probes.not_paid())
-        objective = objective.with_config(config)
-        if run_dir is not None:
-            write_json_atomic(run_dir / "data.json", objective.source.data.describe())  # resuming reads it
-        chose("max length", why, " (--max-length sets it)")
-    untrained = getattr(getattr(objective.source, "data", None), "untrained", None)
-    if untrained and not resume:
-        names = ", ".join(f"{label!r} (only in {' and '.join(splits) or 'held-out records'})"
-                          for label, splits in untrained.items())
-        log(f"warning: no training record has the label {names}: the model cannot learn it; add "
-            "training records of it, or give --valid/--test files")
-    if config.data is not None and (not resume or config.max_tokens is None):
-        sample = objective.encode(next(objective.source.data.epoch_pools()))  # a sample of the file
-        cut = truncated([ex.longest for ex in sample], objective.tokenizer.max_length)
-        if cut and not resume:  # a resumed run said it when it started
-            log(cut)
-        if config.max_tokens is None:
-            config, why = batch_tokens(config, [ex.cost for ex in sample])
-            objective = objective.with_config(config)
-            chose("batch", why)
-    if wants_auto_size(config, resume, world):
-        step = probe_step(config, bf16, device)
-        config, why = choose_size(config, objective.with_config, seconds_left(),
-                                  partial(probes.step_seconds, step=step, batches=objective.train_batches(0)),
-                                  probes.not_paid(), measure_rungs=measures_rungs(device))
-        objective = objective.with_config(config)
-        chose("model size", why, " (size options turn this off)")
-    check_fits(objective.model_config(), objective.model_kind, training=True, what="model")
-    if config.precision == "auto" and bf16 and not resume:  # generic product faster: this model too?
-        bf16, why_precision = _confirm_bf16(objective, probes)
-        bf16 = any_rank(bf16, world)  # every rank trains in the same precision
-    reasons.append(("precision", why_precision))  # printed by the loop (a resumed run keeps its own)
-    return Plan(config, half if bf16 else "fp32", tuple(reasons), half), objective
+    if wants_auto_length(config, resume, world) and data.texts:
+        limit = min(AUTO_LENGTH_LIMIT, data.model.max_len) if data.pretrained else AUTO_LENGTH_LIMIT
+        sized = config.replace(**LADDER[0]) if wants_auto_size(config, resume, world) else config
+        chosen, why = choose_length(sized, data.cut_share, training, step, data.train_examples or 1,
+                                    with_batch, limit=limit, pretrained=data.pretrained)
+        config = config.replace(max_length=chosen.max_length)
+        reasons.append(("max length", why))
+    if config.max_tokens is None and data.texts:
+        config, why = batch_tokens(config, [data.mean_cost(config.max_length)])
+        reasons.append(("batch", why))
+    sized = wants_auto_size(config, resume, world)
+    if sized:
+        config, why = choose_size(config, training, step, "not known on this machine")
+        reasons.append(("model size", why))
+    reasons.append(("precision", why_precision))
+    per_step = step(config) if data.texts else None  # (a synthetic task's: measured as it runs)
+    share = PREDICT_COST.get(data.kind, PREDICT_COST_DEFAULT)
+    per_example = None if per_step is None else share * per_step / max(config.batch_size, 1)
+    validations, sample, test = VALIDATIONS, None, None
+    if timed and per_example is not None:
+        validations, sample, why = validation_plan(training, per_example, data.valid_examples)
+        reasons.append(("validation", why))
+        test = min(data.test_examples * per_example * TEST_MARGIN, TEST_SHARE * seconds)
+    return Plan(config, precision, tuple(reasons), half, confirm, per_step, per_example, validations,
+                sample, test, sized, {"seconds": training})
 
 
-def _confirm_bf16(objective: Objective, probes: Probes) -> tuple[bool, str]:
-    """16-bit autocast for this very model (bf16; fp16 on a GPU without it), or fp32:
-    remembered, else measured on the run's device if the probes can pay for two models' steps
-    (one batch, again and again: the steady state, not the first call of each new shape's
-    kernels, which bf16 pays more for), else fp32."""
-    config, device = objective.config, probes.device
-    half = half_name(device)
-    shape = _batch(config)
-    if config.from_pretrained:  # its own shape, not the size options': named by its directory
-        shape += f", from {Path(config.from_pretrained).resolve()}"
-    key = step_class(objective.model_kind, objective.model_config(), shape)
-    known = autotune.known("train-precision", key, {"fp32", half}, device)
-    if known is not None:
-        return known["choice"] == half, precision_why(known, half)
-    if not probes.affords(objective, models=2, steps=1 + ROUNDS):
-        return False, f"{half} for this model {probes.not_paid()}"
-    batch = functools.cache(lambda: next(objective.train_batches(0)))
-
-    def stepper(bf16: bool):
-        model, step = objective.build_model(), probe_step(config, bf16, device)
-        return lambda: step(model, batch(), objective)
-
-    t = time.perf_counter()
-    decision = confirm_bf16(stepper, key, deadline=t + probes.left(), device=device)
-    probes.spent += time.perf_counter() - t
-    return decision
+def validation_plan(training: float, per_example: float, available: int,
+                    extra: int = 0) -> tuple[int, int, str]:
+    """(validations, examples each, why) for a run of `training` seconds whose examples take
+    `per_example` seconds to validate: as many validations (at most VALIDATIONS, at least
+    MIN_VALIDATIONS) of at least VALID_MIN examples (all of a smaller split; at most VALID_MAX)
+    as VALID_SHARE of the time pays for; at the least, MIN_VALIDATIONS of what it pays for.
+    `extra`: validations beyond those (a fine-tune's of its starting model) the share also pays for."""
+    want = min(available, VALID_MAX)
+    floor = min(available, VALID_MIN)
+    paid = VALID_SHARE * training / max(per_example, 1e-9)  # examples the share pays for in all
+    count = max(MIN_VALIDATIONS, min(VALIDATIONS, int(paid // max(floor, 1))))
+    sample = max(1, min(want, int(paid // (count + extra))))
+    note = "" if sample >= floor else f" (fewer than {floor}: the budget pays for no more)"
+    why = (f"{count} times, on {sample:,} examples each{note}: about {VALID_SHARE:.0%} of the "
+           f"training time at ~{per_example * 1000:,.1f} ms an example")
+    return count, sample, why
 
 
-def _batch(config) -> str:
-    if config.max_tokens:
-        return f"{config.max_tokens} tokens"
-    return f"{config.batch_size} x {config.max_length}"
+def replan(plan: Plan, data: DataSummary, speeds: Speeds, measured: float, seconds: float) -> Plan | None:
+    """A new plan once the run's first real steps took `measured` seconds each where the plan
+    expected plan.step_seconds, with `seconds` of training time left; None when the plan stands:
+    its size was not chosen here, the two agree within REPLAN_RATIO, or the same size is chosen
+    again at the real pace."""
+    expected = plan.step_seconds
+    if not plan.sized or expected is None or not math.isfinite(seconds):
+        return None
+    if seconds < 0.5 * plan.extra.get("seconds", 0.0):  # too late for starting over to pay
+        return None
+    ratio = measured / expected
+    if 1 / REPLAN_RATIO <= ratio <= REPLAN_RATIO:
+        return None
+
+    class Scaled:  # the same machine, at the pace the real steps showed
+        def step_seconds(self, *args):
+            base = speeds.step_seconds(*args)
+            return None if base is None else base * ratio
+
+        def precision(self, *args):
+            return plan.precision, plan.why("precision") or "", False
+
+    def step(c) -> float | None:
+        return Scaled().step_seconds(c, data.model_for(c), data.kind, c.max_tokens,
+                                     data.mean_cost(c.max_length), plan.precision)
+
+    config, why = choose_size(plan.config, seconds, step, "not known on this machine")
+    if all(getattr(config.model, k) == getattr(plan.config.model, k) for k in SIZES):
+        return None
+    reasons = tuple((w, y) for w, y in plan.reasons if w != "model size") + (("model size", why),)
+    return Plan(config, plan.precision, reasons, plan.half, False, step(config), plan.example_seconds,
+                plan.validations, plan.valid_sample, plan.test_seconds, True, plan.extra)
 
 
-def _work(objective: Objective) -> float:
-    """A step's FLOPs per token against the smallest seq2seq model's (a probe's unit of work)."""
-    c = objective.model_config()
-    if objective.base_config is not None:  # a fine-tune's own sizes
-        c = objective.base_config
-    base = flops_per_token(c.replace(**BASE_SIZES), 64, "seq2seq")
-    return flops_per_token(c, 64, objective.model_kind) / base
+REPLAN_RATIO = 1.5  # real steps this much slower (or faster) than planned: the size is chosen again

@@ -1,8 +1,9 @@
 """The training precision: fp32, or bf16 autocast with fp32 master weights.
 
 --precision auto (the default) trains in bf16 where the device computes it natively and it is
-measured faster there (on a CPU a generic product first; then, on any device, a few steps of the
-run's own model: ``confirm_bf16``), else fp32; the run prints what it chose and why. bf16
+measured faster there (on a CPU a generic product first; then, on any device, the run's own
+first updates, alternating: tformer.training.first_steps), else fp32; the run prints what it
+chose and why. bf16
 autocast runs the matrix products in bfloat16 and keeps the weights, the optimizer, the norms
 and the loss in fp32 (1.9-2.5x faster steps on an AVX-512 bf16 / AMX CPU; on an AVX2-only CPU
 oneDNN has no bf16 kernels worth running). A CUDA GPU without bf16 units (before Ampere) takes
@@ -13,15 +14,12 @@ the run records "fp16".
 from __future__ import annotations
 
 import functools
-import time
-from collections.abc import Callable
 
 import torch
 
 from tformer.config import TransformerConfig
 from tformer.devices import gpu_name, half_name
 from tformer.errors import FieldError
-from tformer.kernels import autotune
 from tformer.kernels.machine import NO_BF16, has_bf16
 from tformer.nn.model import Encoder
 from tformer.nn.precision import MIN_SPEEDUP, bf16_speedup
@@ -31,7 +29,6 @@ from tformer.nn.precision import MIN_SPEEDUP, bf16_speedup
 # model trained 1.2x slower under bf16 on an AMD EPYC Zen 4 whose 512^3 product ran 1.95x faster).
 MIN_STEP_SPEEDUP = 1.1
 _CPU = torch.device("cpu")
-ROUNDS = 4  # interleaved timed steps per precision (after a warm-up step of each)
 
 
 def choose_precision(requested: str, device: torch.device = _CPU) -> tuple[str, str]:
@@ -76,54 +73,6 @@ def bf16_supported() -> bool:
     except RuntimeError:
         return False
     return True
-
-
-def confirm_bf16(stepper: Callable[[bool], Callable[[], object]], step_class: str,
-                 deadline: float | None = None, device: torch.device = _CPU) -> tuple[bool, str]:
-    """(train in 16-bit autocast, why) for a run whose "auto" chose it (on a CPU from a generic
-    product): `stepper(bf16)` builds the run's own model and returns a call that runs one update
-    of it on its own batch, in that precision, on `device` (timed to its end there; 16-bit is
-    fp16 on a GPU without bf16 units: the messages say which).
-
-    Timed in interleaved rounds after a warm-up of each (a burst of other work slows both
-    alike), each precision by its fastest round (other work only ever adds time); rounds that
-    spread (``autotune.noisy``) are measured again once, unless that would pass the `deadline`
-    (a time.perf_counter() reading). 16-bit must be MIN_STEP_SPEEDUP faster.
-    Measured once per device and `step_class` (``step_class()``) and remembered with the kernel
-    choices (tformer.kernels.autotune): the same run on the same machine trains in the same precision,
-    and a run killed before its first checkpoint starts again as it first did.
-    """
-    half = half_name(device)
-
-    def decide_now() -> dict:
-        measured = measure_bf16(stepper, deadline)  # "bf16" there: the 16-bit autocast, named here
-        seconds = measured["seconds"]
-        return autotune.decision(half if measured["choice"] == "bf16" else "fp32",
-                                 {"fp32": seconds["fp32"], half: seconds["bf16"]})
-
-    decision = autotune.recall("train-precision", step_class, decide_now, {"fp32", half}, device)
-    return decision["choice"] == half, precision_why(decision, half)
-
-
-def measure_bf16(stepper: Callable[[bool], Callable[[], object]], deadline: float | None = None) -> dict:
-    """The decision of ``confirm_bf16``, measured now ("bf16": the device's 16-bit autocast)."""
-    steps = {False: stepper(False), True: stepper(True)}
-    for step in steps.values():
-        step()  # the first call of a new shape's kernels
-    times: dict[bool, list[float]] = {False: [], True: []}
-    for _ in range(2):
-        t0 = time.perf_counter()
-        for _ in range(ROUNDS):
-            for bf16, step in steps.items():
-                t = time.perf_counter()
-                step()
-                times[bf16].append(time.perf_counter() - t)
-        again = deadline is None or time.perf_counter() + (time.perf_counter() - t0) <= deadline
-        if not (again and autotune.noisy(times)):
-            break
-    fp32, bf16 = min(times[False]), min(times[True])
-    choice = "bf16" if fp32 >= MIN_STEP_SPEEDUP * bf16 else "fp32"
-    return autotune.decision(choice, {"fp32": fp32, "bf16": bf16})
 
 
 def precision_why(decision: dict, half: str = "bf16") -> str:

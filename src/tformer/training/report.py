@@ -18,7 +18,18 @@ from tqdm import tqdm
 from tformer.errors import require
 from tformer.storage.files import write_atomic
 from tformer.storage.rundir import append_jsonl, read_metrics  # (append_jsonl: tformer eval's too)
-from tformer.verdict import MIN_VERDICT_EXAMPLES, PERFECT, beats_baseline, tested_as_it_was, too_few
+from tformer.verdict import (
+    CANNOT_TELL,
+    LEARNED,
+    MIN_VERDICT_EXAMPLES,
+    NOT_LEARNED,
+    PERFECT,
+    beats_baseline,  # noqa: F401  (the report's verdicts: tests and older callers import it here)
+    judge,
+    tested_as_it_was,
+    too_few,
+    verdict_of,
+)
 from tformer.viz.plots import save_figure, subplots
 
 TENSORBOARD_DIR = "tensorboard"  # RUN/tensorboard/: `tensorboard --logdir RUN` shows the run
@@ -111,19 +122,28 @@ class Meter:
 
 
 class Progress:
-    """The progress line of a run: steps toward the planned total and the time left while it
-    trains (a timed run: until its budget ends, tests and saving included), then what runs,
-    example by example (validating 320/500, testing 64/1,000): it moves until the command ends.
+    """The progress line of a run, then what runs, example by example (validating 320/500,
+    testing 64/1,000): it moves until the command ends. An untimed run's bar counts steps toward
+    --steps; a timed run's counts seconds toward its budget's end (tests and saving included),
+    the steps made shown beside: its step count is an estimate that moves with the machine's
+    pace (706 -> 1622 -> 599 -> 1268 steps made the percentage go backwards), its clock does not.
     Redrawn a few times a second on a terminal; in a log file, every 30 s is plenty."""
 
     def __init__(self, total: int | None, step: int, disabled: bool, ends_at: float | None = None) -> None:
         self.interval = 0.1 if sys.stderr.isatty() else 30
         self.ends_at = ends_at  # a time.perf_counter() reading: the budget's end, if timed
-        eta = "" if ends_at is not None else "<{remaining}"  # a timed run says when it ends
-        self.bar = tqdm(total=total, initial=step, unit="step", disable=disabled, dynamic_ncols=True,
-                        leave=False, mininterval=self.interval,
-                        bar_format="{desc}{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} steps "
-                                   "[{elapsed}" + eta + "{postfix}]")
+        self.step = step
+        if ends_at is not None:  # the axis is time: from now (the setup's seconds) to the end
+            self.t0 = time.perf_counter()
+            seconds = max(ends_at - self.t0, 1.0)
+            self.bar = tqdm(total=round(seconds), initial=0, unit="s", disable=disabled, dynamic_ncols=True,
+                            leave=False, mininterval=self.interval,
+                            bar_format="{desc}{percentage:3.0f}%|{bar}| {postfix}")
+        else:
+            self.bar = tqdm(total=total, initial=step, unit="step", disable=disabled, dynamic_ncols=True,
+                            leave=False, mininterval=self.interval,
+                            bar_format="{desc}{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} steps "
+                                       "[{elapsed}<{remaining}{postfix}]")
         self.drawn = time.perf_counter()
         self.shown: dict[str, str] = {}
         self.bar.set_description_str("training ", refresh=False)
@@ -132,15 +152,28 @@ class Progress:
     def stepped(self, step: int, total: int, **shown: str) -> None:
         """One update done, of `total` planned; `shown`: loss, accuracy... (kept until replaced)."""
         self.shown.update(shown)
-        self.bar.total = max(total, step)
+        self.step = step
+        if self.ends_at is None:
+            self.bar.total = max(total, step)
         self._postfix()
-        self.bar.update(step - self.bar.n)
+        self._advance(step)
+
+    def _advance(self, step: int) -> None:
+        """Move the bar to `step` (untimed) or to the seconds since the bar began (timed)."""
+        if self.ends_at is None:
+            self.bar.update(step - self.bar.n)
+            return
+        now = min(round(time.perf_counter() - self.t0), self.bar.total)
+        if now > self.bar.n:
+            self.bar.update(now - self.bar.n)
 
     def status(self, what: str, done: int | None = None, of: int | None = None) -> None:
         """What runs now ("validating", "testing"), and how far it is (examples done, of)."""
         count = f" {done:,}/{of:,}" if done is not None and of else ""
         self.bar.set_description_str(f"{what}{count} ", refresh=False)
         self._postfix()
+        if self.ends_at is not None:
+            self._advance(self.step)
         if time.perf_counter() - self.drawn >= self.interval:
             self.bar.refresh()
             self.drawn = time.perf_counter()
@@ -155,7 +188,7 @@ class Progress:
         left = ""
         if self.ends_at is not None:
             seconds = max(self.ends_at - time.perf_counter(), 0.0)
-            left = f"ends in {int(seconds // 60)}:{int(seconds % 60):02d}"
+            left = f"step {self.step:,}, ends in {int(seconds // 60)}:{int(seconds % 60):02d}"
         shown = [left] + [f"{k} {v}" for k, v in self.shown.items()]
         self.bar.set_postfix_str(", ".join(x for x in shown if x), refresh=False)
 
@@ -220,9 +253,14 @@ def from_start(record: dict[str, Any], key: str) -> str | None:
 
 def with_baseline(record: dict[str, Any], key: str, baseline: dict[str, Any]) -> dict[str, Any]:
     """The test record with its baseline (``Objective.baseline``'s), the metric compared and the
-    verdict, as metrics.jsonl keeps them."""
-    return {**record, **baseline, "main_metric": key,
-            "beats_baseline": beats_baseline(record[key], baseline["baseline"], key) and not too_few(record)}
+    verdict (tformer.verdict.judge), as metrics.jsonl keeps them: "verdict" (learned, did not
+    learn, cannot tell), "gain_interval" (the gain's 95% interval) and "beats_baseline" (true,
+    false, or null where it cannot tell: a test too short to judge is unknown, not "no")."""
+    examples = int(record.get("examples", MIN_VERDICT_EXAMPLES))
+    verdict, (low, high) = judge(record[key], baseline["baseline"], key, examples)
+    beats = {LEARNED: True, NOT_LEARNED: False}.get(verdict)
+    return {**record, **baseline, "main_metric": key, "verdict": verdict,
+            "gain_interval": [round(low, 4), round(high, 4)], "beats_baseline": beats}
 
 
 TRAIN_MORE_EXAMPLES = f"give a --test file of {MIN_VERDICT_EXAMPLES} or more, or more --data"
@@ -251,7 +289,19 @@ def baseline_verdict(record: dict[str, Any], more_examples: str = TRAIN_MORE_EXA
         scored = f"{test} split" if test in ("test", "validation") else "file"
         return (f"the model matched a perfect baseline: {test} {name} {ours}, as {by} scores ({name} "
                 f"{theirs}); this {scored} is too easy to show what it learned")
-    beats = record.get("beats_baseline", beats_baseline(record[key], record["baseline"], key))
+    verdict = verdict_of(record)
+    if verdict is None:  # (a record with a baseline but no verdict: judged now)
+        verdict = judge(record[key], record["baseline"], key, int(record.get("examples", 10**9)))[0]
+    beats = verdict == LEARNED
+    margin = _margin(record, key, digits)
+    if verdict == CANNOT_TELL and not tested_as_it_was(record):
+        flag = {"steps": "--steps", "epochs": "--epochs", "patience": "--patience"}.get(
+            stopped_by or record.get("stopped_by"))
+        train = f"a larger {flag}" if flag else "a longer --max-minutes"
+        del more_examples  # (for a test too short to judge at all, above)
+        return (f"warning: cannot tell whether the model learned: {test} {name} {ours} against {theirs} for "
+                f"{by}{margin}: within the test's noise; {train} trains more, and more test examples "
+                "judge more finely")
     if tested_as_it_was(record):  # nothing learned here: no fine-tuning step was kept
         kept = "the pretrained model, as it was (no fine-tuning step improved on it)"
         if beats:
@@ -259,13 +309,25 @@ def baseline_verdict(record: dict[str, Any], more_examples: str = TRAIN_MORE_EXA
         return (f"warning: {kept}, does not beat the baseline: {test} {name} {ours} against {theirs} for "
                 f"{by}; a lower --lr, or more or cleaner data, may let fine-tuning help")
     if beats:
-        return f"the model learned: {test} {name} {ours} beats the baseline of {by} ({name} {theirs})"
+        return f"the model learned: {test} {name} {ours} beats the baseline of {by} ({name} {theirs}){margin}"
     flag = {"steps": "--steps", "epochs": "--epochs", "patience": "--patience"}.get(
         stopped_by or record.get("stopped_by"))
     more = (f"a larger {flag} trains more" if flag
             else "a longer --max-minutes (or a quieter machine) trains more")
     return (f"warning: the model did not learn: {test} {name} {ours} does not beat the baseline of {by} "
-            f"({name} {theirs}); {more}")
+            f"({name} {theirs}){margin}; {more}")
+
+
+def _margin(record: dict[str, Any], key: str, digits: int) -> str:
+    """", gain +0.389 (95% interval +0.33 to +0.45, 264 examples)": the numbers behind a verdict."""
+    interval = record.get("gain_interval")
+    if not isinstance(interval, list) or len(interval) != 2 or key not in record:
+        return ""
+    gain = record[key] - record["baseline"]
+    low, high = interval
+    d = max(digits - 1, 2)
+    return (f", gain {gain:+.{d}f} (95% interval {low:+.{d}f} to {high:+.{d}f}, "
+            f"{record.get('examples', '?')} examples)")
 
 
 def plot_curves(metrics_path: Path, png_path: Path, key: str) -> None:

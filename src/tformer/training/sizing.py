@@ -19,8 +19,6 @@ import time
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from tformer.stats import flops_per_token
-
 MIN_STEPS = 600  # updates the chosen model must get in the training time
 PROBE_STEPS = 3  # timed steps of a probed model (after one warm-up step)
 LADDER: tuple[dict[str, int], ...] = (
@@ -44,46 +42,32 @@ def measures_rungs(device) -> bool:
     return device.type != "cpu"
 
 
-def choose_size(config, objective_for, seconds: float, seconds_per_step,
-                not_measured: str = "", measure_rungs: bool = False) -> tuple[Any, str]:
-    """(the config with the chosen sizes, why). `objective_for(config)` gives an objective,
-    `seconds_per_step(objective)` times a few updates of its model (None: not measured, and the
-    smallest rung stands; `not_measured` says why); `seconds`: the training time left.
-
-    The larger rungs' steps are estimated from their FLOPs, or with `measure_rungs` timed too
-    (where `seconds_per_step` can pay for it, else estimated): on a GPU a small model's step is
-    bound by its kernel launches, not its FLOPs (on an H200 the steps of a 2-layer d_model 128
-    seq2seq model averaged 12 ms, where its ~8 GFLOP need well under 1 ms), so the FLOPs
-    estimate would overstate a larger rung's step many times."""
-    probe = objective_for(config.replace(**LADDER[0]))
-    per_step = seconds_per_step(probe)
+def choose_size(config, seconds: float, seconds_per_step, not_measured: str = "") -> tuple[Any, str]:
+    """(the config with the chosen sizes, why): the largest rung of LADDER whose step time
+    (``seconds_per_step(config)``: seconds per update of that config's model, as the plan's
+    speeds give it: estimated from FLOPs at this machine's rate, or timed on a GPU; None: not
+    known, and the smallest rung stands, `not_measured` saying why) still buys MIN_STEPS updates
+    in `seconds`, the training time left."""
     chosen = LADDER[0]
+    per_step = seconds_per_step(config.replace(**chosen))
     size = f"d_model {chosen['d_model']}, {chosen['n_layers']} layers"
     if per_step is None:
         return config.replace(**chosen), f"{size}: the smallest; the step time is {not_measured}"
-    kind = probe.model_kind
-    base_flops = flops_per_token(probe.model_config(), 64, kind)
-    steps = seconds / per_step
-    measured = f"the smallest measured {per_step * 1000:.0f} ms a step"
-    for rung in LADDER[1:] if steps >= MIN_STEPS else ():  # short of it already: no larger probe
-        candidate = objective_for(config.replace(**rung))
-        rung_step = seconds_per_step(candidate) if measure_rungs else None
-        timed = rung_step is not None
-        if not timed:
-            rung_step = per_step * flops_per_token(candidate.model_config(), 64, kind) / base_flops
-        if seconds / rung_step < MIN_STEPS:
+    steps, chosen_step = seconds / per_step, per_step
+    for rung in LADDER[1:] if steps >= MIN_STEPS else ():  # short of it already: no larger rung
+        rung_step = seconds_per_step(config.replace(**rung))
+        if rung_step is None or seconds / rung_step < MIN_STEPS:
             break
-        chosen, steps = rung, seconds / rung_step
-        if timed:
-            measured = f"this rung measured {rung_step * 1000:.0f} ms a step"
+        chosen, steps, chosen_step = rung, seconds / rung_step, rung_step
     size = f"d_model {chosen['d_model']}, {chosen['n_layers']} layers"
+    pace = f"{chosen_step * 1000:,.0f} ms a step"
     if steps < MIN_STEPS:  # even the smallest rung falls short: say so, not "the largest that..."
         why = (f"{size}: the smallest, and even it gets only about {steps:,.0f} of the "
-               f"{MIN_STEPS} updates wanted in {seconds / 60:.1f} min here ({measured}; a longer "
+               f"{MIN_STEPS} updates wanted in {seconds / 60:.1f} min here (about {pace}; a longer "
                "--max-minutes learns more)")
     else:
         why = (f"{size}: the largest that gets >= {MIN_STEPS} updates in {seconds / 60:.1f} min "
-               f"here (about {steps:,.0f}; {measured})")
+               f"here (about {steps:,.0f}, {pace})")
     return config.replace(**chosen), why
 
 
@@ -98,13 +82,17 @@ MIN_PASSES = 2.0
 MIN_LENGTH_STEPS = 300
 AUTO_LENGTH_LIMIT = 512  # the longest length tried (a learned position table of that many rows)
 LENGTH_CUT = 0.05  # a longer length is tried only while the last one cuts this share of texts
+# A fine-tune starts from a model that already reads: it needs fewer updates and passes than one
+# from scratch, and what it cuts of each text it cannot learn from at all.
+FINETUNE_PASSES = 1.0
+FINETUNE_LENGTH_STEPS = 150
 
 
 def wants_auto_length(config, resume: bool, world: int) -> bool:
-    """--max-length is chosen for a new, timed, single-process run from scratch on data whose
-    user gave none (resolve_config turns auto_length off when --max-length is given)."""
-    return (config.auto_length and config.max_minutes is not None and config.from_pretrained is None
-            and config.data is not None and not resume and world == 1)
+    """--max-length is chosen for a new, timed, single-process run on data whose user gave none
+    (resolve_config turns auto_length off when --max-length is given), fine-tunes included."""
+    return (config.auto_length and config.max_minutes is not None and config.data is not None
+            and not resume and world == 1)
 
 
 def cut_share(longest: list[int], max_length: int) -> float:
@@ -112,39 +100,38 @@ def cut_share(longest: list[int], max_length: int) -> float:
     return sum(n >= max_length for n in longest) / max(len(longest), 1)
 
 
-def choose_length(config, objective_for, pool: list, seconds: float, seconds_per_step,
-                  train_examples: int, not_measured: str = "") -> tuple[Any, str]:
-    """(the config with max_length and max_tokens chosen, why), from the preset's length up by
-    doubling: the longest that still gets MIN_PASSES passes over `train_examples` and
-    MIN_LENGTH_STEPS updates in `seconds` at this machine's measured speed. `objective_for(config)`
-    gives an objective; `pool` is a sample of training records; `seconds_per_step(objective)`
-    times a few updates of its model on its own batches (time_steps), for each longer length
-    (None: not measured, and the doubling stops there; `not_measured` says why)."""
-    probe_sizes = LADDER[0] if config.auto_size else {}
-    longest = [ex.longest for ex in objective_for(config.replace(max_length=AUTO_LENGTH_LIMIT)).encode(pool)]
-    chosen, passes, tried = config, None, []
+def choose_length(config, cut_share_at, seconds: float, seconds_per_step, train_examples: int,
+                  with_batch=lambda config: config, limit: int = AUTO_LENGTH_LIMIT,
+                  pretrained: bool = False) -> tuple[Any, str]:
+    """(the config with max_length chosen, why), from the preset's length up by doubling: the
+    longest that still gets MIN_PASSES passes over `train_examples` and MIN_LENGTH_STEPS updates
+    in `seconds` at ``seconds_per_step(config)`` (None: not known, and the doubling stops).
+    `cut_share_at(length)`: the share of training examples that length cuts; `with_batch(config)`:
+    the config with its batch's tokens for that length (--max-tokens given: as it is). A
+    fine-tune (`pretrained`) needs fewer: FINETUNE_PASSES and FINETUNE_LENGTH_STEPS; `limit`:
+    the longest length (a pretrained model's position table)."""
+    chosen, tried = config, []
     length = config.max_length
-    while cut_share(longest, length) >= LENGTH_CUT and 2 * length <= AUTO_LENGTH_LIMIT:
+    min_passes, min_steps = (FINETUNE_PASSES, FINETUNE_LENGTH_STEPS) if pretrained else (MIN_PASSES,
+                                                                                        MIN_LENGTH_STEPS)
+    while cut_share_at(length) >= LENGTH_CUT and 2 * length <= limit:
         length *= 2
-        candidate = config.replace(max_length=length)
-        if config.max_tokens is None:  # batches of batch_size examples of this length's mean
-            costs = [ex.cost for ex in objective_for(candidate).encode(pool)]
-            candidate, _ = batch_tokens(candidate, costs)
-        per_step = seconds_per_step(objective_for(candidate.replace(**probe_sizes)))
+        candidate = with_batch(config.replace(max_length=length))
+        per_step = seconds_per_step(candidate)
         if per_step is None:
-            tried.append(f"{length}: {not_measured}")
+            tried.append(f"{length}: its step time unknown")
             break
         steps = seconds / per_step
         passes = steps * config.batch_size / max(train_examples, 1)
         tried.append(f"{length}: about {passes:.1f} passes")
-        if passes < MIN_PASSES or steps < MIN_LENGTH_STEPS:
+        if passes < min_passes or steps < min_steps:
             break
         chosen = candidate
-    why = (f"{chosen.max_length} tokens, whole for {1 - cut_share(longest, chosen.max_length):.0%} "
-           "of the training examples")
+    whole = 1 - cut_share_at(chosen.max_length)
+    why = f"{chosen.max_length} tokens, whole for {whole:.0%} of the training examples"
     if not tried:
         return chosen, f"{why} (the preset; a longer one would add little)"
-    return chosen, (f"{why}: the longest that gets >= {MIN_PASSES:g} passes over the data in "
+    return chosen, (f"{why}: the longest that gets >= {min_passes:g} passes over the data in "
                     f"{seconds / 60:.1f} min here (from {config.max_length}, doubling; "
                     f"{'; '.join(tried)})")
 

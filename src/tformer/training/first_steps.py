@@ -1,0 +1,100 @@
+"""The run's first real updates: they confirm the plan's precision, and its pace.
+
+A plan that predicted 16-bit autocast without having measured this model (a first run on a
+machine: tformer.training.planning) has its first 2 x CONFIRM_ROUNDS updates alternate 16-bit
+and fp32 autocast. Each is a real update (the weights, the optimizer and the schedule are fp32
+either way), so confirming costs the run nothing but the slower precision's few steps, where a
+probe before training cost two throwaway models (a 2.5-minute budget could not pay for them,
+and the run trained in fp32 on a CPU where bf16 steps were 1.5-1.8x faster). The faster by its
+fastest time per token (each precision's first update, which creates its kernels, left out)
+is kept, and remembered for the next run.
+
+Then REPLAN_AFTER updates in the kept precision time the pace at the plan's batch: the machine's
+rate is remembered (the next plan estimates from it), and where the pace disagrees with the
+plan's (a seq2seq plan expected 150 ms a step and got 467: a model sized for three times the
+updates it got), tformer.training.plan.replan chooses the size again, once.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from tformer.kernels import autotune
+from tformer.training.plan import Plan, replan
+from tformer.training.precision import MIN_STEP_SPEEDUP, precision_why
+
+CONFIRM_ROUNDS = 3  # updates of each precision (the first of each left out)
+CONFIRM_UPDATES = 2 * CONFIRM_ROUNDS
+REPLAN_AFTER = 5  # updates in the kept precision that time the pace
+
+
+class FirstSteps:
+    """What the loop asks before each of a new run's first updates (``bf16``) and tells after
+    it (``stepped``): a line to print when a precision is kept, and a new plan when the pace
+    calls for one. `speeds`, `data`: the plan's (tformer.training.planning)."""
+
+    def __init__(self, plan: Plan, speeds, data, device, bf16: bool, confirm: bool, replans: bool) -> None:
+        self.plan, self.speeds, self.data, self.device = plan, speeds, data, device
+        self.confirming = confirm
+        self.bf16 = bf16
+        self.times: dict[bool, list[float]] = {False: [], True: []}
+        self.paced: list[float] = []
+        self.pacing = speeds is not None
+        self.replans = replans
+
+    def precision(self, update: int) -> bool:
+        """16-bit autocast for the run's `update`-th update (1-based)? By the run's count, so that
+        a run resumed within its first CONFIRM_UPDATES alternates as the same run straight would."""
+        return update % 2 == 1 if self.confirming and update <= CONFIRM_UPDATES else self.bf16
+
+    def stepped(self, bf16: bool, seconds: float, tokens: int, seconds_left: float,
+                update: int = 0) -> tuple[str | None, Plan | None]:
+        """(a line to print, a new plan) after the run's `update`-th update (of `tokens` tokens)
+        took `seconds`."""
+        if self.confirming:
+            self.times[bf16].append(seconds / max(tokens, 1))
+            if update < CONFIRM_UPDATES and min(len(t) for t in self.times.values()) < CONFIRM_ROUNDS:
+                return None, None
+            return self._keep(), None
+        if not self.pacing:
+            return None, None
+        planned = self.plan.config.max_tokens or tokens
+        self.paced.append(seconds * planned / max(tokens, 1))
+        if len(self.paced) < REPLAN_AFTER:
+            return None, None
+        self.pacing = False
+        measured = statistics.median(self.paced)
+        config, kind = self.plan.config, self.data.kind
+        length = self.data.mean_cost(config.max_length)
+        if self.speeds is not None and self.device.type == "cpu" and config.max_tokens:
+            self.speeds.learned(kind, self.plan.half if self.bf16 else "fp32", measured,
+                                self.data.model_for(config), config.max_tokens, length)
+        new = replan(self.plan, self.data, self.speeds, measured, seconds_left) if self.replans else None
+        if new is None:
+            return None, None
+        line = (f"re-plan: the first updates took {measured * 1000:,.0f} ms each where the plan expected "
+                f"{self.plan.step_seconds * 1000:,.0f}: model size {new.why('model size')}; starting again")
+        self.plan = new
+        return line, new
+
+    def _keep(self) -> str | None:
+        """Keep the faster precision; remember it; the line that says so."""
+        from tformer.training.planning import precision_key
+
+        self.confirming = False
+        half = self.plan.half
+        config = self.plan.config
+        key = precision_key(config, self.data.model_for(config), self.data.kind)
+        known = autotune.known("train-precision", key, {"fp32", half}, self.device)
+        if known is not None:  # remembered: its choice, as the plan said it (nothing new to say)
+            self.bf16 = known["choice"] == half
+            return None
+        if min(len(t) for t in self.times.values()) < 2:  # (a resume saw too few of them: as it was)
+            return None
+        fp32, sixteen = min(self.times[False][1:]), min(self.times[True][1:])
+        self.bf16 = fp32 >= MIN_STEP_SPEEDUP * sixteen
+        decision = autotune.decision(half if self.bf16 else "fp32", {"fp32": fp32, half: sixteen})
+        autotune.remember("train-precision", key, decision, self.device)
+        rounds = 2 * CONFIRM_ROUNDS
+        return (f"precision: {half if self.bf16 else 'fp32'} from here on, timed on the first {rounds} "
+                f"updates ({precision_why(decision, half)}; remembered for the next run)")

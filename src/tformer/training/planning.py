@@ -1,0 +1,219 @@
+"""A real run's plan: the data summary and this machine's speeds that tformer.training.plan's
+``make_plan`` decides from, gathered from the objective and the machine, and the plan applied.
+
+    plan, objective, speeds, data = plan_run(objective, resume, world, started, log, run_dir, device)
+
+The machine's speeds measure nothing on a CPU before the run: a step's time is its FLOPs at the
+rate this machine's own training steps reached (remembered per kind and precision with the kernel
+choices, tformer.kernels.autotune, by every run after its first steps), or, on a machine that has
+trained nothing yet, at STEP_EFFICIENCY of the rate of a 512^3 matrix product measured once (tens
+of milliseconds). The run's first real steps then check the estimate (``replan``) and teach the
+cache, so a second run plans from real steps. Off the CPU, where a small step's time is bound by
+kernel launches rather than FLOPs, each model is timed on a few real steps instead.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from tformer.devices import half_name, resolve_device
+from tformer.kernels import autotune
+from tformer.kernels.machine import free_threads, has_bf16, others_running
+from tformer.stats import flops_per_token
+from tformer.storage.files import write_json_atomic
+from tformer.text.tokenizer import load_tokenizer
+from tformer.training.objective import Objective
+from tformer.training.plan import DataSummary, make_plan
+from tformer.training.precision import choose_precision, precision_why, step_class
+from tformer.training.sizing import AUTO_LENGTH_LIMIT, finetune_lr, time_steps, truncated
+from tformer.training.steps import probe_step
+
+# A training step's FLOP rate against a 512^3 product's, on a machine whose own steps were never
+# timed: 0.56 (fp32) and 0.49 (bf16) for a d_model-128 classifier on an Intel Xeon (AMX), 1 thread.
+STEP_EFFICIENCY = 0.5
+STEP_OVERHEAD = 0.005  # seconds a step spends beyond its products (optimizer, Python, batching)
+PRODUCT = 512
+
+
+def choose_threads(config, world: int) -> tuple[object, str | None, float]:
+    """(the config with its threads, why or None where given, how much slower than alone this
+    process will run): one thread per core that other processes leave free, at least one. Two
+    threads sharing their cores with two busy processes made a training step 2-3x slower than one
+    thread did (OpenMP's threads wait for the slowest at every product)."""
+    cores = torch.get_num_threads()
+    if config.threads is not None or world > 1:
+        return config, None, 1.0
+    others = others_running()
+    threads = free_threads(cores, others)
+    slowdown = max(1.0, (others + threads) / cores)
+    if threads == cores:
+        why = f"{threads}, one per core (--threads sets it)"
+    else:
+        why = (f"{threads} of {cores}: {others:g} threads of other processes are running on this "
+               "machine's cores (--threads sets it)")
+    return config.replace(threads=threads), why, slowdown
+
+
+def step_flops(model, kind: str, tokens: float, length: float) -> float:
+    """FLOPs of one update (forward and backward: 3x the forward) on `tokens` tokens."""
+    return 3.0 * flops_per_token(model, max(1, int(length)), kind) * tokens
+
+
+class MachineSpeeds:
+    """tformer.training.plan.Speeds for this machine as it runs now (`slowdown`: other work on
+    its cores, ``choose_threads``). `objective_for(config)`: an objective, for timing real steps
+    off the CPU."""
+
+    def __init__(self, device: torch.device, slowdown: float = 1.0, objective_for=None) -> None:
+        self.device, self.slowdown, self.objective_for = device, slowdown, objective_for
+
+    def rate(self, kind: str, precision: str) -> tuple[float, str]:
+        """(FLOP/s of a training step here, alone; where the number comes from)."""
+        known = autotune.known("train-rate", f"{kind} {precision}", device=self.device)
+        if known is not None:
+            return 1e9 / max(known["seconds"]["gflop"], 1e-12), "this machine's own training steps"
+        product = product_seconds(self.device)
+        seconds = product.get(precision, product["fp32"])
+        return STEP_EFFICIENCY * 2 * PRODUCT**3 / seconds, f"its {PRODUCT}^3 product's rate"
+
+    def step_seconds(self, config, model, kind, tokens, length, precision) -> float | None:
+        if self.device.type != "cpu" and self.objective_for is not None:
+            return self._timed(config, precision)
+        rate, _ = self.rate(kind, precision)
+        return (STEP_OVERHEAD + step_flops(model, kind, tokens, length) / rate) * self.slowdown
+
+    def _timed(self, config, precision: str) -> float:
+        """Off the CPU: a few real steps of the model (remembered per shape)."""
+        objective = self.objective_for(config)
+        key = step_class(objective.model_kind, objective.model_config(), f"{config.max_tokens} tokens")
+        bf16 = precision != "fp32"
+        decided = autotune.recall("train-step", f"{key} {precision}", lambda: autotune.decision(
+            "measured", {"step": time_steps(objective, probe_step(config, bf16, self.device)).step}),
+            device=self.device)
+        return decided["seconds"]["step"]
+
+    def precision(self, config, model, kind) -> tuple[str, str, bool]:
+        precision, why = choose_precision(config.precision, self.device)
+        if config.precision != "auto" or precision == "fp32":
+            return precision, why, False
+        # The first updates alternate the two either way, so that a run's numbers do not depend on
+        # what this machine remembers (a resume, or the same run again, gives the same weights).
+        known = autotune.known("train-precision", precision_key(config, model, kind), {"fp32", precision},
+                               self.device)
+        if known is not None:
+            return known["choice"], precision_why(known, precision), True
+        return precision, f"{why}; the run's first updates time both precisions and keep the faster", True
+
+    def learned(self, kind: str, precision: str, seconds: float, model, tokens: float, length: float) -> None:
+        """Remember the rate a real step of the run reached (as it would run alone)."""
+        flops = step_flops(model, kind, tokens, length)
+        alone = max(seconds / self.slowdown - STEP_OVERHEAD, 1e-6)
+        autotune.remember("train-rate", f"{kind} {precision}",
+                          autotune.decision(precision, {"gflop": alone / (flops / 1e9)}), self.device)
+
+
+def product_seconds(device: torch.device) -> dict[str, float]:
+    """Seconds of a PRODUCT^3 matrix product here, fp32 and (where the CPU has bf16) bf16
+    autocast: measured once per machine and remembered."""
+    from tformer.nn.precision import bf16_speedup
+
+    if device.type == "cpu" and has_bf16():
+        bf16_speedup(device=device)  # measures and remembers both
+        known = autotune.known("bf16-product", f"{PRODUCT}^3", device=device)
+        if known is not None:
+            return dict(known["seconds"])
+
+    def fp32() -> dict:
+        a = torch.randn(PRODUCT, PRODUCT, generator=torch.Generator().manual_seed(0)).to(device)
+        a @ a
+        times = []
+        for _ in range(3):
+            t = time.perf_counter()
+            a @ a
+            times.append(time.perf_counter() - t)
+        return autotune.decision("fp32", {"fp32": min(times)})
+
+    return dict(autotune.recall("fp32-product", f"{PRODUCT}^3", fp32, device=device)["seconds"])
+
+
+def precision_key(config, model, kind: str) -> str:
+    """What a run's precision decision is remembered by: the model's shape and the batch."""
+    shape = (f"{config.max_tokens} tokens" if config.max_tokens
+             else f"{config.batch_size} x {config.max_length}")
+    if config.from_pretrained:  # its own shape, named by its directory
+        shape += f", from {Path(config.from_pretrained).resolve()}"
+    return step_class(kind, model, shape)
+
+
+def summarize(objective: Objective) -> DataSummary:
+    """The plan's view of the data: a sample's token counts at AUTO_LENGTH_LIMIT, the splits."""
+    config = objective.config
+    limit = AUTO_LENGTH_LIMIT
+    if objective.pretrained is not None:  # its tokenizer's limit (all-MiniLM-L6-v2: 256 of 512 positions)
+        limit = min(limit, load_tokenizer(objective.pretrained).max_length or limit)
+    elif config.from_pretrained:  # a resumed fine-tune: its own tokenizer's (its base is not read)
+        limit = min(limit, objective.tokenizer.max_length or limit)
+    texts: tuple = ()
+    if config.data is not None:
+        wide = objective.with_config(config.replace(max_length=limit))
+        encoded = wide.encode(next(objective.source.data.epoch_pools()))
+        texts = tuple(tuple(n for n in (ex.longest, ex.cost - ex.longest) if n > 0) for ex in encoded)
+    model = objective.model_config()
+    if objective.base_config is not None:
+        model = objective.base_config.replace(n_classes=model.n_classes, max_len=limit)
+    return DataSummary(objective.model_kind, model, texts, objective.train_records or 0,
+                       len(objective.examples("validation")), len(objective.examples("test")),
+                       bool(config.from_pretrained))
+
+
+def plan_run(objective: Objective, resume: bool, world: int, started: float, log=print,
+             run_dir: Path | None = None, device=None):
+    """(the plan, the objective under it, the machine's speeds, the data summary) of a run of
+    `objective` (its config as given); each choice is logged as it is made."""
+    config = objective.config
+    device = device or resolve_device(config.device)
+
+    def chose(what: str, why: str, note: str = "") -> None:
+        log(f"{what}: {why}{note}")
+
+    config, why_threads, slowdown = choose_threads(config, world)
+    if why_threads is not None:
+        torch.set_num_threads(config.threads)
+        chose("threads", why_threads)
+    if config.lr is None:  # resumed runs saved theirs
+        config, why = finetune_lr(config, objective.model_width())
+        chose("learning rate", why)
+    objective = objective.with_config(config)
+    if config.from_pretrained and config.pretrained_dropout and not resume:  # (given: the user knows it)
+        own = objective.base_config
+        chose("dropout", f"{own.dropout:g} (attention weights {own.attention_dropout:g}), the pretrained "
+                         "model's own (--dropout sets it)")
+    untrained = getattr(getattr(objective.source, "data", None), "untrained", None)
+    if untrained and not resume:
+        names = ", ".join(f"{label!r} (only in {' and '.join(splits) or 'held-out records'})"
+                          for label, splits in untrained.items())
+        log(f"warning: no training record has the label {names}: the model cannot learn it; add "
+            "training records of it, or give --valid/--test files")
+    budget = config.max_minutes * 60 - (time.perf_counter() - started) if config.max_minutes else math.inf
+    speeds = MachineSpeeds(device, slowdown if device.type == "cpu" else 1.0, objective.with_config)
+    data = summarize(objective)
+    plan = make_plan(config, data, speeds, budget, resume, world, half_name(device))
+    plan.extra.update(slowdown=speeds.slowdown, test_examples=data.test_examples)  # (check_affordable's)
+    notes = {"max length": " (--max-length sets it)", "model size": " (size options turn this off)"}
+    for what, why in plan.reasons:
+        if what != "precision" and not resume:  # the loop prints it (a resumed run keeps its own)
+            chose(what, why, notes.get(what, ""))
+    if plan.config.max_length != objective.config.max_length and run_dir is not None:
+        objective = objective.with_config(plan.config)
+        write_json_atomic(run_dir / "data.json", objective.source.data.describe())  # resuming reads it
+    objective = objective.with_config(plan.config)
+    if config.data is not None and data.texts and not resume:
+        cut = truncated([max(t) for t in data.texts], plan.config.max_length)
+        if cut:
+            log(cut)
+    return plan, objective, speeds, data
+

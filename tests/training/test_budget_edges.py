@@ -1,0 +1,143 @@
+"""Runs that cannot start, or cannot finish in time (issue 53): each refused in one line before
+it costs what it cannot pay for, nothing half-made left behind; and the outputs after the test
+kept inside the budget."""
+
+import time
+
+import pytest
+from text_fixtures import classification_rows, seq2seq_rows, write
+
+from tformer.cli import main
+from tformer.kinds import resolve_config, train
+
+TINY = {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "vocab_size": 300, "max_tokens": 256,
+        "threads": 1, "precision": "fp32"}
+
+
+@pytest.mark.parametrize("rows", [seq2seq_rows(200), classification_rows(200)])
+def test_a_run_out_of_time_before_its_first_update_is_refused_and_leaves_nothing(tmp_path, monkeypatch, rows):
+    """A busy machine, --max-minutes 0.25: the run passed the minimum check, then failed with
+    "RUN/metrics.jsonl: No such file or directory" and left a step-0 checkpoint that a resume
+    tested and published over budget."""
+    from tformer.training.budget import Budget, NoUpdate
+
+    monkeypatch.setattr(Budget, "out_of_time", lambda self: True)  # the clock ran out at once
+    data = write(tmp_path / "d.jsonl", rows)
+    out = tmp_path / "run"
+    with pytest.raises(NoUpdate, match=r"^max_minutes: 0.25 \(15 s\) ran out before the first update here"):
+        train(resolve_config({"data": str(data), **TINY, "max_minutes": 0.25, "out": str(out)}),
+              progress=False, log=lambda *a: None)
+    assert not out.exists()
+
+
+def test_the_command_says_it_in_one_line(tmp_path, monkeypatch, capsys):
+    from tformer.training.budget import Budget
+
+    monkeypatch.setattr(Budget, "out_of_time", lambda self: True)
+    data = write(tmp_path / "d.jsonl", classification_rows(200))
+    argv = ["train", "--data", str(data), "--max-minutes", "0.25", "--out", str(tmp_path / "run"), "--quiet",
+            *[f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("tformer train: error: --max-minutes: 0.25 (15 s) ran out "
+                                               "before the first update"), err
+
+
+def test_a_model_too_large_for_its_budget_is_refused_before_it_is_built(tmp_path, monkeypatch, capsys):
+    """--max-minutes 0.2 --d-model 1024 --n-layers 8 --d-ff 4096 took 82.7 s: one 20 s step,
+    then 50 s saving 3.6 GB, and published an untrained run."""
+    from tformer.kinds.classification import Classification
+
+    monkeypatch.setattr(Classification, "build_model", lambda *a, **k: pytest.fail("built the model"))
+    data = write(tmp_path / "d.jsonl", classification_rows(200))
+    out = tmp_path / "run"
+    argv = ["train", "--data", str(data), "--max-minutes", "0.2", "--d-model", "1024", "--n-heads", "8",
+            "--n-layers", "8", "--d-ff", "4096", "--out", str(out), "--quiet", "--threads", "1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("tformer train: error: --max-minutes: 0.2 is too short for this model (") and \
+        "saving it ~" in err and "expected a smaller model or at least --max-minutes" in err, err
+    assert not out.exists()
+
+
+def test_a_budget_too_short_is_refused_before_the_data_is_read(tmp_path, monkeypatch, capsys):
+    """Refusing a 6 s budget took 11.5 s on a busy machine: the check came after the setup."""
+    from tformer.training import loop
+
+    monkeypatch.setattr(loop, "make_objective", lambda *a, **k: pytest.fail("read the data"))
+    data = write(tmp_path / "d.jsonl", classification_rows(200))
+    assert main(["train", "--data", str(data), "--max-minutes", "0.1", "--out", str(tmp_path / "r"),
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-minutes: 0.1 (6 s) is too short to honour here: starting and reading the data take at least" \
+        in err, err
+
+
+def test_what_follows_the_test_keeps_the_time_the_curves_took_to_draw():
+    """A 1-minute classification run beside two busy processes took 64 s: after its test the
+    confusion matrix (matplotlib, like the curves) took seconds the deadline had not kept."""
+    from types import SimpleNamespace
+
+    from tformer.training.budget import SAVE_SECONDS, Budget
+
+    config = SimpleNamespace(steps=10**6, epochs=None, max_minutes=1.0)
+    budget = Budget(config, time.perf_counter())
+    before = budget.test_deadline()
+    budget.plotted(3.0)  # the curves took 3 s: the confusion matrix will take about as long
+    assert budget.test_deadline() == pytest.approx(before - 4.5)
+    assert before == pytest.approx(budget.started + 60 - SAVE_SECONDS)
+
+
+@pytest.mark.slow
+def test_a_one_minute_run_beside_two_busy_processes_ends_within_two_seconds_of_its_budget(tmp_path):
+    """The whole command, as a user runs it, with two `while True: pass` processes beside it."""
+    import subprocess
+    import sys
+
+    data = write(tmp_path / "d.jsonl", classification_rows(3000))
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "tformer", "train", "--data", str(data), "--max-minutes", "1",
+                        "--out", str(tmp_path / "run"), "--quiet"], check=True)
+        seconds = time.perf_counter() - started
+    finally:
+        for p in busy:
+            p.kill()
+    assert seconds <= 62.0, seconds
+
+
+def test_a_last_validation_past_its_deadline_is_not_run_and_the_last_weights_are_tested(tmp_path, monkeypatch):
+    """A machine far busier than planned: the last validation would eat the test's time (a
+    1.5-minute fine-tune validated at 73.6 s of 90 and ended at 137 s). It is left out, and the
+    weights tested are the last ones, not an older best."""
+    from tformer.training.budget import Budget
+
+    monkeypatch.setattr(Budget, "valid_deadline", lambda self: self.started + 20.0 if self.valid_sample is None
+                        else time.perf_counter() - 1.0)  # the first validation in time, none after
+    data = write(tmp_path / "d.jsonl", classification_rows(400))
+    record = train(resolve_config({"data": str(data), **TINY, "max_minutes": 0.4, "out": str(tmp_path / "run")}),
+                   progress=False, log=lambda *a: None)
+    import json
+
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    validated = [r["step"] for r in lines if r["split"] == "validation"]
+    assert validated and validated[-1] < record["step"] == record["tested_step"], (validated, record)
+
+
+def test_a_test_that_begins_past_its_time_scores_only_its_first_batch():
+    """The test's loss pass over its first examples has no deadline: a 2.5-minute run at load 14
+    began its test of 234 examples past its budget and ended 34 s later. It now scores what the
+    time left pays for, at the last validation's rate (or the plan's), at least a first batch."""
+    from types import SimpleNamespace
+
+    from tformer.training.budget import FIRST_TEST_BATCH, Budget
+
+    config = SimpleNamespace(steps=10**6, epochs=None, max_minutes=1.0)
+    budget = Budget(config, time.perf_counter() - 59.0)  # 1 s left
+    assert budget.test_fits(234, planned=0.01) == FIRST_TEST_BATCH
+    budget = Budget(config, time.perf_counter())  # 58 s to the test's deadline
+    budget.valid_seconds_per_example = 0.1
+    assert 400 <= budget.test_fits(10_000) <= 484 and budget.test_fits(234) == 234
+    untimed = Budget(SimpleNamespace(steps=10, epochs=None, max_minutes=None), time.perf_counter())
+    assert untimed.test_fits(10_000, planned=1.0) == 10_000
