@@ -11,6 +11,8 @@ from text_fixtures import classification_rows, write
 
 from tformer.kernels import autotune
 from tformer.kinds import resolve_config, train
+from tformer.kinds.classification import Classification
+from tformer.training import config as training_config
 
 TINY = {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "vocab_size": 300, "max_tokens": 256}
 
@@ -117,7 +119,8 @@ def _summary(n_texts=400, long=0.5, train=4000, pretrained=False, kind="classifi
 
 
 def _config(minutes, **options):
-    return resolve_config({"data": "d.jsonl", "max_minutes": minutes, **options}, objective="classification")
+    return training_config.resolve_config({"data": "d.jsonl", "max_minutes": minutes, **options},
+                                          objective=Classification)
 
 
 @pytest.fixture
@@ -203,7 +206,8 @@ def test_a_fine_tune_keeps_its_models_sizes_and_chooses_its_length_within_its_po
 def test_an_untimed_run_plans_no_validation_sizes_and_no_test_reserve(data_file):
     from tformer.training.plan import make_plan
 
-    config = resolve_config({"data": "d.jsonl", "max_length": 64, "steps": 10}, objective="classification")
+    config = training_config.resolve_config({"data": "d.jsonl", "max_length": 64, "steps": 10},
+                                            objective=Classification)
     plan = make_plan(config, _summary(), Speeds(), math.inf)
     assert plan.valid_sample is None and plan.test_seconds is None and not plan.sized
     assert "validation" not in dict(plan.reasons)
