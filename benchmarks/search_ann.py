@@ -1,0 +1,245 @@
+"""Approximate search against exact search (issue 54): `tformer index build --vectors` and
+`tformer search --query-vectors`, each run as a command in a fresh process, its peak RSS read from
+wait4; recall@10 of the approximate results against the exact ones of the same run.
+
+    python benchmarks/search_ann.py generate --n 1000000 --out /tmp/ann/v1m.npy     # clustered, width 384
+    python benchmarks/search_ann.py libraries --vectors /tmp/ann/v1m.npy --n 200000 # FAISS vs usearch
+    python benchmarks/search_ann.py commands --vectors /tmp/ann/v1m.npy --queries /tmp/ann/q.npy
+    python benchmarks/search_ann.py embed --corpus lines.txt --out /tmp/ann/real.npy  # all-MiniLM-L6-v2
+
+Wrap each run in `flock /tmp/tformer-bench.lock ...` (one benchmark at a time on a shared machine).
+
+The random vectors are clustered at two scales, so that a query's nearest neighbours mean something
+(as in real embeddings) instead of all lying at nearly one distance (as in i.i.d. Gaussian data):
+N/1000 top centres (Gaussian), each row joining one of N/10 sub-clusters (a sub-cluster's centre
+is its top centre plus 0.6 x an offset made from two random tables, so offsets are distinct and
+need no N/10 x D table), plus 0.35 x Gaussian noise. Expected cosines: ~0.92 within a sub-cluster,
+~0.67 within a top cluster, ~0 across. Rows are written a chunk at a time (a 10^7 x 384 file is
+15 GB; the generator holds 100,000 rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+CHUNK = 100_000
+
+
+def clustered(n: int, dim: int, seed: int, out: Path, centres_seed: int = 0) -> None:
+    """n rows (float32, unit length) to the .npy `out`, streamed; `centres_seed` fixes the clusters
+    (queries: another `seed`, the same centres)."""
+    shape = np.random.default_rng(centres_seed)
+    top = shape.standard_normal((max(16, n // 1000), dim), dtype=np.float32)
+    t1 = shape.standard_normal((1021, dim), dtype=np.float32)
+    t2 = shape.standard_normal((1031, dim), dtype=np.float32)
+    n_sub = max(64, n // 10)
+    rng = np.random.default_rng(seed)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    with tmp.open("wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (n, dim)})
+        for first in range(0, n, CHUNK):
+            b = min(CHUNK, n - first)
+            sub = rng.integers(0, n_sub, b)
+            centre = top[sub % len(top)] + 0.6 * (t1[sub % 1021] + t2[(sub // 1021) % 1031]) / np.sqrt(2)
+            rows = centre + 0.35 * rng.standard_normal((b, dim), dtype=np.float32)
+            rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+            f.write(rows.astype(np.float32).tobytes())
+    os.replace(tmp, out)
+
+
+def peak(argv: list[str]) -> tuple[float, float, str, str]:
+    """(seconds, peak RSS MiB, stdout, stderr) of one command, by wait4 on its own pid."""
+    start = time.perf_counter()
+    proc = subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out_chunks, err_chunks = [], []
+    import threading
+
+    def drain(stream, into):
+        for block in iter(lambda: stream.read(1 << 16), b""):
+            into.append(block)
+
+    threads = [threading.Thread(target=drain, args=(proc.stdout, out_chunks)),
+               threading.Thread(target=drain, args=(proc.stderr, err_chunks))]
+    for t in threads:
+        t.start()
+    _, status, usage = os.wait4(proc.pid, 0)
+    for t in threads:
+        t.join()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    seconds = time.perf_counter() - start
+    out, err = b"".join(out_chunks).decode(), b"".join(err_chunks).decode()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(map(str, argv))} failed ({proc.returncode}): {err[-1500:]}")
+    return seconds, usage.ru_maxrss / 1024, out, err
+
+
+# --- the library comparison: each contender builds, saves, then searches in a fresh process ----
+
+LIBRARY_CODE = r'''
+import json, os, sys, time
+import numpy as np
+kind, vectors, n, queries, truth, work, step = sys.argv[1:8]
+n = int(n)
+X = np.load(vectors, mmap_mode="r")[:n]
+Q = np.load(queries)
+if step == "build":
+    t = time.perf_counter()
+    if kind.startswith("faiss"):
+        import faiss
+        if kind == "faiss-ivfpq":
+            nlist = 1 << max(4, round(np.log2(np.sqrt(n))))
+            index = faiss.index_factory(X.shape[1], f"IVF{nlist},PQ{X.shape[1] // 8}", faiss.METRIC_INNER_PRODUCT)
+            rng = np.random.default_rng(0)
+            sample = np.ascontiguousarray(X[np.sort(rng.choice(n, min(n, 64 * nlist), replace=False))])
+            index.train(sample)
+        else:
+            index = faiss.IndexHNSWFlat(X.shape[1], 32, faiss.METRIC_INNER_PRODUCT)
+            index.hnsw.efConstruction = 64
+        for s in range(0, n, 100_000):
+            index.add(np.ascontiguousarray(X[s:s + 100_000]))
+        faiss.write_index(index, os.path.join(work, kind))
+    else:
+        from usearch.index import Index
+        index = Index(ndim=X.shape[1], metric="cos", dtype=kind.split("-")[-1], connectivity=16)
+        for s in range(0, n, 100_000):
+            index.add(np.arange(s, min(n, s + 100_000)), np.ascontiguousarray(X[s:s + 100_000]))
+        index.save(os.path.join(work, kind))
+    print(json.dumps({"build_s": time.perf_counter() - t,
+                      "bytes": os.path.getsize(os.path.join(work, kind))}))
+else:
+    T = np.load(truth)
+    if kind.startswith("faiss"):
+        import faiss
+        index = faiss.read_index(os.path.join(work, kind), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY
+                                 if kind == "faiss-ivfpq" else 0)
+    else:
+        from usearch.index import Index
+        index = Index.restore(os.path.join(work, kind), view=True)
+    results = {}
+    for knob in ([4, 8, 16, 32, 64] if kind == "faiss-ivfpq" else [16, 32, 64, 128, 256]):
+        t = time.perf_counter()
+        if kind == "faiss-ivfpq":
+            index.nprobe = knob
+            _, cand = index.search(Q, 400)
+            rows = []  # rerank the 100 candidates by their exact vectors (read from the .npy)
+            for q, c in zip(Q, cand):
+                c = c[c >= 0]
+                c = np.sort(c)
+                rows.append(c[np.argsort(-(X[c] @ q), kind="stable")[:10]])
+            got = np.array(rows)
+        elif kind == "faiss-hnsw":
+            index.hnsw.efSearch = knob
+            _, got = index.search(Q, 10)
+        else:
+            got = index.search(Q, 10, expansion_search=knob).keys
+        s = time.perf_counter() - t
+        recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(got.tolist(), T.tolist())])
+        results[knob] = {"recall": float(recall), "qps": len(Q) / s}
+    print(json.dumps(results))
+'''
+
+
+TRUTH_CODE = r'''
+import sys
+import numpy as np
+from tformer.embeddings.stream import TopK
+vectors, n, queries, truth = sys.argv[1:5]
+X, Q = np.load(vectors, mmap_mode="r")[: int(n)], np.load(queries)
+best = TopK(Q, 10)
+for s in range(0, len(X), 65536):
+    best.add(np.asarray(X[s:s + 65536]), s, normalized=True)
+np.save(truth, best.result()[1])
+'''
+
+
+def libraries(args: argparse.Namespace) -> None:
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    full = np.load(args.vectors, mmap_mode="r")
+    X = full[: args.n]
+    queries = work / "lib_queries.npy"
+    clustered_like(args.queries, X.shape[1], 99, queries, len(full))
+    Q = np.load(queries)
+    truth = work / "lib_truth.npy"
+    if not truth.is_file():  # in a child: this process stays small (a fork's peak RSS starts at ours)
+        subprocess.run([sys.executable, "-c", TRUTH_CODE, args.vectors, str(args.n), queries, truth], check=True)
+    code = work / "lib.py"
+    code.write_text(LIBRARY_CODE)
+    print(f"{_cpu()}; {args.n:,} clustered vectors of width {X.shape[1]}, {args.queries:,} queries, "
+          "recall@10 against exact; each step in a fresh process (peak RSS by wait4)")
+    print("| library, index | build s | build peak RSS MiB | size MiB | search peak RSS MiB | knob: recall@10 / QPS |")
+    print("|---|---:|---:|---:|---:|---|")
+    for kind in args.kinds:
+        b_s, b_rss, b_out, _ = peak([sys.executable, code, kind, args.vectors, args.n, queries, truth, work, "build"])
+        built = json.loads(b_out)
+        s_s, s_rss, s_out, _ = peak([sys.executable, code, kind, args.vectors, args.n, queries, truth, work, "search"])
+        res = json.loads(s_out)
+        knobs = "; ".join(f"{k}: {v['recall']:.3f} / {v['qps']:,.0f}" for k, v in res.items())
+        print(f"| {kind} | {built['build_s']:.1f} | {b_rss:,.0f} | {built['bytes'] / 2**20:,.0f} | "
+              f"{s_rss:,.0f} | {knobs} |", flush=True)
+        os.unlink(work / kind)
+
+
+def _cpu() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+    except (OSError, StopIteration):
+        return "unknown CPU"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="step", required=True)
+    g = sub.add_parser("generate")
+    g.add_argument("--n", type=int, required=True)
+    g.add_argument("--dim", type=int, default=384)
+    g.add_argument("--seed", type=int, default=1)
+    g.add_argument("--centres-of", type=int, default=None,
+                   help="the corpus size whose clusters to draw from (queries: the corpus's n)")
+    g.add_argument("--out", required=True)
+    lib = sub.add_parser("libraries")
+    lib.add_argument("--vectors", required=True)
+    lib.add_argument("--n", type=int, default=200_000)
+    lib.add_argument("--queries", type=int, default=2000)
+    lib.add_argument("--work", default="/tmp/ann-bench")
+    lib.add_argument("--kinds", nargs="+", default=["faiss-ivfpq", "faiss-hnsw", "usearch-i8", "usearch-f16"])
+    args = parser.parse_args()
+    if args.step == "generate":
+        if args.centres_of:  # queries: the corpus's clusters, other rows
+            _generate_like(args)
+        else:
+            clustered(args.n, args.dim, args.seed, Path(args.out))
+    elif args.step == "libraries":
+        libraries(args)
+
+
+def _generate_like(args: argparse.Namespace) -> None:
+    clustered_like(args.n, args.dim, args.seed, Path(args.out), args.centres_of)
+
+
+def clustered_like(n: int, dim: int, seed: int, out: Path, corpus_n: int) -> None:
+    """n rows from the clusters of a corpus of `corpus_n` rows (clustered's shapes depend on n)."""
+    shape = np.random.default_rng(0)
+    top = shape.standard_normal((max(16, corpus_n // 1000), dim), dtype=np.float32)
+    t1 = shape.standard_normal((1021, dim), dtype=np.float32)
+    t2 = shape.standard_normal((1031, dim), dtype=np.float32)
+    rng = np.random.default_rng(seed)
+    sub = rng.integers(0, max(64, corpus_n // 10), n)
+    centre = top[sub % len(top)] + 0.6 * (t1[sub % 1021] + t2[(sub // 1021) % 1031]) / np.sqrt(2)
+    rows = centre + 0.35 * rng.standard_normal((n, dim), dtype=np.float32)
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    np.save(out, rows.astype(np.float32))
+
+
+if __name__ == "__main__":
+    main()
