@@ -97,7 +97,7 @@ if step == "build":
         import faiss
         if kind == "faiss-ivfpq":
             nlist = 1 << max(4, round(np.log2(np.sqrt(n))))
-            index = faiss.index_factory(X.shape[1], f"IVF{nlist},PQ{X.shape[1] // 8}", faiss.METRIC_INNER_PRODUCT)
+            index = faiss.index_factory(X.shape[1], f"IVF{nlist},PQ{X.shape[1] // 8}np", faiss.METRIC_INNER_PRODUCT)
             rng = np.random.default_rng(0)
             sample = np.ascontiguousarray(X[np.sort(rng.choice(n, min(n, 64 * nlist), replace=False))])
             index.train(sample)
@@ -189,6 +189,81 @@ def libraries(args: argparse.Namespace) -> None:
         os.unlink(work / kind)
 
 
+def commands(args: argparse.Namespace) -> None:
+    """`index build --vectors` (auto, or --ann), then `search --query-vectors` approximate and --exact,
+    each a fresh process; recall@10 of the approximate results against the exact ones."""
+    tformer = [sys.executable, "-m", "tformer"]
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    idx = work / "idx"
+    n, dim = np.load(args.vectors, mmap_mode="r").shape
+    raw = n * dim * 4
+    build = [*tformer, "index", "build", "--vectors", args.vectors, "--out", idx, "--ann", args.ann]
+    b_s, b_rss, _, b_err = peak(build)
+    print(b_err.strip(), file=sys.stderr)
+    meta = json.loads((idx / "index.json").read_text())
+    sizes = {p.name: p.stat().st_size for p in idx.iterdir()}
+    rows = []
+    found = {}
+    for exact in (False, True):
+        if exact and args.exact_queries is not None:
+            q = np.load(args.queries, mmap_mode="r")[: args.exact_queries]
+            queries = work / "exact_queries.npy"
+            np.save(queries, q)
+        else:
+            queries = Path(args.queries)
+        nq = len(np.load(queries, mmap_mode="r"))
+        argv = [*tformer, "search", idx, "--query-vectors", queries, "-k", "10", "--format", "jsonl"]
+        s, rss, out, _ = peak(argv + (["--exact"] if exact else []))
+        found[exact] = [json.loads(line)["ids"] for line in out.splitlines()]
+        rows.append((exact, nq, s, rss))
+    m = min(len(found[True]), len(found[False]))
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found[False][:m], found[True][:m], strict=True)])
+    ann = meta.get("ann") or {}
+    what = (f"IVF{ann['nlist']},PQ{ann['m']}x{ann['nbits']} nprobe {ann['nprobe']} rerank {ann['rerank']}"
+            if ann else "exact")
+    print(f"\n{_cpu()}; {n:,} x {dim} float32 ({raw / 2**30:.2f} GiB raw), `--ann {args.ann}`: {what}; "
+          f"build {b_s:.0f} s, peak RSS {b_rss:,.0f} MiB; on disk: "
+          + ", ".join(f"{k} {v / 2**20:,.0f} MiB" for k, v in sorted(sizes.items())))
+    print(f"recall@10 (approximate vs --exact, {m:,} queries): {recall:.4f}; build-time estimate on the "
+          f"held-out sample: {ann.get('recall_at_10', 1.0)}")
+    print("| search command | queries | wall s | QPS (whole command) | peak RSS MiB | peak RSS / raw vectors |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for exact, nq, s, rss in rows:
+        print(f"| {'--exact' if exact else 'approximate'} | {nq:,} | {s:.1f} | {nq / s:,.1f} | {rss:,.0f} | "
+              f"{rss * 2**20 / raw:.2f} |")
+    t_ann = rows[0][2] / rows[0][1]
+    t_exact = rows[1][2] / rows[1][1]
+    print(f"per-query time ratio exact / approximate (whole commands): {t_exact / t_ann:.1f}x")
+    if not args.keep:
+        import shutil
+
+        shutil.rmtree(idx)
+
+
+def real(args: argparse.Namespace) -> None:
+    """A real corpus: Debian's package summaries (apt's lists) and the English messages of the
+    machine's gettext catalogs, deduplicated and shuffled; the last --queries lines held out as queries."""
+    import random
+
+    sys.path.insert(0, str(Path(__file__).parent / "data"))
+    from build_datasets import gettext_pairs
+
+    texts = set()
+    dump = subprocess.run(["apt-cache", "dumpavail"], capture_output=True, text=True).stdout
+    for line in dump.splitlines():
+        if line.startswith("Description: "):
+            texts.add(line.removeprefix("Description: ").strip())
+    texts.update(r["source"].strip() for r in gettext_pairs("de"))
+    texts = sorted(t for t in texts if t and "\n" not in t and len(t) >= 8)
+    random.Random(0).shuffle(texts)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "corpus.txt").write_text("\n".join(texts[: -args.queries]) + "\n")
+    (out / "queries.txt").write_text("\n".join(texts[-args.queries:]) + "\n")
+    print(f"{len(texts) - args.queries:,} corpus lines, {args.queries:,} queries in {out}")
+
+
 def _cpu() -> str:
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
@@ -213,8 +288,22 @@ def main() -> None:
     lib.add_argument("--queries", type=int, default=2000)
     lib.add_argument("--work", default="/tmp/ann-bench")
     lib.add_argument("--kinds", nargs="+", default=["faiss-ivfpq", "faiss-hnsw", "usearch-i8", "usearch-f16"])
+    c = sub.add_parser("commands")
+    c.add_argument("--vectors", required=True)
+    c.add_argument("--queries", required=True)
+    c.add_argument("--exact-queries", type=int, default=None, help="time --exact on the first N queries")
+    c.add_argument("--ann", default="auto")
+    c.add_argument("--work", default="/tmp/ann-bench")
+    c.add_argument("--keep", action="store_true")
+    r = sub.add_parser("real")
+    r.add_argument("--out", required=True)
+    r.add_argument("--queries", type=int, default=2000)
     args = parser.parse_args()
-    if args.step == "generate":
+    if args.step == "commands":
+        commands(args)
+    elif args.step == "real":
+        real(args)
+    elif args.step == "generate":
         if args.centres_of:  # queries: the corpus's clusters, other rows
             _generate_like(args)
         else:

@@ -72,7 +72,7 @@ def test_an_approximate_index_of_vectors_answers_near_exact(capsys, tmp_path):
         assert rc == 0, err
         got[bool(how)] = [json.loads(line)["ids"] for line in out.splitlines()]
     assert got[True] == _exact(x, q, 10)[0].tolist()
-    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(got[False], got[True])])
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(got[False], got[True], strict=True)])
     assert recall >= 0.9, recall
 
 

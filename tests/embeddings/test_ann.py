@@ -54,7 +54,7 @@ def test_approximate_results_against_exact_search(built):
     index = Index(root / "idx")
     scores, rows = index.search(queries, 10)
     want_scores, want_rows = exact_top(corpus, queries, 10)
-    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(rows.tolist(), want_rows.tolist())])
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(rows.tolist(), want_rows.tolist(), strict=True)])
     assert recall >= 0.9, recall  # measured on other queries than the sample that chose the parameters
     # Each returned score is the row's exact cosine (rescored from vectors.npy), best first.
     c = corpus.astype(np.float64) / np.linalg.norm(corpus, axis=1, keepdims=True)

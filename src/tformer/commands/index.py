@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         meta = build_index(st, args.model_dir, corpus, args.out, batch_size=args.batch_size,
                            truncation=not args.no_truncate, max_length=args.max_length,
                            show_progress=args.progress, rank=rank, world=world, dtype=args.dtype,
-                           ann=args.ann, threads=args.threads)
+                           ann=args.ann, threads=_threads(args))
     if meta is None:  # not rank 0: it wrote the index
         return 0
     _wrote(args.out, meta, f"model {meta['model_id']}")
@@ -86,9 +86,18 @@ def _from_vectors(args: argparse.Namespace) -> int:
         if given is not None:
             raise ValueError(f"{option}: not with --vectors (the vectors are the index's), got {given}")
     meta = build_index_from_vectors(args.vectors, args.out, texts=args.texts, ann=args.ann,
-                                    threads=args.threads)
-    _wrote(args.out, meta, f"from {args.vectors}" + (f" with the texts of {args.texts}" if args.texts else ""))
+                                    threads=_threads(args))
+    texts = f" with the texts of {args.texts}" if args.texts else ""
+    _wrote(args.out, meta, f"from {args.vectors}{texts}")
     return 0
+
+
+def _threads(args: argparse.Namespace) -> int:
+    """FAISS's threads: --threads, else torch's (check_options: the cores other processes leave
+    free; OpenMP threads that outnumber the free cores spin and wait for each other)."""
+    import torch
+
+    return args.threads or torch.get_num_threads()
 
 
 def _wrote(out: str, meta: dict, source: str) -> None:

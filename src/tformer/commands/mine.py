@@ -68,5 +68,6 @@ def run(args: argparse.Namespace) -> int:
     means = (f"; mean score: positives {summary['mean_positive']}, negatives {summary['mean_negative']}"
              if "mean_positive" in summary else "")
     print(f"wrote {args.out}: {summary['records']:,} records from {summary['pairs']:,} pairs, "
-          f"{summary['negatives']:,} negatives, {summary['without']:,} pairs without one{means}", file=sys.stderr)
+          f"{summary['negatives']:,} negatives, {summary['without']:,} pairs without one{means}",
+          file=sys.stderr)
     return 0

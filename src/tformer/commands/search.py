@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     if Index.is_index(args.model_dir):
         if args.corpus is not None:
             raise ValueError("--corpus: not with an INDEX (it holds its corpus); got both")
-        index = Index(args.model_dir)
+        index = _open_index(args)
         model_dir = args.model or index.meta.get("model_dir")
         if model_dir is None:
             raise ValueError(f"INDEX {args.model_dir}: built from vectors, it names no model: give --model "
@@ -128,6 +128,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _open_index(args: argparse.Namespace):
+    """The INDEX; an approximate one's FAISS gets torch's threads (check_options: the cores other
+    processes leave free; OpenMP threads past them spin and wait for each other)."""
+    import torch
+
+    from tformer.embeddings.ann import use_threads
+    from tformer.embeddings.index import Index
+
+    index = Index(args.model_dir)
+    if index.kind != "exact" and not args.exact:
+        use_threads(args.threads or torch.get_num_threads())
+    return index
+
+
 def _texts_of(index, rows) -> dict[int, tuple]:
     """{row: (line number, text)} of the rows in a result; (None, None) for an index of vectors
     given without texts."""
@@ -150,9 +164,9 @@ def _search_vectors(args: argparse.Namespace) -> int:
         if given:
             raise ValueError(f"{option}: not with --query-vectors (the queries are its vectors)")
     if not Index.is_index(args.model_dir):
-        raise ValueError(f"--query-vectors: expected an INDEX from `tformer index build` (got {args.model_dir}, "
-                         "which holds no index.json)")
-    index = Index(args.model_dir)
+        raise ValueError(f"--query-vectors: expected an INDEX from `tformer index build` (got "
+                         f"{args.model_dir}, which holds no index.json)")
+    index = _open_index(args)
     source = VectorsFile(args.query_vectors, "--query-vectors", dim=index.meta["dim"])
     if args.format == "tsv":
         print("\t".join(("query_index", "rank", "score", "id", "line", "text")))
@@ -176,7 +190,8 @@ def _search_vectors(args: argparse.Namespace) -> int:
                 else:
                     if rank == 1:
                         print(f"{chr(10) if q else ''}query {q}:")
-                    print(f"{rank:>3}. {score:.4f}  row {row}" + (f": {short(text, 80)}" if text is not None else ""))
+                    shown = f": {short(text, 80)}" if text is not None else ""
+                    print(f"{rank:>3}. {score:.4f}  row {row}{shown}")
     return 0
 
 

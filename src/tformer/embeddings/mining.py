@@ -85,7 +85,8 @@ def read_pairs(path: str | Path) -> Iterator[tuple[int, str, str]]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{lines.at(number)}: expected a JSON object, got invalid JSON ({e.msg})") from None
+            raise ValueError(f"{lines.at(number)}: expected a JSON object, got invalid JSON "
+                             f"({e.msg})") from None
         if not isinstance(record, dict):
             raise ValueError(f"{lines.at(number)}: expected a JSON object, got {type(record).__name__}")
         for field in ("anchor", "positive"):
@@ -127,7 +128,8 @@ def mine(st, model_dir: str | Path, data: str | Path, out: str | Path, how: Mini
             anchors.setdefault(text_hash(anchor), set()).add(h := text_hash(positive))
             positives.setdefault(h, positive)
         if pairs == 0:
-            raise ValueError(f"--data {data}: expected at least one {{\"anchor\", \"positive\"}} record, got none")
+            raise ValueError(f"--data {data}: expected at least one {{\"anchor\", \"positive\"}} "
+                             "record, got none")
         temp = out.parent / f".{out.name}.mine"
         try:
             if index is not None and Index.is_index(index):
@@ -167,7 +169,8 @@ def _refuse_foreign(out: Path) -> None:
             return False
         return path.stat().st_size == 0 or (isinstance(first, dict) and {"anchor", "positive"} <= set(first))
 
-    refuse_foreign(out, "--out", ours, "a file of {\"anchor\", \"positive\"} records (an earlier `tformer mine`)")
+    refuse_foreign(out, "--out", ours,
+                   "a file of {\"anchor\", \"positive\"} records (an earlier `tformer mine`)")
 
 
 def _write(st, index: Index, data, out: Path, how: Mining, anchors: dict[int, set[int]],
@@ -175,7 +178,8 @@ def _write(st, index: Index, data, out: Path, how: Mining, anchors: dict[int, se
     from tformer.embeddings.ann import Rows
 
     if not index.has_texts:
-        raise ValueError(f"--index {index.path}: holds no texts (built from vectors); expected an index of texts")
+        raise ValueError(f"--index {index.path}: holds no texts (built from vectors); expected an "
+                         "index of texts")
     row_hash, offsets = _texts_table(index)
     by_hash: dict[int, int] = {}  # a positive's text -> its first row
     for r, h in enumerate(row_hash.tolist()):
@@ -214,7 +218,8 @@ def _write(st, index: Index, data, out: Path, how: Mining, anchors: dict[int, se
                     f.write(json.dumps({"anchor": anchor, "positive": positive}, ensure_ascii=False) + "\n")
                     counts["records"] += 1
                 for s, r in chosen:
-                    record = {"anchor": anchor, "positive": positive, "negative": _text_at(texts_file, offsets[r])}
+                    record = {"anchor": anchor, "positive": positive,
+                              "negative": _text_at(texts_file, offsets[r])}
                     f.write(json.dumps(record, ensure_ascii=False) + "\n")
                     counts["records"] += 1
                     counts["negatives"] += 1

@@ -40,7 +40,8 @@ class VectorsFile:
             raise ValueError(f"{where}: expected a .npy file of float vectors (N, D), got something "
                              f"else ({e})") from None
         if dtype.kind != "f" or dtype.hasobject:
-            raise ValueError(f"{where}: expected float vectors (float16, float32 or float64), got dtype {dtype}")
+            raise ValueError(f"{where}: expected float vectors (float16, float32 or float64), got "
+                             f"dtype {dtype}")
         if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
             raise ValueError(f"{where}: expected a 2-D array (N, D) with N, D >= 1, got shape {shape}")
         if dim is not None and shape[1] != dim:
@@ -75,4 +76,4 @@ class VectorsFile:
 
     def read(self) -> np.ndarray:
         """All rows, (N, D) float32 (queries: they are held anyway)."""
-        return np.concatenate([b for _, b in self.blocks()]) if self.shape[0] else np.empty((0, self.shape[1]))
+        return np.concatenate([b for _, b in self.blocks()])
