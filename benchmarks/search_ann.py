@@ -97,7 +97,8 @@ if step == "build":
         import faiss
         if kind == "faiss-ivfpq":
             nlist = 1 << max(4, round(np.log2(np.sqrt(n))))
-            index = faiss.index_factory(X.shape[1], f"IVF{nlist},PQ{X.shape[1] // 8}np", faiss.METRIC_INNER_PRODUCT)
+            index = faiss.index_factory(X.shape[1], f"IVF{nlist},PQ{X.shape[1] // 8}np",
+                                        faiss.METRIC_INNER_PRODUCT)
             rng = np.random.default_rng(0)
             sample = np.ascontiguousarray(X[np.sort(rng.choice(n, min(n, 64 * nlist), replace=False))])
             index.train(sample)
@@ -140,7 +141,8 @@ else:
             index.hnsw.efSearch = knob
             _, got = index.search(Q, 10)
         else:
-            got = index.search(Q, 10, expansion_search=knob).keys
+            index.expansion_search = knob
+            got = index.search(Q, 10).keys
         s = time.perf_counter() - t
         recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(got.tolist(), T.tolist())])
         results[knob] = {"recall": float(recall), "qps": len(Q) / s}
@@ -168,20 +170,23 @@ def libraries(args: argparse.Namespace) -> None:
     X = full[: args.n]
     queries = work / "lib_queries.npy"
     clustered_like(args.queries, X.shape[1], 99, queries, len(full))
-    Q = np.load(queries)
     truth = work / "lib_truth.npy"
     if not truth.is_file():  # in a child: this process stays small (a fork's peak RSS starts at ours)
-        subprocess.run([sys.executable, "-c", TRUTH_CODE, args.vectors, str(args.n), queries, truth], check=True)
+        subprocess.run([sys.executable, "-c", TRUTH_CODE, args.vectors, str(args.n), queries, truth],
+                       check=True)
     code = work / "lib.py"
     code.write_text(LIBRARY_CODE)
-    print(f"{_cpu()}; {args.n:,} clustered vectors of width {X.shape[1]}, {args.queries:,} queries, "
-          "recall@10 against exact; each step in a fresh process (peak RSS by wait4)")
-    print("| library, index | build s | build peak RSS MiB | size MiB | search peak RSS MiB | knob: recall@10 / QPS |")
-    print("|---|---:|---:|---:|---:|---|")
+    if not args.no_header:
+        print(f"{_cpu()}; {args.n:,} clustered vectors of width {X.shape[1]}, {args.queries:,} queries, "
+              "recall@10 against exact; each step in a fresh process (peak RSS by wait4)")
+        print("| library, index | build s | build peak RSS MiB | size MiB | search peak RSS MiB | "
+              "knob: recall@10 / QPS |")
+        print("|---|---:|---:|---:|---:|---|")
     for kind in args.kinds:
-        b_s, b_rss, b_out, _ = peak([sys.executable, code, kind, args.vectors, args.n, queries, truth, work, "build"])
+        step = [sys.executable, code, kind, args.vectors, args.n, queries, truth, work]
+        _, b_rss, b_out, _ = peak([*step, "build"])
         built = json.loads(b_out)
-        s_s, s_rss, s_out, _ = peak([sys.executable, code, kind, args.vectors, args.n, queries, truth, work, "search"])
+        _, s_rss, s_out, _ = peak([*step, "search"])
         res = json.loads(s_out)
         knobs = "; ".join(f"{k}: {v['recall']:.3f} / {v['qps']:,.0f}" for k, v in res.items())
         print(f"| {kind} | {built['build_s']:.1f} | {b_rss:,.0f} | {built['bytes'] / 2**20:,.0f} | "
@@ -218,7 +223,8 @@ def commands(args: argparse.Namespace) -> None:
         found[exact] = [json.loads(line)["ids"] for line in out.splitlines()]
         rows.append((exact, nq, s, rss))
     m = min(len(found[True]), len(found[False]))
-    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found[False][:m], found[True][:m], strict=True)])
+    recall = np.mean([len(set(a) & set(b)) / 10
+                      for a, b in zip(found[False][:m], found[True][:m], strict=True)])
     ann = meta.get("ann") or {}
     what = (f"IVF{ann['nlist']},PQ{ann['m']}x{ann['nbits']} nprobe {ann['nprobe']} rerank {ann['rerank']}"
             if ann else "exact")
@@ -227,7 +233,8 @@ def commands(args: argparse.Namespace) -> None:
           + ", ".join(f"{k} {v / 2**20:,.0f} MiB" for k, v in sorted(sizes.items())))
     print(f"recall@10 (approximate vs --exact, {m:,} queries): {recall:.4f}; build-time estimate on the "
           f"held-out sample: {ann.get('recall_at_10', 1.0)}")
-    print("| search command | queries | wall s | QPS (whole command) | peak RSS MiB | peak RSS / raw vectors |")
+    print("| search command | queries | wall s | QPS (whole command) | peak RSS MiB | "
+          "peak RSS / raw vectors |")
     print("|---|---:|---:|---:|---:|---:|")
     for exact, nq, s, rss in rows:
         print(f"| {'--exact' if exact else 'approximate'} | {nq:,} | {s:.1f} | {nq / s:,.1f} | {rss:,.0f} | "
@@ -267,7 +274,8 @@ def real(args: argparse.Namespace) -> None:
 def _cpu() -> str:
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+        return next(line.split(":", 1)[1].strip() for line in out.splitlines()
+                    if line.startswith("Model name"))
     except (OSError, StopIteration):
         return "unknown CPU"
 
@@ -287,6 +295,7 @@ def main() -> None:
     lib.add_argument("--n", type=int, default=200_000)
     lib.add_argument("--queries", type=int, default=2000)
     lib.add_argument("--work", default="/tmp/ann-bench")
+    lib.add_argument("--no-header", action="store_true")
     lib.add_argument("--kinds", nargs="+", default=["faiss-ivfpq", "faiss-hnsw", "usearch-i8", "usearch-f16"])
     c = sub.add_parser("commands")
     c.add_argument("--vectors", required=True)
