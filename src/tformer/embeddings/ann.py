@@ -2,29 +2,30 @@
 
     kind, why = choose_kind("auto", n)             # "exact" or "ivfpq", and the reason, printed
     meta = build_ann(work, n, dim)                 # work/ann.faiss, parameters measured for recall
-    AnnSearch(folder_fd, meta, vectors).search(q, k)
+    AnnSearch(path, meta, Rows(vectors_file, n, d)).search(q, k)
 
 An ``ivfpq`` index (FAISS, Jegou et al. 2011) holds, per vector, a product-quantized code (D/8
 bytes where D is the width) filed under the nearest of ``nlist`` coarse centroids. A search scans
 the ``nprobe`` lists nearest the query, takes the ``rerank x max(k, 10)`` best by their codes, and
-scores those candidates exactly against the index's own vectors.npy (read through a memory map whose pages are
-dropped after each batch of queries, so the process never holds the matrix). The lists are memory
-mapped too (faiss IO_FLAG_MMAP): an index larger than RAM is searched from disk, and memory holds
-the centroids, the PQ tables and the pages a batch touches. FAISS, not usearch: measured in
-benchmarks/README.md (usearch's HNSW built 10x slower here and needs its graph in the page cache).
+scores those candidates exactly against the index's own vectors.npy (each candidate's row read by
+pread: the process never holds the matrix, see Rows). The lists are memory-mapped (FAISS's
+IO_FLAG_MMAP), so an index larger than RAM is searched from disk; memory holds the centroids, the
+PQ tables, the lists' pages a batch probes and its candidates' rows. Why FAISS (and not usearch):
+benchmarks/README.md, "Approximate search".
 
 Parameters are chosen at build time, for recall@10 >= TARGET_RECALL against exact search on a
 held-out sample of the corpus (SAMPLE rows kept out of the quantizer's training; each one's exact
 neighbours, itself excluded, are found in the same pass that adds the vectors): for each rerank
 factor in turn, the smallest nprobe whose recall reaches the target at the lower end of its 95%
-confidence interval over the sample (at 0.950 exactly, other queries fell below: measured 0.93x
-on the 10^6 benchmark), then the cheapest pair by a count of operations (not by a clock: the same build chooses the same parameters on every machine and rank).
+confidence interval over the sample (0.950 on the sample itself left no margin: 0.9507 on 10^4
+other queries at 10^6), then the cheapest pair by a count: codes scanned plus CANDIDATE per candidate read
+(a count, not a clock: the same build chooses the same parameters on every machine and rank).
 """
 
 from __future__ import annotations
 
 import math
-import mmap
+import os
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,9 @@ TARGET_RECALL = 0.95
 SAMPLE = 1_000  # held-out queries that choose the parameters
 RERANKS = (4, 8, 16, 32)  # candidates scored exactly: rerank x k
 ADD_BLOCK = 65_536  # vectors read and added at a time
+# A candidate's cost in codes scanned: its row read from disk (a pread, 2-10 us here, busy or
+# quiet) and rescored, against a code's m table lookups (~25 ns at m = 48).
+CANDIDATE = 200
 
 
 def faiss_module(option: str = "--ann"):
@@ -105,20 +109,24 @@ def skip_header(f) -> int:
 
 
 class Rows:
-    """An (n, d) float32 .npy read through a memory map, rows gathered on demand; ``release``
-    drops the mapped pages (they stay in the page cache, not in this process's memory)."""
+    """Rows of an (n, d) float32 .npy, gathered on demand by pread (one per row, into the page
+    cache's copy). Not a memory map: here a read fault mapped ~0.9 MiB of cached file per random
+    row (the kernel maps large folios and their neighbours whole; madvise RANDOM / NOHUGEPAGE did
+    not stop it), so one batch's 43,520 candidates mapped all of a 440 MiB file and a search's
+    peak memory grew with the index (1.25x the raw vectors at 10^6); a pread costs ~2-10 us a row."""
 
     def __init__(self, f, n: int, d: int) -> None:
-        offset = skip_header(f)
-        self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        self.matrix = np.frombuffer(self.map, dtype=np.float32, count=n * d, offset=offset).reshape(n, d)
+        self.fd, self.offset, self.shape = f.fileno(), skip_header(f), (n, d)
 
     def take(self, rows: np.ndarray) -> np.ndarray:
-        return self.matrix[rows]  # a copy
-
-    def release(self) -> None:
-        if hasattr(mmap, "MADV_DONTNEED"):
-            self.map.madvise(mmap.MADV_DONTNEED)
+        """The rows (indices of any shape) as a read-only array of shape indices' shape + (d,)."""
+        n, d = self.shape
+        size, pread, fd, offset = d * 4, os.pread, self.fd, self.offset
+        wanted = np.asarray(rows, dtype=np.int64)
+        data = b"".join([pread(fd, size, offset + r * size) for r in wanted.ravel().tolist()])
+        if len(data) != wanted.size * size:
+            raise ValueError(f"vectors.npy: expected {n} rows, got fewer (truncated: rebuild the index)")
+        return np.frombuffer(data, dtype=np.float32).reshape(*wanted.shape, d)
 
 
 def build_ann(work: Path, vectors, n: int, dim: int, threads: int | None = None,
@@ -140,7 +148,6 @@ def build_ann(work: Path, vectors, n: int, dim: int, threads: int | None = None,
                          _sample_outside(rng, n, want, held))
     rows = Rows(vectors, n, dim)
     sample, train = rows.take(held), rows.take(train_rows)
-    rows.release()
     t = time.perf_counter()
     index = faiss.index_factory(dim, f"IVF{shape['nlist']},PQ{shape['m']}x{shape['nbits']}np",
                                 faiss.METRIC_INNER_PRODUCT)
@@ -166,7 +173,6 @@ def build_ann(work: Path, vectors, n: int, dim: int, threads: int | None = None,
     expected = _without_self(truth.result()[1], held)
     searcher = AnnSearch(str(path), {"nprobe": 1, "rerank": 1}, Rows(vectors, n, dim))
     chosen = _tune(searcher, sample, held, expected, shape, n)
-    searcher.rows.release()
     report(f"chose nprobe {chosen['nprobe']} of {shape['nlist']} lists, rerank {chosen['rerank']} x k: "
            f"recall@10 {chosen['recall_at_10']:.3f} on {len(held):,} held-out vectors against exact search")
     return {"kind": "ivfpq", "library": f"faiss {faiss.__version__}", **shape, **chosen,
@@ -209,8 +215,8 @@ def _tune(searcher: AnnSearch, sample: np.ndarray, held: np.ndarray, expected: n
             if recall > fallback[0]:
                 fallback = (recall, nprobe, rerank)
             if low >= TARGET_RECALL:  # the target met with the sample's uncertainty too
-                # codes scanned (m lookups each) + candidates rescored (D multiply-adds each)
-                cost = nprobe * per_list * shape["m"] + rerank * 10 * sample.shape[1]
+                # codes scanned + candidates read and rescored, a candidate weighing CANDIDATE codes
+                cost = nprobe * per_list + rerank * 10 * CANDIDATE
                 if best is None or cost < best[0]:
                     best = (cost, recall, nprobe, rerank)
                 break
@@ -234,10 +240,10 @@ class AnnSearch:
         """(scores, rows), each (Q, min(k, n)), best first, ties to the lower row; a query whose
         probed lists hold fewer candidates gets rows -1 (score -inf) at the end."""
         q = unit(np.ascontiguousarray(queries, dtype=np.float32))
-        n, d = self.rows.matrix.shape
+        n, d = self.rows.shape
         k = min(k, n)
         c = min(n, self.rerank * max(k, 10))  # tuned at k = 10: fewer candidates would lose recall
-        batch = max(1, min(4096, (1 << 24) // (c * d)))  # (batch, c, D) gathered rows: <= 64 MiB
+        batch = max(1, min(4096, (1 << 23) // (c * d)))  # (batch, c, D) gathered rows: <= 32 MiB
         scores = np.empty((len(q), k), dtype=np.float32)
         rows = np.empty((len(q), k), dtype=np.int64)
         for s in range(0, len(q), batch):
@@ -252,7 +258,6 @@ class AnnSearch:
             scores[s:s + batch] = np.take_along_axis(exact, keep, axis=1)
             got = np.take_along_axis(cand, keep, axis=1)
             rows[s:s + batch] = np.where(got < n, got, -1)
-            self.rows.release()  # the pages this batch read: back to the page cache only
         return scores, rows
 
     def _candidates(self, q: np.ndarray, c: int) -> np.ndarray:

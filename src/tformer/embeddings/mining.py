@@ -203,7 +203,6 @@ def _write(st, index: Index, data, out: Path, how: Mining, anchors: dict[int, se
                                      "(expected an index of every positive)")
                 pos_rows.append(row)
             pos_score = np.einsum("bd,bd->b", a_vec, rows.take(np.array(pos_rows)))
-            rows.release()
             scores, found = index.search(a_vec, k)
             for i, (_, anchor, positive) in enumerate(chunk):
                 skip = anchors[a := text_hash(anchor)] | {a}
