@@ -147,3 +147,18 @@ def test_kill_at_every_write_step_of_an_approximate_build_keeps_the_old_index(ca
         assert rc == 0 and "approximate" in err, err
         assert sorted(p.name for p in idx.iterdir()) == ["ann.faiss", "index.json", "vectors.npy"]
     assert len(steps) == 3  # an exact build: vectors.npy, index.json, the rename
+
+
+def test_a_text_query_against_an_index_of_vectors_names_rows(capsys, tmp_path):
+    """Vectors a model made, indexed without texts: a text query with --model finds their rows."""
+    from hf_bert_fixtures import SENTENCES, st_dir
+
+    rc, _, err = run_cli(capsys, "embed", st_dir(), *SENTENCES, "--out", tmp_path / "e.npy")
+    assert rc == 0, err
+    assert run_cli(capsys, "index", "build", "--vectors", tmp_path / "e.npy", "--out", tmp_path / "idx")[0] == 0
+    rc, out, err = run_cli(capsys, "search", tmp_path / "idx", SENTENCES[2], "--model", st_dir(), "-k", 2)
+    assert rc == 0, err
+    assert out.splitlines()[1] == "  1. 1.0000  row 2"
+    rc, out, err = run_cli(capsys, "search", tmp_path / "idx", SENTENCES[2], "--model", st_dir(), "-k", 1,
+                           "--format", "jsonl")
+    assert rc == 0 and json.loads(out)["id"] == 2 and json.loads(out)["text"] is None, err

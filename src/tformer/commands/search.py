@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         if first == 0:
             raise ValueError(f"--corpus {args.corpus}: expected at least one line, got none")
         scores, rows = best.result()
-    results = ((q, query, rank, float(score), *found[int(row)])
+    results = ((q, query, rank, float(score), *found[int(row)], int(row))
                for q, query in enumerate(queries_text)
                for rank, (score, row) in enumerate(zip(scores[q], rows[q], strict=True), start=1)
                if row >= 0)  # an approximate search that found fewer than k
@@ -200,24 +200,27 @@ COLUMNS = ("query_index", "query", "rank", "score", "line", "text")  # a result,
 
 
 def _print_results(form: str, results) -> None:
-    """(query index, query, rank, score, line number, text) per result, in the --format asked."""
+    """(query index, query, rank, score, line number, text, row) per result, in the --format asked;
+    jsonl adds the row as "id" (from 0, as --query-vectors prints it); an index of vectors without
+    texts has no line or text (None)."""
     import json
 
     if form == "tsv":
         print("\t".join(COLUMNS))
-    for q, query, rank, score, number, text in results:
+    for q, query, rank, score, number, text, row in results:
         if form == "jsonl":  # the score in full (repr of the float32's double), not to 4 digits
-            print(json.dumps(dict(zip(COLUMNS, (q, query, rank, score, number, text), strict=True)),
-                             ensure_ascii=False))
+            record = dict(zip(COLUMNS, (q, query, rank, score, number, text), strict=True))
+            print(json.dumps({**record, "id": row}, ensure_ascii=False))
         elif form == "tsv":
-            print(f"{q}\t{_tsv(query)}\t{rank}\t{score!r}\t{number}\t{_tsv(text)}")
+            print(f"{q}\t{_tsv(query)}\t{rank}\t{score!r}\t{'' if number is None else number}\t"
+                  f"{'' if text is None else _tsv(text)}")
         else:
             if rank == 1:
                 if q:
                     print()  # a blank line between queries' blocks
                 print(f"query: {short(query)}")
             print(f"{rank:>3}. {score:.4f}  line {number}: {short(text, 80)}" if number is not None
-                  else f"{rank:>3}. {score:.4f}")
+                  else f"{rank:>3}. {score:.4f}  row {row}")
 
 
 def _tsv(text: str) -> str:
