@@ -29,6 +29,7 @@ COMMANDS = [
     ("similarity", "similarity"),
     ("search", "search"),
     ("index", "index"),
+    ("mine", "mine"),
     ("attention", "attention"),
     ("plot-positions", "plot_positions"),
     ("export", "export"),
@@ -65,7 +66,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 # took the index's own model, `train --data ""` named a file '.').
 PATH_ARGUMENTS = frozenset({"config", "run_dir", "model_dir", "model", "file", "corpus", "data",
                             "valid", "test", "from_pretrained", "out", "html", "onnx", "hf", "json",
-                            "index"})
+                            "index", "vectors", "texts", "query_vectors"})
 
 
 def _empty_path(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:

@@ -30,7 +30,7 @@ def test_every_script_has_a_smoke_run():
     scripts = {p.relative_to(BENCH).as_posix() for p in BENCH.rglob("*.py")}
     covered = {*(s for s, _ in BENCH_SUITE), "serve.py", "serve_wait.py", "classifier_pooling.py", "precision_accuracy.py",
                "precision_training.py", "search_memory.py", "train_own_data.py", "data/build_datasets.py",
-               "budget.py", "decode_run.py"}
+               "budget.py", "decode_run.py", "search_ann.py", "mine_negatives.py"}
     assert scripts == covered, f"scripts without a smoke run: {sorted(scripts - covered)}"
 
 
@@ -44,6 +44,26 @@ BENCH_SUITE = [("bf16.py", False), ("decoding.py", False), ("gemm.py", False), (
                                     for s, slow in BENCH_SUITE])
 def test_bench_suite_script(script):
     assert "|" in _run(script, *QUICK_BENCH)  # its markdown table
+
+
+def test_search_ann(tmp_path):
+    pytest.importorskip("faiss")
+    _run("search_ann.py", "generate", "--n", "3000", "--dim", "16", "--out", str(tmp_path / "v.npy"))
+    _run("search_ann.py", "generate", "--n", "50", "--dim", "16", "--seed", "9", "--centres-of", "3000",
+         "--out", str(tmp_path / "q.npy"))
+    out = _run("search_ann.py", "commands", "--vectors", str(tmp_path / "v.npy"), "--queries",
+               str(tmp_path / "q.npy"), "--ann", "ivfpq", "--work", str(tmp_path / "w"))
+    assert "| approximate | 50 |" in out and "recall@10" in out
+
+
+@pytest.mark.slow
+def test_mine_negatives(tmp_path):
+    rows = [{"anchor": f"the {w} number {i}", "positive": f"a {w} {i}"}
+            for i, w in enumerate(["cat", "dog", "river", "sun", "moon", "book"] * 300)]
+    pairs = write(tmp_path / "pairs.jsonl", rows)
+    out = _run("mine_negatives.py", "--pairs", str(pairs), "--model", str(st_dir()), "--train", "200",
+               "--minutes", "0.5", "--work", str(tmp_path / "w"), timeout=600)
+    assert "| mined |" in out
 
 
 def test_serve(tmp_path):

@@ -49,7 +49,7 @@ def test_embed_output_resumes_and_publishes_atomically(tmp_path, suffix):
 
 
 def test_index_build_refuses_a_path_that_is_not_an_index(tmp_path):
-    from tformer.embeddings.index import build_index
+    from tformer.embeddings.index_build import build_index
 
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("mine")
@@ -87,7 +87,8 @@ def test_a_partial_output_with_nothing_recorded_is_not_said_to_be_for_other_inpu
 def test_a_search_refuses_bad_queries_or_k_naming_them(tmp_path):
     from hf_bert_fixtures import st_dir
 
-    from tformer.embeddings.index import Index, build_index
+    from tformer.embeddings.index import Index
+    from tformer.embeddings.index_build import build_index
     from tformer.embeddings.sentence import SentenceEncoder
 
     model = st_dir("mean", True)

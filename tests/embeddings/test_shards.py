@@ -94,14 +94,29 @@ def test_embed_on_two_ranks_writes_what_one_process_writes(tmp_path, corpus):
 
 @needs_torchrun
 def test_index_build_on_two_ranks_is_the_index_one_process_builds(tmp_path, corpus):
+    """Exact and approximate: rank 0 builds the approximate index from the vectors the ranks
+    wrote together, alone, after they part: the same vectors, quantizer, parameters and results."""
+    pytest.importorskip("faiss")
     common = ["index", "build", st_dir(), "--corpus", corpus, "--dtype", "fp32", "--threads", "1",
-              "--device", "cpu"]
+              "--device", "cpu", "--ann", "ivfpq"]
     _run([sys.executable, "-m", "tformer", *common, "--out", tmp_path / "one"], tmp_path)
-    _run([TORCHRUN, "--standalone", "--nproc_per_node", "2", "-m", "tformer", *common,
-          "--out", tmp_path / "two"], tmp_path)
+    proc = _run([TORCHRUN, "--standalone", "--nproc_per_node", "2", "-m", "tformer", *common,
+                 "--out", tmp_path / "two"], tmp_path)
+    assert proc.stderr.count("chose nprobe") == 1  # rank 0 alone builds the approximate index
     a, b = (json.loads((tmp_path / d / "index.json").read_text()) for d in ("one", "two"))
-    assert a == b
+    assert a == b and a["ann"]["kind"] == "ivfpq"
     assert (tmp_path / "one" / "texts.jsonl").read_text() == (tmp_path / "two" / "texts.jsonl").read_text()
     va, vb = np.load(tmp_path / "one" / "vectors.npy"), np.load(tmp_path / "two" / "vectors.npy")
     assert np.abs(va - vb).max() <= 1e-6
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "two"]  # no leftovers
+    np.save(tmp_path / "q.npy", va[::97] + 0.05)
+    found = {}
+    for d in ("one", "two"):
+        for how in ([], ["--exact"]):
+            out = _run([sys.executable, "-m", "tformer", "search", tmp_path / d, "--query-vectors",
+                        tmp_path / "q.npy", "-k", 10, "--format", "jsonl", *how], tmp_path).stdout
+            found[d, bool(how)] = [json.loads(line) for line in out.splitlines()]
+    for exact in (False, True):
+        one, two = found["one", exact], found["two", exact]
+        assert [r["ids"] for r in one] == [r["ids"] for r in two]
+        assert np.abs(np.array([r["scores"] for r in one]) - np.array([r["scores"] for r in two])).max() <= 1e-6
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "q.npy", "two"]  # no leftovers

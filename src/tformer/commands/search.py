@@ -1,11 +1,13 @@
 """`tformer search MODEL_DIR --corpus lines.txt "query" ...`: the corpus lines closest to a query.
 `tformer search INDEX "query" ...`: the same over an index built once by `tformer index build`.
+`tformer search INDEX --query-vectors Q.npy -k 10 --format jsonl`: vectors in, row ids out.
 
 Queries come from the arguments and/or ``--file`` (one per line). Ranks the corpus's lines
 (one document per line, read as tformer.text.lines says) by cosine similarity to each query's embedding and
 prints the top ``-k`` with their score and line number. Without an index the corpus is
 embedded a chunk at a time and compared at once with a running top-k, so memory does not
-grow with its length; with an index nothing is embedded but the queries.
+grow with its length; with an index nothing is embedded but the queries, and an approximate
+index (tformer.embeddings.ann) answers by its parameters unless --exact.
 """
 
 from __future__ import annotations
@@ -38,7 +40,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
                         help="with an INDEX: the model directory to embed queries with "
                              "(default: the one that built it; another model is refused)")
-    parser.add_argument("-k", "--top-k", type=int, default=5, help="results per query (5)")
+    parser.add_argument("--query-vectors", default=None,
+                        help="with an INDEX: a .npy file of query vectors (Q, D) instead of texts; "
+                             "jsonl prints one line per query: query_index, ids (row numbers from 0), "
+                             "scores (and texts, where the index has them)")
+    parser.add_argument("--exact", action="store_true",
+                        help="with an approximate INDEX: scan every vector instead (the exact answer)")
+    parser.add_argument("-k", "--k", "--top-k", dest="top_k", type=int, default=5,
+                        help="results per query (5)")
     parser.add_argument("--format", choices=FORMATS, default="text",
                         help="text: a block per query, for reading (default); jsonl: one JSON "
                              "object per result: query_index, query, rank, score, line, text; "
@@ -59,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
     from tformer.text.lines import TextLines
 
     check_options(args)
+    if args.query_vectors is not None:
+        return _search_vectors(args)
     if args.file == "-" and args.corpus == "-":
         raise ValueError("--file, --corpus: expected at most one to read standard input, got both")
     queries_text = input_texts(args, "queries", "QUERY")
@@ -66,8 +77,11 @@ def run(args: argparse.Namespace) -> int:
     if Index.is_index(args.model_dir):
         if args.corpus is not None:
             raise ValueError("--corpus: not with an INDEX (it holds its corpus); got both")
-        index = Index(args.model_dir)
-        model_dir = args.model or index.meta["model_dir"]
+        index = _open_index(args)
+        model_dir = args.model or index.meta.get("model_dir")
+        if model_dir is None:
+            raise ValueError(f"INDEX {args.model_dir}: built from vectors, it names no model: give --model "
+                             "MODEL_DIR to embed the queries with, or --query-vectors Q.npy")
         index.check_model(model_dir)
         args.model_dir = model_dir
         if args.max_length is None:  # embed the queries as the corpus was
@@ -77,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
         with one_line_warnings("search"):
             st = load_sentence_encoder(args)
             queries = _embed_queries(st, args, queries_text)
-        scores, rows = index.search(queries, args.top_k)
-        found = index.texts(set(rows.ravel().tolist()))
+        scores, rows = index.search(queries, args.top_k, exact=args.exact)
+        found = _texts_of(index, rows)
     else:
         if args.corpus is None:
             raise ValueError(f"--corpus: expected a corpus file with MODEL_DIR {args.model_dir} "
@@ -106,10 +120,78 @@ def run(args: argparse.Namespace) -> int:
         if first == 0:
             raise ValueError(f"--corpus {args.corpus}: expected at least one line, got none")
         scores, rows = best.result()
-    results = ((q, query, rank, float(score), *found[int(row)])
+    results = ((q, query, rank, float(score), *found[int(row)], int(row))
                for q, query in enumerate(queries_text)
-               for rank, (score, row) in enumerate(zip(scores[q], rows[q], strict=True), start=1))
+               for rank, (score, row) in enumerate(zip(scores[q], rows[q], strict=True), start=1)
+               if row >= 0)  # an approximate search that found fewer than k
     _print_results(args.format, results)
+    return 0
+
+
+def _open_index(args: argparse.Namespace):
+    """The INDEX; an approximate one's FAISS gets torch's threads (check_options: the cores other
+    processes leave free; OpenMP threads past them spin and wait for each other)."""
+    import torch
+
+    from tformer.embeddings.ann import use_threads
+    from tformer.embeddings.index import Index
+
+    index = Index(args.model_dir)
+    if index.kind != "exact" and not args.exact:
+        use_threads(args.threads or torch.get_num_threads())
+    return index
+
+
+def _texts_of(index, rows) -> dict[int, tuple]:
+    """{row: (line number, text)} of the rows in a result; (None, None) for an index of vectors
+    given without texts."""
+    wanted = {int(r) for r in rows.ravel().tolist() if r >= 0}
+    if index.has_texts:
+        return index.texts(wanted)
+    return {r: (None, None) for r in wanted}
+
+
+def _search_vectors(args: argparse.Namespace) -> int:
+    """--query-vectors: each block of queries searched, then printed (memory: a block of queries
+    and its results, whatever the number of queries)."""
+    import json
+
+    from tformer.embeddings.index import Index
+    from tformer.embeddings.vectors import VectorsFile
+
+    for given, option in ((args.queries, "QUERY"), (args.file, "--file"), (args.corpus, "--corpus"),
+                          (args.model, "--model")):
+        if given:
+            raise ValueError(f"{option}: not with --query-vectors (the queries are its vectors)")
+    if not Index.is_index(args.model_dir):
+        raise ValueError(f"--query-vectors: expected an INDEX from `tformer index build` (got "
+                         f"{args.model_dir}, which holds no index.json)")
+    index = _open_index(args)
+    source = VectorsFile(args.query_vectors, "--query-vectors", dim=index.meta["dim"])
+    if args.format == "tsv":
+        print("\t".join(("query_index", "rank", "score", "id", "line", "text")))
+    for first, block in source.blocks():
+        scores, rows = index.search(block, args.top_k, exact=args.exact)
+        found = _texts_of(index, rows) if index.has_texts else {}
+        for i, (s_row, r_row) in enumerate(zip(scores.tolist(), rows.tolist(), strict=True)):
+            kept = [(s, r) for s, r in zip(s_row, r_row, strict=True) if r >= 0]
+            q = first + i
+            if args.format == "jsonl":
+                record = {"query_index": q, "ids": [r for _, r in kept], "scores": [s for s, _ in kept]}
+                if found:
+                    record["texts"] = [found[r][1] for _, r in kept]
+                print(json.dumps(record, ensure_ascii=False))
+                continue
+            for rank, (score, row) in enumerate(kept, start=1):
+                line, text = found.get(row, (None, None))
+                if args.format == "tsv":
+                    print(f"{q}\t{rank}\t{score!r}\t{row}\t{'' if line is None else line}\t"
+                          f"{'' if text is None else _tsv(text)}")
+                else:
+                    if rank == 1:
+                        print(f"{chr(10) if q else ''}query {q}:")
+                    shown = f": {short(text, 80)}" if text is not None else ""
+                    print(f"{rank:>3}. {score:.4f}  row {row}{shown}")
     return 0
 
 
@@ -118,23 +200,27 @@ COLUMNS = ("query_index", "query", "rank", "score", "line", "text")  # a result,
 
 
 def _print_results(form: str, results) -> None:
-    """(query index, query, rank, score, line number, text) per result, in the --format asked."""
+    """(query index, query, rank, score, line number, text, row) per result, in the --format asked;
+    jsonl adds the row as "id" (from 0, as --query-vectors prints it); an index of vectors without
+    texts has no line or text (None)."""
     import json
 
     if form == "tsv":
         print("\t".join(COLUMNS))
-    for q, query, rank, score, number, text in results:
+    for q, query, rank, score, number, text, row in results:
         if form == "jsonl":  # the score in full (repr of the float32's double), not to 4 digits
-            print(json.dumps(dict(zip(COLUMNS, (q, query, rank, score, number, text), strict=True)),
-                             ensure_ascii=False))
+            record = dict(zip(COLUMNS, (q, query, rank, score, number, text), strict=True))
+            print(json.dumps({**record, "id": row}, ensure_ascii=False))
         elif form == "tsv":
-            print(f"{q}\t{_tsv(query)}\t{rank}\t{score!r}\t{number}\t{_tsv(text)}")
+            print(f"{q}\t{_tsv(query)}\t{rank}\t{score!r}\t{'' if number is None else number}\t"
+                  f"{'' if text is None else _tsv(text)}")
         else:
             if rank == 1:
                 if q:
                     print()  # a blank line between queries' blocks
                 print(f"query: {short(query)}")
-            print(f"{rank:>3}. {score:.4f}  line {number}: {short(text, 80)}")
+            print(f"{rank:>3}. {score:.4f}  line {number}: {short(text, 80)}" if number is not None
+                  else f"{rank:>3}. {score:.4f}  row {row}")
 
 
 def _tsv(text: str) -> str:
