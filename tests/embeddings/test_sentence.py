@@ -182,7 +182,7 @@ def test_encode_refuses_texts_that_are_not_str_naming_the_argument(texts, got):
 
 def test_a_sentence_encoder_refuses_a_bad_model_or_pooling_naming_it():
     st = SentenceEncoder.from_pretrained(st_dir())
-    with pytest.raises(TypeError, match=r"^model: expected an Encoder \(tformer\.from_pretrained\), got int$"):
+    with pytest.raises(TypeError, match=r"^model: expected an Encoder \(tformer\.from_pretrained\) or a SentenceModel, got int$"):
         SentenceEncoder(5, st.tokenizer)  # was "'int' object has no attribute 'eval'"
     with pytest.raises(TypeError, match=r"^tokenizer: expected a tformer Tokenizer \(tformer\.load_tokenizer\), "
                                         r"got str$"):
