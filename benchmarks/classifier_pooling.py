@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from tformer import cli
+from tformer.commands import cli
 from tformer.kinds.classification import Classification
 
 POOLINGS = ("cls", "mean", "cls-uniform")

@@ -74,8 +74,8 @@ def worker(args) -> None:
     if spec["name"].startswith("tformer"):
         import torch
 
-        from tformer.kernels.allocator import keep_freed_memory
         from tformer.kinds import load_run
+        from tformer.nn.kernels.allocator import keep_freed_memory
 
         keep_freed_memory()  # as the command line does
         torch.set_num_threads(spec["threads"])
@@ -150,7 +150,7 @@ def main() -> None:
     def text(out: list[int]) -> str:
         return source.decode(out[:-1] if out and out[-1] == eos else out)
 
-    from tformer.bench.harness import cpu_info
+    from tformer.commands.benchmarking.harness import cpu_info
 
     model, isa = cpu_info()
     print(f"CPU: {model} ({', '.join(isa)}); {args.threads} threads; {args.run}: {len(texts)} test inputs, "

@@ -11,7 +11,7 @@ times them interleaved in rounds and prints one markdown table.
 
 import sys
 
-from tformer.cli import main
+from tformer.commands.cli import main
 
 WORKLOADS = ["dense-small", "dense-base-512", "padded-small-post", "padded-small-pre",
              "padded-base-post", "padded-base-pre"]

@@ -70,7 +70,7 @@ def load() -> float:
 
 
 def cpu() -> str:
-    from tformer.kernels.machine import cpu_info
+    from tformer.nn.kernels.machine import cpu_info
 
     return cpu_info()[0]
 

@@ -10,7 +10,7 @@ times them interleaved in rounds and prints one markdown table.
 
 import sys
 
-from tformer.cli import main
+from tformer.commands.cli import main
 
 WORKLOADS = ["numpy-base"]
 

@@ -18,10 +18,9 @@ import sys
 import numpy as np
 import torch
 
-from tformer import kernels
-from tformer.bench import corpus, harness
+from tformer.commands.benchmarking import corpus, harness
 from tformer.embeddings.sentence import SentenceEncoder
-from tformer.nn import int8
+from tformer.nn import int8, kernels
 from tformer.text.lines import TextLines
 
 

@@ -55,7 +55,7 @@ def main() -> int:
                         ", ".join(r[0] for r in RUNS) + ")")
     parser.add_argument("--steps-scale", type=float, default=1.0, help="multiply every run's steps")
     args = parser.parse_args()
-    from tformer.bench.harness import cpu_info
+    from tformer.commands.benchmarking.harness import cpu_info
 
     model, flags = cpu_info()
     print(f"CPU: {model}; flags: {', '.join(flags)}; {args.threads} threads\n")

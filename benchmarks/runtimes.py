@@ -11,7 +11,7 @@ in interleaved rounds; one markdown table.
 
 import sys
 
-from tformer.cli import main
+from tformer.commands.cli import main
 
 WORKLOADS = ["sentences-minilm", "mixed-base"]
 

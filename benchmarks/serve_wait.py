@@ -46,7 +46,7 @@ def default_model() -> Path:
 def start_server(model: Path, max_batch_tokens: int) -> tuple[subprocess.Popen, int]:
     env = dict(os.environ, OMP_NUM_THREADS=str(THREADS), TOKENIZERS_PARALLELISM="false")
     log = tempfile.TemporaryFile("w+")
-    argv = [sys.executable, "-m", "tformer.cli", "serve", str(model), "--port", "0", "--dtype", "fp32",
+    argv = [sys.executable, "-m", "tformer", "serve", str(model), "--port", "0", "--dtype", "fp32",
             "--threads", str(THREADS), "--max-batch-tokens", str(max_batch_tokens)]
     proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120

@@ -308,7 +308,7 @@ def run_hf(task: str, data: Path, run_dir: Path, minutes: float, threads: int, r
 
 # The comparison ---------------------------------------------------------------------------------
 def compare(args) -> None:
-    from tformer.kernels.machine import cpu_info
+    from tformer.nn.kernels.machine import cpu_info
 
     out = args.out or Path(tempfile.mkdtemp(prefix="tformer-vs-hf-"))
     out.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 DOCS = Path(__file__).resolve().parent
-CLI = [sys.executable, "-c", "import sys; from tformer.cli import main; sys.exit(main(sys.argv[1:]))"]
+CLI = [sys.executable, "-c", "import sys; from tformer.commands.cli import main; sys.exit(main(sys.argv[1:]))"]
 
 # The norm experiment: 8 + 8 layers, a high learning rate (3e-3) from step 1 and no gradient
 # clipping, then a cosine decay. (With 6 + 6 layers, lr 1e-3 and clipping both train.)
@@ -114,7 +114,7 @@ def norm_figure(root: Path) -> None:
 
 def positions_figures() -> None:
     from tformer.reference.positional import sinusoidal_table
-    from tformer.viz.plots import plot_positions, save_figure
+    from tformer.training.viz.plots import plot_positions, save_figure
 
     save_figure(plot_positions(d_model=128, max_len=100), DOCS / "positions.png")
     table = sinusoidal_table(100, 128)  # (P, D)

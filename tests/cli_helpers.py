@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import re
 
-from tformer.cli import main
+from tformer.commands.cli import main
 
 
 def run_cli(capsys, *argv):

@@ -33,7 +33,7 @@ def pytest_collection_modifyitems(config, items):
 def device(request) -> torch.device:
     """The device the suite runs its device tests on (--device; cpu unless asked): everything
     device-aware runs on the CPU in CI, and on the GPU with `make test-gpu`."""
-    from tformer.devices import resolve_device
+    from tformer.nn.devices import resolve_device
 
     try:
         return resolve_device(request.config.getoption("--device"), "--device")
@@ -51,7 +51,7 @@ def tiny_config() -> TransformerConfig:
 
 @pytest.fixture(autouse=True, scope="session")
 def _kernel_cache(tmp_path_factory):
-    """Measured kernel choices (tformer.kernels.autotune) go to a cache of the test session's own, so a
+    """Measured kernel choices (tformer.nn.kernels.autotune) go to a cache of the test session's own, so a
     test run never reads or writes the user's ~/.cache/tformer (subprocesses inherit it)."""
     import os
 

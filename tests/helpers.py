@@ -147,8 +147,8 @@ def briefly_trained_reverse(layers: int = 1):
 
     from tformer import TransformerConfig
     from tformer.nn.model import Seq2SeqTransformer
-    from tformer.tasks import get_task
     from tformer.training import forward_loss
+    from tformer.training.tasks import get_task
 
     task = get_task("reverse", valid_size=10, test_size=10)
     torch.manual_seed(0)

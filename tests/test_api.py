@@ -113,7 +113,7 @@ def test_a_failed_train_into_out_leaves_nothing_there(tmp_path):
 
 
 def test_a_str_is_one_input_and_empty_inputs_are_refused_as_the_cli_refuses_them(tmp_path, capsys):
-    from tformer.cli import main
+    from tformer.commands.cli import main
 
     run = tformer.train(data=classification_rows(60), out=str(tmp_path / "run"), **TINY)
     assert len(run.predict("one text")) == 1
@@ -143,7 +143,7 @@ def test_a_train_refused_because_another_process_took_its_out_first_leaves_that_
         tmp_path, monkeypatch):
     """Two trains started together into one new out: both saw no folder. The one refused as
     "in use" removed it as its own failed run, while the other trained in it."""
-    import tformer.api as api
+    import tformer.kinds.api as api
     from tformer.storage.rundir import RunLock
 
     out = tmp_path / "run"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tformer import cli
+from tformer.commands import cli
 
 
 def _command_raising(monkeypatch, error):
@@ -64,7 +64,7 @@ def test_a_closed_pipe_ends_quietly(tmp_path):
 
     TransformerConfig(d_model=32, n_heads=4, d_ff=64, n_layers=2, vocab_size=50).save(
         tmp_path / "c.json")
-    proc = subprocess.Popen([sys.executable, "-m", "tformer.cli", "info", str(tmp_path / "c.json")],
+    proc = subprocess.Popen([sys.executable, "-m", "tformer.commands.cli", "info", str(tmp_path / "c.json")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.close()  # like `head` exiting before the first line
     err = proc.stderr.read().decode()
@@ -85,7 +85,7 @@ def test_the_command_ends_its_process_without_tearing_the_interpreter_down(tmp_p
     script = tmp_path / "command.py"
     script.write_text(textwrap.dedent("""
         import atexit, sys
-        from tformer import cli
+        from tformer.commands import cli
 
         class Kept:
             def __del__(self):

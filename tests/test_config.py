@@ -86,8 +86,8 @@ def test_field_types_come_from_the_type_hints():
 
 def test_every_activation_has_a_kernel_and_a_mirror():
     """The names live in config.ACTIVATIONS; kernels and the NumPy mirror implement each."""
-    from tformer import kernels
     from tformer.config import ACTIVATIONS
+    from tformer.nn import kernels
     from tformer.reference import feedforward as ref_feedforward
 
     assert tuple(kernels.ACTIVATIONS) == ACTIVATIONS == tuple(ref_feedforward.ACTIVATIONS)

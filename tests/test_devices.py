@@ -1,4 +1,4 @@
-"""tformer.devices: --device resolved in one place (auto: CUDA when torch sees it, the local
+"""tformer.nn.devices: --device resolved in one place (auto: CUDA when torch sees it, the local
 rank's GPU under torchrun), a missing device refused in one line, batches moved whole, and the
 16-bit type of each device. CUDA's presence is simulated (monkeypatched) where the machine has
 none; the real thing runs under `make test-gpu`."""
@@ -6,7 +6,7 @@ none; the real thing runs under `make test-gpu`."""
 import pytest
 import torch
 
-from tformer import devices
+from tformer.nn import devices
 from tformer.text.batches import EncoderBatch, PairBatch, Seq2SeqBatch
 from tformer.training.config import TrainConfig
 from tformer.training.distributed import backend_for

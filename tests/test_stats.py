@@ -3,8 +3,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from tformer import TransformerConfig
+from tformer.config.sizes import flops_per_token, parameter_count
 from tformer.nn.model import Encoder, EncoderClassifier, Seq2SeqTransformer
-from tformer.stats import flops_per_token, parameter_count
 
 
 @pytest.mark.parametrize("seq", [16, 64])

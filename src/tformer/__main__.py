@@ -2,6 +2,6 @@
 
 import sys
 
-from tformer.cli import main
+from tformer.commands.cli import main
 
 sys.exit(main())

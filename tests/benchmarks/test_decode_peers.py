@@ -9,8 +9,8 @@ import importlib.util
 import pytest
 import torch
 
-from tformer.bench import decode_peers as D
-from tformer.bench.harness import Measured, measure
+from tformer.commands.benchmarking import decode_peers as D
+from tformer.commands.benchmarking.harness import Measured, measure
 from tformer.nn.generate import beam_search, greedy_search
 from tformer.nn.model import Seq2SeqTransformer
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 from helpers import assert_close
 
-from tformer.bench import models as M
-from tformer.bench.floor import FloorEncoder
-from tformer.bench.harness import Report, Row, Target, Timing, measure, paired_ratio
+from tformer.commands.benchmarking import models as M
+from tformer.commands.benchmarking.floor import FloorEncoder
+from tformer.commands.benchmarking.harness import Report, Row, Target, Timing, measure, paired_ratio
 from tformer.nn.model import Encoder
 
 

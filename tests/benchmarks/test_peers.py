@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from tformer.bench import corpus, peers, worker
-from tformer.bench.harness import Measured, measure
-from tformer.kernels.machine import cpu_info, has_bf16
+from tformer.commands.benchmarking import corpus, peers, worker
+from tformer.commands.benchmarking.harness import Measured, measure
+from tformer.nn.kernels.machine import cpu_info, has_bf16
 from tformer.text.tokenizer import load_tokenizer
 
 FP32 = 1e-5  # max abs diff to tformer fp32, at tiny sizes (the benchmark holds 1e-4 at full sizes)

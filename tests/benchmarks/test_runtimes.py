@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tformer.bench import corpus
-from tformer.bench.harness import Report, Row, Timing
-from tformer.bench.roofline import gemm_throughput
-from tformer.bench.runtimes import _gemm_floors
+from tformer.commands.benchmarking import corpus
+from tformer.commands.benchmarking.harness import Report, Row, Timing
+from tformer.commands.benchmarking.roofline import gemm_throughput
+from tformer.commands.benchmarking.runtimes import _gemm_floors
+from tformer.config.sizes import flops_per_token
 from tformer.formats.pretrained import pretrained_config
-from tformer.kernels.machine import has_bf16
-from tformer.stats import flops_per_token
+from tformer.nn.kernels.machine import has_bf16
 
 
 def _timing(ms: float) -> Timing:

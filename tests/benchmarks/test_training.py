@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tformer.bench import models as M
-from tformer.bench.harness import Report, Row
-from tformer.bench.roofline import gemm_throughput
-from tformer.bench.training import _gemm_floor
-from tformer.stats import flops_per_token
+from tformer.commands.benchmarking import models as M
+from tformer.commands.benchmarking.harness import Report, Row
+from tformer.commands.benchmarking.roofline import gemm_throughput
+from tformer.commands.benchmarking.training import _gemm_floor
+from tformer.config.sizes import flops_per_token
 
 
 def test_gemm_floor_is_the_steps_matrix_products_at_the_roofline():

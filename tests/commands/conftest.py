@@ -14,7 +14,7 @@ def classification_run(tmp_path_factory):
 
     from text_fixtures import classification_rows, write
 
-    from tformer.cli import main
+    from tformer.commands.cli import main
 
     root = tmp_path_factory.mktemp("classification")
     data = write(root / "train.jsonl", classification_rows(80))
@@ -36,7 +36,7 @@ def task_runs(tmp_path_factory):
     import contextlib
     import io
 
-    from tformer.cli import main
+    from tformer.commands.cli import main
 
     runs = {}
 

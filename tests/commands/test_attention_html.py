@@ -10,13 +10,13 @@ import torch
 from browser_helpers import browser_report
 from hf_bert_fixtures import bert_dir
 
-from tformer.cli import main
+from tformer.commands.cli import main
 from tformer.kinds import load_run
 from tformer.nn.generate import generate
 from tformer.nn.model import from_pretrained
-from tformer.tasks.tokenizer import BOS, EOS
 from tformer.text.tokenizer import load_tokenizer
-from tformer.viz.html import read_page_data
+from tformer.training.tasks.tokenizer import BOS, EOS
+from tformer.training.viz.html import read_page_data
 
 TINY = [
     "--d-model",

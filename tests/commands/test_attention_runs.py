@@ -10,9 +10,9 @@ import pytest
 import torch
 from text_fixtures import classification_rows, embedding_rows, seq2seq_rows, write
 
-from tformer.cli import main
-from tformer.viz import html as viz_html
-from tformer.viz.html import read_page_data
+from tformer.commands.cli import main
+from tformer.training.viz import html as viz_html
+from tformer.training.viz.html import read_page_data
 
 TINY = ["--d-model", "16", "--n-heads", "2", "--d-ff", "32", "--n-layers", "2", "--vocab-size", "300",
         "--steps", "2", "--eval-every", "2", "--max-tokens", "512", "--max-length", "12", "--threads", "1",

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from tformer.bench import workloads
-from tformer.bench.harness import Report, Row
-from tformer.cli import main
-from tformer.kernels.machine import NO_BF16, cpu_info, has_bf16
+from tformer.commands.benchmarking import workloads
+from tformer.commands.benchmarking.harness import Report, Row
+from tformer.commands.cli import main
+from tformer.nn.kernels.machine import NO_BF16, cpu_info, has_bf16
 
 PEER_WORKLOADS = ["sentences-minilm", "mixed-base"]
 

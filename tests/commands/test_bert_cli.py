@@ -12,9 +12,9 @@ from helpers import assert_close
 from hf_bert_fixtures import SENTENCES, bert_dir, copy_dir, st_dir
 from safetensors.torch import load_file, save_file
 
-from tformer.cli import main
+from tformer.commands.cli import main
 from tformer.embeddings.sentence import SentenceEncoder
-from tformer.viz.plots import DPI, PANEL_INCHES
+from tformer.training.viz.plots import DPI, PANEL_INCHES
 
 LONG = " ".join(["cat"] * 100)  # 102 tokens: past the 64 positions (and the ST's 16)
 

@@ -12,7 +12,7 @@ import torch
 from cli_helpers import assert_one_line_error, run_cli
 from hf_bert_fixtures import st_dir
 
-from tformer.cli import main
+from tformer.commands.cli import main
 from tformer.storage.checkpoint import check_run_dir
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")

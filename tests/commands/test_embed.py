@@ -175,7 +175,7 @@ def test_full_disk_at_every_write_step_keeps_the_old_file_and_resumes(capsys, tm
     f = tmp_path / "t.txt"
     f.write_text("\n".join(SENTENCES) + "\n")
     out = tmp_path / f"e{suffix}"
-    # One thread for every run: left to the machine's load (tformer.kernels.machine.free_threads),
+    # One thread for every run: left to the machine's load (tformer.nn.kernels.machine.free_threads),
     # a resumed run may take another thread count than the first, and sum in another order (the
     # .jsonl rows differed in their last digits on a 2-core AMD EPYC Zen 4 running the suite).
     argv = ["embed", st_dir(), "--file", f, "--out", out, "--threads", 1]

@@ -17,7 +17,7 @@ from helpers import tiny_train_argv
 from hf_bert_fixtures import bert_dir
 from text_fixtures import classification_rows, embedding_rows, seq2seq_rows, write
 
-from tformer.cli import main
+from tformer.commands.cli import main
 from tformer.storage import files
 
 PROB_TOLERANCE = 1e-5  # max abs difference of probabilities, float32 (predict prints 6 decimals)
@@ -140,7 +140,7 @@ def test_the_card_opens_with_hub_metadata_and_gives_the_train_command_that_made_
     """The command in the card resolves to the run's own TrainConfig (its folder aside)."""
     import dataclasses
 
-    from tformer.cli import build_parser
+    from tformer.commands.cli import build_parser
     from tformer.kinds import resolve_config
     from tformer.storage.checkpoint import check_run_dir
     from tformer.training.config import MODEL_OPTIONS, TrainConfig, read_train_config

@@ -2,7 +2,7 @@ import subprocess
 import sys
 
 from tformer import TransformerConfig
-from tformer.cli import main
+from tformer.commands.cli import main
 
 
 def test_info_prints_sizes(tmp_path, capsys):
@@ -17,7 +17,7 @@ def test_info_prints_sizes(tmp_path, capsys):
 
 def test_bad_config_is_one_line_error(tmp_path):
     (tmp_path / "c.json").write_text('{"d_model": 30, "n_heads": 4}')
-    proc = subprocess.run([sys.executable, "-m", "tformer.cli", "info", str(tmp_path / "c.json")],
+    proc = subprocess.run([sys.executable, "-m", "tformer.commands.cli", "info", str(tmp_path / "c.json")],
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr

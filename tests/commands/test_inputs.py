@@ -4,7 +4,7 @@ one (it said only "TEXT: expected at least 1 text(s) as arguments or in --file, 
 import pytest
 from cli_helpers import assert_one_line_error, stdin_bytes
 
-from tformer.cli import main
+from tformer.commands.cli import main
 
 
 @pytest.mark.parametrize("command", ["predict", "generate"])

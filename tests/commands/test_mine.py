@@ -11,7 +11,7 @@ import pytest
 from cli_helpers import assert_one_line_error, run_cli
 from hf_bert_fixtures import st_dir
 
-from tformer.cli import main
+from tformer.commands.cli import main
 
 WORDS = "the a cat dog sat on mat is big small red blue river sun moon city road book day night".split()
 

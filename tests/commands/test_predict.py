@@ -13,7 +13,7 @@ import torch
 from cli_helpers import NOT_LINE_BREAKS, assert_one_line_error, run_cli, stdin_bytes
 from safetensors.torch import load_file, save_file
 
-from tformer.cli import main
+from tformer.commands.cli import main
 from tformer.storage.checkpoint import check_run_dir
 
 
@@ -76,7 +76,7 @@ def test_out_of_range_options_are_one_line_errors(classification_run, capsys, op
 @pytest.mark.parametrize("value", [100_000, 10**20])
 def test_more_threads_than_the_machine_can_use_is_one_line(classification_run, capsys, value):
     """Tens of thousands of threads crashed OpenMP's pool (a segfault): refused up front."""
-    from tformer.kernels.machine import max_threads
+    from tformer.nn.kernels.machine import max_threads
 
     rc, _, err = run_cli(capsys, "predict", classification_run, "the cat", "--threads", value)
     assert_one_line_error(rc, err, "predict", rf"--threads: expected 1\.\.{max_threads()} .*, got {value}")

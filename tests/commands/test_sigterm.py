@@ -24,7 +24,7 @@ def _tformer(argv: list, code: str | None = None) -> subprocess.Popen:
     """`tformer ARGV` as its script runs it (or `code` run first, in the same interpreter), reading
     standard input from a pipe that the test holds open: a command reading it waits there."""
     script = f"import sys; sys.argv = ['tformer', *{[str(a) for a in argv]!r}]\n{code or ''}\n" \
-             "from tformer.cli import main; main()"
+             "from tformer.commands.cli import main; main()"
     return subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": SRC})
 
@@ -80,8 +80,8 @@ def test_a_command_reading_its_input_stops_on_sigterm_in_one_line_with_143(tmp_p
 
 BLOCKED_BENCH = """
 import time
-from tformer.bench import workloads
-from tformer.bench.harness import Report, Row
+from tformer.commands.benchmarking import workloads
+from tformer.commands.benchmarking.harness import Report, Row
 suite = {"first": lambda: Report(rows=[Row("first", "tformer", 1.0)]),
          "second": lambda: time.sleep(600), "third": lambda: 1 / 0}
 workloads.suite = lambda settings: suite

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tformer.cli import main
+from tformer.commands.cli import main
 from tformer.storage.checkpoint import check_run_dir
 from tformer.training.config import RESUMABLE
 
@@ -97,7 +97,7 @@ def test_bad_input_is_one_line_error(argv, message, run_dir, tmp_path, capsys):
 
 
 def test_bad_input_from_a_real_process(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "tformer.cli", "eval", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "tformer.commands.cli", "eval", str(tmp_path)],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and "not a checkpoint" in proc.stderr

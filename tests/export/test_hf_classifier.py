@@ -9,7 +9,7 @@ import torch
 from hf_bert_fixtures import bert_dir, st_dir
 from text_fixtures import classification_rows, embedding_rows, write
 
-from tformer.cli import main
+from tformer.commands.cli import main
 from tformer.storage.checkpoint import check_run_dir
 
 FINETUNE = ["--steps", "30", "--eval-every", "10", "--log-every", "5", "--max-tokens", "512",

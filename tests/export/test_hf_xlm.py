@@ -14,8 +14,8 @@ import torch
 import yaml
 from text_fixtures import classification_rows, write
 
-from tformer.api import load_run
-from tformer.cli import main
+from tformer.commands.cli import main
+from tformer.kinds.api import load_run
 
 TOLERANCE = 1e-5  # max abs difference of logits and of probabilities, float32
 SIZES = ["--d-model", "16", "--n-heads", "2", "--n-layers", "1", "--vocab-size", "300", "--steps", "4",

@@ -11,7 +11,7 @@ import pytest
 import torch
 from hf_bert_fixtures import bert_dir, st_dir
 
-from tformer.cli import main
+from tformer.commands.cli import main
 from tformer.export.onnx import TOLERANCE, example_inputs, graph_for
 
 ort = pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")

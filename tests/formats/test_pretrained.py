@@ -361,7 +361,7 @@ def test_nan_weights_are_refused(tmp_path):
 
 @pytest.mark.parametrize("payload", [b"garbage", b"\x80\x02cos\nsystem\nq\x00X\x02\x00\x00\x00idq\x01\x85q\x02Rq\x03."])
 def test_garbage_or_malicious_pickle_is_one_line(tmp_path, capsys, payload):
-    from tformer.cli import main
+    from tformer.commands.cli import main
 
     d = copy_dir(bert_dir(), tmp_path / "m")
     (d / "model.safetensors").unlink()
@@ -395,7 +395,7 @@ def test_huge_tformer_config_is_refused_from_the_header(tmp_path):
 
 
 def test_model_too_large_for_memory_is_refused_with_the_number():
-    from tformer.stats import check_fits
+    from tformer.config.sizes import check_fits
 
     config = TransformerConfig(d_model=65536, n_heads=8, d_ff=262144, n_layers=64, vocab_size=10)
     with pytest.raises(ValueError, match=r"config: [\d,]+ parameters need [\d,.]+ GiB .* available"):

@@ -1,4 +1,4 @@
-"""tformer.kernels.allocator: freed tensors' memory is reused, not faulted in afresh (counted, not timed)."""
+"""tformer.nn.kernels.allocator: freed tensors' memory is reused, not faulted in afresh (counted, not timed)."""
 
 import os
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tformer.kernels import allocator
+from tformer.nn.kernels import allocator
 
 # Training steps of a small encoder (torch.nn's, d 256, 2 layers, 32 x 64 tokens, dropout): the
 # same kernels on any machine (tformer's own measure their choices, and an allocation pattern
@@ -17,7 +17,7 @@ from tformer.kernels import allocator
 _CHILD = """
 import resource, sys, torch
 if sys.argv[1] == "keep":
-    from tformer.kernels.allocator import keep_freed_memory
+    from tformer.nn.kernels.allocator import keep_freed_memory
     print(keep_freed_memory(), file=sys.stderr)
 
 torch.manual_seed(0)

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tformer.kernels import autotune
+from tformer.nn.kernels import autotune
 
 
 @pytest.fixture(autouse=True)
@@ -84,7 +84,7 @@ def test_this_machines_decisions_of_an_older_version_are_dropped(monkeypatch):
 
 def test_two_processes_add_their_decisions_to_one_cache_file(tmp_path):
     script = (
-        "import sys; from tformer.kernels import autotune\n"
+        "import sys; from tformer.nn.kernels import autotune\n"
         "for i in range(20):\n"
         "    autotune.choose('k', f'{sys.argv[1]}-{i}', {'a': lambda: None, 'b': lambda: None},\n"
         "                    lambda call: 1.0)\n"
@@ -109,8 +109,8 @@ def test_a_real_choice_is_never_slower_than_a_forced_remeasurement_beyond_the_no
 def test_a_training_step_measures_its_linear_kernels_once_and_info_shows_them(capsys, tmp_path):
     import torch
 
-    from tformer import kernels
-    from tformer.cli import main
+    from tformer.commands.cli import main
+    from tformer.nn import kernels
 
     layer = torch.nn.Linear(24, 40)
     x = torch.randn(3, 7, 24, requires_grad=True)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import tformer.nn.dropout
-from tformer import kernels
-from tformer.kernels import allocator, attention_kernels, autotune
+from tformer.nn import kernels
+from tformer.nn.kernels import allocator, attention_kernels, autotune
 from tformer.nn.masks import make_mask
 
 META = torch.device("meta")

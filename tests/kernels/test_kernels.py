@@ -1,4 +1,4 @@
-"""The kernels (tformer.kernels) against the plain ones, on the same weights.
+"""The kernels (tformer.nn.kernels) against the plain ones, on the same weights.
 
 Tolerance: helpers.TOLERANCE (float32: max abs diff <= 1e-5); bfloat16: cosine >= 0.999 vs float32,
 or <= 2e-2 max abs diff between two bf16 paths. The plain kernels are forced with
@@ -17,8 +17,8 @@ from helpers import assert_close, padding_mask
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tformer import kernels
-from tformer.kernels import attention_kernels, linear_kernels
+from tformer.nn import kernels
+from tformer.nn.kernels import attention_kernels, linear_kernels
 from tformer.nn.masks import make_mask
 from tformer.nn.model import Encoder, EncoderClassifier
 
@@ -48,7 +48,7 @@ MASKS = {
 @pytest.fixture(params=list(itertools.product(["onednn", "mkl"], ["sdpa", "matmul"])))
 def inference_kernel(request, monkeypatch):
     """Both linear kernels and both attention kernels, whichever this machine measures faster
-    (tformer.kernels.autotune)."""
+    (tformer.nn.kernels.autotune)."""
     linear, attention = request.param
     monkeypatch.setattr(linear_kernels, "infer_kernel", lambda x, w, activation: linear)
     monkeypatch.setattr(attention_kernels, "attention_kernel", lambda q, k, v: attention)
@@ -231,7 +231,7 @@ def test_the_training_kernel_is_timed_on_a_dense_gradient(monkeypatch, tmp_path)
     """The measurement sends back what a loss sends back: a dense gradient. A stride-0 tensor
     of ones (what `.sum().backward()` gives) makes each kernel copy it first, and the choice
     then times the copies, not the GEMMs (it picked MKL's slower backward on an AVX-512 EPYC)."""
-    from tformer.kernels import autotune
+    from tformer.nn.kernels import autotune
 
     monkeypatch.setenv("TFORMER_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(autotune, "_memory", {})
@@ -250,7 +250,7 @@ def test_the_training_kernel_is_timed_on_a_dense_gradient(monkeypatch, tmp_path)
 def test_the_attention_kernel_is_measured_only_for_unmasked_inference(monkeypatch, tmp_path):
     """Two matmuls replace SDPA only where they can: no grad (SDPA's backward), no mask, no
     dropout, a score count that fits in memory; there the faster measured here wins, per class."""
-    from tformer.kernels import autotune
+    from tformer.nn.kernels import autotune
 
     monkeypatch.setenv("TFORMER_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(autotune, "_memory", {})
@@ -316,7 +316,7 @@ def test_classifier_uses_the_fast_encoder(tiny_config):
 def bf16_attention(request, monkeypatch):
     """Unmasked bf16 attention at inference on fp32 copies or on the bf16 values, whichever this
     machine would measure faster (both forced here)."""
-    from tformer.kernels import autotune
+    from tformer.nn.kernels import autotune
 
     choose = autotune.choose
 
@@ -486,7 +486,7 @@ def test_bfloat16_unmasked_attention_at_inference_in_the_measured_dtype(bf16_att
 def test_the_bf16_attention_dtype_is_measured_only_for_unmasked_inference(monkeypatch, tmp_path):
     """bf16 values stay bf16 in attention only where measured faster for the shape class: never
     under a mask or dropout (no shapes given), with grad (SDPA's backward) or for other dtypes."""
-    from tformer.kernels import autotune
+    from tformer.nn.kernels import autotune
 
     monkeypatch.setenv("TFORMER_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(autotune, "_memory", {})

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from tformer import kernels
-from tformer.kernels import autotune, search_kernels
+from tformer.nn import kernels
+from tformer.nn.kernels import autotune, search_kernels
 
 
 @pytest.mark.parametrize("shape", [(7, 640), (3, 1000), (256, 8000), (2, 5 * 64 + 1)])

@@ -9,7 +9,7 @@ from cli_helpers import run_cli
 from serve_fixtures import TINY_RUN
 from text_fixtures import classification_rows, embedding_rows, write
 
-from tformer.cli import main
+from tformer.commands.cli import main
 from tformer.kinds import load_run
 
 TEXTS = ["the cat sat on the mat", "a dog", "stars in the night sky over the river", "one two three"]

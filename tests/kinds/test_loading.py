@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import prune_at_first_read, tiny_train_argv
 
-from tformer.cli import main
+from tformer.commands.cli import main
 from tformer.kinds import describe_run, load_run
 
 

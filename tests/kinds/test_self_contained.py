@@ -11,7 +11,7 @@ from cli_helpers import run_cli
 from hf_bert_fixtures import WORDS, make_bert_dir
 from text_fixtures import near_pair_rows, write
 
-from tformer.cli import main
+from tformer.commands.cli import main
 from tformer.kinds import load_run
 
 FINE_TUNE = ["--steps", "2", "--eval-every", "2", "--threads", "1", "--quiet"]

@@ -10,7 +10,7 @@ from helpers import briefly_trained_reverse
 from tformer import TransformerConfig
 from tformer.nn.generate import beam_search, generate, greedy_search
 from tformer.nn.model import Seq2SeqTransformer
-from tformer.tasks import EOS, PAD
+from tformer.training.tasks import EOS, PAD
 
 # Small tensors: one thread is as fast, and polite to a shared machine.
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -297,7 +297,7 @@ def test_beam_search_without_length_penalty_is_exact_when_the_beam_holds_every_p
 
 @pytest.mark.parametrize("penalty", [500.0, -500.0, float("inf"), float("nan"), "1"])
 def test_a_length_penalty_no_length_can_be_raised_to_is_refused(penalty):
-    from tformer.search_args import check_length_penalty
+    from tformer.nn.search_args import check_length_penalty
 
     with pytest.raises(ValueError, match=r"length_penalty: expected a number with max_len \*\* \|length_penalty\| finite \(max_len 64\)"):
         check_length_penalty(penalty, 64)

@@ -16,10 +16,9 @@ import pytest
 import torch
 from hf_bert_fixtures import SENTENCES, st_dir
 
-from tformer import kernels
-from tformer.cli import main
+from tformer.commands.cli import main
 from tformer.embeddings.sentence import SentenceEncoder
-from tformer.nn import int8
+from tformer.nn import int8, kernels
 from tformer.nn.model import Encoder
 from tformer.nn.precision import to_precision
 

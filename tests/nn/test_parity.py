@@ -13,8 +13,8 @@ import pytest
 import torch
 from helpers import assert_close, padding_mask
 
-from tformer import kernels
 from tformer import reference as ref
+from tformer.nn import kernels
 from tformer.nn.model import Decoder, Encoder, EncoderClassifier, Seq2SeqTransformer
 
 DTYPES = {np.float64: torch.float64, np.float32: torch.float32}

@@ -13,11 +13,11 @@ import torch
 from hf_bert_fixtures import SENTENCES, st_dir
 
 import tformer.nn.precision
-from tformer import kernels
-from tformer.cli import main
+from tformer.commands.cli import main
 from tformer.embeddings.sentence import SentenceEncoder
-from tformer.kernels import linear_kernels
-from tformer.kernels.machine import NO_BF16
+from tformer.nn import kernels
+from tformer.nn.kernels import linear_kernels
+from tformer.nn.kernels.machine import NO_BF16
 from tformer.nn.model import Encoder
 from tformer.nn.precision import resolve_precision, to_precision
 
@@ -111,7 +111,7 @@ def test_every_dtype_option_offers_the_same_choices():
 def test_the_bf16_product_speedup_is_measured_once_per_machine(tmp_path, monkeypatch):
     """Remembered in the kernel-choice cache: a new process reads it (the same float, which
     a second timing would not give) instead of timing again, so all resolve auto alike."""
-    from tformer.kernels import autotune
+    from tformer.nn.kernels import autotune
 
     monkeypatch.setenv("TFORMER_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(autotune, "_memory", {})

@@ -13,7 +13,7 @@ from tformer.nn.generate import greedy_search as torch_greedy
 from tformer.nn.model import Seq2SeqTransformer as TorchSeq2Seq
 from tformer.reference.generate import beam_search, generate, greedy_search
 from tformer.reference.model import Seq2SeqTransformer
-from tformer.tasks import EOS
+from tformer.training.tasks import EOS
 
 # Small tensors: one torch thread is as fast, and polite to a shared machine.
 pytestmark = pytest.mark.usefixtures("one_thread")

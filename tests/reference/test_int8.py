@@ -12,9 +12,9 @@ import pytest
 import torch
 from helpers import copy_weights, padding_mask
 
-from tformer import TransformerConfig, kernels
+from tformer import TransformerConfig
 from tformer import reference as ref
-from tformer.nn import int8
+from tformer.nn import int8, kernels
 from tformer.nn import model as torch_model
 from tformer.reference import int8 as ref_int8
 

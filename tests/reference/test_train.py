@@ -14,11 +14,11 @@ from tformer.kinds import load_run
 from tformer.kinds.classification import Classification
 from tformer.kinds.seq2seq import Seq2Seq
 from tformer.reference import train as numpy_train
-from tformer.tasks import get_task
 from tformer.training import steps as torch_train
 from tformer.training.config import TrainConfig
 from tformer.training.schedule import learning_rate
 from tformer.training.sources import TaskSource
+from tformer.training.tasks import get_task
 
 # Small tensors: one torch thread is as fast, and polite to a shared machine.
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -113,7 +113,7 @@ def test_numpy_run_directory_loads_in_pytorch_with_the_same_logits(tmp_path, tas
 def test_cli_numpy_engine_runs_with_torch_blocked(tmp_path):
     code = (
         "import sys; sys.modules['torch'] = None\n"  # any `import torch` now fails
-        "from tformer.cli import main\n"
+        "from tformer.commands.cli import main\n"
         f"sys.exit(main(['train', '--task', 'copy', '--engine', 'numpy', '--steps', '3',"
         f" '--d-model', '16', '--n-heads', '2', '--d-ff', '32', '--n-layers', '1',"
         f" '--batch-size', '4', '--valid-size', '8', '--test-size', '8', '--eval-every', '2',"
@@ -127,7 +127,7 @@ def test_cli_numpy_engine_runs_with_torch_blocked(tmp_path):
 
 
 def test_cli_numpy_engine_refuses_resume(tmp_path, capsys):
-    from tformer.cli import main
+    from tformer.commands.cli import main
 
     assert main(["train", "--engine", "numpy", "--resume", str(tmp_path)]) == 2
     assert "numpy engine cannot resume" in capsys.readouterr().err
@@ -149,7 +149,7 @@ def test_a_numpy_run_into_an_out_another_process_trains_in_is_refused_as_a_torch
 
     from helpers import tiny_train_argv
 
-    from tformer.cli import main
+    from tformer.commands.cli import main
     from tformer.storage.rundir import RunLock
 
     out = tmp_path / "run"
@@ -176,7 +176,7 @@ def test_a_numpy_run_killed_at_any_write_keeps_a_whole_model_or_starts_again(tmp
     train_config.json (killed between the two) was neither: not loadable, and refused as a checkpoint."""
     from cli_helpers import killed_at
 
-    from tformer.cli import main
+    from tformer.commands.cli import main
     from tformer.storage import files
 
     seen: list[str] = []

@@ -8,7 +8,7 @@ import pytest
 from hf_bert_fixtures import st_dir
 from text_fixtures import classification_rows, seq2seq_rows, write
 
-from tformer.cli import main
+from tformer.commands.cli import main
 
 pytest.importorskip("uvicorn", reason="the serve extra: pip install 'tformer[serve]'")
 pytest.importorskip("starlette", reason="the serve extra: pip install 'tformer[serve]'")

@@ -12,7 +12,7 @@ import pytest
 from hf_bert_fixtures import WORDS
 from serve_fixtures import request, serve
 
-from tformer.cli import main
+from tformer.commands.cli import main
 
 LONG = " ".join(WORDS[:30])  # over the 16 tokens of the test directory
 

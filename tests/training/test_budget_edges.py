@@ -7,7 +7,7 @@ import time
 import pytest
 from text_fixtures import classification_rows, seq2seq_rows, write
 
-from tformer.cli import main
+from tformer.commands.cli import main
 from tformer.kinds import resolve_config, train
 
 TINY = {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "vocab_size": 300, "max_tokens": 256,
@@ -62,7 +62,6 @@ def test_a_model_too_large_for_its_budget_is_refused_before_it_is_built(tmp_path
 
 def test_a_budget_too_short_is_refused_before_the_data_is_read(tmp_path, monkeypatch, capsys):
     """Refusing a 6 s budget took 11.5 s on a busy machine: the check came after the setup."""
-    from tformer.training import loop
 
     import tformer.kinds
 

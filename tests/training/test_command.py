@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 from text_fixtures import classification_rows, write
 
-from tformer.cli import build_parser
+from tformer.commands.cli import build_parser
 from tformer.kinds import resolve_config
 from tformer.kinds.classification import Classification
 from tformer.training.command import train_command

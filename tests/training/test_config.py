@@ -92,7 +92,7 @@ def test_resuming_with_fewer_steps_than_the_checkpoint_is_refused_and_changes_no
     from cli_helpers import assert_one_line_error
     from helpers import tiny_train_argv
 
-    from tformer.cli import main
+    from tformer.commands.cli import main
     from tformer.storage import files
     from tformer.storage.checkpoint import check_run_dir
 

@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 from text_fixtures import WORDS
 
-from tformer.tasks.base import sequence_counts, sequence_metrics, sequence_scores
 from tformer.text.specials import EOS
 from tformer.training.evaluation import (
     classification_metrics,
@@ -25,6 +24,7 @@ from tformer.training.evaluation import (
     text_scores,
     token_overlap_metrics,
 )
+from tformer.training.tasks.base import sequence_counts, sequence_metrics, sequence_scores
 
 
 def windows(n: int, rng: random.Random) -> list[slice]:

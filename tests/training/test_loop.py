@@ -10,7 +10,7 @@ from helpers import tiny_train_argv
 from safetensors.torch import load_file
 from text_fixtures import classification_rows, embedding_rows, seq2seq_rows, write
 
-from tformer.cli import main
+from tformer.commands.cli import main
 from tformer.kinds import resolve_config, train
 from tformer.storage.checkpoint import check_run_dir
 from tformer.training import resume_config
@@ -119,9 +119,9 @@ def test_auto_precision_keeps_bf16_only_where_this_model_trains_faster_in_it(
     fp32 (each a real update) and keep the faster: a model too small to gain goes on in fp32; a
     resumed run keeps what it chose; a new run of the same model on this machine alternates its
     first updates the same way (its numbers do not depend on what the machine remembers), then
-    takes the remembered choice (tformer.kernels.autotune) without a new line."""
+    takes the remembered choice (tformer.nn.kernels.autotune) without a new line."""
     import tformer.training.precision as training_precision
-    from tformer.kernels import autotune
+    from tformer.nn.kernels import autotune
     from tformer.training import first_steps
 
     monkeypatch.setenv("TFORMER_CACHE_DIR", str(tmp_path / "cache"))  # a cache of its own

@@ -9,9 +9,9 @@ import pytest
 from hf_bert_fixtures import make_bert_dir
 from text_fixtures import classification_rows, write
 
-from tformer.kernels import autotune
 from tformer.kinds import resolve_config, train
 from tformer.kinds.classification import Classification
+from tformer.nn.kernels import autotune
 from tformer.training import config as training_config
 
 TINY = {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1, "vocab_size": 300, "max_tokens": 256}

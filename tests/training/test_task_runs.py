@@ -10,8 +10,8 @@ from tformer import TransformerConfig
 from tformer.kinds import load_run, resolve_config, train
 from tformer.nn.model import EncoderClassifier, Seq2SeqTransformer
 from tformer.storage.checkpoint import check_run_dir
-from tformer.tasks import get_task
 from tformer.training import PRESETS, TrainConfig, forward_loss, learning_rate, make_optimizer, resume_config
+from tformer.training.tasks import get_task
 
 # A config small enough to train a few steps in well under a second.
 TINY = dict(d_model=16, n_heads=2, d_ff=32, n_layers=1, batch_size=8, valid_size=16,

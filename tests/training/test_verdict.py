@@ -8,9 +8,9 @@ import random
 import pytest
 from text_fixtures import classification_rows, write
 
-from tformer.cli import main
+from tformer.commands.cli import main
 from tformer.training.report import baseline_verdict, with_baseline
-from tformer.verdict import CANNOT_TELL, LEARNED, NOT_LEARNED, gain_interval, judge
+from tformer.training.verdict import CANNOT_TELL, LEARNED, NOT_LEARNED, gain_interval, judge
 
 TINY = ["--d-model", "32", "--n-heads", "2", "--d-ff", "64", "--n-layers", "1", "--vocab-size", "300",
         "--max-tokens", "256", "--threads", "1", "--precision", "fp32", "--quiet"]

@@ -1,4 +1,4 @@
-"""tformer.viz.html: the self-contained attention page (its data here; a real browser in the slow test)."""
+"""tformer.training.viz.html: the self-contained attention page (its data here; a real browser in the slow test)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from browser_helpers import browser_report
 
-from tformer.viz.html import AttentionMaps, attention_page, read_page_data, write_attention_page
+from tformer.training.viz.html import AttentionMaps, attention_page, read_page_data, write_attention_page
 
 TOKENS = ["[CLS]", "the", "cat", "</script><b>x</b>", "[SEP]"]  # a token that would end a <script>
 def _weights(layers=2, heads=3, tq=5, tk=5, seed=0):

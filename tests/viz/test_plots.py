@@ -1,4 +1,4 @@
-"""tformer.viz.plots: attention grids (one panel per layer x head) and the positional-encoding plot."""
+"""tformer.training.viz.plots: attention grids (one panel per layer x head) and the positional-encoding plot."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from tformer.reference.positional import sinusoidal_table
-from tformer.viz.plots import DPI, PANEL_INCHES, plot_attention, plot_positions, save_figure
+from tformer.reference.positional import plot_positions, sinusoidal_table
+from tformer.training.viz.plots import DPI, PANEL_INCHES, plot_attention, save_figure
 
 TOKENS = ["[CLS]", "the", "cat", "sat", "[SEP]"]
 

@@ -1,1 +1,1 @@
-"""Sub-commands of the `tformer` CLI, one module each (see tformer.cli)."""
+"""Sub-commands of the `tformer` CLI, one module each (see tformer.commands.cli)."""

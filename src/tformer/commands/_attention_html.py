@@ -11,32 +11,24 @@ self-attention) or a run directory of `tformer train`, of any kind:
   row t predicts token t + 1).
 
 The page's size is estimated from the token counts and refused in one line before anything
-is built (``tformer.viz.html.check_page_size``). A run gives its text as its model reads it
+is built (``tformer.training.viz.html.check_page_size``). A run gives its text as its model reads it
 (``Run.attention_input``: tformer.kinds); this module draws from those plain values.
 """
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
 from tformer.commands._inputs import device_of
 from tformer.commands._pretrained import max_length_option, one_line_warnings
-from tformer.devices import model_device
 from tformer.kinds.run import AttentionInput
+from tformer.nn.devices import model_device
 from tformer.nn.generate import generate
 from tformer.nn.model import from_pretrained
-from tformer.storage.checkpoint import latest_checkpoint
 from tformer.text.tokenizer import load_tokenizer
-from tformer.viz.html import AttentionMaps, check_page_size, write_attention_page
-
-
-def is_run_dir(model_dir: str | Path) -> bool:
-    """A `tformer train` run: published checkpoints, or (older runs) train_config.json on top."""
-    model_dir = Path(model_dir)
-    return latest_checkpoint(model_dir) is not None or (model_dir / "train_config.json").is_file()
+from tformer.training.viz.html import AttentionMaps, check_page_size, write_attention_page
 
 
 def _encoder_page_weights(config, n_tokens: int) -> int:

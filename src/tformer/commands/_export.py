@@ -20,14 +20,14 @@ from pathlib import Path
 from tformer.export import onnx as tonnx
 from tformer.export.opsets import check_opset
 from tformer.formats import hf_bert
-from tformer.storage.checkpoint import latest_checkpoint
+from tformer.storage.rundir import is_run_dir
 
 
 def run(args: argparse.Namespace) -> int:
     directory = Path(args.model_dir)
     if args.onnx is not None:
         check_opset(args.opset, "--opset")  # named as the command line names it
-    if _is_run_dir(directory):
+    if is_run_dir(directory):
         return _export_run(directory, args)
     _refuse_non_model_dirs(directory)
     if args.hf is not None:
@@ -36,12 +36,6 @@ def run(args: argparse.Namespace) -> int:
     diff = tonnx.export_onnx(directory, args.onnx, opset=args.opset)
     _report_onnx(args.onnx, diff)
     return 0
-
-
-def _is_run_dir(directory: Path) -> bool:
-    if latest_checkpoint(directory) is not None:
-        return True
-    return (directory / "train_config.json").is_file() and directory.parent.name != "checkpoints"
 
 
 def _refuse_non_model_dirs(directory: Path) -> None:

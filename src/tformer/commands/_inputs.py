@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from tformer.errors import BadInput
-from tformer.kernels.machine import check_threads, free_threads, others_running
+from tformer.nn.kernels.machine import check_threads, free_threads, others_running
 from tformer.text.batches import SORT_WINDOW
 from tformer.text.lines import STDIN, TextLines
 from tformer.text.prefix import LongTexts
@@ -35,14 +35,14 @@ def add_threads(parser: argparse.ArgumentParser) -> None:
 
 
 def add_device(parser: argparse.ArgumentParser) -> None:
-    from tformer.devices import HELP
+    from tformer.nn.devices import HELP
 
     parser.add_argument("--device", default="auto", help=f"where the model runs: {HELP}")
 
 
 def device_of(args: argparse.Namespace):
     """--device as a torch.device, refused in one line where this machine lacks it."""
-    from tformer.devices import resolve_device
+    from tformer.nn.devices import resolve_device
 
     return resolve_device(args.device, "--device")
 
@@ -176,7 +176,7 @@ def print_lines(lines: Iterable[str]) -> None:
             sys.stdout.write(f"{line}\n")
         sys.stdout.flush()
     except BrokenPipeError:
-        raise  # the reader went away: tformer.cli says nothing
+        raise  # the reader went away: tformer.commands.cli says nothing
     except OSError as e:
         if e.errno is not None and not e.filename:  # a full disk under `> out.txt`: name it
             e.filename = "standard output"

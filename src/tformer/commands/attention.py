@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from tformer.commands._pretrained import add_model_arguments
 from tformer.errors import BadInput
@@ -47,11 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # Heavy (torch) modules load when the command runs, not when the CLI is built, so that
-    # `tformer train --engine numpy` never imports torch (tformer.cli builds every parser).
+    # `tformer train --engine numpy` never imports torch (tformer.commands.cli builds every parser).
     from tformer.commands import _inputs
-    from tformer.commands._attention_html import bert_maps, check_options, is_run_dir, run_maps, write_html
+    from tformer.commands._attention_html import bert_maps, check_options, run_maps, write_html
     from tformer.commands._pretrained import max_length_option
-    from tformer.viz.plots import plot_attention, save_figure
+    from tformer.storage.rundir import is_run_dir
+    from tformer.training.viz.plots import plot_attention, save_figure
 
     _inputs.check_options(args)  # --threads, as every command that runs a model
     if args.out is None and args.html is None:
@@ -62,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--out: expected a .png file name, got {args.out!r}")
     if args.html is not None and not args.html.lower().endswith((".html", ".htm")):
         raise ValueError(f"--html: expected a .html file name, got {args.html!r}")
-    if is_run_dir(args.model_dir):
+    if is_run_dir(Path(args.model_dir)):
         from tformer.commands._inputs import device_of
         from tformer.kinds import load_run
 

@@ -3,7 +3,7 @@
 Every contender is built with the same weights and checked equal before timing; each workload
 times its contenders interleaved in rounds and reports medians, spreads, paired ratios and the
 cores used. See benchmarks/README.md for the workloads and how to read the table. On a GPU
-(``--device cuda``) the device workloads run instead (tformer.bench.device).
+(``--device cuda``) the device workloads run instead (tformer.commands.benchmarking.device).
 """
 
 from __future__ import annotations
@@ -51,10 +51,10 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from tformer.bench import device as device_workloads
-    from tformer.bench import rows, workloads
-    from tformer.bench.harness import machine_info
     from tformer.commands._inputs import device_of
+    from tformer.commands.benchmarking import device as device_workloads
+    from tformer.commands.benchmarking import rows, workloads
+    from tformer.commands.benchmarking.harness import machine_info
 
     if args.list:
         print("\n".join(workloads.names() + list(device_workloads.NAMES)))
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"--model-dir {args.model_dir}: expected a model directory with a "
                                 "config.json, found none")
     if args.json:  # refused now, not after minutes of measuring
-        from tformer.bench.harness import is_bench_json
+        from tformer.commands.benchmarking.harness import is_bench_json
         from tformer.storage.files import refuse_foreign
 
         refuse_foreign(Path(args.json), "--json", is_bench_json,
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         if unknown:
             raise ValueError(f"--only: on {device} expected workloads from "
                              f"{', '.join(device_workloads.NAMES)}, got {', '.join(unknown)}")
-    # Stopped by Ctrl-C, or by SIGTERM (`timeout`, a job scheduler; tformer.cli takes it as Ctrl-C),
+    # Stopped by Ctrl-C, or by SIGTERM (`timeout`, a job scheduler; tformer.commands.cli takes it as Ctrl-C),
     # the report holds the workloads that finished.
     if on_device:
         report = device_workloads.run(settings, device, args.only, progress)
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     report.machine = machine_info(args.threads)
     report.machine["mode"] = "quick (tiny sizes: timings mean nothing)" if args.quick else "full"
     if on_device:
-        from tformer.devices import describe
+        from tformer.nn.devices import describe
 
         report.machine["mode"] += f" on {describe(device)}"
     report.machine["seconds"] = round(time.perf_counter() - start)
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         f"{workloads.BF16_COSINE}. cores = process CPU time / wall time (below the thread count: the "
         f"machine was busy, and the ratios are noisy).")
     print(report.to_markdown())
-    from tformer.kernels import autotune  # the decisions the workloads' training steps measured
+    from tformer.nn.kernels import autotune  # the decisions the workloads' training steps measured
 
     choices = autotune.summary(device=device)
     print(f"\nKernel choices measured on this device ({autotune.cache_path()}):")

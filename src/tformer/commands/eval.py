@@ -63,7 +63,7 @@ def _evaluate(args: argparse.Namespace, run) -> int:
     from pathlib import Path
 
     from tformer.training.report import append_jsonl, baseline_verdict, sample_table, with_baseline
-    from tformer.verdict import MIN_VERDICT_EXAMPLES
+    from tformer.training.verdict import MIN_VERDICT_EXAMPLES
 
     if args.data is not None:
         # Checked whole first, keeping nothing (a bad record fails before any decoding), then
@@ -96,13 +96,13 @@ def _evaluate(args: argparse.Namespace, run) -> int:
 
 def _weights_as_they_were(run_dir: str) -> dict:
     """Where the run's own test found its weights to be its pretrained model's as it was (a
-    fine-tune none of whose steps beat its start on validation: tformer.verdict), what that
+    fine-tune none of whose steps beat its start on validation: tformer.training.verdict), what that
     record says of them, so that eval's verdict says so too instead of "the model learned";
     else {}."""
     from pathlib import Path
 
     from tformer.storage.rundir import read_metrics
-    from tformer.verdict import tested_as_it_was
+    from tformer.training.verdict import tested_as_it_was
 
     tests = [r for r in read_metrics(Path(run_dir) / "metrics.jsonl") if r.get("split") == "test"]
     if not tests or not tested_as_it_was(tests[-1]):

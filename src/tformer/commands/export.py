@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # Heavy (torch) modules load when the command runs, not when the CLI is built, so that
-    # `tformer train --engine numpy` never imports torch (tformer.cli builds every parser).
+    # `tformer train --engine numpy` never imports torch (tformer.commands.cli builds every parser).
     from tformer.commands import _export
 
     return _export.run(args)

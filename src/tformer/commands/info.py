@@ -12,9 +12,11 @@ HELP = ("describe a config, a run or a model directory: parameter count, FLOPs p
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from tformer.config.sizes import MODELS  # (arithmetic on a config: no torch)
+
     p.add_argument("config", help="a tformer config.json, a run directory of `tformer train`, or a "
                    "model directory (BERT-format, sentence-transformers, or tformer's own)")
-    p.add_argument("--model", default=None, choices=["encoder", "seq2seq", "classifier"],
+    p.add_argument("--model", default=None, choices=MODELS,
                    help="which model the config describes (default: a run's own, else encoder)")
     p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: max_len)")
     p.add_argument("--batch", type=int, default=1, help="batch size for the memory estimate")
@@ -32,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tformer.config import TransformerConfig
-    from tformer.stats import activation_bytes, flops_per_token, parameter_count
+    from tformer.config.sizes import activation_bytes, flops_per_token, parameter_count
 
     path = Path(args.config)
     run_rows, architecture = [], None
@@ -78,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
         (f"activation memory, training (batch {args.batch} x {seq}, fp32)",
          f"{act / 2**20:.1f} MiB (estimate)"),
     ]
-    from tformer.kernels import autotune
-    from tformer.kernels.allocator import keep_freed_memory
+    from tformer.nn.kernels import autotune
+    from tformer.nn.kernels.allocator import keep_freed_memory
 
     rows.append(("memory allocator", keep_freed_memory()))
 
@@ -91,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _architecture(run_dir, saved) -> str | None:
-    """The model a run's kind trains, as tformer.stats sizes it (None: not a run tformer knows)."""
+    """The model a run's kind trains, as tformer.config.sizes sizes it (None: not a run tformer knows)."""
     from tformer.kinds import kind_of_config
     from tformer.storage.files import read_json_object
     from tformer.training.config import read_train_config
@@ -201,7 +203,7 @@ def _run_rows(run_dir, saved) -> list[tuple[str, str]]:
 
     from tformer.storage.files import read_json_object
     from tformer.training.report import baseline_verdict
-    from tformer.verdict import tested_as_it_was
+    from tformer.training.verdict import tested_as_it_was
 
     if not (saved / "train_config.json").is_file():
         return []

@@ -16,7 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.viz.plots import plot_positions, save_figure
+    from tformer.reference.positional import plot_positions
+    from tformer.training.viz.plots import save_figure
 
     if not args.out.lower().endswith(".png"):
         raise ValueError(f"--out: expected a .png file name, got {args.out!r}")

@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     from tformer.errors import NamedError
     from tformer.training.config import MODEL_OPTIONS, TrainConfig
 
-    try:  # (SIGTERM stops it as Ctrl-C does: tformer.cli)
+    try:  # (SIGTERM stops it as Ctrl-C does: tformer.commands.cli)
         return _run(args)
     except NamedError as e:
         fields = {f.name for f in dataclasses.fields(TrainConfig)} | set(MODEL_OPTIONS) | {"resume"}
@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from tformer.devices import check_spec, resolve_device
+    from tformer.nn.devices import check_spec, resolve_device
     from tformer.training.config import MODEL_OPTIONS, TrainConfig, load_config_file, resume_config
 
     fields = {f.name for f in dataclasses.fields(TrainConfig)} | set(MODEL_OPTIONS)

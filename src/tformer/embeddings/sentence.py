@@ -21,9 +21,9 @@ import torch
 from tqdm.auto import tqdm
 
 from tformer.config import POOLING_MODES
-from tformer.devices import model_device, resolve_device
 from tformer.errors import check_flag
 from tformer.formats.model_dir import read_model_dir
+from tformer.nn.devices import model_device, resolve_device
 from tformer.nn.heads import SentenceModel
 from tformer.nn.model import Encoder, from_pretrained
 from tformer.text.arguments import check_texts, texts_list
@@ -99,7 +99,7 @@ class SentenceEncoder:
 
         ``dtype``: "fp32", "bf16" (bf16 matrix multiplies, fp32 everything else) or "int8"
         (int8 matrix multiplies: see ``tformer.nn.precision.to_precision``), or a torch dtype for
-        every parameter. ``device``: where it runs (tformer.devices: auto, cpu, cuda, cuda:N,
+        every parameter. ``device``: where it runs (tformer.nn.devices: auto, cpu, cuda, cuda:N,
         mps); "auto" precision is decided for that device.
         """
         from tformer.nn.precision import resolve_precision

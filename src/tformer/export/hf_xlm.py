@@ -31,6 +31,7 @@ from tformer.export.hf_classifier import tokenizer_files
 from tformer.export.model_card import Card, render
 from tformer.formats import hf_xlm
 from tformer.formats.hf_bert import WEIGHTS_FILE
+from tformer.nn.positional import sinusoidal_table
 from tformer.storage.files import json_bytes
 
 TOLERANCE = 1e-5  # max abs difference of logits, float32, tformer vs transformers, unpadded inputs
@@ -69,10 +70,12 @@ def classifier_files(model, tokenizer, labels: Sequence[str], pairs: bool = Fals
         raise hf_xlm.Inexpressible("pad_id", "0 for a run trained on text pairs (word row 0 carries "
                                    "token type 0)", tokenizer.pad_id)
     mean = config.pooling == "mean"
+    sinusoidal = config.positional == "sinusoidal"
+    sinusoids = sinusoidal_table(config.max_len, config.d_model) if sinusoidal else None
     files = {
         "config.json": json_bytes(hf_xlm.config_to_hf(config, labels, tokenizer.pad_id, tokenizer.bos_id,
                                                       tokenizer.eos_id)),
-        WEIGHTS_FILE: st_save(hf_xlm.to_hf(model.state_dict(), config, token_types),
+        WEIGHTS_FILE: st_save(hf_xlm.to_hf(model.state_dict(), config, token_types, sinusoids),
                               metadata={"format": "pt"}),
     }
     inputs = ["input_ids", *(["token_type_ids"] if token_types else []), "attention_mask"]

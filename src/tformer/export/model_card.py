@@ -25,7 +25,7 @@ from typing import Any
 
 from tformer import __version__
 from tformer.export.export_dir import MARKER
-from tformer.verdict import CANNOT_TELL, LEARNED, tested_as_it_was, too_few, verdict_of
+from tformer.training.verdict import CANNOT_TELL, LEARNED, tested_as_it_was, too_few, verdict_of
 
 # tformer's metric names -> the Hub's (the `evaluate` library's metric ids).
 HUB_METRICS = {"accuracy": "accuracy", "macro_f1": "f1", "bleu": "bleu", "chrf": "chrf",

@@ -6,7 +6,7 @@
     tformer.export.onnx_seq2seq                       a seq2seq run: Optimum's folder layout
 
 The graphs are traced by torch.onnx's dynamo exporter from the same modules users run
-(tracing makes ``tformer.kernels`` choose the plain, exportable kernels). Encoder-side inputs:
+(tracing makes ``tformer.nn.kernels`` choose the plain, exportable kernels). Encoder-side inputs:
 ``input_ids`` and ``attention_mask`` (B, S) int64, plus ``token_type_ids`` when the model has
 token types. Outputs: ``last_hidden_state`` (B, S, D), zeros at padding; for an embedding
 model also ``sentence_embedding`` (B, dim); ``logits`` (B, C) for a classifier. Every graph is

@@ -43,7 +43,6 @@ from torch import Tensor
 
 from tformer.config import TransformerConfig, bert_layout
 from tformer.errors import BadType, FieldError
-from tformer.nn.positional import sinusoidal_table
 
 ARCHITECTURE = "XLMForSequenceClassification"
 Row = tuple[str, str, tuple[int, int] | None]
@@ -143,17 +142,24 @@ def xlm_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def position_table(state: Mapping[str, Tensor], config: TransformerConfig) -> Tensor:
-    """(max_len, D) float32: the position vectors tformer adds (learned, sinusoids, or none)."""
+def position_table(state: Mapping[str, Tensor], config: TransformerConfig,
+                   sinusoids: Tensor | None = None) -> Tensor:
+    """(max_len, D) float32: the position vectors tformer adds (learned, sinusoids, or none).
+    A sinusoidal model keeps no table in its state: its caller passes the (max_len, D)
+    ``sinusoids`` the model adds (tformer.nn.positional.sinusoidal_table), since formats sit
+    below the model and import nothing from it."""
     if config.positional == "learned":
         return state["encoder.pos_emb.weight"]
     if config.positional == "sinusoidal":
-        return sinusoidal_table(config.max_len, config.d_model).float()  # as the model adds it
+        if sinusoids is None or tuple(sinusoids.shape) != (config.max_len, config.d_model):
+            raise ValueError(f"sinusoids: expected the ({config.max_len}, {config.d_model}) table the "
+                             f"model adds, got {None if sinusoids is None else tuple(sinusoids.shape)}")
+        return sinusoids.float()
     return torch.zeros(config.max_len, config.d_model)
 
 
-def fold_embeddings(state: Mapping[str, Tensor], config: TransformerConfig, token_types: bool
-                    ) -> dict[str, Tensor]:
+def fold_embeddings(state: Mapping[str, Tensor], config: TransformerConfig, token_types: bool,
+                    sinusoids: Tensor | None = None) -> dict[str, Tensor]:
     """XLM's word (V, D) and position (max_len, D) tables, under our keys, from tformer's token,
     position and token-type tables, so that XLM's embedding sum is tformer's.
 
@@ -165,7 +171,7 @@ def fold_embeddings(state: Mapping[str, Tensor], config: TransformerConfig, toke
     is never a real input (its outputs are masked).
     """
     words = state["encoder.tok_emb.weight"] * config.embedding_scale  # (V, D): Vaswani et al. §3.4
-    positions = position_table(state, config)  # (max_len, D)
+    positions = position_table(state, config, sinusoids)  # (max_len, D)
     types = state.get("encoder.type_emb.weight")  # (types, D) or None
     if types is not None and not token_types:
         positions = positions + types[0]
@@ -186,11 +192,13 @@ def verify(state: Mapping[str, Tensor], config: TransformerConfig) -> None:
                          f"got also {sorted(have - used)[:3]}")
 
 
-def to_hf(state: Mapping[str, Tensor], config: TransformerConfig, token_types: bool) -> dict[str, Tensor]:
-    """tformer's classifier state dict -> XLMForSequenceClassification's (verified first)."""
+def to_hf(state: Mapping[str, Tensor], config: TransformerConfig, token_types: bool,
+          sinusoids: Tensor | None = None) -> dict[str, Tensor]:
+    """tformer's classifier state dict -> XLMForSequenceClassification's (verified first);
+    ``sinusoids``: a sinusoidal model's position table (position_table)."""
     check_expressible(config)
     verify(state, config)
-    state = {**state, **fold_embeddings(state, config, token_types)}
+    state = {**state, **fold_embeddings(state, config, token_types, sinusoids)}
     out = {}
     for theirs, ours, part in key_table(config):
         t = state[ours]

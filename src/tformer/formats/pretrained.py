@@ -27,11 +27,11 @@ from safetensors.torch import save as st_save
 from torch import nn
 
 from tformer.config import TransformerConfig
+from tformer.config.sizes import check_fits
 from tformer.errors import BadType, as_path, check_flag
 from tformer.formats import hf_bert, hf_xlm
 from tformer.formats.model_dir import ModelDir, read_model_dir, tformer_model_class, weights_metadata
 from tformer.formats.st_layout import read_layout
-from tformer.stats import check_fits
 from tformer.storage.checkpoint_names import latest_checkpoint
 from tformer.storage.files import json_bytes, write_dir_atomic
 

@@ -21,25 +21,25 @@ from pathlib import Path
 from typing import Any
 
 from tformer.config import TransformerConfig
-from tformer.devices import resolve_device
+from tformer.config.sizes import check_fits
 from tformer.errors import FieldError, a, as_path
 from tformer.formats.model_dir import read_model_dir
 from tformer.kinds import classification, embedding, seq2seq
 from tformer.kinds.base import Kind
 from tformer.kinds.run import AttentionInput, Run
 from tformer.kinds.serving import input_limit
-from tformer.stats import check_fits
+from tformer.nn.devices import resolve_device
 from tformer.storage.checkpoint import check_run_dir, load_weights
 from tformer.storage.checkpoint_names import CHECKPOINTS, read_latest
 from tformer.storage.files import read_json_object
 from tformer.storage.rundir import is_run_dir
-from tformer.tasks import TASKS, get_task
 from tformer.training import config as training_config
 from tformer.training.config import TrainConfig, read_train_config
 from tformer.training.dataset import TextData
 from tformer.training.objective import Objective
 from tformer.training.records import first_names
 from tformer.training.sources import FileSource, TaskSource
+from tformer.training.tasks import TASKS, get_task
 
 # The kinds, each registered once; a file's fields choose the one whose required fields it has.
 KINDS: dict[str, Kind] = {k.name: k for k in (
@@ -185,7 +185,7 @@ def load_run(path: str | Path, needs: str | None = None, device: str | object = 
 
     needs: a method ("predict", "generate", "embed", "answers"...) the caller will use; a run
     of a kind without it is refused in one line naming the command that fits it.
-    device: where the model runs (tformer.devices: auto, cpu, cuda, cuda:N, mps, or a
+    device: where the model runs (tformer.nn.devices: auto, cpu, cuda, cuda:N, mps, or a
     torch.device), whatever device trained it: weights are read to the CPU, then moved.
     dtype: "fp32", or "bf16" / "int8" matrix multiplies (tformer.nn.precision.to_precision)."""
     path, device = as_path(path, "path", "a run directory"), resolve_device(device)

@@ -22,11 +22,11 @@ from typing import Any
 
 from torch import nn
 
-from tformer.devices import model_device
 from tformer.errors import as_path
 from tformer.export.model_card import HUB_NAME, Card
 from tformer.export.opsets import check_opset
 from tformer.kinds.serving import Item, token_lists
+from tformer.nn.devices import model_device
 from tformer.storage.locks import output_lock, remove_leftovers
 from tformer.text.arguments import check_texts
 from tformer.text.prefix import is_cut, plus
@@ -54,7 +54,7 @@ class AttentionInput:
 
 
 class Run(ABC):
-    """A run directory's model (eval mode, frozen: its weights run packed, see tformer.kernels),
+    """A run directory's model (eval mode, frozen: its weights run packed, see tformer.nn.kernels),
     objective and TrainConfig."""
 
     kind = ""  # the kind's name (tformer.kinds)

@@ -31,9 +31,8 @@ from tformer.kinds.run import Run, check_batch_size, texts_of
 from tformer.kinds.serving import Item, too_long
 from tformer.nn.generate import generate
 from tformer.nn.model import Seq2SeqTransformer
-from tformer.search_args import check_max_len
+from tformer.nn.search_args import check_max_len
 from tformer.storage.files import json_bytes
-from tformer.tasks.base import sequence_counts, sequence_scores
 from tformer.text.batches import Seq2SeqBatch, seq2seq_arrays
 from tformer.text.prefix import plus
 from tformer.training import evaluation
@@ -41,6 +40,7 @@ from tformer.training.examples import Seq2SeqExample
 from tformer.training.losses import at_least_fp32
 from tformer.training.objective import DeadlinePassed, Objective, Tally
 from tformer.training.records import Fields
+from tformer.training.tasks.base import sequence_counts, sequence_scores
 
 FIELDS = Fields("seq2seq", ("source", "target"), (), ("source",))
 # Pre-norm: it trains stably at a high learning rate without a long warmup (Xiong et al. 2020).
@@ -65,7 +65,7 @@ def generation_limit(source_tokens: int, max_new_tokens: int) -> int:
 
 class IdScores:
     """A synthetic task's outputs: whole sequences of symbol ids, by exact match and token
-    accuracy (counts that add over windows: tformer.tasks.base.sequence_counts)."""
+    accuracy (counts that add over windows: tformer.training.tasks.base.sequence_counts)."""
 
     metric = "exact_match"
 
@@ -104,6 +104,9 @@ class TextScores:
 class Seq2Seq(Objective):
     kind, fields, preset = FIELDS.objective, FIELDS, PRESET
     model_kind = "seq2seq"
+    # A decoder's greedy outputs take a pass per token, small products far below the rate a
+    # step's large ones reach (measured on 2 cores: ~4x a step's share per example).
+    predict_cost = 4.0
     inputs = ("source",)
     # The validation sample's corpus BLEU moved by a point or more between neighbouring
     # validations, and once picked weights 300 updates older than the loss's (test BLEU 20.2

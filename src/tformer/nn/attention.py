@@ -14,11 +14,11 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from tformer import kernels
 from tformer.config import check_positive, check_probability
-from tformer.kernels.tracing import tracing
+from tformer.nn import kernels
 from tformer.nn.dropout import dropout
 from tformer.nn.inputs import check_embeddings
+from tformer.nn.kernels.tracing import tracing
 from tformer.nn.masks import Mask, Packing, as_mask
 
 KeyValue = tuple[Tensor, Tensor]  # cached (k, v), each (B, H, S, Dh)
@@ -105,7 +105,7 @@ def scaled_dot_product_attention(
     """softmax(q k^T / sqrt(Dh)) v  (§3.2.1).
 
     A query row whose mask allows no key returns zeros (and zero weights), never NaN.
-    Without ``need_weights`` a fused kernel may compute the same numbers (tformer.kernels says
+    Without ``need_weights`` a fused kernel may compute the same numbers (tformer.nn.kernels says
     when); this explicit formula is the only one.
 
     Shape:

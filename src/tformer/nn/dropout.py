@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tformer.kernels.tracing import tracing
+from tformer.nn.kernels.tracing import tracing
 
 LEVELS = 1 << 16  # each element's draw is uniform over 65,536 levels
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from tformer import kernels
 from tformer.config import ACTIVATIONS, check_positive
+from tformer.nn import kernels
 
 
 class FeedForward(nn.Module):

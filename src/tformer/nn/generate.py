@@ -26,10 +26,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tformer import kernels
+from tformer.nn import kernels
 from tformer.nn.attention import with_room
 from tformer.nn.layers import LayerCache
-from tformer.search_args import (
+from tformer.nn.search_args import (
     check_beam_size,
     check_deadline,
     check_length_penalty,

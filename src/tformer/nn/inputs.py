@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tformer.kernels.tracing import values_readable
+from tformer.nn.kernels.tracing import values_readable
 
 
 def check_token_ids(x: Tensor, vocab_size: int, name: str = "x") -> None:

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tformer import kernels
+from tformer.nn import kernels
 from tformer.nn.attention import MultiHeadAttention
 from tformer.nn.feedforward import FeedForward
 
@@ -134,7 +134,7 @@ class Int8Linear(nn.Module):
         r = rotation(self.in_features, self.out_features) if rotated else None
         self.register_buffer("rotation", r)
         # In float64, then rounded once: the same float32 weights whichever GEMM this machine
-        # picks (tformer.kernels.autotune), and the NumPy mirror's, bit for bit.
+        # picks (tformer.nn.kernels.autotune), and the NumPy mirror's, bit for bit.
         wr = w if r is None else rotate(w.double(), r.double()).float()  # (M, K)
         scale = wr.abs().amax(dim=1).clamp(min=torch.finfo(w.dtype).tiny) / 127  # (M,)
         self.register_buffer("weight_int8", torch.round(wr / scale[:, None]).to(torch.int8))
@@ -152,7 +152,7 @@ class Int8Linear(nn.Module):
         else:  # the same integers, summed in float32
             y = F.linear(q.float() - zero, self.weight_int8.float()) * self.weight_scale
         # In place, on the multiply's own output: no second (N, M) buffer (one past 32 MiB is
-        # faulted in afresh, page by page: tformer.kernels.allocator; all-MiniLM-L6-v2 int8, 480 texts in
+        # faulted in afresh, page by page: tformer.nn.kernels.allocator; all-MiniLM-L6-v2 int8, 480 texts in
         # batches of 128: 129-165 -> 182-194 sentences/s; of 32: 196-216 -> 211-218; AMD EPYC Zen 4)
         y = y.mul_(s) if self.bias is None else y.mul_(s).add_(self.bias)  # (N, M)
         if activation is not None:

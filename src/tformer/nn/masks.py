@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tformer.kernels.tracing import values_readable
+from tformer.nn.kernels.tracing import values_readable
 
 # Additive masks mark blocked entries with -inf or a very negative finite value
 # (HuggingFace uses finfo.min); anything at or below this counts as blocked.

@@ -11,11 +11,11 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from tformer import kernels
 from tformer.config import TransformerConfig, check_config
 from tformer.errors import BadType, as_path
 from tformer.formats.model_dir import ModelDir
 from tformer.formats.pretrained import load_state, read_pretrained, save_pretrained
+from tformer.nn import kernels
 from tformer.nn.dropout import Dropout
 from tformer.nn.embedding import positional_encoding, token_embedding
 from tformer.nn.inputs import check_embeddings, check_token_ids, one_input
@@ -94,7 +94,7 @@ class Encoder(nn.Module):
 
         Outputs at padded positions (``attention_mask`` 0) are zeros, in every hidden state.
         With real padding the layers run on the real tokens only (faster, the same values);
-        ``skip_padding=False`` forces the padded computation, which ``tformer.kernels`` also
+        ``skip_padding=False`` forces the padded computation, which ``tformer.nn.kernels`` also
         chooses when packing cannot apply (attention weights requested, a general
         ``attn_mask``, tracing for compile/export).
 

@@ -1,7 +1,7 @@
 """Inference precisions: fp32, bf16 matrix multiplies, or int8 ones (tformer.nn.int8, CPU only).
 
 "auto" is decided on the device the model runs on: a bf16 matrix product is timed there
-(once per device, remembered by tformer.kernels.autotune) on a CPU with bf16 instructions or a
+(once per device, remembered by tformer.nn.kernels.autotune) on a CPU with bf16 instructions or a
 GPU with bf16 units.
 """
 
@@ -13,12 +13,12 @@ import time
 import torch
 from torch import nn
 
-from tformer.devices import gpu_name, model_device, synchronize
-from tformer.kernels import autotune
-from tformer.kernels.machine import NO_BF16, has_bf16
 from tformer.nn import int8
 from tformer.nn.attention import MultiHeadAttention
+from tformer.nn.devices import gpu_name, model_device, synchronize
 from tformer.nn.feedforward import FeedForward
+from tformer.nn.kernels import autotune
+from tformer.nn.kernels.machine import NO_BF16, has_bf16
 
 PRECISIONS = ("fp32", "bf16", "int8")
 CHOICES = ("auto", *PRECISIONS)  # what --dtype accepts; auto is resolved by resolve_precision
@@ -60,7 +60,7 @@ def why_not_bf16(device: torch.device) -> str | None:
 @functools.cache
 def bf16_speedup(n: int = 512, repeats: int = 5, device: torch.device = _CPU) -> float:
     """fp32 time / bf16-autocast time of an n x n x n matrix product on `device` (best of),
-    measured once per device and remembered with the kernel choices (tformer.kernels.autotune),
+    measured once per device and remembered with the kernel choices (tformer.nn.kernels.autotune),
     so that every process on this machine resolves "auto" alike."""
     def decide_now() -> dict:
         g = torch.Generator().manual_seed(0)  # never the global generator

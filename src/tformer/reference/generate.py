@@ -14,15 +14,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tformer.reference.loss import log_softmax
-from tformer.search_args import (
+from tformer.nn.search_args import (
     check_beam_size,
     check_length_penalty,
     check_search_fits,
     check_special_ids,
     search_max_len,
 )
-from tformer.tasks.tokenizer import BOS, EOS, PAD
+from tformer.reference.loss import log_softmax
+from tformer.training.tasks.tokenizer import BOS, EOS, PAD
 
 
 @dataclass

@@ -60,3 +60,29 @@ class LearnedPositionalEmbedding(Module):
         each row's gradient is dpos summed over the batch. Shape: dpos (B, S, D)."""
         s = dpos.shape[1]
         grads[prefix + "weight"][offset : offset + s] += dpos.sum(axis=0)
+
+
+def plot_positions(d_model: int = 128, max_len: int = 100):
+    """The sinusoidal encoding of Vaswani et al. 2017, §3.5: the (positions x dims) table,
+    and a few dimensions as curves (each pair of dims is one frequency)."""
+    from tformer.training.viz.plots import DPI, pyplot
+
+    for name, value in (("d_model", d_model), ("max_len", max_len)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name}: expected a positive int, got {value!r}")
+    table = sinusoidal_table(max_len, d_model)  # (max_len, D)
+    plt = pyplot()
+    fig, (heat, curves) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=DPI)
+    im = heat.imshow(table, cmap="RdBu", vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
+    heat.set_xlabel("dimension")
+    heat.set_ylabel("position")
+    heat.set_title(f"sinusoidal positional encoding (d_model={d_model})")
+    fig.colorbar(im, ax=heat)
+    for dim in sorted(d for d in {0, 1, d_model // 8, d_model // 4, d_model // 2} if d < d_model):
+        curves.plot(table[:, dim], label=f"dim {dim}")
+    curves.set_xlabel("position")
+    curves.set_ylabel("value")
+    curves.set_title("a few dimensions: lower ones oscillate faster")
+    curves.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -43,10 +43,10 @@ from tformer.reference.optim import AdamW, clip_grad_norm_
 from tformer.reference.positional import LearnedPositionalEmbedding
 from tformer.storage.files import json_bytes, new_run_dir, write_atomic
 from tformer.storage.rundir import append_jsonl, check_unlocked, open_run_dir
-from tformer.tasks import Example, SequenceTask, Task, get_task
-from tformer.tasks.tokenizer import PAD
 from tformer.training.config import TrainConfig
 from tformer.training.schedule import learning_rate
+from tformer.training.tasks import Example, SequenceTask, Task, get_task
+from tformer.training.tasks.tokenizer import PAD
 
 TOKEN_TABLES = ("tok_emb", "src_emb", "tgt_emb")  # scaled by sqrt(D) in the forward (§3.4)
 

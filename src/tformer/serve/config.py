@@ -8,8 +8,8 @@ import os
 import re
 from dataclasses import dataclass
 
-from tformer.devices import check_spec
-from tformer.kernels.machine import check_threads
+from tformer.nn.devices import check_spec
+from tformer.nn.kernels.machine import check_threads
 
 # Workers started by uvicorn (spawned processes) read their settings from here.
 ENV = "TFORMER_SERVE_CONFIG"
@@ -24,7 +24,7 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     dtype: str = "auto"
-    device: str = "auto"  # tformer.devices; every worker runs its model there
+    device: str = "auto"  # tformer.nn.devices; every worker runs its model there
     threads: int | None = None  # all of them, shared by the workers
     workers: int = 1
     max_batch_tokens: int = 16384
@@ -91,10 +91,10 @@ class ServeConfig:
 
     def decide(self) -> ServeConfig:
         """This config with "auto" decided for this machine: the device, then the precision that
-        runs there (tformer.devices, tformer.nn.precision). `tformer serve` decides it once, where
+        runs there (tformer.nn.devices, tformer.nn.precision). `tformer serve` decides it once, where
         it starts, so that every worker runs the same device and precision (each deciding "auto"
         on its own could measure differently); /info names what runs."""
-        from tformer.devices import resolve_device
+        from tformer.nn.devices import resolve_device
         from tformer.nn.precision import resolve_precision
 
         device = resolve_device(self.device, "--device")

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from tformer.kinds.serving import Item
-from tformer.search_args import check_length_penalty
+from tformer.nn.search_args import check_length_penalty
 from tformer.serve import schema
 from tformer.serve.endpoint import Endpoint, Service, json_response
 

@@ -30,7 +30,6 @@ import torch
 from safetensors.torch import save as st_save
 from torch import nn
 
-from tformer.devices import model_device
 from tformer.errors import FieldError, FieldNotFound
 from tformer.storage.checkpoint_names import CHECKPOINTS, POINTER, latest_checkpoint, order
 from tformer.storage.checkpoint_names import published as _published
@@ -57,7 +56,7 @@ def save_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opti
     tensors = {f"state.{i}.{k}": v.contiguous() for i, s in opt["state"].items()
                for k, v in s.items()}
     tensors["rng.torch"] = torch.get_rng_state()
-    device = model_device(model)
+    device = _device(model)
     if device.type == "cuda":  # dropout on a GPU draws from its own generator
         tensors["rng.cuda"] = torch.cuda.get_rng_state(device)
     meta = {"step": str(step), "param_groups": json.dumps(opt["param_groups"])}
@@ -188,7 +187,7 @@ def load_training_state(run_dir: Path, model: nn.Module, optimizer: torch.optim.
             {"state": opt_state, "param_groups": json.loads(ometa["param_groups"])}
         )
         torch.set_rng_state(tensors["rng.torch"])
-        device = model_device(model)
+        device = _device(model)
         if device.type == "cuda" and "rng.cuda" in tensors:  # resumed on a GPU, as it trained
             torch.cuda.set_rng_state(tensors["rng.cuda"], device)
     except (KeyError, ValueError, RuntimeError, TypeError) as e:
@@ -217,3 +216,8 @@ def _prune(root: Path, keep: int, newest: str) -> None:
     for name in names[: max(len(names) - max(keep, 1), 0)]:
         if name != newest:
             shutil.rmtree(root / name, ignore_errors=True)
+
+
+def _device(model: nn.Module) -> torch.device:
+    """The device of a model's first parameter (the CPU for a model without one)."""
+    return next((p.device for p in model.parameters()), torch.device("cpu"))

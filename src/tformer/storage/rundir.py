@@ -99,7 +99,10 @@ def is_run_dir(path: Path) -> bool:
     """True for a directory tformer train wrote (or began to write): its lock file, a published
     checkpoint, or an older run's checkpoint files at its top level. Not for any folder that has
     a `checkpoints/` or a `trainer_state.json` (a project's, a Hugging Face Trainer's): a fresh
-    run clears what a run of its own left, and those are the user's files."""
+    run clears what a run of its own left, and those are the user's files. The one answer to "is
+    this a run directory?" (the commands, the kinds' loading, --out, info)."""
+    if path.parent.name == CHECKPOINTS and latest_checkpoint(path.parent.parent) is not None:
+        return False  # one published checkpoint of a run: the run is its parent's parent
     return ((path / LOCK_FILE).exists() or latest_checkpoint(path) is not None
             or all((path / name).is_file() for name in ("trainer_state.json", "train_config.json")))
 

@@ -63,9 +63,7 @@ class _Batch:
 
     def to(self, device):
         """The same batch with every tensor on `device`: to a CUDA GPU pinned and without
-        blocking (tformer.devices.to_device)."""
-        from tformer.devices import to_device
-
+        blocking (to_device)."""
         def move(value: Any) -> Any:
             if isinstance(value, _Batch):
                 return value.to(device)
@@ -170,3 +168,14 @@ def encoder_batch(texts: list[EncodedText], pad_id: int = PAD,
     has them)."""
     types = None if any(t.type_ids is None for t in texts) else [t.type_ids for t in texts]
     return encoder_arrays([t.ids for t in texts], pad_id, labels, types).to_torch()
+
+
+def to_device(tensor, device):
+    """`tensor` on `device`. A host tensor bound for a CUDA GPU is pinned first (page-locked, as
+    its DMA engines need) and copied without blocking: the host goes on queueing work while the
+    copy runs, and kernels that read it wait for it on the same stream."""
+    if tensor.device == device:
+        return tensor
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tformer import devices
 from tformer.config import FieldType, TransformerConfig, check_known_keys, field_types
 from tformer.errors import BadType, FieldError
-from tformer.kernels.machine import check_threads
-from tformer.tasks import TASKS, Task
+from tformer.nn import devices
+from tformer.nn.kernels.machine import check_threads
 from tformer.training.presets import FINETUNE_PRESET, PRESETS, SIZE_OPTIONS, TIMED_STEPS
+from tformer.training.tasks import TASKS, Task
 from tformer.training.unread import check_layers, check_read
 
 SCHEDULES = ("inverse_sqrt", "cosine", "linear")

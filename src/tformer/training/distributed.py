@@ -3,7 +3,7 @@ decisions every rank must take together; also what `tformer embed` and `index bu
 
 The process group talks NCCL between GPUs and gloo between CPU processes (NCCL moves tensors
 GPU to GPU, over NVLink or InfiniBand where there is one; gloo is PyTorch's CPU backend). Each
-process uses the GPU of its local rank (tformer.devices.resolve_device), so on a node of 8
+process uses the GPU of its local rank (tformer.nn.devices.resolve_device), so on a node of 8
 GPUs, ``torchrun --nproc_per_node 8`` runs one process per GPU; across nodes torchrun's
 rendezvous joins them (``--nnodes N --rdzv-endpoint HOST:PORT``).
 """

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import statistics
 
-from tformer.kernels import autotune
+from tformer.nn.kernels import autotune
 from tformer.training.plan import Plan, replan
 from tformer.training.precision import MIN_STEP_SPEEDUP, precision_why
 

@@ -30,7 +30,7 @@ the same model (same seed), reads the batches i with i % N == rank, and the grad
 are averaged (all-reduce: NCCL between GPUs, gloo on CPU) before each update, so N ranks with
 --accumulate A take the same steps as one process with --accumulate N*A. Only rank 0 writes.
 
-Devices: --device (tformer.devices) places the model, built on the CPU from the seed so that
+Devices: --device (tformer.nn.devices) places the model, built on the CPU from the seed so that
 every device starts from the same weights; the run records where it trained (trainer_state.json,
 the test record), and its checkpoints load on any device.
 """
@@ -48,10 +48,10 @@ from typing import Any
 import torch
 
 from tformer.config import TransformerConfig
-from tformer.devices import describe, resolve_device
+from tformer.config.sizes import check_fits
 from tformer.errors import FieldError
-from tformer.kernels import autotune
-from tformer.stats import check_fits
+from tformer.nn.devices import describe, resolve_device
+from tformer.nn.kernels import autotune
 from tformer.storage.checkpoint import (
     after_full_disk,
     check_run_dir,

@@ -26,9 +26,9 @@ import torch
 from torch import Tensor, nn
 
 from tformer.config import TransformerConfig
-from tformer.devices import model_device
 from tformer.formats.model_dir import ModelDir
 from tformer.formats.pretrained import pretrained_config
+from tformer.nn.devices import model_device
 from tformer.text.batches import SORT_WINDOW
 from tformer.training.records import Fields
 from tformer.training.sources import Data, FileSource, TaskSource
@@ -115,7 +115,8 @@ class Objective(ABC):
     predict_batch, score and _baseline."""
 
     kind = ""  # the kind's name (tformer.kinds): reports, run directories
-    model_kind = ""  # the architecture tformer.stats sizes: "seq2seq", "classifier" or "encoder"
+    model_kind = ""  # the architecture tformer.config.sizes sizes: "seq2seq", "classifier" or "encoder"
+    predict_cost = 0.5  # predicting one example, in a training step's share of one (a forward's ~1/3)
     # A data run's kind declares what its files hold and its defaults, under a config file and
     # the command line (flat option names, as on the command line: --d-model is "d_model").
     fields: Fields | None = None  # a synthetic task's only kind: None

@@ -52,9 +52,7 @@ MIN_VALIDATIONS = 2  # the fewest: one mid-way and the last
 TEST_SHARE = 0.15  # the final test's share of the budget, at most
 TEST_MARGIN = 2.5  # the test's examples at ~2.5x a prediction each: its loss pass, then predictions
 # Predicting one example against a training step's share of one: a forward is ~1/3 of a step's
-# FLOPs; a decoder's greedy outputs take a pass per token, small products that run far below the
-# rate a step's large ones reach (measured on 2 cores: ~4x a step's share per example).
-PREDICT_COST = {"seq2seq": 4.0}
+# FLOPs (an objective whose predictions cost more says so: Objective.predict_cost).
 PREDICT_COST_DEFAULT = 0.5
 
 
@@ -64,13 +62,14 @@ class DataSummary:
     counts of its texts (specials included, uncut up to AUTO_LENGTH_LIMIT); the splits' sizes;
     `model`, the model as configured (a fine-tune's: the pretrained one, whose sizes stand)."""
 
-    kind: str  # what tformer.stats sizes: "seq2seq", "classifier" or "encoder"
+    kind: str  # what tformer.config.sizes sizes: "seq2seq", "classifier" or "encoder"
     model: TransformerConfig
     texts: tuple[tuple[int, ...], ...]
     train_examples: int
     valid_examples: int
     test_examples: int
     pretrained: bool = False
+    predict_cost: float = PREDICT_COST_DEFAULT  # one example's prediction, in a step's share of one
 
     def cut_share(self, length: int) -> float:
         """The share of the sampled examples whose longest text `length` cuts."""
@@ -117,7 +116,7 @@ class Plan:
 
     @property
     def bf16(self) -> bool:
-        """16-bit autocast: bf16, or fp16 where the device has no bf16 (tformer.devices)."""
+        """16-bit autocast: bf16, or fp16 where the device has no bf16 (tformer.nn.devices)."""
         return self.precision != "fp32"
 
     def why(self, what: str) -> str | None:
@@ -158,7 +157,7 @@ def make_plan(config, data: DataSummary, speeds: Speeds, seconds: float, resume:
         reasons.append(("model size", why))
     reasons.append(("precision", why_precision))
     per_step = step(config) if data.texts else None  # (a synthetic task's: measured as it runs)
-    share = PREDICT_COST.get(data.kind, PREDICT_COST_DEFAULT)
+    share = data.predict_cost
     per_example = None if per_step is None else share * per_step / max(config.batch_size, 1)
     validations, sample, test = VALIDATIONS, None, None
     if timed and per_example is not None:

@@ -5,7 +5,7 @@
 
 The machine's speeds measure nothing on a CPU before the run: a step's time is its FLOPs at the
 rate this machine's own training steps reached (remembered per kind and precision with the kernel
-choices, tformer.kernels.autotune, by every run after its first steps), or, on a machine that has
+choices, tformer.nn.kernels.autotune, by every run after its first steps), or, on a machine that has
 trained nothing yet, at STEP_EFFICIENCY of the rate of a 512^3 matrix product measured once (tens
 of milliseconds). The run's first real steps then check the estimate (``replan``) and teach the
 cache, so a second run plans from real steps. Off the CPU, where a small step's time is bound by
@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from tformer.devices import half_name, resolve_device
-from tformer.kernels import autotune
-from tformer.kernels.machine import free_threads, has_bf16, others_running
-from tformer.stats import flops_per_token
+from tformer.config.sizes import flops_per_token
+from tformer.nn.devices import half_name, resolve_device
+from tformer.nn.kernels import autotune
+from tformer.nn.kernels.machine import free_threads, has_bf16, others_running
 from tformer.storage.files import write_json_atomic
 from tformer.text.tokenizer import load_tokenizer
 from tformer.training.objective import Objective
@@ -167,7 +167,7 @@ def summarize(objective: Objective) -> DataSummary:
         model = objective.base_config.replace(n_classes=model.n_classes, max_len=limit)
     return DataSummary(objective.model_kind, model, texts, objective.train_records or 0,
                        len(objective.examples("validation")), len(objective.examples("test")),
-                       bool(config.from_pretrained))
+                       bool(config.from_pretrained), objective.predict_cost)
 
 
 def plan_run(objective: Objective, resume: bool, world: int, started: float, log=print,

@@ -7,7 +7,7 @@ chose and why. bf16
 autocast runs the matrix products in bfloat16 and keeps the weights, the optimizer, the norms
 and the loss in fp32 (1.9-2.5x faster steps on an AVX-512 bf16 / AMX CPU; on an AVX2-only CPU
 oneDNN has no bf16 kernels worth running). A CUDA GPU without bf16 units (before Ampere) takes
-fp16 autocast with a GradScaler instead (``tformer.devices.half_dtype``), chosen the same way;
+fp16 autocast with a GradScaler instead (``tformer.nn.devices.half_dtype``), chosen the same way;
 the run records "fp16".
 """
 
@@ -18,9 +18,10 @@ import functools
 import torch
 
 from tformer.config import TransformerConfig
-from tformer.devices import gpu_name, half_name
+from tformer.config.sizes import layers_text
 from tformer.errors import FieldError
-from tformer.kernels.machine import NO_BF16, has_bf16
+from tformer.nn.devices import gpu_name, half_name
+from tformer.nn.kernels.machine import NO_BF16, has_bf16
 from tformer.nn.model import Encoder
 from tformer.nn.precision import MIN_SPEEDUP, bf16_speedup
 
@@ -91,6 +92,5 @@ def precision_why(decision: dict, half: str = "bf16") -> str:
 
 def step_class(kind: str, model: TransformerConfig, batch: str) -> str:
     """What a training step's precision choice is remembered by: the model's shape and the batch."""
-    layers = {"seq2seq": f"{model.n_layers}+{model.decoder_layers}"}.get(kind, f"{model.n_layers}")
-    return (f"{kind} d{model.d_model} h{model.n_heads} ff{model.d_ff} L{layers} "
+    return (f"{kind} d{model.d_model} h{model.n_heads} ff{model.d_ff} L{layers_text(model, kind)} "
             f"vocab {model.vocab_size} batch {batch}")

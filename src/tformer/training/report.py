@@ -18,7 +18,7 @@ from tqdm import tqdm
 from tformer.errors import require
 from tformer.storage.files import write_atomic
 from tformer.storage.rundir import append_jsonl, read_metrics  # (append_jsonl: tformer eval's too)
-from tformer.verdict import (
+from tformer.training.verdict import (
     CANNOT_TELL,
     LEARNED,
     MIN_VERDICT_EXAMPLES,
@@ -30,7 +30,7 @@ from tformer.verdict import (
     too_few,
     verdict_of,
 )
-from tformer.viz.plots import save_figure, subplots
+from tformer.training.viz.plots import save_figure, subplots
 
 TENSORBOARD_DIR = "tensorboard"  # RUN/tensorboard/: `tensorboard --logdir RUN` shows the run
 CSV_FILE = "metrics.csv"  # RUN/metrics.csv: one row per scalar
@@ -253,7 +253,7 @@ def from_start(record: dict[str, Any], key: str) -> str | None:
 
 def with_baseline(record: dict[str, Any], key: str, baseline: dict[str, Any]) -> dict[str, Any]:
     """The test record with its baseline (``Objective.baseline``'s), the metric compared and the
-    verdict (tformer.verdict.judge), as metrics.jsonl keeps them: "verdict" (learned, did not
+    verdict (tformer.training.verdict.judge), as metrics.jsonl keeps them: "verdict" (learned, did not
     learn, cannot tell), "gain_interval" (the gain's 95% interval) and "beats_baseline" (true,
     false, or null where it cannot tell: a test too short to judge is unknown, not "no")."""
     examples = int(record.get("examples", MIN_VERDICT_EXAMPLES))

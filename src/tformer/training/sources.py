@@ -21,12 +21,12 @@ from typing import Any
 
 from tformer.config import TransformerConfig, bert_layout
 from tformer.errors import BadInput, FieldError, shown
-from tformer.tasks import Example, Task
 from tformer.text.batches import EncodedText
 from tformer.text.specials import BOS, EOS, PAD
 from tformer.training.dataset import TextData
 from tformer.training.records import Record
 from tformer.training.stream import BatchStream
+from tformer.training.tasks import Example, Task
 
 Data = str | Path | Any  # a file, or records (an iterable of dicts of fields)
 
@@ -41,7 +41,7 @@ def check_data(name: str, data: Any) -> None:
 
 
 class TaskSource:
-    """A synthetic task (tformer.tasks): its splits are generated from the seed, and the batch
+    """A synthetic task (tformer.training.tasks): its splits are generated from the seed, and the batch
     for step k depends only on (seed, k). Inputs are the task's symbols; ids carry tformer's
     specials (PAD, BOS, EOS)."""
 

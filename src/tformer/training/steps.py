@@ -1,7 +1,7 @@
 """One update: the optimizer, a training step, and the same step on a throwaway model for timing
 (what a plan measures before it chooses).
 
-Every step runs on the model's device (tformer.devices): its batches are moved there (pinned and
+Every step runs on the model's device (tformer.nn.devices): its batches are moved there (pinned and
 without blocking, to a GPU), and 16-bit autocast (``bf16``) computes in bfloat16, or in float16
 with a GradScaler on a CUDA GPU without bf16 units (``half_dtype``).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tformer.devices import half_dtype, model_device, needs_grad_scaler, synchronize
+from tformer.nn.devices import half_dtype, model_device, needs_grad_scaler, synchronize
 from tformer.training.distributed import average_gradients, sum_over_ranks
 
 

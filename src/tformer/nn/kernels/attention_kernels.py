@@ -1,0 +1,160 @@
+"""Attention's kernels: SDPA's fused kernel or two matmuls, on fp32 or bf16 values, chosen by
+measuring each shape class on this machine; and whether the encoder runs packed (real tokens
+only) or on the padded batch.
+
+Shape legend: B batch, H heads, T queries, S keys, Dh head dim.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
+
+from tformer.nn.kernels import autotune
+from tformer.nn.kernels.switch import is_readable
+from tformer.nn.kernels.tracing import tracing, values_readable
+
+if TYPE_CHECKING:
+    from tformer.nn.masks import Mask
+
+# Past this many scores (B * H * T * S, 16 MiB of fp32) attention is SDPA's without measuring:
+# two matmuls would form them all, and timing them costs as much as it could win.
+_MATMUL_SCORES_MAX = 2**22
+
+
+# Attention ------------------------------------------------------------------------------------
+def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout_p: float) -> Tensor:
+    """softmax(q k^T / sqrt(Dh)) v without returning the weights: SDPA's fused kernel, or, for
+    an unmasked inference call, two matmuls where they are measured faster here.
+
+    Rows that may attend nothing are not fixed here (the caller zeroes them).
+
+    Shape: q (B, H, T, Dh); k, v (B, H, S, Dh); allowed broadcastable to (B, H, T, S) -> (B, H, T, Dh)
+    """
+    dtype, cpu = q.dtype, q.device.type == "cpu"
+    unmasked = allowed is None and dropout_p == 0.0
+    compute = attention_dtype(q, k, v) if unmasked else attention_dtype(q)
+    q, k, v = q.to(compute), k.to(compute), v.to(compute)
+    # autocast would cast them back to bf16
+    with torch.autocast("cpu", enabled=False) if cpu else contextlib.nullcontext():
+        if unmasked:
+            out = _unmasked_attention(q, k, v)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
+    return out.to(dtype)
+
+
+def _unmasked_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Unmasked attention without dropout by the kernel measured faster for the shape."""
+    if attention_kernel(q, k, v) == "matmul":
+        return _matmul_attention(q, k, v)
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+def attention_dtype(q: Tensor, k: Tensor | None = None, v: Tensor | None = None) -> torch.dtype:
+    """The dtype attention computes in. bf16 values on CPU (precision "bf16", autocast
+    training) are computed in fp32, the same values, unless this is an unmasked inference call
+    (k and v given: packed groups, cached decoding steps) and attention on the bf16 values as
+    they are was measured faster on this machine for the shape class. Which wins depends on
+    the CPU: on an AMD EPYC Zen 4 (avx512_bf16, no AMX) SDPA's bf16 flash kernel ran at a third
+    to a half of its fp32 one, forward and backward; on a Zen 5 two bf16 matmuls beat every fp32
+    kernel 1.5-3x at inference on short lengths. bf16 scores cost 1e-5 of min cosine on
+    all-MiniLM-L6-v2 (0.99995 -> 0.99994). Packed attention converts a layer's q, k, v once, by
+    the choice for its group of most tokens, not once per group of lengths (3 small copies per
+    group cost ~5% of a bf16 sentence-encoding run); a group whose own choice differs converts
+    its own."""
+    if q.dtype != torch.bfloat16 or q.device.type != "cpu":
+        return q.dtype  # a GPU's SDPA kernels (flash, memory-efficient) take bf16 as it is
+    if k is None or v is None or why_not_measured_attention(q, k, v) is not None:
+        return torch.float32  # masked or dropout (no k, v given), training, tracing: fp32
+    return torch.float32 if autotune.choose("attention-bf16", _attention_shape(q, k), lambda: {
+        "fp32": lambda: _unmasked_attention(q.float(), k.float(), v.float()),
+        "bf16": lambda: _unmasked_attention(q, k, v)}) == "fp32" else torch.bfloat16
+
+
+def _matmul_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The explicit formula, unmasked: scores, softmax, weighted sum; 1/sqrt(Dh) scales q (as
+    SDPA's kernels do), not the scores: T x Dh values, not T x S. Fast while the scores fit
+    in the caches."""
+    return ((q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-2, -1)).softmax(dim=-1) @ v
+
+
+def attention_kernel(q: Tensor, k: Tensor, v: Tensor) -> str:
+    """"sdpa" or "matmul" for an unmasked attention call without dropout: the faster measured on
+    this device for the shape class (the score count's and the key length's powers of two).
+    SDPA's flash kernel walks the keys in blocks; two matmuls form all the scores, which is
+    1.5-3x faster while they fit in the caches (batches of short sequences, packed groups) and
+    up to 5x slower past them (AMD EPYC Zen 4: faster below about 2^20 scores)."""
+    if why_not_measured_attention(q, k, v) is not None:
+        return "sdpa"
+    scores = q.shape[:-1].numel() * k.size(-2)
+    if scores > _MATMUL_SCORES_MAX:
+        return "sdpa"  # the scores would not fit in any cache, and memory grows as their square
+    return autotune.choose("attention-infer", _attention_shape(q, k), lambda: {
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v),
+        "matmul": lambda: _matmul_attention(q, k, v)}, device=q.device)
+
+
+def why_not_measured_attention(q: Tensor, k: Tensor, v: Tensor) -> str | None:
+    """Why an unmasked attention call takes SDPA on fp32 values without a measured choice of
+    kernel and dtype, or None to measure."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return "training: SDPA's backward"
+    if tracing() or is_in_torch_dispatch_mode():
+        return "compilers and exporters take SDPA"
+    return None  # measured on q's own device (tformer.nn.kernels.autotune keys choices by device)
+
+
+def _attention_shape(q: Tensor, k: Tensor) -> str:
+    """The shape class of an attention call: powers of two of its score count and key length,
+    the head dim and the dtype."""
+    scores = q.shape[:-1].numel() * k.size(-2)
+    return f"{1 << (scores - 1).bit_length()}/{1 << (k.size(-2) - 1).bit_length()}x{q.size(-1)}/" \
+           f"{str(q.dtype).removeprefix('torch.')}"
+
+
+def why_not_fused_attention(q: Tensor, k: Tensor, dropout_p: float, need_weights: bool) -> str | None:
+    """Why attention must form the (T, S) weights with the explicit softmax, or None to fuse."""
+    if need_weights:
+        return "attention weights requested: only the explicit softmax forms them"
+    if dropout_p > 0.0 and q.device.type == "cpu":
+        # SDPA's CPU kernels have no dropout: it falls back to its own explicit softmax, and
+        # draws with torch's per-element dropout (tformer.nn.dropout says why that is slow).
+        # A GPU's flash and memory-efficient kernels draw dropout inside the fused kernel.
+        return "attention dropout on CPU: the explicit softmax draws it with tformer.nn.dropout"
+    if is_readable():
+        return "kernels.readable() asks for the explicit softmax"
+    return None
+
+
+# Execution ------------------------------------------------------------------------------------
+def why_not_packed(mask: Mask | None, general_mask: bool, need_weights: bool,
+                   skip_padding: bool | None) -> str | None:
+    """Why the encoder must run on the padded batch, or None to run on real tokens only."""
+    if skip_padding is False:
+        return "skip_padding=False asks for padded execution"
+    if mask is None or mask.padding is None:
+        return "no padding mask: every position is a real token"
+    if general_mask:
+        return "a general attn_mask: packed attention knows padding only"
+    if need_weights:
+        return "attention weights requested: they are (B, H, S, S), a padded layout"
+    if is_readable():
+        return "kernels.readable() runs the padded batch"
+    if not values_readable(mask.padding):
+        return "packing reads the mask's values: not while tracing (compile, export) or on meta"
+    if mask.padding.device.type != "cpu" and skip_padding is None:
+        # One SDPA call per layer on the padded batch, where packing makes one per group of
+        # equal lengths (each a kernel launch) and reads the mask's values (a device sync).
+        return "on a GPU the padded batch runs as one attention call per layer"
+    if not mask.has_padding:
+        return "no padded position: nothing to skip"
+    if not mask.packing.groups:
+        return "no real token anywhere: nothing to compute"
+    return None
