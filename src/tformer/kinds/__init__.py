@@ -24,7 +24,7 @@ from tformer.config import TransformerConfig
 from tformer.devices import resolve_device
 from tformer.errors import FieldError, a, as_path
 from tformer.formats.model_dir import read_model_dir
-from tformer.kinds import classification, embedding, seq2seq
+from tformer.kinds import classification, embedding, regression, reranking, seq2seq
 from tformer.kinds.base import Kind
 from tformer.kinds.run import AttentionInput, Run
 from tformer.kinds.serving import input_limit
@@ -46,6 +46,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     classification.KIND,
     seq2seq.KIND,
     embedding.KIND,
+    regression.KIND,
+    reranking.KIND,
 )}
 MODEL_DIR_KIND = embedding.KIND  # what a BERT-format or sentence-transformers directory serves as
 
