@@ -80,6 +80,7 @@ def test_the_listwise_loss_is_each_querys_softmax_cross_entropy(runs):
     first = -(2 / 3 * (x[1] - math.log(sum(map(math.exp, x[:3])))) + 1 / 3 * (x[2] - math.log(sum(map(math.exp, x[:3])))))
     second = -(x[3] - math.log(math.exp(x[3]) + math.exp(x[4])))
     top = 2.0  # the highest relevance of the training data: a grade of 1 is half relevant
+    # a relevance of 1 among grades up to 2: target 0.5; no irrelevant candidate alone: weight 1
     third = -(0.5 * math.log(1 / (1 + math.exp(-x[5]))) + 0.5 * math.log(1 - 1 / (1 + math.exp(-x[5]))))
     assert run.objective.source.data.tally["max_relevance"] == top
     assert loss.item() == pytest.approx((first + second + third) / 3, abs=1e-5)

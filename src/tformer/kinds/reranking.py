@@ -136,10 +136,12 @@ class Reranking(CrossEncoding):
     def candidates(self, record: dict[str, Any]) -> tuple[str, list[str | None], list[float] | None]:
         return record["query"], list(record["passages"]), record.get("relevance")
 
+    def __init__(self, source, pretrained=None) -> None:
+        super().__init__(source, pretrained)
+        self._held_out: dict[str, list] = {}
+
     def examples(self, split: str) -> list:
         """A held-out split's records, one per query (rows of one query merged)."""
-        if not hasattr(self, "_held_out"):
-            self._held_out: dict[str, list] = {}
         if split not in self._held_out:
             self._held_out[split] = grouped(self.source.examples(split))
         return self._held_out[split]
@@ -155,8 +157,10 @@ class Reranking(CrossEncoding):
         """Listwise: each query with two or more candidates, one relevant at least, is a softmax
         over them whose cross-entropy with the relevance's shares (relevance / its sum) is the
         loss; other candidates (a query's rows given one at a time) and LOSS "pointwise": the
-        binary cross-entropy of each one's sigmoid against its relevance / the data's highest.
-        Logged: the share of those queries whose best-scored candidate is a relevant one."""
+        binary cross-entropy of each one's sigmoid against its relevance / the data's highest,
+        relevant ones weighted by the irrelevant ones per relevant one in the batch.
+        Logged: the share of those queries whose best-scored candidate is a relevant one (without
+        any: of the candidates whose logit's sign says whether they are relevant)."""
         logits = at_least_fp32(logits_of(model, batch))  # (N,)
         rel, groups = batch.targets, batch.groups  # (N,), (N,)
         sizes = torch.bincount(groups)  # (G,)
@@ -178,10 +182,14 @@ class Reranking(CrossEncoding):
             losses.append(-(share * log_p.masked_fill(share == 0, 0.0)).sum(1))  # (L,)
         if bool(pointwise.any()):
             target = (rel[pointwise] / top).clamp(max=1.0)
-            losses.append(F.binary_cross_entropy_with_logits(logits[pointwise], target, reduction="none"))
+            # relevant candidates weighted by the irrelevant ones per relevant one (at least 1), as
+            # sentence-transformers' BinaryCrossEntropyLoss takes pos_weight for hard negatives
+            weight = ((target == 0).sum() / (target > 0).sum().clamp(min=1)).clamp(min=1.0)
+            losses.append(F.binary_cross_entropy_with_logits(logits[pointwise], target, pos_weight=weight,
+                                                             reduction="none"))
         loss = torch.cat(losses).mean()
-        if not bool(ranked.any()):
-            return loss, 0.0
+        if not bool(ranked.any()):  # candidates alone: the share on the right side of 0
+            return loss, float(((logits > 0) == (rel > 0)).float().mean())
         best = table.argmax(1)  # (G,)
         return loss, float((wanted[torch.arange(len(sizes)), best] > 0)[ranked].float().mean())
 
