@@ -201,3 +201,47 @@ def test_the_command_prints_passages_best_first(runs, capsys, tmp_path):
 def test_a_reranking_run_is_not_a_classifier(runs, capsys):
     rc, _, err = run_cli(capsys, "predict", runs["grouped"].path, "a text")
     assert_one_line_error(rc, err, "predict", r"use `tformer rerank ")
+
+
+def test_the_pointwise_loss_weights_the_relevant_candidates(runs, monkeypatch):
+    """LOSS "pointwise": every candidate's binary cross-entropy against its relevance / the
+    highest, the relevant ones weighted by the irrelevant ones per relevant one."""
+    from tformer.kinds import reranking
+
+    monkeypatch.setattr(reranking, "LOSS", "pointwise")
+    run = runs["grouped"]
+    records = [{"query": "cat", "passages": ["a", "b", "c", "d"], "relevance": [1.0, 0.0, 0.0, 0.0]}]
+    batch = run.objective.collate(run.objective.encode(records))
+    loss, _ = run.objective.loss(run.model.train(False), batch)
+    with torch.no_grad():
+        x = run.model(batch.pairs.input_ids, batch.pairs.attention_mask,
+                      batch.pairs.token_type_ids).logits[:, 0].double().tolist()
+    def sig(v):
+        return 1 / (1 + math.exp(-v))
+    expected = (-3 * math.log(sig(x[0])) - sum(math.log(1 - sig(v)) for v in x[1:])) / 4
+    assert loss.item() == pytest.approx(expected, abs=1e-5)
+
+
+def test_search_retrieves_then_reranks(runs, tmp_path, capsys):
+    """`tformer search EMB --corpus F --rerank RUN` and `search INDEX --rerank RUN`: each query's
+    --rerank-top retrieved lines reordered by the reranker's scores, its best -k printed."""
+    from text_fixtures import embedding_rows
+
+    emb = tformer.train(data=embedding_rows(), out=str(tmp_path / "emb"), **TINY)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(PASSAGES) + "\n")
+    run = runs["grouped"]
+    expected = [(PASSAGES[r["index"]], r["score"]) for r in run.rerank(QUERY, PASSAGES)[:2]]
+    assert cli_lines(capsys, ["index", "build", str(emb.path), "--corpus", str(corpus), "--out",
+                              str(tmp_path / "idx")]) is not None
+    for target in ([str(emb.path), "--corpus", str(corpus)], [str(tmp_path / "idx")]):
+        lines = cli_lines(capsys, ["search", *target, QUERY, "--rerank", str(run.path), "-k", "2",
+                                   "--format", "jsonl"])
+        got = [json.loads(x) for x in lines]
+        assert [(r["text"], r["rank"]) for r in got] == [(t, i) for i, (t, _) in enumerate(expected, 1)]
+        assert [r["score"] for r in got] == pytest.approx([s for _, s in expected], abs=1e-6)
+        assert [r["line"] for r in got] == [PASSAGES.index(t) + 1 for t, _ in expected]
+    rc, _, err = run_cli(capsys, "search", emb.path, "--corpus", corpus, QUERY, "--rerank", emb.path)
+    assert_one_line_error(rc, err, "search", r"use `tformer embed ")
+    rc, _, err = run_cli(capsys, "search", emb.path, "--corpus", corpus, QUERY, "--rerank-top", "5")
+    assert_one_line_error(rc, err, "search", r"--rerank-top: only with --rerank RERANK_RUN")
