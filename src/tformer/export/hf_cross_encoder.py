@@ -6,8 +6,9 @@ CrossEncoder loads, and transformers' text-classification pipeline.
                          scores) -> (out, max abs diff)
 
 The output's activation is written into config.json where both libraries read it:
-sentence-transformers' ``sentence_transformers.activation_fn`` (CrossEncoder's default with
-one label is a sigmoid; a model trained on raw scores needs Identity), and ``problem_type``
+sentence-transformers' ``sentence_transformers.activation_fn`` (``sbert_ce_default_activation_function``
+before its version 4; CrossEncoder's default with one label is a sigmoid, and a model trained on
+raw scores needs Identity), and ``problem_type``
 (transformers' pipeline applies nothing for "regression", a sigmoid to one label otherwise).
 Before anything is published, transformers must give the model's logits (padded batches, both
 token types: tformer.export.hf_classifier's check), and CrossEncoder(DIR).predict must give
@@ -50,6 +51,7 @@ def cross_encoder_files(model, tokenizer, activation: str) -> dict[str, bytes]:
     if activation == "identity":
         config["problem_type"] = "regression"  # the pipeline applies nothing
     config["sentence_transformers"] = {"activation_fn": ACTIVATIONS[activation]}
+    config["sbert_ce_default_activation_function"] = ACTIVATIONS[activation]  # (sentence-transformers 3)
     files["config.json"] = json_bytes(config)
     return files
 
