@@ -1,4 +1,4 @@
-"""`tformer rerank RUN_DIR --query Q --file passages.txt`: passages ordered by a reranking run's
+"""`tformer rerank RUN_DIR --query Q --file passages.txt`: passages ordered by a reranker run's
 score of each (query, passage) pair, best first.
 
 Passages come from the arguments, then --file (one per line, read as tformer.text.lines says:
@@ -28,11 +28,12 @@ from tformer.commands._inputs import (
     print_lines,
 )
 
-HELP = "order passages by a reranking run's score for a query (best first)"
+HELP = "order passages by a reranker run's score for a query (best first)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="a reranking run (query, passage, label data)")
+    parser.add_argument("run_dir", metavar="RUN_DIR",
+                        help="a reranker run of `tformer train` (query, positive, negatives data)")
     parser.add_argument("passages", nargs="*", metavar="PASSAGE", help="passages to rank")
     parser.add_argument("--query", required=True, help="the query the passages are ranked for")
     parser.add_argument("--file", metavar="FILE", default=None,

@@ -1,15 +1,15 @@
 """`tformer search MODEL_DIR --corpus lines.txt "query" ...`: the corpus lines closest to a query.
 `tformer search INDEX "query" ...`: the same over an index built once by `tformer index build`.
 
-`tformer search ... --rerank RERANK_RUN`: the top --rerank-top found, reordered by a reranking run.
+`tformer search ... --rerank RERANK_RUN`: the top --rerank-top found, reordered by a reranker run.
 
 Queries come from the arguments and/or ``--file`` (one per line). Ranks the corpus's lines
 (one document per line, read as tformer.text.lines says) by cosine similarity to each query's embedding and
 prints the top ``-k`` with their score and line number. Without an index the corpus is
 embedded a chunk at a time and compared at once with a running top-k, so memory does not
 grow with its length; with an index nothing is embedded but the queries. With --rerank, each
-query's --rerank-top results (20) are scored as (query, text) pairs by a reranking run (a
-cross-encoder: tformer.kinds.reranking) and the best -k of them printed, its score in place of
+query's --rerank-top results (20) are scored as (query, text) pairs by a reranker run of
+`tformer train` (a cross-encoder) and the best -k of them printed, its score in place of
 the cosine.
 """
 
@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "columns (tabs, newlines and backslashes in texts escaped as \\t, "
                              "\\n, \\r, \\\\)")
     parser.add_argument("--rerank", metavar="RERANK_RUN", default=None,
-                        help="a reranking run of `tformer train` (query, passage data): reorder each query's "
+                        help="a reranker run of `tformer train` (query, passage data): reorder each query's "
                              "--rerank-top results by its scores, then print the best -k")
     parser.add_argument("--rerank-top", type=int, default=20,
                         help="with --rerank: results retrieved per query for it to reorder (20; at least -k)")

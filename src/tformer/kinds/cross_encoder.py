@@ -1,4 +1,4 @@
-"""What the cross-encoder kinds share (scores of texts and text pairs; reranking): an encoder
+"""What the cross-encoder kinds share (scores of texts and text pairs; a query's passages): an encoder
 that reads two texts as one input ("<s> a </s> b </s>", token types 0 and 1), BERT's pooler
 over the first position, and one output: tformer.nn.model.EncoderClassifier with n_classes = 1,
 which is a transformers BertForSequenceClassification with num_labels = 1, the model

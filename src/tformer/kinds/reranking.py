@@ -36,7 +36,7 @@ from tformer.training.records import Fields, Record, check_encodable
 
 NAME = "reranking"
 QUERY = Fields(NAME, ("query",), (), ("query",))
-# The loss of a query's candidates (measured in benchmarks/README.md, "Scores and reranking"):
+# The loss of a query's candidates (measured in benchmarks/README.md, "Cross-encoders"):
 # "listwise" (softmax cross-entropy over them) or "pointwise" (each candidate's binary
 # cross-entropy against its relevance / the highest relevance in the training data).
 LOSS = "listwise"
