@@ -245,3 +245,16 @@ def test_search_retrieves_then_reranks(runs, tmp_path, capsys):
     assert_one_line_error(rc, err, "search", r"use `tformer embed ")
     rc, _, err = run_cli(capsys, "search", emb.path, "--corpus", corpus, QUERY, "--rerank-top", "5")
     assert_one_line_error(rc, err, "search", r"--rerank-top: only with --rerank RERANK_RUN")
+
+
+def test_the_stream_tokenizes_pools_of_pairs_not_of_queries(monkeypatch):
+    """PairPools: each of TextData's shuffled pools, in order, cut into pieces of POOL pairs."""
+    from types import SimpleNamespace
+
+    from tformer.kinds import reranking
+
+    monkeypatch.setattr(reranking, "POOL", 10)
+    pools = [[{"passages": ["p"] * n} for n in (4, 4, 4, 1, 20, 3)], [{"passages": ["p"] * 11}]]
+    data = SimpleNamespace(config="c", epoch_pools=lambda epoch: iter(pools))
+    pieces = list(reranking.PairPools(data).epoch_pools(0))
+    assert [[len(r["passages"]) for r in p] for p in pieces] == [[4, 4, 4], [1, 20], [3], [11]]
