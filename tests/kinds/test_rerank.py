@@ -222,12 +222,16 @@ def test_the_pointwise_loss_weights_the_relevant_candidates(runs, monkeypatch):
     assert loss.item() == pytest.approx(expected, abs=1e-5)
 
 
-def test_search_retrieves_then_reranks(runs, tmp_path, capsys):
-    """`tformer search EMB --corpus F --rerank RUN` and `search INDEX --rerank RUN`: each query's
-    --rerank-top retrieved lines reordered by the reranker's scores, its best -k printed."""
+@pytest.fixture(scope="module")
+def emb(tmp_path_factory):
     from text_fixtures import embedding_rows
 
-    emb = tformer.train(data=embedding_rows(), out=str(tmp_path / "emb"), **TINY)
+    return tformer.train(data=embedding_rows(), out=str(tmp_path_factory.mktemp("emb") / "emb"), **TINY)
+
+
+def test_search_retrieves_then_reranks(runs, emb, tmp_path, capsys):
+    """`tformer search EMB --corpus F --rerank RUN` and `search INDEX --rerank RUN`: each query's
+    --rerank-top retrieved lines reordered by the reranker's scores, its best -k printed."""
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(PASSAGES) + "\n")
     run = runs["grouped"]
@@ -245,6 +249,60 @@ def test_search_retrieves_then_reranks(runs, tmp_path, capsys):
     assert_one_line_error(rc, err, "search", r"use `tformer embed ")
     rc, _, err = run_cli(capsys, "search", emb.path, "--corpus", corpus, QUERY, "--rerank-top", "5")
     assert_one_line_error(rc, err, "search", r"--rerank-top: only with --rerank RERANK_RUN")
+
+
+def test_search_reranks_what_an_approximate_index_retrieves(runs, emb, tmp_path, capsys, monkeypatch):
+    """`search INDEX --rerank RUN` over an IVF-PQ index: the reranker reorders the index's own
+    --rerank-top candidates (the approximate search's, or --exact's), its best -k printed with
+    the reranker's scores and the rows' ids and line numbers."""
+    pytest.importorskip("faiss")
+    import random
+
+    from text_fixtures import WORDS
+
+    rng = random.Random(3)
+    lines = PASSAGES + [" ".join(rng.choice(WORDS) for _ in range(5)) for _ in range(1200)]
+    corpus, idx = tmp_path / "corpus.txt", tmp_path / "idx"
+    corpus.write_text("\n".join(lines) + "\n")
+    rc, _, err = run_cli(capsys, "index", "build", emb.path, "--corpus", corpus, "--out", idx,
+                         "--ann", "ivfpq", "--threads", 1)
+    assert rc == 0 and "approximate (IVF-PQ" in err, err
+    from tformer.embeddings.index import Index
+
+    searches, search = [], Index.search
+    monkeypatch.setattr(Index, "search", lambda self, q, k, exact=False: searches.append((k, exact))
+                        or search(self, q, k, exact=exact))
+    run = runs["grouped"]
+    for how in ([], ["--exact"]):
+        retrieved = [json.loads(x) for x in cli_lines(capsys, ["search", str(idx), QUERY, "-k", "8",
+                                                               "--format", "jsonl", *how])]
+        assert len(retrieved) == 8
+        assert all(lines[r["line"] - 1] == r["text"] and r["id"] == r["line"] - 1 for r in retrieved)
+        expected = run.rerank(QUERY, [r["text"] for r in retrieved])[:3]
+        got = [json.loads(x) for x in cli_lines(capsys, ["search", str(idx), QUERY, "--rerank", str(run.path),
+                                                         "--rerank-top", "8", "-k", "3", "--format", "jsonl",
+                                                         *how])]
+        assert [(r["rank"], r["id"], r["line"], r["text"]) for r in got] == [
+            (i, retrieved[e["index"]]["id"], retrieved[e["index"]]["line"], retrieved[e["index"]]["text"])
+            for i, e in enumerate(expected, start=1)]
+        assert [r["score"] for r in got] == pytest.approx([e["score"] for e in expected], abs=1e-6)
+    assert searches == [(8, False), (8, False), (8, True), (8, True)]  # --rerank-top retrieved, as asked
+
+
+def test_search_rerank_needs_texts(runs, emb, tmp_path, capsys):
+    """--rerank scores (query, text) pairs: refused with --query-vectors and over an index of
+    vectors built without --texts, before anything is embedded."""
+    np.save(tmp_path / "v.npy", np.random.default_rng(0).standard_normal((20, 16)).astype(np.float32))
+    idx = tmp_path / "idx"
+    assert run_cli(capsys, "index", "build", "--vectors", tmp_path / "v.npy", "--out", idx)[0] == 0
+    rerank = runs["grouped"].path
+    rc, _, err = run_cli(capsys, "search", idx, QUERY, "--model", emb.path, "--rerank", rerank)
+    assert_one_line_error(rc, err, "search", r"--rerank: expected an INDEX with texts to rerank, got .*idx, "
+                                             r"built from vectors without --texts")
+    rc, _, err = run_cli(capsys, "search", idx, "--query-vectors", tmp_path / "v.npy", "--rerank", rerank)
+    assert_one_line_error(rc, err, "search", r"--rerank: not with --query-vectors")
+    rc, _, err = run_cli(capsys, "search", idx, "--query-vectors", tmp_path / "v.npy", "--rerank-top", 5)
+    assert_one_line_error(rc, err, "search", r"--rerank-top: not with --query-vectors")
 
 
 def test_the_stream_tokenizes_pools_of_pairs_not_of_queries(monkeypatch):
