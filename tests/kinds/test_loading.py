@@ -55,6 +55,6 @@ def test_load_run_refuses_a_path_of_another_type_naming_it(path, error, message)
 @pytest.mark.parametrize("needs", [5, "zz"])
 def test_load_run_refuses_an_unknown_verb(trained, needs):
     # 5 was getattr's "attribute name must be string"; "zz" told to use another command.
-    with pytest.raises(ValueError, match=rf"^needs: expected a run's method \(predict, generate, embed, \.\.\.\) or "
+    with pytest.raises(ValueError, match=rf"^needs: expected a run's method \(predict, generate, embed, (\w+, )*\.\.\.\) or "
                                          rf"None, got {needs!r}$"):
         load_run(trained, needs=needs)

@@ -25,6 +25,7 @@ COMMANDS = [
     ("eval", "eval"),
     ("generate", "generate"),
     ("predict", "predict"),
+    ("rerank", "rerank"),
     ("embed", "embed"),
     ("similarity", "similarity"),
     ("search", "search"),

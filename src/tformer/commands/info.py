@@ -240,7 +240,8 @@ def _run_rows(run_dir, saved) -> list[tuple[str, str]]:
         if tests:
             t = tests[-1]
             shown = ", ".join(f"{k} {t[k]:.4f}" for k in ("bleu", "chrf", "exact_match", "accuracy",
-                                                          "macro_f1", "recall_at_1", "mrr_at_10")
+                                                          "macro_f1", "recall_at_1", "mrr_at_10",
+                                                          "ndcg_at_10", "spearman", "pearson", "mse")
                               if k in t)
             tested = t.get("tested_step", t["step"])  # the best validated weights, when not the last
             weights = f"; the weights of step {tested} tested" if tested != t["step"] else ""

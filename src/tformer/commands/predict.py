@@ -1,10 +1,12 @@
-"""`tformer predict RUN_DIR --file texts.txt`: a text classifier's label (and probabilities).
+"""`tformer predict RUN_DIR --file texts.txt`: a classifier's label (and probabilities), or a
+regression run's score.
 
 One input per line (for a run trained on pairs a tab separates text and text_pair; for one
-trained on single texts a tab is part of the text); prints one
-label per line, or with --format jsonl one {"text", "label", "probabilities"} object: one
-output line per input, always (see tformer.text.lines). Probabilities that are not finite (a
-broken checkpoint) are refused, never printed as NaN.
+trained on single texts a tab is part of the text); prints what the run shows per input (a
+label, a score) one per line, or with --format jsonl the run's whole answer with the text
+({"text", "label", "probabilities"}; {"text", "score"}): one output line per input, always
+(see tformer.text.lines). Numbers that are not finite (a broken checkpoint) are refused, never
+printed as NaN.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+from typing import Any
 
 from tformer.commands._inputs import (
     Truncations,
@@ -26,16 +29,19 @@ from tformer.commands._inputs import (
 )
 from tformer.errors import BadInput
 
-HELP = "classify texts with a classification run (label per line, or JSONL with probabilities)"
+HELP = ("classify texts with a classification run (label per line, or JSONL with probabilities), or score "
+        "them with a regression run")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="a classification run on your data")
-    parser.add_argument("inputs", nargs="*", metavar="TEXT", help="texts to classify")
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a classification or regression run on your data")
+    parser.add_argument("inputs", nargs="*", metavar="TEXT",
+                        help="texts to classify or score (a tab separates a text and its text_pair)")
     parser.add_argument("--file", metavar="FILE", default=None,
                         help="read texts from FILE, one per line ('-': standard input)")
     parser.add_argument("--format", choices=("text", "jsonl"), default="text",
-                        help="text: the label; jsonl: label and probabilities (default: text)")
+                        help="text: the label (or score); jsonl: the whole answer, e.g. label and "
+                             "probabilities (default: text)")
     parser.add_argument("--batch-size", type=int, default=64, help="texts per batch (default 64)")
     add_threads(parser)
     add_device(parser)
@@ -61,17 +67,38 @@ def run(args: argparse.Namespace) -> int:
             raise bad_input(args, "inputs", "TEXT", start, e) from None
         rows = []
         for n, (t, answer) in enumerate(zip(chunk, answers, strict=True), start):
-            probs = answer["probabilities"]
-            if not all(math.isfinite(p) for p in probs.values()):
-                raise ValueError(f"RUN_DIR {args.run_dir}: expected finite probabilities, got "
-                                 f"{list(probs.values())} for input {n + 1} (the weights are not "
-                                 "finite: was its training diverging?)")
+            _check_finite(args, answer, n)
             if args.format == "text":
-                rows.append(answer["label"])
+                rows.append(run.shown(answer))  # the run says what it prints: a label, a score...
             else:
-                shown = {name: round(p, 6) for name, p in probs.items()}
-                rows.append(json_line({"text": t, "label": answer["label"], "probabilities": shown},
-                                      f"input {n + 1}"))
+                rows.append(json_line({"text": t, **_rounded(answer)}, f"input {n + 1}"))
         print_lines(rows)
     cut.warn(total)
     return 0
+
+
+def _numbers(value: Any) -> list:
+    """The numbers of an answer's field: a number, or a mapping's or list's values."""
+    values = value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value]
+    return [v for v in values if isinstance(v, float)]
+
+
+def _check_finite(args: argparse.Namespace, answer: dict[str, Any], n: int) -> None:
+    """Numbers that are not finite (a broken checkpoint) refused, never printed as NaN."""
+    for key, value in answer.items():
+        numbers = _numbers(value)
+        if not all(math.isfinite(v) for v in numbers):
+            raise ValueError(f"RUN_DIR {args.run_dir}: expected finite {key}, got {numbers} for input "
+                             f"{n + 1} (the weights are not finite: was its training diverging?)")
+
+
+def _rounded(answer: dict[str, Any]) -> dict[str, Any]:
+    """The answer with its numbers rounded to 6 decimals, for --format jsonl."""
+    def rounded(value: Any) -> Any:
+        if isinstance(value, float):
+            return round(value, 6)
+        if isinstance(value, dict):
+            return {k: rounded(v) for k, v in value.items()}
+        return [rounded(v) for v in value] if isinstance(value, list) else value
+
+    return {k: rounded(v) for k, v in answer.items()}

@@ -2,12 +2,17 @@
 `tformer search INDEX "query" ...`: the same over an index built once by `tformer index build`.
 `tformer search INDEX --query-vectors Q.npy -k 10 --format jsonl`: vectors in, row ids out.
 
+`tformer search ... --rerank RERANK_RUN`: the top --rerank-top found, reordered by a reranker run.
+
 Queries come from the arguments and/or ``--file`` (one per line). Ranks the corpus's lines
 (one document per line, read as tformer.text.lines says) by cosine similarity to each query's embedding and
 prints the top ``-k`` with their score and line number. Without an index the corpus is
 embedded a chunk at a time and compared at once with a running top-k, so memory does not
 grow with its length; with an index nothing is embedded but the queries, and an approximate
-index (tformer.embeddings.ann) answers by its parameters unless --exact.
+index (tformer.embeddings.ann) answers by its parameters unless --exact. With --rerank, each
+query's --rerank-top results (20) are scored as (query, text) pairs by a reranker run of
+`tformer train` (a cross-encoder) and the best -k of them printed, its score in place of
+the cosine (over an exact or an approximate index alike: the index only retrieves).
 """
 
 from __future__ import annotations
@@ -54,6 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "tsv: a header, then one tab-separated row per result with those "
                              "columns (tabs, newlines and backslashes in texts escaped as \\t, "
                              "\\n, \\r, \\\\)")
+    parser.add_argument("--rerank", metavar="RERANK_RUN", default=None,
+                        help="a reranker run of `tformer train` (query, passage data): reorder each query's "
+                             "--rerank-top results by its scores, then print the best -k")
+    parser.add_argument("--rerank-top", type=int, default=20,
+                        help="with --rerank: results retrieved per query for it to reorder (20; at least -k)")
     parser.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
@@ -74,10 +84,16 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--file, --corpus: expected at most one to read standard input, got both")
     queries_text = input_texts(args, "queries", "QUERY")
     truncation = not args.no_truncate
+    reranker = _reranker(args)
+    retrieve = max(args.top_k, args.rerank_top) if reranker is not None else args.top_k
     if Index.is_index(args.model_dir):
         if args.corpus is not None:
             raise ValueError("--corpus: not with an INDEX (it holds its corpus); got both")
         index = _open_index(args)
+        if reranker is not None and not index.has_texts:
+            raise ValueError(f"--rerank: expected an INDEX with texts to rerank, got {args.model_dir}, built "
+                             "from vectors without --texts (rebuild it with `index build --vectors V.npy "
+                             "--texts T.txt`)")
         model_dir = args.model or index.meta.get("model_dir")
         if model_dir is None:
             raise ValueError(f"INDEX {args.model_dir}: built from vectors, it names no model: give --model "
@@ -91,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         with one_line_warnings("search"):
             st = load_sentence_encoder(args)
             queries = _embed_queries(st, args, queries_text)
-        scores, rows = index.search(queries, args.top_k, exact=args.exact)
+        scores, rows = index.search(queries, retrieve, exact=args.exact)
         found = _texts_of(index, rows)
     else:
         if args.corpus is None:
@@ -101,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         with one_line_warnings("search"):
             st = load_sentence_encoder(args)
             queries = _embed_queries(st, args, queries_text)
-            best, first = TopK(queries, args.top_k), 0
+            best, first = TopK(queries, retrieve), 0
             found: dict[int, tuple[int, str]] = {}  # row -> (line number, text), the rows in a top-k
             # One pass over the corpus (it was read three times: counted, embedded, then
             # searched for the winners' texts): the bar counts texts without a total.
@@ -120,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
         if first == 0:
             raise ValueError(f"--corpus {args.corpus}: expected at least one line, got none")
         scores, rows = best.result()
+    if reranker is not None:
+        scores, rows = _reranked(reranker, args, queries_text, rows, found)
     results = ((q, query, rank, float(score), *found[int(row)], int(row))
                for q, query in enumerate(queries_text)
                for rank, (score, row) in enumerate(zip(scores[q], rows[q], strict=True), start=1)
@@ -160,7 +178,8 @@ def _search_vectors(args: argparse.Namespace) -> int:
     from tformer.embeddings.vectors import VectorsFile
 
     for given, option in ((args.queries, "QUERY"), (args.file, "--file"), (args.corpus, "--corpus"),
-                          (args.model, "--model")):
+                          (args.model, "--model"), (args.rerank, "--rerank"),
+                          (args.rerank_top != 20, "--rerank-top")):
         if given:
             raise ValueError(f"{option}: not with --query-vectors (the queries are its vectors)")
     if not Index.is_index(args.model_dir):
@@ -226,6 +245,32 @@ def _print_results(form: str, results) -> None:
 def _tsv(text: str) -> str:
     """A field with no tab or line break in it: backslash escapes, as in PostgreSQL's text COPY."""
     return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+
+
+def _reranker(args: argparse.Namespace):
+    """--rerank's run (loaded before anything is embedded: a wrong one is refused at once), or None."""
+    if args.rerank is None:
+        if args.rerank_top != 20:
+            raise ValueError(f"--rerank-top: only with --rerank RERANK_RUN; got {args.rerank_top} without it")
+        return None
+    if args.rerank_top < 1:
+        raise ValueError(f"--rerank-top: expected >= 1, got {args.rerank_top}")
+    from tformer.commands._inputs import device_of
+    from tformer.kinds import load_run
+
+    return load_run(args.rerank, needs="rerank", device=device_of(args))
+
+
+def _reranked(reranker, args: argparse.Namespace, queries: list[str], rows, found: dict) -> tuple[list, list]:
+    """(scores, rows) of each query's retrieved rows reordered by the reranker, its best -k."""
+    scores_out, rows_out = [], []
+    for query, retrieved in zip(queries, rows, strict=True):
+        candidates = [int(r) for r in retrieved if r >= 0]
+        ranked = reranker.rerank(query, [found[r][1] for r in candidates],
+                                 batch_size=args.batch_size)[: args.top_k]
+        scores_out.append([r["score"] for r in ranked])
+        rows_out.append([candidates[r["index"]] for r in ranked])
+    return scores_out, rows_out
 
 
 def _embed_queries(st, args: argparse.Namespace, texts: list[str]):

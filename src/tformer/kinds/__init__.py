@@ -24,7 +24,7 @@ from tformer.config import TransformerConfig
 from tformer.config.sizes import check_fits
 from tformer.errors import FieldError, a, as_path
 from tformer.formats.model_dir import read_model_dir
-from tformer.kinds import classification, embedding, seq2seq
+from tformer.kinds import classification, embedding, regression, reranking, seq2seq
 from tformer.kinds.base import Kind
 from tformer.kinds.run import AttentionInput, Run
 from tformer.kinds.serving import input_limit
@@ -46,6 +46,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     classification.KIND,
     seq2seq.KIND,
     embedding.KIND,
+    regression.KIND,
+    reranking.KIND,
 )}
 MODEL_DIR_KIND = embedding.KIND  # what a BERT-format or sentence-transformers directory serves as
 
@@ -191,7 +193,7 @@ def load_run(path: str | Path, needs: str | None = None, device: str | object = 
     path, device = as_path(path, "path", "a run directory"), resolve_device(device)
     known = isinstance(needs, str) and any(hasattr(k.run, needs) for k in KINDS.values())
     if needs is not None and not known:  # (a number was getattr's TypeError)
-        verbs = ", ".join(k.verb for k in KINDS.values())
+        verbs = ", ".join(dict.fromkeys(k.verb for k in KINDS.values()))  # (two kinds may share one)
         raise ValueError(f"needs: expected a run's method ({verbs}, ...) or None, got {needs!r}")
     # A live run may prune the checkpoint being read (it published a newer one): read that one.
     return read_latest(path, lambda _: _load(path, needs, device, dtype))

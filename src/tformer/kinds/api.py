@@ -9,7 +9,9 @@
     tformer.train(..., device="cuda"); tformer.load_run("runs/x", device="cpu")  # tformer.nn.devices
 
 The run is of its kind's class (tformer.kinds): a ClassificationRun predicts, a Seq2SeqRun
-generates, an EmbeddingRun embeds. `data`, `valid` and `test` take a file path (JSONL/CSV/TSV)
+generates, an EmbeddingRun embeds, a RegressionRun predicts scores (run.predict(texts,
+pairs=...) -> [{"score": x}]) and a RerankingRun reranks (run.rerank(query, passages) ->
+[{"index", "score"}], best first). `data`, `valid` and `test` take a file path (JSONL/CSV/TSV)
 or records (a list or any iterable of dicts with the objective's fields); records are written
 once into RUN/data/*.jsonl, so the run resumes and evaluates from its own copy like a file run.
 """

@@ -230,6 +230,10 @@ class ClassificationRun(Run):
         pairs = None if pairs is None else pairs_list(pairs, len(texts))
         return self.objective.classify(self.model, texts, pairs, batch_size=check_batch_size(batch_size))
 
+    def shown(self, answer: dict[str, Any]) -> str:
+        """What `tformer predict` prints for an answer: the label."""
+        return answer["label"]
+
     def answers(self, texts: list[str], batch_size: int = 64, **_: Any) -> list[str]:
         """What `tformer generate` prints per input: the label."""
         return [p["label"] for p in self.predict(texts, batch_size=batch_size)]

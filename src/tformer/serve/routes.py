@@ -4,6 +4,7 @@
     openai.completions  POST /v1/completions (OpenAI)
     tei.embed           POST /embed and / (TEI; / also Hugging Face's task API)
     tei.predict         POST /predict and / (TEI; / also Hugging Face's task API)
+    tei.rerank          POST /rerank and / (TEI)
     tei.tokenize        POST /tokenize (TEI)
     tgi.generate        POST /generate and / (TGI)
     always              GET /health, /info, /metrics, /v1/models, /v1/models/{id}
@@ -36,7 +37,8 @@ from tformer.serve.endpoint import Endpoint, Service, error
 from tformer.serve.schema import RequestError
 
 # Every POST path of any kind: a path of another kind is a 404 that names this server's.
-POST_PATHS = ("/v1/embeddings", "/v1/completions", "/embed", "/predict", "/generate", "/tokenize", "/")
+POST_PATHS = ("/v1/embeddings", "/v1/completions", "/embed", "/predict", "/rerank", "/generate", "/tokenize",
+              "/")
 GET_PATHS = ("/health", "/info", "/metrics", "/v1/models")  # and /v1/models/{id}
 
 
@@ -44,7 +46,8 @@ GET_PATHS = ("/health", "/info", "/metrics", "/v1/models")  # and /v1/models/{id
 # /info fields of each family.
 PROTOCOLS: dict[str, Callable[[Service], dict[str, Endpoint]]] = {
     "openai.embeddings": openai_api.embeddings, "openai.completions": openai_api.completions,
-    "tei.embed": tei_api.embedding, "tei.predict": tei_api.classification, "tei.tokenize": tei_api.tokenize,
+    "tei.embed": tei_api.embedding, "tei.predict": tei_api.classification, "tei.rerank": tei_api.rerank,
+    "tei.tokenize": tei_api.tokenize,
     "tgi.generate": tgi_api.generation,
 }
 INFO: dict[str, Callable[[Service], dict[str, Any]]] = {"tei": tei_api.info, "tgi": tgi_api.info}

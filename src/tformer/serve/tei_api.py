@@ -5,10 +5,14 @@
     POST /predict   {"inputs": str | [text, text_pair] | [[text], [text, text_pair], ...],
                      "truncate"?, "truncation_direction"?, "raw_scores"?}
                     -> [{"label", "score"}] (one input) or [[...], ...] (a batch), best first
+    POST /rerank    {"query", "texts": [str], "truncate"?, "truncation_direction"?, "raw_scores"?,
+                     "return_text"?} -> [{"index", "text"?, "score"}], best first (a reranker:
+                     each text scored with the query as a pair; a score is the output's sigmoid,
+                     raw_scores its logit)
     POST /tokenize  {"inputs": str | [str], "add_special_tokens"?}
                     -> [[{"id", "text", "special", "start", "stop"}, ...], ...]
     POST /          what TEI answers there: /embed for an embedding model, /predict for a
-                    classifier; and Hugging Face's task API, which huggingface_hub's
+                    classifier, /rerank for a reranker; and Hugging Face's task API, which huggingface_hub's
                     InferenceClient(model=URL) sends: feature extraction with its options at the
                     root (as /embed), sentence similarity with {"inputs": {"source_sentence",
                     "sentences"}} (-> the cosine of the source with each), text classification
@@ -33,6 +37,7 @@ from tformer.serve.endpoint import Endpoint, Service, json_response
 EMBED_FIELDS = ("inputs", "normalize", "truncate", "truncation_direction", "prompt_name", "dimensions",
                 "encoding_format")
 PREDICT_FIELDS = ("inputs", "truncate", "truncation_direction", "raw_scores")
+RERANK_FIELDS = ("query", "texts", "truncate", "truncation_direction", "raw_scores", "return_text")
 FUNCTIONS = ("softmax", "sigmoid", "none")
 
 
@@ -104,6 +109,30 @@ def classification(service: Service) -> dict[str, Endpoint]:
 
     return {"/predict": Endpoint(parse, respond),
             "/": Endpoint(lambda body: parse(body, "parameters" in body), respond)}
+
+
+def rerank(service: Service) -> dict[str, Endpoint]:
+    """/rerank and / for a reranker: the query paired with each text, ranked best first."""
+    c = service.config
+
+    def parse(body: dict) -> tuple:
+        schema.check_fields(body, RERANK_FIELDS)
+        if "query" not in body or body["query"] is None:
+            raise schema.RequestError(422, "query", "query: required (a string), got nothing")
+        schema._text(body["query"], "query")
+        texts = schema.texts(body, "texts", c.max_client_batch)
+        raw = schema.boolean(body, "raw_scores", False)
+        extra = {"texts": texts, "return_text": schema.boolean(body, "return_text", False)}
+        records = [{"text": body["query"], "text_pair": t} for t in texts]
+        return records, raw, _truncation(service, body), extra
+
+    def respond(results: list[list[float]], items: list[Item], extra: dict):
+        order = sorted(range(len(results)), key=lambda i: -results[i][0])  # equal scores: as sent
+        return json_response([{"index": i, **({"text": extra["texts"][i]} if extra["return_text"] else {}),
+                               "score": float(results[i][0])} for i in order])
+
+    endpoint = Endpoint(parse, respond)
+    return {"/rerank": endpoint, "/": endpoint}
 
 
 def tokenize(service: Service) -> dict[str, Endpoint]:

@@ -292,6 +292,7 @@ def resolve_config(*layers: dict[str, Any], objective=None) -> TrainConfig:
         preset = dict(objective.preset)
         if merged.get("from_pretrained"):
             preset.update(FINETUNE_PRESET)
+            preset.update(objective.finetune_preset)  # what the kind changes of it (its batches)
         if merged.get("max_minutes") is not None:
             # A timed run ends at its budget; the preset's count would stop it early (a
             # 5-minute fine-tune of 32-example batches reached 1,000 steps in 44 s).

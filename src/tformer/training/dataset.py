@@ -94,10 +94,12 @@ class TextData:
     """
 
     def __init__(self, config, fields: Fields, tokenizer: Tokenizer, labels: list[str],
-                 fraction: float, identity: dict[str, Any] | None = None, pairs: bool = True) -> None:
+                 fraction: float, identity: dict[str, Any] | None = None, pairs: bool = True,
+                 tally: dict[str, Any] | None = None) -> None:
         self.config, self.fields, self.tokenizer = config, fields, tokenizer
         self.labels, self.fraction = labels, fraction
         self.pairs = pairs  # classification: whether training records had a text_pair
+        self.tally = tally or {}  # what the training records say beyond labels (Fields.tally)
         self.identity = identity or {}
         self.label_ids = {name: i for i, name in enumerate(labels)}
         self._held_out: dict[str, list[Record]] = {}
@@ -150,14 +152,16 @@ class TextData:
             info = json.loads(path.read_text())
             tokenizer = run_tokenizer(load_backend(run_dir / "tokenizer.json"), info["max_length"])
             return cls(config, fields, tokenizer, list(info["labels"]), float(info["split_fraction"]),
-                       info.get("identity"), bool(info.get("pairs", True)))  # older runs: not recorded
+                       info.get("identity"), bool(info.get("pairs", True)),  # older runs: not recorded
+                       info.get("tally"))
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise FieldError("RUN_DIR", f"{path} is not a tformer data.json ({e})") from None
 
     def describe(self) -> dict[str, Any]:
         return {"objective": self.fields.objective, "labels": self.labels,
                 "max_length": self.tokenizer.max_length, "split_fraction": self.fraction,
-                "vocab_size": self.tokenizer.vocab_size, "identity": self.identity, "pairs": self.pairs}
+                "vocab_size": self.tokenizer.vocab_size, "identity": self.identity, "pairs": self.pairs,
+                "tally": self.tally}
 
     @classmethod
     def _scan(cls, config, fields: Fields) -> tuple[TextData, list[str]]:
@@ -171,6 +175,7 @@ class TextData:
         hashed = {s for s, p in (("validation", config.valid), ("test", config.test)) if p is None}
         labels: set[str] = set()
         trained: set[str] = set()  # labels of records that are surely training records
+        tally: dict[str, Any] = {}  # Fields.tally of the training records
         pairs = False
         candidates: list[tuple[float, Record]] = []  # (u, record) that may be held out
         sample = _TokenizerSample(seed)
@@ -191,9 +196,12 @@ class TextData:
                 if n == SMALL + 1 or (len(candidates) > 4 * SPLIT_CAP and n % 1024 == 0):
                     dropped = [c for c in candidates if c[0] >= 2 * split_fraction(n)]
                     trained.update(label for _, r in dropped for label in fields.labels_of(r))
+                    for _, r in dropped:
+                        fields.tally(tally, r)
                     candidates = [c for c in candidates if c[0] < 2 * split_fraction(n)]
             else:
                 trained.update(fields.labels_of(record))
+                fields.tally(tally, record)
             sample.offer(n, key, u, fields.texts_of(record))
         if n == 0:
             raise ValueError(f"{path}: expected at least one record, got {no_records(path)}")
@@ -217,6 +225,10 @@ class TextData:
             data._held_out[split] = data._nonempty(split, records)
         trained.update(label for u, r in candidates if split_of_unit(u, f) == "train"
                        for label in fields.labels_of(r))
+        for u, r in candidates:
+            if split_of_unit(u, f) not in hashed:  # (a split given as a file: its share trains)
+                fields.tally(tally, r)
+        data.tally = tally
         data.untrained = {label: sorted({s for s, rs in data._held_out.items() for r in rs
                                          if label in fields.labels_of(r)})
                           for label in sorted(labels - trained)}

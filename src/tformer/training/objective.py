@@ -121,6 +121,7 @@ class Objective(ABC):
     # the command line (flat option names, as on the command line: --d-model is "d_model").
     fields: Fields | None = None  # a synthetic task's only kind: None
     preset: Mapping[str, Any] = {}
+    finetune_preset: Mapping[str, Any] = {}  # a fine-tune's: over tformer.training.presets.FINETUNE_PRESET
     reads: tuple[str, ...] = ()  # options only this kind reads (the other kinds refuse them)
     refuses: Mapping[str, str] = {}  # options this kind refuses set (to a true value): name -> why
     inputs = ("text",)  # the fields a user's input texts fill (a tab separates the second)

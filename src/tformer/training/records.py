@@ -58,6 +58,11 @@ class Fields:
         """The texts of a record a tokenizer learns from (all but its label)."""
         return [v for k, v in record.items() if k != self.label and k != "line" and isinstance(v, str)]
 
+    def tally(self, counts: dict[str, Any], record: Record) -> None:
+        """Add what a training record says beyond its labels to ``counts`` (data.json's "tally",
+        kept with the run from its start): nothing, unless a kind needs more of its training data
+        (a score's count, sum and range: the train mean, and whether scores lie in [0, 1])."""
+
     def check(self, where: str, record: dict[str, Any]) -> Record:
         """The record's fields as non-empty strings (a label by ``label_name``'s rule); errors
         start with `where` ("file:line")."""
