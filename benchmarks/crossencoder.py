@@ -248,7 +248,7 @@ def main() -> None:
         args.minutes = args.minutes[0]
         reference_side(args)
         return
-    from tformer.kernels.machine import cpu_info
+    from tformer.nn.kernels.machine import cpu_info
 
     args.out.mkdir(parents=True, exist_ok=True)
     print(cpu_info(), flush=True)

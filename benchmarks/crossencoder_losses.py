@@ -34,7 +34,7 @@ def command(kind: str, loss: str, data: Path, out: Path, minutes: float, scratch
             "--max-minutes", f"{minutes:g}", "--threads", "1", "--out", str(out), "--quiet"]
     if not scratch:
         argv += ["--from-pretrained", str(minilm())]
-    code = (f"import sys, tformer.kinds.{module} as m; m.LOSS = {loss!r}; from tformer.cli import main; "
+    code = (f"import sys, tformer.kinds.{module} as m; m.LOSS = {loss!r}; from tformer.commands.cli import main; "
             f"sys.exit(main({argv!r}))")
     return [sys.executable, "-c", code]
 
@@ -60,7 +60,7 @@ def main() -> None:
                         default=["scratch", "finetune"])
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    from tformer.kernels.machine import cpu_info
+    from tformer.nn.kernels.machine import cpu_info
 
     print(cpu_info(), flush=True)
     rows = []

@@ -24,7 +24,6 @@ import torch
 from torch import Tensor, nn
 
 from tformer.config import TransformerConfig
-from tformer.devices import model_device
 from tformer.export import hf_classifier
 from tformer.export import onnx as tonnx
 from tformer.export.export_dir import publish_export
@@ -32,6 +31,7 @@ from tformer.export.hf_cross_encoder import ACTIVATIONS, LABEL, export_cross_enc
 from tformer.export.model_card import Card, render
 from tformer.kinds.run import Run
 from tformer.kinds.serving import Item, too_long
+from tformer.nn.devices import model_device
 from tformer.nn.model import EncoderClassifier, from_pretrained
 from tformer.storage.files import json_bytes
 from tformer.text.batches import EncodedText, EncoderBatch, _Batch, encoder_batch
