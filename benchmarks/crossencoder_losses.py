@@ -34,8 +34,8 @@ def command(kind: str, loss: str, data: Path, out: Path, minutes: float, scratch
             "--max-minutes", f"{minutes:g}", "--threads", "1", "--out", str(out), "--quiet"]
     if not scratch:
         argv += ["--from-pretrained", str(minilm())]
-    code = (f"import sys, tformer.kinds.{module} as m; m.LOSS = {loss!r}; from tformer.commands.cli import main; "
-            f"sys.exit(main({argv!r}))")
+    code = (f"import sys, tformer.kinds.{module} as m; m.LOSS = {loss!r}; "
+            f"from tformer.commands.cli import main; sys.exit(main({argv!r}))")
     return [sys.executable, "-c", code]
 
 
