@@ -3,6 +3,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from tformer import TransformerConfig
+from tformer.nn.heads import MaskedLM
 from tformer.nn.model import Encoder, EncoderClassifier, Seq2SeqTransformer
 from tformer.stats import flops_per_token, parameter_count
 
@@ -25,14 +26,15 @@ def test_parameter_count_matches_module(tiny_config):
     assert parameter_count(tiny_config) == sum(p.numel() for p in Encoder(tiny_config).parameters())
 
 
-@pytest.mark.parametrize("model", ["encoder", "seq2seq", "classifier"])
+@pytest.mark.parametrize("model", ["encoder", "seq2seq", "classifier", "masked_lm"])
 @pytest.mark.parametrize("changes", [{}, {"n_layers": 3, "n_decoder_layers": 2},
                                      {"norm_first": True, "final_norm": True, "bias": False},
                                      {"positional": "learned", "tie_output": False,
                                       "tgt_vocab_size": 30, "n_classes": 3}])
 def test_parameter_count_matches_the_built_module(tiny_config, model, changes):
     config = tiny_config.replace(**{"n_classes": 4, **changes})
-    built = {"encoder": Encoder, "seq2seq": Seq2SeqTransformer, "classifier": EncoderClassifier}[model]
+    built = {"encoder": Encoder, "seq2seq": Seq2SeqTransformer, "classifier": EncoderClassifier,
+             "masked_lm": MaskedLM}[model]
     assert parameter_count(config, model) == sum(p.numel() for p in built(config).parameters())
 
 

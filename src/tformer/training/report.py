@@ -18,7 +18,14 @@ from tqdm import tqdm
 from tformer.errors import require
 from tformer.storage.files import write_atomic
 from tformer.storage.rundir import append_jsonl, read_metrics  # (append_jsonl: tformer eval's too)
-from tformer.verdict import MIN_VERDICT_EXAMPLES, PERFECT, beats_baseline, tested_as_it_was, too_few
+from tformer.verdict import (
+    LOWER_IS_BETTER,
+    MIN_VERDICT_EXAMPLES,
+    PERFECT,
+    beats_baseline,
+    tested_as_it_was,
+    too_few,
+)
 from tformer.viz.plots import save_figure, subplots
 
 TENSORBOARD_DIR = "tensorboard"  # RUN/tensorboard/: `tensorboard --logdir RUN` shows the run
@@ -191,6 +198,9 @@ def summary(record: dict[str, Any], key: str) -> str:
     if key == "bleu":
         return (f"test BLEU {record['bleu']:.2f} chrF {record['chrf']:.2f} "
                 f"exact match {record['exact_match']:.4f} {done}")
+    if key == "perplexity":
+        return (f"test perplexity {record['perplexity']:.2f} (masked-token accuracy "
+                f"{record['accuracy']:.4f}) {done}")
     return f"test recall@1 {record['recall_at_1']:.4f} MRR@10 {record['mrr_at_10']:.4f} {done}"
 
 
@@ -280,6 +290,8 @@ def plot_curves(metrics_path: Path, png_path: Path, key: str) -> None:
     ax1.set(xlabel="step", ylabel="loss", yscale="log", title="loss")
     ax1.legend()
     scale = 100.0 if key in ("bleu", "chrf") else 1.0  # sacrebleu reports 0-100
+    if key in LOWER_IS_BETTER:  # (a perplexity: the loss panel shows its log) accuracy here
+        key = "accuracy"
     ax2.plot([r["step"] for r in train_r], [r["accuracy"] for r in train_r],
              label="train " + ("token accuracy (teacher-forced)" if key in ("exact_match", "bleu")
                                else "accuracy"))
