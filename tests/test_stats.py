@@ -43,3 +43,15 @@ def test_parameter_count_matches_the_built_module(tiny_config, model, changes):
 def test_parameter_count_matches_bert_shaped_encoders(tiny_config, changes):
     config = tiny_config.replace(**changes)
     assert parameter_count(config) == sum(p.numel() for p in Encoder(config).parameters())
+
+
+def test_a_masked_lm_adds_its_head_on_the_share_of_tokens_predicted():
+    """BERT's head (dense, then the tied vocabulary projection) runs on the 15% of tokens
+    predicted: 3 of 20 here, as PyTorch's own counter counts its products."""
+    config = TransformerConfig(d_model=64, n_heads=4, d_ff=256, n_layers=2, vocab_size=96)
+    model, seq = MaskedLM(config).eval(), 20
+    h = torch.randn(3, 64)  # the 3 positions predicted (N, D)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model.head(h, model.encoder.tok_emb.weight)
+    head = (flops_per_token(config, seq, "masked_lm") - flops_per_token(config, seq)) * seq
+    assert counter.get_total_flops() == head

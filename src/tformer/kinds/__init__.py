@@ -198,7 +198,7 @@ def load_run(path: str | Path, needs: str | None = None, device: str | object = 
     path, device = as_path(path, "path", "a run directory"), resolve_device(device)
     known = isinstance(needs, str) and any(hasattr(k.run, needs) for k in KINDS.values())
     if needs is not None and not known:  # (a number was getattr's TypeError)
-        verbs = ", ".join(k.verb for k in KINDS.values())
+        verbs = ", ".join(dict.fromkeys(k.verb for k in KINDS.values()))  # (two kinds may share one)
         raise ValueError(f"needs: expected a run's method ({verbs}, ...) or None, got {needs!r}")
     # A live run may prune the checkpoint being read (it published a newer one): read that one.
     return read_latest(path, lambda _: _load(path, needs, device, dtype))
