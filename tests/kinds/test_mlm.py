@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import shutil
 from collections import Counter
 from pathlib import Path
 

@@ -4,7 +4,7 @@ what `pipeline("fill-mask", model=DIR)` loads.
     bert_files(model, backend, max_length)     config.json, model.safetensors, tokenizer files
     write_run_files(run_dir, model, ...)       the same files at a finished run's top: the run is
                                                a BERT-format directory (--from-pretrained RUN)
-    export_masked_lm(out, model, ..., card)    `tformer export RUN --hf OUT`: checked, then published
+    export_fill_mask(out, model, ..., card)    `tformer export RUN --hf OUT`: checked, then published
 
 The encoder goes through tformer.formats.hf_bert's key table (under "bert.", no pooler: the
 class has none), the head through tformer.formats.hf_bert_mlm's; the decoder is tied to the word
@@ -87,13 +87,13 @@ def check_in_transformers(files: dict[str, bytes], model) -> float:
             with torch.no_grad():
                 ours = model(ids, mask, types if config.type_vocab_size else None)  # (B, S, V)
                 got = theirs(input_ids=ids, attention_mask=mask, **kwargs).logits
-            real = mask.bool()  # transformers computes padding's logits too; tformer's are zeros there
+            real = mask.bool()  # (the logits at padding mean nothing, on either side)
             worst = max(worst, max_difference(got[real], ours[real], "logits", hf_bert_mlm.ARCHITECTURE,
                                               TOLERANCE))
     return worst
 
 
-def export_masked_lm(out: str | Path, model, backend, max_length: int, mask_token: str, card: Card) -> Path:
+def export_fill_mask(out: str | Path, model, backend, max_length: int, mask_token: str, card: Card) -> Path:
     """Publish ``out`` as a BertForMaskedLM directory with a model card, once transformers gives
     tformer's logits; returns ``out``."""
     files = bert_files(model, backend, max_length)

@@ -382,7 +382,7 @@ class MaskedLMRun(Run):
         """BertForMaskedLM (the same files as the run's own top, with a model card)."""
         tok = self.tokenizer
         try:
-            return hf_masked_lm.export_masked_lm(out, self.model, tok.backend, tok.max_length,
+            return hf_masked_lm.export_fill_mask(out, self.model, tok.backend, tok.max_length,
                                                  self.mask_token, card)
         except hf_bert.NotBert as e:
             raise ValueError(f"--hf: {self.path}: config.{e.field}: BertForMaskedLM needs {e.need}, got "

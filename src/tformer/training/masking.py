@@ -5,7 +5,7 @@
     rng = batch_rng(seed, k)                # training batch k's draws: (seed, k) alone
     rng = text_rng(seed, text)              # a held-out text's: the same masks at every validation
 
-and what a masked-LM run (tformer.kinds.masked_lm) trains, predicts and scores with: its
+and what a masked-LM run (a kind of tformer.kinds) trains, predicts and scores with: its
 examples (``MaskedExample``), batches (``MaskedBatch``), training stream (``MaskedStream``),
 predictions (``Filled``), their fill-mask answer (``fill_answer``) and scores (``MaskedTally``).
 
