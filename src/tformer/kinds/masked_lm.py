@@ -28,7 +28,7 @@ from safetensors.numpy import load_file, save
 from torch import Tensor, nn
 
 from tformer.config import TransformerConfig
-from tformer.errors import BadInput
+from tformer.errors import BadInput, FieldError
 from tformer.export import hf_masked_lm
 from tformer.export.model_card import Card
 from tformer.formats import hf_bert, hf_bert_mlm
@@ -92,7 +92,7 @@ class MaskedLanguageModel(Objective):
         backend = self.tokenizer.backend
         found = [t for t in MASK_TOKENS if backend.token_to_id(t) is not None]
         if not found:
-            raise ValueError(f"from_pretrained: the tokenizer of {self.config.from_pretrained} has no mask "
+            raise FieldError("from_pretrained", f"the tokenizer of {self.config.from_pretrained} has no mask "
                              f"token (expected {' or '.join(MASK_TOKENS)}); masked-LM training replaces "
                              "tokens with it")
         return found[0]
@@ -332,7 +332,7 @@ class MaskedLMRun(Run):
         targets: score these tokens only (each a token of the vocabulary, else its first piece)."""
         single = isinstance(texts, str)
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-            raise ValueError(f"top_k: expected a positive int, got {top_k!r}")
+            raise FieldError("top_k", f"expected a positive int, got {top_k!r}")
         answers = self.objective.fill(self.model, texts_of(texts), top_k, self.target_ids(targets),
                                       check_batch_size(batch_size))
         return answers[0] if single else answers

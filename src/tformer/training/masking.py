@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from tformer.errors import BadType, FieldError
 from tformer.text.batches import EncoderBatch
 
 MASK_RATE = 0.15  # of each text's ordinary tokens, predicted
@@ -202,9 +203,9 @@ def target_ids(backend, targets: str | Iterable[str]) -> list[int]:
     ids = []
     for t in targets:
         if not isinstance(t, str):
-            raise TypeError(f"targets: expected str, got {type(t).__name__}")
+            raise BadType("targets", f"expected str, got {type(t).__name__}")
         found = backend.token_to_id(t)
         ids += backend.encode(t, add_special_tokens=False).ids[:1] if found is None else [found]
     if not ids:
-        raise ValueError(f"targets: expected tokens of the vocabulary, got {targets!r}")
+        raise FieldError("targets", f"expected tokens of the vocabulary, got {targets!r}")
     return sorted(set(ids))
