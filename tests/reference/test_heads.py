@@ -69,15 +69,19 @@ def test_masked_lm_backward_matches_autograd_with_the_tied_embeddings():
 
 def test_a_masked_lm_run_directory_loads_as_the_numpy_masked_lm(tmp_path):
     from helpers import write_run
+    from safetensors.torch import save_file
 
     from tformer.reference import from_pretrained
+    from tformer.storage.checkpoint import weights_metadata
 
     config = _config(dropout=0.0)
     torch.manual_seed(2)
     saved, best = TorchMaskedLM(config).eval(), TorchMaskedLM(config).eval()
     ids = torch.randint(4, V, (2, 6))
-    for run, expected in ((write_run(tmp_path / "with-best", saved, best), best),
-                          (write_run(tmp_path / "checkpoint-only", saved), saved)):
+    with_best = write_run(tmp_path / "with-best", saved)  # best.safetensors as the loop writes it
+    save_file({k: v.contiguous() for k, v in best.state_dict().items()}, str(with_best / "best.safetensors"),
+              metadata=weights_metadata(best))
+    for run, expected in ((with_best, best), (write_run(tmp_path / "checkpoint-only", saved), saved)):
         ref = from_pretrained(run, dtype=np.float64)
         assert type(ref) is MaskedLM
         np.testing.assert_allclose(ref(ids.numpy()), expected.double()(ids).detach().numpy(), atol=1e-10)
