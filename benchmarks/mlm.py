@@ -107,7 +107,7 @@ def benefit(args) -> None:
     root.mkdir(parents=True, exist_ok=True)
     rows = []
     for start in args.starts:
-        base = minilm() if start == "minilm" else None
+        base = args.base if start == "minilm" else None
         for seed in args.seeds:
             tag = f"{start}-s{seed}-{args.minutes:g}m"
             alone, pre, tuned = root / f"{tag}-alone", root / f"{tag}-pre", root / f"{tag}-tuned"
@@ -148,19 +148,21 @@ def versus_hf(args) -> None:
         ours, theirs = root / f"tformer-{minutes:g}m", root / f"hf-{minutes:g}m"
         launched = time.time()
         hf = [sys.executable, __file__, "hf-worker", "--data", str(data / "packages.txt"),
-              "--out", str(theirs), "--seconds", str(minutes * 60), "--launched", str(launched)]
-        tformer = tformer_train(data / "packages.txt", ours, minutes, minilm())
+              "--base", str(args.base), "--out", str(theirs), "--seconds", str(minutes * 60),
+              "--launched", str(launched)]
+        tformer = tformer_train(data / "packages.txt", ours, minutes, args.base)
         walls = side_by_side({f"tformer-{minutes:g}m": [tformer], f"hf-{minutes:g}m": [hf]}, root)
         texts = (data / "packages_eval.txt").read_text(encoding="utf-8").splitlines()
-        row = {"minutes": minutes, "tformer": score(ours, texts), "hf": score(theirs, texts),
+        row = {"minutes": minutes, "tformer": score(ours, texts, args.base),
+               "hf": score(theirs, texts, args.base),
                "tformer_updates": test_record(ours)["step"],
                "hf_updates": json.loads((theirs / "worker.json").read_text())["steps"], "wall": walls}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    base = score(minilm(), (data / "packages_eval.txt").read_text(encoding="utf-8").splitlines(), head=False)
+    base = score(args.base, (data / "packages_eval.txt").read_text(encoding="utf-8").splitlines(), args.base)
     (root / "versus_hf.json").write_text(json.dumps({"rows": rows, "start": base}, indent=1))
     print(f"\nCPU: {cpu_model()}; 1 thread each, side by side; packages_eval.txt ({len(texts):,} summaries, "
-          f"{rows[0]['tformer']['masked']:,} masked tokens); all-MiniLM-L6-v2 as it starts (a new head): "
+          f"{rows[0]['tformer']['masked']:,} masked tokens); {args.base.name} as it starts (a new head): "
           f"perplexity {base['perplexity']:.0f}")
     print("| minutes | tformer: perplexity / accuracy (updates) | HF run_mlm recipe: perplexity / accuracy "
           "(updates) | ratio of perplexities (HF / tformer) |")
@@ -172,10 +174,10 @@ def versus_hf(args) -> None:
               f"{h['perplexity'] / t['perplexity']:.2f} |")
 
 
-def score(model_dir: Path, texts: list[str], head: bool = True) -> dict:
+def score(model_dir: Path, texts: list[str], base: Path) -> dict:
     """Masked-token perplexity and accuracy of the BertForMaskedLM in ``model_dir`` on ``texts``,
-    each masked as tformer masks a held-out text (seed 0), through all-MiniLM-L6-v2's tokenizer
-    (what both sides train with). head=False: all-MiniLM-L6-v2 itself, its head new (seed 0)."""
+    each masked as tformer masks a held-out text (seed 0), through the tokenizer of ``base`` (what
+    both sides train with); a directory without a masked-LM head gets a new one (seed 0)."""
     import torch
     from transformers import BertForMaskedLM
     from transformers.utils import logging
@@ -185,7 +187,7 @@ def score(model_dir: Path, texts: list[str], head: bool = True) -> dict:
 
     logging.set_verbosity_error()
     torch.manual_seed(0)
-    tok = load_tokenizer(minilm(), max_length=64)
+    tok = load_tokenizer(base, max_length=64)
     added = tok.backend.get_added_tokens_decoder()
     specials = [i for i, t in added.items() if t.special]
     masker = Masker(tok.backend.token_to_id("[MASK]"), specials, tok.vocab_size)
@@ -224,12 +226,12 @@ def hf_worker(args) -> None:
     torch.set_num_threads(1)
     logging.set_verbosity_error()
     deadline = args.launched + args.seconds - SAVE_RESERVE
-    tokenizer = AutoTokenizer.from_pretrained(str(minilm()))
-    model = BertForMaskedLM.from_pretrained(str(minilm()))
+    tokenizer = AutoTokenizer.from_pretrained(args.base)
+    model = BertForMaskedLM.from_pretrained(args.base)
     lines = [t for t in Path(args.data).read_text(encoding="utf-8").splitlines() if t.strip()]
     # run_mlm --line_by_line: each line one example, truncated at the model's length, padded per batch
-    encoded = tokenizer(lines, truncation=True, max_length=tokenizer.model_max_length,
-                        return_special_tokens_mask=True)
+    longest = min(tokenizer.model_max_length, 1024, model.config.max_position_embeddings)  # run_mlm's cap
+    encoded = tokenizer(lines, truncation=True, max_length=longest, return_special_tokens_mask=True)
     dataset = [{k: encoded[k][i] for k in encoded} for i in range(len(lines))]
 
     class Clock(TrainerCallback):
@@ -262,16 +264,21 @@ def main() -> None:
     b.add_argument("--share", type=float, default=0.5, help="of it, pre-training's")
     b.add_argument("--starts", nargs="+", default=["minilm", "scratch"], choices=["minilm", "scratch"])
     b.add_argument("--seeds", nargs="+", type=int, default=[0])
+    b.add_argument("--base", type=Path, default=None, help="the BERT-format start (default all-MiniLM-L6-v2)")
     v = sub.add_parser("versus-hf")
     v.add_argument("--data", default="data/mlm")
     v.add_argument("--out", default="results/mlm-versus-hf")
     v.add_argument("--minutes", nargs="+", type=float, default=[1.0, 3.0, 10.0])
+    v.add_argument("--base", type=Path, default=None, help="the BERT-format start (default all-MiniLM-L6-v2)")
     w = sub.add_parser("hf-worker")
     w.add_argument("--data", required=True)
     w.add_argument("--out", required=True)
     w.add_argument("--seconds", type=float, required=True)
     w.add_argument("--launched", type=float, required=True)
+    w.add_argument("--base", required=True)
     args = parser.parse_args()
+    if args.command != "hf-worker" and args.base is None:
+        args.base = minilm()
     {"benefit": benefit, "versus-hf": versus_hf, "hf-worker": hf_worker}[args.command](args)
 
 
