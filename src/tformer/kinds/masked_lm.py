@@ -21,7 +21,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.numpy import load_file, save
@@ -49,6 +48,7 @@ from tformer.training.masking import (
     MaskedStream,
     MaskedTally,
     Masker,
+    TokenCounts,
     fill_answer,
     target_ids,
     text_rng,
@@ -65,7 +65,7 @@ PRESET = {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 2, "activation"
           "batch_size": 64, "eval_every": 250, "patience": 8, "max_length": 64, "label_smoothing": 0.0}
 TOP_K = 5  # candidates per mask, as fill-mask gives them
 QUERY = "\0fill"  # marks a user's text to fill (its own masks), never a field of a data file
-COUNT_RECORDS = 50_000  # training texts whose tokens the unigram baseline counts
+COUNT_RECORDS = 50_000  # training texts (the first the run reads) whose tokens the unigram baseline counts
 UNIGRAM_FILE = "unigram.safetensors"  # a finished run's token counts: its baseline without the data
 UNIGRAM = "a unigram model of the training tokens (add-one smoothed)"
 
@@ -81,7 +81,10 @@ class MaskedLanguageModel(Objective):
 
     def __init__(self, source, pretrained=None) -> None:
         super().__init__(source, pretrained)
-        self.saved_counts: np.ndarray | None = None  # a finished run's token counts (saved_config)
+        # The unigram baseline's counts: of the training texts as the stream reads (and tokenizes)
+        # them, its first epoch's; a finished run's own, saved (saved_config).
+        self.counts = TokenCounts(self.tokenizer.vocab_size, COUNT_RECORDS)
+        self.stream = None  # the training stream, whose epoch says whether its texts still count
         self.mask_id  # noqa: B018 (a base model's tokenizer without a mask token: refused now)
 
     def what(self) -> str:
@@ -134,7 +137,8 @@ class MaskedLanguageModel(Objective):
     def saved_config(self, model_config: TransformerConfig, run_dir: Path) -> TransformerConfig:
         """The run's token counts (its unigram baseline), where it finished and saved them."""
         if (run_dir / UNIGRAM_FILE).is_file():
-            self.saved_counts = load_file(str(run_dir / UNIGRAM_FILE))["counts"]
+            saved = load_file(str(run_dir / UNIGRAM_FILE))["counts"]
+            self.counts = TokenCounts(len(saved), 0, saved)  # (full: nothing more is counted)
         return model_config
 
     # Examples and batches -------------------------------------------------------------------
@@ -153,14 +157,17 @@ class MaskedLanguageModel(Objective):
         return out
 
     def _unmasked(self, examples: list) -> list[MaskedExample]:
+        """A pool of training texts, tokenized: the baseline counts them too (its first epoch's)."""
         encoded = self.source.encode_texts([r["text"] for r in examples])
+        if not self.counts.full and self.stream is not None and self.stream.epoch == 0:
+            self.counts.add([e.ids for e in encoded])
         return [MaskedExample(e.ids, None, e.type_ids) for e in encoded]
 
     def train_batches(self, start: int, rank: int = 0, world: int = 1) -> MaskedStream:
         """The texts in the source's length-bucketed batches, each batch masked by (seed, its
         index): `start` + ((rank - start) mod world) is this rank's first (BatchStream's order)."""
-        batches = self.source.train_batches(self._unmasked, list, start, rank, world)
-        return MaskedStream(batches, self.masker, self.config.seed, self.collate,
+        self.stream = self.source.train_batches(self._unmasked, list, start, rank, world)
+        return MaskedStream(self.stream, self.masker, self.config.seed, self.collate,
                             start + (rank - start) % world, world)
 
     def collate(self, encoded: list[MaskedExample]) -> MaskedBatch:
@@ -225,7 +232,8 @@ class MaskedLanguageModel(Objective):
         return tally.metrics(), [self._shown(f) for f in preds]
 
     def tally(self) -> MaskedTally:
-        return MaskedTally(self.tokenizer.vocab_size, lambda: self.unigram_logprob, UNIGRAM)
+        return MaskedTally(self.tokenizer.vocab_size, lambda: self.token_counts.logprob(self.masker.special),
+                           UNIGRAM)
 
     def _baseline(self, examples: list) -> tuple[float, str]:
         tally = self.tally()
@@ -247,42 +255,28 @@ class MaskedLanguageModel(Objective):
         return (f" {self.mask_token} ".join(parts).strip(), " ".join(tok.token_text(t) for t, _ in known),
                 " ".join(tok.token_text(label) for _, label in known))
 
-    @functools.cached_property
-    def unigram_logprob(self) -> np.ndarray:
-        """(V,) log-probability of each token under the unigram model of the training counts,
-        add-one smoothed over the ordinary tokens (a special one is never a target: -inf)."""
-        counts = self.token_counts.astype(np.float64)
-        ordinary = ~self.masker.special
-        out = np.full(len(counts), -np.inf)
-        out[ordinary] = np.log((counts[ordinary] + 1) / (counts[ordinary].sum() + ordinary.sum()))
-        return out
-
-    @functools.cached_property
-    def token_counts(self) -> np.ndarray:
-        """(V,) int64: how often each token occurs in the training texts (the first COUNT_RECORDS
-        of the first epoch's shuffled order: every one of a smaller file); a finished run's own."""
-        if self.saved_counts is not None:
-            return self.saved_counts
-        vocab, counts, seen = self.tokenizer.vocab_size, np.zeros(self.tokenizer.vocab_size, np.int64), 0
-        try:
-            for pool in self.source.data.epoch_pools(0):
-                pool = pool[: COUNT_RECORDS - seen]
-                ids = [i for e in self.source.encode_texts([r["text"] for r in pool]) for i in e.ids]
-                counts += np.bincount(np.asarray(ids, dtype=np.int64), minlength=vocab)
-                seen += len(pool)
-                if seen >= COUNT_RECORDS:
-                    break
-        except OSError as e:
-            raise ValueError(f"baseline: the run's token counts ({UNIGRAM_FILE}) are not saved (it has not "
-                             f"finished) and its training data cannot be read ({e})") from None
-        counts[self.masker.special] = 0
-        return counts
+    @property
+    def token_counts(self) -> TokenCounts:
+        """The training texts' token counts: those the training stream read (its first
+        COUNT_RECORDS texts, in the first epoch's shuffled order), or a finished run's saved
+        ones; where neither (a run not trained in this process, killed before it finished), the
+        same texts read again from the data."""
+        if not self.counts.texts and not self.counts.full:
+            try:
+                for pool in self.source.data.epoch_pools(0):
+                    self.counts.add([e.ids for e in self.source.encode_texts([r["text"] for r in pool])])
+                    if self.counts.full:
+                        break
+            except OSError as e:
+                raise ValueError(f"baseline: the run's token counts ({UNIGRAM_FILE}) are not saved (it "
+                                 f"did not finish) and its training data cannot be read ({e})") from None
+        return self.counts
 
     def save_outputs(self, model: nn.Module, run_dir: Path, shown: list) -> None:
         """The token counts of the baseline, and the run's top as a BertForMaskedLM directory
         (tformer.export.hf_masked_lm.write_run_files): `pipeline("fill-mask", model=RUN)` and
         --from-pretrained RUN load it."""
-        write_atomic(run_dir / UNIGRAM_FILE, save({"counts": self.token_counts}))
+        write_atomic(run_dir / UNIGRAM_FILE, save({"counts": self.token_counts.counts}))
         tok = self.tokenizer
         hf_masked_lm.write_run_files(run_dir, model, tok.backend, tok.max_length)
 

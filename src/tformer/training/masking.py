@@ -7,7 +7,8 @@
 
 and what a masked-LM run (a kind of tformer.kinds) trains, predicts and scores with: its
 examples (``MaskedExample``), batches (``MaskedBatch``), training stream (``MaskedStream``),
-predictions (``Filled``), their fill-mask answer (``fill_answer``) and scores (``MaskedTally``).
+predictions (``Filled``), their fill-mask answer (``fill_answer``), scores (``MaskedTally``) and
+the unigram baseline's counts (``TokenCounts``).
 
 Of each text's tokens, 15% are chosen to be predicted (round(0.15 n), at least one, as BERT's
 create_pretraining_data.py takes them; never a special token such as <s>, </s>, <pad> or the
@@ -209,3 +210,32 @@ def target_ids(backend, targets: str | Iterable[str]) -> list[int]:
     if not ids:
         raise FieldError("targets", f"expected tokens of the vocabulary, got {targets!r}")
     return sorted(set(ids))
+
+
+class TokenCounts:
+    """How often each token occurs in the first ``cap`` training texts read (what the unigram
+    baseline is counted from), and the baseline's log-probabilities: add-one smoothed over the
+    ordinary tokens (a special token is never a target: -inf)."""
+
+    def __init__(self, vocab_size: int, cap: int, counts: np.ndarray | None = None) -> None:
+        self.cap, self.texts = cap, 0
+        self.counts = np.zeros(vocab_size, np.int64) if counts is None else counts  # (V,)
+
+    @property
+    def full(self) -> bool:
+        return self.texts >= self.cap
+
+    def add(self, texts: list[list[int]]) -> None:
+        """Texts' token ids, up to the cap."""
+        texts = texts[: self.cap - self.texts]
+        if texts:
+            self.counts += np.bincount(np.fromiter((i for ids in texts for i in ids), np.int64),
+                                       minlength=len(self.counts))
+            self.texts += len(texts)
+
+    def logprob(self, special: np.ndarray) -> np.ndarray:
+        """(V,) log-probabilities; ``special``: (V,) bool, the tokens never predicted."""
+        counts, ordinary = self.counts.astype(np.float64), ~special
+        out = np.full(len(counts), -np.inf)
+        out[ordinary] = np.log((counts[ordinary] + 1) / (counts[ordinary].sum() + ordinary.sum()))
+        return out
