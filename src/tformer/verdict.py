@@ -25,9 +25,15 @@ def tested_as_it_was(record: dict[str, Any]) -> bool:
     return "pretrained_validation" in record and record.get("tested_step") == 0
 
 
+# The main metrics that are better lower (a masked LM's perplexity); every other is better higher.
+LOWER_IS_BETTER = frozenset({"perplexity"})
+
+
 def beats_baseline(value: float, baseline: float, key: str) -> bool:
-    """Whether a test score beats its trivial baseline (higher is better; a perfect baseline is
-    matched by a perfect score)."""
+    """Whether a test score beats its trivial baseline (higher is better, or lower for a metric
+    of LOWER_IS_BETTER; a perfect baseline is matched by a perfect score)."""
+    if key in LOWER_IS_BETTER:
+        return value < baseline
     return value > baseline or value >= PERFECT.get(key, float("inf"))
 
 

@@ -1,17 +1,17 @@
-"""`tformer predict RUN_DIR --file texts.txt`: a text classifier's label (and probabilities).
+"""`tformer predict RUN_DIR --file texts.txt`: what a run predicts for each text, as its kind
+prints it (the run says: ``printed``): a classifier's label (and probabilities), a masked-LM
+run's candidates for each mask token of the text (fill-mask's answer).
 
 One input per line (for a run trained on pairs a tab separates text and text_pair; for one
-trained on single texts a tab is part of the text); prints one
-label per line, or with --format jsonl one {"text", "label", "probabilities"} object: one
-output line per input, always (see tformer.text.lines). Probabilities that are not finite (a
-broken checkpoint) are refused, never printed as NaN.
+trained on single texts a tab is part of the text); prints one line per input, or with --format
+jsonl one object: one output line per input, always (see tformer.text.lines). Scores that are
+not finite (a broken checkpoint) are refused, never printed as NaN.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import math
 
 from tformer.commands._inputs import (
     Truncations,
@@ -26,16 +26,20 @@ from tformer.commands._inputs import (
 )
 from tformer.errors import BadInput
 
-HELP = "classify texts with a classification run (label per line, or JSONL with probabilities)"
+HELP = ("predict with a classification run (label per line, or JSONL with probabilities) or fill the "
+        "mask token of texts with a masked-LM run (candidates and scores)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="a classification run on your data")
-    parser.add_argument("inputs", nargs="*", metavar="TEXT", help="texts to classify")
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a classification or masked-LM run on your data")
+    parser.add_argument("inputs", nargs="*", metavar="TEXT",
+                        help="texts to classify (or to fill: with the run's mask token, <mask> or [MASK])")
     parser.add_argument("--file", metavar="FILE", default=None,
                         help="read texts from FILE, one per line ('-': standard input)")
     parser.add_argument("--format", choices=("text", "jsonl"), default="text",
-                        help="text: the label; jsonl: label and probabilities (default: text)")
+                        help="text: the label (a masked-LM run: each mask's top 5 candidates, 'token "
+                             "score', masks separated by ' | '); jsonl: {text, label, probabilities} "
+                             "(a masked-LM run: {text, fills: fill-mask's answer}) (default: text)")
     parser.add_argument("--batch-size", type=int, default=64, help="texts per batch (default 64)")
     add_threads(parser)
     add_device(parser)
@@ -55,23 +59,14 @@ def run(args: argparse.Namespace) -> int:
         cut.note(start, run.truncated([text for text, _, _ in split], [p or None for p in pairs]))
         total += len(chunk)
         try:
-            answers = run.predict([text for text, _, _ in split], pairs if any(pairs) else None,
-                                  batch_size=args.batch_size)
+            paired = {"pairs": pairs} if any(pairs) else {}  # (a run of single texts takes none)
+            answers = run.predict([text for text, _, _ in split], **paired, batch_size=args.batch_size)
         except BadInput as e:
             raise bad_input(args, "inputs", "TEXT", start, e) from None
         rows = []
         for n, (t, answer) in enumerate(zip(chunk, answers, strict=True), start):
-            probs = answer["probabilities"]
-            if not all(math.isfinite(p) for p in probs.values()):
-                raise ValueError(f"RUN_DIR {args.run_dir}: expected finite probabilities, got "
-                                 f"{list(probs.values())} for input {n + 1} (the weights are not "
-                                 "finite: was its training diverging?)")
-            if args.format == "text":
-                rows.append(answer["label"])
-            else:
-                shown = {name: round(p, 6) for name, p in probs.items()}
-                rows.append(json_line({"text": t, "label": answer["label"], "probabilities": shown},
-                                      f"input {n + 1}"))
+            line, record = run.printed(t, answer)  # (raises on scores that are not finite)
+            rows.append(line if args.format == "text" else json_line(record, f"input {n + 1}"))
         print_lines(rows)
     cut.warn(total)
     return 0
