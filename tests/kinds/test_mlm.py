@@ -25,7 +25,7 @@ from tformer.storage.checkpoint import check_run_dir
 from tformer.training.config import read_train_config
 from tformer.training.masking import IGNORE, Masker, batch_rng, text_rng
 from tformer.training.records import indexed_records, records_at
-from tformer.verdict import beats_baseline
+from tformer.verdict import CANNOT_TELL, LEARNED, NOT_LEARNED, Z, beats_baseline, judge, log_gain_se
 
 TINY = ["--d-model", "32", "--n-heads", "2", "--d-ff", "64", "--n-layers", "1", "--vocab-size", "400",
         "--threads", "1", "--quiet", "--precision", "fp32"]
@@ -173,26 +173,37 @@ def test_perplexity_and_the_unigram_baseline_are_the_independent_computations(sc
     metrics = run.evaluate()
     encoded = objective.encode(examples)
     hf = BertForMaskedLM.from_pretrained(str(scratch_run)).eval()
-    nll = n = 0
+    losses = []  # the model's loss at each predicted token
     for e in encoded:
         with torch.no_grad():
             logits = hf(input_ids=torch.tensor([e.ids]), token_type_ids=torch.tensor([e.type_ids])).logits[0]
         labels = torch.tensor(e.labels)
-        nll += torch.nn.functional.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum").item()
-        n += int((labels != IGNORE).sum())
+        token_nll = torch.nn.functional.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="none")
+        losses += token_nll[labels != IGNORE].tolist()
+    nll, n = sum(losses), len(losses)
     assert metrics["masked_tokens"] == n and abs(metrics["loss"] - nll / n) <= 1e-5
     assert metrics["perplexity"] == pytest.approx(math.exp(nll / n), rel=1e-5)
+    assert metrics["loss_sd"] == pytest.approx(float(np.std(losses)), rel=1e-4)
     tok = run.tokenizer
     texts = [r["text"] for r in objective.source.data.epoch_pools(0).__next__()]
     specials = set(np.flatnonzero(objective.masker.special).tolist())
     counts = Counter(i for t in texts for i in tok.encode([t])[0].ids if i not in specials)
     ordinary, total = tok.vocab_size - len(specials), sum(counts.values())
     targets = [label for e in encoded for label in e.labels if label != IGNORE]
-    expected = math.exp(-sum(math.log((counts[t] + 1) / (total + ordinary)) for t in targets) / len(targets))
-    assert run.baseline(examples)["baseline"] == pytest.approx(expected, rel=1e-9)
+    unigram = [-math.log((counts[t] + 1) / (total + ordinary)) for t in targets]  # its loss per token
+    expected = math.exp(sum(unigram) / len(targets))
+    baseline = run.baseline(examples)
+    assert baseline["baseline"] == pytest.approx(expected, rel=1e-9)
+    assert baseline["baseline_loss_sd"] == pytest.approx(float(np.std(unigram)), rel=1e-9)
+    # The verdict's margin bounds the log gain's standard error computed from the paired losses.
+    se = log_gain_se({**metrics, **baseline})
+    assert se >= float(np.std(np.subtract(unigram, losses))) / math.sqrt(n) * (1 - 1e-6)
     record = json.loads((scratch_run / "metrics.jsonl").read_text().splitlines()[-1])
-    assert record["main_metric"] == "perplexity" and record["beats_baseline"] == (
-        record["perplexity"] < record["baseline"])
+    assert record["main_metric"] == "perplexity" and {"loss_sd", "baseline_loss_sd"} <= set(record)
+    verdict, interval = judge(record["perplexity"], record["baseline"], "perplexity", record["examples"],
+                              log_gain_se(record))
+    assert record["verdict"] == verdict and record["gain_interval"] == pytest.approx(list(interval), abs=1e-4)
+    assert record["beats_baseline"] == {LEARNED: True, NOT_LEARNED: False}.get(verdict)
 
 
 def test_a_fine_tune_loads_the_base_models_head_and_starts_as_transformers(tuned_run, tmp_path):
@@ -284,6 +295,24 @@ def test_bad_inputs_are_one_line_errors(scratch_run, tmp_path, capsys):
 def test_perplexity_is_better_lower():
     assert beats_baseline(10.0, 12.0, "perplexity") and not beats_baseline(12.0, 10.0, "perplexity")
     assert beats_baseline(0.9, 0.8, "accuracy") and not beats_baseline(0.8, 0.9, "accuracy")
+
+
+def test_the_perplexity_verdict_has_a_margin():
+    """Learned only when the interval of (perplexity - baseline) is below 0; did not learn only
+    when it rules out a 2% reduction; the interval is exp of the log gain's (float64 NumPy here)."""
+    rng = np.random.default_rng(0)
+    b = rng.exponential(3.0, 4000)  # per-token losses: the baseline's, the model's (slightly lower)
+    a = b - 0.5 + rng.normal(0, 1.0, b.size)
+    value, base = math.exp(a.mean()), math.exp(b.mean())
+    se = (a.std() + b.std()) / math.sqrt(b.size)
+    verdict, (low, high) = judge(value, base, "perplexity", 500, se)
+    d = b.mean() - a.mean()
+    assert verdict == LEARNED and high < 0
+    assert (low, high) == pytest.approx((base * (math.exp(-d - Z * se) - 1), base * (math.exp(-d + Z * se) - 1)))
+    assert judge(base, base, "perplexity", 500, 1e-4)[0] == NOT_LEARNED  # no gain, measured finely
+    assert judge(value, base, "perplexity", 500, 1.0)[0] == CANNOT_TELL  # within the noise
+    assert judge(value, base, "perplexity", 5, se)[0] == CANNOT_TELL  # too few texts
+    assert judge(value, base, "perplexity", 500, None) == (CANNOT_TELL, (-math.inf, math.inf))
 
 
 def test_served_fill_mask_answers_huggingface_hub_as_the_run_does(scratch_run):

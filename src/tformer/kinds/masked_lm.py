@@ -235,11 +235,16 @@ class MaskedLanguageModel(Objective):
         return MaskedTally(self.tokenizer.vocab_size, lambda: self.token_counts.logprob(self.masker.special),
                            UNIGRAM)
 
-    def _baseline(self, examples: list) -> tuple[float, str]:
+    def baseline(self, examples: list) -> dict[str, Any]:
+        """The unigram model's perplexity on the tokens predicted in `examples`, with its loss's
+        spread (the verdict's margin: MaskedTally.baseline)."""
         tally = self.tally()
         for e in self.encode(examples):
             tally.count_targets(e.labels)
-        return tally.baseline()["baseline"], UNIGRAM
+        return tally.baseline()
+
+    def _baseline(self, examples: list) -> tuple[float, str]:
+        return self.baseline(examples)["baseline"], UNIGRAM
 
     def sample_rows(self, examples: list, shown: list) -> list[tuple[str, str, str]]:
         return list(shown)  # (the input as masked, the predicted tokens, the true ones): score's

@@ -166,7 +166,7 @@ class MaskedTally:
 
     def __init__(self, vocab_size: int, logprob: Callable[[], np.ndarray], baseline_by: str) -> None:
         self.logprob, self.baseline_by = logprob, baseline_by
-        self.nll, self.n, self.correct = 0.0, 0, 0
+        self.nll, self.sq, self.n, self.correct = 0.0, 0.0, 0, 0  # (sq: the summed squared losses)
         self.targets = np.zeros(vocab_size, np.int64)  # (V,)
 
     def add(self, examples: list, preds: list[Filled]) -> None:
@@ -174,6 +174,7 @@ class MaskedTally:
             for label, lp, top in zip(f.labels, f.label_logprob, f.top_ids, strict=True):
                 if label >= 0:
                     self.nll -= lp
+                    self.sq += lp * lp
                     self.correct += top[0] == label
             self.count_targets(f.labels)
 
@@ -188,12 +189,16 @@ class MaskedTally:
                              "special tokens only)")
         loss = self.nll / self.n
         return {"perplexity": math.exp(min(loss, 700.0)), "loss": loss, "accuracy": self.correct / self.n,
-                "masked_tokens": self.n}
+                "masked_tokens": self.n, "loss_sd": math.sqrt(max(self.sq / self.n - loss * loss, 0.0))}
 
     def baseline(self) -> dict[str, Any]:
-        hit = self.targets > 0
-        loss = -float(self.targets[hit] @ self.logprob()[hit]) / max(self.n, 1)
-        return {"baseline": math.exp(min(loss, 700.0)), "baseline_by": self.baseline_by}
+        """The baseline's perplexity, and the spread of its per-token loss ("baseline_loss_sd":
+        with "loss_sd", the verdict's margin, tformer.verdict.log_gain_se)."""
+        hit, n = self.targets > 0, max(self.n, 1)
+        nll = -self.logprob()[hit]  # (targets hit,)
+        loss, sq = float(self.targets[hit] @ nll) / n, float(self.targets[hit] @ (nll * nll)) / n
+        return {"baseline": math.exp(min(loss, 700.0)), "baseline_by": self.baseline_by,
+                "baseline_loss_sd": math.sqrt(max(sq - loss * loss, 0.0))}
 
 
 def target_ids(backend, targets: str | Iterable[str]) -> list[int]:
