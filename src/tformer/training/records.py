@@ -7,9 +7,8 @@ Files are read one line at a time (a file larger than memory works). Every error
 file and line. JSONL: one object per line, blank lines skipped. CSV: RFC 4180 quoting, a
 header row. TSV: a header row, fields separated by tabs and never quoted (a `"` is a
 character like any other, so a field that starts with one cannot swallow the next lines).
-.txt: one text per line, read as the record {"text": line} (its line break dropped, blank lines
-skipped): raw text for masked-LM pre-training. A UTF-8 byte-order mark (Excel's "CSV UTF-8") is
-dropped.
+.txt: one text per line, the record {"text": line} (blank lines skipped): masked-LM pre-training.
+A UTF-8 byte-order mark (Excel's "CSV UTF-8") is dropped.
 
 The split, when --valid/--test are not given: each record's input text is hashed with the
 seed to u in [0, 1); u < f goes to test, f <= u < 2f to validation, the rest to training.
@@ -324,10 +323,7 @@ def _jsonl(path: Path, lines) -> Iterator[tuple[int, int, dict[str, Any]]]:
 
 def _text_lines(path: Path, lines) -> Iterator[tuple[int, int, dict[str, Any]]]:
     """A .txt file's records: each line's text, without its line break; blank lines skipped."""
-    for line_no, offset, line in lines:
-        text = line.rstrip("\r\n")
-        if text.strip():
-            yield line_no, offset, {"text": text}
+    yield from ((n, offset, {"text": line.rstrip("\r\n")}) for n, offset, line in lines if line.strip())
 
 
 def first_names(path: str | Path, columns: str | None = None) -> tuple[str, list[str]]:
