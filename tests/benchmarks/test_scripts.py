@@ -30,7 +30,8 @@ def test_every_script_has_a_smoke_run():
     scripts = {p.relative_to(BENCH).as_posix() for p in BENCH.rglob("*.py")}
     covered = {*(s for s, _ in BENCH_SUITE), "serve.py", "serve_wait.py", "classifier_pooling.py", "precision_accuracy.py",
                "precision_training.py", "search_memory.py", "train_own_data.py", "data/build_datasets.py",
-               "budget.py", "decode_run.py", "search_ann.py", "mine_negatives.py"}
+               "budget.py", "decode_run.py", "search_ann.py", "mine_negatives.py", "data/mlm_data.py",
+               "mlm.py"}
     assert scripts == covered, f"scripts without a smoke run: {sorted(scripts - covered)}"
 
 
@@ -132,3 +133,41 @@ def test_decode_run(tmp_path):
                           "out": str(tmp_path / "run")}), progress=False, log=lambda line: None)
     out = _run("decode_run.py", str(tmp_path / "run"), "--count", "12", "--rounds", "1", "--threads", "1")
     assert "| tformer beam 4 |" in out and out.count("/12 |") >= 2, out
+
+
+def test_mlm_data(tmp_path):
+    import json
+
+    _run("data/mlm_data.py", "--out", str(tmp_path))
+    labelled = {json.loads(line)["text"] for name in ("train", "valid", "test")
+                for line in (tmp_path / f"sections_{name}.jsonl").read_text().splitlines()}
+    unlabeled = set((tmp_path / "packages.txt").read_text().splitlines())
+    held = set((tmp_path / "packages_eval.txt").read_text().splitlines())
+    assert labelled and unlabeled and held and not labelled & unlabeled and not held & unlabeled
+
+
+@pytest.mark.slow  # ~2 min: both sides train, side by side, then tformer twice more
+def test_mlm(tmp_path):
+    """Both comparisons at tiny sizes, from the tiny BertForMaskedLM instead of all-MiniLM-L6-v2."""
+    import random
+
+    from hf_bert_fixtures import WORDS, mlm_dir
+
+    rng = random.Random(0)
+
+    def texts(n):
+        return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))) for _ in range(n)]
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for name, n in (("packages.txt", 300), ("packages_valid.txt", 30), ("packages_test.txt", 30),
+                    ("packages_eval.txt", 40)):
+        (data / name).write_text("\n".join(texts(n)) + "\n")
+    for name, n in (("train", 60), ("valid", 30), ("test", 30)):
+        write(data / f"sections_{name}.jsonl", [{"text": t, "label": "ab"[i % 2]} for i, t in enumerate(texts(n))])
+    out = _run("mlm.py", "versus-hf", "--data", str(data), "--out", str(tmp_path / "vs"), "--minutes", "0.4",
+               "--base", str(mlm_dir()), timeout=600)
+    assert "| 0.4 |" in out, out
+    out = _run("mlm.py", "benefit", "--data", str(data), "--out", str(tmp_path / "b"), "--minutes", "0.8",
+               "--starts", "minilm", "--base", str(mlm_dir()), timeout=600)
+    assert "| minilm | 0 |" in out, out

@@ -65,7 +65,7 @@ def test_a_test_too_short_to_judge_is_unknown_in_the_record_info_and_the_card(tm
     from tformer.training import report
 
     real = report.judge
-    monkeypatch.setattr(report, "judge", lambda v, b, k, n: real(v, b, k, min(n, 12)))  # a short test
+    monkeypatch.setattr(report, "judge", lambda v, b, k, n, *spread: real(v, b, k, min(n, 12), *spread))  # a short test
     data = write(tmp_path / "d.jsonl", classification_rows(300))
     out = tmp_path / "run"
     assert main(["train", "--data", str(data), "--out", str(out), "--steps", "1", *TINY]) == 0

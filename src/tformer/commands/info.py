@@ -239,10 +239,10 @@ def _run_rows(run_dir, saved) -> list[tuple[str, str]]:
             rows.append(("warning", f"{metrics}: {cut} line(s) cut short (a write a crash interrupted)"))
         if tests:
             t = tests[-1]
-            shown = ", ".join(f"{k} {t[k]:.4f}" for k in ("bleu", "chrf", "exact_match", "accuracy",
-                                                          "macro_f1", "recall_at_1", "mrr_at_10",
-                                                          "ndcg_at_10", "spearman", "pearson", "mse")
-                              if k in t)
+            keys = dict.fromkeys((t.get("main_metric"), "bleu", "chrf", "exact_match", "accuracy", "macro_f1",
+                                  "recall_at_1", "mrr_at_10", "ndcg_at_10", "spearman", "pearson",
+                                  "mse"))  # the run's main metric first
+            shown = ", ".join(f"{k} {t[k]:.4f}" for k in keys if k in t)
             tested = t.get("tested_step", t["step"])  # the best validated weights, when not the last
             weights = f"; the weights of step {tested} tested" if tested != t["step"] else ""
             if tested_as_it_was(t):  # a fine-tune none of whose steps beat its start on validation

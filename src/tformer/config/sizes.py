@@ -13,7 +13,8 @@ import resource
 
 from tformer.config import TransformerConfig
 
-MODELS = ("encoder", "seq2seq", "classifier")
+MODELS = ("encoder", "seq2seq", "classifier", "masked_lm")
+PREDICTED = 0.15  # the share of a masked LM's tokens that reach its vocabulary (BERT's masking)
 
 # torch indexes a tensor's bytes with a signed 64-bit integer.
 _MAX_TENSOR_BYTES = 2**63 - 1
@@ -92,6 +93,8 @@ def parameter_count(config: TransformerConfig, model: str = "encoder") -> int:
     if model == "seq2seq":
         return _seq2seq_parameters(c)
     head = _linear(c.d_model, c.n_classes, True) if model == "classifier" else 0
+    if model == "masked_lm":  # BERT's transform (dense + LayerNorm) and the vocabulary's bias (tied decoder)
+        head = _linear(c.d_model, c.d_model, True) + _norm(c.d_model, True) + (c.vocab_size or 0)
     return _encoder_parameters(c) + head
 
 
@@ -140,8 +143,12 @@ def encoder_layer_flops(config: TransformerConfig, seq_len: int) -> int:
 
 def flops_per_token(config: TransformerConfig, seq_len: int, model: str = "encoder",
                     tgt_len: int | None = None) -> int:
-    """Forward FLOPs per (source) token; seq2seq adds the decoder per target token."""
+    """Forward FLOPs per (source) token; seq2seq adds the decoder per target token, a masked LM
+    its head on the share of tokens predicted."""
     flops = config.n_layers * encoder_layer_flops(config, seq_len)
+    if model == "masked_lm":
+        d = config.d_model
+        flops += round(PREDICTED * 2 * d * (d + (config.vocab_size or 0)))
     if model == "seq2seq":
         t = tgt_len if tgt_len is not None else seq_len
         d = config.d_model

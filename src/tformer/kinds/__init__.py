@@ -3,6 +3,7 @@
     classification   text (+ text_pair) -> label         ClassificationRun: predict
     seq2seq          source -> target                    Seq2SeqRun: generate
     embedding        anchor -> positive (+ negative)     EmbeddingRun: embed
+    masked_lm        text alone (or a .txt file)         MaskedLMRun: predict (fill-mask)
 
     kind = kind_of_data("train.jsonl")            # the file's field names choose
     config = resolve_config({"data": "train.jsonl", "max_minutes": 5})
@@ -24,7 +25,7 @@ from tformer.config import TransformerConfig
 from tformer.config.sizes import check_fits
 from tformer.errors import FieldError, a, as_path
 from tformer.formats.model_dir import read_model_dir
-from tformer.kinds import classification, embedding, regression, reranking, seq2seq
+from tformer.kinds import classification, embedding, masked_lm, regression, reranking, seq2seq
 from tformer.kinds.base import Kind
 from tformer.kinds.run import AttentionInput, Run
 from tformer.kinds.serving import input_limit
@@ -48,6 +49,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     embedding.KIND,
     regression.KIND,
     reranking.KIND,
+    masked_lm.KIND,
 )}
 MODEL_DIR_KIND = embedding.KIND  # what a BERT-format or sentence-transformers directory serves as
 
@@ -59,10 +61,14 @@ def kind_named(name: str, where: str = "kind") -> Kind:
 
 
 def kind_of_fields(names: Iterable[str], where: str) -> Kind:
-    """The kind whose required fields a record has; a record holding the fields of two is
-    ambiguous (source+target and text+label: which was meant?) and refused naming both."""
+    """The kind whose required fields a record has; where it has those of several, the one that
+    reads the most of them (text+label is classification, text alone masked-LM pre-training).
+    Two that read as many are ambiguous (source+target and text+label: which was meant?) and
+    refused naming both."""
     names = set(names)
     found = [k for k in KINDS.values() if set(k.fields.required) <= names]
+    most = max((len(k.fields.required) for k in found), default=0)
+    found = [k for k in found if len(k.fields.required) == most]
     if len(found) > 1:
         both = " and ".join(f"{'+'.join(k.fields.required)} ({k.name})" for k in found)
         raise ValueError(f"{where}: expected the fields of one kind of data, got {both}; keep one set "
@@ -158,8 +164,9 @@ def check_not_a_run(path: Path) -> None:
     run = path.parent.parent if path.parent.name == CHECKPOINTS else path
     if not path.is_dir() or not is_run_dir(run):
         return  # a model directory (or not one at all: its reader says what it lacks)
-    if (path / "config.json").is_file() and (path / "tokenizer.json").is_file():
-        return  # a run's folder holding both: an embedding run's top, an older run's (files at its top)
+    if (path / "modules.json").is_file() or ((path / "config.json").is_file()
+                                             and (path / "tokenizer.json").is_file()):
+        return  # an embedding run's top (sentence-transformers), a masked-LM run's (BERT), an older run's
     try:
         kind = kind_named(read_json_object(run / "data.json")["objective"])
     except (OSError, ValueError, KeyError):

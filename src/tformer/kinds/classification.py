@@ -10,6 +10,7 @@ one forward gives the logits: `tformer predict`, ``Run.predict``, evaluation and
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -230,9 +231,16 @@ class ClassificationRun(Run):
         pairs = None if pairs is None else pairs_list(pairs, len(texts))
         return self.objective.classify(self.model, texts, pairs, batch_size=check_batch_size(batch_size))
 
-    def shown(self, answer: dict[str, Any]) -> str:
-        """What `tformer predict` prints for an answer: the label."""
-        return answer["label"]
+    def printed(self, text: str, answer: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """`tformer predict`'s line for one text (its label) and its JSONL record ({"text", "label",
+        "probabilities"}); probabilities that are not finite (a broken checkpoint) are refused."""
+        probs = answer["probabilities"]
+        if not all(math.isfinite(p) for p in probs.values()):
+            raise ValueError(f"RUN_DIR {self.path}: expected finite probabilities, got "
+                             f"{list(probs.values())} for {text[:60]!r} (the weights are not finite: was its "
+                             "training diverging?)")
+        shown = {name: round(p, 6) for name, p in probs.items()}
+        return answer["label"], {"text": text, "label": answer["label"], "probabilities": shown}
 
     def answers(self, texts: list[str], batch_size: int = 64, **_: Any) -> list[str]:
         """What `tformer generate` prints per input: the label."""

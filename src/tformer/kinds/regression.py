@@ -191,9 +191,14 @@ class RegressionRun(CrossEncoderRun):
         scores = self.pair_scores(texts, pairs, batch_size=check_batch_size(batch_size))
         return [{"score": s} for s in scores]
 
-    def shown(self, answer: dict[str, Any]) -> str:
-        """What `tformer predict` prints for an answer: the score."""
-        return f"{answer['score']:.6g}"
+    def printed(self, text: str, answer: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """`tformer predict`'s line for one text (its score) and its JSONL record ({"text",
+        "score"}); a score that is not finite (a broken checkpoint) is refused."""
+        score = answer["score"]
+        if not math.isfinite(score):
+            raise ValueError(f"RUN_DIR {self.path}: expected a finite score, got {score} for {text[:60]!r} "
+                             "(the weights are not finite: was its training diverging?)")
+        return f"{score:.6g}", {"text": text, "score": round(score, 6)}
 
     def _records(self, texts: list[str], pairs: list[str | None] | None) -> list[dict[str, str]]:
         return self.objective.source.inputs(texts, self.objective.inputs, pairs)

@@ -2,16 +2,21 @@
 
     SentenceModel   encoder + pooling (+ L2 normalisation): one vector per text
                     (sentence-transformers' Transformer -> Pooling -> Normalize)
+    MaskedLM        encoder + BERT's masked-LM head: a distribution over the vocabulary at
+                    each position asked for (transformers' BertForMaskedLM)
 
-Shape legend: B batch, S length, D model dim. Masks: True = real token (tformer.nn.masks).
+Shape legend: B batch, S length, N positions predicted, D model dim, V vocabulary.
+Masks: True = real token (tformer.nn.masks).
 """
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tformer.config import TransformerConfig, check_config
+from tformer.nn import kernels
 from tformer.nn.model import Encoder
 from tformer.nn.pooling import pool
 
@@ -51,3 +56,59 @@ class SentenceModel(nn.Module):
         if self.normalize if normalize is None else normalize:
             emb = F.normalize(emb, p=2.0, dim=-1)
         return emb
+
+
+class MaskedLMHead(nn.Module):
+    """BERT's masked-LM head (Devlin et al. 2019; transformers' BertLMPredictionHead): each hidden
+    state goes through a dense layer, the activation and a LayerNorm, then onto the vocabulary
+    through the word-embedding matrix itself (tied to the input embeddings, as BERT's is) plus a
+    bias of its own. Initialised as BERT initialises it: N(0, 0.02) weights, zero biases."""
+
+    def __init__(self, d_model: int, vocab_size: int, activation: str = "gelu",
+                 layer_norm_eps: float = 1e-12) -> None:
+        super().__init__()
+        self.activation = activation
+        self.dense = nn.Linear(d_model, d_model)
+        self.norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+        nn.init.normal_(self.dense.weight, std=0.02)
+        nn.init.zeros_(self.dense.bias)
+
+    def forward(self, h: Tensor, embedding: Tensor) -> Tensor:
+        """
+        Shape:
+            h (..., D); embedding (V, D): the word embeddings -> logits (..., V)
+        """
+        h = self.norm(kernels.linear(h, self.dense, self.activation))  # (..., D)
+        return kernels.linear_weights(h, embedding, self.bias)  # (..., V)
+
+
+class MaskedLM(nn.Module):
+    """An encoder and BERT's masked-LM head (``MaskedLMHead``), tied to the encoder's token
+    embeddings. A masked-LM run trains it and every prediction runs its forward: `tformer
+    predict`, the run's ``predict``, the server and evaluation. ``encoder``: an Encoder of
+    ``config`` to wrap (a loaded one), instead of a new one."""
+
+    def __init__(self, config: TransformerConfig, encoder: Encoder | None = None) -> None:
+        super().__init__()
+        self.config = check_config(config)
+        if config.vocab_size is None:
+            raise ValueError("vocab_size: MaskedLM predicts tokens, it needs a vocabulary, got None")
+        self.encoder = Encoder(config) if encoder is None else encoder
+        self.head = MaskedLMHead(config.d_model, config.vocab_size, config.activation, config.layer_norm_eps)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                token_type_ids: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
+        """positions: the places to predict, True where asked (None: every one). Only those
+        reach the vocabulary: a 30k-token projection of every position would cost more than the
+        encoder (Devlin et al. predict the masked positions only).
+
+        Shape:
+            input_ids (B, S); attention_mask (B, S); positions (B, S) bool
+            -> logits (B, S, V), or (N, V) for the N positions asked, in row-major order
+        """
+        types = token_type_ids if self.config.type_vocab_size else None
+        h = self.encoder(input_ids, attention_mask, token_type_ids=types).last_hidden_state  # (B, S, D)
+        if positions is not None:
+            h = h[positions]  # (N, D)
+        return self.head(h, self.encoder.tok_emb.weight)  # (..., V)

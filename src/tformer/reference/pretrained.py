@@ -3,7 +3,8 @@
     from tformer.reference import from_pretrained
     ref = from_pretrained(DIR)          # tformer.reference.Encoder, float32
     out = ref(input_ids, attention_mask=mask, token_type_ids=types)
-    run = from_pretrained(RUN_DIR)      # a trained run: its Seq2SeqTransformer, EncoderClassifier or Encoder
+    run = from_pretrained(RUN_DIR)      # a trained run: its Seq2SeqTransformer, EncoderClassifier,
+                                        # MaskedLM or Encoder
 
 The mirror of ``tformer.formats.pretrained.from_pretrained``: the same key table and checks
 (``tformer.formats.hf_bert``), with safetensors' NumPy API and ``np.concatenate``.
@@ -19,10 +20,11 @@ import numpy as np
 from tformer.config import TransformerConfig
 from tformer.formats import hf_bert
 from tformer.formats.model_dir import read_model_dir, tformer_model_class, weights_metadata
+from tformer.reference.heads import MaskedLM
 from tformer.reference.model import Encoder, EncoderClassifier, Seq2SeqTransformer
 from tformer.storage.checkpoint_names import latest_checkpoint
 
-Model = Encoder | EncoderClassifier | Seq2SeqTransformer
+Model = Encoder | EncoderClassifier | MaskedLM | Seq2SeqTransformer
 
 
 def from_pretrained(directory: str | Path, dtype=np.float32) -> Model:
@@ -31,7 +33,7 @@ def from_pretrained(directory: str | Path, dtype=np.float32) -> Model:
     reads them, else its newest checkpoint's). The class is the one the weights are for:
     Encoder (a BERT-format directory, save_pretrained's, an embedding run's encoder: pool it
     as the run's config says, tformer.reference.pooling), EncoderClassifier (a classification
-    run) or Seq2SeqTransformer (a seq2seq run)."""
+    run), MaskedLM (a masked-LM run) or Seq2SeqTransformer (a seq2seq run)."""
     saved = latest_checkpoint(directory)
     if saved is not None:  # a run directory: its newest checkpoint's config
         best = Path(directory) / "best.safetensors"
@@ -60,8 +62,8 @@ def _tformer_model(config_path: Path, files: list[Path], dtype) -> Model:
     kind = tformer_model_class(state, weights_metadata(files[0]))
     if kind == "SentenceModel":  # an embedding run: its encoder, the pooling has no weights
         state = {k.removeprefix("encoder."): v for k, v in state.items()}
-    cls = {"Seq2SeqTransformer": Seq2SeqTransformer, "EncoderClassifier": EncoderClassifier}.get(
-        kind, Encoder)
+    cls = {"Seq2SeqTransformer": Seq2SeqTransformer, "EncoderClassifier": EncoderClassifier,
+           "MaskedLM": MaskedLM}.get(kind, Encoder)
     return _loaded(cls(config, dtype=dtype), state, str(files[0]))
 
 

@@ -7,6 +7,7 @@
     tei.rerank          POST /rerank and / (TEI)
     tei.tokenize        POST /tokenize (TEI)
     tgi.generate        POST /generate and / (TGI)
+    hf.fill_mask        POST / (Hugging Face's fill-mask task)
     always              GET /health, /info, /metrics, /v1/models, /v1/models/{id}
 
 Each kind's Run class names the protocols it answers (``Run.protocols``, tformer.kinds) and
@@ -17,7 +18,7 @@ to the bare path, which a client must follow by sending its body again, and one 
 (curl without -L, a hand-written client) got an empty answer. Any other path is a 404 that
 names this server's endpoints.
 
-Each protocol module (openai_api, tei_api, tgi_api) says, per path, how a body is read
+Each protocol module (openai_api, tei_api, tgi_api, hf_api) says, per path, how a body is read
 (``parse``) and how results are written (``respond``); ``Service.answer`` (app.py) does the rest.
 A model path of another kind answers 404 naming this server's endpoints.
 """
@@ -32,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from tformer.serve import openai_api, tei_api, tgi_api
+from tformer.serve import hf_api, openai_api, tei_api, tgi_api
 from tformer.serve.endpoint import Endpoint, Service, error
 from tformer.serve.schema import RequestError
 
@@ -48,7 +49,7 @@ PROTOCOLS: dict[str, Callable[[Service], dict[str, Endpoint]]] = {
     "openai.embeddings": openai_api.embeddings, "openai.completions": openai_api.completions,
     "tei.embed": tei_api.embedding, "tei.predict": tei_api.classification, "tei.rerank": tei_api.rerank,
     "tei.tokenize": tei_api.tokenize,
-    "tgi.generate": tgi_api.generation,
+    "tgi.generate": tgi_api.generation, "hf.fill_mask": hf_api.fill_mask,
 }
 INFO: dict[str, Callable[[Service], dict[str, Any]]] = {"tei": tei_api.info, "tgi": tgi_api.info}
 

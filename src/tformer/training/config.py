@@ -72,9 +72,9 @@ class TrainConfig:
     # What to learn: a synthetic task, or your own files.
     task: str | None = _f("reverse", "synthetic task: copy, reverse, sort, add (seq2seq); listops, "
                           "brackets (classification); not with --data")
-    data: str | None = _f(None, "training file (JSONL, CSV or TSV with a header); its fields choose "
-                          "the objective: source+target, text+label[+text_pair], "
-                          "anchor+positive[+negative]")
+    data: str | None = _f(None, "training file (JSONL, CSV or TSV with a header, or .txt: one text per "
+                          "line); its fields choose the objective: source+target, text+label[+text_pair], "
+                          "anchor+positive[+negative], text alone (masked-LM pre-training)")
     valid: str | None = _f(None, "validation file (default: a seeded split of --data)")
     test: str | None = _f(None, "test file (default: a seeded split of --data)")
     columns: str | None = _f(None, "rename columns, e.g. 'en=source,fr=target'")

@@ -129,7 +129,8 @@ class TextData:
                                  f"{config.from_pretrained}), got {config.max_length}")
             max_length = min(config.max_length, limit) if limit else config.max_length
         else:
-            backend = train_tokenizer(sample, config.tokenizer, config.vocab_size, config.lowercase)
+            backend = train_tokenizer(sample, config.tokenizer, config.vocab_size, config.lowercase,
+                                      fields.specials)
             max_length = config.max_length
         data.tokenizer = run_tokenizer(backend, max_length)
         if write and run_dir is not None:

@@ -1,4 +1,4 @@
-"""Reading your files: JSONL, CSV and TSV records, their fields, and the seeded split.
+"""Reading your files: JSONL, CSV, TSV and plain-text records, their fields, and the seeded split.
 
     for line_no, record in read_records("train.csv", columns="en=source,fr=target"): ...
     where, names = first_names("train.csv")       # what chooses the kind (tformer.kinds)
@@ -7,6 +7,7 @@ Files are read one line at a time (a file larger than memory works). Every error
 file and line. JSONL: one object per line, blank lines skipped. CSV: RFC 4180 quoting, a
 header row. TSV: a header row, fields separated by tabs and never quoted (a `"` is a
 character like any other, so a field that starts with one cannot swallow the next lines).
+.txt: one text per line, the record {"text": line} (blank lines skipped): masked-LM pre-training.
 A UTF-8 byte-order mark (Excel's "CSV UTF-8") is dropped.
 
 The split, when --valid/--test are not given: each record's input text is hashed with the
@@ -28,7 +29,7 @@ from typing import Any
 
 from tformer.errors import FieldError
 
-FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
+FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv", ".txt": "lines"}
 
 Record = dict[str, str]  # an objective's fields as non-empty strings (+ "line" when held out)
 
@@ -46,6 +47,7 @@ class Fields:
     input_fields: tuple[str, ...] = ()
     label: str | None = None  # the field naming a class (read by ``label_name``'s rule)
     min_labels: int = 0  # distinct labels a training file must have
+    specials: tuple[str, ...] = ()  # special tokens a tokenizer trained for the kind adds (<mask>)
 
     def input_key(self, record: Record) -> str:
         return "\t".join(record.get(name, "") for name in self.input_fields)
@@ -174,7 +176,8 @@ def _opened(path: str | Path, columns: str | None) -> tuple[Path, str, dict[str,
     path = Path(path)
     fmt = FORMATS.get(path.suffix.lower())
     if fmt is None:
-        raise ValueError(f"{path}: expected a .jsonl, .csv or .tsv file, got {path.suffix or 'no suffix'!r}")
+        raise ValueError(f"{path}: expected a .jsonl, .csv, .tsv or .txt file, got "
+                         f"{path.suffix or 'no suffix'!r}")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     return path, fmt, parse_columns(columns)
@@ -198,8 +201,8 @@ def _lines(path: Path, f, offset: int, line_no: int) -> Iterator[tuple[int, int,
 
 
 def _header(path: Path, f, fmt: str) -> list[str] | None:
-    """A CSV/TSV file's column names (its first row); None for JSONL."""
-    if fmt == "jsonl":
+    """A CSV/TSV file's column names (its first row); None for JSONL and text lines."""
+    if fmt not in ("csv", "tsv"):
         return None
     _configure_csv(path)
     try:
@@ -221,8 +224,8 @@ def _records(path: Path, f, fmt: str, header: list[str] | None, offset: int, lin
     """(line number, offset, record) from the record starting at ``offset`` on; a CSV/TSV
     file's header row is skipped (offset 0 is its place)."""
     lines = _lines(path, f, offset, line_no)
-    if fmt == "jsonl":
-        yield from _jsonl(path, lines)
+    if fmt in ("jsonl", "lines"):
+        yield from (_jsonl if fmt == "jsonl" else _text_lines)(path, lines)
         return
     tracked = _Tracked(lines)
     reader = _reader(tracked, fmt)
@@ -321,6 +324,11 @@ def _jsonl(path: Path, lines) -> Iterator[tuple[int, int, dict[str, Any]]]:
         if not isinstance(record, dict):
             raise ValueError(f"{path}:{line_no}: expected a JSON object, got {type(record).__name__}")
         yield line_no, offset, record
+
+
+def _text_lines(path: Path, lines) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    """A .txt file's records: each line's text, without its line break; blank lines skipped."""
+    yield from ((n, offset, {"text": line.rstrip("\r\n")}) for n, offset, line in lines if line.strip())
 
 
 def first_names(path: str | Path, columns: str | None = None) -> tuple[str, list[str]]:

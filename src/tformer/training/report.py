@@ -21,11 +21,13 @@ from tformer.storage.rundir import append_jsonl, read_metrics  # (append_jsonl: 
 from tformer.training.verdict import (
     CANNOT_TELL,
     LEARNED,
+    LOWER_IS_BETTER,
     MIN_VERDICT_EXAMPLES,
     NOT_LEARNED,
     PERFECT,
     beats_baseline,  # noqa: F401  (the report's verdicts: tests and older callers import it here)
     judge,
+    log_gain_se,
     tested_as_it_was,
     too_few,
     verdict_of,
@@ -224,6 +226,9 @@ def summary(record: dict[str, Any], key: str) -> str:
     if key == "bleu":
         return (f"test BLEU {record['bleu']:.2f} chrF {record['chrf']:.2f} "
                 f"exact match {record['exact_match']:.4f} {done}")
+    if key == "perplexity":
+        return (f"test perplexity {record['perplexity']:.2f} (masked-token accuracy "
+                f"{record['accuracy']:.4f}) {done}")
     if key == "mrr_at_10" and "recall_at_1" in record:
         return f"test recall@1 {record['recall_at_1']:.4f} MRR@10 {record['mrr_at_10']:.4f} {done}"
     return f"test {NAMES.get(key, key)} {record[key]:.4f} {done}"  # a kind's own main metric
@@ -259,10 +264,12 @@ def with_baseline(record: dict[str, Any], key: str, baseline: dict[str, Any]) ->
     learn, cannot tell), "gain_interval" (the gain's 95% interval) and "beats_baseline" (true,
     false, or null where it cannot tell: a test too short to judge is unknown, not "no")."""
     examples = int(record.get("examples", MIN_VERDICT_EXAMPLES))
-    verdict, (low, high) = judge(record[key], baseline["baseline"], key, examples)
+    verdict, (low, high) = judge(record[key], baseline["baseline"], key, examples,
+                                 log_gain_se({**record, **baseline}))
     beats = {LEARNED: True, NOT_LEARNED: False}.get(verdict)
+    interval = [round(low, 4), round(high, 4)] if math.isfinite(low) and math.isfinite(high) else None
     return {**record, **baseline, "main_metric": key, "verdict": verdict,
-            "gain_interval": [round(low, 4), round(high, 4)], "beats_baseline": beats}
+            "gain_interval": interval, "beats_baseline": beats}
 
 
 TRAIN_MORE_EXAMPLES = f"give a --test file of {MIN_VERDICT_EXAMPLES} or more, or more --data"
@@ -293,7 +300,8 @@ def baseline_verdict(record: dict[str, Any], more_examples: str = TRAIN_MORE_EXA
                 f"{theirs}); this {scored} is too easy to show what it learned")
     verdict = verdict_of(record)
     if verdict is None:  # (a record with a baseline but no verdict: judged now)
-        verdict = judge(record[key], record["baseline"], key, int(record.get("examples", 10**9)))[0]
+        verdict = judge(record[key], record["baseline"], key, int(record.get("examples", 10**9)),
+                        log_gain_se(record))[0]
     beats = verdict == LEARNED
     margin = _margin(record, key, digits)
     if verdict == CANNOT_TELL and not tested_as_it_was(record):
@@ -327,8 +335,8 @@ def _margin(record: dict[str, Any], key: str, digits: int) -> str:
         return ""
     gain = record[key] - record["baseline"]
     low, high = interval
-    d = max(digits - 1, 2)
-    return (f", gain {gain:+.{d}f} (95% interval {low:+.{d}f} to {high:+.{d}f}, "
+    d, word = max(digits - 1, 2), "change" if key in LOWER_IS_BETTER else "gain"  # (a perplexity: below 0)
+    return (f", {word} {gain:+.{d}f} (95% interval {low:+.{d}f} to {high:+.{d}f}, "
             f"{record.get('examples', '?')} examples)")
 
 
@@ -344,6 +352,8 @@ def plot_curves(metrics_path: Path, png_path: Path, key: str) -> None:
     ax1.set(xlabel="step", ylabel="loss", yscale="log", title="loss")
     ax1.legend()
     scale = 100.0 if key in ("bleu", "chrf") else 1.0  # sacrebleu reports 0-100
+    if key in LOWER_IS_BETTER:  # (a perplexity: the loss panel shows its log) accuracy here
+        key = "accuracy"
     ax2.plot([r["step"] for r in train_r], [r["accuracy"] for r in train_r],
              label="train " + ("token accuracy (teacher-forced)" if key in ("exact_match", "bleu")
                                else "accuracy"))

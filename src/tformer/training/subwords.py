@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from tokenizers import Tokenizer as Backend
-from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from tformer.errors import FieldError
 from tformer.formats.model_dir import ModelDir
@@ -28,15 +28,20 @@ from tformer.training.config import BPE_MIN_VOCAB, MAX_VOCAB
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0-3: tformer.text.specials' PAD, BOS, EOS, UNK
 
 
-def train_tokenizer(texts: Iterable[str], scheme: str, vocab_size: int, lowercase: bool = False) -> Backend:
+def train_tokenizer(texts: Iterable[str], scheme: str, vocab_size: int, lowercase: bool = False,
+                    extra_specials: tuple[str, ...] = ()) -> Backend:
     """A subword tokenizer (HF `tokenizers`) trained on `texts`; `lowercase`: its normalizer
-    lowercases every text first (in training and in every later use of the saved file)."""
-    if not len(SPECIALS) < vocab_size <= MAX_VOCAB:
-        raise FieldError("vocab_size", f"expected {len(SPECIALS) + 1}..{MAX_VOCAB}, got {vocab_size}")
-    if scheme == "bpe" and vocab_size < BPE_MIN_VOCAB:  # (the trainer would make it 260, silently)
-        raise FieldError("vocab_size", f"expected at least {BPE_MIN_VOCAB} for the bpe tokenizer (its "
-                         f"256-byte alphabet and {len(SPECIALS)} special tokens), got {vocab_size}")
-    specials = list(SPECIALS)
+    lowercases every text first (in training and in every later use of the saved file).
+    `extra_specials`: special tokens after tformer's four (ids 4, 5...), such as masked-LM's
+    <mask>, which takes the space before it as RoBERTa's does ("a <mask> b": "a", "<mask>", "Ġb"),
+    so that a masked word reads as it was trained."""
+    specials = [*SPECIALS, *extra_specials]
+    if not len(specials) < vocab_size <= MAX_VOCAB:
+        raise FieldError("vocab_size", f"expected {len(specials) + 1}..{MAX_VOCAB}, got {vocab_size}")
+    least = BPE_MIN_VOCAB + len(extra_specials)
+    if scheme == "bpe" and vocab_size < least:  # (the trainer would make it that size, silently)
+        raise FieldError("vocab_size", f"expected at least {least} for the bpe tokenizer (its 256-byte "
+                         f"alphabet and {len(specials)} special tokens), got {vocab_size}")
     if scheme == "bpe":
         tok = Backend(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -72,6 +77,9 @@ def train_tokenizer(texts: Iterable[str], scheme: str, vocab_size: int, lowercas
                          f"got {vocab_size}")
     for i, s in enumerate(specials):
         assert tok.token_to_id(s) == i, (s, tok.token_to_id(s))
+    if extra_specials:  # (the same ids: only how the tokens match changes)
+        tok.add_special_tokens([AddedToken(s, lstrip=True, special=True, normalized=False)
+                                for s in extra_specials])
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A </s>", pair="<s> $A </s> $B:1 </s>:1",
         special_tokens=[("<s>", BOS), ("</s>", EOS)])

@@ -3,6 +3,7 @@ run, a model card says it with the weights). No torch: the card's module imports
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 # The best score of each main metric: a baseline that reaches it (copying the source, for the
@@ -25,9 +26,15 @@ def tested_as_it_was(record: dict[str, Any]) -> bool:
     return "pretrained_validation" in record and record.get("tested_step") == 0
 
 
+# The main metrics that are better lower (a masked LM's perplexity); every other is better higher.
+LOWER_IS_BETTER = frozenset({"perplexity"})
+
+
 def beats_baseline(value: float, baseline: float, key: str) -> bool:
-    """Whether a test score beats its trivial baseline (higher is better; a perfect baseline is
-    matched by a perfect score)."""
+    """Whether a test score beats its trivial baseline (higher is better, or lower for a metric
+    of LOWER_IS_BETTER; a perfect baseline is matched by a perfect score)."""
+    if key in LOWER_IS_BETTER:
+        return value < baseline
     return value > baseline or value >= PERFECT.get(key, float("inf"))
 
 
@@ -55,10 +62,14 @@ def gain_interval(value: float, baseline: float, key: str, examples: int) -> tup
     return (d - half) * scale, (d + half) * scale
 
 
-def judge(value: float, baseline: float, key: str, examples: int) -> tuple[str, tuple[float, float]]:
+def judge(value: float, baseline: float, key: str, examples: int,
+          spread: float | None = None) -> tuple[str, tuple[float, float]]:
     """(LEARNED, NOT_LEARNED or CANNOT_TELL, the gain's interval): learned only when the whole
     interval is above 0; did not learn only when it rules out a gain of MIN_GAIN; else cannot tell.
-    A perfect baseline matched by a perfect score counts as learned (it cannot be beaten)."""
+    A perfect baseline matched by a perfect score counts as learned (it cannot be beaten).
+    A metric of LOWER_IS_BETTER is judged by ``spread`` (log_gain_se's) instead."""
+    if key in LOWER_IS_BETTER:
+        return _judge_lower(value, baseline, examples, spread)
     if baseline >= PERFECT.get(key, float("inf")) and value >= baseline:
         return LEARNED, (0.0, 0.0)
     low, high = gain_interval(value, baseline, key, examples)
@@ -80,3 +91,36 @@ def verdict_of(record: dict[str, Any]) -> str | None:
         return CANNOT_TELL
     beats = record.get("beats_baseline")
     return None if beats is None else LEARNED if beats else NOT_LEARNED
+
+
+# A perplexity is exp of a mean per-token loss (its log, the loss, is unbounded: the bound above
+# does not hold). Per predicted token, the model's loss a and the baseline's b differ by D = b - a,
+# whose mean d = log(baseline / value) is the log gain; whatever the pairing, sd(D) <= sd(a) + sd(b)
+# (Cauchy-Schwarz), so its standard error is at most (sd(a) + sd(b)) / sqrt(tokens): the spreads a
+# record carries ("loss_sd", "baseline_loss_sd", "masked_tokens"). The tokens of one text are taken
+# as independent (15% of them, drawn at random, are predicted).
+def log_gain_se(record: dict[str, Any]) -> float | None:
+    """The bound on a LOWER_IS_BETTER metric's log gain's standard error; None where the record
+    lacks the spreads (a record written before they were kept)."""
+    sd, base_sd, n = (record.get(k) for k in ("loss_sd", "baseline_loss_sd", "masked_tokens"))
+    if sd is None or base_sd is None or not n:
+        return None
+    return (sd + base_sd) / math.sqrt(n)
+
+
+def _judge_lower(value: float, baseline: float, examples: int,
+                 spread: float | None) -> tuple[str, tuple[float, float]]:
+    """judge for a metric better lower: the interval is of value - baseline (below 0: better),
+    from the log gain's d +- Z * spread; did not learn when it rules out a reduction of MIN_GAIN of
+    the baseline; without a spread, cannot tell (an interval of -inf to inf)."""
+    if spread is None:
+        return CANNOT_TELL, (-math.inf, math.inf)
+    d, half = math.log(baseline) - math.log(value), Z * spread
+    low, high = baseline * math.expm1(-(d + half)), baseline * math.expm1(-(d - half))
+    if examples < MIN_VERDICT_EXAMPLES:
+        return CANNOT_TELL, (low, high)
+    if high < 0:
+        return LEARNED, (low, high)
+    if low > -MIN_GAIN * baseline:
+        return NOT_LEARNED, (low, high)
+    return CANNOT_TELL, (low, high)
