@@ -199,8 +199,10 @@ def test_generation_stops_at_its_deadline_with_the_rows_as_they_are(random_model
 
 # The rule of beam_search spelled out one source at a time, with Python lists and no cache (the
 # decoder re-reads each whole prefix), as the oracle of the batched, cached search.
-def _plain_beam_search(model, src, mask, beam_size, max_len, length_penalty, bos_id, eos_id):
-    """One source (S,): the best hypothesis's tokens (EOS included) and total log-probability."""
+def _plain_beam_search(model, src, mask, beam_size, max_len, length_penalty, bos_id, eos_id,
+                       early_stopping=False):
+    """One source (S,): the best hypothesis's tokens (EOS included) and total log-probability.
+    ``early_stopping``: also stop once beam_size hypotheses have finished (the peers' rule)."""
     memory = model.encode(src[None], src_attention_mask=mask[None]).last_hidden_state
     live = [([bos_id], np.float32(0.0))]  # (tokens with BOS, total log-probability)
     finished = []  # (score / len ** length_penalty, tokens after BOS, total)
@@ -218,6 +220,8 @@ def _plain_beam_search(model, src, mask, beam_size, max_len, length_penalty, bos
         live = [(prefix, total) for total, prefix in candidates if prefix[-1] != eos_id][:beam_size]
         if finished and max(f[0] for f in finished) >= live[0][1] / length ** length_penalty:
             break  # the best hypothesis scores at least the best live prefix would now
+        if early_stopping and len(finished) >= beam_size:
+            break  # K hypotheses have finished, whatever their scores
     else:  # max_len: the live prefixes are hypotheses as they are
         finished += [(total / max_len ** length_penalty, prefix[1:], total) for prefix, total in live]
     _, tokens, total = max(finished, key=lambda h: h[0])
@@ -241,6 +245,28 @@ def test_beam_search_gives_the_plain_searchs_tokens(
                     for i in range(s.size(0))]
         assert got.tolist() == [tokens for tokens, _ in want]
         torch.testing.assert_close(got.scores, torch.tensor([t for _, t in want]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("beam_size, length_penalty", [(4, 1.0), (3, 0.0)])
+def test_early_stopping_gives_the_plain_searchs_tokens_under_the_peers_rule(
+        random_model_and_eos, beam_size, length_penalty):
+    """early_stopping=True: a source also stops once K hypotheses have finished (Hugging Face's
+    early_stopping=True, CTranslate2's rule). Source by source the plain search's hypothesis under
+    that rule; on this random model it stops sooner and changes some outputs (why it is an
+    option, off by default)."""
+    model, src, mask, eos = random_model_and_eos
+    args = dict(beam_size=beam_size, max_len=14, length_penalty=length_penalty, bos_id=1, eos_id=eos,
+                pad_id=PAD)
+    got = beam_search(model, src, mask, early_stopping=True, **args)
+    default = beam_search(model, src, mask, **args)
+    with torch.no_grad():
+        want = [_plain_beam_search(model, src[i], mask[i], beam_size, 14, length_penalty, 1, eos,
+                                   early_stopping=True) for i in range(src.size(0))]
+    assert got.tolist() == [tokens for tokens, _ in want]
+    torch.testing.assert_close(got.scores, torch.tensor([t for _, t in want]), rtol=1e-5, atol=1e-5)
+    if length_penalty:  # (without one, EOS first is at once the best: both stop at step 1 here)
+        assert got.tolist() != default.tolist()  # the rule changes results here
+    assert generate(model, src, mask, early_stopping=True, **args).tolist() == got.tolist()
 
 
 def test_beam_search_with_a_vocabulary_smaller_than_the_beam():

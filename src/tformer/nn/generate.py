@@ -215,6 +215,7 @@ def beam_search(
     eos_id: int = EOS,
     pad_id: int = PAD,
     deadline: float | None = None,
+    early_stopping: bool = False,
 ) -> GenerationOutput:
     """Keep the `beam_size` (K) most likely unfinished prefixes per source; return the best
     finished one.
@@ -236,6 +237,13 @@ def beam_search(
     length_penalty 0 ranks hypotheses by total log-probability, which favours short outputs; 1
     by the per-token average. A source that has stopped leaves the batch with its best
     hypothesis (as greedy's rows do). max_len as in greedy_search.
+
+    ``early_stopping=True`` adds the peers' rule: a source also stops once K of its hypotheses
+    have finished (counting each EOS among a step's K best candidates), whatever their scores,
+    as Hugging Face's ``early_stopping=True``, CTranslate2, fairseq and Marian do. It can only
+    stop a source sooner, so it is faster where EOS comes early among the candidates (random
+    or uncertain models), and it may return a worse hypothesis than the default search
+    (benchmarks/README.md measures both on random and trained models).
 
     Shape:
         src_ids, src_attention_mask: (B, S) -> sequences (B, L <= max_len), scores (B,)
@@ -262,6 +270,7 @@ def beam_search(
     hyp_tokens = torch.full((b, max_len), pad_id, dtype=torch.long, device=device)  # (B', L)
     hyp_scores = torch.zeros(b, dtype=scores.dtype, device=device)
     hyp_final = torch.full((b,), float("-inf"), dtype=scores.dtype, device=device)
+    finished = torch.zeros(b, dtype=torch.long, device=device)  # (B',) hypotheses ended so far
     out_tokens = torch.full((b, max_len), pad_id, dtype=torch.long, device=device)  # (B, L)
     out_scores = torch.zeros(b, dtype=scores.dtype, device=device)
 
@@ -305,6 +314,9 @@ def beam_search(
         scores = scores.masked_fill(token == eos_id, float("-inf"))  # V < K + 1 only: dead beams
         # Stop where the best hypothesis scores at least what the best live beam (beam 0) does now.
         stopped = stopped | (hyp_final >= scores.view(n, k)[:, 0] / length ** length_penalty)
+        if early_stopping:  # or, with the peers' rule, once K hypotheses have finished
+            finished += is_eos[:, :k].sum(dim=-1)
+            stopped = stopped | (finished >= k)
         beam = (top.gather(1, pick) // kept + first_beam[:, None]).view(-1)
         tokens = torch.cat([tokens.index_select(0, beam), token[:, None]], dim=1)
         past = out.past_key_values if step else _with_room(out.past_key_values, max_len)
@@ -322,7 +334,7 @@ def beam_search(
             srcs, past = srcs[keep], _select_beams(past, beams, keep, max_len)
             memory, tokens, scores = memory[keep], tokens[beams], scores[beams]
             hyp_tokens, hyp_scores, hyp_final = hyp_tokens[keep], hyp_scores[keep], hyp_final[keep]
-            stopped = stopped[keep]
+            stopped, finished = stopped[keep], finished[keep]
             mask = None if mask is None else mask[keep]
     # Sources still searching (max_len or the deadline): their live prefixes are hypotheses too.
     n = srcs.numel()
@@ -357,14 +369,17 @@ def generate(
     eos_id: int = EOS,
     pad_id: int = PAD,
     deadline: float | None = None,
+    early_stopping: bool = False,
 ) -> GenerationOutput:
     """Greedy search for beam_size 1, beam search otherwise; the special ids are the
     caller's tokenizer's; generation stops at the `deadline` (a time.perf_counter() reading).
-    max_len: the most tokens (default 64, at most the model's positions)."""
+    max_len: the most tokens (default 64, at most the model's positions); early_stopping: see
+    beam_search."""
     ids = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, deadline=deadline)
     max_len = search_max_len(model, max_len)
     check_length_penalty(length_penalty, max_len)  # refused alike whichever search runs
     if beam_size == 1:
         return greedy_search(model, src_ids, src_attention_mask, max_len=max_len, **ids)
     return beam_search(model, src_ids, src_attention_mask, beam_size=beam_size,
-                       max_len=max_len, length_penalty=length_penalty, **ids)
+                       max_len=max_len, length_penalty=length_penalty, early_stopping=early_stopping,
+                       **ids)

@@ -47,6 +47,7 @@ from tformer.training.sizing import (
     choose_size,
     finetune_lr,
     measures_rungs,
+    rungs_for,
     time_steps,
     truncated,
     wants_auto_length,
@@ -219,7 +220,8 @@ def make_plan(objective: Objective, resume: bool, world: int, started: float, lo
         step = probe_step(config, bf16)
         config, why = choose_size(config, objective.with_config, seconds_left(),
                                   partial(probes.step_seconds, step=step, batches=objective.train_batches(0)),
-                                  probes.not_paid(), measure_rungs=measures_rungs(device))
+                                  probes.not_paid(), measure_rungs=measures_rungs(device),
+                                  extra_rungs=rungs_for(device))
         objective = objective.with_config(config)
         chose("model size", why, " (size options turn this off)")
     check_fits(objective.model_config(), objective.model_kind, training=True, what="model")

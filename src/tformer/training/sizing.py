@@ -29,6 +29,19 @@ LADDER: tuple[dict[str, int], ...] = (
     {"d_model": 384, "n_heads": 6, "d_ff": 1536, "n_layers": 4},
     {"d_model": 512, "n_heads": 8, "d_ff": 2048, "n_layers": 6},
 )
+# Above the ladder, on a CUDA GPU only (``rungs_for``): BERT-base's and BERT-large's shapes (Devlin
+# et al. 2019). A GPU affords them: on an H200 a 12-layer BERT-base step of 32 x 128 tokens took
+# 22-28 ms in bf16 (docs/gpu.md), some 2,000 updates a minute, where a 2-layer d_model 128 step
+# took 12 (bound by kernel launches). Each rung is timed there (measures_rungs), not estimated.
+GPU_RUNGS: tuple[dict[str, int], ...] = (
+    {"d_model": 768, "n_heads": 12, "d_ff": 3072, "n_layers": 12},
+    {"d_model": 1024, "n_heads": 16, "d_ff": 4096, "n_layers": 24},
+)
+
+
+def rungs_for(device) -> tuple[dict[str, int], ...]:
+    """The rungs above LADDER that `device` may take: GPU_RUNGS on a CUDA GPU, else none."""
+    return GPU_RUNGS if device.type == "cuda" else ()
 
 
 def wants_auto_size(config, resume: bool, world: int) -> bool:
@@ -45,7 +58,8 @@ def measures_rungs(device) -> bool:
 
 
 def choose_size(config, objective_for, seconds: float, seconds_per_step,
-                not_measured: str = "", measure_rungs: bool = False) -> tuple[Any, str]:
+                not_measured: str = "", measure_rungs: bool = False,
+                extra_rungs: tuple[dict[str, int], ...] = ()) -> tuple[Any, str]:
     """(the config with the chosen sizes, why). `objective_for(config)` gives an objective,
     `seconds_per_step(objective)` times a few updates of its model (None: not measured, and the
     smallest rung stands; `not_measured` says why); `seconds`: the training time left.
@@ -54,7 +68,8 @@ def choose_size(config, objective_for, seconds: float, seconds_per_step,
     (where `seconds_per_step` can pay for it, else estimated): on a GPU a small model's step is
     bound by its kernel launches, not its FLOPs (on an H200 the steps of a 2-layer d_model 128
     seq2seq model averaged 12 ms, where its ~8 GFLOP need well under 1 ms), so the FLOPs
-    estimate would overstate a larger rung's step many times."""
+    estimate would overstate a larger rung's step many times. `extra_rungs` go on above the
+    ladder (``rungs_for``: a GPU's)."""
     probe = objective_for(config.replace(**LADDER[0]))
     per_step = seconds_per_step(probe)
     chosen = LADDER[0]
@@ -65,7 +80,7 @@ def choose_size(config, objective_for, seconds: float, seconds_per_step,
     base_flops = flops_per_token(probe.model_config(), 64, kind)
     steps = seconds / per_step
     measured = f"the smallest measured {per_step * 1000:.0f} ms a step"
-    for rung in LADDER[1:] if steps >= MIN_STEPS else ():  # short of it already: no larger probe
+    for rung in (*LADDER[1:], *extra_rungs) if steps >= MIN_STEPS else ():  # short already: no probe
         candidate = objective_for(config.replace(**rung))
         rung_step = seconds_per_step(candidate) if measure_rungs else None
         timed = rung_step is not None

@@ -3,7 +3,9 @@
 
 Every step runs on the model's device (tformer.devices): its batches are moved there (pinned and
 without blocking, to a GPU), and 16-bit autocast (``bf16``) computes in bfloat16, or in float16
-with a GradScaler on a CUDA GPU without bf16 units (``half_dtype``).
+with a GradScaler on a CUDA GPU without bf16 units (``half_dtype``). With ``--tf32`` the fp32
+matrix products of the forward and backward run in TF32 where the device has it
+(tformer.kernels.tf32: NVIDIA GPUs of compute capability 8.0+; elsewhere nothing changes).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch
 from torch import nn
 
 from tformer.devices import half_dtype, model_device, needs_grad_scaler, resolve_device, synchronize
+from tformer.kernels.tf32 import tf32
 from tformer.training.distributed import average_gradients, sum_over_ranks
 
 
@@ -57,10 +60,11 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, objective, ba
         tokens += batch.n_tokens()  # counted on the host, before the copy: no device sync
         examples += batch.n_examples()
         batch = batch.to(device)
-        with torch.autocast(device.type, dtype=half_dtype(device), enabled=bf16):
-            loss, acc = objective.loss(model, batch, config.label_smoothing)
-        scaled = loss / config.accumulate if config.accumulate > 1 else loss
-        (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        with tf32(device, getattr(config, "tf32", False)):
+            with torch.autocast(device.type, dtype=half_dtype(device), enabled=bf16):
+                loss, acc = objective.loss(model, batch, config.label_smoothing)
+            scaled = loss / config.accumulate if config.accumulate > 1 else loss
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
         total_loss, total_acc = total_loss + loss.item(), total_acc + acc
     if world > 1:
         average_gradients(model, world)
@@ -90,9 +94,10 @@ def probe_step(config, bf16: bool):
             optimizers[id(model)] = (model, make_optimizer(model, config), grad_scaler(model, bf16))
         _, optimizer, scaler = optimizers[id(model)]
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=half_dtype(device), enabled=bf16):
-            loss, _ = objective.loss(model, batch.to(device), config.label_smoothing)
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+        with tf32(device, getattr(config, "tf32", False)):
+            with torch.autocast(device.type, dtype=half_dtype(device), enabled=bf16):
+                loss, _ = objective.loss(model, batch.to(device), config.label_smoothing)
+            (scaler.scale(loss) if scaler is not None else loss).backward()
         if scaler is not None:
             scaler.step(optimizer)
             scaler.update()
