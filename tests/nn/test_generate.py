@@ -1,5 +1,6 @@
 """Greedy and beam search over the KV cache."""
 
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -431,3 +432,42 @@ def test_a_beam_that_cannot_fit_in_memory_is_refused_before_any_work(model_and_b
         numpy_beam_search(numpy_model, src.numpy(), mask.numpy(), beam_size=10**7, max_len=8)
     monkeypatch.undo()  # a beam that fits is searched
     assert beam_search(model, src, mask, beam_size=3, max_len=8).sequences.size(0) == src.size(0)
+
+
+@pytest.mark.slow  # 2-3 minutes of tracing and compiling on a busy 2-core machine
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_compiled_decoding_step_gives_the_eager_searchs_outputs(random_model_and_eos, monkeypatch,
+                                                                  tmp_path, backend):
+    """Where the decoding step runs compiled (tformer.kernels.compiling; TFORMER_COMPILE=1 lets
+    every step's shape class measure it), greedy and beam search return the eager searches'
+    tokens and scores. aot_eager traces the step as inductor does (one graph: the cache's
+    in-place growth is asked nothing while tracing), without building C++; inductor (slow) is
+    what runs."""
+    import shutil
+
+    from tformer.kernels import autotune, compiling
+    from tformer.nn import generate as gen
+
+    if backend == "inductor" and shutil.which("g++") is None and shutil.which("clang++") is None:
+        pytest.skip("inductor needs a C++ compiler")
+    model, src, mask, eos = random_model_and_eos
+    ids = dict(max_len=16, eos_id=eos)
+    monkeypatch.setenv("TFORMER_COMPILE", "0")
+    greedy, beam = greedy_search(model, src, mask, **ids), beam_search(model, src, mask, beam_size=4, **ids)
+    monkeypatch.setenv("TFORMER_COMPILE", "1")
+    monkeypatch.setenv("TFORMER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(autotune, "_memory", {})
+    monkeypatch.setattr(autotune, "ROUNDS", 1)  # each shape class timed once: the choice is not the point
+    monkeypatch.setattr(compiling, "BACKEND", backend)
+    monkeypatch.setattr(gen, "DECODE_STEP", compiling.Compiled("decode-step", gen.decode_step,
+                                                               shape_class=gen._step_class))
+    compiling.forget_failures()
+    got_greedy = greedy_search(model, src, mask, **ids)
+    got_beam = beam_search(model, src, mask, beam_size=4, **ids)
+    assert not compiling.summary()  # compiled without a failure (else it ran eagerly)
+    assert gen.DECODE_STEP.compile_seconds is not None
+    assert got_greedy.tolist() == greedy.tolist() and got_beam.tolist() == beam.tolist()
+    torch.testing.assert_close(got_greedy.scores, greedy.scores, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_beam.scores, beam.scores, rtol=1e-5, atol=1e-5)
+    decided = [k for k in json.loads(autotune.cache_path().read_text()) if "compiled:decode-step" in k]
+    assert decided  # the steps' shape classes were measured (and may have chosen either)

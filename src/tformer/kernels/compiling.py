@@ -14,7 +14,7 @@ call that measures it (``TOLERANCE`` per dtype); one that differs is never chose
 Compilation costs seconds to a minute of CPU time on first use in a process (inductor keeps the
 generated code in its own cache, so later processes on the machine pay less: "cold" and "warm"),
 so a compiled kernel is considered only where the caller expects the work to repay it:
-``compiling(expected_seconds)`` around a job says how long it would take eagerly, and a kernel is
+``expecting(expected_seconds)`` around a job says how long it would take eagerly, and a kernel is
 compiled there only when that is at least PAYBACK times its remembered compilation time (COLD_GUESS
 before any was measured). Outside such a block everything runs eagerly: a library call on a
 few inputs never waits for a compiler. ``TFORMER_COMPILE=0`` turns compiled kernels off,
@@ -47,13 +47,14 @@ from tformer.kernels import autotune
 from tformer.kernels.switch import is_readable
 from tformer.kernels.tracing import tracing
 
+BACKEND = "inductor"  # torch.compile's backend (tests of the plumbing swap in a cheaper one)
 PAYBACK = 5.0  # compile only where the eager work expected is this many times the compile time
 COLD_GUESS = 60.0  # seconds a first compilation is assumed to take before one was measured here
 # compiled vs eager on the measuring call: max abs difference over max abs value (inductor fuses
 # and reorders sums, so fp32 differs in the last bits; bf16 rounds its intermediates differently)
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-10, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
-_expected = {"seconds": 0.0}  # eager seconds the current job expects (``compiling``)
+_expected = {"seconds": 0.0}  # eager seconds the current job expects (``expecting``)
 _failed: dict[str, str] = {}  # kernel name -> why compiling it failed in this process
 
 
@@ -65,7 +66,7 @@ def mode() -> str:
 
 
 @contextlib.contextmanager
-def compiling(expected_seconds: float) -> Iterator[None]:
+def expecting(expected_seconds: float) -> Iterator[None]:
     """Within the block, compiled kernels may be chosen where they repay their compilation over
     ``expected_seconds`` of eager work (module docstring); math.inf: whenever faster."""
     before = _expected["seconds"]
@@ -84,9 +85,9 @@ def why_not_compiled(device: torch.device) -> str | None:
         return "TFORMER_COMPILE=0 turns compiled kernels off"
     if tracing():
         return "already inside a compiler or exporter: it compiles the readable code itself"
-    if device.type == "cpu" and _cxx() is None:
+    if BACKEND == "inductor" and device.type == "cpu" and _cxx() is None:
         return "inductor builds C++ at run time on a CPU and found no C++ compiler (g++, clang++)"
-    if device.type == "cuda" and not _has_triton():
+    if BACKEND == "inductor" and device.type == "cuda" and not _has_triton():
         return "inductor needs triton on a GPU, and it is not installed"
     if device.type not in ("cpu", "cuda"):
         return f"inductor has no backend for {device.type} here"
@@ -162,7 +163,7 @@ class Compiled:
     @property
     def compiled(self) -> Callable[..., Any]:
         if self._compiled is None:
-            self._compiled = torch.compile(self.fn, dynamic=True)
+            self._compiled = torch.compile(self.fn, dynamic=True, backend=BACKEND)
         return self._compiled
 
     def run_compiled(self, *args: Any) -> Any:
@@ -193,8 +194,8 @@ class Compiled:
         if differs is not None:
             return {**autotune.decision("eager", {"eager": 1.0}), "compile_s": round(compile_s, 3),
                     "differs": differs}
-        decision = autotune.decide({"eager": lambda: self.fn(*args), "compiled": lambda: self.compiled(*args)},
-                                   lambda call: autotune._time_once(call, _device_of(args)))
+        candidates = {"eager": lambda: self.fn(*args), "compiled": lambda: self.compiled(*args)}
+        decision = autotune.decide(candidates, lambda call: autotune._time_once(call, _device_of(args)))
         return {**decision, "compile_s": round(compile_s, 3)}
 
 
