@@ -18,8 +18,8 @@ so a compiled kernel is considered only where the caller expects the work to rep
 compiled there only when that is at least PAYBACK times its remembered compilation time (COLD_GUESS
 before any was measured). Outside such a block everything runs eagerly: a library call on a
 few inputs never waits for a compiler. ``TFORMER_COMPILE=0`` turns compiled kernels off,
-``TFORMER_COMPILE=1`` compiles wherever a kernel may be compiled, regardless of the expected work
-(what the benchmark and the tests ask for).
+``TFORMER_COMPILE=1`` measures compiled kernels wherever they may run, regardless of the expected
+work (what the benchmark and the tests ask for; ``forced("on")`` for a block).
 
 Eager is kept where there is no compiler (inductor builds C++ at run time on a CPU and needs
 triton on a GPU), where compiling fails (remembered for the process; the call runs eagerly), under
@@ -56,10 +56,14 @@ TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-10, torch.bfloat16: 2e-2, to
 
 _expected = {"seconds": 0.0}  # eager seconds the current job expects (``expecting``)
 _failed: dict[str, str] = {}  # kernel name -> why compiling it failed in this process
+_forced: dict[str, str | None] = {"mode": None}  # ``forced``'s mode, over TFORMER_COMPILE
 
 
 def mode() -> str:
-    """TFORMER_COMPILE: "auto" (the default: where the work repays it), "off" or "on"."""
+    """TFORMER_COMPILE: "auto" (the default: where the work repays it), "off" or "on" (or what
+    ``forced`` sets for a block)."""
+    if _forced["mode"] is not None:
+        return _forced["mode"]
     value = os.environ.get("TFORMER_COMPILE", "auto").strip().lower()
     return {"0": "off", "false": "off", "no": "off", "off": "off",
             "1": "on", "true": "on", "yes": "on", "on": "on"}.get(value, "auto")
@@ -75,6 +79,21 @@ def expecting(expected_seconds: float) -> Iterator[None]:
         yield
     finally:
         _expected["seconds"] = before
+
+
+@contextlib.contextmanager
+def forced(value: str) -> Iterator[None]:
+    """Within the block, compiled kernels are "on" (measured wherever they may run, whatever the
+    expected work) or "off", as TFORMER_COMPILE=1 / 0 would say for the process: the benchmark
+    times both in one process."""
+    if value not in ("on", "off"):
+        raise ValueError(f"value: expected 'on' or 'off', got {value!r}")
+    before = _forced["mode"]
+    _forced["mode"] = value
+    try:
+        yield
+    finally:
+        _forced["mode"] = before
 
 
 def why_not_compiled(device: torch.device) -> str | None:
