@@ -114,7 +114,9 @@ def test_no_cxx_compiler_readable_and_compile_off_all_mean_eager(monkeypatch):
     x = torch.randn(4, 3)
     monkeypatch.setenv("TFORMER_COMPILE", "1")
     monkeypatch.setattr(sh, "which", lambda name: None)
+    compiling._cxx.cache_clear()  # looked up once per process: again, without any compiler
     assert "no C++ compiler" in compiling.why_not_compiled(x.device)
+    compiling._cxx.cache_clear()
     monkeypatch.undo()
     monkeypatch.setenv("TFORMER_COMPILE", "0")
     assert compiling.why_not_compiled(x.device) == "TFORMER_COMPILE=0 turns compiled kernels off"

@@ -32,6 +32,7 @@ with a clear error up front where it cannot work).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import time
@@ -113,6 +114,7 @@ def why_not_compiled(device: torch.device) -> str | None:
     return None
 
 
+@functools.cache
 def _cxx() -> str | None:
     from torch._inductor import config as inductor  # ~1 s to import: only when asked
 
@@ -120,6 +122,7 @@ def _cxx() -> str | None:
     return next((c for c in (cxx, "g++", "clang++") if c and shutil.which(c)), None)
 
 
+@functools.cache
 def _has_triton() -> bool:
     try:
         import triton  # noqa: F401
@@ -151,7 +154,12 @@ class Compiled:
         return self.fn(*args)
 
     def choice(self, *args: Any) -> str:
-        """"eager" or "compiled" for these arguments (measured once per shape class and machine)."""
+        """"eager" or "compiled" for these arguments (measured once per shape class and machine).
+        Cheap when nothing may compile (the default: no ``expecting`` block): it runs on every
+        call of a hot kernel (each decoding step, each layer's add and norm)."""
+        if _forced["mode"] == "off" or (self._compiled is None and _expected["seconds"] <= 0
+                                        and mode() == "auto"):
+            return "eager"
         device = _device_of(args)
         if self.why_not(device) is not None:
             return "eager"
