@@ -35,18 +35,23 @@ ADD_NORM = Compiled("add-norm", _add_norm, shape_class=_rows_class)
 
 
 def add_norm(x: Tensor, y: Tensor, norm: nn.LayerNorm) -> Tensor:
-    """norm(x + y): compiled where that is measured faster (``why_not_compiled_add_norm``)."""
-    if why_not_compiled_add_norm(x, y, norm) is None:
+    """norm(x + y): compiled where that is measured faster (``why_not_compiled_add_norm``;
+    ADD_NORM itself runs eagerly where nothing may compile)."""
+    if _why_not_candidate(x, y, norm) is None:
         return ADD_NORM(x, y, norm.weight, norm.bias, norm.eps)
     return norm(x + y)
 
 
 def why_not_compiled_add_norm(x: Tensor, y: Tensor, norm: nn.Module) -> str | None:
     """Why ``norm(x + y)`` runs as it is, without a measured compiled kernel; None to measure."""
+    return _why_not_candidate(x, y, norm) or ADD_NORM.why_not(x.device)
+
+
+def _why_not_candidate(x: Tensor, y: Tensor, norm: nn.Module) -> str | None:
     if not isinstance(norm, nn.LayerNorm):
         return "not a LayerNorm"
     if torch.is_grad_enabled() and (x.requires_grad or y.requires_grad or norm.weight.requires_grad):
         return "autograd: training's add and norm run as they are"
     if not (y.dtype == torch.bfloat16 and x.dtype == torch.float32):
         return "only a bf16 sub-layer output on the fp32 residual stream gains (module docstring)"
-    return ADD_NORM.why_not(x.device)
+    return None
