@@ -168,3 +168,44 @@ def test_a_post_norm_encoder_with_compiled_kernels_equals_eager(tiny_config, mon
         monkeypatch.setenv("TFORMER_COMPILE", "1")
         got = model(ids, mask).last_hidden_state
     assert_close(got, expected, what=f"{precision} encoder, compiled kernels vs eager")
+
+
+def _train_once(model, objective, monkeypatch, value):
+    from types import SimpleNamespace
+
+    from tformer.training import steps
+
+    monkeypatch.setenv("TFORMER_COMPILE", value)
+    batch = SimpleNamespace(n_tokens=lambda: 12, n_examples=lambda: 3, to=lambda device: batch)
+    config = SimpleNamespace(accumulate=1, label_smoothing=0.0, clip_grad=0.0, tf32=False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)  # the gradients stay to compare
+    loss, *_ = steps.train_step(model, optimizer, objective, iter([batch]), config, 0.0)
+    return loss, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_a_compiled_training_step_equals_eager_and_a_failure_goes_on_eagerly(tiny_config, monkeypatch,
+                                                                              cheap_backend):
+    """TFORMER_COMPILE=1: train_step's loss (forward and backward) compiled; the same loss and
+    gradients as eager (dropout 0); a compilation that fails warns once and the step runs eagerly."""
+    from types import SimpleNamespace
+
+    from tformer.nn.model import EncoderClassifier
+
+    model = EncoderClassifier(tiny_config.replace(n_classes=3, pooling="mean", dropout=0.0))
+    ids = torch.randint(0, tiny_config.vocab_size, (3, 4))
+    objective = SimpleNamespace(loss=lambda m, b, smoothing: (m(ids).logits.square().mean(), 0.5))
+    want_loss, want = _train_once(model, objective, monkeypatch, "0")
+    got_loss, got = _train_once(model, objective, monkeypatch, "1")
+    assert compiling.summary() == {}  # it compiled
+    assert abs(got_loss - want_loss) <= 1e-6 * abs(want_loss)
+    for name in want:
+        assert_close(got[name], want[name], what=f"grad {name}")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated inductor failure")
+
+    other = SimpleNamespace(loss=objective.loss)
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: broken)
+    with pytest.warns(RuntimeWarning, match="compiling train-loss failed, it runs eagerly"):
+        loss, grads = _train_once(model, other, monkeypatch, "1")
+    assert abs(loss - want_loss) <= 1e-6 * abs(want_loss) and "train-loss" in compiling.summary()

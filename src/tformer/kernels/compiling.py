@@ -201,9 +201,7 @@ class Compiled:
         try:
             out = self.compiled(*args)
         except Exception as e:  # inductor's errors have no common type: any failure means eager
-            _failed[self.name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
-            warnings.warn(f"tformer: compiling {self.name} failed, it runs eagerly: {_failed[self.name]}",
-                          RuntimeWarning, stacklevel=3)
+            record_failure(self.name, e)
             raise
         if first:
             self.compile_seconds = time.perf_counter() - t
@@ -264,6 +262,14 @@ def default_shape_class(*args: Any) -> str:
 
 def _device_of(args: tuple) -> torch.device:
     return next((a.device for a in args if isinstance(a, Tensor)), torch.device("cpu"))
+
+
+def record_failure(name: str, error: Exception) -> None:
+    """Remember for the process that compiling `name` failed (it runs eagerly from now on), and
+    say so once."""
+    _failed[name] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:200]
+    warnings.warn(f"tformer: compiling {name} failed, it runs eagerly: {_failed[name]}", RuntimeWarning,
+                  stacklevel=3)
 
 
 def summary() -> dict[str, str]:
