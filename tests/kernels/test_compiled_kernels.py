@@ -209,3 +209,39 @@ def test_a_compiled_training_step_equals_eager_and_a_failure_goes_on_eagerly(tin
     with pytest.warns(RuntimeWarning, match="compiling train-loss failed, it runs eagerly"):
         loss, grads = _train_once(model, other, monkeypatch, "1")
     assert abs(loss - want_loss) <= 1e-6 * abs(want_loss) and "train-loss" in compiling.summary()
+
+
+@pytest.mark.slow  # ~20 s of CPU (a minute on a busy machine): train_step's own test above is the fast check
+def test_the_training_loop_runs_its_steps_through_the_compiled_loss(tmp_path, monkeypatch, cheap_backend):
+    """TFORMER_COMPILE=1 reaches the loop's updates (tformer.training.loop -> steps.train_step),
+    the first updates that alternate precisions included; the run trains as usual."""
+    from text_fixtures import classification_rows, write
+
+    from tformer.kinds import resolve_config, train
+    from tformer.training import steps
+
+    compiled = []
+    real = torch.compile
+
+    def spy(fn, **kwargs):
+        compiled.append(getattr(fn, "__self__", None))
+        inner = real(fn, **kwargs)
+
+        def counted(*args):
+            calls.append(1)
+            return inner(*args)
+
+        return counted
+
+    calls = []
+    monkeypatch.setattr(torch, "compile", spy)
+    monkeypatch.setattr(steps, "_compiled_losses", {})
+    monkeypatch.setenv("TFORMER_COMPILE", "1")
+    data = write(tmp_path / "d.jsonl", classification_rows(40))
+    record = train(resolve_config({"data": str(data), "d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1,
+                                   "vocab_size": 300, "max_tokens": 256, "steps": 3, "threads": 1,
+                                   "precision": "fp32", "out": str(tmp_path / "run")}),
+                   progress=False, log=lambda *a: None)
+    assert len(compiled) == 1 and compiled[0] is not None, compiled  # the run's objective's loss
+    assert len(calls) == 3 and "train-loss" not in compiling.summary()
+    assert record is not None and (tmp_path / "run" / "metrics.jsonl").exists()

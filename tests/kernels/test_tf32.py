@@ -10,7 +10,7 @@ import torch
 
 from tformer.kernels import tf32 as tf32_module
 from tformer.kernels.tf32 import tf32, why_not_tf32
-from tformer.training import resolve_config
+from tformer.training.config import resolve_config
 
 CUDA = torch.device("cuda", 0)
 
