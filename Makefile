@@ -58,8 +58,11 @@ demo-task: setup  ## a built-in synthetic task instead: learn to reverse sequenc
 bench: setup
 	$(VENV)/bin/tformer bench
 
-bench-gpu: setup  ## training step and sentence embeddings on the GPU against HF and sentence-transformers
-	$(VENV)/bin/tformer bench --device cuda
+# The GPU checks in one run of a few minutes (benchmarks/gpu_check.sh says what): the device tests,
+# `tformer bench --device cuda --tf32`, a one-minute timed run. PY= names a Python whose torch is
+# a CUDA build (the venv's is the CPU wheel); outputs in gpu-check/.
+bench-gpu:  ## the GPU checks: device tests, the GPU benchmark (MFU, TF32, compiled), a timed run
+	PY=$${PY:-python3} benchmarks/gpu_check.sh gpu-check
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .hypothesis .ruff_cache

@@ -1,5 +1,6 @@
 """Greedy and beam search over the KV cache."""
 
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -199,8 +200,10 @@ def test_generation_stops_at_its_deadline_with_the_rows_as_they_are(random_model
 
 # The rule of beam_search spelled out one source at a time, with Python lists and no cache (the
 # decoder re-reads each whole prefix), as the oracle of the batched, cached search.
-def _plain_beam_search(model, src, mask, beam_size, max_len, length_penalty, bos_id, eos_id):
-    """One source (S,): the best hypothesis's tokens (EOS included) and total log-probability."""
+def _plain_beam_search(model, src, mask, beam_size, max_len, length_penalty, bos_id, eos_id,
+                       early_stopping=False):
+    """One source (S,): the best hypothesis's tokens (EOS included) and total log-probability.
+    ``early_stopping``: also stop once beam_size hypotheses have finished (the peers' rule)."""
     memory = model.encode(src[None], src_attention_mask=mask[None]).last_hidden_state
     live = [([bos_id], np.float32(0.0))]  # (tokens with BOS, total log-probability)
     finished = []  # (score / len ** length_penalty, tokens after BOS, total)
@@ -218,6 +221,8 @@ def _plain_beam_search(model, src, mask, beam_size, max_len, length_penalty, bos
         live = [(prefix, total) for total, prefix in candidates if prefix[-1] != eos_id][:beam_size]
         if finished and max(f[0] for f in finished) >= live[0][1] / length ** length_penalty:
             break  # the best hypothesis scores at least the best live prefix would now
+        if early_stopping and len(finished) >= beam_size:
+            break  # K hypotheses have finished, whatever their scores
     else:  # max_len: the live prefixes are hypotheses as they are
         finished += [(total / max_len ** length_penalty, prefix[1:], total) for prefix, total in live]
     _, tokens, total = max(finished, key=lambda h: h[0])
@@ -241,6 +246,28 @@ def test_beam_search_gives_the_plain_searchs_tokens(
                     for i in range(s.size(0))]
         assert got.tolist() == [tokens for tokens, _ in want]
         torch.testing.assert_close(got.scores, torch.tensor([t for _, t in want]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("beam_size, length_penalty", [(4, 1.0), (3, 0.0)])
+def test_early_stopping_gives_the_plain_searchs_tokens_under_the_peers_rule(
+        random_model_and_eos, beam_size, length_penalty):
+    """early_stopping=True: a source also stops once K hypotheses have finished (Hugging Face's
+    early_stopping=True, CTranslate2's rule). Source by source the plain search's hypothesis under
+    that rule; on this random model it stops sooner and changes some outputs (why it is an
+    option, off by default)."""
+    model, src, mask, eos = random_model_and_eos
+    args = dict(beam_size=beam_size, max_len=14, length_penalty=length_penalty, bos_id=1, eos_id=eos,
+                pad_id=PAD)
+    got = beam_search(model, src, mask, early_stopping=True, **args)
+    default = beam_search(model, src, mask, **args)
+    with torch.no_grad():
+        want = [_plain_beam_search(model, src[i], mask[i], beam_size, 14, length_penalty, 1, eos,
+                                   early_stopping=True) for i in range(src.size(0))]
+    assert got.tolist() == [tokens for tokens, _ in want]
+    torch.testing.assert_close(got.scores, torch.tensor([t for _, t in want]), rtol=1e-5, atol=1e-5)
+    if length_penalty:  # (without one, EOS first is at once the best: both stop at step 1 here)
+        assert got.tolist() != default.tolist()  # the rule changes results here
+    assert generate(model, src, mask, early_stopping=True, **args).tolist() == got.tolist()
 
 
 def test_beam_search_with_a_vocabulary_smaller_than_the_beam():
@@ -405,3 +432,42 @@ def test_a_beam_that_cannot_fit_in_memory_is_refused_before_any_work(model_and_b
         numpy_beam_search(numpy_model, src.numpy(), mask.numpy(), beam_size=10**7, max_len=8)
     monkeypatch.undo()  # a beam that fits is searched
     assert beam_search(model, src, mask, beam_size=3, max_len=8).sequences.size(0) == src.size(0)
+
+
+@pytest.mark.slow  # 2-3 minutes of tracing and compiling on a busy 2-core machine
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_compiled_decoding_step_gives_the_eager_searchs_outputs(random_model_and_eos, monkeypatch,
+                                                                  tmp_path, backend):
+    """Where the decoding step runs compiled (tformer.nn.kernels.compiling; TFORMER_COMPILE=1 lets
+    every step's shape class measure it), greedy and beam search return the eager searches'
+    tokens and scores. aot_eager traces the step as inductor does (one graph: the cache's
+    in-place growth is asked nothing while tracing), without building C++; inductor (slow) is
+    what runs."""
+    import shutil
+
+    from tformer.nn import generate as gen
+    from tformer.nn.kernels import autotune, compiling
+
+    if backend == "inductor" and shutil.which("g++") is None and shutil.which("clang++") is None:
+        pytest.skip("inductor needs a C++ compiler")
+    model, src, mask, eos = random_model_and_eos
+    ids = dict(max_len=16, eos_id=eos)
+    monkeypatch.setenv("TFORMER_COMPILE", "0")
+    greedy, beam = greedy_search(model, src, mask, **ids), beam_search(model, src, mask, beam_size=4, **ids)
+    monkeypatch.setenv("TFORMER_COMPILE", "1")
+    monkeypatch.setenv("TFORMER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(autotune, "_memory", {})
+    monkeypatch.setattr(autotune, "ROUNDS", 1)  # each shape class timed once: the choice is not the point
+    monkeypatch.setattr(compiling, "BACKEND", backend)
+    monkeypatch.setattr(gen, "DECODE_STEP", compiling.Compiled("decode-step", gen.decode_step,
+                                                               shape_class=gen._step_class))
+    compiling.forget_failures()
+    got_greedy = greedy_search(model, src, mask, **ids)
+    got_beam = beam_search(model, src, mask, beam_size=4, **ids)
+    assert not compiling.summary()  # compiled without a failure (else it ran eagerly)
+    assert gen.DECODE_STEP.compile_seconds is not None
+    assert got_greedy.tolist() == greedy.tolist() and got_beam.tolist() == beam.tolist()
+    torch.testing.assert_close(got_greedy.scores, greedy.scores, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_beam.scores, beam.scores, rtol=1e-5, atol=1e-5)
+    decided = [k for k in json.loads(autotune.cache_path().read_text()) if "compiled:decode-step" in k]
+    assert decided  # the steps' shape classes were measured (and may have chosen either)

@@ -86,6 +86,18 @@ def test_beam_search_matches_torch(trained, beam_size, length_penalty):
     assert rows != greedy_search(ours, src, mask, max_len=14).tolist()
 
 
+@pytest.mark.parametrize("beam_size", [2, 4])
+def test_early_stopping_matches_torch(trained, beam_size):
+    """early_stopping=True (a source also stops once K hypotheses have finished): the same
+    hypotheses as torch's batched search under that rule."""
+    theirs, ours, src, mask = trained
+    expected = torch_beam(theirs, torch.from_numpy(src), torch.from_numpy(mask), beam_size=beam_size,
+                          max_len=14, early_stopping=True)
+    got = generate(ours, src, mask, beam_size=beam_size, max_len=14, early_stopping=True)
+    assert got.tolist() == expected.tolist()
+    np.testing.assert_allclose(got.scores, expected.scores.numpy(), rtol=1e-12, atol=1e-12)
+
+
 def test_beam_search_of_one_beam_is_greedy(trained):
     _, ours, src, mask = trained
     greedy = greedy_search(ours, src, mask, max_len=14)

@@ -35,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sentences-minilm: encode with this BERT-format or sentence-transformers "
                         "directory instead of a random-weight one of all-MiniLM-L6-v2's shape (the "
                         "int8 and bf16 cosines mean something only on trained weights)")
+    p.add_argument("--tf32", action="store_true",
+                   help="the GPU workloads: also time fp32 training with TF32 matrix products, both "
+                        "libraries (NVIDIA GPUs of compute capability 8.0+; as `tformer train --tf32`)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON (a file an earlier "
                    "--json wrote is replaced; any other is refused)")
     from tformer.commands._inputs import add_device
@@ -75,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         refuse_foreign(Path(args.json), "--json", is_bench_json,
                        "a results file `tformer bench --json` wrote")
     settings = workloads.Settings(quick=args.quick, rounds=args.rounds, threads=args.threads,
-                                  contenders=args.contenders, model_dir=args.model_dir)
+                                  contenders=args.contenders, model_dir=args.model_dir, tf32=args.tf32)
     start = time.perf_counter()
 
     def progress(name: str) -> None:

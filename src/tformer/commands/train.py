@@ -33,7 +33,7 @@ GROUPS = (
       "norm_first", "activation", "pooling", "auto_size")),
     ("text", ("tokenizer", "vocab_size", "lowercase", "max_length", "auto_length")),
     ("optimisation", ("lr", "warmup", "schedule", "batch_size", "max_tokens", "accumulate", "weight_decay",
-                      "label_smoothing", "clip_grad", "precision", "device", "seed")),
+                      "label_smoothing", "clip_grad", "precision", "device", "tf32", "seed")),
     ("evaluation and files",
      ("eval_every", "log_every", "valid_size", "test_size", "out", "keep", "threads", "report_to")),
 )

@@ -62,6 +62,8 @@ def append_positions(past: Tensor, new: Tensor) -> Tensor:
 
 def why_not_in_place(past: Tensor, grown_shape: tuple[int, int, int, int]) -> str | None:
     """Why the cache ``past`` cannot grow to ``grown_shape`` in place, or None when it can."""
+    if tracing():  # first: the storage questions below would break a compiler's graph
+        return "compilers and exporters record torch.cat, not a write into an input"
     b, h, length, dh = grown_shape
     s0, s1, s2, s3 = past.stride()
     if s3 != 1 or s2 != dh:
@@ -71,8 +73,6 @@ def why_not_in_place(past: Tensor, grown_shape: tuple[int, int, int, int]) -> st
     end = past.storage_offset() + (b - 1) * s0 + (h - 1) * s1 + length * s2  # one past the last
     if end * past.element_size() > past.untyped_storage().nbytes():
         return "no room after the last position: the storage ends"
-    if tracing():
-        return "compilers and exporters record torch.cat, not a write into an input"
     return None
 
 

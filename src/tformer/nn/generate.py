@@ -27,8 +27,12 @@ import torch
 from torch import Tensor
 
 from tformer.nn import kernels
-from tformer.nn.attention import with_room
-from tformer.nn.layers import LayerCache
+from tformer.nn.cache import Cache
+from tformer.nn.cache import reorder_cache as _reorder_cache
+from tformer.nn.cache import select_beams as _select_beams
+from tformer.nn.cache import select_rows as _select
+from tformer.nn.cache import with_room_all as _with_room
+from tformer.nn.kernels.compiling import Compiled
 from tformer.nn.search_args import (
     check_beam_size,
     check_deadline,
@@ -92,28 +96,33 @@ def _in_eval_mode(search):
     return run
 
 
-def _reorder_cache(cache: tuple[LayerCache, ...], beam: Tensor) -> tuple[LayerCache, ...]:
-    """Keep the self-attention caches of the surviving beams: row i becomes row beam[i], in
-    place (the step's caches are new tensors that only this search holds), and only the rows
-    whose beam changed are copied, not the whole cache.
+def decode_step(model, token: Tensor, memory: Tensor, mask: Tensor | None, past: Cache,
+                dtype: torch.dtype) -> tuple[Tensor, Cache]:
+    """One cached step: the next token's log-probabilities in `dtype` and the grown cache.
 
-    The cross-attention keys/values are left as they are: they depend on the source only, and
-    the beams of a source share its one row of them (MultiHeadAttention).
+    Shape: token (B', 1); memory (Bm, S, D); mask (Bm, S) -> (B', V), the cache one position longer
     """
-    moved = (beam != torch.arange(beam.numel(), device=beam.device)).nonzero()[:, 0]  # (M,)
-    if moved.numel():
-        came_from = beam[moved]
-        for self_k, self_v, _, _ in cache:
-            self_k.index_copy_(0, moved, self_k.index_select(0, came_from))
-            self_v.index_copy_(0, moved, self_v.index_select(0, came_from))
-    return cache
+    out = model.decode(token, memory, memory_attention_mask=mask, past_key_values=past, use_cache=True)
+    return out.logits[:, -1].to(dtype).log_softmax(dim=-1), out.past_key_values
 
 
-def _with_room(cache: tuple[LayerCache, ...], capacity: int) -> tuple[LayerCache, ...]:
-    """Every layer's self-attention keys/values copied into buffers with room for ``capacity``
-    positions, which the next steps fill in place; the cross-attention ones as they are."""
-    return tuple((with_room(self_k, capacity), with_room(self_v, capacity), cross_k, cross_v)
-                 for self_k, self_v, cross_k, cross_v in cache)
+def _step_class(model, token: Tensor, memory: Tensor, mask, past: Cache, dtype) -> str:
+    """The decoding steps that share a choice: the model's sizes, rows and cached positions
+    rounded up to powers of two, and the dtypes."""
+    c, rows, length = model.config, token.size(0), past[0][0].size(2)
+    return (f"d{c.d_model}h{c.n_heads}f{c.d_ff}x{c.decoder_layers}v{c.target_vocab_size}/"
+            f"{1 << (rows - 1).bit_length()}x{1 << (length - 1).bit_length()}/"
+            f"{str(next(model.parameters()).dtype).removeprefix('torch.')}/{str(dtype).removeprefix('torch.')}")
+
+
+# A step after the first, run as it is or compiled (torch.compile), whichever is measured faster
+# here where the work repays a compilation (tformer.nn.kernels.compiling: by default only where the
+# caller expects enough of it, e.g. the benchmark): a small step is ~100 operator calls that
+# inductor fuses into a few.
+DECODE_STEP = Compiled("decode-step", decode_step, shape_class=_step_class)
+# From the third step on: the first builds the caches, and the second's one cached position
+# would be compiled as a constant (torch.compile specialises sizes of 1) and compiled again.
+_COMPILED_FROM = 2
 
 
 @torch.no_grad()
@@ -155,13 +164,14 @@ def greedy_search(
     length, cut = 0, False
     for step in range(max_len):
         length = step + 1
-        step_in = tokens[rows, step : step + 1] if use_cache else tokens[rows, : step + 1]
-        out = model.decode(step_in, memory, memory_attention_mask=mask,
-                           past_key_values=past, use_cache=use_cache)
-        past = out.past_key_values if use_cache else None
-        if use_cache and step == 0:
-            past = _with_room(past, max_len)
-        logp = out.logits[:, -1].to(scores.dtype).log_softmax(dim=-1)  # (B', V)
+        if not use_cache:  # the whole prefix again, every row
+            out = model.decode(tokens[rows, : step + 1], memory, memory_attention_mask=mask)
+            logp = out.logits[:, -1].to(scores.dtype).log_softmax(dim=-1)  # (B', V)
+        else:
+            step_in = tokens[rows, step : step + 1]  # (B', 1)
+            step_fn = DECODE_STEP if step >= _COMPILED_FROM else decode_step
+            logp, past = step_fn(model, step_in, memory, mask, past, scores.dtype)
+            past = past if step else _with_room(past, max_len)
         best = logp.argmax(dim=-1)  # (B',)
         scores.index_add_(0, rows, torch.where(done, 0.0, logp.gather(1, best[:, None])[:, 0]))
         best = best.masked_fill(done, pad_id)  # finished rows only pad
@@ -196,12 +206,6 @@ def _past(deadline: float | None) -> bool:
 _DROP_SHARE = 4
 
 
-def _select(cache: tuple[LayerCache, ...], index: Tensor, capacity: int) -> tuple[LayerCache, ...]:
-    """Keep the rows `index` (batch on dim 0) of every layer's self- and cross-attention cache;
-    the self-attention ones keep room for ``capacity`` positions."""
-    return _select_beams(cache, index, index, capacity)
-
-
 @torch.no_grad()
 @_in_eval_mode
 def beam_search(
@@ -215,6 +219,7 @@ def beam_search(
     eos_id: int = EOS,
     pad_id: int = PAD,
     deadline: float | None = None,
+    early_stopping: bool = False,
 ) -> GenerationOutput:
     """Keep the `beam_size` (K) most likely unfinished prefixes per source; return the best
     finished one.
@@ -236,6 +241,13 @@ def beam_search(
     length_penalty 0 ranks hypotheses by total log-probability, which favours short outputs; 1
     by the per-token average. A source that has stopped leaves the batch with its best
     hypothesis (as greedy's rows do). max_len as in greedy_search.
+
+    ``early_stopping=True`` adds the peers' rule: a source also stops once K of its hypotheses
+    have finished (counting each EOS among a step's K best candidates), whatever their scores,
+    as Hugging Face's ``early_stopping=True``, CTranslate2, fairseq and Marian do. It can only
+    stop a source sooner, so it is faster where EOS comes early among the candidates (random
+    or uncertain models), and it may return a worse hypothesis than the default search
+    (benchmarks/README.md measures both on random and trained models).
 
     Shape:
         src_ids, src_attention_mask: (B, S) -> sequences (B, L <= max_len), scores (B,)
@@ -262,6 +274,7 @@ def beam_search(
     hyp_tokens = torch.full((b, max_len), pad_id, dtype=torch.long, device=device)  # (B', L)
     hyp_scores = torch.zeros(b, dtype=scores.dtype, device=device)
     hyp_final = torch.full((b,), float("-inf"), dtype=scores.dtype, device=device)
+    finished = torch.zeros(b, dtype=torch.long, device=device)  # (B',) hypotheses ended so far
     out_tokens = torch.full((b, max_len), pad_id, dtype=torch.long, device=device)  # (B, L)
     out_scores = torch.zeros(b, dtype=scores.dtype, device=device)
 
@@ -270,14 +283,13 @@ def beam_search(
         out_tokens[srcs[rows]] = hyp_tokens[rows]
         out_scores[srcs[rows]] = hyp_scores[rows]
 
-    past = None
+    past, last = None, tokens  # last: (B'*K, 1) the newest token of each beam
     kept = None  # each beam's best tokens: K + 1 of them (at most one is EOS), or all V
     length, cut = 0, False
     for step in range(max_len):
         n, length = srcs.numel(), step + 1
-        out = model.decode(tokens[:, -1:], memory, memory_attention_mask=mask,
-                           past_key_values=past, use_cache=True)
-        logp = out.logits[:, -1].to(scores.dtype).log_softmax(dim=-1)  # (B'*K, V)
+        step_fn = DECODE_STEP if step >= _COMPILED_FROM else decode_step
+        logp, present = step_fn(model, last, memory, mask, past, scores.dtype)  # (B'*K, V)
         kept = kept or min(k + 1, logp.size(-1))
         # A source's K best candidates that are not EOS, and any EOS among its K best, are
         # among its beams' own K + 1 best tokens: a beam's candidates rank as its log-probs do.
@@ -305,10 +317,13 @@ def beam_search(
         scores = scores.masked_fill(token == eos_id, float("-inf"))  # V < K + 1 only: dead beams
         # Stop where the best hypothesis scores at least what the best live beam (beam 0) does now.
         stopped = stopped | (hyp_final >= scores.view(n, k)[:, 0] / length ** length_penalty)
+        if early_stopping:  # or, with the peers' rule, once K hypotheses have finished
+            finished += is_eos[:, :k].sum(dim=-1)
+            stopped = stopped | (finished >= k)
         beam = (top.gather(1, pick) // kept + first_beam[:, None]).view(-1)
-        tokens = torch.cat([tokens.index_select(0, beam), token[:, None]], dim=1)
-        past = out.past_key_values if step else _with_room(out.past_key_values, max_len)
-        past = _reorder_cache(past, beam)
+        last = token[:, None]  # (B'*K, 1) the next step's input, laid out alike every step
+        tokens = torch.cat([tokens.index_select(0, beam), last], dim=1)
+        past = _reorder_cache(present if step else _with_room(present, max_len), beam)
         leaving = int(stopped.sum())  # the step's one device sync
         if leaving == n or step + 1 == max_len:
             break
@@ -320,9 +335,9 @@ def beam_search(
             keep = (~stopped).nonzero()[:, 0]  # (B'',) rows
             beams = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)  # (B''*K,)
             srcs, past = srcs[keep], _select_beams(past, beams, keep, max_len)
-            memory, tokens, scores = memory[keep], tokens[beams], scores[beams]
+            memory, tokens, scores, last = memory[keep], tokens[beams], scores[beams], last[beams]
             hyp_tokens, hyp_scores, hyp_final = hyp_tokens[keep], hyp_scores[keep], hyp_final[keep]
-            stopped = stopped[keep]
+            stopped, finished = stopped[keep], finished[keep]
             mask = None if mask is None else mask[keep]
     # Sources still searching (max_len or the deadline): their live prefixes are hypotheses too.
     n = srcs.numel()
@@ -336,16 +351,6 @@ def beam_search(
     return GenerationOutput(out_tokens[:, :length], out_scores, eos_id, pad_id, complete=not cut)
 
 
-def _select_beams(cache: tuple[LayerCache, ...], beams: Tensor, rows: Tensor,
-                  capacity: int) -> tuple[LayerCache, ...]:
-    """Keep the beams `beams` of the self-attention caches (with room for ``capacity``
-    positions) and the source rows `rows` of the cross-attention ones (one row per source)."""
-    return tuple((with_room(self_k.index_select(0, beams), capacity),
-                  with_room(self_v.index_select(0, beams), capacity),
-                  cross_k.index_select(0, rows), cross_v.index_select(0, rows))
-                 for self_k, self_v, cross_k, cross_v in cache)
-
-
 def generate(
     model,
     src_ids: Tensor,
@@ -357,14 +362,17 @@ def generate(
     eos_id: int = EOS,
     pad_id: int = PAD,
     deadline: float | None = None,
+    early_stopping: bool = False,
 ) -> GenerationOutput:
     """Greedy search for beam_size 1, beam search otherwise; the special ids are the
     caller's tokenizer's; generation stops at the `deadline` (a time.perf_counter() reading).
-    max_len: the most tokens (default 64, at most the model's positions)."""
+    max_len: the most tokens (default 64, at most the model's positions); early_stopping: see
+    beam_search."""
     ids = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, deadline=deadline)
     max_len = search_max_len(model, max_len)
     check_length_penalty(length_penalty, max_len)  # refused alike whichever search runs
     if beam_size == 1:
         return greedy_search(model, src_ids, src_attention_mask, max_len=max_len, **ids)
     return beam_search(model, src_ids, src_attention_mask, beam_size=beam_size,
-                       max_len=max_len, length_penalty=length_penalty, **ids)
+                       max_len=max_len, length_penalty=length_penalty, early_stopping=early_stopping,
+                       **ids)

@@ -14,6 +14,7 @@ from typing import NamedTuple
 from torch import Tensor, nn
 
 from tformer.config import TransformerConfig
+from tformer.nn import kernels
 from tformer.nn.attention import KeyValue, MultiHeadAttention
 from tformer.nn.dropout import Dropout
 from tformer.nn.feedforward import FeedForward
@@ -29,7 +30,7 @@ def _residual(x, sublayer, norm: nn.LayerNorm, dropout: Dropout, norm_first: boo
         out, extra = sublayer(norm(x))
         return x + dropout(out), extra
     out, extra = sublayer(x)
-    return norm(x + dropout(out)), extra
+    return kernels.add_norm(x, dropout(out), norm), extra  # norm(x + ...), maybe one compiled pass
 
 
 class EncoderLayer(nn.Module):

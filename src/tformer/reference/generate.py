@@ -86,7 +86,8 @@ def greedy_search(model, src_ids: np.ndarray, src_attention_mask: np.ndarray | N
 
 def beam_search(model, src_ids: np.ndarray, src_attention_mask: np.ndarray | None = None,
                 beam_size: int = 4, max_len: int | None = None, length_penalty: float = 1.0,
-                bos_id: int = BOS, eos_id: int = EOS, pad_id: int = PAD) -> GenerationOutput:
+                bos_id: int = BOS, eos_id: int = EOS, pad_id: int = PAD,
+                early_stopping: bool = False) -> GenerationOutput:
     """Keep the `beam_size` (K) most likely unfinished prefixes per source; return the best
     finished one (the rule of tformer.nn.generate.beam_search, whose docstring compares it with
     the peers').
@@ -96,7 +97,8 @@ def beam_search(model, src_ids: np.ndarray, src_attention_mask: np.ndarray | Non
     total / len ** length_penalty (len counts EOS); the K best candidates that are not EOS are
     the next step's live prefixes. A source stops once its best hypothesis ranks at least as
     high as its best live prefix does now: a further token only lowers a total. At max_len the
-    live prefixes count as hypotheses as they are.
+    live prefixes count as hypotheses as they are. ``early_stopping``: a source also stops once
+    K hypotheses have finished (each EOS among a step's K best counts), whatever their scores.
 
     Shape:
         src_ids, src_attention_mask: (B, S) -> sequences (B, L <= max_len), scores (B,)
@@ -111,7 +113,7 @@ def beam_search(model, src_ids: np.ndarray, src_attention_mask: np.ndarray | Non
     for i in range(src_ids.shape[0]):
         mask = None if src_attention_mask is None else np.asarray(src_attention_mask)[i : i + 1]
         found.append(_search_one(model, memory[i : i + 1], mask, beam_size, max_len,
-                                 length_penalty, bos_id, eos_id))
+                                 length_penalty, bos_id, eos_id, early_stopping))
     steps = max(ran for _, _, ran in found)  # the batch runs until its last source stops
     sequences = np.full((len(found), steps), pad_id, dtype=np.int64)  # (B, L)
     for row, (tokens, _, _) in zip(sequences, found, strict=True):
@@ -121,7 +123,8 @@ def beam_search(model, src_ids: np.ndarray, src_attention_mask: np.ndarray | Non
 
 
 def _search_one(model, memory: np.ndarray, mask: np.ndarray | None, k: int, max_len: int,
-                length_penalty: float, bos_id: int, eos_id: int) -> tuple[list[int], float, int]:
+                length_penalty: float, bos_id: int, eos_id: int,
+                early_stopping: bool = False) -> tuple[list[int], float, int]:
     """Beam search for one source: memory (1, S, D) serves its K prefixes (the attention
     groups their queries). Returns the best hypothesis, its total and the steps run."""
     tokens = np.full((k, 1), bos_id, dtype=np.int64)  # (K, 1 + step) the live prefixes
@@ -129,6 +132,7 @@ def _search_one(model, memory: np.ndarray, mask: np.ndarray | None, k: int, max_
     totals = np.full(k, -np.inf)
     totals[0] = 0.0
     best_tokens, best_total, best_rank = [], 0.0, -np.inf  # the best finished hypothesis
+    finished = 0  # hypotheses ended so far
     past = None
     for step in range(max_len):
         length = step + 1
@@ -141,6 +145,7 @@ def _search_one(model, memory: np.ndarray, mask: np.ndarray | None, k: int, max_
         prefix, token = order // vocab, order % vocab
         # A finished hypothesis: the best EOS among the K best (a step's all have one length).
         eos_among_best = np.flatnonzero(token[:k] == eos_id)
+        finished += eos_among_best.size
         if eos_among_best.size:
             j = eos_among_best[0]
             rank = candidates[order[j]] / length**length_penalty
@@ -155,7 +160,7 @@ def _search_one(model, memory: np.ndarray, mask: np.ndarray | None, k: int, max_
         # source's, shared by every prefix.
         past = tuple((self_k[beam], self_v[beam], cross_k, cross_v)
                      for self_k, self_v, cross_k, cross_v in out.past_key_values)
-        if best_rank >= totals[0] / length**length_penalty:
+        if best_rank >= totals[0] / length**length_penalty or (early_stopping and finished >= k):
             return best_tokens, float(best_total), length
     # max_len: the live prefixes are hypotheses as they are.
     live_rank = totals / max_len**length_penalty
@@ -167,13 +172,15 @@ def _search_one(model, memory: np.ndarray, mask: np.ndarray | None, k: int, max_
 
 def generate(model, src_ids: np.ndarray, src_attention_mask: np.ndarray | None = None,
              beam_size: int = 1, max_len: int | None = None, length_penalty: float = 1.0,
-             bos_id: int = BOS, eos_id: int = EOS, pad_id: int = PAD) -> GenerationOutput:
+             bos_id: int = BOS, eos_id: int = EOS, pad_id: int = PAD,
+             early_stopping: bool = False) -> GenerationOutput:
     """Greedy search for beam_size 1, beam search otherwise; the special ids are the
-    caller's tokenizer's."""
+    caller's tokenizer's (early_stopping: see beam_search)."""
     ids = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
     max_len = search_max_len(model, max_len)
     check_length_penalty(length_penalty, max_len)  # refused alike whichever search runs
     if beam_size == 1:
         return greedy_search(model, src_ids, src_attention_mask, max_len=max_len, **ids)
     return beam_search(model, src_ids, src_attention_mask, beam_size=beam_size,
-                       max_len=max_len, length_penalty=length_penalty, **ids)
+                       max_len=max_len, length_penalty=length_penalty, early_stopping=early_stopping,
+                       **ids)

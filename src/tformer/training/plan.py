@@ -124,9 +124,10 @@ class Plan:
 
 
 def make_plan(config, data: DataSummary, speeds: Speeds, seconds: float, resume: bool = False,
-              world: int = 1, half: str = "bf16") -> Plan:
+              world: int = 1, half: str = "bf16", rungs: tuple[dict[str, int], ...] = ()) -> Plan:
     """The plan of a run of `config` on `data` on a machine of `speeds`, with `seconds` left of
-    its budget (math.inf: untimed). Measures nothing; `config` has its threads and learning rate."""
+    its budget (math.inf: untimed). Measures nothing; `config` has its threads and learning rate;
+    `rungs`: the sizes above the ladder this device may take (tformer.training.sizing.rungs_for)."""
     reasons: list[tuple[str, str]] = []
     timed = math.isfinite(seconds)
     training = 0.9 * seconds if timed else math.inf  # (the rest: validations, the test, saving)
@@ -153,7 +154,7 @@ def make_plan(config, data: DataSummary, speeds: Speeds, seconds: float, resume:
         reasons.append(("batch", why))
     sized = wants_auto_size(config, resume, world)
     if sized:
-        config, why = choose_size(config, training, step, "not known on this machine")
+        config, why = choose_size(config, training, step, "not known on this machine", rungs)
         reasons.append(("model size", why))
     reasons.append(("precision", why_precision))
     per_step = step(config) if data.texts else None  # (a synthetic task's: measured as it runs)
@@ -165,7 +166,7 @@ def make_plan(config, data: DataSummary, speeds: Speeds, seconds: float, resume:
         reasons.append(("validation", why))
         test = min(data.test_examples * per_example * TEST_MARGIN, TEST_SHARE * seconds)
     return Plan(config, precision, tuple(reasons), half, confirm, per_step, per_example, validations,
-                sample, test, sized, {"seconds": training})
+                sample, test, sized, {"seconds": training, "rungs": rungs})
 
 
 def validation_plan(training: float, per_example: float, available: int,
@@ -212,7 +213,8 @@ def replan(plan: Plan, data: DataSummary, speeds: Speeds, measured: float, secon
         return Scaled().step_seconds(c, data.model_for(c), data.kind, c.max_tokens,
                                      data.mean_cost(c.max_length), plan.precision)
 
-    config, why = choose_size(plan.config, seconds, step, "not known on this machine")
+    config, why = choose_size(plan.config, seconds, step, "not known on this machine",
+                              plan.extra.get("rungs", ()))
     if all(getattr(config.model, k) == getattr(plan.config.model, k) for k in SIZES):
         return None
     reasons = tuple((w, y) for w, y in plan.reasons if w != "model size") + (("model size", why),)

@@ -29,7 +29,7 @@ from tformer.text.tokenizer import load_tokenizer
 from tformer.training.objective import Objective
 from tformer.training.plan import DataSummary, make_plan
 from tformer.training.precision import choose_precision, precision_why, step_class
-from tformer.training.sizing import AUTO_LENGTH_LIMIT, finetune_lr, time_steps, truncated
+from tformer.training.sizing import AUTO_LENGTH_LIMIT, finetune_lr, rungs_for, time_steps, truncated
 from tformer.training.steps import probe_step
 
 # A training step's FLOP rate against a 512^3 product's, on a machine whose own steps were never
@@ -201,7 +201,7 @@ def plan_run(objective: Objective, resume: bool, world: int, started: float, log
     budget = config.max_minutes * 60 - (time.perf_counter() - started) if config.max_minutes else math.inf
     speeds = MachineSpeeds(device, slowdown if device.type == "cpu" else 1.0, objective.with_config)
     data = summarize(objective)
-    plan = make_plan(config, data, speeds, budget, resume, world, half_name(device))
+    plan = make_plan(config, data, speeds, budget, resume, world, half_name(device), rungs_for(device))
     plan.extra.update(slowdown=speeds.slowdown, test_examples=data.test_examples)  # (check_affordable's)
     notes = {"max length": " (--max-length sets it)", "model size": " (size options turn this off)"}
     for what, why in plan.reasons:

@@ -27,6 +27,19 @@ LADDER: tuple[dict[str, int], ...] = (
     {"d_model": 384, "n_heads": 6, "d_ff": 1536, "n_layers": 4},
     {"d_model": 512, "n_heads": 8, "d_ff": 2048, "n_layers": 6},
 )
+# Above the ladder, on a CUDA GPU only (``rungs_for``): BERT-base's and BERT-large's shapes (Devlin
+# et al. 2019). A GPU affords them: on an H200 a 12-layer BERT-base step of 32 x 128 tokens took
+# 22-28 ms in bf16 (docs/gpu.md), some 2,000 updates a minute, where a 2-layer d_model 128 step
+# took 12 (bound by kernel launches). Each rung is timed there (measures_rungs), not estimated.
+GPU_RUNGS: tuple[dict[str, int], ...] = (
+    {"d_model": 768, "n_heads": 12, "d_ff": 3072, "n_layers": 12},
+    {"d_model": 1024, "n_heads": 16, "d_ff": 4096, "n_layers": 24},
+)
+
+
+def rungs_for(device) -> tuple[dict[str, int], ...]:
+    """The rungs above LADDER that `device` may take: GPU_RUNGS on a CUDA GPU, else none."""
+    return GPU_RUNGS if device.type == "cuda" else ()
 
 
 def wants_auto_size(config, resume: bool, world: int) -> bool:
@@ -42,19 +55,20 @@ def measures_rungs(device) -> bool:
     return device.type != "cpu"
 
 
-def choose_size(config, seconds: float, seconds_per_step, not_measured: str = "") -> tuple[Any, str]:
-    """(the config with the chosen sizes, why): the largest rung of LADDER whose step time
-    (``seconds_per_step(config)``: seconds per update of that config's model, as the plan's
-    speeds give it: estimated from FLOPs at this machine's rate, or timed on a GPU; None: not
-    known, and the smallest rung stands, `not_measured` saying why) still buys MIN_STEPS updates
-    in `seconds`, the training time left."""
+def choose_size(config, seconds: float, seconds_per_step, not_measured: str = "",
+                extra_rungs: tuple[dict[str, int], ...] = ()) -> tuple[Any, str]:
+    """(the config with the chosen sizes, why): the largest rung of LADDER, then of `extra_rungs`
+    (``rungs_for``: a GPU's), whose step time (``seconds_per_step(config)``: seconds per update
+    of that config's model, as the plan's speeds give it: estimated from FLOPs at this machine's
+    rate, or timed on a GPU; None: not known, and the smallest rung stands, `not_measured`
+    saying why) still buys MIN_STEPS updates in `seconds`, the training time left."""
     chosen = LADDER[0]
     per_step = seconds_per_step(config.replace(**chosen))
     size = f"d_model {chosen['d_model']}, {chosen['n_layers']} layers"
     if per_step is None:
         return config.replace(**chosen), f"{size}: the smallest; the step time is {not_measured}"
     steps, chosen_step = seconds / per_step, per_step
-    for rung in LADDER[1:] if steps >= MIN_STEPS else ():  # short of it already: no larger rung
+    for rung in (*LADDER[1:], *extra_rungs) if steps >= MIN_STEPS else ():  # short already: none larger
         rung_step = seconds_per_step(config.replace(**rung))
         if rung_step is None or seconds / rung_step < MIN_STEPS:
             break

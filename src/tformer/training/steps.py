@@ -3,7 +3,16 @@
 
 Every step runs on the model's device (tformer.nn.devices): its batches are moved there (pinned and
 without blocking, to a GPU), and 16-bit autocast (``bf16``) computes in bfloat16, or in float16
-with a GradScaler on a CUDA GPU without bf16 units (``half_dtype``).
+with a GradScaler on a CUDA GPU without bf16 units (``half_dtype``). With ``--tf32`` the fp32
+matrix products of the forward and backward run in TF32 where the device has it
+(tformer.nn.kernels.tf32: NVIDIA GPUs of compute capability 8.0+; elsewhere nothing changes).
+
+With ``TFORMER_COMPILE=1`` the loss (the model's forward and the objective's loss, and so their
+backward) runs compiled by torch.compile (tformer.nn.kernels.compiling): on a GPU a step of a
+BERT-base is bound by its kernel launches, which compiling fuses. Opt-in only, never chosen by
+itself: its compilation (a minute or more) would come out of a timed run's budget, which the plan
+does not count. A compilation that fails is said once, and the run goes on eagerly. The probes
+that time steps for the plan stay eager.
 """
 
 from __future__ import annotations
@@ -12,6 +21,8 @@ import torch
 from torch import nn
 
 from tformer.nn.devices import half_dtype, model_device, needs_grad_scaler, synchronize
+from tformer.nn.kernels import compiling
+from tformer.nn.kernels.tf32 import tf32
 from tformer.training.distributed import average_gradients, sum_over_ranks
 
 
@@ -57,10 +68,11 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, objective, ba
         tokens += batch.n_tokens()  # counted on the host, before the copy: no device sync
         examples += batch.n_examples()
         batch = batch.to(device)
-        with torch.autocast(device.type, dtype=half_dtype(device), enabled=bf16):
-            loss, acc = objective.loss(model, batch, config.label_smoothing)
-        scaled = loss / config.accumulate if config.accumulate > 1 else loss
-        (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        with tf32(device, getattr(config, "tf32", False)):
+            with torch.autocast(device.type, dtype=half_dtype(device), enabled=bf16):
+                loss, acc = _loss(objective, model, batch, config.label_smoothing, device)
+            scaled = loss / config.accumulate if config.accumulate > 1 else loss
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
         total_loss, total_acc = total_loss + loss.item(), total_acc + acc
     if world > 1:
         average_gradients(model, world)
@@ -77,6 +89,27 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, objective, ba
     return total_loss / config.accumulate, total_acc / config.accumulate, int(tokens), examples
 
 
+_COMPILED_LOSS = "train-loss"
+_compiled_losses: dict[int, tuple[object, object]] = {}  # id(objective) -> (objective, its compiled loss)
+
+
+def _loss(objective, model: nn.Module, batch, label_smoothing: float, device: torch.device):
+    """objective.loss(model, batch, label_smoothing), compiled where TFORMER_COMPILE=1 asks for
+    it (module docstring), else as it is."""
+    if (compiling.mode() != "on" or _COMPILED_LOSS in compiling.summary()
+            or compiling.why_not_compiled(device) is not None):
+        return objective.loss(model, batch, label_smoothing)
+    held, compiled = _compiled_losses.get(id(objective), (None, None))
+    if held is not objective:  # (the objective is held too: its id cannot be reused meanwhile)
+        compiled = torch.compile(objective.loss, dynamic=True, backend=compiling.BACKEND)
+        _compiled_losses[id(objective)] = (objective, compiled)
+    try:
+        return compiled(model, batch, label_smoothing)
+    except Exception as e:  # raised before any update: this batch runs eagerly, and the rest
+        compiling.record_failure(_COMPILED_LOSS, e)
+        return objective.loss(model, batch, label_smoothing)
+
+
 def probe_step(config, bf16: bool, device: torch.device):
     """`step(model, batch, objective)`: one update of a throwaway model, as train_step does it,
     on the run's device (the model is moved there on its first step), timed to its end there."""
@@ -89,9 +122,10 @@ def probe_step(config, bf16: bool, device: torch.device):
             optimizers[id(model)] = (model, make_optimizer(model, config), grad_scaler(model, bf16))
         _, optimizer, scaler = optimizers[id(model)]
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=half_dtype(device), enabled=bf16):
-            loss, _ = objective.loss(model, batch.to(device), config.label_smoothing)
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+        with tf32(device, getattr(config, "tf32", False)):
+            with torch.autocast(device.type, dtype=half_dtype(device), enabled=bf16):
+                loss, _ = objective.loss(model, batch.to(device), config.label_smoothing)
+            (scaler.scale(loss) if scaler is not None else loss).backward()
         if scaler is not None:
             scaler.step(optimizer)
             scaler.update()

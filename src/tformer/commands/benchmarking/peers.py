@@ -246,6 +246,10 @@ CONTENDERS = [
     Contender("tformer fp32 (padded: skip_padding=False)", _tformer(None, skip_padding=False),
               tasks=("batch",)),
     Contender("tformer bf16", _tformer("bf16"), precision="bf16"),
+    # the same with its compiled kernels measured (tformer.nn.kernels.compiling; a job this short
+    # would not repay the compilation by default): the first call, timed apart, compiles
+    Contender("tformer bf16, compiled kernels", _tformer("bf16"), precision="bf16",
+              env={"TFORMER_COMPILE": "1"}),
     Contender("tformer int8", _tformer("int8"), precision="int8"),
     Contender("torch.nn fast path (nested)", _torch_nn, tasks=("batch",)),
     Contender("HF BertModel sdpa", _hf_bert, "transformers", tasks=("batch",)),

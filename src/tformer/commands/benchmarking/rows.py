@@ -19,6 +19,7 @@ class Settings:
     threads: int = 2
     contenders: list[str] | None = None  # peer workloads: only contenders whose name starts so
     model_dir: str | None = None  # sentences-minilm: this BERT-format / sentence-transformers model
+    tf32: bool = False  # the GPU workloads: also fp32 in TF32 (where the GPU has it)
 
     def n_rounds(self, full: int) -> int:
         return self.rounds if self.rounds is not None else (2 if self.quick else full)

@@ -68,8 +68,10 @@ def main(spec: dict) -> None:
         ids, mask, types = data["ids"], data["mask"], data["types"]
         call = lambda: runner.forward(ids, mask, types)  # noqa: E731
     output = Path(spec["work"]) / f"out-{spec['index']}.npy"
+    t = time.perf_counter()
     np.save(output, np.asarray(call(), dtype=np.float32))
-    reply(ready=True, output=str(output), note=runner.note)
+    first = f"first call {time.perf_counter() - t:.1f} s (compiling)" if "compiled" in spec["name"] else ""
+    reply(ready=True, output=str(output), note="; ".join(n for n in (runner.note, first) if n))
     _serve(call, reply)
 
 

@@ -31,6 +31,8 @@ _LAZY = {
                      "int8_linear", "int8_prepack", "linear", "linear_weights", "packed_weight",
                      "train_kernel", "why_not_onednn", "why_not_onednn_int8"), "linear_kernels"),
     **dict.fromkeys(("chunked_topk", "topk", "why_not_chunked_topk"), "search_kernels"),
+    **dict.fromkeys(("add_norm", "why_not_compiled_add_norm"), "norm_kernels"),
+    **dict.fromkeys(("Compiled", "expecting", "why_not_compiled"), "compiling"),
     "readable": "switch",
 }
 

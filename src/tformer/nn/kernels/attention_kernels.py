@@ -40,14 +40,16 @@ def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout_p
     dtype, cpu = q.dtype, q.device.type == "cpu"
     unmasked = allowed is None and dropout_p == 0.0
     compute = attention_dtype(q, k, v) if unmasked else attention_dtype(q)
-    q, k, v = q.to(compute), k.to(compute), v.to(compute)
+    if not compute == dtype == k.dtype == v.dtype:  # (no-op .to()s: 3 operator calls a step)
+        q, k, v = q.to(compute), k.to(compute), v.to(compute)
     # autocast would cast them back to bf16
-    with torch.autocast("cpu", enabled=False) if cpu else contextlib.nullcontext():
+    with torch.autocast("cpu", enabled=False) if cpu and torch.is_autocast_enabled("cpu") else \
+            contextlib.nullcontext():
         if unmasked:
             out = _unmasked_attention(q, k, v)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
-    return out.to(dtype)
+    return out if out.dtype == dtype else out.to(dtype)
 
 
 def _unmasked_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:

@@ -1,0 +1,61 @@
+"""The decoder's key/value cache during a search (tformer.nn.generate): room to grow in place,
+beams reordered, finished rows dropped.
+
+A cache is one ``LayerCache`` per decoder layer: self-attention (k, v), then cross-attention
+(k, v), each (rows, H, positions, Dh). The self-attention ones grow a position a step (into their
+room: tformer.nn.attention.with_room); the cross-attention ones hold the memory's projections,
+one row per source, which the K beams of that source share.
+
+Shape legend: B batch, K beams, H heads, L positions, Dh head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from tformer.nn.attention import with_room
+from tformer.nn.layers import LayerCache
+
+Cache = tuple[LayerCache, ...]
+
+
+def reorder_cache(cache: Cache, beam: Tensor) -> Cache:
+    """Keep the self-attention caches of the surviving beams: row i becomes row beam[i], in
+    place (the step's caches are new tensors that only this search holds), and only the rows
+    whose beam changed are copied, not the whole cache.
+
+    The cross-attention keys/values are left as they are: they depend on the source only, and
+    the beams of a source share its one row of them (MultiHeadAttention).
+    """
+    moved = (beam != torch.arange(beam.numel(), device=beam.device)).nonzero()[:, 0]  # (M,)
+    if moved.numel():
+        came_from = beam[moved]
+        for self_k, self_v, _, _ in cache:
+            self_k.index_copy_(0, moved, self_k.index_select(0, came_from))
+            self_v.index_copy_(0, moved, self_v.index_select(0, came_from))
+    return cache
+
+
+def with_room_all(cache: Cache, capacity: int) -> Cache:
+    """Every layer's self-attention keys/values copied into buffers with room for ``capacity``
+    positions, which the next steps fill in place; the cross-attention ones contiguous (views of
+    the memory's projection before: one layout for every step, as select_beams leaves them, so
+    that a compiled step is not compiled again for another)."""
+    return tuple((with_room(self_k, capacity), with_room(self_v, capacity), cross_k.contiguous(),
+                  cross_v.contiguous()) for self_k, self_v, cross_k, cross_v in cache)
+
+
+def select_rows(cache: Cache, index: Tensor, capacity: int) -> Cache:
+    """Keep the rows `index` (batch on dim 0) of every layer's self- and cross-attention cache;
+    the self-attention ones keep room for ``capacity`` positions."""
+    return select_beams(cache, index, index, capacity)
+
+
+def select_beams(cache: Cache, beams: Tensor, rows: Tensor, capacity: int) -> Cache:
+    """Keep the beams `beams` of the self-attention caches (with room for ``capacity``
+    positions) and the source rows `rows` of the cross-attention ones (one row per source)."""
+    return tuple((with_room(self_k.index_select(0, beams), capacity),
+                  with_room(self_v.index_select(0, beams), capacity),
+                  cross_k.index_select(0, rows), cross_v.index_select(0, rows))
+                 for self_k, self_v, cross_k, cross_v in cache)

@@ -1,0 +1,66 @@
+"""The sizing ladder's rungs above d_model 512 on a GPU (issue 55): a CUDA device may take
+BERT-base's and BERT-large's shapes when its measured steps leave enough updates; a CPU never."""
+
+import torch
+
+from tformer.training import sizing
+from tformer.training.config import resolve_config
+
+
+def test_only_a_cuda_device_gets_the_rungs_above_the_ladder():
+    assert sizing.rungs_for(torch.device("cpu")) == ()
+    assert sizing.rungs_for(torch.device("mps")) == ()
+    rungs = sizing.rungs_for(torch.device("cuda", 0))  # a device object: no GPU needed to ask
+    assert [r["d_model"] for r in rungs] == [768, 1024]
+    assert all(r["d_model"] > sizing.LADDER[-1]["d_model"] and r["d_model"] % r["n_heads"] == 0
+               for r in rungs)
+
+
+def test_extra_rungs_are_timed_and_taken_while_they_get_enough_updates():
+    """With steps measured fast (a GPU's), the largest extra rung that still gets MIN_STEPS wins;
+    each rung on the way is asked for its step time."""
+    config = resolve_config({"data": None, "task": "reverse", "max_minutes": 1.5})
+    timed = []
+
+    def seconds_per_step(candidate):
+        d = candidate.model.d_model
+        timed.append(d)
+        return 0.012 if d < 1024 else 1.0  # BERT-large's step too slow for 600 updates in 81 s
+
+    chosen, why = sizing.choose_size(config, 81.0, seconds_per_step, extra_rungs=sizing.GPU_RUNGS)
+    assert timed == [r["d_model"] for r in (*sizing.LADDER, *sizing.GPU_RUNGS)]
+    assert chosen.model.d_model == 768 and chosen.model.n_layers == 12, why
+    assert "12 ms a step" in why, why
+    plain, _ = sizing.choose_size(config, 81.0, seconds_per_step)  # no extra rungs: the ladder's top
+    assert plain.model.d_model == sizing.LADDER[-1]["d_model"]
+
+
+def test_the_plan_offers_the_devices_rungs_and_a_re_plan_keeps_them(tmp_path, monkeypatch):
+    """make_plan takes the rungs it is given (planning passes rungs_for(device)); a re-plan at a
+    pace faster than planned may climb onto them too."""
+    from tformer.config import TransformerConfig
+    from tformer.kinds.classification import Classification
+    from tformer.training import config as training_config
+    from tformer.training.plan import DataSummary, make_plan, replan
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.jsonl").write_text("".join(f'{{"text": "t {i}", "label": "{i % 2}"}}\n' for i in range(40)))
+    config = training_config.resolve_config({"data": "d.jsonl", "max_minutes": 3, "max_length": 64},
+                                            objective=Classification)
+    model = TransformerConfig(d_model=128, n_heads=4, d_ff=512, n_layers=2, vocab_size=4000, n_classes=2,
+                              max_len=512)
+    data = DataSummary("classifier", model, tuple((20,) for _ in range(100)), 4000, 250, 260, False)
+
+    class Speeds:  # a step 12 ms (bound by kernel launches) up to BERT-base, 0.5 s for BERT-large
+        def step_seconds(self, config, model, kind, tokens, length, precision):
+            return 0.5 if model.d_model >= 1024 else 0.012
+
+        def precision(self, config, model, kind):
+            return "bf16", "made up", False
+
+    assert make_plan(config, data, Speeds(), 180.0).config.model.d_model == sizing.LADDER[-1]["d_model"]
+    plan = make_plan(config, data, Speeds(), 180.0, rungs=sizing.GPU_RUNGS)
+    assert plan.config.model.d_model == 768 and plan.config.model.n_layers == 12, plan.why("model size")
+    # The real steps run 3x faster than planned: BERT-large's then gets ~970 updates in 162 s.
+    again = replan(plan, data, Speeds(), 0.004, 162.0)
+    assert again is not None and again.config.model.d_model == 1024, again
