@@ -94,10 +94,12 @@ class TextData:
     """
 
     def __init__(self, config, fields: Fields, tokenizer: Tokenizer, labels: list[str],
-                 fraction: float, identity: dict[str, Any] | None = None, pairs: bool = True) -> None:
+                 fraction: float, identity: dict[str, Any] | None = None, pairs: bool = True,
+                 long: str | None = None) -> None:
         self.config, self.fields, self.tokenizer = config, fields, tokenizer
         self.labels, self.fraction = labels, fraction
         self.pairs = pairs  # classification: whether training records had a text_pair
+        self.long = long  # "windows" or "cut": how a long text is read (None: not settled, cut)
         self.identity = identity or {}
         self.label_ids = {name: i for i, name in enumerate(labels)}
         self._held_out: dict[str, list[Record]] = {}
@@ -150,14 +152,16 @@ class TextData:
             info = json.loads(path.read_text())
             tokenizer = run_tokenizer(load_backend(run_dir / "tokenizer.json"), info["max_length"])
             return cls(config, fields, tokenizer, list(info["labels"]), float(info["split_fraction"]),
-                       info.get("identity"), bool(info.get("pairs", True)))  # older runs: not recorded
+                       info.get("identity"), bool(info.get("pairs", True)),  # older runs: not recorded
+                       info.get("long"))
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise FieldError("RUN_DIR", f"{path} is not a tformer data.json ({e})") from None
 
     def describe(self) -> dict[str, Any]:
         return {"objective": self.fields.objective, "labels": self.labels,
                 "max_length": self.tokenizer.max_length, "split_fraction": self.fraction,
-                "vocab_size": self.tokenizer.vocab_size, "identity": self.identity, "pairs": self.pairs}
+                "vocab_size": self.tokenizer.vocab_size, "identity": self.identity, "pairs": self.pairs,
+                "long": self.long}
 
     @classmethod
     def _scan(cls, config, fields: Fields) -> tuple[TextData, list[str]]:
