@@ -7,6 +7,7 @@ or option; the file-system errors name the path the user gave.
 
 from __future__ import annotations
 
+
 import contextlib
 import importlib
 import os
@@ -30,8 +31,13 @@ class NamedError(Exception):
         self.field, self.detail = field, detail
 
     def named(self, name: str):
-        """The same error with the field called ``name`` (raise it ``from None``)."""
-        return type(self)(name, self.detail)
+        """The same error with the field called ``name`` (raise it ``from None``); a subclass
+        keeps its type whatever its constructor takes."""
+        message = f"{name}: {self.detail}"
+        renamed = type(self).__new__(type(self), message)  # (not its __init__: a subclass's differs)
+        renamed.__dict__.update(self.__dict__)
+        renamed.field, renamed.args = name, (message,)
+        return renamed
 
 
 class FieldError(NamedError, ValueError):

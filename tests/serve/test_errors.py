@@ -201,7 +201,7 @@ def test_a_path_with_a_trailing_slash_is_the_same_endpoint(small_server):
 
 
 def test_tokenize_lists_a_bounded_number_of_tokens(small_server, monkeypatch):
-    from tformer.serve import models
+    from tformer.kinds import serving as models
 
     monkeypatch.setattr(models, "TOKENIZE_MAX_TOKENS", 50)
     status, _, answer = small_server.post("/tokenize", {"inputs": ["a dog"] * 4})

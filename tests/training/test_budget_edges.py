@@ -64,7 +64,9 @@ def test_a_budget_too_short_is_refused_before_the_data_is_read(tmp_path, monkeyp
     """Refusing a 6 s budget took 11.5 s on a busy machine: the check came after the setup."""
     from tformer.training import loop
 
-    monkeypatch.setattr(loop, "make_objective", lambda *a, **k: pytest.fail("read the data"))
+    import tformer.kinds
+
+    monkeypatch.setattr(tformer.kinds, "make_objective", lambda *a, **k: pytest.fail("read the data"))
     data = write(tmp_path / "d.jsonl", classification_rows(200))
     assert main(["train", "--data", str(data), "--max-minutes", "0.1", "--out", str(tmp_path / "r"),
                  "--quiet"]) == 2

@@ -23,7 +23,7 @@ from tformer.storage.checkpoint import check_run_dir
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 ARGS = ["--d-model", "32", "--n-heads", "2", "--d-ff", "64", "--n-layers", "1", "--vocab-size", "300",
         "--max-tokens", "256", "--schedule", "inverse_sqrt", "--steps", "6", "--eval-every", "3", "--log-every", "1", "--dropout", "0",
-        "--threads", "1", "--quiet", "--patience", "none"]
+        "--threads", "1", "--quiet", "--patience", "none", "--precision", "fp32"]  # (a lone run may try bf16)
 
 
 def _run(cmd, tmp_path):

@@ -31,6 +31,7 @@ import time
 
 # (torch-free, so that `tformer train` can refuse a budget before importing torch; the untimed
 # sample is the objectives' EVAL_SAMPLE, the same 500: tests/training/test_plan.py checks)
+from tformer.errors import FieldError
 from tformer.training.plan import TEST_MARGIN, TEST_SHARE, VALID_MAX, VALIDATIONS, validation_plan
 
 EVAL_SAMPLE = VALID_MAX
@@ -51,12 +52,12 @@ SAVE_BYTES_PER_SECOND = 100e6  # writing a checkpoint, at least (a busy disk; we
 BUILD_SECONDS_PER_PARAMETER = 5e-8  # initialising a model (~1 s for 20 M parameters on one core)
 
 
-class NoUpdate(ValueError):
+class NoUpdate(FieldError):
     """A timed run ran out of time before its first update: nothing is tested or kept."""
 
     def __init__(self, config, seconds: float) -> None:
         super().__init__(
-            f"max_minutes: {config.max_minutes:g} ({config.max_minutes * 60:.0f} s) ran out before the first "
+            "max_minutes", f"{config.max_minutes:g} ({config.max_minutes * 60:.0f} s) ran out before the first "
             f"update here ({seconds:.1f} s spent starting, reading the data and building the model); nothing "
             f"was trained or kept: expected a longer --max-minutes (or a quieter machine)")
 
@@ -84,8 +85,8 @@ def check_affordable(config, started: float, model_config, kind: str, plan) -> N
     need = build + steps + save + scoring
     if need <= left:
         return
-    raise ValueError(
-        f"max_minutes: {config.max_minutes:g} is too short for this model ({params / 1e6:,.1f} M parameters) "
+    raise FieldError(
+        "max_minutes", f"{config.max_minutes:g} is too short for this model ({params / 1e6:,.1f} M parameters) "
         f"here: building it takes ~{build:.0f} s, its first {MIN_UPDATES} updates ~{steps:.0f} s, the least "
         f"validation and test ~{scoring:.0f} s and saving it ~{save:.0f} s, {need:.0f} s where "
         f"{max(left, 0):.0f} s are left; expected a smaller model or at least "
@@ -104,8 +105,8 @@ def check_minimum(config, started: float, spent: float = 0.0, before_setup: bool
     if config.max_minutes * 60 >= need:
         return
     used = f"the run has used {spent:.0f} s, and " if spent else ""
-    raise ValueError(
-        f"max_minutes: {config.max_minutes:g} ({config.max_minutes * 60:.0f} s) is too short to honour "
+    raise FieldError(
+        "max_minutes", f"{config.max_minutes:g} ({config.max_minutes * 60:.0f} s) is too short to honour "
         f"here: {used}starting and reading the data {'take at least' if before_setup else 'took'} "
         f"{setup:.1f} s, and a few updates, a test and "
         f"saving need about {MIN_AFTER_SETUP:.0f} s more; expected at least --max-minutes "
