@@ -318,9 +318,12 @@ class Objective(ABC):
         return metrics, shown
 
     def _sample_loss(self, model: nn.Module, examples: list) -> float:
-        """The teacher-forced, unsmoothed loss of the first EVAL_SAMPLE examples."""
+        """The teacher-forced, unsmoothed loss of the first EVAL_SAMPLE examples (of as many as
+        make EVAL_SAMPLE rows, where long texts are read in windows: one batch, bounded)."""
+        encoded = self.encode(examples[:EVAL_SAMPLE])
+        kept = batch_rows(list(range(len(encoded))), [windows.windows_of(e) for e in encoded], EVAL_SAMPLE)
         with evaluating(model):
-            batch = self.collate(self.encode(examples[:EVAL_SAMPLE])).to(model_device(model))
+            batch = self.collate([encoded[i] for i in kept]).to(model_device(model))
             return self.loss(model, batch)[0].item()
 
     def tally(self) -> Tally:
