@@ -209,3 +209,17 @@ def test_a_fine_tune_reads_windows_of_its_checkpoints_length(tmp_path):
                                          r"got 200$"):
         tformer.train(data=rows, from_pretrained=str(bert_dir()), max_length=200, out=str(tmp_path / "x"),
                       **options)
+
+
+def test_embed_reads_a_model_directorys_long_text_in_windows_where_asked(capsys):
+    from hf_bert_fixtures import st_dir
+
+    from tformer.embeddings.sentence import SentenceEncoder
+
+    directory, long = str(st_dir()), " ".join(["the cat sat on a mat"] * 8)
+    st = SentenceEncoder.from_pretrained(directory)
+    windows = [json.loads(line)["embedding"] for line in cli_lines(capsys, ["embed", directory, long, "--long",
+                                                                         "windows"])]
+    cut = [json.loads(line)["embedding"] for line in cli_lines(capsys, ["embed", directory, long])]
+    assert np.abs(np.array(windows) - st.windowed().encode([long])).max() <= 1e-6
+    assert np.abs(np.array(cut) - st.encode([long], on_long=lambda *_: None)).max() <= 1e-6
