@@ -16,6 +16,7 @@ from hf_bert_fixtures import bert_dir
 
 from tformer.text.prefix import AtLeast, Unread, cut_reason, is_cut, longest, plus, reach
 from tformer.text.tokenizer import Tokenizer, load_tokenizer
+from tformer.text.windows import split
 from tformer.training.subwords import run_tokenizer, train_tokenizer
 
 # Pieces that tokenizers split (or do not split) in their own ways; a cut may fall anywhere.
@@ -311,9 +312,10 @@ def test_a_long_word_is_cut_inside_with_the_whole_texts_ids(max_length):
 
 
 def pair_cut(tok: Tokenizer, a: str, b: str) -> tuple[list[int], list[int]]:
-    """The pair tokenized whole, cut longest first (Tokenizer._cut: the backend's LongestFirst,
-    checked against it on short pairs above; the backend's own would take gigabytes here)."""
-    return tok._cut(tok.backend.encode(a, b))
+    """The pair tokenized whole, cut longest first (tformer.text.windows.split without windows:
+    the backend's LongestFirst, checked against it on short pairs above; the backend's own would
+    take gigabytes here)."""
+    return split(tok.backend.encode(a, b), tok.max_length, False)[0][0]
 
 
 @pytest.mark.parametrize("max_length", (16, 17, 64, 65))

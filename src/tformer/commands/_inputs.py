@@ -40,6 +40,13 @@ def add_device(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help=f"where the model runs: {HELP}")
 
 
+def add_long(parser: argparse.ArgumentParser, model_dir: bool = False) -> None:
+    parser.add_argument("--long", choices=("windows", "cut"), default=None,
+                        help="a text longer than the max length: read in overlapping windows, their "
+                        "outputs averaged, or cut (default: as the run settled in training"
+                        + ("; a model directory: cut)" if model_dir else ")"))
+
+
 def device_of(args: argparse.Namespace):
     """--device as a torch.device, refused in one line where this machine lacks it."""
     from tformer.nn.devices import resolve_device

@@ -58,8 +58,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, batch: bool = True, ind
 
 def load_sentence_encoder(args: argparse.Namespace):
     """MODEL_DIR's SentenceEncoder: an embedding run's own (its run's one forward, read from the
-    run directory alone: tformer.kinds), or a BERT-format or sentence-transformers directory's;
-    on --device, in --dtype (decided here, once: an output's identity names it)."""
+    run directory alone: tformer.kinds; a long text read as the run settled), or a BERT-format
+    or sentence-transformers directory's (a long text cut); on --device, in --dtype (decided
+    here, once: an output's identity names it); --long (embed's) says otherwise."""
     from pathlib import Path
 
     from tformer.embeddings.sentence import SentenceEncoder
@@ -74,11 +75,14 @@ def load_sentence_encoder(args: argparse.Namespace):
             from tformer.kinds import load_run
 
             run = load_run(args.model_dir, needs="embed", device=device, dtype=args.dtype)
-            return run.encoder.at_most(args.max_length)
-        return SentenceEncoder.from_pretrained(
-            args.model_dir, allow_pickle=args.allow_pickle, max_length=args.max_length,
-            dtype=args.dtype, device=device,
-        )
+            st = run.encoder.at_most(args.max_length)
+        else:
+            st = SentenceEncoder.from_pretrained(
+                args.model_dir, allow_pickle=args.allow_pickle, max_length=args.max_length,
+                dtype=args.dtype, device=device,
+            )
+    long = getattr(args, "long", None)
+    return st if long is None else st.windowed(long == "windows")
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tformer.commands._inputs import (
+    add_long,
     check_count,
     check_options,
     count_inputs,
@@ -57,6 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="L2-normalise (default: as the directory says)",
     )
     norm.add_argument("--no-normalize", dest="normalize", action="store_false")
+    add_long(parser, model_dir=True)
     parser.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
@@ -119,7 +121,8 @@ def _embed(args: argparse.Namespace, out: Path | None, lines, n: int, rank: int,
         # inputs and everything that changes the numbers (model files, precision, lengths).
         identity = {"model": model_identity(args.model_dir), "texts": _inputs_hash(args, lines),
                     "n": n, "dim": st.dim, "normalize": normalize, "dtype": args.dtype,
-                    "max_length": args.max_length, "truncate": not args.no_truncate}
+                    "max_length": args.max_length, "truncate": not args.no_truncate,
+                    "long": st.tokenizer.windows}
         with open_output(out, identity) as writer:
             if writer.done:
                 print(f"tformer embed: resuming {out} after {writer.done} of {n} texts",

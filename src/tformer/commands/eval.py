@@ -12,6 +12,7 @@ import sys
 
 from tformer.commands._inputs import (
     add_device,
+    add_long,
     add_threads,
     check_decoding_options,
     check_options,
@@ -33,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None,
                         help="only the first N examples (a --data file is read no further)")
     parser.add_argument("--samples", type=int, default=6, help="sample rows to print (default 6)")
+    add_long(parser)
     add_threads(parser)
     add_device(parser)
 
@@ -48,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     if args.data is not None and args.split is not None:  # one of the two would be ignored
         raise ValueError(f"--split: --data {args.data} is evaluated whole; expected no --split with "
                          f"--data, got {args.split}")
-    run = load_run(args.run_dir, device=device_of(args))
+    run = load_run(args.run_dir, device=device_of(args)).read_long(args.long)
     check_decoding_options(args, run)
     if args.data is not None and run.config.data is None:
         raise ValueError(f"--data: {args.run_dir} trained on task {run.config.task}, not on files")
@@ -80,7 +82,8 @@ def _evaluate(args: argparse.Namespace, run) -> int:
         print(sample_table(rows, n=args.samples))
     key = run.main_metric
     record = with_baseline({"split": split, "task": run.config.name, "examples": metrics["examples"],
-                            **metrics, **_weights_as_they_were(args.run_dir)}, key, baseline)
+                            **metrics, **_weights_as_they_were(args.run_dir),
+                            **({"long": args.long} if args.long else {})}, key, baseline)
     line = json_line(record, f"RUN_DIR {args.run_dir}: metrics {metrics}")
     print(f"{split} {key}: {metrics[key]:.4f}")
     print(line)

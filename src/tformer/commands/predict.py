@@ -16,6 +16,7 @@ import itertools
 from tformer.commands._inputs import (
     Truncations,
     add_device,
+    add_long,
     add_threads,
     bad_input,
     check_options,
@@ -44,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "{text, score} (a masked-LM run: {text, fills: fill-mask's answer}) "
                              "(default: text)")
     parser.add_argument("--batch-size", type=int, default=64, help="texts per batch (default 64)")
+    add_long(parser)
     add_threads(parser)
     add_device(parser)
 
@@ -54,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
     check_options(args)
     inputs = input_windows(args, "inputs", "TEXT", args.batch_size)
     first = next(inputs)  # the inputs checked before the run loads
-    run = load_run(args.run_dir, needs="predict", device=device_of(args))
-    cut, total = Truncations(args, "inputs", "TEXT", run.tokenizer.max_length if run.tokenizer else 0), 0
+    run = load_run(args.run_dir, needs="predict", device=device_of(args)).read_long(args.long)
+    cut, total = Truncations(args, "inputs", "TEXT", run.max_input_tokens if run.tokenizer else 0), 0
     for start, chunk in itertools.chain([first], inputs):
         split = [t.partition("\t") if run.pairs else (t, "", "") for t in chunk]  # text, tab, text_pair
         pairs = [pair for _, _, pair in split]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from tformer.config import POOLING_MODES
@@ -29,9 +30,29 @@ from tformer.nn.model import Encoder, from_pretrained
 from tformer.text.arguments import check_texts, texts_list
 from tformer.text.batches import EncoderBatch, encoder_batch
 from tformer.text.tokenizer import Tokenizer, load_tokenizer
+from tformer.text.windows import rows
 
 # Encode this many batches or more and a progress bar is shown (unless show_progress says).
 PROGRESS_MIN_BATCHES = 8
+# A text read in windows (tformer.text.windows) is the mean of its windows' vectors (before the
+# normalisation, as one longer text's mean pooling would average its tokens).
+WINDOW_POOLING = "mean"
+
+
+def vectors(model: SentenceModel, batch: EncoderBatch, normalize: bool | None = None) -> torch.Tensor:
+    """The one forward of a batch of texts (SentenceModel.forward): a vector per text; a long
+    text's windows' pooled (``batch.owner``), then normalised as asked or as the model says.
+
+    Shape:
+        batch.input_ids (W, S) -> (B, dim)
+    """
+    if batch.owner is None:
+        return model(batch.input_ids, batch.attention_mask, batch.token_type_ids, normalize)
+    rows = model(batch.input_ids, batch.attention_mask, batch.token_type_ids, False)  # (W, dim)
+    pooled = batch.pooled(rows, WINDOW_POOLING)  # (B, dim)
+    if model.normalize if normalize is None else normalize:
+        return F.normalize(pooled, p=2.0, dim=-1)
+    return pooled
 
 
 class SentenceEncoder:
@@ -71,6 +92,11 @@ class SentenceEncoder:
         if max_length is None:
             return self
         return SentenceEncoder(self.sentence, self.tokenizer.at_most(max_length))
+
+    def windowed(self, windows: bool = True) -> SentenceEncoder:
+        """This encoder reading a text longer than its max length in windows of it, the mean of
+        their vectors (tformer.text.windows), or (False) cutting it."""
+        return SentenceEncoder(self.sentence, self.tokenizer.windowed(windows))
 
     @property
     def model(self) -> Encoder:
@@ -132,7 +158,9 @@ class SentenceEncoder:
         A blank text (empty or whitespace only) is refused (ValueError naming it), as
         ``run.embed``, ``tformer embed`` and the server refuse it: it has nothing to embed.
         ``normalize``: None follows the directory; ``show_progress``: None shows a bar from
-        ``PROGRESS_MIN_BATCHES`` batches on. Texts longer than the model's maximum length
+        ``PROGRESS_MIN_BATCHES`` batches on. A long text is read in windows where the tokenizer
+        reads them (an embedding run that settled on them: tformer.text.windows; ``windowed``),
+        the mean of their vectors. Texts longer than the model reads
         are truncated with one warning (or ``on_long(indices, token counts)`` in its place), or
         raise ValueError (TextTooLong) with ``truncation=False``.
 
@@ -154,18 +182,23 @@ class SentenceEncoder:
             return np.empty((0, self.dim), dtype=np.float32)
         encoded = self.tokenizer.encode(texts)
         self.tokenizer.check_lengths([e.full for e in encoded], truncation, on_long)  # one warning for all
-        order = np.argsort([-len(e.ids) for e in encoded], kind="stable")  # longest first
-        n_batches = -(-len(texts) // batch_size)
+        # Longest first (a text read in windows: all of them); a batch holds batch_size rows, a
+        # window each (tformer.text.windows.rows).
+        order = [int(i) for i in np.argsort([-e.tokens for e in encoded], kind="stable")]
+        reads = [1 + len(e.rest) for e in encoded]
+        n_batches = -(-sum(reads) // batch_size)
         if show_progress is None:
             show_progress = n_batches >= PROGRESS_MIN_BATCHES
         normalize = self.normalize if normalize is None else normalize
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         with tqdm(total=len(texts), unit="text", disable=not show_progress, file=sys.stderr) as bar:
-            for start in range(0, len(texts), batch_size):
-                idx = order[start : start + batch_size]
+            start = 0
+            while start < len(order):
+                idx = rows(order[start:], reads, batch_size)
                 batch = encoder_batch([encoded[i] for i in idx], self.tokenizer.pad_id)
                 out[idx] = self.embed_batch(batch, normalize).numpy()
                 bar.update(len(idx))
+                start += len(idx)
         return out
 
     @torch.inference_mode()
@@ -177,7 +210,6 @@ class SentenceEncoder:
             batch.input_ids (B, S) -> (B, dim) float32
         """
         batch = batch.to(model_device(self.model))  # to a GPU pinned, without blocking
-        emb = self.sentence(batch.input_ids, batch.attention_mask, batch.token_type_ids,
-                            normalize)  # (B, dim)
+        emb = vectors(self.sentence, batch, normalize)  # (B, dim)
         return emb.float().cpu()  # pooled in the residual stream's dtype
 

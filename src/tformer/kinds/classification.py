@@ -56,7 +56,8 @@ MAJORITY = "the majority class"  # the trivial baseline
 
 class Classification(Objective):
     kind, fields, preset = FIELDS.objective, FIELDS, PRESET
-    reads = ("pooling",)
+    reads = ("pooling", "long")
+    pools = "mean"  # a long text's windows: the mean of their logits (tformer.training.windows)
     model_kind = "classifier"
     main_metric = "accuracy"
     inputs = ("text", "text_pair")
@@ -117,10 +118,10 @@ class Classification(Objective):
     def collate(self, encoded: list[LabeledExample]) -> EncoderBatch:
         return encoder_batch([e.text for e in encoded], self.source.pad_id, [e.label for e in encoded])
 
-    @staticmethod
-    def forward(model: nn.Module, batch: EncoderBatch) -> Tensor:
-        """The one inference forward: (B, C) logits."""
-        return model(batch.input_ids, batch.attention_mask, batch.token_type_ids).logits
+    def forward(self, model: nn.Module, batch: EncoderBatch) -> Tensor:
+        """The one inference forward: (B, C) logits (a long text's windows' pooled)."""
+        logits = model(batch.input_ids, batch.attention_mask, batch.token_type_ids).logits  # (W, C)
+        return batch.pooled(logits, self.pools)  # (B, C)
 
     def loss(self, model: nn.Module, batch: EncoderBatch, label_smoothing: float = 0.0):
         """Cross-entropy over the classes, and accuracy for logging."""
@@ -252,18 +253,20 @@ class ClassificationRun(Run):
         if paired and not self.pairs:
             raise InputRefused(f"input[{paired[0]}].text_pair: this run was trained on single texts "
                                "(no text_pair in its data); send the text alone")
-        # Counted as the run encodes them (a pair: "<s> a </s> b </s>", cut longest first), and
-        # handed on as far as that cut needs them: the same tokens (Tokenizer.prefixes).
-        texts, pairs, full = self.tokenizer.prefixes([r["text"] for r in records],
-                                                     [r.get("text_pair") or None for r in records])
+        # Counted as the run encodes them (a pair: "<s> a </s> b </s>", cut longest first; a long
+        # text: all its windows' tokens, where the run reads windows), and handed on as far as
+        # that needs them: the same tokens (Tokenizer.read).
+        texts, pairs, encoded = self.tokenizer.read([r["text"] for r in records],
+                                                    [r.get("text_pair") or None for r in records])
         records = [dict(r, text=t, **({"text_pair": p} if p is not None else {}))
                    for r, t, p in zip(records, texts, pairs, strict=True)]
-        # The run cuts at its own max_length (as `tformer predict` does); below that, a lower
+        # The run cuts at its own limit (as `tformer predict` does); below that, a lower
         # --max-input-tokens can only refuse: a different cut would differ from the CLI.
-        run_limit = self.max_input_tokens
+        run_limit, full = self.max_input_tokens, [e.full for e in encoded]
         limit = limit or run_limit
-        too_long(full, limit, truncate and limit == run_limit)
-        return [Item(min(n, run_limit), n, r) for n, r in zip(full, records, strict=True)]
+        too_long(full, limit, truncate and limit == run_limit,
+                 cut=[e.truncated for e in encoded] if limit == run_limit else None)
+        return [Item(e.tokens, e.full, r, e.truncated) for e, r in zip(encoded, records, strict=True)]
 
     @torch.inference_mode()
     def run_batch(self, records: list[dict[str, str]], raw: bool = False) -> list[list[float]]:

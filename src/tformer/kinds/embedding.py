@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tformer.config import TransformerConfig
-from tformer.embeddings.sentence import SentenceEncoder
+from tformer.embeddings.sentence import WINDOW_POOLING, SentenceEncoder, vectors
 from tformer.export import hf_classifier
 from tformer.export import onnx as tonnx
 from tformer.export.export_dir import publish_export
@@ -50,13 +50,16 @@ OVERLAP = "token overlap"  # the trivial baseline
 
 
 def embed(model: SentenceModel, batch: EncoderBatch) -> Tensor:
-    """The one forward of a batch of texts: (B, D') vectors (SentenceModel.forward)."""
-    return model(batch.input_ids, batch.attention_mask, batch.token_type_ids)
+    """The one forward of a batch of texts: (B, D') vectors (tformer.embeddings.sentence.vectors:
+    SentenceModel.forward, a long text's windows' pooled)."""
+    return vectors(model, batch)
 
 
 class Embedding(Objective):
     kind, fields, preset = FIELDS.objective, FIELDS, PRESET
     refuses = {"norm_first": "an embedding run is saved as a sentence-transformers BERT, which is post-norm"}
+    reads = ("long",)
+    pools = WINDOW_POOLING  # a long text's windows: the mean of their vectors
     model_kind = "encoder"
     main_metric = "mrr_at_10"
     inputs = ("anchor",)
@@ -177,6 +180,16 @@ class EmbeddingRun(Run):
     def tokenizer(self):
         return self.encoder.tokenizer
 
+    def read_long(self, long: str | None) -> EmbeddingRun:
+        """Run.read_long, for a model directory too (no run: windows only where asked)."""
+        if self.objective is not None:
+            super().read_long(long)
+        elif long not in (None, "windows", "cut"):
+            raise ValueError(f"long: expected windows, cut or None, got {long!r}")
+        if long is not None:
+            self.encoder = self.encoder.windowed(long == "windows")
+        return self
+
     @property
     def description(self) -> str:
         if self.objective is None:
@@ -205,9 +218,10 @@ class EmbeddingRun(Run):
     # Serving: OpenAI's /v1/embeddings, TEI's /embed ------------------------------------------------
     def admit(self, inputs: list[str | list[int]], truncate: bool, limit: int | None = None) -> list[Item]:
         """Texts as the model reads them, cut as the tokenizer cuts (Tokenizer.encode: the one
-        path `tformer embed` takes too, a long text tokenized only as far as its cut needs); a
-        text past the limit is refused unless truncating. Token ids (TEI and OpenAI accept
-        them) are taken as they are."""
+        path `tformer embed` takes too, a long text tokenized only as far as its cut needs, or
+        read in windows where the run reads them: all their tokens counted); a text past the
+        limit is refused unless truncating. Token ids (TEI and OpenAI accept them) are taken as
+        they are, cut at the max length (no windows: where their specials are is not known)."""
         tokenizer, limit = self.tokenizer, limit or self.max_input_tokens
         out: list[Item | None] = [None] * len(inputs)
         index = [i for i, x in enumerate(inputs) if isinstance(x, str)]
@@ -215,11 +229,11 @@ class EmbeddingRun(Run):
             encoded = tokenizer.encode([inputs[i] for i in index])
             too_long([e.full for e in encoded], limit, truncate, index)
             for i, e in zip(index, encoded, strict=True):
-                out[i] = Item(len(e.ids), e.full, e)
+                out[i] = Item(e.tokens, e.full, e, e.truncated)
         for i, ids in enumerate(inputs):
             if not isinstance(ids, str):
-                too_long([len(ids)], limit, truncate, [i])
-                kept = ids[:limit]
+                too_long([len(ids)], min(limit, tokenizer.max_length), truncate, [i])
+                kept = ids[: min(limit, tokenizer.max_length)]
                 out[i] = Item(len(kept), len(ids), EncodedText(kept, [0] * len(kept), len(ids)))
         return out  # type: ignore[return-value]
 

@@ -101,13 +101,26 @@ class Run(ABC):
             return []
         if self.decodes:  # an encoder-decoder reads the text's pieces and EOS (Seq2SeqRun._input_ids)
             counts = [plus(n, 1) for n in tok.prefixes(texts, specials=False)[2]]
-        else:
-            counts = [e.full for e in tok.encode(texts, pairs)]
-        return [(i, n) for i, n in enumerate(counts) if is_cut(n, tok.max_length)]
+            return [(i, n) for i, n in enumerate(counts) if is_cut(n, tok.max_length)]
+        return [(i, e.full) for i, e in enumerate(tok.encode(texts, pairs)) if e.truncated]
 
     @property
     def main_metric(self) -> str:
         return self.objective.main_metric
+
+    def read_long(self, long: str | None) -> Run:
+        """This run reading a text longer than its max length in windows (``long="windows"``)
+        or cut (``"cut"``) from here on, whatever it settled on in training (data.json; None:
+        that): `--long` of predict, eval and embed. Only a kind that pools windows
+        (``Objective.pools``) reads them; the run itself, changed."""
+        if long not in (None, "windows", "cut"):
+            raise ValueError(f"long: expected windows, cut or None, got {long!r}")
+        if long is not None and self.tokenizer is not None:
+            if long == "windows" and not self.objective.pools:
+                raise ValueError(f"long: {self.path} is {self.objective.description}, which reads a text "
+                                 f"to its max length; expected no windows, got {long!r}")
+            self.objective.source = self.objective.source.windowed(long == "windows")
+        return self
 
     # Evaluation ----------------------------------------------------------------------------
     def examples(self, split: str = "test", data: Data | None = None, limit: int | None = None) -> list:
@@ -222,8 +235,9 @@ class Run(ABC):
     @property
     def max_input_tokens(self) -> int:
         """The most tokens an input is read to (the server's limit; --max-input-tokens lowers it
-        for serving only by refusing longer inputs, tformer.kinds.serving.input_limit)."""
-        return self.tokenizer.max_length
+        for serving only by refusing longer inputs, tformer.kinds.serving.input_limit): the max
+        length, or what a run's windows read of one text (tformer.text.windows)."""
+        return self.tokenizer.limit
 
     @property
     def vocab_size(self) -> int:

@@ -25,18 +25,20 @@ from tformer.text.prefix import Unread, is_cut
 class Item:
     """One input text as the batcher sees it.
 
-    n: tokens the model will run (after any cut); full: tokens before the cut (at least, for
-    a text tokenized only as far as the limit needed; an ``Unread`` for one read only to its
-    reach, cut whatever its count); payload: what the run's ``run_batch`` needs (token ids,
-    or the text itself)."""
+    n: tokens the model will run (after any cut; a long text read in windows: all of them,
+    tformer.text.windows); full: tokens before the cut (at least, for a text tokenized only as
+    far as the limit needed; an ``Unread`` for one read only to its reach, cut whatever its
+    count); payload: what the run's ``run_batch`` needs (token ids, or the text itself); cut:
+    whether it was cut (None: where full > n, or an ``Unread``)."""
 
     n: int
     full: int
     payload: Any
+    cut: bool | None = None
 
     @property
     def truncated(self) -> bool:
-        return is_cut(self.full, self.n)
+        return is_cut(self.full, self.n) if self.cut is None else self.cut
 
 
 class InputRefused(ValueError):
@@ -51,13 +53,13 @@ class TooLong(InputRefused):
     status = 413
 
 
-def too_long(lengths: list[int], limit: int | None, truncate: bool, positions: list[int] | None = None
-             ) -> list[int]:
-    """Indices of inputs over the limit (or read only to their reach: an ``Unread``); raises
-    TooLong for the first when not truncating. lengths[i]: an ``AtLeast`` (printed "n or
-    more") for a text counted only as far as its cut needed; positions[i]: its index in the
-    request."""
-    long = [i for i, n in enumerate(lengths) if is_cut(n, limit)]
+def too_long(lengths: list[int], limit: int | None, truncate: bool, positions: list[int] | None = None,
+             cut: list[bool] | None = None) -> list[int]:
+    """Indices of inputs over the limit (or read only to their reach: an ``Unread``; or, given,
+    where cut[i]: a pair read in windows, whose reach is its own); raises TooLong for the first
+    when not truncating. lengths[i]: an ``AtLeast`` (printed "n or more") for a text counted
+    only as far as its cut needed; positions[i]: its index in the request."""
+    long = [i for i, n in enumerate(lengths) if (is_cut(n, limit) if cut is None else cut[i])]
     if long and not truncate:
         i = long[0]
         n, where = lengths[i], f"input[{positions[i] if positions else i}]"

@@ -4,7 +4,8 @@ Synthetic tasks and your own data build the same three batch types:
 
     Seq2SeqBatch   src, src_mask, tgt_in, tgt_mask, labels   (encoder-decoder)
     EncoderBatch   input_ids, attention_mask, labels, token_type_ids   (classifier, encoder):
-                   encoder_batch(texts) from EncodedText, what Tokenizer.encode gives
+                   encoder_batch(texts) from EncodedText, what Tokenizer.encode gives; a long
+                   text read in windows is a row per window (``owner``), ``pooled`` after
     PairBatch      anchor, positive, negative: EncoderBatches   (sentence embeddings)
 
 Torch-free until a batch is made: the ``*_arrays`` builders give NumPy batches (the NumPy
@@ -98,19 +99,50 @@ class Seq2SeqBatch(_Batch):
 
 @dataclass
 class EncoderBatch(_Batch):
-    """Encoder inputs: input_ids, attention_mask (B, S); labels (B,) or None;
-    token_type_ids (B, S) or None (segment A = 0, B = 1)."""
+    """Encoder inputs: input_ids, attention_mask (W, S); labels (B,) or None;
+    token_type_ids (W, S) or None (segment A = 0, B = 1); owner (W,) or None: the text
+    each row reads, where a long text is read in windows (tformer.text.windows), a row each,
+    its rows together and in order (None: W = B, a row per text)."""
 
     input_ids: Tensor
     attention_mask: Tensor
     labels: Tensor | None = None
     token_type_ids: Tensor | None = None
+    owner: Tensor | None = None
 
     def n_tokens(self) -> int:
         return int(self.attention_mask.sum())
 
     def n_examples(self) -> int:
-        return len(self.input_ids)
+        return len(self.input_ids) if self.owner is None else int(self.owner[-1]) + 1
+
+    def pooled(self, values: Tensor, how: str = "mean") -> Tensor:
+        """The rows' outputs (logits, scores or vectors) as one per text: a text's windows'
+        pooled (``mean``, ``max`` or the ``first`` window's), in at least float32; as they are
+        where no text has windows. The mean of a text's rows sums them in order (deterministic
+        on every device: no atomic adds).
+
+        Shape:
+            values (W, ...) -> (B, ...)
+        """
+        if self.owner is None:
+            return values
+        owner = self.owner.to(values.device)
+        values = values if values.dtype.is_floating_point and values.element_size() >= 4 else values.float()
+        counts = owner.bincount(minlength=self.n_examples())  # (B,) windows per text
+        starts = counts.cumsum(0) - counts  # (B,) each text's first row
+        if how == "first":
+            return values[starts]
+        # (B, K) the rows of each text, padded with its first: K = the most windows of a text
+        k = owner.new_tensor(list(range(int(counts.max()))))
+        real = k[None, :] < counts[:, None]  # (B, K)
+        rows = values[(starts[:, None] + k[None, :]).where(real, starts[:, None])]  # (B, K, ...)
+        real = real.view(*real.shape, *[1] * (values.dim() - 1))
+        if how == "mean":
+            return (rows * real).sum(1) / counts.view(-1, *[1] * (values.dim() - 1)).to(values.dtype)
+        if how == "max":
+            return rows.amax(1)  # (the padding repeats a real row: it never wins alone)
+        raise ValueError(f"how: expected mean, max or first, got {how!r}")
 
 
 @dataclass
@@ -132,16 +164,32 @@ class PairBatch(_Batch):
 @dataclass
 class EncodedText:
     """One text as a model reads it: ids with the tokenizer's specials, token types (None for a
-    model without them), and ``full``: its token count before any cut (None: not cut)."""
+    model without them), and ``full``: its token count before any cut (None: not cut). A long
+    text read in windows (tformer.text.windows): ids is its first, ``rest`` the others, and
+    ``read`` the tokens they read (specials once; None: len(ids))."""
 
     ids: list[int]
     type_ids: list[int] | None
     full: int | None = None
+    rest: tuple[EncodedText, ...] = ()
+    read: int | None = None
 
     @property
     def truncated(self) -> bool:
-        """Cut: more tokens than it keeps, or read only to its reach (tformer.text.prefix.Unread)."""
-        return self.full is not None and is_cut(self.full, len(self.ids))
+        """Cut: more tokens than it reads, or read only to its reach (tformer.text.prefix.Unread)."""
+        return self.full is not None and is_cut(self.full, len(self.ids) if self.read is None else self.read)
+
+    @property
+    def windows(self) -> list[EncodedText]:
+        """Each window as a text of its own (one: the text itself, where it has no others)."""
+        if not self.rest:
+            return [self]
+        return [EncodedText(self.ids, self.type_ids), *self.rest]
+
+    @property
+    def tokens(self) -> int:
+        """The tokens the model runs for it: every window's."""
+        return len(self.ids) + sum(len(w.ids) for w in self.rest)
 
 
 def seq2seq_arrays(sources: list[list[int]], targets: list[list[int]], bos: int, eos: int,
@@ -154,20 +202,23 @@ def seq2seq_arrays(sources: list[list[int]], targets: list[list[int]], bos: int,
 
 
 def encoder_arrays(ids: list[list[int]], pad_id: int = PAD, labels: list[int] | None = None,
-                   type_ids: list[list[int]] | None = None) -> EncoderBatch:
-    """Encoder id lists (specials included) -> a NumPy EncoderBatch."""
+                   type_ids: list[list[int]] | None = None, owner: list[int] | None = None) -> EncoderBatch:
+    """Encoder id lists (specials included) -> a NumPy EncoderBatch (owner: each row's text)."""
     input_ids, mask = pad_arrays(ids, pad_id)
     types = pad_arrays(type_ids, 0)[0] if type_ids is not None else None
     label_array = np.array(labels, dtype=np.int64) if labels is not None else None  # (B,)
-    return EncoderBatch(input_ids, mask, label_array, types)
+    owners = np.array(owner, dtype=np.int64) if owner is not None else None  # (W,)
+    return EncoderBatch(input_ids, mask, label_array, types, owners)
 
 
 def encoder_batch(texts: list[EncodedText], pad_id: int = PAD,
                   labels: list[int] | None = None) -> EncoderBatch:
     """Encoded texts, padded to the longest: a torch EncoderBatch (token types where every text
-    has them)."""
-    types = None if any(t.type_ids is None for t in texts) else [t.type_ids for t in texts]
-    return encoder_arrays([t.ids for t in texts], pad_id, labels, types).to_torch()
+    has them); a text read in windows is a row per window (``owner`` says whose)."""
+    rows = [w for t in texts for w in t.windows]
+    owner = [i for i, t in enumerate(texts) for _ in t.windows] if len(rows) > len(texts) else None
+    types = None if any(t.type_ids is None for t in rows) else [t.type_ids for t in rows]
+    return encoder_arrays([t.ids for t in rows], pad_id, labels, types, owner).to_torch()
 
 
 def to_device(tensor, device):

@@ -92,6 +92,21 @@ class Unread(AtLeast):
                 f"stops there when no cut to {limit} tokens is in sight), so the rest would be lost")
 
 
+class TextTooLong(ValueError):
+    """A text longer than the model's maximum length, or read only to its reach (``Unread``:
+    the rest would be lost), where truncation was not allowed."""
+
+    def __init__(self, index: int, length: int, limit: int) -> None:
+        self.index, self.length, self.limit = index, length, limit
+        super().__init__(f"texts[{index}]: {self.expected()}")
+
+    def expected(self) -> str:
+        if isinstance(self.length, Unread) and self.length <= self.limit:  # its count does not say it
+            return f"{self.length.lost(self.limit)}; shorten it or allow truncation"
+        return (f"expected at most {self.limit} tokens (the model's maximum length), got {self.length}; "
+                "shorten it or allow truncation")
+
+
 def is_cut(count: int, limit: int | None) -> bool:
     """Whether a text of ``count`` tokens (``EncodedText.full``) is cut at ``limit``: it has more,
     or it was read only to its reach (an ``Unread``: what lies past it is lost, however few

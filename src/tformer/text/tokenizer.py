@@ -27,31 +27,18 @@ from tformer.errors import FieldError
 from tformer.formats.model_dir import ModelDir, read_model_dir
 from tformer.text.arguments import pairs_list, texts_list, token_ids
 from tformer.text.batches import EncodedText, encoder_arrays
-from tformer.text.prefix import (
+from tformer.text.byte_level import BYTE_OF
+from tformer.text.prefix import (  # noqa: F401  (TextTooLong: the callers' name for it here)
     AtLeast,
+    TextTooLong,
     Unread,
     cut_reason,
     edge_chars,
     is_cut,
-    longest_first,
     pair_window,
     window,
 )
-
-
-class TextTooLong(ValueError):
-    """A text longer than the model's maximum length, or read only to its reach (``Unread``:
-    the rest would be lost), where truncation was not allowed."""
-
-    def __init__(self, index: int, length: int, limit: int) -> None:
-        self.index, self.length, self.limit = index, length, limit
-        super().__init__(f"texts[{index}]: {self.expected()}")
-
-    def expected(self) -> str:
-        if isinstance(self.length, Unread) and self.length <= self.limit:  # its count does not say it
-            return f"{self.length.lost(self.limit)}; shorten it or allow truncation"
-        return (f"expected at most {self.limit} tokens (the model's maximum length), got {self.length}; "
-                "shorten it or allow truncation")
+from tformer.text.windows import MAX_WINDOWS, coverage, split
 
 
 class Tokenizer:
@@ -62,7 +49,8 @@ class Tokenizer:
     calls it (embedding, prediction, the server, training's batches) and decides itself what
     a cut means: a warning, an error, or nothing. It never switches a setting of the backend
     (it cuts the encodings itself, as the backend's truncation would), so threads may share a
-    Tokenizer.
+    Tokenizer. With ``windows`` a text longer than max_length is read in windows of it instead
+    (tformer.text.windows): the first is the cut, the others ride along (``EncodedText.rest``).
     """
 
     def __init__(
@@ -71,6 +59,7 @@ class Tokenizer:
         max_length: int | None,
         pad_id: int = 0,
         lowercase: bool = False,
+        windows: bool = False,
     ) -> None:
         backend.no_padding()  # we pad ourselves, to the longest text in the batch
         backend.no_truncation()  # we truncate ourselves, to max_length, and say so
@@ -79,7 +68,7 @@ class Tokenizer:
             raise FieldError("max_length", f"expected more than the {specials} special tokens each text "
                              f"gets (at least {specials + 1}), got {max_length}")
         self.backend, self.max_length = backend, max_length
-        self.pad_id, self.lowercase = pad_id, lowercase
+        self.pad_id, self.lowercase, self.windows = pad_id, lowercase, windows and max_length is not None
         self._edge: int | None = None  # tformer.text.prefix.edge_chars, found on first use
 
     def at_most(self, max_length: int | None) -> Tokenizer:
@@ -92,7 +81,21 @@ class Tokenizer:
         if self.max_length is not None and max_length > self.max_length:
             raise FieldError("max_length", f"expected at most {self.max_length} (the model's maximum "
                                            f"length), got {max_length}")
-        return Tokenizer(self.backend, max_length, self.pad_id, self.lowercase)
+        return Tokenizer(self.backend, max_length, self.pad_id, self.lowercase, self.windows)
+
+    def windowed(self, windows: bool = True) -> Tokenizer:
+        """This tokenizer reading a long text in windows (or, False, cutting it)."""
+        return self if windows == self.windows else Tokenizer(self.backend, self.max_length, self.pad_id,
+                                                               self.lowercase, windows)
+
+    @property
+    def limit(self) -> int | None:
+        """The most tokens of one text it reads, specials included: max_length, or with windows
+        what MAX_WINDOWS of them read (tformer.text.windows)."""
+        if not self.windows:
+            return self.max_length
+        specials = self.backend.num_special_tokens_to_add(False)
+        return specials + coverage(self.max_length - specials)
 
     def encode(self, texts: str | Sequence[str], pairs: Sequence[str | None] | None = None
                ) -> list[EncodedText]:
@@ -102,31 +105,23 @@ class Tokenizer:
         A text far longer than max_length is tokenized only as far as its cut needs
         (tformer.text.prefix: the same ids, but where no cut is in sight by its reach, a bounded
         number of characters); its ``full`` is then an ``AtLeast`` (an ``Unread``, cut whatever
-        its count, where more than whitespace was left unread)."""
-        _, encodings, full = self._encode_prefixes(texts, pairs, specials=True)
+        its count, where more than whitespace was left unread). With windows, a long text's
+        first window and the others (``rest``), and the tokens they read (``read``)."""
+        return self.read(texts, pairs)[2]
+
+    def read(self, texts: str | Sequence[str], pairs: Sequence[str | None] | None = None
+             ) -> tuple[list[str], list[str | None] | None, list[EncodedText]]:
+        """``prefixes``' texts and pairs, with what ``encode`` gives of them (a server counts a
+        long text's windows at admission, and hands on only the prefixes)."""
+        inputs, encodings, full = self._encode_prefixes(texts, pairs, specials=True)
         out = []
         for e, n in zip(encodings, full, strict=True):
-            long = self.max_length is not None and n > self.max_length
-            out.append(EncodedText(*(self._cut(e) if long else (e.ids, e.type_ids)), n))
-        return out
-
-    def _cut(self, encoding: Any) -> tuple[list[int], list[int]]:
-        """The ids and token types of an encoding (specials included) cut to max_length as the
-        backend's truncation cuts (``longest_first``): the specials and each segment's first
-        tokens. Cut here, not by the backend: it would make every combination of the two
-        segments' overflowing pieces, gigabytes for a long pair and a small max_length."""
-        segments = encoding.sequence_ids  # per token: 0 or 1 (its segment), None (a special)
-        lengths = [sum(s == i for s in segments) for i in range(encoding.n_sequences)]
-        budget = self.max_length - (len(segments) - sum(lengths))
-        keep, ids, types = longest_first(lengths, budget), [], []
-        for token, kind, s in zip(encoding.ids, encoding.type_ids, segments, strict=True):
-            if s is not None:
-                if keep[s] == 0:
-                    continue
-                keep[s] -= 1
-            ids.append(token)
-            types.append(kind)
-        return ids, types
+            if self.max_length is None or n <= self.max_length:
+                out.append(EncodedText(e.ids, e.type_ids, n))
+                continue
+            (first, *rest), read = split(e, self.max_length, self.windows)
+            out.append(EncodedText(*first, n, tuple(EncodedText(*w) for w in rest), read))
+        return *_segments(inputs, pairs is not None), out
 
     def prefixes(self, texts: str | Sequence[str], pairs: Sequence[str | None] | None = None,
                  specials: bool = True) -> tuple[list[str], list[str | None] | None, list[int]]:
@@ -137,10 +132,7 @@ class Tokenizer:
         only the prefixes). They come lowercased where the tokenizer lowercases.
         ``specials=False``: counted and cut as ``pieces`` (no specials, max_length - 1)."""
         inputs, _, full = self._encode_prefixes(texts, pairs, specials)
-        firsts = [x if isinstance(x, str) else x[0] for x in inputs]
-        if pairs is None:
-            return firsts, None, full
-        return firsts, [None if isinstance(x, str) else x[1] for x in inputs], full
+        return *_segments(inputs, pairs is not None), full
 
     def _encode_prefixes(self, texts: str | Sequence[str], pairs: Sequence[str | None] | None,
                          specials: bool) -> tuple[list, list[Any], list[int]]:
@@ -182,6 +174,8 @@ class Tokenizer:
             segments = [item] if isinstance(item, str) else list(item)
             budget = (self.max_length - self.backend.num_special_tokens_to_add(len(segments) == 2)
                       if specials else self.max_length - 1)
+            if self.windows and specials:  # as far as the windows read (a pair's: either segment)
+                budget = coverage(budget) * len(segments)
             if len(segments) == 2:
                 cut = list(pair_window(self.backend, *segments, budget, self.edge))
             else:
@@ -225,8 +219,9 @@ class Tokenizer:
             text_pairs = self._check_texts("text_pairs", text_pairs)
         if return_tensors not in ("pt", "np"):
             raise ValueError(f"return_tensors: expected 'pt' or 'np', got {return_tensors!r}")
-        encoded = self.encode(texts, text_pairs)
-        self.check_lengths([e.full for e in encoded], truncation)
+        tok = self.windowed(False)  # one row a text: its first window, the cut
+        encoded = tok.encode(texts, text_pairs)
+        tok.check_lengths([e.full for e in encoded], truncation)
         batch = encoder_arrays([e.ids for e in encoded], self.pad_id, type_ids=[e.type_ids for e in encoded])
         out = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask.astype(np.int64),
                "token_type_ids": batch.token_type_ids}
@@ -258,8 +253,8 @@ class Tokenizer:
         if raw is None:
             return "[?]"
         text = self.backend.decode([token_id], skip_special_tokens=False)
-        if "\ufffd" in text and set(raw) <= set(_BYTE_OF):  # bytes of a character cut apart
-            return "<" + " ".join(f"{_BYTE_OF[c]:02x}" for c in raw if _BYTE_OF[c] != 0x20) + ">"
+        if "\ufffd" in text and set(raw) <= set(BYTE_OF):  # bytes of a character cut apart
+            return "<" + " ".join(f"{BYTE_OF[c]:02x}" for c in raw if BYTE_OF[c] != 0x20) + ">"
         if not text.strip():
             return "⏎" if "\n" in text else "␣"
         return text.strip()
@@ -303,15 +298,16 @@ class Tokenizer:
 
     def check_lengths(self, lengths: Sequence[int], truncation: bool = True,
                       on_long: Callable[[list[int], list[int]], None] | None = None) -> list[int]:
-        """Indices of texts cut: longer than ``max_length``, or read only to their reach with
-        more than whitespace left (an ``Unread`` count, tformer.text.prefix): one warning, or
-        TextTooLong (a ValueError) if not truncating. ``on_long(indices, lengths)`` takes the
-        warning's place (a caller that checks a file chunk by chunk warns once, naming lines;
-        ``cut_reason`` words it).
+        """Indices of texts cut: longer than it reads (``limit``: max_length, or what its windows
+        read of one text; a pair's windows say their own, ``EncodedText.truncated``), or read
+        only to their reach with more than whitespace left (an ``Unread`` count,
+        tformer.text.prefix): one warning, or TextTooLong (a ValueError) if not truncating.
+        ``on_long(indices, lengths)`` takes the warning's place (a caller that checks a file
+        chunk by chunk warns once, naming lines; ``cut_reason`` words it).
 
         ``lengths``: token counts before truncation (``EncodedText.full``).
         """
-        m = self.max_length
+        m = self.limit  # (with windows: what they read)
         long = [i for i, n in enumerate(lengths) if is_cut(n, m)]
         if not long:
             return long
@@ -320,8 +316,9 @@ class Tokenizer:
         if on_long is not None:
             on_long(long, [lengths[i] for i in long])
             return long
+        whose = f"the model's {MAX_WINDOWS}-window" if self.windows else "the model's"
         warnings.warn(
-            f"{len(long)} of {len(lengths)} texts {cut_reason([lengths[i] for i in long], m)} "
+            f"{len(long)} of {len(lengths)} texts {cut_reason([lengths[i] for i in long], m, whose)} "
             "(truncation=False / --no-truncate raises instead)",
             UserWarning,
             stacklevel=4,
@@ -329,23 +326,10 @@ class Tokenizer:
         return long
 
 
-
-def _byte_level_alphabet() -> dict[str, int]:
-    """GPT-2's byte-level BPE alphabet (Radford et al. 2019): the character standing for each
-    byte (printable bytes stand for themselves; the others are shifted past 255), inverted."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
-    chars, shift = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[chr(b)] = b
-        else:
-            chars[chr(256 + shift)] = b
-            shift += 1
-    return chars
-
-
-_BYTE_OF = _byte_level_alphabet()
+def _segments(inputs: list, paired: bool) -> tuple[list[str], list[str | None] | None]:
+    """The texts of inputs (a text, or a (text, pair) tuple), and their pairs where `paired`."""
+    firsts = [x if isinstance(x, str) else x[0] for x in inputs]
+    return firsts, [None if isinstance(x, str) else x[1] for x in inputs] if paired else None
 
 
 def load_tokenizer(directory: str | Path | ModelDir, max_length: int | None = None) -> Tokenizer:

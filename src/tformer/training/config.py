@@ -26,6 +26,7 @@ from tformer.training.unread import check_layers, check_read
 
 SCHEDULES = ("inverse_sqrt", "cosine", "linear")
 PRECISIONS = ("auto", "fp32", "bf16")
+LONG = ("auto", "windows", "cut")  # --long (tformer.training.windows)
 TOKENIZERS = ("bpe", "wordpiece", "unigram")
 # Refused before anything is built: the tokenizer trainer's memory grows with the vocabulary
 # (a billion-token request aborts the process), and a learned position table with max_length.
@@ -84,7 +85,10 @@ class TrainConfig:
     vocab_size: int = _f(8000, "tokenizer vocabulary size (trained on --data)")
     lowercase: bool = _f(False, "the tokenizer trained on --data lowercases texts first (with "
                          "--from-pretrained the model's own tokenizer decides)")
-    max_length: int = _f(128, "tokens per text (longer texts are truncated; a run prints the share it cuts)")
+    max_length: int = _f(128, "tokens per text (a longer one is read in windows, or cut: --long)")
+    long: str = _f("auto", "a text longer than --max-length, for classification and embeddings: windows "
+                   "(read in overlapping windows, their logits or vectors averaged), cut (its first "
+                   "tokens only) or auto (windows where the max length cuts 1 text in 100 or more)")
     max_tokens: int | None = _f(4096, "data runs: padded tokens per batch (length-bucketed batches); "
                                 "none: --batch-size examples of the data's mean length")
     accumulate: int = _f(1, "batches whose gradients are summed per update")
@@ -147,7 +151,8 @@ class TrainConfig:
         if self.data is None and self.task not in TASKS:
             raise FieldError("task", f"expected one of {', '.join(TASKS)}; got {self.task!r}")
         devices.check_spec(self.device)
-        for name, choices in (("schedule", SCHEDULES), ("tokenizer", TOKENIZERS), ("precision", PRECISIONS)):
+        for name, choices in (("schedule", SCHEDULES), ("tokenizer", TOKENIZERS), ("precision", PRECISIONS),
+                              ("long", LONG)):
             if getattr(self, name) not in choices:
                 raise FieldError(name, f"expected one of {', '.join(choices)}; "
                                  f"got {getattr(self, name)!r}")

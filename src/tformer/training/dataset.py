@@ -95,11 +95,12 @@ class TextData:
 
     def __init__(self, config, fields: Fields, tokenizer: Tokenizer, labels: list[str],
                  fraction: float, identity: dict[str, Any] | None = None, pairs: bool = True,
-                 tally: dict[str, Any] | None = None) -> None:
+                 tally: dict[str, Any] | None = None, long: str | None = None) -> None:
         self.config, self.fields, self.tokenizer = config, fields, tokenizer
         self.labels, self.fraction = labels, fraction
         self.pairs = pairs  # classification: whether training records had a text_pair
         self.tally = tally or {}  # what the training records say beyond labels (Fields.tally)
+        self.long = long  # "windows" or "cut": how a long text is read (None: not settled, cut)
         self.identity = identity or {}
         self.label_ids = {name: i for i, name in enumerate(labels)}
         self._held_out: dict[str, list[Record]] = {}
@@ -154,7 +155,7 @@ class TextData:
             tokenizer = run_tokenizer(load_backend(run_dir / "tokenizer.json"), info["max_length"])
             return cls(config, fields, tokenizer, list(info["labels"]), float(info["split_fraction"]),
                        info.get("identity"), bool(info.get("pairs", True)),  # older runs: not recorded
-                       info.get("tally"))
+                       info.get("tally"), info.get("long"))
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise FieldError("RUN_DIR", f"{path} is not a tformer data.json ({e})") from None
 
@@ -162,7 +163,7 @@ class TextData:
         return {"objective": self.fields.objective, "labels": self.labels,
                 "max_length": self.tokenizer.max_length, "split_fraction": self.fraction,
                 "vocab_size": self.tokenizer.vocab_size, "identity": self.identity, "pairs": self.pairs,
-                "tally": self.tally}
+                "tally": self.tally, "long": self.long}
 
     @classmethod
     def _scan(cls, config, fields: Fields) -> tuple[TextData, list[str]]:

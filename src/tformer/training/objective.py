@@ -30,6 +30,8 @@ from tformer.formats.model_dir import ModelDir
 from tformer.formats.pretrained import pretrained_config
 from tformer.nn.devices import model_device
 from tformer.text.batches import SORT_WINDOW
+from tformer.text.windows import rows as batch_rows
+from tformer.training import windows
 from tformer.training.records import Fields
 from tformer.training.sources import Data, FileSource, TaskSource
 
@@ -125,11 +127,17 @@ class Objective(ABC):
     reads: tuple[str, ...] = ()  # options only this kind reads (the other kinds refuse them)
     refuses: Mapping[str, str] = {}  # options this kind refuses set (to a true value): name -> why
     inputs = ("text",)  # the fields a user's input texts fill (a tab separates the second)
+    # How the outputs of a long text's windows pool ("mean", "max", "first"): a kind that sets it
+    # reads a text longer than max_length in windows where the run settled on them (--long), and
+    # its forward pools their rows (EncoderBatch.pooled); None: the kind cuts long texts.
+    pools: str | None = None
 
     def __init__(self, source: Source, pretrained: ModelDir | None = None) -> None:
         """pretrained: a new fine-tune's --from-pretrained directory, read once where the command
         starts (tformer.kinds.make_objective); None for a run from scratch, and for a run read
         back from its directory, which needs nothing of its base model's."""
+        if self.pools is not None and getattr(source, "long", None) == "windows":
+            source = source.windowed()  # (tformer.training.windows)
         self.source, self.config, self.pretrained = source, source.config, pretrained
 
     def with_config(self, config) -> Objective:
@@ -225,9 +233,16 @@ class Objective(ABC):
         """(metrics, what each prediction shows in the sample table)."""
 
     # Shared --------------------------------------------------------------------------------
+    @property
+    def windowed(self) -> bool:
+        """Whether a long text is read in windows (tformer.training.windows)."""
+        return bool(getattr(self.tokenizer, "windows", False))
+
     def train_batches(self, start: int, rank: int = 0, world: int = 1) -> Iterator:
-        """The training stream from the `start`-th batch (this rank's: i % world == rank)."""
-        return self.source.train_batches(self.encode, self.collate, start, rank, world)
+        """The training stream from the `start`-th batch (this rank's: i % world == rank); a
+        long text read in windows trains as its windows (tformer.training.windows)."""
+        encode = windows.training(self.encode) if self.windowed else self.encode
+        return self.source.train_batches(encode, self.collate, start, rank, world)
 
     def examples(self, split: str) -> list:
         return self.source.examples(split)
@@ -255,8 +270,9 @@ class Objective(ABC):
             for start in range(0, len(examples), batch_size * SORT_WINDOW):
                 encoded = self.encode(examples[start : start + batch_size * SORT_WINDOW])
                 order = list(range(len(encoded)))
+                reads = [windows.windows_of(e) for e in encoded]  # a long text's windows: rows each
                 if deadline is None:
-                    order.sort(key=lambda i: encoded[i].cost)
+                    order.sort(key=lambda i: (reads[i], encoded[i].cost))
                 preds: list = [None] * len(encoded)
                 i = 0
                 while i < len(order):
@@ -265,7 +281,7 @@ class Objective(ABC):
                         return out + preds[:i]  # the order was kept: a prefix
                     t = time.perf_counter()
                     size = min(batch_size, FIRST_BATCH_UNDER_DEADLINE) if first and deadline else batch_size
-                    rows = order[i : i + size]
+                    rows = batch_rows(order[i:], reads, size)
                     batch = self.collate([encoded[r] for r in rows]).to(device)
                     try:
                         predicted = self.predict_batch(model, batch,
@@ -304,9 +320,12 @@ class Objective(ABC):
         return metrics, shown
 
     def _sample_loss(self, model: nn.Module, examples: list) -> float:
-        """The teacher-forced, unsmoothed loss of the first EVAL_SAMPLE examples."""
+        """The teacher-forced, unsmoothed loss of the first EVAL_SAMPLE examples (of as many as
+        make EVAL_SAMPLE rows, where long texts are read in windows: one batch, bounded)."""
+        encoded = self.encode(examples[:EVAL_SAMPLE])
+        kept = batch_rows(list(range(len(encoded))), [windows.windows_of(e) for e in encoded], EVAL_SAMPLE)
         with evaluating(model):
-            batch = self.collate(self.encode(examples[:EVAL_SAMPLE])).to(model_device(model))
+            batch = self.collate([encoded[i] for i in kept]).to(model_device(model))
             return self.loss(model, batch)[0].item()
 
     def tally(self) -> Tally:

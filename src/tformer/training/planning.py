@@ -29,8 +29,9 @@ from tformer.text.tokenizer import load_tokenizer
 from tformer.training.objective import Objective
 from tformer.training.plan import DataSummary, make_plan
 from tformer.training.precision import choose_precision, precision_why, step_class
-from tformer.training.sizing import AUTO_LENGTH_LIMIT, finetune_lr, rungs_for, time_steps, truncated
+from tformer.training.sizing import AUTO_LENGTH_LIMIT, finetune_lr, rungs_for, time_steps
 from tformer.training.steps import probe_step
+from tformer.training.windows import settle as settle_long_texts
 
 # A training step's FLOP rate against a 512^3 product's, on a machine whose own steps were never
 # timed: 0.56 (fp32) and 0.49 (bf16) for a d_model-128 classifier on an Intel Xeon (AMX), 1 thread.
@@ -212,7 +213,7 @@ def plan_run(objective: Objective, resume: bool, world: int, started: float, log
         write_json_atomic(run_dir / "data.json", objective.source.data.describe())  # resuming reads it
     objective = objective.with_config(plan.config)
     if config.data is not None and data.texts and not resume:
-        cut = truncated([max(t) for t in data.texts], plan.config.max_length)
+        objective, cut = settle_long_texts(objective, plan, data, run_dir)  # windows or cut
         if cut:
             log(cut)
     return plan, objective, speeds, data

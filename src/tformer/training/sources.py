@@ -170,6 +170,18 @@ class FileSource:
         return FileSource(self.data, config)
 
     @property
+    def long(self) -> str | None:
+        """How the run reads a text longer than max_length: "windows", "cut" (None: not settled
+        yet, cut; tformer.training.windows settles it)."""
+        return self.data.long
+
+    def windowed(self, windows: bool = True) -> FileSource:
+        """This source reading a long text in windows (tformer.text.windows), or cutting it."""
+        other = copy.copy(self)
+        other.tokenizer = self.tokenizer.windowed(windows)
+        return other
+
+    @property
     def train_records(self) -> int | None:
         return self.data.train_record_estimate()
 
