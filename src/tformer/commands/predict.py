@@ -29,11 +29,12 @@ from tformer.commands._inputs import (
 from tformer.errors import BadInput
 
 HELP = ("classify texts with a classification run (label per line, or JSONL with probabilities), or find "
-        "their entities with a tagging run")
+        "their entities with a token-classification run")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="a classification or tagging run on your data")
+    parser.add_argument("run_dir", metavar="RUN_DIR",
+                        help="a classification or token-classification run on your data")
     parser.add_argument("inputs", nargs="*", metavar="TEXT", help="texts to classify or tag")
     parser.add_argument("--file", metavar="FILE", default=None,
                         help="read texts from FILE, one per line ('-': standard input)")

@@ -8,17 +8,24 @@
   give tformer's logits on padded batches (<= TOLERANCE), and its pipeline("token-classification",
   aggregation_strategy="simple") on ``texts`` the entities tformer finds (``entities(texts)``):
   the same groups, words and offsets, scores within SCORE_TOLERANCE. Nothing is written before.
-- `onnx_config(config, labels)`: config.json of the ONNX folder (the BERT config where BERT
-  expresses the encoder, with id2label).
+- `export_token_classifier(out, model, tokenizer, labels, card, entities)`: the two above, then
+  the folder published whole (``export_dir.publish_export``).
+- `export_onnx_folder(out, model, tokenizer, labels, card, opset)`: model.onnx (logits per
+  sub-word, checked in onnxruntime), config.json (the BERT config where BERT expresses the
+  encoder, with id2label), the tokenizer and a card.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import save as st_save
 
+from tformer.export import onnx as tonnx
+from tformer.export.export_dir import publish_export
 from tformer.export.hf_check import loaded_in_transformers, max_difference
 from tformer.export.hf_classifier import BERT_INPUTS, classifier_state_to_hf, tokenizer_files
 from tformer.export.model_card import Card, render
@@ -124,3 +131,51 @@ def onnx_config(config, labels: Sequence[str]) -> dict:
         return {"tformer_config": config.to_dict(), "num_labels": len(labels),
                 "id2label": {str(i): name for i, name in enumerate(labels)},
                 "label2id": {name: i for i, name in enumerate(labels)}}
+
+
+def export_token_classifier(out: str | Path, model, tokenizer, labels: Sequence[str], card: Card,
+                            entities: Callable[[list[str]], list[list[dict]]]) -> tuple[Path, float]:
+    """Publish ``out`` as a BertForTokenClassification directory once transformers gives tformer's
+    logits, and its pipeline tformer's entities (``entities(texts)``) on texts of the run's own
+    vocabulary; returns (out, the worst difference)."""
+    files = token_classifier_files(model, tokenizer.backend, labels, tokenizer.max_length, card)
+    diff = check_in_transformers(files, model, check_texts(tokenizer), entities)
+    return publish_export(out, files, "--hf"), diff
+
+
+def check_texts(tokenizer, n: int = 8) -> list[str]:
+    """Texts an export is checked on: runs of 12 ids of the tokenizer's vocabulary (seeded), decoded."""
+    rng = np.random.default_rng(0)
+    texts = [tokenizer.decode(rng.integers(0, tokenizer.vocab_size, 12).tolist()) for _ in range(n)]
+    return [t for t in texts if t.strip()] or ["a text"]
+
+
+def export_onnx_folder(out: str | Path, model, tokenizer, labels: Sequence[str], card: Card,
+                       opset: int) -> tuple[Path, float]:
+    """Folder ``out`` (see the module docstring), checked in onnxruntime before it is published;
+    returns (out, max abs diff of the logits)."""
+    out = tonnx.check_folder(out)  # refused before the tracing
+    onnx_model, diff = tonnx.onnx_bytes(tonnx.ClassifierGraph(model), opset)
+    files = {"model.onnx": onnx_model, "config.json": json_bytes(onnx_config(model.config, labels)),
+             **tokenizer_files(tokenizer.backend, tokenizer.max_length, extra_config=BERT_INPUTS)}
+    files["README.md"] = render(card, "an ONNX token classifier (model.onnx: logits per sub-word; "
+                                "config.json: id2label)", ONNX_USAGE, library_name="onnx",
+                                pipeline_tag="token-classification", tags=("onnx",))
+    return publish_export(out, files, "--onnx"), diff
+
+
+ONNX_USAGE = """
+import json
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+tokenizer = Tokenizer.from_file("DIR/tokenizer.json")  # cuts texts at the run's max_length
+session = ort.InferenceSession("DIR/model.onnx")
+labels = json.load(open("DIR/config.json"))["id2label"]
+enc = tokenizer.encode("some text")
+feed = {"input_ids": [enc.ids], "attention_mask": [enc.attention_mask], "token_type_ids": [enc.type_ids]}
+(logits,) = session.run(None, {i.name: np.array(feed[i.name], dtype=np.int64) for i in session.get_inputs()})
+for token, (start, end), c in zip(enc.tokens, enc.offsets, logits[0].argmax(-1)):
+    print(token, start, end, labels[str(c)])  # a label per sub-word (read a word's first)
+"""

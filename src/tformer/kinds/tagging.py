@@ -30,29 +30,18 @@ from torch import Tensor, nn
 from tformer.config import TransformerConfig
 from tformer.export import hf_token_classifier as hf_tokens
 from tformer.export import onnx as tonnx
-from tformer.export.export_dir import publish_export
-from tformer.export.hf_classifier import BERT_INPUTS, tokenizer_files
-from tformer.export.model_card import Card, render
+from tformer.export.model_card import Card
 from tformer.formats import hf_bert
 from tformer.kinds.base import Kind
 from tformer.kinds.run import Run, check_batch_size, texts_of
 from tformer.kinds.serving import Item, too_long
 from tformer.nn.heads import TokenClassifier
 from tformer.nn.model import from_pretrained
-from tformer.storage.files import json_bytes, write_json_atomic
+from tformer.storage.files import write_json_atomic
 from tformer.text.batches import EncoderBatch, encoder_arrays, pad_arrays
-from tformer.text.word_pieces import IGNORED, Pieces, entity_groups, first_pieces, word_pieces
+from tformer.text.word_pieces import IGNORED, Pieces, entity_groups, first_pieces, marked, word_pieces
+from tformer.training import entities as ent
 from tformer.training.config import MODEL_OPTIONS
-from tformer.training.entities import (
-    SpanDictionary,
-    add_counts,
-    check_tags,
-    entities,
-    label_names,
-    span_counts,
-    span_scores,
-    to_iob2,
-)
 from tformer.training.losses import at_least_fp32
 from tformer.training.objective import Objective, Tally
 from tformer.training.records import Fields, Record, check_encodable
@@ -81,8 +70,8 @@ class TagFields(Fields):
         tags = self._strings(where, name, record)
         if len(tags) != len(tokens):
             raise ValueError(f"{where}: {name}: expected one tag per token ({len(tokens)}), got {len(tags)}")
-        check_tags(tags, where, name)
-        return {"tokens": tokens, "tags": to_iob2(tags)}
+        ent.check_tags(tags, where, name)
+        return {"tokens": tokens, "tags": ent.to_iob2(tags)}
 
     @staticmethod
     def _strings(where: str, name: str, record: dict[str, Any]) -> list[str]:
@@ -109,7 +98,9 @@ class TagFields(Fields):
         return " ".join(record["tokens"])
 
     def labels_of(self, record: Record) -> tuple[str, ...]:
-        return tuple(label_names(t for t, _, _ in entities(record["tags"]))) if "tags" in record else ()
+        if "tags" not in record:
+            return ()
+        return tuple(ent.label_names(t for t, _, _ in ent.entities(record["tags"])))
 
     def texts_of(self, record: Record) -> list[str]:
         return [" ".join(record["tokens"])]
@@ -152,7 +143,7 @@ class Tagging(Objective):
     def __init__(self, source, pretrained=None) -> None:
         super().__init__(source, pretrained)
         self.spans_file: Path | None = None  # a finished run's SPANS_FILE (saved_config)
-        self._dictionary: SpanDictionary | None = None
+        self._dictionary: ent.SpanDictionary | None = None
         backend = source.tokenizer.backend
         if type(backend.pre_tokenizer).__name__ == "ByteLevel" and \
                 type(backend.post_processor).__name__ == "TemplateProcessing":
@@ -243,28 +234,33 @@ class Tagging(Objective):
                 for e, logits in zip(self.encode(examples), preds, strict=True)]
 
     def score(self, examples: list, preds: list) -> tuple[dict, list[list[str]]]:
-        tally = SpanTally(self)
-        predicted = tally.add(examples, preds, baseline=False)
-        return tally.metrics(), predicted
+        scored, predicted = ent.SpanCounts(), self.word_tags(examples, preds)
+        scored.add([r["tags"] for r in examples], predicted)
+        return scored.scores(), predicted
 
     def tally(self) -> SpanTally:
         return SpanTally(self)
 
-    def dictionary(self) -> SpanDictionary:
+    def dictionary(self) -> ent.SpanDictionary:
         """The baseline: read from a finished run's SPANS_FILE, else learnt from the training
         records (one pass over them, once)."""
         if self._dictionary is None:
             if self.spans_file is not None and self.spans_file.is_file():
-                self._dictionary = SpanDictionary.from_json(json.loads(self.spans_file.read_text())["spans"])
+                saved = json.loads(self.spans_file.read_text())["spans"]
+                self._dictionary = ent.SpanDictionary.from_json(saved)
             else:
                 pools = self.source.data.epoch_pools(0)
-                self._dictionary = SpanDictionary.learn((r["tokens"], r["tags"]) for pool in pools for r in pool)
+                records = (r for pool in pools for r in pool)
+                self._dictionary = ent.SpanDictionary.learn((r["tokens"], r["tags"]) for r in records)
         return self._dictionary
 
+    def dictionary_tags(self, examples: list) -> list[list[str]]:
+        return [self.dictionary().tag(r["tokens"]) for r in examples]
+
     def _baseline(self, examples: list) -> tuple[float, str]:
-        tally = SpanTally(self)
-        tally.add(examples, None, baseline=True)
-        return tally.baseline()["baseline"], BASELINE_BY
+        scored = ent.SpanCounts()
+        scored.add([r["tags"] for r in examples], self.dictionary_tags(examples))
+        return scored.scores()["f1"], BASELINE_BY
 
     def sample_rows(self, examples: list, shown: list) -> list[tuple[str, str, str]]:
         return [(" ".join(r["tokens"]), spans_text(r["tokens"], tags), spans_text(r["tokens"], r["tags"]))
@@ -286,68 +282,26 @@ class Tagging(Objective):
 
 
 class SpanTally(Tally):
-    """Span counts per type (tformer.training.entities), words tagged right, and the dictionary
-    baseline's span counts, summed window by window."""
+    """The model's span counts and the dictionary baseline's, summed window by window."""
 
     def __init__(self, objective: Tagging) -> None:
-        self.objective = objective
-        self.counts: dict[str, list[int]] = {}
-        self.right = self.words = 0
-        self.baseline_counts: dict[str, list[int]] = {}
+        self.objective, self.model, self.dictionary = objective, ent.SpanCounts(), ent.SpanCounts()
 
-    def add(self, examples: list, preds: list | None, baseline: bool = True) -> list[list[str]]:
+    def add(self, examples: list, preds: list) -> None:
         true = [r["tags"] for r in examples]
-        predicted = []
-        if preds is not None:
-            predicted = self.objective.word_tags(examples, preds)
-            add_counts(self.counts, span_counts(true, predicted))
-            self.right += sum(p == t for ps, ts in zip(predicted, true, strict=True)
-                              for p, t in zip(ps, ts, strict=True))
-            self.words += sum(map(len, true))
-        if baseline:
-            dictionary = self.objective.dictionary()
-            tagged = [dictionary.tag(r["tokens"]) for r in examples]
-            add_counts(self.baseline_counts, span_counts(true, tagged))
-        return predicted
+        self.model.add(true, self.objective.word_tags(examples, preds))
+        self.dictionary.add(true, self.objective.dictionary_tags(examples))
 
     def metrics(self) -> dict[str, Any]:
-        return {**span_scores(self.counts), "accuracy": self.right / max(self.words, 1)}
+        return self.model.scores()
 
     def baseline(self) -> dict[str, Any]:
-        return {"baseline": span_scores(self.baseline_counts)["f1"], "baseline_by": BASELINE_BY}
+        return {"baseline": self.dictionary.scores()["f1"], "baseline_by": BASELINE_BY}
 
 
 def spans_text(tokens: list[str], tags: list[str]) -> str:
     """A sentence's entities as "words/TYPE, ..." (the sample table's columns)."""
-    return ", ".join(f"{' '.join(tokens[a : b + 1])}/{t}" for t, a, b in entities(tags)) or "-"
-
-
-def marked(text: str, found: list[dict[str, Any]]) -> str:
-    """`tformer predict`'s text line: each entity in brackets with its type, [grep](CMD)."""
-    out, at = [], 0
-    for e in sorted(found, key=lambda e: e["start"]):
-        if e["start"] < at:
-            continue
-        out += [text[at : e["start"]], f"[{text[e['start'] : e['end']]}]({e['entity_group']})"]
-        at = e["end"]
-    return "".join(out + [text[at:]])
-
-
-ONNX_USAGE = """
-import json
-import numpy as np
-import onnxruntime as ort
-from tokenizers import Tokenizer
-
-tokenizer = Tokenizer.from_file("DIR/tokenizer.json")  # cuts texts at the run's max_length
-session = ort.InferenceSession("DIR/model.onnx")
-labels = json.load(open("DIR/config.json"))["id2label"]
-enc = tokenizer.encode("some text")
-feed = {"input_ids": [enc.ids], "attention_mask": [enc.attention_mask], "token_type_ids": [enc.type_ids]}
-(logits,) = session.run(None, {i.name: np.array(feed[i.name], dtype=np.int64) for i in session.get_inputs()})
-for token, (start, end), c in zip(enc.tokens, enc.offsets, logits[0].argmax(-1)):
-    print(token, start, end, labels[str(c)])  # a label per sub-word (read a word's first)
-"""
+    return ", ".join(f"{' '.join(tokens[a : b + 1])}/{t}" for t, a, b in ent.entities(tags)) or "-"
 
 
 class TaggingRun(Run):
@@ -411,40 +365,23 @@ class TaggingRun(Run):
         entities on texts of the run's vocabulary) before anything is written."""
         tok = self.tokenizer
         try:
-            files = hf_tokens.token_classifier_files(self.model, tok.backend, self.labels, tok.max_length,
-                                                     card)
+            written, diff = hf_tokens.export_token_classifier(
+                out, self.model, tok, self.labels, card,
+                lambda texts: self.objective.entity_lists(self.model, texts))
         except hf_bert.NotBert as e:  # pre-norm: name the option
             option = f"--{e.field.replace('_', '-')}" if e.field in MODEL_OPTIONS else f"config.{e.field}"
             raise ValueError(f"--hf: {self.path}: {option}: {hf_tokens.ARCHITECTURE} needs {e.need}, got "
                              f"{e.got!r}; export it with --onnx") from None
-        diff = hf_tokens.check_in_transformers(files, self.model, self._check_texts(),
-                                               lambda texts: self.objective.entity_lists(self.model, texts))
-        written = publish_export(out, files, "--hf")
         print(f"wrote {written}/ ({hf_tokens.ARCHITECTURE}; transformers' pipeline finds tformer's entities, "
               f"max abs diff {diff:.1e}; AutoModelForTokenClassification.from_pretrained loads it)",
               file=sys.stderr)
         return written
 
-    def _check_texts(self, n: int = 8) -> list[str]:
-        """Texts the export is checked on: runs of the run's own vocabulary (seeded), decoded."""
-        rng = np.random.default_rng(0)
-        tok = self.tokenizer
-        texts = [tok.decode(rng.integers(0, tok.vocab_size, 12).tolist()) for _ in range(n)]
-        return [t for t in texts if t.strip()] or ["a text"]
-
     def export_onnx(self, out: Path, card: Card, opset: int) -> Path:
         """Folder ``out``: model.onnx (logits per sub-word), config.json (id2label), the tokenizer,
         a card."""
-        out = tonnx.check_folder(out)  # refused before the tracing
-        model, diff = tonnx.onnx_bytes(tonnx.ClassifierGraph(self.model), opset)
-        tok = self.tokenizer
-        files = {"model.onnx": model,
-                 "config.json": json_bytes(hf_tokens.onnx_config(self.model.config, self.labels)),
-                 **tokenizer_files(tok.backend, tok.max_length, extra_config=BERT_INPUTS)}
-        files["README.md"] = render(card, "an ONNX token classifier (model.onnx: logits per sub-word; "
-                                    "config.json: id2label)", ONNX_USAGE, library_name="onnx",
-                                    pipeline_tag=self.pipeline_tag, tags=("onnx",))
-        written = publish_export(out, files, "--onnx")
+        written, diff = hf_tokens.export_onnx_folder(out, self.model, self.tokenizer, self.labels, card,
+                                                     opset)
         tonnx.report(f"{written}/", diff)
         return written
 

@@ -61,7 +61,7 @@ class TokenClassifier(nn.Module):
     """An encoder, dropout and one linear layer applied to every token's vector: logits over
     ``config.n_classes`` labels per token, as transformers' BertForTokenClassification computes
     them (its ``bert``, ``dropout`` and ``classifier``: here ``encoder``, ``dropout``, ``head``).
-    A tagging run trains it (each word's label on its first sub-word) and runs its forward
+    A run on tokens and tags trains it (each word's label on its first sub-word) and runs its forward
     everywhere it predicts. ``encoder``: an Encoder of ``config`` to wrap, instead of a new one."""
 
     def __init__(self, config: TransformerConfig, encoder: Encoder | None = None) -> None:

@@ -4,6 +4,7 @@ predicted sub-words back into entities with character offsets.
     pieces = word_pieces(tokenizer, texts)        # ids, offsets, specials: cut as the model reads
     firsts = first_pieces(text, pieces, spans)    # the first sub-word of each word (None: cut)
     groups = entity_groups(text, pieces, logits, labels, tokenizer.backend)
+    marked(text, groups)                          # "[grep](CMD) prints lines"
 
 ``entity_groups`` is transformers' token-classification pipeline with
 ``aggregation_strategy="simple"``, step for step (its gather_pre_entities, aggregate and
@@ -134,3 +135,14 @@ def _grouped(tokens: list[tuple], backend: Any) -> dict[str, Any]:
     return {"entity_group": tokens[0][0].split("-", 1)[-1],
             "score": float(np.mean(np.nanmean([t[1] for t in tokens]))),
             "word": word, "start": int(tokens[0][3]), "end": int(tokens[-1][4])}
+
+
+def marked(text: str, found: list[dict[str, Any]]) -> str:
+    """`tformer predict`'s text line: each entity in brackets with its type, [grep](CMD)."""
+    out, at = [], 0
+    for e in sorted(found, key=lambda e: e["start"]):
+        if e["start"] < at:
+            continue
+        out += [text[at : e["start"]], f"[{text[e['start'] : e['end']]}]({e['entity_group']})"]
+        at = e["end"]
+    return "".join(out + [text[at:]])

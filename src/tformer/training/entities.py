@@ -5,6 +5,7 @@
     entities(tags)                     # [(type, first, last)]: seqeval's chunks, exactly
     counts = span_counts(true, pred)   # per type: [true, predicted, correct]; counts add
     span_scores(counts)                # precision, recall and F1 overall (micro) and per type (f1/PER)
+    scored = SpanCounts(); scored.add(true, pred); scored.scores()   # the same, summed as it goes
     SpanDictionary(train).tag(tokens)  # the trivial baseline: the spans seen in training
 
 A span is an entity's type and its first and last word. ``entities`` finds them as seqeval
@@ -143,9 +144,27 @@ def span_scores(counts: dict[str, list[int]]) -> dict[str, float]:
     return out
 
 
+class SpanCounts:
+    """Span counts per type and the words tagged right, summed over sentences as they come:
+    ``scores`` are span_scores of them all, and "accuracy", the share of words tagged right."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, list[int]] = {}
+        self.right = self.words = 0
+
+    def add(self, true: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> None:
+        add_counts(self.counts, span_counts(true, predicted))
+        for gold, guess in zip(true, predicted, strict=True):
+            self.right += sum(g == p for g, p in zip(gold, guess, strict=True))
+            self.words += len(gold)
+
+    def scores(self) -> dict[str, float]:
+        return {**span_scores(self.counts), "accuracy": self.right / max(self.words, 1)}
+
+
 # The baseline ------------------------------------------------------------------------------
 class SpanDictionary:
-    """The spans seen in training, each with the type it had most often: tagging a sentence
+    """The spans seen in training, each with the type it had most often: a sentence looked up
     marks its longest known spans, left to right (a word sequence seen as an entity is one
     wherever it occurs; an unseen one never is)."""
 
