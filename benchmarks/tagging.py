@@ -166,7 +166,8 @@ def hf_main(args: argparse.Namespace) -> None:
                 control.should_training_stop = True
 
     targs = TrainingArguments(output_dir=args.out, per_device_train_batch_size=32, learning_rate=lr,
-                              max_steps=steps, warmup_ratio=0.1, lr_scheduler_type="linear", weight_decay=0.01,
+                              max_steps=steps, warmup_ratio=0.1, lr_scheduler_type="linear",
+                              weight_decay=0.01,
                               max_grad_norm=1.0, logging_steps=50, save_strategy="no", eval_strategy="no",
                               report_to=[], use_cpu=True, dataloader_num_workers=0, seed=0,
                               disable_tqdm=True)
@@ -184,7 +185,8 @@ def hf_main(args: argparse.Namespace) -> None:
             batch = collator([{k: v for k, v in r.items() if k != "labels"} for r in rows])
             logits = model(**batch).logits.argmax(-1)
             for r, row in zip(rows, logits, strict=True):
-                predicted.append([labels[int(c)] for c, lab in zip(row, r["labels"], strict=False) if lab != -100])
+                first = [c for c, lab in zip(row, r["labels"], strict=False) if lab != -100]
+                predicted.append([labels[int(c)] for c in first])
     for r, p in zip(test, predicted, strict=True):  # words the cut left out: O
         p += ["O"] * (len(r["tokens"]) - len(p))
     result = score([r["tags"] for r in test], predicted)
@@ -200,8 +202,8 @@ def run_pair(data: Path, out: Path, minutes: float, start: str) -> dict:
     t0 = time.perf_counter()
     ours = subprocess.Popen(tformer_command(data, out / "tformer", minutes, start), env=env,
                             stdout=open(out / "tformer.log", "w"), stderr=subprocess.STDOUT)
-    theirs = subprocess.Popen([sys.executable, __file__, "hf", "--data-dir", str(data), "--minutes", str(minutes),
-                               "--start", start, "--out", str(out / "hf")], env=env,
+    theirs = subprocess.Popen([sys.executable, __file__, "hf", "--data-dir", str(data), "--minutes",
+                               str(minutes), "--start", start, "--out", str(out / "hf")], env=env,
                               stdout=open(out / "hf.log", "w"), stderr=subprocess.STDOUT)
     ours.wait()
     ours_wall = time.perf_counter() - t0
@@ -246,8 +248,8 @@ def main() -> None:
         args.minutes, args.start = args.minutes[0], args.start[0]
         hf_main(args)
         return
-    print(subprocess.run(["lscpu"], capture_output=True, text=True).stdout.split("Model name:")[1].split("\n")[0]
-          .strip())
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    print(lscpu.split("Model name:")[1].split("\n")[0].strip())
     results = []
     for minutes in args.minutes:
         for start in args.start:

@@ -95,7 +95,8 @@ def styled_words(line: str) -> list[tuple[str, str]]:
             continue
         if c.isspace():
             if chars:
-                counts = Counter(m for m, ch in zip(marks, chars) if ch.isalnum() or ch in "-_/.")
+                counts = Counter(m for m, ch in zip(marks, chars, strict=True)
+                                 if ch.isalnum() or ch in "-_/.")
                 style = max(("b", "i"), key=lambda s: counts[s]) if counts["b"] + counts["i"] else ""
                 if style and counts[style] * 2 < sum(counts.values()):
                     style = ""
@@ -197,7 +198,8 @@ def main() -> None:
                    and not p.is_symlink())
     rng = random.Random(args.seed)
     gcloud = [p for p in pages if p.name.startswith("gcloud")]
-    pages = [p for p in pages if not p.name.startswith("gcloud")] + rng.sample(gcloud, min(GCLOUD_PAGES, len(gcloud)))
+    pages = [p for p in pages if not p.name.startswith("gcloud")]
+    pages += rng.sample(gcloud, min(GCLOUD_PAGES, len(gcloud)))
     if args.pages is not None:
         pages = rng.sample(pages, min(args.pages, len(pages)))
     pages.sort()
@@ -217,7 +219,8 @@ def main() -> None:
         splits[name] = kept
     args.out.mkdir(parents=True, exist_ok=True)
     for name, rows in splits.items():
-        (args.out / f"{name}.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        (args.out / f"{name}.jsonl").write_text(lines)
         types = Counter(t[2:] for r in rows for t in r["tags"] if t != "O")
         print(f"{name}: {len(rows):,} sentences, {sum(len(r['tokens']) for r in rows):,} words, "
               f"entities {dict(types.most_common())}")

@@ -73,7 +73,7 @@ def test_counts_add_up_over_windows():
     for i in range(0, 50, 7):
         parts.add(true[i : i + 7], pred[i : i + 7])
     assert whole.scores() == parts.scores()
-    right = sum(a == b for s, p in zip(true, pred) for a, b in zip(s, p))
+    right = sum(a == b for s, p in zip(true, pred, strict=False) for a, b in zip(s, p, strict=False))
     assert whole.scores()["accuracy"] == right / sum(map(len, true))
 
 

@@ -185,12 +185,12 @@ class TrainConfig:
         self.reports()  # --report-to names only what tformer writes
         if self.format is not None:
             if self.format not in FORMAT_NAMES:
-                raise ValueError(f"format: expected one of {', '.join(FORMAT_NAMES)}, got {self.format!r}")
+                raise FieldError("format", f"expected one of {', '.join(FORMAT_NAMES)}, got {self.format!r}")
             own = FORMATS.get(Path(self.data or "").suffix.lower())
             if own is not None and own != self.format:  # (it would be read as its suffix says)
-                raise ValueError(f"format: {self.data} is read as {own} by its suffix; expected no --format "
-                                 f"(it names the format of a file whose suffix does not say it, such as "
-                                 f".txt), got {self.format!r}")
+                raise FieldError("format", f"{self.data} is read as {own} by its suffix; expected no "
+                                 "--format (it names the format of a file whose suffix does not say it, "
+                                 f"such as .txt), got {self.format!r}")
         if self.epochs is not None and self.data is None:
             raise FieldError("epochs", "synthetic tasks are endless streams; --epochs needs --data")
         if self.from_pretrained is not None and self.data is None:

@@ -190,7 +190,7 @@ def format_of(path: str | Path, fmt: str | None = None) -> str:
         raise ValueError(f"{path}: expected a .jsonl, .csv, .tsv or .conll file (or --format conll for a "
                          f"CoNLL .txt file), got {path.suffix or 'no suffix'!r}")
     if fmt not in FORMAT_NAMES:
-        raise ValueError(f"format: expected one of {', '.join(FORMAT_NAMES)}, got {fmt!r}")
+        raise FieldError("format", f"expected one of {', '.join(FORMAT_NAMES)}, got {fmt!r}")
     return fmt
 
 
