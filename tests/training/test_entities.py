@@ -114,11 +114,16 @@ def test_label_names():
     assert label_names(["PER", "LOC", "PER"]) == ["O", "B-LOC", "I-LOC", "B-PER", "I-PER"]
 
 
-def test_dictionary_marks_the_longest_known_spans():
+def test_dictionary_marks_the_longest_spans_that_were_mostly_entities():
     train = [(["new", "york", "is", "big"], ["B-LOC", "I-LOC", "O", "O"]),
              (["york", "lives"], ["B-PER", "O"]),
-             (["york", "and", "york"], ["B-PER", "O", "B-LOC"])]
-    d = SpanDictionary.learn(train)
-    assert d.spans == {("new", "york"): "LOC", ("york",): "PER"}  # PER twice, LOC once
-    assert d.tag(["in", "new", "york", "york", "new"]) == ["O", "B-LOC", "I-LOC", "B-PER", "O"]
+             (["york", "and", "york"], ["B-PER", "O", "B-LOC"]),
+             (["a", "big", "file"], ["O", "O", "B-VAR"]),
+             (["the", "file", "and", "the", "file"], ["O", "O", "O", "O", "B-VAR"])]
+    d = SpanDictionary.learn(lambda: iter(train))
+    # york: PER twice, LOC once, O once (inside "new york"); file: VAR twice, O once; big: never one
+    assert d.spans == {("new", "york"): "LOC", ("york",): "PER", ("file",): "VAR"}
+    assert d.tag(["in", "new", "york", "york", "new", "file"]) == ["O", "B-LOC", "I-LOC", "B-PER", "O", "B-VAR"]
     assert SpanDictionary.from_json(d.to_json()).spans == d.spans
+    once = SpanDictionary.learn(lambda: iter([(["a", "file"], ["O", "B-VAR"]), (["file", "x"], ["O", "O"])]))
+    assert once.spans == {}  # as often not an entity as one: not marked

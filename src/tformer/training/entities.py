@@ -6,7 +6,7 @@
     counts = span_counts(true, pred)   # per type: [true, predicted, correct]; counts add
     span_scores(counts)                # precision, recall and F1 overall (micro) and per type (f1/PER)
     scored = SpanCounts(); scored.add(true, pred); scored.scores()   # the same, summed as it goes
-    SpanDictionary(train).tag(tokens)  # the trivial baseline: the spans seen in training
+    SpanDictionary.learn(...).tag(tokens)  # the trivial baseline: the spans seen in training
 
 A span is an entity's type and its first and last word. ``entities`` finds them as seqeval
 (the package transformers' token-classification example scores with) does in its default
@@ -19,7 +19,7 @@ mean (0 where a count is 0), overall as its "micro avg", and per type.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 PREFIXES = ("B", "I", "E", "S")  # begin, inside, end (IOBES), single (IOBES)
 OUTSIDE = "O"
@@ -164,23 +164,36 @@ class SpanCounts:
 
 # The baseline ------------------------------------------------------------------------------
 class SpanDictionary:
-    """The spans seen in training, each with the type it had most often: a sentence looked up
-    marks its longest known spans, left to right (a word sequence seen as an entity is one
-    wherever it occurs; an unseen one never is)."""
+    """The spans seen in training that were entities more often than not there (a word set in
+    italics once is not a placeholder everywhere), each with its most frequent type. A sentence
+    looked up marks its longest known spans, left to right; a span never seen is never marked."""
 
     def __init__(self, spans: dict[tuple[str, ...], str]) -> None:
         self.spans = spans
         self.longest = max((len(s) for s in spans), default=0)
 
     @classmethod
-    def learn(cls, sentences: Iterable[tuple[Sequence[str], Sequence[str]]]) -> SpanDictionary:
-        """From (tokens, tags) of the training sentences."""
+    def learn(cls, sentences: Callable[[], Iterable[tuple[Sequence[str], Sequence[str]]]]) -> SpanDictionary:
+        """From (tokens, tags) of the training sentences: ``sentences()`` gives them anew, twice
+        (once for the entities' spans, once for their words where they were no entity)."""
         seen: dict[tuple[str, ...], Counter] = {}
-        for tokens, tags in sentences:
+        for tokens, tags in sentences():
             for type_, first, last in entities(tags):
                 seen.setdefault(tuple(tokens[first : last + 1]), Counter())[type_] += 1
-        # The most frequent type; ties by name, so the dictionary is the same every time.
-        return cls({span: min(c.items(), key=lambda kv: (-kv[1], kv[0]))[0] for span, c in seen.items()})
+        lengths = sorted({len(s) for s in seen})
+        for tokens, tags in sentences():
+            marked = {(first, last) for _, first, last in entities(tags)}
+            for n in lengths:
+                for i in range(len(tokens) - n + 1):
+                    counts = seen.get(tuple(tokens[i : i + n]))
+                    if counts is not None and (i, i + n - 1) not in marked:
+                        counts[OUTSIDE] += 1
+        spans = {}
+        for span, counts in seen.items():
+            outside = counts.pop(OUTSIDE, 0)
+            if sum(counts.values()) > outside:  # an entity more often than not: its most frequent type
+                spans[span] = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0]  # ties: by name
+        return cls(spans)
 
     def tag(self, tokens: Sequence[str]) -> list[str]:
         """IOB2 tags of one sentence."""
