@@ -166,7 +166,7 @@ def hf_main(args: argparse.Namespace) -> None:
                 control.should_training_stop = True
 
     targs = TrainingArguments(output_dir=args.out, per_device_train_batch_size=32, learning_rate=lr,
-                              max_steps=steps, warmup_ratio=0.1, lr_scheduler_type="linear",
+                              max_steps=steps, warmup_steps=0.1, lr_scheduler_type="linear",
                               weight_decay=0.01,
                               max_grad_norm=1.0, logging_steps=50, save_strategy="no", eval_strategy="no",
                               report_to=[], use_cpu=True, dataloader_num_workers=0, seed=0,
