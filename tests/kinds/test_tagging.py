@@ -96,6 +96,13 @@ def test_ner_tags_iobes_and_strings_are_read(tmp_path, scratch):
                                       ).name == "tagging"
 
 
+def test_a_tsv_file_holds_words_and_tags_as_spaced_strings(tmp_path, scratch):
+    path = tmp_path / "eval.tsv"
+    path.write_text("tokens\ttags\nthe cat sat\tO B-ANIMAL O\n")
+    (record,) = load_run(scratch).examples(data=str(path))
+    assert (record["tokens"], record["tags"]) == (["the", "cat", "sat"], ["O", "B-ANIMAL", "O"])
+
+
 def test_a_conll_txt_file_trains_with_format_conll(tmp_path):
     text = "\n\n".join("\n".join(f"{t} {g}" for t, g in zip(r["tokens"], r["tags"], strict=True))
                        for r in tag_rows(80))
