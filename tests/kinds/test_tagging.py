@@ -266,6 +266,15 @@ def test_an_hf_export_is_a_bert_to_fine_tune_from(bert_run, tmp_path):
     assert record["split"] == "test"
 
 
+def test_a_pre_norm_run_exports_to_onnx_not_to_bert(tmp_path):
+    data = write_jsonl(tmp_path / "t.jsonl", tag_rows(60))
+    run = tformer.train(data=str(data), out=str(tmp_path / "run"), norm_first=True, **{**TINY, "steps": 2})
+    with pytest.raises(ValueError, match=r"^--hf: .*run: --norm-first: BertForTokenClassification needs False "
+                                         r"\(post-norm\), got True; export it with --onnx$"):
+        run.export(hf=tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+
+
 def test_onnx_export_gives_tformers_logits(scratch, tmp_path):
     ort = pytest.importorskip("onnxruntime")
     run = load_run(scratch)
