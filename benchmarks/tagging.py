@@ -152,7 +152,7 @@ def hf_main(args: argparse.Namespace) -> None:
     model.train()
     times = []
     for i in range(4):
-        batch = collator(train_set[i * 32 : (i + 1) * 32])
+        batch = collator([train_set[j % len(train_set)] for j in range(i * 32, (i + 1) * 32)])
         t = time.perf_counter()
         model(**batch).loss.backward()
         model.zero_grad()
