@@ -52,7 +52,7 @@ def test_bad_columns_spec(tmp_path, spec, message):
 
 def test_unknown_file_type_and_missing_file(tmp_path):
     (tmp_path / "d.txt").write_text("a\n")
-    with pytest.raises(ValueError, match=r"d.txt: expected a .jsonl, .csv or .tsv file, got '.txt'"):
+    with pytest.raises(ValueError, match=r"d.txt: expected a .jsonl, .csv, .tsv or .conll file \(or --format conll for a CoNLL .txt file\), got '.txt'"):
         next(read_records(tmp_path / "d.txt"))
     with pytest.raises(FileNotFoundError, match="nope.jsonl: no such file"):
         next(read_records(tmp_path / "nope.jsonl"))

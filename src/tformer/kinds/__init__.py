@@ -3,6 +3,7 @@
     classification   text (+ text_pair) -> label         ClassificationRun: predict
     seq2seq          source -> target                    Seq2SeqRun: generate
     embedding        anchor -> positive (+ negative)     EmbeddingRun: embed
+    tagging          tokens -> tags (or a CoNLL file)    TaggingRun: predict (entities)
 
     kind = kind_of_data("train.jsonl")            # the file's field names choose
     config = resolve_config({"data": "train.jsonl", "max_minutes": 5})
@@ -24,7 +25,7 @@ from tformer.config import TransformerConfig
 from tformer.devices import resolve_device
 from tformer.errors import FieldError, a, as_path
 from tformer.formats.model_dir import read_model_dir
-from tformer.kinds import classification, embedding, seq2seq
+from tformer.kinds import classification, embedding, seq2seq, tagging
 from tformer.kinds.base import Kind
 from tformer.kinds.run import AttentionInput, Run
 from tformer.kinds.serving import input_limit
@@ -46,6 +47,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     classification.KIND,
     seq2seq.KIND,
     embedding.KIND,
+    tagging.KIND,
 )}
 MODEL_DIR_KIND = embedding.KIND  # what a BERT-format or sentence-transformers directory serves as
 
@@ -60,7 +62,7 @@ def kind_of_fields(names: Iterable[str], where: str) -> Kind:
     """The kind whose required fields a record has; a record holding the fields of two is
     ambiguous (source+target and text+label: which was meant?) and refused naming both."""
     names = set(names)
-    found = [k for k in KINDS.values() if set(k.fields.required) <= names]
+    found = [k for k in KINDS.values() if k.fields.chosen_by(names)]
     if len(found) > 1:
         both = " and ".join(f"{'+'.join(k.fields.required)} ({k.name})" for k in found)
         raise ValueError(f"{where}: expected the fields of one kind of data, got {both}; keep one set "
@@ -73,9 +75,10 @@ def kind_of_fields(names: Iterable[str], where: str) -> Kind:
     return found[0]
 
 
-def kind_of_data(path: str | Path, columns: str | None = None) -> Kind:
-    """The kind a data file's first record's field names choose."""
-    where, names = first_names(path, columns)
+def kind_of_data(path: str | Path, columns: str | None = None, fmt: str | None = None) -> Kind:
+    """The kind a data file's first record's field names choose (``fmt``: --format, the
+    format of a file whose suffix does not say it)."""
+    where, names = first_names(path, columns, fmt)
     return kind_of_fields(names, where)
 
 
@@ -90,7 +93,7 @@ def kind_of_config(config: TrainConfig, run_dir: Path | None = None) -> Kind:
         except (KeyError, ValueError) as e:
             raise FieldError("RUN_DIR", f"{run_dir / 'data.json'} is not a tformer data.json ({e})") from None
         return kind_named(name, f"RUN_DIR: {run_dir / 'data.json'}: objective")
-    return kind_of_data(config.data, config.columns)
+    return kind_of_data(config.data, config.columns, config.format)
 
 
 def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
@@ -101,7 +104,7 @@ def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
         training_config.check_keys(layer)
         merged.update(layer)
     if merged.get("data"):
-        kind = kind_of_data(merged["data"], merged.get("columns"))
+        kind = kind_of_data(merged["data"], merged.get("columns"), merged.get("format"))
     else:
         task = merged.get("task", TrainConfig.task)
         if task not in TASKS:
@@ -191,7 +194,7 @@ def load_run(path: str | Path, needs: str | None = None, device: str | object = 
     path, device = as_path(path, "path", "a run directory"), resolve_device(device)
     known = isinstance(needs, str) and any(hasattr(k.run, needs) for k in KINDS.values())
     if needs is not None and not known:  # (a number was getattr's TypeError)
-        verbs = ", ".join(k.verb for k in KINDS.values())
+        verbs = ", ".join(dict.fromkeys(k.verb for k in KINDS.values()))  # each once
         raise ValueError(f"needs: expected a run's method ({verbs}, ...) or None, got {needs!r}")
     # A live run may prune the checkpoint being read (it published a newer one): read that one.
     return read_latest(path, lambda _: _load(path, needs, device, dtype))

@@ -10,6 +10,7 @@ one forward gives the logits: `tformer predict`, ``Run.predict``, evaluation and
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -229,6 +230,26 @@ class ClassificationRun(Run):
         texts = texts_of(texts)
         pairs = None if pairs is None else pairs_list(pairs, len(texts))
         return self.objective.classify(self.model, texts, pairs, batch_size=check_batch_size(batch_size))
+
+    def predict_inputs(self, lines: list[str]) -> tuple[list[str], list[str | None] | None]:
+        """A run trained on pairs reads a tab as the end of the text and the start of its pair."""
+        if not self.pairs:
+            return lines, None
+        split = [line.partition("\t") for line in lines]  # text, tab, text_pair
+        pairs = [pair or None for _, _, pair in split]
+        return [text for text, _, _ in split], pairs if any(pairs) else None
+
+    def shown(self, text: str, answer: dict[str, Any], fmt: str, where: str) -> str | dict[str, Any]:
+        """The label; (jsonl) {"text", "label", "probabilities"}. Not-finite probabilities refused."""
+        probs = answer["probabilities"]
+        if not all(math.isfinite(p) for p in probs.values()):
+            raise ValueError(f"RUN_DIR {self.path}: expected finite probabilities, got "
+                             f"{list(probs.values())} for {where} (the weights are not finite: was its "
+                             "training diverging?)")
+        if fmt == "text":
+            return answer["label"]
+        return {"text": text, "label": answer["label"],
+                "probabilities": {name: round(p, 6) for name, p in probs.items()}}
 
     def answers(self, texts: list[str], batch_size: int = 64, **_: Any) -> list[str]:
         """What `tformer generate` prints per input: the label."""

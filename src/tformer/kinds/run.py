@@ -109,6 +109,16 @@ class Run(ABC):
     def main_metric(self) -> str:
         return self.objective.main_metric
 
+    # What `tformer predict` asks of a run with a ``predict`` verb ------------------------------
+    def predict_inputs(self, lines: list[str]) -> tuple[list[str], list[str | None] | None]:
+        """The command's input lines as ``predict`` takes them: texts, and their pairs (None)."""
+        return lines, None
+
+    def shown(self, text: str, answer: Any, fmt: str, where: str) -> str | dict[str, Any]:
+        """What the command prints for an input and its answer: a line of text (``fmt`` "text"),
+        or a record it writes as a JSON line ("jsonl"); ``where`` names the input in errors."""
+        raise NotImplementedError(f"{type(self).__name__} has no predict")
+
     # Evaluation ----------------------------------------------------------------------------
     def examples(self, split: str = "test", data: Data | None = None, limit: int | None = None) -> list:
         """A held-out split's examples, or those of `data` (a file or records); only the first

@@ -6,6 +6,7 @@
     tei.predict         POST /predict and / (TEI; / also Hugging Face's task API)
     tei.tokenize        POST /tokenize (TEI)
     tgi.generate        POST /generate and / (TGI)
+    hf.token_classification  POST / (Hugging Face's task API: InferenceClient.token_classification)
     always              GET /health, /info, /metrics, /v1/models, /v1/models/{id}
 
 Each kind's Run class names the protocols it answers (``Run.protocols``, tformer.kinds) and
@@ -31,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from tformer.serve import openai_api, tei_api, tgi_api
+from tformer.serve import hf_tasks, openai_api, tei_api, tgi_api
 from tformer.serve.endpoint import Endpoint, Service, error
 from tformer.serve.schema import RequestError
 
@@ -45,7 +46,7 @@ GET_PATHS = ("/health", "/info", "/metrics", "/v1/models")  # and /v1/models/{id
 PROTOCOLS: dict[str, Callable[[Service], dict[str, Endpoint]]] = {
     "openai.embeddings": openai_api.embeddings, "openai.completions": openai_api.completions,
     "tei.embed": tei_api.embedding, "tei.predict": tei_api.classification, "tei.tokenize": tei_api.tokenize,
-    "tgi.generate": tgi_api.generation,
+    "tgi.generate": tgi_api.generation, "hf.token_classification": hf_tasks.token_classification,
 }
 INFO: dict[str, Callable[[Service], dict[str, Any]]] = {"tei": tei_api.info, "tgi": tgi_api.info}
 
