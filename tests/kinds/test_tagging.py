@@ -165,6 +165,17 @@ def test_the_dictionary_baseline_is_seqevals_f1_of_the_spans_seen(scratch):
             assert as_entity[tuple(r["tokens"][a : b + 1])] > 0
 
 
+def test_a_perfect_dictionary_matched_by_a_perfect_tagger_is_too_easy_not_a_failure():
+    """Entity F1 is at most 1: a test split the dictionary tags perfectly cannot be beaten."""
+    from tformer.training.report import baseline_verdict, with_baseline
+    from tformer.verdict import LEARNED, judge
+
+    assert judge(1.0, 1.0, "f1", 50)[0] == LEARNED
+    record = with_baseline({"f1": 1.0, "examples": 50, "step": 8, "split": "test"}, "f1",
+                           {"baseline": 1.0, "baseline_by": "a dictionary"})
+    assert "matched a perfect baseline: test entity F1 1.0000" in baseline_verdict(record)
+
+
 @pytest.mark.slow
 def test_a_longer_run_learns_more_than_the_dictionary(tmp_path):
     """Unseen entities in context: the test's animals and places are words the training set
