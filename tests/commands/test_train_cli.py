@@ -116,9 +116,8 @@ def test_train_help_shows_each_objectives_real_defaults(capsys):
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     width = OBJECTIVE_PRESETS["classification"]["d_model"]
     assert f"model width (default: {width} on your data; synthetic tasks {DEFAULT_MODEL.d_model}" in text
-    lrs = {kind: OBJECTIVE_PRESETS[kind]["lr"] for kind in ("seq2seq", "classification", "embedding")}
-    assert (f"(default: classification {lrs['classification']}, seq2seq {lrs['seq2seq']}, "
-            f"embedding {lrs['embedding']}; fine-tuning by the model's width") in text
+    lrs = ", ".join(f"{kind} {preset['lr']}" for kind, preset in OBJECTIVE_PRESETS.items())
+    assert f"(default: {lrs}; fine-tuning by the model's width" in text
     assert FINETUNE_PRESET["lr"] is None
     pooling = OBJECTIVE_PRESETS["classification"]["pooling"]
     assert f"pooler: a BertForSequenceClassification) (default: classification {pooling};" in text

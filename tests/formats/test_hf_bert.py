@@ -169,7 +169,7 @@ def test_activations(act, ours):
         (
             {"architectures": ["BertForQuestionAnswering"]},
             r"architectures: expected one of BertModel, BertForMaskedLM, BertForSequenceClassification, "
-            r"got 'BertForQuestion",
+            r"BertForTokenClassification, got 'BertForQuestion",
         ),
         ({"model_type": "roberta"}, r"model_type: expected 'bert', got 'roberta'"),
         ({"hidden_act": "swish"}, r"hidden_act: expected one of .* got 'swish'"),

@@ -52,7 +52,8 @@ def test_bad_columns_spec(tmp_path, spec, message):
 
 def test_unknown_file_type_and_missing_file(tmp_path):
     (tmp_path / "d.md").write_text("a\n")
-    with pytest.raises(ValueError, match=r"d.md: expected a .jsonl, .csv, .tsv or .txt file, got '.md'"):
+    with pytest.raises(ValueError, match=r"d.md: expected a .jsonl, .csv, .tsv, .conll or .txt file \(or "
+                                         r"--format conll for a CoNLL .txt file\), got '.md'"):
         next(read_records(tmp_path / "d.md"))
     with pytest.raises(FileNotFoundError, match="nope.jsonl: no such file"):
         next(read_records(tmp_path / "nope.jsonl"))

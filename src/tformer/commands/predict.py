@@ -1,11 +1,15 @@
 """`tformer predict RUN_DIR --file texts.txt`: what a run predicts for each text, as its kind
-prints it (the run says: ``printed``): a classifier's label (and probabilities), a regression
-run's score, a masked-LM run's candidates for each mask token of the text (fill-mask's answer).
+prints it (the run says: ``Run.printed``): a classifier's label (and probabilities), a
+regression run's score, a tagger's entities, a masked-LM run's candidates for each mask token of
+the text (fill-mask's answer).
 
 One input per line (for a run trained on pairs a tab separates text and text_pair; for one
-trained on single texts a tab is part of the text); prints one line per input, or with --format
-jsonl one object: one output line per input, always (see tformer.text.lines). Scores that are
-not finite (a broken checkpoint) are refused, never printed as NaN.
+trained on single texts a tab is part of the text: ``Run.predict_inputs``); prints one line per
+input, or with --format jsonl one object: one output line per input, always (see
+tformer.text.lines). A classifier prints its label ({"text", "label", "probabilities"}), a
+regression run its score ({"text", "score"}), a tagger its text with the entities marked,
+[words](TYPE) ({"text", "entities": [{"entity_group", "score", "word", "start", "end"}]}).
+Scores that are not finite (a broken checkpoint) are refused, never printed as NaN.
 """
 
 from __future__ import annotations
@@ -28,22 +32,24 @@ from tformer.commands._inputs import (
 from tformer.errors import BadInput
 
 HELP = ("predict with a classification run (label per line, or JSONL with probabilities), score texts "
-        "with a regression run, or fill the mask token of texts with a masked-LM run (candidates and scores)")
+        "with a regression run, find their entities with a token-classification run, or fill the mask "
+        "token of texts with a masked-LM run (candidates and scores)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR",
-                        help="a classification, regression or masked-LM run on your data")
+                        help="a classification, regression, token-classification or masked-LM run on "
+                             "your data")
     parser.add_argument("inputs", nargs="*", metavar="TEXT",
-                        help="texts to classify or score (a tab separates a text and its text_pair), or "
-                             "to fill (with the run's mask token, <mask> or [MASK])")
+                        help="texts to classify, score or tag (a tab separates a text and its text_pair), "
+                             "or to fill (with the run's mask token, <mask> or [MASK])")
     parser.add_argument("--file", metavar="FILE", default=None,
                         help="read texts from FILE, one per line ('-': standard input)")
     parser.add_argument("--format", choices=("text", "jsonl"), default="text",
-                        help="text: the label, or the score (a masked-LM run: each mask's top 5 candidates, "
-                             "'token score', masks separated by ' | '); jsonl: {text, label, probabilities}, "
-                             "{text, score} (a masked-LM run: {text, fills: fill-mask's answer}) "
-                             "(default: text)")
+                        help="text: the label, or the score (a tagger: the text, its entities marked "
+                             "[words](TYPE); a masked-LM run: each mask's top 5 candidates, 'token score', "
+                             "masks separated by ' | '); jsonl: {text, label, probabilities}, {text, score}, "
+                             "{text, entities} or {text, fills} (default: text)")
     parser.add_argument("--batch-size", type=int, default=64, help="texts per batch (default 64)")
     add_long(parser)
     add_threads(parser)
@@ -59,13 +65,12 @@ def run(args: argparse.Namespace) -> int:
     run = load_run(args.run_dir, needs="predict", device=device_of(args)).read_long(args.long)
     cut, total = Truncations(args, "inputs", "TEXT", run.max_input_tokens if run.tokenizer else 0), 0
     for start, chunk in itertools.chain([first], inputs):
-        split = [t.partition("\t") if run.pairs else (t, "", "") for t in chunk]  # text, tab, text_pair
-        pairs = [pair for _, _, pair in split]
-        cut.note(start, run.truncated([text for text, _, _ in split], [p or None for p in pairs]))
+        texts, pairs = run.predict_inputs(chunk)  # a classifier trained on pairs: text, tab, text_pair
+        cut.note(start, run.truncated(texts, pairs))
         total += len(chunk)
         try:
-            paired = {"pairs": pairs} if any(pairs) else {}  # (a run of single texts takes none)
-            answers = run.predict([text for text, _, _ in split], **paired, batch_size=args.batch_size)
+            answers = run.predict(texts, **({} if pairs is None else {"pairs": pairs}),
+                                  batch_size=args.batch_size)
         except BadInput as e:
             raise bad_input(args, "inputs", "TEXT", start, e) from None
         rows = []

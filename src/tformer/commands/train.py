@@ -26,7 +26,7 @@ def _optional(cast):
 
 # The option groups of --help, in order (an option in none of them goes under "other options").
 GROUPS = (
-    ("what to learn", ("data", "valid", "test", "columns", "from_pretrained", "task")),
+    ("what to learn", ("data", "valid", "test", "columns", "format", "from_pretrained", "task")),
     ("budget and stopping", ("max_minutes", "steps", "epochs", "early_stop", "patience")),
     ("the model (chosen from the budget unless given)",
      ("d_model", "n_heads", "d_ff", "n_layers", "n_decoder_layers", "dropout", "pretrained_dropout",

@@ -68,7 +68,7 @@ IGNORED_KEYS = ("embeddings.position_ids", "embeddings.token_type_ids")
 # The encoders alone, and a classifier's encoder (what `export --hf` writes for a classifier
 # with BERT's pooler: it fine-tunes further, or embeds, without its head).
 ENCODER_ARCHITECTURES = ("BertModel", "BertForMaskedLM")
-ARCHITECTURES = (*ENCODER_ARCHITECTURES, "BertForSequenceClassification")
+ARCHITECTURES = (*ENCODER_ARCHITECTURES, "BertForSequenceClassification", "BertForTokenClassification")
 # HF "gelu" is the exact erf GELU; "gelu_new" and "gelu_pytorch_tanh" the tanh approximation.
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 TO_HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}

@@ -4,6 +4,7 @@
     seq2seq          source -> target                    Seq2SeqRun: generate
     embedding        anchor -> positive (+ negative)     EmbeddingRun: embed
     masked_lm        text alone (or a .txt file)         MaskedLMRun: predict (fill-mask)
+    tagging          tokens -> tags (or a CoNLL file)    TaggingRun: predict (entities)
 
     kind = kind_of_data("train.jsonl")            # the file's field names choose
     config = resolve_config({"data": "train.jsonl", "max_minutes": 5})
@@ -25,7 +26,7 @@ from tformer.config import TransformerConfig
 from tformer.config.sizes import check_fits
 from tformer.errors import FieldError, a, as_path
 from tformer.formats.model_dir import read_model_dir
-from tformer.kinds import classification, embedding, masked_lm, regression, reranking, seq2seq
+from tformer.kinds import classification, embedding, masked_lm, regression, reranking, seq2seq, tagging
 from tformer.kinds.base import Kind
 from tformer.kinds.run import AttentionInput, Run
 from tformer.kinds.serving import input_limit
@@ -50,6 +51,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     regression.KIND,
     reranking.KIND,
     masked_lm.KIND,
+    tagging.KIND,
 )}
 MODEL_DIR_KIND = embedding.KIND  # what a BERT-format or sentence-transformers directory serves as
 
@@ -66,7 +68,7 @@ def kind_of_fields(names: Iterable[str], where: str) -> Kind:
     Two that read as many are ambiguous (source+target and text+label: which was meant?) and
     refused naming both."""
     names = set(names)
-    found = [k for k in KINDS.values() if set(k.fields.required) <= names]
+    found = [k for k in KINDS.values() if k.fields.chosen_by(names)]
     most = max((len(k.fields.required) for k in found), default=0)
     found = [k for k in found if len(k.fields.required) == most]
     if len(found) > 1:
@@ -81,9 +83,10 @@ def kind_of_fields(names: Iterable[str], where: str) -> Kind:
     return found[0]
 
 
-def kind_of_data(path: str | Path, columns: str | None = None) -> Kind:
-    """The kind a data file's first record's field names choose."""
-    where, names = first_names(path, columns)
+def kind_of_data(path: str | Path, columns: str | None = None, fmt: str | None = None) -> Kind:
+    """The kind a data file's first record's field names choose (``fmt``: --format, the
+    format of a file whose suffix does not say it)."""
+    where, names = first_names(path, columns, fmt)
     return kind_of_fields(names, where)
 
 
@@ -98,7 +101,7 @@ def kind_of_config(config: TrainConfig, run_dir: Path | None = None) -> Kind:
         except (KeyError, ValueError) as e:
             raise FieldError("RUN_DIR", f"{run_dir / 'data.json'} is not a tformer data.json ({e})") from None
         return kind_named(name, f"RUN_DIR: {run_dir / 'data.json'}: objective")
-    return kind_of_data(config.data, config.columns)
+    return kind_of_data(config.data, config.columns, config.format)
 
 
 def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
@@ -109,7 +112,7 @@ def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
         training_config.check_keys(layer)
         merged.update(layer)
     if merged.get("data"):
-        kind = kind_of_data(merged["data"], merged.get("columns"))
+        kind = kind_of_data(merged["data"], merged.get("columns"), merged.get("format"))
     else:
         task = merged.get("task", TrainConfig.task)
         if task not in TASKS:

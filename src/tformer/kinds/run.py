@@ -122,6 +122,23 @@ class Run(ABC):
             self.objective.source = self.objective.source.windowed(long == "windows")
         return self
 
+    # What `tformer predict` asks of a run with a ``predict`` verb ------------------------------
+    pairs = False  # trained on text pairs (a kind that reads them says so: a property)
+
+    def predict_inputs(self, lines: list[str]) -> tuple[list[str], list[str | None] | None]:
+        """The command's input lines as ``predict`` takes them: texts, and their pairs (None). A
+        run trained on pairs reads a tab as the end of the text and the start of its pair."""
+        if not self.pairs:
+            return lines, None
+        split = [line.partition("\t") for line in lines]  # text, tab, text_pair
+        pairs = [pair or None for _, _, pair in split]
+        return [text for text, _, _ in split], pairs if any(pairs) else None
+
+    def printed(self, text: str, answer: Any) -> tuple[str, dict[str, Any]]:
+        """What the command prints for an input and its answer: its line of text, and the
+        record --format jsonl writes; numbers that are not finite (a broken checkpoint) refused."""
+        raise NotImplementedError(f"{type(self).__name__} has no predict")
+
     # Evaluation ----------------------------------------------------------------------------
     def examples(self, split: str = "test", data: Data | None = None, limit: int | None = None) -> list:
         """A held-out split's examples, or those of `data` (a file or records); only the first

@@ -4,9 +4,11 @@
                     (sentence-transformers' Transformer -> Pooling -> Normalize)
     MaskedLM        encoder + BERT's masked-LM head: a distribution over the vocabulary at
                     each position asked for (transformers' BertForMaskedLM)
+    TokenClassifier encoder + dropout + linear over each token: one row of logits per token
+                    (transformers' BertForTokenClassification)
 
-Shape legend: B batch, S length, N positions predicted, D model dim, V vocabulary.
-Masks: True = real token (tformer.nn.masks).
+Shape legend: B batch, S length, N positions predicted, D model dim, V vocabulary,
+C classes. Masks: True = real token (tformer.nn.masks).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from torch import Tensor, nn
 
 from tformer.config import TransformerConfig, check_config
 from tformer.nn import kernels
+from tformer.nn.dropout import Dropout
 from tformer.nn.model import Encoder
+from tformer.nn.outputs import ClassifierOutput
 from tformer.nn.pooling import pool
 
 
@@ -112,3 +116,34 @@ class MaskedLM(nn.Module):
         if positions is not None:
             h = h[positions]  # (N, D)
         return self.head(h, self.encoder.tok_emb.weight)  # (..., V)
+
+
+class TokenClassifier(nn.Module):
+    """An encoder, dropout and one linear layer applied to every token's vector: logits over
+    ``config.n_classes`` labels per token, as transformers' BertForTokenClassification computes
+    them (its ``bert``, ``dropout`` and ``classifier``: here ``encoder``, ``dropout``, ``head``).
+    A run on tokens and tags trains it (each word's label on its first sub-word) and runs its forward
+    everywhere it predicts. ``encoder``: an Encoder of ``config`` to wrap, instead of a new one."""
+
+    def __init__(self, config: TransformerConfig, encoder: Encoder | None = None) -> None:
+        super().__init__()
+        self.config = check_config(config)
+        if config.n_classes is None:
+            raise ValueError("n_classes: TokenClassifier needs the number of labels, got None")
+        self.encoder = Encoder(config) if encoder is None else encoder
+        self.dropout = Dropout(config.dropout)
+        self.head = nn.Linear(config.d_model, config.n_classes)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                token_type_ids: Tensor | None = None, output_attentions: bool = False,
+                output_hidden_states: bool = False) -> ClassifierOutput:
+        """
+        Shape:
+            input_ids (B, S); attention_mask (B, S) -> ClassifierOutput with logits (B, S, C)
+            (a padding position's row is the head's bias: its vector is zeros)
+        """
+        types = token_type_ids if self.config.type_vocab_size else None
+        out = self.encoder(input_ids, attention_mask, token_type_ids=types,
+                           output_attentions=output_attentions, output_hidden_states=output_hidden_states)
+        logits = self.head(self.dropout(out.last_hidden_state))  # (B, S, C)
+        return ClassifierOutput(logits, out.hidden_states, out.attentions)

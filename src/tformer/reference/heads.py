@@ -2,7 +2,8 @@
 
 Same class names, attribute names and state-dict keys as the PyTorch modules.
 
-Shape legend: B batch, S length, N positions predicted, D model dim, V vocabulary.
+Shape legend: B batch, S length, N positions predicted, D model dim, V vocabulary,
+C classes.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import numpy as np
 from tformer.config import TransformerConfig
 from tformer.reference.feedforward import ACTIVATION_GRADS, ACTIVATIONS
 from tformer.reference.model import Encoder
-from tformer.reference.module import LayerNorm, Linear, Module
+from tformer.reference.module import Dropout, LayerNorm, Linear, Module
+from tformer.reference.outputs import ClassifierOutput
 from tformer.reference.pooling import pool
 
 
@@ -111,3 +113,45 @@ class MaskedLM(Module):
         dh = np.zeros(shape, dtype=dsel.dtype)  # (B, S, D): only the positions predicted get one
         dh[positions] = dsel
         self.encoder.backward(dh, enc_cache, grads, prefix + "encoder.")
+
+
+class TokenClassifier(Module):
+    """An encoder, dropout and one linear layer applied to every token's vector: logits per
+    token (transformers' BertForTokenClassification)."""
+
+    def __init__(self, config: TransformerConfig, dtype=np.float32) -> None:
+        if config.n_classes is None:
+            raise ValueError("n_classes: TokenClassifier needs the number of labels, got None")
+        self.config = config
+        self.dtype = np.dtype(dtype)
+        self.encoder = Encoder(config, dtype=dtype)
+        self.dropout = Dropout(config.dropout)
+        self.head = Linear(config.d_model, config.n_classes)
+        self.astype(self.dtype)
+
+    def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None,
+                token_type_ids: np.ndarray | None = None, output_attentions: bool = False,
+                output_hidden_states: bool = False) -> ClassifierOutput:
+        """Shape: input_ids (B, S); attention_mask (B, S) -> logits (B, S, C)"""
+        types = token_type_ids if self.config.type_vocab_size else None
+        out = self.encoder(input_ids, attention_mask, token_type_ids=types,
+                           output_attentions=output_attentions, output_hidden_states=output_hidden_states)
+        logits = self.head(self.dropout(out.last_hidden_state))  # (B, S, C)
+        return ClassifierOutput(logits, out.hidden_states, out.attentions)
+
+    def forward_train(self, input_ids, attention_mask=None, token_type_ids=None, rng=None):
+        """forward, with dropout from `rng`, and the cache for ``backward``.
+
+        Shape: input_ids (B, S); attention_mask (B, S) -> logits (B, S, C), cache
+        """
+        types = token_type_ids if self.config.type_vocab_size else None
+        out, enc_cache = self.encoder.forward_train(input_ids, attention_mask, token_type_ids=types, rng=rng)
+        dropped, drop_cache = self.dropout.forward_train(out.last_hidden_state, rng)  # (B, S, D)
+        return self.head(dropped), (enc_cache, dropped, drop_cache)
+
+    def backward(self, dlogits, cache, grads: dict, prefix: str = ""):
+        """Shape: dlogits (B, S, C) -> None (the inputs are token ids)."""
+        enc_cache, dropped, drop_cache = cache
+        ddropped = self.head.backward(dlogits, dropped, grads, prefix + "head.")  # (B, S, D)
+        dh = self.dropout.backward(ddropped, drop_cache)  # (B, S, D)
+        return self.encoder.backward(dh, enc_cache, grads, prefix + "encoder.")

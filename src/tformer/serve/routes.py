@@ -8,6 +8,7 @@
     tei.tokenize        POST /tokenize (TEI)
     tgi.generate        POST /generate and / (TGI)
     hf.fill_mask        POST / (Hugging Face's fill-mask task)
+    hf.token_classification  POST / (Hugging Face's task API: InferenceClient.token_classification)
     always              GET /health, /info, /metrics, /v1/models, /v1/models/{id}
 
 Each kind's Run class names the protocols it answers (``Run.protocols``, tformer.kinds) and
@@ -33,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from tformer.serve import hf_api, openai_api, tei_api, tgi_api
+from tformer.serve import hf_api, hf_tasks, openai_api, tei_api, tgi_api
 from tformer.serve.endpoint import Endpoint, Service, error
 from tformer.serve.schema import RequestError
 
@@ -50,6 +51,7 @@ PROTOCOLS: dict[str, Callable[[Service], dict[str, Endpoint]]] = {
     "tei.embed": tei_api.embedding, "tei.predict": tei_api.classification, "tei.rerank": tei_api.rerank,
     "tei.tokenize": tei_api.tokenize,
     "tgi.generate": tgi_api.generation, "hf.fill_mask": hf_api.fill_mask,
+    "hf.token_classification": hf_tasks.token_classification,
 }
 INFO: dict[str, Callable[[Service], dict[str, Any]]] = {"tei": tei_api.info, "tgi": tgi_api.info}
 

@@ -21,6 +21,7 @@ from tformer.errors import BadType, FieldError
 from tformer.nn import devices
 from tformer.nn.kernels.machine import check_threads
 from tformer.training.presets import FINETUNE_PRESET, PRESETS, SIZE_OPTIONS, TIMED_STEPS
+from tformer.training.records import FORMAT_NAMES, FORMATS
 from tformer.training.tasks import TASKS, Task
 from tformer.training.unread import check_layers, check_read
 
@@ -73,12 +74,15 @@ class TrainConfig:
     # What to learn: a synthetic task, or your own files.
     task: str | None = _f("reverse", "synthetic task: copy, reverse, sort, add (seq2seq); listops, "
                           "brackets (classification); not with --data")
-    data: str | None = _f(None, "training file (JSONL, CSV or TSV with a header, or .txt: one text per "
-                          "line); its fields choose the objective: source+target, text+label[+text_pair], "
-                          "anchor+positive[+negative], text alone (masked-LM pre-training)")
+    data: str | None = _f(None, "training file (JSONL, CSV or TSV with a header; CoNLL; or .txt: one text "
+                          "per line); its fields choose the objective: source+target, "
+                          "text+label[+text_pair], anchor+positive[+negative], tokens+tags, text alone "
+                          "(masked-LM pre-training)")
     valid: str | None = _f(None, "validation file (default: a seeded split of --data)")
     test: str | None = _f(None, "test file (default: a seeded split of --data)")
     columns: str | None = _f(None, "rename columns, e.g. 'en=source,fr=target'")
+    format: str | None = _f(None, "the format of data files whose suffix does not say it (a .txt file): "
+                            "conll (a token and its tag per line), jsonl, csv or tsv")
     from_pretrained: str | None = _f(None, "fine-tune this BERT-format model directory "
                                      "(its tokenizer and sizes are used)")
     tokenizer: str = _f("bpe", "tokenizer trained on --data: bpe (byte-level), wordpiece, unigram")
@@ -188,6 +192,14 @@ class TrainConfig:
         if not 0 <= self.label_smoothing < 1:
             raise FieldError("label_smoothing", f"expected a value in [0, 1), got {self.label_smoothing}")
         self.reports()  # --report-to names only what tformer writes
+        if self.format is not None:
+            if self.format not in FORMAT_NAMES:
+                raise FieldError("format", f"expected one of {', '.join(FORMAT_NAMES)}, got {self.format!r}")
+            own = FORMATS.get(Path(self.data or "").suffix.lower())
+            if own is not None and own != self.format:  # (it would be read as its suffix says)
+                raise FieldError("format", f"{self.data} is read as {own} by its suffix; expected no "
+                                 "--format (it names the format of a file whose suffix does not say it, "
+                                 f"such as .txt), got {self.format!r}")
         if self.epochs is not None and self.data is None:
             raise FieldError("epochs", "synthetic tasks are endless streams; --epochs needs --data")
         if self.from_pretrained is not None and self.data is None:

@@ -206,7 +206,7 @@ class TextData:
                 fields.tally(tally, record)
             sample.offer(n, key, u, fields.texts_of(record))
         if n == 0:
-            raise ValueError(f"{path}: expected at least one record, got {no_records(path)}")
+            raise ValueError(f"{path}: expected at least one record, got {no_records(path, config.format)}")
         if given and n == n_given:  # training skips records whose input a given file holds
             files = ", ".join(f"--{s} {p}" for s, p in (("valid", config.valid), ("test", config.test)) if p)
             raise ValueError(f"{path}: expected training records, got none: the input text of each of its "
@@ -299,7 +299,8 @@ class TextData:
         if not records:
             path = self.config.valid if split == "validation" else self.config.test
             if path is not None:  # a file given for it holds none
-                raise ValueError(f"{path}: expected at least one record, got {no_records(path)}")
+                raise ValueError(f"{path}: expected at least one record, got "
+                                 f"{no_records(path, self.config.format)}")
             raise ValueError(f"{split}: expected at least one record, got none (the split of "
                              f"{self.config.data} is empty: add --valid/--test files)")
         return records
@@ -348,7 +349,7 @@ class TextData:
                                      f"the training labels ({', '.join(self.labels)})")
 
     def _checked(self, path: Path) -> Iterator[tuple[int, Record]]:
-        for line_no, record in read_records(path, self._columns_of(path)):
+        for line_no, record in read_records(path, self._columns_of(path), self.config.format):
             yield line_no, self.fields.check(f"{path}:{line_no}", record)
 
     def _columns_of(self, path: Path) -> str | None:
@@ -357,7 +358,7 @@ class TextData:
         columns = self.config.columns
         if not columns:
             return None
-        for line_no, record in read_records(path):
+        for line_no, record in read_records(path, None, self.config.format):
             theirs = set(parse_columns(columns))
             if theirs <= set(record):
                 return columns
@@ -374,7 +375,7 @@ class TextData:
         if self._held_out_keys is None:
             self._held_out_keys = self._given_keys()
         hashed = {s for s, p in (("validation", c.valid), ("test", c.test)) if p is None}
-        for line_no, offset, record in indexed_records(Path(c.data), c.columns):
+        for line_no, offset, record in indexed_records(Path(c.data), c.columns, c.format):
             record = self.fields.check(f"{c.data}:{line_no}", record)
             key = self.fields.input_key(record)
             if key in self._held_out_keys:
@@ -406,4 +407,4 @@ class TextData:
         for start in range(0, len(order), POOL):
             pick = places[np.sort(order[start : start + POOL])]  # file order: reads go forward
             yield [self.fields.check(f"{c.data}:{line_no}", record)
-                   for line_no, record in records_at(c.data, c.columns, pick.tolist())]
+                   for line_no, record in records_at(c.data, c.columns, pick.tolist(), c.format)]

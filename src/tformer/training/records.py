@@ -1,4 +1,4 @@
-"""Reading your files: JSONL, CSV, TSV and plain-text records, their fields, and the seeded split.
+"""Reading your files: JSONL, CSV, TSV, CoNLL and plain-text records, their fields, and the seeded split.
 
     for line_no, record in read_records("train.csv", columns="en=source,fr=target"): ...
     where, names = first_names("train.csv")       # what chooses the kind (tformer.kinds)
@@ -8,7 +8,11 @@ file and line. JSONL: one object per line, blank lines skipped. CSV: RFC 4180 qu
 header row. TSV: a header row, fields separated by tabs and never quoted (a `"` is a
 character like any other, so a field that starts with one cannot swallow the next lines).
 .txt: one text per line, the record {"text": line} (blank lines skipped): masked-LM pre-training.
-A UTF-8 byte-order mark (Excel's "CSV UTF-8") is dropped.
+CoNLL (.conll, or a .txt file with fmt="conll": `--format conll`): one token per line, its tag in
+the last column (columns separated by spaces or tabs), a blank line between sentences,
+-DOCSTART- lines skipped; each sentence is one record {"tokens": [...], "tags": [...]}, numbered
+by its first line (its i-th token is on that line + i). A UTF-8 byte-order mark (Excel's "CSV
+UTF-8") is dropped.
 
 The split, when --valid/--test are not given: each record's input text is hashed with the
 seed to u in [0, 1); u < f goes to test, f <= u < 2f to validation, the rest to training.
@@ -29,7 +33,11 @@ from typing import Any
 
 from tformer.errors import FieldError
 
-FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv", ".txt": "lines"}
+FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv", ".conll": "conll",
+           ".txt": "lines"}
+# What a file's format may be given as where its suffix does not say it (`--format`: a .txt file).
+FORMAT_NAMES = ("jsonl", "csv", "tsv", "conll", "lines")
+DOCSTART = "-DOCSTART-"  # CoNLL-2003's document separator lines: not sentences
 
 Record = dict[str, str]  # an objective's fields as non-empty strings (+ "line" when held out)
 
@@ -48,6 +56,10 @@ class Fields:
     label: str | None = None  # the field naming a class (read by ``label_name``'s rule)
     min_labels: int = 0  # distinct labels a training file must have
     specials: tuple[str, ...] = ()  # special tokens a tokenizer trained for the kind adds (<mask>)
+
+    def chosen_by(self, names: set[str]) -> bool:
+        """Whether a record with these field names is of this kind: it has the required ones."""
+        return set(self.required) <= names
 
     def input_key(self, record: Record) -> str:
         return "\t".join(record.get(name, "") for name in self.input_fields)
@@ -135,17 +147,19 @@ def parse_columns(spec: str | None) -> dict[str, str]:
     return out
 
 
-def read_records(path: str | Path, columns: str | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, record) for each record of a JSONL/CSV/TSV file, one line at a time."""
-    for line_no, _, record in indexed_records(path, columns):
+def read_records(path: str | Path, columns: str | None = None, fmt: str | None = None
+                 ) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, record) for each record of a JSONL/CSV/TSV/CoNLL file, one line at a time
+    (``fmt``: the format of a file whose suffix does not say it, ``format_of``)."""
+    for line_no, _, record in indexed_records(path, columns, fmt):
         yield line_no, record
 
 
-def indexed_records(path: str | Path, columns: str | None = None
+def indexed_records(path: str | Path, columns: str | None = None, fmt: str | None = None
                     ) -> Iterator[tuple[int, int, dict[str, Any]]]:
     """(line number, byte offset, record) for each record, in file order: the offset is where
     the record's first line starts, for ``records_at`` to read it again."""
-    path, fmt, rename = _opened(path, columns)
+    path, fmt, rename = _opened(path, columns, fmt)
     with path.open("rb") as f:
         header = _header(path, f, fmt)
         first = True
@@ -156,11 +170,12 @@ def indexed_records(path: str | Path, columns: str | None = None
             yield line_no, offset, _renamed(path, line_no, rename, record)
 
 
-def records_at(path: str | Path, columns: str | None, places) -> Iterator[tuple[int, dict[str, Any]]]:
+def records_at(path: str | Path, columns: str | None, places, fmt: str | None = None
+               ) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, record) for each (line number, byte offset) of ``places`` (as
     ``indexed_records`` gave them), read in the order given: a shuffled epoch without
     holding the file in memory."""
-    path, fmt, rename = _opened(path, columns)
+    path, fmt, rename = _opened(path, columns, fmt)
     with path.open("rb") as f:
         header = _header(path, f, fmt)
         for line_no, offset in places:
@@ -172,12 +187,26 @@ def records_at(path: str | Path, columns: str | None, places) -> Iterator[tuple[
                                  "changed during the run; train on a copy that stays put)")
 
 
-def _opened(path: str | Path, columns: str | None) -> tuple[Path, str, dict[str, str]]:
+def format_of(path: str | Path, fmt: str | None = None) -> str:
+    """A file's format: its suffix's (.jsonl/.json, .csv, .tsv, .conll; .txt: text lines), or
+    ``fmt`` (`--format`) for a .txt file or one of no known suffix (a .txt file of CoNLL columns:
+    "conll"); a structured suffix always says its own."""
     path = Path(path)
-    fmt = FORMATS.get(path.suffix.lower())
+    if fmt is not None and fmt not in FORMAT_NAMES:
+        raise FieldError("format", f"expected one of {', '.join(FORMAT_NAMES)}, got {fmt!r}")
+    own = FORMATS.get(path.suffix.lower())
+    if own is not None and (own != "lines" or fmt is None):
+        return own
     if fmt is None:
-        raise ValueError(f"{path}: expected a .jsonl, .csv, .tsv or .txt file, got "
-                         f"{path.suffix or 'no suffix'!r}")
+        raise ValueError(f"{path}: expected a .jsonl, .csv, .tsv, .conll or .txt file (or --format conll "
+                         f"for a CoNLL .txt file), got {path.suffix or 'no suffix'!r}")
+    return fmt
+
+
+def _opened(path: str | Path, columns: str | None, fmt: str | None = None
+            ) -> tuple[Path, str, dict[str, str]]:
+    path = Path(path)
+    fmt = format_of(path, fmt)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     return path, fmt, parse_columns(columns)
@@ -201,7 +230,7 @@ def _lines(path: Path, f, offset: int, line_no: int) -> Iterator[tuple[int, int,
 
 
 def _header(path: Path, f, fmt: str) -> list[str] | None:
-    """A CSV/TSV file's column names (its first row); None for JSONL and text lines."""
+    """A CSV/TSV file's column names (its first row); None for JSONL, CoNLL and text lines."""
     if fmt not in ("csv", "tsv"):
         return None
     _configure_csv(path)
@@ -224,8 +253,8 @@ def _records(path: Path, f, fmt: str, header: list[str] | None, offset: int, lin
     """(line number, offset, record) from the record starting at ``offset`` on; a CSV/TSV
     file's header row is skipped (offset 0 is its place)."""
     lines = _lines(path, f, offset, line_no)
-    if fmt in ("jsonl", "lines"):
-        yield from (_jsonl if fmt == "jsonl" else _text_lines)(path, lines)
+    if fmt in ("jsonl", "conll", "lines"):
+        yield from {"jsonl": _jsonl, "conll": _conll, "lines": _text_lines}[fmt](path, lines)
         return
     tracked = _Tracked(lines)
     reader = _reader(tracked, fmt)
@@ -331,18 +360,41 @@ def _text_lines(path: Path, lines) -> Iterator[tuple[int, int, dict[str, Any]]]:
     yield from ((n, offset, {"text": line.rstrip("\r\n")}) for n, offset, line in lines if line.strip())
 
 
-def first_names(path: str | Path, columns: str | None = None) -> tuple[str, list[str]]:
+def _conll(path: Path, lines) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    """Sentences of CoNLL columns: (first line number, its offset, {"tokens", "tags"}): the
+    first column is the token, the last its tag; a blank or -DOCSTART- line ends a sentence."""
+    start, tokens, tags = None, [], []
+    for line_no, offset, line in lines:
+        columns = line.split()
+        if not columns or columns[0] == DOCSTART:
+            if tokens:
+                yield start[0], start[1], {"tokens": tokens, "tags": tags}
+            start, tokens, tags = None, [], []
+            continue
+        if len(columns) < 2:
+            raise ValueError(f"{path}:{line_no}: expected a token and its tag (CoNLL columns separated by "
+                             f"spaces or tabs, the tag last), got {line.strip()!r}")
+        if start is None:
+            start = (line_no, offset)
+        tokens.append(columns[0])
+        tags.append(columns[-1])
+    if tokens:
+        yield start[0], start[1], {"tokens": tokens, "tags": tags}
+
+
+def first_names(path: str | Path, columns: str | None = None, fmt: str | None = None
+                ) -> tuple[str, list[str]]:
     """("file:line", field names) of a file's first record: what chooses its kind (tformer.kinds)."""
-    for line_no, record in read_records(path, columns):
+    for line_no, record in read_records(path, columns, fmt):
         return f"{path}:{line_no}", list(record)
-    raise ValueError(f"{path}: expected at least one record, got {no_records(path)}")
+    raise ValueError(f"{path}: expected at least one record, got {no_records(path, fmt)}")
 
 
-def no_records(path: str | Path) -> str:
+def no_records(path: str | Path, fmt: str | None = None) -> str:
     """What a file without a record holds, for "expected at least one record, got ...": a CSV/TSV
-    file's header row alone, or nothing (blank lines at most)."""
+    file's header row alone, or nothing (blank lines, or -DOCSTART- lines, at most)."""
     path = Path(path)
-    fmt = FORMATS.get(path.suffix.lower())
+    fmt = format_of(path, fmt)
     if fmt in ("csv", "tsv"):
         with path.open("rb") as f:
             header = _header(path, f, fmt)

@@ -234,7 +234,8 @@ def summary(record: dict[str, Any], key: str) -> str:
     return f"test {NAMES.get(key, key)} {record[key]:.4f} {done}"  # a kind's own main metric
 
 
-NAMES = {"accuracy": "accuracy", "exact_match": "exact match", "mrr_at_10": "MRR@10", "bleu": "BLEU"}
+NAMES = {"accuracy": "accuracy", "exact_match": "exact match", "mrr_at_10": "MRR@10", "bleu": "BLEU",
+         "f1": "entity F1"}
 
 
 def from_start(record: dict[str, Any], key: str) -> str | None:

@@ -19,8 +19,8 @@ from tformer.training.presets import FINETUNE_PRESET, SIZE_OPTIONS
 # unless --dropout is given: pretrained_dropout), and only a fine-tune has a pretrained dropout.
 TASK_ONLY = ("task", "valid_size", "test_size")
 # (--epochs and --from-pretrained: __post_init__ refuses them)
-DATA_ONLY = ("valid", "test", "columns", "tokenizer", "vocab_size", "lowercase", "max_length", "max_tokens",
-             "auto_length", "auto_size", "long")
+DATA_ONLY = ("valid", "test", "columns", "format", "tokenizer", "vocab_size", "lowercase", "max_length",
+             "max_tokens", "auto_length", "auto_size", "long")
 PRETRAINED_KEEPS = ("tokenizer", "vocab_size", "lowercase", "auto_length", "auto_size", "pooling",
                     *sorted(SIZE_OPTIONS))
 SWITCHES_OFF = ("auto_size", "auto_length", "pretrained_dropout")  # False asks for nothing

