@@ -65,11 +65,12 @@ def _evaluate(args: argparse.Namespace, run) -> int:
     from tformer.training.report import append_jsonl, baseline_verdict, sample_table, with_baseline
     from tformer.verdict import MIN_VERDICT_EXAMPLES
 
+    overlap: dict = {}
     if args.data is not None:
-        # Checked whole first, keeping nothing (a bad record fails before any decoding), then
-        # read again a window at a time as it is scored: memory does not grow with the file.
-        if not sum(1 for _ in run.example_stream(data=args.data, limit=args.limit)):
-            raise ValueError(f"--data: {args.data} holds no records")
+        # Checked whole first, keeping nothing but a hash of each input (a bad record fails before
+        # any decoding), then read again a window at a time as it is scored: memory does not grow
+        # with the file. The hashes tell how many records the run trained on.
+        overlap = _overlap(run, args)
         examples = run.example_stream(data=args.data, limit=args.limit)  # (read no further than --limit)
         split = str(args.data)
     else:
@@ -80,7 +81,7 @@ def _evaluate(args: argparse.Namespace, run) -> int:
         print(sample_table(rows, n=args.samples))
     key = run.main_metric
     record = with_baseline({"split": split, "task": run.config.name, "examples": metrics["examples"],
-                            **metrics, **_weights_as_they_were(args.run_dir)}, key, baseline)
+                            **metrics, **overlap, **_weights_as_they_were(args.run_dir)}, key, baseline)
     line = json_line(record, f"RUN_DIR {args.run_dir}: metrics {metrics}")
     print(f"{split} {key}: {metrics[key]:.4f}")
     print(line)
@@ -92,6 +93,36 @@ def _evaluate(args: argparse.Namespace, run) -> int:
     if args.data is not None:
         append_jsonl(Path(args.run_dir) / "metrics.jsonl", {**record, "split": "eval", "data": split})
     return 0
+
+
+def _overlap(run, args: argparse.Namespace) -> dict[str, int]:
+    """Read --data once (checked, as far as --limit): {"trained_on": n, "in_validation": m}, the
+    records whose input text the run trained (or validated) on, said on stderr where any are
+    (a score on them says what the model memorised); {} where the run's training records
+    cannot be read (said too)."""
+    from tformer.training.overlap import Seen
+
+    data = run.objective.source.data  # (a run on files: checked by the caller)
+    seen = Seen.of(data, args.data)
+    counts = seen.count(run.example_stream(data=args.data, limit=args.limit), data.fields.input_key)
+    n = counts.pop("records")
+    if not n:
+        raise ValueError(f"--data: {args.data} holds no records")
+    if seen.why_not is not None:
+        print(f"tformer eval: note: cannot tell which records of {args.data} the run trained on: "
+              f"{seen.why_not}", file=sys.stderr)
+        return {}
+    trained, validated = counts["trained_on"], counts["in_validation"]
+    if trained or validated:
+        parts = [f"{trained:,} of the {n:,} records of {args.data} ({trained / n:.1%}) have the input "
+                 "text of a record the run trained on"] if trained else []
+        if validated:
+            parts.append(f"{validated:,}{' more' if trained else f' of the {n:,} records of {args.data}'} "
+                         f"({validated / n:.1%}) are in its validation split, which chose its checkpoint")
+        print(f"tformer eval: warning: {'; '.join(parts)}: the score on them says what the model has seen, "
+              f"not how it does on new text (its own held-out test: tformer eval {args.run_dir})",
+              file=sys.stderr)
+    return counts
 
 
 def _weights_as_they_were(run_dir: str) -> dict:
