@@ -66,3 +66,14 @@ def test_make_figures_trains_only_the_runs_its_figures_need(only, needs, tmp_pat
     monkeypatch.setattr(sys, "argv", ["make_figures.py", "--runs", str(tmp_path), "--only", only])
     make_figures.main()
     assert trained == {name for runs in needs for name in getattr(make_figures, runs)}
+
+
+def test_the_readme_names_every_extra():
+    """README's install line listed the extras without `tensorboard` (`--report-to tensorboard`)."""
+    import tomllib
+
+    root = DOCS.parent
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    (line,) = [x for x in (root / "README.md").read_text().splitlines() if "# extras: " in x]
+    named = [n.strip() for n in line.split("# extras: ")[1].split("(")[0].split(",")]
+    assert sorted(named) == sorted(extras), line
