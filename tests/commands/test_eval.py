@@ -266,3 +266,19 @@ def test_eval_data_says_how_many_records_the_run_trained_on(classification_run, 
             assert trained > 0
             assert f"warning: {trained:,} of the {len(records):,} records of {path} " in err, err
     assert 0 < record["examples"] < len(rows)  # (the last: new records only)
+
+
+def test_eval_data_never_appends_through_a_link_in_the_run(classification_run, capsys, tmp_path):
+    """A planted RUN/metrics.jsonl link took eval --data's record into the file it named; refused
+    in one line before the scoring, the file untouched."""
+    from text_fixtures import classification_rows, write
+
+    run, victim = tmp_path / "run", tmp_path / "victim.txt"
+    shutil.copytree(classification_run, run)
+    victim.write_text("a user's file\n")
+    (run / "metrics.jsonl").unlink()
+    (run / "metrics.jsonl").symlink_to(victim)
+    data = write(tmp_path / "more.jsonl", classification_rows(20, seed=3))
+    rc, out, err = run_cli(capsys, "eval", run, "--data", data, "--samples", 0)
+    assert_one_line_error(rc, err, "eval", rf"RUN_DIR: {run}/metrics.jsonl is a symbolic link to {victim}")
+    assert out == "" and victim.read_text() == "a user's file\n"

@@ -337,8 +337,13 @@ def test_onnx_never_writes_over_a_users_file(capsys, tmp_path, runs):
 def test_a_symlinked_hf_target_is_followed_and_stays_a_link(capsys, tmp_path, runs):
     target = tmp_path / "real"
     link = tmp_path / "link"
-    link.symlink_to(target, target_is_directory=True)  # dangling at first
-    for _ in range(2):  # a new folder, then a tformer export replaced
+    link.symlink_to(target, target_is_directory=True)  # dangling at first: refused, nothing created
+    rc, _, err = _run(capsys, "export", runs["finetuned"], "--hf", link)
+    assert rc == 2 and err.count("\n") == 1 and f"--hf {link}: a symbolic link to {target}, which does not " \
+        "exist" in err, err
+    assert not target.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["link"]
+    target.mkdir()
+    for _ in range(2):  # an empty folder, then a tformer export replaced
         rc, _, err = _run(capsys, "export", runs["finetuned"], "--hf", link)
         assert rc == 0, err
         assert link.is_symlink() and (target / "config.json").is_file()

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tformer.runs import load_run
-    from tformer.storage.rundir import RunLock
+    from tformer.storage.rundir import RunLock, check_no_links
 
     check_options(args)
     if args.data is not None and args.split is not None:  # one of the two would be ignored
@@ -56,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
     # cutting the file back to its checkpoint, another eval --data would interleave with it).
     busy = "--data appends to its metrics.jsonl, which that process writes: evaluate when it has finished"
     with RunLock(Path(args.run_dir), "RUN_DIR", busy) if args.data is not None else contextlib.nullcontext():
+        if args.data is not None:  # before the scoring: a link planted there is refused, not written through
+            check_no_links(Path(args.run_dir), "RUN_DIR")
         return _evaluate(args, run)
 
 
