@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from card_fixtures import check_card
 from helpers import tiny_train_argv
 from hf_bert_fixtures import bert_dir
 from text_fixtures import classification_rows, embedding_rows, seq2seq_rows, write
@@ -28,8 +29,12 @@ LONG = " ".join(["the big red house by the river"] * 8)  # far past max_length 1
 
 
 def _run(capsys, *argv):
+    """`tformer ARGV`; an export's model card is checked against the Hub's spec and the installed
+    transformers, and must name no folder of this machine's (the run's, its data's)."""
     rc = main([str(a) for a in argv])
     out, err = capsys.readouterr()
+    if rc == 0 and argv[0] == "export" and (Path(argv[-1]) / "README.md").is_file():
+        check_card(Path(argv[-1]) / "README.md", private=(str(Path(argv[1]).resolve().parent),))
     return rc, out, err
 
 
@@ -93,12 +98,12 @@ def test_classifier_runs_load_in_transformers_with_the_runs_probabilities(capsys
     assert tokenizer_config["model_max_length"] == max_length
     assert json.loads((out / "tokenizer.json").read_text())["truncation"]["max_length"] == max_length
     card = (out / "README.md").read_text()
-    assert "accuracy" in card and f"tformer export {run} --hf {out}" in card and "animal, place" in card
+    assert "accuracy" in card and f"tformer export {run.name} --hf {out.name}" in card and "animal, place" in card
     header = hub_header(card)
     assert header["library_name"] == "transformers" and header["pipeline_tag"] == "text-classification"
     assert "accuracy" in header["metrics"] and "tformer" in header["tags"]
     if kind == "finetuned":
-        assert f"base model (fine-tuned): `{bert_dir()}`" in card
+        assert f"base model (fine-tuned): `{bert_dir().name}`" in card  # its name: no folder of this machine
     else:
         assert "base model" not in card
 
@@ -137,7 +142,8 @@ def train_command(card: str) -> list[str]:
 @pytest.mark.parametrize("kind", ["scratch", "finetuned", "seq2seq"])
 def test_the_card_opens_with_hub_metadata_and_gives_the_train_command_that_made_the_run(capsys, tmp_path, runs,
                                                                                       kind):
-    """The command in the card resolves to the run's own TrainConfig (its folder aside)."""
+    """The command in the card resolves to the run's own TrainConfig (its folder aside; its files
+    named by their names alone: the card is published, the folders are this machine's)."""
     import dataclasses
 
     from tformer.cli import build_parser
@@ -150,10 +156,12 @@ def test_the_card_opens_with_hub_metadata_and_gives_the_train_command_that_made_
     assert hub_header(card)["library_name"] == "transformers"
     words = train_command(card)
     assert words[:2] == ["tformer", "train"] and "--data" in words
-    args = build_parser()[0].parse_args(words[1:])
+    saved = read_train_config(check_run_dir(run))
+    local = {Path(p).name: p for p in (saved.data, saved.from_pretrained) if p}
+    assert not set(words) & set(local.values())  # no local folder in the card
+    args = build_parser()[0].parse_args([local.get(w, w) for w in words[1:]])
     names = {f.name for f in dataclasses.fields(TrainConfig)} | set(MODEL_OPTIONS)
     again = resolve_config({k: v for k, v in vars(args).items() if k in names})
-    saved = read_train_config(check_run_dir(run))
     assert again.replace(out=None) == saved.replace(out=None)
     assert "## Training data" in card and "records in the training file" in card
 
@@ -442,7 +450,7 @@ def test_a_second_export_to_the_same_out_is_refused_while_the_first_runs(capsys,
     rc2, _, err2 = second[0]
     assert rc2 == 2 and err2.count("\n") == 1, err2
     assert f"{option} {out}: is being written by another tformer process (pid {os.getpid()})" in err2
-    assert str(runs["finetuned"]) in (out / "README.md").read_text()  # the first export, whole
+    assert f"tformer export {runs['finetuned'].name} " in (out / "README.md").read_text()  # the first, whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
