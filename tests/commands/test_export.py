@@ -109,13 +109,15 @@ def test_classifier_runs_load_in_transformers_with_the_runs_probabilities(capsys
 
 
 def test_transformers_pipeline_gives_predicts_probabilities(capsys, tmp_path, runs):
-    """pipeline("text-classification", top_k=None) on the export, against `tformer predict`."""
+    """pipeline("text-classification", top_k=None), a padded batch, on the BERT (cls) export,
+    against `tformer predict`: its pooling reads [CLS], whose attention masks the padding."""
     from transformers import pipeline
 
     run, out = runs["scratch"], tmp_path / "hf"
     assert _run(capsys, "export", run, "--hf", out)[0] == 0
     classify = pipeline("text-classification", model=str(out), top_k=None, device="cpu")
-    answers = classify(TEXTS, truncation=True)  # LONG is past the run's max_length, as for any BERT
+    # Batched: the shorter texts padded to the longest (LONG: cut at the run's max_length).
+    answers = classify(TEXTS, truncation=True, batch_size=len(TEXTS))
     labels = ["animal", "place"]
     got = np.array([[{a["label"]: a["score"] for a in answer}[label] for label in labels] for answer in answers])
     diff = np.abs(got - _predict(capsys, run, TEXTS, tmp_path)).max()
