@@ -146,3 +146,54 @@ def test_a_second_ctrl_c_stops_at_once_and_open_requests_get_503(embedding_dir):
     assert sorted(a[0] for a in answers) == [503, 503], answers
     assert answers[0][2]["error"]["message"].startswith("server: stopped at once"), answers
     assert code == 130 and "interrupted (stopped at once" in err, err
+
+
+def test_sigterm_under_load_answers_the_requests_nearest_to_done_first(embedding_dir):
+    """A loaded server (16 requests of 8 texts queued, the model 50 ms a batch of 4 texts: 1.6 s of
+    work) told to stop with a 1 s grace period. Served in fair order, every request advanced
+    together and nearly all got 503 when the grace period ended, the ones almost done too;
+    draining, the batches finish the requests with the least work left first, so about half of
+    them are answered whole and only the rest get 503. Over real HTTP, uvicorn's own shutdown
+    (what SIGTERM starts) beginning the drain."""
+    from serve_fixtures import Live
+
+    from tformer.serve.app import create_app
+    from tformer.serve.config import ServeConfig
+    from tformer.serve.models import load_served
+
+    config = ServeConfig(model=str(embedding_dir), threads=1, grace_period=1.0, max_batch_tokens=64,
+                         max_wait_ms=0)
+    served = load_served(embedding_dir)
+    run, armed, go = served.run, threading.Event(), threading.Event()
+
+    def loaded(payloads, key):  # (past the warm-up) the first batch waits until every request is queued
+        if armed.is_set():
+            assert go.wait(30)
+            time.sleep(0.05)
+        return run(payloads, key)
+
+    served.run = loaded
+    live = Live(create_app(config, served), config)
+    armed.set()
+    text = " ".join(["word"] * 40)  # cut at the model's 16 tokens
+    answers: list = []
+    threads = [threading.Thread(target=lambda: answers.append(live.post("/embed", {"inputs": [text] * 8})))
+               for _ in range(16)]
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while "tformer_serve_queue_depth 128" not in live.request("GET", "/metrics")[2]:
+            assert time.monotonic() < deadline, "the 16 requests were not queued in time"
+            time.sleep(0.02)
+        live.server.should_exit = True  # what SIGTERM does
+        go.set()
+        for t in threads:
+            t.join(timeout=30)
+    finally:
+        go.set()
+        live.close()
+    statuses = sorted(a[0] for a in answers)
+    assert len(statuses) == 16 and set(statuses) <= {200, 503}, statuses
+    assert statuses.count(200) >= 4 and statuses.count(503) >= 1, statuses  # fair order: 0 or 1 whole
+    assert all(len(a[2]) == 8 for a in answers if a[0] == 200)
