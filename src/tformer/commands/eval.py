@@ -3,7 +3,13 @@ for a run on your data, on any file with the training file's fields (--data FILE
 
 A --data file is checked whole first, then read, predicted and scored a window of records at
 a time (the metrics are sums of counts: tformer.training.evaluation), so memory does not grow
-with it; an embedding run's metrics rank among every record, so it holds their vectors."""
+with it; an embedding run's metrics rank among every record, so it holds their vectors. The
+check also counts the records whose input text the run trained or validated on
+(tformer.training.overlap): a warning says how many, and the record keeps the counts.
+
+The run's own splits are drawn from its data files, found where they were when it started
+(data.json keeps them absolute) and refused, naming what changed, where one is no longer the
+file it trained on (tformer.training.data_files)."""
 
 from __future__ import annotations
 
@@ -27,8 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", choices=("test", "validation"), default=None,
                         help="the run's own held-out split to evaluate (default: test; not with --data)")
     parser.add_argument("--data", metavar="FILE", default=None,
-                        help="runs on your data: evaluate on this JSONL/CSV/TSV file instead; "
-                             "the result is appended to RUN_DIR/metrics.jsonl")
+                        help="runs on your data: evaluate on this JSONL/CSV/TSV file instead (a warning "
+                             "says how many of its records the run trained on); the result is appended "
+                             "to RUN_DIR/metrics.jsonl")
     parser.add_argument("--beam-size", type=int, default=1, help="seq2seq: 1 = greedy (default)")
     parser.add_argument("--limit", type=int, default=None,
                         help="only the first N examples (a --data file is read no further)")
