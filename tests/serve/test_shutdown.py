@@ -42,17 +42,17 @@ def _start(directory, *flags: str) -> tuple[subprocess.Popen, int]:
 
 
 def _terminate_with_queued(proc: subprocess.Popen, port: int, texts: list[str], within: float,
-                           sig: int = signal.SIGTERM, twice: bool = False) -> list:
-    """Send one /embed request per text from its own thread, wait (at most `within` s) until all
-    are queued, signal the server (SIGTERM; `twice`: again once it stopped listening), then
-    collect the answers: (status, headers, body) each."""
+                           sig: int = signal.SIGTERM, twice: bool = False, copies: int = 1) -> list:
+    """Send one /embed request per text (``copies`` of it) from its own thread, wait (at most
+    `within` s) until all are queued, signal the server (SIGTERM; `twice`: again once it stopped
+    listening), then collect the answers: (status, headers, body) each."""
     answers: list = []
-    threads = [threading.Thread(target=lambda t=t: answers.append(request(port, "POST", "/embed", {"inputs": t})))
-               for t in texts]
+    threads = [threading.Thread(target=lambda t=t: answers.append(
+        request(port, "POST", "/embed", {"inputs": t if copies == 1 else [t] * copies}))) for t in texts]
     for t in threads:
         t.start()
     deadline = time.monotonic() + within
-    while f"tformer_serve_queue_depth {len(texts)}" not in request(port, "GET", "/metrics")[2]:
+    while f"tformer_serve_queue_depth {len(texts) * copies}" not in request(port, "GET", "/metrics")[2]:
         assert time.monotonic() < deadline, f"the {len(texts)} requests were not queued in time"
         time.sleep(0.02)
     assert not answers  # all queued, none answered yet
@@ -121,7 +121,8 @@ def test_sigterm_drops_a_stalled_client_and_exits_cleanly(embedding_dir):
 
 
 def test_requests_still_waiting_after_the_grace_period_get_503(embedding_dir):
-    proc, port = _start(embedding_dir, "--max-wait-ms", "60000", "--grace-period", "0.5")
+    # (A drain starts batches at once: a grace period of 0 ends before any is answered.)
+    proc, port = _start(embedding_dir, "--max-wait-ms", "60000", "--grace-period", "0")
     try:
         answers = _terminate_with_queued(proc, port, ["a dog", "the cat"], within=10)
         code = proc.wait(timeout=20)
@@ -135,9 +136,12 @@ def test_requests_still_waiting_after_the_grace_period_get_503(embedding_dir):
 
 def test_a_second_ctrl_c_stops_at_once_and_open_requests_get_503(embedding_dir):
     """uvicorn's force exit cancels the requests still open: they got its plain-text 500."""
-    proc, port = _start(embedding_dir, "--max-wait-ms", "60000")
+    # Two requests of 256 texts, one text a batch: the drain that the first Ctrl-C starts is still
+    # answering them when the second comes.
+    proc, port = _start(embedding_dir, "--max-wait-ms", "60000", "--max-batch-tokens", "16")
     try:
-        answers = _terminate_with_queued(proc, port, ["a dog", "the cat"], 10, signal.SIGINT, twice=True)
+        answers = _terminate_with_queued(proc, port, ["a dog " * 20, "the cat " * 20], 10, signal.SIGINT,
+                                         twice=True, copies=256)  # (cut at the model's 16 tokens)
         code = proc.wait(timeout=20)
     finally:
         if proc.poll() is None:
