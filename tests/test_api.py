@@ -155,8 +155,8 @@ def test_a_train_refused_because_another_process_took_its_out_first_leaves_that_
         (out / "tokenizer.json").write_text("{}")
         return real(*args, **kwargs)
 
-    real = api._train
-    monkeypatch.setattr(api, "_train", the_other_process_starts_first)
+    real = api.train_run
+    monkeypatch.setattr(api, "train_run", the_other_process_starts_first)
     with pytest.raises(ValueError, match="is in use by another tformer process"):
         tformer.train(data=write(tmp_path / "d.jsonl", classification_rows(20)), out=str(out), **TINY)
     assert (out / "tokenizer.json").is_file()

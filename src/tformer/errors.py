@@ -7,7 +7,6 @@ or option; the file-system errors name the path the user gave.
 
 from __future__ import annotations
 
-
 import contextlib
 import importlib
 import os

@@ -4,6 +4,7 @@ that nothing ran). Scripts that need minutes even at their smallest are marked s
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -30,7 +31,7 @@ def test_every_script_has_a_smoke_run():
     scripts = {p.relative_to(BENCH).as_posix() for p in BENCH.rglob("*.py")}
     covered = {*(s for s, _ in BENCH_SUITE), "serve.py", "serve_wait.py", "classifier_pooling.py", "precision_accuracy.py",
                "precision_training.py", "search_memory.py", "train_own_data.py", "data/build_datasets.py",
-               "budget.py", "decode_run.py", "search_ann.py", "mine_negatives.py"}
+               "budget.py", "decode_run.py", "search_ann.py", "mine_negatives.py", "learning.py"}
     assert scripts == covered, f"scripts without a smoke run: {sorted(scripts - covered)}"
 
 
@@ -93,6 +94,18 @@ def test_budget(tmp_path):
     assert "| classification | 0.2 min | 0 |" in row
     table = _run("budget.py", "--table", str(out / "results.jsonl"))
     assert table.startswith("CPU: ") and "| classification | 0.2 min | 0 |" in table
+
+
+@pytest.mark.slow
+def test_learning(tmp_path):
+    """One tformer job of the learning benchmark (a 30-second classification run), then its table."""
+    write(tmp_path / "man_sections.jsonl", classification_rows())
+    out = tmp_path / "out"
+    _run("learning.py", "--data-dir", str(tmp_path), "--out", str(out), "--slot", "tformer:class-man:0.5",
+         timeout=600)
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["rc"] == 0, rows
+    assert "class-man" in _run("learning.py", "--out", str(out), "--table")
 
 
 def test_precision_accuracy():

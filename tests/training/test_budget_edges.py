@@ -62,7 +62,6 @@ def test_a_model_too_large_for_its_budget_is_refused_before_it_is_built(tmp_path
 
 def test_a_budget_too_short_is_refused_before_the_data_is_read(tmp_path, monkeypatch, capsys):
     """Refusing a 6 s budget took 11.5 s on a busy machine: the check came after the setup."""
-    from tformer.training import loop
 
     import tformer.kinds
 

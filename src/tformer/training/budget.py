@@ -57,7 +57,8 @@ class NoUpdate(FieldError):
 
     def __init__(self, config, seconds: float) -> None:
         super().__init__(
-            "max_minutes", f"{config.max_minutes:g} ({config.max_minutes * 60:.0f} s) ran out before the first "
+            "max_minutes",
+            f"{config.max_minutes:g} ({config.max_minutes * 60:.0f} s) ran out before the first "
             f"update here ({seconds:.1f} s spent starting, reading the data and building the model); nothing "
             f"was trained or kept: expected a longer --max-minutes (or a quieter machine)")
 
@@ -86,7 +87,8 @@ def check_affordable(config, started: float, model_config, kind: str, plan) -> N
     if need <= left:
         return
     raise FieldError(
-        "max_minutes", f"{config.max_minutes:g} is too short for this model ({params / 1e6:,.1f} M parameters) "
+        "max_minutes",
+        f"{config.max_minutes:g} is too short for this model ({params / 1e6:,.1f} M parameters) "
         f"here: building it takes ~{build:.0f} s, its first {MIN_UPDATES} updates ~{steps:.0f} s, the least "
         f"validation and test ~{scoring:.0f} s and saving it ~{save:.0f} s, {need:.0f} s where "
         f"{max(left, 0):.0f} s are left; expected a smaller model or at least "
