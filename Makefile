@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-all test-gpu lint format demo demo-task bench bench-gpu clean
+.PHONY: setup test test-all test-gpu lint format demo demo-setup demo-task bench bench-gpu clean
 
 setup: $(STAMP)
 
@@ -42,15 +42,37 @@ format: setup
 
 # The main job: train on your own data. Here the data is real text this machine already has:
 # English -> German user-interface messages from its gettext catalogs (examples/en_de.jsonl,
-# 40 lines, where there are none), built once into data/. The whole demo takes 10 minutes: 9.5 of
-# training (the budget covers the run's test and saving), then the run translates a few lines. The
-# run's last lines say whether its model learned (its test BLEU against copying the source).
-demo: setup  ## the main job: train an English->German model on real text, then translate with it
-	@[ -s data/en_de.jsonl ] || $(PY) benchmarks/data/build_datasets.py --out data || echo "(no catalogs here: using examples/en_de.jsonl)"
-	@run=runs/demo-en-de-$$(date +%Y%m%d-%H%M%S); data=data/en_de.jsonl; [ -s $$data ] || data=examples/en_de.jsonl; \
-	$(VENV)/bin/tformer train --data $$data --max-minutes 9.5 --out $$run && \
+# 40 lines, where there are none), built once into data/ (only that file: the other data sets are
+# the benchmarks'). The whole demo takes DEMO_SECONDS from a fresh clone: the venv (the package
+# alone, not the test tools), the data, the training and the translation; the training gets what
+# is left once the rest is counted (DEMO_AFTER: seconds kept for the translation), and its budget
+# covers its own test and saving. The run's last lines say whether its model learned (its test
+# BLEU against copying the source).
+DEMO_SECONDS ?= 600
+DEMO_AFTER ?= 30
+DEMO_STAMP := $(VENV)/.installed-demo
+
+$(DEMO_STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e .
+	touch $(DEMO_STAMP)
+
+demo-setup:  # the package alone, unless `make setup` (the test tools too) is already done
+	@if [ ! -f $(STAMP) ] || [ pyproject.toml -nt $(STAMP) ]; then $(MAKE) --no-print-directory $(DEMO_STAMP); fi
+
+demo:  ## the main job: train an English->German model on real text, then translate with it
+	@start=$$(date +%s); \
+	$(MAKE) --no-print-directory demo-setup || exit 1; \
+	[ -s data/en_de.jsonl ] || $(PY) benchmarks/data/build_datasets.py --out data --only en_de || echo "(no catalogs here: using examples/en_de.jsonl)"; \
+	run=runs/demo-en-de-$$(date +%Y%m%d-%H%M%S); data=data/en_de.jsonl; [ -s $$data ] || data=examples/en_de.jsonl; \
+	spent=$$(( $$(date +%s) - start )); \
+	minutes=$$($(PY) -c "print(round(($(DEMO_SECONDS) - $(DEMO_AFTER) - $$spent) / 60, 2))"); \
+	echo "make demo: $$spent s of setup; training for $$minutes minutes, $(DEMO_SECONDS) s in all"; \
+	$(VENV)/bin/tformer train --data $$data --max-minutes $$minutes --out $$run && \
 	echo "translating examples/demo_inputs.txt with $$run:" && \
-	$(VENV)/bin/tformer generate $$run --file examples/demo_inputs.txt --beam-size 4
+	$(VENV)/bin/tformer generate $$run --file examples/demo_inputs.txt --beam-size 4 && \
+	echo "make demo: $$(( $$(date +%s) - start )) s in all"
 
 demo-task: setup  ## a built-in synthetic task instead: learn to reverse sequences (about a minute)
 	$(VENV)/bin/tformer train --task reverse

@@ -134,15 +134,16 @@ def hf_side(args) -> None:
     sys.path.insert(0, str(HERE))
     import train_own_data as hf
 
+    from tformer.kinds import kind_named
     from tformer.training.dataset import split_fraction
-    from tformer.training.records import FIELDS, read_records, split_of
+    from tformer.training.records import read_records, split_of
 
     torch.set_num_threads(1)
     file, pretrained, task = SETS[args.hf_side]
     data = args.data_dir / file
     records = [r for _, r in read_records(data)]
     objective = "seq2seq" if task == "seq2seq" else "classification"
-    fields, fraction = FIELDS[objective], split_fraction(len(records))
+    fields, fraction = kind_named(objective).fields, split_fraction(len(records))
     splits: dict[str, list[dict]] = {"train": [], "validation": [], "test": []}
     for record in records:
         splits[split_of(fields.input_key(record), 0, fraction)].append(record)

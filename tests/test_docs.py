@@ -66,3 +66,27 @@ def test_make_figures_trains_only_the_runs_its_figures_need(only, needs, tmp_pat
     monkeypatch.setattr(sys, "argv", ["make_figures.py", "--runs", str(tmp_path), "--only", only])
     make_figures.main()
     assert trained == {name for runs in needs for name in getattr(make_figures, runs)}
+
+
+def test_the_readme_names_every_extra():
+    """README's install line listed the extras without `tensorboard` (`--report-to tensorboard`)."""
+    import tomllib
+
+    root = DOCS.parent
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    (line,) = [x for x in (root / "README.md").read_text().splitlines() if "# extras: " in x]
+    named = [n.strip() for n in line.split("# extras: ")[1].split("(")[0].split(",")]
+    assert sorted(named) == sorted(extras), line
+
+
+def test_every_1e5_claim_in_the_readme_says_it_is_fp32():
+    """README said exports and checkpoints agree "to 1e-5"; `tformer embed` runs bf16 by default
+    where it is faster, 7e-4 from sentence-transformers. Each such claim names fp32, and the
+    README says what the default gives and how to get fp32."""
+    text = " ".join((DOCS.parent / "README.md").read_text().split())
+    claims = [m.start() for m in re.finditer(r"1e-5", text)]
+    assert claims
+    for at in claims:
+        sentence = text[text.rfind(". ", 0, at) + 2 : text.find(". ", at) + 1]
+        assert "fp32" in sentence, sentence
+    assert "default to `--dtype auto`" in text and "`--dtype fp32` gives the fp32 numbers" in text

@@ -29,6 +29,8 @@ en_fr_pairs.jsonl    {"anchor", "positive"} an English gettext message and its F
                      "Datei nicht gefunden"-style strings in two languages mean the same.
 
 The train/validation/test split is left to `tformer train` (a seeded split by input text).
+`--only en_de` (comma-separated names) builds only those files: `make demo` needs one, in a
+second, where all of them take about ten (the package lists and man pages are the slow part).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
+NAMES = ("en_de", "debian_sections", "debian_described", "man_sections", "en_fr_pairs")  # the files, in order
 LABELS = 12  # most frequent sections kept for classification
 PER_LABEL_CAP = 3000  # at most this many packages per section (libs alone has ~18k)
 
@@ -171,14 +174,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="data", help="output folder (default: data/)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", default=None, metavar="NAMES",
+                        help=f"build only these (comma-separated: {', '.join(NAMES)}); default: all")
     args = parser.parse_args()
+    only = set(NAMES) if args.only is None else {n.strip() for n in args.only.split(",") if n.strip()}
+    if not only or only - set(NAMES):
+        parser.error(f"--only: expected some of {', '.join(NAMES)}, got {args.only!r}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
 
+    # One seeded generator, drawn in this order: a file is the same whatever --only leaves out
+    # (what comes before it is built, not written).
     pairs = gettext_pairs("de")
     rng.shuffle(pairs)
-    _write(out / "en_de.jsonl", pairs)
+    if "en_de" in only:
+        _write(out / "en_de.jsonl", pairs)
+    if only <= {"en_de"}:
+        return
 
     packages = debian_packages()
     counts = Counter(p["section"] for p in packages)
@@ -190,20 +203,28 @@ def main() -> None:
         if p["section"] in keep and per_label[p["section"]] < PER_LABEL_CAP:
             per_label[p["section"]] += 1
             labelled.append({"text": p["summary"], "label": p["section"]})
-    _write(out / "debian_sections.jsonl", labelled)
+    if "debian_sections" in only:
+        _write(out / "debian_sections.jsonl", labelled)
+        print("labels:", ", ".join(f"{s} {n}" for s, n in per_label.most_common()))
     # The same packages with their whole description: long texts, for the --max-length choice.
     described = [{"text": " ".join([p["summary"], *p["long"]]), "label": p["section"]}
                  for p in packages if p["section"] in keep and p["long"]]
-    if len(described) >= 1000:  # apt's package lists hold summaries only; dpkg's status has all
+    if "debian_described" not in only:
+        pass
+    elif len(described) >= 1000:  # apt's package lists hold summaries only; dpkg's status has all
         _write(out / "debian_described.jsonl", _capped(described, PER_LABEL_CAP))
     else:
         print(f"debian_described.jsonl: not written (only {len(described)} packages here have a "
               "long description)")
-    _write(out / "man_sections.jsonl", man_sections(rng))
-    fr = gettext_pairs("fr")
-    rng.shuffle(fr)
-    _write(out / "en_fr_pairs.jsonl", [{"anchor": r["source"], "positive": r["target"]} for r in fr])
-    print("labels:", ", ".join(f"{s} {n}" for s, n in per_label.most_common()))
+    if not only & {"man_sections", "en_fr_pairs"}:
+        return
+    man = man_sections(rng)
+    if "man_sections" in only:
+        _write(out / "man_sections.jsonl", man)
+    if "en_fr_pairs" in only:
+        fr = gettext_pairs("fr")
+        rng.shuffle(fr)
+        _write(out / "en_fr_pairs.jsonl", [{"anchor": r["source"], "positive": r["target"]} for r in fr])
 
 
 def _write(path: Path, rows: list[dict[str, str]]) -> None:

@@ -30,6 +30,29 @@ def classification_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def seq2seq_run(tmp_path_factory):
+    """A tiny seq2seq run on a data file (source, target), trained once for the session. Read-only."""
+    import contextlib
+    import io
+
+    from text_fixtures import seq2seq_rows, write
+
+    from tformer.commands.cli import main
+
+    root = tmp_path_factory.mktemp("seq2seq")
+    data = write(root / "train.jsonl", seq2seq_rows(80))
+    out = root / "run"
+    threads = torch.get_num_threads()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["train", "--data", str(data), "--out", str(out), "--steps", "2",
+                     "--d-model", "16", "--n-heads", "2", "--d-ff", "32", "--n-layers", "1",
+                     "--vocab-size", "260", "--max-tokens", "256", "--eval-every", "2",
+                     "--threads", "1", "--quiet"]) == 0
+    torch.set_num_threads(threads)
+    return out
+
+
+@pytest.fixture(scope="session")
 def task_runs(tmp_path_factory):
     """name -> a tiny run of that synthetic task (reverse, listops, ...), trained once for the
     session on first use. Read-only."""

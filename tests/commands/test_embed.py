@@ -292,3 +292,12 @@ def test_an_empty_out_is_refused_not_printed(capsys):
     rc, out, err = run_cli(capsys, "embed", st_dir(), "a dog", "--out", "")
     assert_one_line_error(rc, err, "embed", r"--out: expected a path, got ''")
     assert out == ""
+
+
+def test_an_out_link_to_nothing_is_refused(capsys, tmp_path):
+    """Following a link to nothing created the file it named, wherever it pointed."""
+    link = tmp_path / "link.npy"
+    link.symlink_to(tmp_path / "elsewhere" / "e.npy")
+    rc, _, err = run_cli(capsys, "embed", st_dir(), "a dog", "--out", link)
+    assert_one_line_error(rc, err, "embed", rf"--out {link}: a symbolic link to .*e.npy, which does not exist")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.npy"]

@@ -184,3 +184,101 @@ def test_eval_data_reads_the_file_a_window_at_a_time_and_scores_it_whole(classif
     labels = [r["label"] for r in rows]
     assert record["examples"] == 30
     assert record["baseline"] == max(labels.count(x) for x in set(labels)) / 30
+
+
+def _tiny_run(capsys, data, out) -> None:
+    rc, _, err = run_cli(capsys, "train", "--data", data, "--out", out, "--steps", 2, "--d-model", 16,
+                         "--n-heads", 2, "--d-ff", 32, "--n-layers", 1, "--vocab-size", 260, "--max-tokens",
+                         256, "--eval-every", 2, "--threads", 1, "--quiet")
+    assert rc == 0, err
+
+
+def test_eval_finds_the_training_file_from_any_folder_and_refuses_it_changed(capsys, tmp_path, monkeypatch):
+    """data.json kept --data as typed, relative to where training ran, and eval did not check
+    its digest: from another folder it read that folder's train.jsonl (or found none), and after
+    the labels in the file were swapped it scored the swapped test split with no word."""
+    from text_fixtures import classification_rows, write
+
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    here.mkdir(), elsewhere.mkdir()
+    rows = classification_rows(80)
+    write(here / "train.jsonl", rows)
+    monkeypatch.chdir(here)
+    _tiny_run(capsys, "train.jsonl", "run")
+    rc, out, err = run_cli(capsys, "eval", "run", "--samples", 0)
+    assert rc == 0, err
+    expected = json.loads(out.splitlines()[-1])
+    flipped = [{**r, "label": "place" if r["label"] == "animal" else "animal"} for r in rows]
+    write(elsewhere / "train.jsonl", flipped)  # the same name, other labels, in the folder eval runs from
+    monkeypatch.chdir(elsewhere)
+    rc, out, err = run_cli(capsys, "eval", here / "run", "--samples", 0)
+    assert rc == 0, err
+    assert json.loads(out.splitlines()[-1]) == expected  # the file it trained on, found where it was
+    write(here / "train.jsonl", flipped)  # the training file itself edited
+    for folder in (here, elsewhere):
+        monkeypatch.chdir(folder)
+        rc, out, err = run_cli(capsys, "eval", here / "run", "--samples", 0)
+        assert_one_line_error(rc, err, "eval", rf"data: {here / 'train.jsonl'} changed since the run started "
+                                               r"\(then [\d,]+ bytes, blake2b \w+; now [\d,]+ bytes, blake2b "
+                                               r"\w+\); .*--data FILE")
+        assert out == ""
+    (here / "train.jsonl").unlink()
+    monkeypatch.chdir(here)
+    rc, _, err = run_cli(capsys, "eval", "run", "--samples", 0)
+    assert_one_line_error(rc, err, "eval", r"data: train.jsonl: the file the run trained on cannot be read "
+                                           r"\(No such file or directory\)")
+
+
+def test_eval_data_says_how_many_records_the_run_trained_on(classification_run, capsys, tmp_path):
+    """`eval RUN --data` on the training file scored 0.94 with no word that the run had trained
+    on those records. Each record is matched by the input text the split hashes, so a part of
+    the training file counts too; the counts are checked against the split worked out here."""
+    import random
+
+    from text_fixtures import classification_rows, write
+
+    from tformer.training.records import split_of
+
+    run = tmp_path / "run"
+    shutil.copytree(classification_run, run)
+    data_json = json.loads((run / "data.json").read_text())
+    train = classification_run.parent / "train.jsonl"
+    rows = [json.loads(line) for line in train.read_text().splitlines()]
+    seed = 0
+    splits = [split_of(r["text"] + "\t", seed, data_json["split_fraction"]) for r in rows]  # (no text_pair)
+    train_texts = {r["text"] for r, s in zip(rows, splits, strict=True) if s == "train"}
+    valid_texts = {r["text"] for r, s in zip(rows, splits, strict=True) if s == "validation"} - train_texts
+    part = rows[10:40]
+    random.Random(1).shuffle(part)
+    new = classification_rows(20, seed=7)
+    new = [r for r in new if r["text"] not in train_texts | valid_texts]
+    for name, records in (("train", rows), ("part", part), ("mixed", part + new), ("new", new)):
+        path = train if name == "train" else write(tmp_path / f"{name}.jsonl", records)
+        rc, out, err = run_cli(capsys, "eval", run, "--data", path, "--samples", 0)
+        assert rc == 0, err
+        record = json.loads(out.splitlines()[-1])
+        trained = sum(r["text"] in train_texts for r in records)
+        validated = sum(r["text"] in valid_texts for r in records)
+        assert (record["trained_on"], record["in_validation"]) == (trained, validated), name
+        if name == "new":
+            assert trained == validated == 0 and "the run trained on" not in err, err
+        else:
+            assert trained > 0
+            assert f"warning: {trained:,} of the {len(records):,} records of {path} " in err, err
+    assert 0 < record["examples"] < len(rows)  # (the last: new records only)
+
+
+def test_eval_data_never_appends_through_a_link_in_the_run(classification_run, capsys, tmp_path):
+    """A planted RUN/metrics.jsonl link took eval --data's record into the file it named; refused
+    in one line before the scoring, the file untouched."""
+    from text_fixtures import classification_rows, write
+
+    run, victim = tmp_path / "run", tmp_path / "victim.txt"
+    shutil.copytree(classification_run, run)
+    victim.write_text("a user's file\n")
+    (run / "metrics.jsonl").unlink()
+    (run / "metrics.jsonl").symlink_to(victim)
+    data = write(tmp_path / "more.jsonl", classification_rows(20, seed=3))
+    rc, out, err = run_cli(capsys, "eval", run, "--data", data, "--samples", 0)
+    assert_one_line_error(rc, err, "eval", rf"RUN_DIR: {run}/metrics.jsonl is a symbolic link to {victim}")
+    assert out == "" and victim.read_text() == "a user's file\n"

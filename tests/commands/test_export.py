@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from card_fixtures import check_card
 from helpers import tiny_train_argv
 from hf_bert_fixtures import bert_dir
 from text_fixtures import classification_rows, embedding_rows, seq2seq_rows, write
@@ -28,8 +29,12 @@ LONG = " ".join(["the big red house by the river"] * 8)  # far past max_length 1
 
 
 def _run(capsys, *argv):
+    """`tformer ARGV`; an export's model card is checked against the Hub's spec and the installed
+    transformers, and must name no folder of this machine's (the run's, its data's)."""
     rc = main([str(a) for a in argv])
     out, err = capsys.readouterr()
+    if rc == 0 and argv[0] == "export" and (Path(argv[-1]) / "README.md").is_file():
+        check_card(Path(argv[-1]) / "README.md", private=(str(Path(argv[1]).resolve().parent),))
     return rc, out, err
 
 
@@ -93,24 +98,26 @@ def test_classifier_runs_load_in_transformers_with_the_runs_probabilities(capsys
     assert tokenizer_config["model_max_length"] == max_length
     assert json.loads((out / "tokenizer.json").read_text())["truncation"]["max_length"] == max_length
     card = (out / "README.md").read_text()
-    assert "accuracy" in card and f"tformer export {run} --hf {out}" in card and "animal, place" in card
+    assert "accuracy" in card and f"tformer export {run.name} --hf {out.name}" in card and "animal, place" in card
     header = hub_header(card)
     assert header["library_name"] == "transformers" and header["pipeline_tag"] == "text-classification"
     assert "accuracy" in header["metrics"] and "tformer" in header["tags"]
     if kind == "finetuned":
-        assert f"base model (fine-tuned): `{bert_dir()}`" in card
+        assert f"base model (fine-tuned): `{bert_dir().name}`" in card  # its name: no folder of this machine
     else:
         assert "base model" not in card
 
 
 def test_transformers_pipeline_gives_predicts_probabilities(capsys, tmp_path, runs):
-    """pipeline("text-classification", top_k=None) on the export, against `tformer predict`."""
+    """pipeline("text-classification", top_k=None), a padded batch, on the BERT (cls) export,
+    against `tformer predict`: its pooling reads [CLS], whose attention masks the padding."""
     from transformers import pipeline
 
     run, out = runs["scratch"], tmp_path / "hf"
     assert _run(capsys, "export", run, "--hf", out)[0] == 0
     classify = pipeline("text-classification", model=str(out), top_k=None, device="cpu")
-    answers = classify(TEXTS, truncation=True)  # LONG is past the run's max_length, as for any BERT
+    # Batched: the shorter texts padded to the longest (LONG: cut at the run's max_length).
+    answers = classify(TEXTS, truncation=True, batch_size=len(TEXTS))
     labels = ["animal", "place"]
     got = np.array([[{a["label"]: a["score"] for a in answer}[label] for label in labels] for answer in answers])
     diff = np.abs(got - _predict(capsys, run, TEXTS, tmp_path)).max()
@@ -137,7 +144,8 @@ def train_command(card: str) -> list[str]:
 @pytest.mark.parametrize("kind", ["scratch", "finetuned", "seq2seq"])
 def test_the_card_opens_with_hub_metadata_and_gives_the_train_command_that_made_the_run(capsys, tmp_path, runs,
                                                                                       kind):
-    """The command in the card resolves to the run's own TrainConfig (its folder aside)."""
+    """The command in the card resolves to the run's own TrainConfig (its folder aside; its files
+    named by their names alone: the card is published, the folders are this machine's)."""
     import dataclasses
 
     from tformer.commands.cli import build_parser
@@ -151,10 +159,12 @@ def test_the_card_opens_with_hub_metadata_and_gives_the_train_command_that_made_
     assert hub_header(card)["library_name"] == "transformers"
     words = train_command(card)
     assert words[:2] == ["tformer", "train"] and "--data" in words
-    args = build_parser()[0].parse_args(words[1:])
+    saved = read_train_config(check_run_dir(run))
+    local = {Path(p).name: p for p in (saved.data, saved.from_pretrained) if p}
+    assert not set(words) & set(local.values())  # no local folder in the card
+    args = build_parser()[0].parse_args([local.get(w, w) for w in words[1:]])
     names = {f.name for f in dataclasses.fields(TrainConfig)} | set(MODEL_OPTIONS)
     again = resolve_config({k: v for k, v in vars(args).items() if k in names})
-    saved = read_train_config(check_run_dir(run))
     assert again.replace(out=None) == saved.replace(out=None)
     assert "## Training data" in card and "records in the training file" in card
 
@@ -338,8 +348,13 @@ def test_onnx_never_writes_over_a_users_file(capsys, tmp_path, runs):
 def test_a_symlinked_hf_target_is_followed_and_stays_a_link(capsys, tmp_path, runs):
     target = tmp_path / "real"
     link = tmp_path / "link"
-    link.symlink_to(target, target_is_directory=True)  # dangling at first
-    for _ in range(2):  # a new folder, then a tformer export replaced
+    link.symlink_to(target, target_is_directory=True)  # dangling at first: refused, nothing created
+    rc, _, err = _run(capsys, "export", runs["finetuned"], "--hf", link)
+    assert rc == 2 and err.count("\n") == 1 and f"--hf {link}: a symbolic link to {target}, which does not " \
+        "exist" in err, err
+    assert not target.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["link"]
+    target.mkdir()
+    for _ in range(2):  # an empty folder, then a tformer export replaced
         rc, _, err = _run(capsys, "export", runs["finetuned"], "--hf", link)
         assert rc == 0, err
         assert link.is_symlink() and (target / "config.json").is_file()
@@ -438,7 +453,7 @@ def test_a_second_export_to_the_same_out_is_refused_while_the_first_runs(capsys,
     rc2, _, err2 = second[0]
     assert rc2 == 2 and err2.count("\n") == 1, err2
     assert f"{option} {out}: is being written by another tformer process (pid {os.getpid()})" in err2
-    assert str(runs["finetuned"]) in (out / "README.md").read_text()  # the first export, whole
+    assert f"tformer export {runs['finetuned'].name} " in (out / "README.md").read_text()  # the first, whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 

@@ -200,3 +200,17 @@ def test_a_directory_neither_run_nor_model_is_one_line(tmp_path, capsys):
     assert err.count("\n") == 1 and err.startswith(f"tformer info: error: config: {tmp_path}: expected a run "
                                                    "directory (checkpoints/), a model directory")
     assert err.strip().endswith("got a directory holding none of them")
+
+
+def test_a_run_is_described_without_the_machines_kernel_cache_unless_asked(classification_run, capsys):
+    """`tformer info RUN` printed this machine's kernel cache (its path and four of its choices)
+    amid what the run is; it is the machine's, not the run's: --kernels lists it whole."""
+    from tformer.nn.kernels import autotune
+
+    autotune.choose("info-test", "shape", {"a": lambda: None, "b": lambda: None})
+    assert main(["info", str(classification_run)]) == 0
+    out = capsys.readouterr().out
+    assert "objective" in out and "kernel" not in out and str(autotune.cache_path()) not in out
+    assert main(["info", str(classification_run), "--kernels"]) == 0
+    out = capsys.readouterr().out
+    assert "kernel choices measured here" in out and "info-test | " in out and str(autotune.cache_path()) in out

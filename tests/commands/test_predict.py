@@ -178,12 +178,13 @@ class _InterruptedOut(io.StringIO):
 
 
 @pytest.mark.parametrize("command", ["predict", "generate"])
-def test_ctrl_c_leaves_whole_lines_and_exit_status_130(classification_run, capsys, monkeypatch, command):
+def test_ctrl_c_leaves_whole_lines_and_exit_status_130(request, capsys, monkeypatch, command):
     # print() wrote a row and its newline apart: interrupted between, the output ended in half a row.
+    run = request.getfixturevalue("seq2seq_run" if command == "generate" else "classification_run")
     for k in range(1, 6):  # 5 rows
         out = _InterruptedOut(k)
         monkeypatch.setattr("sys.stdout", out)
-        rc = main([command, str(classification_run), "a", "b", "c", "d", "e", "--threads", "1",
+        rc = main([command, str(run), "a", "b", "c", "d", "e", "--threads", "1",
                    *(["--format", "jsonl"] if command == "predict" else [])])
         assert rc == 130
         assert out.getvalue().endswith("\n") or not out.getvalue(), (k, out.getvalue())
@@ -243,9 +244,10 @@ class _FullDiskOut(io.StringIO):
 
 
 @pytest.mark.parametrize("command", ["predict", "generate"])
-def test_a_full_disk_under_standard_output_is_named(classification_run, capsys, monkeypatch, command):
+def test_a_full_disk_under_standard_output_is_named(request, capsys, monkeypatch, command):
     # It said only "No space left on device", naming nothing.
+    run = request.getfixturevalue("seq2seq_run" if command == "generate" else "classification_run")
     monkeypatch.setattr("sys.stdout", _FullDiskOut())
-    rc = main([command, str(classification_run), "a", "b", "--threads", "1"])
+    rc = main([command, str(run), "a", "b", "--threads", "1"])
     err = capsys.readouterr().err
     assert rc == 1 and err == f"tformer {command}: error: standard output: No space left on device\n", err

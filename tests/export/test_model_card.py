@@ -25,11 +25,11 @@ def test_the_card_opens_with_the_hubs_yaml_header():
     card = _card(base_model="models/bert", base_model_id="google-bert/bert-base-uncased")
     header = _header(card)
     assert header == {"library_name": "transformers", "pipeline_tag": "text-classification",
-                      "base_model": "google-bert/bert-base-uncased", "base_model_relation": "finetune",
+                      "license": "unknown", "base_model": "google-bert/bert-base-uncased", "base_model_relation": "finetune",
                       "tags": ["tformer"], "metrics": ["accuracy", "f1"]}
     assert is_ours(card)  # the marker right after the header: a later export may replace it
     assert "tformer train --data train.jsonl" in card and "1,000 records" in card
-    assert "base model (fine-tuned): `models/bert` (google-bert/bert-base-uncased)" in card
+    assert "base model (fine-tuned): `bert` (google-bert/bert-base-uncased)" in card
     assert "base_model" not in _header(_card(base_model="models/bert"))  # a folder is no Hub name
 
 
@@ -57,3 +57,40 @@ def test_a_fine_tune_that_kept_its_pretrained_weights_says_so():
            "validation score (0.8113; the best fine-tuned step's: 0.5569)." in card
     assert "base model's weights" not in _card(kind="embedding", main_metric="mrr_at_10",
                                                metrics={**record, "tested_step": 2})
+
+
+def test_the_card_names_no_local_folder():
+    """Cards embedded the absolute path of the training data (and the base model's folder, the
+    run's and the export's): published on the Hub, they showed the maker's folders."""
+    home = "/home/alice/secret project"
+    card = _card(data=f"{home}/train.jsonl", base_model=f"{home}/models/bert",
+                 train_command=f"tformer train --data '{home}/train.jsonl' --from-pretrained "
+                               f"'{home}/models/bert' --valid '{home}/v.csv' --lr 0.001",
+                 command=f"tformer export '{home}/runs/r1' --hf '{home}/out dir'")
+    assert "/home/alice" not in card and "secret project" not in card
+    assert "- data: `train.jsonl`" in card and "base model (fine-tuned): `bert`" in card
+    assert "tformer train --data train.jsonl --from-pretrained bert --valid v.csv --lr 0.001" in card
+    assert "tformer export r1 --hf 'out dir'" in card
+    assert "- data: `synthetic task reverse`" in _card(data="synthetic task reverse")
+
+
+def test_license_base_model_and_datasets_where_known(tmp_path):
+    """A card lacked license, base_model (for a base model read from the Hugging Face cache) and
+    datasets. The license is the base model card's (all-MiniLM-L6-v2's: apache-2.0), else
+    unknown (the Hub's id for it); the data's Hub name where it was read from the cache."""
+    from card_fixtures import check_card
+
+    cache = tmp_path / "hub"
+    base = cache / "models--sentence-transformers--all-MiniLM-L6-v2" / "snapshots" / "abc123"
+    base.mkdir(parents=True)
+    (base / "README.md").write_text("---\nlanguage: en\nlicense: apache-2.0\n---\n# all-MiniLM-L6-v2\n")
+    data = cache / "datasets--stanfordnlp--imdb" / "snapshots" / "def456" / "train.jsonl"
+    card = _card(base_model=str(base), data=str(data))
+    header = _header(card)
+    assert header["license"] == "apache-2.0" and header["datasets"] == ["stanfordnlp/imdb"]
+    assert header["base_model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert header["base_model_relation"] == "finetune" and str(tmp_path) not in card
+    plain = _header(_card())
+    assert plain["license"] == "unknown" and "datasets" not in plain and "base_model" not in plain
+    (tmp_path / "README.md").write_text(card)
+    check_card(tmp_path / "README.md", private=(str(tmp_path),))

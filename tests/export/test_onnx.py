@@ -111,7 +111,7 @@ def test_a_killed_export_leaves_the_old_file_and_the_next_one_its_temp_file(tmp_
 
 def test_a_symlinked_onnx_file_is_followed_and_stays_a_link(tmp_path, capsys):
     """As a linked folder is: the export the link names is replaced, the link stays a link; a
-    link to nowhere names the missing folder, and a link to a user's file is refused."""
+    link to nothing is refused (it created the file it named), and so is a link to a user's file."""
     target = _export(tmp_path, bert_dir(), capsys)
     link = tmp_path / "link.onnx"
     link.symlink_to(target.name)
@@ -122,7 +122,11 @@ def test_a_symlinked_onnx_file_is_followed_and_stays_a_link(tmp_path, capsys):
     dangling = tmp_path / "dangling.onnx"
     dangling.symlink_to(tmp_path / "nowhere" / "m.onnx")
     assert main(["export", str(bert_dir()), "--onnx", str(dangling)]) == 2
-    assert "nowhere does not exist" in capsys.readouterr().err and dangling.is_symlink()
+    assert "a symbolic link to " in capsys.readouterr().err and dangling.is_symlink()
+    dangling.unlink()  # a link to nothing in a folder that is there: refused too, nothing created
+    dangling.symlink_to(tmp_path / "new.onnx")
+    assert main(["export", str(bert_dir()), "--onnx", str(dangling)]) == 2
+    assert "new.onnx, which does not exist" in capsys.readouterr().err and not (tmp_path / "new.onnx").exists()
     (tmp_path / "mine.txt").write_text("a user's file")
     mine = tmp_path / "mine.onnx"
     mine.symlink_to("mine.txt")

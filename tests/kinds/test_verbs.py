@@ -146,3 +146,24 @@ def test_generate_refuses_a_max_len_past_the_models_positions(runs):
 def test_attention_input_takes_one_text(runs, text, error, message):
     with pytest.raises(error, match=message):
         runs["predict"].attention_input(text)
+
+
+@pytest.mark.parametrize("verb", ["predict", "generate", "embed"])
+@pytest.mark.parametrize("texts, where", [(["a cat", "a\ud800"], r"\[1\]"), ("b\udcff c", "")])
+def test_a_lone_surrogate_is_one_line_naming_the_argument_and_index(runs, verb, texts, where):
+    """`run.predict(["a\\ud800"])` (and embed, generate) raised the tokenizer's bare TypeError
+    ("TextEncodeInput must be Union[...]"); the command line refuses the same input in one line."""
+    name = "inputs" if verb == "generate" else "texts"
+    with pytest.raises(ValueError, match=rf"^{name}{where}: expected text UTF-8 can encode, got a lone "
+                                         r"surrogate '\\ud[8c][0f]0?[0f]?' at character 2$"):
+        getattr(runs[verb], verb)(texts)
+
+
+def test_a_lone_surrogate_in_a_pair_or_the_tokenizer_is_one_line(runs):
+    run = runs["predict"]
+    with pytest.raises(ValueError, match=r"^texts\[0\]: expected text UTF-8 can encode, got a lone surrogate"):
+        run.tokenizer.encode(["x\udcff"])
+    from tformer.text.arguments import pairs_list
+
+    with pytest.raises(ValueError, match=r"^pairs\[1\]: expected text UTF-8 can encode, got a lone surrogate"):
+        pairs_list([None, "y\ud800"], 2)

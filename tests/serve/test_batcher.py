@@ -146,3 +146,57 @@ def test_the_queue_is_bounded():
         batcher.submit(_items(1))
 
     asyncio.run(main())
+
+
+def _drained(requests: dict[str, int], budget: int, ends_during: int, drain_at: int | None = 0
+             ) -> tuple[list, list]:
+    """Requests (name -> number of 2-token texts) all queued; the drain starts after batch
+    ``drain_at`` (0: at once; None: never, fair order throughout), and the grace period ends
+    (abandon) while batch ``ends_during`` runs. (batches run, the requests answered whole)."""
+    seen: list[list[str]] = []
+
+    async def main():
+        batcher = Batcher(lambda p, k: p, budget, max_wait_ms=60_000, max_queue=1000, metrics=Metrics())
+        futures = {name: batcher.submit([Item(2, 2, f"{name}{i}") for i in range(n)])
+                   for name, n in requests.items()}
+
+        def run(payloads, key):
+            seen.append(list(payloads))
+            if drain_at and len(seen) == drain_at:
+                loop.call_soon_threadsafe(batcher.drain)
+            if len(seen) == ends_during:
+                loop.call_soon_threadsafe(batcher.abandon)
+            return payloads
+
+        loop = asyncio.get_running_loop()
+        batcher.run = run
+        if drain_at == 0:
+            batcher.drain()
+        else:
+            batcher.max_wait = 0
+        batcher.start()
+        done = {name: await asyncio.gather(*fs, return_exceptions=True) for name, fs in futures.items()}
+        await batcher.stop()
+        return [name for name, results in done.items() if not any(isinstance(r, Exception) for r in results)]
+
+    answered = asyncio.run(main())
+    return seen, answered
+
+
+def test_a_drain_finishes_the_requests_with_the_least_work_left_first():
+    """SIGTERM under load: in fair order every request advanced together and, when the grace
+    period ended, all 16 were unfinished and got 503. Draining, the batches finish the requests
+    with the least work left first: in the same 8 batches, 8 of the 16 are answered whole."""
+    requests = {f"r{i:02d}-": 4 for i in range(16)}  # 16 requests of 4 texts; a batch holds 4 texts
+    _, answered = _drained(requests, budget=8, ends_during=9, drain_at=None)
+    assert answered == []  # fair order: every request half done, none whole
+    seen, answered = _drained(requests, budget=8, ends_during=9)
+    assert len(answered) == 8 and all(len({p[:4] for p in batch}) == 1 for batch in seen[:8]), seen
+    _, answered = _drained(requests, budget=8, ends_during=9, drain_at=4)  # 4 batches in fair order first
+    assert len(answered) == 5, answered  # each request left 3 texts: 4 more batches of 4 finish 5
+
+
+def test_a_drain_takes_the_smallest_remaining_request_first():
+    seen, answered = _drained({"big-": 6, "mid-": 3, "one-": 1, "two-": 2}, budget=4, ends_during=4)
+    assert seen[:3] == [["one-0", "two-0"], ["two-1", "mid-0"], ["mid-1", "mid-2"]], seen
+    assert answered == ["mid-", "one-", "two-"]

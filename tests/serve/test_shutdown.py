@@ -42,17 +42,17 @@ def _start(directory, *flags: str) -> tuple[subprocess.Popen, int]:
 
 
 def _terminate_with_queued(proc: subprocess.Popen, port: int, texts: list[str], within: float,
-                           sig: int = signal.SIGTERM, twice: bool = False) -> list:
-    """Send one /embed request per text from its own thread, wait (at most `within` s) until all
-    are queued, signal the server (SIGTERM; `twice`: again once it stopped listening), then
-    collect the answers: (status, headers, body) each."""
+                           sig: int = signal.SIGTERM, twice: bool = False, copies: int = 1) -> list:
+    """Send one /embed request per text (``copies`` of it) from its own thread, wait (at most
+    `within` s) until all are queued, signal the server (SIGTERM; `twice`: again once it stopped
+    listening), then collect the answers: (status, headers, body) each."""
     answers: list = []
-    threads = [threading.Thread(target=lambda t=t: answers.append(request(port, "POST", "/embed", {"inputs": t})))
-               for t in texts]
+    threads = [threading.Thread(target=lambda t=t: answers.append(
+        request(port, "POST", "/embed", {"inputs": t if copies == 1 else [t] * copies}))) for t in texts]
     for t in threads:
         t.start()
     deadline = time.monotonic() + within
-    while f"tformer_serve_queue_depth {len(texts)}" not in request(port, "GET", "/metrics")[2]:
+    while f"tformer_serve_queue_depth {len(texts) * copies}" not in request(port, "GET", "/metrics")[2]:
         assert time.monotonic() < deadline, f"the {len(texts)} requests were not queued in time"
         time.sleep(0.02)
     assert not answers  # all queued, none answered yet
@@ -121,7 +121,8 @@ def test_sigterm_drops_a_stalled_client_and_exits_cleanly(embedding_dir):
 
 
 def test_requests_still_waiting_after_the_grace_period_get_503(embedding_dir):
-    proc, port = _start(embedding_dir, "--max-wait-ms", "60000", "--grace-period", "0.5")
+    # (A drain starts batches at once: a grace period of 0 ends before any is answered.)
+    proc, port = _start(embedding_dir, "--max-wait-ms", "60000", "--grace-period", "0")
     try:
         answers = _terminate_with_queued(proc, port, ["a dog", "the cat"], within=10)
         code = proc.wait(timeout=20)
@@ -135,9 +136,12 @@ def test_requests_still_waiting_after_the_grace_period_get_503(embedding_dir):
 
 def test_a_second_ctrl_c_stops_at_once_and_open_requests_get_503(embedding_dir):
     """uvicorn's force exit cancels the requests still open: they got its plain-text 500."""
-    proc, port = _start(embedding_dir, "--max-wait-ms", "60000")
+    # Two requests of 256 texts, one text a batch: the drain that the first Ctrl-C starts is still
+    # answering them when the second comes.
+    proc, port = _start(embedding_dir, "--max-wait-ms", "60000", "--max-batch-tokens", "16")
     try:
-        answers = _terminate_with_queued(proc, port, ["a dog", "the cat"], 10, signal.SIGINT, twice=True)
+        answers = _terminate_with_queued(proc, port, ["a dog " * 20, "the cat " * 20], 10, signal.SIGINT,
+                                         twice=True, copies=256)  # (cut at the model's 16 tokens)
         code = proc.wait(timeout=20)
     finally:
         if proc.poll() is None:
@@ -146,3 +150,54 @@ def test_a_second_ctrl_c_stops_at_once_and_open_requests_get_503(embedding_dir):
     assert sorted(a[0] for a in answers) == [503, 503], answers
     assert answers[0][2]["error"]["message"].startswith("server: stopped at once"), answers
     assert code == 130 and "interrupted (stopped at once" in err, err
+
+
+def test_sigterm_under_load_answers_the_requests_nearest_to_done_first(embedding_dir):
+    """A loaded server (16 requests of 8 texts queued, the model 50 ms a batch of 4 texts: 1.6 s of
+    work) told to stop with a 1 s grace period. Served in fair order, every request advanced
+    together and nearly all got 503 when the grace period ended, the ones almost done too;
+    draining, the batches finish the requests with the least work left first, so about half of
+    them are answered whole and only the rest get 503. Over real HTTP, uvicorn's own shutdown
+    (what SIGTERM starts) beginning the drain."""
+    from serve_fixtures import Live
+
+    from tformer.kinds import load_served
+    from tformer.serve.app import create_app
+    from tformer.serve.config import ServeConfig
+
+    config = ServeConfig(model=str(embedding_dir), threads=1, grace_period=1.0, max_batch_tokens=64,
+                         max_wait_ms=0).decide()
+    served = load_served(embedding_dir, config.device, config.dtype)
+    run, armed, go = served.run_batch, threading.Event(), threading.Event()
+
+    def loaded(payloads, key):  # (past the warm-up) the first batch waits until every request is queued
+        if armed.is_set():
+            assert go.wait(30)
+            time.sleep(0.05)
+        return run(payloads, key)
+
+    served.run_batch = loaded  # (the server's batcher takes it when the app is made)
+    live = Live(create_app(config, served), config)
+    armed.set()
+    text = " ".join(["word"] * 40)  # cut at the model's 16 tokens
+    answers: list = []
+    threads = [threading.Thread(target=lambda: answers.append(live.post("/embed", {"inputs": [text] * 8})))
+               for _ in range(16)]
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while "tformer_serve_queue_depth 128" not in live.request("GET", "/metrics")[2]:
+            assert time.monotonic() < deadline, "the 16 requests were not queued in time"
+            time.sleep(0.02)
+        live.server.should_exit = True  # what SIGTERM does
+        go.set()
+        for t in threads:
+            t.join(timeout=30)
+    finally:
+        go.set()
+        live.close()
+    statuses = sorted(a[0] for a in answers)
+    assert len(statuses) == 16 and set(statuses) <= {200, 503}, statuses
+    assert statuses.count(200) >= 4 and statuses.count(503) >= 1, statuses  # fair order: 0 or 1 whole
+    assert all(len(a[2]) == 8 for a in answers if a[0] == 200)

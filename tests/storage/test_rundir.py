@@ -78,3 +78,55 @@ def test_an_out_that_is_not_utf8_is_refused_before_training(tmp_path):
                                          r"got b'.*run\\xe9'$"):
         check_out(out)
     assert not out.exists()
+
+
+def _victim(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("a user's file\n")
+    return victim
+
+
+def test_an_append_never_goes_through_a_link_planted_in_a_run(tmp_path):
+    """`tformer eval RUN --data F` appended its record through a planted RUN/metrics.jsonl link
+    to whatever file it named."""
+    from tformer.storage.rundir import append_jsonl
+
+    victim, run = _victim(tmp_path), tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").symlink_to(victim)
+    with pytest.raises(ValueError, match=r"run/metrics.jsonl is a symbolic link to .*victim.txt; .*remove "
+                                         r"the link$"):
+        append_jsonl(run / "metrics.jsonl", {"split": "eval"})
+    assert victim.read_text() == "a user's file\n"
+    (run / "metrics.jsonl").unlink()
+    append_jsonl(run / "metrics.jsonl", {"split": "eval"})  # a file: appended as before
+    assert read_metrics(run / "metrics.jsonl") == [] and "eval" in (run / "metrics.jsonl").read_text()
+
+
+@pytest.mark.parametrize("name", [".tformer-run.lock", "metrics.jsonl", "curves.png", "checkpoints"])
+def test_a_run_holding_a_link_is_refused_before_anything_is_written(tmp_path, name):
+    """Every write into a run directory refuses a link there: the run lock opened a planted
+    .tformer-run.lock link and truncated the file it named to write its pid in it."""
+    from tformer.storage.rundir import RunLock, open_run_dir
+
+    victim, run = _victim(tmp_path), tmp_path / "run"
+    run.mkdir()
+    RunLock(run).release()  # a run directory (its lock file)
+    if name == ".tformer-run.lock":
+        (run / name).unlink()
+    (run / name).symlink_to(victim)
+    for resume in (False, True):
+        with pytest.raises(ValueError, match=rf"^(out|resume): {run / name} is a symbolic link to "):
+            open_run_dir(run, resume=resume)
+    assert victim.read_text() == "a user's file\n" and (run / name).is_symlink()
+
+
+def test_an_output_lock_never_truncates_through_a_link(tmp_path):
+    from tformer.storage.locks import lock_path, output_lock
+
+    victim, out = _victim(tmp_path), tmp_path / "x.npy"
+    lock_path(out).symlink_to(victim)
+    with pytest.raises(FileExistsError, match=r"^--out .*x.npy: its lock file .*\.x\.npy\.lock is a symbolic link"):
+        with output_lock(out, "--out"):
+            pass
+    assert victim.read_text() == "a user's file\n"

@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     check_options(args)
     if args.out is not None:  # --out "" (an unset shell variable) printed to stdout instead
         check_file_name(args.out, "--out", "a .npy or .jsonl file name")
-    out = replaced_path(args.out) if args.out is not None else None  # a link's target: the link stays a link
+    out = replaced_path(args.out, "--out") if args.out is not None else None  # a link: its target
     if out is not None and out.suffix not in (".npy", ".jsonl"):
         raise ValueError(f"--out: expected a .npy or .jsonl file name, got {str(out)!r}")
     if out is not None and out.is_dir():

@@ -3,7 +3,13 @@ for a run on your data, on any file with the training file's fields (--data FILE
 
 A --data file is checked whole first, then read, predicted and scored a window of records at
 a time (the metrics are sums of counts: tformer.training.evaluation), so memory does not grow
-with it; an embedding run's metrics rank among every record, so it holds their vectors."""
+with it; an embedding run's metrics rank among every record, so it holds their vectors. The
+check also counts the records whose input text the run trained or validated on
+(tformer.training.overlap): a warning says how many, and the record keeps the counts.
+
+The run's own splits are drawn from its data files, found where they were when it started
+(data.json keeps them absolute) and refused, naming what changed, where one is no longer the
+file it trained on (tformer.training.data_files)."""
 
 from __future__ import annotations
 
@@ -28,8 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", choices=("test", "validation"), default=None,
                         help="the run's own held-out split to evaluate (default: test; not with --data)")
     parser.add_argument("--data", metavar="FILE", default=None,
-                        help="runs on your data: evaluate on this JSONL/CSV/TSV file instead; "
-                             "the result is appended to RUN_DIR/metrics.jsonl")
+                        help="runs on your data: evaluate on this JSONL/CSV/TSV file instead (a warning "
+                             "says how many of its records the run trained on); the result is appended "
+                             "to RUN_DIR/metrics.jsonl")
     parser.add_argument("--beam-size", type=int, default=1, help="seq2seq: 1 = greedy (default)")
     parser.add_argument("--limit", type=int, default=None,
                         help="only the first N examples (a --data file is read no further)")
@@ -44,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tformer.kinds import load_run
-    from tformer.storage.rundir import RunLock
+    from tformer.storage.rundir import RunLock, check_no_links
 
     check_options(args)
     if args.data is not None and args.split is not None:  # one of the two would be ignored
@@ -58,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
     # cutting the file back to its checkpoint, another eval --data would interleave with it).
     busy = "--data appends to its metrics.jsonl, which that process writes: evaluate when it has finished"
     with RunLock(Path(args.run_dir), "RUN_DIR", busy) if args.data is not None else contextlib.nullcontext():
+        if args.data is not None:  # before the scoring: a link planted there is refused, not written through
+            check_no_links(Path(args.run_dir), "RUN_DIR")
         return _evaluate(args, run)
 
 
@@ -67,11 +76,12 @@ def _evaluate(args: argparse.Namespace, run) -> int:
     from tformer.training.report import append_jsonl, baseline_verdict, sample_table, with_baseline
     from tformer.training.verdict import MIN_VERDICT_EXAMPLES
 
+    overlap: dict = {}
     if args.data is not None:
-        # Checked whole first, keeping nothing (a bad record fails before any decoding), then
-        # read again a window at a time as it is scored: memory does not grow with the file.
-        if not sum(1 for _ in run.example_stream(data=args.data, limit=args.limit)):
-            raise ValueError(f"--data: {args.data} holds no records")
+        # Checked whole first, keeping nothing but a hash of each input (a bad record fails before
+        # any decoding), then read again a window at a time as it is scored: memory does not grow
+        # with the file. The hashes tell how many records the run trained on.
+        overlap = _overlap(run, args)
         examples = run.example_stream(data=args.data, limit=args.limit)  # (read no further than --limit)
         split = str(args.data)
     else:
@@ -82,7 +92,7 @@ def _evaluate(args: argparse.Namespace, run) -> int:
         print(sample_table(rows, n=args.samples))
     key = run.main_metric
     record = with_baseline({"split": split, "task": run.config.name, "examples": metrics["examples"],
-                            **metrics, **_weights_as_they_were(args.run_dir),
+                            **metrics, **overlap, **_weights_as_they_were(args.run_dir),
                             **({"long": args.long} if args.long else {})}, key, baseline)
     line = json_line(record, f"RUN_DIR {args.run_dir}: metrics {metrics}")
     print(f"{split} {key}: {metrics[key]:.4f}")
@@ -95,6 +105,36 @@ def _evaluate(args: argparse.Namespace, run) -> int:
     if args.data is not None:
         append_jsonl(Path(args.run_dir) / "metrics.jsonl", {**record, "split": "eval", "data": split})
     return 0
+
+
+def _overlap(run, args: argparse.Namespace) -> dict[str, int]:
+    """Read --data once (checked, as far as --limit): {"trained_on": n, "in_validation": m}, the
+    records whose input text the run trained (or validated) on, said on stderr where any are
+    (a score on them says what the model memorised); {} where the run's training records
+    cannot be read (said too)."""
+    from tformer.training.overlap import Seen
+
+    data = run.objective.source.data  # (a run on files: checked by the caller)
+    seen = Seen.of(data, args.data)
+    counts = seen.count(run.example_stream(data=args.data, limit=args.limit), data.fields.input_key)
+    n = counts.pop("records")
+    if not n:
+        raise ValueError(f"--data: {args.data} holds no records")
+    if seen.why_not is not None:
+        print(f"tformer eval: note: cannot tell which records of {args.data} the run trained on: "
+              f"{seen.why_not}", file=sys.stderr)
+        return {}
+    trained, validated = counts["trained_on"], counts["in_validation"]
+    if trained or validated:
+        parts = [f"{trained:,} of the {n:,} records of {args.data} ({trained / n:.1%}) have the input "
+                 "text of a record the run trained on"] if trained else []
+        if validated:
+            parts.append(f"{validated:,}{' more' if trained else f' of the {n:,} records of {args.data}'} "
+                         f"({validated / n:.1%}) are in its validation split, which chose its checkpoint")
+        print(f"tformer eval: warning: {'; '.join(parts)}: the score on them says what the model has seen, "
+              f"not how it does on new text (its own held-out test: tformer eval {args.run_dir})",
+              file=sys.stderr)
+    return counts
 
 
 def _weights_as_they_were(run_dir: str) -> dict:

@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="write a transformers directory from a run: classification -> "
                            "BertForSequenceClassification (--pooling cls, fine-tunes) or "
                            "XLMForSequenceClassification (mean pooling: exact one text per call, a padded "
-                           "batch is refused), seq2seq -> MarianMTModel or Pegasus; with the "
+                           "batch fails), seq2seq -> MarianMTModel or Pegasus; with the "
                            "tokenizer (truncating at the run's max_length) and a model card")
     parser.add_argument("--opset", type=int, default=18,
                         help="ONNX opset version (18; another only where the installed torch.onnx writes "

@@ -1,8 +1,9 @@
-"""`tformer generate RUN_DIR [INPUT...] [--file FILE]`: run a trained model on your inputs.
+"""`tformer generate RUN_DIR [INPUT...] [--file FILE]`: run a trained seq2seq model on your inputs.
 
-Seq2seq runs print the generated output, classification runs the predicted class, one
-line per input, in order, always (inputs are read as tformer.text.lines says). Runs on your
-data use the tokenizer saved in RUN_DIR.
+It prints the generated output, one line per input, in order, always (inputs are read as
+tformer.text.lines says). Runs on your data use the tokenizer saved in RUN_DIR. A run of a
+kind that does not generate is refused in one line naming its own command (a classification
+run: `tformer predict`, which prints the label with its probability), as `embed` refuses it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from tformer.commands._inputs import (
     add_device,
     add_threads,
     bad_input,
-    check_decoding_options,
     check_options,
     device_of,
     input_windows,
@@ -23,11 +23,13 @@ from tformer.commands._inputs import (
 )
 from tformer.errors import BadInput
 
-HELP = "run a trained model on inputs (arguments or --file, one per line)"
+HELP = "run a trained seq2seq model on inputs (arguments or --file, one per line)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by `tformer train`")
+    parser.add_argument("run_dir", metavar="RUN_DIR",
+                        help="a seq2seq run directory written by `tformer train` (another kind's run is "
+                             "refused, naming its command: a classification run's is tformer predict)")
     parser.add_argument("inputs", nargs="*", metavar="INPUT",
                         help='inputs in the task\'s format, e.g. "3 1 4 1 5" for reverse')
     parser.add_argument("--file", metavar="FILE", default=None,
@@ -49,8 +51,7 @@ def run(args: argparse.Namespace) -> int:
     check_options(args)
     inputs = input_windows(args, "inputs", "INPUT", args.batch_size)
     first = next(inputs)  # the inputs checked before the run loads
-    run = load_run(args.run_dir, needs="answers", device=device_of(args))
-    check_decoding_options(args, run)
+    run = load_run(args.run_dir, needs="generate", device=device_of(args))  # (another kind: its verb)
     options = {"beam_size": args.beam_size, "length_penalty": args.length_penalty, "max_len": args.max_len}
     cut, total = Truncations(args, "inputs", "INPUT", run.tokenizer.max_length if run.tokenizer else 0), 0
     for start, texts in itertools.chain([first], inputs):

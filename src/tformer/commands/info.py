@@ -20,6 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="which model the config describes (default: a run's own, else encoder)")
     p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: max_len)")
     p.add_argument("--batch", type=int, default=1, help="batch size for the memory estimate")
+    p.add_argument("--kernels", action="store_true",
+                   help="also list the kernel choices measured on this machine (its cache, not the model's)")
 
 
 def _human(n: float, unit: str = "") -> str:
@@ -80,16 +82,21 @@ def run(args: argparse.Namespace) -> int:
         (f"activation memory, training (batch {args.batch} x {seq}, fp32)",
          f"{act / 2**20:.1f} MiB (estimate)"),
     ]
+    if args.kernels:  # this machine's, not the model's: only on request
+        rows += _kernel_rows()
+    _print(rows)
+    return 0
+
+
+def _kernel_rows() -> list[tuple[str, str]]:
+    """The memory allocator's setting and every kernel choice measured on this machine."""
     from tformer.nn.kernels import autotune
     from tformer.nn.kernels.allocator import keep_freed_memory
 
-    rows.append(("memory allocator", keep_freed_memory()))
-
-    choices = autotune.summary(limit=4)
-    rows.append(("kernel choices measured here", f"{len(autotune.decisions())} in {autotune.cache_path()}"))
-    rows += [("", line) for line in choices]
-    _print(rows)
-    return 0
+    choices = autotune.summary(limit=10**9)
+    return [("memory allocator", keep_freed_memory()),
+            ("kernel choices measured here", f"{len(autotune.decisions())} in {autotune.cache_path()}"),
+            *[("", line) for line in choices]]
 
 
 def _architecture(run_dir, saved) -> str | None:

@@ -76,7 +76,7 @@ def build_index(st, model_dir: str | Path, corpus: str | Path, out: str | Path,
             pass  # rank 0 gathers and writes
         finish(world)
         return None
-    out = replaced_path(out)  # a link's target is rebuilt: the link stays a link
+    out = replaced_path(out, "--out")  # a link's target is rebuilt: the link stays a link
     check_replaceable(out)
     n = lines.count()
     if n == 0:
@@ -102,7 +102,7 @@ def build_index_from_vectors(vectors: str | Path, out: str | Path, texts: str | 
     index searches by cosine), with a text per row from ``texts`` (one per line) if given."""
     source = VectorsFile(vectors, "--vectors")
     lines = TextLines(texts, "--texts") if texts is not None else None
-    out = replaced_path(out)
+    out = replaced_path(out, "--out")
     check_replaceable(out)
     n, dim = source.shape
     if lines is not None and (count := lines.count()) != n:

@@ -116,7 +116,7 @@ def mine(st, model_dir: str | Path, data: str | Path, out: str | Path, how: Mini
 
     report = report or (lambda line: print(f"tformer mine: {line}", file=sys.stderr))
     check_file_name(out, "--out", "a .jsonl file name")
-    out = replaced_path(out)
+    out = replaced_path(out, "--out")
     out.parent.mkdir(parents=True, exist_ok=True)
     with output_lock(out, "--out"):
         _refuse_foreign(out)

@@ -9,7 +9,7 @@ earlier tformer export (its README.md carries ``MARKER``) holding only what that
 (the card lists it, ``FILES``); a folder holding anything else is refused in one line, so a
 user's config.json or README.md, or the notes they put into an export, are never overwritten
 or deleted by the swap. A symbolic link is followed: the folder it points to is checked and
-replaced, and the link stays a link.
+replaced, and the link stays a link; a link to nothing is refused (it created the folder it named).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def check_destination(out: str | Path, option: str, files: Collection[str] | Non
     export holding files it did not write (an older export, which lists nothing: files not
     among ``files``, the paths this export writes, once they are known); returns the folder to
     write (a link's target)."""
-    out = replaced_path(out)  # the folder a link names (it may not exist yet)
+    out = replaced_path(out, option)  # the folder a link names (a link to nothing: refused)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"{option}: expected a folder to write, got the file {out}")
     if not out.is_dir() or not any(out.iterdir()):

@@ -217,8 +217,11 @@ def seq2seq_files(model, tokenizer, max_length: int, card: Card) -> dict[str, by
         WEIGHTS_FILE: st_save(to_hf(state, config), metadata={"format": "pt"}),
     }
     files.update(tokenizer_files(tokenizer, max_length, template="$A </s>"))
+    # No pipeline_tag: transformers 5 has no pipeline for an encoder-decoder's text (text2text-generation,
+    # translation and summarization are gone from its tasks; the Hub still lists them): the card
+    # shows generate() instead, which every version runs.
     files["README.md"] = render(card, f"a transformers {architecture(config)} directory", USAGE,
-                                library_name="transformers", pipeline_tag="text2text-generation")
+                                library_name="transformers")
     return files
 
 

@@ -10,10 +10,14 @@ AutoModelForSequenceClassification and AutoTokenizer (no ``trust_remote_code``),
 tformer's logits (max abs diff <= ``TOLERANCE``) on unpadded inputs of lengths 1 .. max_len and
 the run's token ids; then ``export_dir.publish_export`` writes them in one atomic step.
 
-XLM's mean runs over every position, padding included (``formats.hf_xlm``): a mean-pooled
-export's tokenizer has no padding token, so that a padded batch is refused by transformers
-(``tokenizer(texts, padding=True)``, ``pipeline(..., batch_size=8)``) instead of averaging over
-the padding, and its card says so.
+XLM's mean runs over every position, padding included (``formats.hf_xlm``), and no stock
+transformers class puts a masked mean over a BERT-layout encoder under a linear head (ModernBERT's
+masks padding, over rotary positions and gated units). So a padded batch must fail, not answer:
+a mean-pooled export's tokenizer pads with ``NO_PADDING``, a token whose id lies past the model's
+vocabulary, and any padded batch (``pipeline(..., batch_size=8)``, ``tokenizer(texts,
+padding=True)``) stops in the embedding lookup with an IndexError. With no padding token at all,
+transformers refused a batch with advice to pad with the EOS token, which then averaged over the
+padding: probabilities off by up to 0.19, without a word. Its card says so.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save as st_save
+from tokenizers import AddedToken, Tokenizer
 
 from tformer.export.export_dir import publish_export
 from tformer.export.hf_check import loaded_in_transformers
@@ -52,10 +57,13 @@ XLMForSequenceClassification pools with XLM's sequence summary, whose mean runs 
 position of its input, padding included; tformer averages the real tokens only. The two agree on
 an unpadded input (max abs diff {diff:.1e} on the logits, checked when exported): one text per
 call, as `pipeline` runs by default (batch_size=1). A padded batch would average over the padding
-too, so the tokenizer has no padding token: `tokenizer(texts, padding=True)` and
-`pipeline(..., batch_size=8)` refuse rather than give other numbers. For batches, use the ONNX
-export (`tformer export RUN --onnx DIR`), which masks the padding.
+too and give other probabilities, so it fails instead: the tokenizer pads with `{token}`, whose id
+lies past the model's vocabulary, and `pipeline(..., batch_size=8)` or `tokenizer(texts,
+padding=True)` then stop with `IndexError: index out of range`. Do not give the tokenizer another
+padding token (the EOS token, say): the answers would be wrong without a word. For batches, use the
+ONNX export (`tformer export RUN --onnx DIR`), which masks the padding.
 """
+NO_PADDING = "<|no-padding: one text per call|>"  # a mean-pooled export's padding token, past the vocabulary
 
 
 def classifier_files(model, tokenizer, labels: Sequence[str], pairs: bool = False) -> dict[str, bytes]:
@@ -81,11 +89,26 @@ def classifier_files(model, tokenizer, labels: Sequence[str], pairs: bool = Fals
     inputs = ["input_ids", *(["token_type_ids"] if token_types else []), "attention_mask"]
     files.update(tokenizer_files(tokenizer.backend, tokenizer.max_length,
                                  extra_config={"model_input_names": inputs}))
-    if mean:  # no padding token: a padded batch is refused, not averaged over its padding
-        tok_config = json.loads(files["tokenizer_config.json"])
-        tok_config.pop("pad_token", None)
-        files["tokenizer_config.json"] = json_bytes(tok_config)
+    if mean:  # a padded batch fails, not averaged over its padding
+        files.update(_padding_past_the_vocabulary(files, config.vocab_size))
     return files
+
+
+def _padding_past_the_vocabulary(files: dict[str, bytes], vocab_size: int) -> dict[str, bytes]:
+    """tokenizer.json and tokenizer_config.json padding with NO_PADDING, an added token whose
+    id is ``vocab_size`` or more: XLMModel's embedding lookup raises on it, so a padded batch
+    fails where it would have averaged over its padding. (Where the tokenizer's vocabulary is
+    smaller than the model's, filler tokens take the ids between, so NO_PADDING's is past both.)"""
+    tok = Tokenizer.from_str(files["tokenizer.json"].decode("utf-8"))
+    fillers = [AddedToken(f"<|unused-{i}|>", special=True, normalized=False)
+               for i in range(tok.get_vocab_size(), vocab_size)]
+    tok.add_special_tokens([*fillers, AddedToken(NO_PADDING, special=True, normalized=False)])
+    if tok.token_to_id(NO_PADDING) < vocab_size:  # (never: the fillers fill up to it)
+        raise ValueError(f"tokenizer: expected the padding token past the model's {vocab_size} ids, got "
+                         f"{tok.token_to_id(NO_PADDING)}")
+    tok_config = json.loads(files["tokenizer_config.json"])
+    tok_config["pad_token"] = NO_PADDING
+    return {"tokenizer.json": tok.to_str().encode("utf-8"), "tokenizer_config.json": json_bytes(tok_config)}
 
 
 def check_in_transformers(files: dict[str, bytes], model, tokenizer, pairs: bool = False) -> float:
@@ -144,5 +167,5 @@ def export_classifier(out: str | Path, model, tokenizer, labels: Sequence[str], 
     what = (f"a transformers {hf_xlm.ARCHITECTURE} directory (BERT's encoder in XLM's names, {pooled} under "
             f"a linear head; checked in transformers: max abs diff {diff:.1e} on the logits)")
     readme = render(card, what, usage, library_name="transformers", pipeline_tag="text-classification")
-    files["README.md"] = readme + (PADDING.format(diff=diff).encode() if mean else b"")
+    files["README.md"] = readme + (PADDING.format(diff=diff, token=NO_PADDING).encode() if mean else b"")
     return publish_export(out, files, "--hf"), diff

@@ -4,8 +4,10 @@ command that made it and how to load it.
 
     ---
     library_name: transformers
-    pipeline_tag: text-classification
+    pipeline_tag: text-classification   (a task the library's pipelines and the Hub both name)
+    license: unknown                 (a fine-tune: its base model card's license)
     base_model: org/name             (a fine-tune of a model with a Hub name)
+    datasets: [org/name]             (data read from the Hugging Face cache)
     tags: [tformer]
     metrics: [accuracy, f1]
     ---
@@ -13,14 +15,18 @@ command that made it and how to load it.
     # run-name ...
 
 The exporters take a ``Card`` (plain values: the run reads them, ``tformer.kinds``), so this
-module knows nothing of run directories.
+module knows nothing of run directories. A card is published: it names files by their names
+alone (the training data, the base model's folder, the commands' paths), never the folders on
+the machine that made it.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
 from dataclasses import dataclass, field
+from pathlib import Path, PurePath
 from typing import Any
 
 from tformer import __version__
@@ -31,6 +37,12 @@ from tformer.training.verdict import CANNOT_TELL, LEARNED, tested_as_it_was, too
 HUB_METRICS = {"accuracy": "accuracy", "macro_f1": "f1", "bleu": "bleu", "chrf": "chrf",
                "exact_match": "exact_match", "recall_at_1": "recall", "mrr_at_10": "mrr"}
 HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # "org/name", as the Hub spells a model
+# The options of `tformer train` and `tformer export` whose value is a local path: a card shows
+# only its last part (the folders above it are the maker's machine's).
+PATH_OPTIONS = {"--data", "--valid", "--test", "--from-pretrained", "--out", "--resume", "--config",
+                "--hf", "--onnx"}
+# A folder of the Hugging Face cache: .../hub/datasets--org--name/snapshots/<revision>/...
+HUB_CACHE = re.compile(r"^(models|datasets)--([A-Za-z0-9][\w.-]*)--([\w.-]+)$")
 
 
 @dataclass(frozen=True)
@@ -101,22 +113,81 @@ def start_lines(metrics: dict[str, Any]) -> list[str]:
                 f"validation score ({start:.4g}{best})."]
 
 
+def local_name(path: str | None) -> str | None:
+    """A local path as a card shows it: its last part (``/home/me/data/train.jsonl`` ->
+    ``train.jsonl``)."""
+    return PurePath(path).name or path if path else path
+
+
+def without_local_paths(command: str) -> str:
+    """A command line with each local path (PATH_OPTIONS' values, the export's RUN) cut to its
+    last part."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return command
+    out = []
+    for i, word in enumerate(words):
+        after = words[i - 1] if i else ""
+        is_path = after in PATH_OPTIONS or (after == "export" and words[:1] == ["tformer"])
+        out.append(local_name(word) if is_path else word)
+    return shlex.join(out)
+
+
+def hub_cache_name(path: str | None, kind: str) -> str | None:
+    """"org/name" where ``path`` lies in the Hugging Face cache's folder of that ``kind``
+    ("models" or "datasets"); else None."""
+    for part in PurePath(path).parts if path else ():
+        found = HUB_CACHE.match(part)
+        if found and found[1] == kind:
+            return f"{found[2]}/{found[3]}"
+    return None
+
+
+def base_card_license(directory: str | None) -> str | None:
+    """The ``license`` of a base model folder's own card (README.md's YAML header), if any."""
+    try:
+        text = (Path(directory) / "README.md").read_text(encoding="utf-8") if directory else ""
+    except OSError:
+        return None
+    if not text.startswith("---\n") or "\n---" not in text[3:]:
+        return None
+    for line in text[4 : text.index("\n---", 3)].splitlines():
+        key, _, value = line.partition(":")
+        if key == "license" and re.fullmatch(r"[\w.+-]+", value.strip().strip("\"'")):
+            return value.strip().strip("\"'")
+    return None
+
+
 def _yaml_list(name: str, items: list[str]) -> list[str]:
     return [f"{name}:", *[f"- {json.dumps(item)}" for item in items]] if items else []
 
 
 def front_matter(card: Card, library_name: str, pipeline_tag: str | None, tags: tuple[str, ...] = ()
                  ) -> list[str]:
-    """The Hub's YAML metadata block (values as JSON strings: valid YAML scalars)."""
+    """The Hub's YAML metadata block (values as JSON strings: valid YAML scalars): the keys of
+    its model card spec (hub-docs modelcard.md) tformer knows. ``license``: a fine-tune's is its
+    base model card's, else ``unknown`` (the Hub's id for it: the data's owner says);
+    ``base_model``: the base model's Hub name (its config.json's, or its cache folder's);
+    ``datasets``: the training data's Hub name where it was read from the Hugging Face cache."""
     lines = ["---", f"library_name: {json.dumps(library_name)}"]
     if pipeline_tag:
         lines.append(f"pipeline_tag: {json.dumps(pipeline_tag)}")
-    if card.base_model_id and HUB_NAME.match(card.base_model_id):
-        lines += [f"base_model: {json.dumps(card.base_model_id)}", "base_model_relation: finetune"]
+    lines.append(f"license: {json.dumps(base_card_license(card.base_model) or 'unknown')}")
+    base = card.base_model_id or hub_cache_name(card.base_model, "models")
+    if base and HUB_NAME.match(base):
+        lines += [f"base_model: {json.dumps(base)}", "base_model_relation: finetune"]
+    dataset = hub_cache_name(card.data, "datasets")
+    lines += _yaml_list("datasets", [dataset] if dataset else [])
     lines += _yaml_list("tags", ["tformer", *tags])
     metrics = [HUB_METRICS[k] for k in HUB_METRICS if isinstance(card.metrics.get(k), (int, float))]
     lines += _yaml_list("metrics", metrics)
     return [*lines, "---"]
+
+
+def _data_name(data: str) -> str:
+    """The training data as the card names it: a synthetic task's words, else the file's name."""
+    return data if data.startswith("synthetic task") else local_name(data)
 
 
 def render(card: Card, fmt: str, usage: str, library_name: str = "transformers",
@@ -134,12 +205,12 @@ def render(card: Card, fmt: str, usage: str, library_name: str = "transformers",
         "",
         "## Training data",
         "",
-        f"- data: `{card.data}`" if card.data else "- data: none recorded (a synthetic task)",
+        f"- data: `{_data_name(card.data)}`" if card.data else "- data: none recorded (a synthetic task)",
         *[f"- {line}" for line in card.data_summary],
     ]
     if card.base_model:
         named = f" ({card.base_model_id})" if card.base_model_id else ""
-        lines.append(f"- base model (fine-tuned): `{card.base_model}`{named}")
+        lines.append(f"- base model (fine-tuned): `{local_name(card.base_model)}`{named}")
     if card.max_length:
         lines.append(f"- inputs truncated to {card.max_length} tokens (the exported tokenizer does the same)")
     if card.labels:
@@ -152,8 +223,8 @@ def render(card: Card, fmt: str, usage: str, library_name: str = "transformers",
         lines.append("none recorded (the run has no test record)")
     lines += ["", "## How it was made", ""]
     if card.train_command:
-        lines += ["Trained with:", "", f"```\n{card.train_command}\n```", ""]
+        lines += ["Trained with:", "", f"```\n{without_local_paths(card.train_command)}\n```", ""]
     if card.command:
-        lines += ["Exported with:", "", f"```\n{card.command}\n```", ""]
+        lines += ["Exported with:", "", f"```\n{without_local_paths(card.command)}\n```", ""]
     lines += [f"tformer version: {__version__}", "", "## Use", "", f"```python\n{usage.strip()}\n```", ""]
     return "\n".join(lines).encode("utf-8")

@@ -233,7 +233,7 @@ def export_onnx(graph: OnnxGraph | str | Path, out: str | Path, opset: int = DEF
     require("onnxscript", EXTRA, "ONNX export")
     check_opset(opset)
     check_file_name(out, "--onnx", "a file path like model.onnx (a model directory exports one file)")
-    out = replaced_path(out)  # a link's target: the link stays a link
+    out = replaced_path(out, "--onnx")  # a link's target: the link stays a link
     _check_out(out)
     if not isinstance(graph, nn.Module):
         graph = graph_for(graph)

@@ -321,7 +321,7 @@ class ClassificationRun(Run):
                              f"export it with --onnx{cls}") from None
         mean = self.model.config.pooling == "mean"
         one = ("; exact one text per call (pipeline's default): a padded batch would average over its "
-               "padding, so the tokenizer has no pad token" if mean else "")
+               "padding, so it fails (the padding token's id is past the vocabulary)" if mean else "")
         print(f"wrote {written}/ ({hf_xlm_format.ARCHITECTURE}, max abs diff {diff:.1e} on the logits "
               f"against tformer; AutoModelForSequenceClassification.from_pretrained loads it{one})",
               file=sys.stderr)

@@ -23,6 +23,7 @@ from typing import Any
 from torch import nn
 
 from tformer.errors import as_path
+from tformer.export.export_dir import check_destination
 from tformer.export.model_card import HUB_NAME, Card
 from tformer.export.opsets import check_opset
 from tformer.kinds.serving import Item, token_lists
@@ -194,6 +195,7 @@ class Run(ABC):
         target = as_path(target, option[2:], "a folder")
         if onnx is not None:
             check_opset(opset)  # before the tracing, and before anything is written
+        check_destination(target, option)  # a user's folder, a link to nothing: refused before the work
         card = self.card(shlex.join(["tformer", "export", str(self.path), option, str(target)]))
         device = model_device(self.model)
         target.parent.mkdir(parents=True, exist_ok=True)

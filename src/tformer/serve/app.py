@@ -84,9 +84,11 @@ class Service:
         self.served.warm_up()
 
     def begin_drain(self) -> None:
-        """SIGTERM: what is in the model gets --grace-period seconds, then its clients get 503."""
+        """SIGTERM: what is in the model gets --grace-period seconds, the requests with the least
+        work left first (as many as can finish), then the rest's clients get 503."""
         if self._drain is None:
             loop = asyncio.get_running_loop()
+            self.batcher.drain()
             self._drain = loop.call_later(self.config.grace_period, self.batcher.abandon)
 
     # One request ---------------------------------------------------------------------------------

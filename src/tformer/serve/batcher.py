@@ -23,6 +23,13 @@ all) have a lane: when both short and other jobs wait, the next batch takes only
 batch in the model, at most. Two short-only batches never follow each other while other jobs
 wait, so a stream of short requests cannot starve a large one: it gets every other batch.
 
+Draining (SIGTERM: no new requests, ``--grace-period`` seconds for those in flight), fair order
+is the wrong order: it finishes every request at about the same time, so when the grace period
+ends under load nearly all of them are unfinished and get 503, the ones almost done too. From
+``drain()`` on, batches take the jobs of the request with the least work left first (fewest
+tokens still unanswered; arrival breaks ties: shortest remaining processing time, which
+completes the most requests by any deadline), and a batch no longer waits for company.
+
 While a batch runs, new jobs queue up; under load the next batch is ready the moment the model
 is free. The queue is bounded: ``submit`` refuses (``QueueFull``) jobs past ``max_queue``
 waiting or running. A job whose future is cancelled (its client went away) frees its place at
@@ -59,18 +66,39 @@ class ShuttingDown(Exception):
 
 
 @dataclass
+class Request:
+    """The jobs of one submit: how many tokens of them are still unanswered, and when it came."""
+
+    tokens: int  # all of its tokens
+    seq: int  # arrival order
+    left: int = 0  # tokens of its jobs not yet answered (or cancelled)
+
+    def __post_init__(self) -> None:
+        self.left = self.tokens
+
+
+@dataclass
 class Job:
     item: Item
     key: Hashable  # jobs batch together only with the same key (e.g. generation settings)
     future: asyncio.Future
     tag: int = 0  # the fair-order start tag (see the module's docstring)
     seq: int = 0  # arrival order, which breaks ties between equal tags
-    request_tokens: int = 0  # the tokens of the whole request the job is part of
+    request: Request = field(default_factory=lambda: Request(0, 0))  # the request it is part of
     arrived: float = field(default_factory=time.monotonic)
 
     @property
     def order(self) -> tuple[int, int]:
         return self.tag, self.seq
+
+    @property
+    def request_tokens(self) -> int:
+        return self.request.tokens
+
+    @property
+    def drain_order(self) -> tuple[int, int, int]:
+        """While draining: the request with the least work left first, then arrival."""
+        return self.request.left, self.request.seq, self.seq
 
 
 class Batcher:
@@ -91,6 +119,7 @@ class Batcher:
         self._seq = 0
         self._short_last = False  # the last batch took short requests only, past others waiting
         self._running: list[Job] = []  # the batch in the model
+        self._draining = False  # SIGTERM: least work left first, no waiting for company
         self._arrived = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="tformer-model", initializer=thread_init)
         self._task: asyncio.Task | None = None
@@ -102,10 +131,11 @@ class Batcher:
             self.metrics.rejected.inc()
             raise QueueFull(self.depth, self.max_queue, self.retry_after())
         loop = asyncio.get_running_loop()
-        futures, tag, tokens = [], self._virtual, sum(item.n for item in items)
+        futures, tag = [], self._virtual
+        request = Request(sum(item.n for item in items), self._seq)
         for item in items:
-            job = Job(item, key, loop.create_future(), tag, self._seq, tokens)
-            job.future.add_done_callback(self._done)
+            job = Job(item, key, loop.create_future(), tag, self._seq, request)
+            job.future.add_done_callback(lambda f, job=job: self._done(job))
             bisect.insort(self._waiting, job, key=lambda j: j.order)
             futures.append(job.future)
             tag += item.n
@@ -115,8 +145,9 @@ class Batcher:
         self._arrived.set()
         return futures
 
-    def _done(self, future: asyncio.Future) -> None:
+    def _done(self, job: Job) -> None:
         self.depth -= 1  # answered, failed or cancelled: the place is free
+        job.request.left -= job.item.n
         self.metrics.queue_depth.set(self.depth)
 
     def retry_after(self) -> int:
@@ -131,6 +162,12 @@ class Batcher:
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    def drain(self) -> None:
+        """SIGTERM: from now on, batches finish the requests with the least work left first, and
+        start at once (no new request is coming to share them)."""
+        self._draining = True
+        self._arrived.set()
 
     def abandon(self) -> None:
         """The drain's grace period is over: every job not yet answered fails with ShuttingDown
@@ -183,7 +220,7 @@ class Batcher:
             self._arrived.clear()
             await self._arrived.wait()
         deadline = min(j.arrived for j in self._waiting) + self.max_wait
-        while self._tokens_waiting() < self.max_batch_tokens:
+        while not self._draining and self._tokens_waiting() < self.max_batch_tokens:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -213,9 +250,12 @@ class Batcher:
         if not self._live():
             return []
         jobs = [j for j in self._waiting if not j.future.done()]
-        short = [j for j in jobs if j.request_tokens <= self.short_tokens]
-        self._short_last = bool(short) and len(short) < len(jobs) and not self._short_last
-        lane = short if self._short_last else jobs
+        if self._draining:  # the requests nearest to done first (see the module's docstring)
+            lane = sorted(jobs, key=lambda j: j.drain_order)
+        else:
+            short = [j for j in jobs if j.request_tokens <= self.short_tokens]
+            self._short_last = bool(short) and len(short) < len(jobs) and not self._short_last
+            lane = short if self._short_last else jobs
         key, budget = lane[0].key, self.max_batch_tokens
         batch, used = [], 0
         for job in lane:
@@ -226,7 +266,7 @@ class Batcher:
             batch.append(job)
             used += job.item.n
         taken = {id(j) for j in batch}
-        self._waiting = [j for j in jobs if id(j) not in taken]
+        self._waiting = [j for j in jobs if id(j) not in taken]  # (still in fair order)
         self._virtual = max(self._virtual, *(j.tag for j in batch))
         batch.sort(key=lambda j: -j.item.n)
         return batch

@@ -133,12 +133,21 @@ def check_file_name(out: str | os.PathLike, option: str, expected: str) -> None:
         raise IsADirectoryError(f"{option}: expected {expected}, got the folder name {name!r}")
 
 
-def replaced_path(out: str | Path) -> Path:
-    """The path an output written to ``out`` replaces: the file or folder a link there names (it
-    may not exist yet), so the link stays a link; else ``out``. Replacing the link itself left
-    its target holding the old output (and a build beside it named after the link)."""
+def replaced_path(out: str | Path, option: str | None = None) -> Path:
+    """The path an output written to ``out`` replaces: the file or folder a link there names, so
+    the link stays a link; else ``out``. Replacing the link itself left its target holding the old
+    output (and a build beside it named after the link). A link to nothing is refused (FileNotFoundError
+    naming ``option``, the link and where it points): following it created a file or folder the user
+    never named, wherever the link pointed."""
     out = Path(out)
-    return Path(os.path.realpath(out)) if out.is_symlink() else out
+    if not out.is_symlink():
+        return out
+    target = Path(os.path.realpath(out))
+    if not target.exists():
+        where = f"{option} {out}" if option else str(out)
+        raise FileNotFoundError(f"{where}: a symbolic link to {os.readlink(out)}, which does not exist; "
+                                "name the output itself, or create what the link points to first")
+    return target
 
 
 def read_json_object(path: str | Path) -> dict[str, Any]:

@@ -51,9 +51,12 @@ def output_lock(out: Path, option: str) -> Iterator[None]:
         raise ValueError(f"{option}: expected the name of a file or folder to write, got {str(out)!r}")
     path = lock_path(out)
     while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:  # (never through a link planted at the lock's name: the truncation below would empty its file)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
         except OSError as e:  # the folder is missing, read-only or not a filesystem for files
+            if path.is_symlink():
+                raise FileExistsError(f"{option} {out}: its lock file {path} is a symbolic link; remove "
+                                      "it (tformer never writes through one)") from None
             raise OSError(f"{option} {out}: cannot write in {out.parent} ({e.strerror})") from None
         flock_or_explain(fd, f"{option} {out}", "is being written by another tformer process (pid {pid}); "
                                                 f"wait for it to finish or choose another {option}")

@@ -42,9 +42,11 @@ class RunLock:
     def __init__(self, run_dir: Path, option: str = "out",
                  advice: str = "wait for it to finish or choose another --out") -> None:
         path = run_dir / LOCK_FILE
-        try:
-            self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:  # (never through a link planted there: its truncation below would empty the file it names)
+            self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
         except OSError as e:
+            if path.is_symlink():
+                raise link_in_run(path, option) from None
             raise ValueError(f"{option}: cannot write in {run_dir} ({e.strerror})") from None
         _flock_or_explain(self.fd, run_dir, option, advice)
         os.ftruncate(self.fd, 0)
@@ -60,6 +62,31 @@ class RunLock:
         if self.fd >= 0:
             os.close(self.fd)  # closing the descriptor releases the flock
             self.fd = -1
+
+
+def link_in_run(path: Path, option: str) -> ValueError:
+    """The refusal of a symbolic link where tformer writes in a run directory."""
+    try:
+        target = f" to {os.readlink(path)}"
+    except OSError:
+        target = ""
+    detail = (f"{path} is a symbolic link{target}; tformer writes a run directory's files itself, never "
+              "through a link (it would write the file the link names): remove the link")
+    return FieldError(option, detail) if option else ValueError(detail)
+
+
+def check_no_links(run_dir: Path, option: str) -> None:
+    """Refuse a run directory holding a symbolic link at its top or in its checkpoints/ (where
+    tformer writes: appending to metrics.jsonl through a link planted there wrote to whatever
+    file it named)."""
+    for folder in (run_dir, run_dir / CHECKPOINTS):
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:  # (not there yet)
+            continue
+        for entry in entries:
+            if entry.is_symlink():
+                raise link_in_run(Path(entry.path), option)
 
 
 def _flock_or_explain(fd: int, run_dir: Path, option: str = "out",
@@ -142,6 +169,7 @@ def open_run_dir(run_dir: Path, resume: bool) -> RunLock:
         raise FieldError("out", f"cannot create {run_dir} ({e.strerror})") from None
     lock = RunLock(run_dir)
     try:
+        check_no_links(run_dir, "resume" if resume else "out")
         if resume:
             if (run_dir / CHECKPOINTS).is_dir():
                 remove_temp_files(run_dir / CHECKPOINTS)
@@ -192,10 +220,17 @@ def discard_unstarted(run_dir: Path) -> None:
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     """One JSON line; a number that is not finite is written as null (JSON has no NaN). After a
-    line a crash cut short it starts a line of its own (glued to it, it was unreadable: lost)."""
+    line a crash cut short it starts a line of its own (glued to it, it was unreadable: lost).
+    Never through a symbolic link (refused, naming it): it would append to the file it names."""
     clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
     line = (json.dumps(clean, allow_nan=False) + "\n").encode()
-    with path.open("ab+") as f:  # (it appends wherever it reads)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    except OSError:
+        if path.is_symlink():
+            raise link_in_run(path, "") from None
+        raise
+    with os.fdopen(fd, "ab+") as f:  # (it appends wherever it reads)
         size = f.seek(0, 2)
         if size:
             f.seek(size - 1)

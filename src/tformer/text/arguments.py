@@ -7,7 +7,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable
 
-from tformer.errors import shown
+from tformer.errors import FieldError, shown
 
 
 def texts_list(name: str, texts: str | Iterable[str]) -> list[str]:
@@ -21,13 +21,26 @@ def texts_list(name: str, texts: str | Iterable[str]) -> list[str]:
 def check_texts(name: str, texts: list[str], one: bool = False) -> None:
     """Each a str with text in it, refused naming it (``name`` for ``one`` text given as a str,
     else ``name[i]``): a blank one (empty or whitespace only) has nothing to answer for or embed,
-    and every command, the server and the runs refuse it (a blank --file line too)."""
+    and every command, the server and the runs refuse it (a blank --file line too); so is one
+    holding a lone surrogate (check_encodable)."""
     for i, t in enumerate(texts):
         where = name if one else f"{name}[{i}]"
         if not isinstance(t, str):
             raise TypeError(f"{where}: expected a str, got {type(t).__name__}")
         if not t.strip():
             raise ValueError(f"{where}: expected a non-empty text, got {shown(t)}")
+        check_encodable(where, t)
+
+
+def check_encodable(where: str, text: str) -> None:
+    """Refuse a str UTF-8 cannot encode: half of a UTF-16 pair ("a\\ud800", a lone surrogate,
+    as a JSON escape or a file name decoded with surrogateescape spells it), which no tokenizer
+    takes (its error was a bare TypeError naming no argument)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise FieldError(where, f"expected text UTF-8 can encode, got a lone surrogate "
+                                f"{text[e.start]!r} at character {e.start + 1}") from None
 
 
 def pairs_list(pairs: str | Iterable[str | None], n: int) -> list[str | None]:
@@ -41,6 +54,8 @@ def pairs_list(pairs: str | Iterable[str | None], n: int) -> list[str | None]:
     for i, p in enumerate(out):
         if p is not None and not isinstance(p, str):
             raise TypeError(f"pairs[{i}]: expected a str or None, got {type(p).__name__}")
+        if p is not None:
+            check_encodable(f"pairs[{i}]" if not isinstance(pairs, str) else "pairs", p)
     return out
 
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from tformer.errors import FieldError
 from tformer.formats.model_dir import ModelDir, read_model_dir
-from tformer.text.arguments import pairs_list, texts_list, token_ids
+from tformer.text.arguments import check_encodable, pairs_list, texts_list, token_ids
 from tformer.text.batches import EncodedText, encoder_arrays
 from tformer.text.byte_level import BYTE_OF
 from tformer.text.prefix import (  # noqa: F401  (TextTooLong: the callers' name for it here)
@@ -294,6 +294,7 @@ class Tokenizer:
         for i, t in enumerate(texts):
             if not isinstance(t, str):
                 raise TypeError(f"{name}[{i}]: expected a str, got {type(t).__name__}")
+            check_encodable(f"{name}[{i}]", t)
         return [t.lower() for t in texts] if self.lowercase else texts
 
     def check_lengths(self, lengths: Sequence[int], truncation: bool = True,

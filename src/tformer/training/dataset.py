@@ -35,6 +35,7 @@ from tformer.errors import FieldError
 from tformer.formats.model_dir import ModelDir, read_model_dir
 from tformer.storage.files import write_atomic, write_json_atomic
 from tformer.text.tokenizer import Tokenizer
+from tformer.training.data_files import FILES, check_files, describe_file, located
 from tformer.training.records import (
     SMALL,
     Fields,
@@ -57,6 +58,8 @@ SPLIT_FRACTION, SPLIT_CAP = 0.05, 1000
 TOKENIZER_SAMPLE = 200_000  # records the tokenizer is trained on (a sample over the file)...
 TOKENIZER_CHARS = 50_000_000  # ...or this many characters of them, whichever comes first
 POOL = 4096  # records sorted together for length bucketing
+HELD_OUT_TODO = ("the run's test and validation records are drawn from it: put back the file it trained on, "
+                 "or evaluate another file (tformer eval RUN --data FILE; run.evaluate(data=FILE))")
 
 
 def split_fraction(n_records: int) -> float:
@@ -152,6 +155,7 @@ class TextData:
         path = run_dir / "data.json"
         try:
             info = json.loads(path.read_text())
+            config = located(config, info.get("identity") or {})  # found from any folder
             tokenizer = run_tokenizer(load_backend(run_dir / "tokenizer.json"), info["max_length"])
             return cls(config, fields, tokenizer, list(info["labels"]), float(info["split_fraction"]),
                        info.get("identity"), bool(info.get("pairs", True)),  # older runs: not recorded
@@ -234,7 +238,7 @@ class TextData:
         data.untrained = {label: sorted({s for s, rs in data._held_out.items() for r in rs
                                          if label in fields.labels_of(r)})
                           for label in sorted(labels - trained)}
-        data.identity = {name: {"path": str(p), "blake2b": data._digest(p)}
+        data.identity = {name: describe_file(p, data._digest(p))
                          for name, p in (("data", config.data), ("valid", config.valid),
                                          ("test", config.test)) if p is not None}
         data.identity["data"]["records"] = n
@@ -250,39 +254,20 @@ class TextData:
         hashed = sum(p is None for p in (self.config.valid, self.config.test))
         return max(int(n * (1 - hashed * self.fraction)), 1)
 
-    def check_identity(self) -> None:
-        """Refuse data files that differ from those the run started with."""
-        for name, path, saved in self._identified():
-            digest = self._digest(path)
-            if digest != saved["blake2b"]:
-                raise ValueError(
-                    f"{name}: {path} changed since the run started (blake2b {saved['blake2b'][:12]} "
-                    f"then, {digest[:12]} now); resume with the file it trained on, or start a new run")
+    def check_identity(self, names: tuple[str, ...] = FILES) -> None:
+        """Refuse data files (of ``names``: data, valid, test) that differ from those the run
+        started with."""
+        check_files(self.config, self.identity, self._stats,
+                    "resume with the file it trained on, or start a new run", names=names)
 
     def check_unchanged(self, thorough: bool = True) -> None:
         """Refuse data files that changed while the run trained (its batches are read from the
         training file as it goes, so they would mix old and new records). Not `thorough`: only
         files whose size or modification time moved are read again (what a validation checks;
         the results are checked whole before they are published)."""
-        for name, path, saved in self._identified():
-            if not thorough and self._stats.get(str(path)) == file_stat(path):
-                continue
-            try:
-                digest = file_digest(path)
-            except OSError as e:
-                digest = f"unreadable ({e.strerror})"
-            if digest != saved["blake2b"]:
-                raise ValueError(
-                    f"{name}: {path} changed while the run trained (blake2b {saved['blake2b'][:12]} at "
-                    f"the start, {digest[:12]} now): its batches would mix old and new records, so no "
-                    "results were published (the last checkpoint is kept); start a new run")
-
-    def _identified(self) -> Iterator[tuple[str, str, dict[str, Any]]]:
-        c = self.config
-        for name, path in (("data", c.data), ("valid", c.valid), ("test", c.test)):
-            saved = self.identity.get(name)
-            if saved is not None and path is not None:  # (runs written before identities: none)
-                yield name, path, saved
+        check_files(self.config, self.identity, self._stats,
+                    "its batches would mix old and new records, so no results were published (the last "
+                    "checkpoint is kept); start a new run", when="while the run trained", thorough=thorough)
 
     def _digest(self, path: str | Path) -> str:
         """The file's digest, noting its size and modification time as they were then."""
@@ -310,9 +295,14 @@ class TextData:
         if split not in self._held_out:
             path = self.config.valid if split == "validation" else self.config.test
             if path is not None:
+                check_files(self.config, self.identity, self._stats, HELD_OUT_TODO,
+                            names=("valid" if split == "validation" else "test",), thorough=False)
                 records = list(self.read_file(path))
             else:
                 train = Path(self.config.data)
+                # A run's own split of a file edited since it trained would be other records.
+                check_files(self.config, self.identity, self._stats, HELD_OUT_TODO, names=("data",),
+                            thorough=False)
                 records = [dict(r, line=str(line)) for line, r in self._checked(train)
                            if split_of(self.fields.input_key(r), self.config.seed, self.fraction) == split]
             self._held_out[split] = self._nonempty(split, records)
@@ -383,6 +373,10 @@ class TextData:
             if hashed and split_of(key, c.seed, self.fraction) in hashed:
                 continue
             yield line_no, offset, record
+
+    def train_inputs(self) -> Iterator[str]:
+        """The input text (the key the split hashes) of each training record, in file order."""
+        return (self.fields.input_key(r) for _, _, r in self._indexed_train_records())
 
     def _train_places(self) -> np.ndarray:
         """(N, 2) int64: each training record's (line number, byte offset), found by one pass
