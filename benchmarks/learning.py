@@ -135,8 +135,8 @@ def hf_side(args) -> None:
     import train_own_data as hf
 
     from tformer.kinds import kind_named
-    from tformer.training.dataset import split_fraction
-    from tformer.training.records import read_records, split_of
+    from tformer.training.records import read_records
+    from tformer.training.splits import split_fraction, split_of
 
     torch.set_num_threads(1)
     file, pretrained, task = SETS[args.hf_side]

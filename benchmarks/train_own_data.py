@@ -85,7 +85,8 @@ def _chosen(run_dir: Path) -> dict:
 def split_records(run_dir: Path, data: Path, seed: int = 0) -> dict[str, list[dict]]:
     """tformer's train/validation/test split of `data`, from the run's data.json."""
     from tformer.kinds import kind_named
-    from tformer.training.records import read_records, split_of
+    from tformer.training.records import read_records
+    from tformer.training.splits import split_of
 
     info = json.loads((run_dir / "data.json").read_text())
     fields = kind_named(info["objective"]).fields

@@ -237,7 +237,7 @@ def test_eval_data_says_how_many_records_the_run_trained_on(classification_run, 
 
     from text_fixtures import classification_rows, write
 
-    from tformer.training.records import split_of
+    from tformer.training.splits import split_of
 
     run = tmp_path / "run"
     shutil.copytree(classification_run, run)

@@ -191,7 +191,7 @@ def test_a_small_file_holds_out_at_least_one_record_in_each_split(tmp_path):
     its test split empty): a small file's share grows until each split has one, no more."""
     from pathlib import Path
 
-    from tformer.training.dataset import SPLIT_FRACTION, small_file_fraction
+    from tformer.training.splits import SPLIT_FRACTION, small_file_fraction
 
     assert small_file_fraction([0.03, 0.07, 0.5], SPLIT_FRACTION, {"test", "validation"}) == SPLIT_FRACTION
     raised = small_file_fraction([0.08, 0.15, 0.5], SPLIT_FRACTION, {"test", "validation"})
@@ -209,7 +209,7 @@ def test_a_small_file_holds_out_at_least_one_record_in_each_split(tmp_path):
 def test_a_label_whose_records_are_all_held_out_is_named(tmp_path, n):
     """A label whose only texts hash into a held-out split is one the model never trains on: the
     run says so (it was silent), and a label with a training record is not named."""
-    from tformer.training.records import unit_hash
+    from tformer.training.splits import unit_hash
 
     held = next(t for t in (f"a rare text {i}" for i in range(10_000)) if unit_hash(f"{t}\t", 0) < 0.01)
     rows = classification_rows(n) + [{"text": held, "label": "rare"}, {"text": "a b", "label": "seen"},

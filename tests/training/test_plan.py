@@ -78,7 +78,7 @@ def test_fine_tuning_all_minilm_l6_v2_prints_its_learning_rate_for_width_384(tmp
 
 
 def test_a_label_no_training_record_has_is_warned_of_when_the_run_starts(tmp_path):
-    from tformer.training.records import unit_hash
+    from tformer.training.splits import unit_hash
 
     held = next(t for t in (f"a rare text {i}" for i in range(10_000)) if unit_hash(f"{t}\t", 0) < 0.01)
     data = write(tmp_path / "d.jsonl", classification_rows(60) + [{"text": held, "label": "rare"}])

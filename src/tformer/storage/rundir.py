@@ -289,3 +289,17 @@ def finished(state: dict[str, Any], limits: dict[str, Any]) -> bool:
         return int(limits["steps"]) <= int(state["step"])
     before, now = state.get("limits", {}).get(stopped), limits.get(stopped)
     return before is None or now is None or now <= before  # (early_stop: never raised)
+
+
+def limits_of(config) -> dict[str, Any]:
+    """What may stop a run (a TrainConfig's; its checkpoint keeps them: a resume that raises
+    none has nothing to do)."""
+    return {"steps": config.steps, "max_minutes": config.max_minutes, "epochs": config.epochs,
+            "patience": config.patience}
+
+
+def to_train_more(state: dict[str, Any]) -> str:
+    """How to train a finished run further: a larger value of the limit that stopped it."""
+    flag = {"steps": "--steps", "max_minutes": "--max-minutes", "epochs": "--epochs",
+            "patience": "--patience"}.get(state["stopped_by"])
+    return f"to train more, resume with a larger {flag}" if flag else "it stopped early, at its target"

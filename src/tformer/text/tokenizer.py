@@ -28,16 +28,8 @@ from tformer.formats.model_dir import ModelDir, read_model_dir
 from tformer.text.arguments import check_encodable, pairs_list, texts_list, token_ids
 from tformer.text.batches import EncodedText, encoder_arrays
 from tformer.text.byte_level import BYTE_OF
-from tformer.text.prefix import (  # noqa: F401  (TextTooLong: the callers' name for it here)
-    AtLeast,
-    TextTooLong,
-    Unread,
-    cut_reason,
-    edge_chars,
-    is_cut,
-    pair_window,
-    window,
-)
+from tformer.text.prefix import AtLeast, Unread, cut_reason, edge_chars, is_cut, pair_window, window
+from tformer.text.prefix import TextTooLong as TextTooLong  # the callers' name for it here
 from tformer.text.windows import MAX_WINDOWS, coverage, split
 
 

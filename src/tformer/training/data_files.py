@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from tformer.errors import FieldError
-from tformer.training.records import file_digest, file_stat
+from tformer.training.splits import file_digest, file_stat
 
 FILES = ("data", "valid", "test")  # the TrainConfig fields naming data files
 

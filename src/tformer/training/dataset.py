@@ -37,33 +37,33 @@ from tformer.storage.files import write_atomic, write_json_atomic
 from tformer.text.tokenizer import Tokenizer
 from tformer.training.data_files import FILES, check_files, describe_file, located
 from tformer.training.records import (
-    SMALL,
     Fields,
     Record,
-    file_digest,
-    file_stat,
     indexed_records,
     no_records,
     parse_columns,
     read_records,
     records_at,
+)
+from tformer.training.splits import (
+    SMALL,
+    SPLIT_CAP,
+    SPLIT_FRACTION,
+    file_digest,
+    file_stat,
     small_file_fraction,
+    split_fraction,
     split_of,
     split_of_unit,
     unit_hash,
 )
 from tformer.training.subwords import load_backend, pretrained_backend, run_tokenizer, train_tokenizer
 
-SPLIT_FRACTION, SPLIT_CAP = 0.05, 1000
 TOKENIZER_SAMPLE = 200_000  # records the tokenizer is trained on (a sample over the file)...
 TOKENIZER_CHARS = 50_000_000  # ...or this many characters of them, whichever comes first
 POOL = 4096  # records sorted together for length bucketing
 HELD_OUT_TODO = ("the run's test and validation records are drawn from it: put back the file it trained on, "
                  "or evaluate another file (tformer eval RUN --data FILE; run.evaluate(data=FILE))")
-
-
-def split_fraction(n_records: int) -> float:
-    return min(SPLIT_FRACTION, SPLIT_CAP / max(n_records, 1))
 
 
 class _TokenizerSample:

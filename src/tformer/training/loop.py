@@ -60,7 +60,15 @@ from tformer.storage.checkpoint import (
     load_weights,
 )
 from tformer.storage.files import FULL_DISK, new_run_dir
-from tformer.storage.rundir import RunLock, discard_unstarted, finished, open_run_dir, resume_metrics
+from tformer.storage.rundir import (
+    RunLock,
+    discard_unstarted,
+    finished,
+    limits_of,
+    open_run_dir,
+    resume_metrics,
+    to_train_more,
+)
 from tformer.training.budget import (
     KERNEL_SHARE,
     PACE_AFTER,
@@ -187,16 +195,16 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
         state.setdefault("best_by", objective.main_metric)  # what picked the best before best_by
         if config.precision == "auto" and state.get("precision") in ("fp32", "bf16", "fp16"):
             bf16, why_precision = state["precision"] != "fp32", "as the run chose when it started"
-        done = resume_metrics(metrics_path, state, _limits(config)) if writer else None
+        done = resume_metrics(metrics_path, state, limits_of(config)) if writer else None
         if done is not None:
             log(f"{run_dir} had finished: stopped by {state['stopped_by']} at step {state['step']}; "
-                f"nothing changed ({_to_train_more(state)}). Its test result:")
+                f"nothing changed ({to_train_more(state)}). Its test result:")
             log(summary(done, objective.main_metric))
             verdict = baseline_verdict(done)
             if verdict:
                 log(verdict)
             return done
-        ended = state["stopped_by"] if finished(state, _limits(config)) else None
+        ended = state["stopped_by"] if finished(state, limits_of(config)) else None
         state.pop("stopped_by", None)  # trains on (or, having ended, tests)
         if writer and state.get("best_step") == state["step"]:
             save_best(run_dir, model)  # a kill may have come before they were written (checkpoint)
@@ -349,7 +357,7 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
         raise NoUpdate(config, budget.now())
     state["wall_seconds"] = wall()
     state["stopped_by"] = stop_reason
-    state["limits"] = _limits(config)
+    state["limits"] = limits_of(config)
     if writer:
         bar.status("saving")
         checkpoint(run_dir, model, optimizer, config, state, best=False)
@@ -390,17 +398,3 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
     objective.save_outputs(model, run_dir, shown)
     log(f"wrote {run_dir}/ (checkpoint, metrics.jsonl, curves.png)")
     return record
-
-
-def _limits(config: TrainConfig) -> dict[str, Any]:
-    """What may stop a run (its checkpoint keeps them: a resume that raises none has nothing to do)."""
-    return {"steps": config.steps, "max_minutes": config.max_minutes, "epochs": config.epochs,
-            "patience": config.patience}
-
-
-def _to_train_more(state: dict[str, Any]) -> str:
-    flag = {"steps": "--steps", "max_minutes": "--max-minutes", "epochs": "--epochs",
-            "patience": "--patience"}.get(state["stopped_by"])
-    return f"to train more, resume with a larger {flag}" if flag else "it stopped early, at its target"
-
-

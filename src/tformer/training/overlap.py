@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from tformer.training.records import file_digest
+from tformer.training.splits import file_digest
 
 
 def _hashes(keys: Iterable[str]) -> np.ndarray:
