@@ -67,7 +67,8 @@ def run_set(name: str, args) -> list[dict]:
             train += ["--from-pretrained", str(args.from_pretrained)]
         if constants is None:
             train += ["--class-weights", "none"]
-        command = [sys.executable, __file__, "--child", "--constants", json.dumps(constants or {}), "--", *train]
+        command = [sys.executable, __file__, "--child", "--constants", json.dumps(constants or {}), "--",
+                   *train]
         log = (args.out / f"{name}-{method}.log").open("w")
         procs[method] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     for method, p in procs.items():

@@ -174,9 +174,9 @@ def compare(args) -> None:
             procs = {"full": launch(tformer_command(args, mode, minutes, full), out / f"tformer-{tag}.log"),
                      "half": launch(tformer_command(args, mode, minutes / 2, half),
                                     out / f"tformer-half-{tag}.log"),
-                     "hf": launch([sys.executable, __file__, "--hf-side", "--mode", mode, "--data", str(args.data),
-                                   "--minutes", f"{minutes:g}", "--result", str(out / f"hf-{tag}.json")],
-                                  out / f"hf-{tag}.log")}
+                     "hf": launch([sys.executable, __file__, "--hf-side", "--mode", mode, "--data",
+                                   str(args.data), "--minutes", f"{minutes:g}", "--result",
+                                   str(out / f"hf-{tag}.json")], out / f"hf-{tag}.log")}
             ended = {}
             for key, p in procs.items():
                 if p.wait() != 0:
@@ -196,8 +196,8 @@ def report(rows: list[dict]) -> None:
     def f1s(test: dict) -> str:
         return f"{test['micro_f1']:.3f} / {test['macro_f1']:.3f} / {test['samples_f1']:.3f}"
 
-    print("\n| mode | budget | tformer, M/2 | tformer, M | HF, M (sigmoid >= 0.5) | HF, M, thresholds tuned | "
-          "tformer M/2 >= HF M (micro-F1) |")
+    print("\n| mode | budget | tformer, M/2 | tformer, M | HF, M (sigmoid >= 0.5) | HF, M, thresholds "
+          "tuned | tformer M/2 >= HF M (micro-F1) |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         t, h, th = r["tformer"], r["hf"], r["tformer_half"]
@@ -211,7 +211,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=Path("data/debtags.jsonl"))
     parser.add_argument("--minutes", type=float, nargs="+", default=[1.0, 3.0, 10.0])
-    parser.add_argument("--modes", nargs="+", choices=("finetune", "scratch"), default=["finetune", "scratch"])
+    parser.add_argument("--modes", nargs="+", choices=("finetune", "scratch"),
+                        default=["finetune", "scratch"])
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--hf-side", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="finetune", help=argparse.SUPPRESS)

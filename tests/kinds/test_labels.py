@@ -93,7 +93,7 @@ def test_what_looks_joined(names, joined):
 
 
 def test_a_list_in_a_later_record_is_refused_for_a_single_label_file():
-    with pytest.raises(ValueError, match=r"^f:9: label: expected one class name .*got a list"):
+    with pytest.raises(ValueError, match=r"^f:9: label: expected a class name \(one, .*got a list"):
         FIELDS.check("f:9", {"text": "t", "label": ["a", "b"]})
 
 

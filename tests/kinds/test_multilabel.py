@@ -74,7 +74,7 @@ def test_the_fields_choose_the_kind(tmp_path):
     assert kind_of_data(joined).name == "classification"  # no separator named: one class a cell
     assert kind_of_data(joined, options={"label_separator": ";"}).name == "multilabel"
     mixed = [{**r, "source": "a", "target": "b"} for r in rows]
-    both = r"expected the fields of one kind of data, got text\+labels \(multilabel\) and source\+target"
+    both = r"expected the fields of one kind of data, got source\+target \(seq2seq\) and text\+labels"
     with pytest.raises(ValueError, match=both):
         kind_of_data(write(tmp_path / "d.jsonl", mixed))
 

@@ -1,9 +1,9 @@
 """Every job tformer trains, one module each, registered here once; and what finds a job's kind.
 
     classification   text (+ text_pair) -> label         ClassificationRun: predict
-    multilabel       text (+ text_pair) -> labels        MultiLabelRun: predict
     seq2seq          source -> target                    Seq2SeqRun: generate
     embedding        anchor -> positive (+ negative)     EmbeddingRun: embed
+    multilabel       text (+ text_pair) -> labels        MultiLabelRun: predict
 
     kind = kind_of_data("train.jsonl")            # the file's field names choose
     config = resolve_config({"data": "train.jsonl", "max_minutes": 5})
@@ -45,9 +45,9 @@ from tformer.training.sources import FileSource, TaskSource
 # The kinds, each registered once; a file's fields choose the one whose required fields it has.
 KINDS: dict[str, Kind] = {k.name: k for k in (
     classification.KIND,
-    multilabel.KIND,
     seq2seq.KIND,
     embedding.KIND,
+    multilabel.KIND,
 )}
 MODEL_DIR_KIND = embedding.KIND  # what a BERT-format or sentence-transformers directory serves as
 
@@ -201,7 +201,7 @@ def load_run(path: str | Path, needs: str | None = None, device: str | object = 
     path, device = as_path(path, "path", "a run directory"), resolve_device(device)
     known = isinstance(needs, str) and any(hasattr(k.run, needs) for k in KINDS.values())
     if needs is not None and not known:  # (a number was getattr's TypeError)
-        verbs = ", ".join(k.verb for k in KINDS.values())
+        verbs = ", ".join(dict.fromkeys(k.verb for k in KINDS.values()))  # (kinds may share one)
         raise ValueError(f"needs: expected a run's method ({verbs}, ...) or None, got {needs!r}")
     # A live run may prune the checkpoint being read (it published a newer one): read that one.
     return read_latest(path, lambda _: _load(path, needs, device, dtype))

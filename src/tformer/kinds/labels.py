@@ -54,7 +54,7 @@ class LabelFields(Fields):
     def check(self, where: str, record: dict[str, Any]) -> dict[str, str]:
         value = record.get(self.label)
         if isinstance(value, list):
-            raise ValueError(f"{where}: {self.label}: expected one class name (as the file's first record "
+            raise ValueError(f"{where}: {self.label}: expected a class name (one, as the file's first record "
                              f"has), got a list {str(value)[:60]}; for several labels per record give every "
                              "record a list (multi-label)")
         if fractional(value):

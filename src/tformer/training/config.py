@@ -74,8 +74,8 @@ class TrainConfig:
     task: str | None = _f("reverse", "synthetic task: copy, reverse, sort, add (seq2seq); listops, "
                           "brackets (classification); not with --data")
     data: str | None = _f(None, "training file (JSONL, CSV or TSV with a header); its fields choose "
-                          "the objective: source+target, text+label[+text_pair], "
-                          "anchor+positive[+negative]")
+                          "the objective: source+target, text+label[+text_pair], text+labels (a list: "
+                          "multi-label), anchor+positive[+negative]")
     valid: str | None = _f(None, "validation file (default: a seeded split of --data)")
     test: str | None = _f(None, "test file (default: a seeded split of --data)")
     columns: str | None = _f(None, "rename columns, e.g. 'en=source,fr=target'")
