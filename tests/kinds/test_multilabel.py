@@ -115,7 +115,8 @@ def test_a_bad_record_in_a_file_is_refused_naming_its_line(tmp_path, capsys):
 def test_the_separator_is_only_read_by_the_label_kinds(tmp_path, capsys):
     data = write(tmp_path / "s.jsonl", [{"source": "a b", "target": "b a"}] * 20)
     rc = main(["train", "--data", str(data), "--label-separator", ";", *TINY])
-    assert rc == 2 and "--label-separator: a seq2seq run does not read it" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert rc == 2 and "a seq2seq run does not read it (only a multilabel run does)" in err, err
 
 
 # Scores, thresholds and the baseline, against scikit-learn and brute force -----------------------
@@ -193,6 +194,21 @@ def test_the_head_matches_its_numpy_mirror(tiny_config):
 
 
 # A trained run -----------------------------------------------------------------------------------
+def test_the_numpy_mirror_loads_the_run(run, run_dir):
+    from helpers import assert_close
+
+    from tformer.reference import from_pretrained
+
+    mirror = from_pretrained(run_dir)
+    assert type(mirror).__name__ == "MultiLabelClassifier"
+    assert np.array_equal(mirror.thresholds, run.model.thresholds.numpy())
+    batch = run.objective.collate(run.objective.encode(run.objective.source.inputs(TEXTS, ("text",))))
+    with torch.no_grad():
+        ours = run.model(batch.input_ids, batch.attention_mask).logits
+    assert_close(ours, mirror(batch.input_ids.numpy(), batch.attention_mask.numpy()).logits, np.float32,
+                 what="logits")
+
+
 def test_a_run_learns_and_keeps_its_thresholds_with_its_weights(run, run_dir):
     from safetensors.numpy import load_file
 
