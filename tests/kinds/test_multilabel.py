@@ -256,6 +256,23 @@ def test_records_train_through_the_python_api(tmp_path):
     assert set(run.predict("a red cat")[0]) == {"labels", "probabilities"}
 
 
+def test_a_resumed_run_keeps_its_thresholds_and_pairs_are_read(tmp_path):
+    from safetensors.numpy import load_file
+
+    rows = [{**r, "text_pair": r["text"].split()[0]} for r in label_rows(120, seed=3)]
+    data = str(write(tmp_path / "pairs.jsonl", rows))
+    small = [*TINY[:TINY.index("--steps")], "--threads", "1", "--quiet", "--eval-every", "2"]
+    assert main(["train", "--data", data, "--out", str(tmp_path / "r"), "--steps", "2", *small]) == 0
+    first = load_file(str(tmp_path / "r" / "best.safetensors"))["thresholds"]
+    assert main(["train", "--resume", str(tmp_path / "r"), "--steps", "4", "--quiet"]) == 0
+    run = tformer.load_run(tmp_path / "r")
+    assert run.test_record()["step"] == 4 and run.pairs
+    assert load_file(str(tmp_path / "r" / "best.safetensors"))["thresholds"].shape == first.shape
+    (paired,) = run.predict(["a red cat"], pairs=["red"])
+    (single,) = run.predict(["a red cat"])
+    assert paired["probabilities"] != single["probabilities"]  # the pair is read
+
+
 # Exports ------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pooled_run(tmp_path_factory):
