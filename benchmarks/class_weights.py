@@ -18,6 +18,9 @@ the methods of a set side by side (one thread each), with the same seed and spli
     sqrt       pos_weight ((n - n_l) / n_l) ** 0.5, at most 30
     inverse    pos_weight (n - n_l) / n_l, at most 100
 
+With --prior, a multi-label set also trains without the labels' prior biases (sqrt-noprior,
+none-noprior: tformer.kinds.multilabel.PRIOR_BIAS off).
+
 The test split's macro-F1 decides (the issue's measure for imbalance), with accuracy / micro-F1
 beside it so that a gain on rare labels bought with the frequent ones shows. The methods are set
 through tformer.kinds.labels' constants in each child process (WEIGHT_POWER, POSITIVE_POWER,
@@ -42,22 +45,27 @@ METHODS = {  # method -> the constants set in tformer.kinds.labels (None: --clas
     "inverse": {"SKEW": 1.0, "WEIGHT_POWER": 1.0, "LABEL_SKEW": 1.0, "POSITIVE_POWER": 1.0,
                 "MAX_POSITIVE_WEIGHT": 100.0},
 }
+# Multi-label only: each label's bias starting at its prior (tformer.kinds.multilabel.PRIOR_BIAS) or not.
+PRIOR = {"sqrt-noprior": {**METHODS["sqrt"], "PRIOR_BIAS": False},
+         "none-noprior": {"PRIOR_BIAS": False, "LABEL_SKEW": 1e9}}
 
 
 def child(args) -> None:
-    """One training run, the weighting constants set first."""
+    """One training run, the weighting constants set first (in tformer.kinds.labels, and
+    PRIOR_BIAS in tformer.kinds.multilabel)."""
     from tformer.cli import main
-    from tformer.kinds import labels
+    from tformer.kinds import labels, multilabel
 
     for name, value in json.loads(args.constants).items():
-        setattr(labels, name, value)
+        setattr(multilabel if name == "PRIOR_BIAS" else labels, name, value)
     sys.exit(main(args.train))
 
 
 def run_set(name: str, args) -> list[dict]:
     data = args.data_dir / f"{name}.jsonl"
     procs = {}
-    for method, constants in METHODS.items():
+    methods = {**METHODS, **(PRIOR if args.prior else {})}
+    for method, constants in methods.items():
         out = args.out / f"{name}-{method}"
         if (out / "metrics.jsonl").is_file():
             continue  # done in an earlier invocation
@@ -75,7 +83,7 @@ def run_set(name: str, args) -> list[dict]:
         if p.wait() != 0:
             print(f"{name} {method}: failed (see {args.out / f'{name}-{method}.log'})", flush=True)
     rows = []
-    for method in METHODS:
+    for method in methods:
         path = args.out / f"{name}-{method}" / "metrics.jsonl"
         if not path.is_file():
             continue
@@ -96,6 +104,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--from-pretrained", type=Path, default=None)
+    parser.add_argument("--prior", action="store_true", help="multi-label: also without the prior bias")
     parser.add_argument("--only", nargs="+", default=list(SINGLE + MULTI))
     parser.add_argument("train", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()

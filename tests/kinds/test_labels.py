@@ -175,6 +175,10 @@ def test_the_multilabel_loss_is_weighted_binary_cross_entropy(tmp_path):
     pos = objective.weighting[0]
     assert pos is not None and "positives weighted" in objective.description
     model = objective.build_model().double().eval()
+    # A new model's biases start at each label's weighted prior log-odds: log(w p / (1 - p)).
+    counts = objective.source.data.label_counts
+    p = np.array([counts[name] for name in objective.labels]) / len(rows)
+    assert np.allclose(model.head.bias.detach().numpy(), np.log(pos.double().numpy() * p / (1 - p)), atol=1e-6)
     batch = objective.collate(objective.encode(objective.examples("validation")[:16]))
     loss, _ = objective.loss(model, batch)
     with torch.no_grad():

@@ -111,6 +111,7 @@ FIELDS = LabelsFields("multilabel", ("text", "labels"), ("text_pair",), ("text",
 # labels' negatives up, and BCE has no softmax to share it).
 PRESET = {**CLASSIFICATION_PRESET, "label_smoothing": 0.0}
 TOP_K = "the k most frequent labels"  # the trivial baseline
+PRIOR_BIAS = True  # a new model's label biases start at their training frequencies (prior_logits)
 
 
 @dataclass
@@ -139,6 +140,28 @@ class MultiLabel(Classification):
         self.thresholds = np.full(len(self.labels), 0.5, dtype=np.float32)  # (C,) the model's, read to score
 
     # Training -------------------------------------------------------------------------------
+    def build_model(self, model_config=None) -> nn.Module:
+        """Classification's model with thresholds; a new one (not one whose weights are read
+        next) starts each label's bias at the logit of its training frequency (``prior_logits``)."""
+        model = super().build_model(model_config)
+        prior = self.prior_logits() if model_config is None and PRIOR_BIAS else None
+        if prior is not None:
+            with torch.no_grad():
+                model.head.bias.copy_(prior)
+        return model
+
+    def prior_logits(self) -> Tensor | None:
+        """(C,) each label's starting logit: log(w p / (1 - p)) for a label in a share p of the
+        training records and positive weight w (the constant that minimises its weighted BCE),
+        so that the first updates learn from the text, not each label's rate (Lin et al. 2017,
+        §3.3: a rare class's prior at initialisation); None without counts."""
+        records = self.source.data.identity.get("data", {}).get("records")
+        if not records or not any(self.label_counts):
+            return None
+        p = (torch.tensor([float(c) for c in self.label_counts]) / records).clamp(1e-4, 1 - 1e-4)  # (C,)
+        weight = self.weighting[0] if self.weighting[0] is not None else torch.ones_like(p)
+        return torch.log(weight * p / (1 - p))
+
     def encode(self, examples: list) -> list[LabelSetExample]:
         s = self.source
         texts = s.encode_texts([s.field(ex, "text") for ex in examples],
