@@ -8,7 +8,8 @@ sigmoid each), for records that hold any number of labels.
 
 Trained with binary cross-entropy over the labels (BCE with logits, as transformers'
 multi_label_classification; each label's positives weighted up where labels are rare:
-``positive_weights``). A label is chosen where its probability reaches its threshold, chosen on
+tformer.kinds.labels.positive_weights; a new model's label biases start at their training
+priors: ``prior_logits``). A label is chosen where its probability reaches its threshold, chosen on
 the validation split for the weights validated (``choose_thresholds``: each label's F1-best cut
 where the validation holds MIN_POSITIVES of it, else the one cut best for micro-F1 over all), and
 kept with the weights (``MultiLabelClassifier.thresholds``). Scored by micro-, macro- and
