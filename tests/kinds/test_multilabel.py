@@ -256,6 +256,7 @@ def test_records_train_through_the_python_api(tmp_path):
     assert set(run.predict("a red cat")[0]) == {"labels", "probabilities"}
 
 
+@pytest.mark.slow  # ~20 s: a run and its resume
 def test_a_resumed_run_keeps_its_thresholds_and_pairs_are_read(tmp_path):
     from safetensors.numpy import load_file
 
