@@ -237,9 +237,9 @@ def _run_rows(run_dir, saved) -> list[tuple[str, str]]:
             rows.append(("warning", f"{metrics}: {cut} line(s) cut short (a write a crash interrupted)"))
         if tests:
             t = tests[-1]
-            shown = ", ".join(f"{k} {t[k]:.4f}" for k in ("bleu", "chrf", "exact_match", "accuracy",
-                                                          "macro_f1", "recall_at_1", "mrr_at_10")
-                              if k in t)
+            names = ("bleu", "chrf", "exact_match", "accuracy", "micro_f1", "macro_f1", "samples_f1",
+                     "recall_at_1", "mrr_at_10")
+            shown = ", ".join(f"{k} {t[k]:.4f}" for k in names if k in t)
             tested = t.get("tested_step", t["step"])  # the best validated weights, when not the last
             weights = f"; the weights of step {tested} tested" if tested != t["step"] else ""
             if tested_as_it_was(t):  # a fine-tune none of whose steps beat its start on validation

@@ -1,10 +1,11 @@
-"""`tformer predict RUN_DIR --file texts.txt`: a text classifier's label (and probabilities).
+"""`tformer predict RUN_DIR --file texts.txt`: a text classifier's labels (and probabilities).
 
 One input per line (for a run trained on pairs a tab separates text and text_pair; for one
-trained on single texts a tab is part of the text); prints one
-label per line, or with --format jsonl one {"text", "label", "probabilities"} object: one
-output line per input, always (see tformer.text.lines). Probabilities that are not finite (a
-broken checkpoint) are refused, never printed as NaN.
+trained on single texts a tab is part of the text); prints per input what the run says
+(``Run.answer_text``: a classifier's label; a multi-label run's chosen labels), or with
+--format jsonl the whole answer (``Run.answer_record``: {"text", "label" or "labels",
+"probabilities"}): one output line per input, always (see tformer.text.lines). Probabilities
+that are not finite (a broken checkpoint) are refused, never printed as NaN.
 """
 
 from __future__ import annotations
@@ -26,16 +27,19 @@ from tformer.commands._inputs import (
 )
 from tformer.errors import BadInput
 
-HELP = "classify texts with a classification run (label per line, or JSONL with probabilities)"
+HELP = ("classify texts with a classification or multi-label run (its label(s) per line, or JSONL with "
+        "probabilities)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="a classification run on your data")
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a classification or multi-label run on your data")
     parser.add_argument("inputs", nargs="*", metavar="TEXT", help="texts to classify")
     parser.add_argument("--file", metavar="FILE", default=None,
                         help="read texts from FILE, one per line ('-': standard input)")
     parser.add_argument("--format", choices=("text", "jsonl"), default="text",
-                        help="text: the label; jsonl: label and probabilities (default: text)")
+                        help="text: the label (a multi-label run: the chosen labels, joined by its "
+                             "--label-separator, else ', '); jsonl: the whole answer with every label's "
+                             "probability (default: text)")
     parser.add_argument("--batch-size", type=int, default=64, help="texts per batch (default 64)")
     add_threads(parser)
     add_device(parser)
@@ -67,11 +71,9 @@ def run(args: argparse.Namespace) -> int:
                                  f"{list(probs.values())} for input {n + 1} (the weights are not "
                                  "finite: was its training diverging?)")
             if args.format == "text":
-                rows.append(answer["label"])
+                rows.append(run.answer_text(answer))
             else:
-                shown = {name: round(p, 6) for name, p in probs.items()}
-                rows.append(json_line({"text": t, "label": answer["label"], "probabilities": shown},
-                                      f"input {n + 1}"))
+                rows.append(json_line(run.answer_record(t, answer), f"input {n + 1}"))
         print_lines(rows)
     cut.warn(total)
     return 0

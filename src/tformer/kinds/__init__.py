@@ -3,6 +3,7 @@
     classification   text (+ text_pair) -> label         ClassificationRun: predict
     seq2seq          source -> target                    Seq2SeqRun: generate
     embedding        anchor -> positive (+ negative)     EmbeddingRun: embed
+    multilabel       text (+ text_pair) -> labels        MultiLabelRun: predict
 
     kind = kind_of_data("train.jsonl")            # the file's field names choose
     config = resolve_config({"data": "train.jsonl", "max_minutes": 5})
@@ -16,7 +17,7 @@ synthetic task's run is of its task's kind (reverse: seq2seq; listops: classific
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from tformer.config import TransformerConfig
 from tformer.devices import resolve_device
 from tformer.errors import FieldError, a, as_path
 from tformer.formats.model_dir import read_model_dir
-from tformer.kinds import classification, embedding, seq2seq
+from tformer.kinds import classification, embedding, multilabel, seq2seq
 from tformer.kinds.base import Kind
 from tformer.kinds.run import AttentionInput, Run
 from tformer.kinds.serving import input_limit
@@ -38,7 +39,7 @@ from tformer.training import config as training_config
 from tformer.training.config import TrainConfig, read_train_config
 from tformer.training.dataset import TextData
 from tformer.training.objective import Objective
-from tformer.training.records import first_names
+from tformer.training.records import first_record
 from tformer.training.sources import FileSource, TaskSource
 
 # The kinds, each registered once; a file's fields choose the one whose required fields it has.
@@ -46,6 +47,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     classification.KIND,
     seq2seq.KIND,
     embedding.KIND,
+    multilabel.KIND,
 )}
 MODEL_DIR_KIND = embedding.KIND  # what a BERT-format or sentence-transformers directory serves as
 
@@ -57,10 +59,16 @@ def kind_named(name: str, where: str = "kind") -> Kind:
 
 
 def kind_of_fields(names: Iterable[str], where: str) -> Kind:
-    """The kind whose required fields a record has; a record holding the fields of two is
-    ambiguous (source+target and text+label: which was meant?) and refused naming both."""
-    names = set(names)
-    found = [k for k in KINDS.values() if set(k.fields.required) <= names]
+    """The kind whose required fields a record of these field names has (kind_of_record)."""
+    return kind_of_record(dict.fromkeys(names, ""), where)
+
+
+def kind_of_record(record: Mapping[str, Any], where: str, options: Mapping[str, Any] | None = None) -> Kind:
+    """The kind that claims a file's first record (its required fields; a kind may look at a
+    value or an option: ``Fields.claims``); a record holding the fields of two is ambiguous
+    (source+target and text+label: which was meant?) and refused naming both."""
+    names = set(record)
+    found = [k for k in KINDS.values() if k.fields.claims(record, options or {})]
     if len(found) > 1:
         both = " and ".join(f"{'+'.join(k.fields.required)} ({k.name})" for k in found)
         raise ValueError(f"{where}: expected the fields of one kind of data, got {both}; keep one set "
@@ -73,10 +81,11 @@ def kind_of_fields(names: Iterable[str], where: str) -> Kind:
     return found[0]
 
 
-def kind_of_data(path: str | Path, columns: str | None = None) -> Kind:
-    """The kind a data file's first record's field names choose."""
-    where, names = first_names(path, columns)
-    return kind_of_fields(names, where)
+def kind_of_data(path: str | Path, columns: str | None = None,
+                 options: Mapping[str, Any] | None = None) -> Kind:
+    """The kind a data file's first record chooses (its field names; with the run's options)."""
+    where, record = first_record(path, columns)
+    return kind_of_record(record, where, options)
 
 
 def kind_of_config(config: TrainConfig, run_dir: Path | None = None) -> Kind:
@@ -90,7 +99,7 @@ def kind_of_config(config: TrainConfig, run_dir: Path | None = None) -> Kind:
         except (KeyError, ValueError) as e:
             raise FieldError("RUN_DIR", f"{run_dir / 'data.json'} is not a tformer data.json ({e})") from None
         return kind_named(name, f"RUN_DIR: {run_dir / 'data.json'}: objective")
-    return kind_of_data(config.data, config.columns)
+    return kind_of_data(config.data, config.columns, vars(config))
 
 
 def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
@@ -101,7 +110,7 @@ def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
         training_config.check_keys(layer)
         merged.update(layer)
     if merged.get("data"):
-        kind = kind_of_data(merged["data"], merged.get("columns"))
+        kind = kind_of_data(merged["data"], merged.get("columns"), merged)
     else:
         task = merged.get("task", TrainConfig.task)
         if task not in TASKS:
@@ -127,13 +136,14 @@ def make_objective(config: TrainConfig, run_dir: Path | None = None, write: bool
     if config.data is None:
         source = TaskSource(get_task(config.task, config.seed, config.valid_size, config.test_size), config)
     elif existing:
-        source = FileSource(TextData.from_run(run_dir, config, kind.fields), config)
+        source = FileSource(TextData.from_run(run_dir, config, kind.fields.configured(config)), config)
     else:
         if config.from_pretrained and not resume:  # the base model's folder, read once here
             check_not_a_run(Path(config.from_pretrained))
             pretrained = read_model_dir(config.from_pretrained)
-        source = FileSource(TextData.build(config, kind.fields, run_dir, write=write, pretrained=pretrained),
-                            config)
+        fields = kind.fields.configured(config)
+        data = TextData.build(config, fields, run_dir, write=write, pretrained=pretrained)
+        source = FileSource(data, config)
     return kind.objective(source, pretrained)
 
 
@@ -191,7 +201,7 @@ def load_run(path: str | Path, needs: str | None = None, device: str | object = 
     path, device = as_path(path, "path", "a run directory"), resolve_device(device)
     known = isinstance(needs, str) and any(hasattr(k.run, needs) for k in KINDS.values())
     if needs is not None and not known:  # (a number was getattr's TypeError)
-        verbs = ", ".join(k.verb for k in KINDS.values())
+        verbs = ", ".join(dict.fromkeys(k.verb for k in KINDS.values()))  # (kinds may share one)
         raise ValueError(f"needs: expected a run's method ({verbs}, ...) or None, got {needs!r}")
     # A live run may prune the checkpoint being read (it published a newer one): read that one.
     return read_latest(path, lambda _: _load(path, needs, device, dtype))

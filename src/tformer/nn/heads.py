@@ -2,17 +2,20 @@
 
     SentenceModel   encoder + pooling (+ L2 normalisation): one vector per text
                     (sentence-transformers' Transformer -> Pooling -> Normalize)
+    MultiLabelClassifier  EncoderClassifier's logits, one independent yes/no per label
+                    (a sigmoid each), and the probability above which each label is chosen
 
 Shape legend: B batch, S length, D model dim. Masks: True = real token (tformer.nn.masks).
 """
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tformer.config import TransformerConfig, check_config
-from tformer.nn.model import Encoder
+from tformer.nn.model import Encoder, EncoderClassifier
 from tformer.nn.pooling import pool
 
 
@@ -51,3 +54,20 @@ class SentenceModel(nn.Module):
         if self.normalize if normalize is None else normalize:
             emb = F.normalize(emb, p=2.0, dim=-1)
         return emb
+
+
+class MultiLabelClassifier(EncoderClassifier):
+    """EncoderClassifier's forward (logits (B, C), one per label: sigmoid(logit) is the label's
+    probability, each label independent of the others), with ``thresholds`` (C,): the
+    probability at or above which each label is chosen. The thresholds are not learned by the
+    loss: a run's validation chooses them (tformer.kinds), and they are kept with the weights
+    (a state-dict buffer), so that the best validated weights keep the thresholds chosen for
+    them."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__(config)
+        self.register_buffer("thresholds", torch.full((config.n_classes,), 0.5))
+
+    def chosen(self, logits: Tensor) -> Tensor:
+        """Which labels are chosen: (B, C) logits -> (B, C) bool, sigmoid(logits) >= thresholds."""
+        return torch.sigmoid(logits.float()) >= self.thresholds

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from tformer.config import TransformerConfig
-from tformer.reference.model import Encoder
+from tformer.reference.model import Encoder, EncoderClassifier
 from tformer.reference.module import Module
 from tformer.reference.pooling import pool
 
@@ -36,3 +36,16 @@ class SentenceModel(Module):
         if self.normalize if normalize is None else normalize:
             emb = emb / np.maximum(np.linalg.norm(emb, axis=-1, keepdims=True), 1e-12)
         return emb
+
+
+class MultiLabelClassifier(EncoderClassifier):
+    """EncoderClassifier's forward (logits (B, C), one sigmoid per label) and ``thresholds``
+    (C,), the probability at or above which each label is chosen."""
+
+    def __init__(self, config: TransformerConfig, dtype=np.float32) -> None:
+        super().__init__(config, dtype)
+        self.thresholds = np.full((config.n_classes,), 0.5, dtype=np.float32)
+
+    def chosen(self, logits: np.ndarray) -> np.ndarray:
+        """(B, C) logits -> (B, C) bool, sigmoid(logits) >= thresholds."""
+        return 1.0 / (1.0 + np.exp(-logits.astype(np.float64))) >= self.thresholds

@@ -26,6 +26,7 @@ from tformer.training.unread import check_layers, check_read
 
 SCHEDULES = ("inverse_sqrt", "cosine", "linear")
 PRECISIONS = ("auto", "fp32", "bf16")
+CLASS_WEIGHTS = ("auto", "none")
 TOKENIZERS = ("bpe", "wordpiece", "unigram")
 # Refused before anything is built: the tokenizer trainer's memory grows with the vocabulary
 # (a billion-token request aborts the process), and a learned position table with max_length.
@@ -73,11 +74,17 @@ class TrainConfig:
     task: str | None = _f("reverse", "synthetic task: copy, reverse, sort, add (seq2seq); listops, "
                           "brackets (classification); not with --data")
     data: str | None = _f(None, "training file (JSONL, CSV or TSV with a header); its fields choose "
-                          "the objective: source+target, text+label[+text_pair], "
-                          "anchor+positive[+negative]")
+                          "the objective: source+target, text+label[+text_pair], text+labels (a list: "
+                          "multi-label), anchor+positive[+negative]")
     valid: str | None = _f(None, "validation file (default: a seeded split of --data)")
     test: str | None = _f(None, "test file (default: a seeded split of --data)")
     columns: str | None = _f(None, "rename columns, e.g. 'en=source,fr=target'")
+    label_separator: str | None = _f(None, "the text joining several labels in one CSV/TSV cell, e.g. ';' "
+                                     "for 'news;sport': the label (or labels) column is split at it and "
+                                     "the run learns multi-label classification (a JSONL list needs none)")
+    class_weights: str = _f("auto", "classification and multi-label: auto (a loss weighted towards rare "
+                            "labels where the training labels are skewed; the run's first line says "
+                            "so) or none")
     from_pretrained: str | None = _f(None, "fine-tune this BERT-format model directory "
                                      "(its tokenizer and sizes are used)")
     tokenizer: str = _f("bpe", "tokenizer trained on --data: bpe (byte-level), wordpiece, unigram")
@@ -144,7 +151,8 @@ class TrainConfig:
         if self.data is None and self.task not in TASKS:
             raise FieldError("task", f"expected one of {', '.join(TASKS)}; got {self.task!r}")
         devices.check_spec(self.device)
-        for name, choices in (("schedule", SCHEDULES), ("tokenizer", TOKENIZERS), ("precision", PRECISIONS)):
+        for name, choices in (("schedule", SCHEDULES), ("tokenizer", TOKENIZERS), ("precision", PRECISIONS),
+                              ("class_weights", CLASS_WEIGHTS)):
             if getattr(self, name) not in choices:
                 raise FieldError(name, f"expected one of {', '.join(choices)}; "
                                  f"got {getattr(self, name)!r}")
@@ -180,6 +188,10 @@ class TrainConfig:
         if not 0 <= self.label_smoothing < 1:
             raise FieldError("label_smoothing", f"expected a value in [0, 1), got {self.label_smoothing}")
         self.reports()  # --report-to names only what tformer writes
+        if self.label_separator is not None and (not self.label_separator or "\n" in self.label_separator
+                                                 or "\r" in self.label_separator):
+            raise ValueError(f"label_separator: expected the text between two labels of a cell, such as ';' "
+                             f"or '|', got {self.label_separator!r}")
         if self.epochs is not None and self.data is None:
             raise FieldError("epochs", "synthetic tasks are endless streams; --epochs needs --data")
         if self.from_pretrained is not None and self.data is None:

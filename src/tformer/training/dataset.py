@@ -25,6 +25,7 @@ import copy
 import heapq
 import json
 from array import array
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,9 @@ class TextData:
         self.pairs = pairs  # classification: whether training records had a text_pair
         self.identity = identity or {}
         self.label_ids = {name: i for i, name in enumerate(labels)}
+        # How many records of the training file hold each label (all its records, before the
+        # split): what a loss weighted by label frequency reads (--class-weights).
+        self.label_counts: dict[str, int] = {}
         self._held_out: dict[str, list[Record]] = {}
         self._held_out_keys: set[str] | None = None
         self._places: np.ndarray | None = None  # (N, 2) training records' (line, offset)
@@ -149,15 +153,18 @@ class TextData:
         try:
             info = json.loads(path.read_text())
             tokenizer = run_tokenizer(load_backend(run_dir / "tokenizer.json"), info["max_length"])
-            return cls(config, fields, tokenizer, list(info["labels"]), float(info["split_fraction"]),
+            data = cls(config, fields, tokenizer, list(info["labels"]), float(info["split_fraction"]),
                        info.get("identity"), bool(info.get("pairs", True)))  # older runs: not recorded
+            data.label_counts = {str(k): int(v) for k, v in (info.get("label_counts") or {}).items()}
+            return data
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise FieldError("RUN_DIR", f"{path} is not a tformer data.json ({e})") from None
 
     def describe(self) -> dict[str, Any]:
         return {"objective": self.fields.objective, "labels": self.labels,
                 "max_length": self.tokenizer.max_length, "split_fraction": self.fraction,
-                "vocab_size": self.tokenizer.vocab_size, "identity": self.identity, "pairs": self.pairs}
+                "vocab_size": self.tokenizer.vocab_size, "identity": self.identity, "pairs": self.pairs,
+                "label_counts": self.label_counts}
 
     @classmethod
     def _scan(cls, config, fields: Fields) -> tuple[TextData, list[str]]:
@@ -169,7 +176,7 @@ class TextData:
                  for s, p in (("validation", config.valid), ("test", config.test)) if p is not None}
         given_keys = {fields.input_key(r) for records in given.values() for r in records}
         hashed = {s for s, p in (("validation", config.valid), ("test", config.test)) if p is None}
-        labels: set[str] = set()
+        labels: Counter[str] = Counter()  # records holding each label
         trained: set[str] = set()  # labels of records that are surely training records
         pairs = False
         candidates: list[tuple[float, Record]] = []  # (u, record) that may be held out
@@ -205,6 +212,7 @@ class TextData:
             raise ValueError(f"{path}: {fields.label}: expected at least {fields.min_labels} distinct "
                              f"labels, got {sorted(labels)}")
         data.labels, data.pairs = sorted(labels), pairs
+        data.label_counts = {label: labels[label] for label in data.labels}
         data.label_ids = {name: i for i, name in enumerate(data.labels)}
         data.fraction = f = split_fraction(n)
         if hashed and n <= SMALL:
@@ -219,7 +227,7 @@ class TextData:
                        for label in fields.labels_of(r))
         data.untrained = {label: sorted({s for s, rs in data._held_out.items() for r in rs
                                          if label in fields.labels_of(r)})
-                          for label in sorted(labels - trained)}
+                          for label in sorted(set(labels) - trained)}
         data.identity = {name: {"path": str(p), "blake2b": data._digest(p)}
                          for name, p in (("data", config.data), ("valid", config.valid),
                                          ("test", config.test)) if p is not None}

@@ -1,7 +1,7 @@
 """Reading your files: JSONL, CSV and TSV records, their fields, and the seeded split.
 
     for line_no, record in read_records("train.csv", columns="en=source,fr=target"): ...
-    where, names = first_names("train.csv")       # what chooses the kind (tformer.kinds)
+    where, record = first_record("train.csv")     # what chooses the kind (tformer.kinds)
 
 Files are read one line at a time (a file larger than memory works). Every error names the
 file and line. JSONL: one object per line, blank lines skipped. CSV: RFC 4180 quoting, a
@@ -21,7 +21,7 @@ import hashlib
 import json
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,17 @@ class Fields:
     input_fields: tuple[str, ...] = ()
     label: str | None = None  # the field naming a class (read by ``label_name``'s rule)
     min_labels: int = 0  # distinct labels a training file must have
+
+    def claims(self, record: Mapping[str, Any], options: Mapping[str, Any]) -> bool:
+        """Whether a file whose first record is ``record`` holds this kind's data, under the run's
+        ``options`` (flat names): it has the required fields. A kind that its values or an
+        option tell apart (a ``label`` holding a list) says so in its own Fields."""
+        return set(self.required) <= set(record)
+
+    def configured(self, config) -> Fields:
+        """These fields as a run reads them under its TrainConfig (a kind whose records depend on
+        an option returns a copy that holds it)."""
+        return self
 
     def input_key(self, record: Record) -> str:
         return "\t".join(record.get(name, "") for name in self.input_fields)
@@ -319,9 +330,15 @@ def _jsonl(path: Path, lines) -> Iterator[tuple[int, int, dict[str, Any]]]:
 
 
 def first_names(path: str | Path, columns: str | None = None) -> tuple[str, list[str]]:
-    """("file:line", field names) of a file's first record: what chooses its kind (tformer.kinds)."""
+    """("file:line", field names) of a file's first record."""
+    where, record = first_record(path, columns)
+    return where, list(record)
+
+
+def first_record(path: str | Path, columns: str | None = None) -> tuple[str, dict[str, Any]]:
+    """("file:line", record) of a file's first record: what chooses its kind (tformer.kinds)."""
     for line_no, record in read_records(path, columns):
-        return f"{path}:{line_no}", list(record)
+        return f"{path}:{line_no}", record
     raise ValueError(f"{path}: expected at least one record, got {no_records(path)}")
 
 

@@ -224,7 +224,11 @@ def summary(record: dict[str, Any], key: str) -> str:
     if key == "bleu":
         return (f"test BLEU {record['bleu']:.2f} chrF {record['chrf']:.2f} "
                 f"exact match {record['exact_match']:.4f} {done}")
-    return f"test recall@1 {record['recall_at_1']:.4f} MRR@10 {record['mrr_at_10']:.4f} {done}"
+    if key == "mrr_at_10":
+        return f"test recall@1 {record['recall_at_1']:.4f} MRR@10 {record['mrr_at_10']:.4f} {done}"
+    # Another kind's main metric, and the F1 scores it reports beside it.
+    extra = "".join(f" {k} {v:.4f}" for k, v in record.items() if k.endswith("_f1") and k != key)
+    return f"test {NAMES.get(key, key)}: {record[key]:.4f}{extra} {done}"
 
 
 NAMES = {"accuracy": "accuracy", "exact_match": "exact match", "mrr_at_10": "MRR@10", "bleu": "BLEU"}
