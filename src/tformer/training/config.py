@@ -39,7 +39,6 @@ RESUMABLE = ("steps", "eval_every", "log_every", "threads", "max_minutes", "out"
              "keep", "epochs", "precision", "report_to", "device")
 REPORT_TO = ("tensorboard", "csv")  # where --report-to may send the scalars (metrics.jsonl always)
 
-
 # The TransformerConfig fields a run sets from its options (by their own names: --d-model);
 # vocab_size, max_len, n_classes and the BERT layout follow from the data and the objective.
 MODEL_OPTIONS: dict[str, str] = {
@@ -79,12 +78,10 @@ class TrainConfig:
     valid: str | None = _f(None, "validation file (default: a seeded split of --data)")
     test: str | None = _f(None, "test file (default: a seeded split of --data)")
     columns: str | None = _f(None, "rename columns, e.g. 'en=source,fr=target'")
-    label_separator: str | None = _f(None, "the text joining several labels in one CSV/TSV cell, e.g. ';' "
-                                     "for 'news;sport': the label (or labels) column is split at it and "
-                                     "the run learns multi-label classification (a JSONL list needs none)")
+    label_separator: str | None = _f(None, "text joining labels in a CSV/TSV cell (';' for 'news;sport'): "
+                                     "split there, a multi-label run (a JSONL list needs none)")
     class_weights: str = _f("auto", "classification and multi-label: auto (a loss weighted towards rare "
-                            "labels where the training labels are skewed; the run's first line says "
-                            "so) or none")
+                            "labels where training labels are skewed; the first line says so) or none")
     from_pretrained: str | None = _f(None, "fine-tune this BERT-format model directory "
                                      "(its tokenizer and sizes are used)")
     tokenizer: str = _f("bpe", "tokenizer trained on --data: bpe (byte-level), wordpiece, unigram")
@@ -188,10 +185,9 @@ class TrainConfig:
         if not 0 <= self.label_smoothing < 1:
             raise FieldError("label_smoothing", f"expected a value in [0, 1), got {self.label_smoothing}")
         self.reports()  # --report-to names only what tformer writes
-        if self.label_separator is not None and (not self.label_separator or "\n" in self.label_separator
-                                                 or "\r" in self.label_separator):
-            raise ValueError(f"label_separator: expected the text between two labels of a cell, such as ';' "
-                             f"or '|', got {self.label_separator!r}")
+        sep = self.label_separator
+        if sep is not None and (not sep or "\n" in sep or "\r" in sep):
+            raise FieldError("label_separator", f"expected the text between two labels (';'), got {sep!r}")
         if self.epochs is not None and self.data is None:
             raise FieldError("epochs", "synthetic tasks are endless streams; --epochs needs --data")
         if self.from_pretrained is not None and self.data is None:

@@ -101,9 +101,7 @@ class TextData:
         self.pairs = pairs  # classification: whether training records had a text_pair
         self.identity = identity or {}
         self.label_ids = {name: i for i, name in enumerate(labels)}
-        # How many records of the training file hold each label (all its records, before the
-        # split): what a loss weighted by label frequency reads (--class-weights).
-        self.label_counts: dict[str, int] = {}
+        self.label_counts: dict[str, int] = {}  # records of --data holding each label (--class-weights)
         self._held_out: dict[str, list[Record]] = {}
         self._held_out_keys: set[str] | None = None
         self._places: np.ndarray | None = None  # (N, 2) training records' (line, offset)
@@ -211,8 +209,7 @@ class TextData:
         if len(labels) < fields.min_labels:
             raise ValueError(f"{path}: {fields.label}: expected at least {fields.min_labels} distinct "
                              f"labels, got {sorted(labels)}")
-        data.labels, data.pairs = sorted(labels), pairs
-        data.label_counts = {label: labels[label] for label in data.labels}
+        data.labels, data.pairs, data.label_counts = sorted(labels), pairs, dict(sorted(labels.items()))
         data.label_ids = {name: i for i, name in enumerate(data.labels)}
         data.fraction = f = split_fraction(n)
         if hashed and n <= SMALL:

@@ -48,9 +48,8 @@ class Fields:
     min_labels: int = 0  # distinct labels a training file must have
 
     def claims(self, record: Mapping[str, Any], options: Mapping[str, Any]) -> bool:
-        """Whether a file whose first record is ``record`` holds this kind's data, under the run's
-        ``options`` (flat names): it has the required fields. A kind that its values or an
-        option tell apart (a ``label`` holding a list) says so in its own Fields."""
+        """Whether a file whose first record is ``record`` holds this kind's data under the run's
+        ``options`` (flat names): the required fields (a kind told apart by a value says so itself)."""
         return set(self.required) <= set(record)
 
     def configured(self, config) -> Fields:
@@ -327,12 +326,6 @@ def _jsonl(path: Path, lines) -> Iterator[tuple[int, int, dict[str, Any]]]:
         if not isinstance(record, dict):
             raise ValueError(f"{path}:{line_no}: expected a JSON object, got {type(record).__name__}")
         yield line_no, offset, record
-
-
-def first_names(path: str | Path, columns: str | None = None) -> tuple[str, list[str]]:
-    """("file:line", field names) of a file's first record."""
-    where, record = first_record(path, columns)
-    return where, list(record)
 
 
 def first_record(path: str | Path, columns: str | None = None) -> tuple[str, dict[str, Any]]:
