@@ -116,11 +116,13 @@ def test_train_help_shows_each_objectives_real_defaults(capsys):
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     width = OBJECTIVE_PRESETS["classification"]["d_model"]
     assert f"model width (default: {width} on your data; synthetic tasks {DEFAULT_MODEL.d_model}" in text
-    lrs = ", ".join(f"{kind} {preset['lr']}" for kind, preset in OBJECTIVE_PRESETS.items())
-    assert f"(default: {lrs}; fine-tuning by the model's width" in text
+    lrs = ", ".join(f"{kind} {preset['lr']}" for kind, preset in OBJECTIVE_PRESETS.items())  # every kind's
+    assert lrs.startswith("classification ") and f"(default: {lrs}; fine-tuning by the model's width" in text
     assert FINETUNE_PRESET["lr"] is None
-    pooling = OBJECTIVE_PRESETS["classification"]["pooling"]
-    assert f"pooler: a BertForSequenceClassification) (default: classification {pooling};" in text
+    poolings = {kind: p["pooling"] for kind, p in OBJECTIVE_PRESETS.items() if "pooling" in p}
+    shown = (f"{poolings['classification']} on your data" if len(set(poolings.values())) == 1 < len(poolings)
+             else ", ".join(f"{kind} {v}" for kind, v in poolings.items()))  # one value the kinds share: once
+    assert f"pooler: a BertForSequenceClassification) (default: {shown};" in text
     assert (f"the head's) (default: {DEFAULT_MODEL.dropout} on your data; fine-tuning the pretrained model's; "
             f"synthetic tasks {DEFAULT_MODEL.dropout} or per task)") in text
     assert "usage: tformer train (--data FILE | --task NAME) [options]" in text

@@ -13,7 +13,7 @@ FINE_TUNE = "/nonexistent/model"  # never opened: the options are refused before
 @pytest.mark.parametrize("rows, options, message", [
     (classification_rows, {"task": "reverse"}, r"task: a run on --data .* expected no --task, got 'reverse'"),
     (classification_rows, {"valid_size": 10}, r"valid_size: .* expected no --valid-size, got 10"),
-    (seq2seq_rows, {"pooling": "mean"}, r"pooling: a seq2seq run does not read it \(only a classification run does\); expected no --pooling, got 'mean'"),
+    (seq2seq_rows, {"pooling": "mean"}, r"pooling: a seq2seq run does not read it \(only a classification or a multilabel run does\); expected no --pooling, got 'mean'"),
     (embedding_rows, {"batch_size": 64},
      r"batch_size: an embedding run's batches hold --max-tokens 4096 tokens .* expected no --batch-size, got 64"),
     (classification_rows, {"from_pretrained": FINE_TUNE, "pooling": "cls"},

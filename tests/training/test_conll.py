@@ -5,7 +5,7 @@ line and read again from its byte offset (a shuffled epoch reads sentences out o
 import pytest
 
 from tformer.kinds import kind_of_data
-from tformer.training.records import first_names, format_of, indexed_records, read_records, records_at
+from tformer.training.records import first_record, format_of, indexed_records, read_records, records_at
 
 CONLL = """-DOCSTART- -X- -X- O
 
@@ -34,7 +34,8 @@ def test_sentences_are_records_numbered_by_their_first_line(tmp_path):
     path = tmp_path / "train.conll"
     path.write_text(CONLL)
     assert list(read_records(path)) == SENTENCES
-    assert first_names(path) == (f"{path}:3", ["tokens", "tags"])
+    where, record = first_record(path)
+    assert where == f"{path}:3" and list(record) == ["tokens", "tags"]
     assert kind_of_data(path).name == "tagging"
 
 
@@ -71,4 +72,4 @@ def test_a_file_of_docstarts_has_no_records(tmp_path):
     path.write_text("-DOCSTART- O\n\n\n")
     assert list(read_records(path)) == []
     with pytest.raises(ValueError, match=r"empty\.conll: expected at least one record, got an empty file"):
-        first_names(path)
+        first_record(path)

@@ -246,9 +246,9 @@ def _run_rows(run_dir, saved) -> list[tuple[str, str]]:
             rows.append(("warning", f"{metrics}: {cut} line(s) cut short (a write a crash interrupted)"))
         if tests:
             t = tests[-1]
-            keys = dict.fromkeys((t.get("main_metric"), "bleu", "chrf", "exact_match", "accuracy", "macro_f1",
-                                  "recall_at_1", "mrr_at_10", "ndcg_at_10", "spearman", "pearson",
-                                  "mse"))  # the run's main metric first
+            keys = dict.fromkeys((t.get("main_metric"), "bleu", "chrf", "exact_match", "accuracy", "micro_f1",
+                                  "macro_f1", "samples_f1", "recall_at_1", "mrr_at_10", "ndcg_at_10",
+                                  "spearman", "pearson", "mse"))  # the run's main metric first
             shown = ", ".join(f"{k} {t[k]:.4f}" for k in keys if k in t)
             tested = t.get("tested_step", t["step"])  # the best validated weights, when not the last
             weights = f"; the weights of step {tested} tested" if tested != t["step"] else ""

@@ -1,15 +1,16 @@
 """`tformer predict RUN_DIR --file texts.txt`: what a run predicts for each text, as its kind
 prints it (the run says: ``Run.printed``): a classifier's label (and probabilities), a
-regression run's score, a tagger's entities, a masked-LM run's candidates for each mask token of
-the text (fill-mask's answer).
+multi-label run's chosen labels, a regression run's score, a tagger's entities, a masked-LM
+run's candidates for each mask token of the text (fill-mask's answer).
 
 One input per line (for a run trained on pairs a tab separates text and text_pair; for one
 trained on single texts a tab is part of the text: ``Run.predict_inputs``); prints one line per
 input, or with --format jsonl one object: one output line per input, always (see
 tformer.text.lines). A classifier prints its label ({"text", "label", "probabilities"}), a
-regression run its score ({"text", "score"}), a tagger its text with the entities marked,
-[words](TYPE) ({"text", "entities": [{"entity_group", "score", "word", "start", "end"}]}).
-Scores that are not finite (a broken checkpoint) are refused, never printed as NaN.
+multi-label run its chosen labels joined by its --label-separator, else ", " ({"text", "labels",
+"probabilities"}), a regression run its score ({"text", "score"}), a tagger its text with the
+entities marked, [words](TYPE) ({"text", "entities": [{"entity_group", "score", "word", "start",
+"end"}]}). Scores that are not finite (a broken checkpoint) are refused, never printed as NaN.
 """
 
 from __future__ import annotations
@@ -31,25 +32,27 @@ from tformer.commands._inputs import (
 )
 from tformer.errors import BadInput
 
-HELP = ("predict with a classification run (label per line, or JSONL with probabilities), score texts "
-        "with a regression run, find their entities with a token-classification run, or fill the mask "
-        "token of texts with a masked-LM run (candidates and scores)")
+HELP = ("predict with a classification or multi-label run (its label(s) per line, or JSONL with "
+        "probabilities), score texts with a regression run, find their entities with a token-classification "
+        "run, or fill the mask token of texts with a masked-LM run (candidates and scores)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR",
-                        help="a classification, regression, token-classification or masked-LM run on "
-                             "your data")
+                        help="a classification, multi-label, regression, token-classification or masked-LM "
+                             "run on your data")
     parser.add_argument("inputs", nargs="*", metavar="TEXT",
                         help="texts to classify, score or tag (a tab separates a text and its text_pair), "
                              "or to fill (with the run's mask token, <mask> or [MASK])")
     parser.add_argument("--file", metavar="FILE", default=None,
                         help="read texts from FILE, one per line ('-': standard input)")
     parser.add_argument("--format", choices=("text", "jsonl"), default="text",
-                        help="text: the label, or the score (a tagger: the text, its entities marked "
-                             "[words](TYPE); a masked-LM run: each mask's top 5 candidates, 'token score', "
-                             "masks separated by ' | '); jsonl: {text, label, probabilities}, {text, score}, "
-                             "{text, entities} or {text, fills} (default: text)")
+                        help="text: the label (a multi-label run: the chosen labels, joined by its "
+                             "--label-separator, else ', '), or the score (a tagger: the text, its entities "
+                             "marked [words](TYPE); a masked-LM run: each mask's top 5 candidates, 'token "
+                             "score', masks separated by ' | '); jsonl: the whole answer, e.g. {text, label, "
+                             "probabilities}, {text, score}, {text, entities} or {text, fills} "
+                             "(default: text)")
     parser.add_argument("--batch-size", type=int, default=64, help="texts per batch (default 64)")
     add_long(parser)
     add_threads(parser)

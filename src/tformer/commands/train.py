@@ -26,14 +26,16 @@ def _optional(cast):
 
 # The option groups of --help, in order (an option in none of them goes under "other options").
 GROUPS = (
-    ("what to learn", ("data", "valid", "test", "columns", "format", "from_pretrained", "task")),
+    ("what to learn", ("data", "valid", "test", "columns", "format", "label_separator", "from_pretrained",
+                       "task")),
     ("budget and stopping", ("max_minutes", "steps", "epochs", "early_stop", "patience")),
     ("the model (chosen from the budget unless given)",
      ("d_model", "n_heads", "d_ff", "n_layers", "n_decoder_layers", "dropout", "pretrained_dropout",
       "norm_first", "activation", "pooling", "auto_size")),
     ("text", ("tokenizer", "vocab_size", "lowercase", "max_length", "auto_length", "long")),
     ("optimisation", ("lr", "warmup", "schedule", "batch_size", "max_tokens", "accumulate", "weight_decay",
-                      "label_smoothing", "clip_grad", "precision", "device", "tf32", "seed")),
+                      "label_smoothing", "class_weights", "clip_grad", "precision", "device", "tf32",
+                      "seed")),
     ("evaluation and files",
      ("eval_every", "log_every", "valid_size", "test_size", "out", "keep", "threads", "report_to")),
 )
@@ -42,7 +44,8 @@ GROUPS = (
 # Options only your data's runs read (the synthetic tasks bring their own vocabulary, lengths and
 # splits), only the tasks read, and the one only a classifier reads.
 DATA_ONLY = {"data", "valid", "test", "columns", "from_pretrained", "tokenizer", "vocab_size", "lowercase",
-             "max_tokens", "epochs", "auto_length", "auto_size", "pretrained_dropout", "long"}
+             "max_tokens", "epochs", "auto_length", "auto_size", "pretrained_dropout", "long",
+             "label_separator", "class_weights"}
 TASKS_ONLY = {"task", "valid_size", "test_size"}
 # What a fine-tune takes from its pretrained model where the option is not given.
 FROM_THE_MODEL = {"lr": "by the model's width", "dropout": "the pretrained model's"}

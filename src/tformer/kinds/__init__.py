@@ -5,6 +5,7 @@
     embedding        anchor -> positive (+ negative)     EmbeddingRun: embed
     masked_lm        text alone (or a .txt file)         MaskedLMRun: predict (fill-mask)
     tagging          tokens -> tags (or a CoNLL file)    TaggingRun: predict (entities)
+    multilabel       text (+ text_pair) -> labels        MultiLabelRun: predict
 
     kind = kind_of_data("train.jsonl")            # the file's field names choose
     config = resolve_config({"data": "train.jsonl", "max_minutes": 5})
@@ -18,7 +19,7 @@ synthetic task's run is of its task's kind (reverse: seq2seq; listops: classific
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,16 @@ from tformer.config import TransformerConfig
 from tformer.config.sizes import check_fits
 from tformer.errors import FieldError, a, as_path
 from tformer.formats.model_dir import read_model_dir
-from tformer.kinds import classification, embedding, masked_lm, regression, reranking, seq2seq, tagging
+from tformer.kinds import (
+    classification,
+    embedding,
+    masked_lm,
+    multilabel,
+    regression,
+    reranking,
+    seq2seq,
+    tagging,
+)
 from tformer.kinds.base import Kind
 from tformer.kinds.run import AttentionInput, Run
 from tformer.kinds.serving import input_limit
@@ -39,7 +49,7 @@ from tformer.training import config as training_config
 from tformer.training.config import TrainConfig, read_train_config
 from tformer.training.dataset import TextData
 from tformer.training.objective import Objective
-from tformer.training.records import first_names
+from tformer.training.records import first_record
 from tformer.training.sources import FileSource, TaskSource
 from tformer.training.tasks import TASKS, get_task
 
@@ -52,6 +62,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     reranking.KIND,
     masked_lm.KIND,
     tagging.KIND,
+    multilabel.KIND,
 )}
 MODEL_DIR_KIND = embedding.KIND  # what a BERT-format or sentence-transformers directory serves as
 
@@ -63,12 +74,17 @@ def kind_named(name: str, where: str = "kind") -> Kind:
 
 
 def kind_of_fields(names: Iterable[str], where: str) -> Kind:
-    """The kind whose required fields a record has; where it has those of several, the one that
-    reads the most of them (text+label is classification, text alone masked-LM pre-training).
-    Two that read as many are ambiguous (source+target and text+label: which was meant?) and
-    refused naming both."""
-    names = set(names)
-    found = [k for k in KINDS.values() if k.fields.chosen_by(names)]
+    """The kind whose required fields a record of these field names has (kind_of_record)."""
+    return kind_of_record(dict.fromkeys(names, ""), where)
+
+
+def kind_of_record(record: Mapping[str, Any], where: str, options: Mapping[str, Any] | None = None) -> Kind:
+    """The kind that claims a file's first record (its required fields; a kind may look at a
+    value or an option: ``Fields.claims``); where several do, the one that reads the most fields
+    (text+label is classification, text alone masked-LM pre-training). Two that read as many are
+    ambiguous (source+target and text+label: which was meant?) and refused naming both."""
+    names = set(record)
+    found = [k for k in KINDS.values() if k.fields.claims(record, options or {})]
     most = max((len(k.fields.required) for k in found), default=0)
     found = [k for k in found if len(k.fields.required) == most]
     if len(found) > 1:
@@ -83,11 +99,12 @@ def kind_of_fields(names: Iterable[str], where: str) -> Kind:
     return found[0]
 
 
-def kind_of_data(path: str | Path, columns: str | None = None, fmt: str | None = None) -> Kind:
-    """The kind a data file's first record's field names choose (``fmt``: --format, the
-    format of a file whose suffix does not say it)."""
-    where, names = first_names(path, columns, fmt)
-    return kind_of_fields(names, where)
+def kind_of_data(path: str | Path, columns: str | None = None, fmt: str | None = None,
+                 options: Mapping[str, Any] | None = None) -> Kind:
+    """The kind a data file's first record chooses (its field names; with the run's options;
+    ``fmt``: --format, the format of a file whose suffix does not say it)."""
+    where, record = first_record(path, columns, fmt)
+    return kind_of_record(record, where, options)
 
 
 def kind_of_config(config: TrainConfig, run_dir: Path | None = None) -> Kind:
@@ -101,7 +118,7 @@ def kind_of_config(config: TrainConfig, run_dir: Path | None = None) -> Kind:
         except (KeyError, ValueError) as e:
             raise FieldError("RUN_DIR", f"{run_dir / 'data.json'} is not a tformer data.json ({e})") from None
         return kind_named(name, f"RUN_DIR: {run_dir / 'data.json'}: objective")
-    return kind_of_data(config.data, config.columns, config.format)
+    return kind_of_data(config.data, config.columns, config.format, vars(config))
 
 
 def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
@@ -112,7 +129,7 @@ def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
         training_config.check_keys(layer)
         merged.update(layer)
     if merged.get("data"):
-        kind = kind_of_data(merged["data"], merged.get("columns"), merged.get("format"))
+        kind = kind_of_data(merged["data"], merged.get("columns"), merged.get("format"), merged)
     else:
         task = merged.get("task", TrainConfig.task)
         if task not in TASKS:
@@ -138,13 +155,14 @@ def make_objective(config: TrainConfig, run_dir: Path | None = None, write: bool
     if config.data is None:
         source = TaskSource(get_task(config.task, config.seed, config.valid_size, config.test_size), config)
     elif existing:
-        source = FileSource(TextData.from_run(run_dir, config, kind.fields), config)
+        source = FileSource(TextData.from_run(run_dir, config, kind.fields.configured(config)), config)
     else:
         if config.from_pretrained and not resume:  # the base model's folder, read once here
             check_not_a_run(Path(config.from_pretrained))
             pretrained = read_model_dir(config.from_pretrained)
-        source = FileSource(TextData.build(config, kind.fields, run_dir, write=write, pretrained=pretrained),
-                            config)
+        fields = kind.fields.configured(config)
+        data = TextData.build(config, fields, run_dir, write=write, pretrained=pretrained)
+        source = FileSource(data, config)
     return kind.objective(source, pretrained)
 
 

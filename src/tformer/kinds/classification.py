@@ -3,16 +3,24 @@ classes, or the labels of your file's records, with an optional second text: tex
 
     {"text": "...", "label": "..."}  (+ "text_pair")     tformer predict RUN "a text"
 
-Trained with cross-entropy; scored by accuracy and macro-F1 against the majority class. Its
+Trained with cross-entropy (weighted towards rare labels where the training labels are
+skewed: ``class_weights``); scored by accuracy and macro-F1 against the majority class. Its
 one forward gives the logits: `tformer predict`, ``Run.predict``, evaluation and the server's
 /predict (TEI's protocol; its raw_scores are the logits themselves) all run it.
+
+A label is a class name, never silently something else: a fractional number (0.73, or the
+text "0.73") is refused naming the `score` field that trains regression; whole numbers stay
+class names and the run's first line says they look numeric; labels that look like several
+joined ("a;b") are warned about, naming --label-separator (multi-label, tformer.kinds).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +37,7 @@ from tformer.export.model_card import Card, render
 from tformer.formats import hf_bert
 from tformer.formats import hf_xlm as hf_xlm_format
 from tformer.kinds.base import Kind
+from tformer.kinds.labels import LabelFields, class_weights, label_notes
 from tformer.kinds.run import Run, check_batch_size, texts_of
 from tformer.kinds.serving import InputRefused, Item, too_long
 from tformer.nn.model import EncoderClassifier, from_pretrained
@@ -40,12 +49,11 @@ from tformer.training.config import MODEL_OPTIONS
 from tformer.training.examples import LabeledExample
 from tformer.training.losses import at_least_fp32
 from tformer.training.objective import Objective, Tally
-from tformer.training.records import Fields
 from tformer.training.report import plot_confusion
 from tformer.training.sources import FileSource
 
-FIELDS = Fields("classification", ("text", "label"), ("text_pair",), ("text", "text_pair"), label="label",
-                min_labels=2)
+FIELDS = LabelFields("classification", ("text", "label"), ("text_pair",), ("text", "text_pair"),
+                     label="label", min_labels=2)
 # Sized for a 2-core CPU and minutes (tformer.training.presets says how); batches of 32 texts
 # (package classification, 5 minutes: 0.801 accuracy, against 0.786 for 4,096-token batches).
 PRESET = {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 2, "activation": "gelu", "vocab_size": 4000,
@@ -53,19 +61,24 @@ PRESET = {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 2, "activation"
           "max_tokens": None, "batch_size": 32, "eval_every": 250, "patience": 8, "max_length": 64}
 MAJORITY = "the majority class"  # the trivial baseline
 
-
 class Classification(Objective):
     kind, fields, preset = FIELDS.objective, FIELDS, PRESET
-    reads = ("pooling", "long")
+    reads = ("pooling", "long", "class_weights")
     pools = "mean"  # a long text's windows: the mean of their logits (tformer.training.windows)
     model_kind = "classifier"
     main_metric = "accuracy"
     inputs = ("text", "text_pair")
+    job = "classification"  # what the run's first line calls it
+    model_class = EncoderClassifier
 
     def what(self) -> str:
+        notes = "".join(f"; {note}" for note in self.notes())
+        return self._what() + notes
+
+    def _what(self) -> str:
         pooling = self.config.model.pooling
         if self.source.tokenizer is None or self.config.from_pretrained:
-            return f"classification into {len(self.labels)} labels"
+            return f"{self.job} into {len(self.labels)} labels"
         # Said when the run starts, not when its export is refused (benchmarks/README.md: mean
         # pooling measured more accurate than the pooler on two real data sets).
         if pooling == "cls":
@@ -82,7 +95,27 @@ class Classification(Objective):
             except hf_xlm_format.Inexpressible as e:
                 exports = (f"exports to ONNX; `export --hf` ({hf_xlm_format.ARCHITECTURE}) needs "
                            f"{e.field} {e.need}")
-        return f"classification into {len(self.labels)} labels, {pooling} pooling ({exports})"
+        return f"{self.job} into {len(self.labels)} labels, {pooling} pooling ({exports})"
+
+    def notes(self) -> list[str]:
+        """What the run's first line says of its labels: numbers read as classes, labels that look
+        joined, a weighted loss (tformer.kinds.labels)."""
+        notes = label_notes(self.labels) if isinstance(self.source, FileSource) else []
+        return notes + [note for note in (self.weighting[1],) if note]
+
+    @property
+    def label_counts(self) -> list[int]:
+        """Records of the training file holding each label, in the labels' order ([] for a
+        synthetic task; runs older than the counts in data.json: zeros)."""
+        if not isinstance(self.source, FileSource):
+            return []
+        return [self.source.data.label_counts.get(name, 0) for name in self.labels]
+
+    @functools.cached_property
+    def weighting(self) -> tuple[Tensor | None, str]:
+        """The loss's weight per class (C,) or None, and what the run's first line says of it
+        (tformer.kinds.labels.class_weights: --class-weights, the training labels' skew)."""
+        return class_weights(self.config.class_weights, self.label_counts)
 
     @property
     def labels(self) -> list[str]:
@@ -101,13 +134,13 @@ class Classification(Objective):
         if model_config is None and self.pretrained is not None:
             encoder = from_pretrained(self.pretrained)
             config = self.finetune_config(encoder.config).replace(n_classes=len(self.labels))
-            model = EncoderClassifier(config)
+            model = self.model_class(config)
             model.encoder.load_state_dict(encoder.state_dict())
             # The new head starts small (BERT: normal, std 0.02), as transformers initialises it.
             nn.init.normal_(model.head.weight, std=0.02)
             nn.init.zeros_(model.head.bias)
             return model.train()
-        return EncoderClassifier(model_config or self.model_config())
+        return self.model_class(model_config or self.model_config())
 
     def encode(self, examples: list) -> list[LabeledExample]:
         s = self.source
@@ -126,7 +159,9 @@ class Classification(Objective):
     def loss(self, model: nn.Module, batch: EncoderBatch, label_smoothing: float = 0.0):
         """Cross-entropy over the classes, and accuracy for logging."""
         logits = self.forward(model, batch)  # (B, C)
-        loss = F.cross_entropy(at_least_fp32(logits), batch.labels, label_smoothing=label_smoothing)
+        wide = at_least_fp32(logits)
+        weight = None if self.weighting[0] is None else self.weighting[0].to(wide.device, wide.dtype)
+        loss = F.cross_entropy(wide, batch.labels, weight=weight, label_smoothing=label_smoothing)
         return loss, (logits.argmax(-1) == batch.labels).float().mean().item()
 
     def predict_batch(self, model: nn.Module, batch: EncoderBatch) -> list[list[float]]:
@@ -204,6 +239,7 @@ class ClassificationRun(Run):
     verb = "predict"
     pipeline_tag = "text-classification"
     protocols = ("tei.predict", "tei.tokenize")
+    scores_function = "softmax"  # what turns the logits into the probabilities predict gives
 
     @property
     def labels(self) -> list[str]:
@@ -233,19 +269,27 @@ class ClassificationRun(Run):
         return self.objective.classify(self.model, texts, pairs, batch_size=check_batch_size(batch_size))
 
     def printed(self, text: str, answer: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        """`tformer predict`'s line for one text (its label) and its JSONL record ({"text", "label",
-        "probabilities"}); probabilities that are not finite (a broken checkpoint) are refused."""
+        """`tformer predict`'s line for one text (``answer_text``) and its JSONL record
+        (``answer_record``); probabilities that are not finite (a broken checkpoint) are refused."""
         probs = answer["probabilities"]
         if not all(math.isfinite(p) for p in probs.values()):
             raise ValueError(f"RUN_DIR {self.path}: expected finite probabilities, got "
                              f"{list(probs.values())} for {text[:60]!r} (the weights are not finite: was its "
                              "training diverging?)")
-        shown = {name: round(p, 6) for name, p in probs.items()}
-        return answer["label"], {"text": text, "label": answer["label"], "probabilities": shown}
+        return self.answer_text(answer), self.answer_record(text, answer)
 
     def answers(self, texts: list[str], batch_size: int = 64, **_: Any) -> list[str]:
         """What `tformer generate` prints per input: the label."""
-        return [p["label"] for p in self.predict(texts, batch_size=batch_size)]
+        return [self.answer_text(p) for p in self.predict(texts, batch_size=batch_size)]
+
+    def answer_text(self, answer: dict[str, Any]) -> str:
+        """What `tformer predict` prints for one of predict's answers: the label."""
+        return answer["label"]
+
+    def answer_record(self, text: str, answer: dict[str, Any]) -> dict[str, Any]:
+        """`tformer predict --format jsonl`'s line for one answer: the text, the label and each
+        label's probability (rounded to 6 places)."""
+        return {"text": text, "label": answer["label"], "probabilities": _rounded(answer["probabilities"])}
 
     # Serving: TEI's /predict -------------------------------------------------------------------
     def admit(self, records: list[dict[str, str]], truncate: bool, limit: int | None = None) -> list[Item]:
@@ -299,26 +343,16 @@ class ClassificationRun(Run):
                              "tokenizer for transformers; export it with --onnx")
         tok = self.tokenizer
         if self.model.config.pooler:
-            try:
+            with hf_refusals(self.path):
                 written, diff = hf_classifier.export_classifier(out, self.model, tok.backend,
                                                                 tuple(self.labels), tok.max_length, card)
-            except hf_bert.NotBert as e:  # pre-norm: name the option
-                raise ValueError(f"--hf: {self.path}: {_option(e.field)}: BertForSequenceClassification "
-                                 f"needs {e.need}, got {e.got!r}; export it with --onnx") from None
             print(f"wrote {written}/ (BertForSequenceClassification, max abs diff {diff:.1e} on the logits "
                   "against tformer; AutoModelForSequenceClassification.from_pretrained loads it)",
                   file=sys.stderr)
             return written
-        try:
+        with hf_refusals(self.path):
             written, diff = hf_xlm.export_classifier(out, self.model, tok, tuple(self.labels), card,
                                                      pairs=self.objective.source.data.pairs)
-        except hf_xlm_format.Inexpressible as e:
-            # BertForSequenceClassification takes any feed-forward width and padding id, not the rest.
-            cls = (", or train with --pooling cls (BertForSequenceClassification)"
-                   if e.field in ("d_ff", "pad_id") else "")
-            raise ValueError(f"--hf: {self.path}: {_option(e.field)}: {hf_xlm_format.ARCHITECTURE} (what a "
-                             f"classifier without BERT's pooler exports as) needs {e.need}, got {e.got!r}; "
-                             f"export it with --onnx{cls}") from None
         mean = self.model.config.pooling == "mean"
         one = ("; exact one text per call (pipeline's default): a padded batch would average over its "
                "padding, so it fails (the padding token's id is past the vocabulary)" if mean else "")
@@ -343,6 +377,29 @@ class ClassificationRun(Run):
         written = publish_export(out, files, "--onnx")
         tonnx.report(f"{written}/", diff)
         return written
+
+
+@contextlib.contextmanager
+def hf_refusals(run_dir: Path) -> Iterator[None]:
+    """A classifier the transformers classes cannot express, refused in one line naming the
+    option it comes from and the way out (BertForSequenceClassification: post-norm; XLM: its
+    widths and padding id)."""
+    try:
+        yield
+    except hf_bert.NotBert as e:  # pre-norm: name the option
+        raise ValueError(f"--hf: {run_dir}: {_option(e.field)}: BertForSequenceClassification "
+                         f"needs {e.need}, got {e.got!r}; export it with --onnx") from None
+    except hf_xlm_format.Inexpressible as e:
+        # BertForSequenceClassification takes any feed-forward width and padding id, not the rest.
+        cls = (", or train with --pooling cls (BertForSequenceClassification)"
+               if e.field in ("d_ff", "pad_id") else "")
+        raise ValueError(f"--hf: {run_dir}: {_option(e.field)}: {hf_xlm_format.ARCHITECTURE} (what a "
+                         f"classifier without BERT's pooler exports as) needs {e.need}, got {e.got!r}; "
+                         f"export it with --onnx{cls}") from None
+
+
+def _rounded(probabilities: dict[str, float]) -> dict[str, float]:
+    return {name: round(p, 6) for name, p in probabilities.items()}
 
 
 def _option(field: str) -> str:

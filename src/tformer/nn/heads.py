@@ -6,6 +6,8 @@
                     each position asked for (transformers' BertForMaskedLM)
     TokenClassifier encoder + dropout + linear over each token: one row of logits per token
                     (transformers' BertForTokenClassification)
+    MultiLabelClassifier  EncoderClassifier's logits, one independent yes/no per label
+                    (a sigmoid each), and the probability above which each label is chosen
 
 Shape legend: B batch, S length, N positions predicted, D model dim, V vocabulary,
 C classes. Masks: True = real token (tformer.nn.masks).
@@ -20,7 +22,7 @@ from torch import Tensor, nn
 from tformer.config import TransformerConfig, check_config
 from tformer.nn import kernels
 from tformer.nn.dropout import Dropout
-from tformer.nn.model import Encoder
+from tformer.nn.model import Encoder, EncoderClassifier
 from tformer.nn.outputs import ClassifierOutput
 from tformer.nn.pooling import pool
 
@@ -147,3 +149,20 @@ class TokenClassifier(nn.Module):
                            output_attentions=output_attentions, output_hidden_states=output_hidden_states)
         logits = self.head(self.dropout(out.last_hidden_state))  # (B, S, C)
         return ClassifierOutput(logits, out.hidden_states, out.attentions)
+
+
+class MultiLabelClassifier(EncoderClassifier):
+    """EncoderClassifier's forward (logits (B, C), one per label: sigmoid(logit) is the label's
+    probability, each label independent of the others), with ``thresholds`` (C,): the
+    probability at or above which each label is chosen. The thresholds are not learned by the
+    loss: a run's validation chooses them (tformer.kinds), and they are kept with the weights
+    (a state-dict buffer), so that the best validated weights keep the thresholds chosen for
+    them."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__(config)
+        self.register_buffer("thresholds", torch.full((config.n_classes,), 0.5))
+
+    def chosen(self, logits: Tensor) -> Tensor:
+        """Which labels are chosen: (B, C) logits -> (B, C) bool, sigmoid(logits) >= thresholds."""
+        return torch.sigmoid(logits.float()) >= self.thresholds

@@ -12,7 +12,7 @@ import numpy as np
 
 from tformer.config import TransformerConfig
 from tformer.reference.feedforward import ACTIVATION_GRADS, ACTIVATIONS
-from tformer.reference.model import Encoder
+from tformer.reference.model import Encoder, EncoderClassifier
 from tformer.reference.module import Dropout, LayerNorm, Linear, Module
 from tformer.reference.outputs import ClassifierOutput
 from tformer.reference.pooling import pool
@@ -155,3 +155,16 @@ class TokenClassifier(Module):
         ddropped = self.head.backward(dlogits, dropped, grads, prefix + "head.")  # (B, S, D)
         dh = self.dropout.backward(ddropped, drop_cache)  # (B, S, D)
         return self.encoder.backward(dh, enc_cache, grads, prefix + "encoder.")
+
+
+class MultiLabelClassifier(EncoderClassifier):
+    """EncoderClassifier's forward (logits (B, C), one sigmoid per label) and ``thresholds``
+    (C,), the probability at or above which each label is chosen."""
+
+    def __init__(self, config: TransformerConfig, dtype=np.float32) -> None:
+        super().__init__(config, dtype)
+        self.thresholds = np.full((config.n_classes,), 0.5, dtype=np.float32)
+
+    def chosen(self, logits: np.ndarray) -> np.ndarray:
+        """(B, C) logits -> (B, C) bool, sigmoid(logits) >= thresholds."""
+        return 1.0 / (1.0 + np.exp(-logits.astype(np.float64))) >= self.thresholds

@@ -20,7 +20,7 @@ import numpy as np
 from tformer.config import TransformerConfig
 from tformer.formats import hf_bert
 from tformer.formats.model_dir import read_model_dir, tformer_model_class, weights_metadata
-from tformer.reference.heads import MaskedLM
+from tformer.reference.heads import MaskedLM, MultiLabelClassifier
 from tformer.reference.model import Encoder, EncoderClassifier, Seq2SeqTransformer
 from tformer.storage.checkpoint_names import latest_checkpoint
 
@@ -33,7 +33,8 @@ def from_pretrained(directory: str | Path, dtype=np.float32) -> Model:
     reads them, else its newest checkpoint's). The class is the one the weights are for:
     Encoder (a BERT-format directory, save_pretrained's, an embedding run's encoder: pool it
     as the run's config says, tformer.reference.pooling), EncoderClassifier (a classification
-    run), MaskedLM (a masked-LM run) or Seq2SeqTransformer (a seq2seq run)."""
+    run), MaskedLM (a masked-LM run), MultiLabelClassifier (a multi-label run) or Seq2SeqTransformer
+    (a seq2seq run)."""
     saved = latest_checkpoint(directory)
     if saved is not None:  # a run directory: its newest checkpoint's config
         best = Path(directory) / "best.safetensors"
@@ -63,7 +64,7 @@ def _tformer_model(config_path: Path, files: list[Path], dtype) -> Model:
     if kind == "SentenceModel":  # an embedding run: its encoder, the pooling has no weights
         state = {k.removeprefix("encoder."): v for k, v in state.items()}
     cls = {"Seq2SeqTransformer": Seq2SeqTransformer, "EncoderClassifier": EncoderClassifier,
-           "MaskedLM": MaskedLM}.get(kind, Encoder)
+           "MaskedLM": MaskedLM, "MultiLabelClassifier": MultiLabelClassifier}.get(kind, Encoder)
     return _loaded(cls(config, dtype=dtype), state, str(files[0]))
 
 

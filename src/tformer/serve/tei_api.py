@@ -4,7 +4,10 @@
                      "truncation_direction"?, "prompt_name"?, "dimensions"?}  -> [[float, ...], ...]
     POST /predict   {"inputs": str | [text, text_pair] | [[text], [text, text_pair], ...],
                      "truncate"?, "truncation_direction"?, "raw_scores"?}
-                    -> [{"label", "score"}] (one input) or [[...], ...] (a batch), best first
+                    -> [{"label", "score"}] (one input) or [[...], ...] (a batch), best first:
+                    every label's probability as the run computes it (a classifier's softmax, a
+                    multi-label run's sigmoid of each label: ``Run.scores_function``), or the
+                    logits with raw_scores
     POST /rerank    {"query", "texts": [str], "truncate"?, "truncation_direction"?, "raw_scores"?,
                      "return_text"?} -> [{"index", "text"?, "score"}], best first (a reranker:
                      each text scored with the query as a pair; a score is the output's sigmoid,
@@ -97,11 +100,12 @@ def classification(service: Service) -> dict[str, Endpoint]:
         raw = schema.boolean(body, "raw_scores", False)
         params = schema.obj(body, "parameters")
         schema.check_fields(params, ("function_to_apply", "top_k"), "parameters")
-        function = schema.choice(params, "function_to_apply", "none" if raw else "softmax", FUNCTIONS,
-                                 "parameters")
+        own = served.scores_function  # what the run's probabilities are (the batch key: False)
+        function = schema.choice(params, "function_to_apply", "none" if raw else own, FUNCTIONS, "parameters")
         top_k = schema.integer(params, "top_k", None, 1, len(served.labels), "parameters")
-        extra = {"batched": batched or task_api, "function": function, "top_k": top_k}
-        return records, function != "softmax", _truncation(service, body), extra
+        applied = None if function == own else function  # on the logits: raw_scores' batches
+        extra = {"batched": batched or task_api, "function": applied, "top_k": top_k}
+        return records, applied is not None, _truncation(service, body), extra
 
     def respond(results: list[list[float]], items: list[Item], extra: dict):
         answers = [_ranked(served.labels, scores, extra["function"], extra["top_k"]) for scores in results]
@@ -154,11 +158,17 @@ def _no_prompt(body: dict) -> None:
                                   f"prompts), got {schema._short(body['prompt_name'])}")
 
 
-def _ranked(labels: list[str], scores: list[float], function: str, top_k: int | None) -> list[dict[str, Any]]:
-    """[{"label", "score"}], best first; scores are probabilities (softmax), or the logits
-    (none: TEI's raw_scores) or their sigmoids."""
+def _ranked(labels: list[str], scores: list[float], function: str | None, top_k: int | None
+            ) -> list[dict[str, Any]]:
+    """[{"label", "score"}], best first; ``function`` None: scores are the run's probabilities;
+    else they are the logits, given as they are (none: TEI's raw_scores) or through a sigmoid or
+    a softmax."""
     if function == "sigmoid":
         scores = [1 / (1 + math.exp(-s)) if s > -700 else 0.0 for s in scores]
+    elif function == "softmax":
+        top = max(scores)
+        exps = [math.exp(s - top) for s in scores]
+        scores = [e / sum(exps) for e in exps]
     ranked = sorted(zip(labels, scores, strict=True), key=lambda x: -x[1])
     return [{"label": label, "score": float(score)} for label, score in ranked[:top_k]]
 

@@ -28,6 +28,7 @@ from tformer.training.unread import check_layers, check_read
 SCHEDULES = ("inverse_sqrt", "cosine", "linear")
 PRECISIONS = ("auto", "fp32", "bf16")
 LONG = ("auto", "windows", "cut")  # --long (tformer.training.windows)
+CLASS_WEIGHTS = ("auto", "none")
 TOKENIZERS = ("bpe", "wordpiece", "unigram")
 # Refused before anything is built: the tokenizer trainer's memory grows with the vocabulary
 # (a billion-token request aborts the process), and a learned position table with max_length.
@@ -39,7 +40,6 @@ MAX_LENGTH = 8192
 RESUMABLE = ("steps", "eval_every", "log_every", "threads", "max_minutes", "out", "patience",
              "keep", "epochs", "precision", "report_to", "device", "tf32")
 REPORT_TO = ("tensorboard", "csv")  # where --report-to may send the scalars (metrics.jsonl always)
-
 
 # The TransformerConfig fields a run sets from its options (by their own names: --d-model);
 # vocab_size, max_len, n_classes and the BERT layout follow from the data and the objective.
@@ -76,13 +76,17 @@ class TrainConfig:
                           "brackets (classification); not with --data")
     data: str | None = _f(None, "training file (JSONL, CSV or TSV with a header; CoNLL; or .txt: one text "
                           "per line); its fields choose the objective: source+target, "
-                          "text+label[+text_pair], anchor+positive[+negative], tokens+tags, text alone "
-                          "(masked-LM pre-training)")
+                          "text+label[+text_pair], text+labels (a list: multi-label), "
+                          "anchor+positive[+negative], tokens+tags, text alone (masked-LM pre-training)")
     valid: str | None = _f(None, "validation file (default: a seeded split of --data)")
     test: str | None = _f(None, "test file (default: a seeded split of --data)")
     columns: str | None = _f(None, "rename columns, e.g. 'en=source,fr=target'")
     format: str | None = _f(None, "the format of data files whose suffix does not say it (a .txt file): "
                             "conll (a token and its tag per line), jsonl, csv or tsv")
+    label_separator: str | None = _f(None, "text joining labels in a CSV/TSV cell (';' for 'news;sport'): "
+                                     "split there, a multi-label run (a JSONL list needs none)")
+    class_weights: str = _f("auto", "classification and multi-label: auto (a loss weighted towards rare "
+                            "labels where training labels are skewed; the first line says so) or none")
     from_pretrained: str | None = _f(None, "fine-tune this BERT-format model directory "
                                      "(its tokenizer and sizes are used)")
     tokenizer: str = _f("bpe", "tokenizer trained on --data: bpe (byte-level), wordpiece, unigram")
@@ -156,7 +160,7 @@ class TrainConfig:
             raise FieldError("task", f"expected one of {', '.join(TASKS)}; got {self.task!r}")
         devices.check_spec(self.device)
         for name, choices in (("schedule", SCHEDULES), ("tokenizer", TOKENIZERS), ("precision", PRECISIONS),
-                              ("long", LONG)):
+                              ("long", LONG), ("class_weights", CLASS_WEIGHTS)):
             if getattr(self, name) not in choices:
                 raise FieldError(name, f"expected one of {', '.join(choices)}; "
                                  f"got {getattr(self, name)!r}")
@@ -196,10 +200,13 @@ class TrainConfig:
             if self.format not in FORMAT_NAMES:
                 raise FieldError("format", f"expected one of {', '.join(FORMAT_NAMES)}, got {self.format!r}")
             own = FORMATS.get(Path(self.data or "").suffix.lower())
-            if own is not None and own != self.format:  # (it would be read as its suffix says)
+            if own is not None and own not in (self.format, "lines"):  # (read as its suffix says)
                 raise FieldError("format", f"{self.data} is read as {own} by its suffix; expected no "
                                  "--format (it names the format of a file whose suffix does not say it, "
                                  f"such as .txt), got {self.format!r}")
+        sep = self.label_separator
+        if sep is not None and (not sep or "\n" in sep or "\r" in sep):
+            raise FieldError("label_separator", f"expected the text between two labels (';'), got {sep!r}")
         if self.epochs is not None and self.data is None:
             raise FieldError("epochs", "synthetic tasks are endless streams; --epochs needs --data")
         if self.from_pretrained is not None and self.data is None:

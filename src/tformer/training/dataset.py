@@ -25,6 +25,7 @@ import copy
 import heapq
 import json
 from array import array
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,7 @@ class TextData:
         self.long = long  # "windows" or "cut": how a long text is read (None: not settled, cut)
         self.identity = identity or {}
         self.label_ids = {name: i for i, name in enumerate(labels)}
+        self.label_counts: dict[str, int] = {}  # records of --data holding each label (--class-weights)
         self._held_out: dict[str, list[Record]] = {}
         self._held_out_keys: set[str] | None = None
         self._places: np.ndarray | None = None  # (N, 2) training records' (line, offset)
@@ -157,9 +159,11 @@ class TextData:
             info = json.loads(path.read_text())
             config = located(config, info.get("identity") or {})  # found from any folder
             tokenizer = run_tokenizer(load_backend(run_dir / "tokenizer.json"), info["max_length"])
-            return cls(config, fields, tokenizer, list(info["labels"]), float(info["split_fraction"]),
+            data = cls(config, fields, tokenizer, list(info["labels"]), float(info["split_fraction"]),
                        info.get("identity"), bool(info.get("pairs", True)),  # older runs: not recorded
                        info.get("tally"), info.get("long"))
+            data.label_counts = {str(k): int(v) for k, v in (info.get("label_counts") or {}).items()}
+            return data
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise FieldError("RUN_DIR", f"{path} is not a tformer data.json ({e})") from None
 
@@ -167,7 +171,7 @@ class TextData:
         return {"objective": self.fields.objective, "labels": self.labels,
                 "max_length": self.tokenizer.max_length, "split_fraction": self.fraction,
                 "vocab_size": self.tokenizer.vocab_size, "identity": self.identity, "pairs": self.pairs,
-                "tally": self.tally, "long": self.long}
+                "tally": self.tally, "long": self.long, "label_counts": self.label_counts}
 
     @classmethod
     def _scan(cls, config, fields: Fields) -> tuple[TextData, list[str]]:
@@ -179,7 +183,7 @@ class TextData:
                  for s, p in (("validation", config.valid), ("test", config.test)) if p is not None}
         given_keys = {fields.input_key(r) for records in given.values() for r in records}
         hashed = {s for s, p in (("validation", config.valid), ("test", config.test)) if p is None}
-        labels: set[str] = set()
+        labels: Counter[str] = Counter()  # records holding each label
         trained: set[str] = set()  # labels of records that are surely training records
         tally: dict[str, Any] = {}  # Fields.tally of the training records
         pairs = False
@@ -218,7 +222,7 @@ class TextData:
         if len(labels) < fields.min_labels:
             raise ValueError(f"{path}: {fields.label}: expected at least {fields.min_labels} distinct "
                              f"labels, got {sorted(labels)}")
-        data.labels, data.pairs = sorted(labels), pairs
+        data.labels, data.pairs, data.label_counts = sorted(labels), pairs, dict(sorted(labels.items()))
         data.label_ids = {name: i for i, name in enumerate(data.labels)}
         data.fraction = f = split_fraction(n)
         if hashed and n <= SMALL:
@@ -237,7 +241,7 @@ class TextData:
         data.tally = tally
         data.untrained = {label: sorted({s for s, rs in data._held_out.items() for r in rs
                                          if label in fields.labels_of(r)})
-                          for label in sorted(labels - trained)}
+                          for label in sorted(set(labels) - trained)}
         data.identity = {name: describe_file(p, data._digest(p))
                          for name, p in (("data", config.data), ("valid", config.valid),
                                          ("test", config.test)) if p is not None}

@@ -1,7 +1,7 @@
 """Reading your files: JSONL, CSV, TSV, CoNLL and plain-text records, and their fields.
 
     for line_no, record in read_records("train.csv", columns="en=source,fr=target"): ...
-    where, names = first_names("train.csv")       # what chooses the kind (tformer.kinds)
+    where, record = first_record("train.csv")     # what chooses the kind (tformer.kinds)
 
 Files are read one line at a time (a file larger than memory works). Every error names the
 file and line. JSONL: one object per line, blank lines skipped. CSV: RFC 4180 quoting, a
@@ -22,7 +22,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,17 @@ class Fields:
     def chosen_by(self, names: set[str]) -> bool:
         """Whether a record with these field names is of this kind: it has the required ones."""
         return set(self.required) <= names
+
+    def claims(self, record: Mapping[str, Any], options: Mapping[str, Any]) -> bool:
+        """Whether a file whose first record is ``record`` holds this kind's data under the run's
+        ``options`` (flat names): its field names (chosen_by; a kind told apart by a value says
+        so itself)."""
+        return self.chosen_by(set(record))
+
+    def configured(self, config) -> Fields:
+        """These fields as a run reads them under its TrainConfig (a kind whose records depend on
+        an option returns a copy that holds it)."""
+        return self
 
     def input_key(self, record: Record) -> str:
         return "\t".join(record.get(name, "") for name in self.input_fields)
@@ -378,11 +389,11 @@ def _conll(path: Path, lines) -> Iterator[tuple[int, int, dict[str, Any]]]:
         yield start[0], start[1], {"tokens": tokens, "tags": tags}
 
 
-def first_names(path: str | Path, columns: str | None = None, fmt: str | None = None
-                ) -> tuple[str, list[str]]:
-    """("file:line", field names) of a file's first record: what chooses its kind (tformer.kinds)."""
+def first_record(path: str | Path, columns: str | None = None, fmt: str | None = None
+                 ) -> tuple[str, dict[str, Any]]:
+    """("file:line", record) of a file's first record: what chooses its kind (tformer.kinds)."""
     for line_no, record in read_records(path, columns, fmt):
-        return f"{path}:{line_no}", list(record)
+        return f"{path}:{line_no}", record
     raise ValueError(f"{path}: expected at least one record, got {no_records(path, fmt)}")
 
 

@@ -231,7 +231,9 @@ def summary(record: dict[str, Any], key: str) -> str:
                 f"{record['accuracy']:.4f}) {done}")
     if key == "mrr_at_10" and "recall_at_1" in record:
         return f"test recall@1 {record['recall_at_1']:.4f} MRR@10 {record['mrr_at_10']:.4f} {done}"
-    return f"test {NAMES.get(key, key)} {record[key]:.4f} {done}"  # a kind's own main metric
+    # Another kind's main metric, and the F1 scores it reports beside it.
+    extra = "".join(f" {k} {v:.4f}" for k, v in record.items() if k.endswith("_f1") and k != key)
+    return f"test {NAMES.get(key, key)} {record[key]:.4f}{extra} {done}"
 
 
 NAMES = {"accuracy": "accuracy", "exact_match": "exact match", "mrr_at_10": "MRR@10", "bleu": "BLEU",
