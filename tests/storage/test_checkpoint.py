@@ -19,7 +19,8 @@ from tformer.kinds import train
 from tformer.storage import files
 from tformer.storage.checkpoint import check_run_dir, latest_checkpoint
 from tformer.storage.rundir import LOCK_FILE, read_metrics
-from tformer.training.config import TrainConfig, resume_config
+from tformer.training.config import TrainConfig
+from tformer.training.resuming import resume_config
 
 TINY = dict(task="reverse", d_model=16, n_heads=2, d_ff=32, n_layers=1, batch_size=8,
             valid_size=8, test_size=8, eval_every=2, log_every=1, threads=1, warmup=4,

@@ -171,17 +171,17 @@ def test_a_file_sorted_by_label_trains_on_every_label_in_every_pool(tmp_path, mo
 def test_the_tokenizer_learns_from_all_of_a_sorted_file_not_its_first_lines(tmp_path, monkeypatch):
     from text_fixtures import ANIMALS, PLACES
 
-    from tformer.training import dataset
+    from tformer.training import splits
 
     rows = sorted(classification_rows(400), key=lambda r: r["label"])  # all "animal", then "place"
     config = resolve_config({"data": str(write(tmp_path / "d.jsonl", rows)), "vocab_size": 300})
     _, everything = TextData._scan(config, kind_of_config(config).fields)
-    monkeypatch.setattr(dataset, "TOKENIZER_SAMPLE", 60)
+    monkeypatch.setattr(splits, "TOKENIZER_SAMPLE", 60)
     _, sample = TextData._scan(config, kind_of_config(config).fields)
     assert 40 <= len(sample) <= 60 and set(sample) <= set(everything)  # held-out texts stay out
     words = " ".join(sample).split()
     assert set(ANIMALS) & set(words) and set(PLACES) & set(words)  # the first lines: animals only
-    monkeypatch.setattr(dataset, "TOKENIZER_CHARS", 500)
+    monkeypatch.setattr(splits, "TOKENIZER_CHARS", 500)
     _, sample = TextData._scan(config, kind_of_config(config).fields)
     assert 400 <= sum(map(len, sample)) <= 500
 

@@ -176,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from tformer.nn.devices import check_spec, resolve_device
-    from tformer.training.config import MODEL_OPTIONS, TrainConfig, load_config_file, resume_config
+    from tformer.training.config import MODEL_OPTIONS, TrainConfig, load_config_file
+    from tformer.training.resuming import resume_config
 
     fields = {f.name for f in dataclasses.fields(TrainConfig)} | set(MODEL_OPTIONS)
     given = {k: v for k, v in vars(args).items() if k in fields}  # only options on the command line

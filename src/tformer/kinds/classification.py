@@ -16,11 +16,10 @@ joined ("a;b") are warned about, naming --label-separator (multi-label, tformer.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from tformer.export.model_card import Card, render
 from tformer.formats import hf_bert
 from tformer.formats import hf_xlm as hf_xlm_format
 from tformer.kinds.base import Kind
+from tformer.kinds.hf_refusals import hf_refusals
 from tformer.kinds.labels import LabelFields, class_weights, label_notes
 from tformer.kinds.run import Run, check_batch_size, texts_of
 from tformer.kinds.serving import InputRefused, Item, too_long
@@ -45,7 +45,6 @@ from tformer.storage.files import json_bytes
 from tformer.text.arguments import pairs_list
 from tformer.text.batches import EncoderBatch, encoder_batch
 from tformer.training import evaluation
-from tformer.training.config import MODEL_OPTIONS
 from tformer.training.examples import LabeledExample
 from tformer.training.losses import at_least_fp32
 from tformer.training.objective import Objective, Tally
@@ -379,34 +378,8 @@ class ClassificationRun(Run):
         return written
 
 
-@contextlib.contextmanager
-def hf_refusals(run_dir: Path) -> Iterator[None]:
-    """A classifier the transformers classes cannot express, refused in one line naming the
-    option it comes from and the way out (BertForSequenceClassification: post-norm; XLM: its
-    widths and padding id)."""
-    try:
-        yield
-    except hf_bert.NotBert as e:  # pre-norm: name the option
-        raise ValueError(f"--hf: {run_dir}: {_option(e.field)}: BertForSequenceClassification "
-                         f"needs {e.need}, got {e.got!r}; export it with --onnx") from None
-    except hf_xlm_format.Inexpressible as e:
-        # BertForSequenceClassification takes any feed-forward width and padding id, not the rest.
-        cls = (", or train with --pooling cls (BertForSequenceClassification)"
-               if e.field in ("d_ff", "pad_id") else "")
-        raise ValueError(f"--hf: {run_dir}: {_option(e.field)}: {hf_xlm_format.ARCHITECTURE} (what a "
-                         f"classifier without BERT's pooler exports as) needs {e.need}, got {e.got!r}; "
-                         f"export it with --onnx{cls}") from None
-
-
 def _rounded(probabilities: dict[str, float]) -> dict[str, float]:
     return {name: round(p, 6) for name, p in probabilities.items()}
-
-
-def _option(field: str) -> str:
-    """What the user set that a config field comes from: its option (--d-ff), else the field."""
-    if field == "pad_id":
-        return "the tokenizer's padding id"
-    return f"--{field.replace('_', '-')}" if field in MODEL_OPTIONS else f"config.{field}"
 
 
 KIND = Kind(Classification, ClassificationRun)

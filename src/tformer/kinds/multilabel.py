@@ -38,7 +38,8 @@ from tformer.export import multi_label as export
 from tformer.export.model_card import Card
 from tformer.kinds.base import Kind
 from tformer.kinds.classification import PRESET as CLASSIFICATION_PRESET
-from tformer.kinds.classification import Classification, ClassificationRun, hf_refusals
+from tformer.kinds.classification import Classification, ClassificationRun
+from tformer.kinds.hf_refusals import hf_refusals
 from tformer.kinds.labels import positive_weights
 from tformer.kinds.run import check_batch_size, texts_of
 from tformer.nn.heads import MultiLabelClassifier

@@ -16,7 +16,7 @@ import importlib
 _LAZY = {
     "PRESETS": "presets", "RESUMABLE": "config",
     "SCHEDULES": "config", "TrainConfig": "config", "load_config_file": "config",
-    "resume_config": "config", "learning_rate": "schedule",
+    "resume_config": "resuming", "learning_rate": "schedule",
     "make_optimizer": "steps", "make_plan": "plan",
     "Objective": "objective", "evaluating": "objective", "forward_loss": "losses",
 }

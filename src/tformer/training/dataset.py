@@ -22,7 +22,6 @@ Resuming reads it back and refuses a data file that changed, naming what changed
 from __future__ import annotations
 
 import copy
-import heapq
 import json
 from array import array
 from collections import Counter
@@ -50,6 +49,7 @@ from tformer.training.splits import (
     SMALL,
     SPLIT_CAP,
     SPLIT_FRACTION,
+    TokenizerSample,
     file_digest,
     file_stat,
     small_file_fraction,
@@ -60,34 +60,9 @@ from tformer.training.splits import (
 )
 from tformer.training.subwords import load_backend, pretrained_backend, run_tokenizer, train_tokenizer
 
-TOKENIZER_SAMPLE = 200_000  # records the tokenizer is trained on (a sample over the file)...
-TOKENIZER_CHARS = 50_000_000  # ...or this many characters of them, whichever comes first
 POOL = 4096  # records sorted together for length bucketing
 HELD_OUT_TODO = ("the run's test and validation records are drawn from it: put back the file it trained on, "
                  "or evaluate another file (tformer eval RUN --data FILE; run.evaluate(data=FILE))")
-
-
-class _TokenizerSample:
-    """The records the tokenizer learns from: all of them when they fit TOKENIZER_SAMPLE records
-    and TOKENIZER_CHARS characters, else a seeded sample spread over the whole file (those
-    whose second hash is smallest), not its first lines: a file sorted by label or source
-    would otherwise teach the tokenizer the first part's words only."""
-
-    def __init__(self, seed: int) -> None:
-        self.seed, self.chars = seed, 0
-        self._heap: list[tuple[float, int, float, list[str], int]] = []  # (-v, n, u, texts, chars)
-
-    def offer(self, n: int, key: str, u: float, texts: list[str]) -> None:
-        chars = sum(map(len, texts))
-        heapq.heappush(self._heap, (-unit_hash(key, f"{self.seed}/tokenizer"), n, u, texts, chars))
-        self.chars += chars
-        while len(self._heap) > 1 and (len(self._heap) > TOKENIZER_SAMPLE
-                                       or self.chars > TOKENIZER_CHARS):
-            self.chars -= heapq.heappop(self._heap)[4]  # the largest second hash leaves
-
-    def records(self) -> list[tuple[float, list[str]]]:
-        """(u, texts) of the sampled records, in file order."""
-        return [(u, texts) for _, _, u, texts, _ in sorted(self._heap, key=lambda e: e[1])]
 
 
 class TextData:
@@ -188,7 +163,7 @@ class TextData:
         tally: dict[str, Any] = {}  # Fields.tally of the training records
         pairs = False
         candidates: list[tuple[float, Record]] = []  # (u, record) that may be held out
-        sample = _TokenizerSample(seed)
+        sample = TokenizerSample(seed)
         n = n_given = 0
         for line_no, record in data._checked(path):
             n += 1

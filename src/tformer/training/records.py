@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from tformer.errors import FieldError
+from tformer.training.conll import conll_sentences
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv", ".conll": "conll",
            ".txt": "lines"}
 # What a file's format may be given as where its suffix does not say it (`--format`: a .txt file).
 FORMAT_NAMES = ("jsonl", "csv", "tsv", "conll", "lines")
-DOCSTART = "-DOCSTART-"  # CoNLL-2003's document separator lines: not sentences
 
 Record = dict[str, str]  # an objective's fields as non-empty strings (+ "line" when held out)
 
@@ -261,7 +261,7 @@ def _records(path: Path, f, fmt: str, header: list[str] | None, offset: int, lin
     file's header row is skipped (offset 0 is its place)."""
     lines = _lines(path, f, offset, line_no)
     if fmt in ("jsonl", "conll", "lines"):
-        yield from {"jsonl": _jsonl, "conll": _conll, "lines": _text_lines}[fmt](path, lines)
+        yield from {"jsonl": _jsonl, "conll": conll_sentences, "lines": _text_lines}[fmt](path, lines)
         return
     tracked = _Tracked(lines)
     reader = _reader(tracked, fmt)
@@ -365,28 +365,6 @@ def _jsonl(path: Path, lines) -> Iterator[tuple[int, int, dict[str, Any]]]:
 def _text_lines(path: Path, lines) -> Iterator[tuple[int, int, dict[str, Any]]]:
     """A .txt file's records: each line's text, without its line break; blank lines skipped."""
     yield from ((n, offset, {"text": line.rstrip("\r\n")}) for n, offset, line in lines if line.strip())
-
-
-def _conll(path: Path, lines) -> Iterator[tuple[int, int, dict[str, Any]]]:
-    """Sentences of CoNLL columns: (first line number, its offset, {"tokens", "tags"}): the
-    first column is the token, the last its tag; a blank or -DOCSTART- line ends a sentence."""
-    start, tokens, tags = None, [], []
-    for line_no, offset, line in lines:
-        columns = line.split()
-        if not columns or columns[0] == DOCSTART:
-            if tokens:
-                yield start[0], start[1], {"tokens": tokens, "tags": tags}
-            start, tokens, tags = None, [], []
-            continue
-        if len(columns) < 2:
-            raise ValueError(f"{path}:{line_no}: expected a token and its tag (CoNLL columns separated by "
-                             f"spaces or tabs, the tag last), got {line.strip()!r}")
-        if start is None:
-            start = (line_no, offset)
-        tokens.append(columns[0])
-        tags.append(columns[-1])
-    if tokens:
-        yield start[0], start[1], {"tokens": tokens, "tags": tags}
 
 
 def first_record(path: str | Path, columns: str | None = None, fmt: str | None = None

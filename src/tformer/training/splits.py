@@ -9,10 +9,13 @@ always hashes the same, so no input text is in two splits.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import math
 from pathlib import Path
 
 SPLIT_FRACTION, SPLIT_CAP = 0.05, 1000
+TOKENIZER_SAMPLE = 200_000  # records the tokenizer is trained on (a sample over the file)...
+TOKENIZER_CHARS = 50_000_000  # ...or this many characters of them, whichever comes first
 
 
 def split_fraction(n_records: int) -> float:
@@ -71,3 +74,26 @@ def file_stat(path: str | Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_size, st.st_mtime_ns
+
+
+class TokenizerSample:
+    """The records the tokenizer learns from: all of them when they fit TOKENIZER_SAMPLE records
+    and TOKENIZER_CHARS characters, else a seeded sample spread over the whole file (those
+    whose second hash is smallest), not its first lines: a file sorted by label or source
+    would otherwise teach the tokenizer the first part's words only."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed, self.chars = seed, 0
+        self._heap: list[tuple[float, int, float, list[str], int]] = []  # (-v, n, u, texts, chars)
+
+    def offer(self, n: int, key: str, u: float, texts: list[str]) -> None:
+        chars = sum(map(len, texts))
+        heapq.heappush(self._heap, (-unit_hash(key, f"{self.seed}/tokenizer"), n, u, texts, chars))
+        self.chars += chars
+        while len(self._heap) > 1 and (len(self._heap) > TOKENIZER_SAMPLE
+                                       or self.chars > TOKENIZER_CHARS):
+            self.chars -= heapq.heappop(self._heap)[4]  # the largest second hash leaves
+
+    def records(self) -> list[tuple[float, list[str]]]:
+        """(u, texts) of the sampled records, in file order."""
+        return [(u, texts) for _, _, u, texts, _ in sorted(self._heap, key=lambda e: e[1])]
