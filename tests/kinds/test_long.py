@@ -161,7 +161,7 @@ def test_the_server_answers_a_long_text_as_the_run_does(keyed, embedding_run):
 def test_long_is_refused_where_no_window_is_read(tmp_path):
     data = write(tmp_path / "s.jsonl", seq2seq_rows(20))
     with pytest.raises(ValueError, match=r"^long: a seq2seq run does not read it \(only a classification or "
-                                         r"an embedding run does\); expected no --long, got 'windows'$"):
+                                         r"an embedding or a multilabel run does\); expected no --long, got 'windows'$"):
         tformer.train(data=str(data), long="windows", **TINY)
     with pytest.raises(ValueError, match=r"^long: the synthetic task listops brings its own data"):
         tformer.train(task="listops", long="cut", **{k: v for k, v in TINY.items() if k != "vocab_size"})

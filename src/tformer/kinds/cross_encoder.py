@@ -195,6 +195,11 @@ class CrossEncoderRun(Run):
     """A cross-encoder run: scores of pairs from records, served, and exported as a
     sentence-transformers CrossEncoder (transformers' BertForSequenceClassification) and ONNX."""
 
+    @property
+    def scores_function(self) -> str:
+        """What turns the logits into predict's scores, in TEI's names (function_to_apply)."""
+        return {"identity": "none"}.get(self.objective.activation, self.objective.activation)
+
     pipeline_tag = "text-classification"
     labels = [LABEL]  # TEI's /predict names the one output
 
