@@ -53,9 +53,11 @@ def test_a_txt_file_is_conll_with_fmt(tmp_path):
     path.write_text(CONLL)
     assert list(read_records(path, fmt="conll")) == SENTENCES
     assert kind_of_data(path, fmt="conll").name == "tagging"
-    with pytest.raises(ValueError, match=r"train\.txt: expected a \.jsonl, \.csv, \.tsv or \.conll file "
-                                         r"\(or --format conll for a CoNLL \.txt file\), got '\.txt'"):
-        next(read_records(path))
+    # Without --format a .txt file is one text a line (masked-LM pre-training's data).
+    assert next(read_records(path)) == (1, {"text": CONLL.splitlines()[0]})
+    with pytest.raises(ValueError, match=r"train\.md: expected a \.jsonl, \.csv, \.tsv, \.conll or \.txt file "
+                                         r"\(or --format conll for a CoNLL \.txt file\), got '\.md'"):
+        next(read_records(path.rename(tmp_path / "train.md")))
     assert format_of(tmp_path / "a.jsonl", "conll") == "jsonl"  # a structured suffix says its own
 
 
