@@ -12,6 +12,7 @@ import torch
 from tformer.config import TransformerConfig, bert_layout
 from tformer.formats import hf_xlm
 from tformer.nn.model import EncoderClassifier
+from tformer.nn.positional import sinusoidal_table
 
 TOLERANCE = 1e-5  # logits, float32
 
@@ -34,7 +35,9 @@ def _xlm(model: EncoderClassifier, token_types: bool):
 
     hf = hf_xlm.config_to_hf(model.config, ["a", "b", "c"], pad_id=0, bos_id=1, eos_id=2)
     theirs = XLMForSequenceClassification(XLMConfig(**hf)).eval()
-    state = hf_xlm.to_hf(model.state_dict(), model.config, token_types)
+    c = model.config  # a sinusoidal model keeps no table: the export passes the one it adds
+    sinusoids = sinusoidal_table(c.max_len, c.d_model) if c.positional == "sinusoidal" else None
+    state = hf_xlm.to_hf(model.state_dict(), model.config, token_types, sinusoids)
     missing, unexpected = theirs.load_state_dict(state, strict=False)
     assert (missing, unexpected) == ([], [])  # the key sets match
     return theirs
