@@ -34,7 +34,8 @@ def test_every_script_has_a_smoke_run():
                "budget.py", "decode_run.py", "search_ann.py", "mine_negatives.py", "data/mlm_data.py",
                "mlm.py", "learning.py", "data/tagging_data.py", "tagging.py",
                # tests/benchmarks/test_multilabel_scripts.py
-               "class_weights.py", "data/multilabel_data.py", "multilabel_thresholds.py", "multilabel_vs_hf.py"}
+               "class_weights.py", "data/multilabel_data.py", "multilabel_thresholds.py", "multilabel_vs_hf.py",
+               "data/crossencoder_data.py", "crossencoder.py", "crossencoder_losses.py", "long_documents.py"}
     assert scripts == covered, f"scripts without a smoke run: {sorted(scripts - covered)}"
 
 
@@ -226,3 +227,22 @@ def test_make_demo_builds_only_its_data_and_gives_training_what_the_setup_left()
     text = (root / "Makefile").read_text()
     recipe = text[text.index("\ndemo:"):text.index("\ndemo-task:")]
     assert "--only en_de" in recipe and "--max-minutes $$minutes" in recipe and "9.5" not in recipe
+
+
+@pytest.mark.slow
+def test_crossencoder_scripts(tmp_path):
+    """The pair-score sets from this machine's package lists, then one tiny job of each script."""
+    data = tmp_path / "data"
+    _run("data/crossencoder_data.py", "--out", str(data), timeout=600)
+    for script in ("crossencoder.py", "crossencoder_losses.py"):
+        out = _run(script, "--data-dir", str(data), "--minutes", "0.4", "--kinds", "scores", "--modes", "scratch",
+                   "--out", str(tmp_path / script), timeout=900)
+        assert "|" in out, out  # its markdown table
+
+
+@pytest.mark.slow
+def test_long_documents(tmp_path):
+    """Windows against cut on texts longer than the plan's length, one tiny round."""
+    rows = [{**r, "text": " ".join([r["text"]] * 40)} for r in classification_rows(200)]
+    data = write(tmp_path / "long.jsonl", rows)
+    assert "|" in _run("long_documents.py", str(data), "--minutes", "0.4", timeout=900)
