@@ -5,19 +5,16 @@ import torch
 from helpers import tiny_train_argv
 
 
-@pytest.fixture(scope="session")
-def classification_run(tmp_path_factory):
-    """A tiny classification run on a data file (text, label), trained once for the session.
-    Read-only: a test that breaks it copies it first."""
+def _tiny_run(root, rows):
+    """A tiny run of two steps on ``rows`` (a data file written under ``root``), trained quietly."""
     import contextlib
     import io
 
-    from text_fixtures import classification_rows, write
+    from text_fixtures import write
 
     from tformer.commands.cli import main
 
-    root = tmp_path_factory.mktemp("classification")
-    data = write(root / "train.jsonl", classification_rows(80))
+    data = write(root / "train.jsonl", rows)
     out = root / "run"
     threads = torch.get_num_threads()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -27,29 +24,23 @@ def classification_run(tmp_path_factory):
                      "--threads", "1", "--quiet"]) == 0
     torch.set_num_threads(threads)
     return out
+
+
+@pytest.fixture(scope="session")
+def classification_run(tmp_path_factory):
+    """A tiny classification run on a data file (text, label), trained once for the session.
+    Read-only: a test that breaks it copies it first."""
+    from text_fixtures import classification_rows
+
+    return _tiny_run(tmp_path_factory.mktemp("classification"), classification_rows(80))
 
 
 @pytest.fixture(scope="session")
 def seq2seq_run(tmp_path_factory):
     """A tiny seq2seq run on a data file (source, target), trained once for the session. Read-only."""
-    import contextlib
-    import io
+    from text_fixtures import seq2seq_rows
 
-    from text_fixtures import seq2seq_rows, write
-
-    from tformer.commands.cli import main
-
-    root = tmp_path_factory.mktemp("seq2seq")
-    data = write(root / "train.jsonl", seq2seq_rows(80))
-    out = root / "run"
-    threads = torch.get_num_threads()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        assert main(["train", "--data", str(data), "--out", str(out), "--steps", "2",
-                     "--d-model", "16", "--n-heads", "2", "--d-ff", "32", "--n-layers", "1",
-                     "--vocab-size", "260", "--max-tokens", "256", "--eval-every", "2",
-                     "--threads", "1", "--quiet"]) == 0
-    torch.set_num_threads(threads)
-    return out
+    return _tiny_run(tmp_path_factory.mktemp("seq2seq"), seq2seq_rows(80))
 
 
 @pytest.fixture(scope="session")
