@@ -230,6 +230,25 @@ def test_the_size_is_chosen_again_when_the_first_real_steps_disagree(data_file, 
         assert new is None
 
 
+def test_a_replan_scales_only_what_the_speeds_have_not_learned(data_file):
+    """The first steps teach the machine's speeds their real pace (MachineSpeeds.learned) before
+    the re-plan asks them: scaling those estimates by the plan's miss again chose a 46 M parameter
+    model estimated at 91 ms a step that ran 935 (a fresh machine's plan expected 1,364 ms and got
+    65). The new size must be the one the learned pace affords, as a plan made at it chooses."""
+    from tformer.training.plan import make_plan, replan
+
+    summary = _summary(long=0)
+    pessimistic = Speeds(1e-3)
+    plan = make_plan(_config(5, max_length=64), summary, pessimistic, 300.0)
+    measured = plan.step_seconds / 20  # the machine is 20x faster than its first estimate
+    pessimistic.per_token /= 20  # ... and its speeds now know it
+    new = replan(plan, summary, pessimistic, measured, 300.0)
+    straight = make_plan(_config(5, max_length=64), summary, Speeds(1e-3 / 20), 300.0)
+    assert new is not None and new.config.model == straight.config.model, (new.config.model,
+                                                                           straight.config.model)
+    assert new.step_seconds == pytest.approx(straight.step_seconds)
+
+
 def test_the_first_steps_keep_the_faster_precision_and_remember_it(tmp_path, monkeypatch, fresh_cache):
     """The first updates alternate 16-bit and fp32 autocast (each a real update) and keep the
     faster by its fastest time per token, each's first (its kernels' creation) left out; the

@@ -55,3 +55,20 @@ def max_difference(got: Tensor, expected: Tensor, what: str, architecture: str, 
                          f"(shape {tuple(got.shape)}, expected {tuple(expected.shape)}), expected <= "
                          f"{tolerance:.0e}; nothing was written")
     return diff
+
+
+def ragged_batches(config) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+    """The batches an export is checked on: (ids, mask, types) of one token alone, then 3 rows of
+    up to 17 random tokens with ragged padding (row i has s - 5i real tokens, at least 1), the
+    second half of each row of token type 1 where the model has two types (a pair). Seeded."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    for b, s in ((1, 1), (3, min(17, config.max_len))):
+        ids = torch.randint(0, config.vocab_size, (b, s), generator=generator)  # (B, S)
+        lengths = torch.clamp(s - 5 * torch.arange(b), min=1)  # ragged padding
+        mask = (torch.arange(s)[None, :] < lengths[:, None]).long()  # (B, S)
+        types = torch.zeros_like(ids)
+        if config.type_vocab_size > 1:
+            types[:, s // 2 :] = 1  # the second text of a pair
+        yield ids, mask, types

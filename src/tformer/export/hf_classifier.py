@@ -29,7 +29,7 @@ from safetensors.torch import save as st_save
 from tokenizers import Tokenizer, processors
 
 from tformer.export.export_dir import publish_export
-from tformer.export.hf_check import loaded_in_transformers, max_difference
+from tformer.export.hf_check import loaded_in_transformers, max_difference, ragged_batches
 from tformer.export.model_card import Card, render
 from tformer.formats import hf_bert
 from tformer.formats.pretrained import export_hf
@@ -102,18 +102,11 @@ def check_in_transformers(files: Mapping[str, bytes], model) -> float:
     """The max abs difference of logits between ``files`` loaded by transformers and ``model``,
     on padded batches with both token types; raises above TOLERANCE."""
     config, worst = model.config, 0.0
-    generator = torch.Generator().manual_seed(0)
     training = model.training
     model.eval()
     try:
         with loaded_in_transformers(files, "AutoModelForSequenceClassification", ARCHITECTURE) as (theirs, _):
-            for b, s in ((1, 1), (3, min(17, config.max_len))):
-                ids = torch.randint(0, config.vocab_size, (b, s), generator=generator)  # (B, S)
-                lengths = torch.clamp(s - 5 * torch.arange(b), min=1)  # ragged padding
-                mask = (torch.arange(s)[None, :] < lengths[:, None]).long()  # (B, S)
-                types = torch.zeros_like(ids)
-                if config.type_vocab_size > 1:
-                    types[:, s // 2 :] = 1  # the second text of a pair
+            for ids, mask, types in ragged_batches(config):
                 with torch.no_grad():
                     ours = model(ids, mask, types if config.type_vocab_size else None).logits  # (B, C)
                     got = theirs(input_ids=ids, attention_mask=mask,

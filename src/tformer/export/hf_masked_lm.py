@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import save as st_save
 
 from tformer.export.export_dir import publish_export
-from tformer.export.hf_check import loaded_in_transformers, max_difference
+from tformer.export.hf_check import loaded_in_transformers, max_difference, ragged_batches
 from tformer.export.hf_classifier import BERT_INPUTS, tokenizer_files
 from tformer.export.model_card import Card, render
 from tformer.formats import hf_bert, hf_bert_mlm
@@ -74,15 +74,8 @@ def check_in_transformers(files: dict[str, bytes], model) -> float:
     """The max abs difference of logits between ``files`` loaded by transformers and ``model``,
     on padded batches (with both token types where the model reads them); raises above TOLERANCE."""
     config, worst = model.config, 0.0
-    generator = torch.Generator().manual_seed(0)
     with loaded_in_transformers(files, "AutoModelForMaskedLM", hf_bert_mlm.ARCHITECTURE) as (theirs, _):
-        for b, s in ((1, 1), (3, min(17, config.max_len))):
-            ids = torch.randint(0, config.vocab_size, (b, s), generator=generator)  # (B, S)
-            lengths = torch.clamp(s - 5 * torch.arange(b), min=1)  # ragged padding
-            mask = (torch.arange(s)[None, :] < lengths[:, None]).long()  # (B, S)
-            types = torch.zeros_like(ids)
-            if config.type_vocab_size > 1:
-                types[:, s // 2 :] = 1  # the second text of a pair
+        for ids, mask, types in ragged_batches(config):
             kwargs = {"token_type_ids": types} if config.type_vocab_size else {}
             with torch.no_grad():
                 ours = model(ids, mask, types if config.type_vocab_size else None)  # (B, S, V)

@@ -26,7 +26,7 @@ from safetensors.torch import save as st_save
 
 from tformer.export import onnx as tonnx
 from tformer.export.export_dir import publish_export
-from tformer.export.hf_check import loaded_in_transformers, max_difference
+from tformer.export.hf_check import loaded_in_transformers, max_difference, ragged_batches
 from tformer.export.hf_classifier import BERT_INPUTS, classifier_state_to_hf, tokenizer_files
 from tformer.export.model_card import Card, render
 from tformer.formats import hf_bert
@@ -80,16 +80,12 @@ def check_in_transformers(files: Mapping[str, bytes], model, texts: Sequence[str
     from transformers import AutoTokenizer, pipeline
 
     config, worst = model.config, 0.0
-    generator = torch.Generator().manual_seed(0)
     training = model.training
     model.eval()
     try:
         loaded = loaded_in_transformers(files, "AutoModelForTokenClassification", ARCHITECTURE)
         with loaded as (theirs, folder):
-            for b, s in ((1, 1), (3, min(17, config.max_len))):
-                ids = torch.randint(0, config.vocab_size, (b, s), generator=generator)  # (B, S)
-                lengths = torch.clamp(s - 5 * torch.arange(b), min=1)  # ragged padding
-                mask = (torch.arange(s)[None, :] < lengths[:, None]).long()  # (B, S)
+            for ids, mask, _ in ragged_batches(config):
                 with torch.no_grad():
                     ours = model(ids, mask).logits  # (B, S, C)
                     got = theirs(input_ids=ids, attention_mask=mask).logits
