@@ -38,8 +38,10 @@ The data sets (build_datasets.py):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -203,8 +205,10 @@ def main_runs(args) -> None:
         for t in threads:
             t.join()
     finally:
-        for p in spinners:
-            p.kill()
+        for p in spinners:  # the whole group: killing `timeout` alone left its python spinning
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
 
 
 # The table -------------------------------------------------------------------------------------
