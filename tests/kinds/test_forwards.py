@@ -2,10 +2,13 @@
 values for the same run (<= 1e-6 in fp32), since all three call the kind's one forward."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_helpers import run_cli
 from serve_fixtures import TINY_RUN
 from text_fixtures import classification_rows, embedding_rows, write
 
@@ -26,13 +29,22 @@ def runs(tmp_path_factory):
     return out
 
 
-def test_embed_the_run_and_the_server_give_the_same_vectors(runs, capsys):
+def _command(*argv: str) -> str:
+    """`tformer ARGV` as a user runs it: its own process (its standard output)."""
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "tformer", *argv], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_embed_the_run_and_the_server_give_the_same_vectors(runs):
     pytest.importorskip("uvicorn")
     from serve_fixtures import serve
 
     run_dir = runs["embedding"]
-    rc, out, err = run_cli(capsys, "embed", str(run_dir), *TEXTS, "--dtype", "fp32", "--threads", "1")
-    assert rc == 0, err
+    out = _command("embed", str(run_dir), *TEXTS, "--dtype", "fp32", "--threads", "1")
     cli = np.array([json.loads(line)["embedding"] for line in out.splitlines()])
     api = load_run(run_dir).embed(TEXTS)
     live = serve(run_dir, dtype="fp32")
@@ -47,13 +59,12 @@ def test_embed_the_run_and_the_server_give_the_same_vectors(runs, capsys):
     assert np.abs(served - api).max() <= 1e-6
 
 
-def test_predict_the_run_and_the_server_give_the_same_probabilities(runs, capsys):
+def test_predict_the_run_and_the_server_give_the_same_probabilities(runs):
     pytest.importorskip("uvicorn")
     from serve_fixtures import serve
 
     run_dir = runs["classification"]
-    rc, out, err = run_cli(capsys, "predict", str(run_dir), *TEXTS, "--format", "jsonl", "--threads", "1")
-    assert rc == 0, err
+    out = _command("predict", str(run_dir), *TEXTS, "--format", "jsonl", "--threads", "1")
     cli = [json.loads(line)["probabilities"] for line in out.splitlines()]
     run = load_run(run_dir)
     api = [p["probabilities"] for p in run.predict(TEXTS)]
