@@ -33,7 +33,7 @@ from tformer.training.records import Fields, Record
 
 NAME = "regression"
 TEXTS = Fields(NAME, ("text",), ("text_pair",), ("text", "text_pair"))
-# How the output learns its score (measured in benchmarks/README.md, "Cross-encoders"):
+# How the output learns its score (not yet measured: benchmarks/crossencoder_losses.py compares them):
 # "mse": the squared error of the output itself (sentence-transformers' MSELoss); "bce": for
 # scores in [0, 1], binary cross-entropy of its sigmoid (CrossEncoder's BinaryCrossEntropyLoss).
 LOSS = "mse"

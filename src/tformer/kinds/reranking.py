@@ -38,7 +38,7 @@ from tformer.training.stream import BatchStream
 
 NAME = "reranking"
 QUERY = Fields(NAME, ("query",), (), ("query",))
-# The loss of a query's candidates (measured in benchmarks/README.md, "Cross-encoders"):
+# The loss of a query's candidates (not yet measured: benchmarks/crossencoder_losses.py compares them):
 # "listwise" (softmax cross-entropy over them) or "pointwise" (each candidate's binary
 # cross-entropy against its relevance / the highest relevance in the training data).
 LOSS = "listwise"
