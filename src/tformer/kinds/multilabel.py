@@ -44,7 +44,8 @@ from tformer.kinds.labels import positive_weights
 from tformer.kinds.run import check_batch_size, texts_of
 from tformer.nn.heads import MultiLabelClassifier
 from tformer.text.arguments import pairs_list
-from tformer.text.batches import EncodedText, EncoderBatch, encoder_batch
+from tformer.text.batches import EncoderBatch, encoder_batch
+from tformer.training.examples import TextExample
 from tformer.training.label_sets import Counts, choose_thresholds
 from tformer.training.losses import at_least_fp32
 from tformer.training.objective import Tally, validation_sample
@@ -117,17 +118,8 @@ PRIOR_BIAS = True  # a new model's label biases start at their training frequenc
 
 
 @dataclass
-class LabelSetExample:
-    text: EncodedText
+class LabelSetExample(TextExample):
     labels: tuple[int, ...]  # the label ids it holds (none when predicting)
-
-    @property
-    def cost(self) -> int:
-        return len(self.text.ids)
-
-    @property
-    def longest(self) -> int:
-        return len(self.text.ids)
 
 
 class MultiLabel(Classification):

@@ -23,9 +23,10 @@ class Seq2SeqExample:
 
 
 @dataclass
-class LabeledExample:
+class TextExample:
+    """One encoded text: what a batch of it costs and how long it is, in tokens."""
+
     text: EncodedText
-    label: int  # -1: no label (prediction)
 
     @property
     def cost(self) -> int:
@@ -34,6 +35,11 @@ class LabeledExample:
     @property
     def longest(self) -> int:
         return len(self.text.ids)
+
+
+@dataclass
+class LabeledExample(TextExample):
+    label: int  # -1: no label (prediction)
 
 
 @dataclass
