@@ -460,7 +460,7 @@ def test_the_checkpoints_saved_before_the_test_do_not_eat_its_time():
     time was passed before a 1-minute seq2seq run's test began."""
     from types import SimpleNamespace
 
-    from tformer.training.budget import SAVE_SECONDS, Budget
+    from tformer.training.budget import LATE_SECONDS, SAVE_SECONDS, Budget
 
     budget = Budget(SimpleNamespace(steps=10**6, epochs=None, max_minutes=1), 100.0)
     budget.saved(1.5)  # each checkpoint took 1.5 s
@@ -471,9 +471,10 @@ def test_the_checkpoints_saved_before_the_test_do_not_eat_its_time():
     test_starts = budget.valid_deadline() + 2 * 1.5
     assert budget.test_seconds() > 0
     assert budget.test_deadline() - test_starts == pytest.approx(budget.test_seconds())
-    # The training deadline keeps all of it back: the last validation, two saves, the test, the rest.
+    # The training deadline keeps all of it back: a late last step, the last validation, two
+    # saves, the test, the rest.
     assert budget.seconds - budget.train_deadline() == pytest.approx(
-        budget.valid_seconds_per_example * (budget.valid_sample or 0) * 1.2 + 2 * 1.5
+        LATE_SECONDS + budget.valid_seconds_per_example * (budget.valid_sample or 0) * 1.2 + 2 * 1.5
         + budget.test_seconds() + SAVE_SECONDS)
 
 
@@ -589,3 +590,22 @@ def test_a_run_whose_first_updates_are_far_slower_than_planned_chooses_its_size_
     again = [line for line in logged if line.startswith("re-plan: ")]
     assert len(again) == 1 and "model size d_model 32" in again[0], logged
     assert load_run(tmp_path / "run").config.model.d_model == 32
+
+
+def test_a_last_step_that_ends_a_little_late_is_still_validated():
+    """A tiny model's validation takes milliseconds, and its reserve was all that separated the
+    training deadline from validation's: on a busy CI machine a 6 ms step that took 26 ms ended
+    past it, the last validation was skipped, and the run tested weights 457 steps older."""
+    import time
+    from types import SimpleNamespace
+
+    from tformer.training.budget import Budget
+
+    budget = Budget(SimpleNamespace(steps=10**6, epochs=None, max_minutes=0.3), 0.0)
+    budget.step_seconds, budget.valid_seconds_per_example, budget.valid_sample = 0.006, 1e-4, 64
+    late = budget.train_deadline() + 0.02  # the last step ended 20 ms past the training deadline
+    budget.started = time.perf_counter() - late
+    assert budget.should_validate(2168, last_step=True) and not budget.skipped_last
+    behind = budget.valid_deadline() - budget.started + 1.0  # a second past validation's deadline
+    budget.started = time.perf_counter() - behind
+    assert not budget.should_validate(2168, last_step=True) and budget.skipped_last

@@ -39,6 +39,10 @@ EVAL_SAMPLE = VALID_MAX
 PROBE = 32  # examples the first validation times before choosing its sample size
 FIRST_TEST_BATCH = 8  # the test always scores this many (its first batch runs whatever the clock)
 SAVE_SECONDS = 2.0  # kept back for the last checkpoint and the plots, before measuring
+# The last step may end this late (or two of its average steps, if more) and still be validated:
+# a busy CI machine's 6 ms step that took 20 ms passed a tiny model's validation deadline (its
+# validation's own 8 ms), and the run tested weights 457 steps older than its last.
+LATE_SECONDS = 0.25
 # The least a timed run needs after reading its data: a few updates, a test of one batch and
 # saving (the last checkpoint, the curves).
 MIN_AFTER_SETUP = 5.0
@@ -188,10 +192,12 @@ class Budget:
 
     def reserve(self) -> float:
         """Seconds kept back for what follows the last step: the last validation, the final
-        test, two checkpoints and the plots (each as measured so far, with a margin)."""
+        test, two checkpoints and the plots (each as measured so far, with a margin), and a
+        last step that ends late (LATE_SECONDS, or two average steps)."""
         per = self.valid_seconds_per_example
         last_validation = 0.0 if per is None else per * (self.valid_sample or 0) * 1.2
-        return last_validation + self.test_seconds() + self.publish_seconds()
+        late = max(LATE_SECONDS, 2 * (self.step_seconds or 0.0))
+        return last_validation + late + self.test_seconds() + self.publish_seconds()
 
     def train_deadline(self) -> float:
         return self.seconds - self.reserve()
