@@ -224,6 +224,11 @@ def test_a_run_learns_and_keeps_its_thresholds_with_its_weights(run, run_dir):
     streamed, baseline, _ = run.score_stream(run.examples("validation"))
     assert {k: streamed[k] for k in again} == pytest.approx(again)
     assert baseline["baseline_by"].startswith("the k most frequent labels")
+    # The test's verdict: micro-F1 sums counts, so its interval is a paired bootstrap of the
+    # examples, the same drawn again from the stream.
+    if test["examples"] == len(run.examples("test")):
+        assert run.score_stream(run.examples("test"))[1]["paired_interval"] == pytest.approx(
+            test["gain_interval"], abs=1e-4)
 
 
 def test_predict_gives_the_chosen_labels_and_every_probability(run):

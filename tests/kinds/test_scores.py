@@ -66,6 +66,11 @@ def test_the_record_compares_with_the_train_mean_and_the_token_overlap(runs):
     overlap = score_metrics([overlap_cosine(words[2 * i], words[2 * i + 1]) for i in range(len(test))], truth)
     assert record["baseline"] == pytest.approx(max(overlap["spearman"], 0.0))
     assert record["main_metric"] == "spearman" and "baseline_by" in record
+    # The verdict's interval: a paired bootstrap of the test's pairs (Spearman's is no mean of
+    # per-example scores), the same drawn again from the examples as `tformer eval` streams them.
+    if record["examples"] == len(test):
+        _, streamed, _ = run.score_stream(test)
+        assert streamed["paired_interval"] == pytest.approx(record["gain_interval"], abs=1e-4)
 
 
 def test_the_hf_export_is_a_cross_encoder_with_the_runs_scores(runs, tmp_path):

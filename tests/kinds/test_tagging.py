@@ -146,6 +146,9 @@ def test_a_run_scores_entities_per_type_and_its_dictionary_baseline(scratch):
     # streamed a window at a time (tformer eval --data): the same numbers
     metrics, baseline, _ = run.score_stream(run.examples("test"))
     assert metrics["f1"] == pytest.approx(record["f1"]) and baseline["baseline"] == pytest.approx(record["baseline"])
+    # the verdict's interval: a paired bootstrap of the sentences (entity F1 sums spans), the same
+    # drawn from the stream as from the test
+    assert baseline["paired_interval"] == pytest.approx(record["gain_interval"], abs=1e-4)
 
 
 def test_the_dictionary_baseline_is_seqevals_f1_of_the_spans_seen(scratch):

@@ -214,9 +214,11 @@ class MaskedLanguageModel(Objective):
 
     # Scores and the baseline ----------------------------------------------------------------
     def evaluate(self, model: nn.Module, split: str, examples: list | None = None,
-                 deadline: float | None = None, progress=None, **options: Any) -> tuple[dict, list]:
+                 deadline: float | None = None, progress=None, paired: bool = False,
+                 **options: Any) -> tuple[dict, list]:
         """Objective.evaluate, whose loss is that of the masked tokens it scored (the log of their
-        perplexity), with no second forward over the first EVAL_SAMPLE for it."""
+        perplexity), with no second forward over the first EVAL_SAMPLE for it. (No paired
+        interval: a perplexity's verdict is drawn from the losses' spreads, verdict.log_gain_se.)"""
         examples = validation_sample(split, self.examples(split)) if examples is None else examples
         preds = self.predict(model, examples, deadline=deadline, progress=progress, **options)
         metrics, shown = self.score(examples[: len(preds)], preds)

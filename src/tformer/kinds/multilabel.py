@@ -46,9 +46,9 @@ from tformer.nn.heads import MultiLabelClassifier
 from tformer.text.arguments import pairs_list
 from tformer.text.batches import EncoderBatch, encoder_batch
 from tformer.training.examples import TextExample
-from tformer.training.label_sets import Counts, choose_thresholds
+from tformer.training.label_sets import Counts, choose_thresholds, micro_f1_interval
 from tformer.training.losses import at_least_fp32
-from tformer.training.objective import Tally, validation_sample
+from tformer.training.objective import Tally
 from tformer.training.records import Fields, check_encodable, label_name
 
 
@@ -195,23 +195,15 @@ class MultiLabel(Classification):
         return [note for note in (self.weighting[1],) if note]
 
     # Scoring -------------------------------------------------------------------------------
-    def evaluate(self, model: nn.Module, split: str, examples: list | None = None,
-                 deadline: float | None = None, progress=None, **options: Any
-                 ) -> tuple[dict[str, float], list]:
-        """Objective.evaluate, at the model's thresholds; a validation of a model being trained
-        (in training mode: the loop's, never a finished run's) first chooses them on its
-        predictions (``choose_thresholds``) and sets them in the model, so that the weights it
-        keeps as the best keep the thresholds chosen for them."""
-        examples = validation_sample(split, self.examples(split)) if examples is None else examples
-        loss = self._sample_loss(model, examples)
-        preds = self.predict(model, examples, deadline=deadline, progress=progress)
-        scored = examples[: len(preds)]
+    def before_scoring(self, model: nn.Module, split: str, scored: list, preds: list) -> None:
+        """A validation of a model being trained (in training mode: the loop's, never a finished
+        run's) first chooses the thresholds on its predictions (``choose_thresholds``) and sets
+        them in the model, so that the weights it keeps as the best keep the thresholds chosen
+        for them; every evaluation then scores at the model's thresholds."""
         if split == "validation" and model.training and scored:
             chosen = choose_thresholds(sigmoid(np.array(preds)), self.truth(scored))
             model.thresholds.copy_(torch.from_numpy(chosen))
         self.thresholds = thresholds_of(model)
-        metrics, shown = self.score(scored, preds)
-        return {**metrics, "loss": loss, "examples": len(scored)}, shown
 
     def evaluate_stream(self, model: nn.Module, examples: Iterable, samples: int = 0, **options: Any):
         self.thresholds = thresholds_of(model)
@@ -230,9 +222,6 @@ class MultiLabel(Classification):
         probs = sigmoid(np.array(preds, dtype=np.float32).reshape(-1, len(self.labels)))
         return probs >= self.thresholds
 
-    def counts(self, examples: list, preds: list[list[float]]) -> Counts:
-        return Counts.of(self.chosen(preds), self.truth(examples))
-
     def score(self, examples: list, preds: list[list[float]]) -> tuple[dict[str, float], list[str]]:
         chosen = self.chosen(preds)
         shown = [", ".join(self.labels[c] for c in np.flatnonzero(row)) for row in chosen]
@@ -242,6 +231,9 @@ class MultiLabel(Classification):
         value, k = Counts.of(np.zeros((len(examples), len(self.labels)), dtype=bool),
                              self.truth(examples)).top_k()
         return value, f"{TOP_K} (k={k})"
+
+    def paired_interval(self, examples: list, preds: list) -> tuple[float, float]:
+        return micro_f1_interval(self.chosen(preds), self.truth(examples))
 
     def tally(self) -> LabelTally:
         return LabelTally(self)
@@ -277,22 +269,33 @@ def sigmoid(logits: np.ndarray) -> np.ndarray:
 
 
 class LabelTally(Tally):
-    """The counts of the predictions, summed window by window (``Counts``)."""
+    """The counts of the predictions, summed window by window (``Counts``), and each example's
+    labels chosen and held, a bit a label (the verdict's bootstrap draws from the examples)."""
 
     def __init__(self, objective: MultiLabel) -> None:
         self.objective = objective
         self.total: Counts | None = None
+        # For the verdict's paired bootstrap: each window's predictions and truth, a bit a label.
+        self.chosen: list[np.ndarray] = []
+        self.truth: list[np.ndarray] = []
 
     def add(self, examples: list, preds: list) -> None:
-        counts = self.objective.counts(examples, preds)
+        chosen, truth = self.objective.chosen(preds), self.objective.truth(examples)
+        counts = Counts.of(chosen, truth)
         self.total = counts if self.total is None else self.total + counts
+        self.chosen.append(np.packbits(chosen, axis=1))
+        self.truth.append(np.packbits(truth, axis=1))
 
     def metrics(self) -> dict[str, float]:
         return self.total.metrics()
 
     def baseline(self) -> dict[str, Any]:
         value, k = self.total.top_k()
-        return {"baseline": value, "baseline_by": f"{TOP_K} (k={k})"}
+        n_labels = len(self.objective.labels)
+        chosen, truth = (np.unpackbits(np.concatenate(x), axis=1, count=n_labels).astype(bool)
+                         for x in (self.chosen, self.truth))
+        return {"baseline": value, "baseline_by": f"{TOP_K} (k={k})",
+                "paired_interval": list(micro_f1_interval(chosen, truth))}
 
 
 class MultiLabelRun(ClassificationRun):

@@ -18,6 +18,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -28,8 +29,9 @@ from tformer.kinds.run import check_batch_size, texts_of
 from tformer.text.arguments import pairs_list
 from tformer.training.losses import at_least_fp32
 from tformer.training.objective import Objective
-from tformer.training.ranking import overlap_cosine, score_metrics
+from tformer.training.ranking import overlap_cosine, ranks, score_metrics
 from tformer.training.records import Fields, Record
+from tformer.training.verdict import spearman_interval
 
 NAME = "regression"
 TEXTS = Fields(NAME, ("text",), ("text_pair",), ("text", "text_pair"))
@@ -145,15 +147,31 @@ class Regression(CrossEncoding):
     def _baseline(self, examples: list) -> tuple[float, str]:
         truth = [r["score"] for r in examples]
         best = (score_metrics([self.train_mean] * len(truth), truth)[self.main_metric], MEAN)
-        if examples and all(r.get("text_pair") for r in examples):
-            specials = {self.source.bos_id, self.source.eos_id, self.source.pad_id}
-            tokens = self.source.encode_texts([r["text"] for r in examples]
-                                              + [r["text_pair"] for r in examples])
-            sets = [set(e.ids) - specials for e in tokens]
-            n = len(examples)
-            overlap = [overlap_cosine(sets[i], sets[n + i]) for i in range(n)]
+        overlap = self._overlap(examples)
+        if overlap is not None:
             best = max(best, (score_metrics(overlap, truth)[self.main_metric], OVERLAP))
         return best
+
+    def _overlap(self, examples: list) -> list[float] | None:
+        """Each pair's token-overlap cosine, the pairs' baseline (None unless every example is a pair)."""
+        if not examples or not all(r.get("text_pair") for r in examples):
+            return None
+        specials = {self.source.bos_id, self.source.eos_id, self.source.pad_id}
+        tokens = self.source.encode_texts([r["text"] for r in examples] + [r["text_pair"] for r in examples])
+        sets = [set(e.ids) - specials for e in tokens]
+        n = len(examples)
+        return [overlap_cosine(sets[i], sets[n + i]) for i in range(n)]
+
+    def paired_interval(self, examples: list, preds: list) -> tuple[float, float] | None:
+        """Spearman's correlation is no mean of per-example scores: the gain's interval over the
+        better baseline (the train mean correlates 0) is a paired bootstrap of the examples."""
+        if self.main_metric != "spearman":
+            return None
+        predicted = [activate(p, self.activation)[0] for p in preds]
+        overlap = self._overlap(examples)
+        baselines = [] if overlap is None else [ranks(np.asarray(overlap, np.float64))]
+        return spearman_interval(ranks(np.asarray(predicted, np.float64)),
+                                 ranks(np.asarray([r["score"] for r in examples], np.float64)), baselines)
 
 
 def concordance(predicted: Tensor, truth: Tensor) -> float:

@@ -45,6 +45,7 @@ from tformer.training.config import MODEL_OPTIONS
 from tformer.training.losses import at_least_fp32
 from tformer.training.objective import Objective, Tally
 from tformer.training.records import Fields, Record, check_encodable
+from tformer.training.verdict import f1_interval
 
 IGNORE = -100  # a position the loss skips: every sub-word but a word's first, the specials, padding
 SPANS_FILE = "spans.json"  # the run's dictionary baseline: the spans seen in training
@@ -262,6 +263,12 @@ class Tagging(Objective):
         scored.add([r["tags"] for r in examples], self.dictionary_tags(examples))
         return scored.scores()["f1"], BASELINE_BY
 
+    def paired_interval(self, examples: list, preds: list) -> tuple[float, float]:
+        """Entity F1 sums spans over sentences (one of 5 entities weighs 5): a paired bootstrap."""
+        true = [r["tags"] for r in examples]
+        return f1_interval(ent.sentence_rows(true, self.word_tags(examples, preds)),
+                           ent.sentence_rows(true, self.dictionary_tags(examples)))
+
     def sample_rows(self, examples: list, shown: list) -> list[tuple[str, str, str]]:
         return [(" ".join(r["tokens"]), spans_text(r["tokens"], tags), spans_text(r["tokens"], r["tags"]))
                 for r, tags in zip(examples, shown, strict=True)]
@@ -286,17 +293,22 @@ class SpanTally(Tally):
 
     def __init__(self, objective: Tagging) -> None:
         self.objective, self.model, self.dictionary = objective, ent.SpanCounts(), ent.SpanCounts()
+        self.rows, self.dictionary_rows = [], []  # ent.sentence_rows of each, for the verdict
 
     def add(self, examples: list, preds: list) -> None:
-        true = [r["tags"] for r in examples]
-        self.model.add(true, self.objective.word_tags(examples, preds))
-        self.dictionary.add(true, self.objective.dictionary_tags(examples))
+        true, tagged = [r["tags"] for r in examples], self.objective.word_tags(examples, preds)
+        looked_up = self.objective.dictionary_tags(examples)
+        self.model.add(true, tagged)
+        self.dictionary.add(true, looked_up)
+        self.rows += ent.sentence_rows(true, tagged)
+        self.dictionary_rows += ent.sentence_rows(true, looked_up)
 
     def metrics(self) -> dict[str, Any]:
         return self.model.scores()
 
     def baseline(self) -> dict[str, Any]:
-        return {"baseline": self.dictionary.scores()["f1"], "baseline_by": BASELINE_BY}
+        paired = {"paired_interval": list(f1_interval(self.rows, self.dictionary_rows))} if self.rows else {}
+        return {"baseline": self.dictionary.scores()["f1"], "baseline_by": BASELINE_BY, **paired}
 
 
 def spans_text(tokens: list[str], tags: list[str]) -> str:

@@ -5,6 +5,7 @@ them, in NumPy: what tformer.kinds' multi-label kind scores with.
     counts = Counts.of(probs >= thresholds, truth)        # counts of windows add: counts + more
     counts.metrics()     # {"micro_f1", "macro_f1", "samples_f1"}
     counts.top_k()       # the baseline: the best micro-F1 of giving every example the k most frequent labels
+    micro_f1_interval(chosen, truth)   # the verdict's: the gain over that baseline, 95%, paired bootstrap
 
 A threshold is a probability: a label is chosen where its probability is at least its threshold.
 """
@@ -14,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from tformer.training.verdict import f1_interval
 
 # A label's own threshold is chosen where the validation split has at least this many records of
 # it; below, the one threshold best for micro-F1 over all labels (benchmarks/README.md: measured).
@@ -103,3 +106,22 @@ class Counts:
             if f1 > best:
                 best, best_k = f1, k
         return best, best_k
+
+
+def example_rows(chosen: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """Per example: (labels held, labels chosen, chosen right), of (N, C) bool predictions and
+    truth -> (N, 3): summed, the counts of micro-F1."""
+    return np.stack([truth.sum(1), chosen.sum(1), (chosen & truth).sum(1)], 1)
+
+
+def top_k_rows(truth: np.ndarray, k: int) -> np.ndarray:
+    """example_rows of the baseline that gives every example the k labels held most often."""
+    most = np.argsort(-truth.sum(0), kind="stable")[:k]
+    return np.stack([truth.sum(1), np.full(len(truth), k), truth[:, most].sum(1)], 1)
+
+
+def micro_f1_interval(chosen: np.ndarray, truth: np.ndarray) -> tuple[float, float]:
+    """The 95% interval of micro-F1's gain over the top-k baseline (Counts.top_k), by a paired
+    bootstrap of the examples (micro-F1 sums counts: no mean of per-example scores)."""
+    _, k = Counts.of(np.zeros_like(truth), truth).top_k()
+    return f1_interval(example_rows(chosen, truth), top_k_rows(truth, k))

@@ -374,7 +374,7 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
     # shapes) and scores what its time left pays for (its loss pass has no deadline of its own).
     tested = objective.examples("test")[: budget.test_fits(budget.test_examples, plan.example_seconds)]
     with autotune.measuring(0.0) if budget.timed else contextlib.nullcontext():
-        test, shown = objective.evaluate(model, "test", examples=tested, deadline=budget.test_deadline(),
+        test, shown = objective.evaluate(model, "test", tested, budget.test_deadline(), paired=True,
                                          progress=lambda done, of: bar.status("testing", done, of))
     bar.close()
     record = {"split": "test", "task": config.name, "step": state["step"], "tested_step": tested_step, **test,

@@ -104,7 +104,9 @@ class KeptTally(Tally):
         return self.objective.score(self.examples, self.preds)[0]
 
     def baseline(self) -> dict[str, Any]:
-        return self.objective.baseline(self.examples)
+        interval = self.objective.paired_interval(self.examples, self.preds) if self.examples else None
+        paired = {} if interval is None else {"paired_interval": list(interval)}
+        return {**self.objective.baseline(self.examples), **paired}
 
 
 class DeadlinePassed(Exception):
@@ -304,20 +306,36 @@ class Objective(ABC):
 
     def evaluate(self, model: nn.Module, split: str, examples: list | None = None,
                  deadline: float | None = None, progress: Progress | None = None,
-                 **options: Any) -> tuple[dict[str, float], list]:
+                 paired: bool = False, **options: Any) -> tuple[dict[str, Any], list]:
         """Metrics on a held-out split (or on `examples`), with the teacher-forced, unsmoothed
         loss of its first EVAL_SAMPLE; and what each prediction shows. With a `deadline`, the
         examples predicted by then are scored (``predict``): metrics["examples"] says how many.
         The loss comes first, so the deadline counts its time (after the predictions, it took a
-        busy machine's test 5.7 s past its deadline)."""
+        busy machine's test 5.7 s past its deadline). With `paired` (the final test), metrics
+        also hold the verdict's "paired_interval" where the objective draws one."""
         examples = validation_sample(split, self.examples(split)) if examples is None else examples
         loss = self._sample_loss(model, examples)
         preds = self.predict(model, examples, deadline=deadline, progress=progress, **options)
         scored = examples[: len(preds)]
+        self.before_scoring(model, split, scored, preds)
         metrics, shown = self.score(scored, preds)
         metrics["loss"] = loss
         metrics["examples"] = len(scored)
+        interval = self.paired_interval(scored, preds) if paired and scored else None
+        if interval is not None:
+            metrics["paired_interval"] = list(interval)
         return metrics, shown
+
+    def before_scoring(self, model: nn.Module, split: str, scored: list, preds: list) -> None:
+        """What evaluate does with a split's predictions before scoring them: nothing, unless the
+        scores depend on a choice made on them (a multi-label model's thresholds)."""
+        return None
+
+    def paired_interval(self, examples: list, preds: list) -> tuple[float, float] | None:
+        """The 95% interval of the main metric's gain over the baseline on `examples`, drawn by a
+        paired bootstrap (tformer.training.verdict), for a main metric that is no mean of
+        per-example scores; None (the default) where the verdict's bound holds."""
+        return None
 
     def _sample_loss(self, model: nn.Module, examples: list) -> float:
         """The teacher-forced, unsmoothed loss of the first EVAL_SAMPLE examples (of as many as

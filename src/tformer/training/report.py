@@ -264,11 +264,16 @@ def from_start(record: dict[str, Any], key: str) -> str | None:
 def with_baseline(record: dict[str, Any], key: str, baseline: dict[str, Any]) -> dict[str, Any]:
     """The test record with its baseline (``Objective.baseline``'s), the metric compared and the
     verdict (tformer.training.verdict.judge), as metrics.jsonl keeps them: "verdict" (learned, did not
-    learn, cannot tell), "gain_interval" (the gain's 95% interval) and "beats_baseline" (true,
-    false, or null where it cannot tell: a test too short to judge is unknown, not "no")."""
+    learn, cannot tell), "gain_interval" (the gain's 95% interval: the bound's, or the paired
+    bootstrap's that the record or ``baseline`` brings as "paired_interval") and "beats_baseline"
+    (true, false, or null where it cannot tell: a test too short to judge is unknown, not "no")."""
     examples = int(record.get("examples", MIN_VERDICT_EXAMPLES))
-    verdict, (low, high) = judge(record[key], baseline["baseline"], key, examples,
-                                 log_gain_se({**record, **baseline}))
+    record, baseline = dict(record), dict(baseline)  # a paired bootstrap's, where the scorer drew one:
+    paired = [x.pop("paired_interval", None) for x in (record, baseline)]
+    paired = paired[0] or paired[1]
+    spread = log_gain_se({**record, **baseline})
+    verdict, (low, high) = judge(record[key], baseline["baseline"], key, examples, spread,
+                                 None if paired is None else tuple(paired))
     beats = {LEARNED: True, NOT_LEARNED: False}.get(verdict)
     interval = [round(low, 4), round(high, 4)] if math.isfinite(low) and math.isfinite(high) else None
     return {**record, **baseline, "main_metric": key, "verdict": verdict,

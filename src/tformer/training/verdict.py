@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 # The best score of each main metric: a baseline that reaches it (copying the source, for the
 # copy task) can be matched, not beaten.
 PERFECT = {"accuracy": 1.0, "exact_match": 1.0, "mrr_at_10": 1.0, "bleu": 100.0, "f1": 1.0}
@@ -62,17 +64,19 @@ def gain_interval(value: float, baseline: float, key: str, examples: int) -> tup
     return (d - half) * scale, (d + half) * scale
 
 
-def judge(value: float, baseline: float, key: str, examples: int,
-          spread: float | None = None) -> tuple[str, tuple[float, float]]:
+def judge(value: float, baseline: float, key: str, examples: int, spread: float | None = None,
+          interval: tuple[float, float] | None = None) -> tuple[str, tuple[float, float]]:
     """(LEARNED, NOT_LEARNED or CANNOT_TELL, the gain's interval): learned only when the whole
     interval is above 0; did not learn only when it rules out a gain of MIN_GAIN; else cannot tell.
     A perfect baseline matched by a perfect score counts as learned (it cannot be beaten).
-    A metric of LOWER_IS_BETTER is judged by ``spread`` (log_gain_se's) instead."""
+    The interval is the bound's (gain_interval), or ``interval`` where the scorer drew one by a
+    paired bootstrap (a metric that is no mean of per-example scores: f1_interval,
+    spearman_interval). A metric of LOWER_IS_BETTER is judged by ``spread`` (log_gain_se's)."""
     if key in LOWER_IS_BETTER:
         return _judge_lower(value, baseline, examples, spread)
     if baseline >= PERFECT.get(key, float("inf")) and value >= baseline:
         return LEARNED, (0.0, 0.0)
-    low, high = gain_interval(value, baseline, key, examples)
+    low, high = gain_interval(value, baseline, key, examples) if interval is None else interval
     if examples < MIN_VERDICT_EXAMPLES:
         return CANNOT_TELL, (low, high)
     if low > 0:
@@ -80,6 +84,77 @@ def judge(value: float, baseline: float, key: str, examples: int,
     if high < MIN_GAIN * SCALE.get(key, 1.0):
         return NOT_LEARNED, (low, high)
     return CANNOT_TELL, (low, high)
+
+
+# Metrics that are no mean of per-example scores: an F1 over counts summed over the examples (a
+# tagger's entity F1, a multi-label model's micro-F1) and a rank correlation. An example with 5
+# entities weighs 5 times one with 1 in the F1, so the bound above, made for a mean of scores in
+# [0, 1], can be narrower than the truth. Their interval is drawn instead by a paired bootstrap:
+# the test's examples drawn again with replacement (each example's model and baseline together,
+# so that what the two share cancels), the gain recomputed on each draw, and its 2.5th and 97.5th
+# percentiles taken. Efron & Tibshirani, "An Introduction to the Bootstrap" (1993), ch. 13; the
+# draws here are Poisson(1) weights per example (Hanley & MacGibbon 2006), the same for large n.
+DRAWS = 1000
+CHUNK = 100  # draws computed at once (CHUNK x N weights in memory)
+
+
+def _percentiles(gains: np.ndarray) -> tuple[float, float]:
+    low, high = np.percentile(gains, [100 * (1 - 0.95) / 2, 100 * (1 + 0.95) / 2])
+    return float(low), float(high)
+
+
+def f1_interval(model: np.ndarray, baseline: np.ndarray, draws: int = DRAWS,
+                seed: int = 0) -> tuple[float, float]:
+    """The 95% interval of F1(model) - F1(baseline), F1 = 2 correct / (true + predicted) of the
+    counts summed over the examples, by a paired bootstrap.
+
+    Shape:
+        model, baseline: (N, 3): per example, its true items (spans, labels), the items predicted,
+        and those predicted right.
+    """
+    counts = np.concatenate([np.asarray(model, np.float64), np.asarray(baseline, np.float64)], 1)  # (N, 6)
+    rng = np.random.default_rng(seed)
+    gains = []
+    for first in range(0, draws, CHUNK):
+        weights = rng.poisson(1.0, (min(CHUNK, draws - first), len(counts)))  # (D, N)
+        t, p, c, bt, bp, bc = (weights @ counts).T  # (D,) each
+        gains.append(2 * c / np.maximum(t + p, 1) - 2 * bc / np.maximum(bt + bp, 1))
+    return _percentiles(np.concatenate(gains))
+
+
+def _correlations(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Row by row, the correlation coefficient of x and y (0 where either row is constant).
+
+    Shape:
+        x, y: (D, N) -> (D,)
+    """
+    dx, dy = x - x.mean(1, keepdims=True), y - y.mean(1, keepdims=True)
+    norm = np.sqrt((dx * dx).sum(1) * (dy * dy).sum(1))
+    return np.where(norm > 0, (dx * dy).sum(1) / np.where(norm > 0, norm, 1.0), 0.0)
+
+
+def spearman_interval(ranked: np.ndarray, truth: np.ndarray, baselines: list[np.ndarray],
+                      draws: int = DRAWS, seed: int = 0) -> tuple[float, float]:
+    """The 95% interval of the Spearman correlation of the model's scores with the truth minus
+    the best baseline's (each baseline's scores; a constant one correlates 0), by a paired
+    bootstrap of the examples. Each draw correlates the examples' ranks in the whole test
+    (the bootstrap of a rank statistic on fixed ranks: no re-ranking of each draw's ties).
+
+    Shape:
+        ranked, truth: (N,) the ranks of the model's scores and of the true ones
+        baselines: each (N,), the ranks of a baseline's scores
+    """
+    n = len(truth)
+    rng = np.random.default_rng(seed)
+    gains = []
+    for first in range(0, draws, CHUNK):
+        idx = rng.integers(0, n, (min(CHUNK, draws - first), n))  # (D, N)
+        t = truth[idx]
+        best = np.zeros(len(idx))
+        for b in baselines:
+            best = np.maximum(best, _correlations(b[idx], t))
+        gains.append(_correlations(ranked[idx], t) - best)
+    return _percentiles(np.concatenate(gains))
 
 
 def verdict_of(record: dict[str, Any]) -> str | None:
