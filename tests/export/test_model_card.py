@@ -94,3 +94,16 @@ def test_license_base_model_and_datasets_where_known(tmp_path):
     assert plain["license"] == "unknown" and "datasets" not in plain and "base_model" not in plain
     (tmp_path / "README.md").write_text(card)
     check_card(tmp_path / "README.md", private=(str(tmp_path),))
+
+
+def test_each_kinds_main_metric_is_named_in_the_header_as_the_hub_knows_it():
+    """The Hub's metric ids (those of the evaluate library): a tagger's entity F1 is seqeval's, a
+    score model's Spearman is spearmanr, a masked LM's perplexity; one id is named once."""
+    cases = {"tagging": ({"f1": 0.8, "precision": 0.8, "recall": 0.8}, ["seqeval"]),
+             "multilabel": ({"micro_f1": 0.7, "macro_f1": 0.5, "samples_f1": 0.6}, ["f1"]),
+             "regression": ({"spearman": 0.6, "pearson": 0.5, "mse": 0.1}, ["spearmanr", "pearsonr"]),
+             "reranking": ({"mrr_at_10": 0.6, "ndcg_at_10": 0.5}, ["mrr", "ndcg"]),
+             "masked_lm": ({"perplexity": 30.0}, ["perplexity"])}
+    for kind, (record, names) in cases.items():
+        header = _header(_card(kind=kind, main_metric=next(iter(record)), metrics={"split": "test", **record}))
+        assert header["metrics"] == names, (kind, header["metrics"])

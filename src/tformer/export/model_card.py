@@ -34,8 +34,10 @@ from tformer.export.export_dir import MARKER
 from tformer.training.verdict import CANNOT_TELL, LEARNED, tested_as_it_was, too_few, verdict_of
 
 # tformer's metric names -> the Hub's (the `evaluate` library's metric ids).
-HUB_METRICS = {"accuracy": "accuracy", "macro_f1": "f1", "bleu": "bleu", "chrf": "chrf",
-               "exact_match": "exact_match", "recall_at_1": "recall", "mrr_at_10": "mrr"}
+HUB_METRICS = {"accuracy": "accuracy", "macro_f1": "f1", "micro_f1": "f1", "f1": "seqeval", "bleu": "bleu",
+               "chrf": "chrf", "exact_match": "exact_match", "recall_at_1": "recall", "mrr_at_10": "mrr",
+               "ndcg_at_10": "ndcg", "spearman": "spearmanr", "pearson": "pearsonr",
+               "perplexity": "perplexity"}
 HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # "org/name", as the Hub spells a model
 # The options of `tformer train` and `tformer export` whose value is a local path: a card shows
 # only its last part (the folders above it are the maker's machine's).
@@ -180,7 +182,8 @@ def front_matter(card: Card, library_name: str, pipeline_tag: str | None, tags: 
     dataset = hub_cache_name(card.data, "datasets")
     lines += _yaml_list("datasets", [dataset] if dataset else [])
     lines += _yaml_list("tags", ["tformer", *tags])
-    metrics = [HUB_METRICS[k] for k in HUB_METRICS if isinstance(card.metrics.get(k), (int, float))]
+    metrics = list(dict.fromkeys(HUB_METRICS[k] for k in HUB_METRICS
+                                 if isinstance(card.metrics.get(k), (int, float))))
     lines += _yaml_list("metrics", metrics)
     return [*lines, "---"]
 
