@@ -70,6 +70,14 @@ def test_the_run_says_how_it_reads_long_texts_and_keeps_to_it(keyed):
         loaded = tformer.load_run(run.path)
         assert loaded.tokenizer.windows == (long == "windows") and loaded.max_input_tokens == loaded.tokenizer.limit
     windowed = tformer.load_run(runs["windows"].path)
+    # An export reads a text's first window only: the card of the windowed run says so, the cut one's not.
+    from tformer.export.model_card import render
+
+    def card(run):
+        return render(run.card("tformer export"), "a transformers directory", "").decode()
+
+    assert "this export reads only a text's first 12 tokens" in card(windowed)
+    assert "inputs truncated to 12 tokens" in card(tformer.load_run(runs["cut"].path))
     assert windowed.read_long("cut").tokenizer.windows is False
     assert windowed.evaluate()["accuracy"] < 0.75  # the model trained on windows, read cut
 

@@ -57,6 +57,7 @@ class Card:
     metrics: dict[str, Any] = field(default_factory=dict)
     command: str = ""  # the export command line
     max_length: int | None = None  # tokens per text the run truncated to
+    windows: bool = False  # the run read a longer text in windows of max_length (the export cuts it)
     labels: tuple[str, ...] = ()
     train_command: str = ""  # the `tformer train` command that trains the run again
     base_model: str | None = None  # the pretrained model fine-tuned: its folder
@@ -214,7 +215,12 @@ def render(card: Card, fmt: str, usage: str, library_name: str = "transformers",
     if card.base_model:
         named = f" ({card.base_model_id})" if card.base_model_id else ""
         lines.append(f"- base model (fine-tuned): `{local_name(card.base_model)}`{named}")
-    if card.max_length:
+    if card.max_length and card.windows:
+        lines.append(f"- inputs of up to {card.max_length} tokens: the run read a longer text in windows of "
+                     f"{card.max_length} tokens and averaged them (its test metrics were computed so); this "
+                     f"export reads only a text's first {card.max_length} tokens (the exported tokenizer "
+                     "truncates), where `tformer predict` and `tformer serve` on the run read it whole")
+    elif card.max_length:
         lines.append(f"- inputs truncated to {card.max_length} tokens (the exported tokenizer does the same)")
     if card.labels:
         lines.append(f"- labels ({len(card.labels)}): {', '.join(card.labels)}")

@@ -227,6 +227,7 @@ class Run(ABC):
                     data=c.data if c.data else f"synthetic task {c.task}",
                     metrics=self.test_record(), labels=self._labels(),
                     max_length=tok.max_length if tok is not None else None, command=command,
+                    windows=bool(getattr(tok, "windows", False)),
                     train_command=train_command(c, type(self.objective)), base_model=c.from_pretrained,
                     base_model_id=hub_name(c.from_pretrained),
                     data_summary=self.objective.source.summary(), main_metric=self.main_metric)
