@@ -5,6 +5,7 @@ import json
 import pytest
 from text_fixtures import classification_rows, embedding_rows, seq2seq_rows, write
 
+from tformer.errors import FieldError
 from tformer.kinds import resolve_config
 
 FINE_TUNE = "/nonexistent/model"  # never opened: the options are refused before
@@ -28,8 +29,9 @@ FINE_TUNE = "/nonexistent/model"  # never opened: the options are refused before
 ])
 def test_a_data_run_refuses_options_it_would_not_read(tmp_path, rows, options, message):
     data = write(tmp_path / "d.jsonl", rows(20))
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(FieldError, match=message) as refused:  # named by its field, for a caller to rename
         resolve_config({"data": str(data), **options})
+    assert refused.value.field == message.split(":")[0]
 
 
 @pytest.mark.parametrize("options, message", [
@@ -40,8 +42,9 @@ def test_a_data_run_refuses_options_it_would_not_read(tmp_path, rows, options, m
     ({"pretrained_dropout": True}, r"pretrained_dropout: a run from scratch has no pretrained model's dropout"),
 ])
 def test_a_synthetic_task_refuses_the_data_options(options, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(FieldError, match=message) as refused:
         resolve_config({"task": "reverse"}, options)
+    assert refused.value.field == message.split(":")[0]
 
 
 def test_the_options_a_run_reads_are_taken(tmp_path):

@@ -139,8 +139,8 @@ def resolve_config(*layers: dict[str, Any]) -> TrainConfig:
         for name in other.reads:
             if name in merged and name not in kind.reads:
                 readers = " or ".join(a(k.name) for k in KINDS.values() if name in k.reads)
-                raise ValueError(f"{name}: {a(kind.name)} run does not read it (only {readers} run "
-                                 f"does); expected no --{name.replace('_', '-')}, got {merged[name]!r}")
+                raise FieldError(name, f"{a(kind.name)} run does not read it (only {readers} run does); "
+                                       f"expected no --{name.replace('_', '-')}, got {merged[name]!r}")
     return training_config.resolve_config(*layers, objective=kind.objective if merged.get("data") else None)
 
 
