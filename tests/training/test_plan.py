@@ -142,7 +142,8 @@ def test_the_plan_is_a_frozen_value_of_choices_and_their_reasons(data_file):
     assert plan.precision == "bf16" and plan.confirm_precision  # predicted: the first steps confirm it
     assert plan.step_seconds == pytest.approx(speeds.step_seconds(
         plan.config, _summary().model_for(plan.config), "classifier", plan.config.max_tokens, 0, "bf16"))
-    assert all(p == "bf16" for _, _, p in speeds.asked)  # every step time asked in the plan's precision
+    # every step time asked in the plan's precision, but one: fp32's, to size the first updates' timing of it
+    assert [p for _, _, p in speeds.asked if p != "bf16"] == ["fp32"]
 
 
 @pytest.mark.parametrize("per_token, length", [(1e-7, 512), (2.3e-4, 256), (1e-3, 64)])
@@ -161,6 +162,43 @@ def test_a_slower_machine_gets_a_smaller_model_and_a_faster_one_a_larger(data_fi
     sizes = [make_plan(_config(5, max_length=64), _summary(long=0), Speeds(p), 300.0).config.model.d_model
              for p in (1e-2, 1e-5, 1e-8)]
     assert sizes == sorted(sizes) and sizes[0] == 128 < sizes[-1], sizes
+
+
+def test_fp32_is_not_timed_where_its_updates_would_take_much_of_the_budget(data_file):
+    """A predicted bf16 is confirmed by the first updates only where CONFIRM_ROUNDS fp32 updates
+    take at most CONFIRM_SHARE of the training time (a 1-minute reranking fine-tune, bf16 products
+    12x faster, spent its budget on fp32 updates and made 2); the plan says why not."""
+    from tformer.training.plan import CONFIRM_ROUNDS, CONFIRM_SHARE, make_plan
+
+    assert make_plan(_config(3), _summary(), Speeds(bf16_speedup=12.0), 180.0).confirm_precision
+    speeds = Speeds(per_token=1e-2, bf16_speedup=12.0)
+    plan = make_plan(_config(1, max_length=64), _summary(long=0), speeds, 60.0)
+    fp32 = speeds.step_seconds(plan.config, _summary(long=0).model_for(plan.config), "classifier",
+                               plan.config.max_tokens, 0, "fp32")
+    assert CONFIRM_ROUNDS * fp32 > CONFIRM_SHARE * 0.9 * 60.0
+    assert plan.precision == "bf16" and not plan.confirm_precision
+    assert "not timed against fp32 by the first updates" in plan.why("precision")
+
+
+def test_the_first_updates_stop_timing_fp32_once_it_has_taken_its_share(data_file):
+    """The plan's estimate may be optimistic: the first updates stop alternating as soon as the
+    fp32 ones have taken CONFIRM_SHARE of the training time, keep the planned precision, say so,
+    and remember nothing (nothing was timed to the end)."""
+    import torch
+
+    from tformer.training.first_steps import FirstSteps
+    from tformer.training.plan import make_plan
+
+    autotune.forget()
+    summary = _summary(long=0)
+    plan = make_plan(_config(1, max_length=64), summary, Speeds(), 60.0)
+    first = FirstSteps(plan, None, summary, torch.device("cpu"), plan.bf16, confirm=True, replans=False)
+    assert first.precision(1) and first.stepped(True, 1.0, 1000, 50.0) == (None, None)
+    assert not first.precision(2)  # fp32's first update: 12 s of the 60
+    line, _ = first.stepped(False, 12.0, 1000, 38.0)
+    assert line.startswith("precision: bf16 from here on, as planned: the first updates' fp32 ones took 12.0 s")
+    assert first.precision(3) and first.precision(4)  # no more fp32 updates
+    assert not any("train-precision" in k for k in autotune.decisions())
 
 
 def test_the_speeds_precision_is_the_plans_and_fp32_plans_fp32_steps(data_file):
@@ -270,7 +308,7 @@ def test_the_first_steps_keep_the_faster_precision_and_remember_it(tmp_path, mon
         for update in range(1, 2 * CONFIRM_ROUNDS + 1):
             bf16 = first.precision(update)
             line, _ = first.stepped(bf16, (5.0 if update <= 2 else 1.0) * (bf16_seconds if bf16 else 1.0),
-                                    1000, 100.0)
+                                    1000, 1000.0)
         assert first.bf16 is kept and line.startswith(f"precision: {half if kept else 'fp32'} from here on")
         assert first.precision(99) is kept  # from here on
         if device.type == "cuda":  # remembered under the GPU's own key

@@ -2,10 +2,12 @@
 
 A plan that predicted 16-bit autocast without having measured this model (a first run on a
 machine: tformer.training.planning) has its first 2 x CONFIRM_ROUNDS updates alternate 16-bit
-and fp32 autocast. Each is a real update (the weights, the optimizer and the schedule are fp32
-either way), so confirming costs the run nothing but the slower precision's few steps, where a
-probe before training cost two throwaway models (a 2.5-minute budget could not pay for them,
-and the run trained in fp32 on a CPU where bf16 steps were 1.5-1.8x faster). The faster by its
+and fp32 autocast, where the plan expects fp32's to take at most CONFIRM_SHARE of the training
+time (and only until they have: a plan's estimate may be optimistic). Each is a real update
+(the weights, the optimizer and the schedule are fp32 either way), so confirming costs the run
+nothing but the slower precision's few steps, where a probe before training cost two throwaway
+models (a 2.5-minute budget could not pay for them, and the run trained in fp32 on a CPU where
+bf16 steps were 1.5-1.8x faster). The faster by its
 fastest time per token (each precision's first update, which creates its kernels, left out)
 is kept, and remembered for the next run.
 
@@ -20,11 +22,10 @@ from __future__ import annotations
 import statistics
 
 from tformer.nn.kernels import autotune
-from tformer.training.plan import Plan, replan
+from tformer.training.plan import CONFIRM_ROUNDS, CONFIRM_SHARE, Plan, replan
 from tformer.training.precision import MIN_STEP_SPEEDUP, precision_why
 
-CONFIRM_ROUNDS = 3  # updates of each precision (the first of each left out)
-CONFIRM_UPDATES = 2 * CONFIRM_ROUNDS
+CONFIRM_UPDATES = 2 * CONFIRM_ROUNDS  # CONFIRM_ROUNDS of each precision (the first of each left out)
 REPLAN_AFTER = 5  # updates in the kept precision that time the pace
 
 
@@ -38,6 +39,7 @@ class FirstSteps:
         self.confirming = confirm
         self.bf16 = bf16
         self.times: dict[bool, list[float]] = {False: [], True: []}
+        self.spent: dict[bool, float] = {False: 0.0, True: 0.0}  # seconds of each precision's updates
         self.paced: list[float] = []
         self.pacing = speeds is not None
         self.replans = replans
@@ -53,6 +55,14 @@ class FirstSteps:
         took `seconds`."""
         if self.confirming:
             self.times[bf16].append(seconds / max(tokens, 1))
+            self.spent[bf16] += seconds
+            other = self.spent[not self.bf16]  # the precision the plan did not predict
+            if other > CONFIRM_SHARE * (sum(self.spent.values()) + seconds_left):
+                self.confirming = False  # (the plan's estimate was optimistic: not remembered)
+                planned = self.plan.half if self.bf16 else "fp32"
+                return (f"precision: {planned} from here on, as planned: the first updates' "
+                        f"{'fp32' if self.bf16 else self.plan.half} ones took {other:,.1f} s, more than "
+                        f"{CONFIRM_SHARE:.0%} of the training time, to time"), None
             if update < CONFIRM_UPDATES and min(len(t) for t in self.times.values()) < CONFIRM_ROUNDS:
                 return None, None
             return self._keep(), None

@@ -51,6 +51,12 @@ VALIDATIONS = 5  # the most a timed run makes (the last at the end of training)
 MIN_VALIDATIONS = 2  # the fewest: one mid-way and the last
 TEST_SHARE = 0.15  # the final test's share of the budget, at most
 TEST_MARGIN = 2.5  # the test's examples at ~2.5x a prediction each: its loss pass, then predictions
+# A predicted 16-bit precision is confirmed by the run's first updates (CONFIRM_ROUNDS of each,
+# tformer.training.first_steps) only where fp32's take at most CONFIRM_SHARE of the training time:
+# a 1-minute MiniLM reranking fine-tune (bf16 products 12x faster here) spent its budget timing
+# fp32 updates of 20 passages a query and made 2 updates.
+CONFIRM_ROUNDS = 3
+CONFIRM_SHARE = 0.05
 # Predicting one example against a training step's share of one: a forward is ~1/3 of a step's
 # FLOPs (an objective whose predictions cost more says so: Objective.predict_cost).
 PREDICT_COST_DEFAULT = 0.5
@@ -137,7 +143,7 @@ def make_plan(config, data: DataSummary, speeds: Speeds, seconds: float, resume:
         return c if config.max_tokens is not None else batch_tokens(c.replace(max_tokens=None),
                                                                     [data.mean_cost(c.max_length)])[0]
 
-    def step(c) -> float | None:
+    def step(c, precision: str = precision) -> float | None:
         tokens = c.max_tokens if c.max_tokens else c.batch_size * data.mean_cost(c.max_length)
         return speeds.step_seconds(c, data.model_for(c), data.kind, tokens,
                                    data.mean_cost(c.max_length), precision)
@@ -156,6 +162,12 @@ def make_plan(config, data: DataSummary, speeds: Speeds, seconds: float, resume:
     if sized:
         config, why = choose_size(config, training, step, "not known on this machine", rungs)
         reasons.append(("model size", why))
+    fp32 = step(config, "fp32") if confirm and timed and data.texts else None
+    if fp32 is not None and CONFIRM_ROUNDS * fp32 > CONFIRM_SHARE * training:
+        confirm = False
+        why_precision += (f"; not timed against fp32 by the first updates: {CONFIRM_ROUNDS} fp32 updates "
+                          f"would take ~{CONFIRM_ROUNDS * fp32:,.1f} s, more than {CONFIRM_SHARE:.0%} of "
+                          "the training time")
     reasons.append(("precision", why_precision))
     per_step = step(config) if data.texts else None  # (a synthetic task's: measured as it runs)
     share = data.predict_cost
