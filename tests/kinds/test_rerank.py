@@ -316,3 +316,18 @@ def test_the_stream_tokenizes_pools_of_pairs_not_of_queries(monkeypatch):
     data = SimpleNamespace(config="c", epoch_pools=lambda epoch: iter(pools))
     pieces = list(reranking.PairPools(data).epoch_pools(0))
     assert [[len(r["passages"]) for r in p] for p in pieces] == [[4, 4, 4], [1, 20], [3], [11]]
+
+
+def test_the_plan_counts_each_pair_of_a_query_on_its_own(runs):
+    """A query's candidates are pairs the model reads one by one: the plan's summary of an
+    example is each pair's tokens (summed as one text, a query of 20 passages cut at 128 was a
+    tenth of its cost and never whole)."""
+    from tformer.training.planning import summarize
+
+    objective = runs["grouped"].objective
+    summary = summarize(objective)
+    assert summary.texts and max(len(t) for t in summary.texts) > 2  # (the rows' queries have 3+ candidates)
+    encoded = objective.encode(objective.examples("test")[:3])
+    assert [list(e.lengths) for e in encoded] == [[len(p.ids) for p in e.pairs] for e in encoded]
+    assert summary.mean_cost(10**6) == pytest.approx(
+        sum(sum(t) for t in summary.texts) / len(summary.texts))

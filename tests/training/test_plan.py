@@ -314,3 +314,22 @@ def test_the_first_steps_keep_the_faster_precision_and_remember_it(tmp_path, mon
         if device.type == "cuda":  # remembered under the GPU's own key
             assert any(k.startswith("Fake GPU, sm_75 | ") and "train-precision" in k for k in autotune.decisions())
     assert any("train-precision | classifier d" in k for k in autotune.decisions())
+
+
+def test_a_query_of_20_passages_costs_20_passages_and_a_batch_holds_few(data_file):
+    """A reranking example is a query's 20 (query, passage) pairs, each cut at the max length on
+    its own: 20 x 100 tokens, whole at 128. Summed as one text cut at 128 it cost 10x too little
+    and was never whole; and its validation, planned at 32 examples a step where a 4,096-token
+    batch holds 2, took 24% of a fine-tune's time instead of 5%."""
+    from tformer.config import TransformerConfig
+    from tformer.training.plan import DataSummary, make_plan
+
+    model = TransformerConfig(d_model=128, n_heads=4, d_ff=512, n_layers=2, vocab_size=4000, n_classes=1,
+                              max_len=512)
+    summary = DataSummary("classifier", model, tuple((100,) * 20 for _ in range(50)), 2000, 20, 50)
+    assert summary.mean_cost(128) == 2000 and summary.cut_share(128) == 0
+    plan = make_plan(_config(3, max_tokens=4096, max_length=128), summary, Speeds(), 180.0)
+    assert plan.example_seconds == pytest.approx(summary.predict_cost * plan.step_seconds / (4096 / 2000))
+    # A batch of short examples holds batch_size of them: as before
+    plan = make_plan(_config(3, max_length=64), _summary(long=0), Speeds(), 180.0)
+    assert plan.example_seconds == pytest.approx(_summary().predict_cost * plan.step_seconds / 32)

@@ -61,6 +61,11 @@ class Candidates:
     def longest(self) -> int:
         return max(len(p.ids) for p in self.pairs)
 
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """Each pair's tokens: the plan's summary (each cut at the max length on its own)."""
+        return tuple(len(p.ids) for p in self.pairs)
+
 
 @dataclass
 class PairsBatch(_Batch):

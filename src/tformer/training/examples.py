@@ -55,3 +55,7 @@ class PairExample:
     @property
     def longest(self) -> int:
         return max(len(t.ids) for t in (self.anchor, self.positive, self.negative) if t is not None)
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        return tuple(len(t.ids) for t in (self.anchor, self.positive, self.negative) if t is not None)

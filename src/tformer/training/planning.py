@@ -162,7 +162,10 @@ def summarize(objective: Objective) -> DataSummary:
     if config.data is not None:
         wide = objective.with_config(config.replace(max_length=limit))
         encoded = wide.encode(next(objective.source.data.epoch_pools()))
-        texts = tuple(tuple(n for n in (ex.longest, ex.cost - ex.longest) if n > 0) for ex in encoded)
+        # Each text's tokens (an example's `lengths` where it has more than two texts: a query's
+        # 20 passages summed as one "text" cut at 128 made a reranking example 10x cheaper than it is)
+        texts = tuple(tuple(n for n in getattr(ex, "lengths", (ex.longest, ex.cost - ex.longest)) if n > 0)
+                      for ex in encoded)
     model = objective.model_config()
     if objective.base_config is not None:
         model = objective.base_config.replace(n_classes=model.n_classes, max_len=limit)
