@@ -224,9 +224,10 @@ def table(results: list[dict]) -> str:
         t, h = r["tformer"], r["hf"]
         c = t["config"]
         model = f"d {c['d_model']}, {c['n_layers']} layers, {t['parameters'] / 1e6:.1f}M"
+        ratio = f"{t['f1'] / h['f1']:.2f}" if h["f1"] else "- (HF found no entity)"
         rows.append(f"| {r['minutes']:g} min | {r['start']} | {t['f1']:.3f} ({t['precision']:.3f} / "
                     f"{t['recall']:.3f}) | {h['f1']:.3f} ({h['precision']:.3f} / {h['recall']:.3f}) | "
-                    f"{t['f1'] / max(h['f1'], 1e-9):.2f} | {t['baseline']:.3f} | {model}, {t['steps']:,}, "
+                    f"{ratio} | {t['baseline']:.3f} | {model}, {t['steps']:,}, "
                     f"{t['wall_seconds']:.0f} s | {h['steps']:,} of {h['planned']:,} planned |")
     return "\n".join(rows)
 
