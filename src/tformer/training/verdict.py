@@ -93,9 +93,18 @@ def judge(value: float, baseline: float, key: str, examples: int, spread: float 
 # the test's examples drawn again with replacement (each example's model and baseline together,
 # so that what the two share cancels), the gain recomputed on each draw, and its 2.5th and 97.5th
 # percentiles taken. Efron & Tibshirani, "An Introduction to the Bootstrap" (1993), ch. 13; the
-# draws here are Poisson(1) weights per example (Hanley & MacGibbon 2006), the same for large n.
+# F1's draws are Poisson(1) weights per example (Hanley & MacGibbon 2006), the same for large n.
 DRAWS = 1000
-CHUNK = 100  # draws computed at once (CHUNK x N weights in memory)
+MIN_DRAWS = 200  # a large test's: fewer draws, its interval narrow anyway (at most WORK x draws)
+WORK = 50_000_000  # example draws in all (a million-line `tformer eval` draws 200 x 10^6, seconds)
+CHUNK = 10_000_000  # example draws held at once (x 8 bytes, a few arrays of them)
+
+
+def _draws(n: int, draws: int | None) -> tuple[int, int]:
+    """(draws, draws computed at once) for a test of n examples."""
+    if draws is None:
+        draws = int(min(DRAWS, max(MIN_DRAWS, WORK // max(n, 1))))
+    return draws, max(1, min(100, CHUNK // max(n, 1)))
 
 
 def _percentiles(gains: np.ndarray) -> tuple[float, float]:
@@ -103,7 +112,7 @@ def _percentiles(gains: np.ndarray) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def f1_interval(model: np.ndarray, baseline: np.ndarray, draws: int = DRAWS,
+def f1_interval(model: np.ndarray, baseline: np.ndarray, draws: int | None = None,
                 seed: int = 0) -> tuple[float, float]:
     """The 95% interval of F1(model) - F1(baseline), F1 = 2 correct / (true + predicted) of the
     counts summed over the examples, by a paired bootstrap.
@@ -113,10 +122,11 @@ def f1_interval(model: np.ndarray, baseline: np.ndarray, draws: int = DRAWS,
         and those predicted right.
     """
     counts = np.concatenate([np.asarray(model, np.float64), np.asarray(baseline, np.float64)], 1)  # (N, 6)
+    draws, chunk = _draws(len(counts), draws)
     rng = np.random.default_rng(seed)
     gains = []
-    for first in range(0, draws, CHUNK):
-        weights = rng.poisson(1.0, (min(CHUNK, draws - first), len(counts)))  # (D, N)
+    for first in range(0, draws, chunk):
+        weights = rng.poisson(1.0, (min(chunk, draws - first), len(counts)))  # (D, N)
         t, p, c, bt, bp, bc = (weights @ counts).T  # (D,) each
         gains.append(2 * c / np.maximum(t + p, 1) - 2 * bc / np.maximum(bt + bp, 1))
     return _percentiles(np.concatenate(gains))
@@ -134,7 +144,7 @@ def _correlations(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def spearman_interval(ranked: np.ndarray, truth: np.ndarray, baselines: list[np.ndarray],
-                      draws: int = DRAWS, seed: int = 0) -> tuple[float, float]:
+                      draws: int | None = None, seed: int = 0) -> tuple[float, float]:
     """The 95% interval of the Spearman correlation of the model's scores with the truth minus
     the best baseline's (each baseline's scores; a constant one correlates 0), by a paired
     bootstrap of the examples. Each draw correlates the examples' ranks in the whole test
@@ -145,10 +155,11 @@ def spearman_interval(ranked: np.ndarray, truth: np.ndarray, baselines: list[np.
         baselines: each (N,), the ranks of a baseline's scores
     """
     n = len(truth)
+    draws, chunk = _draws(n, draws)
     rng = np.random.default_rng(seed)
     gains = []
-    for first in range(0, draws, CHUNK):
-        idx = rng.integers(0, n, (min(CHUNK, draws - first), n))  # (D, N)
+    for first in range(0, draws, chunk):
+        idx = rng.integers(0, n, (min(chunk, draws - first), n))  # (D, N)
         t = truth[idx]
         best = np.zeros(len(idx))
         for b in baselines:
