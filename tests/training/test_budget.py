@@ -3,6 +3,7 @@ validation stays within its share; --epochs stops after N passes."""
 
 import json
 import math
+import random
 import time
 
 import pytest
@@ -590,6 +591,34 @@ def test_a_run_whose_first_updates_are_far_slower_than_planned_chooses_its_size_
     again = [line for line in logged if line.startswith("re-plan: ")]
     assert len(again) == 1 and "model size d_model 32" in again[0], logged
     assert load_run(tmp_path / "run").config.model.d_model == 32
+
+
+def test_a_run_far_slower_than_planned_chooses_its_length_again_with_its_size(
+        tmp_path, monkeypatch, probes_paid):
+    """Beside two busy processes a plan that expected 145 ms a step at 512 tokens got 1,066 and
+    made 17 updates in a minute: the re-plan could only choose the size again, and kept the
+    length. It now plans again by the first plan's rules at the real pace: a shorter length,
+    recorded in data.json (what a resume and load_run read), and the run trains at it."""
+    from tformer.training import planning, sizing
+
+    monkeypatch.setattr(sizing, "LADDER", SMALL_LADDER)
+    monkeypatch.setattr(sizing, "MIN_PASSES", 300.0)  # (the real pace affords fewer passes at 256)
+    monkeypatch.setattr(planning.MachineSpeeds, "step_seconds",  # a made-up machine, 10^4x too fast
+                        lambda self, config, model, kind, tokens, *a: 1e-10 * tokens * model.d_model)
+    rng = random.Random(0)
+    rows = [{"text": " ".join(rng.choice(["cat", "dog", "city", "road", "the", "a"]) for _ in range(200)),
+             "label": rng.choice(["x", "y"])} for _ in range(300)]
+    data = write(tmp_path / "d.jsonl", rows)
+    logged = []
+    config = resolve_config({"data": str(data), "vocab_size": 300, "threads": 1, "max_minutes": 0.5,
+                             "precision": "fp32", "long": "cut", "out": str(tmp_path / "run")})
+    train(config, progress=False, log=logged.append)
+    first = int(next(line for line in logged if line.startswith("max length: ")).split()[2])
+    again = [line for line in logged if line.startswith("re-plan: ")]
+    assert len(again) == 1 and "max length " in again[0], logged
+    run = load_run(tmp_path / "run")
+    assert run.config.max_length < first, (run.config.max_length, first)
+    assert json.loads((tmp_path / "run" / "data.json").read_text())["max_length"] == run.config.max_length
 
 
 def test_a_last_step_that_ends_a_little_late_is_still_validated():

@@ -82,8 +82,11 @@ class FirstSteps:
         new = replan(self.plan, self.data, self.speeds, measured, seconds_left) if self.replans else None
         if new is None:
             return None, None
+        was, now = self.plan.config, new.config
+        moved = {"max length": was.max_length != now.max_length, "model size": was.model != now.model}
+        changed = "; ".join(f"{what} {new.why(what)}" for what in moved if moved[what] and new.why(what))
         line = (f"re-plan: the first updates took {measured * 1000:,.0f} ms each where the plan expected "
-                f"{self.plan.step_seconds * 1000:,.0f}: model size {new.why('model size')}; starting again")
+                f"{self.plan.step_seconds * 1000:,.0f}: {changed}; starting again")
         self.plan = new
         return line, new
 

@@ -82,7 +82,7 @@ from tformer.training.config import TrainConfig
 from tformer.training.distributed import any_rank, barrier, rank_and_world
 from tformer.training.first_steps import CONFIRM_UPDATES, FirstSteps
 from tformer.training.objective import Objective
-from tformer.training.planning import plan_run
+from tformer.training.planning import plan_run, replanned
 from tformer.training.report import (
     Meter,
     Progress,
@@ -301,7 +301,7 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
         state["precision"] = plan.half if bf16 else "fp32"
         if new is not None:  # the real pace called for another size: built again, from step 0
             plan, config = new, new.config
-            objective = objective.with_config(config)
+            objective = replanned(objective, plan, data, run_dir if writer else None, bar.write)
             torch.manual_seed(config.seed)
             model = objective.build_model().to(device)
             optimizer, meter = make_optimizer(model, config), Meter()

@@ -24,6 +24,7 @@ and the time kept back for the final test.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -135,6 +136,7 @@ def make_plan(config, data: DataSummary, speeds: Speeds, seconds: float, resume:
     its budget (math.inf: untimed). Measures nothing; `config` has its threads and learning rate;
     `rungs`: the sizes above the ladder this device may take (tformer.training.sizing.rungs_for)."""
     reasons: list[tuple[str, str]] = []
+    start = config  # (a re-plan plans again from here)
     timed = math.isfinite(seconds)
     training = 0.9 * seconds if timed else math.inf  # (the rest: validations, the test, saving)
     precision, why_precision, confirm = speeds.precision(config, data.model_for(config), data.kind)
@@ -182,7 +184,7 @@ def make_plan(config, data: DataSummary, speeds: Speeds, seconds: float, resume:
         reasons.append(("validation", why))
         test = min(data.test_examples * per_example * TEST_MARGIN, TEST_SHARE * seconds)
     return Plan(config, precision, tuple(reasons), half, confirm, per_step, per_example, validations,
-                sample, test, sized, {"seconds": training, "rungs": rungs})
+                sample, test, sized, {"seconds": training, "rungs": rungs, "config": start})
 
 
 def validation_plan(training: float, per_example: float, available: int,
@@ -206,39 +208,47 @@ def validation_plan(training: float, per_example: float, available: int,
 def replan(plan: Plan, data: DataSummary, speeds: Speeds, measured: float, seconds: float) -> Plan | None:
     """A new plan once the run's first real steps took `measured` seconds each where the plan
     expected plan.step_seconds, with `seconds` of training time left; None when the plan stands:
-    its size was not chosen here, the two agree within REPLAN_RATIO, or the same size is chosen
-    again at the real pace."""
-    expected = plan.step_seconds
-    if not plan.sized or expected is None or not math.isfinite(seconds):
+    its size was not chosen here, the two agree within REPLAN_RATIO, or the same size and length
+    are chosen again at the real pace. The first plan's rules (make_plan), with every step
+    estimate scaled to the pace the real steps showed, so the length is chosen again with the
+    size: beside two busy processes a plan that expected 145 ms a step at 512 tokens got 1,066
+    and made 17 updates in a minute, the smallest model and the length it had kept."""
+    expected, start = plan.step_seconds, plan.extra.get("config")
+    if not plan.sized or expected is None or start is None or not math.isfinite(seconds):
         return None
     if seconds < 0.5 * plan.extra.get("seconds", 0.0):  # too late for starting over to pay
         return None
     ratio = measured / expected
     if 1 / REPLAN_RATIO <= ratio <= REPLAN_RATIO:
         return None
-
-    def estimate(c) -> float | None:
-        return speeds.step_seconds(c, data.model_for(c), data.kind, c.max_tokens,
-                                   data.mean_cost(c.max_length), plan.precision)
-
     # The same machine at the pace the real steps showed. Speeds that learned that pace already
     # estimate the planned size at it (MachineSpeeds.learned): scaling their estimates by the
     # plan's miss again chose a model 10x too slow (65 ms measured where 1,364 were planned: a 46 M
     # parameter model estimated at 91 ms a step ran 935).
-    now = estimate(plan.config)
-    scale = measured / now if now else ratio
-
-    def step(c) -> float | None:
-        base = estimate(c)
-        return None if base is None else base * scale
-
-    config, why = choose_size(plan.config, seconds, step, "not known on this machine",
-                              plan.extra.get("rungs", ()))
-    if all(getattr(config.model, k) == getattr(plan.config.model, k) for k in SIZES):
+    now = speeds.step_seconds(plan.config, data.model_for(plan.config), data.kind, plan.config.max_tokens,
+                              data.mean_cost(plan.config.max_length), plan.precision)
+    new = make_plan(start, data, _AtPace(speeds, measured / now if now else ratio, plan), seconds,
+                    half=plan.half, rungs=plan.extra.get("rungs", ()))
+    if new.config.max_length == plan.config.max_length and \
+            all(getattr(new.config.model, k) == getattr(plan.config.model, k) for k in SIZES):
         return None
-    reasons = tuple((w, y) for w, y in plan.reasons if w != "model size") + (("model size", why),)
-    return Plan(config, plan.precision, reasons, plan.half, False, step(config), plan.example_seconds,
-                plan.validations, plan.valid_sample, plan.test_seconds, True, plan.extra)
+    kept = tuple((w, y) for w, y in new.reasons if w != "precision") + (("precision", plan.why("precision")),)
+    return dataclasses.replace(new, reasons=kept, extra={**plan.extra, **new.extra})
+
+
+class _AtPace:
+    """A machine's speeds at the pace a run's first steps showed (every estimate x `scale`), in
+    the precision the run kept (tformer.training.plan.Speeds)."""
+
+    def __init__(self, speeds: Speeds, scale: float, plan: Plan) -> None:
+        self.speeds, self.scale, self.plan = speeds, scale, plan
+
+    def step_seconds(self, config, model, kind, tokens, length, precision) -> float | None:
+        base = self.speeds.step_seconds(config, model, kind, tokens, length, self.plan.precision)
+        return None if base is None else base * self.scale
+
+    def precision(self, config, model, kind) -> tuple[str, str, bool]:
+        return self.plan.precision, self.plan.why("precision") or "", False
 
 
 REPLAN_RATIO = 1.5  # real steps this much slower (or faster) than planned: the size is chosen again

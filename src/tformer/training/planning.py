@@ -221,3 +221,17 @@ def plan_run(objective: Objective, resume: bool, world: int, started: float, log
             log(cut)
     return plan, objective, speeds, data
 
+
+def replanned(objective: Objective, plan, data: DataSummary, run_dir: Path | None, log=print) -> Objective:
+    """The objective under a re-plan's config (tformer.training.plan.replan): at a new max
+    length, long texts settled again (windows or cut) and recorded in data.json, as plan_run does."""
+    length = objective.config.max_length
+    objective = objective.with_config(plan.config)
+    if plan.config.max_length != length and data.texts:
+        objective, cut = settle_long_texts(objective, plan, data, run_dir)
+        if run_dir is not None and not objective.pools:
+            write_json_atomic(run_dir / "data.json", objective.source.data.describe())  # resuming reads it
+        if cut:
+            log(cut)
+    return objective
+
