@@ -206,9 +206,14 @@ def _tune(searcher: AnnSearch, sample: np.ndarray, held: np.ndarray, expected: n
     best = None  # (cost, recall, nprobe, rerank)
     fallback = (-1.0, 0, 0)
     per_list = n / shape["nlist"]
-    for rerank in RERANKS:
+    # The deepest rerank first: it meets the target at the fewest lists, and bounds the rest: a
+    # setting that costs more than the best found is not tried (at 10^7 vectors, rerank 4 probing
+    # every one of 4,096 lists for 1,000 queries took most of a 30-minute build).
+    for rerank in sorted(RERANKS, reverse=True):
         nprobe = 1
         while nprobe <= shape["nlist"]:
+            if best is not None and nprobe * per_list + rerank * 10 * CANDIDATE >= best[0]:
+                break
             searcher.nprobe, searcher.rerank = nprobe, rerank
             _, got = searcher.search(sample, 11)
             recall, low = recall_at_10(_without_self(got, held), expected)
