@@ -63,6 +63,9 @@ def test_the_bound_is_never_narrower_than_the_spread_of_real_paired_differences(
     (21.9, 7.1, "bleu", 1000, LEARNED),
     (1.54, 7.1, "bleu", 1000, NOT_LEARNED),        # the outside run that "did not learn"
     (0.9, 0.5, "mrr_at_10", 5, CANNOT_TELL),       # too few examples for any verdict
+    (1.0, 1.0, "accuracy", 1, CANNOT_TELL),        # a perfect baseline matched on 1 example: recorded
+                                                   # "learned" while the run said "too few to tell"
+    (1.0, 1.0, "accuracy", 50, LEARNED),           # ... matched on 50: the split is too easy, not failed
 ])
 def test_the_verdict_follows_the_interval(value, baseline, key, n, verdict):
     assert judge(value, baseline, key, n)[0] == verdict

@@ -74,11 +74,11 @@ def judge(value: float, baseline: float, key: str, examples: int, spread: float 
     spearman_interval). A metric of LOWER_IS_BETTER is judged by ``spread`` (log_gain_se's)."""
     if key in LOWER_IS_BETTER:
         return _judge_lower(value, baseline, examples, spread)
+    low, high = gain_interval(value, baseline, key, examples) if interval is None else interval
+    if examples < MIN_VERDICT_EXAMPLES:  # (a perfect score on 1 example matched its baseline's too)
+        return CANNOT_TELL, (low, high)
     if baseline >= PERFECT.get(key, float("inf")) and value >= baseline:
         return LEARNED, (0.0, 0.0)
-    low, high = gain_interval(value, baseline, key, examples) if interval is None else interval
-    if examples < MIN_VERDICT_EXAMPLES:
-        return CANNOT_TELL, (low, high)
     if low > 0:
         return LEARNED, (low, high)
     if high < MIN_GAIN * SCALE.get(key, 1.0):
