@@ -54,8 +54,11 @@ def test_freed_blocks_are_reused_instead_of_faulted_in_again():
     default = _faults_per_step("default", env)
     kept = _faults_per_step("keep", env)
     # Measured: ~5,000-7,000 faults per step by default (glibc trims the freed top of its heap
-    # after a step and faults it in again in the next), ~200 kept.
-    assert default > 1000, f"default: {default} page faults per step (kept: {kept})"
+    # after a step and faults it in again in the next), ~200 kept; but 662 by default (0 kept) in
+    # a run whose machine had 20 GB of page cache in use, and 205 in one above: how much glibc
+    # trims varies, what keeping saves of it does not.
+    if default < 100:
+        pytest.skip(f"the default run faulted {default} pages a step here: too few to compare")
     assert kept < default / 5, f"kept: {kept} page faults per step (default: {default})"
 
 
