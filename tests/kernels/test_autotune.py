@@ -173,3 +173,45 @@ def test_kernel_choices_stop_measuring_when_their_allowance_is_spent(monkeypatch
     with autotune.measuring(0.0):
         assert autotune.choose("k", "first", candidates, measure) == "fast"  # known still
     assert autotune.choose("k", "second", candidates, measure) == "fast"  # no limit: measured
+
+
+def test_a_rate_measured_beside_busy_processes_is_this_process_s_only(monkeypatch):
+    """A decision whose seconds are the machine's speed (a product's, a training step's rate) is
+    kept in the cache file only when the cores were this process's while it was measured: a
+    busy moment's 26x slower product had planned every later run from it. Within the process
+    it stands (its plan and re-plan agree); the next process measures again."""
+    others = {"now": 2.0}
+    monkeypatch.setattr(autotune, "others_running", lambda **k: others["now"])
+    monkeypatch.setattr(autotune.torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(autotune, "usable_cores", lambda: 2)
+    measured = []
+
+    def decide_now():
+        measured.append(1)
+        return autotune.decision("fp32", {"fp32": 0.02 * len(measured)})
+
+    busy = autotune.recall("product", "busy", decide_now, rate=True)
+    assert autotune.recall("product", "busy", decide_now, rate=True) == busy and len(measured) == 1
+    autotune.remember("train-rate", "busy", autotune.decision("x", {"gflop": 1.0}), rate=True)
+    assert not any("busy" in k for k in autotune._read())  # nothing of it in the file
+    autotune._memory.clear()  # a new process: measures again
+    assert autotune.recall("product", "busy", decide_now, rate=True)["seconds"]["fp32"] == 0.04
+    others["now"] = 0.0  # quiet: kept for the next process
+    autotune._memory.clear()
+    quiet = autotune.recall("product", "busy", decide_now, rate=True)
+    autotune.remember("train-rate", "quiet", autotune.decision("x", {"gflop": 1.0}), rate=True)
+    autotune._memory.clear()
+    assert autotune.recall("product", "busy", decide_now, rate=True) == quiet and len(measured) == 3
+    assert autotune.known("train-rate", "quiet")["seconds"] == {"gflop": 1.0}
+    # A kernel choice compares its candidates with each other: kept whatever the machine runs.
+    others["now"] = 2.0
+    autotune.recall("kernel", "choice", decide_now)
+    assert any(k.endswith("kernel | choice") for k in autotune._read())
+
+
+def test_quiet_counts_other_threads_against_the_cores_left_free(monkeypatch):
+    monkeypatch.setattr(autotune, "usable_cores", lambda: 2)
+    monkeypatch.setattr(autotune.torch, "get_num_threads", lambda: 1)
+    for others, expected in ((0.0, True), (1.0, True), (2.0, False)):
+        monkeypatch.setattr(autotune, "others_running", lambda others=others, **k: others)
+        assert autotune.quiet() is expected

@@ -81,7 +81,8 @@ def bf16_speedup(n: int = 512, repeats: int = 5, device: torch.device = _CPU) ->
         return autotune.decision("bf16" if fp32 >= MIN_SPEEDUP * bf16 else "fp32",
                                  {"fp32": fp32, "bf16": bf16})
 
-    seconds = autotune.recall("bf16-product", f"{n}^3", decide_now, {"fp32", "bf16"}, device)["seconds"]
+    seconds = autotune.recall("bf16-product", f"{n}^3", decide_now, {"fp32", "bf16"}, device,
+                              rate=True)["seconds"]
     return seconds["fp32"] / max(seconds["bf16"], 1e-9)
 
 

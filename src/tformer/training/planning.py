@@ -114,7 +114,8 @@ class MachineSpeeds:
         flops = step_flops(model, kind, tokens, length)
         alone = max(seconds / self.slowdown - STEP_OVERHEAD, 1e-6)
         autotune.remember("train-rate", f"{kind} {precision}",
-                          autotune.decision(precision, {"gflop": alone / (flops / 1e9)}), self.device)
+                          autotune.decision(precision, {"gflop": alone / (flops / 1e9)}), self.device,
+                          rate=True)
 
 
 def product_seconds(device: torch.device) -> dict[str, float]:
@@ -138,7 +139,7 @@ def product_seconds(device: torch.device) -> dict[str, float]:
             times.append(time.perf_counter() - t)
         return autotune.decision("fp32", {"fp32": min(times)})
 
-    return dict(autotune.recall("fp32-product", f"{PRODUCT}^3", fp32, device=device)["seconds"])
+    return dict(autotune.recall("fp32-product", f"{PRODUCT}^3", fp32, device=device, rate=True)["seconds"])
 
 
 def precision_key(config, model, kind: str) -> str:

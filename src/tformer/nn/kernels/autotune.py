@@ -17,7 +17,8 @@ to a second), and the decision is kept
   (tformer.storage.files).
 
 ``recall`` keeps other decisions measured on this machine the same way: the bf16 product
-check of ``--dtype/--precision auto`` and a training run's bf16-or-fp32 step timing.
+check of ``--dtype/--precision auto`` and a training run's bf16-or-fp32 step timing; a rate (a
+number used as the machine's speed) only where it was measured with the cores free (``quiet``).
 
 Timing: each candidate runs once to warm up (on a GPU, each call is timed to its end:
 ``tformer.nn.devices.synchronize``), then ``ROUNDS`` times interleaved with the others; the fastest
@@ -43,7 +44,7 @@ from typing import Any
 import torch
 
 from tformer.nn.devices import gpu_name, synchronize
-from tformer.nn.kernels.machine import cpu_info
+from tformer.nn.kernels.machine import cpu_info, others_running, usable_cores
 from tformer.storage.files import uncounted, write_json_atomic
 
 ROUNDS = 5
@@ -133,26 +134,46 @@ def measuring(seconds: float | None) -> Iterator[None]:
 
 
 def recall(name: str, shape_class: str, decide_now: Callable[[], dict[str, Any]],
-           choices: set[str] | None = None, device: torch.device = _CPU) -> dict[str, Any]:
+           choices: set[str] | None = None, device: torch.device = _CPU,
+           rate: bool = False) -> dict[str, Any]:
     """The decision for this device and shape class (``decision()``'s dict): from memory, else
     from the cache file (when well formed, its choice one of `choices` if given), else made now
-    by `decide_now()` (measuring on `device`) and remembered, as ``choose``'s are."""
+    by `decide_now()` (measuring on `device`) and remembered, as ``choose``'s are.
+
+    A `rate` (a decision whose seconds are used as this machine's speed, not only compared with
+    each other) measured while other processes' threads ran on the cores this process's threads
+    need (``quiet``) is this process's only: the next one measures again. Remembered, a busy
+    moment's rate was the machine's for good: a 512^3 product measured at 22.7 ms in fp32 and
+    28.9 ms in bf16 on 2 threads (alone: 0.87 and 0.32) planned every later 2-thread run on that
+    machine in fp32, with steps estimated 26x slower than fp32's real ones."""
     key = f"{name} | {shape_class}"
     remembered = known(name, shape_class, choices, device)
     if remembered is not None:
         return remembered
     decision = decide_now()
     _memory[_memory_key(name, shape_class, device)] = decision
-    _remember(f"{machine_key(device)} | {key}", decision, device)
+    if not rate or device.type != "cpu" or quiet():
+        _remember(f"{machine_key(device)} | {key}", decision, device)
     return decision
 
 
-def remember(name: str, shape_class: str, decision: dict[str, Any], device: torch.device = _CPU) -> None:
+def quiet() -> bool:
+    """Did other processes leave this process's threads their cores just now: their runnable
+    threads (tformer.nn.kernels.machine.others_running, three quick reads) fit on the cores this
+    process's threads do not use."""
+    others = others_running(samples=3, interval=0.002)
+    return others + torch.get_num_threads() <= usable_cores()
+
+
+def remember(name: str, shape_class: str, decision: dict[str, Any], device: torch.device = _CPU,
+             rate: bool = False) -> None:
     """Keep `decision` (``decision()``'s dict) for this device and shape class, replacing what
     was remembered: for a number that each run measures afresh (a training step's rate, which
-    tformer.training.planning estimates the next run's steps with)."""
+    tformer.training.planning estimates the next run's steps with). A `rate` measured on a busy
+    machine is this process's only, as ``recall``'s."""
     _memory[_memory_key(name, shape_class, device)] = decision
-    _remember(f"{machine_key(device)} | {name} | {shape_class}", decision, device)
+    if not rate or device.type != "cpu" or quiet():
+        _remember(f"{machine_key(device)} | {name} | {shape_class}", decision, device)
 
 
 def known(name: str, shape_class: str, choices: set[str] | None = None,

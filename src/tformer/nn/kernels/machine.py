@@ -63,14 +63,18 @@ def others_running(samples: int = 9, interval: float = 0.02) -> float:
     return float(statistics.median(counts))
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity; the machine's where that is unknown)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 def max_threads() -> int:
     """The most threads an option may ask for: 4 per core this process may run on. More only
     wait on each other, and tens of thousands crash OpenMP's pool (a segfault, not an error)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return 4 * max(1, cores)
+    return 4 * usable_cores()
 
 
 def check_threads(value: int | None, name: str = "--threads") -> None:
