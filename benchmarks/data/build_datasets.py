@@ -21,6 +21,9 @@ debian_sections.jsonl {"text", "label"}    Debian package summaries (the one-lin
 man_sections.jsonl   {"text", "label"}    the DESCRIPTION section of each man page (markup
                      dropped) labelled with its section (man1 user commands, man3 library
                      calls, ...): long texts (median ~128 words), for the --max-length choice.
+man_pages.jsonl      {"text", "label"}    whole man pages (every section but NAME, markup and
+                     headings dropped) labelled with their section, 1,000 a section: long texts
+                     whose evidence is spread through them, for --long windows against cut.
 debian_described.jsonl {"text", "label"}  the Debian packages with their long description, where
                      the machine has them (dpkg's status; apt's lists hold summaries only).
 en_fr_pairs.jsonl    {"anchor", "positive"} an English gettext message and its French
@@ -46,7 +49,7 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
-NAMES = ("en_de", "debian_sections", "debian_described", "man_sections", "en_fr_pairs")  # the files, in order
+NAMES = ("en_de", "debian_sections", "debian_described", "man_sections", "en_fr_pairs", "man_pages")  # the files, in order
 LABELS = 12  # most frequent sections kept for classification
 PER_LABEL_CAP = 3000  # at most this many packages per section (libs alone has ~18k)
 
@@ -116,8 +119,9 @@ MAN_SECTIONS = "123578"  # 4 (devices) and 6 (games) have too few pages here
 MAN_CAP = 3000
 
 
-def man_description(path: str, limit: int = 6000) -> str | None:
-    """The DESCRIPTION section of a gzipped man page as plain prose (markup dropped), or None."""
+def man_description(path: str, limit: int = 6000, whole: bool = False) -> str | None:
+    """The DESCRIPTION section of a gzipped man page as plain prose (markup dropped), or None;
+    `whole`: every section but NAME (SYNOPSIS first, SEE ALSO near the end), headings dropped."""
     try:
         raw = gzip.open(path, "rt", errors="replace").read()
     except OSError:
@@ -125,7 +129,8 @@ def man_description(path: str, limit: int = 6000) -> str | None:
     lines, inside = [], False
     for line in raw.splitlines():
         if line.startswith((".SH", ".Sh")):
-            inside = line[3:].strip().strip('"').upper().startswith("DESCRIPTION")
+            heading = line[3:].strip().strip('"').upper()
+            inside = not heading.startswith("NAME") if whole else heading.startswith("DESCRIPTION")
             continue
         if not inside:
             continue
@@ -155,6 +160,21 @@ def man_sections(rng: random.Random) -> list[dict[str, str]]:
         pages = [p for p in pages if not re.search(r"/(gcloud|gsutil|bq)[_.-]", p)]
         texts = (man_description(p) for p in pages)
         rows += [{"text": t, "label": f"man{section}"} for t in texts if t][:MAN_CAP]
+    rng.shuffle(rows)
+    return rows
+
+
+def man_pages(rng: random.Random, per_section: int = 1000) -> list[dict[str, str]]:
+    """Whole man pages (every section but NAME, at most 20,000 characters) -> their section: long
+    texts whose evidence is spread through them (a SYNOPSIS's #include at the start, SEE ALSO's
+    "(2)" and "(3)" at the end), for --long windows against cut."""
+    rows = []
+    for section in MAN_SECTIONS:
+        pages = sorted(glob.glob(f"/usr/share/man/man{section}/*.gz"))
+        rng.shuffle(pages)
+        pages = [p for p in pages if not re.search(r"/(gcloud|gsutil|bq)[_.-]", p)]
+        texts = (man_description(p, limit=20000, whole=True) for p in pages)
+        rows += [{"text": t, "label": f"man{section}"} for t in texts if t][:per_section]
     rng.shuffle(rows)
     return rows
 
@@ -216,6 +236,8 @@ def main() -> None:
     else:
         print(f"debian_described.jsonl: not written (only {len(described)} packages here have a "
               "long description)")
+    if "man_pages" in only:  # (a generator of its own: the files above are the same without it)
+        _write(out / "man_pages.jsonl", man_pages(random.Random(f"{args.seed}/man_pages")))
     if not only & {"man_sections", "en_fr_pairs"}:
         return
     man = man_sections(rng)

@@ -333,3 +333,45 @@ def test_a_query_of_20_passages_costs_20_passages_and_a_batch_holds_few(data_fil
     # A batch of short examples holds batch_size of them: as before
     plan = make_plan(_config(3, max_length=64), _summary(long=0), Speeds(), 180.0)
     assert plan.example_seconds == pytest.approx(_summary().predict_cost * plan.step_seconds / 32)
+
+
+def test_a_late_replan_starts_over_only_where_it_doubles_the_updates(data_file):
+    """Past half of the training time a re-plan used to stand down whatever the pace: beside two
+    busy processes a fresh machine's first updates took half of a 1-minute budget, and the run
+    went on at 512 tokens and 1.3 s a step, 10x its plan, for 21 updates. Late, it now starts
+    over where the new plan ends with at least RESTART_GAIN times the updates going on gives."""
+    from tformer.training.plan import RESTART_GAIN, make_plan, replan
+
+    speeds, summary = Speeds(1e-6), _summary(long=0)
+    plan = make_plan(_config(5, max_length=64), summary, speeds, 300.0)
+    late = 0.3 * plan.extra["seconds"]  # training seconds left: under half
+    far = replan(plan, summary, speeds, 50.0 * plan.step_seconds, late, done=4)
+    assert far is not None and far.config.model.d_model < plan.config.model.d_model
+    assert late / far.step_seconds >= RESTART_GAIN * (4 + late / (50.0 * plan.step_seconds))
+    # Late, a run that has already made many updates goes on: starting over would not double them.
+    assert replan(plan, summary, speeds, 50.0 * plan.step_seconds, late, done=10_000) is None
+    # Faster than planned, late: a larger model is not started over for.
+    assert replan(plan, summary, speeds, plan.step_seconds / 50, late, done=4) is None
+
+
+@pytest.mark.parametrize("slow", [(50.0, 50.0), (2.0, 50.0, 50.0, 50.0)])
+def test_updates_far_slower_than_planned_re_plan_after_two(data_file, slow):
+    """REPLAN_AFTER updates time the pace; where each of the first EARLY_AFTER (past the
+    process's first, which creates its kernels) is EARLY_RATIO times the plan's or more, the
+    re-plan does not wait for the rest."""
+    import torch
+
+    from tformer.training.first_steps import EARLY_AFTER, EARLY_RATIO, REPLAN_AFTER, FirstSteps
+    from tformer.training.plan import make_plan
+
+    speeds, summary = Speeds(1e-6), _summary(long=0)
+    plan = make_plan(_config(5, max_length=64), summary, speeds, 300.0)
+    assert len(slow) == (EARLY_AFTER if min(slow) >= EARLY_RATIO else REPLAN_AFTER - 1)
+    speeds.learned = lambda *a: None  # (a made-up machine: nothing to remember)
+    first = FirstSteps(plan, speeds, summary, torch.device("cpu"), plan.bf16, confirm=False, replans=True)
+    tokens = plan.config.max_tokens
+    assert first.stepped(plan.bf16, 40 * plan.step_seconds, tokens, 250.0, 1) == (None, None)  # kernels made
+    for update, times in enumerate(slow[:-1], start=2):
+        assert first.stepped(plan.bf16, times * plan.step_seconds, tokens, 250.0, update) == (None, None)
+    line, new = first.stepped(plan.bf16, slow[-1] * plan.step_seconds, tokens, 250.0, 1 + len(slow))
+    assert new is not None and line.startswith("re-plan: "), line

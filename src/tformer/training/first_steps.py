@@ -11,10 +11,11 @@ bf16 steps were 1.5-1.8x faster). The faster by its
 fastest time per token (each precision's first update, which creates its kernels, left out)
 is kept, and remembered for the next run.
 
-Then REPLAN_AFTER updates in the kept precision time the pace at the plan's batch: the machine's
-rate is remembered (the next plan estimates from it), and where the pace disagrees with the
-plan's (a seq2seq plan expected 150 ms a step and got 467: a model sized for three times the
-updates it got), tformer.training.plan.replan chooses the size again, once.
+Then REPLAN_AFTER updates in the kept precision time the pace at the plan's batch (EARLY_AFTER,
+where each is EARLY_RATIO times slower than planned or more): the machine's rate is remembered
+(the next plan estimates from it), and where the pace disagrees with the plan's (a seq2seq plan
+expected 150 ms a step and got 467: a model sized for three times the updates it got),
+tformer.training.plan.replan chooses the size again, once.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from tformer.training.precision import MIN_STEP_SPEEDUP, precision_why
 
 CONFIRM_UPDATES = 2 * CONFIRM_ROUNDS  # CONFIRM_ROUNDS of each precision (the first of each left out)
 REPLAN_AFTER = 5  # updates in the kept precision that time the pace
+# ... or this many, where each took EARLY_RATIO times the plan's or more: beside two busy
+# processes a plan of 128 ms a step ran 1.3 s, and 5 more updates were a fifth of its budget.
+EARLY_AFTER, EARLY_RATIO = 2, 3.0
 
 
 class FirstSteps:
@@ -41,6 +45,8 @@ class FirstSteps:
         self.times: dict[bool, list[float]] = {False: [], True: []}
         self.spent: dict[bool, float] = {False: 0.0, True: 0.0}  # seconds of each precision's updates
         self.paced: list[float] = []
+        self.seen = 0  # updates this process has made
+        self.first_paced = False  # the first paced update was this process's first
         self.pacing = speeds is not None
         self.replans = replans
 
@@ -53,6 +59,7 @@ class FirstSteps:
                 update: int = 0) -> tuple[str | None, Plan | None]:
         """(a line to print, a new plan) after the run's `update`-th update (of `tokens` tokens)
         took `seconds`."""
+        self.seen += 1
         if self.confirming:
             self.times[bf16].append(seconds / max(tokens, 1))
             self.spent[bf16] += seconds
@@ -68,18 +75,24 @@ class FirstSteps:
             return self._keep(), None
         if not self.pacing:
             return None, None
+        if not self.paced:
+            self.first_paced = self.seen == 1
         planned = self.plan.config.max_tokens or tokens
         self.paced.append(seconds * planned / max(tokens, 1))
-        if len(self.paced) < REPLAN_AFTER:
+        # (the process's first update, which creates its kernels, is no evidence of a steady pace)
+        steady = self.paced[1:] if self.first_paced else self.paced
+        far = len(steady) >= EARLY_AFTER and bool(self.plan.step_seconds) and \
+            min(steady) >= EARLY_RATIO * self.plan.step_seconds
+        if len(self.paced) < REPLAN_AFTER and not far:
             return None, None
         self.pacing = False
-        measured = statistics.median(self.paced)
+        measured = min(steady) if far and len(self.paced) < REPLAN_AFTER else statistics.median(self.paced)
         config, kind = self.plan.config, self.data.kind
         length = self.data.mean_cost(config.max_length)
         if self.speeds is not None and self.device.type == "cpu" and config.max_tokens:
             self.speeds.learned(kind, self.plan.half if self.bf16 else "fp32", measured,
                                 self.data.model_for(config), config.max_tokens, length)
-        new = replan(self.plan, self.data, self.speeds, measured, seconds_left) if self.replans else None
+        new = replan(self.plan, self.data, self.speeds, measured, seconds_left, update) if self.replans else None
         if new is None:
             return None, None
         was, now = self.plan.config, new.config

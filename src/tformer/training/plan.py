@@ -205,21 +205,24 @@ def validation_plan(training: float, per_example: float, available: int,
     return count, sample, why
 
 
-def replan(plan: Plan, data: DataSummary, speeds: Speeds, measured: float, seconds: float) -> Plan | None:
-    """A new plan once the run's first real steps took `measured` seconds each where the plan
-    expected plan.step_seconds, with `seconds` of training time left; None when the plan stands:
-    its size was not chosen here, the two agree within REPLAN_RATIO, or the same size and length
-    are chosen again at the real pace. The first plan's rules (make_plan), with every step
+def replan(plan: Plan, data: DataSummary, speeds: Speeds, measured: float, seconds: float,
+           done: int = 0) -> Plan | None:
+    """A new plan once the run's first real steps (`done` updates so far) took `measured`
+    seconds each where the plan expected plan.step_seconds, with `seconds` of training time
+    left; None when the plan stands: its size was not chosen here, the two agree within
+    REPLAN_RATIO, the same size and length are chosen again at the real pace, or it is too late
+    for starting over to pay (``_pays``). The first plan's rules (make_plan), with every step
     estimate scaled to the pace the real steps showed, so the length is chosen again with the
     size: beside two busy processes a plan that expected 145 ms a step at 512 tokens got 1,066
     and made 17 updates in a minute, the smallest model and the length it had kept."""
     expected, start = plan.step_seconds, plan.extra.get("config")
     if not plan.sized or expected is None or start is None or not math.isfinite(seconds):
         return None
-    if seconds < 0.5 * plan.extra.get("seconds", 0.0):  # too late for starting over to pay
-        return None
     ratio = measured / expected
     if 1 / REPLAN_RATIO <= ratio <= REPLAN_RATIO:
+        return None
+    early = seconds >= 0.5 * plan.extra.get("seconds", 0.0)
+    if not early and ratio < 1:  # a larger model started late gets too few updates to pass it
         return None
     # The same machine at the pace the real steps showed. Speeds that learned that pace already
     # estimate the planned size at it (MachineSpeeds.learned): scaling their estimates by the
@@ -232,8 +235,22 @@ def replan(plan: Plan, data: DataSummary, speeds: Speeds, measured: float, secon
     if new.config.max_length == plan.config.max_length and \
             all(getattr(new.config.model, k) == getattr(plan.config.model, k) for k in SIZES):
         return None
+    if not early and not _pays(new, measured, seconds, done):
+        return None
     kept = tuple((w, y) for w, y in new.reasons if w != "precision") + (("precision", plan.why("precision")),)
     return dataclasses.replace(new, reasons=kept, extra={**plan.extra, **new.extra})
+
+
+def _pays(new: Plan, measured: float, seconds: float, done: int) -> bool:
+    """Does starting over under `new` (its steps estimated at the real pace) end the run with at
+    least RESTART_GAIN times the updates that going on gives (`done` so far, then `seconds` at
+    `measured` each)? Past half of the training time a re-plan starts over only so: beside two
+    busy processes a fresh machine's first updates (its kernels measured, fp32 timed) took half
+    a 1-minute budget, and the run went on at 512 tokens, 1.3 s a step, 10x its plan, for 21
+    updates."""
+    if not new.step_seconds:
+        return False
+    return seconds / new.step_seconds >= RESTART_GAIN * (done + seconds / max(measured, 1e-9))
 
 
 class _AtPace:
@@ -252,3 +269,4 @@ class _AtPace:
 
 
 REPLAN_RATIO = 1.5  # real steps this much slower (or faster) than planned: the size is chosen again
+RESTART_GAIN = 2.0  # late in the training time, a re-plan starts over only for this many times the updates
