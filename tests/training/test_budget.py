@@ -638,3 +638,36 @@ def test_a_last_step_that_ends_a_little_late_is_still_validated():
     behind = budget.valid_deadline() - budget.started + 1.0  # a second past validation's deadline
     budget.started = time.perf_counter() - behind
     assert not budget.should_validate(2168, last_step=True) and budget.skipped_last
+
+
+def test_the_tests_reserve_follows_the_pace_of_the_updates_until_validation_measures_it():
+    """Beside two busy processes a fine-tune's updates ran 10x slower than planned, nothing was
+    validated before its last update, and the test kept back for the plan's pace scored 1 of its
+    234 examples. Until validation measures the test's speed, the plan's estimate is scaled by
+    how much slower the updates run (never below the plan's; at most TEST_SHARE)."""
+    from types import SimpleNamespace
+
+    from tformer.training.budget import Budget
+    from tformer.training.plan import TEST_MARGIN, TEST_SHARE
+
+    plan = SimpleNamespace(step_seconds=0.1, test_seconds=3.0, validations=4)
+    budget = Budget(SimpleNamespace(steps=10**6, epochs=None, max_minutes=2), time.perf_counter(), plan=plan)
+    budget.test_examples = 234
+    assert budget.test_seconds() == 3.0 and budget.pace_miss() == 1.0
+    budget.stepped(0.05, 32)  # faster than planned: the plan's estimate stands
+    assert budget.test_seconds() == 3.0
+    budget.restarted()
+    for _ in range(3):
+        budget.stepped(0.5, 32)  # 5x slower
+    assert budget.pace_miss() == pytest.approx(5.0, rel=0.05)
+    assert budget.test_seconds() == pytest.approx(15.0, rel=0.05)
+    before = budget.test_fits(234, planned=0.05)
+    assert before == min(234, int((budget.test_deadline() - time.perf_counter()) / (TEST_MARGIN * 0.05 * 5.0)))
+    for _ in range(30):
+        budget.stepped(2.0, 32)  # 20x: at most the test's share
+    assert budget.test_seconds() == TEST_SHARE * 120
+    budget.restarted(SimpleNamespace(step_seconds=2.0, test_seconds=9.0))  # a re-plan at the real pace
+    budget.stepped(2.0, 32)
+    assert budget.pace_miss() == 1.0 and budget.test_seconds() == 9.0
+    budget.validated(4.0, 100)  # measured: validation's speed decides from here on
+    assert budget.test_seconds() == pytest.approx(0.04 * 234 * 1.2)

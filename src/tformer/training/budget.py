@@ -135,6 +135,7 @@ class Budget:
         self.validations = self.planned_validations + int(validates_start)  # what the sample is sized for
         # The test's time, kept back from the start: the plan's estimate until validation measures it.
         self.planned_test = plan.test_seconds if plan is not None else None
+        self.planned_step = plan.step_seconds if plan is not None else None  # what the plan expected
         self.plot_seconds = 0.0  # the curves' drawing: what the outputs after the test take
         self.skipped_last = False  # the last validation was past its deadline: the last weights are tested
         self.seconds = config.max_minutes * 60 - spent if config.max_minutes else math.inf
@@ -162,10 +163,23 @@ class Budget:
         """The curves took `seconds` to draw: the confusion matrix after the test will take as long."""
         self.plot_seconds = seconds
 
-    def restarted(self) -> None:
-        """A re-plan built a new model: the pace is measured again."""
+    def restarted(self, plan=None) -> None:
+        """A re-plan built a new model: the pace is measured again, against the new `plan`'s
+        estimates (made at the pace the first steps showed)."""
         self.step_seconds = self.last_step_seconds = self.examples_per_step = None
         self._last_step_end = None
+        if plan is not None:
+            self.planned_test, self.planned_step = plan.test_seconds, plan.step_seconds
+
+    def pace_miss(self) -> float:
+        """How many times slower than the plan expected the updates run (1 where they run as fast
+        or faster, or before one is timed): the plan's estimates of what validation and the test
+        take are scaled by it until validation measures them. The least of the average step and
+        the latest, so that the first steps' kernel creation does not count."""
+        if not self.planned_step or self.step_seconds is None:
+            return 1.0
+        real = min(self.step_seconds, self.last_step_seconds or self.step_seconds)
+        return max(1.0, real / self.planned_step)
 
     # The clock -------------------------------------------------------------------------------
     def now(self) -> float:
@@ -181,13 +195,16 @@ class Budget:
         return self.saves_seconds() + SAVE_SECONDS
 
     def test_seconds(self) -> float:
-        """Kept back for the final test: its examples at validation's latest speed (5% of the
-        budget before any is measured), at most TEST_SHARE of the budget."""
+        """Kept back for the final test: its examples at validation's latest speed (before any
+        is measured, the plan's estimate at the pace of the updates: ``pace_miss``; 5% of the
+        budget without one), at most TEST_SHARE of the budget. Beside two busy processes a
+        fine-tune's updates ran 10x its plan, nothing was validated before its last, and the
+        test kept back for the plan's pace scored 1 of its 234 examples."""
         per = self.valid_seconds_per_example
         if per is not None:
             estimate = per * self.test_examples * 1.2
         else:
-            estimate = 0.05 * self.seconds if self.planned_test is None else self.planned_test
+            estimate = 0.05 * self.seconds if self.planned_test is None else self.planned_test * self.pace_miss()
         return min(estimate, TEST_SHARE * self.seconds)
 
     def reserve(self) -> float:
@@ -209,7 +226,7 @@ class Budget:
         over its first examples has no deadline: a 2.5-minute run's test of 234 examples began
         past its budget on a machine at load 14 and ended 34 s later; now it scores 8."""
         per = self.valid_seconds_per_example
-        per = 1.2 * per if per is not None else (TEST_MARGIN * planned if planned else None)
+        per = 1.2 * per if per is not None else (TEST_MARGIN * planned * self.pace_miss() if planned else None)
         if not self.timed or per is None:
             return examples
         left = self.test_deadline() - time.perf_counter()

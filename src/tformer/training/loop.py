@@ -307,7 +307,7 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
             optimizer, meter = make_optimizer(model, config), Meter()
             batches = objective.train_batches(0, rank, world)
             state["step"] = first_step = 0
-            budget.restarted()
+            budget.restarted(plan)
             n_params = sum(p.numel() for p in model.parameters())
             bar.write(f"{objective.description}; {n_params:,} parameters")
             time_up = budget.out_of_time()
