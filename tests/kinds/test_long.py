@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import numpy as np
 import pytest
@@ -177,9 +178,42 @@ def test_long_is_refused_where_no_window_is_read(tmp_path):
         tformer.train(data=keyed_rows(20, 0), long="all", **TINY)
 
 
-def test_auto_reads_windows_where_the_max_length_cuts_texts():
+def test_auto_reads_windows_where_the_max_length_cuts_texts_and_the_budget_pays_for_them():
+    """Untimed, auto reads windows once the max length cuts 1% of the texts; timed, only where
+    the budget pays for WINDOW_PASSES times the passes a length needs over the windows: at 1 and
+    3 minutes cut won in all six measured runs (benchmarks/README.md, "Long documents")."""
+    from tformer.training.windows import WINDOW_PASSES
+
     assert choose("auto", 0.3)[0] == "windows" and choose("auto", 0.0)[0] == "cut"
     assert choose("cut", 0.9) == ("cut", "--long cut") and choose("windows", 0.0)[0] == "windows"
+    assert choose("auto", 0.3, passes=2.1, needed=2.0) == (
+        "cut", f"--long auto: the budget pays for about 2.1 passes over their windows, fewer than "
+               f"{WINDOW_PASSES * 2:g}; --long windows reads them whole")
+    assert choose("auto", 0.3, passes=WINDOW_PASSES * 2.0, needed=2.0)[0] == "windows"
+    assert choose("windows", 0.3, passes=0.1, needed=2.0)[0] == "windows"  # asked for: as asked
+
+
+@pytest.mark.parametrize("step_seconds, long", [(1.0, "cut"), (1e-4, "windows")])
+def test_a_timed_run_reads_long_texts_in_windows_only_where_its_budget_pays_for_them(
+        tmp_path, monkeypatch, step_seconds, long):
+    """Texts 3x the max length, in a 30-second run on a machine whose steps are planned at 1 s
+    (about 27 updates of 32: 0.8 passes over their 4 windows each) or at 0.1 ms: --long auto
+    cuts them in the first, says why and records it (what predict reads); the second reads
+    them in windows."""
+    from tformer.training import planning
+
+    monkeypatch.setattr(planning.MachineSpeeds, "step_seconds", lambda self, *a: step_seconds)
+    log: list[str] = []
+    run = tformer.train(data=keyed_rows(300, 0), max_minutes=0.5, max_length=12, tokenizer="wordpiece",
+                        out=str(tmp_path / "r"), **{**TINY, "log": log.append})
+    (line,) = [line for line in log if line.startswith("long texts:")]
+    if long == "cut":
+        assert re.search(r"cut there \(--long auto: the budget pays for about 0\.\d passes over their "
+                         r"windows, fewer than 4; --long windows reads them whole\)$", line), line
+    else:
+        assert "read in 1,096 windows" in line, line
+    assert json.loads((run.path / "data.json").read_text())["long"] == long
+    assert tformer.load_run(run.path).tokenizer.windows is (long == "windows")
 
 
 def test_predict_and_eval_read_long_texts_as_asked(keyed, capsys, tmp_path):

@@ -32,7 +32,17 @@ from tformer.text.windows import MAX_WINDOWS, STRIDE_SHARE
 from tformer.training.sizing import truncated
 
 SAMPLE = 1000  # training records a settled run counts the windows of (the plan line's sample)
-AUTO_CUT = 0.01  # --long auto reads in windows once the max length cuts this share of texts
+AUTO_CUT = 0.01  # --long auto reads in windows once the max length cuts this share of texts ...
+# ... and, in a timed run, once the budget pays for WINDOW_PASSES times the passes a length needs
+# (tformer.training.sizing: MIN_PASSES, FINETUNE_PASSES) over the windows. A text's windows are
+# more examples with its label, and more data pays only once the budget would otherwise go round
+# the cut texts again and again (as a longer length does). Measured (benchmarks/README.md, "Long
+# documents"): at 1 and 3 minutes, man pages' DESCRIPTIONs from scratch and fine-tuning
+# all-MiniLM-L6-v2, and whole man pages from scratch, cut won in all six (test accuracy 0.842
+# against 0.808, 0.855 against 0.791, 0.950 against 0.662 at 3 minutes), where their windowed
+# runs had been planned at about 2.1, 0.3 and 0.6 passes over their windows (the first over the
+# 2 a length needs from scratch: WINDOW_PASSES 1 would have read it in windows, and lost).
+WINDOW_PASSES = 2.0
 
 
 def texts_of(example: Any) -> list[EncodedText]:
@@ -70,14 +80,32 @@ def training(encode: Callable[[list], list]) -> Callable[[list], list]:
     return windowed
 
 
-def choose(long: str, cut_share: float) -> tuple[str, str]:
+def choose(long: str, cut_share: float, passes: float | None = None, needed: float = 0.0) -> tuple[str, str]:
     """(windows or cut, why) for --long `long` where the max length cuts `cut_share` of the
-    training texts."""
+    training texts and a timed run's budget pays for `passes` over the windows (None: untimed,
+    or not estimated) where a length needs `needed` (WINDOW_PASSES x that are wanted)."""
     if long != "auto":
         return long, f"--long {long}"
     if cut_share < AUTO_CUT:
         return "cut", f"--long auto: under {AUTO_CUT:.0%} of them; --long windows reads them whole"
+    if passes is not None and passes < WINDOW_PASSES * needed:
+        return "cut", (f"--long auto: the budget pays for about {passes:.1f} passes over their windows, "
+                       f"fewer than {WINDOW_PASSES * needed:g}; --long windows reads them whole")
     return "windows", f"--long auto: {AUTO_CUT:.0%} of them or more; --long cut reads their first tokens only"
+
+
+def window_passes(plan, data, windows_per_example: float) -> tuple[float | None, float]:
+    """(passes over the training examples read in windows that a timed plan's budget pays for,
+    or None; the passes a length needs): its updates x its batch's examples / (the training
+    examples x their mean windows), as tformer.training.sizing.choose_length counts passes."""
+    from tformer.training.sizing import FINETUNE_PASSES, MIN_PASSES
+
+    needed = FINETUNE_PASSES if data.pretrained else MIN_PASSES
+    seconds = plan.extra.get("seconds")
+    if not plan.step_seconds or seconds is None or seconds == float("inf") or not data.train_examples:
+        return None, needed
+    steps = seconds / plan.step_seconds
+    return steps * plan.config.batch_size / (data.train_examples * max(windows_per_example, 1.0)), needed
 
 
 def settle(objective, plan, data, run_dir: Path | None):
@@ -93,7 +121,8 @@ def settle(objective, plan, data, run_dir: Path | None):
     source.data.long = "windows"  # (counted as windows would read them)
     counts = [windows_of(ex) for ex in objective.with_config(config).encode(sample)]
     long_texts = sum(n > 1 for n in counts)
-    mode, why = choose(config.long, long_texts / max(len(counts), 1))
+    passes, needed = window_passes(plan, data, sum(counts) / max(len(counts), 1))
+    mode, why = choose(config.long, long_texts / max(len(counts), 1), passes, needed)
     source.data.long = mode
     if run_dir is not None:
         write_json_atomic(run_dir / "data.json", source.data.describe())  # what the run is read in
