@@ -111,8 +111,14 @@ def test_frequency_weights_follow_their_formula():
     assert weights is None and note == ""  # not skewed
     weights, note = labels.class_weights("none", counts)
     assert weights is None
-    weights, note = labels.class_weights("auto", counts)
+    weights, note = labels.class_weights("weighted", counts)
     assert weights is not None and "skewed 15:1" in note and "--class-weights none" in note
+    weights, note = labels.class_weights("auto", counts)  # measured no better: said, not done
+    assert weights is None and note == ("labels skewed 15:1, loss unweighted (weighting it towards rare "
+                                        "labels measured no better on macro-F1; --class-weights weighted "
+                                        "weights it)")
+    assert labels.class_weights("weighted", [100, 100, 90])[0] is not None  # asked for: whatever the skew
+    assert labels.class_weights("weighted", [50, 50])[0] is None  # nothing to weigh
 
 
 def test_positive_weights_follow_their_formula():
@@ -133,9 +139,14 @@ def _skewed_rows(n=200):
     return out
 
 
-def test_a_skewed_run_weights_its_loss_and_says_so(tmp_path, capsys):
+def test_a_skewed_run_says_what_it_does_with_its_loss(tmp_path, capsys):
+    """One label a record: weighting measured no better on macro-F1, so auto leaves the loss
+    unweighted and says so; --class-weights weighted weights it; none says nothing."""
     data = str(write(tmp_path / "skew.jsonl", _skewed_rows()))
     rc, line, err = _first_line(capsys, ["train", "--data", data, "--out", str(tmp_path / "a"), *TINY])
+    assert rc == 0 and "loss unweighted (weighting it towards rare labels measured no better" in line, err
+    rc, line, err = _first_line(capsys, ["train", "--data", data, "--out", str(tmp_path / "w"),
+                                         "--class-weights", "weighted", *TINY])
     assert rc == 0 and "loss weighted towards rare labels (labels skewed" in line, err
     rc, line, err = _first_line(capsys, ["train", "--data", data, "--out", str(tmp_path / "b"),
                                          "--class-weights", "none", *TINY])
@@ -145,7 +156,7 @@ def test_a_skewed_run_weights_its_loss_and_says_so(tmp_path, capsys):
 def test_the_weighted_loss_is_weighted_cross_entropy(tmp_path):
     data = write(tmp_path / "skew.jsonl", _skewed_rows())
     config = resolve_config({"data": str(data), "d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1,
-                             "vocab_size": 300, "label_smoothing": 0.0})
+                             "vocab_size": 300, "label_smoothing": 0.0, "class_weights": "weighted"})
     objective = make_objective(config, None, write=False)
     weights = objective.weighting[0]
     counts = objective.source.data.label_counts

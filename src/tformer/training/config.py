@@ -27,7 +27,7 @@ from tformer.training.unread import check_layers, check_read
 SCHEDULES = ("inverse_sqrt", "cosine", "linear")
 PRECISIONS = ("auto", "fp32", "bf16")
 LONG = ("auto", "windows", "cut")  # --long (tformer.training.windows)
-CLASS_WEIGHTS = ("auto", "none")
+CLASS_WEIGHTS = ("auto", "weighted", "none")  # (tformer.kinds.labels)
 TOKENIZERS = ("bpe", "wordpiece", "unigram")
 # Refused before anything is built: the tokenizer trainer's memory grows with the vocabulary
 # (a billion-token request aborts the process), and a learned position table with max_length.
@@ -84,8 +84,9 @@ class TrainConfig:
                             "conll (a token and its tag per line), jsonl, csv or tsv")
     label_separator: str | None = _f(None, "text joining labels in a CSV/TSV cell (';' for 'news;sport'): "
                                      "split there, a multi-label run (a JSONL list needs none)")
-    class_weights: str = _f("auto", "classification and multi-label: auto (a loss weighted towards rare "
-                            "labels where training labels are skewed; the first line says so) or none")
+    class_weights: str = _f("auto", "classification and multi-label: weighted (a loss weighted towards rare "
+                            "labels), none, or auto: weighted for skewed multi-label training labels, "
+                            "where it measured better on macro-F1 (the first line says what it did)")
     from_pretrained: str | None = _f(None, "fine-tune this BERT-format model directory "
                                      "(its tokenizer and sizes are used)")
     tokenizer: str = _f("bpe", "tokenizer trained on --data: bpe (byte-level), wordpiece, unigram")
