@@ -101,7 +101,7 @@ def label_notes(labels: Sequence[str]) -> list[str]:
 #   +0.029 a set; the full inverse was worse everywhere) and lowered accuracy on most: `auto`
 #   leaves it unweighted and says so where the labels are skewed SKEW:1 or more;
 # - several labels a record: each label's positives weighted by ((n - n_l) / n_l) **
-#   POSITIVE_POWER, at most MAX_POSITIVE_WEIGHT, raised macro-F1 by 0.008, 0.045 and 0.064 (20,
+#   POSITIVE_POWER, at most MAX_POSITIVE_WEIGHT, raised macro-F1 by 0.008, 0.045 and 0.067 (20,
 #   50 and 100 tags, 3 seeds; micro-F1 too): `auto` weights where the rarest label is in at most
 #   1 / LABEL_SKEW of the records.
 SKEW, WEIGHT_POWER = 5.0, 0.5
