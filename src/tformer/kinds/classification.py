@@ -4,9 +4,10 @@ classes, or the labels of your file's records, with an optional second text: tex
     {"text": "...", "label": "..."}  (+ "text_pair")     tformer predict RUN "a text"
 
 Trained with cross-entropy (weighted towards rare labels with --class-weights weighted:
-``class_weights``; unweighted by default, where weighting measured no better); scored by accuracy and macro-F1 against the majority class. Its
-one forward gives the logits: `tformer predict`, ``Run.predict``, evaluation and the server's
-/predict (TEI's protocol; its raw_scores are the logits themselves) all run it.
+``class_weights``; unweighted by default, where weighting measured no better); scored by
+accuracy and macro-F1 against the majority class. Its one forward gives the logits: `tformer
+predict`, ``Run.predict``, evaluation and the server's /predict (TEI's protocol; its raw_scores
+are the logits themselves) all run it.
 
 A label is a class name, never silently something else: a fractional number (0.73, or the
 text "0.73") is refused naming the `score` field that trains regression; whole numbers stay
