@@ -49,7 +49,8 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
-NAMES = ("en_de", "debian_sections", "debian_described", "man_sections", "en_fr_pairs", "man_pages")  # the files, in order
+# the files, in order
+NAMES = ("en_de", "debian_sections", "debian_described", "man_sections", "en_fr_pairs", "man_pages")
 LABELS = 12  # most frequent sections kept for classification
 PER_LABEL_CAP = 3000  # at most this many packages per section (libs alone has ~18k)
 

@@ -117,8 +117,8 @@ def class_weights(choice: str, counts: Sequence[int]) -> tuple[Tensor | None, st
     if choice == "none" or (choice == "auto" and skew < SKEW) or skew <= 1.0:
         return None, ""
     if choice == "auto" and not AUTO_WEIGHTS_ONE_LABEL:
-        return None, (f"labels skewed {skew:.0f}:1, loss unweighted (weighting it towards rare labels measured "
-                      "no better on macro-F1; --class-weights weighted weights it)")
+        return None, (f"labels skewed {skew:.0f}:1, loss unweighted (weighting it towards rare labels "
+                      "measured no better on macro-F1; --class-weights weighted weights it)")
     return frequency_weights(counts, WEIGHT_POWER), (f"loss weighted towards rare labels (labels skewed "
                                                       f"{skew:.0f}:1; --class-weights none turns it off)")
 

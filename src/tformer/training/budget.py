@@ -204,7 +204,8 @@ class Budget:
         if per is not None:
             estimate = per * self.test_examples * 1.2
         else:
-            estimate = 0.05 * self.seconds if self.planned_test is None else self.planned_test * self.pace_miss()
+            planned = self.planned_test
+            estimate = 0.05 * self.seconds if planned is None else planned * self.pace_miss()
         return min(estimate, TEST_SHARE * self.seconds)
 
     def reserve(self) -> float:
@@ -226,7 +227,10 @@ class Budget:
         over its first examples has no deadline: a 2.5-minute run's test of 234 examples began
         past its budget on a machine at load 14 and ended 34 s later; now it scores 8."""
         per = self.valid_seconds_per_example
-        per = 1.2 * per if per is not None else (TEST_MARGIN * planned * self.pace_miss() if planned else None)
+        if per is not None:
+            per = 1.2 * per
+        elif planned:
+            per = TEST_MARGIN * planned * self.pace_miss()
         if not self.timed or per is None:
             return examples
         left = self.test_deadline() - time.perf_counter()

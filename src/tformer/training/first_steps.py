@@ -92,7 +92,8 @@ class FirstSteps:
         if self.speeds is not None and self.device.type == "cpu" and config.max_tokens:
             self.speeds.learned(kind, self.plan.half if self.bf16 else "fp32", measured,
                                 self.data.model_for(config), config.max_tokens, length)
-        new = replan(self.plan, self.data, self.speeds, measured, seconds_left, update) if self.replans else None
+        new = None if not self.replans else replan(self.plan, self.data, self.speeds, measured, seconds_left,
+                                                   update)
         if new is None:
             return None, None
         was, now = self.plan.config, new.config
