@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from typing import Any
 from tformer.storage.files import write_json_atomic
 from tformer.text.batches import EncodedText
 from tformer.text.windows import MAX_WINDOWS, STRIDE_SHARE
-from tformer.training.sizing import truncated
+from tformer.training.sizing import FINETUNE_PASSES, MIN_PASSES, truncated
 
 SAMPLE = 1000  # training records a settled run counts the windows of (the plan line's sample)
 AUTO_CUT = 0.01  # --long auto reads in windows once the max length cuts this share of texts ...
@@ -39,7 +40,7 @@ AUTO_CUT = 0.01  # --long auto reads in windows once the max length cuts this sh
 # the cut texts again and again (as a longer length does). Measured (benchmarks/README.md, "Long
 # documents"): at 1 and 3 minutes, man pages' DESCRIPTIONs from scratch and fine-tuning
 # all-MiniLM-L6-v2, and whole man pages from scratch, cut won in all six (test accuracy 0.842
-# against 0.808, 0.855 against 0.791, 0.950 against 0.662 at 3 minutes), where their windowed
+# against 0.782, 0.855 against 0.791, 0.950 against 0.662 at 3 minutes), where their windowed
 # runs had been planned at about 2.1, 0.3 and 0.6 passes over their windows (the first over the
 # 2 a length needs from scratch: WINDOW_PASSES 1 would have read it in windows, and lost).
 WINDOW_PASSES = 2.0
@@ -98,11 +99,9 @@ def window_passes(plan, data, windows_per_example: float) -> tuple[float | None,
     """(passes over the training examples read in windows that a timed plan's budget pays for,
     or None; the passes a length needs): its updates x its batch's examples / (the training
     examples x their mean windows), as tformer.training.sizing.choose_length counts passes."""
-    from tformer.training.sizing import FINETUNE_PASSES, MIN_PASSES
-
     needed = FINETUNE_PASSES if data.pretrained else MIN_PASSES
     seconds = plan.extra.get("seconds")
-    if not plan.step_seconds or seconds is None or seconds == float("inf") or not data.train_examples:
+    if not plan.step_seconds or seconds is None or not math.isfinite(seconds) or not data.train_examples:
         return None, needed
     steps = seconds / plan.step_seconds
     return steps * plan.config.batch_size / (data.train_examples * max(windows_per_example, 1.0)), needed
