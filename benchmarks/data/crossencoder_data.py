@@ -21,6 +21,12 @@ man_rerank_{train,valid,test}.jsonl     {"query", "positive", "negatives"}: a ma
         tested: what a first-stage retriever would hand them). Pages whose query is the same
         text (ls, dir and vdir) are never each other's negatives. Pages are split first.
 
+package_sizes_{train,valid,test}.jsonl  {"text", "score"}: a Debian package's one-line summary and
+        log10 of its installed size in KiB (`Installed-Size`, from `apt-cache dumpavail`): single-text
+        regression, a number the summary suggests ("data files", "transitional package",
+        "documentation", "library") but never states. One package per source package, summaries
+        deduplicated, split by source package.
+
 The valid/test files of each set are what both sides of benchmarks/crossencoder.py validate and
 test on.
 """
@@ -31,6 +37,7 @@ import argparse
 import glob
 import gzip
 import json
+import math
 import random
 import re
 import subprocess
@@ -109,6 +116,26 @@ def pair_split(packages: list[dict], n: int, rng: random.Random) -> list[dict]:
     return rows
 
 
+# Single-text regression ------------------------------------------------------------------------------
+def sized_packages() -> list[dict]:
+    """Source, summary and log10(installed KiB) of every package apt knows, one per source package."""
+    text = subprocess.run(["apt-cache", "dumpavail"], capture_output=True, text=True, check=True).stdout
+    out, sources, summaries = [], set(), set()
+    for stanza in text.split("\n\n"):
+        fields = dict(line.split(":", 1) for line in stanza.splitlines() if ":" in line and line[0] != " ")
+        fields = {k: v.strip() for k, v in fields.items()}
+        summary = fields.get("Description", "")
+        source = fields.get("Source", fields.get("Package", "")).split(" ")[0]
+        size = fields.get("Installed-Size", "")
+        if not size.isdigit() or int(size) < 1 or len(summary.split()) < 3 or source in sources \
+                or summary.lower() in summaries:
+            continue
+        sources.add(source)
+        summaries.add(summary.lower())
+        out.append({"name": source, "text": summary, "score": round(math.log10(int(size)), 3)})
+    return out
+
+
 # Reranking -------------------------------------------------------------------------------------------
 def man_pages() -> list[dict]:
     """(name, query, passage) of English man pages with a NAME line and a DESCRIPTION."""
@@ -178,24 +205,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="data", help="output folder (default: data/)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", nargs="+", choices=("pairs", "rerank", "sizes"),
+                        default=["pairs", "rerank", "sizes"], help="the sets to build (default: all)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
 
-    packages = tagged_packages()
-    for split in ("train", "valid", "test"):
+    packages = tagged_packages() if "pairs" in args.only else []
+    for split in ("train", "valid", "test") if packages else ():
         mine = [p for p in packages if split_of(p["name"], args.seed) == split]
         rows = pair_split(mine, PAIRS[split], rng)
         _write(out / f"debtags_pairs_{split}.jsonl", rows)
         spread = Counter(min(int(r["score"] * 5), 4) for r in rows)
         print(f"  {len(mine)} packages; scores by fifths of [0, 1]: {[spread[k] for k in range(5)]}")
 
-    pages = man_pages()
-    for split in ("train", "valid", "test"):
+    pages = man_pages() if "rerank" in args.only else []
+    for split in ("train", "valid", "test") if pages else ():
         mine = [p for p in pages if split_of(p["name"], args.seed) == split]
         rows = rerank_split(mine, rng)  # negatives from the whole split's pages
         _write(out / f"man_rerank_{split}.jsonl", rows[: QUERIES.get(split, len(rows))])
+
+    if "sizes" in args.only:
+        sized = sized_packages()
+        for split in ("train", "valid", "test"):
+            mine = [p for p in sized if split_of(p["name"], args.seed) == split]
+            random.Random(f"{args.seed}/sizes/{split}").shuffle(mine)
+            _write(out / f"package_sizes_{split}.jsonl",
+                   [{"text": p["text"], "score": p["score"]} for p in mine[: PAIRS[split]]])
 
 
 def _write(path: Path, rows: list[dict]) -> None:
