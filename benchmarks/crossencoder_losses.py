@@ -55,7 +55,7 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=Path("data"))
     parser.add_argument("--out", type=Path, default=Path("results/crossencoder-losses"))
     parser.add_argument("--minutes", type=float, default=3.0)
-    parser.add_argument("--kinds", nargs="+", choices=tuple(FILES), default=list(FILES))
+    parser.add_argument("--kinds", nargs="+", choices=tuple(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--modes", nargs="+", choices=("finetune", "scratch"),
                         default=["scratch", "finetune"])
     args = parser.parse_args()

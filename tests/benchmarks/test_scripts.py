@@ -231,13 +231,13 @@ def test_make_demo_builds_only_its_data_and_gives_training_what_the_setup_left()
 
 @pytest.mark.slow
 def test_crossencoder_scripts(tmp_path):
-    """The pair-score sets from this machine's package lists, then one tiny job of each script."""
+    """The pair-score and size sets from this machine's package lists, then tiny jobs of each script."""
     data = tmp_path / "data"
-    _run("data/crossencoder_data.py", "--out", str(data), timeout=600)
-    for script in ("crossencoder.py", "crossencoder_losses.py"):
-        out = _run(script, "--data-dir", str(data), "--minutes", "0.4", "--kinds", "scores", "--modes", "scratch",
+    _run("data/crossencoder_data.py", "--out", str(data), "--only", "pairs", "sizes", timeout=600)
+    for script, kinds in (("crossencoder.py", ("scores", "regression")), ("crossencoder_losses.py", ("scores",))):
+        out = _run(script, "--data-dir", str(data), "--minutes", "0.4", "--kinds", *kinds, "--modes", "scratch",
                    "--out", str(tmp_path / script), timeout=900)
-        assert "|" in out, out  # its markdown table
+        assert "|" in out and all(f"| {kind} scratch" in out for kind in kinds), out  # its markdown table
 
 
 @pytest.mark.slow
