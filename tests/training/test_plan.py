@@ -164,6 +164,32 @@ def test_a_slower_machine_gets_a_smaller_model_and_a_faster_one_a_larger(data_fi
     assert sizes == sorted(sizes) and sizes[0] == 128 < sizes[-1], sizes
 
 
+def test_a_model_wider_than_384_from_scratch_takes_a_smaller_learning_rate(data_file):
+    """The kinds' rates were chosen up to 384 wide; the ladder's 512 rung at classification's 5e-4
+    never settled (tformer.training.sizing.scratch_lr). A given --lr, a fine-tune and a resumed
+    run keep theirs; a re-plan starts again from the kind's rate."""
+    from tformer.training.plan import make_plan
+    from tformer.training.sizing import SCRATCH_LR_POWER, SCRATCH_LR_WIDTH
+
+    wide = {"d_model": 512, "n_heads": 8, "d_ff": 2048, "n_layers": 6, "max_length": 64}
+    scaled = 5e-4 * (SCRATCH_LR_WIDTH / 512) ** SCRATCH_LR_POWER
+    plan = make_plan(_config(5, **wide), _summary(long=0), Speeds(), 300.0)
+    assert scaled < 5e-4 and plan.config.lr == pytest.approx(scaled)
+    assert "--lr sets it" in plan.why("learning rate") and "512-wide" in plan.why("learning rate")
+    assert plan.extra["config"].lr == 5e-4  # what a re-plan plans from
+    given = make_plan(_config(5, lr=5e-4, **wide), _summary(long=0), Speeds(), 300.0)
+    assert given.config.lr == 5e-4 and given.why("learning rate") is None
+    resumed = make_plan(_config(5, **wide), _summary(long=0), Speeds(), 300.0, resume=True)
+    assert resumed.config.lr == 5e-4 and resumed.why("learning rate") is None
+    narrow = make_plan(_config(5, **{**wide, "d_model": 384, "n_heads": 6}), _summary(long=0), Speeds(), 300.0)
+    assert narrow.config.lr == 5e-4 and narrow.why("learning rate") is None
+    # the budget's choice of size: the largest rung on a fast machine, its rate with it
+    fast = make_plan(_config(5, max_length=64), _summary(long=0), Speeds(1e-9), 300.0)
+    assert fast.config.model.d_model == 512 and fast.config.lr == pytest.approx(scaled)
+    slow = make_plan(_config(5, max_length=64), _summary(long=0), Speeds(1e-2), 300.0)
+    assert slow.config.model.d_model == 128 and slow.config.lr == 5e-4
+
+
 def test_fp32_is_not_timed_where_its_updates_would_take_much_of_the_budget(data_file):
     """A predicted bf16 is confirmed by the first updates only where CONFIRM_ROUNDS fp32 updates
     take at most CONFIRM_SHARE of the training time (a 1-minute reranking fine-tune, bf16 products

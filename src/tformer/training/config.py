@@ -136,6 +136,9 @@ class TrainConfig:
                                    "its checkpoint had left; one too short is refused)")
     auto_size: bool = _f(True, "with --max-minutes and no size option, a run from scratch takes the "
                          "largest model that gets enough updates in the budget on this machine")
+    auto_lr: bool = _f(True, "a run from scratch whose --lr is not given takes its kind's learning rate, "
+                       "scaled down for a model wider than 384 (tformer.training.sizing.scratch_lr); "
+                       "--lr turns this off")
     pretrained_dropout: bool = _f(True, "a fine-tune trains with the dropout of its --from-pretrained "
                                   "model (hidden states and attention weights); --dropout turns this off")
     auto_length: bool = _f(True, "with --max-minutes and no --max-length, a run from scratch on data "
@@ -298,6 +301,8 @@ def resolve_config(*layers: dict[str, Any], objective=None) -> TrainConfig:
         merged.setdefault("auto_size", False)  # sizes given: the user's flags win
     if "max_length" in merged:
         merged.setdefault("auto_length", False)
+    if "lr" in merged:
+        merged.setdefault("auto_lr", False)  # the user's learning rate stands, at any width
     model = merged.get("model")
     if merged.get("from_pretrained") and ("dropout" in merged or isinstance(model, TransformerConfig)
                                           or (isinstance(model, dict) and "dropout" in model)):

@@ -36,6 +36,7 @@ from tformer.training.sizing import (
     batch_tokens,
     choose_length,
     choose_size,
+    scratch_lr,
     wants_auto_length,
     wants_auto_size,
 )
@@ -164,6 +165,10 @@ def make_plan(config, data: DataSummary, speeds: Speeds, seconds: float, resume:
     if sized:
         config, why = choose_size(config, training, step, "not known on this machine", rungs)
         reasons.append(("model size", why))
+    if not resume and not data.pretrained:  # (a resumed run keeps the rate it saved)
+        config, why = scratch_lr(config)
+        if why:
+            reasons.append(("learning rate", why))
     fp32 = step(config, "fp32") if confirm and timed and data.texts else None
     if fp32 is not None and CONFIRM_ROUNDS * fp32 > CONFIRM_SHARE * training:
         confirm = False
