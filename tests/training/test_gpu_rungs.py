@@ -1,5 +1,6 @@
-"""The sizing ladder's rungs above d_model 512 on a GPU (issue 55): a CUDA device may take
-BERT-base's and BERT-large's shapes when its measured steps leave enough updates; a CPU never."""
+"""The sizing ladder's rungs above d_model 384 on a GPU (issue 55): a CUDA device may take
+d_model 512 and BERT-base's and BERT-large's shapes when its measured steps leave enough
+updates; a CPU never."""
 
 import torch
 
@@ -11,7 +12,7 @@ def test_only_a_cuda_device_gets_the_rungs_above_the_ladder():
     assert sizing.rungs_for(torch.device("cpu")) == ()
     assert sizing.rungs_for(torch.device("mps")) == ()
     rungs = sizing.rungs_for(torch.device("cuda", 0))  # a device object: no GPU needed to ask
-    assert [r["d_model"] for r in rungs] == [768, 1024]
+    assert [r["d_model"] for r in rungs] == [512, 768, 1024]
     assert all(r["d_model"] > sizing.LADDER[-1]["d_model"] and r["d_model"] % r["n_heads"] == 0
                for r in rungs)
 

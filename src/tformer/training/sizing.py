@@ -25,13 +25,19 @@ LADDER: tuple[dict[str, int], ...] = (
     {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 2},
     {"d_model": 256, "n_heads": 4, "d_ff": 1024, "n_layers": 3},
     {"d_model": 384, "n_heads": 6, "d_ff": 1536, "n_layers": 4},
-    {"d_model": 512, "n_heads": 8, "d_ff": 2048, "n_layers": 6},
 )
-# Above the ladder, on a CUDA GPU only (``rungs_for``): BERT-base's and BERT-large's shapes (Devlin
-# et al. 2019). A GPU affords them: on an H200 a 12-layer BERT-base step of 32 x 128 tokens took
-# 22-28 ms in bf16 (docs/gpu.md), some 2,000 updates a minute, where a 2-layer d_model 128 step
-# took 12 (bound by kernel launches). Each rung is timed there (measures_rungs), not estimated.
+# Above the ladder, on a CUDA GPU only (``rungs_for``), each rung timed there (measures_rungs).
+# d_model 512 with 6 layers was the CPU ladder's top rung until measured: a CPU budget that
+# affords it gets too few updates for it to pass the 384 rung. From scratch at 10 minutes on 2
+# cores it tested worse than the 384 rung's runs of 3-5 minutes on three sets (50 Debtags:
+# micro-F1 0.420 against 0.618; pair scores, Spearman 0.315 against 0.544; package sizes, 0.401,
+# at scratch_lr's rate, against 0.518), and at equal updates (1,200, its best rate) it never
+# passed the 256 and 384 rungs (0.600 against 0.617 and 0.612; 0.781 against 0.796 and 0.788).
+# Then BERT-base's and BERT-large's shapes (Devlin et al. 2019): on an H200 a 12-layer
+# BERT-base step of 32 x 128 tokens took 22-28 ms in bf16 (docs/gpu.md), some 2,000 updates a
+# minute, where a 2-layer d_model 128 step took 12 (bound by kernel launches).
 GPU_RUNGS: tuple[dict[str, int], ...] = (
+    {"d_model": 512, "n_heads": 8, "d_ff": 2048, "n_layers": 6},
     {"d_model": 768, "n_heads": 12, "d_ff": 3072, "n_layers": 12},
     {"d_model": 1024, "n_heads": 16, "d_ff": 4096, "n_layers": 24},
 )
