@@ -301,7 +301,7 @@ def resolve_config(*layers: dict[str, Any], objective=None) -> TrainConfig:
         merged.setdefault("auto_size", False)  # sizes given: the user's flags win
     if "max_length" in merged:
         merged.setdefault("auto_length", False)
-    if "lr" in merged:
+    if "lr" in merged and not merged.get("from_pretrained"):  # (a fine-tune's rate is never scaled)
         merged.setdefault("auto_lr", False)  # the user's learning rate stands, at any width
     model = merged.get("model")
     if merged.get("from_pretrained") and ("dropout" in merged or isinstance(model, TransformerConfig)

@@ -225,9 +225,10 @@ def scratch_lr(config) -> tuple[Any, str | None]:
     if not config.auto_lr or config.lr is None or width <= SCRATCH_LR_WIDTH:
         return config, None
     lr = config.lr * (SCRATCH_LR_WIDTH / width) ** SCRATCH_LR_POWER
-    return config.replace(lr=lr), (f"{lr:.2g} for a {width}-wide model from scratch (the kind's "
-                                   f"{config.lr:.2g} x ({SCRATCH_LR_WIDTH}/{width})^{SCRATCH_LR_POWER}; "
-                                   "--lr sets it)")
+    # (auto_lr off: the rate is chosen; a saved config's command line gives it as --lr)
+    why = (f"{lr:.2g} for a {width}-wide model from scratch (the kind's {config.lr:.2g} x "
+           f"({SCRATCH_LR_WIDTH}/{width})^{SCRATCH_LR_POWER}; --lr sets it)")
+    return config.replace(lr=lr, auto_lr=False), why
 
 
 def finetune_lr(config, d_model: int) -> tuple[Any, str]:
