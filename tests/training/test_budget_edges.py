@@ -141,3 +141,30 @@ def test_a_test_that_begins_past_its_time_scores_only_its_first_batch():
     assert 400 <= budget.test_fits(10_000) <= 484 and budget.test_fits(234) == 234
     untimed = Budget(SimpleNamespace(steps=10, epochs=None, max_minutes=None), time.perf_counter())
     assert untimed.test_fits(10_000, planned=1.0) == 10_000
+
+
+def test_the_test_is_reserved_and_cut_at_its_own_cost_not_a_validation_s_per_example():
+    """A validation times its loss pass (over its first EVAL_SAMPLE, one batch) apart from its
+    predictions: a test of more examples than that pays the loss pass once. Timed as one, a pair
+    scores run's validation of 256 examples (two forwards each) made a test of 2,000 look 1.6x
+    its cost, and the test cut itself to 1,498 with 12 s of its deadline left."""
+    from types import SimpleNamespace
+
+    from tformer.training.budget import EVAL_SAMPLE, Budget
+
+    config = SimpleNamespace(steps=10**6, epochs=None, max_minutes=10.0)
+    budget = Budget(config, time.perf_counter())
+    budget.test_examples = 2000
+    budget.validated(2.56 * 2, 256, loss_pass=(2.56, 256))  # 10 ms an example for each part
+    assert budget.loss_seconds_per_example == pytest.approx(0.01)
+    assert budget.predict_seconds_per_example == pytest.approx(0.01)
+    cost = 0.01 * EVAL_SAMPLE + 0.01 * 2000  # 25 s, where 20 ms an example would say 40
+    assert budget.test_cost(2000) == pytest.approx(cost)
+    assert budget.test_seconds() == pytest.approx(1.2 * cost)
+    assert budget.test_fits(2000) == 2000  # ~10 minutes to the test's deadline
+    # 13 s before it: 1.2 x (0.01 x 500 + 0.01 n) <= 13 s -> n = 583 (at validation's 20 ms: 541)
+    budget.started += 13.0 - (budget.test_deadline() - time.perf_counter())
+    assert budget.test_fits(2000) in (582, 583)
+    # A kind without a loss pass (masked LM: its loss is its predictions'): all of it per example.
+    budget.validated(5.12, 256)
+    assert budget.test_cost(2000) == pytest.approx(0.02 * 2000)

@@ -26,6 +26,7 @@ Without --max-minutes, validation runs every --eval-every steps, as before.
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 
@@ -149,6 +150,13 @@ class Budget:
         self.examples_per_step: float | None = None
         self.train_records = train_records
         self.valid_seconds_per_example: float | None = None
+        # The two parts of a validation, apart: its loss pass over its first EVAL_SAMPLE examples
+        # (one batch) and its predictions, per example each. The test's time is theirs for its own
+        # count: timed as one, a validation of 256 examples (two forwards an example) held back 1.6x
+        # the time a test of 2,000 (500 in its loss pass) took, and the test cut itself to 1,498
+        # examples with 12 s of its deadline left.
+        self.loss_seconds_per_example: float | None = None
+        self.predict_seconds_per_example: float | None = None
         self.valid_sample: int | None = None  # fixed after the first timed validation
         self.valid_spent = 0.0
         self.test_examples = 0
@@ -195,18 +203,28 @@ class Budget:
         return self.saves_seconds() + SAVE_SECONDS
 
     def test_seconds(self) -> float:
-        """Kept back for the final test: its examples at validation's latest speed (before any
-        is measured, the plan's estimate at the pace of the updates: ``pace_miss``; 5% of the
-        budget without one), at most TEST_SHARE of the budget. Beside two busy processes a
+        """Kept back for the final test: its examples at validation's latest speed (``test_cost``;
+        before any is measured, the plan's estimate at the pace of the updates: ``pace_miss``; 5%
+        of the budget without one), at most TEST_SHARE of the budget. Beside two busy processes a
         fine-tune's updates ran 10x its plan, nothing was validated before its last, and the
         test kept back for the plan's pace scored 1 of its 234 examples."""
-        per = self.valid_seconds_per_example
-        if per is not None:
-            estimate = per * self.test_examples * 1.2
+        measured = self.test_cost(self.test_examples)
+        if measured is not None:
+            estimate = measured * 1.2
         else:
             planned = self.planned_test
             estimate = 0.05 * self.seconds if planned is None else planned * self.pace_miss()
         return min(estimate, TEST_SHARE * self.seconds)
+
+    def test_cost(self, examples: int) -> float | None:
+        """Seconds a test of `examples` takes at the latest validation's speed (None before one):
+        its loss pass over the first EVAL_SAMPLE, then a prediction each, each part at the
+        speed validation's own part ran (``validated``)."""
+        if self.predict_seconds_per_example is None:
+            per = self.valid_seconds_per_example
+            return None if per is None else per * examples
+        return (self.loss_seconds_per_example or 0.0) * min(examples, EVAL_SAMPLE) \
+            + self.predict_seconds_per_example * examples
 
     def reserve(self) -> float:
         """Seconds kept back for what follows the last step: the last validation, the final
@@ -222,19 +240,20 @@ class Budget:
 
     def test_fits(self, examples: int, planned: float | None = None) -> int:
         """How many of the test's `examples` its time left pays for (all, untimed): at the latest
-        validation's seconds an example (its loss pass included), else at `planned` seconds a
+        validation's speed (``test_cost``) with a margin of 1.2, else at `planned` seconds a
         prediction (the plan's) x TEST_MARGIN; at least FIRST_TEST_BATCH. The test's loss pass
         over its first examples has no deadline: a 2.5-minute run's test of 234 examples began
         past its budget on a machine at load 14 and ended 34 s later; now it scores 8."""
-        per = self.valid_seconds_per_example
-        if per is not None:
-            per = 1.2 * per
-        elif planned:
-            per = TEST_MARGIN * planned * self.pace_miss()
-        if not self.timed or per is None:
+        if not self.timed:
             return examples
         left = self.test_deadline() - time.perf_counter()
-        return min(examples, max(FIRST_TEST_BATCH, int(left / per)))
+        if self.test_cost(examples) is not None:
+            fits = bisect.bisect_right(range(examples + 1), left, key=lambda n: 1.2 * self.test_cost(n)) - 1
+        elif planned:
+            fits = int(left / (TEST_MARGIN * planned * self.pace_miss()))
+        else:
+            return examples
+        return min(examples, max(FIRST_TEST_BATCH, fits))
 
     def test_deadline(self) -> float:
         """When the final test stops predicting, whatever it has left (as a perf_counter time):
@@ -328,14 +347,18 @@ class Budget:
         """How many validation examples each validation scores: the same every time."""
         return min(self.valid_sample or EVAL_SAMPLE, available)
 
-    def validated(self, seconds: float, examples: int) -> None:
-        """Record a validation's time and schedule the next one. The latest validation's speed
-        is what the final test will run at: the probe's (32 examples, first calls) ran 2-3x
-        slower per example, and while its rate was kept, a seq2seq run held back 70 s of a
-        5-minute budget for a test that took 22 (it stopped at 4.2 minutes)."""
+    def validated(self, seconds: float, examples: int, loss_pass: tuple[float, int] = (0.0, 0)) -> None:
+        """Record a validation's time (`loss_pass`: the seconds and examples of its loss pass,
+        within `seconds`) and schedule the next one. The latest validation's speed is what the
+        final test will run at: the probe's (32 examples, first calls) ran 2-3x slower per
+        example, and while its rate was kept, a seq2seq run held back 70 s of a 5-minute budget
+        for a test that took 22 (it stopped at 4.2 minutes)."""
         self.valid_spent += seconds
         if examples:
             self.valid_seconds_per_example = seconds / examples
+            loss_seconds, loss_examples = loss_pass
+            self.loss_seconds_per_example = loss_seconds / loss_examples if loss_examples else 0.0
+            self.predict_seconds_per_example = max(seconds - loss_seconds, 0.0) / examples
         self.next_valid = self.now() + self._valid_interval()
         self.paused()
 

@@ -121,6 +121,9 @@ class Objective(ABC):
     kind = ""  # the kind's name (tformer.kinds): reports, run directories
     model_kind = ""  # the architecture tformer.config.sizes sizes: "seq2seq", "classifier" or "encoder"
     predict_cost = 0.5  # predicting one example, in a training step's share of one (a forward's ~1/3)
+    # The latest evaluate's loss pass: (seconds, examples), which the budget times apart from the
+    # predictions (tformer.training.budget.Budget.validated); a kind without one leaves (0.0, 0).
+    loss_pass: tuple[float, int] = (0.0, 0)
     # A data run's kind declares what its files hold and its defaults, under a config file and
     # the command line (flat option names, as on the command line: --d-model is "d_model").
     fields: Fields | None = None  # a synthetic task's only kind: None
@@ -314,7 +317,9 @@ class Objective(ABC):
         busy machine's test 5.7 s past its deadline). With `paired` (the final test), metrics
         also hold the verdict's "paired_interval" where the objective draws one."""
         examples = validation_sample(split, self.examples(split)) if examples is None else examples
+        t = time.perf_counter()
         loss = self._sample_loss(model, examples)
+        self.loss_pass = (time.perf_counter() - t, min(len(examples), EVAL_SAMPLE))
         preds = self.predict(model, examples, deadline=deadline, progress=progress, **options)
         scored = examples[: len(preds)]
         self.before_scoring(model, split, scored, preds)

@@ -207,13 +207,13 @@ def truncated(longest: list[int], max_length: int) -> str | None:
 FINETUNE_LR = 1e-4  # at d_model 128; ~ 1 / sqrt(width) above it: 4.1e-5 at BERT-base's 768
 
 
-# The kinds' learning rates from scratch (5e-4; seq2seq's 1e-3) were chosen on models up to 384
-# wide. A wider one takes smaller steps: measured on 29,940 package summaries -> 50 Debtags
-# (multi-label, 1,200 updates of 400 tokens, linear decay; test micro-F1), d_model 256 / 3 layers
-# at 5e-4 0.617 and 384 / 4 at 5e-4 0.612, but 512 / 6 at 5e-4 0.351 (its loss never settled),
-# at 3.75e-4 0.542 and at 2.5e-4 0.600. At 5e-4 the ladder's 512 rung made 10-minute runs worse
-# than shorter ones (micro-F1 0.420 against 5 minutes' 0.618; pair scores, Spearman 0.315
-# against 3 minutes' 0.544).
+# The kinds' learning rates from scratch (5e-4; seq2seq's 1e-3; the score kinds' 2.5e-4) were
+# chosen on models up to 384 wide. A wider one takes smaller steps: measured on 29,940 package
+# summaries -> 50 Debtags (multi-label, 1,200 updates of 400 tokens, linear decay; test micro-F1),
+# d_model 256 / 3 layers at 5e-4 0.617 and 384 / 4 at 5e-4 0.612, but 512 / 6 at 5e-4 0.351 (its
+# loss never settled), at 3.75e-4 0.542 and at 2.5e-4 0.600. At 5e-4 the ladder's 512 rung made
+# 10-minute runs worse than shorter ones (micro-F1 0.420 against 5 minutes' 0.618; pair scores,
+# Spearman 0.315 against 3 minutes' 0.544). (The CPU ladder now tops at 384; GPUs' rungs go wider.)
 SCRATCH_LR_WIDTH = 384
 SCRATCH_LR_POWER = 2
 

@@ -37,7 +37,7 @@ def score_validation(model: nn.Module, objective: Objective, budget: Budget,
     t = time.perf_counter()
     valid, _ = objective.evaluate(model, "validation", examples=sample, deadline=deadline,
                                   progress=lambda done, of: bar.status("validating", done, of))
-    budget.validated(time.perf_counter() - t, valid["examples"])
+    budget.validated(time.perf_counter() - t, valid["examples"], objective.loss_pass)
     if not all(math.isfinite(v) for v in valid.values()):
         raise ValueError(f"validation: expected finite outputs, got {valid}; stopped, keeping the "
                          "last good checkpoint (if any); try a lower --lr")
