@@ -168,3 +168,24 @@ def test_the_test_is_reserved_and_cut_at_its_own_cost_not_a_validation_s_per_exa
     # A kind without a loss pass (masked LM: its loss is its predictions'): all of it per example.
     budget.validated(5.12, 256)
     assert budget.test_cost(2000) == pytest.approx(0.02 * 2000)
+
+
+def test_a_validation_the_probe_resizes_says_so_beside_the_plan_s_line():
+    """The plan printed "validation: 5 times, on 500 examples each" and the run, its examples
+    timed at 2.7x the plan's estimate, validated 3 times on 256, silently."""
+    from types import SimpleNamespace
+
+    from tformer.training.budget import Budget
+
+    config = SimpleNamespace(steps=10**6, epochs=None, max_minutes=10.0)
+    plan = SimpleNamespace(validations=5, valid_sample=500, test_seconds=None, step_seconds=None)
+    budget = Budget(config, time.perf_counter(), plan=plan)
+    budget.available = 1000
+    line = budget.probed(32 * 0.5, 32)  # 0.5 s an example: the 5% share pays for few
+    assert line is not None and line.startswith("validation: "), line
+    assert "the plan's: 5 times, on 500" in line and f"on {budget.valid_sample:,} examples" in line
+    assert budget.valid_sample < 500
+    quick = Budget(config, time.perf_counter(), plan=plan)
+    quick.available = 1000
+    assert quick.probed(32 * 1e-4, 32) is None  # the plan's 5 x 500 stands
+    assert (quick.planned_validations, quick.valid_sample) == (5, 500)

@@ -134,6 +134,7 @@ class Budget:
         self.planned_validations = plan.validations if plan is not None else VALIDATIONS
         self.validates_start = validates_start
         self.validations = self.planned_validations + int(validates_start)  # what the sample is sized for
+        self.planned_sample = plan.valid_sample if plan is not None else None  # (what the plan's line said)
         # The test's time, kept back from the start: the plan's estimate until validation measures it.
         self.planned_test = plan.test_seconds if plan is not None else None
         self.planned_step = plan.step_seconds if plan is not None else None  # what the plan expected
@@ -331,15 +332,22 @@ class Budget:
         """A timed run times PROBE examples before its first validation, to size the sample."""
         return self.timed and self.valid_sample is None
 
-    def probed(self, seconds: float, examples: int) -> None:
+    def probed(self, seconds: float, examples: int) -> str | None:
+        """Size the validation sample at the speed `examples` timed in `seconds` showed; the
+        line that says so where that differs from the plan's line (None where it does not)."""
         self.valid_spent += seconds
         self.valid_seconds_per_example = seconds / max(examples, 1)
         train = max(self.train_deadline() - self.train_started, 1e-3)
         # Sized at the measured speed, by the plan's rule: fewer validations, not fewer examples.
-        count, self.valid_sample, _ = validation_plan(train, self.valid_seconds_per_example, self.available,
-                                                      int(self.validates_start))
+        count, self.valid_sample, why = validation_plan(train, self.valid_seconds_per_example, self.available,
+                                                        int(self.validates_start))
+        planned = (self.planned_validations, self.planned_sample)
         self.planned_validations = count
         self.validations = count + int(self.validates_start)
+        if self.planned_sample is None or planned == (count, self.valid_sample):
+            return None
+        return (f"validation: {why}, timed on its first {examples} (the plan's: {planned[0]} times, "
+                f"on {planned[1]:,})")
 
     available = EVAL_SAMPLE  # validation examples the loop has (it sets this before validating)
 

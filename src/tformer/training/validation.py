@@ -22,8 +22,9 @@ from tformer.training.report import Progress
 
 
 def score_validation(model: nn.Module, objective: Objective, budget: Budget,
-                     bar: Progress) -> dict[str, float]:
-    """Metrics on the validation sample; a timed run first times a few examples to size it."""
+                     bar: Progress, note=None) -> dict[str, float]:
+    """Metrics on the validation sample; a timed run first times a few examples to size it
+    (`note`: what says so where that moves the plan's validation line)."""
     examples = objective.examples("validation")
     deadline = budget.valid_deadline() if budget.timed else None
     budget.available = len(examples)
@@ -32,7 +33,9 @@ def score_validation(model: nn.Module, objective: Objective, budget: Budget,
         probe = examples[:PROBE]
         bar.status("timing validation")
         objective.evaluate(model, "validation", examples=probe, deadline=deadline)
-        budget.probed(time.perf_counter() - t, len(probe))
+        resized = budget.probed(time.perf_counter() - t, len(probe))
+        if resized and note is not None:
+            note(resized)
     sample = examples[: budget.sample_size(len(examples))]
     t = time.perf_counter()
     valid, _ = objective.evaluate(model, "validation", examples=sample, deadline=deadline,
