@@ -461,22 +461,24 @@ def test_the_checkpoints_saved_before_the_test_do_not_eat_its_time():
     time was passed before a 1-minute seq2seq run's test began."""
     from types import SimpleNamespace
 
-    from tformer.training.budget import LATE_SECONDS, SAVE_SECONDS, Budget
+    from tformer.training.budget import LATE_SECONDS, PLOT_SECONDS, SAVE_SECONDS, Budget
 
     budget = Budget(SimpleNamespace(steps=10**6, epochs=None, max_minutes=1), 100.0)
     budget.saved(1.5)  # each checkpoint took 1.5 s
     budget.valid_seconds_per_example, budget.test_examples = 0.01, 100
     end = 100.0 + 60
-    assert budget.test_deadline() == end - SAVE_SECONDS
-    # A validation that ends at its deadline, then the two saves: the test still has its estimate.
-    test_starts = budget.valid_deadline() + 2 * 1.5
+    after = SAVE_SECONDS + 1.5 * PLOT_SECONDS  # the outputs after the test (a confusion matrix)
+    assert budget.test_deadline() == end - after
+    # A validation that ends at its deadline, then the two saves and the curves: the test still
+    # has its estimate.
+    test_starts = budget.valid_deadline() + 2 * 1.5 + PLOT_SECONDS
     assert budget.test_seconds() > 0
     assert budget.test_deadline() - test_starts == pytest.approx(budget.test_seconds())
     # The training deadline keeps all of it back: a late last step, the last validation, two
-    # saves, the test, the rest.
+    # saves, the curves, the test, the rest.
     assert budget.seconds - budget.train_deadline() == pytest.approx(
         LATE_SECONDS + budget.valid_seconds_per_example * (budget.valid_sample or 0) * 1.2 + 2 * 1.5
-        + budget.test_seconds() + SAVE_SECONDS)
+        + PLOT_SECONDS + budget.test_seconds() + after)
 
 
 def test_an_untimed_run_validates_its_last_step(tmp_path):

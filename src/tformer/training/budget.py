@@ -40,6 +40,11 @@ EVAL_SAMPLE = VALID_MAX
 PROBE = 32  # examples the first validation times before choosing its sample size
 FIRST_TEST_BATCH = 8  # the test always scores this many (its first batch runs whatever the clock)
 SAVE_SECONDS = 2.0  # kept back for the last checkpoint and the plots, before measuring
+# The curves' drawing (matplotlib's import included), before it is timed: it comes after the
+# last validation and before the test, and what follows the test (a confusion matrix) takes as
+# long again. Untimed, neither was kept back: at load 3 the curves took ~2.5 s, and a 3-minute
+# fine-tune's test, cut at its deadline, scored 532 of its 926 examples.
+PLOT_SECONDS = 1.5
 # The last step may end this late (or two of its average steps, if more) and still be validated:
 # a busy CI machine's 6 ms step that took 20 ms passed a tiny model's validation deadline (its
 # validation's own 8 ms), and the run tested weights 457 steps older than its last.
@@ -138,7 +143,7 @@ class Budget:
         # The test's time, kept back from the start: the plan's estimate until validation measures it.
         self.planned_test = plan.test_seconds if plan is not None else None
         self.planned_step = plan.step_seconds if plan is not None else None  # what the plan expected
-        self.plot_seconds = 0.0  # the curves' drawing: what the outputs after the test take
+        self.plot_seconds: float | None = None  # the curves' drawing, once timed (PLOT_SECONDS before)
         self.skipped_last = False  # the last validation was past its deadline: the last weights are tested
         self.seconds = config.max_minutes * 60 - spent if config.max_minutes else math.inf
         self.timed = math.isfinite(self.seconds)
@@ -199,9 +204,18 @@ class Budget:
         return 2 * max(self.save_seconds, SAVE_SECONDS / 2)
 
     def publish_seconds(self) -> float:
-        """Kept back for saving: the last two checkpoints, then (after the test) the plots, the
-        outputs and the metrics line."""
-        return self.saves_seconds() + SAVE_SECONDS
+        """Kept back for saving: the last two checkpoints and the curves (before the test), then
+        (after it) the outputs and the metrics line."""
+        return self.saves_seconds() + self.drawing_seconds() + self.after_test_seconds()
+
+    def drawing_seconds(self) -> float:
+        """The curves, drawn before the test: 0 once drawn, PLOT_SECONDS until then."""
+        return 0.0 if self.plot_seconds is not None else PLOT_SECONDS
+
+    def after_test_seconds(self) -> float:
+        """What follows the test: the outputs (a confusion matrix takes about as long as the
+        curves, x 1.5), the metrics line, the plots' files."""
+        return SAVE_SECONDS + 1.5 * (PLOT_SECONDS if self.plot_seconds is None else self.plot_seconds)
 
     def test_seconds(self) -> float:
         """Kept back for the final test: its examples at validation's latest speed (``test_cost``;
@@ -260,11 +274,11 @@ class Budget:
         """When the final test stops predicting, whatever it has left (as a perf_counter time):
         only what follows it keeps its time, the checkpoints were saved before it (a deadline
         that also kept theirs started a 1-minute run's test past it)."""
-        return self.started + self.seconds - SAVE_SECONDS - 1.5 * self.plot_seconds
+        return self.started + self.seconds - self.after_test_seconds()
 
     def valid_deadline(self) -> float:
-        """When a validation stops predicting: the two saves and the test keep their time."""
-        return self.test_deadline() - self.test_seconds() - self.saves_seconds()
+        """When a validation stops predicting: the two saves, the curves and the test keep their time."""
+        return self.test_deadline() - self.test_seconds() - self.saves_seconds() - self.drawing_seconds()
 
     def out_of_time(self) -> bool:
         """Would one more step end past the training deadline?"""
