@@ -3,8 +3,8 @@ thread each, under `flock /tmp/tformer-bench.lock`), the same defaults but for t
 
     python benchmarks/crossencoder_losses.py --data-dir data/ --minutes 3 --out results/ce-losses/
 
-  scores   regression.LOSS "mse" (the output's squared error) against "bce" (for scores in [0, 1]:
-           the binary cross-entropy of its sigmoid, sentence-transformers' BinaryCrossEntropyLoss)
+  scores   --score-loss mse (the output's squared error) against bce (for scores in [0, 1]: the
+           binary cross-entropy of its sigmoid, sentence-transformers' BinaryCrossEntropyLoss)
   rerank   reranking.LOSS "listwise" (a softmax over each query's candidates) against "pointwise"
            (each candidate's binary cross-entropy against its label)
 
@@ -34,6 +34,8 @@ def command(kind: str, loss: str, data: Path, out: Path, minutes: float, scratch
             "--max-minutes", f"{minutes:g}", "--threads", "1", "--out", str(out), "--quiet"]
     if not scratch:
         argv += ["--from-pretrained", str(minilm())]
+    if kind == "scores":  # an option; the reranking loss is a module constant
+        return [sys.executable, "-m", "tformer", *argv, "--score-loss", loss]
     code = (f"import sys, tformer.kinds.{module} as m; m.LOSS = {loss!r}; "
             f"from tformer.commands.cli import main; sys.exit(main({argv!r}))")
     return [sys.executable, "-c", code]

@@ -23,8 +23,14 @@ PAIRS = [("the cat sat on", "cat sat a mat"), ("hello world, fine.", "東京 caf
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("scores")
+    # Scores in [0, 1]: learned through a sigmoid (--score-loss auto: bce); "mse": the raw output.
     return {"pairs": tformer.train(data=score_rows(), out=str(root / "p"), **TINY),
-            "texts": tformer.train(data=score_rows(pair=False), out=str(root / "t"), **TINY)}
+            "texts": tformer.train(data=score_rows(pair=False), out=str(root / "t"), **TINY),
+            "mse": tformer.train(data=score_rows(), out=str(root / "m"), score_loss="mse", **TINY)}
+
+
+def sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + float(np.exp(-x)))
 
 
 def test_the_fields_choose_the_kind():
@@ -34,13 +40,15 @@ def test_the_fields_choose_the_kind():
         kind_of_fields(["text", "score", "label"], "x")
 
 
-def test_predict_is_the_evaluations_forward(runs):
-    """Run.predict, the objective's predictions of the test split and its metrics: the same numbers."""
-    run = runs["pairs"]
+@pytest.mark.parametrize(("name", "activate"), [("pairs", sigmoid), ("mse", lambda x: x)])
+def test_predict_is_the_evaluations_forward(runs, name, activate):
+    """Run.predict, the objective's predictions of the test split and its metrics: the same
+    numbers (the output's sigmoid where the loss was bce, the output itself where mse)."""
+    run = runs[name]
     examples = run.examples("test")
     got = run.predict([r["text"] for r in examples], pairs=[r["text_pair"] for r in examples])
     logits = run.objective.predict(run.model, examples)
-    assert [a["score"] for a in got] == pytest.approx([x for (x,) in logits], abs=1e-6)  # identity
+    assert [a["score"] for a in got] == pytest.approx([activate(x) for (x,) in logits], abs=1e-6)
     metrics = run.evaluate()
     expected = score_metrics([a["score"] for a in got], [r["score"] for r in examples])
     for key in ("spearman", "pearson", "mse"):
@@ -73,18 +81,22 @@ def test_the_record_compares_with_the_train_mean_and_the_token_overlap(runs):
         assert streamed["paired_interval"] == pytest.approx(record["gain_interval"], abs=1e-4)
 
 
-def test_the_hf_export_is_a_cross_encoder_with_the_runs_scores(runs, tmp_path):
+@pytest.mark.parametrize(("name", "activation"), [("pairs", "Sigmoid"), ("mse", "Identity")])
+def test_the_hf_export_is_a_cross_encoder_with_the_runs_scores(runs, tmp_path, name, activation):
+    """CrossEncoder(DIR) and the pipeline give the run's scores: through the sigmoid it learned
+    with (bce: CrossEncoder's default for one label), or raw (mse: "regression", no activation)."""
     from sentence_transformers import CrossEncoder
     from transformers import pipeline
 
-    run = runs["pairs"]
+    run = runs[name]
     out = run.export(hf=tmp_path / "hf")
     model = CrossEncoder(str(out), local_files_only=True)
-    assert type(model.activation_fn).__name__ == "Identity"  # raw scores: no sigmoid on a regression
+    assert type(model.activation_fn).__name__ == activation
     ours = [a["score"] for a in run.predict([a for a, _ in PAIRS], pairs=[b for _, b in PAIRS])]
     assert np.abs(model.predict(PAIRS) - np.array(ours)).max() <= TOL
     config = json.loads((out / "config.json").read_text())
-    assert config["num_labels"] == 1 and config["problem_type"] == "regression"
+    assert config["num_labels"] == 1
+    assert config.get("problem_type") == ("regression" if activation == "Identity" else None)
     classify = pipeline("text-classification", model=str(out))
     got = classify({"text": PAIRS[0][0], "text_pair": PAIRS[0][1]})
     assert got["score"] == pytest.approx(ours[0], abs=TOL)
@@ -120,7 +132,7 @@ def test_the_onnx_export_gives_the_scores(runs, tmp_path):
         logits, scores = session.run(None, inputs)
         assert abs(float(scores[0]) - expected) <= TOL and logits.shape == (1, 1)
     assert json.loads((out / "config.json").read_text())["sentence_transformers"]["activation_fn"].endswith(
-        "Identity")
+        "Sigmoid")
 
 
 def test_the_server_answers_teis_predict(runs):
@@ -136,7 +148,8 @@ def test_the_server_answers_teis_predict(runs):
         assert [r[0]["label"] for r in body] == ["score"] * len(PAIRS)
         assert [r[0]["score"] for r in body] == pytest.approx([a["score"] for a in ours], abs=1e-5)
         status, _, one = live.post("/predict", {"inputs": list(PAIRS[0]), "raw_scores": True})
-        assert status == 200 and one[0]["score"] == pytest.approx(ours[0]["score"], abs=1e-5)
+        p = ours[0]["score"]  # the output's sigmoid (bce); raw_scores: the output itself
+        assert status == 200 and one[0]["score"] == pytest.approx(float(np.log(p / (1 - p))), abs=1e-4)
         status, _, info = live.request("GET", "/info")
         assert info["kind"] == "regression" and info["model_type"] == {"classifier": {"id2label": {"0": "score"}}}
         assert live.post("/rerank", {"query": "a", "texts": ["b"]})[0] == 404  # a reranker's
@@ -177,3 +190,40 @@ def test_a_csv_score_is_read_as_a_number(tmp_path):
                                              {"text": "c", "text_pair": "d"}])
     with pytest.raises(ValueError, match=rf"^{missing}:3: missing field 'score' \(the record has text, text_pair\)"):
         tformer.train(data=str(missing), out=str(tmp_path / "r2"), **TINY)
+
+
+def test_bce_for_scores_outside_0_1_is_refused_and_auto_learns_them_by_mse(tmp_path, capsys):
+    rows = [{**r, "score": 5 * r["score"]} for r in score_rows(60)]  # STS's 0-5
+    data = write(tmp_path / "train.jsonl", rows)
+    rc, _, err = run_cli(capsys, "train", "--data", data, "--out", tmp_path / "run", "--steps", "1",
+                         "--score-loss", "bce")
+    assert_one_line_error(rc, err, "train", r"score_loss: bce learns scores in \[0, 1\]; the training scores "
+                                            r"run from 0\.0 to 5\.0: expected mse or auto$")
+    assert not (tmp_path / "run").exists()
+    run = tformer.train(data=str(data), out=str(tmp_path / "auto"), **TINY)
+    assert run.objective.activation == "identity" and "squared error" in run.objective.what()
+
+
+def test_a_run_saved_before_score_loss_reads_as_mse(runs, tmp_path):
+    """Runs written before --score-loss learned [0, 1] scores by their squared error: their saved
+    config (no score_loss) must not now read as bce and put a sigmoid on their outputs."""
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(runs["mse"].path, old)
+    for path in old.rglob("train_config.json"):
+        saved = json.loads(path.read_text())
+        assert saved.pop("score_loss") == "mse"
+        path.write_text(json.dumps(saved))
+    run = tformer.load_run(old)
+    assert run.objective.activation == "identity"
+    assert run.predict("the cat sat", pairs="cat sat") == runs["mse"].predict("the cat sat", pairs="cat sat")
+
+
+def test_another_kind_refuses_score_loss(tmp_path, capsys):
+    from text_fixtures import classification_rows
+
+    data = write(tmp_path / "train.jsonl", classification_rows(40))
+    rc, _, err = run_cli(capsys, "train", "--data", data, "--out", tmp_path / "run", "--steps", "1",
+                         "--score-loss", "mse")
+    assert rc == 2 and "score_loss" in err and err.count("\n") == 1, err

@@ -28,6 +28,7 @@ SCHEDULES = ("inverse_sqrt", "cosine", "linear")
 PRECISIONS = ("auto", "fp32", "bf16")
 LONG = ("auto", "windows", "cut")  # --long (tformer.training.windows)
 CLASS_WEIGHTS = ("auto", "weighted", "none")  # (tformer.kinds.labels)
+SCORE_LOSSES = ("auto", "bce", "mse")  # --score-loss (tformer.kinds.regression)
 TOKENIZERS = ("bpe", "wordpiece", "unigram")
 # Refused before anything is built: the tokenizer trainer's memory grows with the vocabulary
 # (a billion-token request aborts the process), and a learned position table with max_length.
@@ -87,6 +88,9 @@ class TrainConfig:
     class_weights: str = _f("auto", "classification and multi-label: weighted (a loss weighted towards rare "
                             "labels), none, or auto: weighted for skewed multi-label training labels, "
                             "where it measured better on macro-F1 (the first line says what it did)")
+    score_loss: str = _f("auto", "scores: bce (the binary cross-entropy of the output's sigmoid, for scores "
+                         "in [0, 1]), mse (the output's squared error, any scores), or auto: bce where "
+                         "every training score lies in [0, 1], where it measured better, else mse")
     from_pretrained: str | None = _f(None, "fine-tune this BERT-format model directory "
                                      "(its tokenizer and sizes are used)")
     tokenizer: str = _f("bpe", "tokenizer trained on --data: bpe (byte-level), wordpiece, unigram")
@@ -163,7 +167,8 @@ class TrainConfig:
             raise FieldError("task", f"expected one of {', '.join(TASKS)}; got {self.task!r}")
         devices.check_spec(self.device)
         for name, choices in (("schedule", SCHEDULES), ("tokenizer", TOKENIZERS), ("precision", PRECISIONS),
-                              ("long", LONG), ("class_weights", CLASS_WEIGHTS)):
+                              ("long", LONG), ("class_weights", CLASS_WEIGHTS),
+                              ("score_loss", SCORE_LOSSES)):
             if getattr(self, name) not in choices:
                 raise FieldError(name, f"expected one of {', '.join(choices)}; "
                                  f"got {getattr(self, name)!r}")
@@ -343,6 +348,7 @@ def read_train_config(run_dir: Path) -> TrainConfig:
         saved = json.loads(path.read_text())
         if "bf16" in saved:  # written before --precision: bf16 was a switch
             saved["precision"] = "bf16" if saved.pop("bf16") else "fp32"
+        saved.setdefault("score_loss", "mse")  # written before --score-loss: scores learned by MSE
         return TrainConfig(**saved)
     except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as e:
         raise FieldError("RUN_DIR", f"{path} is not a valid TrainConfig ({e})") from None
