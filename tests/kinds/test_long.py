@@ -265,3 +265,35 @@ def test_embed_reads_a_model_directorys_long_text_in_windows_where_asked(capsys)
     cut = [json.loads(line)["embedding"] for line in cli_lines(capsys, ["embed", directory, long])]
     assert np.abs(np.array(windows) - st.windowed().encode([long])).max() <= 1e-6
     assert np.abs(np.array(cut) - st.encode([long], on_long=lambda *_: None)).max() <= 1e-6
+
+
+def test_a_fine_tunes_plan_reads_its_texts_at_the_models_length_and_trains_at_the_one_it_chose(tmp_path):
+    """A fine-tune's plan counted its texts' tokens cut at the preset's 64 (none cut at 128:
+    "whole for 100%" where 78% of the man pages' DESCRIPTIONs were longer), and the length it
+    chose never reached its batches (data.json said 64 after "max length: 128 tokens")."""
+    from hf_bert_fixtures import make_bert_dir
+
+    from tformer.kinds import make_objective, resolve_config
+    from tformer.training.planning import summarize
+
+    model = make_bert_dir(tmp_path / "bert", max_position_embeddings=256)
+    rng = random.Random(0)
+    rows = [{"text": " ".join(rng.choice(["the", "cat", "dog", "sat", "mat"]) for _ in range(100)),
+             "label": rng.choice(["yes", "no"])} for _ in range(200)]  # 102 tokens each
+    data = write(tmp_path / "d.jsonl", rows)
+    config = resolve_config({"data": str(data), "from_pretrained": str(model), "max_minutes": 0.5,
+                             "out": str(tmp_path / "x")})
+    assert config.max_length == 64  # the fine-tune preset's, where the plan starts
+    objective = make_objective(config, run_dir=None, write=False)
+    summary = summarize(objective)
+    assert summary.cut_share(64) == 1.0 and summary.cut_share(128) == 0.0
+    assert summary.mean_cost(128) == pytest.approx(102, abs=1)
+    assert objective.with_config(config.replace(max_length=128)).source.tokenizer.max_length == 128
+    log: list[str] = []
+    run = tformer.train(data=str(data), from_pretrained=str(model), max_minutes=0.5, out=str(tmp_path / "ft"),
+                        progress=False, log=log.append)
+    (line,) = [x for x in log if x.startswith("max length:")]
+    chosen = int(line.split()[2])
+    assert chosen in (64, 128), line  # 128 where the budget pays for it (whole for 100%)
+    assert ("whole for 100%" in line) == (chosen == 128), line
+    assert run.tokenizer.max_length == chosen == json.loads((tmp_path / "ft" / "data.json").read_text())["max_length"]

@@ -157,9 +157,12 @@ class FileSource:
 
     def __init__(self, data: TextData, config=None) -> None:
         self.config = data.config if config is None else config
-        if data.tokenizer is not None and data.tokenizer.max_length != self.config.max_length \
-                and not self.config.from_pretrained:
-            data = data.with_max_length(self.config.max_length)  # a plan trying lengths
+        if data.tokenizer is not None and data.tokenizer.max_length != self.config.max_length:
+            # A plan trying lengths, a fine-tune's too (its choices stop at the model's positions):
+            # a fine-tune's tokenizer once kept the preset's 64 here, so its plan saw every text
+            # cut at 64 (none cut at 128: "whole for 100%" where 78% were longer) and the length
+            # it chose, 128, never reached its batches.
+            data = data.with_max_length(self.config.max_length)
         self.data, self.tokenizer = data, data.tokenizer
         self.kind = data.fields.objective
         self.labels = list(data.labels)
