@@ -90,6 +90,9 @@ class TextData:
         # Labels no training record has, and the held-out splits holding them (a new run's scan
         # finds them: the model cannot learn them).
         self.untrained: dict[str, list[str]] = {}
+        # The longest a fine-tune's texts may be read (None: any): a new one's model's positions, a
+        # saved one's own length (a run saved with a config longer than its tokenizer keeps it).
+        self.limit: int | None = None
 
     # Building -------------------------------------------------------------------------------
     @classmethod
@@ -114,15 +117,17 @@ class TextData:
                                       fields.specials)
             max_length = config.max_length
         data.tokenizer = run_tokenizer(backend, max_length)
+        data.limit = limit if config.from_pretrained else None
         if write and run_dir is not None:
             write_atomic(run_dir / "tokenizer.json", backend.to_str().encode())
             write_json_atomic(run_dir / "data.json", data.describe())
         return data
 
     def with_max_length(self, max_length: int) -> TextData:
-        """This data with its tokenizer truncating at ``max_length`` (a run choosing its length)."""
+        """This data with its tokenizer truncating at ``max_length`` (a run choosing its length),
+        at most at its ``limit``."""
         other = copy.copy(self)
-        other.tokenizer = run_tokenizer(self.tokenizer.backend, max_length)
+        other.tokenizer = run_tokenizer(self.tokenizer.backend, min(max_length, self.limit or max_length))
         return other
 
     @classmethod
@@ -138,6 +143,7 @@ class TextData:
                        info.get("identity"), bool(info.get("pairs", True)),  # older runs: not recorded
                        info.get("tally"), info.get("long"))
             data.label_counts = {str(k): int(v) for k, v in (info.get("label_counts") or {}).items()}
+            data.limit = tokenizer.max_length if config.from_pretrained else None
             return data
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise FieldError("RUN_DIR", f"{path} is not a tformer data.json ({e})") from None
