@@ -40,10 +40,9 @@ EVAL_SAMPLE = VALID_MAX
 PROBE = 32  # examples the first validation times before choosing its sample size
 FIRST_TEST_BATCH = 8  # the test always scores this many (its first batch runs whatever the clock)
 SAVE_SECONDS = 2.0  # kept back for the last checkpoint and the plots, before measuring
-# The curves' drawing (matplotlib's import included), before it is timed: it comes after the
-# last validation and before the test, and what follows the test (a confusion matrix) takes as
-# long again. Untimed, neither was kept back: at load 3 the curves took ~2.5 s, and a 3-minute
-# fine-tune's test, cut at its deadline, scored 532 of its 926 examples.
+# The curves' drawing (matplotlib's import included) before it is timed, which is after training:
+# untimed, it was never kept back (nor the confusion matrix after the test, as long again), and at
+# load 3 (~2.5 s) a 3-minute fine-tune's test, cut at its deadline, scored 532 of its 926 examples.
 PLOT_SECONDS = 1.5
 # The last step may end this late (or two of its average steps, if more) and still be validated:
 # a busy CI machine's 6 ms step that took 20 ms passed a tiny model's validation deadline (its
@@ -156,11 +155,9 @@ class Budget:
         self.examples_per_step: float | None = None
         self.train_records = train_records
         self.valid_seconds_per_example: float | None = None
-        # The two parts of a validation, apart: its loss pass over its first EVAL_SAMPLE examples
-        # (one batch) and its predictions, per example each. The test's time is theirs for its own
-        # count: timed as one, a validation of 256 examples (two forwards an example) held back 1.6x
-        # the time a test of 2,000 (500 in its loss pass) took, and the test cut itself to 1,498
-        # examples with 12 s of its deadline left.
+        # A validation's loss pass (its first EVAL_SAMPLE, one batch) and predictions, per example
+        # each: timed as one, 256 examples (two forwards each) made a test of 2,000 (500 in its loss
+        # pass) look 1.6x its cost, and it cut itself to 1,498 examples with 12 s left.
         self.loss_seconds_per_example: float | None = None
         self.predict_seconds_per_example: float | None = None
         self.valid_sample: int | None = None  # fixed after the first timed validation
@@ -213,8 +210,7 @@ class Budget:
         return 0.0 if self.plot_seconds is not None else PLOT_SECONDS
 
     def after_test_seconds(self) -> float:
-        """What follows the test: the outputs (a confusion matrix takes about as long as the
-        curves, x 1.5), the metrics line, the plots' files."""
+        """What follows the test: the outputs (a confusion matrix: the curves' time x 1.5), the rest."""
         return SAVE_SECONDS + 1.5 * (PLOT_SECONDS if self.plot_seconds is None else self.plot_seconds)
 
     def test_seconds(self) -> float:
@@ -223,8 +219,7 @@ class Budget:
         of the budget without one), at most TEST_SHARE of the budget. Beside two busy processes a
         fine-tune's updates ran 10x its plan, nothing was validated before its last, and the
         test kept back for the plan's pace scored 1 of its 234 examples."""
-        measured = self.test_cost(self.test_examples)
-        if measured is not None:
+        if (measured := self.test_cost(self.test_examples)) is not None:
             estimate = measured * 1.2
         else:
             planned = self.planned_test

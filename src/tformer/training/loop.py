@@ -243,8 +243,7 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
         """Validate the weights as they are, record it, keep them if they are the best yet, and
         checkpoint (every rank validates and tracks the best; rank 0 writes)."""
         objective.source.check_unchanged(thorough=False)  # batches read from a changed file
-        note = bar.write if progress and writer else log
-        valid = score_validation(model, objective, budget, bar, note=note)
+        valid = score_validation(model, objective, budget, bar, bar.write if progress and writer else log)
         bar.status("training")
         if writer:
             reporter.write({"split": "validation", "step": state["step"], **valid,
