@@ -371,7 +371,7 @@ def test_a_resumed_timed_runs_first_step_keeps_to_its_schedule(tmp_path):
 
     data = write(tmp_path / "d.jsonl", classification_rows(200))
     run = tmp_path / "run"
-    config = resolve_config({"data": str(data), **TINY, "max_minutes": 0.2, "steps": 100_000,
+    config = resolve_config({"data": str(data), **TINY, "max_minutes": 0.3, "steps": 100_000,
                              "log_every": 1, "out": str(run)})
     train(config, **QUIET)
     state_path = check_run_dir(run) / "trainer_state.json"

@@ -138,7 +138,7 @@ class Budget:
         self.planned_validations = plan.validations if plan is not None else VALIDATIONS
         self.validates_start = validates_start
         self.validations = self.planned_validations + int(validates_start)  # what the sample is sized for
-        self.planned_sample = plan.valid_sample if plan is not None else None  # (what the plan's line said)
+        self.planned_sample = getattr(plan, "valid_sample", None)  # (what the plan's line said)
         # The test's time, kept back from the start: the plan's estimate until validation measures it.
         self.planned_test = plan.test_seconds if plan is not None else None
         self.planned_step = plan.step_seconds if plan is not None else None  # what the plan expected
