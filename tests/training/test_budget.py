@@ -298,8 +298,8 @@ def test_the_step_the_clock_makes_last_is_validated_once_and_ends_the_run(tmp_pa
     reserve, validated = Budget.reserve, Budget.validated
     freed = {"seconds": 0.0}
 
-    def freeing(self, seconds, examples, *loss_pass):
-        validated(self, seconds, examples, *loss_pass)
+    def freeing(self, seconds, examples, *loss_pass, **aside):
+        validated(self, seconds, examples, *loss_pass, **aside)
         freed["seconds"] += 3 * (self.step_seconds or 0.0)
 
     monkeypatch.setattr(Budget, "validated", freeing)

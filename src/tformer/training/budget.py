@@ -38,6 +38,7 @@ from tformer.training.plan import TEST_MARGIN, TEST_SHARE, VALID_MAX, VALIDATION
 EVAL_SAMPLE = VALID_MAX
 
 PROBE = 32  # examples the first validation times before choosing its sample size
+PROBE_WARM_UP = 8  # examples scored before them, untimed: the model's first calls in evaluation
 FIRST_TEST_BATCH = 8  # the test always scores this many (its first batch runs whatever the clock)
 SAVE_SECONDS = 2.0  # kept back for the last checkpoint and the plots, before measuring
 # The curves' drawing (matplotlib's import included) before it is timed, which is after training:
@@ -228,8 +229,7 @@ class Budget:
 
     def test_cost(self, examples: int) -> float | None:
         """Seconds a test of `examples` takes at the latest validation's speed (None before one):
-        its loss pass over the first EVAL_SAMPLE, then a prediction each, each part at the
-        speed validation's own part ran (``validated``)."""
+        its loss pass over the first EVAL_SAMPLE, then a prediction each, each at its part's speed."""
         if self.predict_seconds_per_example is None:
             per = self.valid_seconds_per_example
             return None if per is None else per * examples
@@ -250,15 +250,15 @@ class Budget:
 
     def test_fits(self, examples: int, planned: float | None = None) -> int:
         """How many of the test's `examples` its time left pays for (all, untimed): at the latest
-        validation's speed (``test_cost``) with a margin of 1.2, else at `planned` seconds a
-        prediction (the plan's) x TEST_MARGIN; at least FIRST_TEST_BATCH. The test's loss pass
-        over its first examples has no deadline: a 2.5-minute run's test of 234 examples began
-        past its budget on a machine at load 14 and ended 34 s later; now it scores 8."""
+        validation's speed (``test_cost``, no margin: the predictions' deadline keeps the time;
+        1.2 left a 1-minute run's last 9 s unused), else at `planned` seconds a prediction x
+        TEST_MARGIN; at least FIRST_TEST_BATCH. The loss pass over its first examples has no
+        deadline: a 2.5-minute run's test began past its budget at load 14 and ended 34 s later."""
         if not self.timed:
             return examples
         left = self.test_deadline() - time.perf_counter()
         if self.test_cost(examples) is not None:
-            fits = bisect.bisect_right(range(examples + 1), left, key=lambda n: 1.2 * self.test_cost(n)) - 1
+            fits = bisect.bisect_right(range(examples + 1), left, key=self.test_cost) - 1
         elif planned:
             fits = int(left / (TEST_MARGIN * planned * self.pace_miss()))
         else:
@@ -318,9 +318,6 @@ class Budget:
     # Validation --------------------------------------------------------------------------------
     def _valid_interval(self) -> float:
         train = max(self.train_deadline() - self.train_started, 1e-3)
-        per = self.valid_seconds_per_example
-        if per is None or self.valid_sample is None:
-            return train / self.planned_validations
         return train / self.planned_validations
 
     def should_validate(self, step: int, last_step: bool) -> bool:
@@ -341,10 +338,11 @@ class Budget:
         """A timed run times PROBE examples before its first validation, to size the sample."""
         return self.timed and self.valid_sample is None
 
-    def probed(self, seconds: float, examples: int) -> str | None:
-        """Size the validation sample at the speed `examples` timed in `seconds` showed; the
-        line that says so where that differs from the plan's line (None where it does not)."""
-        self.valid_spent += seconds
+    def probed(self, seconds: float, examples: int, aside: float = 0.0) -> str | None:
+        """Size the validation sample at the speed `examples` timed in `seconds` showed (`aside`:
+        a warm-up's and kernel choices' seconds: validation's time, not its rate); the line that
+        says so where that differs from the plan's (None where it does not)."""
+        self.valid_spent += seconds + aside
         self.valid_seconds_per_example = seconds / max(examples, 1)
         train = max(self.train_deadline() - self.train_started, 1e-3)
         # Sized at the measured speed, by the plan's rule: fewer validations, not fewer examples.
@@ -355,7 +353,7 @@ class Budget:
         self.validations = count + int(self.validates_start)
         if self.planned_sample is None or planned == (count, self.valid_sample):
             return None
-        return (f"validation: {why}, timed on its first {examples} (the plan's: {planned[0]} times, "
+        return (f"validation: {why}, timed on {examples} of its examples (the plan's: {planned[0]} times, "
                 f"on {planned[1]:,})")
 
     available = EVAL_SAMPLE  # validation examples the loop has (it sets this before validating)
@@ -364,13 +362,15 @@ class Budget:
         """How many validation examples each validation scores: the same every time."""
         return min(self.valid_sample or EVAL_SAMPLE, available)
 
-    def validated(self, seconds: float, examples: int, loss_pass: tuple[float, int] = (0.0, 0)) -> None:
+    def validated(self, seconds: float, examples: int, loss_pass: tuple[float, int] = (0.0, 0),
+                  aside: float = 0.0) -> None:
         """Record a validation's time (`loss_pass`: the seconds and examples of its loss pass,
         within `seconds`) and schedule the next one. The latest validation's speed is what the
         final test will run at: the probe's (32 examples, first calls) ran 2-3x slower per
         example, and while its rate was kept, a seq2seq run held back 70 s of a 5-minute budget
-        for a test that took 22 (it stopped at 4.2 minutes)."""
-        self.valid_spent += seconds
+        for a test that took 22 (it stopped at 4.2 minutes). `aside`: seconds spent beside
+        `seconds` (new kernel choices' measuring): validation's time, not its rate."""
+        self.valid_spent += seconds + aside
         if examples:
             self.valid_seconds_per_example = seconds / examples
             loss_seconds, loss_examples = loss_pass
