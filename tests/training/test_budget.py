@@ -215,7 +215,7 @@ def test_the_fine_tuning_learning_rate_follows_the_width_unless_given(tmp_path):
     tuned = resolve_config({"data": str(data), "from_pretrained": str(tmp_path)})
     assert tuned.lr is None
     assert finetune_lr(tuned, 128)[0].lr == pytest.approx(1e-4)
-    assert finetune_lr(tuned, 768)[0].lr == pytest.approx(1e-4 / 6**0.5)  # BERT-base: 4.1e-5
+    assert finetune_lr(tuned, 768)[0].lr == pytest.approx(2e-4 / 6**0.5)  # BERT-base: 8.2e-5
     assert finetune_lr(tuned, 64)[0].lr == pytest.approx(1e-4)  # not above 1e-4
     assert resolve_config({"data": str(data), "from_pretrained": str(tmp_path), "lr": 2e-5}).lr == 2e-5
 

@@ -67,3 +67,37 @@ def test_the_first_batch_runs_to_its_end_and_a_batch_the_deadline_cuts_is_left_o
     monkeypatch.undo()
     assert got == objective.predict(model, examples[:8], batch_size=8, max_len=6)  # whole outputs
     assert any(len(out) > 1 for out in got)  # not cut after their first token
+
+
+def test_under_a_deadline_batches_are_sorted_within_windows_and_a_cut_keeps_a_prefix(tmp_path, monkeypatch):
+    """Unsorted under a deadline, each batch padded to its longest (a validation of 12.5-token
+    summaries padded batches of 64 to 64 tokens). Sorted within windows of DEADLINE_WINDOW batches,
+    a deadline that cuts a window keeps the examples before its first unfinished one: still
+    the predictions of a prefix of the examples, as given."""
+    from tformer.text.batches import DEADLINE_WINDOW
+    from tformer.training import objective as base
+
+    objective, model = _objective_and_model(tmp_path)
+    examples = objective.examples("train")[:8 + 3 * 8 * DEADLINE_WINDOW]  # a first batch, 3 windows
+    plain = objective.predict(model, examples, batch_size=8, max_len=6)
+    widths, late = [], {"after": None}
+    predict_batch = objective.predict_batch
+
+    def recording(model, batch, **options):
+        widths.append(batch.src.size(1))
+        if late["after"] is not None and len(widths) > late["after"]:
+            raise base.DeadlinePassed
+        return predict_batch(model, batch, **options)
+
+    monkeypatch.setattr(objective, "predict_batch", recording)
+    deadline = time.perf_counter() + 1000
+    got = objective.predict(model, examples, batch_size=8, max_len=6, deadline=deadline)
+    assert got == plain  # in order, every one
+    windows = [widths[i : i + DEADLINE_WINDOW] for i in range(1, len(widths), DEADLINE_WINDOW)]
+    assert len(windows) == 3 and all(w == sorted(w) for w in windows) and widths != sorted(widths)
+    for after in range(1, len(widths)):  # the deadline cuts the run after `after` batches
+        widths.clear()
+        late["after"] = after
+        cut = objective.predict(model, examples, batch_size=8, max_len=6, deadline=deadline)
+        assert len(cut) >= 8 and cut == plain[: len(cut)]
+    assert len(cut) >= 8 + 2 * 8 * DEADLINE_WINDOW  # two whole windows kept before the last cut

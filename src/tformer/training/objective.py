@@ -30,7 +30,7 @@ from tformer.formats.model_dir import ModelDir
 from tformer.formats.pretrained import pretrained_config
 from tformer.nn.devices import model_device
 from tformer.nn.kernels.autotune import seconds_measuring
-from tformer.text.batches import SORT_WINDOW
+from tformer.text.batches import SORT_WINDOW, done_prefix, prediction_windows
 from tformer.text.windows import rows as batch_rows
 from tformer.training import windows
 from tformer.training.records import Fields
@@ -263,37 +263,37 @@ class Objective(ABC):
         """One prediction per example, in order; labels and targets are not needed. Batches go
         to the model's device. Each window of SORT_WINDOW batches is sorted by length first, so
         a batch pads little and its rows finish decoding together. With a `deadline` (a
-        time.perf_counter() reading) the examples keep their order and no batch starts that
-        would end past it, by the last batch's time: the predictions of a prefix of examples.
-        The first batch always runs to its end (under a deadline it is a small one:
-        FIRST_BATCH_UNDER_DEADLINE); a later one that the deadline cuts (a decoder's outputs
-        stopped before their end: ``DeadlinePassed``) is left out, so that every scored prediction
-        is one the model finished. `progress(done, total)` is called after each batch."""
+        time.perf_counter() reading) no batch starts that would end past it, by the last batch's
+        time, and the predictions are those of a prefix of examples: the windows are of
+        DEADLINE_WINDOW batches, and a window the deadline cuts keeps its examples before the
+        first it did not finish. The first batch always runs to its end (under a deadline it is
+        a small one, FIRST_BATCH_UNDER_DEADLINE examples in their order, a window of its own); a
+        later one that the deadline cuts (a decoder's outputs stopped before their end:
+        ``DeadlinePassed``) is left out, so that every scored prediction is one the model
+        finished. `progress(done, total)` is called after each batch."""
         out: list = []
         batch_seconds = 0.0
         device = model_device(model)
         with evaluating(model):
-            for start in range(0, len(examples), batch_size * SORT_WINDOW):
-                encoded = self.encode(examples[start : start + batch_size * SORT_WINDOW])
-                order = list(range(len(encoded)))
+            for start, end in prediction_windows(len(examples), batch_size, deadline is not None,
+                                                 FIRST_BATCH_UNDER_DEADLINE):
+                encoded = self.encode(examples[start:end])
                 reads = [windows.windows_of(e) for e in encoded]  # a long text's windows: rows each
-                if deadline is None:
-                    order.sort(key=lambda i: (reads[i], encoded[i].cost))
+                order = sorted(range(len(encoded)), key=lambda i: (reads[i], encoded[i].cost))
                 preds: list = [None] * len(encoded)
                 i = 0
                 while i < len(order):
                     first = not out and not i
                     if not first and deadline is not None and time.perf_counter() + batch_seconds > deadline:
-                        return out + preds[:i]  # the order was kept: a prefix
+                        return out + done_prefix(preds)
                     t = time.perf_counter()
-                    size = min(batch_size, FIRST_BATCH_UNDER_DEADLINE) if first and deadline else batch_size
-                    rows = batch_rows(order[i:], reads, size)
+                    rows = batch_rows(order[i:], reads, min(batch_size, end - start))
                     batch = self.collate([encoded[r] for r in rows]).to(device)
                     try:
                         predicted = self.predict_batch(model, batch,
                                                        **self._bounded(options, None if first else deadline))
                     except DeadlinePassed:
-                        return out + preds[:i]
+                        return out + done_prefix(preds)
                     for r, pred in zip(rows, predicted, strict=True):
                         preds[r] = pred
                     batch_seconds = time.perf_counter() - t
@@ -395,3 +395,4 @@ class Objective(ABC):
 
     def save_outputs(self, model: nn.Module, run_dir: Path, shown: list) -> None:  # noqa: B027
         """Files beyond the checkpoint a finished run writes: none, unless a subclass says."""
+
