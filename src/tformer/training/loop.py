@@ -95,7 +95,7 @@ from tformer.training.report import (
     with_baseline,
 )
 from tformer.training.schedule import learning_rate
-from tformer.training.steps import grad_scaler, make_optimizer, train_step
+from tformer.training.steps import grad_scaler, in_precision, make_optimizer, train_step
 from tformer.training.validation import (
     checkpoint,
     from_start,
@@ -227,8 +227,7 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
     budget.test_examples = len(objective.examples("test"))
     # A timed run's bar runs on time (its step count moves with the pace: report.Progress).
     bar = Progress(None if budget.timed else budget.planned_steps(state["step"]), state["step"],
-                   disabled=not progress or not writer,
-                   ends_at=started + budget.seconds if budget.timed else None)
+                   not (progress and writer), started + budget.seconds if budget.timed else None)
     first = FirstSteps(plan, speeds, data, device, bf16,
                        confirm=plan.confirm_precision and world == 1 and state["step"] < CONFIRM_UPDATES,
                        replans=plan.sized and world == 1 and budget.timed)
@@ -243,7 +242,8 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
         """Validate the weights as they are, record it, keep them if they are the best yet, and
         checkpoint (every rank validates and tracks the best; rank 0 writes)."""
         objective.source.check_unchanged(thorough=False)  # batches read from a changed file
-        valid = score_validation(model, objective, budget, bar, bar.write if progress and writer else log)
+        with in_precision(device, first.bf16):  # (as the updates run)
+            valid = score_validation(model, objective, budget, bar, bar.write if progress and writer else log)
         bar.status("training")
         if writer:
             reporter.write({"split": "validation", "step": state["step"], **valid,
@@ -370,10 +370,10 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
     if (run_dir / "best.safetensors").is_file() and not budget.skipped_last:
         load_weights(model, run_dir / "best.safetensors")  # test the best validated weights
         tested_step = state.get("best_step", tested_step)
-    # The test measures no new kernel choice (9 s of a 570 s budget went to timing decoding
-    # shapes) and scores what its time left pays for (its loss pass has no deadline of its own).
+    # The test (as the updates run) measures no new kernel choice (9 s of a 570 s budget went to
+    # decoding shapes) and scores what its time left pays for (its loss pass has no deadline).
     tested = objective.examples("test")[: budget.test_fits(budget.test_examples, plan.example_seconds)]
-    with autotune.measuring(0.0) if budget.timed else contextlib.nullcontext():
+    with autotune.measuring(0.0 if budget.timed else None), in_precision(device, first.bf16):
         test, shown = objective.evaluate(model, "test", tested, budget.test_deadline(), paired=True,
                                          progress=lambda done, of: bar.status("testing", done, of))
     bar.close()
