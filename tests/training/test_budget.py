@@ -214,9 +214,9 @@ def test_the_fine_tuning_learning_rate_follows_the_width_unless_given(tmp_path):
     data = write(tmp_path / "d.jsonl", classification_rows(20))
     tuned = resolve_config({"data": str(data), "from_pretrained": str(tmp_path)})
     assert tuned.lr is None
-    assert finetune_lr(tuned, 128)[0].lr == pytest.approx(1e-4)
+    assert finetune_lr(tuned, 128)[0].lr == pytest.approx(2e-4)
     assert finetune_lr(tuned, 768)[0].lr == pytest.approx(2e-4 / 6**0.5)  # BERT-base: 8.2e-5
-    assert finetune_lr(tuned, 64)[0].lr == pytest.approx(1e-4)  # not above 1e-4
+    assert finetune_lr(tuned, 64)[0].lr == pytest.approx(2e-4)  # not above 2e-4
     assert resolve_config({"data": str(data), "from_pretrained": str(tmp_path), "lr": 2e-5}).lr == 2e-5
 
 
@@ -515,8 +515,7 @@ def test_an_evaluation_computes_its_loss_before_the_predictions_its_deadline_bou
     """The teacher-forced loss (of up to EVAL_SAMPLE examples) comes first, so the deadline counts
     its time: after the predictions it took a busy machine's final test 5.7 s past its deadline."""
 
-    config = resolve_config({"data": str(write(tmp_path / "d.jsonl", classification_rows(300))),
-                             **TINY})
+    config = resolve_config({"data": str(write(tmp_path / "d.jsonl", seq2seq_rows(300))), **TINY})
     objective = data_objective(build_data(config, None, write=False), config)
     model = objective.build_model()
     order = []
@@ -526,6 +525,38 @@ def test_an_evaluation_computes_its_loss_before_the_predictions_its_deadline_bou
     metrics, _ = objective.evaluate(model, "test", deadline=time.perf_counter())  # due now
     assert order == ["loss", "predict"] and math.isfinite(metrics["loss"])
     assert metrics["examples"] == FIRST_BATCH_UNDER_DEADLINE  # the first batch only
+    assert objective.loss_pass[1] == min(len(objective.examples("test")), 500)
+
+
+@pytest.mark.parametrize("class_weights", ["none", "weighted"])
+def test_a_classifier_s_evaluation_takes_its_loss_from_its_predictions(tmp_path, class_weights):
+    """A classifier's predictions are the logits its loss reads: its evaluation makes no loss pass
+    of its own (a fine-tune's validation spent half its time repeating its predictions' forward),
+    and the loss is the one a pass gives (weighted alike), of the examples it scored."""
+    import torch
+
+    from tformer.training.objective import evaluating
+
+    rows = classification_rows(300)
+    config = resolve_config({"data": str(write(tmp_path / "d.jsonl", rows)), **TINY,
+                             "class_weights": class_weights})
+    objective = data_objective(build_data(config, None, write=False), config)
+    torch.manual_seed(0)
+    model = objective.build_model()
+    calls = []
+    loss = objective.loss
+    objective.loss = lambda *a, **k: (calls.append("loss"), loss(*a, **k))[1]
+    examples = objective.examples("test")
+    metrics, _ = objective.evaluate(model, "test")
+    assert calls == [] and objective.loss_pass == (0.0, 0)
+    with evaluating(model):
+        batch = objective.collate(objective.encode(examples[:500]))
+        expected = loss(model, batch)[0].item()
+    assert metrics["loss"] == pytest.approx(expected, rel=1e-5)
+    cut, _ = objective.evaluate(model, "test", deadline=time.perf_counter())  # the first batch only
+    with evaluating(model):
+        first = loss(model, objective.collate(objective.encode(examples[: cut["examples"]])))[0].item()
+    assert cut["examples"] == FIRST_BATCH_UNDER_DEADLINE and cut["loss"] == pytest.approx(first, rel=1e-5)
 
 
 def test_a_timed_fine_tune_validated_at_step_0_still_ends_within_its_budget(tmp_path, embedding_fine_tune, capsys):

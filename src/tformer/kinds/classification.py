@@ -168,6 +168,15 @@ class Classification(Objective):
         """The logits per example."""
         return self.forward(model, batch).float().tolist()
 
+    loss_from_predictions = True  # (its predictions are the logits its loss reads)
+
+    def loss_of_predictions(self, examples: list, preds: list[list[float]]) -> float:
+        """``loss``'s cross-entropy (weighted alike, unsmoothed) of the logits predicted."""
+        weight = self.weighting[0]
+        return F.cross_entropy(torch.tensor(preds, dtype=torch.float32),
+                               torch.tensor(self.source.label_ids(examples)),
+                               weight=None if weight is None else weight.float().cpu()).item()
+
     def score(self, examples: list, preds: list[list[float]]) -> tuple[dict[str, float], list[str]]:
         predicted = [argmax(p) for p in preds]
         matrix = self.confusion(predicted, examples)

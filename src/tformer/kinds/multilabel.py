@@ -127,6 +127,7 @@ class MultiLabel(Classification):
     reads = ("pooling", "long", "class_weights", "label_separator")
     main_metric = "micro_f1"
     job = "multi-label classification"
+    loss_from_predictions = False  # (its loss pass is its own: Classification's reads one label)
     model_class = MultiLabelClassifier
 
     def __init__(self, source, pretrained=None) -> None:

@@ -35,6 +35,7 @@ from tformer.text.windows import rows as batch_rows
 from tformer.training import windows
 from tformer.training.records import Fields
 from tformer.training.sources import Data, FileSource, TaskSource
+from tformer.training.tally import KeptTally, Tally
 
 # Validation decodes (seq2seq) and the teacher-forced loss of every evaluation use at most
 # this many examples of the validation split; the test split is always scored whole.
@@ -69,47 +70,6 @@ def validation_sample(split: str, examples: list) -> list:
     return examples[:EVAL_SAMPLE] if split == "validation" else examples
 
 
-class Tally(ABC):
-    """The metrics and trivial baseline of examples scored a window at a time
-    (Objective.evaluate_stream): the same numbers as score() and baseline() of them all. An
-    objective whose metrics are sums of counts keeps only the counts, so that memory does not
-    grow with the examples."""
-
-    @abstractmethod
-    def add(self, examples: list, preds: list) -> None:
-        """A window of examples and their predictions."""
-
-    @abstractmethod
-    def metrics(self) -> dict[str, float]:
-        """score()'s metrics of every example added."""
-
-    @abstractmethod
-    def baseline(self) -> dict[str, Any]:
-        """baseline() of every example added."""
-
-
-class KeptTally(Tally):
-    """Every window kept and scored together at the end: for metrics that need them all (an
-    embedding's: each anchor ranks among every positive)."""
-
-    def __init__(self, objective: Objective) -> None:
-        self.objective = objective
-        self.examples: list = []
-        self.preds: list = []
-
-    def add(self, examples: list, preds: list) -> None:
-        self.examples += examples
-        self.preds += preds
-
-    def metrics(self) -> dict[str, float]:
-        return self.objective.score(self.examples, self.preds)[0]
-
-    def baseline(self) -> dict[str, Any]:
-        interval = self.objective.paired_interval(self.examples, self.preds) if self.examples else None
-        paired = {} if interval is None else {"paired_interval": list(interval)}
-        return {**self.objective.baseline(self.examples), **paired}
-
-
 class DeadlinePassed(Exception):
     """predict_batch's outputs were cut by the deadline before they ended: not predictions."""
 
@@ -125,6 +85,10 @@ class Objective(ABC):
     # The latest evaluate's loss pass: (seconds, examples), which the budget times apart from the
     # predictions (tformer.training.budget.Budget.validated); a kind without one leaves (0.0, 0).
     loss_pass: tuple[float, int] = (0.0, 0)
+    # A kind whose predictions hold what its loss reads (a classifier's logits) says so, and
+    # evaluate takes the loss from them (``loss_of_predictions``) with no forward of its own: a
+    # fine-tune's validation spent half its time on a loss pass that repeated its predictions'.
+    loss_from_predictions = False
     # A data run's kind declares what its files hold and its defaults, under a config file and
     # the command line (flat option names, as on the command line: --d-model is "d_model").
     fields: Fields | None = None  # a synthetic task's only kind: None
@@ -319,12 +283,14 @@ class Objective(ABC):
         also hold the verdict's "paired_interval" where the objective draws one."""
         examples = validation_sample(split, self.examples(split)) if examples is None else examples
         t, measuring = time.perf_counter(), seconds_measuring()
-        loss = self._sample_loss(model, examples)
+        loss = None if self.loss_from_predictions else self._sample_loss(model, examples)
         # (timed without new kernel choices' measuring: a rate for the budget's later estimates)
-        self.loss_pass = (time.perf_counter() - t - (seconds_measuring() - measuring),
-                          min(len(examples), EVAL_SAMPLE))
+        self.loss_pass = (0.0, 0) if loss is None else (
+            time.perf_counter() - t - (seconds_measuring() - measuring), min(len(examples), EVAL_SAMPLE))
         preds = self.predict(model, examples, deadline=deadline, progress=progress, **options)
         scored = examples[: len(preds)]
+        if loss is None:
+            loss = self.loss_of_predictions(scored[:EVAL_SAMPLE], preds[:EVAL_SAMPLE])
         self.before_scoring(model, split, scored, preds)
         metrics, shown = self.score(scored, preds)
         metrics["loss"] = loss
@@ -333,6 +299,10 @@ class Objective(ABC):
         if interval is not None:
             metrics["paired_interval"] = list(interval)
         return metrics, shown
+
+    def loss_of_predictions(self, examples: list, preds: list) -> float:
+        """The unsmoothed loss of `examples` from their predictions (``loss_from_predictions``)."""
+        raise NotImplementedError(f"{type(self).__name__} takes its loss from a pass of its own")
 
     def before_scoring(self, model: nn.Module, split: str, scored: list, preds: list) -> None:
         """What evaluate does with a split's predictions before scoring them: nothing, unless the
@@ -367,9 +337,11 @@ class Objective(ABC):
         tally, rows, loss, n = self.tally(), [], None, 0
         examples = iter(examples)
         while window := list(itertools.islice(examples, STREAM_WINDOW)):
-            if loss is None:  # of the first EVAL_SAMPLE, as evaluate's
+            if loss is None and not self.loss_from_predictions:  # of the first EVAL_SAMPLE, as evaluate's
                 loss = self._sample_loss(model, window)
             preds = self.predict(model, window, **options)
+            if loss is None:
+                loss = self.loss_of_predictions(window[:EVAL_SAMPLE], preds[:EVAL_SAMPLE])
             tally.add(window, preds)
             if len(rows) < samples:
                 first = window[: samples - len(rows)]
