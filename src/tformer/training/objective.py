@@ -279,7 +279,8 @@ class Objective(ABC):
         loss of its first EVAL_SAMPLE; and what each prediction shows. With a `deadline`, the
         examples predicted by then are scored (``predict``): metrics["examples"] says how many.
         The loss comes first, so the deadline counts its time (after the predictions, it took a
-        busy machine's test 5.7 s past its deadline). With `paired` (the final test), metrics
+        busy machine's test 5.7 s past its deadline); a kind whose loss reads its predictions
+        (``loss_from_predictions``) takes it from those scored. With `paired` (the final test), metrics
         also hold the verdict's "paired_interval" where the objective draws one."""
         examples = validation_sample(split, self.examples(split)) if examples is None else examples
         t, measuring = time.perf_counter(), seconds_measuring()
@@ -367,4 +368,3 @@ class Objective(ABC):
 
     def save_outputs(self, model: nn.Module, run_dir: Path, shown: list) -> None:  # noqa: B027
         """Files beyond the checkpoint a finished run writes: none, unless a subclass says."""
-

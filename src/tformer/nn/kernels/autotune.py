@@ -103,8 +103,9 @@ def choose(name: str, shape_class: str, candidates: Candidates | Callable[[], Ca
                           measure or (lambda call: _time_once(call, device)),
                           deadline=t + _allowance["left"])
         finally:
-            _allowance["left"] -= time.perf_counter() - t
-            _spent["seconds"] += time.perf_counter() - t
+            spent = time.perf_counter() - t
+            _allowance["left"] -= spent
+            _spent["seconds"] += spent
 
     key = _memory_key(name, shape_class, device)
     if key in _defaults:
