@@ -93,6 +93,29 @@ def test_what_follows_the_test_keeps_the_time_the_curves_took_to_draw():
     assert reserve >= budget.saves_seconds() + PLOT_SECONDS + SAVE_SECONDS + 1.5 * PLOT_SECONDS
 
 
+def test_a_small_model_s_short_budget_keeps_back_its_own_saves_not_a_large_model_s(tmp_path):
+    """A fresh process, --max-minutes 0.2, a 31 k-parameter model: 2 s kept back for each save
+    before one was timed (7.75 s with the curves) left it no update, where the check on the budget
+    had let it start. A save is guessed from the model's bytes (at most SAVE_SECONDS)."""
+    import subprocess
+    import sys
+
+    from tformer.training.budget import SAVE_SECONDS, Budget
+
+    data = write(tmp_path / "d.jsonl", seq2seq_rows(300))
+    config = resolve_config({"data": str(data), **TINY, "max_minutes": 1})
+    assert Budget(config, time.perf_counter(), parameters=31_104).saves_seconds() < 0.6
+    assert Budget(config, time.perf_counter(), parameters=22_700_000).saves_seconds() == SAVE_SECONDS
+    assert Budget(config, time.perf_counter()).saves_seconds() == SAVE_SECONDS
+    options = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "tformer", "train", "--data", str(data), "--max-minutes", "0.2",
+                           "--out", str(tmp_path / "run"), "--quiet", *options], capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "run" / "metrics.jsonl").exists() and seconds <= 12.0 + 1.0, seconds
+
+
 @pytest.mark.slow
 def test_a_one_minute_run_beside_two_busy_processes_ends_within_two_seconds_of_its_budget(tmp_path):
     """The whole command, as a user runs it, with two `while True: pass` processes beside it."""

@@ -40,7 +40,7 @@ EVAL_SAMPLE = VALID_MAX
 PROBE = 32  # examples the first validation times before choosing its sample size
 PROBE_WARM_UP = 8  # examples scored before them, untimed: the model's first calls in evaluation
 FIRST_TEST_BATCH = 8  # the test always scores this many (its first batch runs whatever the clock)
-SAVE_SECONDS = 2.0  # kept back for the last checkpoint and the plots, before measuring
+SAVE_SECONDS = 2.0  # kept back for a checkpoint before one is timed (a small model: its bytes' time)
 # The curves' drawing (matplotlib's import included) before it is timed, which is after training:
 # untimed, it was never kept back (nor the confusion matrix after the test, as long again), and at
 # load 3 (~2.5 s) a 3-minute fine-tune's test, cut at its deadline, scored 532 of its 926 examples.
@@ -65,12 +65,11 @@ BUILD_SECONDS_PER_PARAMETER = 5e-8  # initialising a model (~1 s for 20 M parame
 class NoUpdate(FieldError):
     """A timed run ran out of time before its first update: nothing is tested or kept."""
 
-    def __init__(self, config, seconds: float) -> None:
-        super().__init__(
-            "max_minutes",
-            f"{config.max_minutes:g} ({config.max_minutes * 60:.0f} s) ran out before the first "
-            f"update here ({seconds:.1f} s spent starting, reading the data and building the model); nothing "
-            f"was trained or kept: expected a longer --max-minutes (or a quieter machine)")
+    def __init__(self, config, seconds: float, kept: float = 0.0) -> None:
+        super().__init__("max_minutes", f"{config.max_minutes:g} ({config.max_minutes * 60:.0f} s) ran out "
+                         f"before the first update here ({seconds:.1f} s spent starting, reading the data "
+                         f"and building the model, {kept:.1f} s kept back for the test and saving); nothing "
+                         "was trained or kept: expected a longer --max-minutes (or a quieter machine)")
 
 
 def check_affordable(config, started: float, model_config, kind: str, plan) -> None:
@@ -134,7 +133,8 @@ class Budget:
     counts in validation's share, as one more of those the sample is sized for."""
 
     def __init__(self, config, started: float, train_records: int | None = None, spent: float = 0.0,
-                 validates_start: bool = False, pace: float | None = None, plan=None) -> None:
+                 validates_start: bool = False, pace: float | None = None, plan=None,
+                 parameters: int | None = None) -> None:
         self.config, self.started = config, started
         self.planned_validations = plan.validations if plan is not None else VALIDATIONS
         self.validates_start = validates_start
@@ -159,12 +159,13 @@ class Budget:
         # A validation's loss pass (its first EVAL_SAMPLE, one batch) and predictions, per example
         # each: timed as one, 256 examples (two forwards each) made a test of 2,000 (500 in its loss
         # pass) look 1.6x its cost, and it cut itself to 1,498 examples with 12 s left.
-        self.loss_seconds_per_example: float | None = None
-        self.predict_seconds_per_example: float | None = None
+        self.loss_seconds_per_example = self.predict_seconds_per_example = None
         self.valid_sample: int | None = None  # fixed after the first timed validation
         self.valid_spent = 0.0
         self.test_examples = 0
-        self.save_seconds = 0.0  # the longest checkpoint save so far
+        self.save_seconds = 0.0  # the longest checkpoint save so far; before one, a guess from its size:
+        # 2 s each kept back 7.75 s of a 9 s run of 31 k parameters, and it made no update
+        self.save_guess = min(SAVE_SECONDS, 0.25 + 12 * (parameters or math.inf) / SAVE_BYTES_PER_SECOND)
         self._last_step_end: float | None = None
         self.next_valid = self.train_started + self._valid_interval()
 
@@ -199,7 +200,7 @@ class Budget:
 
     def saves_seconds(self) -> float:
         """The run's last two checkpoints (its last validation's and the end's), saved before the test."""
-        return 2 * max(self.save_seconds, SAVE_SECONDS / 2)
+        return 2 * max(self.save_seconds, self.save_guess / 2)
 
     def publish_seconds(self) -> float:
         """Kept back for saving: the last two checkpoints and the curves (before the test), then
@@ -212,7 +213,7 @@ class Budget:
 
     def after_test_seconds(self) -> float:
         """What follows the test: the outputs (a confusion matrix: the curves' time x 1.5), the rest."""
-        return SAVE_SECONDS + 1.5 * (PLOT_SECONDS if self.plot_seconds is None else self.plot_seconds)
+        return self.save_guess + 1.5 * (PLOT_SECONDS if self.plot_seconds is None else self.plot_seconds)
 
     def test_seconds(self) -> float:
         """Kept back for the final test: its examples at validation's latest speed (``test_cost``;
@@ -317,8 +318,7 @@ class Budget:
 
     # Validation --------------------------------------------------------------------------------
     def _valid_interval(self) -> float:
-        train = max(self.train_deadline() - self.train_started, 1e-3)
-        return train / self.planned_validations
+        return max(self.train_deadline() - self.train_started, 1e-3) / self.planned_validations
 
     def should_validate(self, step: int, last_step: bool) -> bool:
         if not self.timed:  # and the last step: the weights tested are never older than they must be

@@ -200,8 +200,7 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
             log(f"{run_dir} had finished: stopped by {state['stopped_by']} at step {state['step']}; "
                 f"nothing changed ({to_train_more(state)}). Its test result:")
             log(summary(done, objective.main_metric))
-            verdict = baseline_verdict(done)
-            if verdict:
+            if verdict := baseline_verdict(done):
                 log(verdict)
             return done
         ended = state["stopped_by"] if finished(state, limits_of(config)) else None
@@ -223,7 +222,8 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
     previous_wall = float(state["wall_seconds"])
     validates_start = objective.starts_complete and not resume  # (a resumed run validated it)
     budget = Budget(config, started, objective.train_records, spent=previous_wall,
-                    validates_start=validates_start, pace=state.get("step_seconds"), plan=plan)
+                    validates_start=validates_start, pace=state.get("step_seconds"), plan=plan,
+                    parameters=n_params)
     budget.test_examples = len(objective.examples("test"))
     # A timed run's bar runs on time (its step count moves with the pace: report.Progress).
     bar = Progress(None if budget.timed else budget.planned_steps(state["step"]), state["step"],
@@ -354,7 +354,7 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
             bar.status("training")
     if budget.timed and state["step"] == 0 and ended is None:
         bar.close()  # out of time before the first update: nothing to test or keep
-        raise NoUpdate(config, budget.now())
+        raise NoUpdate(config, budget.now(), budget.reserve())
     state["wall_seconds"] = wall()
     state["stopped_by"] = stop_reason
     state["limits"] = limits_of(config)
