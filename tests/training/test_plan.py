@@ -31,7 +31,7 @@ def test_threads_are_the_cores_other_work_leaves_free(tmp_path, monkeypatch, oth
 
     from tformer.training import planning
 
-    monkeypatch.setattr(planning, "others_running", lambda: others)
+    monkeypatch.setattr(planning, "others_running", lambda **k: others)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     chosen = []
     monkeypatch.setattr(torch, "set_num_threads", chosen.append)
@@ -49,6 +49,54 @@ def test_threads_are_the_cores_other_work_leaves_free(tmp_path, monkeypatch, oth
     train(resolve_config({"data": str(data), **TINY, "steps": 1, "threads": 1, "out": str(tmp_path / "r2")}),
           progress=False, log=logged.append)
     assert not any(x.startswith("threads: ") for x in logged)  # given: not chosen
+
+
+def test_threads_chosen_are_checked_again_as_the_run_trains(tmp_path, monkeypatch):
+    """Two runs started together each found the 2 cores free, took 2 threads and shared them
+    (2.1 s and 0.67 s a step): the run checks again after its first update, and takes fewer."""
+    import torch
+
+    from tformer.training import planning
+
+    busy = {"now": 0.0}
+    monkeypatch.setattr(planning, "others_running", lambda **k: busy["now"] if k else 0.0)  # (the start's: no k)
+    caller = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        busy["now"] = 2.0  # from the first update on, another run's two threads
+        data = write(tmp_path / "d.jsonl", classification_rows(60))
+        logged = []
+        train(resolve_config({"data": str(data), **TINY, "steps": 3, "precision": "fp32",
+                              "out": str(tmp_path / "run")}), progress=False, log=logged.append)
+        assert "threads: 2, one per core (--threads sets it)" in logged
+        assert any(x.startswith("threads: 1 of 2 from here on, not 2: 2 threads of other processes")
+                   for x in logged), logged
+        assert torch.get_num_threads() == 2  # the caller's again
+    finally:
+        torch.set_num_threads(caller)
+
+
+def test_a_thread_watch_takes_fewer_at_once_and_more_only_when_two_checks_agree(monkeypatch):
+    import torch
+
+    from tformer.training import planning
+
+    others = {"now": 2.0}
+    monkeypatch.setattr(planning, "others_running", lambda **k: others["now"])
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads[0])
+    threads = [2]
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: threads.__setitem__(0, n))
+    watch = planning.ThreadWatch(2)
+    assert watch.check().startswith("threads: 1 of 2 from here on, not 2") and threads == [1]
+    assert watch.check() is None  # not due: RECHECK_SECONDS later
+    others["now"] = 0.0
+    watch.due = 0.0
+    assert watch.check() is None and threads == [1]  # free once: not yet
+    watch.due = 0.0
+    assert watch.check().startswith("threads: 2 of 2 from here on, not 1") and threads == [2]
+    others["now"] = 1.0  # one other thread on 2 cores: one is left
+    watch.due = 0.0
+    assert watch.check() is not None and threads == [1]
 
 
 def test_fine_tuning_takes_its_learning_rate_from_the_loaded_models_width(tmp_path):

@@ -58,7 +58,18 @@ class FirstSteps:
     def stepped(self, bf16: bool, seconds: float, tokens: int, seconds_left: float,
                 update: int = 0) -> tuple[str | None, Plan | None]:
         """(a line to print, a new plan) after the run's `update`-th update (of `tokens` tokens)
-        took `seconds`."""
+        took `seconds`; then the threads the run chose are checked again (``ThreadWatch``), but
+        not while both precisions are timed (a change would favour one), and a pace timed at the
+        old count is timed again."""
+        line, new = self._stepped(bf16, seconds, tokens, seconds_left, update)
+        watch = getattr(self.speeds, "threads", None)
+        if watch is None or self.confirming or new is not None or (moved := watch.check()) is None:
+            return line, new
+        self.paced = []
+        return (f"{line}\n{moved}" if line else moved), None
+
+    def _stepped(self, bf16: bool, seconds: float, tokens: int, seconds_left: float,
+                 update: int) -> tuple[str | None, Plan | None]:
         self.seen += 1
         if self.confirming:
             self.times[bf16].append(seconds / max(tokens, 1))

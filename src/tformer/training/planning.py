@@ -59,6 +59,36 @@ def choose_threads(config, world: int) -> tuple[object, str | None, float]:
     return config.replace(threads=threads), why, slowdown
 
 
+RECHECK_SECONDS = 10.0  # a run that chose its threads checks them again this often while it trains
+
+
+class ThreadWatch:
+    """The threads ``choose_threads`` chose, checked again after the first update and every
+    RECHECK_SECONDS while the run trains (``check``): two runs started together each found the
+    machine's 2 cores free, took 2 threads, then shared them at 2.1 s and 0.67 s a step. Fewer
+    threads at once; more only when two checks in a row find the cores free (a run beside
+    another that pauses to save or validate would otherwise change them back and forth)."""
+
+    def __init__(self, cores: int) -> None:
+        self.cores, self.due, self.wanted = cores, 0.0, None
+
+    def check(self) -> str | None:
+        """The line that says the threads changed (None where they did not, or it is not time)."""
+        now = time.perf_counter()
+        if now < self.due:
+            return None
+        self.due = now + RECHECK_SECONDS
+        others = others_running(samples=5, interval=0.01)
+        threads, had = free_threads(self.cores, others), torch.get_num_threads()
+        if threads == had or (threads > had and self.wanted != threads):
+            self.wanted = threads  # (more: once more, at the next check)
+            return None
+        self.wanted = None
+        torch.set_num_threads(threads)
+        return (f"threads: {threads} of {self.cores} from here on, not {had}: {others:g} threads "
+                "of other processes are running on this machine's cores now (--threads sets it)")
+
+
 def step_flops(model, kind: str, tokens: float, length: float) -> float:
     """FLOPs of one update (forward and backward: 3x the forward) on `tokens` tokens."""
     return 3.0 * flops_per_token(model, max(1, int(length)), kind) * tokens
@@ -71,6 +101,7 @@ class MachineSpeeds:
 
     def __init__(self, device: torch.device, slowdown: float = 1.0, objective_for=None) -> None:
         self.device, self.slowdown, self.objective_for = device, slowdown, objective_for
+        self.threads: ThreadWatch | None = None  # threads the run chose, checked again as it trains
 
     def rate(self, kind: str, precision: str) -> tuple[float, str]:
         """(FLOP/s of a training step here, alone; where the number comes from)."""
@@ -185,6 +216,7 @@ def plan_run(objective: Objective, resume: bool, world: int, started: float, log
     def chose(what: str, why: str, note: str = "") -> None:
         log(f"{what}: {why}{note}")
 
+    cores = torch.get_num_threads()  # (choose_threads's: one thread per core, before it chose)
     config, why_threads, slowdown = choose_threads(config, world)
     if why_threads is not None:
         torch.set_num_threads(config.threads)
@@ -205,6 +237,8 @@ def plan_run(objective: Objective, resume: bool, world: int, started: float, log
             "training records of it, or give --valid/--test files")
     budget = config.max_minutes * 60 - (time.perf_counter() - started) if config.max_minutes else math.inf
     speeds = MachineSpeeds(device, slowdown if device.type == "cpu" else 1.0, objective.with_config)
+    if why_threads is not None and device.type == "cpu":
+        speeds.threads = ThreadWatch(cores)
     data = summarize(objective)
     plan = make_plan(config, data, speeds, budget, resume, world, half_name(device), rungs_for(device))
     plan.extra.update(slowdown=speeds.slowdown, test_examples=data.test_examples)  # (check_affordable's)
