@@ -112,7 +112,9 @@ def test_a_small_model_s_short_budget_keeps_back_its_own_saves_not_a_large_model
     done = subprocess.run([sys.executable, "-m", "tformer", "train", "--data", str(data), "--max-minutes", "0.2",
                            "--out", str(tmp_path / "run"), "--quiet", *options], capture_output=True, text=True)
     seconds = time.perf_counter() - started
-    assert done.returncode == 0, done.stderr
+    if done.returncode == 2 and "is too short to honour here" in done.stderr:  # a slow start: refused first
+        pytest.skip(f"this machine's start leaves 0.2 minutes too little: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr  # (not "ran out before the first update")
     assert (tmp_path / "run" / "metrics.jsonl").exists() and seconds <= 12.0 + 1.0, seconds
 
 
