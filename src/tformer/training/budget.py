@@ -41,9 +41,8 @@ PROBE = 32  # examples the first validation times before choosing its sample siz
 PROBE_WARM_UP = 8  # examples scored before them, untimed: the model's first calls in evaluation
 FIRST_TEST_BATCH = 8  # the test always scores this many (its first batch runs whatever the clock)
 SAVE_SECONDS = 2.0  # kept back for a checkpoint before one is timed (a small model: its bytes' time)
-# The curves' drawing (matplotlib's import included) before it is timed, which is after training:
-# untimed, it was never kept back (nor the confusion matrix after the test, as long again), and at
-# load 3 (~2.5 s) a 3-minute fine-tune's test, cut at its deadline, scored 532 of its 926 examples.
+# The curves' drawing before the first validation times it: timed only at the end, a 2-minute run
+# at load 4 found it took 5 s, not this, and kept its test its first batch (8 of 926 examples).
 PLOT_SECONDS = 1.5
 # The last step may end this late (or two of its average steps, if more) and still be validated:
 # a busy CI machine's 6 ms step that took 20 ms passed a tiny model's validation deadline (its
@@ -144,6 +143,7 @@ class Budget:
         self.planned_test = plan.test_seconds if plan is not None else None
         self.planned_step = plan.step_seconds if plan is not None else None  # what the plan expected
         self.plot_seconds: float | None = None  # the curves' drawing, once timed (PLOT_SECONDS before)
+        self.drawn = False  # the last curves are drawn: no drawing is ahead of the test
         self.skipped_last = False  # the last validation was past its deadline: the last weights are tested
         self.seconds = config.max_minutes * 60 - spent if config.max_minutes else math.inf
         self.timed = math.isfinite(self.seconds)
@@ -172,9 +172,9 @@ class Budget:
     def saved(self, seconds: float) -> None:
         self.save_seconds = max(self.save_seconds, seconds)
 
-    def plotted(self, seconds: float) -> None:
-        """The curves took `seconds` to draw: the confusion matrix after the test will take as long."""
-        self.plot_seconds = seconds
+    def plotted(self, seconds: float, last: bool = False) -> None:
+        """The curves took `seconds`: so will the last drawing and (x 1.5) the confusion matrix."""
+        self.plot_seconds, self.drawn = seconds, last
 
     def restarted(self, plan=None) -> None:
         """A re-plan built a new model: the pace is measured again, against the new `plan`'s
@@ -208,8 +208,8 @@ class Budget:
         return self.saves_seconds() + self.drawing_seconds() + self.after_test_seconds()
 
     def drawing_seconds(self) -> float:
-        """The curves, drawn before the test: 0 once drawn, PLOT_SECONDS until then."""
-        return 0.0 if self.plot_seconds is not None else PLOT_SECONDS
+        """The last curves, drawn before the test: 0 once drawn, as long as the latest drawing until then."""
+        return 0.0 if self.drawn else PLOT_SECONDS if self.plot_seconds is None else self.plot_seconds
 
     def after_test_seconds(self) -> float:
         """What follows the test: the outputs (a confusion matrix: the curves' time x 1.5), the rest."""

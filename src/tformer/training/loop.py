@@ -261,6 +261,8 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
             t = time.perf_counter()
             checkpoint(run_dir, model, optimizer, config, state, best=improved)
             budget.saved(time.perf_counter() - t)
+            if budget.plot_seconds is None:  # drawn early, the last drawing's time is known before it
+                budget.plotted(plot_curves(metrics_path, run_dir / "curves.png", key))
         budget.paused()
         return valid
 
@@ -363,9 +365,7 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
         checkpoint(run_dir, model, optimizer, config, state, best=False)
         # The curves: drawn before the test, whose deadline then counts their time (4.5 s after a
         # 60 s run's test on a busy 2-core machine), and keeps as much for a confusion matrix.
-        t = time.perf_counter()
-        plot_curves(metrics_path, run_dir / "curves.png", key)
-        budget.plotted(time.perf_counter() - t)
+        budget.plotted(plot_curves(metrics_path, run_dir / "curves.png", key), last=True)
     tested_step = state["step"]
     if (run_dir / "best.safetensors").is_file() and not budget.skipped_last:
         load_weights(model, run_dir / "best.safetensors")  # test the best validated weights

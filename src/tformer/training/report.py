@@ -32,7 +32,7 @@ from tformer.training.verdict import (
     too_few,
     verdict_of,
 )
-from tformer.training.viz.plots import save_figure, subplots
+from tformer.training.viz.plots import save_figure, subplots, warm
 
 TENSORBOARD_DIR = "tensorboard"  # RUN/tensorboard/: `tensorboard --logdir RUN` shows the run
 CSV_FILE = "metrics.csv"  # RUN/metrics.csv: one row per scalar
@@ -348,8 +348,11 @@ def _margin(record: dict[str, Any], key: str, digits: int) -> str:
             f"{record.get('examples', '?')} examples)")
 
 
-def plot_curves(metrics_path: Path, png_path: Path, key: str) -> None:
-    """Training loss and validation metric against steps, side by side."""
+def plot_curves(metrics_path: Path, png_path: Path, key: str) -> float:
+    """Training loss and validation metric against steps, side by side. Returns the seconds the
+    drawing took, matplotlib's one-off loading (``plots.warm``) not counted."""
+    warm()
+    started = time.perf_counter()
     records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
     train_r = [r for r in records if r["split"] == "train"]
     valid_r = [r for r in records if r["split"] == "validation"]
@@ -371,6 +374,7 @@ def plot_curves(metrics_path: Path, png_path: Path, key: str) -> None:
     ax2.legend(loc="lower right")
     fig.tight_layout()
     save_figure(fig, png_path)
+    return time.perf_counter() - started
 
 
 def plot_confusion(matrix: list[list[int]], labels: list[str], path: Path) -> None:
