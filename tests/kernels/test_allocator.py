@@ -47,6 +47,7 @@ def _faults_per_step(mode: str, env: dict[str, str]) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # ~29 s: two training processes, their page faults counted
 @pytest.mark.skipif(allocator.why_not_keep() == "not glibc's malloc", reason="glibc's malloc only")
 def test_freed_blocks_are_reused_instead_of_faulted_in_again():
     env = {k: v for k, v in os.environ.items() if k not in allocator._USERS_OWN}

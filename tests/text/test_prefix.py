@@ -61,7 +61,8 @@ def whole_then_cut(tok: Tokenizer, max_length: int, inputs: list) -> list[tuple[
     return [(e.ids, e.type_ids, n) for e, n in zip(backend.encode_batch(inputs), full, strict=True)]
 
 
-@pytest.mark.parametrize("max_length", MAX_LENGTHS)
+@pytest.mark.parametrize("max_length", [pytest.param(n, marks=pytest.mark.slow) if n == 3 else n  # (28 s)
+                                        for n in MAX_LENGTHS])
 def test_encode_gives_the_ids_of_the_whole_text_cut(max_length):
     cut_early = 0
     for name, base in tokenizers():
@@ -318,7 +319,7 @@ def pair_cut(tok: Tokenizer, a: str, b: str) -> tuple[list[int], list[int]]:
     return split(tok.backend.encode(a, b), tok.max_length, False)[0][0]
 
 
-@pytest.mark.parametrize("max_length", (16, 17, 64, 65))
+@pytest.mark.parametrize("max_length", (16, 17, *(pytest.param(n, marks=pytest.mark.slow) for n in (64, 65))))
 def test_two_long_texts_sharing_an_odd_budget_are_read_to_the_reach(max_length):
     """Of two cut segments, LongestFirst gives an odd budget's last token to the one with more
     tokens: known once the shorter is read to its end, or both to the reach, where it goes to
