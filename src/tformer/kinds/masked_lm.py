@@ -55,6 +55,7 @@ from tformer.training.masking import (
 )
 from tformer.training.objective import EVAL_SAMPLE, Objective, evaluating, validation_sample
 from tformer.training.records import Fields
+from tformer.training.stream import remembered
 
 MASK_TOKENS = ("<mask>", "[MASK]")  # the mask token of a tokenizer tformer trains; BERT's
 FIELDS = Fields("masked_lm", ("text",), (), ("text",), specials=(MASK_TOKENS[0],))
@@ -166,7 +167,7 @@ class MaskedLanguageModel(Objective):
     def train_batches(self, start: int, rank: int = 0, world: int = 1) -> MaskedStream:
         """The texts in the source's length-bucketed batches, each batch masked by (seed, its
         index): `start` + ((rank - start) mod world) is this rank's first (BatchStream's order)."""
-        self.stream = self.source.train_batches(self._unmasked, list, start, rank, world)
+        self.stream = self.source.train_batches(remembered(self._unmasked), list, start, rank, world)
         return MaskedStream(self.stream, self.masker, self.config.seed, self.collate,
                             start + (rank - start) % world, world)
 

@@ -35,6 +35,7 @@ from tformer.text.windows import rows as batch_rows
 from tformer.training import windows
 from tformer.training.records import Fields
 from tformer.training.sources import Data, FileSource, TaskSource
+from tformer.training.stream import remembered
 from tformer.training.tally import KeptTally, Tally
 
 # Validation decodes (seq2seq) and the teacher-forced loss of every evaluation use at most
@@ -211,7 +212,9 @@ class Objective(ABC):
     def train_batches(self, start: int, rank: int = 0, world: int = 1) -> Iterator:
         """The training stream from the `start`-th batch (this rank's: i % world == rank); a
         long text read in windows trains as its windows (tformer.training.windows)."""
-        encode = windows.training(self.encode) if self.windowed else self.encode
+        # A file's records are tokenized once, not once an epoch (a task's are new every batch)
+        encode = remembered(self.encode) if isinstance(self.source, FileSource) else self.encode
+        encode = windows.training(encode) if self.windowed else encode
         return self.source.train_batches(encode, self.collate, start, rank, world)
 
     def examples(self, split: str) -> list:

@@ -6,12 +6,43 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from tformer.training.dataset import TextData
 from tformer.training.records import Record
+
+# Ids ``remembered`` keeps at most (~150 MB as Python lists): a larger training set's later records
+# are tokenized again each epoch, as every record was.
+MEMO_TOKENS = 4_000_000
+
+
+def remembered(encode: Callable[[list[Record]], list]) -> Callable[[list[Record]], list]:
+    """`encode` (records -> an example each, in order) tokenizing each record once: its example
+    is kept by the record's content (a 16-byte hash of it) until MEMO_TOKENS ids are kept, and
+    read back in later epochs, where a pool holds it again. A fine-tune on 4,800 manual pages
+    tokenized them again each pass, 4.4 s of its 1-thread time each (0.9 ms a text); beside
+    busy processes a 2-minute run spent 16 s of its 65 s of updates so. Examples are only read
+    once made (batches are built from them, never changed), so one serves every epoch."""
+    memo: dict[bytes, Any] = {}
+    held = 0
+
+    def encoded(records: list[Record]) -> list:
+        nonlocal held
+        keys = [hashlib.blake2b(json.dumps(r, sort_keys=True, default=str).encode(), digest_size=16).digest()
+                for r in records]
+        missing = [i for i, key in enumerate(keys) if key not in memo]
+        made = dict(zip(missing, encode([records[i] for i in missing]) if missing else [], strict=True))
+        for i, example in made.items():
+            if held < MEMO_TOKENS:
+                memo[keys[i]] = example
+                held += getattr(example, "cost", 1)
+        return [made[i] if i in made else memo[key] for i, key in enumerate(keys)]
+
+    return encoded
 
 
 def bucket(examples: list, max_tokens: int, rng: random.Random) -> list[list]:
