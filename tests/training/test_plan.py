@@ -284,6 +284,10 @@ def test_the_first_updates_stop_timing_fp32_once_it_has_taken_its_share(data_fil
     assert line.startswith("precision: bf16 from here on, as planned: the first updates' fp32 ones took 12.0 s")
     assert first.precision(3) and first.precision(4)  # no more fp32 updates
     assert not any("train-precision" in k for k in autotune.decisions())
+    # A first update that ended past the deadline (2 minutes at load 4): no fp32 one took "0.0 s,
+    # more than 5%" of a training time gone (the run ends; nothing to say).
+    late = FirstSteps(plan, None, summary, torch.device("cpu"), plan.bf16, confirm=True, replans=False)
+    assert late.stepped(True, 23.0, 1000, -30.0) == (None, None)
 
 
 def test_the_speeds_precision_is_the_plans_and_fp32_plans_fp32_steps(data_file):

@@ -75,7 +75,8 @@ class FirstSteps:
             self.times[bf16].append(seconds / max(tokens, 1))
             self.spent[bf16] += seconds
             other = self.spent[not self.bf16]  # the precision the plan did not predict
-            if other > CONFIRM_SHARE * (sum(self.spent.values()) + seconds_left):
+            # (none spent yet: a first update that ended past the deadline, 0.0 s "more than 5%")
+            if other and other > CONFIRM_SHARE * (sum(self.spent.values()) + seconds_left):
                 self.confirming = False  # (the plan's estimate was optimistic: not remembered)
                 planned = self.plan.half if self.bf16 else "fp32"
                 return (f"precision: {planned} from here on, as planned: the first updates' "
