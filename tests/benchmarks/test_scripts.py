@@ -73,6 +73,7 @@ def test_mine_negatives(tmp_path):
     assert "| mined |" in out
 
 
+@pytest.mark.slow  # ~17 s: a server and its load; tests/serve covers serving
 def test_serve(tmp_path):
     out = _run("serve.py", "--quick")
     assert "| tformer serve (fp32) | 64 |" in out
@@ -174,6 +175,7 @@ def test_train_own_data(tmp_path):
          "--only", "classification", "--out", str(tmp_path / "runs"), timeout=600)
 
 
+@pytest.mark.slow  # ~13 s: a seq2seq run trained, then decoded
 def test_decode_run(tmp_path):
     """A tiny seq2seq run (2 steps) decoded by tformer (and CTranslate2 where installed)."""
     from tformer.kinds import resolve_config, train

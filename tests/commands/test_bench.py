@@ -77,6 +77,7 @@ def test_quick_peer_workloads(tmp_path, capsys):
     assert data["machine"]["isa"] == cpu_info()[1] and "threads" in table
 
 
+@pytest.mark.slow  # ~23 s: every contender on a trained model; the quick run stays
 def test_model_dir_encodes_with_the_given_model(tmp_path, capsys):
     """--model-dir: sentences-minilm encodes with the user's model (trained weights: the
     low-precision cosines mean something), named in the notes; tformer's own rows only here."""

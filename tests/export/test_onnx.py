@@ -173,7 +173,7 @@ def test_an_opset_outside_what_the_exporter_and_onnxruntime_support_is_refused_b
     assert err.rstrip().endswith(f"got {opset}"), err
 
 
-@pytest.mark.parametrize("opset", [22, 23, 25])
+@pytest.mark.parametrize("opset", [pytest.param(22, marks=pytest.mark.slow), 23, 25])  # (22: 7 s)
 def test_the_supported_opsets_are_those_that_export_and_check(opset):
     """supported_opsets probes onnxruntime's Attention without torch: a real export at the
     opsets around the ones it leaves out says whether the probe was right."""
