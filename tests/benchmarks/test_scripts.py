@@ -53,6 +53,7 @@ def test_bench_suite_script(script):
     assert "|" in _run(script, *QUICK_BENCH)  # its markdown table
 
 
+@pytest.mark.slow  # ~9 s: an index built and searched by the script
 def test_search_ann(tmp_path):
     pytest.importorskip("faiss")
     _run("search_ann.py", "generate", "--n", "3000", "--dim", "16", "--out", str(tmp_path / "v.npy"))
@@ -86,6 +87,7 @@ def test_serve_wait():
     assert "| 2 samples |" in out
 
 
+@pytest.mark.slow  # ~10 s: three training runs
 def test_classifier_pooling(tmp_path):
     data = write(tmp_path / "train.jsonl", classification_rows())
     out = _run("classifier_pooling.py", str(data), "--steps", "2")
@@ -93,6 +95,7 @@ def test_classifier_pooling(tmp_path):
     assert [row[1] for row in rows] == ["cls", "mean", "cls-uniform"], out  # one table row per pooling
 
 
+@pytest.mark.slow  # ~9 s: a 12-second run and its table
 def test_budget(tmp_path):
     """One row of the budget's matrix (a 12-second classification run, quiet), then its table."""
     write(tmp_path / "debian_sections.jsonl", classification_rows())

@@ -92,6 +92,7 @@ def test_embed_on_two_ranks_writes_what_one_process_writes(tmp_path, corpus):
     assert np.abs(one - two).max() <= 1e-6  # each chunk embedded as one process embeds it
 
 
+@pytest.mark.slow  # ~21 s: two torchrun ranks
 @needs_torchrun
 def test_index_build_on_two_ranks_is_the_index_one_process_builds(tmp_path, corpus):
     """Exact and approximate: rank 0 builds the approximate index from the vectors the ranks

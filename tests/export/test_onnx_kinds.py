@@ -78,6 +78,7 @@ def ort_greedy(enc, dec, dec_past, ids: np.ndarray, mask: np.ndarray, max_len: i
     return rows
 
 
+@pytest.mark.slow  # ~22 s: tests/commands/test_export.py checks a seq2seq ONNX folder with its generation loop
 def test_seq2seq_onnx_files_generate_the_same_token_ids(tmp_path):
     import onnxruntime as ort
 

@@ -193,7 +193,8 @@ def test_auto_reads_windows_where_the_max_length_cuts_texts_and_the_budget_pays_
     assert choose("windows", 0.3, passes=0.1, needed=2.0)[0] == "windows"  # asked for: as asked
 
 
-@pytest.mark.parametrize("step_seconds, long", [(1.0, "cut"), (1e-4, "windows")])
+@pytest.mark.parametrize("step_seconds, long", [pytest.param(1.0, "cut", marks=pytest.mark.slow),  # (26 s)
+                                                (1e-4, "windows")])
 def test_a_timed_run_reads_long_texts_in_windows_only_where_its_budget_pays_for_them(
         tmp_path, monkeypatch, step_seconds, long):
     """Texts 3x the max length, in a 30-second run on a machine whose steps are planned at 1 s

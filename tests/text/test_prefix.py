@@ -80,7 +80,7 @@ def test_encode_gives_the_ids_of_the_whole_text_cut(max_length):
     assert cut_early > 10  # the prefix path was taken
 
 
-@pytest.mark.parametrize("max_length", (16, 64))
+@pytest.mark.parametrize("max_length", (pytest.param(16, marks=pytest.mark.slow), 64))  # (16: 13 s)
 def test_pairs_are_cut_longest_first_as_whole_pairs_are(max_length):
     # (the backend cuts a pair into every combination of its two segments' overflowing pieces:
     # whole pairs of texts much longer than this would take gigabytes to cut)

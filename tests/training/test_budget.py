@@ -626,6 +626,7 @@ def test_a_run_whose_first_updates_are_far_slower_than_planned_chooses_its_size_
     assert load_run(tmp_path / "run").config.model.d_model == 32
 
 
+@pytest.mark.slow  # ~26 s: a re-plan of the size stays in the default run
 def test_a_run_far_slower_than_planned_chooses_its_length_again_with_its_size(
         tmp_path, monkeypatch, probes_paid):
     """Beside two busy processes a plan that expected 145 ms a step at 512 tokens got 1,066 and
