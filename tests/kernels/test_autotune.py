@@ -175,6 +175,35 @@ def test_kernel_choices_stop_measuring_when_their_allowance_is_spent(monkeypatch
     assert autotune.choose("k", "second", candidates, measure) == "fast"  # no limit: measured
 
 
+def test_a_choice_made_within_another_s_measurement_is_counted_once(monkeypatch):
+    """A candidate may make a choice of its own (attention-bf16's fp32 candidate picks its
+    attention kernel): its seconds lie within the outer measurement's, so seconds_measuring and
+    the allowance count them once. Counted twice, a validation's measuring exceeded its own
+    time, and its rate came out at -5.5 ms an example."""
+    clock = {"now": 0.0}
+
+    def measure(call):
+        call()
+        clock["now"] += 1.0
+        return 1.0
+
+    inner = {"default": lambda: None, "other": lambda: None}
+
+    def outer_candidate():
+        autotune.choose("inner", "nested", inner, measure)  # measured on the first call only
+
+    monkeypatch.setattr(autotune, "time", SimpleNamespace(perf_counter=lambda: clock["now"],
+                                                          strftime=time.strftime))
+    before, start = autotune.seconds_measuring(), clock["now"]
+    with autotune.measuring(100.0):
+        autotune.choose("outer", "nested", {"default": outer_candidate, "other": lambda: None}, measure)
+        left = autotune._allowance["left"]
+    elapsed = clock["now"] - start
+    assert autotune.known("inner", "nested") is not None  # the nested choice was measured
+    assert autotune.seconds_measuring() - before == elapsed  # not more than the time it took
+    assert left == 100.0 - elapsed
+
+
 def test_a_rate_measured_beside_busy_processes_is_this_process_s_only(monkeypatch):
     """A decision whose seconds are the machine's speed (a product's, a training step's rate) is
     kept in the cache file only when the cores were this process's while it was measured: a

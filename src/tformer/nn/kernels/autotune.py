@@ -59,6 +59,9 @@ _CPU = torch.device("cpu")
 _allowance = {"left": math.inf}  # seconds new choices may still spend measuring (``measuring``)
 _defaults: dict[str, str] = {}  # choices taken unmeasured, by key, when the allowance was spent
 _spent = {"seconds": 0.0}  # seconds this process has spent measuring new choices (``seconds_measuring``)
+# Choices being measured now: a candidate may make a choice of its own (attention-bf16's fp32
+# candidate picks its attention kernel), whose time is already within the outer measurement's.
+_depth = {"n": 0}
 
 
 def cache_path() -> Path:
@@ -98,14 +101,17 @@ def choose(name: str, shape_class: str, candidates: Candidates | Callable[[], Ca
     it runs on every call of a hot kernel."""
     def decide_now() -> dict[str, Any]:
         t = time.perf_counter()
+        _depth["n"] += 1
         try:
             return decide(candidates() if callable(candidates) else candidates,
                           measure or (lambda call: _time_once(call, device)),
                           deadline=t + _allowance["left"])
         finally:
-            spent = time.perf_counter() - t
-            _allowance["left"] -= spent
-            _spent["seconds"] += spent
+            _depth["n"] -= 1
+            if _depth["n"] == 0:  # counted once: a nested choice's seconds are the outer one's
+                spent = time.perf_counter() - t
+                _allowance["left"] -= spent
+                _spent["seconds"] += spent
 
     key = _memory_key(name, shape_class, device)
     if key in _defaults:
