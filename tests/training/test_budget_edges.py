@@ -3,6 +3,7 @@ it costs what it cannot pay for, nothing half-made left behind; and the outputs 
 kept inside the budget."""
 
 import time
+from types import SimpleNamespace
 
 import pytest
 from text_fixtures import classification_rows, seq2seq_rows, write
@@ -138,6 +139,53 @@ def test_a_one_minute_run_beside_two_busy_processes_ends_within_two_seconds_of_i
         for p in busy:
             p.kill()
     assert seconds <= 62.0, seconds
+
+
+def test_a_first_update_that_tokenizes_a_pool_is_not_the_pace_of_the_next(tmp_path, monkeypatch):
+    """Beside two busy processes a 2-minute run's first update took 21 s, mostly tokenizing its
+    first pool of 4,096 texts; the budget took that for the pace of every update ("one more would
+    end past the deadline") and the run stopped after 1 update, 40 s early. A pool's preparing
+    is spread over the batches it makes (tformer.training.stream.prepared)."""
+    import tformer.training.stream as stream
+
+    bucket, slept = stream.bucket, []
+
+    def slow_first_pool(*args):
+        if not slept:
+            slept.append(time.sleep(4.0))  # the first pool's tokenizing, on a busy machine
+        return bucket(*args)
+
+    monkeypatch.setattr(stream, "bucket", slow_first_pool)
+    data = write(tmp_path / "d.jsonl", classification_rows(400))
+    record = train(resolve_config({"data": str(data), **TINY, "max_minutes": 0.25, "out": str(tmp_path / "run")}),
+                   progress=False, log=lambda *a: None)
+    assert slept and record["step"] >= 10, record  # (1 update before)
+
+
+def test_the_stream_says_what_preparing_its_pools_cost_past_an_update_s_share(tmp_path, monkeypatch):
+    from tformer.training.stream import BatchStream, prepared
+
+    clock = {"now": 0.0}
+    monkeypatch.setattr(time, "perf_counter", lambda: clock["now"])
+
+    def encode(records):
+        clock["now"] += 8.0  # 8 s a pool of 4 batches (one record a batch)
+        return [SimpleNamespace(cost=10) for _ in records]
+
+    pools = SimpleNamespace(config=SimpleNamespace(seed=0), epoch_pools=lambda epoch: iter([[1, 2, 3, 4]] * 2))
+    stream = BatchStream(pools, encode, collate=lambda examples: examples, max_tokens=10)
+    assert prepared(stream) == 0.0 and prepared([]) == 0.0  # (a stream that does not say: none)
+    before = prepared(stream)
+    next(stream)
+    assert prepared(stream, before) == 8.0 - 2.0  # the pool's 8 s less this batch's share
+    before = prepared(stream)
+    next(stream)
+    assert prepared(stream, before) == 0.0  # nothing prepared: its share was counted
+    for _ in range(2):
+        next(stream)
+    before = prepared(stream)
+    next(stream)  # the second pool
+    assert prepared(stream, before) == 8.0 - 2.0
 
 
 def test_a_last_validation_past_its_deadline_is_not_run_and_the_last_weights_are_tested(tmp_path, monkeypatch):

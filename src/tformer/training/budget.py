@@ -280,17 +280,17 @@ class Budget:
         """Would one more step end past the training deadline?"""
         return self.now() + (self.step_seconds or 0.0) > self.train_deadline()
 
-    def stepped(self, seconds: float, examples: int) -> None:
+    def stepped(self, seconds: float, examples: int, aside: float = 0.0) -> None:
         """Record one update's size and time: the wall time since the previous update ended
-        (logging and the clock's own checks included), or `seconds` for the first after a pause."""
+        (logging and the clock's own checks included; less `aside`, a pool's tokenizing:
+        tformer.training.stream.prepared), or `seconds` for the first after a pause."""
         now = self.now()
-        wall = seconds if self._last_step_end is None else max(now - self._last_step_end, seconds)
+        wall = seconds if self._last_step_end is None else max(now - self._last_step_end - aside, seconds)
         self._last_step_end = now
         self.last_step_seconds = wall  # the latest alone: past the first steps' warm-up
         a = 0.1  # smooth, but follow a machine that speeds up after warm-up or slows under load
         def average(old: float | None, new: float) -> float:
             return new if old is None else (1 - a) * old + a * new
-
         self.step_seconds = average(self.step_seconds, wall)
         self.examples_per_step = average(self.examples_per_step, examples)
 

@@ -96,6 +96,7 @@ from tformer.training.report import (
 )
 from tformer.training.schedule import learning_rate
 from tformer.training.steps import grad_scaler, in_precision, make_optimizer, train_step
+from tformer.training.stream import prepared
 from tformer.training.validation import (
     checkpoint,
     from_start,
@@ -231,8 +232,7 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
     first = FirstSteps(plan, speeds, data, device, bf16,
                        confirm=plan.confirm_precision and world == 1 and state["step"] < CONFIRM_UPDATES,
                        replans=plan.sized and world == 1 and budget.timed)
-    meter = Meter()
-    stop_reason = ended or "steps"
+    meter, stop_reason = Meter(), ended or "steps"
     batches = objective.train_batches(state["step"] * config.accumulate * world, rank, world)
 
     def wall() -> float:
@@ -289,11 +289,12 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
         total = budget.planned_steps(state["step"])
         lr = learning_rate(config, state["step"] + 1, total)
         half = first.precision(state["step"] + 1)  # (by the run's step: a resume alternates alike)
-        t = time.perf_counter()
+        t, before = time.perf_counter(), prepared(batches)
         loss, acc, tokens, examples = train_step(model, optimizer, objective, batches, config, lr,
                                                  world, half, scaler)
-        seconds = time.perf_counter() - t
-        budget.stepped(seconds, examples)
+        aside = prepared(batches, before, config.accumulate)  # a pool's tokenizing, past this update's share
+        seconds = time.perf_counter() - t - aside
+        budget.stepped(seconds, examples, aside)
         state["step"] += 1
         left = budget.train_deadline() - budget.now()
         line, new = first.stepped(half, seconds, tokens, left, state["step"])
@@ -390,8 +391,7 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
     if rows:
         log(sample_table(rows))
     log(summary(record, key))
-    verdict = baseline_verdict(record)
-    if verdict:
+    if verdict := baseline_verdict(record):
         log(verdict)
     reporter.write(record)
     reporter.close()

@@ -131,6 +131,10 @@ class MaskedStream:
     def epoch(self) -> int:
         return self.batches.epoch
 
+    @property
+    def prepared(self) -> tuple[float, float]:
+        return self.batches.prepared  # (tformer.training.stream.BatchStream's)
+
     def __iter__(self) -> MaskedStream:
         return self
 
