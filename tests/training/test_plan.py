@@ -464,3 +464,33 @@ def test_updates_far_slower_than_planned_re_plan_after_two(data_file, slow):
         assert first.stepped(plan.bf16, times * plan.step_seconds, tokens, 250.0, update) == (None, None)
     line, new = first.stepped(plan.bf16, slow[-1] * plan.step_seconds, tokens, 250.0, 1 + len(slow))
     assert new is not None and line.startswith("re-plan: "), line
+
+
+def test_a_step_s_estimate_counts_its_attention_scores_as_this_machine_runs_them(fresh_cache):
+    """A d_model-128 classifier's plan expected 263 ms a step at 512 tokens from its FLOPs, and
+    its steps took 2,085 (its attention alone, with dropout on the weights, 288 ms a layer), so the
+    run started again at 64 tokens. The scores' time is measured once (attention_seconds, per
+    heads, dropout and precision), is part of every CPU estimate in proportion to the keys, and a
+    real step's time teaches the products' rate without it: estimated again, that step's time."""
+    import torch
+
+    from tformer.config import TransformerConfig
+    from tformer.training.planning import MachineSpeeds, attention_seconds, step_flops
+
+    cpu = torch.device("cpu")
+    model = TransformerConfig(d_model=64, n_heads=4, d_ff=128, n_layers=2, vocab_size=300, n_classes=3,
+                              attention_dropout=0.1)
+    per_score = attention_seconds(model, "fp32", cpu)
+    assert 0 < per_score < 1e-6  # (some nanoseconds a score)
+    assert attention_seconds(model, "fp32", cpu) == per_score  # remembered, not measured again
+    assert autotune.known("train-attention", "4x16 dropout 0.1 fp32") is not None
+    assert autotune.known("train-attention", "4x16 dropout 0 fp32") is None  # (another kernel's)
+    autotune.remember("train-attention", "4x16 dropout 0.1 fp32", autotune.decision("measured", {"million scores": 0.01}))
+    speeds = MachineSpeeds(cpu)
+    rate, _ = speeds.rate("classifier", "fp32")
+    for length in (64, 512):
+        flops = step_flops(model, "classifier", 4096, length)
+        expected = 0.005 + flops / rate + 1e-8 * 2 * 4096 * length * 4
+        assert speeds.step_seconds(None, model, "classifier", 4096, length, "fp32") == pytest.approx(expected)
+    speeds.learned("classifier", "fp32", 0.9, model, 4096, 512)  # a real step: 0.9 s
+    assert speeds.step_seconds(None, model, "classifier", 4096, 512, "fp32") == pytest.approx(0.9, rel=1e-4)

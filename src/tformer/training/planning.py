@@ -38,6 +38,8 @@ from tformer.training.windows import settle as settle_long_texts
 STEP_EFFICIENCY = 0.5
 STEP_OVERHEAD = 0.005  # seconds a step spends beyond its products (optimizer, Python, batching)
 PRODUCT = 512
+# A layer's attention is timed on this many tokens of this many keys (``attention_seconds``).
+ATTENTION_TOKENS, ATTENTION_KEYS = 1024, 256
 
 
 def choose_threads(config, world: int) -> tuple[object, str | None, float]:
@@ -116,7 +118,15 @@ class MachineSpeeds:
         if self.device.type != "cpu" and self.objective_for is not None:
             return self._timed(config, precision)
         rate, _ = self.rate(kind, precision)
-        return (STEP_OVERHEAD + step_flops(model, kind, tokens, length) / rate) * self.slowdown
+        attention = self.attention(model, kind, tokens, length, precision)
+        return (STEP_OVERHEAD + step_flops(model, kind, tokens, length) / rate + attention) * self.slowdown
+
+    def attention(self, model, kind: str, tokens: float, length: float, precision: str) -> float:
+        """Seconds of a step's attention scores beyond their products, as this machine's own
+        (``attention_seconds``): a layer's score count is its tokens x keys x heads (a seq2seq
+        model's decoder layers counted alike)."""
+        layers = model.n_layers + (model.decoder_layers if kind == "seq2seq" else 0)
+        return attention_seconds(model, precision, self.device) * layers * tokens * length * model.n_heads
 
     def _timed(self, config, precision: str) -> float:
         """Off the CPU: a few real steps of the model (remembered per shape)."""
@@ -144,6 +154,7 @@ class MachineSpeeds:
         """Remember the rate a real step of the run reached (as it would run alone)."""
         flops = step_flops(model, kind, tokens, length)
         alone = max(seconds / self.slowdown - STEP_OVERHEAD, 1e-6)
+        alone = max(alone - self.attention(model, kind, tokens, length, precision), 0.1 * alone)  # products'
         autotune.remember("train-rate", f"{kind} {precision}",
                           autotune.decision(precision, {"gflop": alone / (flops / 1e9)}), self.device,
                           rate=True)
@@ -171,6 +182,42 @@ def product_seconds(device: torch.device) -> dict[str, float]:
         return autotune.decision("fp32", {"fp32": min(times)})
 
     return dict(autotune.recall("fp32-product", f"{PRODUCT}^3", fp32, device=device, rate=True)["seconds"])
+
+
+def attention_seconds(model, precision: str, device: torch.device) -> float:
+    """Seconds a layer's attention takes a score (a token, a key and a head) in a training step,
+    forward and backward, beyond what its FLOPs count: the scores' mask, softmax and dropout are
+    memory-bound, not products. A step's FLOPs left them out: a d_model-128 classifier's plan
+    expected 263 ms a step at 512 tokens and its steps took 2,085 (its attention alone, with
+    BERT's 0.1 dropout on the weights, 288 ms a layer; 55 at 64 tokens), and the run started
+    again at 64 tokens. Timed once per machine on ATTENTION_TOKENS tokens of ATTENTION_KEYS keys
+    with the model's heads and attention dropout in the run's precision, and remembered (a rate:
+    kept for later runs only where measured with the cores free)."""
+    from tformer.nn.attention import scaled_dot_product_attention
+
+    heads, p = model.n_heads, model.attention_dropout
+    width, rows = model.d_model // heads, max(ATTENTION_TOKENS // ATTENTION_KEYS, 1)
+    half = precision != "fp32"
+    dtype = torch.bfloat16 if half else torch.float32
+
+    def measure() -> dict:
+        g = torch.Generator().manual_seed(0)  # never the global generator
+        shape = (rows, heads, ATTENTION_KEYS, width)
+        q, k, v = (torch.randn(shape, generator=g).to(device, dtype).requires_grad_() for _ in range(3))
+        keys = torch.ones(rows, 1, 1, ATTENTION_KEYS, dtype=torch.bool, device=device)  # (a padding mask)
+        times = []
+        for _ in range(3):  # (the first: kernel creation, first touch)
+            t = time.perf_counter()
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=half):
+                out, _ = scaled_dot_product_attention(q, k, v, keys, dropout_p=p)
+            out.float().sum().backward()
+            times.append(time.perf_counter() - t)
+        scores = rows * heads * ATTENTION_KEYS * ATTENTION_KEYS
+        return autotune.decision("measured", {"million scores": min(times[1:]) / scores * 1e6})
+
+    shape = f"{heads}x{width} dropout {p:g} {precision}"
+    seconds = autotune.recall("train-attention", shape, measure, device=device, rate=True)["seconds"]
+    return seconds["million scores"] / 1e6
 
 
 def precision_key(config, model, kind: str) -> str:
