@@ -244,3 +244,18 @@ def test_quiet_counts_other_threads_against_the_cores_left_free(monkeypatch):
     for others, expected in ((0.0, True), (1.0, True), (2.0, False)):
         monkeypatch.setattr(autotune, "others_running", lambda others=others, **k: others)
         assert autotune.quiet() is expected
+
+
+def test_timings_are_measured_once_and_none_without_an_allowance():
+    """``timings`` gives each candidate's seconds (a cost model's inputs), measured and kept as
+    ``choose``'s decisions are; where nothing is known and the allowance is spent, None."""
+    candidates, measure, calls = _fake({"small": 0.001, "large": 0.004})
+    with autotune.measuring(0.0):
+        assert autotune.timings("cost", "s", candidates, measure) is None
+    assert calls == {"small": 0, "large": 0}
+    autotune._defaults.clear()  # (a later run, with time to measure)
+    assert autotune.timings("cost", "s", candidates, measure) == {"small": 0.001, "large": 0.004}
+    measured = dict(calls)
+    autotune._memory.clear()  # a new process: read from the file, nothing measured again
+    assert autotune.timings("cost", "s", candidates, measure) == {"small": 0.001, "large": 0.004}
+    assert calls == measured

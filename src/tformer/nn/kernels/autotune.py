@@ -99,6 +99,38 @@ def choose(name: str, shape_class: str, candidates: Candidates | Callable[[], Ca
     that makes them, called only if a measurement is needed) for this device and shape class:
     from memory, else from the cache file, else measured now and remembered. Cheap when known:
     it runs on every call of a hot kernel."""
+    key = _memory_key(name, shape_class, device)
+    if key in _defaults:
+        return _defaults[key]
+    decided = _measured(name, shape_class, candidates, measure, device)
+    if decided is not None:
+        return decided["choice"]
+    # Nothing left to measure with: the default, for this process only (a run with time to
+    # spare measures it later).
+    _defaults[key] = next(iter(candidates() if callable(candidates) else candidates))
+    return _defaults[key]
+
+
+def timings(name: str, shape_class: str, candidates: Candidates | Callable[[], Candidates],
+            measure: Callable[[Callable[[], Any]], float] | None = None,
+            device: torch.device = _CPU) -> dict[str, float] | None:
+    """Each candidate's seconds, as ``choose`` measures and remembers them (for a cost model
+    that needs the times themselves, not only the fastest), or None where nothing is known and
+    nothing is left to measure with (``measuring``)."""
+    if _memory_key(name, shape_class, device) in _defaults:
+        return None
+    decided = _measured(name, shape_class, candidates, measure, device)
+    if decided is None:
+        _defaults[_memory_key(name, shape_class, device)] = ""
+        return None
+    return dict(decided["seconds"])
+
+
+def _measured(name: str, shape_class: str, candidates: Candidates | Callable[[], Candidates],
+              measure: Callable[[Callable[[], Any]], float] | None,
+              device: torch.device) -> dict[str, Any] | None:
+    """``choose``'s decision: remembered, or measured now within the allowance (counted in
+    ``seconds_measuring``), or None where the allowance ran out first."""
     def decide_now() -> dict[str, Any]:
         t = time.perf_counter()
         _depth["n"] += 1
@@ -113,19 +145,13 @@ def choose(name: str, shape_class: str, candidates: Candidates | Callable[[], Ca
                 _allowance["left"] -= spent
                 _spent["seconds"] += spent
 
-    key = _memory_key(name, shape_class, device)
-    if key in _defaults:
-        return _defaults[key]
     choices = None if callable(candidates) else set(candidates)
     if _allowance["left"] > 0 or known(name, shape_class, choices, device) is not None:
         try:
-            return recall(name, shape_class, decide_now, choices, device)["choice"]
+            return recall(name, shape_class, decide_now, choices, device)
         except OutOfTime:
             pass  # the measurement was abandoned half-way: nothing is remembered of it
-    # Nothing left to measure with: the default, for this process only (a run with time to
-    # spare measures it later).
-    _defaults[key] = next(iter(candidates() if callable(candidates) else candidates))
-    return _defaults[key]
+    return None
 
 
 @contextlib.contextmanager
