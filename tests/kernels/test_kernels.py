@@ -8,6 +8,7 @@ or <= 2e-2 max abs diff between two bf16 paths. The plain kernels are forced wit
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -155,6 +156,73 @@ def test_packed_training_matches_readable(tiny_config, norm_first):
     (out * torch.linspace(-1, 1, out.size(-1))).square().mean().backward()
     for name, p in model.named_parameters():
         assert_close(grads[name], p.grad, what=f"grad {name}")
+
+
+@pytest.mark.parametrize("call_scores", [0.0, 500.0, 1e9])
+def test_packed_training_in_buckets_matches_readable(tiny_config, call_scores, monkeypatch):
+    """Attention under autograd, one call per group of lengths (0), per bucket of groups padded
+    to its longest (500: some joined, some not), or one padded call (1e9): the padded
+    computation's outputs and gradients, with an all-padding row and lengths 1 to S."""
+    monkeypatch.setattr(attention_kernels, "attention_call_scores", lambda *a: call_scores)
+    config = tiny_config.replace(dropout=0.0)
+    model = Encoder(config).train()
+    mask = torch.from_numpy(padding_mask([S, 1, 0, 3, 4, S, 9, 10, 4], S))
+    ids = _ids(config, batch=mask.size(0))
+    out, grads = _train_step(model, ids, mask, skip_padding=None)
+    buckets = make_mask(mask, None, *mask.shape, mask.size(1)).packing.buckets(call_scores, config.n_heads)
+    expected = {0.0: 6, 1e9: 1}  # 6 lengths: 1, 3, 4, 9, 10, S
+    assert len(buckets) == expected[call_scores] if call_scores in expected else 1 < len(buckets) < 6
+    out_r, grads_r = _train_step(model, ids, mask)
+    assert_close(out, out_r, what="output")
+    for name in grads_r:
+        assert_close(grads[name], grads_r[name], what=f"grad {name}")
+
+
+def test_an_attention_calls_price_is_measured_once_without_touching_the_draws(monkeypatch):
+    """attention_call_scores: a call's price in scores, from two calls timed once (a positive
+    number on any machine: a call has a cost of its own); measuring draws dropout on a forked
+    generator, so a run's draws do not depend on whether it was known; 0 (a call per group)
+    where nothing is known and nothing may be measured."""
+    from tformer.nn.kernels import autotune
+
+    monkeypatch.setattr(autotune, "_memory", {})
+    monkeypatch.setattr(autotune, "_defaults", {})
+    with autotune.measuring(0.0):
+        assert attention_kernels.attention_call_scores(4, 8, 0.1) == 0.0
+    autotune._defaults.clear()
+    state = torch.get_rng_state()
+    scores = attention_kernels.attention_call_scores(4, 8, 0.1)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert 0.0 < scores < math.inf
+    monkeypatch.setattr(autotune, "decide", lambda *a, **k: pytest.fail("measured again"))
+    assert attention_kernels.attention_call_scores(4, 8, 0.1) == scores
+
+
+def test_packed_attention_backward_makes_no_pass_per_group(tiny_config, monkeypatch):
+    """Under autograd the groups are split apart once and joined once: the backward makes no
+    zero tensor of the layer's whole (rows, 3D) projection per group (slices of it did: 60% of
+    a fine-tune step on 32 short texts in 16 groups)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    monkeypatch.setattr(attention_kernels, "attention_call_scores", lambda *a: 0.0)  # a call per group
+    config = tiny_config.replace(dropout=0.0, n_layers=1)
+    model = Encoder(config).train()
+    mask = torch.from_numpy(padding_mask([1, 2, 3, 4, 5, 6, 7, 8], S))
+    out = model(_ids(config, batch=8), mask).last_hidden_state
+    whole = (64, 3 * config.d_model)  # the packed rows (36 tokens, rounded up to 64) x q, k, v
+
+    class Count(TorchDispatchMode):
+        made = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            if isinstance(result, torch.Tensor) and tuple(result.shape) == whole:
+                Count.made += 1
+            return result
+
+    with Count():
+        out.square().sum().backward()
+    assert Count.made <= 2, f"{Count.made} tensors of the whole projection for 8 groups"
 
 
 @pytest.mark.parametrize("kernel", kernels.TRAIN_KERNELS)

@@ -146,3 +146,54 @@ def test_a_mask_that_is_not_a_tensor_is_refused_naming_the_argument(mask):
     # It was "'list' object has no attribute 'dtype'".
     with pytest.raises(TypeError, match=r"^attention_mask: expected a torch.Tensor mask .*got (list|ndarray)$"):
         masks.as_bool(mask, "attention_mask")
+
+
+def _partitions(n):
+    """Every split of range(n) into contiguous runs, as (start, end) pairs."""
+    if n == 0:
+        yield []
+        return
+    for start in range(n):
+        for rest in _partitions(start):
+            yield [*rest, (start, n)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("call_scores", [0.0, 40.0, 300.0, 5000.0])
+def test_buckets_are_the_cheapest_runs_and_index_the_padded_positions(seed, call_scores):
+    """Packing.buckets: of every split of the sorted groups into runs, one of the cheapest (a
+    call's price plus sequences x longest^2 x heads each); each run's index lists its packed
+    rows' positions in the run padded to its longest, and its keys mark the real ones."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, 13, (10,), generator=g)
+    mask = torch.arange(12)[None] < lengths[:, None]
+    packing = masks.make_mask(mask, None, 10, 12, 12).packing
+    heads = 2
+    buckets = packing.buckets(call_scores, heads)
+
+    def cost(runs):
+        return sum(call_scores + heads * sum(c for _, c in packing.groups[a:b]) * packing.groups[b - 1][0] ** 2
+                   for a, b in runs)
+
+    chosen, row = [], 0
+    for b in buckets:
+        assert b.start == row
+        row += b.rows
+        end = next(i for i in range(len(packing.groups) + 1)
+                   if sum(n * c for n, c in packing.groups[:i]) == row)
+        chosen.append((len(chosen) and chosen[-1][1], end))
+    assert row == packing.index.numel()
+    assert cost(chosen) == pytest.approx(min(cost(r) for r in _partitions(len(packing.groups))))
+    sorted_lengths = sorted(n for n in lengths.tolist() if n > 0)
+    for b, (a, e) in zip(buckets, chosen, strict=True):
+        mine = [n for n, c in packing.groups[a:e] for _ in range(c)]
+        assert b.count == len(mine) and b.length == max(mine) and b.rows == sum(mine)
+        if e - a == 1:
+            assert b.index is None and b.keys is None
+            continue
+        expected = [s * b.length + t for s, n in enumerate(mine) for t in range(n)]
+        assert b.index.tolist() == expected
+        assert b.keys.shape == (b.count, 1, 1, b.length)
+        assert b.keys.flatten().nonzero().squeeze(1).tolist() == expected
+    assert sum(b.count for b in buckets) == len(sorted_lengths)
+    assert packing.buckets(call_scores, heads) is buckets  # kept: every layer asks

@@ -16,7 +16,9 @@ groups of equal lengths). Nothing downstream converts a mask again.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -126,6 +128,7 @@ class Packing:
     groups: tuple[tuple[int, int], ...]  # (length, count), lengths > 0, in packed order
     batch: int
     seq: int
+    _known: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def rows(self) -> int:
@@ -146,6 +149,69 @@ class Packing:
         out = x.new_zeros(self.batch * self.seq, x.size(-1))
         out[self.index] = x[: self.index.numel()]
         return out.view(self.batch, self.seq, x.size(-1))
+
+    def buckets(self, call_scores: float, heads: int) -> tuple[Bucket, ...]:
+        """The groups of lengths joined into runs, each padded to its longest, where that is
+        cheaper: a run costs `call_scores` (an attention call's price in scores, measured by
+        tformer.nn.kernels.attention_call_scores) plus its padded scores (sequences x longest^2
+        x `heads`); the cheapest runs (dynamic programming over the sorted groups). A run of one
+        group has no index: its rows are the group's as they are. Kept per (call_scores, heads):
+        every layer of a forward asks.
+
+        Shape: each Bucket's index (its rows,) into its (count * length) padded positions;
+        keys (count, 1, 1, length) bool, True = a real token
+        """
+        key = (call_scores, heads)
+        if key not in self._known:
+            self._known[key] = self._buckets(call_scores, heads)
+        return self._known[key]
+
+    def _buckets(self, call_scores: float, heads: int) -> tuple[Bucket, ...]:
+        lengths = [n for n, _ in self.groups]
+        counts = [c for _, c in self.groups]
+        best, cut = [0.0], [0]  # best[i]: the cheapest runs of groups[:i]; the last run starts at cut[i]
+        for end in range(1, len(self.groups) + 1):
+            longest, sequences = lengths[end - 1], 0
+            best.append(math.inf)
+            cut.append(end - 1)
+            for start in range(end - 1, -1, -1):
+                if start < end - 1 and heads * (longest**2 - lengths[start] ** 2) > call_scores:
+                    break  # padding one sequence of it costs more than a call: so do all shorter
+                sequences += counts[start]
+                cost = best[start] + call_scores + heads * sequences * longest**2
+                if cost < best[end]:
+                    best[end], cut[end] = cost, start
+        runs, end = [], len(self.groups)
+        while end > 0:
+            runs.append((cut[end], end))
+            end = cut[end]
+        buckets, row = [], 0
+        for start, end in reversed(runs):
+            longest, sequences = lengths[end - 1], sum(counts[start:end])
+            rows = sum(n * c for n, c in self.groups[start:end])
+            index = keys = None
+            if end - start > 1:
+                device = self.index.device
+                offsets = torch.repeat_interleave(torch.tensor(lengths[start:end], device=device),
+                                                  torch.tensor(counts[start:end], device=device))
+                keys = torch.arange(longest, device=device) < offsets[:, None]  # (count, length)
+                index = keys.flatten().nonzero().squeeze(1)
+                keys = keys[:, None, None, :]
+            buckets.append(Bucket(row, rows, sequences, longest, index, keys))
+            row += rows
+        return tuple(buckets)
+
+
+class Bucket(NamedTuple):
+    """A run of a Packing's groups that attention processes as one batch, padded to `length`
+    (``Packing.buckets``): packed rows [start, start + rows) of `count` sequences."""
+
+    start: int
+    rows: int
+    count: int
+    length: int
+    index: Tensor | None  # (rows,) the packed rows' padded positions; None: one length, no padding
+    keys: Tensor | None  # (count, 1, 1, length) bool, True = a real key
 
 
 class Mask:

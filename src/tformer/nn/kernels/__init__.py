@@ -25,8 +25,9 @@ import importlib
 # The package's face: ``kernels.linear(x, layer)``, ``kernels.attention(q, k, v, ...)``. Imported
 # on first use, so that the torch-free parts (machine, allocator) load without torch.
 _LAZY = {
-    **dict.fromkeys(("attention", "attention_dtype", "attention_kernel", "why_not_fused_attention",
-                     "why_not_measured_attention", "why_not_packed"), "attention_kernels"),
+    **dict.fromkeys(("attention", "attention_call_scores", "attention_dtype", "attention_kernel",
+                     "why_not_fused_attention", "why_not_measured_attention", "why_not_packed"),
+                    "attention_kernels"),
     **dict.fromkeys(("ACTIVATIONS", "ACTIVATIONS_IN_PLACE", "TRAIN_KERNELS", "infer_kernel",
                      "int8_linear", "int8_prepack", "linear", "linear_weights", "packed_weight",
                      "train_kernel", "why_not_onednn", "why_not_onednn_int8"), "linear_kernels"),

@@ -103,6 +103,51 @@ def attention_kernel(q: Tensor, k: Tensor, v: Tensor) -> str:
         "matmul": lambda: _matmul_attention(q, k, v)}, device=q.device)
 
 
+# Under autograd a packed batch's attention runs once per bucket of its groups of lengths, each
+# bucket padded to its longest (tformer.nn.masks.Packing.buckets): the two calls timed to price a
+# call against its scores, (sequences, length) each.
+_CALL_SHAPES = {"small": (1, 8), "large": (8, 32)}
+
+
+def attention_call_scores(heads: int, head_dim: int, dropout_p: float,
+                          device: torch.device | None = None) -> float:
+    """How many scores (query x key x head) cost as much as one attention call more, forward
+    and backward, as training runs it here (masked, the model's attention dropout, autocast as
+    the caller has it): a call on a few short sequences is ~25 operators, ~1.2 ms on an Intel
+    Xeon at 1 thread, where a score costs ~60 ns; a batch of 32 short texts in 16 groups of
+    lengths spent a quarter of a fine-tune step in attention calls. From a small and a larger
+    call, measured once per machine (autotune.timings; the dropout draws on a forked generator,
+    so that a run draws the same whether or not this was known); 0 (a call per group) where
+    nothing is known and nothing is left to measure with."""
+    from tformer.nn.attention import scaled_dot_product_attention
+
+    device = device or torch.device("cpu")
+    autocast = torch.is_autocast_enabled(device.type)
+
+    def call(count: int, length: int):
+        g = torch.Generator().manual_seed(0)  # never the global generator
+        q, k, v = (torch.randn(count, heads, length, head_dim, generator=g).to(device).requires_grad_()
+                   for _ in range(3))
+        keys = torch.ones(count, 1, 1, length, dtype=torch.bool, device=device)
+        dy = torch.randn(count, heads, length, head_dim, generator=g).to(device)  # dense, as a loss sends
+
+        def run() -> None:
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [],
+                                       device_type=device.type):
+                out, _ = scaled_dot_product_attention(q, k, v, keys, dropout_p)
+                out.float().backward(dy)
+        return run
+
+    seconds = autotune.timings(
+        "attention-call", f"{heads}x{head_dim} dropout {dropout_p:g}{' autocast' if autocast else ''}",
+        lambda: {name: call(*shape) for name, shape in _CALL_SHAPES.items()}, device=device)
+    if seconds is None:
+        return 0.0
+    scores = {name: heads * count * length * length for name, (count, length) in _CALL_SHAPES.items()}
+    per_score = max(seconds["large"] - seconds["small"], 1e-12) / (scores["large"] - scores["small"])
+    return max(seconds["small"] / per_score - scores["small"], 0.0)
+
+
 def why_not_measured_attention(q: Tensor, k: Tensor, v: Tensor) -> str | None:
     """Why an unmasked attention call takes SDPA on fp32 values without a measured choice of
     kernel and dtype, or None to measure."""
