@@ -59,7 +59,8 @@ def test_threads_chosen_are_checked_again_as_the_run_trains(tmp_path, monkeypatc
     from tformer.training import planning
 
     busy = {"now": 0.0}
-    monkeypatch.setattr(planning, "others_running", lambda **k: busy["now"] if k else 0.0)  # (the start's: no k)
+    monkeypatch.setattr(planning, "others_running",
+                        lambda **k: busy["now"] if "samples" in k else 0.0)  # (the start's: spin only)
     caller = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -74,6 +75,27 @@ def test_threads_chosen_are_checked_again_as_the_run_trains(tmp_path, monkeypatc
         assert torch.get_num_threads() == 2  # the caller's again
     finally:
         torch.set_num_threads(caller)
+
+
+def test_a_run_counting_other_threads_is_counted_by_another_counting_at_the_same_moment():
+    """Two runs started together read the machine's runnable threads at the same moment; each
+    waits between its reads running, not asleep, so each counts the other (asleep, each found
+    the cores free, and both took both cores: 1 start in 3 here)."""
+    import subprocess
+    import sys
+
+    from tformer.nn.kernels.machine import others_running
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from tformer.nn.kernels.machine import others_running; "
+         "print('reading', flush=True); others_running(samples=100, interval=0.02, spin=True)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "reading"
+        assert others_running(samples=9, interval=0.02, spin=True) >= 1.0
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_a_thread_watch_takes_fewer_at_once_and_more_only_when_two_checks_agree(monkeypatch):

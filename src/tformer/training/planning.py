@@ -53,7 +53,7 @@ def choose_threads(config, world: int) -> tuple[object, str | None, float]:
     cores = torch.get_num_threads()
     if config.threads is not None or world > 1:
         return config, None, 1.0
-    others = others_running()
+    others = others_running(spin=True)  # (another run starting now counts this one too)
     threads = free_threads(cores, others)
     slowdown = max(1.0, (others + threads) / cores)
     if threads == cores:

@@ -14,7 +14,9 @@ Where the time goes, and what the choices here do about it (profiles in benchmar
   both inside the noise), so the layers add it themselves, as the NumPy mirror does.
 - Padded batches: the position-wise work (projections, FFN, norms) can run on the real tokens
   only, packed as (N, D), with attention once per group of equal-length sequences
-  (``Encoder.forward`` chooses this through ``why_not_packed``).
+  (``Encoder.forward`` chooses this through ``why_not_packed``); under autograd, once per
+  bucket of groups padded to its longest where a call costs more than the padding
+  (``attention_call_scores``, ``tformer.nn.masks.Packing.buckets``).
 
 Shape legend: B batch, S length, N real tokens, D model dim, H heads, Dh head dim.
 """

@@ -42,10 +42,13 @@ def has_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & set(cpu_info()[1]))
 
 
-def others_running(samples: int = 9, interval: float = 0.02) -> float:
+def others_running(samples: int = 9, interval: float = 0.02, spin: bool = False) -> float:
     """How many threads of other processes are running or ready to run now: the median over
     `samples` reads of /proc/stat's procs_running (every runnable thread of the machine) less
-    this process's own (its spinning OpenMP workers included). 0 where /proc is missing."""
+    this process's own (its spinning OpenMP workers included). 0 where /proc is missing.
+    `spin`: wait between reads running, not asleep, so that another process reading at the
+    same moment counts this one (two runs started together each found the cores free while
+    the other slept between its reads, and each took both cores)."""
     counts = []
     for i in range(samples):
         try:
@@ -59,7 +62,12 @@ def others_running(samples: int = 9, interval: float = 0.02) -> float:
             return 0.0
         counts.append(max(total - own, 0))
         if i + 1 < samples:
-            time.sleep(interval)
+            if not spin:
+                time.sleep(interval)
+                continue
+            until = time.perf_counter() + interval
+            while time.perf_counter() < until:
+                pass
     return float(statistics.median(counts))
 
 
