@@ -198,6 +198,38 @@ def test_an_attention_calls_price_is_measured_once_without_touching_the_draws(mo
     assert attention_kernels.attention_call_scores(4, 8, 0.1) == scores
 
 
+def test_packed_autocast_attention_with_dropout_keeps_bf16_values_and_the_same_numbers(tiny_config,
+                                                                                        monkeypatch):
+    """Under autocast with attention dropout (the explicit softmax) a layer's packed q, k, v
+    stay bf16: converting them to fp32 only had autocast convert them back for its bf16
+    products. Outputs and gradients are bit-for-bit those of the fp32 copies."""
+    from tformer.nn.attention import MultiHeadAttention
+
+    config = tiny_config.replace(attention_dropout=0.1)
+    model = Encoder(config).train()
+    mask = torch.from_numpy(padding_mask([S, 1, 3, 4, S, 9, 4], S))
+    ids = _ids(config, batch=mask.size(0))
+    qkv = torch.zeros(2, 3 * config.d_model, dtype=torch.bfloat16)
+    packing = make_mask(mask, None, *mask.shape, mask.size(1)).packing
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model.layers[0].self_attn._packed_dtype(qkv, packing, 0.1) == torch.bfloat16
+
+    def step():
+        torch.manual_seed(1)
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(ids, mask).last_hidden_state
+        out.float().square().mean().backward()
+        return out.detach().float(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    out, grads = step()
+    monkeypatch.setattr(MultiHeadAttention, "_packed_dtype", lambda *a: torch.float32)
+    out_fp32, grads_fp32 = step()
+    assert torch.equal(out, out_fp32)
+    for name in grads:
+        assert torch.equal(grads[name], grads_fp32[name]), name
+
+
 def test_packed_attention_backward_makes_no_pass_per_group(tiny_config, monkeypatch):
     """Under autograd the groups are split apart once and joined once: the backward makes no
     zero tensor of the layer's whole (rows, 3D) projection per group (slices of it did: 60% of
