@@ -94,7 +94,7 @@ class BatchStream:
     @property
     def prepared(self) -> tuple[float, float]:
         """(seconds spent so far reading, tokenizing and cutting pools into batches, those
-        seconds per batch made): ``prepared`` below."""
+        seconds per batch made): the module's ``prepared`` (above) reads it."""
         return self._seconds, self._seconds / max(self._made, 1)
 
     def __iter__(self) -> BatchStream:
