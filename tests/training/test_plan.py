@@ -312,6 +312,32 @@ def test_the_first_updates_stop_timing_fp32_once_it_has_taken_its_share(data_fil
     assert late.stepped(True, 23.0, 1000, -30.0) == (None, None)
 
 
+def test_the_first_updates_stop_timing_fp32_before_an_update_that_would_pass_its_share(data_file):
+    """An fp32 update within the share, whose like again would pass it, is the last: beside two
+    busy processes a 2-minute fine-tune's second fp32 update took its fp32 ones from 4 s to 8.2 s
+    (the share: 5 s)."""
+    import torch
+
+    from tformer.training.first_steps import FirstSteps
+    from tformer.training.plan import CONFIRM_SHARE, make_plan
+
+    autotune.forget()
+    summary = _summary(long=0)
+    plan = make_plan(_config(1, max_length=64), summary, Speeds(), 60.0)
+    first = FirstSteps(plan, None, summary, torch.device("cpu"), plan.bf16, confirm=True, replans=False)
+    assert first.precision(1) and first.stepped(True, 1.0, 1000, 50.0) == (None, None)
+    assert not first.precision(2)
+    assert 2.0 < CONFIRM_SHARE * 51.0 < 4.0  # this fp32 update within the share; two would pass it
+    line, _ = first.stepped(False, 2.0, 1000, 48.0)
+    assert line == ("precision: bf16 from here on, as planned: the first updates' fp32 ones took 2.0 s, "
+                    f"and one more would pass {CONFIRM_SHARE:.0%} of the training time, to time")
+    assert first.precision(3) and first.precision(4)
+    cheap = FirstSteps(plan, None, summary, torch.device("cpu"), plan.bf16, confirm=True, replans=False)
+    cheap.stepped(True, 1.0, 1000, 50.0)
+    assert cheap.stepped(False, 0.5, 1000, 48.5) == (None, None)  # 0.5 + 0.5 s: within it
+    assert cheap.precision(3) and not cheap.precision(4)  # still alternating
+
+
 def test_the_speeds_precision_is_the_plans_and_fp32_plans_fp32_steps(data_file):
     from tformer.training.plan import make_plan
 

@@ -44,6 +44,7 @@ class FirstSteps:
         self.bf16 = bf16
         self.times: dict[bool, list[float]] = {False: [], True: []}
         self.spent: dict[bool, float] = {False: 0.0, True: 0.0}  # seconds of each precision's updates
+        self.last: dict[bool, float] = {False: 0.0, True: 0.0}  # each precision's latest update's seconds
         self.paced: list[float] = []
         self.seen = 0  # updates this process has made
         self.first_paced = False  # the first paced update was this process's first
@@ -74,13 +75,18 @@ class FirstSteps:
         if self.confirming:
             self.times[bf16].append(seconds / max(tokens, 1))
             self.spent[bf16] += seconds
+            self.last[bf16] = seconds
             other = self.spent[not self.bf16]  # the precision the plan did not predict
-            # (none spent yet: a first update that ended past the deadline, 0.0 s "more than 5%")
-            if other and other > CONFIRM_SHARE * (sum(self.spent.values()) + seconds_left):
+            # Stopped before an update of it that would pass the share (as long as its latest: beside
+            # two busy processes a 2-minute fine-tune's second fp32 update took its fp32 ones from
+            # 4 s to 8.2 s). (None spent yet: a first update that ended past the deadline.)
+            share = CONFIRM_SHARE * (sum(self.spent.values()) + seconds_left)
+            if other and other + self.last[not self.bf16] > share:
                 self.confirming = False  # (the plan's estimate was optimistic: not remembered)
                 planned = self.plan.half if self.bf16 else "fp32"
+                why = "more than" if other > share else "and one more would pass"
                 return (f"precision: {planned} from here on, as planned: the first updates' "
-                        f"{'fp32' if self.bf16 else self.plan.half} ones took {other:,.1f} s, more than "
+                        f"{'fp32' if self.bf16 else self.plan.half} ones took {other:,.1f} s, {why} "
                         f"{CONFIRM_SHARE:.0%} of the training time, to time"), None
             if update < CONFIRM_UPDATES and min(len(t) for t in self.times.values()) < CONFIRM_ROUNDS:
                 return None, None
