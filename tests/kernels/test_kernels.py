@@ -232,8 +232,8 @@ def test_packed_autocast_attention_with_dropout_keeps_bf16_values_and_the_same_n
 
 def test_packed_attention_backward_makes_no_pass_per_group(tiny_config, monkeypatch):
     """Under autograd the groups are split apart once and joined once: the backward makes no
-    zero tensor of the layer's whole (rows, 3D) projection per group (slices of it did: 60% of
-    a fine-tune step on 32 short texts in 16 groups)."""
+    zero tensor of the layer's whole (rows, 3D) projection per group (slices of it did: a fifth
+    of a fine-tune step on 32 short texts in 16 groups)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     monkeypatch.setattr(attention_kernels, "attention_call_scores", lambda *a: 0.0)  # a call per group
