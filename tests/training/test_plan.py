@@ -336,6 +336,12 @@ def test_the_first_updates_stop_timing_fp32_before_an_update_that_would_pass_its
     cheap.stepped(True, 1.0, 1000, 50.0)
     assert cheap.stepped(False, 0.5, 1000, 48.5) == (None, None)  # 0.5 + 0.5 s: within it
     assert cheap.precision(3) and not cheap.precision(4)  # still alternating
+    # Its last fp32 update made, within the share: no fp32 update is due, so the timing is kept
+    for update, (sixteen, seconds, left) in enumerate([(True, 1.0, 47.5), (False, 0.9, 46.6),
+                                                       (True, 1.0, 45.6), (False, 0.9, 44.7)], start=3):
+        line, _ = cheap.stepped(sixteen, seconds, 1000, left, update)
+    assert 2.3 < CONFIRM_SHARE * (sum(cheap.spent.values()) + 44.7) < 3.2  # (0.5 + 0.9 + 0.9 in it; 0.9 more not)
+    assert line.startswith("precision: fp32 from here on, timed on the first 6 updates"), line
 
 
 def test_the_speeds_precision_is_the_plans_and_fp32_plans_fp32_steps(data_file):

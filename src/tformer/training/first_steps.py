@@ -44,7 +44,7 @@ class FirstSteps:
         self.bf16 = bf16
         self.times: dict[bool, list[float]] = {False: [], True: []}
         self.spent: dict[bool, float] = {False: 0.0, True: 0.0}  # seconds of each precision's updates
-        self.last: dict[bool, float] = {False: 0.0, True: 0.0}  # each precision's latest update's seconds
+        self.last_other = 0.0  # seconds of the latest update in the precision the plan did not predict
         self.paced: list[float] = []
         self.seen = 0  # updates this process has made
         self.first_paced = False  # the first paced update was this process's first
@@ -75,13 +75,16 @@ class FirstSteps:
         if self.confirming:
             self.times[bf16].append(seconds / max(tokens, 1))
             self.spent[bf16] += seconds
-            self.last[bf16] = seconds
+            if bf16 != self.bf16:
+                self.last_other = seconds
             other = self.spent[not self.bf16]  # the precision the plan did not predict
-            # Stopped before an update of it that would pass the share (as long as its latest: beside
-            # two busy processes a 2-minute fine-tune's second fp32 update took its fp32 ones from
-            # 4 s to 8.2 s). (None spent yet: a first update that ended past the deadline.)
+            # Stopped once it passed the share, or before an update of it still due that would (as
+            # long as its latest: beside two busy processes a 2-minute fine-tune's second fp32 update
+            # took its fp32 ones from 4 s to 8.2 s). (None spent yet: a first update that ended past
+            # the deadline.)
             share = CONFIRM_SHARE * (sum(self.spent.values()) + seconds_left)
-            if other and other + self.last[not self.bf16] > share:
+            due = update < CONFIRM_UPDATES and len(self.times[not self.bf16]) < CONFIRM_ROUNDS
+            if other and (other > share or (due and other + self.last_other > share)):
                 self.confirming = False  # (the plan's estimate was optimistic: not remembered)
                 planned = self.plan.half if self.bf16 else "fp32"
                 why = "more than" if other > share else "and one more would pass"
