@@ -548,3 +548,37 @@ def test_a_step_s_estimate_counts_its_attention_scores_as_this_machine_runs_them
         assert speeds.step_seconds(None, model, "classifier", 4096, length, "fp32") == pytest.approx(expected)
     speeds.learned("classifier", "fp32", 0.9, model, 4096, 512)  # a real step: 0.9 s
     assert speeds.step_seconds(None, model, "classifier", 4096, 512, "fp32") == pytest.approx(0.9, rel=1e-4)
+
+
+def test_a_fresh_machines_16_bit_step_is_fp32_s_over_what_16_bits_gain_on_a_layer(fresh_cache):
+    """A 512^3 product ran 6.3x faster in bf16 than in fp32 (AMX), and the plan put a bf16 step
+    of a d_model-384 classifier on 424 tokens at 82 ms where it ran 163-283 (its fp32 steps
+    284-360): its products are small and most of the step is not products. A fresh machine's
+    16-bit step is now fp32's estimate over what 16 bits gain on one of the model's layers at the
+    batch's size, timed once (layer_seconds: a part a call and a part a token); once the run's own
+    16-bit steps taught the machine its rate, that rate stands."""
+    import torch
+
+    from tformer.config import TransformerConfig
+    from tformer.training.planning import LAYER_TOKENS, MachineSpeeds, layer_seconds
+
+    cpu = torch.device("cpu")
+    model = TransformerConfig(d_model=64, n_heads=4, d_ff=128, n_layers=2, vocab_size=300, n_classes=3,
+                              attention_dropout=0.1)
+    before = torch.random.get_rng_state()
+    fixed, per_token = layer_seconds(model, "bf16", cpu)
+    assert torch.equal(torch.random.get_rng_state(), before)  # (its dropout drew from its own state)
+    assert fixed >= 0 and 0 < per_token < 1e-3 and fixed + per_token * LAYER_TOKENS[0] < 1.0
+    assert layer_seconds(model, "bf16", cpu) == (fixed, per_token)  # remembered, not measured again
+    shape = f"64x4x128 {model.activation} post-norm dropout {model.dropout:g}/0.1"
+    assert autotune.known("train-layer", f"{shape} bf16") is not None
+    for precision, call, token in (("fp32", 0.002, 4e-5), ("bf16", 0.004, 1e-5)):  # a machine of our own
+        autotune.remember("train-layer", f"{shape} {precision}",
+                          autotune.decision("measured", {"call": call, "token": token}))
+    speeds = MachineSpeeds(cpu)
+    for tokens in (100, 4096):
+        gain = (0.002 + 4e-5 * tokens) / (0.004 + 1e-5 * tokens)  # 1.07x at 100 tokens, 3.9x at 4,096
+        fp32 = speeds.products(model, "classifier", tokens, 64, "fp32")
+        assert speeds.products(model, "classifier", tokens, 64, "bf16") == pytest.approx(fp32 / gain)
+    speeds.learned("classifier", "bf16", 0.3, model, 4096, 64)  # a real bf16 step: 0.3 s
+    assert speeds.step_seconds(None, model, "classifier", 4096, 64, "bf16") == pytest.approx(0.3, rel=1e-4)

@@ -3,12 +3,14 @@
 
     plan, objective, speeds, data = plan_run(objective, resume, world, started, log, run_dir, device)
 
-The machine's speeds measure nothing on a CPU before the run: a step's time is its FLOPs at the
-rate this machine's own training steps reached (remembered per kind and precision with the kernel
-choices, tformer.nn.kernels.autotune, by every run after its first steps), or, on a machine that has
-trained nothing yet, at STEP_EFFICIENCY of the rate of a 512^3 matrix product measured once (tens
-of milliseconds). The run's first real steps then check the estimate (``replan``) and teach the
-cache, so a second run plans from real steps. Off the CPU, where a small step's time is bound by
+On a CPU a step's time is its FLOPs at the rate this machine's own training steps reached
+(remembered per kind and precision with the kernel choices, tformer.nn.kernels.autotune, by every
+run after its first steps), or, on a machine that has trained nothing yet, at STEP_EFFICIENCY of
+the rate of a 512^3 fp32 matrix product measured once (tens of milliseconds), and in 16 bits at
+fp32's over what 16 bits gain on one of the model's layers at the batch's size (timed once per
+machine and shape, ``layer_seconds``: about a second for the sizing ladder's three models). The
+run's first real steps then check the estimate (``replan``) and teach the cache, so a second run
+plans from real steps. Off the CPU, where a small step's time is bound by
 kernel launches rather than FLOPs, each model is timed on a few real steps instead.
 """
 
@@ -43,6 +45,11 @@ PRODUCT = 512
 SUMMARY_RECORDS = 1024
 # A layer's attention is timed on this many tokens of this many keys (``attention_seconds``).
 ATTENTION_TOKENS, ATTENTION_KEYS = 1024, 256
+# A layer's step is timed on each of LAYER_TOKENS tokens, in rows of LAYER_KEYS (``layer_seconds``):
+# a part a call and a part a token, in fp32 and in 16 bits (bf16 at 128 tokens: its kernels' fixed
+# costs; at 512 its products).
+LAYER_TOKENS = (128, 512)
+LAYER_KEYS = 16
 
 
 def choose_threads(config, world: int) -> tuple[object, str | None, float]:
@@ -120,9 +127,23 @@ class MachineSpeeds:
     def step_seconds(self, config, model, kind, tokens, length, precision) -> float | None:
         if self.device.type != "cpu" and self.objective_for is not None:
             return self._timed(config, precision)
-        rate, _ = self.rate(kind, precision)
         attention = self.attention(model, kind, tokens, length, precision)
-        return (STEP_OVERHEAD + step_flops(model, kind, tokens, length) / rate + attention) * self.slowdown
+        products = self.products(model, kind, tokens, length, precision)
+        return (STEP_OVERHEAD + products + attention) * self.slowdown
+
+    def products(self, model, kind: str, tokens: float, length: float, precision: str) -> float:
+        """Seconds of a step's products and the work around them, alone: its FLOPs at ``rate``,
+        or, in 16-bit where this machine's own steps have not said it yet, fp32's seconds over
+        what 16-bit gains on a layer of this model at the batch's size (``layer_seconds``). A
+        512^3 product's gain was no step's: 6.3x (AMX) put a bf16 step of a d_model-384
+        classifier on 424 tokens at 82 ms where it ran 163-283 (its fp32 steps 284-360)."""
+        flops = step_flops(model, kind, tokens, length)
+        if precision == "fp32" or autotune.known("train-rate", f"{kind} {precision}", device=self.device):
+            return flops / self.rate(kind, precision)[0]
+        fixed, per_token = layer_seconds(model, "fp32", self.device)
+        fixed16, per_token16 = layer_seconds(model, precision, self.device)
+        gain = (fixed + per_token * tokens) / max(fixed16 + per_token16 * tokens, 1e-9)
+        return flops / self.rate(kind, "fp32")[0] / max(gain, 1e-3)
 
     def attention(self, model, kind: str, tokens: float, length: float, precision: str) -> float:
         """Seconds of a step's attention scores beyond their products, as this machine's own
@@ -221,6 +242,45 @@ def attention_seconds(model, precision: str, device: torch.device) -> float:
     shape = f"{heads}x{width} dropout {p:g} {precision}"
     seconds = autotune.recall("train-attention", shape, measure, device=device, rate=True)["seconds"]
     return seconds["million scores"] / 1e6
+
+
+def layer_seconds(model, precision: str, device: torch.device) -> tuple[float, float]:
+    """(seconds a training step spends in one encoder layer a call, and a token): an
+    EncoderLayer of the model's sizes, activation, norms and dropout, forward and backward in
+    `precision`, timed once per machine on each of LAYER_TOKENS tokens (rows of LAYER_KEYS) and
+    remembered (a rate: kept for later runs only where measured with the cores free). Its
+    products at the batch's size, and the work around them that does not get faster in 16
+    bits, are in it: a d_model-384 layer in bf16 on an Intel Xeon with AMX took 2.6x less than
+    in fp32 at 424 tokens, where a 512^3 product took 6.3x less."""
+    from tformer.nn.layers import EncoderLayer
+
+    half = precision != "fp32"
+
+    def measure() -> dict:
+        with torch.random.fork_rng(devices=[]):  # (dropout's masks: never the run's generator)
+            torch.manual_seed(0)
+            layer = EncoderLayer(model).to(device).train()
+            seconds = []
+            for tokens in LAYER_TOKENS:
+                x = torch.randn(tokens // LAYER_KEYS, LAYER_KEYS, model.d_model, device=device)
+                x.requires_grad_()
+                times = []
+                for _ in range(3):  # (the first: kernel creation, first touch; the faster of the others)
+                    t = time.perf_counter()
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=half):
+                        out, _ = layer(x)
+                    out.float().sum().backward()
+                    times.append(time.perf_counter() - t)
+                seconds.append(min(times[1:]))
+        (few, many), (a, b) = LAYER_TOKENS, seconds
+        per_token = max(b - a, 0.0) / (many - few)
+        return autotune.decision("measured", {"call": max(a - few * per_token, 0.0), "token": per_token})
+
+    norm = "pre" if model.norm_first else "post"
+    shape = (f"{model.d_model}x{model.n_heads}x{model.d_ff} {model.activation} {norm}-norm "
+             f"dropout {model.dropout:g}/{model.attention_dropout:g} {precision}")
+    seconds = autotune.recall("train-layer", shape, measure, device=device, rate=True)["seconds"]
+    return seconds["call"], seconds["token"]
 
 
 def precision_key(config, model, kind: str) -> str:
