@@ -582,3 +582,30 @@ def test_a_fresh_machines_16_bit_step_is_fp32_s_over_what_16_bits_gain_on_a_laye
         assert speeds.products(model, "classifier", tokens, 64, "bf16") == pytest.approx(fp32 / gain)
     speeds.learned("classifier", "bf16", 0.3, model, 4096, 64)  # a real bf16 step: 0.3 s
     assert speeds.step_seconds(None, model, "classifier", 4096, 64, "bf16") == pytest.approx(0.3, rel=1e-4)
+
+
+def test_a_steps_attention_is_priced_at_the_keys_a_token_attends_to_not_the_mean_text(data_file):
+    """A batch holds a fixed number of tokens, so long texts fill more batches than short ones,
+    and a token's attention goes with its own text's length: half the texts 300 tokens and half
+    20 average 160 tokens a text, but a token attends to 281 keys on average. Man pages at 512
+    tokens averaged 257 a text and 394 keys a token; the plan expected 795 ms a step and its
+    steps took ~1,100. The plan prices a step at the keys (DataSummary.keys), each text its own
+    sequence (a pair's source and target too), cut at the length."""
+    from tformer.training.plan import DataSummary, make_plan
+
+    summary = _summary(long=0.5)
+    assert summary.mean_cost(512) == pytest.approx(160)
+    assert summary.keys(512) == pytest.approx((300**2 + 20**2) / 320)  # 281.9
+    assert summary.keys(64) == pytest.approx((64**2 + 20**2) / 84)  # cut at the length
+    pairs = DataSummary("seq2seq", summary.model, ((10, 30),) * 4, 100, 10, 10)
+    assert pairs.keys(128) == pytest.approx((10**2 + 30**2) / 40)  # 25 a token, not the pair's 40
+
+    class Recording(Speeds):
+        def step_seconds(self, config, model, kind, tokens, length, precision):
+            self.lengths.append(length)
+            return super().step_seconds(config, model, kind, tokens, length, precision)
+
+    speeds = Recording()
+    speeds.lengths = []
+    make_plan(_config(3, max_length=512), summary, speeds, 180.0)
+    assert speeds.lengths and all(n == pytest.approx(summary.keys(512)) for n in speeds.lengths)

@@ -109,7 +109,7 @@ class FirstSteps:
         self.pacing = False
         measured = min(steady) if far and len(self.paced) < REPLAN_AFTER else statistics.median(self.paced)
         config, kind = self.plan.config, self.data.kind
-        length = self.data.mean_cost(config.max_length)
+        length = self.data.keys(config.max_length)
         if self.speeds is not None and self.device.type == "cpu" and config.max_tokens:
             self.speeds.learned(kind, self.plan.half if self.bf16 else "fp32", measured,
                                 self.data.model_for(config), config.max_tokens, length)

@@ -87,6 +87,16 @@ class DataSummary:
         """Tokens per example at `length` (each text cut there): what a batch's tokens count."""
         return sum(sum(min(n, length) for n in t) for t in self.texts) / max(len(self.texts), 1)
 
+    def keys(self, length: int) -> float:
+        """The keys a token attends to at `length`, on average (each text cut there, a sequence
+        of its own): its text's length, weighted by the text's tokens. What a step's attention
+        costs goes with its tokens x this, not x the mean length: a batch holds fewer long texts,
+        so more batches hold them. Man pages' DESCRIPTIONs at 512 tokens: 257 tokens a text,
+        ~390 keys a token; the plan expected 795 ms a step of a d_model-128 classifier on 8,235
+        tokens, and its steps took ~1,100."""
+        cut = [min(n, length) for t in self.texts for n in t]
+        return sum(n * n for n in cut) / max(sum(cut), 1)
+
     def model_for(self, config) -> TransformerConfig:
         """The model `config` trains: its sizes (a fine-tune keeps the pretrained model's)."""
         if self.pretrained:
@@ -100,8 +110,9 @@ class Speeds(Protocol):
 
     def step_seconds(self, config, model: TransformerConfig, kind: str, tokens: float, length: float,
                      precision: str) -> float | None:
-        """Seconds an update of `model` takes on batches of `tokens` tokens, `length` tokens an
-        example, as the machine runs now; None where not known (and too dear to find out)."""
+        """Seconds an update of `model` takes on batches of `tokens` tokens, each attending to
+        `length` keys on average (DataSummary.keys), as the machine runs now; None where not
+        known (and too dear to find out)."""
 
     def precision(self, config, model: TransformerConfig, kind: str) -> tuple[str, str, bool]:
         """(the precision, why, whether the run's first steps should confirm it)."""
@@ -148,8 +159,8 @@ def make_plan(config, data: DataSummary, speeds: Speeds, seconds: float, resume:
 
     def step(c, precision: str = precision) -> float | None:
         tokens = c.max_tokens if c.max_tokens else c.batch_size * data.mean_cost(c.max_length)
-        return speeds.step_seconds(c, data.model_for(c), data.kind, tokens,
-                                   data.mean_cost(c.max_length), precision)
+        return speeds.step_seconds(c, data.model_for(c), data.kind, tokens, data.keys(c.max_length),
+                                   precision)
 
     if wants_auto_length(config, resume, world) and data.texts:
         limit = min(AUTO_LENGTH_LIMIT, data.model.max_len) if data.pretrained else AUTO_LENGTH_LIMIT
@@ -234,7 +245,7 @@ def replan(plan: Plan, data: DataSummary, speeds: Speeds, measured: float, secon
     # plan's miss again chose a model 10x too slow (65 ms measured where 1,364 were planned: a 46 M
     # parameter model estimated at 91 ms a step ran 935).
     now = speeds.step_seconds(plan.config, data.model_for(plan.config), data.kind, plan.config.max_tokens,
-                              data.mean_cost(plan.config.max_length), plan.precision)
+                              data.keys(plan.config.max_length), plan.precision)
     new = make_plan(start, data, _AtPace(speeds, measured / now if now else ratio, plan), seconds,
                     half=plan.half, rungs=plan.extra.get("rungs", ()))
     if new.config.max_length == plan.config.max_length and \

@@ -257,7 +257,9 @@ def layer_seconds(model, precision: str, device: torch.device) -> tuple[float, f
     half = precision != "fp32"
 
     def measure() -> dict:
-        with torch.random.fork_rng(devices=[]):  # (dropout's masks: never the run's generator)
+        # (dropout's masks: never the run's generator; the kernels: their defaults, no choice
+        # measured for shapes the run may never see, nor its measuring allowance spent)
+        with torch.random.fork_rng(devices=[]), autotune.measuring(0.0):
             torch.manual_seed(0)
             layer = EncoderLayer(model).to(device).train()
             seconds = []
