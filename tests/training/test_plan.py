@@ -553,7 +553,7 @@ def test_a_step_s_estimate_counts_its_attention_scores_as_this_machine_runs_them
 def test_a_fresh_machines_16_bit_step_is_fp32_s_over_what_16_bits_gain_on_a_layer(fresh_cache):
     """A 512^3 product ran 6.3x faster in bf16 than in fp32 (AMX), and the plan put a bf16 step
     of a d_model-384 classifier on 424 tokens at 82 ms where it ran 163-283 (its fp32 steps
-    284-360): its products are small and most of the step is not products. A fresh machine's
+    260-360): its products are small and most of the step is not products. A fresh machine's
     16-bit step is now fp32's estimate over what 16 bits gain on one of the model's layers at the
     batch's size, timed once (layer_seconds: a part a call and a part a token); once the run's own
     16-bit steps taught the machine its rate, that rate stands."""
@@ -589,7 +589,7 @@ def test_a_steps_attention_is_priced_at_the_keys_a_token_attends_to_not_the_mean
     and a token's attention goes with its own text's length: half the texts 300 tokens and half
     20 average 160 tokens a text, but a token attends to 281 keys on average. Man pages at 512
     tokens averaged 257 a text and 394 keys a token; the plan expected 795 ms a step and its
-    steps took ~1,100. The plan prices a step at the keys (DataSummary.keys), each text its own
+    first 60 steps averaged 1.1 s. The plan prices a step at the keys (DataSummary.keys), each text its own
     sequence (a pair's source and target too), cut at the length."""
     from tformer.training.plan import DataSummary, make_plan
 

@@ -136,7 +136,7 @@ class MachineSpeeds:
         or, in 16-bit where this machine's own steps have not said it yet, fp32's seconds over
         what 16-bit gains on a layer of this model at the batch's size (``layer_seconds``). A
         512^3 product's gain was no step's: 6.3x (AMX) put a bf16 step of a d_model-384
-        classifier on 424 tokens at 82 ms where it ran 163-283 (its fp32 steps 284-360)."""
+        classifier on 424 tokens at 82 ms where it ran 163-283 (its fp32 steps 260-360)."""
         flops = step_flops(model, kind, tokens, length)
         if precision == "fp32" or autotune.known("train-rate", f"{kind} {precision}", device=self.device):
             return flops / self.rate(kind, precision)[0]
