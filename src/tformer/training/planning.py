@@ -10,8 +10,8 @@ the rate of a 512^3 fp32 matrix product measured once (tens of milliseconds), an
 fp32's over what 16 bits gain on one of the model's layers at the batch's size (timed once per
 machine and shape, ``layer_seconds``: about a second for the sizing ladder's three models). The
 run's first real steps then check the estimate (``replan``) and teach the cache, so a second run
-plans from real steps. Off the CPU, where a small step's time is bound by
-kernel launches rather than FLOPs, each model is timed on a few real steps instead.
+plans from real steps. Off the CPU, where a small step's time is bound by kernel launches rather
+than FLOPs, each model is timed on a few real steps instead.
 """
 
 from __future__ import annotations
