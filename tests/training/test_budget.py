@@ -506,7 +506,7 @@ def test_a_timed_runs_test_measures_no_new_kernel_choice(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Objective, "evaluate", recording)
     data = write(tmp_path / "d.jsonl", seq2seq_rows(300))
-    config = resolve_config({"data": str(data), **TINY, "max_minutes": 0.15, "out": str(tmp_path / "run")})
+    config = resolve_config({"data": str(data), **TINY, "max_minutes": 0.3, "out": str(tmp_path / "run")})
     train(config, **QUIET)
     assert allowance["test"] == 0.0 and allowance["validation"] > 0
 
