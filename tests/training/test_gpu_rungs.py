@@ -52,9 +52,9 @@ def test_the_plan_offers_the_devices_rungs_and_a_re_plan_keeps_them(tmp_path, mo
                               max_len=512)
     data = DataSummary("classifier", model, tuple((20,) for _ in range(100)), 4000, 250, 260, False)
 
-    class Speeds:  # a step 12 ms (bound by kernel launches) up to BERT-base, 0.5 s for BERT-large
+    class Speeds:  # a step 12 ms (bound by kernel launches) up to BERT-base, 0.25 s for BERT-large
         def step_seconds(self, config, model, kind, tokens, length, precision):
-            return 0.5 if model.d_model >= 1024 else 0.012
+            return 0.25 if model.d_model >= 1024 else 0.012
 
         def precision(self, config, model, kind):
             return "bf16", "made up", False
@@ -62,6 +62,29 @@ def test_the_plan_offers_the_devices_rungs_and_a_re_plan_keeps_them(tmp_path, mo
     assert make_plan(config, data, Speeds(), 180.0).config.model.d_model == sizing.LADDER[-1]["d_model"]
     plan = make_plan(config, data, Speeds(), 180.0, rungs=sizing.GPU_RUNGS)
     assert plan.config.model.d_model == 768 and plan.config.model.n_layers == 12, plan.why("model size")
-    # The real steps run 3x faster than planned: BERT-large's then gets ~970 updates in 162 s.
+    # The real steps run 3x faster than planned: BERT-large's then gets ~680 updates in its 146 s
+    # of training, less the ~89 s its 306 M parameters take to build and save.
     again = replan(plan, data, Speeds(), 0.004, 162.0)
     assert again is not None and again.config.model.d_model == 1024, again
+
+
+def test_a_rung_pays_for_building_and_saving_its_model_out_of_the_training_time():
+    """On an H200 a 1-minute run from scratch took BERT-base's shape in an encoder-decoder (199 M
+    parameters, 55 ms a step: ~900 updates in 48 s) and was then refused: writing its checkpoints
+    alone takes ~48 s. A rung is taken only when its updates fit beside what its model costs to
+    build and save (sizing.fixed_seconds)."""
+    config = resolve_config({"data": None, "task": "reverse", "max_minutes": 1.5})
+    parameters = {128: 1e6, 256: 4e6, 384: 1e7, 512: 3e7, 768: 2e8, 1024: 6e8}
+
+    def fixed(candidate):
+        return sum(sizing.fixed_seconds(parameters[candidate.model.d_model]))
+
+    build, save = sizing.fixed_seconds(2e8)
+    assert (build, save) == (10.0, 48.0)  # 5e-8 s a parameter; 2 x (weights + 2 moments) at 100 MB/s
+    chosen, why = sizing.choose_size(config, 81.0, lambda c: 0.012, extra_rungs=sizing.GPU_RUNGS)
+    assert chosen.model.d_model == 1024  # (no costs besides the updates: the top)
+    chosen, why = sizing.choose_size(config, 81.0, lambda c: 0.012, extra_rungs=sizing.GPU_RUNGS, fixed=fixed)
+    # 512: (81 - 0.6 - 7.2) / 0.012 = 6,100 updates; 768: (81 - 58) / 0.012 = 1,917; 1024: none
+    assert chosen.model.d_model == 768 and "about 1,917" in why, why
+    chosen, why = sizing.choose_size(config, 60.0, lambda c: 0.012, extra_rungs=sizing.GPU_RUNGS, fixed=fixed)
+    assert chosen.model.d_model == 512, why  # 768: (60 - 58) / 0.012 = 167 updates, short of 600

@@ -34,6 +34,7 @@ import time
 # sample is the objectives' EVAL_SAMPLE, the same 500: tests/training/test_plan.py checks)
 from tformer.errors import FieldError
 from tformer.training.plan import TEST_MARGIN, TEST_SHARE, VALID_MAX, VALIDATIONS, validation_plan
+from tformer.training.sizing import SAVE_BYTES_PER_SECOND, fixed_seconds
 
 EVAL_SAMPLE = VALID_MAX
 
@@ -57,8 +58,6 @@ MIN_SETUP = 3.0
 KERNEL_SHARE = 0.05  # new kernel choices (autotune) are measured in this share of a timed budget
 MIN_UPDATES = 10  # the fewest updates a model must afford in its budget to be built at all
 FIRST_STEP_SECONDS = 2.0  # a new model's first update beyond a steady one (kernels, first touch), alone
-SAVE_BYTES_PER_SECOND = 100e6  # writing a checkpoint, at least (a busy disk; weights + 2 moments)
-BUILD_SECONDS_PER_PARAMETER = 5e-8  # initialising a model (~1 s for 20 M parameters on one core)
 
 
 class NoUpdate(FieldError):
@@ -85,8 +84,7 @@ def check_affordable(config, started: float, model_config, kind: str, plan) -> N
     if config.max_minutes is None:
         return
     params = parameter_count(model_config, kind)
-    build = BUILD_SECONDS_PER_PARAMETER * params
-    save = 2 * (3 * 4 * params) / SAVE_BYTES_PER_SECOND
+    build, save = fixed_seconds(params)
     steps = MIN_UPDATES * (plan.step_seconds or 0.0) + FIRST_STEP_SECONDS * plan.extra.get("slowdown", 1.0)
     examples = 2 * (PROBE + 8) + min(VALID_MAX, plan.extra.get("test_examples", 0))
     scoring = examples * (plan.example_seconds or 0.0)

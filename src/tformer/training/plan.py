@@ -30,12 +30,14 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from tformer.config import TransformerConfig
+from tformer.config.sizes import parameter_count
 from tformer.training.sizing import (
     AUTO_LENGTH_LIMIT,
     LADDER,
     batch_tokens,
     choose_length,
     choose_size,
+    fixed_seconds,
     scratch_lr,
     wants_auto_length,
     wants_auto_size,
@@ -174,7 +176,8 @@ def make_plan(config, data: DataSummary, speeds: Speeds, seconds: float, resume:
         reasons.append(("batch", why))
     sized = wants_auto_size(config, resume, world)
     if sized:
-        config, why = choose_size(config, training, step, "not known on this machine", rungs)
+        config, why = choose_size(config, training, step, "not known on this machine", rungs,
+                                  lambda c: sum(fixed_seconds(parameter_count(data.model_for(c), data.kind))))
         reasons.append(("model size", why))
     if not resume and not data.pretrained:  # (a resumed run keeps the rate it saved)
         config, why = scratch_lr(config)

@@ -43,6 +43,17 @@ GPU_RUNGS: tuple[dict[str, int], ...] = (
 )
 
 
+SAVE_BYTES_PER_SECOND = 100e6  # writing a checkpoint, at least (a busy disk; weights + 2 moments)
+BUILD_SECONDS_PER_PARAMETER = 5e-8  # initialising a model (~1 s for 20 M parameters on one core)
+
+
+def fixed_seconds(parameters: int) -> tuple[float, float]:
+    """(building, saving): the seconds a model of `parameters` costs besides its updates, at the
+    least: initialising it, and writing its first checkpoint and its last (weights and the
+    optimizer's two moments in fp32, at SAVE_BYTES_PER_SECOND)."""
+    return BUILD_SECONDS_PER_PARAMETER * parameters, 2 * (3 * 4 * parameters) / SAVE_BYTES_PER_SECOND
+
+
 def rungs_for(device) -> tuple[dict[str, int], ...]:
     """The rungs above LADDER that `device` may take: GPU_RUNGS on a CUDA GPU, else none."""
     return GPU_RUNGS if device.type == "cuda" else ()
@@ -62,23 +73,26 @@ def measures_rungs(device) -> bool:
 
 
 def choose_size(config, seconds: float, seconds_per_step, not_measured: str = "",
-                extra_rungs: tuple[dict[str, int], ...] = ()) -> tuple[Any, str]:
+                extra_rungs: tuple[dict[str, int], ...] = (), fixed=lambda config: 0.0) -> tuple[Any, str]:
     """(the config with the chosen sizes, why): the largest rung of LADDER, then of `extra_rungs`
     (``rungs_for``: a GPU's), whose step time (``seconds_per_step(config)``: seconds per update
     of that config's model, as the plan's speeds give it: estimated from FLOPs at this machine's
     rate, or timed on a GPU; None: not known, and the smallest rung stands, `not_measured`
-    saying why) still buys MIN_STEPS updates in `seconds`, the training time left."""
+    saying why) still buys MIN_STEPS updates in `seconds`, the training time left, less what
+    its model costs besides its updates (``fixed(config)``: building and saving it; on an H200
+    BERT-base's step afforded a 1-minute run 900 updates, but writing its checkpoints ~50 s)."""
     chosen = LADDER[0]
     per_step = seconds_per_step(config.replace(**chosen))
     size = f"d_model {chosen['d_model']}, {chosen['n_layers']} layers"
     if per_step is None:
         return config.replace(**chosen), f"{size}: the smallest; the step time is {not_measured}"
-    steps, chosen_step = seconds / per_step, per_step
+    steps, chosen_step = max(seconds - fixed(config.replace(**chosen)), 0.0) / per_step, per_step
     for rung in (*LADDER[1:], *extra_rungs) if steps >= MIN_STEPS else ():  # short already: none larger
         rung_step = seconds_per_step(config.replace(**rung))
-        if rung_step is None or seconds / rung_step < MIN_STEPS:
+        rung_steps = None if rung_step is None else (seconds - fixed(config.replace(**rung))) / rung_step
+        if rung_steps is None or rung_steps < MIN_STEPS:
             break
-        chosen, steps, chosen_step = rung, seconds / rung_step, rung_step
+        chosen, steps, chosen_step = rung, rung_steps, rung_step
     size = f"d_model {chosen['d_model']}, {chosen['n_layers']} layers"
     pace = f"{chosen_step * 1000:,.0f} ms a step"
     if steps < MIN_STEPS:  # even the smallest rung falls short: say so, not "the largest that..."
