@@ -15,6 +15,8 @@
 #      ONNX Runtime's CUDA provider (where onnxruntime-gpu is installed);
 #   3. a one-minute timed run (`tformer train --max-minutes 1 --device cuda`) on the repository's
 #      examples, whose log says which rung of the sizing ladder a GPU's measured steps afford.
+# A lease shorter than the steps' limits sets them (seconds): PYTEST_LIMIT, BENCH_LIMIT, TRAIN_LIMIT;
+# RUN_ROOT puts the timed run's folder elsewhere than OUT_DIR (when only a few files may come back).
 set -u
 PY=${PY:-python}
 OUT=${1:-${OUT:-gpu-check}}
@@ -43,9 +45,9 @@ step() {  # step NAME LIMIT_SECONDS COMMAND...: run, keep its output, note its s
     done
 } | tee -a "$summary"
 
-step pytest 240 "$PY" -m pytest --device cuda -m "gpu or device" -q -x -p no:cacheprovider
-step bench 420 "$PY" -m tformer bench --device cuda --tf32 --json "$OUT/bench.json"
-run="$OUT/run-$(date +%s)"
-step train 150 "$PY" -m tformer train --data examples/en_de.jsonl --max-minutes 1 --device cuda --out "$run"
+step pytest "${PYTEST_LIMIT:-240}" "$PY" -m pytest --device cuda -m "gpu or device" -q -x -p no:cacheprovider
+step bench "${BENCH_LIMIT:-420}" "$PY" -m tformer bench --device cuda --tf32 --json "$OUT/bench.json"
+run="${RUN_ROOT:-$OUT}/run-$(date +%s)"
+step train "${TRAIN_LIMIT:-150}" "$PY" -m tformer train --data examples/en_de.jsonl --max-minutes 1 --device cuda --out "$run"
 grep -h -E "^(model size|precision|device|batch)" "$OUT/train.txt" | sed 's/^/train: /' | tee -a "$summary"
 sed -n '/^| workload | target/,/^$/p' "$OUT/bench.txt" | tee -a "$summary"
