@@ -268,7 +268,7 @@ def test_embed_reads_a_model_directorys_long_text_in_windows_where_asked(capsys)
     assert np.abs(np.array(cut) - st.encode([long], on_long=lambda *_: None)).max() <= 1e-6
 
 
-def test_a_fine_tunes_plan_reads_its_texts_at_the_models_length_and_trains_at_the_one_it_chose(tmp_path):
+def test_a_fine_tunes_plan_reads_its_texts_at_the_models_length(tmp_path):
     """A fine-tune's plan counted its texts' tokens cut at the preset's 64 (none cut at 128:
     "whole for 100%" where 78% of the man pages' DESCRIPTIONs were longer), and the length it
     chose never reached its batches (data.json said 64 after "max length: 128 tokens")."""
@@ -290,6 +290,19 @@ def test_a_fine_tunes_plan_reads_its_texts_at_the_models_length_and_trains_at_th
     assert summary.cut_share(64) == 1.0 and summary.cut_share(128) == 0.0
     assert summary.mean_cost(128) == pytest.approx(102, abs=1)
     assert objective.with_config(config.replace(max_length=128)).source.tokenizer.max_length == 128
+
+
+@pytest.mark.slow  # (a 30-second run; the plan's counts above are the default suite's)
+def test_a_fine_tune_trains_at_the_length_its_plan_chose(tmp_path):
+    """The length a fine-tune's plan chose is the one its batches get (data.json said 64 after
+    "max length: 128 tokens")."""
+    from hf_bert_fixtures import make_bert_dir
+
+    model = make_bert_dir(tmp_path / "bert", max_position_embeddings=256)
+    rng = random.Random(0)
+    rows = [{"text": " ".join(rng.choice(["the", "cat", "dog", "sat", "mat"]) for _ in range(100)),
+             "label": rng.choice(["yes", "no"])} for _ in range(200)]  # 102 tokens each
+    data = write(tmp_path / "d.jsonl", rows)
     log: list[str] = []
     run = tformer.train(data=str(data), from_pretrained=str(model), max_minutes=0.5, out=str(tmp_path / "ft"),
                         progress=False, log=log.append)
