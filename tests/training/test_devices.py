@@ -86,3 +86,28 @@ def test_grad_scaler_steps_equal_plain_steps_where_nothing_overflows(tmp_path):
             train_step(model, optimizer, objective, batches, config, 1e-3, scaler=scaler)
         weights.append({k: v.clone() for k, v in model.state_dict().items()})
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_a_warm_pass_leaves_the_update_and_the_random_draws_as_they_were():
+    """The precision timing's untimed pass (steps.warm_pass) before an update: the weights, the
+    optimizer's moments and the global generator come out bit for bit as without it (dropout
+    0.1 draws in both passes), and its seconds are handed back, one entry an update."""
+    config = resolve_config({"task": "reverse", **TINY})
+    objective = make_objective(config)
+    after = []
+    for warm in (None, []):
+        torch.manual_seed(0)
+        model = objective.build_model()
+        optimizer = make_optimizer(model, config)
+        batches = objective.train_batches(0)
+        for _ in range(3):
+            train_step(model, optimizer, objective, batches, config, 1e-3, warm=warm)
+        moments = [v.clone() for state in optimizer.state.values() for v in state.values()
+                   if torch.is_tensor(v)]
+        after.append(({k: v.clone() for k, v in model.state_dict().items()}, moments, torch.get_rng_state()))
+        if warm is not None:
+            assert len(warm) == 3 and all(seconds > 0 for seconds in warm)
+    (weights, moments, rng), (weights_w, moments_w, rng_w) = after
+    assert all(torch.equal(weights[k], weights_w[k]) for k in weights)
+    assert len(moments) == len(moments_w) > 0 and all(torch.equal(a, b) for a, b in zip(moments, moments_w, strict=True))
+    assert torch.equal(rng, rng_w)

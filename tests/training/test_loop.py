@@ -144,14 +144,17 @@ def test_auto_precision_keeps_bf16_only_where_this_model_trains_faster_in_it(
     monkeypatch.setattr(training_precision, "has_bf16", lambda: True)
     monkeypatch.setattr(training_precision, "bf16_speedup", lambda **_: 2.0)
     monkeypatch.setattr(training_precision, "bf16_supported", lambda: True)
-    used = []
-    real = first_steps.FirstSteps.stepped
+    from tformer.training import steps
 
-    def timed(self, bf16, seconds, tokens, left, update):  # 1 s per fp32 update, bf16_seconds per bf16
+    used, warmed = [], []
+    real, warm_pass = first_steps.FirstSteps.stepped, steps.warm_pass
+
+    def timed(self, bf16, seconds, tokens, left, update, warm):  # 1 s per fp32 update, bf16_seconds per bf16
         used.append(bf16)
-        return real(self, bf16, bf16_seconds if bf16 else 1.0, tokens, left, update)
+        return real(self, bf16, bf16_seconds if bf16 else 1.0, tokens, left, update, warm)
 
     monkeypatch.setattr(first_steps.FirstSteps, "stepped", timed)
+    monkeypatch.setattr(steps, "warm_pass", lambda *a: warmed.append(a[-1]) or warm_pass(*a))
     data = write(tmp_path / "d.jsonl", classification_rows())
     logged = []
     rounds = 2 * first_steps.CONFIRM_ROUNDS
@@ -160,6 +163,7 @@ def test_auto_precision_keeps_bf16_only_where_this_model_trains_faster_in_it(
                              "out": str(tmp_path / "run")})
     train(config, progress=False, log=logged.append)
     assert used[:rounds] == [True, False] * (rounds // 2) and set(used[rounds:]) == {expected == "bf16"}
+    assert warmed == used[:rounds]  # each timed update passed its batch once untimed first, no other
     kept = [line for line in logged if line.startswith(f"precision: {expected} from here on, timed on the")]
     assert len(kept) == 1 and "training step of this model" in kept[0], logged
     state = json.loads((check_run_dir(tmp_path / "run") / "trainer_state.json").read_text())
@@ -169,7 +173,7 @@ def test_auto_precision_keeps_bf16_only_where_this_model_trains_faster_in_it(
     train(resume_config(tmp_path / "run", {"steps": rounds + 4}), resume=True, progress=False, log=logged.append)
     assert [line for line in logged if line.startswith("precision: ")] == [
         f"precision: {expected} (as the run chose when it started)"]
-    assert set(used) == {expected == "bf16"}  # nothing alternated again
+    assert set(used) == {expected == "bf16"} and len(warmed) == rounds  # nothing alternated (or warmed) again
     monkeypatch.setattr(autotune, "_memory", {})  # a new process: the choice comes from the file
     logged.clear()
     used.clear()

@@ -289,15 +289,17 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
         total = budget.planned_steps(state["step"])
         lr = learning_rate(config, state["step"] + 1, total)
         half = first.precision(state["step"] + 1)  # (by the run's step: a resume alternates alike)
+        warmed = [] if first.warms(state["step"] + 1) else None  # (an untimed pass first: timed apart)
         t, before = time.perf_counter(), prepared(batches)
         loss, acc, tokens, examples = train_step(model, optimizer, objective, batches, config, lr,
-                                                 world, half, scaler)
+                                                 world, half, scaler, warm=warmed)
         aside = prepared(batches, before, config.accumulate)  # a pool's tokenizing, past this update's share
-        seconds = time.perf_counter() - t - aside
-        budget.stepped(seconds, examples, aside)
+        warm = sum(warmed or ())
+        seconds = time.perf_counter() - t - aside - warm
+        budget.stepped(seconds, examples, aside + warm)
         state["step"] += 1
         left = budget.train_deadline() - budget.now()
-        line, new = first.stepped(half, seconds, tokens, left, state["step"])
+        line, new = first.stepped(half, seconds, tokens, left, state["step"], warm)
         if line:
             (bar.write if progress and writer else log)(line)
         bf16 = first.bf16
