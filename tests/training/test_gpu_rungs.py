@@ -88,3 +88,37 @@ def test_a_rung_pays_for_building_and_saving_its_model_out_of_the_training_time(
     assert chosen.model.d_model == 768 and "about 1,917" in why, why
     chosen, why = sizing.choose_size(config, 60.0, lambda c: 0.012, extra_rungs=sizing.GPU_RUNGS, fixed=fixed)
     assert chosen.model.d_model == 512, why  # 768: (60 - 58) / 0.012 = 167 updates, short of 600
+
+
+def test_an_encoder_decoder_takes_the_largest_rung_that_gets_twice_the_updates(tmp_path, monkeypatch):
+    """A seq2seq model needs sizing.min_steps("seq2seq") = 2 x MIN_STEPS updates (at 3 minutes
+    an English -> German d_model 128 model's 1,769 updates tested BLEU 17.6, the 256 x 3 model
+    that 600 allowed 11.2 in 834): where a rung's updates fall between the two, a classifier
+    takes it and an encoder-decoder does not."""
+    from tformer.config import TransformerConfig
+    from tformer.kinds.classification import Classification
+    from tformer.training import config as training_config
+    from tformer.training.plan import DataSummary, make_plan
+
+    assert sizing.min_steps("seq2seq") == 2 * sizing.MIN_STEPS and sizing.min_steps("classifier") == sizing.MIN_STEPS
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.jsonl").write_text("".join(f'{{"text": "t {i}", "label": "{i % 2}"}}\n' for i in range(40)))
+    config = training_config.resolve_config({"data": "d.jsonl", "max_minutes": 3, "max_length": 64},
+                                            objective=Classification)
+    chosen = {}
+    for kind in ("classifier", "seq2seq"):
+        model = TransformerConfig(d_model=128, n_heads=4, d_ff=512, n_layers=2, vocab_size=4000, n_classes=2,
+                                  max_len=512)
+        data = DataSummary(kind, model, tuple((20,) for _ in range(100)), 4000, 250, 260, False)
+
+        class Speeds:  # 256 x 3: ~900 updates in the 162 s of training; 384 x 4: ~400
+            def step_seconds(self, config, model, kind, tokens, length, precision):
+                return {128: 0.05, 256: 0.18, 384: 0.4}[model.d_model]
+
+            def precision(self, config, model, kind):
+                return "fp32", "made up", False
+
+        plan = make_plan(config, data, Speeds(), 180.0)
+        chosen[kind] = plan.config.model.d_model, plan.why("model size")
+    assert chosen["classifier"][0] == 256 and ">= 600 updates" in chosen["classifier"][1], chosen
+    assert chosen["seq2seq"][0] == 128 and ">= 1,200 updates" in chosen["seq2seq"][1], chosen

@@ -38,6 +38,7 @@ from tformer.training.sizing import (
     choose_length,
     choose_size,
     fixed_seconds,
+    min_steps,
     scratch_lr,
     wants_auto_length,
     wants_auto_size,
@@ -177,7 +178,8 @@ def make_plan(config, data: DataSummary, speeds: Speeds, seconds: float, resume:
     sized = wants_auto_size(config, resume, world)
     if sized:
         config, why = choose_size(config, training, step, "not known on this machine", rungs,
-                                  lambda c: sum(fixed_seconds(parameter_count(data.model_for(c), data.kind))))
+                                  lambda c: sum(fixed_seconds(parameter_count(data.model_for(c), data.kind))),
+                                  min_steps(data.kind))
         reasons.append(("model size", why))
     if not resume and not data.pretrained:  # (a resumed run keeps the rate it saved)
         config, why = scratch_lr(config)

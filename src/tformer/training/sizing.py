@@ -20,6 +20,17 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 MIN_STEPS = 600  # updates the chosen model must get in the training time
+# An encoder-decoder must learn to generate as well as to read, and needs more updates for it:
+# English -> German UI messages from scratch (2 cores, two runs side by side, 1 thread each), d_model
+# 128 x 2 layers against the 256 x 3 that 600 updates allowed: at 3 minutes BLEU 17.6 in 1,769
+# updates against 11.2 in 834; at 2 minutes 9.3 in 1,229 against 3.0 in 524.
+STEPS_FACTOR = {"seq2seq": 2}
+
+
+def min_steps(model: str) -> int:
+    """The updates a model of kind `model` ("encoder", "classifier", "seq2seq", ...) must get:
+    MIN_STEPS, times its STEPS_FACTOR."""
+    return MIN_STEPS * STEPS_FACTOR.get(model, 1)
 PROBE_STEPS = 3  # timed steps of a probed model (after one warm-up step)
 LADDER: tuple[dict[str, int], ...] = (
     {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 2},
@@ -73,34 +84,37 @@ def measures_rungs(device) -> bool:
 
 
 def choose_size(config, seconds: float, seconds_per_step, not_measured: str = "",
-                extra_rungs: tuple[dict[str, int], ...] = (), fixed=lambda config: 0.0) -> tuple[Any, str]:
+                extra_rungs: tuple[dict[str, int], ...] = (), fixed=lambda config: 0.0,
+                least: int | None = None) -> tuple[Any, str]:
     """(the config with the chosen sizes, why): the largest rung of LADDER, then of `extra_rungs`
     (``rungs_for``: a GPU's), whose step time (``seconds_per_step(config)``: seconds per update
     of that config's model, as the plan's speeds give it: estimated from FLOPs at this machine's
     rate, or timed on a GPU; None: not known, and the smallest rung stands, `not_measured`
-    saying why) still buys MIN_STEPS updates in `seconds`, the training time left, less what
+    saying why) still buys `least` updates (MIN_STEPS where None: ``min_steps`` gives a
+    kind's) in `seconds`, the training time left, less what
     its model costs besides its updates (``fixed(config)``: building and saving it; on an H200
     BERT-base's step afforded a 1-minute run 900 updates, but writing its checkpoints ~50 s)."""
+    least = MIN_STEPS if least is None else least
     chosen = LADDER[0]
     per_step = seconds_per_step(config.replace(**chosen))
     size = f"d_model {chosen['d_model']}, {chosen['n_layers']} layers"
     if per_step is None:
         return config.replace(**chosen), f"{size}: the smallest; the step time is {not_measured}"
     steps, chosen_step = max(seconds - fixed(config.replace(**chosen)), 0.0) / per_step, per_step
-    for rung in (*LADDER[1:], *extra_rungs) if steps >= MIN_STEPS else ():  # short already: none larger
+    for rung in (*LADDER[1:], *extra_rungs) if steps >= least else ():  # short already: none larger
         rung_step = seconds_per_step(config.replace(**rung))
         rung_steps = None if rung_step is None else (seconds - fixed(config.replace(**rung))) / rung_step
-        if rung_steps is None or rung_steps < MIN_STEPS:
+        if rung_steps is None or rung_steps < least:
             break
         chosen, steps, chosen_step = rung, rung_steps, rung_step
     size = f"d_model {chosen['d_model']}, {chosen['n_layers']} layers"
     pace = f"{chosen_step * 1000:,.0f} ms a step"
-    if steps < MIN_STEPS:  # even the smallest rung falls short: say so, not "the largest that..."
+    if steps < least:  # even the smallest rung falls short: say so, not "the largest that..."
         why = (f"{size}: the smallest, and even it gets only about {steps:,.0f} of the "
-               f"{MIN_STEPS} updates wanted in {seconds / 60:.1f} min here (about {pace}; a longer "
+               f"{least:,} updates wanted in {seconds / 60:.1f} min here (about {pace}; a longer "
                "--max-minutes learns more)")
     else:
-        why = (f"{size}: the largest that gets >= {MIN_STEPS} updates in {seconds / 60:.1f} min "
+        why = (f"{size}: the largest that gets >= {least:,} updates in {seconds / 60:.1f} min "
                f"here (about {steps:,.0f}, {pace})")
     return config.replace(**chosen), why
 
