@@ -75,7 +75,6 @@ class FirstSteps:
         (``ThreadWatch``), but not while both precisions are timed (a change would favour one),
         and a pace timed at the old count is timed again."""
         line, new = self._stepped(bf16, seconds, tokens, seconds_left, update, warm)
-
         watch = getattr(self.speeds, "threads", None)
         if watch is None or self.confirming or new is not None or (moved := watch.check()) is None:
             return line, new

@@ -2,7 +2,8 @@
 
 With --max-minutes and no size option (--d-model, --n-heads, --d-ff, --n-layers,
 --n-decoder-layers), a run from scratch takes the largest model of a ladder that still gets
-MIN_STEPS updates in its training time, at this machine's measured speed: the smallest
+MIN_STEPS updates (an encoder-decoder twice that: STEPS_FACTOR) in its training time, less
+what building and saving the model take (fixed_seconds), at this machine's measured speed: the smallest
 rung's step is timed on real batches of the data, and the others' are estimated from their
 FLOPs per token (matrix products are most of a step, and their time follows their FLOPs).
 
@@ -20,17 +21,6 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 MIN_STEPS = 600  # updates the chosen model must get in the training time
-# An encoder-decoder must learn to generate as well as to read, and needs more updates for it:
-# English -> German UI messages from scratch (2 cores, two runs side by side, 1 thread each), d_model
-# 128 x 2 layers against the 256 x 3 that 600 updates allowed: at 3 minutes BLEU 17.6 in 1,769
-# updates against 11.2 in 834; at 2 minutes 9.3 in 1,229 against 3.0 in 524.
-STEPS_FACTOR = {"seq2seq": 2}
-
-
-def min_steps(model: str) -> int:
-    """The updates a model of kind `model` ("encoder", "classifier", "seq2seq", ...) must get:
-    MIN_STEPS, times its STEPS_FACTOR."""
-    return MIN_STEPS * STEPS_FACTOR.get(model, 1)
 PROBE_STEPS = 3  # timed steps of a probed model (after one warm-up step)
 LADDER: tuple[dict[str, int], ...] = (
     {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 2},
@@ -52,6 +42,19 @@ GPU_RUNGS: tuple[dict[str, int], ...] = (
     {"d_model": 768, "n_heads": 12, "d_ff": 3072, "n_layers": 12},
     {"d_model": 1024, "n_heads": 16, "d_ff": 4096, "n_layers": 24},
 )
+
+
+# An encoder-decoder must learn to generate as well as to read, and needs more updates for it:
+# English -> German UI messages from scratch (2 cores, two runs side by side, 1 thread each), d_model
+# 128 x 2 layers against the 256 x 3 that 600 updates allowed: at 3 minutes BLEU 17.6 in 1,769
+# updates against 11.2 in 834; at 2 minutes 9.3 in 1,229 against 3.0 in 524.
+STEPS_FACTOR = {"seq2seq": 2}
+
+
+def min_steps(model: str) -> int:
+    """The updates a model of kind `model` ("encoder", "classifier", "seq2seq", ...) must get:
+    MIN_STEPS, times its STEPS_FACTOR."""
+    return MIN_STEPS * STEPS_FACTOR.get(model, 1)
 
 
 SAVE_BYTES_PER_SECOND = 100e6  # writing a checkpoint, at least (a busy disk; weights + 2 moments)
