@@ -313,8 +313,8 @@ def test_non_finite_loss_stops_keeping_the_last_good_checkpoint(tmp_path, monkey
 
     real, calls = train_module.train_step, []
 
-    def nan_at_step_3(*args):
-        loss, *rest = real(*args)
+    def nan_at_step_3(*args, **kwargs):
+        loss, *rest = real(*args, **kwargs)
         calls.append(1)
         return (float("nan") if len(calls) == 3 else loss), *rest
 

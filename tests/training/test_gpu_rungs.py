@@ -91,16 +91,17 @@ def test_a_rung_pays_for_building_and_saving_its_model_out_of_the_training_time(
 
 
 def test_an_encoder_decoder_takes_the_largest_rung_that_gets_twice_the_updates(tmp_path, monkeypatch):
-    """A seq2seq model needs sizing.min_steps("seq2seq") = 2 x MIN_STEPS updates (at 3 minutes
+    """A seq2seq model needs Seq2Seq.steps_factor = 2 x MIN_STEPS updates (at 3 minutes
     an English -> German d_model 128 model's 1,769 updates tested BLEU 17.6, the 256 x 3 model
     that 600 allowed 11.2 in 834): where a rung's updates fall between the two, a classifier
     takes it and an encoder-decoder does not."""
     from tformer.config import TransformerConfig
     from tformer.kinds.classification import Classification
+    from tformer.kinds.seq2seq import Seq2Seq
     from tformer.training import config as training_config
     from tformer.training.plan import DataSummary, make_plan
 
-    assert sizing.min_steps("seq2seq") == 2 * sizing.MIN_STEPS and sizing.min_steps("classifier") == sizing.MIN_STEPS
+    assert Seq2Seq.steps_factor == 2 and Classification.steps_factor == 1
     monkeypatch.chdir(tmp_path)
     (tmp_path / "d.jsonl").write_text("".join(f'{{"text": "t {i}", "label": "{i % 2}"}}\n' for i in range(40)))
     config = training_config.resolve_config({"data": "d.jsonl", "max_minutes": 3, "max_length": 64},
@@ -109,7 +110,9 @@ def test_an_encoder_decoder_takes_the_largest_rung_that_gets_twice_the_updates(t
     for kind in ("classifier", "seq2seq"):
         model = TransformerConfig(d_model=128, n_heads=4, d_ff=512, n_layers=2, vocab_size=4000, n_classes=2,
                                   max_len=512)
-        data = DataSummary(kind, model, tuple((20,) for _ in range(100)), 4000, 250, 260, False)
+        factor = Seq2Seq.steps_factor if kind == "seq2seq" else Classification.steps_factor
+        data = DataSummary(kind, model, tuple((20,) for _ in range(100)), 4000, 250, 260, False,
+                           steps_factor=factor)
 
         class Speeds:  # 256 x 3: ~900 updates in the 162 s of training; 384 x 4: ~400
             def step_seconds(self, config, model, kind, tokens, length, precision):

@@ -293,8 +293,7 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
         t, before = time.perf_counter(), prepared(batches)
         loss, acc, tokens, examples = train_step(model, optimizer, objective, batches, config, lr,
                                                  world, half, scaler, warm=warmed)
-        aside = prepared(batches, before, config.accumulate)  # a pool's tokenizing, past this update's share
-        warm = sum(warmed or ())
+        aside, warm = prepared(batches, before, config.accumulate), sum(warmed or ())  # (tokenizing a pool)
         seconds = time.perf_counter() - t - aside - warm
         budget.stepped(seconds, examples, aside + warm)
         state["step"] += 1
@@ -302,8 +301,7 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
         line, new = first.stepped(half, seconds, tokens, left, state["step"], warm)
         if line:
             (bar.write if progress and writer else log)(line)
-        bf16 = first.bf16
-        state["precision"] = plan.half if bf16 else "fp32"
+        state["precision"] = plan.half if first.bf16 else "fp32"
         if new is not None:  # the real pace called for another size: built again, from step 0
             plan, config = new, new.config
             objective = replanned(objective, plan, data, run_dir if writer else None, bar.write)

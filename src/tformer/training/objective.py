@@ -83,6 +83,7 @@ class Objective(ABC):
     kind = ""  # the kind's name (tformer.kinds): reports, run directories
     model_kind = ""  # the architecture tformer.config.sizes sizes: "seq2seq", "classifier" or "encoder"
     predict_cost = 0.5  # predicting one example, in a training step's share of one (a forward's ~1/3)
+    steps_factor = 1.0  # the updates a model sized from scratch must get, in sizing.MIN_STEPS
     # The latest evaluate's loss pass: (seconds, examples), which the budget times apart from the
     # predictions (tformer.training.budget.Budget.validated); a kind without one leaves (0.0, 0).
     loss_pass: tuple[float, int] = (0.0, 0)

@@ -38,7 +38,6 @@ from tformer.training.sizing import (
     choose_length,
     choose_size,
     fixed_seconds,
-    min_steps,
     scratch_lr,
     wants_auto_length,
     wants_auto_size,
@@ -81,6 +80,7 @@ class DataSummary:
     test_examples: int
     pretrained: bool = False
     predict_cost: float = PREDICT_COST_DEFAULT  # one example's prediction, in a step's share of one
+    steps_factor: float = 1.0  # the updates its model must get, in MIN_STEPS (Objective.steps_factor)
 
     def cut_share(self, length: int) -> float:
         """The share of the sampled examples whose longest text `length` cuts."""
@@ -179,7 +179,7 @@ def make_plan(config, data: DataSummary, speeds: Speeds, seconds: float, resume:
     if sized:
         config, why = choose_size(config, training, step, "not known on this machine", rungs,
                                   lambda c: sum(fixed_seconds(parameter_count(data.model_for(c), data.kind))),
-                                  min_steps(data.kind))
+                                  data.steps_factor)
         reasons.append(("model size", why))
     if not resume and not data.pretrained:  # (a resumed run keeps the rate it saved)
         config, why = scratch_lr(config)

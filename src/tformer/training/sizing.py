@@ -2,7 +2,7 @@
 
 With --max-minutes and no size option (--d-model, --n-heads, --d-ff, --n-layers,
 --n-decoder-layers), a run from scratch takes the largest model of a ladder that still gets
-MIN_STEPS updates (an encoder-decoder twice that: STEPS_FACTOR) in its training time, less
+MIN_STEPS updates (times its kind's Objective.steps_factor) in its training time, less
 what building and saving the model take (fixed_seconds), at this machine's measured speed: the smallest
 rung's step is timed on real batches of the data, and the others' are estimated from their
 FLOPs per token (matrix products are most of a step, and their time follows their FLOPs).
@@ -44,19 +44,6 @@ GPU_RUNGS: tuple[dict[str, int], ...] = (
 )
 
 
-# An encoder-decoder must learn to generate as well as to read, and needs more updates for it:
-# English -> German UI messages from scratch (2 cores, two runs side by side, 1 thread each), d_model
-# 128 x 2 layers against the 256 x 3 that 600 updates allowed: at 3 minutes BLEU 17.6 in 1,769
-# updates against 11.2 in 834; at 2 minutes 9.3 in 1,229 against 3.0 in 524.
-STEPS_FACTOR = {"seq2seq": 2}
-
-
-def min_steps(model: str) -> int:
-    """The updates a model of kind `model` ("encoder", "classifier", "seq2seq", ...) must get:
-    MIN_STEPS, times its STEPS_FACTOR."""
-    return MIN_STEPS * STEPS_FACTOR.get(model, 1)
-
-
 SAVE_BYTES_PER_SECOND = 100e6  # writing a checkpoint, at least (a busy disk; weights + 2 moments)
 BUILD_SECONDS_PER_PARAMETER = 5e-8  # initialising a model (~1 s for 20 M parameters on one core)
 
@@ -88,16 +75,16 @@ def measures_rungs(device) -> bool:
 
 def choose_size(config, seconds: float, seconds_per_step, not_measured: str = "",
                 extra_rungs: tuple[dict[str, int], ...] = (), fixed=lambda config: 0.0,
-                least: int | None = None) -> tuple[Any, str]:
+                factor: float = 1.0) -> tuple[Any, str]:
     """(the config with the chosen sizes, why): the largest rung of LADDER, then of `extra_rungs`
     (``rungs_for``: a GPU's), whose step time (``seconds_per_step(config)``: seconds per update
     of that config's model, as the plan's speeds give it: estimated from FLOPs at this machine's
     rate, or timed on a GPU; None: not known, and the smallest rung stands, `not_measured`
-    saying why) still buys `least` updates (MIN_STEPS where None: ``min_steps`` gives a
-    kind's) in `seconds`, the training time left, less what
+    saying why) still buys `factor` x MIN_STEPS updates (a kind asks more with its
+    Objective.steps_factor) in `seconds`, the training time left, less what
     its model costs besides its updates (``fixed(config)``: building and saving it; on an H200
     BERT-base's step afforded a 1-minute run 900 updates, but writing its checkpoints ~50 s)."""
-    least = MIN_STEPS if least is None else least
+    least = round(MIN_STEPS * factor)
     chosen = LADDER[0]
     per_step = seconds_per_step(config.replace(**chosen))
     size = f"d_model {chosen['d_model']}, {chosen['n_layers']} layers"
