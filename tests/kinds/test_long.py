@@ -268,20 +268,25 @@ def test_embed_reads_a_model_directorys_long_text_in_windows_where_asked(capsys)
     assert np.abs(np.array(cut) - st.encode([long], on_long=lambda *_: None)).max() <= 1e-6
 
 
-def test_a_fine_tunes_plan_reads_its_texts_at_the_models_length(tmp_path):
-    """A fine-tune's plan counted its texts' tokens cut at the preset's 64 (none cut at 128:
-    "whole for 100%" where 78% of the man pages' DESCRIPTIONs were longer), and the length it
-    chose never reached its batches (data.json said 64 after "max length: 128 tokens")."""
+def _bert_and_long_texts(tmp_path):
+    """(a BERT-format folder of 256 positions, a file of 200 two-label texts of 102 tokens each)."""
     from hf_bert_fixtures import make_bert_dir
-
-    from tformer.kinds import make_objective, resolve_config
-    from tformer.training.planning import summarize
 
     model = make_bert_dir(tmp_path / "bert", max_position_embeddings=256)
     rng = random.Random(0)
     rows = [{"text": " ".join(rng.choice(["the", "cat", "dog", "sat", "mat"]) for _ in range(100)),
-             "label": rng.choice(["yes", "no"])} for _ in range(200)]  # 102 tokens each
-    data = write(tmp_path / "d.jsonl", rows)
+             "label": rng.choice(["yes", "no"])} for _ in range(200)]
+    return model, write(tmp_path / "d.jsonl", rows)
+
+
+def test_a_fine_tunes_plan_reads_its_texts_at_the_models_length(tmp_path):
+    """A fine-tune's plan counted its texts' tokens cut at the preset's 64 (none cut at 128:
+    "whole for 100%" where 78% of the man pages' DESCRIPTIONs were longer), and the length it
+    chose never reached its batches (data.json said 64 after "max length: 128 tokens")."""
+    from tformer.kinds import make_objective, resolve_config
+    from tformer.training.planning import summarize
+
+    model, data = _bert_and_long_texts(tmp_path)
     config = resolve_config({"data": str(data), "from_pretrained": str(model), "max_minutes": 0.5,
                              "out": str(tmp_path / "x")})
     assert config.max_length == 64  # the fine-tune preset's, where the plan starts
@@ -296,13 +301,7 @@ def test_a_fine_tunes_plan_reads_its_texts_at_the_models_length(tmp_path):
 def test_a_fine_tune_trains_at_the_length_its_plan_chose(tmp_path):
     """The length a fine-tune's plan chose is the one its batches get (data.json said 64 after
     "max length: 128 tokens")."""
-    from hf_bert_fixtures import make_bert_dir
-
-    model = make_bert_dir(tmp_path / "bert", max_position_embeddings=256)
-    rng = random.Random(0)
-    rows = [{"text": " ".join(rng.choice(["the", "cat", "dog", "sat", "mat"]) for _ in range(100)),
-             "label": rng.choice(["yes", "no"])} for _ in range(200)]  # 102 tokens each
-    data = write(tmp_path / "d.jsonl", rows)
+    model, data = _bert_and_long_texts(tmp_path)
     log: list[str] = []
     run = tformer.train(data=str(data), from_pretrained=str(model), max_minutes=0.5, out=str(tmp_path / "ft"),
                         progress=False, log=log.append)

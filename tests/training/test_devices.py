@@ -71,19 +71,26 @@ def test_the_precision_is_chosen_for_the_device(monkeypatch):
         training_precision.choose_precision("bf16", mps)
 
 
+def _three_updates(config, **step):
+    """(model, optimizer) after 3 train_step updates from seed 0 of the reverse task, with `step`'s
+    keyword arguments."""
+    objective = make_objective(config)
+    torch.manual_seed(0)
+    model = objective.build_model()
+    optimizer = make_optimizer(model, config)
+    batches = objective.train_batches(0)
+    for _ in range(3):
+        train_step(model, optimizer, objective, batches, config, 1e-3, **step)
+    return model, optimizer
+
+
 def test_grad_scaler_steps_equal_plain_steps_where_nothing_overflows(tmp_path):
     """fp16's loss scaling is a power of two: scaled, unscaled before clipping, the update is
     the plain one, bit for bit (the scaler path of train_step, run on the CPU)."""
     config = resolve_config({"task": "reverse", **TINY, "dropout": 0.0})
-    objective = make_objective(config)
     weights = []
     for scaler in (None, torch.amp.GradScaler("cpu", init_scale=2.0**8)):
-        torch.manual_seed(0)
-        model = objective.build_model()
-        optimizer = make_optimizer(model, config)
-        batches = objective.train_batches(0)
-        for _ in range(3):
-            train_step(model, optimizer, objective, batches, config, 1e-3, scaler=scaler)
+        model, _ = _three_updates(config, scaler=scaler)
         weights.append({k: v.clone() for k, v in model.state_dict().items()})
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
@@ -93,15 +100,9 @@ def test_a_warm_pass_leaves_the_update_and_the_random_draws_as_they_were():
     optimizer's moments and the global generator come out bit for bit as without it (dropout
     0.1 draws in both passes), and its seconds are handed back, one entry an update."""
     config = resolve_config({"task": "reverse", **TINY})
-    objective = make_objective(config)
     after = []
     for warm in (None, []):
-        torch.manual_seed(0)
-        model = objective.build_model()
-        optimizer = make_optimizer(model, config)
-        batches = objective.train_batches(0)
-        for _ in range(3):
-            train_step(model, optimizer, objective, batches, config, 1e-3, warm=warm)
+        model, optimizer = _three_updates(config, warm=warm)
         moments = [v.clone() for state in optimizer.state.values() for v in state.values()
                    if torch.is_tensor(v)]
         after.append(({k: v.clone() for k, v in model.state_dict().items()}, moments, torch.get_rng_state()))
@@ -109,5 +110,6 @@ def test_a_warm_pass_leaves_the_update_and_the_random_draws_as_they_were():
             assert len(warm) == 3 and all(seconds > 0 for seconds in warm)
     (weights, moments, rng), (weights_w, moments_w, rng_w) = after
     assert all(torch.equal(weights[k], weights_w[k]) for k in weights)
-    assert len(moments) == len(moments_w) > 0 and all(torch.equal(a, b) for a, b in zip(moments, moments_w, strict=True))
+    assert len(moments) == len(moments_w) > 0
+    assert all(torch.equal(a, b) for a, b in zip(moments, moments_w, strict=True))
     assert torch.equal(rng, rng_w)
