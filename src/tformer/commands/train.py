@@ -34,8 +34,8 @@ GROUPS = (
       "norm_first", "activation", "pooling", "auto_size")),
     ("text", ("tokenizer", "vocab_size", "lowercase", "max_length", "auto_length", "long")),
     ("optimisation", ("lr", "warmup", "schedule", "batch_size", "max_tokens", "accumulate", "weight_decay",
-                      "label_smoothing", "class_weights", "score_loss", "clip_grad", "precision", "device",
-                      "tf32", "seed")),
+                      "label_smoothing", "class_weights", "head_init", "score_loss", "clip_grad", "precision",
+                      "device", "tf32", "seed")),
     ("evaluation and files",
      ("eval_every", "log_every", "valid_size", "test_size", "out", "keep", "threads", "report_to")),
 )
@@ -45,7 +45,7 @@ GROUPS = (
 # splits), only the tasks read, and the one only a classifier reads.
 DATA_ONLY = {"data", "valid", "test", "columns", "from_pretrained", "tokenizer", "vocab_size", "lowercase",
              "max_tokens", "epochs", "auto_length", "auto_size", "pretrained_dropout", "long",
-             "label_separator", "class_weights", "score_loss"}
+             "label_separator", "class_weights", "head_init", "score_loss"}
 TASKS_ONLY = {"task", "valid_size", "test_size"}
 # What a fine-tune takes from its pretrained model where the option is not given.
 FROM_THE_MODEL = {"lr": "by the model's width", "dropout": "the pretrained model's"}

@@ -45,7 +45,7 @@ from tformer.nn.model import EncoderClassifier, from_pretrained
 from tformer.storage.files import json_bytes
 from tformer.text.arguments import pairs_list
 from tformer.text.batches import EncoderBatch, encoder_batch
-from tformer.training import evaluation
+from tformer.training import evaluation, probe
 from tformer.training.examples import LabeledExample
 from tformer.training.losses import at_least_fp32
 from tformer.training.objective import Objective, Tally
@@ -63,7 +63,7 @@ MAJORITY = "the majority class"  # the trivial baseline
 
 class Classification(Objective):
     kind, fields, preset = FIELDS.objective, FIELDS, PRESET
-    reads = ("pooling", "long", "class_weights")
+    reads = ("pooling", "long", "class_weights", "head_init")
     pools = "mean"  # a long text's windows: the mean of their logits (tformer.training.windows)
     model_kind = "classifier"
     main_metric = "accuracy"
@@ -141,6 +141,16 @@ class Classification(Objective):
             nn.init.zeros_(model.head.bias)
             return model.train()
         return self.model_class(model_config or self.model_config())
+
+    probes_head = True  # (measured: tformer.training.probe)
+
+    def fit_head(self, model: nn.Module, features: Tensor, targets: Tensor) -> str:
+        """The head of the multinomial logistic regression of the labels on the features."""
+        weight, bias, what = probe.softmax_head(features, targets, len(self.labels))
+        with torch.no_grad():
+            model.head.weight.copy_(weight)
+            model.head.bias.copy_(bias)
+        return what
 
     def encode(self, examples: list) -> list[LabeledExample]:
         s = self.source

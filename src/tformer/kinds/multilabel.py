@@ -129,6 +129,7 @@ class MultiLabel(Classification):
     job = "multi-label classification"
     loss_from_predictions = False  # (its loss pass is its own: Classification's reads one label)
     model_class = MultiLabelClassifier
+    probes_head = False  # (a softmax's probe: one label of many; not yet one per label)
 
     def __init__(self, source, pretrained=None) -> None:
         super().__init__(source, pretrained)

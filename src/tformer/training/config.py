@@ -28,6 +28,7 @@ SCHEDULES = ("inverse_sqrt", "cosine", "linear")
 PRECISIONS = ("auto", "fp32", "bf16")
 LONG = ("auto", "windows", "cut")  # --long (tformer.training.windows)
 CLASS_WEIGHTS = ("auto", "weighted", "none")  # (tformer.kinds.labels)
+HEAD_INITS = ("auto", "random")  # a fine-tune's new head (tformer.training.probe)
 SCORE_LOSSES = ("auto", "bce", "mse")  # --score-loss (tformer.kinds.regression)
 TOKENIZERS = ("bpe", "wordpiece", "unigram")
 # Refused before anything is built: the tokenizer trainer's memory grows with the vocabulary
@@ -88,6 +89,10 @@ class TrainConfig:
     class_weights: str = _f("auto", "classification and multi-label: weighted (a loss weighted towards rare "
                             "labels), none, or auto: weighted for skewed multi-label training labels, "
                             "where it measured better on macro-F1 (the first line says what it did)")
+    head_init: str = _f("auto", "classification fine-tunes: the new head's start, auto (fitted to the "
+                        "pretrained model's features of up to 512 training examples before the first "
+                        "update: a linear probe, where 5% of the training time pays for 64 or more) or "
+                        "random (small random weights, as transformers starts it)")
     score_loss: str = _f("auto", "scores: bce (the binary cross-entropy of the output's sigmoid, for scores "
                          "in [0, 1]), mse (the output's squared error, any scores), or auto: bce where "
                          "every training score lies in [0, 1], where it measured better, else mse")
@@ -167,7 +172,7 @@ class TrainConfig:
             raise FieldError("task", f"expected one of {', '.join(TASKS)}; got {self.task!r}")
         devices.check_spec(self.device)
         for name, choices in (("schedule", SCHEDULES), ("tokenizer", TOKENIZERS), ("precision", PRECISIONS),
-                              ("long", LONG), ("class_weights", CLASS_WEIGHTS),
+                              ("long", LONG), ("class_weights", CLASS_WEIGHTS), ("head_init", HEAD_INITS),
                               ("score_loss", SCORE_LOSSES)):
             if getattr(self, name) not in choices:
                 raise FieldError(name, f"expected one of {', '.join(choices)}; "

@@ -83,6 +83,7 @@ from tformer.training.distributed import any_rank, barrier, rank_and_world
 from tformer.training.first_steps import CONFIRM_UPDATES, FirstSteps
 from tformer.training.objective import Objective
 from tformer.training.planning import plan_run, replanned
+from tformer.training.probe import fit_head
 from tformer.training.report import (
     Meter,
     Progress,
@@ -188,6 +189,7 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
     # A resumed run builds the model its checkpoint holds (a data encoder's config once said relu).
     saved = TransformerConfig.load(check_run_dir(run_dir) / "config.json") if resume else None
     model = objective.build_model(saved).to(device)
+    probed = not resume and fit_head(objective, model, plan.probe_sample, device, bf16, log)  # (fine-tunes)
     optimizer = make_optimizer(model, config)
     state: dict[str, Any] = {"step": 0, "wall_seconds": 0.0, "schedule": config.schedule}
     ended = None  # what stopped a resumed run that had ended, and was killed in its test
@@ -221,7 +223,7 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
 
     key = objective.main_metric
     previous_wall = float(state["wall_seconds"])
-    validates_start = objective.starts_complete and not resume  # (a resumed run validated it)
+    validates_start = (objective.starts_complete or probed) and not resume  # (a resume validated it)
     budget = Budget(config, started, objective.train_records, spent=previous_wall,
                     validates_start=validates_start, pace=state.get("step_seconds"), plan=plan,
                     parameters=n_params)
@@ -249,7 +251,7 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
             reporter.write({"split": "validation", "step": state["step"], **valid,
                             "valid_share": round(budget.valid_share(), 4),
                             "wall_seconds": round(wall(), 2)})
-            what = " (the pretrained model, as it is)" if state["step"] == 0 else ""
+            what = " (the model it starts from)" if state["step"] == 0 else ""
             bar.write(f"step {state['step']}{what}: validation {key} {valid[key]:.4f} "
                       f"loss {valid['loss']:.4f}")
         state["wall_seconds"] = wall()
@@ -358,9 +360,7 @@ def _train(config: TrainConfig, make_objective: Callable[..., Objective], resume
     if budget.timed and state["step"] == 0 and ended is None:
         bar.close()  # out of time before the first update: nothing to test or keep
         raise NoUpdate(config, budget.now(), budget.reserve())
-    state["wall_seconds"] = wall()
-    state["stopped_by"] = stop_reason
-    state["limits"] = limits_of(config)
+    state.update(wall_seconds=wall(), stopped_by=stop_reason, limits=limits_of(config))
     if writer:
         bar.status("saving")
         checkpoint(run_dir, model, optimizer, config, state, best=False)

@@ -103,6 +103,9 @@ class Objective(ABC):
     # reads a text longer than max_length in windows where the run settled on them (--long), and
     # its forward pools their rows (EncoderBatch.pooled); None: the kind cuts long texts.
     pools: str | None = None
+    # A kind that fits a fine-tune's new head to the pretrained features before the first update
+    # (tformer.training.probe) says so, and defines fit_head.
+    probes_head = False
 
     def __init__(self, source: Source, pretrained: ModelDir | None = None) -> None:
         """pretrained: a new fine-tune's --from-pretrained directory, read once where the command
@@ -145,6 +148,12 @@ class Objective(ABC):
         a fine-tune that only hurts still tests the model it started from. False unless a
         subclass says (a new head, or a model from scratch, starts random)."""
         return False
+
+    def fit_head(self, model: nn.Module, features: Tensor, targets: Tensor) -> str:
+        """Set a new fine-tune's head from the pretrained encoder's `features` (N, width) of
+        training examples and their `targets` (N, ...); what was fitted, in a few words (a
+        kind with ``probes_head``: tformer.training.probe)."""
+        raise NotImplementedError(f"{self.kind}: fits no head (probes_head is False)")
 
     def model_width(self) -> int:
         """d_model of the model this objective trains: a pretrained encoder's own, else the

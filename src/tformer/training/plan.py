@@ -38,6 +38,7 @@ from tformer.training.sizing import (
     choose_length,
     choose_size,
     fixed_seconds,
+    probe_plan,
     scratch_lr,
     wants_auto_length,
     wants_auto_size,
@@ -81,6 +82,7 @@ class DataSummary:
     pretrained: bool = False
     predict_cost: float = PREDICT_COST_DEFAULT  # one example's prediction, in a step's share of one
     steps_factor: float = 1.0  # the updates its model must get, in MIN_STEPS (Objective.steps_factor)
+    probes: bool = False  # a fine-tune's new head is fitted to its features first (tformer.training.probe)
 
     def cut_share(self, length: int) -> float:
         """The share of the sampled examples whose longest text `length` cuts."""
@@ -134,6 +136,7 @@ class Plan:
     valid_sample: int | None = None  # examples each validation scores (None: sized by the loop's probe)
     test_seconds: float | None = None  # kept back for the final test from the start
     sized: bool = False  # the model's size was chosen here (a re-plan may choose again)
+    probe_sample: int = 0  # training examples whose features fit a fine-tune's new head (0: none)
     extra: dict = field(default_factory=dict, compare=False)  # for the re-plan: the budget it planned for
 
     @property
@@ -204,8 +207,12 @@ def make_plan(config, data: DataSummary, speeds: Speeds, seconds: float, resume:
         validations, sample, why = validation_plan(training, per_example, data.valid_examples)
         reasons.append(("validation", why))
         test = min(data.test_examples * per_example * TEST_MARGIN, TEST_SHARE * seconds)
+    probe = 0
+    if data.probes and not resume:
+        probe, why = probe_plan(training, per_example, data.train_examples)
+        reasons.append(("head", why))
     return Plan(config, precision, tuple(reasons), half, confirm, per_step, per_example, validations,
-                sample, test, sized, {"seconds": training, "rungs": rungs, "config": start})
+                sample, test, sized, probe, {"seconds": training, "rungs": rungs, "config": start})
 
 
 def validation_plan(training: float, per_example: float, available: int,

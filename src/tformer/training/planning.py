@@ -316,7 +316,8 @@ def summarize(objective: Objective) -> DataSummary:
         model = objective.base_config.replace(n_classes=model.n_classes, max_len=limit)
     return DataSummary(objective.model_kind, model, texts, objective.train_records or 0,
                        len(objective.examples("validation")), len(objective.examples("test")),
-                       bool(config.from_pretrained), objective.predict_cost, objective.steps_factor)
+                       bool(config.from_pretrained), objective.predict_cost, objective.steps_factor,
+                       bool(config.from_pretrained) and objective.probes_head and config.head_init == "auto")
 
 
 def plan_run(objective: Objective, resume: bool, world: int, started: float, log=print,

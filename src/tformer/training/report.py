@@ -28,6 +28,7 @@ from tformer.training.verdict import (
     beats_baseline,  # noqa: F401  (the report's verdicts: tests and older callers import it here)
     judge,
     log_gain_se,
+    started_from,
     tested_as_it_was,
     too_few,
     verdict_of,
@@ -250,15 +251,15 @@ def from_start(record: dict[str, Any], key: str) -> str | None:
     tuned, step = record.get("tuned_validation"), record.get("tuned_step")
     if tested_as_it_was(record):
         if tuned is None:
-            return (f"the weights tested are the pretrained model's as it was (validation {name} "
-                    f"{start:.4f}): no fine-tuning step was validated")
-        return (f"the weights tested are the pretrained model's as it was: no fine-tuning step improved "
-                f"on its validation {name} {start:.4f} (the best, step {step}'s: {tuned:.4f})")
+            return (f"the weights tested are those it started from, {started_from(record)} (validation "
+                    f"{name} {start:.4f}): no fine-tuning step was validated")
+        return (f"the weights tested are those it started from, {started_from(record)}: no fine-tuning "
+                f"step improved on its validation {name} {start:.4f} (the best, step {step}'s: {tuned:.4f})")
     if tuned is None:
         return None
     tested = record.get("tested_step", record["step"])
     which = f"step {tested}" + ("" if tested == record["step"] else ": the best validated weights, tested")
-    return f"validation {name} went from {start:.4f} (the pretrained model) to {tuned:.4f} ({which})"
+    return f"validation {name} went from {start:.4f} ({started_from(record)}) to {tuned:.4f} ({which})"
 
 
 def with_baseline(record: dict[str, Any], key: str, baseline: dict[str, Any]) -> dict[str, Any]:
@@ -321,7 +322,7 @@ def baseline_verdict(record: dict[str, Any], more_examples: str = TRAIN_MORE_EXA
                 f"{by}{margin}: within the test's noise; {train} trains more, and more test examples "
                 "judge more finely")
     if tested_as_it_was(record):  # nothing learned here: no fine-tuning step was kept
-        kept = "the pretrained model, as it was (no fine-tuning step improved on it)"
+        kept = f"{started_from(record)}, as it was (no fine-tuning step improved on it)"
         if beats:
             return f"{kept}: {test} {name} {ours} beats the baseline of {by} ({name} {theirs})"
         return (f"warning: {kept}, does not beat the baseline: {test} {name} {ours} against {theirs} for "

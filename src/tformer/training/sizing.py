@@ -266,3 +266,26 @@ def finetune_lr(config, d_model: int) -> tuple[Any, str]:
     8.2e-5 at 768 (BERT-base)."""
     lr = FINETUNE_LR * math.sqrt(128 / max(d_model, 128))
     return config.replace(lr=lr), f"{lr:.2g} for a {d_model}-wide model (--lr sets it)"
+
+
+# A fine-tune's new head fitted to the pretrained features first (tformer.training.probe).
+PROBE_SHARE = 0.05  # of the training time, at most, for the probe's forward passes
+PROBE_MAX = 512  # examples (measured on man pages, the probe alone: 256 / 512 tested 0.77 / 0.80)
+PROBE_MIN = 64  # fewer fit no head worth its time (a smaller training file: all of it)
+
+
+def probe_plan(training: float, example_seconds: float | None, train_examples: int) -> tuple[int, str]:
+    """(examples whose features fit the head, why): up to PROBE_MAX, as many as PROBE_SHARE of
+    the `training` seconds pays for at `example_seconds` a forward (math.inf or None: untimed);
+    0 (the head starts random) where that is fewer than PROBE_MIN and than the training file."""
+    want = min(train_examples, PROBE_MAX)
+    paid = want
+    if math.isfinite(training) and example_seconds:
+        paid = int(PROBE_SHARE * training / example_seconds)
+    n = min(want, paid)
+    if n < min(PROBE_MIN, train_examples) or n < 1:
+        return 0, (f"random (fitting it to {min(PROBE_MIN, want):,} examples' features would take more "
+                   f"than {PROBE_SHARE:.0%} of the training time)")
+    cost = "" if not example_seconds else f", ~{n * example_seconds:,.1f} s"
+    return n, (f"fitted to the pretrained features of {n:,} training examples before the first "
+               f"update (a linear probe{cost}; --head-init random starts it random)")

@@ -75,7 +75,8 @@ def from_start(metrics_path: Path, objective: Objective) -> dict[str, Any]:
     if not start:
         return {}
     key = objective.main_metric
-    found = {"pretrained_validation": start[-1][key]}
+    # (a kind that probes validates at step 0 only with its head fitted: tformer.training.probe)
+    found = {"pretrained_validation": start[-1][key], "head_probed": objective.probes_head}
     tuned = [r for r in validations if r["step"] > 0]
     if tuned:  # the first of the best, as _track_best keeps it
         best = max(tuned, key=lambda r: selection(objective, r)[1])

@@ -22,6 +22,15 @@ def too_few(record: dict[str, Any]) -> bool:
     return record.get("examples", MIN_VERDICT_EXAMPLES) < MIN_VERDICT_EXAMPLES
 
 
+PRETRAINED = "the pretrained model"
+PROBED = "the pretrained encoder and a head fitted to its features"  # (tformer.training.probe)
+
+
+def started_from(record: dict[str, Any]) -> str:
+    """What a fine-tune validated at step 0 started from: PRETRAINED (as it was) or PROBED."""
+    return PROBED if record.get("head_probed") else PRETRAINED
+
+
 def tested_as_it_was(record: dict[str, Any]) -> bool:
     """Whether a test record's weights are its pretrained model's as they were: a fine-tune
     validated at step 0 (its pretrained_validation) none of whose steps beat that on validation."""
