@@ -178,7 +178,7 @@ def test_packed_training_in_buckets_matches_readable(tiny_config, call_scores, m
         assert_close(grads[name], grads_r[name], what=f"grad {name}")
 
 
-def test_an_attention_calls_price_is_measured_once_without_touching_the_draws(monkeypatch):
+def test_an_attention_calls_price_is_measured_once_without_touching_the_draws(monkeypatch, tmp_path):
     """attention_call_scores: a call's price in scores, from two calls timed once (a positive
     number on any machine: a call has a cost of its own); measuring draws dropout on a forked
     generator, so a run's draws do not depend on whether it was known; 0 (a call per group)
@@ -187,6 +187,7 @@ def test_an_attention_calls_price_is_measured_once_without_touching_the_draws(mo
 
     monkeypatch.setattr(autotune, "_memory", {})
     monkeypatch.setattr(autotune, "_defaults", {})
+    monkeypatch.setenv("TFORMER_CACHE_DIR", str(tmp_path))  # (the session's cache: an earlier run's choices)
     with autotune.measuring(0.0):
         assert attention_kernels.attention_call_scores(4, 8, 0.1) == 0.0
     autotune._defaults.clear()

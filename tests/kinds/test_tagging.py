@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from cli_helpers import run_cli
-from hf_bert_fixtures import make_bert_dir
+from hf_bert_fixtures import bert_dir, make_bert_dir
 
 import tformer
 from tformer.commands.cli import main
@@ -267,6 +267,29 @@ def test_a_fine_tune_starts_from_the_encoder_with_a_new_head(bert_run):
     encoder = from_pretrained(base)
     assert model.encoder.pos_emb.weight.equal(encoder.pos_emb.weight) and model.encoder.pooler is None
     assert model.head.bias.eq(0).all() and 0.005 < model.head.weight.std() < 0.05
+
+
+def test_a_tagging_fine_tune_fits_its_head_to_each_labelled_tokens_vector(tmp_path):
+    from tformer.kinds import make_objective, resolve_config
+    from tformer.training import probe
+
+    data = write_jsonl(tmp_path / "train.jsonl", tag_rows(60))
+    config = resolve_config({"data": str(data), "from_pretrained": str(bert_dir()), "threads": 1,
+                             "max_tokens": 2048})
+    (tmp_path / "run").mkdir()
+    objective = make_objective(config, tmp_path / "run")
+    model = objective.build_model()
+    features, labels, seen = probe.training_features(objective, model, 16, torch.device("cpu"), False)
+    first = next(objective.train_batches(0))
+    kept = first.labels != -100  # each word's first sub-word
+    assert seen == len(first.input_ids) and len(features) == int(kept.sum()) > seen  # a row a word
+    assert torch.equal(labels, first.labels[kept])
+    with torch.no_grad():
+        hidden = model.eval().encoder(first.input_ids, first.attention_mask).last_hidden_state
+    assert torch.allclose(features.float(), hidden[kept], atol=1e-5)
+    said: list[str] = []
+    assert probe.fit_head(objective, model, 16, torch.device("cpu"), False, said.append)
+    assert said[0].startswith("head: a linear probe") and f"({len(features):,} rows)" in said[0], said
 
 
 def test_an_hf_export_is_a_bert_to_fine_tune_from(bert_run, tmp_path):

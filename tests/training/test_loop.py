@@ -438,15 +438,19 @@ def _validated_steps(run) -> list[int]:
     return [r["step"] for r in lines if r["split"] == "validation"]
 
 
-@pytest.mark.parametrize("run, validated", [("embedding fine-tune", True), ("classification fine-tune", False),
+@pytest.mark.parametrize("run, validated", [("embedding fine-tune", True), ("classification fine-tune", True),
+                                            ("classification fine-tune, random head", False),
                                             ("embedding from scratch", False)])
 def test_only_a_fine_tune_whose_model_is_whole_is_validated_before_its_first_update(
         tmp_path, embedding_fine_tune, run, validated):
-    """A sentence-embedding fine-tune adds no parameter to its pretrained encoder: it is validated
-    at step 0. A classification fine-tune's new head, and a model from scratch, start random."""
+    """A sentence-embedding fine-tune adds no parameter to its pretrained encoder, and a
+    classification fine-tune's new head is fitted to its features first (tformer.training.probe):
+    both are validated at step 0. A random head (--head-init random), and a model from scratch,
+    start random."""
     options = {**embedding_fine_tune, **START, "out": str(tmp_path / "run")}
-    if run == "classification fine-tune":
-        options |= {"data": str(write(tmp_path / "c.jsonl", classification_rows())), "valid": None, "test": None}
+    if run.startswith("classification fine-tune"):
+        options |= {"data": str(write(tmp_path / "c.jsonl", classification_rows())), "valid": None, "test": None,
+                    "head_init": "random" if run.endswith("random head") else "auto"}
     elif run == "embedding from scratch":
         options |= {"from_pretrained": None, "d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1,
                     "vocab_size": 300, "max_tokens": 512}
@@ -455,7 +459,8 @@ def test_only_a_fine_tune_whose_model_is_whole_is_validated_before_its_first_upd
     steps = _validated_steps(tmp_path / "run")
     assert steps == ([0, 2, 4] if validated else [2, 4]), steps
     assert ("pretrained_validation" in record) == validated, record
-    if validated:  # the test record says how the weights tested compare to the start
+    assert record.get("head_probed", False) == (run == "classification fine-tune"), record
+    if run == "embedding fine-tune":  # the test record says how the weights tested compare to the start
         lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
         start = next(r for r in lines if r["split"] == "validation" and r["step"] == 0)
         assert record["pretrained_validation"] == start["mrr_at_10"]
@@ -465,7 +470,7 @@ def test_only_a_fine_tune_whose_model_is_whole_is_validated_before_its_first_upd
             assert f"validation MRR@10 went from {start['mrr_at_10']:.4f} (the pretrained model) to " \
                    f"{record['tuned_validation']:.4f} (step {tested}" in said[0], said
         else:
-            assert "the weights tested are the pretrained model's as it was" in said[0], said
+            assert "the weights tested are those it started from, the pretrained model:" in said[0], said
 
 
 def test_a_fine_tune_that_only_hurts_tests_the_pretrained_weights_and_says_so(tmp_path, embedding_fine_tune,
@@ -487,9 +492,9 @@ def test_a_fine_tune_that_only_hurts_tests_the_pretrained_weights_and_says_so(tm
     best_step = max((2, 4, 6), key=lambda s: (valid[s], -s))
     assert (test["pretrained_validation"], test["tuned_validation"], test["tuned_step"]) == \
         (valid[0], valid[best_step], best_step)
-    assert (f"after 6 steps, {test['wall_seconds']:.1f} s; the weights tested are the pretrained model's as it "
-            f"was: no fine-tuning step improved on its validation MRR@10 {valid[0]:.4f} (the best, step "
-            f"{best_step}'s: {valid[best_step]:.4f})") in shown, shown
+    assert (f"after 6 steps, {test['wall_seconds']:.1f} s; the weights tested are those it started from, the "
+            f"pretrained model: no fine-tuning step improved on its validation MRR@10 {valid[0]:.4f} (the best, "
+            f"step {best_step}'s: {valid[best_step]:.4f})") in shown, shown
     assert "the pretrained model, as it was (no fine-tuning step improved on it)" in shown, shown  # the verdict
     pretrained = from_pretrained(embedding_fine_tune["from_pretrained"]).state_dict()
     best = load_file(str(out / "best.safetensors"))

@@ -70,6 +70,33 @@ def test_the_penalty_is_chosen_on_the_held_out_fifth():
     assert float(what.split("L2 ")[1].split(",")[0]) > probe.L2_GRID[0], what
 
 
+def test_the_logistic_regressions_per_label_are_scikit_learns_with_the_positives_weighted():
+    sklearn = pytest.importorskip("sklearn.linear_model")
+    x, _ = _blobs(150, 3, 5, spread=4.0)
+    x = (x - x.mean(0)) / x.std(0)
+    g = torch.Generator().manual_seed(1)
+    targets = (x[:, :3] + torch.randn(150, 3, generator=g, dtype=torch.float64) > 0.6).double()  # (N, 3)
+    pos_weight, l2 = torch.tensor([1.0, 2.5, 4.0], dtype=torch.float64), 0.01
+    w, b = probe.logistic(x, targets, 3, l2, pos_weight)
+    # Its loss is the mean over N x C decisions: label c's share is mean_N(BCE_c) / C + l2 |w_c|^2,
+    # scikit-learn's with C = 1 / (2 C l2 N) and the positives weighted by class_weight.
+    for c in range(3):
+        theirs = sklearn.LogisticRegression(C=1 / (2 * 3 * l2 * len(x)), tol=1e-10, max_iter=10_000,
+                                            class_weight={0: 1.0, 1: float(pos_weight[c])})
+        theirs.fit(x.numpy(), targets[:, c].numpy())
+        reference = torch.from_numpy(theirs.decision_function(x.numpy()))
+        assert torch.allclose(x @ w[c] + b[c], reference, atol=2e-5), c
+
+
+def test_a_multi_label_head_is_chosen_by_its_held_out_loss():
+    x, _ = _blobs(200, 2, 6, spread=2.0)
+    targets = torch.stack([x[:, 0] > x[:, 0].median(), x[:, 1] > x[:, 1].median()], 1).double()
+    weight, bias, what = probe.sigmoid_head(x, targets)
+    assert weight.shape == (2, 6) and "a logistic regression per label" in what and "loss" in what
+    chosen = (x.float() @ weight.T + bias) > 0
+    assert chosen.eq(targets.bool()).double().mean() > 0.9
+
+
 def test_a_constant_feature_is_not_divided_by_zero():
     x, y = _blobs(50, 2, 4)
     x[:, 2] = 7.0
@@ -121,14 +148,14 @@ def test_the_probe_sets_the_head_and_leaves_the_random_draws_as_they_were(tmp_pa
     said: list[str] = []
     assert probe.fit_head(objective, model, 64, torch.device("cpu"), False, said.append)
     assert torch.equal(torch.get_rng_state(), state)
-    features, labels = probe.training_features(objective, model, 64, torch.device("cpu"), False)
+    features, labels, seen = probe.training_features(objective, model, 64, torch.device("cpu"), False)
+    assert seen == len(features) >= 64  # (the first batch, whole)
     weight, bias, _ = probe.softmax_head(features, labels, len(objective.labels))
     assert torch.equal(model.head.weight, weight) and torch.equal(model.head.bias, bias)
     with torch.no_grad():  # the head's logits are the model's own, dropout aside
         first = next(objective.train_batches(0))
         logits = model.eval()(first.input_ids, first.attention_mask, first.token_type_ids).logits
-    assert len(logits) >= 64  # (the probe took the first batch's first 64 rows)
-    assert torch.allclose(logits[:64], features.float() @ weight.T + bias, atol=1e-4)
+    assert torch.allclose(logits, features[: len(logits)].float() @ weight.T + bias, atol=1e-4)
 
 
 def test_head_init_random_starts_the_head_as_transformers_does(tmp_path, pretrained):

@@ -150,7 +150,7 @@ def _weights_as_they_were(run_dir: str) -> dict:
     tests = [r for r in read_metrics(Path(run_dir) / "metrics.jsonl") if r.get("split") == "test"]
     if not tests or not tested_as_it_was(tests[-1]):
         return {}
-    keys = ("tested_step", "pretrained_validation", "tuned_validation", "tuned_step")
+    keys = ("tested_step", "pretrained_validation", "tuned_validation", "tuned_step", "head_probed")
     return {k: tests[-1][k] for k in keys if k in tests[-1]}
 
 

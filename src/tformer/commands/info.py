@@ -253,7 +253,9 @@ def _run_rows(run_dir, saved) -> list[tuple[str, str]]:
             tested = t.get("tested_step", t["step"])  # the best validated weights, when not the last
             weights = f"; the weights of step {tested} tested" if tested != t["step"] else ""
             if tested_as_it_was(t):  # a fine-tune none of whose steps beat its start on validation
-                weights = "; the pretrained model's weights, as they were, tested"
+                weights = ("; the pretrained encoder and the head fitted to it, as they started, "
+                           "tested" if t.get("head_probed") else "; the pretrained model's weights, as they "
+                           "were, tested")
             rows.append(("test", f"{shown} (step {t['step']}, {t['wall_seconds']:.0f} s{weights})"))
             verdict = baseline_verdict(t)
             if verdict:  # a run that did not beat its trivial baseline says so (older runs: none)

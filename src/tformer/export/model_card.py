@@ -112,8 +112,10 @@ def start_lines(metrics: dict[str, Any]) -> list[str]:
         return []
     start, tuned = metrics["pretrained_validation"], metrics.get("tuned_validation")
     best = f"; the best fine-tuned step's: {tuned:.4g}" if isinstance(tuned, (int, float)) else ""
-    return ["", f"These are the base model's weights as they were: no fine-tuning step improved on its "
-                f"validation score ({start:.4g}{best})."]
+    these = ("the base model's encoder as it was, and a head fitted to its features before fine-tuning"
+             if metrics.get("head_probed") else "the base model's weights as they were")
+    return ["", f"These are {these}: no fine-tuning step improved on its validation score "
+                f"({start:.4g}{best})."]
 
 
 def local_name(path: str | None) -> str | None:

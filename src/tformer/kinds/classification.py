@@ -145,12 +145,7 @@ class Classification(Objective):
     probes_head = True  # (measured: tformer.training.probe)
 
     def fit_head(self, model: nn.Module, features: Tensor, targets: Tensor) -> str:
-        """The head of the multinomial logistic regression of the labels on the features."""
-        weight, bias, what = probe.softmax_head(features, targets, len(self.labels))
-        with torch.no_grad():
-            model.head.weight.copy_(weight)
-            model.head.bias.copy_(bias)
-        return what
+        return probe.fit_softmax(model.head, features, targets)
 
     def encode(self, examples: list) -> list[LabeledExample]:
         s = self.source

@@ -45,6 +45,7 @@ from tformer.kinds.run import check_batch_size, texts_of
 from tformer.nn.heads import MultiLabelClassifier
 from tformer.text.arguments import pairs_list
 from tformer.text.batches import EncoderBatch, encoder_batch
+from tformer.training import probe
 from tformer.training.examples import TextExample
 from tformer.training.label_sets import Counts, choose_thresholds, micro_f1_interval
 from tformer.training.losses import at_least_fp32
@@ -124,12 +125,11 @@ class LabelSetExample(TextExample):
 
 class MultiLabel(Classification):
     kind, fields, preset = FIELDS.objective, FIELDS, PRESET
-    reads = ("pooling", "long", "class_weights", "label_separator")
+    reads = ("pooling", "long", "class_weights", "label_separator", "head_init")
     main_metric = "micro_f1"
     job = "multi-label classification"
     loss_from_predictions = False  # (its loss pass is its own: Classification's reads one label)
     model_class = MultiLabelClassifier
-    probes_head = False  # (a softmax's probe: one label of many; not yet one per label)
 
     def __init__(self, source, pretrained=None) -> None:
         super().__init__(source, pretrained)
@@ -145,6 +145,10 @@ class MultiLabel(Classification):
             with torch.no_grad():
                 model.head.bias.copy_(prior)
         return model
+
+    def fit_head(self, model: nn.Module, features: Tensor, targets: Tensor) -> str:
+        """A logistic regression per label, its positives weighted as the loss weighs them."""
+        return probe.fit_sigmoid(model.head, features, targets, self.weighting[0])
 
     def prior_logits(self) -> Tensor | None:
         """(C,) each label's starting logit: log(w p / (1 - p)) for a label in a share p of the

@@ -35,16 +35,17 @@ from tformer.formats import hf_bert
 from tformer.kinds.base import Kind
 from tformer.kinds.run import Run, check_batch_size, texts_of
 from tformer.kinds.serving import Item, too_long
+from tformer.kinds.tag_fields import TagFields
 from tformer.nn.heads import TokenClassifier
 from tformer.nn.model import from_pretrained
 from tformer.storage.files import write_json_atomic
 from tformer.text.batches import EncoderBatch, encoder_arrays, pad_arrays
 from tformer.text.word_pieces import IGNORED, Pieces, entity_groups, first_pieces, marked, word_pieces
 from tformer.training import entities as ent
+from tformer.training import probe
 from tformer.training.config import MODEL_OPTIONS
 from tformer.training.losses import at_least_fp32
 from tformer.training.objective import Objective, Tally
-from tformer.training.records import Fields, Record, check_encodable
 from tformer.training.verdict import f1_interval
 
 IGNORE = -100  # a position the loss skips: every sub-word but a word's first, the specials, padding
@@ -54,57 +55,6 @@ BASELINE_BY = "a dictionary of the spans seen in training (those that were entit
 PRESET = {"d_model": 128, "n_heads": 4, "d_ff": 512, "n_layers": 2, "activation": "gelu", "vocab_size": 4000,
           "lr": 5e-4, "warmup": 200, "schedule": "linear", "steps": 10000, "max_tokens": None,
           "batch_size": 32, "eval_every": 250, "patience": 8, "max_length": 128, "label_smoothing": 0.0}
-
-
-class TagFields(Fields):
-    """tokens (a list of strings, or one string split at whitespace) and as many tags (or
-    ner_tags): checked (tformer.training.entities.check_tags) and written as IOB2."""
-
-    def chosen_by(self, names: set[str]) -> bool:
-        return "tokens" in names and bool(names & {"tags", "ner_tags"})
-
-    def check(self, where: str, record: dict[str, Any]) -> Record:
-        if "tags" in record and "ner_tags" in record:
-            raise ValueError(f"{where}: expected tags or ner_tags, got both")
-        name = "tags" if "tags" in record or "ner_tags" not in record else "ner_tags"
-        tokens = self._strings(where, "tokens", record)
-        tags = self._strings(where, name, record)
-        if len(tags) != len(tokens):
-            raise ValueError(f"{where}: {name}: expected one tag per token ({len(tokens)}), got {len(tags)}")
-        ent.check_tags(tags, where, name)
-        return {"tokens": tokens, "tags": ent.to_iob2(tags)}
-
-    @staticmethod
-    def _strings(where: str, name: str, record: dict[str, Any]) -> list[str]:
-        if name not in record:
-            raise ValueError(f"{where}: missing field {name!r} (the record has {', '.join(sorted(record))})")
-        value = record[name]
-        if isinstance(value, str):
-            value = value.split()
-        if not isinstance(value, list):
-            raise ValueError(f"{where}: {name}: expected a list of strings, got {type(value).__name__}")
-        if not value:
-            raise ValueError(f"{where}: {name}: expected at least one, got an empty list")
-        for i, item in enumerate(value):
-            if not isinstance(item, str):
-                hint = (" (class ids: write each tag's name, e.g. B-PER, from the data set's label list)"
-                        if isinstance(item, int) and name != "tokens" else "")
-                raise ValueError(f"{where}: {name}[{i}]: expected a string, got {item!r}{hint}")
-            if not item.strip():
-                raise ValueError(f"{where}: {name}[{i}]: expected text, got {item!r}")
-            check_encodable(where, f"{name}[{i}]", item)
-        return value
-
-    def input_key(self, record: Record) -> str:
-        return " ".join(record["tokens"])
-
-    def labels_of(self, record: Record) -> tuple[str, ...]:
-        if "tags" not in record:
-            return ()
-        return tuple(ent.label_names(t for t, _, _ in ent.entities(record["tags"])))
-
-    def texts_of(self, record: Record) -> list[str]:
-        return [" ".join(record["tokens"])]
 
 
 FIELDS = TagFields("tagging", ("tokens", "tags"), ("ner_tags",), label="tags", min_labels=2)
@@ -136,7 +86,8 @@ class TagExample:
 
 class Tagging(Objective):
     kind, fields, preset = FIELDS.objective, FIELDS, PRESET
-    reads = ("format",)
+    reads = ("format", "head_init")
+    probes_head = True  # (tformer.training.probe: a row a labelled sub-word)
     model_kind = "classifier"  # an encoder and a head over the labels (per token)
     main_metric = "f1"
     inputs = ("text",)
@@ -178,6 +129,16 @@ class Tagging(Objective):
             nn.init.zeros_(model.head.bias)
             return model.train()
         return TokenClassifier(model_config or self.model_config())
+
+    def head_inputs(self, model: nn.Module, batch: EncoderBatch) -> tuple[Tensor, Tensor]:
+        """A row a labelled sub-word (each word's first): its vector, as the head reads it, and its label."""
+        types = batch.token_type_ids if model.config.type_vocab_size else None
+        hidden = model.encoder(batch.input_ids, batch.attention_mask, token_type_ids=types).last_hidden_state
+        kept = batch.labels != IGNORE  # (B, S)
+        return hidden[kept], batch.labels[kept]  # (N, D), (N,)
+
+    def fit_head(self, model: nn.Module, features: Tensor, targets: Tensor) -> str:
+        return probe.fit_softmax(model.head, features, targets)
 
     def saved_config(self, model_config: TransformerConfig, run_dir: Path) -> TransformerConfig:
         self.spans_file = run_dir / SPANS_FILE  # the baseline, as the run learnt it

@@ -391,16 +391,10 @@ class EncoderClassifier(nn.Module):
             x, attention_mask, output_attentions=output_attentions,
             output_hidden_states=output_hidden_states, token_type_ids=token_type_ids,
         )
-        return ClassifierOutput(self.head(self.dropout(self._pooled(out))), out.hidden_states, out.attentions)
+        return ClassifierOutput(self.head(self.dropout(self.pooled(out))), out.hidden_states, out.attentions)
 
-    def features(self, x: Tensor, attention_mask: Tensor | None = None,
-                 token_type_ids: Tensor | None = None) -> Tensor:
-        """What the head reads, before its dropout: (B, S) ids -> (B, width) (a fine-tune fits a
-        new head to them before its first update: tformer.training.probe)."""
-        return self._pooled(self.encoder(x, attention_mask, token_type_ids=token_type_ids))
-
-    def _pooled(self, out) -> Tensor:
-        pooled = out.pooler_output  # (B, D) or None
-        if pooled is None:
-            pooled = pool(out.last_hidden_state, out.mask, self.config.pooling_modes)  # (B, D)
-        return pooled
+    def pooled(self, out: EncoderOutput) -> Tensor:
+        """What the head reads, before its dropout: (B, width) (a fine-tune fits a new head to it first)."""
+        if out.pooler_output is not None:
+            return out.pooler_output  # (B, D)
+        return pool(out.last_hidden_state, out.mask, self.config.pooling_modes)  # (B, D)

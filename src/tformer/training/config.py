@@ -89,10 +89,11 @@ class TrainConfig:
     class_weights: str = _f("auto", "classification and multi-label: weighted (a loss weighted towards rare "
                             "labels), none, or auto: weighted for skewed multi-label training labels, "
                             "where it measured better on macro-F1 (the first line says what it did)")
-    head_init: str = _f("auto", "classification fine-tunes: the new head's start, auto (fitted to the "
-                        "pretrained model's features of up to 512 training examples before the first "
-                        "update: a linear probe, where 5% of the training time pays for 64 or more) or "
-                        "random (small random weights, as transformers starts it)")
+    head_init: str = _f("auto", "fine-tunes of classification, multi-label and tagging: the new head's "
+                        "start, auto (fitted to the pretrained model's features of up to 512 training "
+                        "examples before the first update: a linear probe, where a twentieth of the "
+                        "training time pays for 64 or more) or random (small random weights, as "
+                        "transformers starts it)")
     score_loss: str = _f("auto", "scores: bce (the binary cross-entropy of the output's sigmoid, for scores "
                          "in [0, 1]), mse (the output's squared error, any scores), or auto: bce where "
                          "every training score lies in [0, 1], where it measured better, else mse")

@@ -151,9 +151,15 @@ class Objective(ABC):
 
     def fit_head(self, model: nn.Module, features: Tensor, targets: Tensor) -> str:
         """Set a new fine-tune's head from the pretrained encoder's `features` (N, width) of
-        training examples and their `targets` (N, ...); what was fitted, in a few words (a
-        kind with ``probes_head``: tformer.training.probe)."""
+        training examples and their `targets` (N, ...) (``head_inputs``); what was fitted, in a
+        few words (a kind with ``probes_head``: tformer.training.probe's fits)."""
         raise NotImplementedError(f"{self.kind}: fits no head (probes_head is False)")
+
+    def head_inputs(self, model: nn.Module, batch: Any) -> tuple[Tensor, Tensor]:
+        """(what the head reads (N, width), what it learns (N, ...)) in a training batch, for
+        ``fit_head``: a row's pooled features (EncoderClassifier.pooled) and its labels."""
+        out = model.encoder(batch.input_ids, batch.attention_mask, token_type_ids=batch.token_type_ids)
+        return model.pooled(out), batch.labels
 
     def model_width(self) -> int:
         """d_model of the model this objective trains: a pretrained encoder's own, else the
