@@ -97,6 +97,25 @@ def test_a_multi_label_head_is_chosen_by_its_held_out_loss():
     assert chosen.eq(targets.bool()).double().mean() > 0.9
 
 
+def test_an_output_the_sample_never_shows_keeps_its_start():
+    """An unpenalised bias of a class absent from the sample (or a label never held) only grows
+    with the fit's iterations: that output keeps the head's start; one class alone fits nothing."""
+    x, y = _blobs(90, 3, 5)
+    head = torch.nn.Linear(5, 4)  # class 3: in no example
+    start = (head.weight.detach().clone(), head.bias.detach().clone())
+    assert probe.fit_softmax(head, x, y).startswith("a linear probe")
+    assert torch.equal(head.weight[3], start[0][3]) and torch.equal(head.bias[3], start[1][3])
+    weight, bias, _ = probe.softmax_head(x, y, 4)
+    assert torch.equal(head.weight[:3], weight[:3]) and torch.equal(head.bias[:3], bias[:3])
+    assert probe.fit_softmax(torch.nn.Linear(5, 4), x, torch.zeros(90, dtype=torch.long)) is None
+    targets = torch.stack([y == 0, y == 1, torch.zeros(90, dtype=torch.bool), torch.ones(90, dtype=torch.bool)], 1)
+    head = torch.nn.Linear(5, 4)
+    start = (head.weight.detach().clone(), head.bias.detach().clone())
+    assert "per label" in probe.fit_sigmoid(head, x, targets.double(), None)
+    assert torch.equal(head.bias[2:], start[1][2:]) and not torch.equal(head.bias[:2], start[1][:2])
+    assert probe.fit_sigmoid(head, x, targets[:, 2:].double().repeat(1, 2), None) is None
+
+
 def test_a_constant_feature_is_not_divided_by_zero():
     x, y = _blobs(50, 2, 4)
     x[:, 2] = 7.0

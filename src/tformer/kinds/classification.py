@@ -144,7 +144,7 @@ class Classification(Objective):
 
     probes_head = True  # (measured: tformer.training.probe)
 
-    def fit_head(self, model: nn.Module, features: Tensor, targets: Tensor) -> str:
+    def fit_head(self, model: nn.Module, features: Tensor, targets: Tensor) -> str | None:
         return probe.fit_softmax(model.head, features, targets)
 
     def encode(self, examples: list) -> list[LabeledExample]:

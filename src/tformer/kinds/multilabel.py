@@ -146,7 +146,7 @@ class MultiLabel(Classification):
                 model.head.bias.copy_(prior)
         return model
 
-    def fit_head(self, model: nn.Module, features: Tensor, targets: Tensor) -> str:
+    def fit_head(self, model: nn.Module, features: Tensor, targets: Tensor) -> str | None:
         """A logistic regression per label, its positives weighted as the loss weighs them."""
         return probe.fit_sigmoid(model.head, features, targets, self.weighting[0])
 

@@ -137,7 +137,7 @@ class Tagging(Objective):
         kept = batch.labels != IGNORE  # (B, S)
         return hidden[kept], batch.labels[kept]  # (N, D), (N,)
 
-    def fit_head(self, model: nn.Module, features: Tensor, targets: Tensor) -> str:
+    def fit_head(self, model: nn.Module, features: Tensor, targets: Tensor) -> str | None:
         return probe.fit_softmax(model.head, features, targets)
 
     def saved_config(self, model_config: TransformerConfig, run_dir: Path) -> TransformerConfig:

@@ -149,10 +149,11 @@ class Objective(ABC):
         subclass says (a new head, or a model from scratch, starts random)."""
         return False
 
-    def fit_head(self, model: nn.Module, features: Tensor, targets: Tensor) -> str:
+    def fit_head(self, model: nn.Module, features: Tensor, targets: Tensor) -> str | None:
         """Set a new fine-tune's head from the pretrained encoder's `features` (N, width) of
         training examples and their `targets` (N, ...) (``head_inputs``); what was fitted, in a
-        few words (a kind with ``probes_head``: tformer.training.probe's fits)."""
+        few words, or None where they hold nothing to fit (a kind with ``probes_head``:
+        tformer.training.probe's fits)."""
         raise NotImplementedError(f"{self.kind}: fits no head (probes_head is False)")
 
     def head_inputs(self, model: nn.Module, batch: Any) -> tuple[Tensor, Tensor]:

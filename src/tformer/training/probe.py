@@ -39,12 +39,17 @@ ROWS_MAX = 4096  # rows a fit reads, at most (a tagger's: a row each labelled to
 def fit_head(objective: Objective, model: nn.Module, examples: int, device: torch.device,
              half: bool, log: Callable[[str], None]) -> bool:
     """Fit `model`'s new head to the features of the training stream's first `examples`
-    examples (the kind's ``fit_head``) and log a line of it; whether it did (none: 0 examples)."""
+    examples (the kind's ``fit_head``) and log a line of it; whether it did (not for 0 examples,
+    nor where they hold nothing to fit)."""
     if examples <= 0:
         return False
     t = time.perf_counter()
     features, targets, seen = training_features(objective, model, examples, device, half)
     note = objective.fit_head(model, features, targets)
+    if note is None:
+        log(f"head: random (nothing to fit in the {seen:,} training examples read: one class, or no "
+            "label both held and missed)")
+        return False
     rows = "" if len(features) == seen else f" ({len(features):,} rows)"
     log(f"head: {note}, on {seen:,} training examples' features{rows}, {time.perf_counter() - t:.1f} s")
     return True
@@ -70,25 +75,37 @@ def training_features(objective: Objective, model: nn.Module, examples: int, dev
     return torch.cat(rows)[:ROWS_MAX].double(), torch.cat(targets)[:ROWS_MAX], seen
 
 
-def fit_softmax(head: nn.Linear, features: Tensor, labels: Tensor) -> str:
-    """Set `head` (a class's logit an output) to ``softmax_head`` of the class ids; what was fitted."""
+def fit_softmax(head: nn.Linear, features: Tensor, labels: Tensor) -> str | None:
+    """Set `head` (a class's logit an output) to ``softmax_head`` of the class ids; what was
+    fitted, or None where the sample holds fewer than two classes (the head is left as it was)."""
+    seen = torch.bincount(labels.long(), minlength=head.out_features) > 0  # (C,)
+    if int(seen.sum()) < 2:
+        return None
     weight, bias, what = softmax_head(features, labels, head.out_features)
-    set_head(head, weight, bias)
+    set_head(head, weight, bias, seen)
     return what
 
 
-def fit_sigmoid(head: nn.Linear, features: Tensor, targets: Tensor, pos_weight: Tensor | None) -> str:
-    """Set `head` (a label's logit an output) to ``sigmoid_head`` of the multi-hot targets."""
+def fit_sigmoid(head: nn.Linear, features: Tensor, targets: Tensor, pos_weight: Tensor | None) -> str | None:
+    """Set `head` (a label's logit an output) to ``sigmoid_head`` of the multi-hot targets; None
+    where no label is both held and missed in the sample (the head is left as it was)."""
+    held = targets.sum(0)  # (C,)
+    seen = (held > 0) & (held < len(targets))
+    if not bool(seen.any()):
+        return None
     weight, bias, what = sigmoid_head(features, targets, pos_weight)
-    set_head(head, weight, bias)
+    set_head(head, weight, bias, seen)
     return what
 
 
-def set_head(head: nn.Linear, weight: Tensor, bias: Tensor) -> None:
-    """A fitted head's weights into the model's (its dtype and device)."""
+def set_head(head: nn.Linear, weight: Tensor, bias: Tensor, seen: Tensor) -> None:
+    """A fitted head's rows into the model's (its dtype and device), those of the outputs `seen`
+    (C,) in the sample only: an unpenalised bias of an output the sample never shows (a class
+    absent, a label never held or always held) only grows with the fit's iterations, and the
+    output keeps the start it had (random; a multi-label run's prior)."""
     with torch.no_grad():
-        head.weight.copy_(weight)
-        head.bias.copy_(bias)
+        head.weight[seen] = weight[seen].to(head.weight)
+        head.bias[seen] = bias[seen].to(head.bias)
 
 
 def softmax_head(features: Tensor, labels: Tensor, classes: int) -> tuple[Tensor, Tensor, str]:

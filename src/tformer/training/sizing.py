@@ -286,6 +286,6 @@ def probe_plan(training: float, example_seconds: float | None, train_examples: i
     if n < min(PROBE_MIN, train_examples) or n < 1:
         return 0, (f"random (fitting it to {min(PROBE_MIN, want):,} examples' features would take more "
                    f"than {PROBE_SHARE:.0%} of the training time)")
-    cost = "" if not example_seconds else f", ~{n * example_seconds:,.1f} s"
+    cost = "" if not example_seconds else f", their forward passes ~{n * example_seconds:,.1f} s"
     return n, (f"fitted to the pretrained features of {n:,} training examples before the first "
                f"update (a linear probe{cost}; --head-init random starts it random)")
