@@ -501,10 +501,13 @@ class EncoderClassifier(Module):
             x, attention_mask, output_attentions=output_attentions,
             output_hidden_states=output_hidden_states, token_type_ids=token_type_ids,
         )
-        pooled = out.pooler_output  # (B, D) or None
-        if pooled is None:
-            pooled = pool(out.last_hidden_state, out.mask, self.config.pooling_modes)  # (B, D)
-        return ClassifierOutput(self.head(self.dropout(pooled)), out.hidden_states, out.attentions)
+        return ClassifierOutput(self.head(self.dropout(self.pooled(out))), out.hidden_states, out.attentions)
+
+    def pooled(self, out: EncoderOutput) -> np.ndarray:
+        """What the head reads, before its dropout: (B, width) (a fine-tune fits a new head to it first)."""
+        if out.pooler_output is not None:
+            return out.pooler_output  # (B, D)
+        return pool(out.last_hidden_state, out.mask, self.config.pooling_modes)  # (B, D)
 
     def forward_train(self, x, attention_mask=None, token_type_ids=None, rng=None):
         """forward, with dropout from `rng`, and the cache for ``backward``.
@@ -513,10 +516,7 @@ class EncoderClassifier(Module):
         """
         out, enc_cache = self.encoder.forward_train(x, attention_mask,
                                                     token_type_ids=token_type_ids, rng=rng)
-        pooled = out.pooler_output  # (B, D) or None
-        if pooled is None:
-            pooled = pool(out.last_hidden_state, out.mask, self.config.pooling_modes)  # (B, D)
-        dropped, drop_cache = self.dropout.forward_train(pooled, rng)
+        dropped, drop_cache = self.dropout.forward_train(self.pooled(out), rng)
         return self.head(dropped), (enc_cache, out, dropped, drop_cache)
 
     def backward(self, dlogits, cache, grads: dict, prefix: str = ""):

@@ -2,21 +2,22 @@
 
 A fine-tune adds a head to a pretrained encoder. Started random (transformers: normal, std
 0.02), its first updates teach the head through features those same updates change, and a
-budget of minutes spends a good share of its updates there: a 1-minute fine-tune of
-all-MiniLM-L6-v2 on 6 man-page sections tested 0.43 (the majority class's share), where a
-logistic regression on the model's own frozen features of 512 training examples, fitted in
-well under a second after ~5 s of forward passes, tests 0.80. So the head is fitted to the
-features first and the fine-tune starts from it (Kumar et al. 2022, "Fine-Tuning can Distort
-Pretrained Features and Underperform Out-of-Distribution": linear probing, then fine-tuning).
+budget of minutes spends a good share of its updates there: fine-tunes of all-MiniLM-L6-v2 on
+6 man-page sections tested 0.53 at half a minute and 0.75 at one (the majority class: 0.43),
+where a logistic regression on the model's own frozen features of 512 training examples alone
+tests 0.80. So the head is fitted to the features first and the fine-tune starts from it
+(Kumar et al. 2022, "Fine-Tuning can Distort Pretrained Features and Underperform
+Out-of-Distribution": linear probing, then fine-tuning): 0.73 and 0.84 (benchmarks/README.md).
 
     n, why = sizing.probe_plan(training_seconds, example_seconds, train_examples)   # the plan's
     fit_head(objective, model, n, device, half, log)                              # before step 1
 
-The features are what the head reads (``EncoderClassifier.features``: pooled, before its
-dropout), of the first batches of the training stream (the batches the first updates take), in
-eval mode and the run's precision. The fit itself is the kind's (``Objective.fit_head``; a
-classifier's: ``softmax_head``). Drawing nothing from the random generators, the probe leaves
-the run's batches, dropout and data order as they were.
+The features are what the head reads (``Objective.head_inputs``: a classifier's pooled
+features before its dropout, ``EncoderClassifier.pooled``; a tagger's labelled sub-words), of
+the first batches of the training stream (the batches the first updates take), in eval mode and
+the run's precision. The fit is the kind's (``Objective.fit_head``: ``fit_softmax`` over
+classes, ``fit_sigmoid`` per label). Drawing nothing from the random generators, the probe
+leaves the run's batches, dropout and data order as they were.
 """
 
 from __future__ import annotations
