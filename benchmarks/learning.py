@@ -32,7 +32,7 @@ The data sets (build_datasets.py):
   finetune-man      man_sections.jsonl from all-MiniLM-L6-v2 (6 labels, long texts)
   finetune-debian   debian_sections.jsonl from all-MiniLM-L6-v2 (12 labels, short texts)
   embed-en-fr       en_fr_pairs.jsonl: English -> French message retrieval, from scratch (MRR@10;
-                    tformer only: HF's side here has no embedding recipe)
+                    HF's side: sentence-transformers' MultipleNegativesRankingLoss on a BERT-mini)
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ SETS = {  # name: (file, from MiniLM, HF task)
     "class-debian": ("debian_sections.jsonl", False, "classification"),
     "finetune-man": ("man_sections.jsonl", True, "finetune"),
     "finetune-debian": ("debian_sections.jsonl", True, "finetune"),
-    "embed-en-fr": ("en_fr_pairs.jsonl", False, None),
+    "embed-en-fr": ("en_fr_pairs.jsonl", False, "embedding"),
 }
 METRICS = {"bleu": "chrf", "accuracy": "macro_f1", "mrr_at_10": "recall_at_1"}
 
@@ -123,7 +123,7 @@ def run_hf(job: dict, data_dir: Path, out: Path) -> dict:
     row = {"wall_seconds": round(seconds, 1), "rc": done.returncode}
     if result.is_file():
         r = json.loads(result.read_text())
-        key = "bleu" if "bleu" in r["test"] else "accuracy"
+        key = next(k for k in METRICS if k in r["test"])
         row |= {"metric": key, "value": r["test"][key], "second": r["test"][METRICS[key]],
                 "steps": r["steps"], "train_seconds": round(r["train_seconds"], 1), "plan": [r["model"]]}
     return row
@@ -144,7 +144,7 @@ def hf_side(args) -> None:
     file, pretrained, task = SETS[args.hf_side]
     data = args.data_dir / file
     records = [r for _, r in read_records(data)]
-    objective = "seq2seq" if task == "seq2seq" else "classification"
+    objective = task if task in ("seq2seq", "embedding") else "classification"
     fields, fraction = kind_named(objective).fields, split_fraction(len(records))
     splits: dict[str, list[dict]] = {"train": [], "validation": [], "test": []}
     for record in records:
@@ -152,6 +152,8 @@ def hf_side(args) -> None:
     seconds = args.minutes * 60
     if task == "seq2seq":
         result = hf.hf_seq2seq(splits, seconds)
+    elif task == "embedding":
+        result = hf.hf_embedding(splits, seconds)
     else:
         result = hf.hf_classification(splits, seconds, minilm() if pretrained else None)
     Path(args.result).write_text(json.dumps(result, indent=1))

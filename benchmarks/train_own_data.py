@@ -279,6 +279,61 @@ def hf_classification(splits, seconds: float, checkpoint: Path | None) -> dict:
             "model": name}
 
 
+def hf_embedding(splits, seconds: float) -> dict:
+    """sentence-transformers' recipe for pairs from scratch: a BERT-mini (256 wide, 4 layers, a
+    WordPiece vocabulary of 8,000 trained on the training texts) with mean pooling, trained by its
+    MultipleNegativesRankingLoss (cosine, scale 20: in-batch negatives) at 1e-4, batches of 32;
+    scored by tformer's own retrieval_metrics (each anchor among all the split's positives)."""
+    import tempfile
+
+    import torch
+    import torch.nn.functional as F
+    from sentence_transformers import SentenceTransformer, losses
+    from sentence_transformers.models import Pooling, Transformer
+    from tokenizers import BertWordPieceTokenizer
+    from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+
+    from tformer.training.evaluation import retrieval_metrics
+
+    train = splits["train"]
+    wp = BertWordPieceTokenizer(lowercase=True)
+    wp.train_from_iterator([r["anchor"] for r in train] + [r["positive"] for r in train], vocab_size=8000)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=wp._tokenizer, pad_token="[PAD]",
+                                        cls_token="[CLS]", sep_token="[SEP]", unk_token="[UNK]",
+                                        model_max_length=128)
+    torch.manual_seed(0)
+    bert = BertModel(BertConfig(vocab_size=wp.get_vocab_size(), hidden_size=256, num_hidden_layers=4,
+                                num_attention_heads=4, intermediate_size=1024, attn_implementation="sdpa"),
+                     add_pooling_layer=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        bert.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        encoder = Transformer(tmp, max_seq_length=128)
+    model = SentenceTransformer(modules=[encoder, Pooling(256, "mean")], device="cpu")
+    ranking = losses.MultipleNegativesRankingLoss(model)
+
+    def features(texts: list[str]) -> dict:
+        return getattr(model, "preprocess", model.tokenize)(texts)  # (tokenize before 6.x)
+
+    def loss_of(m, batch):
+        return ranking([features([r["anchor"] for r in batch]), features([r["positive"] for r in batch])],
+                       None)
+
+    @torch.no_grad()
+    def scores(m, records):
+        def vectors(texts):
+            return F.normalize(torch.as_tensor(m.encode(texts, batch_size=128, convert_to_numpy=True)), dim=1)
+        return retrieval_metrics(vectors([r["anchor"] for r in records]),
+                                 vectors([r.get("positive", r["anchor"]) for r in records]))
+
+    valid = splits["validation"][:VALID_SAMPLE]
+    result = hf_train(model, shuffled_batches(train), loss_of, lambda m: scores(m, valid)["mrr_at_10"],
+                      seconds, lr=1e-4, weight_decay=0.01)
+    model.eval()
+    return {**result, "test": scores(model, splits["test"]), "parameters": bert.num_parameters(),
+            "model": "SentenceTransformer(BERT-mini 256 x 4, vocab 8000, mean), MultipleNegativesRankingLoss"}
+
+
 def hf_side(args) -> None:
     """This script's child process: HF's run, written to --result as JSON."""
     import torch
