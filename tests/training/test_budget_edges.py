@@ -251,6 +251,34 @@ def test_the_test_is_reserved_and_cut_at_its_own_cost_not_a_validation_s_per_exa
     assert budget.test_cost(2000) == pytest.approx(0.02 * 2000)
 
 
+def test_the_test_s_reserve_follows_the_updates_pace_since_its_validation_was_timed():
+    """A validation timed while another process shared the cores (steps 4x slower) kept back
+    a test reserve 4x what the test took once they were free again: the run stopped 26 s of 150
+    before its end. The test's cost now moves with the updates' pace since then, down to
+    PACE_FOLLOWED of it; up without a bound but the test's share of the budget."""
+    from types import SimpleNamespace
+
+    from tformer.training.budget import PACE_FOLLOWED, Budget
+    from tformer.training.plan import TEST_SHARE
+
+    budget = Budget(SimpleNamespace(steps=10**6, epochs=None, max_minutes=10.0), time.perf_counter())
+    budget.test_examples = 2000
+    budget.step_seconds = 0.4  # contended
+    budget.validated(5.12, 256)  # 20 ms an example
+    assert budget.since_validation() == 1.0 and budget.test_seconds() == pytest.approx(1.2 * 0.02 * 2000)
+    before = budget.reserve()
+    budget.step_seconds = 0.1  # free again: 4x faster
+    assert budget.since_validation() == pytest.approx(0.25)
+    assert budget.test_seconds() == pytest.approx(1.2 * 0.02 * 2000 / 4)
+    assert budget.reserve() < before - 0.75 * 1.2 * 0.02 * (2000 + (budget.valid_sample or 0)) + 1e-6
+    budget.step_seconds = 0.01  # no further than PACE_FOLLOWED on a few fast steps
+    assert budget.since_validation() == PACE_FOLLOWED
+    budget.step_seconds = 4.0  # busier: more, within the test's share
+    assert budget.test_seconds() == pytest.approx(TEST_SHARE * budget.seconds)
+    budget.validated(5.12, 256)  # timed again: at the pace of now
+    assert budget.since_validation() == 1.0
+
+
 def test_a_validation_the_probe_resizes_says_so_beside_the_plan_s_line():
     """The plan printed "validation: 5 times, on 500 examples each" and the run, its examples
     timed at 2.7x the plan's estimate, validated 3 times on 256, silently."""

@@ -104,7 +104,11 @@ def test_a_thread_watch_takes_fewer_at_once_and_more_only_when_two_checks_agree(
     from tformer.training import planning
 
     others = {"now": 2.0}
-    monkeypatch.setattr(planning, "others_running", lambda **k: others["now"])
+
+    def reads(**how):  # running between its reads, as at the start: another run's check counts it
+        assert how.get("spin") is True, how
+        return others["now"]
+    monkeypatch.setattr(planning, "others_running", reads)
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads[0])
     threads = [2]
     monkeypatch.setattr(torch, "set_num_threads", lambda n: threads.__setitem__(0, n))

@@ -90,7 +90,11 @@ class ThreadWatch:
         if now < self.due:
             return None
         self.due = now + RECHECK_SECONDS
-        others = others_running(samples=5, interval=0.01)
+        # (read running, as at the start: two runs side by side check at the same moments, every
+        # RECHECK_SECONDS from their first updates; asleep between reads, each found the other
+        # asleep, the cores free, and both took both: 947 tokens a second against 4,300 until
+        # the next checks gave one back, and a test reserve timed then kept 26 s of 150 unused)
+        others = others_running(samples=5, interval=0.01, spin=True)
         threads, had = free_threads(self.cores, others), torch.get_num_threads()
         if threads == had or (threads > had and self.wanted != threads):
             self.wanted = threads  # (more: once more, at the next check)

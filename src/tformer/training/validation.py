@@ -67,9 +67,11 @@ def selection(objective: Objective, valid: dict[str, float]) -> tuple[str, float
 
 def from_start(metrics_path: Path, objective: Objective) -> dict[str, Any]:
     """How a run validated at step 0 (``Objective.starts_complete``) compares to its start, for
-    its test record: the main metric of the pretrained model as it was (pretrained_validation)
-    and of the best fine-tuned weights by the same selection (tuned_validation, at tuned_step;
-    absent where no step was validated); {} for a run not validated at step 0."""
+    its test record: the main metric of the pretrained model as it was (pretrained_validation),
+    whether that start had its new head fitted first (head_probed: the kind probes; it validates
+    at step 0 only so), and of the best fine-tuned weights by the same selection
+    (tuned_validation, at tuned_step; absent where no step was validated); {} for a run not
+    validated at step 0."""
     validations = [r for r in read_metrics(metrics_path) if r.get("split") == "validation"]
     start = [r for r in validations if r["step"] == 0]
     if not start:
