@@ -251,32 +251,21 @@ def test_the_test_is_reserved_and_cut_at_its_own_cost_not_a_validation_s_per_exa
     assert budget.test_cost(2000) == pytest.approx(0.02 * 2000)
 
 
-def test_the_test_s_reserve_follows_the_updates_pace_since_its_validation_was_timed():
-    """A validation timed while another process shared the cores (steps 4x slower) kept back
-    a test reserve 4x what the test took once they were free again: the run stopped 26 s of 150
-    before its end. The test's cost now moves with the updates' pace since then, down to
-    PACE_FOLLOWED of it; up without a bound but the test's share of the budget."""
+def test_a_decoder_s_test_is_timed_at_the_length_its_trained_outputs_will_take():
+    """A seq2seq run's validation at a third of its time timed 3 ms an example (its early model
+    wrote short outputs); its test, of a model that wrote the targets' length, ran 10, and
+    scored 72 of 916 examples. The predictions' part of a validation's time is scaled by its
+    objective's growth (Objective.output_growth); the loss pass's is not."""
     from types import SimpleNamespace
 
-    from tformer.training.budget import PACE_FOLLOWED, Budget
-    from tformer.training.plan import TEST_SHARE
+    from tformer.training.budget import EVAL_SAMPLE, Budget
 
     budget = Budget(SimpleNamespace(steps=10**6, epochs=None, max_minutes=10.0), time.perf_counter())
-    budget.test_examples = 2000
-    budget.step_seconds = 0.4  # contended
-    budget.validated(5.12, 256)  # 20 ms an example
-    assert budget.since_validation() == 1.0 and budget.test_seconds() == pytest.approx(1.2 * 0.02 * 2000)
-    before = budget.reserve()
-    budget.step_seconds = 0.1  # free again: 4x faster
-    assert budget.since_validation() == pytest.approx(0.25)
-    assert budget.test_seconds() == pytest.approx(1.2 * 0.02 * 2000 / 4)
-    assert budget.reserve() < before - 0.75 * 1.2 * 0.02 * (2000 + (budget.valid_sample or 0)) + 1e-6
-    budget.step_seconds = 0.01  # no further than PACE_FOLLOWED on a few fast steps
-    assert budget.since_validation() == PACE_FOLLOWED
-    budget.step_seconds = 4.0  # busier: more, within the test's share
-    assert budget.test_seconds() == pytest.approx(TEST_SHARE * budget.seconds)
-    budget.validated(5.12, 256)  # timed again: at the pace of now
-    assert budget.since_validation() == 1.0
+    budget.validated(2.56 * 2, 256, loss_pass=(2.56, 256), growth=3.0)  # 10 ms an example each part
+    assert budget.loss_seconds_per_example == pytest.approx(0.01)
+    assert budget.predict_seconds_per_example == pytest.approx(0.03)
+    assert budget.valid_seconds_per_example == pytest.approx(0.04)
+    assert budget.test_cost(2000) == pytest.approx(0.01 * EVAL_SAMPLE + 0.03 * 2000)
 
 
 def test_a_validation_the_probe_resizes_says_so_beside_the_plan_s_line():
@@ -305,7 +294,7 @@ class _FirstCallsSlow:
     measures 0.1 s of a new kernel choice (counted as autotune's), then 1 ms an example."""
 
     def __init__(self, examples):
-        self.calls, self._examples, self.loss_pass = 0, examples, (0.0, 0)
+        self.calls, self._examples, self.loss_pass, self.growth = 0, examples, (0.0, 0), 1.0
 
     def examples(self, split):
         return self._examples

@@ -3,8 +3,9 @@
 import time
 from types import SimpleNamespace
 
+import pytest
 import torch
-from text_fixtures import seq2seq_rows, write
+from text_fixtures import classification_rows, seq2seq_rows, write
 
 from tformer.kinds import make_objective, resolve_config
 
@@ -101,3 +102,20 @@ def test_under_a_deadline_batches_are_sorted_within_windows_and_a_cut_keeps_a_pr
         cut = objective.predict(model, examples, batch_size=8, max_len=6, deadline=deadline)
         assert len(cut) >= 8 and cut == plain[: len(cut)]
     assert len(cut) >= 8 + 2 * 8 * DEADLINE_WINDOW  # two whole windows kept before the last cut
+
+
+def test_a_decoder_s_outputs_grow_to_its_targets_length(tmp_path):
+    """Output_growth: the validation targets' tokens over the tokens written (each with its end
+    token), at least 1; the latest validation's, set by evaluate (1 for any other split)."""
+    objective, model = _objective_and_model(tmp_path)
+    examples = objective.examples("validation")[:20]
+    targets = sum(len(e.target) + 1 for e in objective.encode(examples))
+    assert objective.output_growth(examples, [[] for _ in examples]) == pytest.approx(targets / 20)
+    assert objective.output_growth(examples, [[5] * 200 for _ in examples]) == 1.0
+    objective.evaluate(model, "validation", examples=examples, max_len=1)  # outputs of a token at most
+    assert objective.growth > 1.0
+    objective.evaluate(model, "test", examples=examples, max_len=1)
+    assert objective.growth == 1.0
+    classes = make_objective(resolve_config({"data": str(write(tmp_path / "c.jsonl", classification_rows(60))),
+                                             **TINY}))
+    assert classes.output_growth(classes.examples("train")[:5], [[0.0, 1.0]] * 5) == 1.0

@@ -173,6 +173,15 @@ class Seq2Seq(Objective):
     def _bounded(self, options: dict[str, Any], deadline: float | None) -> dict[str, Any]:
         return {**options, "deadline": deadline}
 
+    def output_growth(self, examples: list, preds: list[list[int]]) -> float:
+        """A decoder's predictions cost about the tokens it writes: a model early in training
+        stops after a few (an empty or a short output), a trained one writes about its targets'
+        length. How many times longer the targets are than these outputs (each with its end
+        token), at least 1: a model that writes past them is timed at its own length."""
+        s = self.source
+        wanted = sum(len(t) + 1 for t in s.pieces([s.field(ex, "target") for ex in examples]))
+        return max(1.0, wanted / sum(len(p) + 1 for p in preds))
+
     def _baseline(self, examples: list) -> tuple[float, str]:
         """Copying the source: the score of each source given as its own output."""
         return self.scores.scores(self.scores.copy_counts(self.source, examples))[self.main_metric], COPYING

@@ -57,9 +57,6 @@ MIN_AFTER_SETUP = 5.0
 MIN_SETUP = 3.0
 KERNEL_SHARE = 0.05  # new kernel choices (autotune) are measured in this share of a timed budget
 MIN_UPDATES = 10  # the fewest updates a model must afford in its budget to be built at all
-# A validation's timing follows the updates' pace down to this share of it (``since_validation``;
-# lower, a test reserve would lean on a few fast steps).
-PACE_FOLLOWED = 0.25
 FIRST_STEP_SECONDS = 2.0  # a new model's first update beyond a steady one (kernels, first touch), alone
 
 
@@ -157,7 +154,6 @@ class Budget:
         self.examples_per_step: float | None = None
         self.train_records = train_records
         self.valid_seconds_per_example: float | None = None
-        self.valid_step_seconds: float | None = None  # the updates' pace when it was timed
         # A validation's loss pass (its first EVAL_SAMPLE, one batch) and predictions, per example
         # each: timed as one, 256 examples (two forwards each) made a test of 2,000 (500 in its loss
         # pass) look 1.6x its cost, and it cut itself to 1,498 examples with 12 s left.
@@ -232,22 +228,12 @@ class Budget:
 
     def test_cost(self, examples: int) -> float | None:
         """Seconds a test of `examples` takes at the latest validation's speed (None before one):
-        its loss pass over the first EVAL_SAMPLE, then a prediction each, each at its part's speed,
-        as the machine runs now (``since_validation``)."""
+        its loss pass over the first EVAL_SAMPLE, then a prediction each, each at its part's speed."""
         if self.predict_seconds_per_example is None:
             per = self.valid_seconds_per_example
-            return None if per is None else per * examples * self.since_validation()
-        return ((self.loss_seconds_per_example or 0.0) * min(examples, EVAL_SAMPLE)
-                + self.predict_seconds_per_example * examples) * self.since_validation()
-
-    def since_validation(self) -> float:
-        """How much slower the updates run now than when the latest validation was timed (their
-        average step time now over then; 1 before both are known), at least PACE_FOLLOWED: a
-        validation timed while another process shared the cores made a test reserve 4x what the
-        test took once they were free again, and the run stopped 26 s of 150 before its end."""
-        if not self.valid_step_seconds or not self.step_seconds:
-            return 1.0
-        return max(PACE_FOLLOWED, self.step_seconds / self.valid_step_seconds)
+            return None if per is None else per * examples
+        return (self.loss_seconds_per_example or 0.0) * min(examples, EVAL_SAMPLE) \
+            + self.predict_seconds_per_example * examples
 
     def reserve(self) -> float:
         """Seconds kept back for what follows the last step: the last validation, the final
@@ -255,7 +241,6 @@ class Budget:
         last step that ends late (LATE_SECONDS, or two average steps)."""
         per = self.valid_seconds_per_example
         last_validation = 0.0 if per is None else per * (self.valid_sample or 0) * 1.2
-        last_validation *= self.since_validation()
         late = max(LATE_SECONDS, 2 * (self.step_seconds or 0.0))
         return last_validation + late + self.test_seconds() + self.publish_seconds()
 
@@ -357,7 +342,6 @@ class Budget:
         says so where that differs from the plan's (None where it does not)."""
         self.valid_spent += seconds + aside
         self.valid_seconds_per_example = seconds / max(examples, 1)
-        self.valid_step_seconds = self.step_seconds
         train = max(self.train_deadline() - self.train_started, 1e-3)
         # Sized at the measured speed, by the plan's rule: fewer validations, not fewer examples.
         count, self.valid_sample, why = validation_plan(train, self.valid_seconds_per_example, self.available,
@@ -377,20 +361,24 @@ class Budget:
         return min(self.valid_sample or EVAL_SAMPLE, available)
 
     def validated(self, seconds: float, examples: int, loss_pass: tuple[float, int] = (0.0, 0),
-                  aside: float = 0.0) -> None:
+                  aside: float = 0.0, growth: float = 1.0) -> None:
         """Record a validation's time (`loss_pass`: the seconds and examples of its loss pass,
         within `seconds`) and schedule the next one. The latest validation's speed is what the
         final test will run at: the probe's (32 examples, first calls) ran 2-3x slower per
         example, and while its rate was kept, a seq2seq run held back 70 s of a 5-minute budget
         for a test that took 22 (it stopped at 4.2 minutes). `aside`: seconds spent beside
-        `seconds` (new kernel choices' measuring): validation's time, not its rate."""
+        `seconds` (new kernel choices' measuring): validation's time, not its rate. `growth`:
+        how many times these predictions' cost the final model's will take (``Objective.growth``:
+        a decoder that wrote short outputs early on writes the targets' length when trained; a
+        seq2seq run's validation at 1/3 of its time timed 3 ms an example, its test ran 10, and
+        scored 72 of 916 examples), its predictions and the next validation's timed at it."""
         self.valid_spent += seconds + aside
         if examples:
-            self.valid_seconds_per_example = seconds / examples
-            self.valid_step_seconds = self.step_seconds
             loss_seconds, loss_examples = loss_pass
+            predicting = max(seconds - loss_seconds, 0.0) * growth
+            self.valid_seconds_per_example = (min(loss_seconds, seconds) + predicting) / examples
             self.loss_seconds_per_example = loss_seconds / loss_examples if loss_examples else 0.0
-            self.predict_seconds_per_example = max(seconds - loss_seconds, 0.0) / examples
+            self.predict_seconds_per_example = predicting / examples
         self.next_valid = self.now() + self._valid_interval()
         self.paused()
 

@@ -87,6 +87,9 @@ class Objective(ABC):
     # The latest evaluate's loss pass: (seconds, examples), which the budget times apart from the
     # predictions (tformer.training.budget.Budget.validated); a kind without one leaves (0.0, 0).
     loss_pass: tuple[float, int] = (0.0, 0)
+    # The latest evaluate's ``output_growth``: how many times its predictions' cost the final
+    # model's will take (the budget times the test at it).
+    growth = 1.0
     # A kind whose predictions hold what its loss reads (a classifier's logits) says so, and
     # evaluate takes the loss from them (``loss_of_predictions``) with no forward of its own: a
     # fine-tune's validation spent half its time on a loss pass that repeated its predictions'.
@@ -312,6 +315,8 @@ class Objective(ABC):
         scored = examples[: len(preds)]
         if loss is None:
             loss = self.loss_of_predictions(scored[:EVAL_SAMPLE], preds[:EVAL_SAMPLE])
+        # (a validation's only: what the budget times the final test at)
+        self.growth = self.output_growth(scored, preds) if split == "validation" and scored else 1.0
         self.before_scoring(model, split, scored, preds)
         metrics, shown = self.score(scored, preds)
         metrics["loss"] = loss
@@ -320,6 +325,12 @@ class Objective(ABC):
         if interval is not None:
             metrics["paired_interval"] = list(interval)
         return metrics, shown
+
+    def output_growth(self, examples: list, preds: list) -> float:
+        """How many times the cost of these predictions of `examples` a trained model's will
+        take: 1, unless a kind's predictions cost more as its model learns (``Seq2Seq``: the
+        tokens a decoder writes)."""
+        return 1.0
 
     def loss_of_predictions(self, examples: list, preds: list) -> float:
         """The unsmoothed loss of `examples` from their predictions (``loss_from_predictions``)."""

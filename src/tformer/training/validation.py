@@ -51,7 +51,8 @@ def score_validation(model: nn.Module, objective: Objective, budget: Budget,
     valid, _ = objective.evaluate(model, "validation", examples=sample, deadline=deadline,
                                   progress=lambda done, of: bar.status("validating", done, of))
     seconds, measuring = time.perf_counter() - t, seconds_measuring() - measuring
-    budget.validated(seconds - measuring, valid["examples"], objective.loss_pass, aside=measuring)
+    budget.validated(seconds - measuring, valid["examples"], objective.loss_pass, aside=measuring,
+                     growth=objective.growth)
     if not all(math.isfinite(v) for v in valid.values()):
         raise ValueError(f"validation: expected finite outputs, got {valid}; stopped, keeping the "
                          "last good checkpoint (if any); try a lower --lr")
