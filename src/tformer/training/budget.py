@@ -369,9 +369,10 @@ class Budget:
         for a test that took 22 (it stopped at 4.2 minutes). `aside`: seconds spent beside
         `seconds` (new kernel choices' measuring): validation's time, not its rate. `growth`:
         how many times these predictions' cost the final model's will take (``Objective.growth``:
-        a decoder that wrote short outputs early on writes the targets' length when trained; a
-        seq2seq run's validation at 1/3 of its time timed 3 ms an example, its test ran 10, and
-        scored 72 of 916 examples), its predictions and the next validation's timed at it."""
+        a decoder that wrote short or runaway outputs early on writes its targets' length once
+        trained; a seq2seq run's validation at 1/3 of its time timed 3 ms an example, its test
+        ran 10 and scored 72 of 916 examples): its predictions, and the next validation's, are
+        timed at it."""
         self.valid_spent += seconds + aside
         if examples:
             loss_seconds, loss_examples = loss_pass
