@@ -364,15 +364,11 @@ class Budget:
                   aside: float = 0.0, growth: float = 1.0) -> None:
         """Record a validation's time (`loss_pass`: the seconds and examples of its loss pass,
         within `seconds`) and schedule the next one. The latest validation's speed is what the
-        final test will run at: the probe's (32 examples, first calls) ran 2-3x slower per
-        example, and while its rate was kept, a seq2seq run held back 70 s of a 5-minute budget
-        for a test that took 22 (it stopped at 4.2 minutes). `aside`: seconds spent beside
-        `seconds` (new kernel choices' measuring): validation's time, not its rate. `growth`:
-        how many times these predictions' cost the final model's will take (``Objective.growth``:
-        a decoder that wrote short or runaway outputs early on writes its targets' length once
-        trained; a seq2seq run's validation at 1/3 of its time timed 3 ms an example, its test
-        ran 10 and scored 72 of 916 examples): its predictions, and the next validation's, are
-        timed at it."""
+        final test will run at (the probe's, 32 examples and first calls, ran 2-3x slower: a
+        seq2seq run kept back 70 s of 5 minutes for a 22-second test), its predictions' x
+        `growth` (``Objective.growth``: a seq2seq run's early validation, of short outputs, timed
+        3 ms an example; its test ran 10 and scored 72 of 916). `aside`: seconds beside `seconds`
+        (new kernel choices' measuring): validation's time, not its rate."""
         self.valid_spent += seconds + aside
         if examples:
             loss_seconds, loss_examples = loss_pass

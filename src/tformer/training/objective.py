@@ -87,9 +87,7 @@ class Objective(ABC):
     # The latest evaluate's loss pass: (seconds, examples), which the budget times apart from the
     # predictions (tformer.training.budget.Budget.validated); a kind without one leaves (0.0, 0).
     loss_pass: tuple[float, int] = (0.0, 0)
-    # The latest evaluate's ``output_growth``: how many times its predictions' cost the final
-    # model's will take (the budget times the test at it).
-    growth = 1.0
+    growth = 1.0  # the latest validation's ``output_growth`` (the budget times the test at it)
     # A kind whose predictions hold what its loss reads (a classifier's logits) says so, and
     # evaluate takes the loss from them (``loss_of_predictions``) with no forward of its own: a
     # fine-tune's validation spent half its time on a loss pass that repeated its predictions'.
@@ -327,9 +325,8 @@ class Objective(ABC):
         return metrics, shown
 
     def output_growth(self, examples: list, preds: list) -> float:
-        """How many times the cost of these predictions of `examples` a trained model's will
-        take: 1, unless a kind's predictions cost more as its model learns (``Seq2Seq``: the
-        tokens a decoder writes)."""
+        """How many times these predictions' cost a trained model's will take: 1, unless a kind's
+        cost moves as its model learns (``Seq2Seq``: the tokens a decoder writes)."""
         return 1.0
 
     def loss_of_predictions(self, examples: list, preds: list) -> float:
