@@ -270,8 +270,9 @@ class MultiHeadAttention(nn.Module):
         start = 0
         for length, count in packing.groups:
             block = qkv[start : start + count * length].view(count, length, 3 * self.d_model)
-            q, k, v = self._split_heads(block, 3)  # 3 x (count, H, L, Dh)
-            heads, _ = scaled_dot_product_attention(q, k, v, None, dropout_p)  # (count, H, L, Dh)
+            q, k, v = self._split_heads(block, 3)  # 3 x (count, H, L, Dh), in the layer's dtype
+            heads = kernels.attention_as_is(q, k, v) if dropout_p == 0.0 else \
+                scaled_dot_product_attention(q, k, v, None, dropout_p)[0]  # (count, H, L, Dh)
             rows = out[start : start + count * length].view(count, length, self.n_heads, -1)
             rows.copy_(heads.transpose(1, 2))  # (count, L, H, Dh)
             start += count * length

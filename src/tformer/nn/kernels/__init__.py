@@ -27,7 +27,8 @@ import importlib
 # The package's face: ``kernels.linear(x, layer)``, ``kernels.attention(q, k, v, ...)``. Imported
 # on first use, so that the torch-free parts (machine, allocator) load without torch.
 _LAZY = {
-    **dict.fromkeys(("attention", "attention_call_scores", "attention_dtype", "attention_kernel",
+    **dict.fromkeys(("attention", "attention_as_is", "attention_call_scores", "attention_dtype",
+                     "attention_kernel",
                      "why_not_fused_attention", "why_not_measured_attention", "why_not_packed"),
                     "attention_kernels"),
     **dict.fromkeys(("ACTIVATIONS", "ACTIVATIONS_IN_PLACE", "TRAIN_KERNELS", "infer_kernel",
