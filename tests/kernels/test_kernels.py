@@ -603,3 +603,34 @@ def test_the_bf16_attention_dtype_is_measured_only_for_unmasked_inference(monkey
     decision = autotune._memory["attention-bf16 | 256/8x8/bfloat16"]  # 150 scores, 5 keys
     assert set(decision["seconds"]) == {"fp32", "bf16"}
     assert (chosen == torch.bfloat16) == (decision["choice"] == "bf16")
+
+
+@pytest.mark.parametrize("layer_dtype", [torch.float32, torch.bfloat16])
+def test_packed_inference_runs_every_group_in_its_layers_dtype(tiny_config, monkeypatch, layer_dtype):
+    """At inference a packed layer's q, k, v are converted once, to the dtype chosen for its
+    group of most tokens, and every group of lengths computes in it, whatever its own shape's
+    choice (per-group conversions cost more than they gained); the hidden states are the
+    padded computation's (bf16 weights: cosine >= 0.9999 at real tokens)."""
+    from tformer.nn.attention import MultiHeadAttention
+    from tformer.nn.precision import to_precision
+
+    model = to_precision(Encoder(tiny_config).eval(), "bf16")
+    mask = torch.from_numpy(padding_mask([S, 1, 3, 4, S, 9, 4], S))
+    ids = _ids(tiny_config, batch=mask.size(0))
+    seen = []
+    as_is = attention_kernels.attention_as_is
+    monkeypatch.setattr(MultiHeadAttention, "_packed_dtype", lambda *a: layer_dtype)
+    monkeypatch.setattr(kernels, "attention_as_is",  # as attention.py looks it up
+                        lambda q, k, v: seen.append((q.dtype, k.dtype, v.dtype)) or as_is(q, k, v),
+                        raising=False)
+    monkeypatch.setattr(attention_kernels, "attention_dtype", lambda *a: pytest.fail("chosen per group"))
+    with torch.inference_mode():
+        packed = model(ids, mask).last_hidden_state.float()
+    groups = len(make_mask(mask, None, *mask.shape, mask.size(1)).packing.groups)
+    assert seen == [(layer_dtype,) * 3] * (groups * tiny_config.n_layers)
+    monkeypatch.undo()
+    with torch.inference_mode():
+        padded = model(ids, mask, skip_padding=False).last_hidden_state.float()
+    real = mask.bool()
+    cos = F.cosine_similarity(packed[real], padded[real], dim=-1)
+    assert float(cos.min()) >= 0.9999
