@@ -74,6 +74,9 @@ def test_quick_peer_workloads(tmp_path, capsys):
     for r in rows.values():
         assert r["median_ms"] is not None or r["note"].startswith("skipped: "), r
     assert "sentences/s" in rows[("sentences-minilm", "tformer fp32")]["note"]
+    for (_, contender), r in rows.items():  # where a timed tformer call's time goes; no peer's
+        assert ("; time: linears " in r["note"]) == (contender.startswith("tformer") and
+                                                     r["median_ms"] is not None), r
     assert data["machine"]["isa"] == cpu_info()[1] and "threads" in table
 
 

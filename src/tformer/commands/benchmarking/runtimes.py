@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tformer.commands.benchmarking import corpus, peers, worker
+from tformer.commands.benchmarking import breakdown, corpus, peers, worker
 from tformer.commands.benchmarking.harness import Report, Row, Target, Timing, measure, paired_ratio
 from tformer.commands.benchmarking.rows import TOLERANCE
 from tformer.nn.kernels.machine import NO_BF16, has_bf16
@@ -133,6 +133,8 @@ def _compare(s, name: str, task: str, model: Path, inputs: Path, tokens: int,
         skipped.update(failed)
         try:
             timings = measure({n: workers[n] for n in timed}, s.n_rounds(5), pause=pause)
+            for n in [n for n in timed if n.startswith("tformer")]:  # after timing, never in it
+                timed[n] += f"; time: {breakdown.describe(workers[n].parts())}"
         except RuntimeError as e:  # a worker died mid-run: say which, keep the other workloads
             report.notes.append(f"{name}: timing stopped: {e}")
             return report, {}
@@ -156,7 +158,9 @@ def _compare(s, name: str, task: str, model: Path, inputs: Path, tokens: int,
         f"{LOW_PRECISION_COSINE} (reported). CTranslate2 runs with "
         + ", ".join(f"{k}={os.environ.get(k, v)}" for k, v in peers.CT2_ENV.items())
         + " (the benchmark's defaults unless the environment sets them: without CT2_USE_MKL=1 it "
-        "uses MKL on Intel CPUs only).")
+        "uses MKL on Intel CPUs only). A tformer row's \"time:\" is one more call, untimed, under "
+        "torch.profiler: its operators' time by part (benchmarking/breakdown.py), as shares of "
+        "the call's wall time.")
     return report, timings
 
 

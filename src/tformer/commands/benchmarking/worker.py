@@ -8,7 +8,9 @@ interleave them in rounds as it does in-process ones.
 
 Protocol (one JSON line per reply on the process's original stdout; library chatter goes to
 stderr): start -> {"ready": true, "output": FILE, "note": ...} or {"skip": REASON};
-"run" -> {"wall": s, "cpu": s}; "quit" or end of input -> exit. FILE is .npy (encoder outputs)
+"run" -> {"wall": s, "cpu": s}; "profile" -> {"parts": {part: s}} (one untimed call under
+torch.profiler, ``breakdown.time_parts``; {} for a contender that is not tformer's);
+"quit" or end of input -> exit. FILE is .npy (encoder outputs)
 or .json (the "decode" task's token ids, a list per row).
 
     python -m tformer.commands.benchmarking.worker '{"name": ..., "task": "sentences"|"batch"|"decode", ...}'
@@ -45,7 +47,7 @@ def main(spec: dict) -> None:
         output = Path(spec["work"]) / f"out-{spec['index']}.json"
         output.write_text(json.dumps(call()))
         reply(ready=True, output=str(output), note="")
-        _serve(call, reply)
+        _serve(call, reply, profiled=False)
         return
     contender = peers.BY_NAME[spec["name"]]
     paths = peers.Paths(*(Path(spec[k]) for k in ("model", "onnx", "work")))
@@ -72,12 +74,18 @@ def main(spec: dict) -> None:
     np.save(output, np.asarray(call(), dtype=np.float32))
     first = f"first call {time.perf_counter() - t:.1f} s (compiling)" if "compiled" in spec["name"] else ""
     reply(ready=True, output=str(output), note="; ".join(n for n in (runner.note, first) if n))
-    _serve(call, reply)
+    _serve(call, reply, profiled=spec["name"].startswith("tformer"))
 
 
-def _serve(call, reply) -> None:
-    """Answer each "run" line with one timed call; stop at anything else or end of input."""
+def _serve(call, reply, profiled: bool) -> None:
+    """Answer each "run" line with one timed call, "profile" with where a call's time goes;
+    stop at anything else or end of input."""
     for line in sys.stdin:
+        if line.strip() == "profile":
+            from tformer.commands.benchmarking.breakdown import time_parts
+
+            reply(parts=time_parts(call) if profiled else {})
+            continue
         if line.strip() != "run":
             break
         c0, t0 = time.process_time(), time.perf_counter()
@@ -134,6 +142,12 @@ class Worker:
         self.proc.stdin.flush()
         msg = self._read()
         return Measured(msg["wall"], msg["cpu"])
+
+    def parts(self) -> dict[str, float]:
+        """Seconds of one untimed call per part (``breakdown.time_parts``); {} for a peer."""
+        self.proc.stdin.write("profile\n")
+        self.proc.stdin.flush()
+        return self._read()["parts"]
 
     def close(self) -> None:
         if self.proc.poll() is None:
