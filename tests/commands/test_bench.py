@@ -61,6 +61,9 @@ def test_full_quick_run(tmp_path, capsys):
     in_process = [w for w in workloads.names() if w not in PEER_WORKLOADS]
     _, data = _run(tmp_path, capsys, "--only", *in_process)
     assert {r["workload"] for r in data["rows"]} >= {"dense-base", "bf16-base", "train-base", "memory-512"}
+    decoding = {r["contender"]: r["note"] for r in data["rows"] if r["workload"] == "decode-default"}
+    assert "time: linears " in decoding["tformer beam 4"]  # where its time goes (breakdown.py)
+    assert "time:" not in decoding.get("HF generate beam 4", "")
     if not has_bf16():  # skipped with a note, not a crash
         assert [r["note"] for r in data["rows"] if r["workload"] == "bf16-base"] == [f"skipped: {NO_BF16}"]
 

@@ -26,8 +26,13 @@ def test_every_part_is_timed_and_the_parts_add_up_to_the_call():
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(512, 256, generator=g), torch.randn(256, 256, generator=g)
     q = torch.randn(2, 4, 64, 32, generator=g)
-    _layer_like(x, w, q)
-    seconds = breakdown.time_parts(lambda: _layer_like(x, w, q))
+
+    def call():
+        h, _ = _layer_like(x, w, q)
+        return h.float().log_softmax(-1).topk(4)  # search
+
+    call()
+    seconds = breakdown.time_parts(call)
     assert list(seconds) == [*breakdown.PARTS, breakdown.REST]
     assert all(seconds[part] > 0 for part in breakdown.PARTS), seconds
     assert seconds[breakdown.REST] >= 0
@@ -38,8 +43,8 @@ def test_every_part_is_timed_and_the_parts_add_up_to_the_call():
 
 
 def test_describe_gives_each_part_its_share_in_order():
-    text = breakdown.describe({"linears": 3.0, "attention": 1.0, breakdown.REST: 0.0})
-    assert text == "linears 75%, attention 25%, the rest 0%"
+    text = breakdown.describe({"linears": 3.0, "attention": 1.0, "search": 0.001, breakdown.REST: 0.0})
+    assert text == "linears 75%, attention 25%, the rest 0%"  # a part under 0.5% left out
     assert breakdown.describe({"linears": 0.0}) == ""
     shares = [float(p.rsplit(" ", 1)[1].rstrip("%")) for p in breakdown.describe(
         {"a": 1.0, "b": 2.0, "c": 4.0}).split(", ")]

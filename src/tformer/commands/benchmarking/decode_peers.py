@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from tformer.commands.benchmarking import corpus, peers, worker
+from tformer.commands.benchmarking import breakdown, corpus, peers, worker
 from tformer.commands.benchmarking.harness import Report, Row, Target, measure, paired_ratio
 from tformer.config import TransformerConfig
 from tformer.nn.generate import GenerationOutput, beam_search, greedy_search
@@ -369,6 +369,9 @@ def _timed(report: Report, name: str, model: Seq2SeqTransformer, runs: dict, ct2
             del runs[n]
     with torch.inference_mode():
         timings = measure(runs, s.n_rounds(5))
+        for n in [n for n in runs if n.startswith("tformer")]:  # after timing, never in it
+            where = f"time: {breakdown.describe(breakdown.time_parts(runs[n]))}"
+            notes[n] = f"{notes[n]}; {where}" if n in notes else where
     tokens = {n: sum(map(len, outputs[n])) for n in runs}  # generated tokens, EOS included
     first = timings["tformer greedy"]
     for n, t in timings.items():
