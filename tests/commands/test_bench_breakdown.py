@@ -29,7 +29,7 @@ def test_every_part_is_timed_and_the_parts_add_up_to_the_call():
 
     def call():
         h, _ = _layer_like(x, w, q)
-        return h.float().log_softmax(-1).topk(4)  # search
+        return h.float().log_softmax(-1).topk(4)  # a search's selection
 
     call()
     seconds = breakdown.time_parts(call)
@@ -43,7 +43,7 @@ def test_every_part_is_timed_and_the_parts_add_up_to_the_call():
 
 
 def test_describe_gives_each_part_its_share_in_order():
-    text = breakdown.describe({"linears": 3.0, "attention": 1.0, "search": 0.001, breakdown.REST: 0.0})
+    text = breakdown.describe({"linears": 3.0, "attention": 1.0, "top-k": 0.001, breakdown.REST: 0.0})
     assert text == "linears 75%, attention 25%, the rest 0%"  # a part under 0.5% left out
     assert breakdown.describe({"linears": 0.0}) == ""
     shares = [float(p.rsplit(" ", 1)[1].rstrip("%")) for p in breakdown.describe(
@@ -61,7 +61,7 @@ def test_a_worker_answers_profile_between_timed_runs(monkeypatch, profiled):
     x = torch.randn(64, 64)
     worker._serve(lambda: calls.append(F.linear(x, x)), lambda **kw: replies.append(json.loads(json.dumps(kw))),
                   profiled=profiled)
-    assert len(calls) == (3 if profiled else 2)
+    assert len(calls) == (4 if profiled else 2)  # profiling: a plain call, then a profiled one
     assert set(replies[0]) == {"wall", "cpu"} and set(replies[2]) == {"wall", "cpu"}
     parts = replies[1]["parts"]
     assert (set(parts) == {*breakdown.PARTS, breakdown.REST}) if profiled else parts == {}
