@@ -19,16 +19,16 @@ from collections.abc import Callable
 # Parts, in the order the note lists them: operator names (aten's, oneDNN's) -> part.
 PARTS: dict[str, tuple[str, ...]] = {
     "linears": ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm", "aten::linear",
-                        "onednn::qlinear_pointwise", "aten::_addmm_activation"),
+                "onednn::qlinear_pointwise", "aten::_addmm_activation"),
     "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",
                   "aten::_scaled_dot_product_attention_math", "aten::bmm", "aten::baddbmm",
                   "aten::_softmax", "aten::_safe_softmax"),
     "norms/adds/activations": ("aten::native_layer_norm", "aten::add", "aten::add_", "aten::gelu",
-                                 "aten::gelu_", "aten::relu", "aten::relu_", "aten::mul", "aten::div"),
+                               "aten::gelu_", "aten::relu", "aten::relu_", "aten::mul", "aten::div"),
     "log-softmax/top-k/max": ("aten::_log_softmax", "aten::topk", "aten::amax", "aten::max",
                               "aten::sort"),
     "copies/casts": ("aten::copy_", "aten::_to_copy", "aten::index_select", "aten::index",
-                         "aten::cat", "aten::_index_put_impl_", "aten::fill_", "aten::zero_"),
+                     "aten::cat", "aten::_index_put_impl_", "aten::fill_", "aten::zero_"),
 }
 _PART_OF = {op: part for part, ops in PARTS.items() for op in ops}
 REST = "the rest"
