@@ -8,10 +8,9 @@ and copies it into HF's ``MarianMTModel`` through the key table below; HF's sinu
 out differently (all sines, then all cosines), so its position tables get tformer's. The copy is
 checked (teacher-forced logits, greedy token ids) before anything is timed.
 
-The sources are real text (the stdlib's docstrings, benchmarking.corpus) at real lengths, each
-word hashed to an id. Random weights never choose EOS by themselves, so EOS is the token whose
-first appearance in the free-running greedy outputs is spread most evenly over the steps: rows
-then stop at many different steps, as a trained model's do, and every contender uses that id.
+The sources are the stdlib's docstrings (benchmarking.corpus) at real lengths, a word an id. Random
+weights never choose EOS, so EOS is the token whose first greedy appearance is spread most evenly
+over the steps: rows stop at many steps, as a trained model's do; every contender uses that id.
 
 Shape legend: B batch, S source length, L generated length, D model dim, V vocab.
 """
@@ -201,8 +200,7 @@ def ct2_workers(hf, src: Tensor, mask: Tensor, max_len: int, eos: int, threads: 
 # Inputs --------------------------------------------------------------------------------------------
 def real_sources(count: int, vocab: int, min_tokens: int = 6, max_tokens: int = 40,
                  seed: int = 0) -> tuple[Tensor, Tensor]:
-    """Stdlib prose at real lengths (log-uniform token counts), words hashed to ids >= 4, then EOS
-    is not appended (it is chosen later). Returns ids (B, S) padded with PAD and the mask (B, S)."""
+    """Stdlib prose at real lengths (log-uniform), words hashed to ids >= 4, no EOS: (B, S) ids, mask."""
     texts = corpus.sentences(count, min_tokens, max_tokens, lambda t: len(t.split()), seed=seed)
     rows = [[4 + zlib.crc32(w.encode()) % (vocab - 4) for w in t.split()] for t in texts]
     s = max(map(len, rows))
