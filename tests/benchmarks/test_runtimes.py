@@ -50,3 +50,37 @@ def test_gemm_floors_are_the_texts_matrix_products_at_the_roofline(tmp_path):
     if has_bf16():
         assert by_name["w", "OpenVINO default precision"].roofline == pytest.approx(floor["bf16"] / 7.0)
         assert f"OpenVINO default precision / floor = {7.0 / floor['bf16']:.2f}x" in report.notes[1]
+
+
+def test_a_worker_that_dies_profiling_keeps_its_timings(tmp_path, monkeypatch):
+    """The "time:" profile comes after the timed rounds: a tformer worker that dies there keeps
+    its row's timings, and its note says it was not profiled."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from tformer.commands.benchmarking import runtimes, worker
+    from tformer.commands.benchmarking.harness import Measured
+
+    class Dies:
+        def ready(self):
+            return {"output": np.ones((3, 4), dtype=np.float32), "note": ""}
+
+        def __call__(self):
+            return Measured(0.01, 0.02)
+
+        def parts(self):
+            raise RuntimeError("worker exited (-9): killed")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(worker, "start", lambda names, *a: ({n: Dies() for n in names}, {}))
+    settings = SimpleNamespace(quick=True, threads=1, contenders=["no peer"], n_rounds=lambda n: 2)
+    inputs = tmp_path / "texts.json"
+    inputs.write_text("[]")
+    report, timings = runtimes._compare(settings, "sentences-minilm", "sentences", tmp_path, inputs, 10, None)
+    assert list(timings) == ["tformer fp32"]
+    (row,) = [r for r in report.rows if r.contender == "tformer fp32"]
+    assert row.median_ms == pytest.approx(10.0)
+    assert "time: not profiled (worker exited (-9): killed)" in row.note

@@ -133,11 +133,14 @@ def _compare(s, name: str, task: str, model: Path, inputs: Path, tokens: int,
         skipped.update(failed)
         try:
             timings = measure({n: workers[n] for n in timed}, s.n_rounds(5), pause=pause)
-            for n in [n for n in timed if n.startswith("tformer")]:  # after timing, never in it
-                timed[n] += f"; time: {breakdown.describe(workers[n].parts())}"
         except RuntimeError as e:  # a worker died mid-run: say which, keep the other workloads
             report.notes.append(f"{name}: timing stopped: {e}")
             return report, {}
+        for n in [n for n in timed if n.startswith("tformer")]:  # after timing, never in it
+            try:
+                timed[n] += f"; time: {breakdown.describe(workers[n].parts())}"
+            except RuntimeError as e:  # it died profiling: its timings stand
+                timed[n] += f"; time: not profiled ({e})"
     finally:
         for w in workers.values():
             w.close()
