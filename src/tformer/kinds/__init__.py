@@ -41,6 +41,7 @@ from tformer.kinds.base import Kind
 from tformer.kinds.run import AttentionInput, Run
 from tformer.kinds.serving import input_limit
 from tformer.nn.devices import resolve_device
+from tformer.nn.kernels.allocator import keep_freed_memory
 from tformer.storage.checkpoint import check_run_dir, load_weights
 from tformer.storage.checkpoint_names import CHECKPOINTS, read_latest
 from tformer.storage.files import read_json_object
@@ -217,13 +218,16 @@ def load_run(path: str | Path, needs: str | None = None, device: str | object = 
     of a kind without it is refused in one line naming the command that fits it.
     device: where the model runs (tformer.nn.devices: auto, cpu, cuda, cuda:N, mps, or a
     torch.device), whatever device trained it: weights are read to the CPU, then moved.
-    dtype: "fp32", or "bf16" / "int8" matrix multiplies (tformer.nn.precision.to_precision)."""
+    dtype: "fp32", or "bf16" / "int8" matrix multiplies (tformer.nn.precision.to_precision).
+    On the CPU, as the command line and tformer.train do, it asks glibc's malloc to keep freed
+    memory for reuse in this process (tformer.nn.kernels.allocator: why, and how to opt out)."""
     path, device = as_path(path, "path", "a run directory"), resolve_device(device)
     known = isinstance(needs, str) and any(hasattr(k.run, needs) for k in KINDS.values())
     if needs is not None and not known:  # (a number was getattr's TypeError)
         verbs = ", ".join(dict.fromkeys(k.verb for k in KINDS.values()))  # (two kinds may share one)
         raise ValueError(f"needs: expected a run's method ({verbs}, ...) or None, got {needs!r}")
     # A live run may prune the checkpoint being read (it published a newer one): read that one.
+    keep_freed_memory(device.type)  # a beam search from Python: 0.85-0.95x the time (allocator)
     return read_latest(path, lambda _: _load(path, needs, device, dtype))
 
 

@@ -13,11 +13,14 @@ The settings: blocks up to 32 MiB (glibc's largest allowed threshold) come from 
 heap is trimmed only when more than 1 GiB at its top is free. The cost: a process keeps up to its
 peak heap (plus 1 GiB free) until it exits, as a caching allocator does.
 
-Applied by the command line for every command and by ``tformer.train``, when the model runs on
-the CPU: on a GPU the tensors come from torch's own caching allocator, and the host's heap would
-only be kept large for nothing. A user who has set glibc's own knobs (``MALLOC_MMAP_THRESHOLD_``,
-``MALLOC_TRIM_THRESHOLD_``, ``GLIBC_TUNABLES``) keeps them, and ``TFORMER_KEEP_FREED_MEMORY=0``
-turns this off.
+Applied by the command line for every command, by ``tformer.train`` and by ``tformer.load_run``
+(a run's predict, generate, embed from Python: a beam search on a CPU, 64 sources x 4 beams, took
+0.85-0.95x the time with it, greedy 0.95-0.97x), when the model runs on the CPU: on a GPU the
+tensors come from torch's own caching allocator, and the host's heap would only be kept large for
+nothing. A model built or loaded otherwise (``Seq2SeqTransformer``, ``from_pretrained``) runs as
+the process's malloc is set: ``keep_freed_memory()`` applies it. A user who has set glibc's own
+knobs (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``, ``GLIBC_TUNABLES``) keeps them, and
+``TFORMER_KEEP_FREED_MEMORY=0`` turns this off.
 """
 
 from __future__ import annotations
