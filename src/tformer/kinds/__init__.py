@@ -226,8 +226,8 @@ def load_run(path: str | Path, needs: str | None = None, device: str | object = 
     if needs is not None and not known:  # (a number was getattr's TypeError)
         verbs = ", ".join(dict.fromkeys(k.verb for k in KINDS.values()))  # (two kinds may share one)
         raise ValueError(f"needs: expected a run's method ({verbs}, ...) or None, got {needs!r}")
-    # A live run may prune the checkpoint being read (it published a newer one): read that one.
     keep_freed_memory(device.type)  # a beam search from Python: 0.85-0.95x the time (allocator)
+    # A live run may prune the checkpoint being read (it published a newer one): read that one.
     return read_latest(path, lambda _: _load(path, needs, device, dtype))
 
 
