@@ -28,8 +28,8 @@ import importlib
 # on first use, so that the torch-free parts (machine, allocator) load without torch.
 _LAZY = {
     **dict.fromkeys(("attention", "attention_as_is", "attention_call_scores", "attention_dtype",
-                     "attention_kernel",
-                     "why_not_fused_attention", "why_not_measured_attention", "why_not_packed"),
+                     "attention_kernel", "why_not_fused_attention", "why_not_measured_attention",
+                     "why_not_packed"),
                     "attention_kernels"),
     **dict.fromkeys(("ACTIVATIONS", "ACTIVATIONS_IN_PLACE", "TRAIN_KERNELS", "infer_kernel",
                      "int8_linear", "int8_prepack", "linear", "linear_weights", "packed_weight",

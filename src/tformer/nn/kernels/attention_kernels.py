@@ -37,14 +37,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout_p
 
     Shape: q (B, H, T, Dh); k, v (B, H, S, Dh); allowed broadcastable to (B, H, T, S) -> (B, H, T, Dh)
     """
-    dtype, cpu = q.dtype, q.device.type == "cpu"
+    dtype = q.dtype
     unmasked = allowed is None and dropout_p == 0.0
     compute = attention_dtype(q, k, v) if unmasked else attention_dtype(q)
     if not compute == dtype == k.dtype == v.dtype:  # (no-op .to()s: 3 operator calls a step)
         q, k, v = q.to(compute), k.to(compute), v.to(compute)
-    # autocast would cast them back to bf16
-    with torch.autocast("cpu", enabled=False) if cpu and torch.is_autocast_enabled("cpu") else \
-            contextlib.nullcontext():
+    with _as_they_are(q):  # autocast would cast them back to bf16
         if unmasked:
             out = _unmasked_attention(q, k, v)
         else:
@@ -59,10 +57,15 @@ def attention_as_is(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
     Shape: q, k, v (B, H, L, Dh) -> (B, H, L, Dh)
     """
-    # autocast would cast fp32 values to bf16
-    with torch.autocast("cpu", enabled=False) if q.device.type == "cpu" and \
-            torch.is_autocast_enabled("cpu") else contextlib.nullcontext():
+    with _as_they_are(q):  # autocast would cast fp32 values to bf16
         return _unmasked_attention(q, k, v)
+
+
+def _as_they_are(q: Tensor) -> contextlib.AbstractContextManager:
+    """A block where CPU autocast, if on, leaves attention's values in the dtype they have."""
+    if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+        return torch.autocast("cpu", enabled=False)
+    return contextlib.nullcontext()
 
 
 def _unmasked_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
