@@ -245,3 +245,19 @@ def test_the_training_loop_runs_its_steps_through_the_compiled_loss(tmp_path, mo
     assert len(compiled) == 1 and compiled[0] is not None, compiled  # the run's objective's loss
     assert len(calls) == 3 and "train-loss" not in compiling.summary()
     assert record is not None and (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_sizes_equal_by_chance_when_traced_stay_apart(monkeypatch):
+    """A size that equals a fixed one when first traced (16 rows, a table 16 wide) is not
+    compiled as that number: other row counts run the same compilation (a beam search's rows
+    shrink as sources finish; each new count was compiled again until the recompile limit)."""
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+    monkeypatch.setattr(compiling, "BACKEND", counter)
+    table = torch.randn(128, 16)
+    kernel = compiling.Compiled("test-sizes", lambda x, t: x[:, :16] + t[0])
+    torch._dynamo.reset()
+    for rows in (16, 32, 48):
+        torch.testing.assert_close(kernel.compiled(torch.randn(rows, 16), table).shape, (rows, 16))
+    assert counter.frame_count == 1

@@ -459,7 +459,7 @@ def test_a_compiled_decoding_step_gives_the_eager_searchs_outputs(random_model_a
     monkeypatch.setattr(autotune, "_memory", {})
     monkeypatch.setattr(autotune, "ROUNDS", 1)  # each shape class timed once: the choice is not the point
     monkeypatch.setattr(compiling, "BACKEND", backend)
-    monkeypatch.setattr(gen, "DECODE_STEP", compiling.Compiled("decode-step", gen.decode_step,
+    monkeypatch.setattr(gen, "DECODE_STEP", compiling.Compiled("decode-step", gen.next_logits,
                                                                shape_class=gen._step_class))
     compiling.forget_failures()
     got_greedy = greedy_search(model, src, mask, **ids)

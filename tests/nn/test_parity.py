@@ -15,6 +15,7 @@ from helpers import assert_close, padding_mask
 
 from tformer import reference as ref
 from tformer.nn import kernels
+from tformer.nn.cache import grow
 from tformer.nn.model import Decoder, Encoder, EncoderClassifier, Seq2SeqTransformer
 
 DTYPES = {np.float64: torch.float64, np.float32: torch.float32}
@@ -129,8 +130,11 @@ def test_seq2seq_matches_reference(tiny_config, dtype, norm_first, shared):
             assert_close(a, b, dtype, what=name)
 
 
-def test_decoder_cache_matches_reference(tiny_config):
-    """Step-by-step decoding with the cache, PyTorch vs NumPy (float64)."""
+@pytest.mark.parametrize("grow_cache", [True, False])
+def test_decoder_cache_matches_reference(tiny_config, grow_cache):
+    """Step-by-step decoding with the cache, PyTorch vs NumPy (float64); with grow_cache=False
+    each step returns its new positions only, which the caller appends (tformer.nn.cache.grow,
+    np.concatenate)."""
     config = tiny_config.replace(vocab_size=None)
     model, mirror = _pair(Decoder, ref.Decoder, config, np.float64)
     rng = np.random.default_rng(4)
@@ -142,11 +146,18 @@ def test_decoder_cache_matches_reference(tiny_config):
         with torch.no_grad():
             out_t = model(torch.from_numpy(y[:, i : i + 1]), torch.from_numpy(memory),
                           memory_attention_mask=torch.from_numpy(mem_mask),
-                          past_key_values=past_t, use_cache=True)
+                          past_key_values=past_t, use_cache=True, grow_cache=grow_cache)
         out_r = mirror(y[:, i : i + 1], memory, memory_attention_mask=mem_mask,
-                       past_key_values=past_r, use_cache=True)
-        past_t, past_r = out_t.past_key_values, out_r.past_key_values
+                       past_key_values=past_r, use_cache=True, grow_cache=grow_cache)
         assert_close(out_t.last_hidden_state, out_r.last_hidden_state, np.float64, what=f"step {i}")
+        for new_t, new_r in zip(out_t.past_key_values, out_r.past_key_values, strict=True):
+            assert_close(new_t[0], new_r[0], np.float64, what=f"step {i} keys")
+        if grow_cache or past_t is None:
+            past_t, past_r = out_t.past_key_values, out_r.past_key_values
+        else:
+            past_t = grow(past_t, out_t.past_key_values)
+            past_r = tuple((np.concatenate([p[0], n[0]], axis=2), np.concatenate([p[1], n[1]], axis=2),
+                            *p[2:]) for p, n in zip(past_r, out_r.past_key_values, strict=True))
 
 
 @pytest.mark.parametrize("changes", [{"pooling": "cls"}, {"pooling": "mean"},

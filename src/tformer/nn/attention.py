@@ -56,7 +56,9 @@ def append_positions(past: Tensor, new: Tensor) -> Tensor:
     if why_not_in_place(past, grown_shape) is not None:
         return torch.cat([past, new], dim=2)
     grown = past.as_strided(grown_shape, past.stride())  # past's positions, then the room
-    grown[:, :, length:] = new
+    room = grown[:, :, length:]
+    if (new.data_ptr(), new.stride()) != (room.data_ptr(), room.stride()):  # else already there
+        room.copy_(new)
     return grown
 
 
@@ -76,6 +78,37 @@ def why_not_in_place(past: Tensor, grown_shape: tuple[int, int, int, int]) -> st
     return None
 
 
+def attend_past_and_new(q: Tensor, past: KeyValue, k: Tensor, v: Tensor, mask: Mask | None,
+                        dropout_p: float, need_weights: bool
+                        ) -> tuple[Tensor, Tensor | None, KeyValue]:
+    """Attention to the cached positions followed by the new ones, the cache left as it is
+    (``grow_cache=False``: the caller stores the new keys and values itself).
+
+    Run eagerly on a cache with room (``with_room``), the new positions are written into the
+    room, after the cache's last position, and attended as a grown cache is (the caller's
+    append then finds them there). Where the room cannot be written (a compiled step: inductor
+    does not write into an input's room), one query a row and unmasked (a decoding step), the
+    scores of the past block and of the new position share one maximum and one sum, as flash
+    attention merges blocks of keys (Dao et al. 2022): the cache is read where it is, not copied
+    (kernels.attention_past_and_new). Anything else attends to the two concatenated, a copy.
+
+    Shape: q, k, v (B, H, T, Dh); past (B, H, L, Dh) each; mask broadcastable to (B, H, T, L + T)
+        -> output (B, H, T, Dh), weights (B, H, T, L + T) or None, the new (k, v)
+    """
+    past_k, past_v = past
+    length = past_k.size(2)
+    if not tracing():  # append_positions: into the room (or a copy where there is none)
+        k_all, v_all = append_positions(past_k, k), append_positions(past_v, v)  # (B, H, L + T, Dh)
+        out, weights = scaled_dot_product_attention(q, k_all, v_all, mask, dropout_p, need_weights)
+        return out, weights, (k_all[:, :, length:], v_all[:, :, length:])  # the room's views
+    if q.size(2) == 1 and mask is None and dropout_p == 0.0 and not need_weights and length:
+        check_qkv(q, past_k, past_v, None)
+        return kernels.attention_past_and_new(q, past_k, past_v, k, v), None, (k, v)
+    out, weights = scaled_dot_product_attention(q, torch.cat([past_k, k], dim=2),
+                                                torch.cat([past_v, v], dim=2), mask, dropout_p, need_weights)
+    return out, weights, (k, v)
+
+
 def check_qkv(q: Tensor, k: Tensor, v: Tensor, mask: Mask | None) -> None:
     """One line naming the argument for mis-shaped inputs, not torch's matmul or broadcasting
     error (the same words as tformer.reference). Shape comparisons only: it runs every call.
@@ -89,7 +122,8 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, mask: Mask | None) -> None:
             raise ValueError(f"{name}: expected shape (B, H, S, Dh) = {(b, h, s, dh)}, got {tuple(x.shape)}")
     allowed = () if mask is None else tuple(mask.allowed.shape)
     trailing = (b, h, t, s)[4 - len(allowed) :] if len(allowed) <= 4 else None
-    if trailing is None or any(m not in (1, n) for m, n in zip(allowed, trailing, strict=True)):
+    # (m != 1 and m != n, not m not in (1, n): traced, a size's membership in a tuple was False)
+    if trailing is None or any(m != 1 and m != n for m, n in zip(allowed, trailing, strict=True)):
         raise ValueError(f"mask: expected a shape broadcastable to (B, H, T, S) = {(b, h, t, s)}, "
                          f"got {allowed}")
 
@@ -211,11 +245,14 @@ class MultiHeadAttention(nn.Module):
         past_key_value: KeyValue | None = None,
         use_cache: bool = False,
         need_weights: bool = False,
+        grow_cache: bool = True,
     ) -> AttentionOutput:
         """Attend from ``x`` to itself, or to ``memory`` when ``cross``.
 
         With a cache, self-attention appends the new keys/values to ``past_key_value`` (into
-        its room, in place, when it has some: ``with_room``);
+        its room, in place, when it has some: ``with_room``); with ``grow_cache=False`` it
+        leaves the cache as it is and ``present`` holds the new positions' keys/values only
+        (a compiled decoding step returns them: it cannot write into its input's room);
         cross-attention reuses it instead of projecting ``memory`` again. With a ``Packing``
         for a mask, ``x`` is a packed batch of real tokens (see ``Encoder.forward``): attention
         then runs within each sequence, as the packing describes them.
@@ -246,14 +283,25 @@ class MultiHeadAttention(nn.Module):
             q = _group(q, g)  # (Bm, H, g * T, Dh)
         else:
             q, k, v = self._split_heads(kernels.linear(x, self.qkv_proj), 3)  # 3 x (B, H, T, Dh)
+            if past_key_value is not None and not grow_cache:  # present: the new k, v only
+                out, weights, new = attend_past_and_new(q, past_key_value, k, v, mask, p, need_weights)
+                return self._output(out, weights, g, new if use_cache else None)
             if past_key_value is not None:
                 k = append_positions(past_key_value[0], k)  # (B, H, S_past + T, Dh)
                 v = append_positions(past_key_value[1], v)
         out, weights = scaled_dot_product_attention(q, k, v, mask, p, need_weights)
+        return self._output(out, weights, g, (k, v) if use_cache else None)
+
+    def _output(self, out: Tensor, weights: Tensor | None, g: int, present: KeyValue | None
+                ) -> AttentionOutput:
+        """The heads joined and projected (§3.2.2), the weights and the cache to return.
+
+        Shape: out (B / g, H, g * T, Dh) -> output (B, T, D)
+        """
         out, weights = _ungroup(out, g), None if weights is None else _ungroup(weights, g)
         b, _, t, _ = out.shape
         out = out.transpose(1, 2).reshape(b, t, self.d_model)  # (B, T, D)
-        return AttentionOutput(kernels.linear(out, self.out_proj), weights, (k, v) if use_cache else None)
+        return AttentionOutput(kernels.linear(out, self.out_proj), weights, present)
 
     def _packed_self_attention(self, qkv: Tensor, packing: Packing, dropout_p: float) -> Tensor:
         """Attention within each sequence of a packed batch, one call per group of equal lengths.

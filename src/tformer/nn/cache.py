@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tformer.nn.attention import with_room
+from tformer.nn.attention import append_positions, with_room
 from tformer.nn.layers import LayerCache
 
 Cache = tuple[LayerCache, ...]
@@ -35,6 +35,17 @@ def reorder_cache(cache: Cache, beam: Tensor) -> Cache:
             self_k.index_copy_(0, moved, self_k.index_select(0, came_from))
             self_v.index_copy_(0, moved, self_v.index_select(0, came_from))
     return cache
+
+
+def grow(cache: Cache, new: Cache) -> Cache:
+    """Each layer's self-attention keys/values followed by a step's new positions (``new``, as
+    ``model.decode(..., grow_cache=False)`` returns them), in place into their room
+    (append_positions); the cross-attention ones as they are.
+
+    Shape: cache (rows, H, L, Dh) each, new (rows, H, T, Dh) -> (rows, H, L + T, Dh)
+    """
+    return tuple((append_positions(self_k, new_k), append_positions(self_v, new_v), cross_k, cross_v)
+                 for (self_k, self_v, cross_k, cross_v), (new_k, new_v, *_) in zip(cache, new, strict=True))
 
 
 def with_room_all(cache: Cache, capacity: int) -> Cache:

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from tformer.nn import kernels
-from tformer.nn.cache import Cache
+from tformer.nn.cache import Cache, grow
 from tformer.nn.cache import reorder_cache as _reorder_cache
 from tformer.nn.cache import select_beams as _select_beams
 from tformer.nn.cache import select_rows as _select
@@ -96,30 +96,52 @@ def _in_eval_mode(search):
     return run
 
 
-def decode_step(model, token: Tensor, memory: Tensor, mask: Tensor | None, past: Cache,
-                dtype: torch.dtype) -> tuple[Tensor, Cache]:
-    """One cached step: the next token's log-probabilities in `dtype` and the grown cache.
+def decode_step(model, token: Tensor, memory: Tensor, mask: Tensor | None, past: Cache | None,
+                dtype: torch.dtype, step: int) -> tuple[Tensor, Cache]:
+    """One cached step: the next token's log-probabilities in `dtype` and the cache one position
+    longer (the first step builds it; later ones append to it in place, into its room).
 
     Shape: token (B', 1); memory (Bm, S, D); mask (Bm, S) -> (B', V), the cache one position longer
     """
-    out = model.decode(token, memory, memory_attention_mask=mask, past_key_values=past, use_cache=True)
-    return out.logits[:, -1].to(dtype).log_softmax(dim=-1), out.past_key_values
+    if past is None:
+        out = model.decode(token, memory, memory_attention_mask=mask, use_cache=True)
+        logits, present = out.logits[:, -1], out.past_key_values
+    else:
+        logits, new = (DECODE_STEP if step >= _COMPILED_FROM else next_logits)(model, token, memory,
+                                                                              mask, past)
+        present = grow(past, new)
+    return logits.to(dtype).log_softmax(dim=-1), present
 
 
-def _step_class(model, token: Tensor, memory: Tensor, mask, past: Cache, dtype) -> str:
+def next_logits(model, token: Tensor, memory: Tensor, mask: Tensor | None, past: Cache
+                ) -> tuple[Tensor, Cache]:
+    """A step after the first, the cache left as it is: the next token's logits and each layer's
+    new keys/values, which ``decode_step`` appends. The step that runs eagerly or compiled: a
+    compiled step cannot write into its input's room, and torch.cat would copy the whole cache
+    every step. (The log-softmax stays outside: inductor's was 2-3x slower than eager's at
+    256 x 8,000 on an Intel Xeon.)
+
+    Shape: token (B', 1); memory (Bm, S, D); mask (Bm, S) -> (B', V), per layer (B', H, 1, Dh) x 2
+    """
+    out = model.decode(token, memory, memory_attention_mask=mask, past_key_values=past, use_cache=True,
+                       grow_cache=False)
+    return out.logits[:, -1], out.past_key_values
+
+
+def _step_class(model, token: Tensor, memory: Tensor, mask, past: Cache) -> str:
     """The decoding steps that share a choice: the model's sizes, rows and cached positions
-    rounded up to powers of two, and the dtypes."""
+    rounded up to powers of two, and the dtype."""
     c, rows, length = model.config, token.size(0), past[0][0].size(2)
     return (f"d{c.d_model}h{c.n_heads}f{c.d_ff}x{c.decoder_layers}v{c.target_vocab_size}/"
             f"{1 << (rows - 1).bit_length()}x{1 << (length - 1).bit_length()}/"
-            f"{str(next(model.parameters()).dtype).removeprefix('torch.')}/{str(dtype).removeprefix('torch.')}")
+            f"{str(next(model.parameters()).dtype).removeprefix('torch.')}")
 
 
 # A step after the first, run as it is or compiled (torch.compile), whichever is measured faster
 # here where the work repays a compilation (tformer.nn.kernels.compiling: by default only where the
 # caller expects enough of it, e.g. the benchmark): a small step is ~100 operator calls that
 # inductor fuses into a few.
-DECODE_STEP = Compiled("decode-step", decode_step, shape_class=_step_class)
+DECODE_STEP = Compiled("decode-step", next_logits, shape_class=_step_class)
 # From the third step on: the first builds the caches, and the second's one cached position
 # would be compiled as a constant (torch.compile specialises sizes of 1) and compiled again.
 _COMPILED_FROM = 2
@@ -169,8 +191,7 @@ def greedy_search(
             logp = out.logits[:, -1].to(scores.dtype).log_softmax(dim=-1)  # (B', V)
         else:
             step_in = tokens[rows, step : step + 1]  # (B', 1)
-            step_fn = DECODE_STEP if step >= _COMPILED_FROM else decode_step
-            logp, past = step_fn(model, step_in, memory, mask, past, scores.dtype)
+            logp, past = decode_step(model, step_in, memory, mask, past, scores.dtype, step)
             past = past if step else _with_room(past, max_len)
         best = logp.argmax(dim=-1)  # (B',)
         scores.index_add_(0, rows, torch.where(done, 0.0, logp.gather(1, best[:, None])[:, 0]))
@@ -288,8 +309,7 @@ def beam_search(
     length, cut = 0, False
     for step in range(max_len):
         n, length = srcs.numel(), step + 1
-        step_fn = DECODE_STEP if step >= _COMPILED_FROM else decode_step
-        logp, present = step_fn(model, last, memory, mask, past, scores.dtype)  # (B'*K, V)
+        logp, present = decode_step(model, last, memory, mask, past, scores.dtype, step)  # (B'*K, V)
         kept = kept or min(k + 1, logp.size(-1))
         # A source's K best candidates that are not EOS, and any EOS among its K best, are
         # among its beams' own K + 1 best tokens: a beam's candidates rank as its log-probs do.

@@ -95,8 +95,11 @@ class DecoderLayer(nn.Module):
         past_key_value: LayerCache | None = None,
         use_cache: bool = False,
         need_weights: bool = False,
+        grow_cache: bool = True,
     ) -> DecoderOutputs:
-        """
+        """``grow_cache`` as in MultiHeadAttention: False leaves the self-attention cache as it
+        is, and ``present`` holds the new positions' keys/values (and the cross-attention's).
+
         Shape:
             x: (B, T, D); memory: (B, S, D) (may be None once its keys/values are cached)
             self_mask: broadcastable to (B, H, T, T_past + T) — causal, built by the caller
@@ -108,8 +111,8 @@ class DecoderLayer(nn.Module):
             self_past, cross_past = past_key_value[:2], past_key_value[2:]
 
         def self_attend(h):
-            out = self.self_attn(h, mask=self_mask, past_key_value=self_past,
-                                 use_cache=use_cache, need_weights=need_weights)
+            out = self.self_attn(h, mask=self_mask, past_key_value=self_past, use_cache=use_cache,
+                                 need_weights=need_weights, grow_cache=grow_cache)
             return out.output, (out.weights, out.present)
 
         def cross_attend(h):

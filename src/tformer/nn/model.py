@@ -132,13 +132,8 @@ class Encoder(nn.Module):
             h = self.final_norm(h)
         h = unpad(h)  # (B, S, D)
         pooled = torch.tanh(self.pooler(h[:, 0])) if self.pooler is not None else None
-        return EncoderOutput(
-            h,
-            tuple(hidden) if hidden is not None else None,
-            tuple(attentions) if attentions is not None else None,
-            pooled,
-            mask,
-        )
+        return EncoderOutput(h, tuple(hidden) if hidden is not None else None,
+                             tuple(attentions) if attentions is not None else None, pooled, mask)
 
     # Real checkpoints (BERT format and tformer's own): files are read in tformer.formats.pretrained.
     @classmethod
@@ -212,8 +207,11 @@ class Decoder(nn.Module):
         use_cache: bool = False,
         output_attentions: bool = False,
         output_hidden_states: bool = False,
+        grow_cache: bool = True,
     ) -> DecoderOutput:
         """Decode T new positions, attending causally to themselves (and to a cached past).
+        ``grow_cache=False`` leaves the caches as they are: the presents then hold the new
+        positions' keys/values (MultiHeadAttention), which the caller appends.
 
         Shape:
             x: (B, T) token ids when the config has a vocabulary, else (B, T, D)
@@ -224,9 +222,8 @@ class Decoder(nn.Module):
             past_key_values: per layer (self k, self v, cross k, cross v), each (B, H, *, Dh)
         """
         if past_key_values is not None and len(past_key_values) != len(self.layers):
-            raise ValueError(
-                f"past_key_values: expected {len(self.layers)} layers, got {len(past_key_values)}"
-            )
+            raise ValueError(f"past_key_values: expected {len(self.layers)} layers, "
+                             f"got {len(past_key_values)}")
         past = past_key_values[0][0].size(2) if past_key_values else 0
         h = self.embed(x, offset=past)  # (B, T, D)
         b, t, _ = h.shape
@@ -253,7 +250,8 @@ class Decoder(nn.Module):
         presents = [] if use_cache else None
         for i, layer in enumerate(self.layers):
             layer_past = past_key_values[i] if past_key_values else None
-            out = layer(h, memory, self_mask, memory_mask, layer_past, use_cache, output_attentions)
+            out = layer(h, memory, self_mask, memory_mask, layer_past, use_cache, output_attentions,
+                        grow_cache)
             h = out.hidden
             if hidden is not None:
                 hidden.append(h)
@@ -291,9 +289,7 @@ class Seq2SeqTransformer(nn.Module):
         self.tgt_emb = token_embedding(c.tgt_vocab_size, c) if c.tgt_vocab_size else None
         self.encoder = Encoder(stack)
         self.decoder = Decoder(stack)
-        self.lm_head = (
-            None if c.tie_output else nn.Linear(c.d_model, c.target_vocab_size, bias=False)
-        )
+        self.lm_head = None if c.tie_output else nn.Linear(c.d_model, c.target_vocab_size, bias=False)
 
     @property
     def target_embedding(self) -> nn.Embedding:
@@ -318,15 +314,17 @@ class Seq2SeqTransformer(nn.Module):
         past_key_values: tuple[LayerCache, ...] | None = None,
         use_cache: bool = False,
         output_attentions: bool = False,
+        grow_cache: bool = True,
     ) -> Seq2SeqOutput:
-        """(B, T) target ids (the new ones when a cache is given) -> logits (B, T, V)."""
+        """(B, T) target ids (the new ones when a cache is given) -> logits (B, T, V).
+        ``grow_cache`` as in Decoder.forward."""
         check_token_ids(tgt_ids, self.config.target_vocab_size, "tgt_ids")
         b, t = tgt_ids.shape
         past = past_key_values[0][0].size(2) if past_key_values else 0
         make_mask(tgt_attention_mask, None, b, t, past + t, name="tgt_attention_mask")  # its errors, named
         y = self.target_embedding(tgt_ids) * self.config.embedding_scale  # (B, T, D)
         out = self.decoder(y, memory, tgt_attention_mask, memory_attention_mask, past_key_values,
-                           use_cache, output_attentions)
+                           use_cache, output_attentions, grow_cache=grow_cache)
         h = out.last_hidden_state
         weight = self.lm_head.weight if self.lm_head is not None else self.target_embedding.weight
         logits = kernels.linear_weights(h, weight)  # (B, T, V): tied to the embedding (§3.4) or not

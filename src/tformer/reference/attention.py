@@ -185,8 +185,11 @@ class MultiHeadAttention(Module):
         past_key_value: KeyValue | None = None,
         use_cache: bool = False,
         need_weights: bool = False,
+        grow_cache: bool = True,
     ) -> AttentionOutput:
-        """
+        """``grow_cache=False``: ``present`` holds the new positions' keys/values only (the
+        caller appends them; the torch engine's compiled decoding step does).
+
         Shape:
             x: (B, T, D); memory: (Bm, S, D), Bm dividing B (g = B / Bm consecutive rows
             share a memory row); mask: broadcastable to (B, H, T, S) (cross: (Bm, H, T, S))
@@ -207,17 +210,21 @@ class MultiHeadAttention(Module):
                 k, v = self._split_heads(k), self._split_heads(v)  # (Bm, H, S, Dh)
             g = _queries_per_memory_row(q.shape[0], k.shape[0])
             q = _group(q, g)  # (Bm, H, g * T, Dh)
+            present = (k, v)
         else:
             q, k, v = np.split(self.qkv_proj(x), 3, axis=-1)  # 3 x (B, T, D)
             q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)
+            present = (k, v)  # this call's positions
             if past_key_value is not None:
                 k = np.concatenate([past_key_value[0], k], axis=2)  # (B, H, S_past + T, Dh)
                 v = np.concatenate([past_key_value[1], v], axis=2)
+            if grow_cache:
+                present = (k, v)
         out, weights = scaled_dot_product_attention(q, k, v, mask, 0.0, need_weights)
         out, weights = _ungroup(out, g), None if weights is None else _ungroup(weights, g)
         b, _, t, _ = out.shape
         out = out.transpose(0, 2, 1, 3).reshape(b, t, self.d_model)  # (B, T, D)
-        return AttentionOutput(self.out_proj(out), weights, (k, v) if use_cache else None)
+        return AttentionOutput(self.out_proj(out), weights, present if use_cache else None)
 
     def _merge_heads(self, x: np.ndarray) -> np.ndarray:
         b, _, n, _ = x.shape

@@ -246,8 +246,11 @@ class Decoder(Module):
         use_cache: bool = False,
         output_attentions: bool = False,
         output_hidden_states: bool = False,
+        grow_cache: bool = True,
     ) -> DecoderOutput:
-        """Shape: x (B, T) ids or (B, T, D); memory (Bm, S, D), Bm dividing B
+        """``grow_cache=False``: the presents hold the new positions' keys/values only.
+
+        Shape: x (B, T) ids or (B, T, D); memory (Bm, S, D), Bm dividing B
         (each memory row serves B / Bm consecutive rows) -> last_hidden_state (B, T, D)."""
         if past_key_values is not None and len(past_key_values) != len(self.layers):
             raise ValueError(
@@ -281,7 +284,8 @@ class Decoder(Module):
         presents = [] if use_cache else None
         for i, layer in enumerate(self.layers):
             layer_past = past_key_values[i] if past_key_values else None
-            out = layer(h, memory, self_mask, memory_mask, layer_past, use_cache, output_attentions)
+            out = layer(h, memory, self_mask, memory_mask, layer_past, use_cache, output_attentions,
+                        grow_cache)
             h = out.hidden
             if hidden is not None:
                 hidden.append(h)
@@ -391,6 +395,7 @@ class Seq2SeqTransformer(Module):
         past_key_values=None,
         use_cache: bool = False,
         output_attentions: bool = False,
+        grow_cache: bool = True,
     ) -> Seq2SeqOutput:
         tgt_ids = np.asarray(tgt_ids)
         check_token_ids(tgt_ids, self.config.target_vocab_size, "tgt_ids")
@@ -400,7 +405,7 @@ class Seq2SeqTransformer(Module):
         y = self.target_embedding(tgt_ids) * self.dtype.type(self.config.embedding_scale)
         out = self.decoder(
             y, memory, tgt_attention_mask, memory_attention_mask, past_key_values, use_cache,
-            output_attentions,
+            output_attentions, grow_cache=grow_cache,
         )
         h = out.last_hidden_state
         logits = self.lm_head(h) if self.lm_head is not None else h @ self.target_embedding.weight.T

@@ -28,6 +28,7 @@ import importlib
 # on first use, so that the torch-free parts (machine, allocator) load without torch.
 _LAZY = {
     **dict.fromkeys(("attention", "attention_as_is", "attention_call_scores", "attention_dtype",
+                     "attention_past_and_new",
                      "attention_kernel", "why_not_fused_attention", "why_not_measured_attention",
                      "why_not_packed"),
                     "attention_kernels"),

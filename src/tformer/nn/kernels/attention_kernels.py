@@ -61,6 +61,25 @@ def attention_as_is(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return _unmasked_attention(q, k, v)
 
 
+def attention_past_and_new(q: Tensor, past_k: Tensor, past_v: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """softmax(q [past_k; k]^T / sqrt(Dh)) [past_v; v] for one query a row, without concatenating:
+    the past's scores and the new position's share one maximum and one sum. Scores and weights
+    in float32 at least (a bf16 cache's are (B, H, 1, L) values: cheap to convert).
+
+    Shape: q, k, v (B, H, 1, Dh); past_k, past_v (B, H, L, Dh) -> (B, H, 1, Dh)
+    """
+    exact = torch.promote_types(q.dtype, torch.float32)
+    with _as_they_are(q):  # autocast would cast them to bf16
+        q = q * (1.0 / math.sqrt(q.size(-1)))  # 1/sqrt(Dh) scales q (Dh values, not L scores)
+        past = (q @ past_k.transpose(-2, -1)).to(exact)  # (B, H, 1, L)
+        new = (q.to(exact) * k.to(exact)).sum(dim=-1, keepdim=True)  # (B, H, 1, 1)
+        top = torch.maximum(past.amax(dim=-1, keepdim=True), new)  # (B, H, 1, 1) one max for both
+        past, new = (past - top).exp(), (new - top).exp()
+        total = past.sum(dim=-1, keepdim=True) + new  # (B, H, 1, 1) the softmax's denominator
+        out = (past.to(past_v.dtype) @ past_v).to(exact) + new * v.to(exact)  # (B, H, 1, Dh)
+        return (out / total).to(q.dtype)
+
+
 def _as_they_are(q: Tensor) -> contextlib.AbstractContextManager:
     """A block where CPU autocast, if on, leaves attention's values in the dtype they have."""
     if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):

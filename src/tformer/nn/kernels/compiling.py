@@ -190,7 +190,12 @@ class Compiled:
     @property
     def compiled(self) -> Callable[..., Any]:
         if self._compiled is None:
-            self._compiled = torch.compile(self.fn, dynamic=True, backend=BACKEND)
+            compiled = torch.compile(self.fn, dynamic=True, backend=BACKEND)
+
+            def run(*args: Any) -> Any:
+                with _independent_sizes():
+                    return compiled(*args)
+            self._compiled = run
         return self._compiled
 
     def run_compiled(self, *args: Any) -> Any:
@@ -222,6 +227,20 @@ class Compiled:
         candidates = {"eager": lambda: self.fn(*args), "compiled": lambda: self.compiled(*args)}
         decision = autotune.decide(candidates, lambda call: autotune._time_once(call, _device_of(args)))
         return {**decision, "compile_s": round(compile_s, 3)}
+
+
+def _independent_sizes() -> contextlib.AbstractContextManager:
+    """A block in which torch.compile gives every dynamic size its own symbol. By default sizes
+    that happen to be equal when traced share one ("duck shapes"), so a size fixed by the model
+    fixes the other too: a decoding step traced at 64 rows of a d_model-64 model, or at 256
+    beams of a d_model-256 one, was compiled for that row count only, and compiled again for
+    every other (a beam search's rows shrink as sources finish) until torch's recompile limit
+    left it eager."""
+    config = getattr(getattr(torch, "fx", None), "experimental", None)
+    config = getattr(config, "_config", None)
+    if config is None or not hasattr(config, "use_duck_shape"):
+        return contextlib.nullcontext()
+    return config.patch(use_duck_shape=False)
 
 
 def max_relative_difference(got: Any, expected: Any) -> str | None:
