@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from tformer import TransformerConfig
 from tformer.nn import kernels
 from tformer.nn.cache import grow, with_room_all
-from tformer.nn.generate import next_logits
 from tformer.nn.model import Seq2SeqTransformer
+from tformer.nn.step import next_logits
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -445,7 +445,7 @@ def test_a_compiled_decoding_step_gives_the_eager_searchs_outputs(random_model_a
     what runs."""
     import shutil
 
-    from tformer.nn import generate as gen
+    from tformer.nn import step
     from tformer.nn.kernels import autotune, compiling
 
     if backend == "inductor" and shutil.which("g++") is None and shutil.which("clang++") is None:
@@ -459,13 +459,13 @@ def test_a_compiled_decoding_step_gives_the_eager_searchs_outputs(random_model_a
     monkeypatch.setattr(autotune, "_memory", {})
     monkeypatch.setattr(autotune, "ROUNDS", 1)  # each shape class timed once: the choice is not the point
     monkeypatch.setattr(compiling, "BACKEND", backend)
-    monkeypatch.setattr(gen, "DECODE_STEP", compiling.Compiled("decode-step", gen.next_logits,
-                                                               shape_class=gen._step_class))
+    monkeypatch.setattr(step, "DECODE_STEP", compiling.Compiled("decode-step", step.next_logits,
+                                                                shape_class=step._step_class))
     compiling.forget_failures()
     got_greedy = greedy_search(model, src, mask, **ids)
     got_beam = beam_search(model, src, mask, beam_size=4, **ids)
     assert not compiling.summary()  # compiled without a failure (else it ran eagerly)
-    assert gen.DECODE_STEP.compile_seconds is not None
+    assert step.DECODE_STEP.compile_seconds is not None
     assert got_greedy.tolist() == greedy.tolist() and got_beam.tolist() == beam.tolist()
     torch.testing.assert_close(got_greedy.scores, greedy.scores, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_beam.scores, beam.scores, rtol=1e-5, atol=1e-5)

@@ -9,7 +9,8 @@ outputs do not drag the finished rows through every remaining step. One device s
 (the finished count), and in beam search a second (which beams moved: the cache is reordered in
 place, moved rows only).
 The self-attention caches have room for max_len positions after the first step, so each step
-writes its keys in place instead of copying the whole cache (tformer.nn.attention.with_room).
+writes its keys in place instead of copying the whole cache (tformer.nn.attention.with_room);
+the step itself returns them (tformer.nn.step: a compiled step cannot write into its input).
 Beam search ranks each beam's K + 1 best tokens, not all K*V candidates, sets finished
 hypotheses aside (they never hold a beam), and the K beams of a source share its one row of
 cross-attention keys/values (MultiHeadAttention groups their queries).
@@ -27,12 +28,10 @@ import torch
 from torch import Tensor
 
 from tformer.nn import kernels
-from tformer.nn.cache import Cache, grow
 from tformer.nn.cache import reorder_cache as _reorder_cache
 from tformer.nn.cache import select_beams as _select_beams
 from tformer.nn.cache import select_rows as _select
 from tformer.nn.cache import with_room_all as _with_room
-from tformer.nn.kernels.compiling import Compiled
 from tformer.nn.search_args import (
     check_beam_size,
     check_deadline,
@@ -42,6 +41,7 @@ from tformer.nn.search_args import (
     check_special_ids,
     search_max_len,
 )
+from tformer.nn.step import decode_step, fresh_inputs
 from tformer.text.specials import BOS, EOS, PAD  # defaults; callers pass their tokenizer's ids
 
 
@@ -96,57 +96,6 @@ def _in_eval_mode(search):
     return run
 
 
-def decode_step(model, token: Tensor, memory: Tensor, mask: Tensor | None, past: Cache | None,
-                dtype: torch.dtype, step: int) -> tuple[Tensor, Cache]:
-    """One cached step: the next token's log-probabilities in `dtype` and the cache one position
-    longer (the first step builds it; later ones append to it in place, into its room).
-
-    Shape: token (B', 1); memory (Bm, S, D); mask (Bm, S) -> (B', V), the cache one position longer
-    """
-    if past is None:
-        out = model.decode(token, memory, memory_attention_mask=mask, use_cache=True)
-        logits, present = out.logits[:, -1], out.past_key_values
-    else:
-        logits, new = (DECODE_STEP if step >= _COMPILED_FROM else next_logits)(model, token, memory,
-                                                                              mask, past)
-        present = grow(past, new)
-    return logits.to(dtype).log_softmax(dim=-1), present
-
-
-def next_logits(model, token: Tensor, memory: Tensor, mask: Tensor | None, past: Cache
-                ) -> tuple[Tensor, Cache]:
-    """A step after the first, the cache left as it is: the next token's logits and each layer's
-    new keys/values, which ``decode_step`` appends. The step that runs eagerly or compiled: a
-    compiled step cannot write into its input's room, and torch.cat would copy the whole cache
-    every step. (The log-softmax stays outside: inductor's was 2-3x slower than eager's at
-    256 x 8,000 on an Intel Xeon.)
-
-    Shape: token (B', 1); memory (Bm, S, D); mask (Bm, S) -> (B', V), per layer (B', H, 1, Dh) x 2
-    """
-    out = model.decode(token, memory, memory_attention_mask=mask, past_key_values=past, use_cache=True,
-                       grow_cache=False)
-    return out.logits[:, -1], out.past_key_values
-
-
-def _step_class(model, token: Tensor, memory: Tensor, mask, past: Cache) -> str:
-    """The decoding steps that share a choice: the model's sizes, rows and cached positions
-    rounded up to powers of two, and the dtype."""
-    c, rows, length = model.config, token.size(0), past[0][0].size(2)
-    return (f"d{c.d_model}h{c.n_heads}f{c.d_ff}x{c.decoder_layers}v{c.target_vocab_size}/"
-            f"{1 << (rows - 1).bit_length()}x{1 << (length - 1).bit_length()}/"
-            f"{str(next(model.parameters()).dtype).removeprefix('torch.')}")
-
-
-# A step after the first, run as it is or compiled (torch.compile), whichever is measured faster
-# here where the work repays a compilation (tformer.nn.kernels.compiling: by default only where the
-# caller expects enough of it, e.g. the benchmark): a small step is ~100 operator calls that
-# inductor fuses into a few.
-DECODE_STEP = Compiled("decode-step", next_logits, shape_class=_step_class)
-# From the third step on: the first builds the caches, and the second's one cached position
-# would be compiled as a constant (torch.compile specialises sizes of 1) and compiled again.
-_COMPILED_FROM = 2
-
-
 @torch.no_grad()
 @_in_eval_mode
 def greedy_search(
@@ -176,7 +125,7 @@ def greedy_search(
     max_len = _check(model, max_len, bos_id, eos_id, pad_id, deadline)
     memory = model.encode(src_ids, src_attention_mask=src_attention_mask).last_hidden_state
     b, device = src_ids.size(0), src_ids.device
-    mask = src_attention_mask
+    memory, mask = fresh_inputs(memory, src_attention_mask)
     tokens = torch.full((b, max_len + 1), pad_id, dtype=torch.long, device=device)  # (B, 1 + L)
     tokens[:, 0] = bos_id
     scores = torch.zeros(b, dtype=_score_dtype(memory), device=device)
@@ -283,7 +232,7 @@ def beam_search(
     # (MultiHeadAttention), so it is neither repeated K times nor copied when beams move.
     memory = model.encode(src_ids, src_attention_mask=src_attention_mask).last_hidden_state
     b, k, device = src_ids.size(0), beam_size, src_ids.device
-    mask = src_attention_mask  # (B, S)
+    memory, mask = fresh_inputs(memory, src_attention_mask)  # (B, S, D), (B, S)
     tokens = torch.full((b * k, 1), bos_id, dtype=torch.long, device=device)  # (B*K, 1 + step)
     # Only beam 0 is live at the start; the others are copies that must not be picked twice.
     scores = torch.full((b, k), float("-inf"), dtype=_score_dtype(memory), device=device)

@@ -1,0 +1,77 @@
+"""One decoding step with the KV cache, run as it is or compiled: what tformer.nn.generate's
+searches call every step.
+
+A step after the first leaves the cache as it is and returns the new positions' keys/values
+(``next_logits``, ``model.decode(..., grow_cache=False)``), which ``decode_step`` appends in
+place (tformer.nn.cache.grow): compiled code cannot write into its input's room, and torch.cat
+would copy the whole cache every step.
+
+Shape legend: B' rows still searching (beams), Bm memory rows, S source length, D model dim,
+H heads, Dh head dim, V vocab.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from tformer.nn.cache import Cache, grow
+from tformer.nn.kernels.compiling import Compiled
+
+
+def decode_step(model, token: Tensor, memory: Tensor, mask: Tensor | None, past: Cache | None,
+                dtype: torch.dtype, step: int) -> tuple[Tensor, Cache]:
+    """One cached step: the next token's log-probabilities in `dtype` and the cache one position
+    longer (the first step builds it; later ones append to it in place, into its room).
+
+    Shape: token (B', 1); memory (Bm, S, D); mask (Bm, S) -> (B', V), the cache one position longer
+    """
+    if past is None:
+        out = model.decode(token, memory, memory_attention_mask=mask, use_cache=True)
+        logits, present = out.logits[:, -1], out.past_key_values
+    else:
+        logits, new = (DECODE_STEP if step >= _COMPILED_FROM else next_logits)(model, token, memory,
+                                                                              mask, past)
+        present = grow(past, new)
+    return logits.to(dtype).log_softmax(dim=-1), present
+
+
+def next_logits(model, token: Tensor, memory: Tensor, mask: Tensor | None, past: Cache
+                ) -> tuple[Tensor, Cache]:
+    """A step after the first, the cache left as it is: the next token's logits and each layer's
+    new keys/values, which ``decode_step`` appends. The step that runs eagerly or compiled: a
+    compiled step cannot write into its input's room, and torch.cat would copy the whole cache
+    every step. (The log-softmax stays outside: inductor's was 2-3x slower than eager's at
+    256 x 8,000 on an Intel Xeon.)
+
+    Shape: token (B', 1); memory (Bm, S, D); mask (Bm, S) -> (B', V), per layer (B', H, 1, Dh) x 2
+    """
+    out = model.decode(token, memory, memory_attention_mask=mask, past_key_values=past, use_cache=True,
+                       grow_cache=False)
+    return out.logits[:, -1], out.past_key_values
+
+
+def _step_class(model, token: Tensor, memory: Tensor, mask, past: Cache) -> str:
+    """The decoding steps that share a choice: the model's sizes, rows and cached positions
+    rounded up to powers of two, and the dtype."""
+    c, rows, length = model.config, token.size(0), past[0][0].size(2)
+    return (f"d{c.d_model}h{c.n_heads}f{c.d_ff}x{c.decoder_layers}v{c.target_vocab_size}/"
+            f"{1 << (rows - 1).bit_length()}x{1 << (length - 1).bit_length()}/"
+            f"{str(next(model.parameters()).dtype).removeprefix('torch.')}")
+
+
+# A step after the first, run as it is or compiled (torch.compile), whichever is measured faster
+# here where the work repays a compilation (tformer.nn.kernels.compiling: by default only where the
+# caller expects enough of it, e.g. the benchmark): a small step is ~100 operator calls that
+# inductor fuses into a few.
+DECODE_STEP = Compiled("decode-step", next_logits, shape_class=_step_class)
+# From the third step on: the first builds the caches, and the second's one cached position
+# would be compiled as a constant (torch.compile specialises sizes of 1) and compiled again.
+_COMPILED_FROM = 2
+
+
+def fresh_inputs(memory: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """Copies of the memory and the mask made here, as the rows kept when sources leave are:
+    a compiled step then meets one kind of input all search long (a view, or a tensor made
+    outside the caller's inference_mode, is another graph; after 8, torch runs it eagerly)."""
+    return memory.clone(), None if mask is None else mask.clone()
