@@ -121,3 +121,30 @@ def test_a_decoder_s_outputs_grow_to_its_targets_length(tmp_path):
     classes = make_objective(resolve_config({"data": str(write(tmp_path / "c.jsonl", classification_rows(60))),
                                              **TINY}))
     assert classes.output_growth(classes.examples("train")[:5], [[0.0, 1.0]] * 5) == 1.0
+
+
+def test_a_long_prediction_says_how_much_eager_work_is_left_and_a_budgeted_one_nothing(tmp_path, monkeypatch):
+    """From the second batch on, predict expects the eager seconds the examples left would take
+    at the last batch's pace (what a compiled kernel must repay: kernels.compiling.expecting);
+    the first batch, and every batch under a deadline, expects nothing (no budget is spent on
+    compiling)."""
+    import contextlib
+
+    from tformer.training import objective as base
+
+    objective, model = _objective_and_model(tmp_path)
+    examples = objective.examples("train")[:32]
+    expected = []
+
+    @contextlib.contextmanager
+    def recording(seconds):
+        expected.append(seconds)
+        yield
+
+    monkeypatch.setattr(base, "expecting", recording)
+    objective.predict(model, examples, batch_size=8, max_len=6)
+    assert len(expected) == 4 and expected[0] == 0.0
+    assert all(e > 0 for e in expected[1:]) and expected[1] > expected[3]  # 24 examples left, then 8
+    expected.clear()
+    objective.predict(model, examples, batch_size=8, max_len=6, deadline=time.perf_counter() + 1000)
+    assert expected and set(expected) == {0}

@@ -30,6 +30,7 @@ from tformer.formats.model_dir import ModelDir
 from tformer.formats.pretrained import pretrained_config
 from tformer.nn.devices import model_device
 from tformer.nn.kernels.autotune import seconds_measuring
+from tformer.nn.kernels.compiling import expecting
 from tformer.text.batches import SORT_WINDOW, done_prefix, prediction_windows
 from tformer.text.windows import rows as batch_rows
 from tformer.training import windows
@@ -45,9 +46,8 @@ PREDICT_BATCH = 64  # examples per forward when predicting
 # Examples a streamed evaluation (evaluate_stream) holds at a time: whole windows of predict's,
 # so that it forms the same batches as evaluate, and at least the EVAL_SAMPLE of the loss.
 STREAM_WINDOW = 4 * PREDICT_BATCH * SORT_WINDOW
-# Under a deadline the first batch, which runs to its end whatever the time, holds this many: an
-# untrained decoder's 64 outputs run to the length limit (13 s past a 60 s run's deadline on a
-# busy 2-core machine).
+# Under a deadline the first batch, which runs to its end whatever the time, holds this many: an untrained
+# decoder's 64 outputs run to the length limit (13 s past a 60 s run's deadline, busy 2-core machine).
 FIRST_BATCH_UNDER_DEADLINE = 8
 
 Source = TaskSource | FileSource
@@ -245,19 +245,19 @@ class Objective(ABC):
 
     def predict(self, model: nn.Module, examples: list, batch_size: int = PREDICT_BATCH,
                 deadline: float | None = None, progress: Progress | None = None, **options: Any) -> list:
-        """One prediction per example, in order; labels and targets are not needed. Batches go
-        to the model's device. Each window of SORT_WINDOW batches is sorted by length first, so
-        a batch pads little and its rows finish decoding together. With a `deadline` (a
-        time.perf_counter() reading) no batch starts that would end past it, by the last batch's
-        time, and the predictions are those of a prefix of examples: the windows are of
-        DEADLINE_WINDOW batches, and a window the deadline cuts keeps its examples before the
-        first it did not finish. The first batch always runs to its end (under a deadline it is
-        a small one, FIRST_BATCH_UNDER_DEADLINE examples in their order, a window of its own); a
-        later one that the deadline cuts (a decoder's outputs stopped before their end:
-        ``DeadlinePassed``) is left out, so that every scored prediction is one the model
-        finished. `progress(done, total)` is called after each batch."""
+        """One prediction per example, in order (labels and targets are not needed), on the
+        model's device. Each window of SORT_WINDOW batches is sorted by length, so a batch pads
+        little and its rows finish decoding together. With a `deadline` (a time.perf_counter()
+        reading) no batch starts that would end past it, by the last batch's time, and the
+        predictions are a prefix of examples': windows of DEADLINE_WINDOW batches, one the
+        deadline cuts keeping its examples before the first unfinished. The first batch always
+        runs to its end (under a deadline a small one, FIRST_BATCH_UNDER_DEADLINE examples in
+        order, a window of its own); a later one the deadline cuts (``DeadlinePassed``) is left
+        out: every scored prediction is one the model finished. Without a deadline, from the
+        second batch on, the eager seconds left (by the last batch's) are what a compiled kernel
+        must repay (kernels.compiling.expecting). `progress(done, total)` after each batch."""
         out: list = []
-        batch_seconds = 0.0
+        batch_seconds = each = 0.0  # the last batch's seconds, and per example in it
         device = model_device(model)
         with evaluating(model):
             for start, end in prediction_windows(len(examples), batch_size, deadline is not None,
@@ -274,14 +274,16 @@ class Objective(ABC):
                     t = time.perf_counter()
                     rows = batch_rows(order[i:], reads, min(batch_size, end - start))
                     batch = self.collate([encoded[r] for r in rows]).to(device)
-                    try:
-                        predicted = self.predict_batch(model, batch,
-                                                       **self._bounded(options, None if first else deadline))
+                    bounded = self._bounded(options, None if first else deadline)
+                    try:  # compiled kernels where the eager work left repays them (no budget to spend)
+                        with expecting(each * (len(examples) - len(out) - i) if deadline is None else 0):
+                            predicted = self.predict_batch(model, batch, **bounded)
                     except DeadlinePassed:
                         return out + done_prefix(preds)
                     for r, pred in zip(rows, predicted, strict=True):
                         preds[r] = pred
                     batch_seconds = time.perf_counter() - t
+                    each = batch_seconds / len(rows)
                     if progress is not None:
                         progress(len(out) + i + len(rows), len(examples))
                     i += len(rows)

@@ -73,9 +73,10 @@ def mode() -> str:
 @contextlib.contextmanager
 def expecting(expected_seconds: float) -> Iterator[None]:
     """Within the block, compiled kernels may be chosen where they repay their compilation over
-    ``expected_seconds`` of eager work (module docstring); math.inf: whenever faster."""
+    ``expected_seconds`` of eager work (module docstring); math.inf: whenever faster. Nested,
+    the larger of the two holds: a part of a job is still within the job."""
     before = _expected["seconds"]
-    _expected["seconds"] = expected_seconds
+    _expected["seconds"] = max(before, expected_seconds)
     try:
         yield
     finally:
