@@ -66,8 +66,8 @@ def _step_class(model, token: Tensor, memory: Tensor, mask, past: Cache) -> str:
 
 # A step after the first, run as it is or compiled (torch.compile), whichever is measured faster
 # here where the work repays a compilation (tformer.nn.kernels.compiling: by default only where the
-# caller expects enough of it, e.g. the benchmark): a small step is ~100 operator calls that
-# inductor fuses into a few.
+# caller expects enough of it: the benchmark, a long prediction's later batches): a small step is
+# ~100 operator calls that inductor fuses into a few.
 DECODE_STEP = Compiled("decode-step", next_logits, shape_class=_step_class)
 # From the third step on: the first builds the caches, and the second's one cached position
 # would be compiled as a constant (torch.compile specialises sizes of 1) and compiled again.
