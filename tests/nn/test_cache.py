@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from tformer import TransformerConfig
 from tformer.nn import kernels
-from tformer.nn.cache import grow, with_room_all
+from tformer.nn.cache import grow, stay_in_place, with_room_all
 from tformer.nn.model import Seq2SeqTransformer
 from tformer.nn.step import next_logits
 
@@ -115,3 +115,28 @@ def test_a_traced_beam_step_is_one_graph_when_a_size_equals_the_models_width():
     got, _ = torch.compile(next_logits, backend="eager", fullgraph=True, dynamic=True)(
         model, tokens[:, 3:], memory, mask, past)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def _moves(parent: list[int], order: list[int]) -> int:
+    """Rows copied when slot s takes the beam of rank order[s] (a row stays only in its parent's slot)."""
+    return sum(parent[r] != s for s, r in enumerate(order))
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+def test_next_beams_stay_in_their_parents_rows_where_they_can(k):
+    """Every way K ranked beams can descend from K parents: the order is a permutation that moves
+    no more rows than the best of all K! orders (each parent's best child in its own slot), and
+    the children that move keep their rank order in the free slots."""
+    import itertools
+
+    parents = torch.tensor(list(itertools.product(range(k), repeat=k)))  # (K^K, K)
+    order = stay_in_place(parents)
+    assert order.shape == parents.shape
+    for parent, got in zip(parents.tolist(), order.tolist(), strict=True):
+        assert sorted(got) == list(range(k))
+        fewest = min(_moves(parent, list(p)) for p in itertools.permutations(range(k)))
+        assert _moves(parent, got) == fewest == k - len(set(parent))
+        moved = [r for s, r in enumerate(got) if parent[r] != s]
+        assert moved == sorted(moved)
+        stays = {parent[r]: r for s, r in enumerate(got) if parent[r] == s}
+        assert all(stays[p] == parent.index(p) for p in stays)  # the best child of each parent

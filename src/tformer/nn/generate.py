@@ -31,6 +31,7 @@ from tformer.nn import kernels
 from tformer.nn.cache import reorder_cache as _reorder_cache
 from tformer.nn.cache import select_beams as _select_beams
 from tformer.nn.cache import select_rows as _select
+from tformer.nn.cache import stay_in_place
 from tformer.nn.cache import with_room_all as _with_room
 from tformer.nn.search_args import (
     check_beam_size,
@@ -281,11 +282,13 @@ def beam_search(
         hyp_final = torch.where(better, eos_final, hyp_final)
         # The next beams: the K best candidates that are not EOS (a stable sort keeps the order).
         pick = torch.sort(is_eos.to(torch.uint8), dim=-1, stable=True).indices[:, :k]  # (B', K)
+        # ... in the order that moves the fewest cache rows (not best first)
+        pick = pick.gather(1, stay_in_place(top.gather(1, pick) // kept))
         token = top_token.gather(1, pick).view(-1)  # (B'*K,)
         scores = top_scores.gather(1, pick).view(-1)
         scores = scores.masked_fill(token == eos_id, float("-inf"))  # V < K + 1 only: dead beams
-        # Stop where the best hypothesis scores at least what the best live beam (beam 0) does now.
-        stopped = stopped | (hyp_final >= scores.view(n, k)[:, 0] / length ** length_penalty)
+        # Stop where the best hypothesis scores at least what the best live beam does now.
+        stopped = stopped | (hyp_final >= scores.view(n, k).amax(dim=-1) / length ** length_penalty)
         if early_stopping:  # or, with the peers' rule, once K hypotheses have finished
             finished += is_eos[:, :k].sum(dim=-1)
             stopped = stopped | (finished >= k)
