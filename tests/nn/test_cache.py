@@ -130,7 +130,7 @@ def test_next_beams_stay_in_their_parents_rows_where_they_can(k):
     import itertools
 
     parents = torch.tensor(list(itertools.product(range(k), repeat=k)))  # (K^K, K)
-    order = stay_in_place(parents)
+    order = stay_in_place(parents, torch.arange(k).expand(parents.shape).contiguous())
     assert order.shape == parents.shape
     for parent, got in zip(parents.tolist(), order.tolist(), strict=True):
         assert sorted(got) == list(range(k))

@@ -9,6 +9,7 @@ import torch
 from helpers import briefly_trained_reverse
 
 from tformer import TransformerConfig
+from tformer.nn import generate as gen
 from tformer.nn.generate import beam_search, generate, greedy_search
 from tformer.nn.model import Seq2SeqTransformer
 from tformer.training.tasks import EOS, PAD
@@ -133,7 +134,6 @@ def random_model_and_eos(one_thread):
 
 def test_greedy_drops_finished_rows_and_gives_the_uncached_tokens(random_model_and_eos, monkeypatch):
     """Finished rows leave the batch (their cache rows dropped) without changing any row."""
-    from tformer.nn import generate as gen
 
     model, src, mask, eos = random_model_and_eos
     drops, select = [], gen._select
@@ -156,7 +156,6 @@ def test_greedy_drops_finished_rows_and_gives_the_uncached_tokens(random_model_a
 
 def test_beam_search_of_one_beam_is_greedy_on_a_random_model(random_model_and_eos, monkeypatch):
     """Rows whose beams have all finished leave the batch; the others go on as they would."""
-    from tformer.nn import generate as gen
 
     model, src, mask, eos = random_model_and_eos
     drops, select = [], gen._select_beams
@@ -182,7 +181,6 @@ def test_beam_search_of_one_beam_is_greedy_on_a_random_model(random_model_and_eo
 def test_generation_stops_at_its_deadline_with_the_rows_as_they_are(random_model_and_eos, monkeypatch):
     """A deadline (the time left of a budget) ends the search after the step that passes it:
     greedy and beam give the first tokens they would have given anyway."""
-    from tformer.nn import generate as gen
 
     model, src, mask, _ = random_model_and_eos
     full = greedy_search(model, src, mask, max_len=16, eos_id=-1)
@@ -229,9 +227,18 @@ def _plain_beam_search(model, src, mask, beam_size, max_len, length_penalty, bos
     return tokens, float(total)
 
 
+@pytest.fixture(params=["best first", "in place"])
+def beam_order(request, monkeypatch):
+    """The next beams best first, or in the order that moves the fewest cache rows from the first
+    step on (cache.stay_in_place; a search of these small models would not reach its cache size)."""
+    if request.param == "in place":
+        monkeypatch.setattr(gen, "_STAY_IN_PLACE_FROM", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("beam_size, length_penalty", [(2, 1.0), (4, 1.0), (4, 0.0), (5, 0.6)])
 def test_beam_search_gives_the_plain_searchs_tokens(
-        random_model_and_eos, model_and_batch, beam_size, length_penalty):
+        random_model_and_eos, model_and_batch, beam_size, length_penalty, beam_order):
     """The batched search (per-beam top k, the memory shared by a source's beams, the cache
     reordered in place, stopped sources leaving the batch) finds, source by source, the plain
     search's hypothesis, on a random model with sources stopping at many steps and on a trained
@@ -250,7 +257,7 @@ def test_beam_search_gives_the_plain_searchs_tokens(
 
 @pytest.mark.parametrize("beam_size, length_penalty", [(4, 1.0), (3, 0.0)])
 def test_early_stopping_gives_the_plain_searchs_tokens_under_the_peers_rule(
-        random_model_and_eos, beam_size, length_penalty):
+        random_model_and_eos, beam_size, length_penalty, beam_order):
     """early_stopping=True: a source also stops once K hypotheses have finished (Hugging Face's
     early_stopping=True, CTranslate2's rule). Source by source the plain search's hypothesis under
     that rule; on this random model it stops sooner and changes some outputs (why it is an
@@ -270,7 +277,7 @@ def test_early_stopping_gives_the_plain_searchs_tokens_under_the_peers_rule(
     assert generate(model, src, mask, early_stopping=True, **args).tolist() == got.tolist()
 
 
-def test_beam_search_with_a_vocabulary_smaller_than_the_beam():
+def test_beam_search_with_a_vocabulary_smaller_than_the_beam(beam_order):
     """With V < K + 1 each beam keeps all V tokens and some beams die (no candidate left that
     is not EOS): still the plain search's hypotheses."""
     torch.manual_seed(3)
@@ -471,3 +478,24 @@ def test_a_compiled_decoding_step_gives_the_eager_searchs_outputs(random_model_a
     torch.testing.assert_close(got_beam.scores, beam.scores, rtol=1e-5, atol=1e-5)
     decided = [k for k in json.loads(autotune.cache_path().read_text()) if "compiled:decode-step" in k]
     assert decided  # the steps' shape classes were measured (and may have chosen either)
+
+
+def test_beams_in_place_copy_fewer_cache_rows_and_find_the_same(random_model_and_eos, monkeypatch):
+    """The order that keeps beams in their parents' rows (cache.stay_in_place) copies fewer rows
+    when the cache is reordered than best first, and the search finds the same hypotheses."""
+    model, src, mask, eos = random_model_and_eos
+    reorder, moved = gen._reorder_cache, []
+
+    def counting_reorder(cache, beam):
+        moved[-1] += int((beam != torch.arange(beam.numel())).sum())
+        return reorder(cache, beam)
+
+    monkeypatch.setattr(gen, "_reorder_cache", counting_reorder)
+    found = []
+    for start in (float("inf"), 0):  # best first, then in place from the first step
+        monkeypatch.setattr(gen, "_STAY_IN_PLACE_FROM", start)
+        moved.append(0)
+        found.append(beam_search(model, src, mask, beam_size=4, max_len=14, bos_id=1, eos_id=eos,
+                                 pad_id=PAD).tolist())
+    assert found[0] == found[1]
+    assert moved[1] < 0.8 * moved[0]
