@@ -28,10 +28,11 @@ import torch
 from torch import Tensor
 
 from tformer.nn import kernels
+from tformer.nn.beams import Beams, advance
 from tformer.nn.cache import reorder_cache as _reorder_cache
 from tformer.nn.cache import select_beams as _select_beams
 from tformer.nn.cache import select_rows as _select
-from tformer.nn.cache import self_bytes, stay_in_place
+from tformer.nn.cache import self_bytes
 from tformer.nn.cache import with_room_all as _with_room
 from tformer.nn.search_args import (
     check_beam_size,
@@ -240,91 +241,65 @@ def beam_search(
     memory = model.encode(src_ids, src_attention_mask=src_attention_mask).last_hidden_state
     b, k, device = src_ids.size(0), beam_size, src_ids.device
     memory, mask = fresh_inputs(memory, src_attention_mask)  # (B, S, D), (B, S)
-    tokens = torch.full((b * k, 1), bos_id, dtype=torch.long, device=device)  # (B*K, 1 + step)
     # Only beam 0 is live at the start; the others are copies that must not be picked twice.
     scores = torch.full((b, k), float("-inf"), dtype=_score_dtype(memory), device=device)
     scores[:, 0] = 0.0
-    scores = scores.view(-1)  # (B*K,)
-    srcs = torch.arange(b, device=device)  # (B',) rows of B still searching
-    stopped = torch.zeros(b, dtype=torch.bool, device=device)  # (B',) no live beam can win any more
     # Each source's best finished hypothesis so far: tokens, total and length-penalised score.
-    hyp_tokens = torch.full((b, max_len), pad_id, dtype=torch.long, device=device)  # (B', L)
-    hyp_scores = torch.zeros(b, dtype=scores.dtype, device=device)
-    hyp_final = torch.full((b,), float("-inf"), dtype=scores.dtype, device=device)
-    finished = torch.zeros(b, dtype=torch.long, device=device)  # (B',) hypotheses ended so far
+    state = Beams(scores=scores.view(-1),  # (B*K,)
+                  tokens=torch.full((b * k, 1), bos_id, dtype=torch.long, device=device),  # (B*K, 1)
+                  hyp_tokens=torch.full((b, max_len), pad_id, dtype=torch.long, device=device),
+                  hyp_scores=torch.zeros(b, dtype=scores.dtype, device=device),
+                  hyp_final=torch.full((b,), float("-inf"), dtype=scores.dtype, device=device),
+                  stopped=torch.zeros(b, dtype=torch.bool, device=device),
+                  finished=torch.zeros(b, dtype=torch.long, device=device))
+    srcs = torch.arange(b, device=device)  # (B',) rows of B still searching
     out_tokens = torch.full((b, max_len), pad_id, dtype=torch.long, device=device)  # (B, L)
     out_scores = torch.zeros(b, dtype=scores.dtype, device=device)
 
     def write_out(rows: Tensor) -> None:
         """The hypotheses of the rows ``rows`` (of B') are final: copy them to the output."""
-        out_tokens[srcs[rows]] = hyp_tokens[rows]
-        out_scores[srcs[rows]] = hyp_scores[rows]
+        out_tokens[srcs[rows]] = state.hyp_tokens[rows]
+        out_scores[srcs[rows]] = state.hyp_scores[rows]
 
-    past, last = None, tokens  # last: (B'*K, 1) the newest token of each beam
+    past, last = None, state.tokens  # last: (B'*K, 1) the newest token of each beam
     kept = None  # each beam's best tokens: K + 1 of them (at most one is EOS), or all V
     length, cut = 0, False
     for step in range(max_len):
         n, length = srcs.numel(), step + 1
-        logp, present = decode_step(model, last, memory, mask, past, scores.dtype, step)  # (B'*K, V)
+        logp, present = decode_step(model, last, memory, mask, past, state.scores.dtype, step)  # (B'*K, V)
         kept = kept or min(k + 1, logp.size(-1))
         # A source's K best candidates that are not EOS, and any EOS among its K best, are
         # among its beams' own K + 1 best tokens: a beam's candidates rank as its log-probs do.
         beam_logp, beam_token = kernels.topk(logp, kept)  # (B'*K, kept)
-        cand = (scores[:, None] + beam_logp).view(n, k * kept)  # (B', K*kept)
-        top_scores, top = cand.topk(min(2 * k, k * kept), dim=-1)  # (B', C) best first
-        top_token = beam_token.view(n, k * kept).gather(1, top)  # (B', C)
-        first_beam = torch.arange(n, device=device) * k  # (B',) each source's beam 0, a row of B'*K
-        is_eos = top_token == eos_id
-        # Finished hypotheses: the best EOS among the K best (a step's all have one length).
-        first = is_eos[:, :k].int().argmax(dim=-1, keepdim=True)  # (B', 1)
-        eos_score = top_scores.gather(1, first)[:, 0]  # (B',)
-        eos_final = torch.where(is_eos[:, :k].any(dim=-1), eos_score / length ** length_penalty,
-                                float("-inf"))
-        better = ~stopped & (eos_final > hyp_final)  # (B',)
-        parent = top.gather(1, first)[:, 0] // kept + first_beam  # (B',)
-        hyp_tokens[:, :step] = torch.where(better[:, None], tokens[parent, 1:], hyp_tokens[:, :step])
-        hyp_tokens[:, step] = torch.where(better, eos_id, hyp_tokens[:, step])
-        hyp_scores = torch.where(better, eos_score, hyp_scores)
-        hyp_final = torch.where(better, eos_final, hyp_final)
-        # The next beams: the K best candidates that are not EOS (a stable sort keeps the order).
-        pick = torch.sort(is_eos.to(torch.uint8), dim=-1, stable=True).indices[:, :k]  # (B', K)
-        if self_bytes(present) >= _STAY_IN_PLACE_FROM:  # in the order that moves the fewest rows
-            pick = stay_in_place(top.gather(1, pick) // kept, pick)
-        token = top_token.gather(1, pick).view(-1)  # (B'*K,)
-        scores = top_scores.gather(1, pick).view(-1)
-        scores = scores.masked_fill(token == eos_id, float("-inf"))  # V < K + 1 only: dead beams
-        # Stop where the best hypothesis scores at least what the best live beam does now.
-        stopped = stopped | (hyp_final >= scores.view(n, k).amax(dim=-1) / length ** length_penalty)
-        if early_stopping:  # or, with the peers' rule, once K hypotheses have finished
-            finished += is_eos[:, :k].sum(dim=-1)
-            stopped = stopped | (finished >= k)
-        beam = (top.gather(1, pick) // kept + first_beam[:, None]).view(-1)
-        last = token[:, None]  # (B'*K, 1) the next step's input, laid out alike every step
-        tokens = torch.cat([tokens.index_select(0, beam), last], dim=1)
+        penalty = torch.tensor(length ** length_penalty, dtype=state.scores.dtype, device=device)
+        in_place = self_bytes(present) >= _STAY_IN_PLACE_FROM  # order beams to move the fewest rows
+        state, beam = advance(state, beam_logp, beam_token, penalty, eos_id, early_stopping, in_place)
+        last = state.tokens[:, -1:]  # (B'*K, 1) the next step's input
         past = _reorder_cache(present if step else _with_room(present, max_len), beam)
-        leaving = int(stopped.sum())  # the step's one device sync
+        leaving = int(state.stopped.sum())  # the step's one device sync
         if leaving == n or step + 1 == max_len:
             break
         if _past(deadline):
             cut = True
             break
         if leaving * _DROP_SHARE >= n:
-            write_out(stopped.nonzero()[:, 0])
-            keep = (~stopped).nonzero()[:, 0]  # (B'',) rows
+            write_out(state.stopped.nonzero()[:, 0])
+            keep = (~state.stopped).nonzero()[:, 0]  # (B'',) rows
             beams = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)  # (B''*K,)
             srcs, past = srcs[keep], _select_beams(past, beams, keep, max_len)
-            memory, tokens, scores, last = memory[keep], tokens[beams], scores[beams], last[beams]
-            hyp_tokens, hyp_scores, hyp_final = hyp_tokens[keep], hyp_scores[keep], hyp_final[keep]
-            stopped, finished = stopped[keep], finished[keep]
+            memory, last = memory[keep], last[beams]
+            state = Beams(state.scores[beams], state.tokens[beams], *(t[keep] for t in state[2:]))
             mask = None if mask is None else mask[keep]
     # Sources still searching (max_len or the deadline): their live prefixes are hypotheses too.
     n = srcs.numel()
-    live_final, live = (scores.view(n, k) / length ** length_penalty).max(dim=-1)  # (B',)
-    use_live = ~stopped & (live_final > hyp_final)
+    live_final, live = (state.scores.view(n, k) / length ** length_penalty).max(dim=-1)  # (B',)
+    use_live = ~state.stopped & (live_final > state.hyp_final)
     rows = torch.arange(n, device=device)
-    hyp_tokens[:, :length] = torch.where(use_live[:, None], tokens[rows * k + live, 1:],
+    hyp_tokens = state.hyp_tokens.clone()
+    hyp_tokens[:, :length] = torch.where(use_live[:, None], state.tokens[rows * k + live, 1:],
                                          hyp_tokens[:, :length])
-    hyp_scores = torch.where(use_live, scores.view(n, k)[rows, live], hyp_scores)
+    state = state._replace(hyp_tokens=hyp_tokens, hyp_scores=torch.where(
+        use_live, state.scores.view(n, k)[rows, live], state.hyp_scores))
     write_out(rows)
     return GenerationOutput(out_tokens[:, :length], out_scores, eos_id, pad_id, complete=not cut)
 
