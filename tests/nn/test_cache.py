@@ -9,7 +9,7 @@ from tformer import TransformerConfig
 from tformer.nn import kernels
 from tformer.nn.cache import grow, stay_in_place, with_room_all
 from tformer.nn.model import Seq2SeqTransformer
-from tformer.nn.step import next_logits
+from tformer.nn.step import next_hidden
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -76,19 +76,19 @@ def test_a_step_that_leaves_the_cache_equals_one_that_grows_it(model_and_cache, 
 
 def test_a_traced_step_attends_without_writing_into_its_input(model_and_cache, monkeypatch):
     """Traced (torch.compile; the eager backend runs dynamo's graph as captured), the step takes
-    the two-block attention, which writes nothing: its logits and new keys/values are the eager
+    the two-block attention, which writes nothing: its hidden state and new keys/values are the eager
     step's (to float32 rounding: a layer's attention rounds differently, and the next layer's
     keys are computed from it), and the cache's room is untouched."""
     model, memory, mask, token, cache = model_and_cache
-    expected_logits, expected_new = next_logits(model, token, memory, mask, _copy(cache, True))
+    expected_hidden, expected_new = next_hidden(model, token, memory, mask, _copy(cache, True))
     past = _copy(cache, True)
     rooms = [layer[0].as_strided((6, 4, 6, 8), layer[0].stride())[:, :, 5:].clone() for layer in past]
     two_blocks, calls = kernels.attention_past_and_new, []
     monkeypatch.setattr(kernels, "attention_past_and_new", lambda *a: calls.append(1) or two_blocks(*a))
     torch._dynamo.reset()
-    logits, new = torch.compile(next_logits, backend="eager", fullgraph=True, dynamic=True)(
+    hidden, new = torch.compile(next_hidden, backend="eager", fullgraph=True, dynamic=True)(
         model, token, memory, mask, past)
-    torch.testing.assert_close(logits, expected_logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(hidden, expected_hidden, rtol=1e-5, atol=1e-5)
     for got, expected in zip(new, expected_new, strict=True):
         torch.testing.assert_close(got[0], expected[0], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(got[1], expected[1], rtol=1e-5, atol=1e-5)
@@ -110,9 +110,9 @@ def test_a_traced_beam_step_is_one_graph_when_a_size_equals_the_models_width():
     tokens = torch.randint(4, 20, (32, 4))  # 2 beams a source
     past = with_room_all(model.decode(tokens[:, :3], memory, memory_attention_mask=mask,
                                       use_cache=True).past_key_values, 8)
-    expected, _ = next_logits(model, tokens[:, 3:], memory, mask, past)
+    expected, _ = next_hidden(model, tokens[:, 3:], memory, mask, past)
     torch._dynamo.reset()
-    got, _ = torch.compile(next_logits, backend="eager", fullgraph=True, dynamic=True)(
+    got, _ = torch.compile(next_hidden, backend="eager", fullgraph=True, dynamic=True)(
         model, tokens[:, 3:], memory, mask, past)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 

@@ -466,7 +466,7 @@ def test_a_compiled_decoding_step_gives_the_eager_searchs_outputs(random_model_a
     monkeypatch.setattr(autotune, "_memory", {})
     monkeypatch.setattr(autotune, "ROUNDS", 1)  # each shape class timed once: the choice is not the point
     monkeypatch.setattr(compiling, "BACKEND", backend)
-    monkeypatch.setattr(step, "DECODE_STEP", compiling.Compiled("decode-step", step.next_logits,
+    monkeypatch.setattr(step, "DECODE_STEP", compiling.Compiled("decode-hidden", step.next_hidden,
                                                                 shape_class=step._step_class))
     compiling.forget_failures()
     got_greedy = greedy_search(model, src, mask, **ids)
@@ -476,7 +476,7 @@ def test_a_compiled_decoding_step_gives_the_eager_searchs_outputs(random_model_a
     assert got_greedy.tolist() == greedy.tolist() and got_beam.tolist() == beam.tolist()
     torch.testing.assert_close(got_greedy.scores, greedy.scores, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_beam.scores, beam.scores, rtol=1e-5, atol=1e-5)
-    decided = [k for k in json.loads(autotune.cache_path().read_text()) if "compiled:decode-step" in k]
+    decided = [k for k in json.loads(autotune.cache_path().read_text()) if "compiled:decode-hidden" in k]
     assert decided  # the steps' shape classes were measured (and may have chosen either)
 
 

@@ -133,6 +133,7 @@ def greedy_search(
     scores = torch.zeros(b, dtype=_score_dtype(memory), device=device)
     rows = torch.arange(b, device=device)  # (B',) the rows still in the batch, as rows of B
     done = torch.zeros(b, dtype=torch.bool, device=device)  # (B',) produced EOS
+    scratch = _scratch(model, b, scores.dtype, device)  # (B, V) each step's log-probabilities
     past = None
     length, cut = 0, False
     for step in range(max_len):
@@ -142,7 +143,7 @@ def greedy_search(
             logp = out.logits[:, -1].to(scores.dtype).log_softmax(dim=-1)  # (B', V)
         else:
             step_in = tokens[rows, step : step + 1]  # (B', 1)
-            logp, past = decode_step(model, step_in, memory, mask, past, scores.dtype, step)
+            logp, past = decode_step(model, step_in, memory, mask, past, scores.dtype, step, scratch)
             past = past if step else _with_room(past, max_len)
         best = logp.argmax(dim=-1)  # (B',)
         scores.index_add_(0, rows, torch.where(done, 0.0, logp.gather(1, best[:, None])[:, 0]))
@@ -167,6 +168,11 @@ def _score_dtype(memory: Tensor) -> torch.dtype:
     """Log-probabilities are summed in float32 at least (a bf16 model's too), in float64 for a
     float64 model."""
     return torch.promote_types(memory.dtype, torch.float32)
+
+
+def _scratch(model, rows: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """The buffer each step's log-probabilities are written into (tformer.nn.step.log_probs)."""
+    return torch.empty(rows, model.config.target_vocab_size, dtype=dtype, device=device)
 
 
 def _past(deadline: float | None) -> bool:
@@ -253,6 +259,7 @@ def beam_search(
                   stopped=torch.zeros(b, dtype=torch.bool, device=device),
                   finished=torch.zeros(b, dtype=torch.long, device=device))
     srcs = torch.arange(b, device=device)  # (B',) rows of B still searching
+    scratch = _scratch(model, b * k, scores.dtype, device)  # (B*K, V) each step's log-probabilities
     out_tokens = torch.full((b, max_len), pad_id, dtype=torch.long, device=device)  # (B, L)
     out_scores = torch.zeros(b, dtype=scores.dtype, device=device)
 
@@ -266,7 +273,8 @@ def beam_search(
     length, cut = 0, False
     for step in range(max_len):
         n, length = srcs.numel(), step + 1
-        logp, present = decode_step(model, last, memory, mask, past, state.scores.dtype, step)  # (B'*K, V)
+        logp, present = decode_step(model, last, memory, mask, past, state.scores.dtype, step,
+                                    scratch)  # (B'*K, V)
         kept = kept or min(k + 1, logp.size(-1))
         # A source's K best candidates that are not EOS, and any EOS among its K best, are
         # among its beams' own K + 1 best tokens: a beam's candidates rank as its log-probs do.

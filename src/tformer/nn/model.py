@@ -262,13 +262,8 @@ class Decoder(nn.Module):
                 presents.append(out.present)
         if self.final_norm is not None:
             h = self.final_norm(h)
-        return DecoderOutput(
-            h,
-            tuple(presents) if presents is not None else None,
-            tuple(hidden) if hidden is not None else None,
-            tuple(self_attns) if self_attns is not None else None,
-            tuple(cross_attns) if cross_attns is not None else None,
-        )
+        return DecoderOutput(h, *(None if x is None else tuple(x)
+                                  for x in (presents, hidden, self_attns, cross_attns)))
 
 
 class Seq2SeqTransformer(nn.Module):
@@ -315,9 +310,11 @@ class Seq2SeqTransformer(nn.Module):
         use_cache: bool = False,
         output_attentions: bool = False,
         grow_cache: bool = True,
+        project: bool = True,
     ) -> Seq2SeqOutput:
         """(B, T) target ids (the new ones when a cache is given) -> logits (B, T, V).
-        ``grow_cache`` as in Decoder.forward."""
+        ``grow_cache`` as in Decoder.forward. ``project=False`` leaves out the output projection:
+        logits None, the decoder's last hidden state (B, T, D) in decoder_last_hidden_state."""
         check_token_ids(tgt_ids, self.config.target_vocab_size, "tgt_ids")
         b, t = tgt_ids.shape
         past = past_key_values[0][0].size(2) if past_key_values else 0
@@ -326,9 +323,14 @@ class Seq2SeqTransformer(nn.Module):
         out = self.decoder(y, memory, tgt_attention_mask, memory_attention_mask, past_key_values,
                            use_cache, output_attentions, grow_cache=grow_cache)
         h = out.last_hidden_state
-        weight = self.lm_head.weight if self.lm_head is not None else self.target_embedding.weight
-        logits = kernels.linear_weights(h, weight)  # (B, T, V): tied to the embedding (§3.4) or not
-        return Seq2SeqOutput(logits, out.past_key_values, None, out.attentions, out.cross_attentions)
+        logits = kernels.linear_weights(h, self.output_weight) if project else None  # (B, T, V)
+        return Seq2SeqOutput(logits, out.past_key_values, None, out.attentions, out.cross_attentions,
+                             None if project else h)
+
+    @property
+    def output_weight(self) -> Tensor:
+        """The output projection's weight (V, D): the target embedding's when tied (§3.4)."""
+        return self.lm_head.weight if self.lm_head is not None else self.target_embedding.weight
 
     def forward(
         self,

@@ -40,6 +40,7 @@ class Seq2SeqOutput:
     encoder_last_hidden_state: Tensor | None = None  # (B, S, D)
     decoder_attentions: tuple[Tensor, ...] | None = None
     cross_attentions: tuple[Tensor, ...] | None = None
+    decoder_last_hidden_state: Tensor | None = None  # (B, T, D): decode(..., project=False)
 
 
 @dataclass

@@ -396,7 +396,10 @@ class Seq2SeqTransformer(Module):
         use_cache: bool = False,
         output_attentions: bool = False,
         grow_cache: bool = True,
+        project: bool = True,
     ) -> Seq2SeqOutput:
+        """(B, T) target ids -> logits (B, T, V); ``project=False``: logits None, the decoder's
+        last hidden state (B, T, D) in decoder_last_hidden_state (as tformer.nn's)."""
         tgt_ids = np.asarray(tgt_ids)
         check_token_ids(tgt_ids, self.config.target_vocab_size, "tgt_ids")
         b, t = tgt_ids.shape
@@ -408,10 +411,10 @@ class Seq2SeqTransformer(Module):
             output_attentions, grow_cache=grow_cache,
         )
         h = out.last_hidden_state
-        logits = self.lm_head(h) if self.lm_head is not None else h @ self.target_embedding.weight.T
-        return Seq2SeqOutput(
-            logits, out.past_key_values, None, out.attentions, out.cross_attentions
-        )
+        logits = None if not project else self.lm_head(h) if self.lm_head is not None else (
+            h @ self.target_embedding.weight.T)
+        return Seq2SeqOutput(logits, out.past_key_values, None, out.attentions, out.cross_attentions,
+                             None if project else h)
 
     def forward(
         self, src_ids, tgt_ids, src_attention_mask=None, tgt_attention_mask=None,

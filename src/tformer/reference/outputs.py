@@ -38,6 +38,7 @@ class Seq2SeqOutput:
     encoder_last_hidden_state: np.ndarray | None = None
     decoder_attentions: tuple[np.ndarray, ...] | None = None
     cross_attentions: tuple[np.ndarray, ...] | None = None
+    decoder_last_hidden_state: np.ndarray | None = None  # (B, T, D): decode(..., project=False)
 
 
 @dataclass
