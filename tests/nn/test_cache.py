@@ -140,3 +140,23 @@ def test_next_beams_stay_in_their_parents_rows_where_they_can(k):
         assert moved == sorted(moved)
         stays = {parent[r]: r for s, r in enumerate(got) if parent[r] == s}
         assert all(stays[p] == parent.index(p) for p in stays)  # the best child of each parent
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_log_probs_are_written_into_the_searchs_buffer_where_dtypes_allow(dtype):
+    """step.log_probs: the log-softmax of h W^T (float64 reference), in the buffer's first rows
+    when the buffer, the weight and the scores share a dtype; a bf16 model's in a tensor of its
+    own, in the scores' dtype."""
+    from tformer.nn.step import log_probs
+
+    g = torch.Generator().manual_seed(0)
+    h, w = torch.randn(5, 16, generator=g, dtype=dtype), torch.randn(300, 16, generator=g, dtype=dtype)
+    expected = torch.log_softmax(h.double() @ w.double().T, dim=-1)
+    buffer = torch.full((8, 300), float("nan"), dtype=dtype)
+    got = log_probs(h, w, dtype, buffer)
+    assert got.data_ptr() == buffer.data_ptr() and got.shape == (5, 300)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+    assert torch.isnan(buffer[5:]).all()  # rows past the step's untouched
+    bf16 = log_probs(h.bfloat16(), w.bfloat16(), torch.float32, buffer.float())
+    assert bf16.dtype == torch.float32 and bf16.data_ptr() != buffer.data_ptr()
+    torch.testing.assert_close(bf16.double(), expected, rtol=0.1, atol=0.1)

@@ -130,6 +130,27 @@ def test_seq2seq_matches_reference(tiny_config, dtype, norm_first, shared):
             assert_close(a, b, dtype, what=name)
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_decode_without_the_projection_gives_the_hidden_state_both_engines(tiny_config, shared):
+    """decode(..., project=False): no logits, and the decoder's last hidden state, whose product
+    with output_weight is decode's logits; the same in the NumPy mirror (float64)."""
+    config = tiny_config.replace(tgt_vocab_size=None if shared else 40, tie_output=shared)
+    model, mirror = _pair(Seq2SeqTransformer, ref.Seq2SeqTransformer, config, np.float64)
+    rng = np.random.default_rng(6)
+    src, tgt = rng.integers(0, 50, (B, S)), rng.integers(0, config.target_vocab_size, (B, T))
+    with torch.no_grad():
+        memory = model.encode(torch.from_numpy(src)).last_hidden_state
+        whole = model.decode(torch.from_numpy(tgt), memory)
+        bare = model.decode(torch.from_numpy(tgt), memory, project=False)
+    assert whole.decoder_last_hidden_state is None and bare.logits is None
+    assert_close(bare.decoder_last_hidden_state @ model.output_weight.T, whole.logits.numpy(),
+                 np.float64, what="hidden x output weight")
+    theirs = mirror.decode(tgt, mirror.encode(src).last_hidden_state, project=False)
+    assert theirs.logits is None
+    assert_close(bare.decoder_last_hidden_state, theirs.decoder_last_hidden_state, np.float64,
+                 what="hidden")
+
+
 @pytest.mark.parametrize("grow_cache", [True, False])
 def test_decoder_cache_matches_reference(tiny_config, grow_cache):
     """Step-by-step decoding with the cache, PyTorch vs NumPy (float64); with grow_cache=False
