@@ -7,7 +7,8 @@ Rows that have finished leave the batch (greedy: a row that produced EOS; beam: 
 best hypothesis outscores its live beams), a quarter of the batch at a time, so a few long
 outputs do not drag the finished rows through every remaining step. One device sync per step
 (the finished count), and in beam search a second (which beams moved: the cache is reordered in
-place, moved rows only).
+place, moved rows only; once it is large, a parent's best child keeps the parent's row).
+Each step's log-probabilities are written into one buffer the search keeps (tformer.nn.step).
 The self-attention caches have room for max_len positions after the first step, so each step
 writes its keys in place instead of copying the whole cache (tformer.nn.attention.with_room);
 the step itself returns them (tformer.nn.step: a compiled step cannot write into its input).

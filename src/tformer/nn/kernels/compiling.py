@@ -241,7 +241,19 @@ def _independent_sizes() -> contextlib.AbstractContextManager:
     config = getattr(config, "_config", None)
     if config is None or not hasattr(config, "use_duck_shape"):
         return contextlib.nullcontext()
-    return config.patch(use_duck_shape=False)
+    return _without_duck_shapes(config)
+
+
+@contextlib.contextmanager
+def _without_duck_shapes(config) -> Iterator[None]:
+    """config.use_duck_shape False within the block: set and put back by hand, 5 us a call
+    where config.patch took 30 (a compiled decoding step is called every step)."""
+    before = config.use_duck_shape
+    config.use_duck_shape = False
+    try:
+        yield
+    finally:
+        config.use_duck_shape = before
 
 
 def max_relative_difference(got: Any, expected: Any) -> str | None:
