@@ -134,7 +134,7 @@ def greedy_search(
     scores = torch.zeros(b, dtype=_score_dtype(memory), device=device)
     rows = torch.arange(b, device=device)  # (B',) the rows still in the batch, as rows of B
     done = torch.zeros(b, dtype=torch.bool, device=device)  # (B',) produced EOS
-    scratch = _scratch(model, b, scores.dtype, device)  # (B, V) each step's log-probabilities
+    scratch = _scratch(model, b, scores.dtype, device) if use_cache else None  # (B, V) log-probs
     past = None
     length, cut = 0, False
     for step in range(max_len):
@@ -283,7 +283,7 @@ def beam_search(
         penalty = torch.tensor(length ** length_penalty, dtype=state.scores.dtype, device=device)
         in_place = self_bytes(present) >= _STAY_IN_PLACE_FROM  # order beams to move the fewest rows
         state, beam = advance(state, beam_logp, beam_token, penalty, eos_id, early_stopping, in_place)
-        last = state.tokens[:, -1:]  # (B'*K, 1) the next step's input
+        last = state.tokens[:, -1:].contiguous()  # (B'*K, 1) the next step's input, alike each step
         past = _reorder_cache(present if step else _with_room(present, max_len), beam)
         leaving = int(state.stopped.sum())  # the step's one device sync
         if leaving == n or step + 1 == max_len:
