@@ -81,7 +81,10 @@ def test_the_crash_bodies_get_a_4xx(minilm, path, body):
     assert 400 <= request(minilm.port, "POST", path, raw=body)[0] < 500
 
 
-def test_health_answers_within_1s_while_a_5mb_text_is_served(minilm):
+def test_health_answers_within_2s_while_a_5mb_text_is_served(minilm):
+    """The event loop stays free while a large body is read and embedded (docs/serving.md: a
+    14 MB body held /health for 12 s before). 2 s, not 1: on a busy 2-core host, beside the
+    suite's other worker, /health once took 1.2 s."""
     text = ("The quick brown fox jumps over the lazy dog. " * 120_000)[:5_000_000]
     done: list = []
     big = threading.Thread(target=lambda: done.append(minilm.post("/embed", {"inputs": text})))
@@ -93,7 +96,7 @@ def test_health_answers_within_1s_while_a_5mb_text_is_served(minilm):
         worst = max(worst, time.perf_counter() - started)
     big.join()
     assert done[0][0] == 200 and done[0][1]["x-truncated-inputs"] == "0"
-    assert worst < 1.0, f"/health took {worst:.3f} s"
+    assert worst < 2.0, f"/health took {worst:.3f} s"
 
 
 @pytest.mark.slow  # --header-timeout's default 10 s
