@@ -29,12 +29,12 @@ class Beams(NamedTuple):
     finished: Tensor  # (B',) hypotheses ended so far (the peers' rule: early_stopping)
 
 
-def advance(state: Beams, beam_logp: Tensor, beam_token: Tensor, penalty: Tensor, eos_id: int,
+def advance(state: Beams, beam_logp: Tensor, beam_token: Tensor, penalty: float, eos_id: int,
             early_stopping: bool, in_place: bool) -> tuple[Beams, Tensor]:
     """One step's bookkeeping, from each beam's C best next tokens (``beam_logp``, ``beam_token``:
     a source's K best candidates that are not EOS, and any EOS among its K best, are among them,
     a beam's candidates ranking as its log-probabilities do). The rule is beam_search's
-    (its docstring). ``penalty``: the new length to the power length_penalty, a 0-dim tensor;
+    (its docstring). ``penalty``: the new length to the power length_penalty;
     ``in_place``: order the next beams to move the fewest cache rows (cache.stay_in_place), not
     best first. Returns the new state and ``beam`` (B'*K,): the beam each next beam continues,
     by which the caller reorders the cache.

@@ -280,7 +280,7 @@ def beam_search(
         # A source's K best candidates that are not EOS, and any EOS among its K best, are
         # among its beams' own K + 1 best tokens: a beam's candidates rank as its log-probs do.
         beam_logp, beam_token = kernels.topk(logp, kept)  # (B'*K, kept)
-        penalty = torch.tensor(length ** length_penalty, dtype=state.scores.dtype, device=device)
+        penalty = length ** length_penalty
         in_place = self_bytes(present) >= _STAY_IN_PLACE_FROM  # order beams to move the fewest rows
         state, beam = advance(state, beam_logp, beam_token, penalty, eos_id, early_stopping, in_place)
         last = state.tokens[:, -1:].contiguous()  # (B'*K, 1) the next step's input, alike each step
