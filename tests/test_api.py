@@ -47,6 +47,14 @@ def test_seq2seq_and_embedding_runs_from_files(tmp_path):
     assert len(outputs) == 2 and all(isinstance(o, str) for o in outputs)
     short = s2s.generate(["the cat sat", "hello world"], max_len=1)  # --max-len reaches decoding
     assert all(len(s2s.objective.tokenizer.pieces([o])[0]) <= 2 for o in short if o)
+    # Beam search's peers' rule (early_stopping) from the Run, as `tformer generate --early-stopping`
+    beams = s2s.generate(["the cat sat", "hello world"], beam_size=3, early_stopping=True)
+    assert len(beams) == 2 and all(isinstance(o, str) for o in beams)
+    assert set(s2s.evaluate(data=seq2seq_rows()[:8], beam_size=2, early_stopping=True)) >= {"examples"}
+    with pytest.raises(ValueError, match=r"early_stopping: .*expected beam_size >= 2 with it, got beam_size 1"):
+        s2s.generate("the cat sat", early_stopping=True)
+    with pytest.raises(TypeError, match=r"early_stopping: expected True or False, got 'yes'"):
+        s2s.generate("the cat sat", beam_size=2, early_stopping="yes")
     emb = tformer.train(data=embedding_rows(), out=str(tmp_path / "b"), **TINY)
     vectors = emb.embed(["a cat", "a dog", "a cat"])
     assert isinstance(emb, tformer.EmbeddingRun) and not hasattr(emb, "predict")

@@ -84,6 +84,8 @@ def test_eval_data_takes_the_canonical_field_names_or_the_runs_columns(capsys, t
      r"--split: --data .*train.jsonl is evaluated whole; expected no --split with --data, got validation"),
     (["--beam-size", "4"], r"--beam-size: .* is a classification run, which does not generate \(only seq2seq "
                            r"runs search\); expected no --beam-size, got 4"),
+    (["--early-stopping"], r"--early-stopping: a beam search rule; expected --beam-size 2 or more with it, "
+                           r"got --beam-size 1 \(greedy\)"),
 ])
 def test_options_that_would_do_nothing_are_refused(classification_run, capsys, argv, message):
     data = classification_run.parent / "train.jsonl"

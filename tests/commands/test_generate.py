@@ -98,3 +98,31 @@ def test_a_blank_argument_is_named_as_the_argument(classification_run, capsys, c
     # It said "texts[0]: expected a non-empty text" (the library's list, not the command line).
     rc, _, err = run_cli(capsys, command, classification_run, "a cat", " ", "--threads", "1")
     assert_one_line_error(rc, err, command, rf"error: {metavar} 2: expected a text, got ' '")
+
+
+def test_early_stopping_reaches_the_beam_search_and_is_refused_with_greedy(seq2seq_run, capsys, monkeypatch):
+    """`--early-stopping` (the peers' rule, beam_search's early_stopping) was the Python API's only:
+    the command now passes it to every batch's search, and refuses it where no beam searches."""
+    from tformer.kinds import seq2seq
+
+    seen = []
+    search = seq2seq.generate
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs["beam_size"], kwargs["early_stopping"]))
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(seq2seq, "generate", spy)
+    outputs = {}
+    for flags in ([], ["--early-stopping"]):
+        seen.clear()
+        rc, out, err = run_cli(capsys, "generate", seq2seq_run, "the cat", "a dog", "--beam-size", 3,
+                               "--max-len", 4, *flags)
+        assert rc == 0, err
+        assert seen and set(seen) == {(3, bool(flags))}
+        outputs[bool(flags)] = out
+    assert len(outputs[True].split("\n")) == 3  # one line per input, as without the option
+    rc, out, err = run_cli(capsys, "generate", seq2seq_run, "the cat", "--early-stopping")
+    assert_one_line_error(rc, err, "generate", r"--early-stopping: a beam search rule; expected --beam-size 2 "
+                                               r"or more with it, got --beam-size 1 \(greedy\)")
+    assert out == ""

@@ -80,6 +80,20 @@ def check_options(args: argparse.Namespace) -> None:
 DECODING = {"beam_size": 1, "length_penalty": 1.0, "max_len": None}
 
 
+def add_early_stopping(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--early-stopping", action="store_true",
+                        help="beam search: an input also stops once --beam-size of its hypotheses have "
+                             "ended, whatever their scores (the rule of CTranslate2 and of Hugging Face's "
+                             "early_stopping=True): sooner, and it may print a worse output (default off)")
+
+
+def check_early_stopping(args: argparse.Namespace) -> None:
+    """--early-stopping is beam search's rule: refused with greedy search, where it would do nothing."""
+    if getattr(args, "early_stopping", False) and args.beam_size == 1:
+        raise ValueError("--early-stopping: a beam search rule; expected --beam-size 2 or more with it, "
+                         "got --beam-size 1 (greedy)")
+
+
 def check_decoding_options(args: argparse.Namespace, run: Any) -> None:
     """Refuse decoding options given for a run that does not generate (a classifier, an
     embedding model): they would be accepted and do nothing."""

@@ -18,9 +18,11 @@ import sys
 
 from tformer.commands._inputs import (
     add_device,
+    add_early_stopping,
     add_long,
     add_threads,
     check_decoding_options,
+    check_early_stopping,
     check_options,
     device_of,
     json_line,
@@ -38,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "says how many of its records the run trained on); the result is appended "
                              "to RUN_DIR/metrics.jsonl")
     parser.add_argument("--beam-size", type=int, default=1, help="seq2seq: 1 = greedy (default)")
+    add_early_stopping(parser)
     parser.add_argument("--limit", type=int, default=None,
                         help="only the first N examples (a --data file is read no further)")
     parser.add_argument("--samples", type=int, default=6, help="sample rows to print (default 6)")
@@ -54,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from tformer.storage.rundir import RunLock, check_no_links
 
     check_options(args)
+    check_early_stopping(args)
     if args.data is not None and args.split is not None:  # one of the two would be ignored
         raise ValueError(f"--split: --data {args.data} is evaluated whole; expected no --split with "
                          f"--data, got {args.split}")
@@ -87,7 +91,8 @@ def _evaluate(args: argparse.Namespace, run) -> int:
     else:
         split = args.split or "test"
         examples = run.example_stream(split, limit=args.limit)
-    metrics, baseline, rows = run.score_stream(examples, beam_size=args.beam_size, samples=args.samples)
+    metrics, baseline, rows = run.score_stream(examples, beam_size=args.beam_size, samples=args.samples,
+                                               early_stopping=args.early_stopping)
     if rows:
         print(sample_table(rows, n=args.samples))
     key = run.main_metric

@@ -14,8 +14,10 @@ import itertools
 from tformer.commands._inputs import (
     Truncations,
     add_device,
+    add_early_stopping,
     add_threads,
     bad_input,
+    check_early_stopping,
     check_options,
     device_of,
     input_windows,
@@ -40,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-len", type=int, default=None,
                         help="most tokens to generate (default: 2 x the input's tokens + 10, at most "
                              "the run's max length, or a task's longest target + 1)")
+    add_early_stopping(parser)
     parser.add_argument("--batch-size", type=int, default=32, help="inputs per batch (default 32)")
     add_threads(parser)
     add_device(parser)
@@ -49,10 +52,12 @@ def run(args: argparse.Namespace) -> int:
     from tformer.kinds import load_run
 
     check_options(args)
+    check_early_stopping(args)
     inputs = input_windows(args, "inputs", "INPUT", args.batch_size)
     first = next(inputs)  # the inputs checked before the run loads
     run = load_run(args.run_dir, needs="generate", device=device_of(args))  # (another kind: its verb)
-    options = {"beam_size": args.beam_size, "length_penalty": args.length_penalty, "max_len": args.max_len}
+    options = {"beam_size": args.beam_size, "length_penalty": args.length_penalty, "max_len": args.max_len,
+               "early_stopping": args.early_stopping}
     cut, total = Truncations(args, "inputs", "INPUT", run.tokenizer.max_length if run.tokenizer else 0), 0
     for start, texts in itertools.chain([first], inputs):
         cut.note(start, run.truncated(texts))

@@ -159,29 +159,32 @@ class Run(ABC):
         return self.objective.read_examples(data, limit)
 
     def evaluate(self, data: Data | None = None, split: str = "test", beam_size: int = 1,
-                 examples: list | None = None) -> dict[str, float]:
-        """Metrics on a split of the run's data, or on `data` (a file or records)."""
+                 examples: list | None = None, early_stopping: bool = False) -> dict[str, float]:
+        """Metrics on a split of the run's data, or on `data` (a file or records); a seq2seq
+        run's outputs by beam search with ``beam_size`` > 1 (``early_stopping``: Seq2SeqRun.generate)."""
         return self.score(examples if examples is not None else self.examples(split, data),
-                          split, beam_size)[0]
+                          split, beam_size, early_stopping)[0]
 
-    def score(self, examples: list, split: str = "test", beam_size: int = 1
+    def score(self, examples: list, split: str = "test", beam_size: int = 1, early_stopping: bool = False
               ) -> tuple[dict[str, float], list[tuple[str, str, str]]]:
         """(metrics, sample rows: input, prediction, target) of examples."""
         metrics, shown = self.objective.evaluate(self.model, split, examples=examples,
-                                                 **self._decoding(beam_size))
+                                                 **self._decoding(beam_size, early_stopping))
         return metrics, self.objective.sample_rows(examples, shown)
 
-    def score_stream(self, examples: Iterable, beam_size: int = 1, samples: int = 0
+    def score_stream(self, examples: Iterable, beam_size: int = 1, samples: int = 0,
+                     early_stopping: bool = False
                      ) -> tuple[dict[str, float], dict[str, Any], list[tuple[str, str, str]]]:
         """(metrics, baseline, the first `samples` sample rows) of examples taken a window at a
         time (example_stream): memory does not grow with them (``Objective.evaluate_stream``)."""
-        return self.objective.evaluate_stream(self.model, examples, samples, **self._decoding(beam_size))
+        return self.objective.evaluate_stream(self.model, examples, samples,
+                                              **self._decoding(beam_size, early_stopping))
 
     def baseline(self, examples: list) -> dict[str, Any]:
         """The trivial baseline of `examples` on the main metric (``Objective.baseline``)."""
         return self.objective.baseline(examples)
 
-    def _decoding(self, beam_size: int) -> dict[str, Any]:
+    def _decoding(self, beam_size: int, early_stopping: bool = False) -> dict[str, Any]:
         return {}  # only a decoder searches
 
     # Exports --------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from tformer.kinds.run import Run, check_batch_size, texts_of
 from tformer.kinds.serving import Item, too_long
 from tformer.nn.generate import generate
 from tformer.nn.model import Seq2SeqTransformer
-from tformer.nn.search_args import check_max_len
+from tformer.nn.search_args import check_early_stopping, check_max_len
 from tformer.storage.files import json_bytes
 from tformer.text.batches import Seq2SeqBatch, seq2seq_arrays
 from tformer.text.prefix import plus
@@ -155,17 +155,17 @@ class Seq2Seq(Objective):
 
     def predict_batch(self, model: nn.Module, batch: Seq2SeqBatch, beam_size: int = 1,
                       length_penalty: float = 1.0, max_len: int | None = None,
-                      deadline: float | None = None) -> list[list[int]]:
+                      deadline: float | None = None, early_stopping: bool = False) -> list[list[int]]:
         """The one inference forward: generated ids (up to EOS) per example; max_len: the most
         tokens (default: bounded by the batch's longest source, ``generation_limit``); deadline:
         a time.perf_counter() reading at which generation stops: DeadlinePassed where it cut
-        outputs short."""
+        outputs short; early_stopping: beam search's peers' rule (tformer.nn.generate.beam_search)."""
         s = self.source
         if max_len is None:
             max_len = generation_limit(int(batch.src_mask.sum(dim=1).max()), s.max_new_tokens)
         out = generate(model, batch.src, batch.src_mask, beam_size=beam_size, max_len=max_len,
                        length_penalty=length_penalty, bos_id=s.bos_id, eos_id=s.eos_id, pad_id=s.pad_id,
-                       deadline=deadline)
+                       deadline=deadline, early_stopping=early_stopping)
         if not out.complete:
             raise DeadlinePassed
         return out.tolist()
@@ -196,10 +196,12 @@ class Seq2Seq(Objective):
         return self.scores.scores(counts), shown
 
     def generate(self, model: nn.Module, texts: list[str], beam_size: int = 1,
-                 length_penalty: float = 1.0, max_len: int | None = None, batch_size: int = 32) -> list[str]:
+                 length_penalty: float = 1.0, max_len: int | None = None, batch_size: int = 32,
+                 early_stopping: bool = False) -> list[str]:
         """The output text of each input text."""
         ids = self.predict(model, self.source.inputs(texts, self.inputs), batch_size=batch_size,
-                           beam_size=beam_size, length_penalty=length_penalty, max_len=max_len)
+                           beam_size=beam_size, length_penalty=length_penalty, max_len=max_len,
+                           early_stopping=early_stopping)
         return [self.source.decode(p) for p in ids]
 
 
@@ -243,21 +245,27 @@ class Seq2SeqRun(Run):
         return self.model.config.max_len
 
     def generate(self, inputs: str | Iterable[str], beam_size: int = 1, length_penalty: float = 1.0,
-                 max_len: int | None = None, batch_size: int = 32) -> list[str]:
+                 max_len: int | None = None, batch_size: int = 32, early_stopping: bool = False) -> list[str]:
         """The output text per input (one str is one input); at most max_len tokens (default:
         2 x the batch's longest input + 10, at most max_new_tokens: Seq2Seq.predict_batch; at
-        most the decoder's positions)."""
+        most the decoder's positions). ``early_stopping``: with beam_size > 1, an input also stops
+        once beam_size of its hypotheses have ended, whatever their scores (the rule of Hugging
+        Face's early_stopping=True and CTranslate2: sooner, and it may return a worse output;
+        tformer.nn.generate.beam_search)."""
         if max_len is not None:
             check_max_len(max_len, self.model.config.max_len)
+        check_early_stopping(early_stopping, beam_size)
         return self.objective.generate(self.model, texts_of(inputs, "inputs"), beam_size, length_penalty,
-                                       max_len, batch_size=check_batch_size(batch_size))
+                                       max_len, batch_size=check_batch_size(batch_size),
+                                       early_stopping=early_stopping)
 
     def answers(self, texts: list[str], batch_size: int = 32, **options: Any) -> list[str]:
         """What `tformer generate` prints per input: the output."""
         return self.generate(texts, batch_size=batch_size, **options)
 
-    def _decoding(self, beam_size: int) -> dict[str, Any]:
-        return {"beam_size": beam_size}
+    def _decoding(self, beam_size: int, early_stopping: bool = False) -> dict[str, Any]:
+        check_early_stopping(early_stopping, beam_size)
+        return {"beam_size": beam_size, "early_stopping": early_stopping}
 
     def _input_ids(self, source, text: str) -> tuple[list[int], None]:
         """What the encoder reads: the text's pieces, then EOS (as training encodes sources)."""

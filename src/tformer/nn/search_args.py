@@ -96,3 +96,13 @@ def check_length_penalty(length_penalty: float, max_len: int) -> None:
     if not ok:
         raise ValueError(f"length_penalty: expected a number with max_len ** |length_penalty| finite "
                          f"(max_len {max_len}), got {length_penalty!r}")
+
+
+def check_early_stopping(early_stopping: bool, beam_size: int) -> None:
+    """A bool, and True only for a beam search: greedy search has one output per input and no
+    hypotheses to count, so the option would do nothing."""
+    if not isinstance(early_stopping, bool):
+        raise TypeError(f"early_stopping: expected True or False, got {early_stopping!r}")
+    if early_stopping and beam_size == 1:
+        raise ValueError("early_stopping: the beam search rule (a source stops once beam_size of its "
+                         "hypotheses have ended); expected beam_size >= 2 with it, got beam_size 1")
