@@ -124,10 +124,11 @@ def test_inputs_are_read_a_window_at_a_time_not_held_whole(tmp_path):
     tracemalloc.start()
     try:
         seen, starts = 0, []
-        for start, texts in input_windows(args, "inputs", "TEXT", 32):
+        for start, texts, after in input_windows(args, "inputs", "TEXT", 32):
             starts.append(start)
             assert texts[0] == ("first" if start == 0 else f"line number {start - 1} of many")
             seen += len(texts)
+            assert after == 100_001 - seen  # the inputs still to come (compiled kernels repay over them)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

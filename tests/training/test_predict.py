@@ -145,6 +145,15 @@ def test_a_long_prediction_says_how_much_eager_work_is_left_and_a_budgeted_one_n
     objective.predict(model, examples, batch_size=8, max_len=6)
     assert len(expected) == 4 and expected[0] == 0.0
     assert all(e > 0 for e in expected[1:]) and expected[1] > expected[3]  # 24 examples left, then 8
+    alone = expected[3]
     expected.clear()
     objective.predict(model, examples, batch_size=8, max_len=6, deadline=time.perf_counter() + 1000)
     assert expected and set(expected) == {0}
+    # A command's later windows count too (`tformer generate --file`: 512 inputs a window): 10,000
+    # examples after these, and the last batch expects ~10,008 examples' work, not 8.
+    from tformer.nn.kernels.compiling import more_to_come
+
+    expected.clear()
+    with more_to_come(10_000):
+        objective.predict(model, examples, batch_size=8, max_len=6)
+    assert expected[0] == 0.0 and expected[3] > 100 * alone

@@ -153,18 +153,20 @@ def input_texts(args: argparse.Namespace, positional: str, metavar: str, minimum
 
 
 def input_windows(args: argparse.Namespace, positional: str, metavar: str, batch_size: int
-                  ) -> Iterator[tuple[int, list[str]]]:
-    """(index of its first input, its texts) for each run of SORT_WINDOW batches of the texts
-    given as arguments, then of --file's lines. The file is checked whole first (one pass that
-    keeps nothing: a blank line fails before any output), then read a window at a time, so
-    memory does not grow with its lines."""
+                  ) -> Iterator[tuple[int, list[str], int]]:
+    """(index of its first input, its texts, how many inputs come after them) for each run of
+    SORT_WINDOW batches of the texts given as arguments, then of --file's lines. The file is
+    checked whole first (one pass that keeps nothing: a blank line fails before any output),
+    then read a window at a time, so memory does not grow with its lines. (The inputs after a
+    window tell a compiled kernel the work left to repay it: kernels.compiling.more_to_come.)"""
     given = given_texts(args, positional, metavar)
     lines = file_lines(args) if getattr(args, "file", None) is not None else None
-    check_count(count_inputs(len(given), lines), metavar)
+    total = count_inputs(len(given), lines)
+    check_count(total, metavar)
     texts = itertools.chain(given, (t for _, t in lines) if lines is not None else ())
     start, step = 0, batch_size * SORT_WINDOW
     while chunk := list(itertools.islice(texts, step)):
-        yield start, chunk
+        yield start, chunk, max(0, total - start - len(chunk))
         start += len(chunk)
 
 

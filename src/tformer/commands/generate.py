@@ -50,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tformer.kinds import load_run
+    from tformer.nn.kernels.compiling import more_to_come
 
     check_options(args)
     check_early_stopping(args)
@@ -59,11 +60,12 @@ def run(args: argparse.Namespace) -> int:
     options = {"beam_size": args.beam_size, "length_penalty": args.length_penalty, "max_len": args.max_len,
                "early_stopping": args.early_stopping}
     cut, total = Truncations(args, "inputs", "INPUT", run.tokenizer.max_length if run.tokenizer else 0), 0
-    for start, texts in itertools.chain([first], inputs):
+    for start, texts, after in itertools.chain([first], inputs):
         cut.note(start, run.truncated(texts))
         total += len(texts)
         try:
-            outs = run.answers(texts, batch_size=args.batch_size, **options)
+            with more_to_come(after):  # a compiled decoding step is repaid over the whole file
+                outs = run.answers(texts, batch_size=args.batch_size, **options)
         except BadInput as e:
             raise bad_input(args, "inputs", "INPUT", start, e) from None
         print_lines(outs)

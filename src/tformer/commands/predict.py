@@ -61,19 +61,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tformer.kinds import load_run
+    from tformer.nn.kernels.compiling import more_to_come
 
     check_options(args)
     inputs = input_windows(args, "inputs", "TEXT", args.batch_size)
     first = next(inputs)  # the inputs checked before the run loads
     run = load_run(args.run_dir, needs="predict", device=device_of(args)).read_long(args.long)
     cut, total = Truncations(args, "inputs", "TEXT", run.max_input_tokens if run.tokenizer else 0), 0
-    for start, chunk in itertools.chain([first], inputs):
+    for start, chunk, after in itertools.chain([first], inputs):
         texts, pairs = run.predict_inputs(chunk)  # a classifier trained on pairs: text, tab, text_pair
         cut.note(start, run.truncated(texts, pairs))
         total += len(chunk)
         try:
-            answers = run.predict(texts, **({} if pairs is None else {"pairs": pairs}),
-                                  batch_size=args.batch_size)
+            with more_to_come(after):  # compiled kernels are repaid over the whole file
+                answers = run.predict(texts, **({} if pairs is None else {"pairs": pairs}),
+                                      batch_size=args.batch_size)
         except BadInput as e:
             raise bad_input(args, "inputs", "TEXT", start, e) from None
         rows = []

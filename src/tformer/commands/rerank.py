@@ -50,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tformer.kinds import load_run
+    from tformer.nn.kernels.compiling import more_to_come
     from tformer.text.arguments import check_texts
 
     check_options(args)
@@ -60,9 +61,11 @@ def run(args: argparse.Namespace) -> int:
     cut = Truncations(args, "passages", "PASSAGE", run.tokenizer.max_length)
     best: list[tuple[float, int, str]] = []  # a heap of (score, -index, text): the k best kept
     total = 0
-    for start, chunk in itertools.chain([first], windows):
+    for start, chunk, after in itertools.chain([first], windows):
         cut.note(start, run.truncated([args.query] * len(chunk), chunk))
-        for found in run.rerank(args.query, chunk, batch_size=args.batch_size, raw=args.raw_scores):
+        with more_to_come(after):  # compiled kernels are repaid over the whole file
+            found_all = run.rerank(args.query, chunk, batch_size=args.batch_size, raw=args.raw_scores)
+        for found in found_all:
             i, score = start + found["index"], found["score"]
             if not math.isfinite(score):
                 raise ValueError(f"RUN_DIR {args.run_dir}: expected finite scores, got {score} for "

@@ -30,7 +30,7 @@ from tformer.formats.model_dir import ModelDir
 from tformer.formats.pretrained import pretrained_config
 from tformer.nn.devices import model_device
 from tformer.nn.kernels.autotune import seconds_measuring
-from tformer.nn.kernels.compiling import expecting
+from tformer.nn.kernels.compiling import expecting, items_to_come
 from tformer.text.batches import SORT_WINDOW, done_prefix, prediction_windows
 from tformer.text.windows import rows as batch_rows
 from tformer.training import windows
@@ -254,8 +254,8 @@ class Objective(ABC):
         runs to its end (under a deadline a small one, FIRST_BATCH_UNDER_DEADLINE examples in
         order, a window of its own); a later one the deadline cuts (``DeadlinePassed``) is left
         out: every scored prediction is one the model finished. Without a deadline, from the
-        second batch on, the eager seconds left (by the last batch's) are what a compiled kernel
-        must repay (kernels.compiling.expecting). `progress(done, total)` after each batch."""
+        second batch on, the eager seconds left (by the last batch's, ``more_to_come``'s too) are what a
+        compiled kernel must repay (kernels.compiling.expecting). `progress(done, total)` after each batch."""
         out: list = []
         batch_seconds = each = 0.0  # the last batch's seconds, and per example in it
         device = model_device(model)
@@ -265,8 +265,7 @@ class Objective(ABC):
                 encoded = self.encode(examples[start:end])
                 reads = [windows.windows_of(e) for e in encoded]  # a long text's windows: rows each
                 order = sorted(range(len(encoded)), key=lambda i: (reads[i], encoded[i].cost))
-                preds: list = [None] * len(encoded)
-                i = 0
+                preds, i = [None] * len(encoded), 0  # i: examples of this window done
                 while i < len(order):
                     first = not out and not i
                     if not first and deadline is not None and time.perf_counter() + batch_seconds > deadline:
@@ -275,8 +274,9 @@ class Objective(ABC):
                     rows = batch_rows(order[i:], reads, min(batch_size, end - start))
                     batch = self.collate([encoded[r] for r in rows]).to(device)
                     bounded = self._bounded(options, None if first else deadline)
+                    left = len(examples) - len(out) - i + items_to_come()  # examples, with later windows'
                     try:  # compiled kernels where the eager work left repays them (no budget to spend)
-                        with expecting(each * (len(examples) - len(out) - i) if deadline is None else 0):
+                        with expecting(each * left if deadline is None else 0):
                             predicted = self.predict_batch(model, batch, **bounded)
                     except DeadlinePassed:
                         return out + done_prefix(preds)

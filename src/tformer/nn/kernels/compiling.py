@@ -56,6 +56,7 @@ COLD_GUESS = 60.0  # seconds a first compilation is assumed to take before one w
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-10, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
 _expected = {"seconds": 0.0}  # eager seconds the current job expects (``expecting``)
+_later = {"items": 0}  # items of work after the current job's (``more_to_come``)
 _failed: dict[str, str] = {}  # kernel name -> why compiling it failed in this process
 _forced: dict[str, str | None] = {"mode": None}  # ``forced``'s mode, over TFORMER_COMPILE
 
@@ -81,6 +82,25 @@ def expecting(expected_seconds: float) -> Iterator[None]:
         yield
     finally:
         _expected["seconds"] = before
+
+
+@contextlib.contextmanager
+def more_to_come(items: int) -> Iterator[None]:
+    """Within the block, a job that counts its work in items (a prediction's examples) counts
+    ``items`` more after the ones it is given: a command reads a file a window at a time, and a
+    compilation is repaid over the whole file's eager work, not a window's (``expecting``: a
+    window of 512 inputs never repaid a decoding step's 30 s compilation; 50,000 can)."""
+    before = _later["items"]
+    _later["items"] = max(0, int(items))
+    try:
+        yield
+    finally:
+        _later["items"] = before
+
+
+def items_to_come() -> int:
+    """The items ``more_to_come`` announced for after the current job (0 outside it)."""
+    return _later["items"]
 
 
 @contextlib.contextmanager
