@@ -261,3 +261,40 @@ def test_sizes_equal_by_chance_when_traced_stay_apart(monkeypatch):
     for rows in (16, 32, 48):
         torch.testing.assert_close(kernel.compiled(torch.randn(rows, 16), table).shape, (rows, 16))
     assert counter.frame_count == 1
+
+
+def test_a_compiled_linear_multiplies_then_adds_its_bias_and_exporters_keep_f_linear():
+    """Under torch.compile without autograd on a CPU a linear is x W^T + b (inductor then calls
+    the GEMM alone and fuses the bias into the next elementwise kernel; from F.linear it called
+    addmm, which copies the bias into the output first); with autograd, and under torch.export
+    (one Gemm node for ONNX), F.linear as before. The values equal eager's either way."""
+    layer = torch.nn.Linear(16, 8)
+    x = torch.randn(5, 16)
+    graphs = []
+
+    def recording(gm, example_inputs):
+        graphs.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return gm.forward
+
+    def traced(*tensors):
+        torch._dynamo.reset()
+        graphs.clear()
+        return torch.compile(kernels.linear_weights, backend=recording, fullgraph=True)(*tensors)
+
+    with torch.no_grad():
+        assert_close(traced(x, layer.weight, layer.bias), layer(x))
+    assert any("matmul" in t for t in graphs[0]) and not any("linear" in t for t in graphs[0]), graphs
+    assert_close(traced(x, layer.weight, layer.bias), layer(x))  # autograd: F.linear
+    assert any("linear" in t for t in graphs[0]), graphs
+    with torch.no_grad():
+        assert_close(traced(x, layer.weight, None), x @ layer.weight.t())  # no bias: nothing to move
+    assert any("linear" in t for t in graphs[0]), graphs
+
+    class Linear(torch.nn.Module):
+        def forward(self, x):
+            return kernels.linear_weights(x, layer.weight, layer.bias)
+
+    with torch.no_grad():
+        exported = torch.export.export(Linear(), (x,))
+    targets = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    assert any("linear" in t for t in targets) and not any("matmul" in t for t in targets), targets

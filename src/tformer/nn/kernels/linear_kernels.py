@@ -222,9 +222,24 @@ def linear_weights(x: Tensor, w: Tensor, b: Tensor | None = None,
             return _onednn_linear(x, packed_weight(w), b, attr, algorithm)
         else:
             y = F.linear(x, w, b)
+    elif b is not None and _compiling_inference_on_cpu(x, w, b):
+        y = torch.matmul(x, w.t()) + b  # the bias fused into the next elementwise kernel
     else:
         y = F.linear(x, w, b)
     return y if activation is None else ACTIVATIONS[activation][0](y)
+
+
+def _compiling_inference_on_cpu(x: Tensor, w: Tensor, b: Tensor) -> bool:
+    """Whether torch.compile (not an exporter) traces a linear without autograd on a CPU. Then
+    the multiply and the bias are written apart: from F.linear inductor calls addmm, which first
+    copies the bias into every row of its output (a pass over it), where from x W^T + b it calls
+    the GEMM alone and adds the bias inside the next elementwise kernel it generates (the
+    activation, the residual add and norm, the heads' split). A compiled decoding step at
+    Marian's size: 0.97x the time (Intel Xeon, 2 threads; benchmarks/README.md, a twentieth
+    session). Exporters keep F.linear (one Gemm node), training keeps its measured kernels."""
+    return (torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+            and x.device.type == "cpu"
+            and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or b.requires_grad)))
 
 
 def _bf16_linear(x: Tensor, layer: nn.Linear, activation: str | None) -> Tensor:
