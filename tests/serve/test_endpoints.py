@@ -158,7 +158,7 @@ def test_long_inputs_are_counted_at_admission_and_handed_on_as_prefixes(classifi
     seq2seq = seq2seq_server.app.state.service.served
     (item,) = seq2seq.admit([long], True)
     assert isinstance(item.full, AtLeast) and item.full > seq2seq.max_input_tokens and len(item.payload) < 40_000
-    assert seq2seq.run_batch([item.payload], (1, 8, 1.0)) == seq2seq.run_batch([long], (1, 8, 1.0))
+    assert seq2seq.run_batch([item.payload], (1, 8, 1.0, False)) == seq2seq.run_batch([long], (1, 8, 1.0, False))
     with pytest.raises(TooLong, match=rf"^input\[0\]: expected at most {seq2seq.max_input_tokens} tokens, "
                        rf"got {int(item.full)} or more \(send truncate"):
         seq2seq.admit([long], False)
@@ -168,15 +168,19 @@ def test_generate_speaks_tgi_and_equals_tformer_generate(seq2seq_server, seq2seq
     texts = ["the cat sat", "東京 %s café", "hello world, fine. yes!"]
     greedy = cli_lines(capsys, ["generate", str(seq2seq_run), *texts])
     beam = cli_lines(capsys, ["generate", str(seq2seq_run), *texts, "--beam-size", "2"])
+    early = cli_lines(capsys, ["generate", str(seq2seq_run), *texts, "--beam-size", "3", "--early-stopping"])
     live = seq2seq_server
     one = [live.post("/generate", {"inputs": t})[2]["generated_text"] for t in texts]
     status, _, listed = live.post("/generate", {"inputs": texts})
     _, _, beamed = live.post("/generate", {"inputs": texts, "parameters": {"beam_size": 2}})
+    _, _, stopped = live.post("/generate", {"inputs": texts, "parameters": {"beam_size": 3,
+                                                                           "early_stopping": True}})
     _, _, short = live.post("/generate", {"inputs": texts[0], "parameters": {"max_new_tokens": 1,
                                                                              "details": True}})
     _, _, compat = live.post("/", {"inputs": texts[0], "parameters": {}, "stream": False})
     assert status == 200 and [x["generated_text"] for x in listed] == greedy == one
     assert [x["generated_text"] for x in beamed] == beam and compat == [{"generated_text": greedy[0]}]
+    assert [x["generated_text"] for x in stopped] == early
     assert len(short["generated_text"].split()) <= 1
     assert short["details"]["finish_reason"] in ("length", "eos_token")
     assert short["details"]["generated_tokens"] <= 1

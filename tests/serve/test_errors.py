@@ -221,6 +221,16 @@ def test_a_length_penalty_no_length_can_take_is_refused(seq2seq_server):
     assert status == 200
 
 
+def test_early_stopping_is_a_beam_search_rule_refused_with_greedy(seq2seq_server):
+    for parameters, param in (({"early_stopping": True}, "parameters.early_stopping"),
+                              ({"beam_size": 2, "early_stopping": "yes"}, "parameters.early_stopping")):
+        status, _, answer = seq2seq_server.post("/generate", {"inputs": "a b c", "parameters": parameters})
+        assert status == 422 and answer["error"]["param"] == param, answer
+    status, _, _ = seq2seq_server.post("/generate", {"inputs": "a b c", "parameters": {"beam_size": 2,
+                                                                                       "early_stopping": True}})
+    assert status == 200
+
+
 def test_only_json_is_answered(small_server):
     for kind in ("text/plain", "application/x-www-form-urlencoded", None):
         status, _, answer = request(small_server.port, "POST", "/embed", raw=b'{"inputs": "a"}',

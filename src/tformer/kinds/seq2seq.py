@@ -281,11 +281,13 @@ class Seq2SeqRun(Run):
         return [Item(min(n, run_limit), n, t) for n, t in zip(full, texts, strict=True)]
 
     @torch.no_grad()
-    def run_batch(self, texts: list[str], key: tuple[int, int, float]) -> list[str]:
+    def run_batch(self, texts: list[str], key: tuple[int, int, float, bool]) -> list[str]:
         """Greedy or beam search, as `tformer generate` runs it, with max_new_tokens for its
-        limit. ``key``: (beam_size, max_new_tokens, length_penalty), shared by the batch."""
-        beam_size, max_new_tokens, length_penalty = key
-        return self.objective.generate(self.model, texts, beam_size, length_penalty, max_len=max_new_tokens)
+        limit. ``key``: (beam_size, max_new_tokens, length_penalty, early_stopping), shared by
+        the batch."""
+        beam_size, max_new_tokens, length_penalty, early_stopping = key
+        return self.objective.generate(self.model, texts, beam_size, length_penalty, max_len=max_new_tokens,
+                                       early_stopping=early_stopping)
 
     def output_tokens(self, outputs: list[str]) -> list[int]:
         """Tokens of each generated text, without its end (re-tokenized: what usage and TGI's
@@ -293,7 +295,7 @@ class Seq2SeqRun(Run):
         return [len(e.ids) for e in self.tokenizer.backend.encode_batch(outputs, add_special_tokens=False)]
 
     def warm_up(self) -> None:
-        self.run_batch([item.payload for item in self.admit(["warm up"], True)], (1, 2, 1.0))
+        self.run_batch([item.payload for item in self.admit(["warm up"], True)], (1, 2, 1.0, False))
 
     def describe(self) -> dict[str, Any]:
         return {"max_new_tokens": self.max_new_tokens}

@@ -81,7 +81,7 @@ def completions(service: Service) -> dict[str, Endpoint]:
                                      and all(isinstance(s, str) and s for s in stop)):
             raise schema.RequestError(422, "stop", "stop: expected a string or up to 4 strings, got "
                                       f"{schema._short(body['stop'])}")
-        return texts, (1, new, 1.0), c.truncate, {"stop": stop or [], "max_new_tokens": new}
+        return texts, (1, new, 1.0, False), c.truncate, {"stop": stop or [], "max_new_tokens": new}
 
     def respond_completions(results: list[str], items: list[Item], extra: dict):
         choices, completion = [], 0

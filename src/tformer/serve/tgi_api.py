@@ -8,7 +8,8 @@
 A list of inputs (a tformer extension) is answered with a list. Parameters done: max_new_tokens,
 stop (the text is cut before the first stop sequence), details (finish reason and the count of
 generated tokens, re-tokenized), seed (decoding is deterministic: it changes nothing),
-return_full_text false, and tformer's own beam_size and length_penalty. Sampling parameters
+return_full_text false, and tformer's own beam_size, length_penalty and early_stopping (beam
+search's peers' rule: `tformer generate --early-stopping`). Sampling parameters
 (do_sample, temperature, top_k, ...) are refused with the answer Hugging Face's servers give
 for parameters a model does not use, so that huggingface_hub drops them and warns.
 """
@@ -27,7 +28,7 @@ SAMPLING = ("do_sample", "temperature", "top_k", "top_p", "typical_p", "repetiti
             "frequency_penalty", "best_of", "top_n_tokens", "grammar", "adapter_id", "watermark",
             "decoder_input_details")
 PARAMETERS = ("max_new_tokens", "stop", "details", "seed", "return_full_text", "truncate", "beam_size",
-              "length_penalty", *SAMPLING)
+              "length_penalty", "early_stopping", *SAMPLING)
 
 
 def generation(service: Service) -> dict[str, Endpoint]:
@@ -57,11 +58,15 @@ def generation(service: Service) -> dict[str, Endpoint]:
             check_length_penalty(penalty, new)
         except ValueError as e:
             raise schema.RequestError(422, "parameters.length_penalty", f"parameters.{e}") from None
+        early = schema.boolean(p, "early_stopping", False, "parameters")
+        if early and beam == 1:
+            raise schema.RequestError(422, "parameters.early_stopping", "parameters.early_stopping: a beam "
+                                      "search rule; expected beam_size >= 2 with it, got beam_size 1")
         schema.integer(p, "seed", None, 0, 2**64 - 1, "parameters")
         stop = _stop(p.get("stop"))
         extra = {"details": schema.boolean(p, "details", False, "parameters"), "stop": stop,
                  "max_new_tokens": new, "listed": compat or isinstance(body["inputs"], list)}
-        return texts, (beam, new, penalty), c.truncate, extra
+        return texts, (beam, new, penalty, early), c.truncate, extra
 
     def respond(results: list[str], items: list[Item], extra: dict):
         answers = [_answer(text, item, extra, served) for text, item in zip(results, items, strict=True)]
