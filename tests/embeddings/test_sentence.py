@@ -225,3 +225,33 @@ def test_encode_refuses_bad_options_naming_them_before_embedding(kwargs, message
     st.encode(["a dog " * 20], on_long=lambda indices, counts: calls.append(indices))  # a callable: taken
     assert calls == [[0]]
     assert st.encode(["a dog"], normalize=np.bool_(False), truncation=True).shape == (1, 32)
+
+
+def test_a_long_encode_says_how_much_eager_work_is_left_so_compiled_kernels_may_repay(monkeypatch):
+    """From its second batch on, encode expects the eager seconds its tokens left would take at
+    the last batch's pace (kernels.compiling.expecting: where that repays a compilation, the
+    bf16 add-and-norm runs compiled), counting a caller's texts still to come (more_to_come:
+    `tformer embed` and `index build` encode 1,024 at a time); the first batch expects nothing."""
+    import contextlib
+
+    from tformer.embeddings import sentence
+    from tformer.nn.kernels.compiling import more_to_come
+
+    st = SentenceEncoder.from_pretrained(st_dir())
+    expected = []
+
+    @contextlib.contextmanager
+    def recording(seconds):
+        expected.append(seconds)
+        yield
+
+    monkeypatch.setattr(sentence, "expecting", recording)
+    texts = [f"sentence number {i} " * (1 + i % 5) for i in range(40)]
+    plain = st.encode(texts, batch_size=8)
+    assert len(expected) == 5 and expected[0] == 0.0 and all(e > 0 for e in expected[1:])
+    assert expected[1] > expected[4]  # the tokens left shrink
+    alone = expected[4]
+    expected.clear()
+    with more_to_come(100_000):
+        assert np.array_equal(st.encode(texts, batch_size=8), plain)
+    assert expected[0] == 0.0 and expected[4] > 100 * alone

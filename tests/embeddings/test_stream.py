@@ -141,3 +141,28 @@ def test_embed_chunks_warn_of_every_cut_text_keeping_a_few_places():
         "40 of 40 texts are longer than the model's maximum length (16 tokens; the longest has 40 or more), "
         "so they were truncated: input 1, input 2, input 3, input 4, input 5, ... (--no-truncate raises "
         "instead)")
+
+
+def test_embed_chunks_tell_each_chunk_how_many_texts_come_after_it(monkeypatch):
+    """`tformer embed` and `index build` encode a chunk at a time: with the total known, each
+    chunk's encode counts the texts after it (kernels.compiling.more_to_come), what a compiled
+    kernel must repay; without it, nothing more."""
+    from types import SimpleNamespace
+
+    from tformer.embeddings.stream import embed_chunks
+    from tformer.nn.kernels.compiling import items_to_come
+
+    class Counting:
+        dim, tokenizer, told = 2, SimpleNamespace(max_length=16), []
+
+        def encode(self, texts, on_long, **_):
+            self.told.append(items_to_come())
+            return np.ones((len(texts), 2), dtype=np.float32)
+
+    numbered = [(n, f"x {n}") for n in range(1, 21)]
+    st = Counting()
+    assert sum(len(t) for _, t, _ in embed_chunks(st, numbered, size=8, total=20)) == 20
+    assert st.told == [12, 4, 0] and items_to_come() == 0
+    st.told.clear()
+    list(embed_chunks(st, numbered, size=8))
+    assert st.told == [0, 0, 0]

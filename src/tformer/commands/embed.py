@@ -104,7 +104,7 @@ def _embed(args: argparse.Namespace, out: Path | None, lines, n: int, rank: int,
         st = load_sentence_encoder(args)
         normalize = st.normalize if args.normalize is None else args.normalize
         encode = dict(batch_size=args.batch_size, normalize=normalize, show_progress=False,
-                      truncation=not args.no_truncate, rank=rank, world=world,
+                      truncation=not args.no_truncate, rank=rank, world=world, total=n,
                       where=lambda number: located(args, "texts", "TEXT", number - 1))  # TEXT 1, --file f:2
         if out is None:
             for numbers, texts, emb in embed_chunks(st, numbered_inputs(args, lines), **encode):

@@ -194,7 +194,7 @@ def _embed(st, meta: dict[str, Any], lines: TextLines, out: Path, batch_size: in
             f.seek(size)
         for numbers, texts, emb in embed_chunks(
             st, ((k, t) for k, t in lines if k > done), world=world, where=lines.at, batch_size=batch_size,
-            truncation=truncation, show_progress=False,
+            truncation=truncation, show_progress=False, total=n - done,
         ):
             durable_step(f"write {work / VECTORS_FILE}")
             vectors.write(unit(emb).astype(np.float32).tobytes())  # (b, D) rows

@@ -13,6 +13,7 @@ Reimers & Gurevych 2019 (Sentence-BERT) found mean pooling the best default.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from tformer.errors import check_flag
 from tformer.formats.model_dir import read_model_dir
 from tformer.nn.devices import model_device, resolve_device
 from tformer.nn.heads import SentenceModel
+from tformer.nn.kernels.compiling import expecting, items_to_come
 from tformer.nn.model import Encoder, from_pretrained
 from tformer.text.arguments import check_texts, texts_list
 from tformer.text.batches import EncoderBatch, encoder_batch
@@ -191,12 +193,22 @@ class SentenceEncoder:
             show_progress = n_batches >= PROGRESS_MIN_BATCHES
         normalize = self.normalize if normalize is None else normalize
         out = np.empty((len(texts), self.dim), dtype=np.float32)
+        # Compiled kernels where the eager work left repays them (kernels.compiling.expecting):
+        # from the second batch on, the tokens left at the last batch's pace per token (longest
+        # first: a text's pace would overstate it), with a caller's texts to come after these
+        # (``more_to_come``: `tformer embed` and `index build` encode a chunk at a time).
+        tokens = [e.tokens * r for e, r in zip(encoded, reads, strict=True)]
+        left, per_token = sum(tokens) + items_to_come() * sum(tokens) / len(texts), 0.0
         with tqdm(total=len(texts), unit="text", disable=not show_progress, file=sys.stderr) as bar:
             start = 0
             while start < len(order):
                 idx = rows(order[start:], reads, batch_size)
                 batch = encoder_batch([encoded[i] for i in idx], self.tokenizer.pad_id)
-                out[idx] = self.embed_batch(batch, normalize).numpy()
+                t = time.perf_counter()
+                with expecting(per_token * left):
+                    out[idx] = self.embed_batch(batch, normalize).numpy()
+                done = sum(tokens[i] for i in idx)
+                per_token, left = (time.perf_counter() - t) / max(done, 1), left - done
                 bar.update(len(idx))
                 start += len(idx)
         return out

@@ -38,7 +38,7 @@ def chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
 
 
 def embed_chunks(st, numbered: Iterable[tuple[int, str]], size: int | None = None, rank: int = 0,
-                 world: int = 1, where: Callable[[int], str] = "input {}".format,
+                 world: int = 1, where: Callable[[int], str] = "input {}".format, total: int | None = None,
                  **encode_kw) -> Iterator[tuple[list[int], list[str], np.ndarray]]:
     """(line numbers, texts, (n, D) float32 embeddings) a chunk at a time, in input order.
     A non-finite embedding (broken weights) is refused: it would rank or print as NaN.
@@ -46,17 +46,24 @@ def embed_chunks(st, numbered: Iterable[tuple[int, str]], size: int | None = Non
     (tformer.embeddings.shards); the others yield nothing but must iterate to the end.
     Texts longer than the model's maximum: one warning at the end naming their inputs (not
     one a chunk), or, with truncation=False, an error naming the input. ``where(number)``
-    names input `number` in these messages (a command's: "--corpus c.txt:3")."""
+    names input `number` in these messages (a command's: "--corpus c.txt:3"). ``total``: the
+    texts to embed in all, where known: the chunks after one count in what a compiled kernel
+    must repay (kernels.compiling.more_to_come; a chunk alone never repaid a compilation)."""
     # the truncated texts: their input numbers (none under torchrun's shards)
+    from tformer.nn.kernels.compiling import more_to_come  # (the model, so torch, is loaded)
+
     long = LongTexts(st.tokenizer.max_length or 0)
+    seen = [0]  # texts this rank has encoded so far
 
     def encode(texts: list[str], numbers: list[int] | None = None) -> np.ndarray:
         def noted(indices: list[int], lengths: list[int]) -> None:
             for i, n in zip(indices, lengths, strict=True):
                 long.note(numbers[i] if numbers else None, n)
 
+        seen[0] += len(texts)
         try:
-            return st.encode(texts, on_long=noted, **encode_kw)
+            with more_to_come(0 if total is None else total // world - seen[0]):
+                return st.encode(texts, on_long=noted, **encode_kw)
         except TextTooLong as e:
             raise ValueError(f"{where(numbers[e.index]) if numbers else f'texts[{e.index}]'}: "
                              f"{e.expected()}") from None
@@ -69,17 +76,17 @@ def embed_chunks(st, numbered: Iterable[tuple[int, str]], size: int | None = Non
     else:
         embedded = (([n for n, _ in c], [t for _, t in c], encode([t for _, t in c], [n for n, _ in c]))
                     for c in pieces)
-    total = 0
+    count = 0
     for numbers, texts, emb in embedded:
         bad = ~np.isfinite(emb).all(axis=1)
         if bad.any():
             raise ValueError(f"{where(numbers[int(bad.argmax())])}: expected a finite embedding, "
                              "got NaN or infinity (the model's weights are not finite)")
-        total += len(texts)
+        count += len(texts)
         yield numbers, texts, emb
     if long.count:
         inputs = f": {long.places(where)}" if long.named else ""
-        warnings.warn(f"{long.count} of {total} texts {long.reason()}{inputs} (--no-truncate raises instead)",
+        warnings.warn(f"{long.count} of {count} texts {long.reason()}{inputs} (--no-truncate raises instead)",
                       UserWarning, stacklevel=2)
 
 
