@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from tformer.kinds.serving import Item
-from tformer.nn.search_args import check_length_penalty
+from tformer.nn.search_args import check_early_stopping, check_length_penalty
 from tformer.serve import schema
 from tformer.serve.endpoint import Endpoint, Service, json_response
 
@@ -59,9 +59,10 @@ def generation(service: Service) -> dict[str, Endpoint]:
         except ValueError as e:
             raise schema.RequestError(422, "parameters.length_penalty", f"parameters.{e}") from None
         early = schema.boolean(p, "early_stopping", False, "parameters")
-        if early and beam == 1:
-            raise schema.RequestError(422, "parameters.early_stopping", "parameters.early_stopping: a beam "
-                                      "search rule; expected beam_size >= 2 with it, got beam_size 1")
+        try:
+            check_early_stopping(early, beam)
+        except ValueError as e:
+            raise schema.RequestError(422, "parameters.early_stopping", f"parameters.{e}") from None
         schema.integer(p, "seed", None, 0, 2**64 - 1, "parameters")
         stop = _stop(p.get("stop"))
         extra = {"details": schema.boolean(p, "details", False, "parameters"), "stop": stop,
