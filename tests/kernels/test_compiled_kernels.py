@@ -84,6 +84,37 @@ def test_a_long_job_measures_the_compiled_kernel_and_remembers_the_choice(monkey
             assert Compiled("sum-b", _scaled_sum).choice(x, y) == "eager"
 
 
+def test_a_remembered_kernel_compiles_where_its_measured_saving_repays_the_compilation(monkeypatch,
+                                                                                        cheap_backend):
+    """Once a kernel's saving per call is measured here (eager 2 s, compiled 1 s a call) and its
+    share of the job's eager time is known (a tenth: its eager calls inside jobs are timed), a
+    job compiles it only where that saving over the work expected, 0.5 x 0.1 x seconds, repays
+    the remembered compilation (10 s): 150 s of work do not (PAYBACK's 5x alone said they did;
+    the job would have lost 2.5 s), 250 do."""
+    monkeypatch.delenv("TFORMER_COMPILE", raising=False)
+    x, y = torch.randn(8, 5), torch.randn(8, 5)
+    kernel = Compiled("sum-g", _scaled_sum)
+    autotune.remember("compiled:sum-g", kernel.shape_class(x, y),
+                      {**autotune.decision("compiled", {"eager": 2.0, "compiled": 1.0}), "compile_s": 10.0})
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("compiled"))  # choices only
+    with compiling.expecting(150.0):  # its share unknown yet: PAYBACK's rule
+        assert kernel.choice(x, y) == "compiled"
+    monkeypatch.setitem(compiling._job, "seconds", 10.0)
+    kernel.eager_seconds = 1.0
+    with compiling.expecting(150.0):
+        assert kernel.choice(x, y) == "eager"
+    with compiling.expecting(250.0):
+        assert kernel.choice(x, y) == "compiled"
+    # Its eager calls inside a job are what its share is timed from; outside one, nothing is.
+    timed = Compiled("sum-h", _scaled_sum)
+    before = compiling._job["seconds"]
+    timed(x, y)
+    assert timed.eager_seconds == 0.0 and compiling._job["seconds"] == before
+    with compiling.expecting(0.0), compiling.expecting(0.0):  # nested: the job's time counted once
+        assert_close(timed(x, y), _scaled_sum(x, y), what="eager in a job")
+    assert 0.0 < timed.eager_seconds <= compiling._job["seconds"] - before
+
+
 def test_a_compilation_that_fails_runs_eagerly_says_so_once_and_is_not_retried(monkeypatch, cheap_backend):
     monkeypatch.setenv("TFORMER_COMPILE", "1")
     attempts = []

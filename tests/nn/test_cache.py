@@ -92,8 +92,9 @@ def test_a_traced_step_attends_without_writing_into_its_input(model_and_cache, m
     for got, expected in zip(new, expected_new, strict=True):
         torch.testing.assert_close(got[0], expected[0], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(got[1], expected[1], rtol=1e-5, atol=1e-5)
-    for layer, room in zip(past, rooms, strict=True):
-        assert torch.equal(layer[0].as_strided((6, 4, 6, 8), layer[0].stride())[:, :, 5:], room)
+    for layer, room in zip(past, rooms, strict=True):  # bit for bit: the room is uninitialised, NaN maybe
+        after = layer[0].as_strided((6, 4, 6, 8), layer[0].stride())[:, :, 5:]
+        assert torch.equal(after.view(torch.int32), room.view(torch.int32))
     assert len(calls) == 2  # a layer each: the two-block attention, not a concatenation
 
 
