@@ -114,6 +114,22 @@ def write_run(run_dir, checkpoint_model, best_model=None):
     return run_dir
 
 
+def record_expectations(monkeypatch, module) -> list:
+    """``module.expecting`` (kernels.compiling.expecting, as the module imported it) replaced by
+    a block that records the eager seconds each job says it expects. Returns the list."""
+    import contextlib
+
+    expected: list = []
+
+    @contextlib.contextmanager
+    def recording(seconds):
+        expected.append(seconds)
+        yield
+
+    monkeypatch.setattr(module, "expecting", recording)
+    return expected
+
+
 def prune_at_first_read(monkeypatch) -> list:
     """A live run's pruning racing a reader, made deterministic: the first time a file of a published
     checkpoint (RUN/checkpoints/step-N/NAME) is read as text, the run publishes a newer one (a copy:

@@ -232,20 +232,13 @@ def test_a_long_encode_says_how_much_eager_work_is_left_so_compiled_kernels_may_
     the last batch's pace (kernels.compiling.expecting: where that repays a compilation, the
     bf16 add-and-norm runs compiled), counting a caller's texts still to come (more_to_come:
     `tformer embed` and `index build` encode 1,024 at a time); the first batch expects nothing."""
-    import contextlib
+    from helpers import record_expectations
 
     from tformer.embeddings import sentence
     from tformer.nn.kernels.compiling import more_to_come
 
     st = SentenceEncoder.from_pretrained(st_dir())
-    expected = []
-
-    @contextlib.contextmanager
-    def recording(seconds):
-        expected.append(seconds)
-        yield
-
-    monkeypatch.setattr(sentence, "expecting", recording)
+    expected = record_expectations(monkeypatch, sentence)
     texts = [f"sentence number {i} " * (1 + i % 5) for i in range(40)]
     plain = st.encode(texts, batch_size=8)
     assert len(expected) == 5 and expected[0] == 0.0 and all(e > 0 for e in expected[1:])

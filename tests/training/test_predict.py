@@ -128,20 +128,13 @@ def test_a_long_prediction_says_how_much_eager_work_is_left_and_a_budgeted_one_n
     at the last batch's pace (what a compiled kernel must repay: kernels.compiling.expecting);
     the first batch, and every batch under a deadline, expects nothing (no budget is spent on
     compiling)."""
-    import contextlib
+    from helpers import record_expectations
 
     from tformer.training import objective as base
 
     objective, model = _objective_and_model(tmp_path)
     examples = objective.examples("train")[:32]
-    expected = []
-
-    @contextlib.contextmanager
-    def recording(seconds):
-        expected.append(seconds)
-        yield
-
-    monkeypatch.setattr(base, "expecting", recording)
+    expected = record_expectations(monkeypatch, base)
     objective.predict(model, examples, batch_size=8, max_len=6)
     assert len(expected) == 4 and expected[0] == 0.0
     assert all(e > 0 for e in expected[1:]) and expected[1] > expected[3]  # 24 examples left, then 8
