@@ -152,16 +152,19 @@ def test_eval_data_reads_the_file_a_window_at_a_time_and_scores_it_whole(classif
     """--data held the whole file, every prediction and (seq2seq) sacrebleu's caches of them
     all: 840 MB for 10^6 classification records, 1.7 GB for 10^5 seq2seq ones. It checks the
     file whole keeping nothing, then predicts a window of records at a time, never reading
-    further ahead; the record covers every line (the baseline's majority too)."""
+    further ahead; the record covers every line (the baseline's majority too). Each window tells
+    a compiled kernel the records after it (kernels.compiling.more_to_come), from the count of
+    the check's pass: a kernel is repaid over the whole file, not a window."""
     from text_fixtures import classification_rows, write
 
+    from tformer.nn.kernels.compiling import items_to_come
     from tformer.training import objective as base
     from tformer.training.dataset import TextData
 
     monkeypatch.setattr(base, "STREAM_WINDOW", 8, raising=False)
     rows = classification_rows(30, seed=3)
     data = write(tmp_path / "more.jsonl", rows)
-    passes, ahead = [], []
+    passes, ahead, told = [], [], []
     read_file, predict = TextData.read_file, base.Objective.predict
 
     def counted(self, *args, **kwargs):
@@ -172,6 +175,7 @@ def test_eval_data_reads_the_file_a_window_at_a_time_and_scores_it_whole(classif
 
     def spy(self, model, examples, *args, **kwargs):
         ahead.append(passes[-1][0] - passes[-1][1])
+        told.append(items_to_come())
         passes[-1][1] += len(examples)
         return predict(self, model, examples, *args, **kwargs)
 
@@ -182,6 +186,7 @@ def test_eval_data_reads_the_file_a_window_at_a_time_and_scores_it_whole(classif
     rc, out, err = run_cli(capsys, "eval", run, "--data", data, "--samples", 0)
     assert rc == 0, err
     assert passes == [[30, 0], [30, 30]] and ahead == [8, 8, 8, 6]  # checked, then streamed
+    assert told == [22, 14, 6, 0]
     record = json.loads(out.splitlines()[-1])
     labels = [r["label"] for r in rows]
     assert record["examples"] == 30

@@ -93,6 +93,27 @@ def test_a_tally_of_windows_scores_as_score_and_baseline_of_the_whole_list(tmp_p
     assert tally.baseline() == objective.baseline(examples)
 
 
+def test_evaluate_stream_tells_each_window_the_examples_after_it(tmp_path, monkeypatch):
+    """A compiled kernel is repaid over all the examples a streamed evaluation scores, not a
+    window's (kernels.compiling.more_to_come): each window's predictions hear how many come
+    after it, from ``total`` or a list's length; from an iterator of unknown length, none."""
+    from tformer.nn.kernels.compiling import items_to_come
+
+    monkeypatch.setattr(base, "STREAM_WINDOW", 8, raising=False)
+    objective, model = data_run(tmp_path, classification_rows)
+    predict, told = objective.predict, []
+
+    def spy(model, examples, **options):
+        told.append(items_to_come())
+        return predict(model, examples, **options)
+
+    objective.predict = spy
+    examples = list(objective.read_examples(str(write(tmp_path / "e.jsonl", classification_rows(20, seed=5)))))
+    for given, total in ((iter(examples), 20), (examples, 0), (iter(examples), 0)):
+        assert objective.evaluate_stream(model, given, total=total)[0]["examples"] == 20
+    assert told == [12, 4, 0, 12, 4, 0, 0, 0, 0] and items_to_come() == 0
+
+
 @pytest.mark.parametrize("rows", [seq2seq_rows, classification_rows])
 def test_evaluate_stream_reads_a_window_ahead_at_most_and_keeps_counts_only(tmp_path, monkeypatch, rows):
     """`tformer eval --data` held every record of the file, every prediction and sacrebleu's

@@ -81,18 +81,19 @@ def _evaluate(args: argparse.Namespace, run) -> int:
     from tformer.training.verdict import MIN_VERDICT_EXAMPLES
 
     overlap: dict = {}
+    total = 0  # the examples to score, where known before (a compiled kernel is repaid over them all)
     if args.data is not None:
         # Checked whole first, keeping nothing but a hash of each input (a bad record fails before
         # any decoding), then read again a window at a time as it is scored: memory does not grow
         # with the file. The hashes tell how many records the run trained on.
-        overlap = _overlap(run, args)
+        total, overlap = _overlap(run, args)
         examples = run.example_stream(data=args.data, limit=args.limit)  # (read no further than --limit)
         split = str(args.data)
     else:
         split = args.split or "test"
         examples = run.example_stream(split, limit=args.limit)
     metrics, baseline, rows = run.score_stream(examples, beam_size=args.beam_size, samples=args.samples,
-                                               early_stopping=args.early_stopping)
+                                               early_stopping=args.early_stopping, total=total)
     if rows:
         print(sample_table(rows, n=args.samples))
     key = run.main_metric
@@ -112,11 +113,11 @@ def _evaluate(args: argparse.Namespace, run) -> int:
     return 0
 
 
-def _overlap(run, args: argparse.Namespace) -> dict[str, int]:
-    """Read --data once (checked, as far as --limit): {"trained_on": n, "in_validation": m}, the
-    records whose input text the run trained (or validated) on, said on stderr where any are
-    (a score on them says what the model memorised); {} where the run's training records
-    cannot be read (said too)."""
+def _overlap(run, args: argparse.Namespace) -> tuple[int, dict[str, int]]:
+    """Read --data once (checked, as far as --limit): its records, and {"trained_on": n,
+    "in_validation": m}, those whose input text the run trained (or validated) on, said on
+    stderr where any are (a score on them says what the model memorised); {} where the run's
+    training records cannot be read (said too)."""
     from tformer.training.overlap import Seen
 
     data = run.objective.source.data  # (a run on files: checked by the caller)
@@ -128,7 +129,7 @@ def _overlap(run, args: argparse.Namespace) -> dict[str, int]:
     if seen.why_not is not None:
         print(f"tformer eval: note: cannot tell which records of {args.data} the run trained on: "
               f"{seen.why_not}", file=sys.stderr)
-        return {}
+        return n, {}
     trained, validated = counts["trained_on"], counts["in_validation"]
     if trained or validated:
         parts = [f"{trained:,} of the {n:,} records of {args.data} ({trained / n:.1%}) have the input "
@@ -139,7 +140,7 @@ def _overlap(run, args: argparse.Namespace) -> dict[str, int]:
         print(f"tformer eval: warning: {'; '.join(parts)}: the score on them says what the model has seen, "
               f"not how it does on new text (its own held-out test: tformer eval {args.run_dir})",
               file=sys.stderr)
-    return counts
+    return n, counts
 
 
 def _weights_as_they_were(run_dir: str) -> dict:

@@ -15,7 +15,7 @@ import json
 import os
 import shlex
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,15 +147,16 @@ class Run(ABC):
         return list(self.example_stream(split, data, limit))
 
     def example_stream(self, split: str = "test", data: Data | None = None, limit: int | None = None
-                       ) -> Iterator:
-        """examples(), a file's read (and checked) one record at a time as they are taken."""
+                       ) -> Iterable:
+        """examples(), a file's read (and checked) one record at a time as they are taken (a split's:
+        the list, whose length a streamed evaluation reads)."""
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise ValueError(f"limit: expected a positive int or None, got {limit!r}")
         if data is None:
             if split not in SPLITS:  # another name read as an empty split ("valid"), or the training one
                 raise ValueError(f"split: expected one of {', '.join(SPLITS)} (the run's held-out "
                                  f"splits), got {split!r}")
-            return iter(self.objective.examples(split)[:limit])
+            return self.objective.examples(split)[:limit]
         return self.objective.read_examples(data, limit)
 
     def evaluate(self, data: Data | None = None, split: str = "test", beam_size: int = 1,
@@ -173,11 +174,12 @@ class Run(ABC):
         return metrics, self.objective.sample_rows(examples, shown)
 
     def score_stream(self, examples: Iterable, beam_size: int = 1, samples: int = 0,
-                     early_stopping: bool = False
+                     early_stopping: bool = False, total: int = 0
                      ) -> tuple[dict[str, float], dict[str, Any], list[tuple[str, str, str]]]:
         """(metrics, baseline, the first `samples` sample rows) of examples taken a window at a
-        time (example_stream): memory does not grow with them (``Objective.evaluate_stream``)."""
-        return self.objective.evaluate_stream(self.model, examples, samples,
+        time (example_stream): memory does not grow with them (``Objective.evaluate_stream``;
+        ``total``: how many examples come, where known, over which compiled kernels are repaid)."""
+        return self.objective.evaluate_stream(self.model, examples, samples, total=total,
                                               **self._decoding(beam_size, early_stopping))
 
     def baseline(self, examples: list) -> dict[str, Any]:

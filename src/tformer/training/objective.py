@@ -30,7 +30,7 @@ from tformer.formats.model_dir import ModelDir
 from tformer.formats.pretrained import pretrained_config
 from tformer.nn.devices import model_device
 from tformer.nn.kernels.autotune import seconds_measuring
-from tformer.nn.kernels.compiling import expecting, items_to_come
+from tformer.nn.kernels.compiling import expecting, items_to_come, more_to_come
 from tformer.text.batches import SORT_WINDOW, done_prefix, prediction_windows
 from tformer.text.windows import rows as batch_rows
 from tformer.training import windows
@@ -291,8 +291,7 @@ class Objective(ABC):
         return out
 
     def _bounded(self, options: dict[str, Any], deadline: float | None) -> dict[str, Any]:
-        """predict_batch's options under a deadline (a decoder's: generation stops there, and
-        predict_batch raises DeadlinePassed)."""
+        """predict_batch's options under a deadline (a decoder's stop there: DeadlinePassed)."""
         return options
 
     def evaluate(self, model: nn.Module, split: str, examples: list | None = None,
@@ -319,8 +318,7 @@ class Objective(ABC):
         self.growth = self.output_growth(scored, preds) if split == "validation" and scored else 1.0
         self.before_scoring(model, split, scored, preds)
         metrics, shown = self.score(scored, preds)
-        metrics["loss"] = loss
-        metrics["examples"] = len(scored)
+        metrics.update(loss=loss, examples=len(scored))
         interval = self.paired_interval(scored, preds) if paired and scored else None
         if interval is not None:
             metrics["paired_interval"] = list(interval)
@@ -359,18 +357,20 @@ class Objective(ABC):
         """What evaluate_stream scores with: by default, every window kept (KeptTally)."""
         return KeptTally(self)
 
-    def evaluate_stream(self, model: nn.Module, examples: Iterable, samples: int = 0, **options: Any
-                        ) -> tuple[dict[str, float], dict[str, Any], list[tuple[str, str, str]]]:
-        """evaluate's metrics of `examples` (a list, or records read as they come), with the
-        baseline's (``baseline``) and the sample rows of the first `samples`; the examples are
-        read, predicted and scored STREAM_WINDOW at a time, so memory does not grow with them
-        where the metrics are sums (``tally``). No deadline: every example is scored."""
+    def evaluate_stream(self, model: nn.Module, examples: Iterable, samples: int = 0, total: int = 0,
+                        **options: Any) -> tuple[dict[str, float], dict[str, Any], list[tuple[str, ...]]]:
+        """evaluate's metrics of `examples` (a list, or records read as they come: ``total`` of
+        them where known), with the baseline's (``baseline``) and the sample rows of the first
+        `samples`; read, predicted and scored STREAM_WINDOW at a time (memory does not grow with
+        them where the metrics are sums: ``tally``), each window telling compiled kernels the rest."""
         tally, rows, loss, n = self.tally(), [], None, 0
+        total = total or (len(examples) if isinstance(examples, list) else 0)
         examples = iter(examples)
         while window := list(itertools.islice(examples, STREAM_WINDOW)):
             if loss is None and not self.loss_from_predictions:  # of the first EVAL_SAMPLE, as evaluate's
                 loss = self._sample_loss(model, window)
-            preds = self.predict(model, window, **options)
+            with more_to_come(total - n - len(window)):  # repaid over the whole stream, not a window
+                preds = self.predict(model, window, **options)
             if loss is None:
                 loss = self.loss_of_predictions(window[:EVAL_SAMPLE], preds[:EVAL_SAMPLE])
             tally.add(window, preds)
