@@ -373,6 +373,12 @@ def test_matmul_attention_equals_sdpa():
     q, k, v = (torch.randn(2, 3, 7, 8, generator=g, dtype=torch.float64) for _ in range(3))
     assert_close(attention_kernels._matmul_attention(q, k, v), F.scaled_dot_product_attention(q, k, v),
                  np.float64, what="matmul attention")
+    # bf16 values (softmaxed in fp32): bf16 out, as close to the float64 result as SDPA's bf16 kernel
+    low = [t.bfloat16() for t in (q, k, v)]
+    exact = F.scaled_dot_product_attention(*(t.double() for t in low))
+    got, fused = attention_kernels._matmul_attention(*low), F.scaled_dot_product_attention(*low)
+    assert got.dtype == torch.bfloat16
+    assert (got.double() - exact).abs().max() <= max(1e-2, 1.5 * (fused.double() - exact).abs().max())
 
 
 # Choosing the kernel ------------------------------------------------------------------------------

@@ -119,8 +119,11 @@ def attention_dtype(q: Tensor, k: Tensor | None = None, v: Tensor | None = None)
 def _matmul_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """The explicit formula, unmasked: scores, softmax, weighted sum; 1/sqrt(Dh) scales q (as
     SDPA's kernels do), not the scores: T x Dh values, not T x S. Fast while the scores fit
-    in the caches."""
-    return ((q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-2, -1)).softmax(dim=-1) @ v
+    in the caches. bf16 scores are softmaxed in fp32, the weights multiplied in bf16: torch's
+    bf16 softmax on CPU took 3.7x its fp32 one's time (32 x 12 heads x 45^2 scores, Intel Xeon,
+    2 threads): the formula took 1.0x the time of SDPA's bf16 flash kernel there, now 0.6x."""
+    scores = (q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-2, -1)
+    return scores.softmax(dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(v.dtype) @ v
 
 
 def attention_kernel(q: Tensor, k: Tensor, v: Tensor) -> str:
