@@ -20,7 +20,8 @@ test: setup  ## the default suite (what CI runs)
 # The attention page's browser test needs Chromium (Debian's package); it skips without one.
 CHROMIUM := $(firstword $(shell command -v chromium chromium-browser 2>/dev/null))
 
-test-all: setup  ## everything, slow tests included (installs Chromium for the browser test)
+test-all: setup  ## everything, slow tests included (installs the bench extra and Chromium for them)
+	$(PY) -m pip install --quiet -e '.[test,bench]'  # the benchmark scripts' peers (HF Trainer: accelerate)
 	@if [ -z "$(CHROMIUM)" ]; then \
 		echo "installing chromium (apt-get) for the attention page's browser test"; \
 		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \

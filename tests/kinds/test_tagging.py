@@ -182,8 +182,16 @@ def test_a_perfect_dictionary_matched_by_a_perfect_tagger_is_too_easy_not_a_fail
 @pytest.mark.slow
 def test_a_longer_run_learns_more_than_the_dictionary(tmp_path):
     """Unseen entities in context: the test's animals and places are words the training set
-    never tags (the dictionary cannot know them); the model reads the template."""
-    rows = tag_rows(600, seed=3)
+    never tags (the dictionary cannot know them); the model reads the template. Half the
+    training entities are made-up words, so that reading the template is what the data teaches:
+    with ten entity words a model tags by the words alone (the unseen ones split into letters
+    it never saw tagged; F1 0.53-0.67 against the dictionary's 0.63 on an Intel Xeon, four seeds;
+    0.95 with the made-up words)."""
+    rng = random.Random(7)
+    rows = [{"tokens": [t if tag == "O" or rng.random() < 0.5 else
+                        "".join(rng.choice("abcdefghijklmnoprstuvwy") for _ in range(rng.randint(3, 6)))
+                        for t, tag in zip(r["tokens"], r["tags"], strict=True)], "tags": r["tags"]}
+            for r in tag_rows(600, seed=3)]
     held = [{"tokens": r["tokens"], "tags": r["tags"]} for r in tag_rows(200, seed=4)]
     for r in held:  # "cat" -> "moon", "house" -> "tree": words only the context types
         r["tokens"] = [{"cat": "moon", "cats": "stars", "house": "tree", "river": "sky"}.get(t, t) for t in r["tokens"]]
