@@ -37,8 +37,8 @@ TOLERANCE = 1e-4  # max abs difference of logits, float32, tformer vs transforme
 SCORE_TOLERANCE = 1e-5  # max abs difference of an entity's score, tformer vs the pipeline
 USAGE = """
 from transformers import pipeline
-tagger = pipeline("token-classification", model="DIR", aggregation_strategy="simple")
-print(tagger("some text"))  # [{"entity_group", "score", "word", "start", "end"}, ...]
+tagger = pipeline("token-classification", model="DIR", aggregation_strategy="first")
+print(tagger("some text"))  # [{"entity_group", "score", "word", "start", "end"}, ...]: `tformer predict`'s
 """
 
 

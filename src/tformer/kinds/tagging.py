@@ -9,7 +9,9 @@ transformers token-classification example trains). Scored by entity-level precis
 and F1 by exact span (seqeval's), overall and per type, against a dictionary of the spans seen
 in training. Its one forward gives each sub-word's logits: evaluation reads each word's first;
 `tformer predict`, ``Run.predict`` and the server group them into entities with character
-offsets as transformers' pipeline("token-classification", aggregation_strategy="simple") does.
+offsets as transformers' pipeline("token-classification") does with aggregation_strategy="first"
+(a word takes its first sub-word's label: what evaluation scored; the default of `tformer predict`
+and ``Run.predict``) or "simple" (each sub-word its own: the default of the server's HF task API).
 """
 
 from __future__ import annotations
@@ -40,7 +42,15 @@ from tformer.nn.heads import TokenClassifier
 from tformer.nn.model import from_pretrained
 from tformer.storage.files import write_json_atomic
 from tformer.text.batches import EncoderBatch, encoder_arrays, pad_arrays
-from tformer.text.word_pieces import IGNORED, Pieces, entity_groups, first_pieces, marked, word_pieces
+from tformer.text.word_pieces import (
+    IGNORED,
+    STRATEGIES,
+    Pieces,
+    entity_groups,
+    first_pieces,
+    marked,
+    word_pieces,
+)
 from tformer.training import entities as ent
 from tformer.training import probe
 from tformer.training.config import MODEL_OPTIONS
@@ -239,13 +249,14 @@ class Tagging(Objective):
         write_json_atomic(run_dir / SPANS_FILE, {"spans": self.dictionary().to_json()})
 
     # Text ------------------------------------------------------------------------------------
-    def entity_lists(self, model: nn.Module, texts: list[str], batch_size: int = 64,
+    def entity_lists(self, model: nn.Module, texts: list[str], strategy: str, batch_size: int = 64,
                      ignore: tuple[str, ...] = IGNORED) -> list[list[dict[str, Any]]]:
-        """The entities of each text, as the pipeline gives them (tformer.text.word_pieces)."""
+        """The entities of each text, as the pipeline gives them with aggregation_strategy
+        ``strategy`` (tformer.text.word_pieces)."""
         logits = self.predict(model, [{"text": t} for t in texts], batch_size=batch_size)
         pieces = word_pieces(self.tokenizer, texts)
         backend = self.tokenizer.backend
-        return [entity_groups(t, p, x, self.labels, backend, ignore)
+        return [entity_groups(t, p, x, self.labels, backend, ignore, strategy)
                 for t, p, x in zip(texts, pieces, logits, strict=True)]
 
 
@@ -295,11 +306,16 @@ class TaggingRun(Run):
         return (f"write it as a BERT model with `tformer export {run} --hf DIR` (pip install 'tformer[hf]'), "
                 "then give --from-pretrained DIR")
 
-    def predict(self, texts: str | Iterable[str], batch_size: int = 64) -> list[list[dict[str, Any]]]:
+    def predict(self, texts: str | Iterable[str], batch_size: int = 64, aggregation: str = "first"
+                ) -> list[list[dict[str, Any]]]:
         """Each text's entities, [{"entity_group", "score", "word", "start", "end"}] (start and end:
         character offsets), as transformers' pipeline("token-classification",
-        aggregation_strategy="simple") gives them; one str is one text."""
-        return self.objective.entity_lists(self.model, texts_of(texts), check_batch_size(batch_size))
+        aggregation_strategy=aggregation) gives them: "first" (a word takes its first sub-word's
+        label, as evaluation scores it) or "simple" (each sub-word its own); one str is one text."""
+        if aggregation not in STRATEGIES:
+            raise ValueError(f"aggregation: expected one of {', '.join(STRATEGIES)}, got {aggregation!r}")
+        batch_size = check_batch_size(batch_size)
+        return self.objective.entity_lists(self.model, texts_of(texts), aggregation, batch_size)
 
     def printed(self, text: str, answer: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
         """The text with its entities marked, [words](TYPE); (jsonl) {"text", "entities"}."""
@@ -317,10 +333,11 @@ class TaggingRun(Run):
         return [Item(min(n, run_limit), n, t) for n, t in zip(full, texts, strict=True)]
 
     @torch.inference_mode()
-    def run_batch(self, texts: list[str], ignore: tuple[str, ...] = IGNORED) -> list[list[dict[str, Any]]]:
-        """The entities of each text, as `tformer predict` finds them (``ignore``: the batch's
-        key, the labels whose groups are left out)."""
-        return self.objective.entity_lists(self.model, texts, ignore=ignore)
+    def run_batch(self, texts: list[str], key: tuple = (IGNORED, "simple")) -> list[list[dict[str, Any]]]:
+        """The entities of each text (``key``: the batch's, the labels whose groups are left out
+        and the pipeline's aggregation strategy)."""
+        ignore, strategy = key
+        return self.objective.entity_lists(self.model, texts, strategy, ignore=ignore)
 
     def warm_up(self) -> None:
         self.run_batch([item.payload for item in self.admit(["warm up"], True)])
@@ -339,7 +356,7 @@ class TaggingRun(Run):
         try:
             written, diff = hf_tokens.export_token_classifier(
                 out, self.model, tok, self.labels, card,
-                lambda texts: self.objective.entity_lists(self.model, texts))
+                lambda texts: self.objective.entity_lists(self.model, texts, "simple"))
         except hf_bert.NotBert as e:  # pre-norm: name the option
             option = f"--{e.field.replace('_', '-')}" if e.field in MODEL_OPTIONS else f"config.{e.field}"
             raise ValueError(f"--hf: {self.path}: {option}: {hf_tokens.ARCHITECTURE} needs {e.need}, got "

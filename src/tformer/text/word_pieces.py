@@ -6,13 +6,19 @@ predicted sub-words back into entities with character offsets.
     groups = entity_groups(text, pieces, logits, labels, tokenizer.backend)
     marked(text, groups)                          # "[grep](CMD) prints lines"
 
-``entity_groups`` is transformers' token-classification pipeline with
-``aggregation_strategy="simple"``, step for step (its gather_pre_entities, aggregate and
-group_entities): each sub-word takes its most probable label and that probability (a float32
-softmax); neighbours of one type join unless the later one is a B- tag; a group is named by its
-first sub-word's type and scored by the mean of its sub-words' probabilities; groups of O are
-dropped. Its "word" is the tokenizer's decoding of the group's sub-words (an unknown token: the
-text it stands for), its start and end the character offsets of its first and last sub-word.
+``entity_groups`` is transformers' token-classification pipeline, step for step (its
+gather_pre_entities, aggregate, aggregate_words and group_entities), with its
+``aggregation_strategy`` "simple" or "first". "simple": each sub-word takes its most probable
+label and that probability (a float32 softmax). "first": each word takes its first sub-word's, so a
+word is never split between entities (a model trained with each word's label on its first sub-word
+was scored by those; its other sub-words' labels were never trained). Words are told apart as the
+pipeline does: a tokenizer with a continuing-subword prefix (WordPiece's "##") marks a sub-word by
+its token's length against its text's; others (byte-level BPE) by the pipeline's heuristic, a
+piece that follows its text's previous character with no space between. Then neighbours of one
+type join unless the later one is a B- tag; a group is named by its first member's type and
+scored by the mean of its members' probabilities; groups of O are dropped. Its "word" is the
+tokenizer's decoding of the group's sub-words (an unknown token: the text it stands for), its
+start and end the character offsets of its first and last sub-word.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Any
 import numpy as np
 
 IGNORED = ("O",)  # the labels whose groups the pipeline leaves out by default
+STRATEGIES = ("first", "simple")  # the pipeline's aggregation strategies served (entity_groups)
 
 
 @dataclass
@@ -101,21 +108,35 @@ def _tag(label: str) -> tuple[str, str]:
 
 
 def entity_groups(text: str, pieces: Pieces, logits: np.ndarray, labels: Sequence[str], backend: Any,
-                  ignore: Sequence[str] = IGNORED) -> list[dict[str, Any]]:
-    """The pipeline's entities of one text (see the module docstring), ``labels[c]`` naming
-    class c; ``backend``: the tokenizers.Tokenizer (its tokens, unknown token and decoder).
+                  ignore: Sequence[str] = IGNORED, strategy: str = "simple") -> list[dict[str, Any]]:
+    """The pipeline's entities of one text by its aggregation ``strategy`` (see the module
+    docstring), ``labels[c]`` naming class c; ``backend``: the tokenizers.Tokenizer (its tokens,
+    unknown token, decoder and model).
 
     Shape: logits (len(pieces.ids), C)"""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy: expected one of {', '.join(STRATEGIES)}, got {strategy!r}")
     probs = softmax(logits)  # (N, C)
     unk = next((i for i in map(backend.token_to_id, ("<unk>", "[UNK]")) if i is not None), None)
-    tokens = []  # (label, score, word, start, end) per sub-word, specials left out
+    word_aware = bool(getattr(backend.model, "continuing_subword_prefix", None))
+    tokens = []  # (label, score, word, start, end) per sub-word ("first": per word), specials left out
     for i, token_id in enumerate(pieces.ids):
         if pieces.special[i]:
             continue
-        best = int(probs[i].argmax())
         start, end = pieces.offsets[i]
-        word = text[start:end] if token_id == unk else backend.id_to_token(token_id)
-        tokens.append((labels[best], probs[i, best], word, start, end))
+        word, ref = backend.id_to_token(token_id), text[start:end]
+        joined = start > 0 and " " not in text[start - 1 : start + 1]  # the pipeline's heuristic
+        subword = len(word) != len(ref) if word_aware else joined
+        if token_id == unk:
+            word, subword = ref, False
+        if strategy == "first" and subword and tokens:  # the word's label stays its first piece's
+            label, score, first, first_start, _ = tokens[-1]
+            tokens[-1] = (label, score, first + [word], first_start, end)
+            continue
+        best = int(probs[i].argmax())
+        tokens.append((labels[best], probs[i, best], [word] if strategy == "first" else word, start, end))
+    if strategy == "first":  # each word decoded, as the pipeline's aggregate_word does
+        tokens = [(label, score, _decoded(words, backend), a, b) for label, score, words, a, b in tokens]
     groups, current = [], []
     for token in tokens:
         if current:
@@ -129,12 +150,16 @@ def entity_groups(text: str, pieces: Pieces, logits: np.ndarray, labels: Sequenc
     return [g for g in groups if g["entity_group"] not in ignore]
 
 
+def _decoded(words: list[str], backend: Any) -> str:
+    """The tokenizer's string of tokens (transformers' convert_tokens_to_string)."""
+    return backend.decoder.decode(words) if backend.decoder is not None else " ".join(words)
+
+
 def _grouped(tokens: list[tuple], backend: Any) -> dict[str, Any]:
-    words = [t[2] for t in tokens]
-    word = backend.decoder.decode(words) if backend.decoder is not None else " ".join(words)
     return {"entity_group": tokens[0][0].split("-", 1)[-1],
             "score": float(np.mean(np.nanmean([t[1] for t in tokens]))),
-            "word": word, "start": int(tokens[0][3]), "end": int(tokens[-1][4])}
+            "word": _decoded([t[2] for t in tokens], backend), "start": int(tokens[0][3]),
+            "end": int(tokens[-1][4])}
 
 
 def marked(text: str, found: list[dict[str, Any]]) -> str:
