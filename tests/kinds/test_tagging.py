@@ -257,6 +257,22 @@ def test_predict_gives_the_pipelines_entities_fine_tuned(bert_run, tmp_path):
                 assert e["word"] == text[e["start"] : e["end"]]  # BERT's offsets: the words themselves
 
 
+@pytest.mark.parametrize("tokenizer", ["wordpiece", "unigram"])
+def test_predict_gives_the_pipelines_entities_with_the_other_tokenizers(tokenizer, tmp_path):
+    """A run's own WordPiece tells a word's later pieces by "##", its Unigram (Metaspace) by the
+    pipeline's heuristic, as with the byte-level BPE: both strategies as the pipeline's."""
+    data = write_jsonl(tmp_path / "train.jsonl", tag_rows(120))
+    tformer.train(data=str(data), out=str(tmp_path / "run"), **{**TINY, "tokenizer": tokenizer})
+    run = load_run(tmp_path / "run")
+    taggers = _pipelines_of(tmp_path / "run", tmp_path / "hf")
+    texts = SENTENCES + ["the moon sat on the tree, sky-high", "The  Cat, on the roof!"]
+    for strategy in ("first", "simple"):
+        found = run.predict(texts, aggregation=strategy)
+        assert sum(map(len, found)) > 0
+        for text, ours in zip(texts, found, strict=True):
+            _same(ours, taggers[strategy](text))
+
+
 def test_a_long_text_is_cut_as_the_pipeline_cuts_it(scratch, tmp_path):
     run = load_run(scratch)
     text = " ".join(["the big cat sat on the old road ."] * 60)
