@@ -7,7 +7,8 @@ import torch.nn.functional as F
 
 from tformer import TransformerConfig
 from tformer.nn import kernels
-from tformer.nn.cache import grow, stay_in_place, with_room_all
+from tformer.nn.attention import with_room
+from tformer.nn.cache import grow, keep_rows, stay_in_place, with_room_all
 from tformer.nn.model import Seq2SeqTransformer
 from tformer.nn.step import next_hidden
 
@@ -161,3 +162,17 @@ def test_log_probs_are_written_into_the_searchs_buffer_where_dtypes_allow(dtype)
     bf16 = log_probs(h.bfloat16(), w.bfloat16(), torch.float32, buffer.float())
     assert bf16.dtype == torch.float32 and bf16.data_ptr() != buffer.data_ptr()
     torch.testing.assert_close(bf16.double(), expected, rtol=0.1, atol=0.1)
+
+
+@pytest.mark.parametrize("index", [[0, 2, 3, 6], [1, 2, 3, 4, 5, 6, 7], [0, 1, 2], [7, 0, 7, 3]])
+def test_rows_kept_in_place_equal_the_rows_selected_and_keep_their_room(index):
+    """A search's kept rows are moved to its cache's first rows (only those whose place changes),
+    a view of the same buffer: the values of t[index], room after their last position as before."""
+    cache = with_room(torch.randn(8, 2, 5, 3, dtype=torch.float64), capacity=9)  # (8, 2, 5, 3) of 9
+    index = torch.tensor(index, dtype=torch.long)
+    expected = cache[index].clone()
+    kept = keep_rows(cache, index)
+    assert torch.equal(kept, expected)
+    assert kept.data_ptr() == cache.data_ptr() and kept.stride() == cache.stride()
+    grown = grow(((kept, kept.clone(), None, None),), ((torch.ones(len(index), 2, 1, 3),) * 2,))[0][0]
+    assert grown.data_ptr() == cache.data_ptr() and torch.equal(grown[:, :, :5], expected)

@@ -138,9 +138,9 @@ def test_greedy_drops_finished_rows_and_gives_the_uncached_tokens(random_model_a
     model, src, mask, eos = random_model_and_eos
     drops, select = [], gen._select
 
-    def counting_select(cache, keep, capacity):
+    def counting_select(cache, keep):
         drops.append(keep.numel())
-        return select(cache, keep, capacity)
+        return select(cache, keep)
 
     monkeypatch.setattr(gen, "_select", counting_select)
     cached = greedy_search(model, src, mask, max_len=16, eos_id=eos)
@@ -160,9 +160,9 @@ def test_beam_search_of_one_beam_is_greedy_on_a_random_model(random_model_and_eo
     model, src, mask, eos = random_model_and_eos
     drops, select = [], gen._select_beams
 
-    def counting_select(cache, beams, rows, capacity):
+    def counting_select(cache, beams, rows):
         drops.append(rows.numel())
-        return select(cache, beams, rows, capacity)
+        return select(cache, beams, rows)
 
     monkeypatch.setattr(gen, "_select_beams", counting_select)
     greedy = greedy_search(model, src, mask, max_len=16, eos_id=eos)

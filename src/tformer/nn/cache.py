@@ -81,16 +81,29 @@ def with_room_all(cache: Cache, capacity: int) -> Cache:
                   cross_v.contiguous()) for self_k, self_v, cross_k, cross_v in cache)
 
 
-def select_rows(cache: Cache, index: Tensor, capacity: int) -> Cache:
-    """Keep the rows `index` (batch on dim 0) of every layer's self- and cross-attention cache;
-    the self-attention ones keep room for ``capacity`` positions."""
-    return select_beams(cache, index, index, capacity)
+def select_rows(cache: Cache, index: Tensor) -> Cache:
+    """Keep the rows `index` (batch on dim 0) of every layer's self- and cross-attention cache."""
+    return select_beams(cache, index, index)
 
 
-def select_beams(cache: Cache, beams: Tensor, rows: Tensor, capacity: int) -> Cache:
-    """Keep the beams `beams` of the self-attention caches (with room for ``capacity``
-    positions) and the source rows `rows` of the cross-attention ones (one row per source)."""
-    return tuple((with_room(self_k.index_select(0, beams), capacity),
-                  with_room(self_v.index_select(0, beams), capacity),
-                  cross_k.index_select(0, rows), cross_v.index_select(0, rows))
-                 for self_k, self_v, cross_k, cross_v in cache)
+def select_beams(cache: Cache, beams: Tensor, rows: Tensor) -> Cache:
+    """Keep the beams `beams` of the self-attention caches and the source rows `rows` of the
+    cross-attention ones (one row per source), in place (keep_rows): the self-attention ones keep
+    their room."""
+    return tuple((keep_rows(self_k, beams), keep_rows(self_v, beams), keep_rows(cross_k, rows),
+                  keep_rows(cross_v, rows)) for self_k, self_v, cross_k, cross_v in cache)
+
+
+def keep_rows(t: Tensor, index: Tensor) -> Tensor:
+    """``t[index]`` (index no longer than t's rows), made in ``t``'s own first rows: a view of
+    them. Only the rows whose place changes are copied, and into memory the next steps read
+    already, where a fresh tensor copies every kept row into new pages (and the self-attention
+    ones once more, into a buffer with room). Rows leaving a search are spread over it, so about
+    half the kept ones move. ``t`` must be the search's own (a search's caches are).
+
+    Shape: t (R, ...), index (N <= R,) -> (N, ...), a view of t
+    """
+    moved = (index != torch.arange(index.numel(), device=index.device)).nonzero()[:, 0]  # (M,)
+    if moved.numel():  # index_select copies them out first: a row may be read after it is written
+        t.index_copy_(0, moved, t.index_select(0, index[moved]))
+    return t[: index.numel()]

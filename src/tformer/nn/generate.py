@@ -160,7 +160,7 @@ def greedy_search(
         if use_cache and finished * _DROP_SHARE >= rows.numel():
             keep = (~done).nonzero()[:, 0]  # (B'',)
             rows, done, memory = rows[keep], done[keep], memory[keep]
-            past = _select(past, keep, max_len)
+            past = _select(past, keep)
             mask = None if mask is None else mask[keep]
     return GenerationOutput(tokens[:, 1 : length + 1], scores, eos_id, pad_id, complete=not cut)
 
@@ -295,7 +295,7 @@ def beam_search(
             write_out(state.stopped.nonzero()[:, 0])
             keep = (~state.stopped).nonzero()[:, 0]  # (B'',) rows
             beams = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)  # (B''*K,)
-            srcs, past = srcs[keep], _select_beams(past, beams, keep, max_len)
+            srcs, past = srcs[keep], _select_beams(past, beams, keep)
             memory, last = memory[keep], last[beams]
             state = Beams(state.scores[beams], state.tokens[beams], *(t[keep] for t in state[2:]))
             mask = None if mask is None else mask[keep]
