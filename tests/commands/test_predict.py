@@ -87,6 +87,21 @@ def test_more_threads_than_the_machine_can_use_is_one_line(classification_run, c
         ServeConfig(model="x", threads=value)
 
 
+def test_aggregation_strategy_is_refused_for_a_run_that_finds_no_entities(classification_run, capsys):
+    """Only a tagger groups entities: a classifier names the flag in one line and prints nothing."""
+    from tformer.kinds import load_run
+
+    rc, out, err = run_cli(capsys, "predict", classification_run, "the cat", "--aggregation-strategy", "simple")
+    assert_one_line_error(rc, err, "predict", r"^tformer predict: error: --aggregation-strategy: .* is data "
+                                              r".*, which finds no entities to group; expected no strategy, "
+                                              r"got 'simple'$")
+    assert out == ""
+    run = load_run(classification_run)
+    assert run.read_aggregation(None) is run
+    with pytest.raises(ValueError, match=r"^aggregation_strategy: .* which finds no entities to group"):
+        run.read_aggregation("first")
+
+
 def test_threads_sets_torch_threads(classification_run, capsys):
     rc, out, _ = run_cli(capsys, "predict", classification_run, "the cat", "--threads", 1)
     assert rc == 0 and len(out.splitlines()) == 1 and torch.get_num_threads() == 1

@@ -295,6 +295,34 @@ def test_predict_command_prints_marked_text_and_json(scratch, capsys):
     assert rc == 0 and "f1" in out
 
 
+def test_predict_command_groups_entities_by_its_aggregation_strategy(scratch, capsys):
+    """--aggregation-strategy simple prints Run.predict(aggregation="simple")'s entities, no flag
+    "first"'s: on texts where the two differ (a word of several pieces), so the flag is not ignored."""
+    run, texts = load_run(scratch), SENTENCES + ["zebra", "cats and dogs"]
+    first, simple = run.predict(texts), run.predict(texts, aggregation="simple")
+    assert first == run.predict(texts, aggregation="first") and first != simple
+
+    def printed(*options: str) -> list[list[dict]]:
+        rc, out, err = run_cli(capsys, "predict", str(scratch), *texts, "--format", "jsonl", *options)
+        assert rc == 0, err
+        return [json.loads(line)["entities"] for line in out.splitlines()]
+
+    for options, answers in (((), first), (("--aggregation-strategy", "first"), first),
+                             (("--aggregation-strategy", "simple"), simple)):
+        assert printed(*options) == [run.printed(t, a)[1]["entities"] for t, a in zip(texts, answers, strict=True)]
+
+
+def test_read_aggregation_sets_what_predict_groups_by(scratch):
+    run, texts = load_run(scratch), SENTENCES + ["zebra"]
+    first, simple = run.predict(texts), run.predict(texts, aggregation="simple")
+    assert run.read_aggregation(None) is run and run.predict(texts) == first
+    assert run.read_aggregation("simple") is run and run.predict(texts) == simple
+    assert run.predict(texts, aggregation="first") == first  # the keyword still chooses
+    with pytest.raises(ValueError, match=r"^aggregation_strategy: expected one of first, simple, got 'max'$"):
+        run.read_aggregation("max")
+    assert run.predict(texts) == simple  # a refused strategy changes nothing
+
+
 # Fine-tunes and exports ------------------------------------------------------------------------
 def test_a_fine_tune_starts_from_the_encoder_with_a_new_head(bert_run):
     from tformer.formats.model_dir import read_model_dir

@@ -10,7 +10,10 @@ tformer.text.lines). A classifier prints its label ({"text", "label", "probabili
 multi-label run its chosen labels joined by its --label-separator, else ", " ({"text", "labels",
 "probabilities"}), a regression run its score ({"text", "score"}), a tagger its text with the
 entities marked, [words](TYPE) ({"text", "entities": [{"entity_group", "score", "word", "start",
-"end"}]}). Scores that are not finite (a broken checkpoint) are refused, never printed as NaN.
+"end"}]}), grouped as transformers' pipeline groups them with --aggregation-strategy (default
+"first": a word takes its first sub-word's label; "simple": each sub-word its own, the server's
+default; ``Run.read_aggregation``: another kind refuses it). Scores that are not finite (a broken
+checkpoint) are refused, never printed as NaN.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from tformer.commands._inputs import (
     json_line,
     print_lines,
 )
-from tformer.errors import BadInput
+from tformer.errors import BadInput, FieldError
+from tformer.text.word_pieces import STRATEGIES
 
 HELP = ("predict with a classification or multi-label run (its label(s) per line, or JSONL with "
         "probabilities), score texts with a regression run, find their entities with a token-classification "
@@ -49,11 +53,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=("text", "jsonl"), default="text",
                         help="text: the label (a multi-label run: the chosen labels, joined by its "
                              "--label-separator, else ', '), or the score (a tagger: the text, its entities "
-                             "marked [words](TYPE); a masked-LM run: each mask's top 5 candidates, 'token "
-                             "score', masks separated by ' | '); jsonl: the whole answer, e.g. {text, label, "
-                             "probabilities}, {text, score}, {text, entities} or {text, fills} "
-                             "(default: text)")
+                             "marked [words](TYPE), grouped by --aggregation-strategy; a masked-LM run: each "
+                             "mask's top 5 candidates, 'token score', masks separated by ' | '); jsonl: the "
+                             "whole answer, e.g. {text, label, probabilities}, {text, score}, {text, "
+                             "entities} or {text, fills} (default: text)")
     parser.add_argument("--batch-size", type=int, default=64, help="texts per batch (default 64)")
+    parser.add_argument("--aggregation-strategy", choices=STRATEGIES, default=None,
+                        help="a tagger: how sub-words group into entities, as transformers' pipeline "
+                             "groups them: first (a word takes its first sub-word's label, as eval scores "
+                             "it) or simple (each sub-word its own, the server's default) (default: first)")
     add_long(parser)
     add_threads(parser)
     add_device(parser)
@@ -67,6 +75,10 @@ def run(args: argparse.Namespace) -> int:
     inputs = input_windows(args, "inputs", "TEXT", args.batch_size)
     first = next(inputs)  # the inputs checked before the run loads
     run = load_run(args.run_dir, needs="predict", device=device_of(args)).read_long(args.long)
+    try:
+        run.read_aggregation(args.aggregation_strategy)  # (only a tagger groups entities)
+    except FieldError as e:  # the library names its argument; the user gave the flag
+        raise e.named("--aggregation-strategy") from None
     cut, total = Truncations(args, "inputs", "TEXT", run.max_input_tokens if run.tokenizer else 0), 0
     for start, chunk, after in itertools.chain([first], inputs):
         texts, pairs = run.predict_inputs(chunk)  # a classifier trained on pairs: text, tab, text_pair

@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import nn
 
-from tformer.errors import as_path
+from tformer.errors import FieldError, as_path
 from tformer.export.export_dir import check_destination
 from tformer.export.model_card import HUB_NAME, Card
 from tformer.export.opsets import check_opset
@@ -122,6 +122,16 @@ class Run(ABC):
                                  f"to its max length; expected no windows, got {long!r}")
             self.objective.source = self.objective.source.windowed(long == "windows")
         return self
+
+    def read_aggregation(self, strategy: str | None) -> Run:
+        """This run grouping a text's entities by ``strategy``, transformers' aggregation_strategy
+        ("first", "simple": tformer.text.word_pieces), from here on (None: as it does): ``predict``'s
+        default and `--aggregation-strategy` of predict. Only a kind that finds entities (a
+        tagging run) groups them; the run itself, changed."""
+        if strategy is None:
+            return self
+        raise FieldError("aggregation_strategy", f"{self.path} is {self.objective.description}, which "
+                         f"finds no entities to group; expected no strategy, got {strategy!r}")
 
     # What `tformer predict` asks of a run with a ``predict`` verb ------------------------------
     pairs = False  # trained on text pairs (a kind that reads them says so: a property)

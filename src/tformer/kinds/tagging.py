@@ -11,7 +11,8 @@ in training. Its one forward gives each sub-word's logits: evaluation reads each
 `tformer predict`, ``Run.predict`` and the server group them into entities with character
 offsets as transformers' pipeline("token-classification") does with aggregation_strategy="first"
 (a word takes its first sub-word's label: what evaluation scored; the default of `tformer predict`
-and ``Run.predict``) or "simple" (each sub-word its own: the default of the server's HF task API).
+and ``Run.predict``) or "simple" (each sub-word its own: the default of the server's HF task API);
+`tformer predict --aggregation-strategy` and ``Run.read_aggregation`` choose.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from tokenizers import processors
 from torch import Tensor, nn
 
 from tformer.config import TransformerConfig
+from tformer.errors import FieldError
 from tformer.export import hf_token_classifier as hf_tokens
 from tformer.export import onnx as tonnx
 from tformer.export.model_card import Card
@@ -306,16 +308,24 @@ class TaggingRun(Run):
         return (f"write it as a BERT model with `tformer export {run} --hf DIR` (pip install 'tformer[hf]'), "
                 "then give --from-pretrained DIR")
 
-    def predict(self, texts: str | Iterable[str], batch_size: int = 64, aggregation: str = "first"
+    aggregation = "first"  # how predict groups entities unless told (read_aggregation)
+
+    def read_aggregation(self, strategy: str | None) -> TaggingRun:
+        """Run.read_aggregation: ``predict`` groups entities by ``strategy`` from here on."""
+        if strategy is not None:
+            self.aggregation = checked_strategy("aggregation_strategy", strategy)
+        return self
+
+    def predict(self, texts: str | Iterable[str], batch_size: int = 64, aggregation: str | None = None
                 ) -> list[list[dict[str, Any]]]:
         """Each text's entities, [{"entity_group", "score", "word", "start", "end"}] (start and end:
         character offsets), as transformers' pipeline("token-classification",
         aggregation_strategy=aggregation) gives them: "first" (a word takes its first sub-word's
-        label, as evaluation scores it) or "simple" (each sub-word its own); one str is one text."""
-        if aggregation not in STRATEGIES:
-            raise ValueError(f"aggregation: expected one of {', '.join(STRATEGIES)}, got {aggregation!r}")
+        label, as evaluation scores it) or "simple" (each sub-word its own); None: the run's
+        (read_aggregation; "first" unless set); one str is one text."""
+        strategy = self.aggregation if aggregation is None else checked_strategy("aggregation", aggregation)
         batch_size = check_batch_size(batch_size)
-        return self.objective.entity_lists(self.model, texts_of(texts), aggregation, batch_size)
+        return self.objective.entity_lists(self.model, texts_of(texts), strategy, batch_size)
 
     def printed(self, text: str, answer: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
         """The text with its entities marked, [words](TYPE); (jsonl) {"text", "entities"}."""
@@ -373,6 +383,13 @@ class TaggingRun(Run):
                                                      opset)
         tonnx.report(f"{written}/", diff)
         return written
+
+
+def checked_strategy(name: str, strategy: str) -> str:
+    """``strategy``, one of STRATEGIES, or refused in one line naming ``name``."""
+    if strategy not in STRATEGIES:
+        raise FieldError(name, f"expected one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    return strategy
 
 
 KIND = Kind(Tagging, TaggingRun)
