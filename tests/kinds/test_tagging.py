@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from cli_helpers import run_cli
+from cli_helpers import assert_one_line_error, run_cli
 from hf_bert_fixtures import bert_dir, make_bert_dir
 
 import tformer
@@ -322,6 +322,19 @@ def test_read_aggregation_sets_what_predict_groups_by(scratch):
         run.read_aggregation("max")
     assert run.predict(texts) == simple  # a refused strategy changes nothing
 
+
+
+@pytest.mark.parametrize("command", ["predict", "eval"])
+def test_long_windows_is_refused_naming_the_flag(scratch, capsys, command):
+    """A tagger reads a text to its max length: --long windows is refused in one line naming the
+    flag the user gave (the library's ``read_long`` names its argument, ``long``)."""
+    given = ["the cat sat"] if command == "predict" else []
+    rc, out, err = run_cli(capsys, command, str(scratch), *given, "--long", "windows")
+    assert_one_line_error(rc, err, command, rf"^tformer {command}: error: --long: .* which reads a text to its "
+                                            r"max length; expected no windows, got 'windows'$")
+    assert out == ""
+    with pytest.raises(ValueError, match=r"^long: .* which reads a text to its max length"):
+        load_run(scratch).read_long("windows")
 
 # Fine-tunes and exports ------------------------------------------------------------------------
 def test_a_fine_tune_starts_from_the_encoder_with_a_new_head(bert_run):

@@ -10,6 +10,7 @@ traceback later.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
@@ -17,7 +18,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from tformer.errors import BadInput
+from tformer.errors import BadInput, FieldError
 from tformer.nn.kernels.machine import check_threads, free_threads, others_running
 from tformer.text.batches import SORT_WINDOW
 from tformer.text.lines import STDIN, TextLines
@@ -45,6 +46,16 @@ def add_long(parser: argparse.ArgumentParser, model_dir: bool = False) -> None:
                         help="a text longer than the max length: read in overlapping windows, their "
                         "outputs averaged, or cut (default: as the run settled in training"
                         + ("; a model directory: cut)" if model_dir else ")"))
+
+
+@contextlib.contextmanager
+def as_flag(flag: str):
+    """A block whose refusal of a named field (FieldError: a run's ``read_long("windows")``)
+    names the command's flag that gave it (``--long``), not the library's argument."""
+    try:
+        yield
+    except FieldError as e:
+        raise e.named(flag) from None
 
 
 def device_of(args: argparse.Namespace):

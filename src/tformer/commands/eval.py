@@ -21,6 +21,7 @@ from tformer.commands._inputs import (
     add_early_stopping,
     add_long,
     add_threads,
+    as_flag,
     check_decoding_options,
     check_early_stopping,
     check_options,
@@ -61,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
     if args.data is not None and args.split is not None:  # one of the two would be ignored
         raise ValueError(f"--split: --data {args.data} is evaluated whole; expected no --split with "
                          f"--data, got {args.split}")
-    run = load_run(args.run_dir, device=device_of(args)).read_long(args.long)
+    run = load_run(args.run_dir, device=device_of(args))
+    with as_flag("--long"):
+        run.read_long(args.long)  # (only a kind that pools windows reads them)
     check_decoding_options(args, run)
     if args.data is not None and run.config.data is None:
         raise ValueError(f"--data: {args.run_dir} trained on task {run.config.task}, not on files")

@@ -26,6 +26,7 @@ from tformer.commands._inputs import (
     add_device,
     add_long,
     add_threads,
+    as_flag,
     bad_input,
     check_options,
     device_of,
@@ -33,7 +34,7 @@ from tformer.commands._inputs import (
     json_line,
     print_lines,
 )
-from tformer.errors import BadInput, FieldError
+from tformer.errors import BadInput
 from tformer.text.word_pieces import STRATEGIES
 
 HELP = ("predict with a classification or multi-label run (its label(s) per line, or JSONL with "
@@ -74,11 +75,11 @@ def run(args: argparse.Namespace) -> int:
     check_options(args)
     inputs = input_windows(args, "inputs", "TEXT", args.batch_size)
     first = next(inputs)  # the inputs checked before the run loads
-    run = load_run(args.run_dir, needs="predict", device=device_of(args)).read_long(args.long)
-    try:
+    run = load_run(args.run_dir, needs="predict", device=device_of(args))
+    with as_flag("--long"):
+        run.read_long(args.long)  # (only a kind that pools windows reads them)
+    with as_flag("--aggregation-strategy"):
         run.read_aggregation(args.aggregation_strategy)  # (only a tagger groups entities)
-    except FieldError as e:  # the library names its argument; the user gave the flag
-        raise e.named("--aggregation-strategy") from None
     cut, total = Truncations(args, "inputs", "TEXT", run.max_input_tokens if run.tokenizer else 0), 0
     for start, chunk, after in itertools.chain([first], inputs):
         texts, pairs = run.predict_inputs(chunk)  # a classifier trained on pairs: text, tab, text_pair

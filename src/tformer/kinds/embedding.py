@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from tformer.config import TransformerConfig
 from tformer.embeddings.sentence import WINDOW_POOLING, SentenceEncoder, vectors
+from tformer.errors import FieldError
 from tformer.export import hf_classifier
 from tformer.export import onnx as tonnx
 from tformer.export.export_dir import publish_export
@@ -185,7 +186,7 @@ class EmbeddingRun(Run):
         if self.objective is not None:
             super().read_long(long)
         elif long not in (None, "windows", "cut"):
-            raise ValueError(f"long: expected windows, cut or None, got {long!r}")
+            raise FieldError("long", f"expected windows, cut or None, got {long!r}")
         if long is not None:
             self.encoder = self.encoder.windowed(long == "windows")
         return self

@@ -115,11 +115,11 @@ class Run(ABC):
         that): `--long` of predict, eval and embed. Only a kind that pools windows
         (``Objective.pools``) reads them; the run itself, changed."""
         if long not in (None, "windows", "cut"):
-            raise ValueError(f"long: expected windows, cut or None, got {long!r}")
+            raise FieldError("long", f"expected windows, cut or None, got {long!r}")
         if long is not None and self.tokenizer is not None:
             if long == "windows" and not self.objective.pools:
-                raise ValueError(f"long: {self.path} is {self.objective.description}, which reads a text "
-                                 f"to its max length; expected no windows, got {long!r}")
+                raise FieldError("long", f"{self.path} is {self.objective.description}, which reads a text "
+                                         f"to its max length; expected no windows, got {long!r}")
             self.objective.source = self.objective.source.windowed(long == "windows")
         return self
 
