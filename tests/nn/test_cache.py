@@ -171,8 +171,10 @@ def test_rows_kept_in_place_equal_the_rows_selected_and_keep_their_room(index):
     cache = with_room(torch.randn(8, 2, 5, 3, dtype=torch.float64), capacity=9)  # (8, 2, 5, 3) of 9
     index = torch.tensor(index, dtype=torch.long)
     expected = cache[index].clone()
-    kept = keep_rows(cache, index)
-    assert torch.equal(kept, expected)
+    other = torch.randn(8, 4)
+    expected_other = other[index].clone()
+    kept, kept_other = keep_rows([cache, other], index)
+    assert torch.equal(kept, expected) and torch.equal(kept_other, expected_other)
     assert kept.data_ptr() == cache.data_ptr() and kept.stride() == cache.stride()
     grown = grow(((kept, kept.clone(), None, None),), ((torch.ones(len(index), 2, 1, 3),) * 2,))[0][0]
     assert grown.data_ptr() == cache.data_ptr() and torch.equal(grown[:, :, :5], expected)

@@ -90,20 +90,23 @@ def select_beams(cache: Cache, beams: Tensor, rows: Tensor) -> Cache:
     """Keep the beams `beams` of the self-attention caches and the source rows `rows` of the
     cross-attention ones (one row per source), in place (keep_rows): the self-attention ones keep
     their room."""
-    return tuple((keep_rows(self_k, beams), keep_rows(self_v, beams), keep_rows(cross_k, rows),
-                  keep_rows(cross_v, rows)) for self_k, self_v, cross_k, cross_v in cache)
+    selves = iter(keep_rows([t for layer in cache for t in layer[:2]], beams))
+    crosses = iter(keep_rows([t for layer in cache for t in layer[2:]], rows))
+    return tuple((next(selves), next(selves), next(crosses), next(crosses)) for _ in cache)
 
 
-def keep_rows(t: Tensor, index: Tensor) -> Tensor:
-    """``t[index]`` (index no longer than t's rows), made in ``t``'s own first rows: a view of
-    them. Only the rows whose place changes are copied, and into memory the next steps read
+def keep_rows(tensors: list[Tensor], index: Tensor) -> list[Tensor]:
+    """``t[index]`` of each tensor (index no longer than its rows), made in its own first rows: a
+    view of them. Only the rows whose place changes are copied, into memory the next steps read
     already, where a fresh tensor copies every kept row into new pages (and the self-attention
     ones once more, into a buffer with room). Rows leaving a search are spread over it, so about
-    half the kept ones move. ``t`` must be the search's own (a search's caches are).
+    half the kept ones move. The tensors must be the search's own (a search's caches are).
 
-    Shape: t (R, ...), index (N <= R,) -> (N, ...), a view of t
+    Shape: each t (R, ...), index (N <= R,) -> each (N, ...), a view of t
     """
     moved = (index != torch.arange(index.numel(), device=index.device)).nonzero()[:, 0]  # (M,)
-    if moved.numel():  # index_select copies them out first: a row may be read after it is written
-        t.index_copy_(0, moved, t.index_select(0, index[moved]))
-    return t[: index.numel()]
+    if moved.numel():  # (one device sync for all of them)
+        came_from = index[moved]
+        for t in tensors:  # index_select copies them out first: a row may be read after it is written
+            t.index_copy_(0, moved, t.index_select(0, came_from))
+    return [t[: index.numel()] for t in tensors]
