@@ -23,17 +23,12 @@ Cache = tuple[LayerCache, ...]
 def reorder_cache(cache: Cache, beam: Tensor) -> Cache:
     """Keep the self-attention caches of the surviving beams: row i becomes row beam[i], in
     place (the step's caches are new tensors that only this search holds), and only the rows
-    whose beam changed are copied, not the whole cache.
+    whose beam changed are copied, not the whole cache (keep_rows).
 
     The cross-attention keys/values are left as they are: they depend on the source only, and
     the beams of a source share its one row of them (MultiHeadAttention).
     """
-    moved = (beam != torch.arange(beam.numel(), device=beam.device)).nonzero()[:, 0]  # (M,)
-    if moved.numel():
-        came_from = beam[moved]
-        for self_k, self_v, _, _ in cache:
-            self_k.index_copy_(0, moved, self_k.index_select(0, came_from))
-            self_v.index_copy_(0, moved, self_v.index_select(0, came_from))
+    keep_rows([t for layer in cache for t in layer[:2]], beam)
     return cache
 
 
@@ -82,8 +77,10 @@ def with_room_all(cache: Cache, capacity: int) -> Cache:
 
 
 def select_rows(cache: Cache, index: Tensor) -> Cache:
-    """Keep the rows `index` (batch on dim 0) of every layer's self- and cross-attention cache."""
-    return select_beams(cache, index, index)
+    """Keep the rows `index` (batch on dim 0) of every layer's self- and cross-attention cache,
+    in place (keep_rows): the self-attention ones keep their room."""
+    kept = iter(keep_rows([t for layer in cache for t in layer], index))
+    return tuple(tuple(next(kept) for _ in layer) for layer in cache)
 
 
 def select_beams(cache: Cache, beams: Tensor, rows: Tensor) -> Cache:
@@ -98,9 +95,10 @@ def select_beams(cache: Cache, beams: Tensor, rows: Tensor) -> Cache:
 def keep_rows(tensors: list[Tensor], index: Tensor) -> list[Tensor]:
     """``t[index]`` of each tensor (index no longer than its rows), made in its own first rows: a
     view of them. Only the rows whose place changes are copied, into memory the next steps read
-    already, where a fresh tensor copies every kept row into new pages (and the self-attention
-    ones once more, into a buffer with room). Rows leaving a search are spread over it, so about
-    half the kept ones move. The tensors must be the search's own (a search's caches are).
+    already: a beam step's reorder moves a fifth to a half of the rows (reorder_cache), and when
+    finished rows leave a search about half the kept ones move, where a fresh tensor copied
+    every kept row into new pages (and the self-attention ones once more, into a buffer with
+    room). The tensors must be the search's own (a search's caches are).
 
     Shape: each t (R, ...), index (N <= R,) -> each (N, ...), a view of t
     """
